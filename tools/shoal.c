@@ -1,0 +1,50 @@
+/* The `shoal` command-line program: dispatches to its subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "shoal.h"
+#include "tools/cmd.h"
+
+typedef struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"inspect", sh__cmd_inspect, "print a GGUF file's metadata and tensor table"},
+    {"tokenize", sh__cmd_tokenize, "encode text with a model's tokenizer, or decode ids"},
+    {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`shoal COMMAND --help` describes each command. `shoal --version` prints %s.\n",
+            SH_VERSION_STRING);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("shoal %s\n", sh_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "error: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
