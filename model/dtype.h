@@ -42,7 +42,7 @@ typedef enum sh_dtype {
 } sh_dtype;
 
 typedef struct sh_dtype_info {
-    const char *name;    /* "Q4_1"; NULL for an id that is not a type */
+    const char *name;     /* "Q4_1"; NULL for an id that is not a type */
     uint32_t block_elems; /* elements per block (1 for plain types) */
     uint32_t block_bytes; /* bytes per block */
 } sh_dtype_info;
@@ -74,7 +74,7 @@ typedef struct sh_block_q4_1 {
     uint8_t qs[SH_QK4_1 / 2]; /* as q4_0; value = d * q + m */
 } sh_block_q4_1;
 typedef struct sh_block_q8_0 {
-    uint16_t d;           /* scale */
+    uint16_t d;          /* scale */
     int8_t qs[SH_QK8_0]; /* value = d * q */
 } sh_block_q8_0;
 

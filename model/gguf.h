@@ -53,7 +53,7 @@ typedef struct sh_gguf_value {
             /* Fixed-size elements: n little-endian elements in the file, possibly unaligned; read
              * them with sh_gguf_arr_*(). NULL for STRING and ARRAY elements. */
             const void *raw;
-            const sh_str *strs;                /* STRING elements, n of them; else NULL */
+            const sh_str *strs;               /* STRING elements, n of them; else NULL */
             const struct sh_gguf_value *vals; /* ARRAY elements (nested arrays); else NULL */
         } arr;
     } v;

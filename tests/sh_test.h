@@ -20,55 +20,55 @@ typedef struct sh_test_case {
 /* Failures in the current case; checks keep going so one run shows every mismatch. */
 static int sh_test_failures_;
 
-#define SH_FAIL_(...)                                                                         \
-    do {                                                                                      \
-        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                       \
-        fprintf(stderr, __VA_ARGS__);                                                         \
-        fputc('\n', stderr);                                                                  \
-        sh_test_failures_++;                                                                  \
+#define SH_FAIL_(...)                                                                              \
+    do {                                                                                           \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                            \
+        fprintf(stderr, __VA_ARGS__);                                                              \
+        fputc('\n', stderr);                                                                       \
+        sh_test_failures_++;                                                                       \
     } while (0)
 
-#define CHECK(cond)                                                                           \
-    do {                                                                                      \
-        if (!(cond))                                                                          \
-            SH_FAIL_("check failed: %s", #cond);                                              \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            SH_FAIL_("check failed: %s", #cond);                                                   \
     } while (0)
 
-#define CHECK_INT_EQ(a, b)                                                                    \
-    do {                                                                                      \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                   \
-        if (a_ != b_)                                                                         \
-            SH_FAIL_("%s == %s: %lld != %lld", #a, #b, a_, b_);                               \
+#define CHECK_INT_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_)                                                                              \
+            SH_FAIL_("%s == %s: %lld != %lld", #a, #b, a_, b_);                                    \
     } while (0)
 
-#define CHECK_UINT_EQ(a, b)                                                                   \
-    do {                                                                                      \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);        \
-        if (a_ != b_)                                                                         \
-            SH_FAIL_("%s == %s: %llu != %llu", #a, #b, a_, b_);                               \
+#define CHECK_UINT_EQ(a, b)                                                                        \
+    do {                                                                                           \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);             \
+        if (a_ != b_)                                                                              \
+            SH_FAIL_("%s == %s: %llu != %llu", #a, #b, a_, b_);                                    \
     } while (0)
 
-#define CHECK_STR_EQ(a, b)                                                                    \
-    do {                                                                                      \
-        const char *a_ = (a), *b_ = (b);                                                      \
-        if (!a_ || !b_ || strcmp(a_, b_) != 0)                                                \
-            SH_FAIL_("%s == %s: \"%s\" != \"%s\"", #a, #b, a_ ? a_ : "(null)",                \
-                     b_ ? b_ : "(null)");                                                     \
+#define CHECK_STR_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (!a_ || !b_ || strcmp(a_, b_) != 0)                                                     \
+            SH_FAIL_("%s == %s: \"%s\" != \"%s\"", #a, #b, a_ ? a_ : "(null)",                     \
+                     b_ ? b_ : "(null)");                                                          \
     } while (0)
 
-#define CHECK_NEAR(a, b, tol)                                                                 \
-    do {                                                                                      \
-        double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                        \
-        if (!(fabs(a_ - b_) <= t_))                                                           \
-            SH_FAIL_("%s ~= %s: %.9g vs %.9g (tolerance %.3g)", #a, #b, a_, b_, t_);          \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                             \
+        if (!(fabs(a_ - b_) <= t_))                                                                \
+            SH_FAIL_("%s ~= %s: %.9g vs %.9g (tolerance %.3g)", #a, #b, a_, b_, t_);               \
     } while (0)
 
 /* Checks an sh_err-returning call; prints the code and, when given, the sh_error detail. */
-#define CHECK_OK(call)                                                                        \
-    do {                                                                                      \
-        int rc_ = (int)(call);                                                                \
-        if (rc_ != 0)                                                                         \
-            SH_FAIL_("%s failed: %s", #call, sh_strerror((sh_err)rc_));                       \
+#define CHECK_OK(call)                                                                             \
+    do {                                                                                           \
+        int rc_ = (int)(call);                                                                     \
+        if (rc_ != 0)                                                                              \
+            SH_FAIL_("%s failed: %s", #call, sh_strerror((sh_err)rc_));                            \
     } while (0)
 
 /* Path of a file under the source tree (SH_SOURCE_DIR from ctest, else the working directory).

@@ -5,18 +5,18 @@
 
 #include "kernels/cuda/cuda.h"
 
-#define SH_CUDA_TRY(call)                                                                        \
-    do {                                                                                         \
-        cudaError_t rc_ = (call);                                                                \
-        if (rc_ != cudaSuccess) {                                                                \
-            if (e) {                                                                             \
-                e->code = SH_EDEVICE;                                                            \
-                snprintf(e->msg, sizeof e->msg, "%s:%d: %s: %s", __FILE__, __LINE__, #call,      \
-                         cudaGetErrorString(rc_));                                               \
-            }                                                                                    \
-            err = SH_EDEVICE;                                                                    \
-            goto out;                                                                            \
-        }                                                                                        \
+#define SH_CUDA_TRY(call)                                                                          \
+    do {                                                                                           \
+        cudaError_t rc_ = (call);                                                                  \
+        if (rc_ != cudaSuccess) {                                                                  \
+            if (e) {                                                                               \
+                e->code = SH_EDEVICE;                                                              \
+                snprintf(e->msg, sizeof e->msg, "%s:%d: %s: %s", __FILE__, __LINE__, #call,        \
+                         cudaGetErrorString(rc_));                                                 \
+            }                                                                                      \
+            err = SH_EDEVICE;                                                                      \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 extern "C" sh_err sh__cuda_device_count(int *n, char *name, size_t name_len)

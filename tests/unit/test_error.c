@@ -26,10 +26,7 @@ static void test_error_set(void)
     CHECK_INT_EQ(sh__error_set(NULL, SH_EIO, "ignored"), SH_EIO);
 }
 
-static void test_version(void)
-{
-    CHECK_STR_EQ(sh_version(), SH_VERSION_STRING);
-}
+static void test_version(void) { CHECK_STR_EQ(sh_version(), SH_VERSION_STRING); }
 
 static void test_file_map(void)
 {
