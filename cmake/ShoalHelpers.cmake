@@ -13,6 +13,9 @@ endfunction()
 # Builds one test executable linked with the core library and registers it with ctest under its
 # labels and a timeout (default 60 s). Exit code 77 means skipped.
 function(sh_test name)
+  if(SH_FUZZ)
+    return() # a fuzzing build builds only the fuzz targets' dependencies
+  endif()
   cmake_parse_arguments(T "" "TIMEOUT;WORKING_DIRECTORY" "SOURCES;LABELS;ARGS;LIBS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 60)
@@ -34,14 +37,15 @@ function(sh_test name)
 endfunction()
 
 # sh_fuzz(NAME SOURCES f.c... [SECONDS s] [CORPUS dir]): a libFuzzer target (SH_FUZZ builds only),
-# registered as a ctest test with label `fuzz` that runs for a bounded time.
+# registered as a ctest test with label `fuzz` that runs for a bounded time (default
+# SH_FUZZ_SECONDS).
 function(sh_fuzz name)
   if(NOT SH_FUZZ)
     return()
   endif()
   cmake_parse_arguments(F "" "SECONDS;CORPUS" "SOURCES" ${ARGN})
   if(NOT F_SECONDS)
-    set(F_SECONDS 30)
+    set(F_SECONDS ${SH_FUZZ_SECONDS})
   endif()
   add_executable(${name} ${F_SOURCES})
   target_compile_options(${name} PRIVATE ${SH_WARN_FLAGS})

@@ -1,0 +1,59 @@
+# Convenience entry points around scripts/, CMake and ctest. The README's two commands are
+# `make run` and `make test`; both install what they need first (scripts/bootstrap.sh).
+
+BUILD       ?= build
+ASAN_BUILD  ?= build-asan
+FUZZ_BUILD  ?= build-fuzz
+JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
+MODEL       ?= models/smollm2-135m-instruct-q4_1.gguf
+FUZZ_SECONDS ?= 30
+CMAKE_FLAGS ?=
+
+.PHONY: all bootstrap model build run test test-fast test-asan test-fuzz format format-check clean
+
+all: build
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+model: bootstrap
+	@bash scripts/get-model.sh
+
+build: bootstrap
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSH_WERROR=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job on the default model. Until the engine lands this inspects the model file.
+run: model build
+	./$(BUILD)/shoal inspect $(MODEL)
+
+# The whole suite: format check, the Release build's tests, the unit tests again under
+# AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for FUZZ_SECONDS.
+test: model format-check build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE fuzz
+	$(MAKE) test-asan test-fuzz
+
+test-fast: model build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE fuzz
+
+test-asan: bootstrap
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSH_WERROR=ON -DSH_ASAN=ON -DSH_UBSAN=ON -DSH_CUDA=OFF
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+
+test-fuzz: bootstrap
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DSH_FUZZ=ON -DSH_CUDA=OFF -DSH_WERROR=ON -DSH_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
+
+format-check: bootstrap
+	@files=$$(git ls-files '*.c' '*.h' '*.cu'); \
+	bad=$$(for f in $$files; do [ -f "$$f" ] && ! clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 && echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "format-check: not clang-formatted (run make format):" $$bad; exit 1; fi; \
+	echo "format-check: ok"
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Shoal builds and tests with. Idempotent: it installs only what is
+# missing and says what it does. Usage: scripts/bootstrap.sh [--quiet]
+set -euo pipefail
+
+# Build and runtime libraries, the toolchain, Python for the model fetch, clang for the fuzzers.
+packages=(
+    build-essential cmake pkg-config git ca-certificates
+    libuv1-dev libnng-dev libmsgpack-dev liblua5.4-dev libpcre2-dev
+    python3 python3-pip python3-venv
+    clang libclang-rt-14-dev clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "bootstrap: all ${#packages[@]} packages present"
+    exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        sudo="sudo"
+    else
+        echo "bootstrap: error: need root (or sudo) to install: ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+echo "bootstrap: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "bootstrap: done"
