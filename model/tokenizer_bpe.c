@@ -131,58 +131,11 @@ typedef struct bpe_sym {
     uint32_t off, n; /* bytes of the word; n == 0 once merged away */
 } bpe_sym;
 
-typedef struct bpe_bigram {
-    int32_t rank, left, right;
-    int32_t lsym, rsym, result; /* the texts when queued; a change means the pair went stale */
-} bpe_bigram;
-
-/* Min-heap order of llama.cpp's queue: lower rank first, then the leftmost pair. */
-static bool before(const bpe_bigram *a, const bpe_bigram *b)
-{
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
 typedef struct bpe_run {
     const sh_tokenizer *t;
     bpe_sym *sym;
-    bpe_bigram *heap;
-    size_t n_heap;
+    sh__tok_heap heap;
 } bpe_run;
-
-static void heap_push(bpe_run *r, bpe_bigram b)
-{
-    bpe_bigram *h = r->heap;
-    size_t i = r->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&b, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = b;
-}
-
-static bpe_bigram heap_pop(bpe_run *r)
-{
-    bpe_bigram *h = r->heap;
-    bpe_bigram top = h[0], last = h[--r->n_heap];
-    size_t n = r->n_heap, i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && before(&h[c + 1], &h[c]))
-            c++;
-        if (!before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n)
-        h[i] = last;
-    return top;
-}
 
 static void try_bigram(bpe_run *r, int32_t left, int32_t right)
 {
@@ -195,8 +148,9 @@ static void try_bigram(bpe_run *r, int32_t left, int32_t right)
         sh__tok_u64map_get(&r->t->merges, (uint64_t)(uint32_t)ls << 32 | (uint32_t)rs);
     if (!m)
         return;
-    bpe_bigram b = {m->a, left, right, ls, rs, m->b};
-    heap_push(r, b);
+    /* Lower rank first; the tags are the texts when queued: a change means the pair went stale. */
+    sh__tok_bigram b = {(float)m->a, left, right, {ls, rs, m->b}};
+    sh__tok_heap_push(&r->heap, b);
 }
 
 /* Appends the byte-mapped text of word bytes s[0, n) to w->buf from offset 0; returns its length.
@@ -221,7 +175,7 @@ static sh_err bpe_word(const sh_tokenizer *t, sh__tok_work *w, const char *word,
         w->sym = sym;
     }
     if (!err) {
-        err = sh__tok_reserve(&heap, &w->heap_cap, 3 * n + 4, sizeof(bpe_bigram));
+        err = sh__tok_reserve(&heap, &w->heap_cap, 3 * n + 4, sizeof(sh__tok_bigram));
         w->heap = heap;
     }
     if (err)
@@ -234,18 +188,18 @@ static sh_err bpe_word(const sh_tokenizer *t, sh__tok_work *w, const char *word,
             return sh__tok_push(w, id);
     }
 
-    bpe_run r = {t, w->sym, w->heap, 0};
+    bpe_run r = {t, w->sym, {w->heap, 0}};
     int32_t count = (int32_t)n;
     for (int32_t i = 0; i < count; i++)
         r.sym[i] = (bpe_sym){i - 1, i + 1 == count ? -1 : i + 1, t->byte_sym[s[i]], (uint32_t)i, 1};
     for (int32_t i = 1; i < count; i++)
         try_bigram(&r, i - 1, i);
-    while (r.n_heap) {
-        bpe_bigram b = heap_pop(&r);
+    while (r.heap.n) {
+        sh__tok_bigram b = sh__tok_heap_pop(&r.heap);
         bpe_sym *l = &r.sym[b.left], *rt = &r.sym[b.right];
-        if (l->n == 0 || rt->n == 0 || l->sym != b.lsym || rt->sym != b.rsym)
+        if (l->n == 0 || rt->n == 0 || l->sym != b.tag[0] || rt->sym != b.tag[1])
             continue;
-        l->sym = b.result;
+        l->sym = b.tag[2];
         l->n += rt->n;
         rt->n = 0;
         l->next = rt->next;

@@ -152,4 +152,59 @@ typedef sh_err (*sh__pre_word_fn)(const sh_tokenizer *t, sh__tok_work *w, const 
 sh_err sh__pre_split(const sh_tokenizer *t, sh__tok_work *w, const char *text, size_t len,
                      sh__pre_word_fn fn);
 
+/* A candidate merge of two adjacent symbols, as both encoders queue them. The queue pops the
+ * lowest `prio` first and, on ties, the leftmost pair (llama.cpp's order): BPE uses the merge
+ * rank, SentencePiece the negated score. `tag` is what the encoder needs to notice a pair that
+ * went stale after it was queued (the symbols' texts or the pair's byte length). */
+typedef struct sh__tok_bigram {
+    float prio;
+    int32_t left, right;
+    int32_t tag[3];
+} sh__tok_bigram;
+
+/* A binary min-heap over caller-provided storage (sized by the caller: no growth here). */
+typedef struct sh__tok_heap {
+    sh__tok_bigram *v;
+    size_t n;
+} sh__tok_heap;
+
+static inline int sh__tok_bigram_before(const sh__tok_bigram *a, const sh__tok_bigram *b)
+{
+    return a->prio < b->prio || (a->prio == b->prio && a->left < b->left);
+}
+
+static inline void sh__tok_heap_push(sh__tok_heap *h, sh__tok_bigram b)
+{
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!sh__tok_bigram_before(&b, &h->v[p]))
+            break;
+        h->v[i] = h->v[p];
+        i = p;
+    }
+    h->v[i] = b;
+}
+
+/* Removes and returns the first pair; the heap must not be empty. */
+static inline sh__tok_bigram sh__tok_heap_pop(sh__tok_heap *h)
+{
+    sh__tok_bigram top = h->v[0], last = h->v[--h->n];
+    size_t n = h->n, i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && sh__tok_bigram_before(&h->v[c + 1], &h->v[c]))
+            c++;
+        if (!sh__tok_bigram_before(&h->v[c], &last))
+            break;
+        h->v[i] = h->v[c];
+        i = c;
+    }
+    if (n)
+        h->v[i] = last;
+    return top;
+}
+
 #endif

@@ -13,12 +13,6 @@ typedef struct spm_sym {
     uint32_t off, n; /* bytes of the escaped text; n == 0 once merged into its left neighbour */
 } spm_sym;
 
-typedef struct spm_bigram {
-    float score;
-    int32_t left, right;
-    uint32_t size; /* bytes of the pair when queued; a mismatch later means it went stale */
-} spm_bigram;
-
 static bool is_mark(const char *s, size_t n) { return n == 3 && memcmp(s, SPACE_MARK, 3) == 0; }
 
 /* Splitting the text into words before merging gives the same result as merging it whole (what
@@ -64,55 +58,13 @@ sh_err sh__spm_init(sh_tokenizer *t, sh_error *e)
     return SH_OK;
 }
 
-/* Max-heap order of llama.cpp's queue: higher score first, then the leftmost pair. */
-static bool before(const spm_bigram *a, const spm_bigram *b)
-{
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
 typedef struct spm_run {
     const sh_tokenizer *t;
     sh__tok_work *w;
     const char *text;
     spm_sym *sym;
-    spm_bigram *heap;
-    size_t n_heap;
+    sh__tok_heap heap;
 } spm_run;
-
-static void heap_push(spm_run *r, spm_bigram b)
-{
-    spm_bigram *h = r->heap;
-    size_t i = r->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&b, &h[p]))
-            break;
-        h[i] = h[p];
-        i = p;
-    }
-    h[i] = b;
-}
-
-static spm_bigram heap_pop(spm_run *r)
-{
-    spm_bigram *h = r->heap;
-    spm_bigram top = h[0], last = h[--r->n_heap];
-    size_t n = r->n_heap, i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && before(&h[c + 1], &h[c]))
-            c++;
-        if (!before(&h[c], &last))
-            break;
-        h[i] = h[c];
-        i = c;
-    }
-    if (n)
-        h[i] = last;
-    return top;
-}
 
 static void try_bigram(spm_run *r, int32_t left, int32_t right)
 {
@@ -131,8 +83,9 @@ static void try_bigram(spm_run *r, int32_t left, int32_t right)
     uint8_t ty = r->t->types[id];
     if (ty == SH_TOKEN_CONTROL || ty == SH_TOKEN_UNKNOWN || ty == SH_TOKEN_BYTE)
         return;
-    spm_bigram b = {r->t->scores[id], left, right, size};
-    heap_push(r, b);
+    /* Higher score first; tag[0] is the pair's byte length, which changes if either side merges. */
+    sh__tok_bigram b = {-r->t->scores[id], left, right, {(int32_t)size, 0, 0}};
+    sh__tok_heap_push(&r->heap, b);
 }
 
 /* Merges text[off, off + n) on its own and appends its tokens. The symbol and heap arrays are
@@ -149,13 +102,13 @@ static sh_err merge_word(spm_run *r, uint32_t off, uint32_t n)
         count++;
         i += k;
     }
-    r->n_heap = 0;
+    r->heap.n = 0;
     for (int32_t i = 1; i < count; i++)
         try_bigram(r, i - 1, i);
-    while (r->n_heap) {
-        spm_bigram b = heap_pop(r);
+    while (r->heap.n) {
+        sh__tok_bigram b = sh__tok_heap_pop(&r->heap);
         spm_sym *l = &r->sym[b.left], *rt = &r->sym[b.right];
-        if (l->n == 0 || rt->n == 0 || l->n + rt->n != b.size)
+        if (l->n == 0 || rt->n == 0 || l->n + rt->n != (uint32_t)b.tag[0])
             continue;
         l->n += rt->n;
         rt->n = 0;
@@ -244,13 +197,13 @@ sh_err sh__spm_encode(const sh_tokenizer *t, sh__tok_work *w, const char *text, 
     w->sym = sym;
     if (!err) {
         /* Each merge queues at most two pairs on top of the initial n - 1. */
-        err = sh__tok_reserve(&heap, &w->heap_cap, 3 * longest + 4, sizeof(spm_bigram));
+        err = sh__tok_reserve(&heap, &w->heap_cap, 3 * longest + 4, sizeof(sh__tok_bigram));
         w->heap = heap;
     }
     if (err)
         return sh__error_set(w->e, err, "tokenizer: out of memory for %zu symbols", longest);
 
-    spm_run r = {t, w, w->buf, w->sym, w->heap, 0};
+    spm_run r = {t, w, w->buf, w->sym, {w->heap, 0}};
     for (size_t a = 0; a < m;) {
         size_t b = t->spm_split ? next_word(w->buf, m, a == 0 ? 0 : a + 3) : m;
         if ((err = merge_word(&r, (uint32_t)a, (uint32_t)(b - a))))
