@@ -62,3 +62,16 @@ function(sh_fuzz name)
   math(EXPR limit "${F_SECONDS} * 2 + 60")
   set_tests_properties(${name} PROPERTIES LABELS fuzz TIMEOUT ${limit})
 endfunction()
+
+# sh_bench(NAME SOURCES f.c...): a benchmark program linked with the core library, built into
+# build/bench/. Benchmarks print figures; they are not tests. Skipped in fuzzing builds.
+function(sh_bench name)
+  if(SH_FUZZ)
+    return()
+  endif()
+  cmake_parse_arguments(B "" "" "SOURCES" ${ARGN})
+  add_executable(${name} ${B_SOURCES})
+  target_compile_options(${name} PRIVATE ${SH_WARN_FLAGS})
+  target_link_libraries(${name} PRIVATE shoal_core)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+endfunction()

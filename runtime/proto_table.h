@@ -1,0 +1,302 @@
+/* The message table: every message type and body field of the wire protocol, described once. */
+#ifndef SH_RUNTIME_PROTO_TABLE_H
+#define SH_RUNTIME_PROTO_TABLE_H
+
+/* This file is the protocol's single description. runtime/msg.h turns SH_PROTO_MESSAGES into the
+ * sh_msg_type enum; runtime/proto.h turns each SH_PROTO_FIELDS_<name> into a C struct
+ * sh_proto_<name> (and sh_proto_<name>_list); runtime/proto.c turns the same lists into the field
+ * descriptors that one generic encoder and one generic decoder walk. Adding a field is one line
+ * here; nothing else needs to change.
+ *
+ * Rules that keep old and new nodes talking (within one SH_PROTO_VERSION):
+ *   - a message id or a body key is never reused for something else;
+ *   - new fields are OPT, so an older sender that omits them is still understood;
+ *   - receivers skip keys they do not know, so a newer sender's extra fields are harmless.
+ * Anything else (a field changing type, a new REQ field) needs a new SH_PROTO_VERSION.
+ *
+ * SH_PROTO_MESSAGES(X): X(NAME, wire id, body struct).
+ * SH_PROTO_STRUCTS(X):  X(struct, has a cross-field check in proto.c), in dependency order.
+ * SH_PROTO_FIELDS_<struct>(F, S): F(S, member, "key", KIND, SUB, REQ|OPT, lo, hi).
+ *
+ * Kinds, their C type (runtime/proto.h) and wire form (DESIGN.md section 3):
+ *   BOOL bool, U8 uint8_t, U32 uint32_t, U64 uint64_t, ADDR sh_addr, I32 int32_t, I64 int64_t:
+ *        msgpack bool / int in its shortest form; decoding accepts any integer encoding whose
+ *        value fits the C type. [lo, hi] bounds the value when either is non-zero.
+ *   F32 float, F64 double: written as float32 / float64; decoding accepts either.
+ *   STR  sh_strv: str, a view into the frame (not NUL-terminated, not checked as UTF-8); at most
+ *        hi bytes.
+ *   I32S sh_i32s, F32S sh_f32s, U64S sh_u64s, F64S sh_f64s: a bin of packed little-endian
+ *        elements, a view into the frame; at most hi elements. One bin instead of an array of
+ *        ints keeps token ids and block tables zero-copy and 4 bytes per id (an array would cost
+ *        up to 5 bytes per element and a copy to decode).
+ *   STRS sh_strv_list: array of str; the sh_strv entries go to the decode arena, the bytes stay
+ *        in the frame; at most hi entries of at most SH_PROTO_MAX_STR_ITEM bytes.
+ *   TENSOR sh_proto_tensor: map {"dt": dtype, "sh": [dims], "d": bin}; "d" absent means the data
+ *        travels out of band (NCCL). The bin's length must equal the shape's element count
+ *        times the dtype's size; it is never copied.
+ *   STRUCT sh_proto_<SUB>: a nested map.
+ *   LIST sh_proto_<SUB>_list: array of maps, decoded into the arena; at most hi entries.
+ * REQ fields must be present; OPT fields absent decode as zero / empty. The encoder writes every
+ * field in table order, so decoding a frame and encoding it again gives the same bytes. */
+
+#include <stdint.h>
+
+/* Bounds shared by several fields. They are generous sanity limits against absurd counts; the
+ * actors apply their own, tighter, configured limits. */
+#define SH_PROTO_MAX_TOKENS (1 << 20) /* token ids in one array */
+#define SH_PROTO_MAX_SEQS 4096        /* sequences in one STEP, ACT or STEP_DONE */
+#define SH_PROTO_MAX_BLOCKS (1 << 20) /* KV block ids or prefix hashes in one array */
+#define SH_PROTO_MAX_TEXT (1 << 20)   /* bytes of generated text in one TOKEN or DONE */
+#define SH_PROTO_MAX_MSG 4096         /* bytes of an error message or an argument */
+#define SH_PROTO_MAX_NAME 256         /* bytes of a metric name */
+#define SH_PROTO_MAX_STOP 16          /* stop strings per request */
+#define SH_PROTO_MAX_STR_ITEM 1024    /* bytes of one STRS entry (a stop string) */
+#define SH_PROTO_MAX_BIAS 300         /* logit-bias entries (OpenAI's limit, as the sampler) */
+#define SH_PROTO_MAX_LOGPROBS 20      /* top logprobs per token (OpenAI's limit) */
+#define SH_PROTO_MAX_POS (1 << 30)    /* token positions */
+
+#define SH_PROTO_MESSAGES(X)                                                                       \
+    X(SUBMIT, 1, submit)        /* gateway/router -> batcher: a new (or resumed) request */        \
+    X(CANCEL, 2, cancel)        /* gateway/router -> batcher: stop a request */                    \
+    X(TOKEN, 3, token)          /* batcher -> gateway: newly generated tokens */                   \
+    X(DONE, 4, done)            /* batcher -> gateway: the request finished */                     \
+    X(FAIL, 5, fail)            /* batcher -> gateway: the request failed */                       \
+    X(STEP, 6, step)            /* batcher -> first stage: one batched forward step */             \
+    X(ACT, 7, act)              /* stage i -> stage i+1: hidden states of a step */                \
+    X(STEP_DONE, 8, step_done)  /* last stage -> batcher: sampled tokens of a step */              \
+    X(KV_ALLOC, 9, kv_alloc)    /* batcher <-> kvmgr: blocks for a sequence's tokens */            \
+    X(KV_FREE, 10, kv_free)     /* batcher -> kvmgr: release a sequence's blocks */                \
+    X(KV_FORK, 11, kv_fork)     /* batcher <-> kvmgr: share a prefix with a new sequence */        \
+    X(KV_PREFIX, 12, kv_prefix) /* batcher <-> kvmgr: look up cached prefix blocks */              \
+    X(PING, 13, ping)           /* watchdog -> anyone: heartbeat */                                \
+    X(PONG, 14, pong)           /* anyone -> watchdog: heartbeat answer with health figures */     \
+    X(METRICS, 15, metrics)     /* anyone -> watchdog: counters, gauges, histograms */             \
+    X(CONTROL, 16, control)     /* watchdog -> actors: pause, resume, reroute, degrade, stop */    \
+    X(FAULT, 17, fault)         /* chaos driver -> runtime: fault-injection rules */               \
+    X(ERROR, 18, error)         /* runtime -> requester: the request could not be delivered */
+
+/* Sub-structures first: a struct may only use those listed before it. */
+#define SH_PROTO_STRUCTS(X)                                                                        \
+    X(logit_bias, 0)                                                                               \
+    X(sampling, 0)                                                                                 \
+    X(step_seq, 0)                                                                                 \
+    X(step_out, 1)                                                                                 \
+    X(metric, 0)                                                                                   \
+    X(histogram, 1)                                                                                \
+    X(fault_rule, 0)                                                                               \
+    X(submit, 0)                                                                                   \
+    X(cancel, 0)                                                                                   \
+    X(token, 1)                                                                                    \
+    X(done, 0)                                                                                     \
+    X(fail, 0)                                                                                     \
+    X(step, 0)                                                                                     \
+    X(act, 1)                                                                                      \
+    X(step_done, 0)                                                                                \
+    X(kv_alloc, 0)                                                                                 \
+    X(kv_free, 0)                                                                                  \
+    X(kv_fork, 0)                                                                                  \
+    X(kv_prefix, 0)                                                                                \
+    X(ping, 0)                                                                                     \
+    X(pong, 0)                                                                                     \
+    X(metrics, 0)                                                                                  \
+    X(control, 0)                                                                                  \
+    X(fault, 0)                                                                                    \
+    X(error, 0)
+
+/* One logit-bias entry: bias is added to the token's logit; -inf bans it. */
+#define SH_PROTO_FIELDS_logit_bias(F, S)                                                           \
+    F(S, id, "i", I32, _, REQ, 0, INT32_MAX)                                                       \
+    F(S, bias, "b", F32, _, REQ, 0, 0)
+
+/* Sampling parameters (model/sampler.h gives each one's meaning and neutral value). */
+#define SH_PROTO_FIELDS_sampling(F, S)                                                             \
+    F(S, temperature, "temp", F32, _, REQ, 0, 0)                                                   \
+    F(S, top_k, "top_k", I32, _, REQ, 0, 0)                                                        \
+    F(S, top_p, "top_p", F32, _, REQ, 0, 0)                                                        \
+    F(S, min_p, "min_p", F32, _, REQ, 0, 0)                                                        \
+    F(S, repeat_penalty, "rep", F32, _, REQ, 0, 0)                                                 \
+    F(S, frequency_penalty, "freq", F32, _, REQ, 0, 0)                                             \
+    F(S, presence_penalty, "pres", F32, _, REQ, 0, 0)                                              \
+    F(S, penalty_last_n, "pen_n", I32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                             \
+    F(S, seed, "seed", U64, _, REQ, 0, 0)                                                          \
+    F(S, max_tokens, "max", U32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                   \
+    F(S, n_logprobs, "lp", I32, _, REQ, 0, SH_PROTO_MAX_LOGPROBS)                                  \
+    F(S, logprobs_mode, "lp_mode", U8, _, OPT, 0, 1) /* sh_logprobs_mode */                        \
+    F(S, stop, "stop", STRS, _, OPT, 0, SH_PROTO_MAX_STOP)                                         \
+    F(S, bias, "bias", LIST, logit_bias, OPT, 0, SH_PROTO_MAX_BIAS)
+
+/* One sequence of a STEP (and of the ACT messages that continue it). Its tokens sit at positions
+ * pos .. pos + tokens.n - 1: a prefill chunk or a decode step is always contiguous, so a start
+ * position replaces a positions array. */
+#define SH_PROTO_FIELDS_step_seq(F, S)                                                             \
+    F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
+    F(S, tokens, "tok", I32S, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                      \
+    F(S, pos, "pos", U32, _, REQ, 0, SH_PROTO_MAX_POS)                                             \
+    F(S, blocks, "blk", I32S, _, REQ, 0, SH_PROTO_MAX_BLOCKS) /* block table */                    \
+    F(S, sample, "smp", BOOL, _, REQ, 0, 0) /* false: a prefill chunk that is not the last */      \
+    F(S, sampling, "samp", STRUCT, sampling, REQ, 0, 0)                                            \
+    F(S, history, "hist", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* recent tokens, penalties */
+
+/* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. */
+#define SH_PROTO_FIELDS_step_out(F, S)                                                             \
+    F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
+    F(S, token, "tok", I32, _, REQ, -1, INT32_MAX) /* -1: not sampled (prefill chunk) */           \
+    F(S, logprob, "lp", F32, _, REQ, 0, 0)                                                         \
+    F(S, logprob_raw, "lp_raw", F32, _, REQ, 0, 0)                                                 \
+    F(S, top_tokens, "top_tok", I32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                            \
+    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)
+
+/* A counter (kind 0) or gauge (kind 1). */
+#define SH_PROTO_FIELDS_metric(F, S)                                                               \
+    F(S, name, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
+    F(S, kind, "k", U8, _, REQ, 0, 1)                                                              \
+    F(S, value, "v", F64, _, REQ, 0, 0)
+
+/* A histogram: counts has one more entry than bounds (the +Inf bucket). */
+#define SH_PROTO_FIELDS_histogram(F, S)                                                            \
+    F(S, name, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
+    F(S, bounds, "b", F64S, _, REQ, 0, 256)                                                        \
+    F(S, counts, "c", U64S, _, REQ, 1, 257)                                                        \
+    F(S, sum, "s", F64, _, REQ, 0, 0)
+
+/* One fault-injection rule (sh_proto_fault_action); zero src, dst or type matches any. */
+#define SH_PROTO_FIELDS_fault_rule(F, S)                                                           \
+    F(S, action, "a", U8, _, REQ, 0, 4)                                                            \
+    F(S, src, "s", ADDR, _, REQ, 0, 0)                                                             \
+    F(S, dst, "d", ADDR, _, REQ, 0, 0)                                                             \
+    F(S, type, "ty", U32, _, REQ, 0, 255)                                                          \
+    F(S, prob, "p", F32, _, REQ, 0, 0)                                                             \
+    F(S, delay_ms, "ms", U32, _, OPT, 0, 0)                                                        \
+    F(S, count, "n", U32, _, OPT, 0, 0) /* 0: unlimited */
+
+/* SUBMIT. deadline_ms is Unix time in milliseconds (0: none), comparable across nodes whose
+ * clocks are synchronised; generated carries the tokens produced before a failure, so the
+ * batcher resumes by recomputing prompt + generated. reply_to receives TOKEN/DONE/FAIL. */
+#define SH_PROTO_FIELDS_submit(F, S)                                                               \
+    F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
+    F(S, prompt, "tok", I32S, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                      \
+    F(S, generated, "gen", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                                   \
+    F(S, sampling, "samp", STRUCT, sampling, REQ, 0, 0)                                            \
+    F(S, priority, "prio", U8, _, REQ, 0, 0) /* class; lower runs first */                         \
+    F(S, deadline_ms, "dl", U64, _, REQ, 0, 0)                                                     \
+    F(S, reply_to, "to", ADDR, _, REQ, 0, 0)
+
+#define SH_PROTO_FIELDS_cancel(F, S)                                                               \
+    F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
+    F(S, reason, "why", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
+
+/* TOKEN: tokens[i] is the (index + i)-th generated token, so a duplicate is recognised; logprobs
+ * is empty or one per token; top_* hold top_n entries per token, token-major. */
+#define SH_PROTO_FIELDS_token(F, S)                                                                \
+    F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
+    F(S, index, "at", U32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                         \
+    F(S, tokens, "tok", I32S, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                      \
+    F(S, text, "text", STR, _, REQ, 0, SH_PROTO_MAX_TEXT) /* the decoded text delta */             \
+    F(S, logprobs, "lp", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                                     \
+    F(S, top_n, "top_n", U8, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                                     \
+    F(S, top_tokens, "top_tok", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                              \
+    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)
+
+/* DONE: finish is an sh_proto_finish; text flushes what the stream decoder still held. */
+#define SH_PROTO_FIELDS_done(F, S)                                                                 \
+    F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
+    F(S, finish, "fin", U8, _, REQ, 0, 3)                                                          \
+    F(S, n_prompt, "np", U32, _, REQ, 0, 0)                                                        \
+    F(S, n_generated, "ng", U32, _, REQ, 0, 0)                                                     \
+    F(S, n_cached, "nc", U32, _, OPT, 0, 0) /* prompt tokens served from the prefix cache */       \
+    F(S, text, "text", STR, _, OPT, 0, SH_PROTO_MAX_TEXT)
+
+/* FAIL: code is an sh_err; retryable says whether resubmitting may succeed. */
+#define SH_PROTO_FIELDS_fail(F, S)                                                                 \
+    F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
+    F(S, code, "code", I32, _, REQ, 1, 255)                                                        \
+    F(S, message, "msg", STR, _, REQ, 0, SH_PROTO_MAX_MSG)                                         \
+    F(S, retryable, "retry", BOOL, _, OPT, 0, 0)
+
+/* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. */
+#define SH_PROTO_FIELDS_step(F, S)                                                                 \
+    F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
+    F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
+    F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)
+
+/* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
+ * in sequence order. */
+#define SH_PROTO_FIELDS_act(F, S)                                                                  \
+    F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
+    F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
+    F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
+    F(S, hidden, "h", TENSOR, _, REQ, 0, 0)
+
+#define SH_PROTO_FIELDS_step_done(F, S)                                                            \
+    F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
+    F(S, seqs, "seqs", LIST, step_out, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
+    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time the step spent on the stages */
+
+/* KV_ALLOC request: seq needs room for n_tokens more tokens; tokens (optional) lets the kvmgr
+ * match cached prefix blocks. Reply (same type and session): blocks appended to the table,
+ * cached tokens found in the prefix cache, status 0 or an sh_err (SH_EBUSY: out of blocks). */
+#define SH_PROTO_FIELDS_kv_alloc(F, S)                                                             \
+    F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
+    F(S, n_tokens, "n", U32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                       \
+    F(S, tokens, "tok", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                                      \
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)                                      \
+    F(S, cached, "hit", U32, _, OPT, 0, 0)                                                         \
+    F(S, status, "st", I32, _, OPT, 0, 255)
+
+/* KV_FREE: release the listed blocks (a sliding window), or all of the sequence's when empty. */
+#define SH_PROTO_FIELDS_kv_free(F, S)                                                              \
+    F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)
+
+/* KV_FORK: child shares the parent's first n_tokens; the reply carries the child's table. */
+#define SH_PROTO_FIELDS_kv_fork(F, S)                                                              \
+    F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
+    F(S, child, "new", U64, _, REQ, 0, 0)                                                          \
+    F(S, n_tokens, "n", U32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                       \
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)
+
+/* KV_PREFIX: hashes is the hash chain over a prompt's full token blocks; the reply says how many
+ * leading hashes hit and their blocks. */
+#define SH_PROTO_FIELDS_kv_prefix(F, S)                                                            \
+    F(S, hashes, "h", U64S, _, REQ, 0, SH_PROTO_MAX_BLOCKS)                                        \
+    F(S, hits, "hit", U32, _, OPT, 0, 0)                                                           \
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)
+
+/* PING / PONG: seq numbers the heartbeat; sent_us is the pinger's clock, echoed back. */
+#define SH_PROTO_FIELDS_ping(F, S)                                                                 \
+    F(S, seq, "n", U64, _, REQ, 0, 0)                                                              \
+    F(S, sent_us, "t", U64, _, REQ, 0, 0)
+
+#define SH_PROTO_FIELDS_pong(F, S)                                                                 \
+    F(S, seq, "n", U64, _, REQ, 0, 0)                                                              \
+    F(S, sent_us, "t", U64, _, REQ, 0, 0)                                                          \
+    F(S, health, "ok", U8, _, REQ, 0, 2) /* sh_proto_health */                                     \
+    F(S, queue_depth, "q", U32, _, REQ, 0, 0)                                                      \
+    F(S, mem_bytes, "mem", U64, _, REQ, 0, 0)                                                      \
+    F(S, step_us, "lat", U64, _, OPT, 0, 0) /* last step's latency */
+
+#define SH_PROTO_FIELDS_metrics(F, S)                                                              \
+    F(S, at_us, "t", U64, _, REQ, 0, 0)                                                            \
+    F(S, values, "m", LIST, metric, REQ, 0, 4096)                                                  \
+    F(S, hists, "h", LIST, histogram, OPT, 0, 1024)
+
+/* CONTROL: op is an sh_proto_control_op; targets are the new addresses of a reroute. */
+#define SH_PROTO_FIELDS_control(F, S)                                                              \
+    F(S, op, "op", U8, _, REQ, 0, 4)                                                               \
+    F(S, level, "lvl", I32, _, OPT, 0, 0) /* degradation level */                                  \
+    F(S, targets, "to", U64S, _, OPT, 0, 1024)                                                     \
+    F(S, arg, "arg", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
+
+/* FAULT: clear drops the existing rules before adding these; seed seeds the fault RNG. */
+#define SH_PROTO_FIELDS_fault(F, S)                                                                \
+    F(S, seed, "seed", U64, _, REQ, 0, 0)                                                          \
+    F(S, clear, "clr", BOOL, _, OPT, 0, 0)                                                         \
+    F(S, rules, "r", LIST, fault_rule, REQ, 0, 256)
+
+/* ERROR: the answer to an undeliverable or undecodable request, with the request's session. */
+#define SH_PROTO_FIELDS_error(F, S)                                                                \
+    F(S, code, "code", I32, _, REQ, 1, 255)                                                        \
+    F(S, message, "msg", STR, _, REQ, 0, SH_PROTO_MAX_MSG)                                         \
+    F(S, type, "ty", U32, _, OPT, 0, 255) /* the request's type, 0 when unknown */
+
+#endif
