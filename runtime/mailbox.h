@@ -1,0 +1,68 @@
+/* The intrusive MPSC queue behind every mailbox and loop run queue, and the message buffer pool. */
+#ifndef SH_RUNTIME_MAILBOX_H
+#define SH_RUNTIME_MAILBOX_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/err.h"
+#include "shoal/runtime.h"
+
+/* Vyukov's intrusive multi-producer single-consumer queue. Producers (any thread) swap
+ * themselves into `head` with one atomic exchange and then link the previous node to the new one;
+ * the consumer (one thread at a time: the owning loop, or whoever holds the last reference) walks
+ * from `tail`. A stub node keeps the queue never truly empty, so neither side needs a lock or a
+ * CAS loop. Between a producer's exchange and its link store the queue looks empty from that node
+ * on ("in progress"); the producer always wakes the consumer after linking (runtime/loop.c), so
+ * the consumer may treat that window as empty.
+ *
+ * Invariant: every node pushed is popped exactly once, in the order of the producers' exchanges
+ * (so per producer, FIFO). Nodes are owned by the queue from push until pop. */
+typedef struct sh__mpsc_node {
+    _Atomic(struct sh__mpsc_node *) next;
+} sh__mpsc_node;
+
+typedef struct sh__mailbox {
+    _Atomic(sh__mpsc_node *) head;  /* producers' end: the newest node */
+    char pad_[64 - sizeof(void *)]; /* keeps producers' and consumer's lines apart */
+    sh__mpsc_node *tail;            /* consumer's end: the oldest node (or the stub) */
+    sh__mpsc_node stub;
+} sh__mailbox;
+
+/* An empty queue. */
+void sh__mailbox_init(sh__mailbox *q);
+
+/* Appends n (owned by the queue until popped). Any thread; wait-free. */
+void sh__mailbox_push(sh__mailbox *q, sh__mpsc_node *n);
+
+/* Removes and returns the oldest node, or NULL when empty or when the next node is still being
+ * linked by a producer (who will wake the consumer). Consumer only. */
+sh__mpsc_node *sh__mailbox_pop(sh__mailbox *q);
+
+/* True when a pop would return a node now. Consumer only. */
+bool sh__mailbox_ready(sh__mailbox *q);
+
+/* Frames up to this many bytes live inside a pooled message block; larger ones get their own
+ * allocation. 64 B bodies plus the envelope fit with room to spare. */
+#define SH__MAILBOX_SMALL_FRAME 448u
+/* The pool keeps at most this many free blocks (about 2 MiB) and frees the rest. */
+#define SH__MAILBOX_POOL_MAX 4096u
+
+/* Allocates a message able to hold a frame of `cap` bytes (data, cap set; everything else zeroed
+ * except rt). Small ones come from the runtime's pool without malloc. Returns NULL when out of
+ * memory. Any thread. */
+sh_msg *sh__mailbox_msg_alloc(sh_runtime *rt, size_t cap);
+
+/* A message around `data` (len bytes of cap, allocated with malloc by an sh_buf), which it now
+ * owns and frees on release. Returns NULL when out of memory (data stays with the caller). */
+sh_msg *sh__mailbox_msg_adopt(sh_runtime *rt, uint8_t *data, size_t len, size_t cap);
+
+/* Returns a message's memory to the pool (or to malloc). Any thread. */
+void sh__mailbox_msg_release(sh_msg *m);
+
+/* Frees every pooled block; the runtime is quiescent. */
+void sh__mailbox_pool_fini(sh_runtime *rt);
+
+#endif
