@@ -1,0 +1,681 @@
+/* cluster.lua: the constructors model{}, node{}, replica{}, pipeline() and cluster{}, which check
+ * their arguments where they are called (so errors carry that file:line) and copy the topology
+ * into an sh_cluster_config. */
+#include <lauxlib.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "lua/sandbox.h"
+
+#define DEF_MEMORY ((size_t)64 << 20)
+#define DEF_TIME_MS 2000
+#define MAX_NODES 1024
+#define MAX_REPLICAS 256
+#define MAX_STAGES 256
+#define MAX_LAYERS 65536
+#define MAX_KEYS 64
+#define WHERE_MAX (LUA_IDSIZE + 24)
+
+enum { K_NODE = 1, K_MODEL, K_REPLICA, K_STAGE, K_CLUSTER };
+
+/* Configs built by cluster{} calls in this evaluation. The builder owns them until the script's
+ * result is chosen, so an error half-way through a conversion leaks nothing. */
+typedef struct builder {
+    sh_cluster_config **built;
+    int32_t n, cap;
+    int64_t result;
+} builder;
+
+static const sh__lua_field node_fields[] = {{"name", SH__LUA_STR, true},
+                                            {"listen", SH__LUA_STR, true},
+                                            {"standby", SH__LUA_BOOL, false},
+                                            {NULL, 0, false}};
+static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
+                                             {"path", SH__LUA_STR, true},
+                                             {"layers", SH__LUA_INT, false},
+                                             {NULL, 0, false}};
+static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
+                                               {"stages", SH__LUA_TABLE, true},
+                                               {"tp", SH__LUA_INT, false},
+                                               {NULL, 0, false}};
+static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, true},
+                                             {"first_layer", SH__LUA_INT, false},
+                                             {"last_layer", SH__LUA_INT, false},
+                                             {NULL, 0, false}};
+static const sh__lua_field cluster_fields[] = {
+    {"nodes", SH__LUA_TABLE, true},     {"gateway", SH__LUA_TABLE, true},
+    {"replicas", SH__LUA_TABLE, true},  {"models", SH__LUA_TABLE, false},
+    {"batcher", SH__LUA_TABLE, false},  {"kv", SH__LUA_TABLE, false},
+    {"watchdog", SH__LUA_TABLE, false}, {NULL, 0, false}};
+static const sh__lua_field gateway_fields[] = {{"node", SH__LUA_STR, true},
+                                               {"http", SH__LUA_STR, true},
+                                               {"api_keys", SH__LUA_TABLE, false},
+                                               {NULL, 0, false}};
+static const sh__lua_field batcher_fields[] = {{"max_step_tokens", SH__LUA_INT, false},
+                                               {"max_seqs", SH__LUA_INT, false},
+                                               {"max_wait_ms", SH__LUA_INT, false},
+                                               {NULL, 0, false}};
+static const sh__lua_field kv_fields[] = {{"block_tokens", SH__LUA_INT, false},
+                                          {"prefix_cache", SH__LUA_BOOL, false},
+                                          {"memory", SH__LUA_ANY, false},
+                                          {NULL, 0, false}};
+static const sh__lua_field watchdog_fields[] = {{"heartbeat_ms", SH__LUA_INT, false},
+                                                {"dead_after", SH__LUA_INT, false},
+                                                {"policy", SH__LUA_STR, false},
+                                                {NULL, 0, false}};
+
+/* Node and model names travel in frames and logs: keep them short and plain. */
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 63)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_' || *s == '.' || *s == '-'))
+            return false;
+    return true;
+}
+
+/* "host:port" with a non-empty host (a name, an address, [ipv6] or *) and a port 1..65535. */
+static const char *hostport_error(const char *s)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s)
+        return "expected host:port";
+    if (s[0] == '[' ? colon[-1] != ']' : memchr(s, ':', (size_t)(colon - s)) != NULL)
+        return "an IPv6 host must be written in brackets";
+    for (const char *p = s; p < colon; p++)
+        if ((unsigned char)*p <= ' ' || *p == '/' || *p == '@')
+            return "bad character in the host";
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] < '0' || colon[1] > '9' || *end || port < 1 || port > 65535)
+        return "port must be 1..65535";
+    return NULL;
+}
+
+/* NNG addresses: inproc://name, ipc://path, tcp://host:port, tls+tcp://host:port. */
+static const char *url_error(const char *s)
+{
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p <= ' ')
+            return "spaces and control characters are not allowed";
+    static const char *const plain[] = {"inproc://", "ipc://"};
+    for (int i = 0; i < 2; i++)
+        if (strncmp(s, plain[i], strlen(plain[i])) == 0)
+            return s[strlen(plain[i])] ? NULL : "empty address after the scheme";
+    if (strncmp(s, "tcp://", 6) == 0)
+        return hostport_error(s + 6);
+    if (strncmp(s, "tls+tcp://", 10) == 0)
+        return hostport_error(s + 10);
+    return "scheme must be inproc://, ipc://, tcp:// or tls+tcp://";
+}
+
+static void check_name(lua_State *L, const char *what, const char *name, const char *where)
+{
+    if (!name_ok(name))
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "%s: name '%.40s' must be 1-63 characters of A-Z a-z 0-9 _ . -", what, name);
+}
+
+/* Pushes t[key] without metamethods: plain tables from scripts may carry an __index. */
+static int raw_field(lua_State *L, int idx, const char *key)
+{
+    idx = lua_absindex(L, idx);
+    lua_pushstring(L, key);
+    return lua_rawget(L, idx);
+}
+
+static void validate_node(lua_State *L, int idx, const char *where)
+{
+    sh__lua_check_fields(L, idx, node_fields, "node", where);
+    check_name(L, "node", sh__lua_get_str(L, idx, "name"), where);
+    const char *url = sh__lua_get_str(L, idx, "listen");
+    const char *why = url_error(url);
+    if (why)
+        sh__lua_fail(L, SH_EINVAL, where, "node '%s': bad listen URL '%.80s': %s",
+                     sh__lua_get_str(L, idx, "name"), url, why);
+}
+
+static void validate_model(lua_State *L, int idx, const char *where)
+{
+    sh__lua_check_fields(L, idx, model_fields, "model", where);
+    check_name(L, "model", sh__lua_get_str(L, idx, "name"), where);
+    if (!*sh__lua_get_str(L, idx, "path"))
+        sh__lua_fail(L, SH_EINVAL, where, "model: field 'path' is empty");
+    sh__lua_get_int_range(L, idx, "layers", 1, 1, MAX_LAYERS, "model", where);
+}
+
+static void validate_replica(lua_State *L, int idx, const char *where)
+{
+    sh__lua_check_fields(L, idx, replica_fields, "replica", where);
+    int t = raw_field(L, idx, "model");
+    if (t != LUA_TSTRING && t != LUA_TTABLE)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica: field 'model' must be a model{} or a model name, got %s",
+                     luaL_typename(L, -1));
+    lua_pop(L, 1);
+    sh__lua_get_int_range(L, idx, "tp", 1, 1, 64, "replica", where);
+}
+
+/* Pushes the data table of an object of `kind` at idx, or validates a plain table in its place
+ * (located at the enclosing constructor). Copies the location into owhere. */
+static void coerce(lua_State *L, int idx, int kind, const char *what, const char *where,
+                   char *owhere)
+{
+    idx = lua_absindex(L, idx);
+    int k = sh__lua_obj_get(L, idx, owhere, WHERE_MAX, NULL);
+    if (k == kind)
+        return;
+    if (k >= 0)
+        sh__lua_fail(L, SH_EINVAL, where, "expected %s, got another kind of object", what);
+    snprintf(owhere, WHERE_MAX, "%s", where);
+    if (kind == K_NODE)
+        validate_node(L, idx, where);
+    else if (kind == K_MODEL)
+        validate_model(L, idx, where);
+    else if (kind == K_REPLICA)
+        validate_replica(L, idx, where);
+    else
+        sh__lua_check_fields(L, idx, stage_fields, "stage", where);
+    lua_pushvalue(L, idx);
+}
+
+static int ctor(lua_State *L, int kind, void (*validate)(lua_State *, int, const char *))
+{
+    char where[WHERE_MAX];
+    sh__lua_where(L, where, sizeof where);
+    validate(L, 1, where);
+    lua_settop(L, 1);
+    /* Copy the argument so later changes to the script's table cannot bypass the checks. */
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, 1)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, 2);
+    }
+    sh__lua_obj_new(L, kind, where, 0);
+    return 1;
+}
+
+static int l_node(lua_State *L) { return ctor(L, K_NODE, validate_node); }
+static int l_model(lua_State *L) { return ctor(L, K_MODEL, validate_model); }
+static int l_replica(lua_State *L) { return ctor(L, K_REPLICA, validate_replica); }
+
+static void split(int32_t n_layers, int32_t i, int32_t n, int32_t *first, int32_t *last)
+{
+    *first = (int32_t)((int64_t)i * n_layers / n);
+    *last = (int32_t)((int64_t)(i + 1) * n_layers / n);
+}
+
+/* pipeline(m, { "w0", "w1" } [, layers]): one stage per node in order, layers split evenly when
+ * the count is known (from model{ layers = n } or the third argument), else left to the loader. */
+static int l_pipeline(lua_State *L)
+{
+    char where[WHERE_MAX], mwhere[WHERE_MAX];
+    sh__lua_where(L, where, sizeof where);
+    int64_t layers = 0;
+    if (lua_type(L, 1) != LUA_TSTRING) {
+        if (sh__lua_obj_get(L, 1, mwhere, sizeof mwhere, NULL) != K_MODEL)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "pipeline: first argument must be a model{} or a model name");
+        layers = sh__lua_get_int(L, -1, "layers", 0);
+        lua_pop(L, 1);
+    }
+    if (!lua_isnoneornil(L, 3)) {
+        int isint = 0;
+        lua_Integer n = lua_tointegerx(L, 3, &isint);
+        if (!isint || n < 1 || n > MAX_LAYERS)
+            sh__lua_fail(L, SH_EINVAL, where, "pipeline: layer count must be an integer 1..%d",
+                         MAX_LAYERS);
+        if (layers && layers != n)
+            sh__lua_fail(L, SH_EINVAL, where, "pipeline: %lld layers given but the model has %lld",
+                         (long long)n, (long long)layers);
+        layers = n;
+    }
+    int32_t n = sh__lua_check_list(L, 2, "pipeline nodes", MAX_STAGES, where);
+    if (n == 0)
+        sh__lua_fail(L, SH_EINVAL, where, "pipeline: needs at least one node");
+    if (layers && n > layers)
+        sh__lua_fail(L, SH_EINVAL, where, "pipeline: %d stages for %lld layers", (int)n,
+                     (long long)layers);
+    lua_createtable(L, n, 0);
+    int out = lua_gettop(L);
+    for (int32_t i = 0; i < n; i++) {
+        if (lua_rawgeti(L, 2, i + 1) != LUA_TSTRING)
+            sh__lua_fail(L, SH_EINVAL, where, "pipeline: node %d must be a node name, got %s",
+                         (int)i + 1, luaL_typename(L, -1));
+        check_name(L, "pipeline", lua_tostring(L, -1), where);
+        lua_createtable(L, 0, 3);
+        lua_insert(L, -2);
+        lua_setfield(L, -2, "node");
+        if (layers) {
+            int32_t first, last;
+            split((int32_t)layers, i, n, &first, &last);
+            lua_pushinteger(L, first);
+            lua_setfield(L, -2, "first_layer");
+            lua_pushinteger(L, last);
+            lua_setfield(L, -2, "last_layer");
+        }
+        sh__lua_obj_new(L, K_STAGE, where, 0);
+        lua_rawseti(L, out, i + 1);
+    }
+    return 1;
+}
+
+/* ---- cluster{}: conversion into C ------------------------------------------------------------ */
+
+static char *dup(lua_State *L, const char *s, const char *where)
+{
+    char *d = strdup(s);
+    if (!d)
+        sh__lua_fail(L, SH_ENOMEM, where, "out of memory");
+    return d;
+}
+
+static void *zalloc(lua_State *L, size_t n, size_t size, const char *where)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p)
+        sh__lua_fail(L, SH_ENOMEM, where, "out of memory");
+    return p;
+}
+
+/* Pushes cluster.<key> (nil when absent) and returns its index. */
+static int field(lua_State *L, const char *key)
+{
+    raw_field(L, 1, key);
+    return lua_gettop(L);
+}
+
+static int32_t node_index(lua_State *L, const sh_cluster_config *c, const char *name,
+                          const char *what, const char *where)
+{
+    int32_t i = sh_config_find_node(c, name);
+    if (i < 0)
+        sh__lua_fail(L, SH_ENOTFOUND, where, "%s: unknown node '%.63s'", what, name);
+    if (c->nodes[i].standby)
+        sh__lua_fail(L, SH_EINVAL, where, "%s: node '%s' is a standby and cannot serve", what,
+                     name);
+    return i;
+}
+
+static void fill_nodes(lua_State *L, sh_cluster_config *c, const char *where)
+{
+    int idx = field(L, "nodes");
+    int32_t n = sh__lua_check_list(L, idx, "cluster.nodes", MAX_NODES, where);
+    if (n == 0)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster.nodes is empty");
+    c->nodes = zalloc(L, (size_t)n, sizeof *c->nodes, where);
+    for (int32_t i = 0; i < n; i++) {
+        char nwhere[WHERE_MAX];
+        lua_rawgeti(L, idx, i + 1);
+        coerce(L, -1, K_NODE, "node{...}", where, nwhere);
+        const char *name = sh__lua_get_str(L, -1, "name");
+        const char *listen = sh__lua_get_str(L, -1, "listen");
+        for (int32_t j = 0; j < i; j++) {
+            if (strcmp(c->nodes[j].name, name) == 0)
+                sh__lua_fail(L, SH_EINVAL, nwhere, "duplicate node name '%s'", name);
+            if (strcmp(c->nodes[j].listen, listen) == 0)
+                sh__lua_fail(L, SH_EINVAL, nwhere, "node '%s' listens on '%.80s' like node '%s'",
+                             name, listen, c->nodes[j].name);
+        }
+        sh_config_node *d = &c->nodes[c->n_nodes++];
+        d->standby = sh__lua_get_bool(L, -1, "standby", false);
+        d->name = dup(L, name, where);
+        d->listen = dup(L, listen, where);
+        lua_pop(L, 2);
+    }
+    lua_pop(L, 1);
+}
+
+/* Adds the model whose data table is on top (or finds the one of that name) and returns its
+ * index. Two model{} with one name must describe the same file. */
+static int32_t add_model(lua_State *L, sh_cluster_config *c, const char *mwhere)
+{
+    const char *name = sh__lua_get_str(L, -1, "name"), *path = sh__lua_get_str(L, -1, "path");
+    int32_t layers = (int32_t)sh__lua_get_int(L, -1, "layers", 0);
+    for (int32_t j = 0; j < c->n_models; j++) {
+        sh_config_model *m = &c->models[j];
+        if (strcmp(m->name, name) != 0)
+            continue;
+        if (strcmp(m->path, path) != 0 || m->n_layers != layers)
+            sh__lua_fail(L, SH_EINVAL, mwhere, "duplicate model name '%s' for a different model",
+                         name);
+        return j;
+    }
+    sh_config_model *m = &c->models[c->n_models++];
+    m->n_layers = layers;
+    m->name = dup(L, name, mwhere);
+    m->path = dup(L, path, mwhere);
+    return c->n_models - 1;
+}
+
+static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r, int rep,
+                        const char *rwhere)
+{
+    char what[48];
+    snprintf(what, sizeof what, "replica %d stages", rep);
+    int32_t n = sh__lua_check_list(L, lua_gettop(L), what, MAX_STAGES, rwhere);
+    if (n == 0)
+        sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d has no stages", rep);
+    int idx = lua_gettop(L);
+    r->stages = zalloc(L, (size_t)n, sizeof *r->stages, rwhere);
+    int resolved = 0;
+    for (int32_t i = 0; i < n; i++) {
+        char swhere[WHERE_MAX];
+        lua_rawgeti(L, idx, i + 1);
+        coerce(L, -1, K_STAGE, "a stage (from pipeline())", rwhere, swhere);
+        snprintf(what, sizeof what, "replica %d stage %d", rep, (int)i + 1);
+        sh_config_stage *s = &r->stages[r->n_stages++];
+        s->node = node_index(L, c, sh__lua_get_str(L, -1, "node"), what, swhere);
+        s->first_layer =
+            (int32_t)sh__lua_get_int_range(L, -1, "first_layer", -1, -1, MAX_LAYERS, what, swhere);
+        s->last_layer =
+            (int32_t)sh__lua_get_int_range(L, -1, "last_layer", -1, -1, MAX_LAYERS, what, swhere);
+        if ((s->first_layer < 0) != (s->last_layer < 0))
+            sh__lua_fail(L, SH_EINVAL, swhere, "%s: give both first_layer and last_layer", what);
+        resolved += s->first_layer >= 0;
+        lua_pop(L, 2);
+    }
+    int32_t layers = c->models[r->model].n_layers;
+    if (resolved == 0) {
+        if (layers && n > layers)
+            sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d: %d stages for %d layers", rep, (int)n,
+                         (int)layers);
+        for (int32_t i = 0; layers && i < n; i++)
+            split(layers, i, n, &r->stages[i].first_layer, &r->stages[i].last_layer);
+        return;
+    }
+    if (resolved != n)
+        sh__lua_fail(L, SH_EINVAL, rwhere,
+                     "replica %d: either every stage has a layer range or "
+                     "none has",
+                     rep);
+    for (int32_t i = 0; i < n; i++) {
+        const sh_config_stage *s = &r->stages[i];
+        int32_t expect = i ? r->stages[i - 1].last_layer : 0;
+        if (s->first_layer != expect || s->last_layer <= s->first_layer)
+            sh__lua_fail(L, SH_EINVAL, rwhere,
+                         "replica %d stage %d: layers [%d, %d) do not continue from layer %d", rep,
+                         (int)i + 1, (int)s->first_layer, (int)s->last_layer, (int)expect);
+    }
+    if (layers && r->stages[n - 1].last_layer != layers)
+        sh__lua_fail(L, SH_EINVAL, rwhere,
+                     "replica %d: stages end at layer %d but the model has %d", rep,
+                     (int)r->stages[n - 1].last_layer, (int)layers);
+}
+
+static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char *where)
+{
+    int midx = field(L, "models");
+    int32_t nm = lua_isnil(L, midx) ? 0 : sh__lua_check_list(L, midx, "cluster.models", 256, where);
+    int ridx = field(L, "replicas");
+    int32_t nr = sh__lua_check_list(L, ridx, "cluster.replicas", MAX_REPLICAS, where);
+    if (nr == 0)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster.replicas is empty");
+    c->models = zalloc(L, (size_t)(nm + nr), sizeof *c->models, where);
+    for (int32_t i = 0; i < nm; i++) {
+        char mwhere[WHERE_MAX];
+        lua_rawgeti(L, midx, i + 1);
+        coerce(L, -1, K_MODEL, "model{...}", where, mwhere);
+        add_model(L, c, mwhere);
+        lua_pop(L, 2);
+    }
+    c->replicas = zalloc(L, (size_t)nr, sizeof *c->replicas, where);
+    for (int32_t i = 0; i < nr; i++) {
+        char rwhere[WHERE_MAX], mwhere[WHERE_MAX];
+        lua_rawgeti(L, ridx, i + 1);
+        coerce(L, -1, K_REPLICA, "replica{...}", where, rwhere);
+        sh_config_replica *r = &c->replicas[c->n_replicas++];
+        r->tp = (int32_t)sh__lua_get_int(L, -1, "tp", 1);
+        if (raw_field(L, -1, "model") == LUA_TSTRING) {
+            const char *name = lua_tostring(L, -1);
+            r->model = -1;
+            for (int32_t j = 0; j < c->n_models; j++)
+                if (strcmp(c->models[j].name, name) == 0)
+                    r->model = j;
+            if (r->model < 0)
+                sh__lua_fail(L, SH_ENOTFOUND, rwhere, "replica %d: unknown model '%.63s'",
+                             (int)i + 1, name);
+        } else {
+            coerce(L, -1, K_MODEL, "model{...}", rwhere, mwhere);
+            r->model = add_model(L, c, mwhere);
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+        raw_field(L, -1, "stages");
+        fill_stages(L, c, r, (int)i + 1, rwhere);
+        lua_pop(L, 3);
+    }
+    lua_pop(L, 2);
+}
+
+static void fill_gateway(lua_State *L, sh_cluster_config *c, const char *where)
+{
+    int idx = field(L, "gateway");
+    sh__lua_check_fields(L, idx, gateway_fields, "cluster.gateway", where);
+    c->gateway.node = node_index(L, c, sh__lua_get_str(L, idx, "node"), "cluster.gateway", where);
+    const char *http = sh__lua_get_str(L, idx, "http"), *why = hostport_error(http);
+    if (why)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster.gateway: bad http address '%.80s': %s", http,
+                     why);
+    c->gateway.http = dup(L, http, where);
+    raw_field(L, idx, "api_keys");
+    int kidx = lua_gettop(L);
+    if (!lua_isnil(L, kidx)) {
+        int32_t n = sh__lua_check_list(L, kidx, "cluster.gateway.api_keys", MAX_KEYS, where);
+        c->gateway.api_keys = zalloc(L, (size_t)n, sizeof(char *), where);
+        for (int32_t i = 0; i < n; i++) {
+            if (lua_rawgeti(L, kidx, i + 1) != LUA_TSTRING || lua_rawlen(L, -1) == 0 ||
+                lua_rawlen(L, -1) > 256)
+                sh__lua_fail(L, SH_EINVAL, where,
+                             "cluster.gateway.api_keys[%d] must be a string of 1-256 bytes",
+                             (int)i + 1);
+            c->gateway.api_keys[c->gateway.n_api_keys++] = dup(L, lua_tostring(L, -1), where);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 2);
+}
+
+/* kv.memory: bytes as an integer, or a string such as "512MiB" or "2 GiB" (powers of 1024). */
+static uint64_t parse_memory(lua_State *L, int idx, const char *where)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1},
+                 {"b", 1},
+                 {"k", 1024.0},
+                 {"kib", 1024.0},
+                 {"m", 1048576.0},
+                 {"mib", 1048576.0},
+                 {"g", 1073741824.0},
+                 {"gib", 1073741824.0},
+                 {"t", 1099511627776.0},
+                 {"tib", 1099511627776.0}};
+    double v = -1;
+    if (lua_type(L, idx) == LUA_TNUMBER) {
+        v = lua_tonumber(L, idx);
+    } else if (lua_type(L, idx) == LUA_TSTRING) {
+        const char *s = lua_tostring(L, idx);
+        char *end;
+        double x = strtod(s, &end);
+        while (*end == ' ')
+            end++;
+        for (size_t i = 0; end != s && i < sizeof units / sizeof units[0]; i++)
+            if (strcasecmp(end, units[i].unit) == 0)
+                v = x * units[i].scale;
+    }
+    if (!(v >= 1 && v <= 1e18))
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "cluster.kv: field 'memory' must be bytes or a size like \"512MiB\"");
+    return (uint64_t)v;
+}
+
+static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
+{
+    int idx = field(L, "batcher");
+    if (!lua_isnil(L, idx))
+        sh__lua_check_fields(L, idx, batcher_fields, "cluster.batcher", where);
+    const char *w = "cluster.batcher";
+    c->batcher.max_step_tokens =
+        (int32_t)sh__lua_get_int_range(L, idx, "max_step_tokens", 4096, 1, 1 << 20, w, where);
+    c->batcher.max_seqs =
+        (int32_t)sh__lua_get_int_range(L, idx, "max_seqs", 64, 1, 65536, w, where);
+    c->batcher.max_wait_ms =
+        (int32_t)sh__lua_get_int_range(L, idx, "max_wait_ms", 50, 0, 60000, w, where);
+    lua_pop(L, 1);
+
+    idx = field(L, "kv");
+    if (!lua_isnil(L, idx))
+        sh__lua_check_fields(L, idx, kv_fields, "cluster.kv", where);
+    c->kv.block_tokens =
+        (int32_t)sh__lua_get_int_range(L, idx, "block_tokens", 16, 1, 4096, "cluster.kv", where);
+    c->kv.prefix_cache = sh__lua_get_bool(L, idx, "prefix_cache", true);
+    if (!lua_isnil(L, idx)) {
+        raw_field(L, idx, "memory");
+        if (!lua_isnil(L, -1))
+            c->kv.memory_bytes = parse_memory(L, -1, where);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+
+    idx = field(L, "watchdog");
+    if (!lua_isnil(L, idx))
+        sh__lua_check_fields(L, idx, watchdog_fields, "cluster.watchdog", where);
+    w = "cluster.watchdog";
+    c->watchdog.heartbeat_ms =
+        (int32_t)sh__lua_get_int_range(L, idx, "heartbeat_ms", 100, 1, 60000, w, where);
+    c->watchdog.dead_after =
+        (int32_t)sh__lua_get_int_range(L, idx, "dead_after", 3, 1, 1000, w, where);
+    const char *policy = lua_isnil(L, idx) ? NULL : sh__lua_get_str(L, idx, "policy");
+    if (policy && !*policy)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster.watchdog: field 'policy' is empty");
+    c->watchdog.policy = dup(L, policy ? policy : "lua/policy/default.lua", where);
+    lua_pop(L, 1);
+}
+
+static int l_cluster(lua_State *L)
+{
+    char where[WHERE_MAX];
+    sh__lua_where(L, where, sizeof where);
+    sh__lua_check_fields(L, 1, cluster_fields, "cluster", where);
+    lua_settop(L, 1);
+    builder *bd = sh__lua_box_of(L)->host;
+    if (bd->n == bd->cap) {
+        int32_t cap = bd->cap ? bd->cap * 2 : 2;
+        sh_cluster_config **p = realloc(bd->built, (size_t)cap * sizeof *p);
+        if (!p)
+            sh__lua_fail(L, SH_ENOMEM, where, "out of memory");
+        bd->built = p;
+        bd->cap = cap;
+    }
+    sh_cluster_config *c = zalloc(L, 1, sizeof *c, where);
+    bd->built[bd->n++] = c;
+    fill_nodes(L, c, where);
+    fill_models_replicas(L, c, where);
+    fill_gateway(L, c, where);
+    fill_tunables(L, c, where);
+    lua_newtable(L);
+    sh__lua_obj_new(L, K_CLUSTER, where, bd->n - 1);
+    return 1;
+}
+
+/* Runs the chunk (argument 1) with the constructors in its globals; checks what it returns. */
+static int run_cluster(lua_State *L)
+{
+    static const luaL_Reg ctors[] = {{"node", l_node},       {"model", l_model},
+                                     {"replica", l_replica}, {"pipeline", l_pipeline},
+                                     {"cluster", l_cluster}, {NULL, NULL}};
+    lua_pushglobaltable(L);
+    luaL_setfuncs(L, ctors, 0);
+    lua_pop(L, 1);
+    lua_pushvalue(L, 1);
+    lua_call(L, 0, 1);
+    int64_t idx = -1;
+    if (sh__lua_obj_get(L, -1, NULL, 0, &idx) != K_CLUSTER) {
+        sh__lua_box *b = sh__lua_box_of(L);
+        sh__lua_fail(L, SH_EINVAL, b->name, "the script must return cluster{...}, got %s",
+                     luaL_typename(L, -1));
+    }
+    ((builder *)sh__lua_box_of(L)->host)->result = idx;
+    return 0;
+}
+
+static sh_err load(const char *path, const char *src, size_t len, const char *name,
+                   const sh_lua_limits *limits, sh_cluster_config **out, sh_error *e)
+{
+    *out = NULL;
+    sh__lua_box *b;
+    sh_err err = sh__lua_box_create(limits, DEF_MEMORY, DEF_TIME_MS, &b, e);
+    if (err)
+        return err;
+    builder bd = {.result = -1};
+    b->host = &bd;
+    err = path ? sh__lua_load_file(b, path, e) : sh__lua_load_string(b, src, len, name, e);
+    if (!err) {
+        lua_pushcfunction(b->L, run_cluster);
+        lua_insert(b->L, -2);
+        err = sh__lua_call(b, 1, 0, e);
+    }
+    if (!err && bd.result >= 0 && bd.result < bd.n) {
+        *out = bd.built[bd.result];
+        bd.built[bd.result] = NULL;
+    }
+    for (int32_t i = 0; i < bd.n; i++)
+        sh_config_destroy(bd.built[i]);
+    free(bd.built);
+    sh__lua_box_destroy(b);
+    return err;
+}
+
+sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_cluster_config **out,
+                           sh_error *e)
+{
+    return load(path, NULL, 0, NULL, limits, out, e);
+}
+
+sh_err sh_config_load_string(const char *src, size_t len, const char *name,
+                             const sh_lua_limits *limits, sh_cluster_config **out, sh_error *e)
+{
+    return load(NULL, src, len, name, limits, out, e);
+}
+
+int32_t sh_config_find_node(const sh_cluster_config *c, const char *name)
+{
+    for (int32_t i = 0; c && name && i < c->n_nodes; i++)
+        if (c->nodes[i].name && strcmp(c->nodes[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+void sh_config_destroy(sh_cluster_config *c)
+{
+    if (!c)
+        return;
+    for (int32_t i = 0; i < c->n_nodes; i++) {
+        free(c->nodes[i].name);
+        free(c->nodes[i].listen);
+    }
+    free(c->nodes);
+    for (int32_t i = 0; i < c->n_models; i++) {
+        free(c->models[i].name);
+        free(c->models[i].path);
+    }
+    free(c->models);
+    for (int32_t i = 0; i < c->n_replicas; i++)
+        free(c->replicas[i].stages);
+    free(c->replicas);
+    free(c->gateway.http);
+    for (int32_t i = 0; i < c->gateway.n_api_keys; i++)
+        free(c->gateway.api_keys[i]);
+    free(c->gateway.api_keys);
+    free(c->watchdog.policy);
+    free(c);
+}

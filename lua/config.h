@@ -1,0 +1,214 @@
+/* In-tree API of the Lua host: sandbox limits, cluster topology, degradation policies and fault
+ * scenarios, each evaluated in a sandboxed Lua 5.4 state and copied into typed C structs. */
+#ifndef SH_LUA_CONFIG_H
+#define SH_LUA_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/err.h"
+
+/* ---- Limits shared by every script kind ---------------------------------------------------- */
+
+/* Receives print() output and Lua warnings of a script, one line without the newline. Called on
+ * the thread that runs the script. Without a callback that text is dropped. */
+typedef void (*sh_lua_log_fn)(void *ud, const char *line);
+
+/* Limits of one sandboxed state. A zeroed struct means the defaults of the script kind: 64 MiB
+ * and 2000 ms for cluster files and scenarios, 8 MiB and 50 ms per call for policies. The time
+ * limit is wall-clock per evaluation (one chunk run, one level() call), checked every 1000 VM
+ * instructions; the memory limit counts every byte the Lua state holds. */
+typedef struct sh_lua_limits {
+    size_t memory_bytes;
+    uint32_t time_ms;
+    sh_lua_log_fn log;
+    void *log_ud;
+} sh_lua_limits;
+
+/* ---- Cluster topology (cluster.lua, DESIGN.md section 7) ------------------------------------ */
+
+typedef struct sh_config_node {
+    char *name;   /* unique, [A-Za-z0-9_.-]{1,63} */
+    char *listen; /* inproc://, ipc://, tcp://host:port or tls+tcp://host:port */
+    bool standby; /* a spare: holds no stage until the watchdog promotes it */
+} sh_config_node;
+
+typedef struct sh_config_model {
+    char *name;       /* unique */
+    char *path;       /* GGUF or llama2.c file, as written in the script */
+    int32_t n_layers; /* from model{ layers = n }; 0 when unknown until the file is loaded */
+} sh_config_model;
+
+/* One pipeline stage: layers [first_layer, last_layer) on one node. Both are -1 when the script
+ * did not know the layer count: the loader splits the layers evenly over the stages, in order. */
+typedef struct sh_config_stage {
+    int32_t node; /* index into sh_cluster_config.nodes; never a standby node */
+    int32_t first_layer;
+    int32_t last_layer;
+} sh_config_stage;
+
+typedef struct sh_config_replica {
+    int32_t model; /* index into sh_cluster_config.models */
+    int32_t tp;    /* tensor-parallel ranks per stage, on the stage's node; default 1 */
+    int32_t n_stages;
+    sh_config_stage *stages; /* (n_stages), in pipeline order */
+} sh_config_replica;
+
+typedef struct sh_config_gateway {
+    int32_t node; /* index into nodes */
+    char *http;   /* "host:port" the HTTP server listens on */
+    int32_t n_api_keys;
+    char **api_keys; /* (n_api_keys); none means the API is open */
+} sh_config_gateway;
+
+typedef struct sh_config_batcher {
+    int32_t max_step_tokens; /* default 4096 */
+    int32_t max_seqs;        /* default 64 */
+    int32_t max_wait_ms;     /* default 50 */
+} sh_config_batcher;
+
+typedef struct sh_config_kv {
+    int32_t block_tokens;  /* default 16 */
+    bool prefix_cache;     /* default true */
+    uint64_t memory_bytes; /* KV memory budget per stage; 0 (default) sizes it from free memory */
+} sh_config_kv;
+
+typedef struct sh_config_watchdog {
+    int32_t heartbeat_ms; /* default 100 */
+    int32_t dead_after;   /* missed heartbeats; default 3 */
+    char *policy;         /* policy script path; default "lua/policy/default.lua" */
+} sh_config_watchdog;
+
+typedef struct sh_cluster_config {
+    int32_t n_nodes;
+    sh_config_node *nodes;
+    int32_t n_models;
+    sh_config_model *models; /* listed in cluster{ models = ... } plus those replicas name */
+    int32_t n_replicas;
+    sh_config_replica *replicas;
+    sh_config_gateway gateway;
+    sh_config_batcher batcher;
+    sh_config_kv kv;
+    sh_config_watchdog watchdog;
+} sh_cluster_config;
+
+/* Evaluates a cluster script (a file, or `len` bytes of text named `name` in messages) in a fresh
+ * sandbox and returns the validated topology with defaults applied. The script must return the
+ * value of a cluster{} call. limits may be NULL (defaults). On success *out is owned by the
+ * caller (sh_config_destroy). On failure *out is NULL and e names the file and line:
+ * SH_EIO (unreadable file), SH_ELUA (syntax or runtime error, with a short traceback),
+ * SH_EINVAL (a constructor's argument failed validation), SH_ENOTFOUND (a reference to an
+ * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit).
+ * Any thread; no shared state. */
+sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_cluster_config **out,
+                           sh_error *e);
+sh_err sh_config_load_string(const char *src, size_t len, const char *name,
+                             const sh_lua_limits *limits, sh_cluster_config **out, sh_error *e);
+
+/* Index of the node called `name`, or -1. */
+int32_t sh_config_find_node(const sh_cluster_config *c, const char *name);
+
+/* Frees the config and everything it points to; accepts NULL. */
+void sh_config_destroy(sh_cluster_config *c);
+
+/* ---- Degradation policies ------------------------------------------------------------------ */
+
+/* The metrics the watchdog hands to level(m) every tick; field names are the Lua keys. */
+typedef struct sh_policy_metrics {
+    double queue_wait_p99_ms;
+    double step_latency_p99_ms;
+    double kv_used; /* fraction of KV blocks in use, 0..1 */
+    double tokens_per_s;
+    double queue_depth;
+    double running_seqs;
+    double nodes_dead;
+    double level; /* the level now in force */
+} sh_policy_metrics;
+
+/* A metric passed by name, for fields the struct lacks. */
+typedef struct sh_policy_metric {
+    const char *name;
+    double value;
+} sh_policy_metric;
+
+#define SH_POLICY_LEVEL_MAX 4
+
+/* A loaded policy script: its own sandboxed state, kept between calls so a script may hold state
+ * (hysteresis) in its globals. Not thread-safe: one thread at a time (the watchdog's loop). */
+typedef struct sh_policy sh_policy;
+
+/* Creates an empty policy (no script yet); limits may be NULL. SH_ENOMEM on failure. */
+sh_err sh_policy_create(const sh_lua_limits *limits, sh_policy **out, sh_error *e);
+
+/* Loads (or reloads) the script, which must define a global function level(m). The new script
+ * runs in a fresh state and must pass a trial call of level() with the metrics of the last call
+ * (zeros before any). Only then does it replace the old one; on any failure the old script stays
+ * in force and the error (as for sh_config_load_file) is returned. */
+sh_err sh_policy_load_file(sh_policy *p, const char *path, sh_error *e);
+sh_err sh_policy_load_string(sh_policy *p, const char *src, size_t len, const char *name,
+                             sh_error *e);
+
+/* Calls level(m) under the limits and stores the result (an integer 0..SH_POLICY_LEVEL_MAX) in
+ * *level. Errors: SH_EINVAL (no script loaded, or level returned a non-integer), SH_ERANGE (out
+ * of range), SH_ELUA (runtime error), SH_ETIMEDOUT / SH_ENOMEM (a limit; the state is collected
+ * and stays usable). *level is untouched on failure. */
+sh_err sh_policy_level(sh_policy *p, const sh_policy_metrics *m, int32_t *level, sh_error *e);
+sh_err sh_policy_level_pairs(sh_policy *p, const sh_policy_metric *m, size_t n, int32_t *level,
+                             sh_error *e);
+
+/* Frees the policy; accepts NULL. */
+void sh_policy_destroy(sh_policy *p);
+
+/* ---- Fault scenarios ----------------------------------------------------------------------- */
+
+typedef enum sh_fault_kind {
+    SH_FAULT_KILL,      /* kill "node": from = the node */
+    SH_FAULT_STALL,     /* stall{ actor, ms }: from = the actor ("node" or "node/actor") */
+    SH_FAULT_DELAY,     /* delay{ from, to | link, ms, lasting } */
+    SH_FAULT_DROP,      /* drop{ link | from, to, p, lasting } */
+    SH_FAULT_DUPLICATE, /* duplicate{ link | from, to, p, lasting } */
+    SH_FAULT_CORRUPT,   /* corrupt{ link | from, to, bytes, p, lasting } */
+    SH_FAULT_PARTITION, /* partition{ a, b, lasting }: from = a, to = b, both directions */
+    SH_FAULT_HEAL,      /* heal{ link | from, to | a, b }: lifts matching rules; heal{} lifts all */
+} sh_fault_kind;
+
+#define SH_FAULT_NAME_MAX 64
+
+/* One scheduled fault. Links are directed from -> to; "*" matches any node. */
+typedef struct sh_fault_event {
+    double time_s; /* seconds from the start of the run */
+    sh_fault_kind kind;
+    char from[SH_FAULT_NAME_MAX];
+    char to[SH_FAULT_NAME_MAX];
+    double ms;        /* delay or stall length */
+    double p;         /* probability per message, 0..1 (1 when not given) */
+    int32_t bytes;    /* corrupt: bytes flipped per message */
+    double lasting_s; /* how long the rule holds; 0 = until healed or the end of the run */
+    int32_t line;     /* line of the at() call, for logs */
+} sh_fault_event;
+
+typedef struct sh_scenario {
+    char source[128]; /* the script's file or chunk name, for messages */
+    size_t n_events;
+    sh_fault_event *events; /* (n_events), sorted by time, script order among equal times */
+} sh_scenario;
+
+/* Evaluates a scenario script of at(t, action) calls. Ownership and errors as for
+ * sh_config_load_file. */
+sh_err sh_scenario_load_file(const char *path, const sh_lua_limits *limits, sh_scenario **out,
+                             sh_error *e);
+sh_err sh_scenario_load_string(const char *src, size_t len, const char *name,
+                               const sh_lua_limits *limits, sh_scenario **out, sh_error *e);
+
+/* Checks that every node a scenario names exists in the cluster (SH_ENOTFOUND otherwise, naming
+ * the event's line). Actor names are checked by their node part ("node/actor"). */
+sh_err sh_scenario_check(const sh_scenario *s, const sh_cluster_config *c, sh_error *e);
+
+/* A static name of the kind ("kill", "delay", ...). */
+const char *sh_scenario_kind_name(sh_fault_kind k);
+
+/* Frees the scenario; accepts NULL. */
+void sh_scenario_destroy(sh_scenario *s);
+
+#endif

@@ -1,0 +1,342 @@
+/* Unit tests of cluster.lua evaluation (the DESIGN example, defaults, layer splits, every error
+ * class with its file:line) and of the sandbox (escapes, time and memory limits, print). */
+#include <time.h>
+
+#include "lua/config.h"
+#include "sh_test.h"
+#include "shoal.h"
+
+static sh_err load_str(const char *src, const sh_lua_limits *lim, sh_cluster_config **c,
+                       sh_error *e)
+{
+    return sh_config_load_string(src, strlen(src), "bad.lua", lim, c, e);
+}
+
+static void test_demo(void)
+{
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_config_load_file(sh_test_path("lua/examples/cluster-demo.lua"), NULL, &c, &e));
+    if (!c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    CHECK_INT_EQ(c->n_nodes, 4);
+    CHECK_STR_EQ(c->nodes[0].name, "front");
+    CHECK_STR_EQ(c->nodes[0].listen, "ipc:///tmp/shoal-demo/front");
+    CHECK_STR_EQ(c->nodes[2].listen, "tcp://127.0.0.1:7102");
+    CHECK(!c->nodes[2].standby);
+    CHECK_STR_EQ(c->nodes[3].name, "spare");
+    CHECK(c->nodes[3].standby);
+    CHECK_INT_EQ(c->n_models, 1);
+    CHECK_STR_EQ(c->models[0].name, "smollm2");
+    CHECK_STR_EQ(c->models[0].path, "models/smollm2-135m-instruct-q4_1.gguf");
+    CHECK_INT_EQ(c->models[0].n_layers, 0);
+    CHECK_INT_EQ(c->gateway.node, 0);
+    CHECK_STR_EQ(c->gateway.http, "127.0.0.1:8080");
+    CHECK_INT_EQ(c->gateway.n_api_keys, 0);
+    CHECK_INT_EQ(c->n_replicas, 1);
+    const sh_config_replica *r = &c->replicas[0];
+    CHECK_INT_EQ(r->model, 0);
+    CHECK_INT_EQ(r->tp, 1);
+    CHECK_INT_EQ(r->n_stages, 2);
+    CHECK_INT_EQ(r->stages[0].node, 1);
+    CHECK_INT_EQ(r->stages[1].node, 2);
+    CHECK_INT_EQ(r->stages[0].first_layer, -1); /* layer count unknown: resolved at load */
+    CHECK_INT_EQ(r->stages[1].last_layer, -1);
+    CHECK_INT_EQ(c->batcher.max_step_tokens, 4096);
+    CHECK_INT_EQ(c->batcher.max_seqs, 64);
+    CHECK_INT_EQ(c->batcher.max_wait_ms, 50);
+    CHECK_INT_EQ(c->kv.block_tokens, 16);
+    CHECK(c->kv.prefix_cache);
+    CHECK_UINT_EQ(c->kv.memory_bytes, 0);
+    CHECK_INT_EQ(c->watchdog.heartbeat_ms, 100);
+    CHECK_INT_EQ(c->watchdog.dead_after, 3);
+    CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua");
+    CHECK_INT_EQ(sh_config_find_node(c, "w1"), 2);
+    CHECK_INT_EQ(sh_config_find_node(c, "nope"), -1);
+    sh_config_destroy(c);
+    sh_config_destroy(NULL);
+}
+
+static void test_defaults_and_layers(void)
+{
+    const char *src =
+        "local m = model { name = 'tiny', path = 'm.gguf', layers = 30 }\n"
+        "local ws = {}\n"
+        "for i = 0, 3 do ws[#ws + 1] = node { name = 'w' .. i, listen = 'tcp://[::1]:' .. (7000 + "
+        "i) } end\n"
+        "local names = {}\n"
+        "for _, n in ipairs(ws) do names[#names + 1] = n.name end\n"
+        "return cluster {\n"
+        "  nodes = ws,\n"
+        "  models = { model { name = 'other', path = 'o.gguf' } },\n"
+        "  gateway = { node = 'w0', http = '*:80', api_keys = { 'k1', 'k2' } },\n"
+        "  replicas = {\n"
+        "    replica { model = m, stages = pipeline(m, names) },\n"
+        "    replica { model = 'other', stages = pipeline('other', { 'w1', 'w2' }, 5), tp = 2 },\n"
+        "    { model = m, stages = { { node = 'w3', first_layer = 0, last_layer = 30 } } },\n"
+        "  },\n"
+        "  kv = { memory = '1.5 GiB' },\n"
+        "}\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(load_str(src, NULL, &c, &e));
+    if (!c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    CHECK_INT_EQ(c->n_models, 2);
+    CHECK_STR_EQ(c->models[0].name, "other");
+    CHECK_INT_EQ(c->models[1].n_layers, 30);
+    CHECK_INT_EQ(c->gateway.n_api_keys, 2);
+    CHECK_STR_EQ(c->gateway.api_keys[1], "k2");
+    const sh_config_replica *r = &c->replicas[0];
+    CHECK_INT_EQ(r->model, 1);
+    CHECK_INT_EQ(r->n_stages, 4);
+    int32_t expect[5] = {0, 7, 15, 22, 30};
+    for (int i = 0; i < 4 && i < r->n_stages; i++) {
+        CHECK_INT_EQ(r->stages[i].node, i);
+        CHECK_INT_EQ(r->stages[i].first_layer, expect[i]);
+        CHECK_INT_EQ(r->stages[i].last_layer, expect[i + 1]);
+    }
+    r = &c->replicas[1];
+    CHECK_INT_EQ(r->model, 0);
+    CHECK_INT_EQ(r->tp, 2);
+    CHECK_INT_EQ(r->stages[0].last_layer, 2);
+    CHECK_INT_EQ(r->stages[1].first_layer, 2);
+    CHECK_INT_EQ(r->stages[1].last_layer, 5);
+    CHECK_INT_EQ(c->replicas[2].stages[0].node, 3);
+    CHECK_INT_EQ(c->replicas[2].stages[0].last_layer, 30);
+    CHECK_UINT_EQ(c->kv.memory_bytes, 3ull << 29);
+    CHECK_INT_EQ(c->batcher.max_seqs, 64);
+    CHECK_INT_EQ(c->watchdog.dead_after, 3);
+    CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua");
+    sh_config_destroy(c);
+}
+
+/* Every error names bad.lua and the line of the offending constructor call. */
+static const char *const head =
+    "local m = model { name = 'm', path = 'm.gguf' }\n"                                 /* line 1 */
+    "local function nodes(extra) return { node { name = 'a', listen = 'tcp://h:1' },\n" /* 2 */
+    "  node { name = 'b', listen = 'tcp://h:2' }, extra } end\n";                       /* 3 */
+
+static const struct bad_case {
+    const char *body; /* appended to head; its first line is line 4 */
+    sh_err code;
+    const char *where;
+    const char *text;
+} bad_cases[] = {
+    {"return cluster {\n", SH_ELUA, "bad.lua:5", "unexpected symbol"},
+    {"local function f() error('boom') end\nlocal function g() f() end\ng()\n", SH_ELUA,
+     "bad.lua:4: boom", "traceback: bad.lua:4: in"},
+    {"local x = nil\nreturn x.y\n", SH_ELUA, "bad.lua:5", "attempt to index a nil value"},
+    {"local n = node { name = 'c', listen = 'tcp://h:3', stanby = true }\n", SH_EINVAL, "bad.lua:4",
+     "unknown key 'stanby'"},
+    {"local n = node { name = 'c', listen = 5 }\n", SH_EINVAL, "bad.lua:4",
+     "field 'listen' must be a string, got an integer"},
+    {"local n = node { name = 'c', standby = 'yes', listen = 'ipc:///x' }\n", SH_EINVAL,
+     "bad.lua:4", "field 'standby' must be a boolean, got string"},
+    {"\nlocal n = node { name = 'c' }\n", SH_EINVAL, "bad.lua:5",
+     "missing required field 'listen'"},
+    {"local n = node { name = 'c', listen = 'http://h:80' }\n", SH_EINVAL, "bad.lua:4",
+     "scheme must be"},
+    {"local n = node { name = 'c', listen = 'tcp://h' }\n", SH_EINVAL, "bad.lua:4",
+     "expected host:port"},
+    {"local n = node { name = 'c', listen = 'tcp://h:99999' }\n", SH_EINVAL, "bad.lua:4",
+     "port must be"},
+    {"local n = node { name = 'bad name', listen = 'ipc:///x' }\n", SH_EINVAL, "bad.lua:4",
+     "name 'bad name'"},
+    {"return cluster { nodes = nodes(node { name = 'a', listen = 'tcp://h:9' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "duplicate node name 'a'"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m,\n"
+     "     stages = pipeline(m, { 'a', 'w9' }) } } }\n",
+     SH_ENOTFOUND, "bad.lua:7", "replica 1 stage 2: unknown node 'w9'"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'zz', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_ENOTFOUND, "bad.lua:4", "cluster.gateway: unknown node 'zz'"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = 'nope', stages = pipeline(m, { 'a' }) } } }\n",
+     SH_ENOTFOUND, "bad.lua:6", "unknown model 'nope'"},
+    {"return cluster { nodes = nodes(node { name = 's', listen = 'ipc:///s', standby = true }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 's' }) } } }\n",
+     SH_EINVAL, "bad.lua:6", "is a standby"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, batcher = { max_seqs = 0 },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "cluster.batcher: field 'max_seqs' must be within 1..65536"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { block_tokens = 16.5 },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'block_tokens' must be an integer, got a float"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { node = 'a', first_layer = 1,\n"
+     "  last_layer = 4 } } } } }\n",
+     SH_EINVAL, "bad.lua:5", "do not continue from layer 0"},
+    {"local p = pipeline(model { name = 'x', path = 'x', layers = 2 }, { 'a', 'b', 'a' })\n",
+     SH_EINVAL, "bad.lua:4", "3 stages for 2 layers"},
+    {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
+    {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
+};
+
+static void test_errors(void)
+{
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const struct bad_case *b = &bad_cases[i];
+        char src[2048];
+        snprintf(src, sizeof src, "%s%s", head, b->body);
+        sh_cluster_config *c = (sh_cluster_config *)1;
+        sh_error e = {0};
+        sh_err err = load_str(src, NULL, &c, &e);
+        CHECK(c == NULL);
+        if (err != b->code || !strstr(e.msg, b->where) || !strstr(e.msg, b->text))
+            SH_FAIL_("case %zu: got %s \"%s\", want %s with \"%s\" and \"%s\"", i, sh_strerror(err),
+                     e.msg, sh_strerror(b->code), b->where, b->text);
+    }
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_config_load_file("/nonexistent/cluster.lua", NULL, &c, &e), SH_EIO);
+    CHECK(strstr(e.msg, "/nonexistent/cluster.lua") != NULL);
+}
+
+/* Scripts that try to leave the sandbox; each must fail with the given text. */
+static const struct escape {
+    const char *src;
+    const char *text;
+} escapes[] = {
+    {"io.open('/etc/passwd')", "global 'io'"},
+    {"os.exit(1)", "global 'os'"},
+    {"require('io')", "global 'require'"},
+    {"dofile('/etc/passwd')", "global 'dofile'"},
+    {"loadfile('/etc/passwd')", "global 'loadfile'"},
+    {"debug.getinfo(1)", "global 'debug'"},
+    {"package.loadlib('x', 'y')", "global 'package'"},
+    {"string.dump(print)", "field 'dump'"},
+    {"local f = assert(load(string.char(27) .. 'LuaT\\0\\25\\147\\r\\n\\26\\n'))", "binary chunk"},
+    {"local f = load('return 1', 'x', 'b')", "only text chunks"},
+    {"local f = load('return 1', 'x', 'bt')", "only text chunks"},
+    {"collectgarbage('stop')", "invalid option 'stop'"},
+    {"setmetatable({}, { __gc = function() end })", "__gc is not allowed"},
+    {"getmetatable('').__index.dump(print)", "field 'dump'"},
+    {"coroutine.wrap(print)", "global 'coroutine'"},
+    {"warn('@on')", "global 'warn'"},
+    {"local s = string.rep('a', 20000); s:find('.-.-.-b')", "too costly"},
+    {"table.move({}, 1, 1e12, 1, {})", "range too large"},
+    {"local t = setmetatable({}, { __len = function() return 1e15 end }); table.insert(t, 1, 1)",
+     "with __len is not allowed"},
+    {"local s = string.rep('a', 4e6); s:find(string.rep('a', 1e5) .. 'b', 1, true)", "too costly"},
+    {"local s = string.rep('(', 1e5); s:find('%b()')", "too costly"},
+    {"local m = model { name = 'm', path = 'p' }; setmetatable(m, {})", "protected metatable"},
+    {"local m = model { name = 'm', path = 'p' }; error(getmetatable(m))", "locked"},
+};
+
+static void test_sandbox_escapes(void)
+{
+    for (size_t i = 0; i < sizeof escapes / sizeof escapes[0]; i++) {
+        sh_cluster_config *c = NULL;
+        sh_error e = {0};
+        sh_err err = load_str(escapes[i].src, NULL, &c, &e);
+        if (err == SH_OK || !strstr(e.msg, escapes[i].text))
+            SH_FAIL_("escape %zu: got %s \"%s\", want \"%s\"", i, sh_strerror(err), e.msg,
+                     escapes[i].text);
+        sh_config_destroy(c);
+    }
+    /* What the sandbox keeps working: text load with an environment, pcall, patterns on short
+     * strings, string.rep of nothing, utf8 and math. */
+    const char *ok = "local f = load('return x', 'chunk', 't', { x = 5 })\n"
+                     "assert(f() == 5)\n"
+                     "assert(not pcall(error, 'x'))\n"
+                     "assert(('k=v'):match('(%w+)=(%w+)') == 'k')\n"
+                     "assert(string.rep('', 1e15) == '')\n"
+                     "assert(utf8.len('h\\u{e9}') == 2 and math.max(1, 2) == 2)\n"
+                     "assert(collectgarbage('count') > 0)\n"
+                     "error('reached the end')\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(load_str(ok, NULL, &c, &e), SH_ELUA);
+    CHECK(strstr(e.msg, "bad.lua:8: reached the end") != NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void test_limits(void)
+{
+    sh_lua_limits lim = {.memory_bytes = 4u << 20, .time_ms = 100};
+    static const char *const loops[] = {
+        "while true do end",
+        "while true do pcall(function() while true do end end) end",
+        "while true do xpcall(function() while true do end end, function(e) while true do end end) "
+        "end",
+        "local function f() return f() end f()",
+    };
+    for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
+        sh_cluster_config *c = NULL;
+        sh_error e = {0};
+        double t0 = now_s();
+        sh_err err = load_str(loops[i], &lim, &c, &e);
+        double dt = now_s() - t0;
+        if (err != SH_ETIMEDOUT || !strstr(e.msg, "time limit of 100 ms") || dt > 2.0)
+            SH_FAIL_("loop %zu: %s \"%s\" after %.3f s", i, sh_strerror(err), e.msg, dt);
+    }
+    static const char *const hogs[] = {
+        "local t = {} for i = 1, 1e9 do t[i] = i end",
+        "local t = {} while true do pcall(function() t[#t + 1] = string.rep('x', 1000) end) end",
+        "local s = string.rep('x', 1e9)",
+        "local s = 'x' while true do s = s .. s end",
+    };
+    for (size_t i = 0; i < sizeof hogs / sizeof hogs[0]; i++) {
+        sh_cluster_config *c = NULL;
+        sh_error e = {0};
+        sh_err err = load_str(hogs[i], &lim, &c, &e);
+        if (err != SH_ENOMEM || !strstr(e.msg, "bad.lua: memory limit of 4194304 bytes"))
+            SH_FAIL_("hog %zu: %s \"%s\"", i, sh_strerror(err), e.msg);
+    }
+    /* A tiny limit fails cleanly when the state cannot even be built. */
+    sh_lua_limits tiny = {.memory_bytes = 1000};
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(load_str("return 1", &tiny, &c, &e), SH_ENOMEM);
+}
+
+static void collect(void *ud, const char *line)
+{
+    char *buf = ud;
+    size_t n = strlen(buf);
+    snprintf(buf + n, 256 - n, "[%s]", line);
+}
+
+static void test_print_log(void)
+{
+    char buf[256] = "";
+    sh_lua_limits lim = {.log = collect, .log_ud = buf};
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    load_str("print('hello', 42, nil) print() return 1", &lim, &c, &e);
+    CHECK_STR_EQ(buf, "[hello\t42\tnil][]");
+    /* Without a callback print is silent. */
+    CHECK_INT_EQ(load_str("print('dropped') return 1", NULL, &c, &e), SH_EINVAL);
+}
+
+static const sh_test_case tests[] = {
+    {"demo", test_demo},
+    {"defaults_and_layers", test_defaults_and_layers},
+    {"errors", test_errors},
+    {"sandbox_escapes", test_sandbox_escapes},
+    {"limits", test_limits},
+    {"print_log", test_print_log},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }

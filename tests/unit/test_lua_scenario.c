@@ -1,0 +1,133 @@
+/* Unit tests of fault scenarios: the shipped demo, ordering, links, checks against a cluster and
+ * validation errors with file:line. */
+#include "lua/config.h"
+#include "sh_test.h"
+#include "shoal.h"
+
+static sh_err load(const char *src, sh_scenario **s, sh_error *e)
+{
+    return sh_scenario_load_string(src, strlen(src), "chaos.lua", NULL, s, e);
+}
+
+static void test_demo(void)
+{
+    sh_scenario *s = NULL;
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_scenario_load_file(sh_test_path("lua/examples/scenario-demo.lua"), NULL, &s, &e));
+    CHECK_OK(sh_config_load_file(sh_test_path("lua/examples/cluster-demo.lua"), NULL, &c, &e));
+    if (!s || !c) {
+        fprintf(stderr, "%s\n", e.msg);
+        sh_scenario_destroy(s);
+        sh_config_destroy(c);
+        return;
+    }
+    CHECK_INT_EQ(s->n_events, 11);
+    const sh_fault_event *ev = s->events;
+    CHECK_INT_EQ(ev[0].kind, SH_FAULT_KILL);
+    CHECK_NEAR(ev[0].time_s, 2.0, 0);
+    CHECK_STR_EQ(ev[0].from, "w1");
+    CHECK_INT_EQ(ev[0].line, 2);
+    CHECK_INT_EQ(ev[1].kind, SH_FAULT_DELAY);
+    CHECK_STR_EQ(ev[1].from, "w0");
+    CHECK_STR_EQ(ev[1].to, "w1");
+    CHECK_NEAR(ev[1].ms, 50, 0);
+    CHECK_NEAR(ev[1].lasting_s, 5, 0);
+    CHECK_INT_EQ(ev[2].kind, SH_FAULT_DROP);
+    CHECK_STR_EQ(ev[2].from, "*");
+    CHECK_STR_EQ(ev[2].to, "*");
+    CHECK_NEAR(ev[2].p, 0.01, 0);
+    CHECK_INT_EQ(ev[3].kind, SH_FAULT_DUPLICATE); /* same time as corrupt: script order */
+    CHECK_STR_EQ(ev[3].from, "front");
+    CHECK_NEAR(ev[3].lasting_s, 0, 0);
+    CHECK_INT_EQ(ev[4].kind, SH_FAULT_CORRUPT);
+    CHECK_INT_EQ(ev[4].bytes, 4);
+    CHECK_INT_EQ(ev[5].kind, SH_FAULT_STALL);
+    CHECK_STR_EQ(ev[5].from, "w0/stage0");
+    CHECK_NEAR(ev[5].ms, 300, 0);
+    CHECK_INT_EQ(ev[6].kind, SH_FAULT_PARTITION);
+    CHECK_STR_EQ(ev[6].to, "w1");
+    CHECK_NEAR(ev[9].time_s, 14, 0);
+    CHECK_INT_EQ(ev[9].line, 11);
+    CHECK_INT_EQ(ev[10].kind, SH_FAULT_HEAL);
+    CHECK_STR_EQ(sh_scenario_kind_name(ev[10].kind), "heal");
+    CHECK_OK(sh_scenario_check(s, c, &e));
+    sh_scenario_destroy(s);
+
+    CHECK_OK(load("at(1, stall { actor = 'w9/batcher', ms = 5 })", &s, &e));
+    CHECK_INT_EQ(sh_scenario_check(s, c, &e), SH_ENOTFOUND);
+    CHECK(strstr(e.msg, "chaos.lua:1: stall: unknown node 'w9/batcher'") != NULL);
+    sh_scenario_destroy(s);
+    sh_config_destroy(c);
+    sh_scenario_destroy(NULL);
+}
+
+static void test_order(void)
+{
+    sh_scenario *s = NULL;
+    sh_error e = {0};
+    CHECK_OK(load("at(3, kill 'c')\nat(1, kill { node = 'a' })\nat(3, heal { a = 'x' })\n"
+                  "at(0.5, partition { a = 'a', b = '*' })\n",
+                  &s, &e));
+    if (!s)
+        return;
+    CHECK_INT_EQ(s->n_events, 4);
+    CHECK_INT_EQ(s->events[0].kind, SH_FAULT_PARTITION);
+    CHECK_STR_EQ(s->events[1].from, "a");
+    CHECK_STR_EQ(s->events[2].from, "c");
+    CHECK_INT_EQ(s->events[3].kind, SH_FAULT_HEAL);
+    CHECK_STR_EQ(s->events[3].from, "x");
+    CHECK_STR_EQ(s->events[3].to, "*");
+    sh_scenario_destroy(s);
+    CHECK_OK(load("-- nothing happens", &s, &e));
+    CHECK_INT_EQ(s ? s->n_events : 99, 0);
+    sh_scenario_destroy(s);
+}
+
+static const struct bad_case {
+    const char *src;
+    const char *text;
+} bad_cases[] = {
+    {"at(1, drop { link = '*', p = 2 })", "chaos.lua:1: drop: field 'p' must be >= 0"},
+    {"\nat(1, drop { lnk = '*' })", "chaos.lua:2: drop: unknown key 'lnk'"},
+    {"at(1, delay { from = 'a', to = 'b' })", "chaos.lua:1: delay: missing required field 'ms'"},
+    {"at(1, delay { from = 'a', ms = '5' })", "field 'ms' must be a number, got string"},
+    {"at(1, drop { link = 'a-b' })", "must be \"*\" or \"from->to\""},
+    {"at(1, drop { link = 'a->b', from = 'a' })", "either link or from/to"},
+    {"at(1, drop { from = 'a b' })", "not a node name"},
+    {"at(1, corrupt { link = '*' })", "missing required field 'bytes'"},
+    {"at(1, corrupt { link = '*', bytes = 0 })", "field 'bytes' must be within 1..65536"},
+    {"at(1, stall { actor = 'w0', ms = 0 })", "field 'ms' must be > 0"},
+    {"at(1, partition { a = 'x' })", "missing required field 'b'"},
+    {"at(1, drop { p = 0.5, lasting = 0 })", "field 'lasting' must be > 0"},
+    {"at(1, heal { a = 'x', link = '*' })", "a/b or a link"},
+    {"at(1, kill(5))", "kill: expected a table, got an integer"},
+    {"at(1, kill '*')", "not a node name"},
+    {"at(-1, kill 'a')", "chaos.lua:1: at: time must be within"},
+    {"at('soon', kill 'a')", "time must be a number"},
+    {"at(1, 'kill a')", "must be an action"},
+    {"at(1, { kind = 'kill' })", "must be an action"},
+    {"at(1, nuke 'a')", "global 'nuke'"},
+};
+
+static void test_errors(void)
+{
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        sh_scenario *s = (sh_scenario *)1;
+        sh_error e = {0};
+        sh_err err = load(bad_cases[i].src, &s, &e);
+        CHECK(s == NULL);
+        if (err == SH_OK || !strstr(e.msg, bad_cases[i].text))
+            SH_FAIL_("case %zu: %s \"%s\", want \"%s\"", i, sh_strerror(err), e.msg,
+                     bad_cases[i].text);
+    }
+}
+
+static const sh_test_case tests[] = {
+    {"demo", test_demo},
+    {"order", test_order},
+    {"errors", test_errors},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }
