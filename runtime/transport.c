@@ -1,0 +1,553 @@
+/* The NNG transport: a pull0 listener per node, a push0 link per peer with a bounded queue. */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nng/nng.h>
+
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
+#include <uv.h>
+
+#include "runtime/error.h"
+#include "runtime/msg.h"
+#include "runtime/transport.h"
+
+/* One peer link. The ring holds frames waiting for the aio; the aio carries at most one more
+ * (`sending`). Everything below `mu` is protected by it; the struct lives until the transport
+ * is destroyed (a removed peer is retired, not freed) so senders may keep the pointer. */
+typedef struct peer {
+    sh_transport *tp;
+    uint32_t node;
+    char url[256];
+    nng_socket sock;
+    nng_aio *aio;
+    bool sock_open;
+    uv_mutex_t mu;
+    nng_msg **ring; /* (cap) */
+    uint32_t cap, head, nwait;
+    bool sending;
+    bool closed;
+    size_t inflight_len;
+    uint64_t bytes; /* waiting + in flight */
+    int pipes;
+    sh_transport_link info; /* state, errors, counters; queue fields filled on snapshot */
+} peer;
+
+struct sh_transport {
+    sh_runtime *rt;
+    uint32_t self;
+    uint32_t q_msgs;
+    uint64_t q_bytes;
+    size_t max_frame;
+    uint32_t rc_min, rc_max, send_to;
+    nng_tls_config *tls_server, *tls_client;
+    char listen_url[256];
+    nng_socket lsock;
+    nng_listener listener;
+    bool listening;
+    nng_aio *raio;
+    uv_mutex_t mu; /* the peer table */
+    peer **peers;  /* (n_peers) live links in add order */
+    size_t n_peers, cap_peers;
+    peer **retired; /* (n_retired) removed links, freed at destroy */
+    size_t n_retired, cap_retired;
+    _Atomic int closed;
+    _Atomic int busy_senders; /* threads inside send_frame; close waits for zero */
+    _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv, rejected, busy, expired;
+    sh_transport_hooks hooks;
+};
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Records a failure on the link (caller holds p->mu). */
+static void link_fail(peer *p, int rv)
+{
+    p->info.last_err = sh__transport_map(rv);
+    snprintf(p->info.last_error, sizeof p->info.last_error, "%s", nng_strerror(rv));
+}
+
+/* ---- Sending ---------------------------------------------------------------------------- */
+
+static void kick(peer *p, nng_msg *m)
+{
+    nng_aio_set_msg(p->aio, m);
+    nng_aio_set_timeout(p->aio, (nng_duration)p->tp->send_to);
+    nng_send_aio(p->sock, p->aio);
+}
+
+/* Pops the next waiting frame into flight (caller holds p->mu); NULL when none. */
+static nng_msg *next_locked(peer *p)
+{
+    if (p->nwait == 0 || p->closed) {
+        p->sending = false;
+        p->inflight_len = 0;
+        return NULL;
+    }
+    nng_msg *m = p->ring[p->head];
+    p->head = (p->head + 1) % p->cap;
+    p->nwait--;
+    p->sending = true;
+    p->inflight_len = nng_msg_len(m);
+    return m;
+}
+
+/* NNG completion of one send, on an NNG thread. A failed frame (timeout: no connection took it
+ * in time) is dropped; the requester's deadline answers it. */
+static void send_cb(void *arg)
+{
+    peer *p = arg;
+    sh_transport *tp = p->tp;
+    int rv = nng_aio_result(p->aio);
+    if (rv) {
+        nng_msg *m = nng_aio_get_msg(p->aio);
+        nng_aio_set_msg(p->aio, NULL);
+        nng_msg_free(m);
+    }
+    uv_mutex_lock(&p->mu);
+    p->bytes -= p->inflight_len;
+    if (rv == 0) {
+        p->info.sent++;
+        p->info.last_activity_ms = mono_ms();
+        atomic_fetch_add_explicit(&tp->frames_sent, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes_sent, p->inflight_len, memory_order_relaxed);
+    } else {
+        p->info.expired++;
+        atomic_fetch_add_explicit(&tp->expired, 1, memory_order_relaxed);
+        link_fail(p, rv);
+    }
+    nng_msg *next = next_locked(p);
+    uv_mutex_unlock(&p->mu);
+    if (next)
+        kick(p, next);
+}
+
+static peer *find_locked(sh_transport *tp, uint32_t node)
+{
+    for (size_t i = 0; i < tp->n_peers; i++)
+        if (tp->peers[i]->node == node)
+            return tp->peers[i];
+    return NULL;
+}
+
+/* The runtime's send_frame hook: copies the frame into an nng_msg and queues it, or refuses. */
+static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e)
+{
+    sh_transport *tp = ctx;
+    sh_err err = SH_OK;
+    atomic_fetch_add(&tp->busy_senders, 1);
+    if (atomic_load(&tp->closed)) {
+        err = sh__error_set(e, SH_ECLOSED, "transport: closed (send to node %u)", (unsigned)node);
+        goto out;
+    }
+    if (len > tp->max_frame) {
+        err = sh__error_set(e, SH_ERANGE, "transport: frame of %zu bytes exceeds max_frame %zu",
+                            len, tp->max_frame);
+        goto out;
+    }
+    uv_mutex_lock(&tp->mu);
+    peer *p = find_locked(tp, node);
+    uv_mutex_unlock(&tp->mu);
+    if (!p) {
+        err = sh__error_set(e, SH_ENOTFOUND, "transport: no peer for node %u", (unsigned)node);
+        goto out;
+    }
+    nng_msg *m = NULL;
+    int rv = nng_msg_alloc(&m, len);
+    if (rv) {
+        err = sh__transport_nng_error(e, rv, "message alloc for", p->url);
+        goto out;
+    }
+    memcpy(nng_msg_body(m), frame, len);
+    uv_mutex_lock(&p->mu);
+    uint32_t depth = p->nwait + (p->sending ? 1u : 0u);
+    if (p->closed) {
+        err = sh__error_set(e, SH_ECLOSED, "transport: link to node %u closed", (unsigned)node);
+    } else if (depth >= tp->q_msgs || (depth > 0 && p->bytes + len > tp->q_bytes)) {
+        p->info.busy++;
+        atomic_fetch_add_explicit(&tp->busy, 1, memory_order_relaxed);
+        err = sh__error_set(e, SH_EBUSY,
+                            "transport: link to node %u is full (%u frames, %llu bytes queued)",
+                            (unsigned)node, (unsigned)depth, (unsigned long long)p->bytes);
+    }
+    if (err) {
+        uv_mutex_unlock(&p->mu);
+        nng_msg_free(m);
+        goto out;
+    }
+    p->ring[(p->head + p->nwait) % p->cap] = m;
+    p->nwait++;
+    p->bytes += len;
+    nng_msg *first = p->sending ? NULL : next_locked(p);
+    uv_mutex_unlock(&p->mu);
+    if (first)
+        kick(p, first);
+out:
+    atomic_fetch_sub(&tp->busy_senders, 1);
+    return err;
+}
+
+/* Link state from NNG pipe events, on an NNG thread. */
+static void pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    peer *p = arg;
+    uv_mutex_lock(&p->mu);
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        if (p->pipes++ == 0) {
+            p->info.state = SH_LINK_STATE_UP;
+            p->info.ups++;
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST && p->pipes > 0) {
+        if (--p->pipes == 0)
+            p->info.state = SH_LINK_STATE_DOWN;
+    }
+    p->info.last_activity_ms = mono_ms();
+    uv_mutex_unlock(&p->mu);
+}
+
+/* ---- Receiving -------------------------------------------------------------------------- */
+
+static void recv_cb(void *arg)
+{
+    sh_transport *tp = arg;
+    int rv = nng_aio_result(tp->raio);
+    if (rv == NNG_ECLOSED || rv == NNG_ECANCELED || atomic_load(&tp->closed))
+        return;
+    if (rv == 0) {
+        nng_msg *m = nng_aio_get_msg(tp->raio);
+        nng_aio_set_msg(tp->raio, NULL);
+        size_t len = nng_msg_len(m);
+        atomic_fetch_add_explicit(&tp->frames_recv, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes_recv, len, memory_order_relaxed);
+        sh_error e;
+        sh_err err = sh_transport_deliver(tp->rt, nng_msg_body(m), len, &e);
+        if (err == SH_EFORMAT || err == SH_EPROTO)
+            atomic_fetch_add_explicit(&tp->rejected, 1, memory_order_relaxed);
+        nng_msg_free(m);
+    }
+    nng_recv_aio(tp->lsock, tp->raio);
+}
+
+/* ---- Setup ------------------------------------------------------------------------------ */
+
+/* Sets the TLS configuration on a dialer or listener of a tls+tcp:// URL. */
+static sh_err need_tls(sh_transport *tp, const char *url, sh_error *e)
+{
+    if (sh__transport_is_tls(url) && !tp->tls_server)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "transport: %s needs TLS certificates (sh_transport_opts.tls)", url);
+    return SH_OK;
+}
+
+static sh_err listen_start(sh_transport *tp, const char *url, sh_error *e)
+{
+    sh_err err = need_tls(tp, url, e);
+    if (err)
+        return err;
+    int rv = nng_pull0_open(&tp->lsock);
+    if (rv)
+        return sh__transport_nng_error(e, rv, "open pull socket for", url);
+    /* A peer cannot make us allocate more than max_frame for one message. */
+    if ((rv = nng_socket_set_size(tp->lsock, NNG_OPT_RECVMAXSZ, tp->max_frame)) == 0 &&
+        (rv = nng_listener_create(&tp->listener, tp->lsock, url)) == 0 &&
+        (!sh__transport_is_tls(url) ||
+         (rv = nng_listener_set_ptr(tp->listener, NNG_OPT_TLS_CONFIG, tp->tls_server)) == 0) &&
+        (rv = nng_listener_start(tp->listener, 0)) == 0 &&
+        (rv = nng_aio_alloc(&tp->raio, recv_cb, tp)) == 0) {
+        tp->listening = true;
+        snprintf(tp->listen_url, sizeof tp->listen_url, "%s", url);
+        int port = 0;
+        const char *colon = strrchr(url, ':');
+        if (strstr(url, "tcp") && colon &&
+            nng_listener_get_int(tp->listener, NNG_OPT_TCP_BOUND_PORT, &port) == 0)
+            snprintf(tp->listen_url, sizeof tp->listen_url, "%.*s:%d", (int)(colon - url), url,
+                     port);
+        nng_recv_aio(tp->lsock, tp->raio);
+        return SH_OK;
+    }
+    nng_close(tp->lsock);
+    return sh__transport_nng_error(e, rv, "listen on", url);
+}
+
+sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_transport **out,
+                           sh_error *e)
+{
+    if (!rt || !opts || !out)
+        return sh__error_set(e, SH_EINVAL, "transport: NULL argument");
+    sh_transport *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return sh__error_set(e, SH_ENOMEM, "transport: out of memory");
+    tp->rt = rt;
+    tp->self = sh_runtime_node(rt);
+    tp->q_msgs = opts->queue_max_msgs ? opts->queue_max_msgs : 1024;
+    tp->q_bytes = opts->queue_max_bytes ? opts->queue_max_bytes : (uint64_t)256 << 20;
+    tp->max_frame = opts->max_frame ? opts->max_frame : SH_MSG_MAX_FRAME_DEFAULT;
+    tp->rc_min = opts->reconnect_min_ms ? opts->reconnect_min_ms : 10;
+    tp->rc_max = opts->reconnect_max_ms ? opts->reconnect_max_ms : 1000;
+    tp->send_to = opts->send_timeout_ms ? opts->send_timeout_ms : 10000;
+    if (tp->rc_max < tp->rc_min)
+        tp->rc_max = tp->rc_min;
+    uv_mutex_init(&tp->mu);
+    sh_err err = SH_OK;
+    if (opts->tls)
+        err = sh__transport_tls_configs(opts->tls, &tp->tls_server, &tp->tls_client, e);
+    if (!err && opts->listen_url)
+        err = listen_start(tp, opts->listen_url, e);
+    tp->hooks = (sh_transport_hooks){.ctx = tp, .send_frame = tp_send};
+    if (!err && sh_transport_set(rt, &tp->hooks) != SH_OK)
+        err = sh__error_set(e, SH_ENOMEM, "transport: cannot install hooks");
+    if (err) {
+        if (tp->listening) {
+            nng_close(tp->lsock);
+            nng_aio_free(tp->raio);
+        }
+        if (tp->tls_server)
+            nng_tls_config_free(tp->tls_server);
+        if (tp->tls_client)
+            nng_tls_config_free(tp->tls_client);
+        uv_mutex_destroy(&tp->mu);
+        free(tp);
+        return err;
+    }
+    *out = tp;
+    return SH_OK;
+}
+
+sh_err sh_transport_listen_url(sh_transport *tp, char *buf, size_t cap)
+{
+    if (!tp->listening)
+        return SH_ENOTFOUND;
+    int n = snprintf(buf, cap, "%s", tp->listen_url);
+    return n < 0 || (size_t)n >= cap ? SH_ERANGE : SH_OK;
+}
+
+void sh_transport_hooks_get(sh_transport *tp, sh_transport_hooks *out) { *out = tp->hooks; }
+
+static void peer_free(peer *p)
+{
+    for (uint32_t i = 0; i < p->nwait; i++)
+        nng_msg_free(p->ring[(p->head + i) % p->cap]);
+    free(p->ring);
+    uv_mutex_destroy(&p->mu);
+    free(p);
+}
+
+/* Stops a link's I/O: no new frame starts, the aio is cancelled and its callback waited for,
+ * the socket closed, waiting frames dropped. */
+static void peer_close(peer *p)
+{
+    uv_mutex_lock(&p->mu);
+    p->closed = true;
+    uv_mutex_unlock(&p->mu);
+    if (p->aio)
+        nng_aio_stop(p->aio);
+    if (p->sock_open)
+        nng_close(p->sock);
+    p->sock_open = false;
+    uv_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < p->nwait; i++)
+        nng_msg_free(p->ring[(p->head + i) % p->cap]);
+    p->nwait = 0;
+    p->bytes = 0;
+    uv_mutex_unlock(&p->mu);
+    if (p->aio) {
+        nng_aio_free(p->aio);
+        p->aio = NULL;
+    }
+}
+
+static sh_err peer_open(sh_transport *tp, peer *p, sh_error *e)
+{
+    int rv = nng_push0_open(&p->sock);
+    if (rv)
+        return sh__transport_nng_error(e, rv, "open push socket for", p->url);
+    p->sock_open = true;
+    nng_dialer d;
+    if ((rv = nng_aio_alloc(&p->aio, send_cb, p)) == 0 &&
+        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, p)) == 0 &&
+        (rv = nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, pipe_cb, p)) == 0 &&
+        (rv = nng_socket_set_ms(p->sock, NNG_OPT_RECONNMINT, (nng_duration)tp->rc_min)) == 0 &&
+        (rv = nng_socket_set_ms(p->sock, NNG_OPT_RECONNMAXT, (nng_duration)tp->rc_max)) == 0 &&
+        (rv = nng_dialer_create(&d, p->sock, p->url)) == 0 &&
+        (!sh__transport_is_tls(p->url) ||
+         (rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tp->tls_client)) == 0) &&
+        (rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK)) == 0)
+        return SH_OK;
+    return sh__transport_nng_error(e, rv, "dial", p->url);
+}
+
+sh_err sh_transport_peer_add(sh_transport *tp, uint32_t node, const char *url, sh_error *e)
+{
+    if (node == 0 || node == tp->self || !url || strlen(url) >= sizeof((peer *)0)->url)
+        return sh__error_set(e, SH_EINVAL, "transport: bad peer (node %u, url %s)", (unsigned)node,
+                             url ? url : "(null)");
+    sh_err err = need_tls(tp, url, e);
+    if (err)
+        return err;
+    if (atomic_load(&tp->closed))
+        return sh__error_set(e, SH_ECLOSED, "transport: closed");
+    peer *p = calloc(1, sizeof *p);
+    nng_msg **ring = calloc(tp->q_msgs, sizeof *ring);
+    if (!p || !ring) {
+        free(p);
+        free(ring);
+        return sh__error_set(e, SH_ENOMEM, "transport: out of memory for peer %u", (unsigned)node);
+    }
+    p->tp = tp;
+    p->node = node;
+    p->ring = ring;
+    p->cap = tp->q_msgs;
+    snprintf(p->url, sizeof p->url, "%s", url);
+    p->info.node = node;
+    snprintf(p->info.url, sizeof p->info.url, "%s", url);
+    p->info.state = SH_LINK_STATE_CONNECTING;
+    p->info.last_activity_ms = mono_ms();
+    uv_mutex_init(&p->mu);
+    uv_mutex_lock(&tp->mu);
+    if (find_locked(tp, node)) {
+        uv_mutex_unlock(&tp->mu);
+        peer_free(p);
+        return sh__error_set(e, SH_EBUSY, "transport: node %u already has a peer", (unsigned)node);
+    }
+    if (tp->n_peers == tp->cap_peers) {
+        size_t cap = tp->cap_peers ? tp->cap_peers * 2 : 8;
+        peer **np = realloc(tp->peers, cap * sizeof *np);
+        if (!np) {
+            uv_mutex_unlock(&tp->mu);
+            peer_free(p);
+            return sh__error_set(e, SH_ENOMEM, "transport: out of memory for the peer table");
+        }
+        tp->peers = np;
+        tp->cap_peers = cap;
+    }
+    /* Opened under the table lock so that two adds of one node cannot both dial. Dialling is
+     * non-blocking (NNG_FLAG_NONBLOCK), so the lock is held briefly. */
+    if ((err = peer_open(tp, p, e)) != SH_OK) {
+        uv_mutex_unlock(&tp->mu);
+        peer_close(p);
+        peer_free(p);
+        return err;
+    }
+    tp->peers[tp->n_peers++] = p;
+    uv_mutex_unlock(&tp->mu);
+    return SH_OK;
+}
+
+sh_err sh_transport_peer_remove(sh_transport *tp, uint32_t node)
+{
+    uv_mutex_lock(&tp->mu);
+    peer *p = NULL;
+    for (size_t i = 0; i < tp->n_peers && !p; i++) {
+        if (tp->peers[i]->node == node) {
+            p = tp->peers[i];
+            memmove(&tp->peers[i], &tp->peers[i + 1], (tp->n_peers - i - 1) * sizeof p);
+            tp->n_peers--;
+        }
+    }
+    if (p && tp->n_retired == tp->cap_retired) {
+        size_t cap = tp->cap_retired ? tp->cap_retired * 2 : 4;
+        peer **np = realloc(tp->retired, cap * sizeof *np);
+        if (!np) { /* keep it live rather than lose track of it */
+            tp->peers[tp->n_peers++] = p;
+            uv_mutex_unlock(&tp->mu);
+            return SH_ENOMEM;
+        }
+        tp->retired = np;
+        tp->cap_retired = cap;
+    }
+    if (p)
+        tp->retired[tp->n_retired++] = p;
+    uv_mutex_unlock(&tp->mu);
+    if (!p)
+        return SH_ENOTFOUND;
+    peer_close(p);
+    return SH_OK;
+}
+
+static void snapshot(peer *p, sh_transport_link *out)
+{
+    uv_mutex_lock(&p->mu);
+    *out = p->info;
+    out->queue_msgs = p->nwait + (p->sending ? 1u : 0u);
+    out->queue_bytes = p->bytes;
+    uv_mutex_unlock(&p->mu);
+}
+
+void sh_transport_links(sh_transport *tp, sh_transport_link *out, size_t cap, size_t *n)
+{
+    uv_mutex_lock(&tp->mu);
+    for (size_t i = 0; i < tp->n_peers && i < cap; i++)
+        snapshot(tp->peers[i], &out[i]);
+    *n = tp->n_peers;
+    uv_mutex_unlock(&tp->mu);
+}
+
+sh_err sh_transport_link_get(sh_transport *tp, uint32_t node, sh_transport_link *out)
+{
+    uv_mutex_lock(&tp->mu);
+    peer *p = find_locked(tp, node);
+    if (p)
+        snapshot(p, out);
+    uv_mutex_unlock(&tp->mu);
+    return p ? SH_OK : SH_ENOTFOUND;
+}
+
+void sh_transport_stats_get(sh_transport *tp, sh_transport_stats *out)
+{
+    out->frames_sent = atomic_load(&tp->frames_sent);
+    out->bytes_sent = atomic_load(&tp->bytes_sent);
+    out->frames_recv = atomic_load(&tp->frames_recv);
+    out->bytes_recv = atomic_load(&tp->bytes_recv);
+    out->rejected = atomic_load(&tp->rejected);
+    out->busy = atomic_load(&tp->busy);
+    out->expired = atomic_load(&tp->expired);
+}
+
+void sh_transport_close(sh_transport *tp)
+{
+    if (!tp || atomic_exchange(&tp->closed, 1))
+        return;
+    sh_transport_set(tp->rt, NULL);
+    if (tp->listening) {
+        nng_aio_stop(tp->raio); /* waits for a delivery in progress */
+        nng_close(tp->lsock);
+    }
+    /* A sender that passed the hook lookup before the hooks went away finishes first. */
+    while (atomic_load(&tp->busy_senders) > 0) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    uv_mutex_lock(&tp->mu);
+    for (size_t i = 0; i < tp->n_peers; i++)
+        peer_close(tp->peers[i]);
+    uv_mutex_unlock(&tp->mu);
+}
+
+void sh_transport_destroy(sh_transport *tp)
+{
+    if (!tp)
+        return;
+    sh_transport_close(tp);
+    for (size_t i = 0; i < tp->n_peers; i++)
+        peer_free(tp->peers[i]);
+    for (size_t i = 0; i < tp->n_retired; i++)
+        peer_free(tp->retired[i]);
+    free(tp->peers);
+    free(tp->retired);
+    if (tp->raio)
+        nng_aio_free(tp->raio);
+    if (tp->tls_server)
+        nng_tls_config_free(tp->tls_server);
+    if (tp->tls_client)
+        nng_tls_config_free(tp->tls_client);
+    uv_mutex_destroy(&tp->mu);
+    free(tp);
+}

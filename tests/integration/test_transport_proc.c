@@ -1,0 +1,225 @@
+/* The transport between processes: ipc:// and tcp:// ping-pong, 3 nodes, dead peer, restart. */
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include "test_transport_util.h"
+
+extern char **environ;
+
+typedef struct child {
+    pid_t pid;
+    int in_fd; /* closing it stops the child cleanly */
+    char url[256];
+    sh_addr echo;
+} child;
+
+/* Starts shoal_test_node NODE LISTEN PEERS... and waits for its READY line. */
+static int child_start(child *c, const char *const *args)
+{
+    int in[2], out[2];
+    if (pipe(in) || pipe(out))
+        return -1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_addclose(&fa, in[1]);
+    posix_spawn_file_actions_addclose(&fa, out[0]);
+    char *argv[16];
+    int n = 0;
+    argv[n++] = (char *)SH_TEST_NODE;
+    for (; args[n - 1] && n < 15; n++)
+        argv[n] = (char *)args[n - 1];
+    argv[n] = NULL;
+    int rv = posix_spawn(&c->pid, SH_TEST_NODE, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    c->in_fd = in[1];
+    fcntl(c->in_fd, F_SETFD, FD_CLOEXEC);
+    if (rv) {
+        close(out[0]);
+        return -1;
+    }
+    char line[512];
+    size_t len = 0;
+    uint64_t end = now_ms() + 10000;
+    while (len < sizeof line - 1 && now_ms() < end) {
+        struct pollfd p = {.fd = out[0], .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t k = read(out[0], line + len, 1);
+        if (k <= 0)
+            break;
+        if (line[len++] == '\n')
+            break;
+    }
+    line[len] = '\0';
+    close(out[0]);
+    unsigned long long echo = 0;
+    if (sscanf(line, "READY %255s %llu", c->url, &echo) != 2) {
+        fprintf(stderr, "child said: '%s'\n", line);
+        return -1;
+    }
+    c->echo = (sh_addr)echo;
+    return 0;
+}
+
+/* Clean stop: stdin EOF; the child must exit 0. */
+static int child_stop(child *c)
+{
+    close(c->in_fd);
+    int st = 0;
+    waitpid(c->pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void child_kill(child *c)
+{
+    kill(c->pid, SIGKILL);
+    close(c->in_fd);
+    waitpid(c->pid, NULL, 0);
+}
+
+typedef struct local {
+    test_rt t;
+    sh_transport *tp;
+    char url[256];
+} local;
+
+static void local_start(local *l, const char *url)
+{
+    rt_start(&l->t, 1, 2, NULL);
+    CHECK_OK(sh_runtime_register(l->t.rt, &req_vt, NULL));
+    sh_transport_opts o = {.listen_url = url, .reconnect_max_ms = 100, .send_timeout_ms = 2000};
+    CHECK_OK(sh_transport_create(l->t.rt, &o, &l->tp, NULL));
+    CHECK_OK(sh_transport_listen_url(l->tp, l->url, sizeof l->url));
+}
+
+static void local_finish(local *l)
+{
+    sh_transport_close(l->tp);
+    rt_finish(&l->t);
+    sh_transport_destroy(l->tp);
+}
+
+static void two_nodes(const char *my_url, const char *child_url)
+{
+    local me;
+    local_start(&me, my_url);
+    char peer[300];
+    snprintf(peer, sizeof peer, "1=%s", me.url);
+    child c;
+    const char *args[] = {"2", child_url, peer, NULL};
+    CHECK_INT_EQ(child_start(&c, args), 0);
+    CHECK_OK(sh_transport_peer_add(me.tp, 2, c.url, NULL));
+    CHECK(wait_link_up(me.tp, 2, 1, 10000));
+    req_cfg r;
+    CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 1000, 10000, 30000, &r), 1000);
+    CHECK_INT_EQ(atomic_load(&r.in_order), 1000);
+    CHECK_INT_EQ(child_stop(&c), 0);
+    local_finish(&me);
+}
+
+static void test_ipc_two_nodes(void)
+{
+    char dir[64], u1[128], u2[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(u1, sizeof u1, "ipc://%s/n1", dir);
+    snprintf(u2, sizeof u2, "ipc://%s/n2", dir);
+    two_nodes(u1, u2);
+    unlink(u1 + 6);
+    unlink(u2 + 6);
+    rmdir(dir);
+}
+
+static void test_tcp_two_nodes(void) { two_nodes("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"); }
+
+static void test_ipc_three_nodes(void)
+{
+    char dir[64], u[3][128], p[3][160];
+    tmpdir_make(dir, sizeof dir);
+    for (int i = 0; i < 3; i++) {
+        snprintf(u[i], sizeof u[i], "ipc://%s/n%d", dir, i + 1);
+        snprintf(p[i], sizeof p[i], "%d=%s", i + 1, u[i]);
+    }
+    local me;
+    local_start(&me, u[0]);
+    child c2, c3;
+    const char *a2[] = {"2", u[1], p[0], p[2], NULL};
+    const char *a3[] = {"3", u[2], p[0], p[1], NULL};
+    CHECK_INT_EQ(child_start(&c2, a2), 0);
+    CHECK_INT_EQ(child_start(&c3, a3), 0);
+    CHECK_OK(sh_transport_peer_add(me.tp, 2, u[1], NULL));
+    CHECK_OK(sh_transport_peer_add(me.tp, 3, u[2], NULL));
+    req_cfg r;
+    CHECK_INT_EQ(ping_many(me.t.rt, c2.echo, 300, 10000, 30000, &r), 300);
+    CHECK_INT_EQ(ping_many(me.t.rt, c3.echo, 300, 10000, 30000, &r), 300);
+    CHECK_INT_EQ(child_stop(&c2), 0);
+    CHECK_INT_EQ(child_stop(&c3), 0);
+    local_finish(&me);
+    for (int i = 0; i < 3; i++)
+        unlink(u[i] + 6);
+    rmdir(dir);
+}
+
+/* The peer dies: requests end in a timeout error; it restarts at the same URL and the link
+ * comes back by itself. */
+static void test_dead_peer_restart(void)
+{
+    char dir[64], u1[128], u2[128], peer[160];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(u1, sizeof u1, "ipc://%s/n1", dir);
+    snprintf(u2, sizeof u2, "ipc://%s/n2", dir);
+    snprintf(peer, sizeof peer, "1=%s", u1);
+    local me;
+    local_start(&me, u1);
+    child c;
+    const char *args[] = {"2", u2, peer, NULL};
+    CHECK_INT_EQ(child_start(&c, args), 0);
+    CHECK_OK(sh_transport_peer_add(me.tp, 2, u2, NULL));
+    req_cfg r;
+    CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 10, 5000, 10000, &r), 10);
+    child_kill(&c);
+    uint64_t end = now_ms() + 5000;
+    sh_transport_link l = {0};
+    while (now_ms() < end) {
+        sh_transport_link_get(me.tp, 2, &l);
+        if (l.state == SH_LINK_STATE_DOWN)
+            break;
+        sleep_ms(5);
+    }
+    CHECK_INT_EQ(l.state, SH_LINK_STATE_DOWN);
+    uint64_t t0 = now_ms();
+    CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 5, 300, 5000, &r), 0);
+    CHECK_INT_EQ(atomic_load(&r.timeouts), 5); /* each caller got its error */
+    CHECK(now_ms() - t0 < 2000);
+    CHECK_INT_EQ(child_start(&c, args), 0);
+    CHECK(wait_link_up(me.tp, 2, 2, 10000));
+    CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 10, 5000, 10000, &r), 10);
+    sh_transport_link_get(me.tp, 2, &l);
+    fprintf(stderr, "restart: ups=%llu expired=%llu last_error='%s'\n", (unsigned long long)l.ups,
+            (unsigned long long)l.expired, l.last_error);
+    CHECK_INT_EQ(child_stop(&c), 0);
+    local_finish(&me);
+    unlink(u1 + 6);
+    unlink(u2 + 6);
+    rmdir(dir);
+}
+
+static const sh_test_case tests[] = {
+    {"ipc_two_nodes", test_ipc_two_nodes},
+    {"tcp_two_nodes", test_tcp_two_nodes},
+    {"ipc_three_nodes", test_ipc_three_nodes},
+    {"dead_peer_restart", test_dead_peer_restart},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return sh_test_main(argc, argv, tests);
+}

@@ -1,0 +1,140 @@
+/* Helpers shared by the transport and fault tests: echo, sink and requester actors. */
+#ifndef SH_TEST_TRANSPORT_UTIL_H
+#define SH_TEST_TRANSPORT_UTIL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "shoal/transport.h"
+#include "test_runtime_util.h"
+
+/* Answers every PING with a PONG carrying the same body; errors (gone requesters) ignored. */
+static sh_msg_fate echo_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    if (sh_msg_header(m)->type == SH_MSG_PING && sh_msg_header(m)->session != 0) {
+        size_t n = 0;
+        const void *b = sh_msg_body(m, &n);
+        (void)sh_reply(ctx, m, SH_MSG_PONG, b, n, NULL);
+    }
+    return SH_MSG_FATE_DONE;
+}
+static const sh_actor_vtable echo_vt = {.name = "echo", .handle = echo_handle};
+
+/* Records the sequence numbers it receives, in order. */
+typedef struct sink_log {
+    _Atomic long n;
+    _Atomic long out_of_order;
+    uint32_t last[8]; /* per sender (who < 8): last seq + 1 */
+} sink_log;
+
+static sh_err sink_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    *(sink_log **)state = arg;
+    return SH_OK;
+}
+static sh_msg_fate sink_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    sink_log *l = *(sink_log **)state;
+    uint32_t who, seq;
+    body_read(m, &who, &seq);
+    if (who < 8) {
+        if (seq != l->last[who])
+            atomic_fetch_add(&l->out_of_order, 1);
+        l->last[who] = seq + 1;
+    }
+    atomic_fetch_add(&l->n, 1);
+    return SH_MSG_FATE_DONE;
+}
+static const sh_actor_vtable sink_vt = {
+    .name = "sink", .state_size = sizeof(sink_log *), .init = sink_init, .handle = sink_handle};
+
+/* Sends `n` requests (PING, who = 1, seq i) to `peer` at init, counts the answers. */
+typedef struct req_cfg {
+    sh_addr peer;
+    uint32_t n;
+    uint32_t deadline_ms;
+    _Atomic long answers, pongs, timeouts, errors, in_order;
+    uint32_t next_seq;
+} req_cfg;
+
+static sh_err req_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    req_cfg *c = arg;
+    *(req_cfg **)state = c;
+    for (uint32_t i = 0; i < c->n; i++) {
+        uint8_t b[13];
+        body_make(b, 1, i);
+        uint64_t s;
+        sh_err err = sh_request(ctx, c->peer, SH_MSG_PING, b, sizeof b, c->deadline_ms, &s, NULL);
+        if (err) {
+            atomic_fetch_add(&c->errors, 1);
+            atomic_fetch_add(&c->answers, 1);
+        }
+    }
+    return SH_OK;
+}
+static sh_msg_fate req_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    req_cfg *c = *(req_cfg **)state;
+    const sh_msg_hdr *h = sh_msg_header(m);
+    if (h->type == SH_MSG_PONG) {
+        uint32_t who, seq;
+        body_read(m, &who, &seq);
+        if (seq == c->next_seq)
+            atomic_fetch_add(&c->in_order, 1);
+        c->next_seq = seq + 1;
+        atomic_fetch_add(&c->pongs, 1);
+    } else if (h->type == SH_MSG_ERROR) {
+        if (sh_msg_error_code(m) == SH_ETIMEDOUT)
+            atomic_fetch_add(&c->timeouts, 1);
+        else
+            atomic_fetch_add(&c->errors, 1);
+    }
+    atomic_fetch_add(&c->answers, 1);
+    return SH_MSG_FATE_DONE;
+}
+static const sh_actor_vtable req_vt = {
+    .name = "req", .state_size = sizeof(req_cfg *), .init = req_init, .handle = req_handle};
+
+/* Spawns a requester on rt and waits for all its answers (or ms). Returns the pongs. */
+static inline long ping_many(sh_runtime *rt, sh_addr peer, uint32_t n, uint32_t deadline_ms,
+                             unsigned ms, req_cfg *c)
+{
+    memset(c, 0, sizeof *c);
+    c->peer = peer;
+    c->n = n;
+    c->deadline_ms = deadline_ms;
+    sh_addr a;
+    if (sh_actor_spawn(rt, "req", c, SH_ACTOR_LOOP_ANY, &a, NULL) != SH_OK)
+        return -1;
+    wait_ge(&c->answers, (long)n, ms);
+    sh_actor_stop(rt, a);
+    sleep_ms(20); /* let the stop land before c goes out of scope */
+    return atomic_load(&c->pongs);
+}
+
+/* Waits until node's link is UP with at least `ups` connections made. */
+static inline int wait_link_up(sh_transport *tp, uint32_t node, uint64_t ups, unsigned ms)
+{
+    uint64_t end = now_ms() + ms;
+    sh_transport_link l;
+    while (now_ms() < end) {
+        if (sh_transport_link_get(tp, node, &l) == SH_OK && l.state == SH_LINK_STATE_UP &&
+            l.ups >= ups)
+            return 1;
+        sleep_ms(5);
+    }
+    return 0;
+}
+
+/* A fresh private directory for ipc:// sockets. */
+static inline void tmpdir_make(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/tmp/shoal-tp-XXXXXX");
+    if (!mkdtemp(buf))
+        buf[0] = '\0';
+}
+
+#endif

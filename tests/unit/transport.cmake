@@ -1,0 +1,7 @@
+# NNG transport and fault injection: in-process clusters, back-pressure, bombardment, TLS, faults.
+sh_test(test_transport SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport.c LABELS unit TIMEOUT 120)
+sh_test(test_transport_bombard SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_bombard.c
+        LABELS unit TIMEOUT 120)
+sh_test(test_transport_tls SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_tls.c
+        LABELS unit TIMEOUT 120)
+sh_test(test_fault SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fault.c LABELS unit TIMEOUT 120)
