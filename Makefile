@@ -6,6 +6,8 @@ ASAN_BUILD  ?= build-asan
 FUZZ_BUILD  ?= build-fuzz
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL       ?= models/smollm2-135m-instruct-q4_1.gguf
+PROMPT      ?= Once upon a time, a little fox
+TOKENS      ?= 96
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
@@ -23,9 +25,10 @@ build: bootstrap
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSH_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job on the default model. Until the engine lands this inspects the model file.
+# The main job on the default model: generate text from PROMPT (greedy, TOKENS tokens).
+# `make run PROMPT="..."` changes the prompt; `./build/shoal run -m MODEL --chat` chats.
 run: model build
-	./$(BUILD)/shoal inspect $(MODEL)
+	./$(BUILD)/shoal run -m $(MODEL) -p "$(PROMPT)" -n $(TOKENS)
 
 # The whole suite: format check, the Release build's tests, the unit tests again under
 # AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for FUZZ_SECONDS.

@@ -14,6 +14,7 @@ typedef struct command {
 static const command commands[] = {
     {"inspect", sh__cmd_inspect, "print a GGUF file's metadata and tensor table"},
     {"tokenize", sh__cmd_tokenize, "encode text with a model's tokenizer, or decode ids"},
+    {"run", sh__cmd_run, "generate text from a model"},
     {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
 };
 

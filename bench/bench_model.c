@@ -1,0 +1,200 @@
+/* Prefill and decode speed of a model through the full forward pass, like llama-bench: ppN runs
+ * one N-token prompt as one batch, tgN decodes N tokens one at a time. Prints one JSON object per
+ * result line, with the read bandwidth measured in the same run so decode can be judged against
+ * the machine's ceiling (weight bytes per token / time per token). */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/backend.h"
+#include "model/llama.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bw_arg {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_arg;
+
+static void *bw_read(void *arg)
+{
+    bw_arg *a = arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= a->n; i += 4) {
+        s0 += a->p[i];
+        s1 += a->p[i + 1];
+        s2 += a->p[i + 2];
+        s3 += a->p[i + 3];
+    }
+    a->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+/* Read-only bandwidth (sum reduction over 512 MiB split across threads), best of 3, GB/s. */
+static double read_bandwidth(int threads)
+{
+    size_t bytes = (size_t)512 << 20, n = bytes / 8;
+    uint64_t *p = malloc(bytes);
+    if (!p)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        p[i] = i * 0x9E3779B97F4A7C15ull;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_t th[16];
+        bw_arg args[16];
+        double t0 = now_s();
+        for (int i = 0; i < threads; i++) {
+            args[i] = (bw_arg){p + n / threads * i, n / threads, 0};
+            pthread_create(&th[i], NULL, bw_read, &args[i]);
+        }
+        uint64_t sum = 0;
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            sum += args[i].sum;
+        }
+        double gbs = (double)bytes / (now_s() - t0) / 1e9;
+        if (gbs > best && sum != 1) /* the sum keeps the reads from being optimised away */
+            best = gbs;
+    }
+    free(p);
+    return best;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
+                    "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, "
+                    "2 threads\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = NULL;
+    int threads = 2, reps = 3, n_pp = 0, n_tg = 0;
+    int pp[8], tg[8];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            usage();
+            return 2;
+        }
+        if (!strcmp(a, "-m"))
+            path = v;
+        else if (!strcmp(a, "-t"))
+            threads = atoi(v);
+        else if (!strcmp(a, "--reps"))
+            reps = atoi(v);
+        else if (!strcmp(a, "--pp") && n_pp < 8)
+            pp[n_pp++] = atoi(v);
+        else if (!strcmp(a, "--tg") && n_tg < 8)
+            tg[n_tg++] = atoi(v);
+        else {
+            usage();
+            return 2;
+        }
+        i++;
+    }
+    if (!path || threads < 1 || threads > 16 || reps < 1) {
+        usage();
+        return 2;
+    }
+    if (!n_pp && !n_tg) {
+        pp[n_pp++] = 128;
+        pp[n_pp++] = 512;
+        tg[n_tg++] = 128;
+    }
+    int max_pp = 1, max_tg = 1;
+    for (int i = 0; i < n_pp; i++)
+        max_pp = pp[i] > max_pp ? pp[i] : max_pp;
+    for (int i = 0; i < n_tg; i++)
+        max_tg = tg[i] > max_tg ? tg[i] : max_tg;
+
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_backend *be = NULL;
+    sh_llama_ctx *ctx = NULL;
+    sh_llama_load_opts lo = {.prefault = true};
+    sh_backend_cpu_opts bo = {.n_threads = threads};
+    int32_t kv = max_pp + max_tg + 16;
+    sh_llama_ctx_opts co = {.max_tokens = max_pp, .max_seqs = 1, .kv_tokens = kv};
+    if (sh_llama_load(path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e) ||
+        sh_llama_ctx_create(m, be, &co, &ctx, &e)) {
+        fprintf(stderr, "error: %s\n", e.msg);
+        sh_llama_ctx_destroy(ctx);
+        sh_backend_destroy(be);
+        sh_llama_destroy(m);
+        return 2;
+    }
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    double weight_gb = (double)sh_llama_weight_bytes(m) / 1e9;
+    int32_t n_blocks = (kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    int32_t *blocks = malloc((size_t)n_blocks * sizeof *blocks);
+    int32_t *tokens = malloc((size_t)max_pp * sizeof *tokens);
+    for (int32_t i = 0; i < n_blocks; i++)
+        blocks[i] = i;
+    uint32_t s = 12345;
+    for (int i = 0; i < max_pp; i++) {
+        s = s * 1664525u + 1013904223u;
+        tokens[i] = (int32_t)(s % (uint32_t)m->hp.n_vocab);
+    }
+    int rc = 0;
+    sh_llama_out o;
+    double read_gbs = read_bandwidth(threads);
+    printf("{\"name\":\"read_bandwidth\",\"value\":%.2f,\"unit\":\"GB/s\",\"threads\":%d}\n",
+           read_gbs, threads);
+
+    for (int k = 0; k < n_pp && !rc; k++) {
+        double best = 0;
+        for (int r = 0; r < reps && !rc; r++) {
+            sh_llama_seq seq = {tokens, pp[k], 0, blocks, true};
+            sh_llama_batch b = {1, &seq, false, NULL};
+            double t0 = now_s();
+            rc = sh_llama_forward(ctx, &b, &o, &e);
+            double tps = pp[k] / (now_s() - t0);
+            best = tps > best ? tps : best;
+        }
+        printf("{\"name\":\"pp%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
+               "\"threads\":%d,\"reps\":%d}\n",
+               pp[k], name, best, threads, reps);
+        fflush(stdout);
+    }
+    for (int k = 0; k < n_tg && !rc; k++) {
+        double best = 0;
+        for (int r = 0; r < reps && !rc; r++) {
+            int32_t tok = tokens[0];
+            double t0 = now_s();
+            for (int i = 0; i < tg[k] && !rc; i++) {
+                sh_llama_seq seq = {&tok, 1, i, blocks, true};
+                sh_llama_batch b = {1, &seq, false, NULL};
+                rc = sh_llama_forward(ctx, &b, &o, &e);
+                tok = (tok * 31 + 7) % m->hp.n_vocab; /* any token: speed does not depend on it */
+            }
+            double tps = tg[k] / (now_s() - t0);
+            best = tps > best ? tps : best;
+        }
+        double gbs = weight_gb * best;
+        printf("{\"name\":\"tg%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
+               "\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"decode_gbs\":%.2f,"
+               "\"read_fraction\":%.3f}\n",
+               tg[k], name, best, threads, reps, weight_gb, gbs, read_gbs > 0 ? gbs / read_gbs : 0);
+        fflush(stdout);
+    }
+    if (rc)
+        fprintf(stderr, "error: %s\n", e.msg);
+    free(tokens);
+    free(blocks);
+    sh_llama_ctx_destroy(ctx);
+    sh_backend_destroy(be);
+    sh_llama_destroy(m);
+    return rc ? 1 : 0;
+}

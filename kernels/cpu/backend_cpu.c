@@ -1,0 +1,507 @@
+/* The CPU backend: the interface, the op queue run by a leader thread, streams and events. */
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/backend_cpu.h"
+#include "runtime/error.h"
+
+/* Ops waiting in the queue; an enqueue into a full queue waits for room. A decode step of a
+ * 30-layer model is about 250 ops, so a whole step fits. */
+#define RING_CAP 2048
+/* Waits for the next op (leader) or for completion (host) poll this many times before sleeping
+ * on a condition variable: the first PAUSE_ITERS with a pause, the rest with sched_yield, which
+ * returns at once on an idle core but hands the core over when the machine is oversubscribed
+ * (a spinning host would otherwise keep the leader it waits for off the core for a time slice). */
+#define SPIN_ITERS 2000
+#define PAUSE_ITERS 32
+
+static void backoff(int i)
+{
+    if (i < PAUSE_ITERS) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
+struct sh_backend_stream {
+    uint64_t last;   /* ticket of the last op enqueued on this stream (0: none) */
+    _Atomic int err; /* first run-time failure since the last sync */
+};
+
+struct sh_backend_event {
+    _Atomic uint64_t ticket; /* reached when completed >= ticket */
+};
+
+static void *leader_main(void *arg);
+
+static int32_t isa_from_opts(const sh_backend_cpu_opts *o)
+{
+    return o && o->isa ? o->isa : SH_BACKEND_CPU_ISA_AUTO;
+}
+
+/* ---- queue ------------------------------------------------------------------------------- */
+
+/* Appends op (kind and payload set by the caller) for stream s; blocks while the ring is full. */
+static sh_err push(sh__cpu_ctx *c, sh_backend_stream *s, sh__cpu_op *op)
+{
+    pthread_mutex_lock(&c->mu);
+    while (c->tail - c->head >= RING_CAP)
+        pthread_cond_wait(&c->cv_space, &c->mu);
+    op->stream = s;
+    op->ticket = ++c->next_ticket;
+    c->ring[c->tail % RING_CAP] = *op;
+    atomic_store_explicit(&c->tail_pub, c->tail + 1, memory_order_release);
+    c->tail++;
+    if (c->leader_sleeping)
+        pthread_cond_signal(&c->cv_work);
+    pthread_mutex_unlock(&c->mu);
+    if (s)
+        s->last = op->ticket;
+    return SH_OK;
+}
+
+static void *leader_main(void *arg)
+{
+    sh__cpu_ctx *c = arg;
+    for (;;) {
+        /* Spin briefly for the next op so a step's ops run back to back without a wake-up. */
+        for (int i = 0; i < SPIN_ITERS; i++) {
+            if (atomic_load_explicit(&c->tail_pub, memory_order_acquire) != c->head)
+                break;
+            backoff(i);
+        }
+        pthread_mutex_lock(&c->mu);
+        while (c->head == c->tail && !c->stop) {
+            c->leader_sleeping = 1;
+            pthread_cond_wait(&c->cv_work, &c->mu);
+            c->leader_sleeping = 0;
+        }
+        if (c->head == c->tail && c->stop) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        sh__cpu_op op = c->ring[c->head % RING_CAP];
+        c->head++;
+        pthread_cond_signal(&c->cv_space);
+        pthread_mutex_unlock(&c->mu);
+
+        sh_err err = sh__cpu_exec(c, &op);
+        if (err && op.stream) {
+            int expected = SH_OK;
+            atomic_compare_exchange_strong(&op.stream->err, &expected, (int)err);
+        }
+        /* Ops finish in ticket order, so `completed` is a high-water mark. */
+        atomic_store_explicit(&c->completed, op.ticket, memory_order_seq_cst);
+        if (atomic_load_explicit(&c->waiters, memory_order_seq_cst) > 0) {
+            pthread_mutex_lock(&c->done_mu);
+            pthread_cond_broadcast(&c->done_cv);
+            pthread_mutex_unlock(&c->done_mu);
+        }
+    }
+    return NULL;
+}
+
+/* Blocks until the op with `ticket` has run (spinning first: a decode step is short). */
+static void wait_ticket(sh__cpu_ctx *c, uint64_t ticket)
+{
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        if (atomic_load_explicit(&c->completed, memory_order_acquire) >= ticket)
+            return;
+        backoff(i);
+    }
+    pthread_mutex_lock(&c->done_mu);
+    atomic_fetch_add_explicit(&c->waiters, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&c->completed, memory_order_seq_cst) < ticket)
+        pthread_cond_wait(&c->done_cv, &c->done_mu);
+    atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_seq_cst);
+    pthread_mutex_unlock(&c->done_mu);
+}
+
+/* ---- memory, streams, events --------------------------------------------------------------- */
+
+static sh_err cpu_buf_alloc(void *ctx, size_t bytes, void **out)
+{
+    size_t n = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, n ? n : 64);
+    return *out ? SH_OK : SH_ENOMEM;
+}
+
+static void cpu_buf_free(void *ctx, void *p) { free(p); }
+
+static sh_err cpu_copy(void *ctx, sh_backend_stream *s, void *dst, const void *src, size_t bytes)
+{
+    if ((!dst || !src) && bytes)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_COPY, .u.copy = {dst, src, bytes}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_stream_create(void *ctx, sh_backend_stream **out, sh_error *e)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return sh__error_set(e, SH_ENOMEM, "cpu backend: out of memory for a stream");
+    return SH_OK;
+}
+
+static sh_err cpu_stream_sync(void *ctx, sh_backend_stream *s)
+{
+    wait_ticket(ctx, s->last);
+    return (sh_err)atomic_exchange(&s->err, SH_OK);
+}
+
+static void cpu_stream_destroy(void *ctx, sh_backend_stream *s)
+{
+    if (!s)
+        return;
+    cpu_stream_sync(ctx, s);
+    free(s);
+}
+
+static sh_err cpu_event_create(void *ctx, sh_backend_event **out, sh_error *e)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return sh__error_set(e, SH_ENOMEM, "cpu backend: out of memory for an event");
+    return SH_OK;
+}
+
+static void cpu_event_destroy(void *ctx, sh_backend_event *ev) { free(ev); }
+
+static sh_err cpu_event_record(void *ctx, sh_backend_event *ev, sh_backend_stream *s)
+{
+    atomic_store(&ev->ticket, s->last);
+    return SH_OK;
+}
+
+/* All streams share one queue executed in ticket order, so anything enqueued after a record was
+ * already ordered after it: waiting on an event needs no op. */
+static sh_err cpu_event_wait(void *ctx, sh_backend_stream *s, sh_backend_event *ev)
+{
+    return SH_OK;
+}
+
+static sh_err cpu_event_sync(void *ctx, sh_backend_event *ev)
+{
+    wait_ticket(ctx, atomic_load(&ev->ticket));
+    return SH_OK;
+}
+
+static sh_err cpu_host_fn(void *ctx, sh_backend_stream *s, void (*fn)(void *), void *arg)
+{
+    if (!fn)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_HOST_FN, .u.host = {fn, arg}};
+    return push(ctx, s, &op);
+}
+
+/* ---- op validation and enqueue ------------------------------------------------------------- */
+
+/* Block-quantized weights need whole 32-element blocks (the activations are quantized per
+ * block); float weights (F32, F16, BF16) may have rows of any length. */
+static bool weight_ok(const sh_tensor *w, int64_t n_in)
+{
+    const bool is_float =
+        w->type == SH_DTYPE_F32 || w->type == SH_DTYPE_F16 || w->type == SH_DTYPE_BF16;
+    return w->data && w->ne[0] == n_in && w->ne[1] >= 1 && w->ne[2] == 1 && w->ne[3] == 1 &&
+           sh__cpu_mm_for(&sh__cpu_kernels_ref, w->type) && (is_float || n_in % SH_CPU_QK == 0);
+}
+
+static sh_err cpu_matmul(void *ctx, sh_backend_stream *s, const sh_matmul_args *a)
+{
+    if (!a || !a->x || a->n_tok < 1 || a->n_w < 1 || a->n_w > SH_MATMUL_MAX_W)
+        return SH_EINVAL;
+    const int64_t n_in = a->w[0].ne[0];
+    for (int i = 0; i < a->n_w; i++)
+        if (!weight_ok(&a->w[i], n_in) || (!a->y[i] && a->act != SH_MATMUL_ACT_SWIGLU))
+            return SH_EINVAL;
+    if (a->act == SH_MATMUL_ACT_SWIGLU &&
+        (a->n_w != 2 || a->accumulate || !a->y[0] || a->w[0].ne[1] != a->w[1].ne[1]))
+        return SH_EINVAL;
+    if (a->act != SH_MATMUL_ACT_NONE && a->act != SH_MATMUL_ACT_SWIGLU)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_MATMUL, .u.mm = *a};
+    for (int i = 0; i < a->n_w; i++)
+        op.packed[i] = sh__cpu_weights_lookup(ctx, &a->w[i]);
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_rmsnorm(void *ctx, sh_backend_stream *s, const float *x, const float *w,
+                          float eps, int64_t n_tok, int64_t n, float *y)
+{
+    if (!x || !w || !y || n_tok < 1 || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_RMSNORM, .u.norm = {x, w, y, eps, n_tok, n}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_rope(void *ctx, sh_backend_stream *s, float *x, const int32_t *pos, int64_t n_tok,
+                       int32_t n_heads, int32_t head_dim, int32_t n_rot, float freq_base,
+                       float freq_scale, sh_rope_mode mode)
+{
+    if (!x || !pos || n_tok < 1 || n_heads < 1 || n_rot < 2 || n_rot % 2 || n_rot > head_dim ||
+        n_rot > 1024 || !(freq_base > 0.0f) ||
+        (mode != SH_ROPE_MODE_NORMAL && mode != SH_ROPE_MODE_NEOX))
+        return SH_EINVAL;
+    sh__cpu_op op = {
+        .kind = SH__CPU_OP_ROPE,
+        .u.rope = {x, pos, n_tok, n_heads, head_dim, n_rot, freq_base, freq_scale, mode}};
+    return push(ctx, s, &op);
+}
+
+static bool cache_ok(const sh_kv_cache *c)
+{
+    return c && c->k && c->v && c->n_blocks > 0 && c->n_kv_heads > 0 && c->head_dim > 0 &&
+           (c->type == SH_DTYPE_F32 || c->type == SH_DTYPE_F16);
+}
+
+/* Checks the batch against the cache: block tables in range. Returns the row count or -1. */
+static int64_t batch_rows(const sh_kv_cache *c, const sh_attn_batch *b)
+{
+    if (!b || b->n_seqs < 1 || !b->seqs)
+        return -1;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const sh_attn_seq *q = &b->seqs[i];
+        if (q->n_rows < 1 || q->pos0 < 0 || !q->blocks)
+            return -1;
+        int64_t nblk = ((int64_t)q->pos0 + q->n_rows + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+        for (int64_t j = 0; j < nblk; j++)
+            if (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks)
+                return -1;
+        rows += q->n_rows;
+    }
+    return rows;
+}
+
+static sh_err cpu_kv_store(void *ctx, sh_backend_stream *s, const sh_kv_cache *cache,
+                           const sh_attn_batch *b, const float *k, const float *v)
+{
+    if (!cache_ok(cache) || !k || !v || batch_rows(cache, b) < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_KV_STORE, .u.kv = {*cache, *b, k, v}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_attention(void *ctx, sh_backend_stream *s, const sh_kv_cache *cache,
+                            const sh_attn_batch *b, const float *q, int32_t n_heads, float scale,
+                            float *out)
+{
+    int64_t rows = cache_ok(cache) ? batch_rows(cache, b) : -1;
+    if (rows < 1 || !q || !out || n_heads < 1 || n_heads % cache->n_kv_heads)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_ATTN, .u.attn = {*cache, *b, q, out, rows, n_heads, scale}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_swiglu(void *ctx, sh_backend_stream *s, const float *g, const float *u, int64_t n,
+                         float *y)
+{
+    if (!g || !u || !y || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_SWIGLU, .u.ew = {g, u, y, n}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_add(void *ctx, sh_backend_stream *s, const float *a, const float *b, int64_t n,
+                      float *y)
+{
+    if (!a || !b || !y || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_ADD, .u.ew = {a, b, y, n}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_embed(void *ctx, sh_backend_stream *s, const sh_tensor *t, const int32_t *ids,
+                        int64_t n_tok, float *y)
+{
+    if (!t || !t->data || !ids || !y || n_tok < 1 || t->ne[1] < 1 ||
+        !sh__cpu_mm_for(&sh__cpu_kernels_ref, t->type) ||
+        sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) == 0)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_EMBED, .u.embed = {*t, ids, n_tok, y}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_softmax(void *ctx, sh_backend_stream *s, float *x, int64_t n_rows, int64_t n,
+                          float scale)
+{
+    if (!x || n_rows < 1 || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_SOFTMAX, .u.rows = {x, NULL, n_rows, n, scale}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_argmax(void *ctx, sh_backend_stream *s, const float *x, int64_t n_rows, int64_t n,
+                         int32_t *out)
+{
+    if (!x || !out || n_rows < 1 || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_ARGMAX, .u.rows = {(float *)x, out, n_rows, n, 1.0f}};
+    return push(ctx, s, &op);
+}
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+static sh_err cpu_weight_prepare(void *ctx, const sh_tensor *w)
+{
+    return sh__cpu_weights_prepare(ctx, w);
+}
+
+static void cpu_weight_release(void *ctx, const void *data) { sh__cpu_weights_release(ctx, data); }
+
+static void cpu_destroy(void *ctx)
+{
+    sh__cpu_ctx *c = ctx;
+    if (c->leader_started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = 1;
+        pthread_cond_signal(&c->cv_work);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->leader, NULL);
+    }
+    sh__cpu_pool_destroy(c->pool);
+    sh__cpu_scratch_fini(c);
+    sh__cpu_weights_fini(c);
+    pthread_mutex_destroy(&c->pack_mu);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv_work);
+    pthread_cond_destroy(&c->cv_space);
+    pthread_mutex_destroy(&c->done_mu);
+    pthread_cond_destroy(&c->done_cv);
+    free(c->ring);
+    free(c);
+}
+
+static const sh_backend_iface cpu_iface = {
+    .name = "cpu",
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .copy = cpu_copy,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .event_sync = cpu_event_sync,
+    .host_fn = cpu_host_fn,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .embed = cpu_embed,
+    .softmax = cpu_softmax,
+    .argmax = cpu_argmax,
+    .all_reduce = NULL,
+    .weight_prepare = cpu_weight_prepare,
+    .weight_release = cpu_weight_release,
+    .destroy = cpu_destroy,
+};
+
+sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, sh_error *e)
+{
+    *out = NULL;
+    int32_t n = opts && opts->n_threads ? opts->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1 || n > 1024)
+        return sh__error_set(e, SH_EINVAL, "cpu backend: bad n_threads %d", n);
+    int32_t best = sh__cpu_isa_detect(), isa = isa_from_opts(opts);
+    if (isa < SH_BACKEND_CPU_ISA_AUTO || isa > SH_BACKEND_CPU_ISA_AVX512)
+        return sh__error_set(e, SH_EINVAL, "cpu backend: bad isa %d", isa);
+    if (isa > best)
+        return sh__error_set(e, SH_EUNSUPPORTED, "cpu backend: this CPU lacks %s",
+                             sh_backend_cpu_isa_name(isa));
+    if (isa == SH_BACKEND_CPU_ISA_AUTO)
+        isa = best;
+
+    sh__cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c || !(c->ring = calloc(RING_CAP, sizeof *c->ring))) {
+        free(c);
+        return sh__error_set(e, SH_ENOMEM, "cpu backend: out of memory");
+    }
+    c->be.iface = &cpu_iface;
+    c->be.ctx = c;
+    c->kern = isa == SH_BACKEND_CPU_ISA_AVX512 ? &sh__cpu_kernels_avx512
+              : isa == SH_BACKEND_CPU_ISA_AVX2 ? &sh__cpu_kernels_avx2
+                                               : &sh__cpu_kernels_ref;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv_work, NULL);
+    pthread_cond_init(&c->cv_space, NULL);
+    pthread_mutex_init(&c->done_mu, NULL);
+    pthread_mutex_init(&c->pack_mu, NULL);
+    pthread_cond_init(&c->done_cv, NULL);
+    sh_err err = sh__cpu_pool_create(n, &c->pool, e);
+    if (!err && pthread_create(&c->leader, NULL, leader_main, c) != 0)
+        err = sh__error_set(e, SH_ENOMEM, "cpu backend: cannot start the queue thread");
+    else if (!err)
+        c->leader_started = 1;
+    if (err) {
+        cpu_destroy(c);
+        return err;
+    }
+    *out = &c->be;
+    return SH_OK;
+}
+
+int32_t sh_backend_cpu_isa(const sh_backend *be)
+{
+    if (!be || be->iface != &cpu_iface)
+        return 0;
+    return ((const sh__cpu_ctx *)be->ctx)->kern->isa;
+}
+
+const char *sh_backend_cpu_isa_name(int32_t isa)
+{
+    switch (isa) {
+    case SH_BACKEND_CPU_ISA_SCALAR:
+        return "scalar";
+    case SH_BACKEND_CPU_ISA_AVX2:
+        return "avx2";
+    case SH_BACKEND_CPU_ISA_AVX512:
+        return "avx512-vnni";
+    default:
+        return "auto";
+    }
+}
+
+/* F16C (CPUID leaf 1, ECX bit 29), asked of cpuid directly: clang's __builtin_cpu_supports does
+ * not know the "f16c" feature name. */
+static bool cpu_has_f16c(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    return (c >> 29) & 1u;
+#else
+    return false;
+#endif
+}
+
+int32_t sh__cpu_isa_detect(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    bool f16c = cpu_has_f16c();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("fma") && f16c)
+        return SH_BACKEND_CPU_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
+        return SH_BACKEND_CPU_ISA_AVX2;
+#endif
+    return SH_BACKEND_CPU_ISA_SCALAR;
+}

@@ -1,0 +1,154 @@
+/* The CPU backend's context and op records, shared by its queue (backend_cpu.c) and the op
+ * execution (exec.c). */
+#ifndef SH_KERNELS_CPU_BACKEND_CPU_H
+#define SH_KERNELS_CPU_BACKEND_CPU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kernels/cpu/cpu.h"
+
+typedef enum sh__cpu_op_kind {
+    SH__CPU_OP_COPY,
+    SH__CPU_OP_HOST_FN,
+    SH__CPU_OP_MATMUL,
+    SH__CPU_OP_RMSNORM,
+    SH__CPU_OP_ROPE,
+    SH__CPU_OP_KV_STORE,
+    SH__CPU_OP_ATTN,
+    SH__CPU_OP_SWIGLU,
+    SH__CPU_OP_ADD,
+    SH__CPU_OP_EMBED,
+    SH__CPU_OP_SOFTMAX,
+    SH__CPU_OP_ARGMAX,
+} sh__cpu_op_kind;
+
+/* One queued op: its arguments by value (pointers inside are borrowed until sync). */
+typedef struct sh__cpu_op {
+    sh__cpu_op_kind kind;
+    sh_backend_stream *stream;
+    uint64_t ticket;
+    /* Matmul only: the packed copy of each weight, or NULL (looked up at enqueue). */
+    const void *packed[SH_MATMUL_MAX_W];
+    union {
+        struct {
+            void *dst;
+            const void *src;
+            size_t bytes;
+        } copy;
+        struct {
+            void (*fn)(void *);
+            void *arg;
+        } host;
+        sh_matmul_args mm;
+        struct {
+            const float *x, *w;
+            float *y;
+            float eps;
+            int64_t n_tok, n;
+        } norm;
+        struct {
+            float *x;
+            const int32_t *pos;
+            int64_t n_tok;
+            int32_t n_heads, head_dim, n_rot;
+            float base, scale;
+            sh_rope_mode mode;
+        } rope;
+        struct {
+            sh_kv_cache cache;
+            sh_attn_batch b;
+            const float *k, *v;
+        } kv;
+        struct {
+            sh_kv_cache cache;
+            sh_attn_batch b;
+            const float *q;
+            float *out;
+            int64_t n_rows;
+            int32_t n_heads;
+            float scale;
+        } attn;
+        struct {
+            const float *a, *b;
+            float *y;
+            int64_t n;
+        } ew;
+        struct {
+            sh_tensor t;
+            const int32_t *ids;
+            int64_t n_tok;
+            float *y;
+        } embed;
+        struct {
+            float *x;
+            int32_t *out;
+            int64_t n_rows, n;
+            float scale;
+        } rows;
+    } u;
+} sh__cpu_op;
+
+/* A growable buffer owned by the leader; grown (never shrunk) between ops. */
+typedef struct sh__cpu_buf {
+    void *p;
+    size_t cap;
+} sh__cpu_buf;
+
+/* A weight prepared by weight_prepare: the caller's data pointer and shape, and the copy. */
+typedef struct sh__cpu_packed {
+    const void *data; /* NULL: free slot */
+    sh_dtype type;
+    int64_t n_in, n_out;
+    void *packed;
+    int32_t refs; /* prepares not yet released: contexts sharing a model share one copy */
+} sh__cpu_packed;
+
+typedef struct sh__cpu_ctx {
+    sh_backend be; /* handed out to the caller; be.ctx points back here */
+    const sh__cpu_kernels *kern;
+    sh__cpu_pool *pool;
+
+    /* The op queue: ring[head % CAP .. tail % CAP), guarded by mu. tail_pub mirrors tail for
+     * the leader's lock-free spin. Tickets number ops in enqueue order from 1. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_space;
+    sh__cpu_op *ring;
+    uint64_t head, tail, next_ticket;
+    _Atomic uint64_t tail_pub;
+    int leader_sleeping, stop, leader_started;
+    pthread_t leader;
+
+    /* Completion: the ticket of the last op run, and host threads blocked waiting on it. */
+    _Atomic uint64_t completed;
+    _Atomic int waiters;
+    pthread_mutex_t done_mu;
+    pthread_cond_t done_cv;
+
+    /* Scratch, touched only by the leader's current op: the prepared activations of a matmul,
+     * the attention row maps, and per-thread work areas (tmp_stride floats each). */
+    sh__cpu_buf xn, qs, qd, qsum, xt, rowmap, tmp;
+    size_t tmp_stride;
+
+    /* Prepared weights: an open-addressing table keyed by data pointer (pack_cap a power of two,
+     * at most half full), read at enqueue and written by prepare/release under pack_mu. */
+    pthread_mutex_t pack_mu;
+    sh__cpu_packed *packs;
+    size_t pack_cap, pack_count;
+} sh__cpu_ctx;
+
+/* Runs one op on the pool (called by the leader thread). Returns SH_ENOMEM when scratch could
+ * not grow (the op did nothing). */
+sh_err sh__cpu_exec(sh__cpu_ctx *c, const sh__cpu_op *op);
+
+/* Prepared weights (weights.c): prepare/release as in sh_backend_iface; lookup returns the
+ * packed copy of a matmul weight or NULL; fini frees them all. */
+sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w);
+void sh__cpu_weights_release(sh__cpu_ctx *c, const void *data);
+const void *sh__cpu_weights_lookup(sh__cpu_ctx *c, const sh_tensor *w);
+void sh__cpu_weights_fini(sh__cpu_ctx *c);
+
+/* Frees the scratch buffers. */
+void sh__cpu_scratch_fini(sh__cpu_ctx *c);
+
+#endif

@@ -1,0 +1,234 @@
+/* Internals of the CPU backend shared by its files: the worker pool, the kernel table per ISA,
+ * and the parameter blocks of the ops. */
+#ifndef SH_KERNELS_CPU_CPU_H
+#define SH_KERNELS_CPU_CPU_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+
+/* ---- worker pool --------------------------------------------------------------------------- */
+
+/* A persistent pool of n threads. Thread 0 is the leader (it runs the backend's op queue and
+ * calls sh__cpu_pool_run); threads 1..n-1 are helpers that wait for jobs, spinning on the job
+ * counter before sleeping on a futex, so ops issued back to back (a decode step) cost no
+ * wake-up.
+ *
+ * Helpers join a job only while the leader is still working on it: a helper that is asleep or
+ * preempted (the machine is shared) and arrives after the leader has finished its own call skips
+ * the job. So a job never waits for a thread that is not running, but it cannot assume which
+ * threads run it: it divides its work with sh__cpu_pool_claim, and `tid` only picks per-thread
+ * scratch. */
+typedef struct sh__cpu_pool sh__cpu_pool;
+
+/* A job body: called on the leader and on each helper that joins, with its index and the thread
+ * count. */
+typedef void (*sh__cpu_job_fn)(void *arg, int tid, int nth);
+
+/* Starts the n - 1 helper threads; the leader is the calling thread of sh__cpu_pool_run. */
+sh_err sh__cpu_pool_create(int n, sh__cpu_pool **out, sh_error *e);
+void sh__cpu_pool_destroy(sh__cpu_pool *p); /* accepts NULL; no job may be running */
+int sh__cpu_pool_size(const sh__cpu_pool *p);
+
+/* Runs fn(arg, 0, n) on the caller and fn(arg, tid, n) on the helpers that join (see above);
+ * returns when every call that started has returned (their writes are then visible). Only one
+ * thread (the leader) may call it at a time. */
+void sh__cpu_pool_run(sh__cpu_pool *p, sh__cpu_job_fn fn, void *arg);
+
+/* Runs fn(arg, 0, n) on the caller alone, with the work-sharing counters reset: for jobs too
+ * small to be worth the hand-off to the helpers (about a microsecond). */
+void sh__cpu_pool_run_alone(sh__cpu_pool *p, sh__cpu_job_fn fn, void *arg);
+
+/* Work sharing inside a job. Phase ph (0 or 1; a job may use both, e.g. prepare then compute)
+ * hands out [0, n_units) in chunks of `per` units in order: claim returns the next chunk in
+ * [*lo, *hi), or false when none is left. finish counts units done (with release order);
+ * wait_finished returns once `total` units of the phase are done (acquire): a thread calls it
+ * after it has finished everything it claimed, so the wait ends whichever threads joined. */
+bool sh__cpu_pool_claim(sh__cpu_pool *p, int ph, int64_t n_units, int64_t per, int64_t *lo,
+                        int64_t *hi);
+void sh__cpu_pool_finish(sh__cpu_pool *p, int ph, int64_t units);
+void sh__cpu_pool_wait_finished(sh__cpu_pool *p, int ph, int64_t total);
+
+/* A chunk size that gives each thread about `per_thread` chunks of n_units (at least 1): small
+ * enough that threads that join late or get preempted leave little behind, large enough that
+ * the shared counter is touched a few times per op only. */
+int64_t sh__cpu_pool_chunk(const sh__cpu_pool *p, int64_t n_units, int per_thread);
+
+/* Static partition of [0, n) into nth parts, each a multiple of `align` except the last:
+ * thread tid gets [*lo, *hi) (possibly empty). (The ops share work with sh__cpu_pool_claim
+ * instead; kept for callers that own all threads.) */
+void sh__cpu_split(int64_t n, int64_t align, int tid, int nth, int64_t *lo, int64_t *hi);
+
+/* ---- activations and matmul ---------------------------------------------------------------- */
+
+/* Elements per activation quantization block (the weight block size of every quantized type we
+ * compute with). */
+#define SH_CPU_QK 32
+
+/* Activations of a matmul prepared once for all weights: the f32 rows (normalized when the op
+ * fuses RMSNorm) and their int8 quantization, per 32-element block j of token t:
+ *   x[t*n_in + 32j + i] ~= d[t*nb + j] * qs[t*n_in + 32j + i],   s[t*nb + j] = d * sum_i qs,
+ * with d = max|x| / 127 (ggml's Q8_0/Q8_1 rule). s carries Q4_0's -8 offset and Q4_1's min. */
+typedef struct sh__cpu_act {
+    const float *x;   // (n_tok, n_in)
+    const int8_t *qs; // (n_tok, n_in), only when some weight is quantized
+    const float *d;   // (n_tok, n_in / 32)
+    const float *s;   // (n_tok, n_in / 32)
+    /* The f32 rows transposed per tile of 16 tokens, xt[(t / 16) * n_in * 16 + k * 16 + t % 16]
+     * = x[t * n_in + k] (lanes past n_tok zero): only for packed F16 weights and n_tok > 1, so
+     * that a tile's 16 values of element k are one cache line. */
+    const float *xt; // (ceil(n_tok / 16), n_in, 16)
+    int64_t n_in;
+    int64_t n_tok;
+} sh__cpu_act;
+
+/* One weight's product with all tokens, for output rows [r0, r1):
+ *   y[t*ldy + r] (=|+=) sum_k W[r, k] x[t, k]. */
+typedef struct sh__cpu_mm {
+    const sh__cpu_act *a;
+    const uint8_t *w; /* row r at w + r * row_bytes */
+    size_t row_bytes;
+    float *y;
+    int64_t ldy;
+    int accumulate;
+} sh__cpu_mm;
+
+typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+
+/* ---- packed weights (pack.c) ---------------------------------------------------------------- */
+
+/* Rows interleaved per group of a packed weight. */
+#define SH_CPU_PACK_ROWS 16
+
+/* The packed layout of a quantized weight (n_out, n_in), made once at load by weight_prepare so
+ * that one SIMD register holds 16 rows: dpbusd then computes 16 rows' dot products at once against
+ * a broadcast 4-byte slice of the activation, the accumulator lanes are the output rows (no
+ * horizontal sums), and the 16 rows' block scales load as one vector.
+ *
+ * Rows are grouped by 16 (the last group padded with zero rows), each group
+ * sh__cpu_pack_group_bytes(type, n_in) bytes (a multiple of 64). With nb = n_in / 32 blocks per
+ * row, a quantized group holds, for rows 16g .. 16g + 15:
+ *   codes   nb blocks of 8 (Q8_0) or 4 (Q4_0/Q4_1) 64-byte vectors; in block b, vector j, lane r
+ *           (4 bytes) holds the bytes qs[4j .. 4j + 3] of row r's block b. For Q4 a byte's low
+ *           nibble is element 4j + i and its high nibble element 16 + 4j + i, so after the nibble
+ *           split vector j (low) and 4 + j (high) hold elements 4j .. 4j + 3 and 16 + 4j ..: in
+ *           both types unpacked vector j pairs with activation bytes 4j .. 4j + 3 of the block.
+ *           Q8_0 codes are stored biased by +128 as u8 (dpbusd multiplies u8 by s8); the bias is
+ *           removed with the activation block sums s: sum_i (q_i + 128) a_i = sum_i q_i a_i +
+ *           128 s / da.
+ *   d       then nb x 16 fp16 scales (32 bytes per block);
+ *   m       then nb x 16 fp16 minimums (Q4_1 only);
+ *   padding to a multiple of 64 bytes.
+ * The codes come first so that every code vector is 64-byte aligned (a vector that straddles two
+ * cache lines costs two loads; interleaving the 32-byte scales with the codes did that to every
+ * other block and made the Q4_0 matvec a third slower in cache).
+ * F16 (float arithmetic, no activation codes): block b is 32 steps e of 16 fp16, the element
+ * 32b + e of rows 16g .. 16g + 15 (1024 bytes).
+ * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
+ * group. */
+size_t sh__cpu_pack_code_bytes(sh_dtype type); /* per block; 0: the type has no packed layout */
+size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);
+size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
+/* Writes the packed copy of the weight src (n_out rows of sh__dtype_row_bytes each) to dst. */
+void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst);
+
+/* Attention work (defined with the attention functions below). */
+typedef struct sh__cpu_attn sh__cpu_attn;
+
+/* The kernels of one ISA. Every member is set (a SIMD table falls back to the reference for what
+ * it does not accelerate). */
+typedef struct sh__cpu_kernels {
+    int32_t isa;
+    /* Quantizes n (a multiple of 32) floats as described for sh__cpu_act. */
+    void (*quant_act)(const float *x, int64_t n, int8_t *qs, float *d, float *s);
+    /* Matmul row kernels indexed by weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_1). */
+    sh__cpu_mm_fn mm_f32, mm_f16, mm_bf16, mm_q8_0, mm_q4_0, mm_q4_1;
+    /* Optional (NULL: the ISA has none and weights stay in their file layout): row kernels on
+     * packed weights (see SH_CPU_PACK_ROWS). For these, sh__cpu_mm.w is the packed data and
+     * row_bytes the bytes of one 16-row group; r0 is a multiple of 16 or the kernel computes the
+     * whole group and stores only rows [r0, r1). */
+    sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1;
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
+    float (*sumsq)(const float *x, int64_t n);
+    /* y[i] = silu(g[i]) * u[i], silu(g) = g / (1 + exp(-g)); y may equal g or u. */
+    void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
+    /* Optional (NULL: sh__cpu_attn_range over (row, head) items): attention over the work items
+     * [i0, i1) of a->items; scratch holds sh__cpu_attn_scratch(longest context, head_dim)
+     * floats. */
+    void (*attn_group)(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
+} sh__cpu_kernels;
+
+extern const sh__cpu_kernels sh__cpu_kernels_ref;
+extern const sh__cpu_kernels sh__cpu_kernels_avx2;
+extern const sh__cpu_kernels sh__cpu_kernels_avx512;
+
+/* The ISA's row kernel for a weight type (NULL when unsupported). */
+sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type);
+
+/* The AVX-512 VNNI packed kernels (ops_avx512_packed.c). */
+void sh__cpu_avx512_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx512_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+
+/* The ISA's packed-weight kernel for a type (NULL when it has none). */
+sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);
+
+/* Best ISA this CPU runs (cpuid), an SH_BACKEND_CPU_ISA_* value. */
+int32_t sh__cpu_isa_detect(void);
+
+/* Fills act->xt for tokens [t0, t1) (t0 a multiple of 16; the lanes of the last tile past
+ * n_tok are zeroed). */
+void sh__cpu_act_transpose(const sh__cpu_act *act, int64_t t0, int64_t t1);
+
+/* Scalar reference pieces reused by the SIMD files for tails. */
+void sh__cpu_quant_act_ref(const float *x, int64_t n, int8_t *qs, float *d, float *s);
+
+/* ---- the non-matmul ops, on a row/element range (ops.c) ------------------------------------ */
+
+void sh__cpu_rmsnorm_rows(const sh__cpu_kernels *k, const float *x, const float *w, float eps,
+                          int64_t n, float *y, int64_t t0, int64_t t1);
+void sh__cpu_rope_range(float *x, const int32_t *pos, int32_t n_heads, int32_t head_dim,
+                        int32_t n_rot, float freq_base, float freq_scale, sh_rope_mode mode,
+                        int64_t i0, int64_t i1);
+float sh__cpu_silu(float g);
+void sh__cpu_swiglu_ref(const float *g, const float *u, float *y, int64_t n);
+
+/* Attention for work items [i0, i1) of (row, head) pairs; `rowseq` maps a row to its sequence;
+ * scores is scratch for the longest context of the batch. (attn.c) */
+struct sh__cpu_attn {
+    sh_kv_cache cache;
+    const sh_attn_seq *seqs;
+    const int32_t *row_seq; // (n_tok) sequence index of each row
+    const int32_t *row_pos; // (n_tok) position of each row
+    const float *q;
+    float *out;
+    int32_t n_heads;
+    float scale;
+    /* Grouped kernels only: work item i is items[4i .. 4i + 3] = (first row, rows, first query
+     * head, heads): consecutive rows of one sequence times query heads of one KV head, at most
+     * SH_CPU_ATTN_LANES pairs (see sh__cpu_attn_items). */
+    const int32_t *items;
+};
+
+/* (row, head) pairs one grouped-attention item computes side by side (one per vector lane). */
+#define SH_CPU_ATTN_LANES 16
+
+void sh__cpu_attn_range(const sh__cpu_kernels *k, const sh__cpu_attn *a, int64_t i0, int64_t i1,
+                        float *scores, float *acc);
+/* The grouped AVX-512 attention (attn_avx512.c), its scratch size in floats, and the item table
+ * of a batch: writes up to sh__cpu_attn_max_items entries to items (4 int32 each) and returns
+ * their count. */
+void sh__cpu_avx512_attn_range(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
+size_t sh__cpu_attn_scratch(int64_t max_ctx, int32_t head_dim);
+int64_t sh__cpu_attn_max_items(int64_t n_rows, int32_t n_seqs, int32_t n_heads);
+int64_t sh__cpu_attn_items(const sh_attn_seq *seqs, int32_t n_seqs, int32_t n_heads,
+                           int32_t n_kv_heads, int32_t *items);
+void sh__cpu_kv_store_rows(const sh_kv_cache *c, const sh_attn_seq *seqs, int32_t n_seqs,
+                           const float *k, const float *v);
+
+#endif

@@ -1,0 +1,239 @@
+/* AVX-512 VNNI matmul kernels on packed quantized weights (16 rows interleaved, see
+ * SH_CPU_PACK_ROWS in cpu.h): decode matvecs near the memory bandwidth and register-blocked
+ * prefill tiles (16 rows x up to NT tokens) that read each unpacked weight block once per tile. */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* Tokens per register tile: NT float accumulators for the scaled products and NT for the
+ * block-sum terms, plus the 8 unpacked code vectors and the scales, fit the 32 zmm registers. */
+#define NT 6
+
+enum { K_Q4_0, K_Q4_1, K_Q8_0 };
+
+/* Software prefetch distance of the matvecs, in bytes, into L2. One core's demand misses alone
+ * reach only about half the read bandwidth of this machine type (the line-fill buffers cap the
+ * misses in flight); prefetching 4-8 KiB ahead measured 1.3-2x faster on 1 thread (tinyllama
+ * shapes; 1 KiB, 16 KiB and the L3 hint worse, the L1 hint no better). */
+#define PF_DIST 8192
+#define PF_HINT _MM_HINT_T1
+
+INL __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Rows [16g, 16g + 16) of the packed weight against tokens t0 .. t0 + nt - 1, stored for the
+ * rows in [r0, r1). Per block b, token t, row r (q: weight codes, a: activation codes, da/s: the
+ * activation block's scale and scaled sum, see sh__cpu_act):
+ *   Q4_0: dw (da sum_i q_i a_i - 8 s)          (codes are nibbles, weight = dw (q - 8))
+ *   Q4_1: dw da sum_i q_i a_i + m s            (weight = dw q + m)
+ *   Q8_0: dw (da sum_i u_i a_i - 128 s)        (u = q + 128, stored biased)
+ * so each output is sum_b dw da dot_b + c sum_b v s_b with (c, v) = (-8, dw), (1, m), (-128, dw):
+ * acc carries the first sum and acco the second, both 16 rows wide. */
+INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt,
+              const int kind)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK, n_in = a->n_in;
+    const size_t cb = kind == K_Q8_0 ? 512 : 256; /* code bytes per block */
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32; /* d, m (Q4_1) */
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[NT], acco[NT];
+    for (int i = 0; i < nt; i++)
+        acc[i] = acco[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * cb;
+        if (nt == 1) { /* a matvec streams the weights once: keep more misses in flight */
+            for (size_t o = 0; o < cb; o += 64)
+                _mm_prefetch((const char *)wb + PF_DIST + o, PF_HINT);
+            if (b % 2 == 0) { /* the scales: 64 bytes per two blocks, 1/8 of the codes' pace */
+                _mm_prefetch((const char *)(wd + b * 32) + PF_DIST / 8, PF_HINT);
+                if (kind == K_Q4_1)
+                    _mm_prefetch((const char *)(wm + b * 32) + PF_DIST / 8, PF_HINT);
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
+        const __m512 vw =
+            kind == K_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wm + b * 32))) : dw;
+        __m512i q[8];
+        if (kind == K_Q8_0) {
+            for (int j = 0; j < 8; j++)
+                q[j] = _mm512_loadu_si512((const void *)(wb + 64 * j));
+        } else {
+            for (int j = 0; j < 4; j++) {
+                const __m512i z = _mm512_loadu_si512((const void *)(wb + 64 * j));
+                q[j] = _mm512_and_si512(z, low4);
+                q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            const int8_t *ab = a->qs + (t0 + i) * n_in + b * SH_CPU_QK;
+            __m512i d0, d1;
+            /* Two dependency chains of four dpbusd each (one token alone would otherwise wait on
+             * the dpbusd latency eight times per block). */
+            d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(ab));
+            d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(ab + 4));
+            d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(ab + 8));
+            d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(ab + 12));
+            d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(ab + 16));
+            d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(ab + 20));
+            d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(ab + 24));
+            d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(ab + 28));
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+            const int64_t ai = (t0 + i) * nb + b;
+            acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a->d[ai])), acc[i]);
+            acco[i] = _mm512_fmadd_ps(vw, _mm512_set1_ps(a->s[ai]), acco[i]);
+        }
+    }
+    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q4_1 ? 1.0f : -128.0f;
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int i = 0; i < nt; i++) {
+        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
+        __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(c), acco[i], acc[i]);
+        if (m->accumulate)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+        _mm512_mask_storeu_ps(y, k, v);
+    }
+}
+
+/* Activation bytes of a token block: the tokens whose codes stay in L2 while every row group
+ * of the chunk passes over them. */
+#define TOK_BLOCK_BYTES (1 << 20)
+
+/* Token blocks outermost, then row groups, then token tiles: a group's packed blocks (nb * 288
+ * bytes for Q4_0) stay in L1/L2 while the block's token tiles pass over them, and the block's
+ * activation codes stay in L2 across the groups. Weights are read once per token block (once
+ * per matmul unless n_tok * n_in passes 1 MiB, e.g. a 512-token prefill through a 5632-wide
+ * FFN). */
+INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
+{
+    const int64_t n_tok = m->a->n_tok;
+    int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT * NT;
+    tb = tb < NT ? NT : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+            int64_t t = t0;
+            for (; t + NT <= t1; t += NT)
+                tile(m, g, r0, r1, t, NT, kind);
+            switch (t1 - t) {
+            case 5:
+                tile(m, g, r0, r1, t, 5, kind);
+                break;
+            case 4:
+                tile(m, g, r0, r1, t, 4, kind);
+                break;
+            case 3:
+                tile(m, g, r0, r1, t, 3, kind);
+                break;
+            case 2:
+                tile(m, g, r0, r1, t, 2, kind);
+                break;
+            case 1:
+                tile(m, g, r0, r1, t, 1, kind);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+/* F16: packed block b of group g is 32 steps of 16 fp16 (element 32b + e of the 16 rows), so
+ * acc[t] (16 rows) += w[e] * x[t][32b + e] with x broadcast from memory: no horizontal sums and
+ * one conversion per 16 weights for all nt tokens. One token alone splits the sum over the
+ * elements into four accumulators to cover the FMA latency. */
+#define NTF 16
+
+INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t n_in = a->n_in;
+    const uint16_t *w = (const uint16_t *)(m->w + (size_t)g * m->row_bytes);
+    __m512 acc[NTF];
+    for (int i = 0; i < NTF; i++)
+        acc[i] = _mm512_setzero_ps();
+    if (nt == 1) {
+        const float *x = a->x + t0 * n_in;
+        for (int64_t k = 0; k < n_in; k += 4) {
+            _mm_prefetch((const char *)(w + 16 * k) + PF_DIST, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + 16 * k) + PF_DIST + 64, _MM_HINT_T1);
+            for (int u = 0; u < 4; u++)
+                acc[u] = _mm512_fmadd_ps(
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * (k + u)))),
+                    _mm512_set1_ps(x[k + u]), acc[u]);
+        }
+        acc[0] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    } else {
+        /* the tile's tokens lie in one 16-token tile of xt (NTF 16 tiles start at multiples of
+         * 16; the tail tiles 8, 4, 2, 1 stay inside the last one), lanes from t0 % 16 */
+        const float *xt = a->xt + (t0 / 16) * n_in * 16 + t0 % 16;
+        for (int64_t k = 0; k < n_in; k++) {
+            const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * k)));
+            for (int i = 0; i < nt; i++)
+                acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xt[k * 16 + i]), acc[i]);
+        }
+    }
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 km = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int i = 0; i < nt; i++) {
+        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
+        __m512 v = acc[i];
+        if (m->accumulate)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(km, y));
+        _mm512_mask_storeu_ps(y, km, v);
+    }
+}
+
+TGT void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+        int64_t t = 0;
+        for (; t + NTF <= n_tok; t += NTF)
+            tile_f16(m, g, r0, r1, t, NTF);
+        /* the tail in power-of-two tiles, so that each tile size is a compile-time constant */
+        if (n_tok - t >= 8) {
+            tile_f16(m, g, r0, r1, t, 8);
+            t += 8;
+        }
+        if (n_tok - t >= 4) {
+            tile_f16(m, g, r0, r1, t, 4);
+            t += 4;
+        }
+        if (n_tok - t >= 2) {
+            tile_f16(m, g, r0, r1, t, 2);
+            t += 2;
+        }
+        if (n_tok - t >= 1)
+            tile_f16(m, g, r0, r1, t, 1);
+    }
+}
+
+TGT void sh__cpu_avx512_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep(m, r0, r1, K_Q4_0);
+}
+
+TGT void sh__cpu_avx512_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep(m, r0, r1, K_Q4_1);
+}
+
+TGT void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep(m, r0, r1, K_Q8_0);
+}
+
+#endif

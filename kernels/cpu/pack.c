@@ -1,0 +1,114 @@
+/* Load-time repacking of quantized weights into the 16-row interleaved layout of the CPU
+ * backend's packed kernels (the layout is described at SH_CPU_PACK_ROWS in cpu.h). */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+size_t sh__cpu_pack_code_bytes(sh_dtype type)
+{
+    switch (type) {
+    case SH_DTYPE_Q4_0:
+    case SH_DTYPE_Q4_1:
+        return 256;
+    case SH_DTYPE_Q8_0:
+        return 512;
+    case SH_DTYPE_F16:
+        return 32 * 16 * 2;
+    default:
+        return 0;
+    }
+}
+
+/* The scale vectors per block that follow the codes: d, and m for Q4_1. */
+static size_t scale_vectors(sh_dtype type)
+{
+    return type == SH_DTYPE_Q4_1 ? 2 : type == SH_DTYPE_F16 ? 0 : 1;
+}
+
+size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
+{
+    const size_t nb = (size_t)(n_in / SH_CPU_QK);
+    return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type)) + 63) & ~(size_t)63;
+}
+
+size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in)
+{
+    const int64_t groups = (n_out + SH_CPU_PACK_ROWS - 1) / SH_CPU_PACK_ROWS;
+    return (size_t)groups * sh__cpu_pack_group_bytes(type, n_in);
+}
+
+void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst)
+{
+    const int64_t nb = n_in / SH_CPU_QK;
+    const size_t gb = sh__cpu_pack_group_bytes(type, n_in), cb = sh__cpu_pack_code_bytes(type);
+    const size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
+    uint8_t *out = dst;
+    memset(out, 0, sh__cpu_pack_bytes(type, n_out, n_in)); /* padding rows: zero scales, codes */
+    if (type == SH_DTYPE_F16) {
+        /* element k of row 16g + r at group g, index 16k + r */
+        for (int64_t row = 0; row < n_out; row++) {
+            const uint16_t *sr = (const uint16_t *)((const uint8_t *)src + (size_t)row * rb);
+            uint16_t *pg = (uint16_t *)(out + (size_t)(row / SH_CPU_PACK_ROWS) * gb);
+            for (int64_t k = 0; k < n_in; k++)
+                pg[16 * k + row % SH_CPU_PACK_ROWS] = sr[k];
+        }
+        return;
+    }
+    /* Source block: fp16 d, [fp16 m,] codes; its size, the codes' offset and length. */
+    const size_t sbb = type == SH_DTYPE_Q8_0 ? 34 : type == SH_DTYPE_Q4_1 ? 20 : 18;
+    const size_t qoff = type == SH_DTYPE_Q4_1 ? 4 : 2, qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16;
+    for (int64_t row = 0; row < n_out; row++) {
+        uint8_t *pg = out + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
+        const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *sb = (const uint8_t *)src + (size_t)row * rb + (size_t)b * sbb;
+            memcpy(pg + (size_t)nb * cb + (size_t)b * 32 + 2 * r, sb, 2); /* d */
+            if (type == SH_DTYPE_Q4_1)
+                memcpy(pg + (size_t)nb * (cb + 32) + (size_t)b * 32 + 2 * r, sb + 2, 2); /* m */
+            uint8_t *codes = pg + (size_t)b * cb;
+            for (size_t j = 0; j < qbytes / 4; j++)
+                for (size_t i = 0; i < 4; i++) {
+                    uint8_t v = sb[qoff + 4 * j + i];
+                    /* Q8_0: the signed code plus 128, as u8 (two's complement: flip bit 7) */
+                    codes[64 * j + 4 * r + i] = type == SH_DTYPE_Q8_0 ? (uint8_t)(v ^ 0x80u) : v;
+                }
+        }
+    }
+}
+
+sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
+{
+    switch (type) {
+    case SH_DTYPE_F16:
+        return k->mmp_f16;
+    case SH_DTYPE_Q8_0:
+        return k->mmp_q8_0;
+    case SH_DTYPE_Q4_0:
+        return k->mmp_q4_0;
+    case SH_DTYPE_Q4_1:
+        return k->mmp_q4_1;
+    default:
+        return NULL;
+    }
+}
+
+void sh__cpu_act_transpose(const sh__cpu_act *act, int64_t t0, int64_t t1)
+{
+    const int64_t n_in = act->n_in;
+    float *xt = (float *)act->xt;
+    for (int64_t tile = t0 / 16; tile * 16 < t1; tile++) {
+        float *dst = xt + tile * n_in * 16;
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t t = tile * 16 + l;
+            if (t < t0 || t >= t1) {
+                if (t >= act->n_tok) /* padding lanes of the last tile */
+                    for (int64_t k = 0; k < n_in; k++)
+                        dst[k * 16 + l] = 0.0f;
+                continue;
+            }
+            const float *x = act->x + t * n_in;
+            for (int64_t k = 0; k < n_in; k++)
+                dst[k * 16 + l] = x[k];
+        }
+    }
+}

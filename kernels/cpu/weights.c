@@ -1,0 +1,129 @@
+/* The CPU backend's prepared weights: packed copies made at load (weight_prepare), found again
+ * by data pointer when a matmul is enqueued. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/backend_cpu.h"
+
+static size_t slot_of(const void *data, size_t cap)
+{
+    /* Weights are at least 64-byte aligned in practice: drop the low bits, then a Fibonacci
+     * hash spreads neighbouring tensors of one mapping over the table. */
+    return (size_t)(((uintptr_t)data >> 6) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+}
+
+static sh__cpu_packed *find(sh__cpu_ctx *c, const void *data)
+{
+    if (!c->pack_count)
+        return NULL;
+    for (size_t i = slot_of(data, c->pack_cap);; i = (i + 1) & (c->pack_cap - 1)) {
+        if (!c->packs[i].data)
+            return NULL;
+        if (c->packs[i].data == data)
+            return &c->packs[i];
+    }
+}
+
+static void insert(sh__cpu_packed *tab, size_t cap, const sh__cpu_packed *e)
+{
+    size_t i = slot_of(e->data, cap);
+    while (tab[i].data)
+        i = (i + 1) & (cap - 1);
+    tab[i] = *e;
+}
+
+/* Rehashes into a table of `cap` slots (also how release closes the gap it leaves). */
+static bool rehash(sh__cpu_ctx *c, size_t cap)
+{
+    sh__cpu_packed *tab = calloc(cap, sizeof *tab);
+    if (!tab)
+        return false;
+    for (size_t i = 0; i < c->pack_cap; i++)
+        if (c->packs[i].data)
+            insert(tab, cap, &c->packs[i]);
+    free(c->packs);
+    c->packs = tab;
+    c->pack_cap = cap;
+    return true;
+}
+
+sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w)
+{
+    if (!w || !w->data || w->ne[0] < 1 || w->ne[1] < 1 || w->ne[2] != 1 || w->ne[3] != 1)
+        return SH_EINVAL;
+    if (w->ne[0] % SH_CPU_QK)
+        return SH_OK; /* rows that are not whole blocks (float weights) are read as they are */
+    if (!sh__cpu_mmp_for(c->kern, w->type))
+        return SH_OK; /* this ISA reads the file layout */
+    const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    /* Already prepared with this shape (another context over the same model): share it. */
+    pthread_mutex_lock(&c->pack_mu);
+    sh__cpu_packed *have = find(c, w->data);
+    if (have && have->type == w->type && have->n_in == n_in && have->n_out == n_out) {
+        have->refs++;
+        pthread_mutex_unlock(&c->pack_mu);
+        return SH_OK;
+    }
+    pthread_mutex_unlock(&c->pack_mu);
+    void *p = aligned_alloc(64, (sh__cpu_pack_bytes(w->type, n_out, n_in) + 63) & ~(size_t)63);
+    if (!p)
+        return SH_ENOMEM;
+    sh__cpu_pack(w->type, w->data, n_out, n_in, p);
+    sh__cpu_packed e = {w->data, w->type, n_in, n_out, p, 1};
+    sh_err err = SH_OK;
+    pthread_mutex_lock(&c->pack_mu);
+    sh__cpu_packed *old = find(c, w->data);
+    if (old) { /* prepared again with another shape (or raced): the newest copy wins */
+        e.refs = old->refs + 1;
+        free(old->packed);
+        *old = e;
+    } else if ((c->pack_count + 1) * 2 > c->pack_cap &&
+               !rehash(c, c->pack_cap ? 2 * c->pack_cap : 64)) {
+        free(p);
+        err = SH_ENOMEM;
+    } else {
+        insert(c->packs, c->pack_cap, &e);
+        c->pack_count++;
+    }
+    pthread_mutex_unlock(&c->pack_mu);
+    return err;
+}
+
+void sh__cpu_weights_release(sh__cpu_ctx *c, const void *data)
+{
+    pthread_mutex_lock(&c->pack_mu);
+    sh__cpu_packed *e = data ? find(c, data) : NULL;
+    if (e && --e->refs > 0)
+        e = NULL; /* still used by another prepare */
+    if (e) {
+        free(e->packed);
+        memset(e, 0, sizeof *e);
+        c->pack_count--;
+        /* Linear probing cannot leave a hole in a probe chain: rebuild (prepare and release
+         * happen at load and unload, not per token). If that fails, keep the hole's chain
+         * intact by leaving the table as it is minus this entry's copy: lookups of entries
+         * past the hole then miss and those weights run unpacked, which is still correct. */
+        rehash(c, c->pack_cap);
+    }
+    pthread_mutex_unlock(&c->pack_mu);
+}
+
+const void *sh__cpu_weights_lookup(sh__cpu_ctx *c, const sh_tensor *w)
+{
+    const void *p = NULL;
+    pthread_mutex_lock(&c->pack_mu);
+    const sh__cpu_packed *e = find(c, w->data);
+    if (e && e->type == w->type && e->n_in == w->ne[0] && e->n_out == w->ne[1])
+        p = e->packed;
+    pthread_mutex_unlock(&c->pack_mu);
+    return p;
+}
+
+void sh__cpu_weights_fini(sh__cpu_ctx *c)
+{
+    for (size_t i = 0; i < c->pack_cap; i++)
+        free(c->packs[i].packed);
+    free(c->packs);
+    c->packs = NULL;
+    c->pack_cap = c->pack_count = 0;
+}

@@ -1,0 +1,173 @@
+/* Chat templates rendered in C: detection from the Jinja text by marker tokens, and rendering. */
+#include "model/chat.h"
+
+#include <string.h>
+
+#include "runtime/error.h"
+
+/* memmem without relying on its declaration being visible everywhere. */
+static const char *find(const char *hay, size_t n, const char *needle)
+{
+    size_t m = strlen(needle);
+    if (!hay || m > n)
+        return NULL;
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(hay + i, needle, m) == 0)
+            return hay + i;
+    return NULL;
+}
+
+sh_chat_template sh_chat_detect(const char *tmpl, size_t len)
+{
+    // Each family's own special tokens identify it; Zephyr's <|user|> is the weakest marker
+    // (a template may spell role names that way in a comment), so it is tried last.
+    if (find(tmpl, len, "<|start_header_id|>"))
+        return SH_CHAT_LLAMA3;
+    if (find(tmpl, len, "<|im_start|>"))
+        return SH_CHAT_CHATML;
+    if (find(tmpl, len, "[INST]"))
+        return SH_CHAT_LLAMA2;
+    if (find(tmpl, len, "<|user|>"))
+        return SH_CHAT_ZEPHYR;
+    return SH_CHAT_CHATML;
+}
+
+const char *sh_chat_name(sh_chat_template t)
+{
+    switch (t) {
+    case SH_CHAT_CHATML:
+        return "chatml";
+    case SH_CHAT_LLAMA2:
+        return "llama2";
+    case SH_CHAT_LLAMA3:
+        return "llama3";
+    case SH_CHAT_ZEPHYR:
+        return "zephyr";
+    }
+    return "?";
+}
+
+bool sh_chat_default_system(const char *tmpl, size_t len, char *buf, size_t cap)
+{
+    if (cap > 0)
+        buf[0] = '\0';
+    const char *p = find(tmpl, len, "<|im_start|>system");
+    if (!p)
+        return false;
+    p += strlen("<|im_start|>system");
+    size_t rest = len - (size_t)(p - tmpl);
+    // The Jinja string literal holds either a real newline or the two characters '\' 'n'.
+    if (rest >= 1 && *p == '\n')
+        p++, rest--;
+    else if (rest >= 2 && p[0] == '\\' && p[1] == 'n')
+        p += 2, rest -= 2;
+    else
+        return false;
+    const char *end = find(p, rest, "<|im_end|>");
+    if (!end || end == p)
+        return false;
+    size_t k = 0;
+    for (const char *q = p; q < end; q++) {
+        char ch = *q;
+        if (ch == '\\' && q + 1 < end && q[1] == 'n')
+            ch = '\n', q++;
+        else if (ch == '\'' || ch == '{' || ch == '}')
+            return false; // not a plain literal (an expression): do not guess
+        if (k + 1 >= cap)
+            return false;
+        buf[k++] = ch;
+    }
+    buf[k] = '\0';
+    return true;
+}
+
+/* An append-only writer that counts what it could not store, for the ERANGE contract. */
+typedef struct out {
+    char *buf;
+    size_t cap, len;
+} out;
+
+static void put(out *o, const char *s)
+{
+    size_t n = strlen(s);
+    if (o->len + n < o->cap)
+        memcpy(o->buf + o->len, s, n);
+    o->len += n;
+}
+
+static void put3(out *o, const char *a, const char *b, const char *c)
+{
+    put(o, a);
+    put(o, b);
+    put(o, c);
+}
+
+sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
+                      const char *default_system, bool add_assistant, char *buf, size_t cap,
+                      size_t *len, sh_error *e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return sh__error_set(e, SH_EINVAL, "chat: message %zu has no role or content", i);
+    if (t < SH_CHAT_CHATML || t > SH_CHAT_ZEPHYR)
+        return sh__error_set(e, SH_EINVAL, "chat: unknown template %d", (int)t);
+    out o = {buf, cap, 0};
+    bool has_sys = n > 0 && strcmp(msgs[0].role, "system") == 0;
+    const char *sys = has_sys ? msgs[0].content : default_system;
+    size_t i0 = has_sys ? 1 : 0;
+    switch (t) {
+    case SH_CHAT_CHATML:
+        if (sys)
+            put3(&o, "<|im_start|>system\n", sys, "<|im_end|>\n");
+        for (size_t i = i0; i < n; i++) {
+            put3(&o, "<|im_start|>", msgs[i].role, "\n");
+            put3(&o, msgs[i].content, "<|im_end|>\n", "");
+        }
+        if (add_assistant)
+            put(&o, "<|im_start|>assistant\n");
+        break;
+    case SH_CHAT_LLAMA3:
+        if (sys)
+            put3(&o, "<|start_header_id|>system<|end_header_id|>\n\n", sys, "<|eot_id|>");
+        for (size_t i = i0; i < n; i++) {
+            put3(&o, "<|start_header_id|>", msgs[i].role, "<|end_header_id|>\n\n");
+            put3(&o, msgs[i].content, "<|eot_id|>", "");
+        }
+        if (add_assistant)
+            put(&o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case SH_CHAT_ZEPHYR:
+        if (sys)
+            put3(&o, "<|system|>\n", sys, "</s>\n");
+        for (size_t i = i0; i < n; i++) {
+            put3(&o, "<|", msgs[i].role, "|>\n");
+            put3(&o, msgs[i].content, "</s>\n", "");
+        }
+        if (add_assistant)
+            put(&o, "<|assistant|>\n");
+        break;
+    case SH_CHAT_LLAMA2: {
+        // The system prompt folds into the first user turn; every turn after the first opens
+        // with a BOS text, answers close with EOS.
+        bool first = true;
+        for (size_t i = i0; i < n; i++) {
+            if (strcmp(msgs[i].role, "assistant") == 0) {
+                put3(&o, " ", msgs[i].content, " </s>");
+                continue;
+            }
+            put(&o, first ? "[INST] " : "<s>[INST] ");
+            if (first && sys)
+                put3(&o, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
+            put3(&o, msgs[i].content, " [/INST]", "");
+            first = false;
+        }
+        (void)add_assistant; // the answer follows [/INST] directly
+        break;
+    }
+    }
+    *len = o.len;
+    if (o.len >= cap)
+        return SH_ERANGE;
+    buf[o.len] = '\0';
+    return SH_OK;
+}

@@ -1,0 +1,48 @@
+/* Chat templates: the prompt formats of the model families we load (ChatML, Llama 2, Llama 3,
+ * Zephyr), picked from the GGUF's tokenizer.chat_template text. */
+#ifndef SH_MODEL_CHAT_H
+#define SH_MODEL_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "shoal/err.h"
+
+typedef enum sh_chat_template {
+    SH_CHAT_CHATML = 1, /* <|im_start|>role\ncontent<|im_end|>\n (SmolLM, Qwen); the default */
+    SH_CHAT_LLAMA2,     /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] */
+    SH_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    SH_CHAT_ZEPHYR,     /* <|role|>\ncontent</s>\n (TinyLlama chat) */
+} sh_chat_template;
+
+typedef struct sh_chat_msg {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+} sh_chat_msg;
+
+/* Picks the template whose marker tokens appear in a Jinja chat template text (tmpl may be NULL
+ * or empty: ChatML, as llama.cpp does for models without one). Never fails. */
+sh_chat_template sh_chat_detect(const char *tmpl, size_t len);
+
+/* "chatml", "llama2", "llama3", "zephyr". */
+const char *sh_chat_name(sh_chat_template t);
+
+/* Copies into buf the default system prompt a template inserts when the conversation has none
+ * (SmolLM2's "You are a helpful AI assistant named SmolLM, ..."): the text between
+ * "<|im_start|>system" + newline and "<|im_end|>" inside the template, with "\n" escapes turned
+ * into newlines. Returns false (buf[0] = 0 when cap > 0) when there is none or it does not fit. */
+bool sh_chat_default_system(const char *tmpl, size_t len, char *buf, size_t cap);
+
+/* Renders messages as the model's prompt text. `default_system` (may be NULL) is used when the
+ * first message is not a system message. With add_assistant the text ends with the opening of an
+ * assistant turn, ready for generation. The text holds special-token texts (<|im_start|>, </s>,
+ * ...) and must be tokenized with SH_TOKENIZE_PARSE_SPECIAL; it never starts with a BOS text:
+ * the caller adds BOS when the tokenizer wants it. On success writes *len bytes plus a NUL to
+ * buf and returns SH_OK; when cap is too small returns SH_ERANGE with *len the bytes needed
+ * (without the NUL). SH_EINVAL (e filled) for a NULL role or content or an unknown template.
+ * Pure function; any thread. */
+sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
+                      const char *default_system, bool add_assistant, char *buf, size_t cap,
+                      size_t *len, sh_error *e);
+
+#endif

@@ -1,0 +1,357 @@
+/* The Llama-family forward pass: a batch of sequences' tokens through a stage's layers, against
+ * the backend interface, with a paged KV cache and workspace allocated once per context. */
+#include "model/llama.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+
+struct sh_llama_ctx {
+    const sh_llama *m;
+    sh_backend *be;
+    sh_backend_stream *st;
+    sh_llama_ctx_opts o;
+    int32_t n_blocks;
+    sh_kv_cache *kv; // (n_layers); only [first, last) allocated
+    // Workspace, backend buffers sized for max_tokens rows.
+    float *x;      // (max_tokens, dim) the residual stream
+    float *q;      // (max_tokens, n_heads * head_dim)
+    float *k;      // (max_tokens, n_kv_heads * head_dim)
+    float *v;      // (max_tokens, n_kv_heads * head_dim)
+    float *att;    // (max_tokens, n_heads * head_dim) attention output
+    float *ff;     // (max_tokens, n_ff) silu(gate) * up
+    float *xo;     // (max_logits, dim) the rows whose logits are wanted
+    float *logits; // (max_logits, n_vocab)
+    int32_t *ids;  // (max_tokens) token ids
+    int32_t *pos;  // (max_tokens) positions
+    // Host-side step description, reused every call.
+    int32_t *h_ids;    // (max_tokens)
+    int32_t *h_pos;    // (max_tokens)
+    sh_attn_seq *seqs; // (max_seqs)
+    bool prepared;     /* the stage's matrices were handed to sh_backend_weight_prepare */
+};
+
+/* Calls fn on every matrix the stage multiplies by (not the embedding table when it only looks
+ * rows up); stops at the first error. */
+static sh_err each_matrix(const sh_llama *m, sh_err (*fn)(sh_backend *, const sh_tensor *),
+                          sh_backend *be)
+{
+    sh_err err = SH_OK;
+    for (int32_t l = m->first; l < m->last && !err; l++) {
+        const sh_llama_layer *L = &m->layers[l];
+        const sh_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !err; i++)
+            err = fn(be, ws[i]);
+    }
+    if (!err && m->last == m->hp.n_layers && m->output.data)
+        err = fn(be, &m->output);
+    return err;
+}
+
+static sh_err prepare_one(sh_backend *be, const sh_tensor *w)
+{
+    sh_err err = sh_backend_weight_prepare(be, w);
+    return err == SH_EUNSUPPORTED ? SH_OK : err; /* a backend without it reads w as it is */
+}
+
+static sh_err release_one(sh_backend *be, const sh_tensor *w)
+{
+    sh_backend_weight_release(be, w->data);
+    return SH_OK;
+}
+
+/* A backend buffer, or NULL with *err set (and nothing done when *err is already set), so that
+ * a run of allocations needs one check at the end. */
+static void *alloc(sh_llama_ctx *c, size_t bytes, sh_err *err, sh_error *e)
+{
+    void *p = NULL;
+    if (*err)
+        return NULL;
+    if ((*err = sh_backend_buf_alloc(c->be, bytes ? bytes : 1, &p)))
+        sh__error_set(e, *err, "llama: cannot allocate %zu bytes of workspace", bytes);
+    return p;
+}
+
+sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx_opts *opts,
+                           sh_llama_ctx **out, sh_error *e)
+{
+    *out = NULL;
+    sh_llama_ctx_opts o = *opts;
+    if (o.kv_type == 0)
+        o.kv_type = SH_DTYPE_F32;
+    if (o.max_logits == 0)
+        o.max_logits = o.max_seqs;
+    if (o.max_tokens <= 0 || o.max_seqs <= 0 || o.max_seqs > o.max_tokens || o.kv_tokens <= 0 ||
+        o.max_logits < 0 || o.max_logits > o.max_tokens ||
+        (o.kv_type != SH_DTYPE_F32 && o.kv_type != SH_DTYPE_F16))
+        return sh__error_set(e, SH_EINVAL,
+                             "llama: context options max_tokens %d, max_seqs %d, max_logits %d, "
+                             "kv_tokens %d, kv_type %d",
+                             (int)o.max_tokens, (int)o.max_seqs, (int)o.max_logits,
+                             (int)o.kv_tokens, (int)o.kv_type);
+    sh_llama_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return sh__error_set(e, SH_ENOMEM, "llama: out of memory");
+    c->m = m;
+    c->be = be;
+    c->o = o;
+    const sh_llama_hparams *hp = &m->hp;
+    size_t T = (size_t)o.max_tokens, f = sizeof(float);
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    bool head = m->last == hp->n_layers;
+    sh_err err = SH_OK;
+    c->n_blocks = (o.kv_tokens + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    c->kv = calloc((size_t)hp->n_layers, sizeof *c->kv);
+    c->h_ids = malloc(T * sizeof *c->h_ids);
+    c->h_pos = malloc(T * sizeof *c->h_pos);
+    c->seqs = malloc((size_t)o.max_seqs * sizeof *c->seqs);
+    if (!c->kv || !c->h_ids || !c->h_pos || !c->seqs) {
+        err = sh__error_set(e, SH_ENOMEM, "llama: out of memory");
+        goto fail;
+    }
+    if ((err = sh_backend_stream_create(be, &c->st, e)))
+        goto fail;
+    c->x = alloc(c, T * hp->dim * f, &err, e);
+    c->q = alloc(c, T * qd * f, &err, e);
+    c->k = alloc(c, T * kvd * f, &err, e);
+    c->v = alloc(c, T * kvd * f, &err, e);
+    c->att = alloc(c, T * qd * f, &err, e);
+    c->ff = alloc(c, T * (size_t)hp->n_ff * f, &err, e);
+    c->ids = alloc(c, T * sizeof(int32_t), &err, e);
+    c->pos = alloc(c, T * sizeof(int32_t), &err, e);
+    if (head) {
+        c->xo = alloc(c, (size_t)o.max_logits * hp->dim * f, &err, e);
+        c->logits = alloc(c, (size_t)o.max_logits * hp->n_vocab * f, &err, e);
+    }
+    // The KV pool: per layer, n_blocks pages of 16 positions of every KV head.
+    size_t elt = o.kv_type == SH_DTYPE_F16 ? 2 : 4;
+    size_t kv_bytes = (size_t)c->n_blocks * SH_KV_BLOCK_TOKENS * kvd * elt;
+    for (int32_t l = m->first; l < m->last; l++) {
+        sh_kv_cache *kc = &c->kv[l];
+        kc->type = o.kv_type;
+        kc->n_blocks = c->n_blocks;
+        kc->n_kv_heads = hp->n_kv_heads;
+        kc->head_dim = hp->head_dim;
+        kc->k = alloc(c, kv_bytes, &err, e);
+        kc->v = alloc(c, kv_bytes, &err, e);
+    }
+    if (err)
+        goto fail;
+    /* Let the backend repack the matrices for its fast kernels (DESIGN section 6: weights
+     * repacked for the SIMD width). Contexts sharing a model and backend share the copies. A
+     * failure releases what was prepared so far (destroy does it). */
+    if (!o.no_weight_prepare) {
+        c->prepared = true;
+        if ((err = each_matrix(m, prepare_one, be))) {
+            sh__error_set(e, err, "llama: cannot prepare the weights for the backend: %s",
+                          sh_strerror(err));
+            goto fail;
+        }
+    }
+    *out = c;
+    return SH_OK;
+fail:
+    sh_llama_ctx_destroy(c);
+    return err;
+}
+
+void sh_llama_ctx_destroy(sh_llama_ctx *c)
+{
+    if (!c)
+        return;
+    sh_backend *be = c->be;
+    if (c->st)
+        sh_backend_stream_destroy(be, c->st); // syncs first
+    if (c->prepared)
+        each_matrix(c->m, release_one, be);
+    if (c->kv)
+        for (int32_t l = c->m->first; l < c->m->last; l++) {
+            sh_backend_buf_free(be, c->kv[l].k);
+            sh_backend_buf_free(be, c->kv[l].v);
+        }
+    void *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->ff, c->xo, c->logits, c->ids, c->pos};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        sh_backend_buf_free(be, bufs[i]);
+    free(c->kv);
+    free(c->h_ids);
+    free(c->h_pos);
+    free(c->seqs);
+    free(c);
+}
+
+int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c) { return c->n_blocks; }
+
+/* Checks the batch and fills the host-side ids, positions and attention split. */
+static sh_err prepare(sh_llama_ctx *c, const sh_llama_batch *b, int32_t *n_tok, int32_t *n_out,
+                      sh_error *e)
+{
+    const sh_llama *m = c->m;
+    if (b->n_seqs <= 0 || b->n_seqs > c->o.max_seqs)
+        return sh__error_set(e, SH_EINVAL, "llama: %d sequences in a step (at most %d)",
+                             (int)b->n_seqs, (int)c->o.max_seqs);
+    int32_t t = 0, nl = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        const sh_llama_seq *q = &b->seqs[s];
+        if (q->n_tokens <= 0 || q->n_tokens > c->o.max_tokens - t)
+            return sh__error_set(e, SH_EINVAL, "llama: step of more than %d tokens (sequence %d)",
+                                 (int)c->o.max_tokens, (int)s);
+        int64_t end = (int64_t)q->pos0 + q->n_tokens;
+        if (q->pos0 < 0 || end > (int64_t)c->n_blocks * SH_KV_BLOCK_TOKENS || !q->blocks)
+            return sh__error_set(e, SH_EINVAL, "llama: sequence %d positions [%d, %lld)", (int)s,
+                                 (int)q->pos0, (long long)end);
+        int32_t nb = (int32_t)((end + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS);
+        for (int32_t j = 0; j < nb; j++)
+            if (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks)
+                return sh__error_set(e, SH_EINVAL, "llama: sequence %d block %d is %d (pool %d)",
+                                     (int)s, (int)j, (int)q->blocks[j], (int)c->n_blocks);
+        for (int32_t j = 0; j < q->n_tokens; j++) {
+            if (m->first == 0) {
+                if (!q->tokens || q->tokens[j] < 0 || q->tokens[j] >= m->hp.n_vocab)
+                    return sh__error_set(e, SH_EINVAL, "llama: sequence %d token %d is %d", (int)s,
+                                         (int)j, q->tokens ? (int)q->tokens[j] : -1);
+                c->h_ids[t + j] = q->tokens[j];
+            }
+            c->h_pos[t + j] = q->pos0 + j;
+        }
+        c->seqs[s] = (sh_attn_seq){q->n_tokens, q->pos0, q->blocks};
+        t += q->n_tokens;
+        nl += q->want_logits;
+    }
+    if (b->all_logits)
+        nl = t;
+    if (m->last == m->hp.n_layers && nl > c->o.max_logits)
+        return sh__error_set(e, SH_EINVAL, "llama: %d rows of logits wanted (at most %d)", (int)nl,
+                             (int)c->o.max_logits);
+    if (m->first > 0 && !b->hidden_in)
+        return sh__error_set(e, SH_EINVAL, "llama: stage from layer %d needs hidden_in",
+                             (int)m->first);
+    *n_tok = t;
+    *n_out = nl;
+    return SH_OK;
+}
+
+/* Adds a bias vector to every row (qwen2's Q/K/V biases). */
+static sh_err add_rows(sh_llama_ctx *c, float *x, const float *bias, int32_t n_tok, int64_t n)
+{
+    sh_err err = SH_OK;
+    for (int32_t t = 0; t < n_tok && !err; t++)
+        err = sh_backend_add(c->be, c->st, x + t * n, bias, n, x + t * n);
+    return err;
+}
+
+/* Enqueues one op; on failure records which one for the error message. */
+#define TRY(name, call)                                                                            \
+    do {                                                                                           \
+        if ((err = (call))) {                                                                      \
+            *what = name;                                                                          \
+            return err;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* One transformer block on rows x (n_tok, dim):
+ *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T;  rotate q, k by position;
+ *   store k, v; a = causal attention of q over the cache;  x += a Wo^T;
+ *   h = rmsnorm(x) * ffn_norm;   x += (silu(h Wg^T) * (h Wu^T)) Wd^T. */
+static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t n_tok,
+                    const char **what)
+{
+    const sh_llama_hparams *hp = &c->m->hp;
+    const sh_llama_layer *L = &c->m->layers[l];
+    sh_backend *be = c->be;
+    sh_backend_stream *st = c->st;
+    int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    float scale = 1.0f / sqrtf((float)hp->head_dim); // softmax(q.k / sqrt(d))
+    sh_err err;
+    TRY("norm+qkv matmul", sh_backend_norm_qkv(be, st, c->x, L->attn_norm, hp->norm_eps, n_tok,
+                                               &L->wq, &L->wk, &L->wv, c->q, c->k, c->v));
+    if (L->bq) {
+        TRY("q bias", add_rows(c, c->q, L->bq, n_tok, qd));
+        TRY("k bias", add_rows(c, c->k, L->bk, n_tok, kvd));
+        TRY("v bias", add_rows(c, c->v, L->bv, n_tok, kvd));
+    }
+    TRY("rope q", sh_backend_rope(be, st, c->q, c->pos, n_tok, hp->n_heads, hp->head_dim, hp->n_rot,
+                                  hp->rope_base, hp->rope_scale, hp->rope_mode));
+    TRY("rope k", sh_backend_rope(be, st, c->k, c->pos, n_tok, hp->n_kv_heads, hp->head_dim,
+                                  hp->n_rot, hp->rope_base, hp->rope_scale, hp->rope_mode));
+    TRY("kv store", sh_backend_kv_store(be, st, &c->kv[l], ab, c->k, c->v));
+    TRY("attention", sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, scale, c->att));
+    TRY("attn_output matmul", sh_backend_matmul_add(be, st, &L->wo, c->att, n_tok, c->x));
+    TRY("norm+gate/up matmul", sh_backend_norm_ffn_up(be, st, c->x, L->ffn_norm, hp->norm_eps,
+                                                      n_tok, &L->w_gate, &L->w_up, c->ff));
+    TRY("ffn_down matmul", sh_backend_matmul_add(be, st, &L->w_down, c->ff, n_tok, c->x));
+    return SH_OK;
+}
+
+sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *out, sh_error *e)
+{
+    const sh_llama *m = c->m;
+    const sh_llama_hparams *hp = &m->hp;
+    sh_backend *be = c->be;
+    sh_backend_stream *st = c->st;
+    memset(out, 0, sizeof *out);
+    int32_t n_tok = 0, n_out = 0;
+    sh_err err = prepare(c, b, &n_tok, &n_out, e);
+    if (err)
+        return err;
+    sh_attn_batch ab = {b->n_seqs, c->seqs};
+    const char *what = "copy";
+    int32_t at = -1; // layer of the failing op, -1 outside the blocks
+    size_t row = (size_t)hp->dim * sizeof(float);
+    if ((err = sh_backend_copy(be, st, c->pos, c->h_pos, (size_t)n_tok * sizeof(int32_t))))
+        goto fail;
+    if (m->first == 0) {
+        if ((err = sh_backend_copy(be, st, c->ids, c->h_ids, (size_t)n_tok * sizeof(int32_t))))
+            goto fail;
+        what = "embedding";
+        if ((err = sh_backend_embed(be, st, &m->tok_embd, c->ids, n_tok, c->x)))
+            goto fail;
+    } else if ((err = sh_backend_copy(be, st, c->x, b->hidden_in, (size_t)n_tok * row))) {
+        goto fail;
+    }
+    for (int32_t l = m->first; l < m->last; l++)
+        if ((err = layer(c, l, &ab, n_tok, &what))) {
+            at = l;
+            goto fail;
+        }
+    if (m->last == hp->n_layers && n_out > 0) {
+        // Gather the rows whose logits are wanted, then logits = (rmsnorm(xo) * out_norm) W^T.
+        const float *src = c->x;
+        if (!b->all_logits) {
+            int32_t t = 0, k = 0;
+            for (int32_t s = 0; s < b->n_seqs; s++) {
+                t += b->seqs[s].n_tokens;
+                if (b->seqs[s].want_logits &&
+                    (err = sh_backend_copy(be, st, c->xo + (size_t)k++ * hp->dim,
+                                           c->x + (size_t)(t - 1) * hp->dim, row)))
+                    goto fail;
+            }
+            src = c->xo;
+        }
+        what = "output norm+matmul";
+        sh_matmul_args a = {.x = src,
+                            .n_tok = n_out,
+                            .norm = m->out_norm,
+                            .norm_eps = hp->norm_eps,
+                            .n_w = 1,
+                            .w = {m->output},
+                            .y = {c->logits}};
+        if ((err = sh_backend_matmul_ex(be, st, &a)))
+            goto fail;
+    }
+    if ((err = sh_backend_sync(be, st)))
+        return sh__error_set(e, err, "llama: backend failed during the forward pass");
+    out->n_tok = n_tok;
+    if (m->last == hp->n_layers) {
+        out->n_logits = n_out;
+        out->logits = c->logits;
+    } else {
+        out->hidden = c->x;
+    }
+    return SH_OK;
+fail:
+    sh_backend_sync(be, st); // drain what was enqueued before the failing op
+    return sh__error_set(e, err, "llama: layer %d: the backend refused %s (%s)", (int)at, what,
+                         sh_strerror(err));
+}

@@ -1,0 +1,151 @@
+/* The Llama-family model (llama, mistral-style, qwen2): weights from a GGUF or a llama2.c
+ * checkpoint used in place, and a batched forward pass over a paged KV cache, written against
+ * kernels/backend.h. */
+#ifndef SH_MODEL_LLAMA_H
+#define SH_MODEL_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "shoal/err.h"
+
+/* Shape and constants of a model, from GGUF metadata or a llama2.c header. */
+typedef struct sh_llama_hparams {
+    char arch[16];          /* "llama", "qwen2", ...; "llama2c" for a .bin checkpoint */
+    int32_t n_vocab;        /* rows of the embedding */
+    int32_t dim;            /* <arch>.embedding_length */
+    int32_t n_layers;       /* <arch>.block_count */
+    int32_t n_heads;        /* <arch>.attention.head_count */
+    int32_t n_kv_heads;     /* <arch>.attention.head_count_kv (grouped-query when < n_heads) */
+    int32_t head_dim;       /* <arch>.attention.key_length, else dim / n_heads */
+    int32_t n_ff;           /* <arch>.feed_forward_length */
+    int32_t n_ctx_train;    /* <arch>.context_length */
+    int32_t n_rot;          /* <arch>.rope.dimension_count, else head_dim */
+    float rope_base;        /* <arch>.rope.freq_base, default 10000 */
+    float rope_scale;       /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
+    float norm_eps;         /* <arch>.attention.layer_norm_rms_epsilon, default 1e-5 */
+    sh_rope_mode rope_mode; /* NORMAL for llama (GGUF Q/K are permuted for it), NEOX for qwen2 */
+    bool tied_embeddings;   /* no output.weight: the head is token_embd */
+    bool qkv_bias;          /* qwen2's attn_{q,k,v}.bias */
+} sh_llama_hparams;
+
+/* One transformer block's weights. Matrices are views of (n_out, n_in) rows of their own type
+ * (ne[0] = n_in), pointing into the file mapping; vectors are f32. */
+typedef struct sh_llama_layer {
+    const float *attn_norm; // (dim)
+    sh_tensor wq;           // (n_heads * head_dim, dim)
+    sh_tensor wk;           // (n_kv_heads * head_dim, dim)
+    sh_tensor wv;           // (n_kv_heads * head_dim, dim)
+    sh_tensor wo;           // (dim, n_heads * head_dim)
+    const float *bq;        // (n_heads * head_dim) or NULL
+    const float *bk;        // (n_kv_heads * head_dim) or NULL
+    const float *bv;        // (n_kv_heads * head_dim) or NULL
+    const float *ffn_norm;  // (dim)
+    sh_tensor w_gate;       // (n_ff, dim)
+    sh_tensor w_up;         // (n_ff, dim)
+    sh_tensor w_down;       // (dim, n_ff)
+} sh_llama_layer;
+
+/* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
+ * embedding when first == 0, the final norm and head when last == n_layers. Immutable after
+ * load; any number of contexts may share it. */
+typedef struct sh_llama {
+    sh_llama_hparams hp;
+    int32_t first, last;
+    sh_tensor tok_embd;     // (n_vocab, dim); data NULL unless first == 0 or tied head
+    const float *out_norm;  // (dim); NULL unless last == n_layers
+    sh_tensor output;       // (n_vocab, dim); data NULL unless last == n_layers
+    sh_llama_layer *layers; // (n_layers); only [first, last) filled
+    struct sh_gguf *gguf;   /* owned source when loaded from GGUF */
+    struct sh_llama2c *l2c; /* owned source when loaded from a llama2.c .bin */
+} sh_llama;
+
+typedef struct sh_llama_load_opts {
+    int32_t first, last; /* layer range; last = 0 means n_layers */
+    /* Touch every page of the weights this stage uses at load, so no page fault lands in a
+     * token (DESIGN §6). */
+    bool prefault;
+    /* Called during prefault with the fraction done (0..1), from the loading thread. */
+    void (*progress)(float done, void *arg);
+    void *progress_arg;
+} sh_llama_load_opts;
+
+/* Loads a model from `path`: a GGUF (architectures llama, mistral, qwen2) or a llama2.c
+ * checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no prefault).
+ * Weights stay in the read-only mapping; nothing is copied. Returns, with e filled and *out NULL:
+ * SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly shaped tensor or key),
+ * SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a non-f32 norm),
+ * SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
+sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
+
+/* Frees the model and unmaps its file; accepts NULL. No context may still use it. */
+void sh_llama_destroy(sh_llama *m);
+
+/* Bytes of weights the stage uses (for logs and memory budgets). */
+uint64_t sh_llama_weight_bytes(const sh_llama *m);
+
+/* ---- inference context ------------------------------------------------------------------- */
+
+typedef struct sh_llama_ctx_opts {
+    int32_t max_tokens; /* most rows (tokens of all sequences) in one forward call */
+    int32_t max_seqs;   /* most sequences in one call */
+    int32_t max_logits; /* most rows of logits one call returns (0: max_seqs) */
+    int32_t kv_tokens;  /* KV pool capacity in tokens, rounded up to whole blocks */
+    sh_dtype kv_type;   /* SH_DTYPE_F32 (default when 0) or SH_DTYPE_F16 */
+    /* By default the context hands every matrix to sh_backend_weight_prepare (the CPU backend
+     * repacks quantized and F16 weights for its fast kernels: a second copy of them in memory,
+     * shared by contexts over the same model and backend). Set to keep only the mapping. */
+    bool no_weight_prepare;
+} sh_llama_ctx_opts;
+
+typedef struct sh_llama_ctx sh_llama_ctx;
+
+/* Creates a context: one backend stream, the workspace for max_tokens rows and the paged KV pool
+ * of this stage's layers, all allocated now (a forward call allocates nothing). The model and
+ * the backend must outlive the context. Returns SH_EINVAL (a bad option), SH_ENOMEM, or a
+ * backend error; *out NULL on failure. The context belongs to one thread at a time. */
+sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx_opts *opts,
+                           sh_llama_ctx **out, sh_error *e);
+
+/* Frees the context and its KV pool; accepts NULL. */
+void sh_llama_ctx_destroy(sh_llama_ctx *c);
+
+/* Blocks in the KV pool (block j holds SH_KV_BLOCK_TOKENS positions of one sequence). The caller
+ * (the KV manager, or a single-sequence driver using blocks 0, 1, 2, ...) hands them out. */
+int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c);
+
+/* One sequence's part of a step: n_tokens new tokens at positions pos0 .. pos0 + n_tokens - 1
+ * (a prefill chunk, or a decode step with n_tokens 1); positions [0, pos0) are already in its
+ * cache. */
+typedef struct sh_llama_seq {
+    const int32_t *tokens; // (n_tokens) token ids; read on the first stage only
+    int32_t n_tokens;
+    int32_t pos0;
+    const int32_t *blocks; // (ceil((pos0 + n_tokens) / SH_KV_BLOCK_TOKENS)) its block table
+    bool want_logits;      /* logits for this sequence's last token */
+} sh_llama_seq;
+
+typedef struct sh_llama_batch {
+    int32_t n_seqs;
+    const sh_llama_seq *seqs; // (n_seqs); rows are the sequences' tokens in this order
+    bool all_logits;          /* logits for every row instead (max_logits must allow it) */
+    const float *hidden_in;   // (n_tok, dim) activations from the previous stage when first > 0
+} sh_llama_batch;
+
+typedef struct sh_llama_out {
+    int32_t n_tok;       /* rows in the step */
+    const float *hidden; // (n_tok, dim) when this stage is not the last; else NULL
+    int32_t n_logits;    /* rows of logits: wanted sequences in batch order, or every row */
+    const float *logits; // (n_logits, n_vocab) when this stage is the last; else NULL
+} sh_llama_out;
+
+/* Runs the stage's part of the forward pass for a batch and waits for it. The outputs point
+ * into the context and stay valid until the next call. Borrowed arrays (tokens, block tables,
+ * hidden_in) must stay valid during the call. Returns SH_EINVAL with e filled (too many rows or
+ * sequences, a token outside the vocabulary, a negative position, a block outside the pool,
+ * a missing hidden_in) leaving the KV cache untouched, or a backend error after which the
+ * cache rows of this step are unspecified. */
+sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *out, sh_error *e);
+
+#endif

@@ -1,0 +1,370 @@
+/* Llama-family loading: hyperparameters and weight views from a GGUF or a llama2.c checkpoint. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/llama2c.h"
+#include "runtime/error.h"
+
+/* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
+static bool matmul_type_ok(sh_dtype t)
+{
+    return t == SH_DTYPE_F32 || t == SH_DTYPE_F16 || t == SH_DTYPE_BF16 || t == SH_DTYPE_Q8_0 ||
+           t == SH_DTYPE_Q4_0 || t == SH_DTYPE_Q4_1;
+}
+
+/* ---- GGUF -------------------------------------------------------------------------------- */
+
+static sh_err get_i32(const sh_gguf *g, const char *arch, const char *key, int32_t *out,
+                      int32_t dflt, bool required, sh_error *e)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    sh_err err = sh_gguf_get_i32(g, full, out);
+    if (err == SH_ENOTFOUND && !required) {
+        *out = dflt;
+        return SH_OK;
+    }
+    if (err)
+        return sh__error_set(e, SH_EFORMAT, "metadata %s: %s", full, sh_strerror(err));
+    if (*out <= 0)
+        return sh__error_set(e, SH_EFORMAT, "metadata %s: %d is not positive", full, (int)*out);
+    return SH_OK;
+}
+
+static sh_err get_f32(const sh_gguf *g, const char *arch, const char *key, float *out, float dflt,
+                      sh_error *e)
+{
+    char full[128];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    sh_err err = sh_gguf_get_f32(g, full, out);
+    if (err == SH_ENOTFOUND) {
+        *out = dflt;
+        return SH_OK;
+    }
+    if (err || !isfinite(*out) || *out <= 0.0f)
+        return sh__error_set(e, SH_EFORMAT, "metadata %s: bad value", full);
+    return SH_OK;
+}
+
+/* Binds tensor `name` as (ne1 rows of ne0); vectors (ne1 == 0) must be f32. A missing optional
+ * tensor leaves t->data NULL. */
+static sh_err bind(const sh_gguf *g, const char *name, int64_t ne0, int64_t ne1, bool optional,
+                   sh_tensor *t, sh_error *e)
+{
+    memset(t, 0, sizeof *t);
+    const sh_gguf_tensor *gt = sh_gguf_find_tensor(g, name);
+    if (!gt) {
+        if (optional)
+            return SH_OK;
+        return sh__error_set(e, SH_EFORMAT, "tensor '%s' is missing", name);
+    }
+    int64_t want1 = ne1 ? ne1 : 1;
+    if ((int64_t)gt->ne[0] != ne0 || (int64_t)gt->ne[1] != want1 || gt->ne[2] != 1 ||
+        gt->ne[3] != 1)
+        return sh__error_set(e, SH_EFORMAT,
+                             "tensor '%s': shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+                             name, (unsigned long long)gt->ne[0], (unsigned long long)gt->ne[1],
+                             (unsigned long long)gt->ne[2], (unsigned long long)gt->ne[3],
+                             (long long)ne0, (long long)want1);
+    if (ne1 == 0 ? gt->type != SH_DTYPE_F32 : !matmul_type_ok(gt->type))
+        return sh__error_set(e, SH_EUNSUPPORTED, "tensor '%s': type %s is not supported here", name,
+                             sh__dtype_name(gt->type));
+    t->type = gt->type;
+    t->ne[0] = ne0;
+    t->ne[1] = want1;
+    t->ne[2] = t->ne[3] = 1;
+    t->data = (void *)gt->data; // weights are read-only; the backend never writes them
+    return SH_OK;
+}
+
+static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error *e)
+{
+    sh_str arch;
+    if (sh_gguf_get_str(g, "general.architecture", &arch))
+        return sh__error_set(e, SH_EFORMAT, "metadata general.architecture is missing");
+    if (arch.len >= sizeof hp->arch)
+        return sh__error_set(e, SH_EUNSUPPORTED, "architecture name too long");
+    memcpy(hp->arch, arch.ptr, arch.len);
+    hp->arch[arch.len] = '\0';
+    bool neox = strcmp(hp->arch, "qwen2") == 0;
+    if (!neox && strcmp(hp->arch, "llama") != 0 && strcmp(hp->arch, "mistral") != 0)
+        return sh__error_set(e, SH_EUNSUPPORTED, "architecture '%s' (llama, mistral, qwen2 only)",
+                             hp->arch);
+    const char *a = hp->arch;
+    sh_err err;
+    if ((err = get_i32(g, a, "embedding_length", &hp->dim, 0, true, e)) ||
+        (err = get_i32(g, a, "block_count", &hp->n_layers, 0, true, e)) ||
+        (err = get_i32(g, a, "feed_forward_length", &hp->n_ff, 0, true, e)) ||
+        (err = get_i32(g, a, "attention.head_count", &hp->n_heads, 0, true, e)) ||
+        (err = get_i32(g, a, "attention.head_count_kv", &hp->n_kv_heads, hp->n_heads, false, e)) ||
+        (err = get_i32(g, a, "context_length", &hp->n_ctx_train, 2048, false, e)) ||
+        (err = get_i32(g, a, "attention.key_length", &hp->head_dim, hp->dim / hp->n_heads, false,
+                       e)) ||
+        (err = get_i32(g, a, "rope.dimension_count", &hp->n_rot, hp->head_dim, false, e)) ||
+        (err = get_f32(g, a, "rope.freq_base", &hp->rope_base, 10000.0f, e)) ||
+        (err = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, 1e-5f, e)))
+        return err;
+    hp->rope_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    sh_str st;
+    if (sh_gguf_get_str(g, key, &st) == SH_OK && sh_str_eq(st, "linear")) {
+        float f;
+        if ((err = get_f32(g, a, "rope.scaling.factor", &f, 1.0f, e)))
+            return err;
+        hp->rope_scale = 1.0f / f;
+    }
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return sh__error_set(e, SH_EFORMAT, "%d heads are not a multiple of %d KV heads",
+                             (int)hp->n_heads, (int)hp->n_kv_heads);
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return sh__error_set(e, SH_EFORMAT, "rope dimension %d with head size %d", (int)hp->n_rot,
+                             (int)hp->head_dim);
+    hp->rope_mode = neox ? SH_ROPE_MODE_NEOX : SH_ROPE_MODE_NORMAL;
+    const sh_gguf_tensor *emb = sh_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return sh__error_set(e, SH_EFORMAT, "tensor 'token_embd.weight' is missing");
+    if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
+        return sh__error_set(e, SH_EFORMAT, "token_embd.weight has %llu rows",
+                             (unsigned long long)emb->ne[1]);
+    hp->n_vocab = (int32_t)emb->ne[1];
+    hp->tied_embeddings = sh_gguf_find_tensor(g, "output.weight") == NULL;
+    hp->qkv_bias = sh_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    return SH_OK;
+}
+
+static sh_err bind_gguf(sh_llama *m, sh_error *e)
+{
+    const sh_gguf *g = m->gguf;
+    const sh_llama_hparams *hp = &m->hp;
+    int64_t dim = hp->dim, qd = (int64_t)hp->n_heads * hp->head_dim;
+    int64_t kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    sh_err err;
+    sh_tensor vec;
+    bool head = m->last == hp->n_layers;
+    if (m->first == 0 || (head && hp->tied_embeddings))
+        if ((err = bind(g, "token_embd.weight", dim, hp->n_vocab, false, &m->tok_embd, e)))
+            return err;
+    if (head) {
+        if ((err = bind(g, "output_norm.weight", dim, 0, false, &vec, e)))
+            return err;
+        m->out_norm = vec.data;
+        if (hp->tied_embeddings)
+            m->output = m->tok_embd;
+        else if ((err = bind(g, "output.weight", dim, hp->n_vocab, false, &m->output, e)))
+            return err;
+    }
+    for (int32_t l = m->first; l < m->last; l++) {
+        sh_llama_layer *L = &m->layers[l];
+        char n[96];
+#define BIND(field, suffix, ne0, ne1)                                                              \
+    snprintf(n, sizeof n, "blk.%d.%s", (int)l, suffix);                                            \
+    if ((err = bind(g, n, ne0, ne1, false, &L->field, e)))                                         \
+        return err;
+#define BIND_VEC(field, suffix, ne0, optional)                                                     \
+    snprintf(n, sizeof n, "blk.%d.%s", (int)l, suffix);                                            \
+    if ((err = bind(g, n, ne0, 0, optional, &vec, e)))                                             \
+        return err;                                                                                \
+    L->field = vec.data;
+        BIND_VEC(attn_norm, "attn_norm.weight", dim, false);
+        BIND(wq, "attn_q.weight", dim, qd);
+        BIND(wk, "attn_k.weight", dim, kvd);
+        BIND(wv, "attn_v.weight", dim, kvd);
+        BIND(wo, "attn_output.weight", qd, dim);
+        BIND_VEC(ffn_norm, "ffn_norm.weight", dim, false);
+        BIND(w_gate, "ffn_gate.weight", dim, hp->n_ff);
+        BIND(w_up, "ffn_up.weight", dim, hp->n_ff);
+        BIND(w_down, "ffn_down.weight", hp->n_ff, dim);
+        BIND_VEC(bq, "attn_q.bias", qd, !hp->qkv_bias);
+        BIND_VEC(bk, "attn_k.bias", kvd, !hp->qkv_bias);
+        BIND_VEC(bv, "attn_v.bias", kvd, !hp->qkv_bias);
+#undef BIND
+#undef BIND_VEC
+    }
+    return SH_OK;
+}
+
+/* ---- llama2.c ---------------------------------------------------------------------------- */
+
+static sh_tensor f32_view(const float *p, int64_t ne0, int64_t ne1)
+{
+    sh_tensor t = {.type = SH_DTYPE_F32, .ne = {ne0, ne1, 1, 1}, .data = (void *)p};
+    return t;
+}
+
+static void bind_llama2c(sh_llama *m)
+{
+    const sh_llama2c *c = m->l2c;
+    const sh_llama2c_config *cfg = &c->cfg;
+    int64_t dim = cfg->dim, kvd = cfg->kv_dim, ff = cfg->hidden_dim;
+    bool head = m->last == cfg->n_layers;
+    if (m->first == 0 || head)
+        m->tok_embd = f32_view(c->token_embedding, dim, cfg->vocab_size);
+    if (head) {
+        m->out_norm = c->rms_final;
+        m->output = f32_view(c->wcls, dim, cfg->vocab_size);
+    }
+    for (int32_t l = m->first; l < m->last; l++) {
+        sh_llama_layer *L = &m->layers[l];
+        // llama2.c stores each weight kind for all layers contiguously: layer l is slice l.
+        L->attn_norm = c->rms_att + l * dim;
+        L->wq = f32_view(c->wq + l * dim * dim, dim, dim);
+        L->wk = f32_view(c->wk + l * kvd * dim, dim, kvd);
+        L->wv = f32_view(c->wv + l * kvd * dim, dim, kvd);
+        L->wo = f32_view(c->wo + l * dim * dim, dim, dim);
+        L->ffn_norm = c->rms_ffn + l * dim;
+        L->w_gate = f32_view(c->w1 + l * ff * dim, dim, ff);
+        L->w_down = f32_view(c->w2 + l * dim * ff, ff, dim);
+        L->w_up = f32_view(c->w3 + l * ff * dim, dim, ff);
+    }
+}
+
+static void llama2c_hparams(const sh_llama2c_config *cfg, sh_llama_hparams *hp)
+{
+    snprintf(hp->arch, sizeof hp->arch, "llama2c");
+    hp->n_vocab = cfg->vocab_size;
+    hp->dim = cfg->dim;
+    hp->n_layers = cfg->n_layers;
+    hp->n_heads = cfg->n_heads;
+    hp->n_kv_heads = cfg->n_kv_heads;
+    hp->head_dim = cfg->head_size;
+    hp->n_ff = cfg->hidden_dim;
+    hp->n_ctx_train = cfg->seq_len;
+    hp->n_rot = cfg->head_size;
+    // run.c's constants: theta 10000, eps 1e-5, RoPE on adjacent pairs (i, i+1).
+    hp->rope_base = 10000.0f;
+    hp->rope_scale = 1.0f;
+    hp->norm_eps = 1e-5f;
+    hp->rope_mode = SH_ROPE_MODE_NORMAL;
+    hp->tied_embeddings = cfg->shared_classifier;
+}
+
+/* ---- common ------------------------------------------------------------------------------ */
+
+static uint64_t tensor_bytes(const sh_tensor *t)
+{
+    return t->data ? sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (uint64_t)t->ne[1] : 0;
+}
+
+uint64_t sh_llama_weight_bytes(const sh_llama *m)
+{
+    uint64_t n = tensor_bytes(&m->tok_embd);
+    if (m->output.data != m->tok_embd.data)
+        n += tensor_bytes(&m->output);
+    for (int32_t l = m->first; l < m->last; l++) {
+        const sh_llama_layer *L = &m->layers[l];
+        n += tensor_bytes(&L->wq) + tensor_bytes(&L->wk) + tensor_bytes(&L->wv) +
+             tensor_bytes(&L->wo) + tensor_bytes(&L->w_gate) + tensor_bytes(&L->w_up) +
+             tensor_bytes(&L->w_down);
+    }
+    return n;
+}
+
+/* Reads one byte per page so the kernel maps the whole tensor now, not during a token. */
+static void touch(const sh_tensor *t, uint64_t *done, uint64_t total, const sh_llama_load_opts *o)
+{
+    uint64_t n = tensor_bytes(t);
+    const volatile uint8_t *p = t->data;
+    uint8_t sink = 0;
+    for (uint64_t i = 0; i < n; i += 4096) {
+        sink ^= p[i];
+        if (o->progress && (i & ((1u << 24) - 1)) == 0)
+            o->progress((float)(*done + i) / (float)total, o->progress_arg);
+    }
+    (void)sink;
+    *done += n;
+}
+
+static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
+{
+    uint64_t total = sh_llama_weight_bytes(m) + 1, done = 0;
+    touch(&m->tok_embd, &done, total, o);
+    if (m->output.data != m->tok_embd.data)
+        touch(&m->output, &done, total, o);
+    for (int32_t l = m->first; l < m->last; l++) {
+        const sh_llama_layer *L = &m->layers[l];
+        const sh_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            touch(ts[i], &done, total, o);
+        if (o->progress)
+            o->progress((float)done / (float)total, o->progress_arg);
+    }
+    if (o->progress)
+        o->progress(1.0f, o->progress_arg);
+}
+
+static bool is_gguf(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    unsigned char b[4] = {0};
+    size_t n = fread(b, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(b, "GGUF", 4) == 0;
+}
+
+sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e)
+{
+    *out = NULL;
+    sh_llama_load_opts o = {0};
+    if (opts)
+        o = *opts;
+    sh_llama *m = calloc(1, sizeof *m);
+    if (!m)
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    sh_err err;
+    bool gguf = is_gguf(path);
+    // The readers name the file in their own errors; later ones get the path prefixed.
+    err = gguf ? sh_gguf_open(path, NULL, &m->gguf, e) : sh__llama2c_open(path, &m->l2c, e);
+    if (err) {
+        sh_llama_destroy(m);
+        return err;
+    }
+    if (gguf) {
+        if ((err = load_gguf_hparams(m->gguf, &m->hp, e)))
+            goto fail;
+    } else {
+        llama2c_hparams(&m->l2c->cfg, &m->hp);
+    }
+    m->first = o.first;
+    m->last = o.last ? o.last : m->hp.n_layers;
+    if (m->first < 0 || m->first >= m->last || m->last > m->hp.n_layers) {
+        err = sh__error_set(e, SH_EINVAL, "layer range [%d, %d) of a %d-layer model", (int)m->first,
+                            (int)m->last, (int)m->hp.n_layers);
+        goto fail;
+    }
+    m->layers = calloc((size_t)m->hp.n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        err = sh__error_set(e, SH_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (gguf) {
+        if ((err = bind_gguf(m, e)))
+            goto fail;
+    } else {
+        bind_llama2c(m);
+    }
+    if (o.prefault)
+        prefault(m, &o);
+    *out = m;
+    return SH_OK;
+fail:
+    sh__error_prefix(e, path);
+    sh_llama_destroy(m);
+    return err;
+}
+
+void sh_llama_destroy(sh_llama *m)
+{
+    if (!m)
+        return;
+    sh_gguf_close(m->gguf);
+    sh__llama2c_close(m->l2c);
+    free(m->layers);
+    free(m);
+}

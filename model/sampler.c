@@ -1,0 +1,388 @@
+/* Token sampler: logit transforms, truncation and a seeded draw, with scratch sized at creation. */
+#include "model/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/error.h"
+
+struct sh_sampler {
+    sh_sampler_params p;
+    int32_t n_vocab;
+    uint64_t rng;
+    float *x;       // (n_vocab) working logits
+    int32_t *idx;   // (n_vocab) candidate ids
+    float *prob;    // (n_vocab) candidate probabilities, parallel to idx
+    int32_t *idx2;  // (n_vocab) scratch ids for the raw top-n
+    int32_t *count; // (n_vocab) occurrences of each id in the penalty window
+    int32_t *ring;  // (penalty_last_n) the window, oldest at ring_head when full
+    int32_t ring_len, ring_head;
+    sh_logit_bias *bias; // (n_bias)
+};
+
+sh_sampler_params sh_sampler_params_default(void)
+{
+    sh_sampler_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 1.0f;
+    p.top_p = 1.0f;
+    p.repeat_penalty = 1.0f;
+    p.penalty_last_n = 64;
+    return p;
+}
+
+/* splitmix64: a tiny generator with full 64-bit period; good enough for sampling and trivially
+ * reproducible from a seed. */
+static uint64_t next_u64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint32_t sh_sampler_rand(sh_sampler *s) { return (uint32_t)(next_u64(&s->rng) >> 32); }
+
+/* Uniform in [0, 1) with 24 bits, exactly representable as a float. */
+static float rand_unit(sh_sampler *s)
+{
+    return (float)(next_u64(&s->rng) >> 40) * (1.0f / 16777216.0f);
+}
+
+sh_err sh_sampler_create(int32_t n_vocab, const sh_sampler_params *params, sh_sampler **out,
+                         sh_error *e)
+{
+    *out = NULL;
+    sh_sampler_params p = params ? *params : sh_sampler_params_default();
+    if (n_vocab <= 0)
+        return sh__error_set(e, SH_EINVAL, "sampler: vocabulary size %d", (int)n_vocab);
+    if (!(p.temperature >= 0.0f))
+        return sh__error_set(e, SH_EINVAL, "sampler: temperature %g", (double)p.temperature);
+    if (!(p.top_p >= 0.0f && p.top_p <= 1.0f))
+        return sh__error_set(e, SH_EINVAL, "sampler: top_p %g not in [0, 1]", (double)p.top_p);
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+        return sh__error_set(e, SH_EINVAL, "sampler: min_p %g not in [0, 1]", (double)p.min_p);
+    if (!(p.repeat_penalty > 0.0f))
+        return sh__error_set(e, SH_EINVAL, "sampler: repeat_penalty %g", (double)p.repeat_penalty);
+    if (!isfinite(p.frequency_penalty) || !isfinite(p.presence_penalty))
+        return sh__error_set(e, SH_EINVAL, "sampler: penalty not finite");
+    if (p.penalty_last_n < 0)
+        return sh__error_set(e, SH_EINVAL, "sampler: penalty_last_n %d", (int)p.penalty_last_n);
+    if (p.n_logprobs < 0 || p.n_logprobs > SH_SAMPLER_MAX_LOGPROBS)
+        return sh__error_set(e, SH_EINVAL, "sampler: n_logprobs %d not in [0, %d]",
+                             (int)p.n_logprobs, SH_SAMPLER_MAX_LOGPROBS);
+    if (p.n_bias < 0 || p.n_bias > SH_SAMPLER_MAX_BIAS || (p.n_bias > 0 && !p.bias))
+        return sh__error_set(e, SH_EINVAL, "sampler: %d logit bias entries", (int)p.n_bias);
+    for (int32_t i = 0; i < p.n_bias; i++)
+        if (p.bias[i].id < 0 || p.bias[i].id >= n_vocab || isnan(p.bias[i].bias))
+            return sh__error_set(e, SH_EINVAL, "sampler: logit bias id %d", (int)p.bias[i].id);
+
+    sh_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return sh__error_set(e, SH_ENOMEM, "sampler: out of memory");
+    size_t v = (size_t)n_vocab;
+    s->x = malloc(v * sizeof *s->x);
+    s->idx = malloc(v * sizeof *s->idx);
+    s->prob = malloc(v * sizeof *s->prob);
+    s->idx2 = malloc(v * sizeof *s->idx2);
+    s->count = calloc(v, sizeof *s->count);
+    s->ring = malloc(((size_t)p.penalty_last_n + 1) * sizeof *s->ring);
+    s->bias = malloc(((size_t)p.n_bias + 1) * sizeof *s->bias);
+    if (!s->x || !s->idx || !s->prob || !s->idx2 || !s->count || !s->ring || !s->bias) {
+        sh_sampler_destroy(s);
+        return sh__error_set(e, SH_ENOMEM, "sampler: out of memory for vocabulary %d",
+                             (int)n_vocab);
+    }
+    if (p.n_bias)
+        memcpy(s->bias, p.bias, (size_t)p.n_bias * sizeof *s->bias);
+    p.bias = s->bias;
+    s->p = p;
+    s->n_vocab = n_vocab;
+    s->rng = p.seed;
+    *out = s;
+    return SH_OK;
+}
+
+void sh_sampler_destroy(sh_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->x);
+    free(s->idx);
+    free(s->prob);
+    free(s->idx2);
+    free(s->count);
+    free(s->ring);
+    free(s->bias);
+    free(s);
+}
+
+void sh_sampler_reset(sh_sampler *s, uint64_t seed)
+{
+    for (int32_t i = 0; i < s->ring_len; i++)
+        s->count[s->ring[i]] = 0;
+    s->ring_len = s->ring_head = 0;
+    s->rng = seed;
+}
+
+void sh_sampler_accept(sh_sampler *s, int32_t id)
+{
+    int32_t w = s->p.penalty_last_n;
+    if (id < 0 || id >= s->n_vocab || w == 0)
+        return;
+    if (s->ring_len < w) {
+        s->ring[s->ring_len++] = id;
+    } else { // full: the slot at ring_head is the oldest; replace it
+        s->count[s->ring[s->ring_head]]--;
+        s->ring[s->ring_head] = id;
+        s->ring_head = (s->ring_head + 1) % w;
+    }
+    s->count[id]++;
+}
+
+/* Rearranges ids[0..n) so that ids[0..m) are the m largest by val[], sorted descending (ties by
+ * lower id, so results do not depend on the partition order). Quickselect, then a sort of the
+ * prefix only: O(n + m log m). */
+static float key(const float *val, int32_t i) { return isnan(val[i]) ? -INFINITY : val[i]; }
+
+/* A strict total order (NaN ranks as -inf, ties broken by id) so that quickselect terminates. */
+static int better(const float *val, int32_t a, int32_t b)
+{
+    float va = key(val, a), vb = key(val, b);
+    return va > vb || (va == vb && a < b);
+}
+
+static _Thread_local const float *tl_val; // qsort has no context argument
+
+static int cmp_desc(const void *pa, const void *pb)
+{
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return better(tl_val, a, b) ? -1 : better(tl_val, b, a) ? 1 : 0;
+}
+
+static void select_top(int32_t *ids, int32_t n, int32_t m, const float *val)
+{
+    if (m <= 0)
+        return;
+    if (m > n)
+        m = n;
+    int32_t lo = 0, hi = n - 1, k = m - 1;
+    while (lo < hi) { // Hoare-style partition around the median of three, ordering by better()
+        int32_t mid = lo + (hi - lo) / 2, a = ids[lo], b = ids[mid], c = ids[hi], piv;
+        if (better(val, a, b))
+            piv = better(val, b, c) ? b : (better(val, a, c) ? c : a);
+        else
+            piv = better(val, a, c) ? a : (better(val, b, c) ? c : b);
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (better(val, ids[i], piv))
+                i++;
+            while (better(val, piv, ids[j]))
+                j--;
+            if (i <= j) {
+                int32_t t = ids[i];
+                ids[i++] = ids[j];
+                ids[j--] = t;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            break;
+    }
+    tl_val = val;
+    qsort(ids, (size_t)m, sizeof *ids, cmp_desc);
+}
+
+/* log(sum(exp(v - max))) + max over the raw logits (NaN skipped): the log-softmax normaliser. */
+static double log_sum_exp(const float *v, int32_t n)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (v[i] > mx)
+            mx = v[i];
+    if (mx == -INFINITY)
+        return -INFINITY;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(v[i]))
+            sum += exp((double)v[i] - mx);
+    return mx + log(sum);
+}
+
+static void apply_bias_and_penalties(sh_sampler *s)
+{
+    float *x = s->x;
+    for (int32_t i = 0; i < s->p.n_bias; i++)
+        x[s->bias[i].id] += s->bias[i].bias;
+    const sh_sampler_params *p = &s->p;
+    if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
+        return;
+    // Each distinct id in the window is penalised once: its count is negated while visited.
+    for (int32_t i = 0; i < s->ring_len; i++) {
+        int32_t id = s->ring[i], c = s->count[id];
+        if (c <= 0)
+            continue;
+        float v = x[id];
+        v = v > 0.0f ? v / p->repeat_penalty : v * p->repeat_penalty;
+        x[id] = v - (float)c * p->frequency_penalty - p->presence_penalty;
+        s->count[id] = -c;
+    }
+    for (int32_t i = 0; i < s->ring_len; i++)
+        if (s->count[s->ring[i]] < 0)
+            s->count[s->ring[i]] = -s->count[s->ring[i]];
+}
+
+/* Fills prob[0..n) = exp(x[idx[j]] - max) and returns their sum. */
+static double exp_candidates(sh_sampler *s, int32_t n)
+{
+    float mx = -INFINITY;
+    for (int32_t j = 0; j < n; j++)
+        if (s->x[s->idx[j]] > mx)
+            mx = s->x[s->idx[j]];
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; j++) {
+        s->prob[j] = expf(s->x[s->idx[j]] - mx);
+        sum += s->prob[j];
+    }
+    return sum;
+}
+
+/* Top-p over the candidates: finds the smallest prefix of the descending order whose mass reaches
+ * top_p. Sorting the whole vocabulary per token is wasteful, so it selects the top 64, then 4x
+ * more, until the prefix holds the mass. Returns the new candidate count; idx/prob sorted. */
+static int32_t cut_top_p(sh_sampler *s, int32_t n, double sum, bool sorted)
+{
+    double target = (double)s->p.top_p * sum;
+    int32_t m = sorted ? n : (n < 64 ? n : 64);
+    for (;;) {
+        if (!sorted) {
+            select_top(s->idx, n, m, s->x);
+            exp_candidates(s, m); // same max as over all n: the best is in the prefix
+        }
+        double cum = 0.0;
+        for (int32_t j = 0; j < m; j++) {
+            cum += s->prob[j];
+            if (cum >= target)
+                return j + 1;
+        }
+        if (m == n)
+            return n; // rounding: keep everything
+        m = m > n / 4 ? n : m * 4;
+    }
+}
+
+static float candidate_logprob(sh_sampler *s, int32_t n, double sum, int32_t id)
+{
+    for (int32_t j = 0; j < n; j++)
+        if (s->idx[j] == id)
+            return (float)log(s->prob[j] / sum);
+    return -INFINITY;
+}
+
+sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out)
+{
+    const sh_sampler_params *p = &s->p;
+    int32_t V = s->n_vocab;
+    out->id = -1;
+    out->n_top = 0;
+    memcpy(s->x, logits, (size_t)V * sizeof *s->x);
+    apply_bias_and_penalties(s);
+    for (int32_t i = 0; i < V; i++) {
+        if (isnan(s->x[i]))
+            s->x[i] = -INFINITY; // a NaN logit can never be picked
+        s->idx[i] = i;
+    }
+
+    int32_t n = V;
+    bool sorted = false;
+    if (p->temperature <= 0.0f) {
+        // Greedy: the final distribution is the processed logits at temperature 1, untruncated.
+        select_top(s->idx, n, 1, s->x);
+        if (s->x[s->idx[0]] == -INFINITY)
+            return SH_ERANGE;
+    } else {
+        if (p->top_k > 0 && p->top_k < n) {
+            select_top(s->idx, n, p->top_k, s->x);
+            n = p->top_k;
+            sorted = true;
+        }
+        float inv_t = 1.0f / p->temperature;
+        for (int32_t j = 0; j < n; j++)
+            s->x[s->idx[j]] *= inv_t;
+    }
+    double sum = exp_candidates(s, n);
+    if (!(sum > 0.0))
+        return SH_ERANGE;
+    if (p->temperature > 0.0f) {
+        if (p->top_p < 1.0f) {
+            n = cut_top_p(s, n, sum, sorted);
+            sorted = true;
+        }
+        if (p->min_p > 0.0f) {
+            // p_j >= min_p * p_max, i.e. exp(x_j - max) >= min_p since prob is relative to max.
+            int32_t k = 0;
+            for (int32_t j = 0; j < n; j++)
+                if (s->prob[j] >= p->min_p) {
+                    s->idx[k] = s->idx[j];
+                    s->prob[k++] = s->prob[j];
+                }
+            n = k;
+        }
+        sum = 0.0;
+        for (int32_t j = 0; j < n; j++)
+            sum += s->prob[j];
+        // The draw: walk the cumulative mass to the first candidate past u * sum.
+        double r = (double)rand_unit(s) * sum, cum = 0.0;
+        int32_t pick = n - 1;
+        for (int32_t j = 0; j < n; j++) {
+            cum += s->prob[j];
+            if (r < cum) {
+                pick = j;
+                break;
+            }
+        }
+        out->id = s->idx[pick];
+        out->logprob = (float)log(s->prob[pick] / sum);
+    } else {
+        out->id = s->idx[0];
+        out->logprob = (float)log(s->prob[0] / sum);
+    }
+
+    double lse = log_sum_exp(logits, V);
+    out->logprob_raw = (float)(logits[out->id] - lse);
+    if (p->n_logprobs == 0)
+        return SH_OK;
+
+    // Top-n list. In greedy mode the candidates are the whole vocabulary.
+    int32_t want = p->n_logprobs;
+    if (p->logprobs_mode == SH_LOGPROBS_FINAL) {
+        // Rank the kept candidates by probability: reuse idx2 as positions into idx/prob.
+        if (want > n)
+            want = n;
+        for (int32_t j = 0; j < n; j++)
+            s->idx2[j] = j;
+        select_top(s->idx2, n, want, s->prob);
+        for (int32_t t = 0; t < want; t++) {
+            int32_t j = s->idx2[t], id = s->idx[j];
+            out->top[t] = (sh_logprob){id, (float)log(s->prob[j] / sum), (float)(logits[id] - lse)};
+        }
+    } else {
+        if (want > V)
+            want = V;
+        for (int32_t i = 0; i < V; i++)
+            s->idx2[i] = i;
+        // Ranked by the caller's raw logits (NaN ranks last).
+        select_top(s->idx2, V, want, logits);
+        for (int32_t t = 0; t < want; t++) {
+            int32_t id = s->idx2[t];
+            out->top[t] =
+                (sh_logprob){id, candidate_logprob(s, n, sum, id), (float)(logits[id] - lse)};
+        }
+    }
+    out->n_top = want;
+    return SH_OK;
+}

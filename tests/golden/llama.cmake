@@ -1,0 +1,14 @@
+# Golden tests of the Llama forward pass: stories260K against llama2.c's recorded ids, SmolLM2
+# against the NumPy reference (tests/reference), and the `shoal run` command end to end.
+sh_test(test_llama_stories SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_stories.c
+        LABELS golden TIMEOUT 120)
+sh_test(test_llama_smollm SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_smollm.c
+        LABELS golden TIMEOUT 300)
+sh_test(test_llama_qwen2 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_qwen2.c
+        LABELS golden TIMEOUT 60)
+sh_test(test_llama_load SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_load.c LABELS unit
+        TIMEOUT 30)
+# No allocation per decoded token after warm-up (counts malloc through the whole process; skips
+# under the sanitizers, which own the allocator).
+sh_test(test_llama_noalloc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_noalloc.c LABELS golden
+        TIMEOUT 120)

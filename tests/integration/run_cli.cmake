@@ -1,0 +1,3 @@
+# `shoal run` end to end: argument and file errors, golden ids and text through the real binary.
+sh_test(test_run_cli SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_run_cli.c LABELS integration
+        TIMEOUT 120)

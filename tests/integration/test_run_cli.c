@@ -1,0 +1,209 @@
+/* End-to-end tests of `shoal run` as a real process (SH_SHOAL): bad arguments and bad files give
+ * exit code 2 and exactly one `error:` line; greedy runs reproduce the golden ids and text. */
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sh_test.h"
+
+#define STORIES "tests/data/stories260K/"
+#define SMOLLM "models/smollm2-135m-instruct-q4_1.gguf"
+
+static char out_buf[1 << 16], err_buf[1 << 16];
+static char tmpdir[256];
+
+static size_t slurp(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    size_t n = 0;
+    if (f) {
+        n = fread(buf, 1, cap - 1, f);
+        fclose(f);
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+/* Runs shoal with argv (NULL-terminated, without the program), stdin from `in` (or /dev/null).
+ * Captures stdout and stderr into out_buf / err_buf; returns the exit code (-1: not exited). */
+static int shoal(const char *in, const char *const *args)
+{
+    const char *bin = getenv("SH_SHOAL");
+    char out_path[300], err_path[300];
+    snprintf(out_path, sizeof out_path, "%s/out", tmpdir);
+    snprintf(err_path, sizeof err_path, "%s/err", tmpdir);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = bin;
+    for (int i = 0; args[i] && n < 31; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fi = open(in ? in : "/dev/null", O_RDONLY);
+        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fi < 0 || fo < 0 || fe < 0)
+            _exit(127);
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        if (chdir(getenv("SH_SOURCE_DIR") ? getenv("SH_SOURCE_DIR") : ".") != 0)
+            _exit(127);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+        return -1;
+    slurp(out_path, out_buf, sizeof out_buf);
+    slurp(err_path, err_buf, sizeof err_buf);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Exit code 2 and stderr exactly one line starting with "error: ". */
+#define CHECK_USAGE_ERROR(...)                                                                     \
+    do {                                                                                           \
+        const char *args_[] = {"run", __VA_ARGS__, NULL};                                          \
+        int rc_ = shoal(NULL, args_);                                                              \
+        CHECK_INT_EQ(rc_, 2);                                                                      \
+        if (strncmp(err_buf, "error: ", 7) != 0 || count_lines(err_buf) != 1)                      \
+            SH_FAIL_("stderr is not one error line: \"%s\"", err_buf);                             \
+    } while (0)
+
+static void test_bad_arguments(void)
+{
+    const char *none[] = {"run", NULL};
+    CHECK_INT_EQ(shoal(NULL, none), 2);
+    CHECK(strncmp(err_buf, "error: ", 7) == 0 && count_lines(err_buf) == 1);
+    CHECK_USAGE_ERROR("-m");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--bogus", "1");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-n", "abc");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-n", "0");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--temp", "-1");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--top-p", "2");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-t", "0");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-p", "x", "--prompt-ids", "1");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--prompt-ids", "1 x 2");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--prompt-ids", "1 99999");
+    const char *help[] = {"run", "--help", NULL};
+    CHECK_INT_EQ(shoal(NULL, help), 0);
+    CHECK(strstr(out_buf, "usage: shoal run") != NULL);
+}
+
+static void test_bad_files(void)
+{
+    CHECK_USAGE_ERROR("-m", "/nonexistent/model.gguf");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.bin"); // a llama2.c checkpoint needs -z
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.bin", "-z", "/nonexistent/tok.bin");
+    // A GGUF cut short, a GGUF header followed by garbage, and garbage without a header.
+    char path[300];
+    static char buf[4096];
+    size_t n = slurp(STORIES "stories260K.gguf", buf, sizeof buf);
+    const char *bodies[3] = {buf, "GGUF\x03\0\0\0\xff\xff\xff\xff garbage", "not a model at all"};
+    size_t lens[3] = {n > 2000 ? 2000 : n, 24, 18};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/bad%d.gguf", tmpdir, i);
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            continue;
+        fwrite(bodies[i], 1, lens[i], f);
+        fclose(f);
+        CHECK_USAGE_ERROR("-m", path);
+    }
+}
+
+static void check_timings_only(void)
+{
+    if (strncmp(err_buf, "timings: load_ms=", 17) != 0 || count_lines(err_buf) != 1 ||
+        !strstr(err_buf, " gen_tps="))
+        SH_FAIL_("stderr is not one timings line: \"%s\"", err_buf);
+}
+
+static void test_stories_text_gguf(void)
+{
+    static char want[4096];
+    slurp(STORIES "expected_run_t0_n256.txt", want, sizeof want);
+    const char *a[] = {"run", "-m", STORIES "stories260K.gguf", "-n", "256", "-t", "1", NULL};
+    CHECK_INT_EQ(shoal(NULL, a), 0);
+    CHECK_STR_EQ(out_buf, want);
+    check_timings_only();
+}
+
+static void test_stories_bin_ids_and_text(void)
+{
+    static char want[4096], ids[4096];
+    size_t n = slurp(STORIES "expected_ids_bos_256.txt", ids, sizeof ids);
+    while (n > 0 && (ids[n - 1] == '\n' || ids[n - 1] == ' '))
+        ids[--n] = '\0';
+    strcat(ids, "\n");
+    const char *a[] = {
+        "run",   "-m", STORIES "stories260K.bin", "-z", STORIES "tok512.bin", "-n", "256",
+        "--ids", NULL};
+    CHECK_INT_EQ(shoal(NULL, a), 0);
+    CHECK_STR_EQ(out_buf, ids);
+    check_timings_only();
+    slurp(STORIES "expected_run_t0_n256.txt", want, sizeof want);
+    const char *b[] = {"run", "-m", STORIES "stories260K.bin", "-z", STORIES "tok512.bin", "-n",
+                       "256", NULL};
+    CHECK_INT_EQ(shoal(NULL, b), 0);
+    CHECK_STR_EQ(out_buf, want);
+}
+
+static void test_smollm_chat(void)
+{
+    if (access(sh_test_path(SMOLLM), R_OK) != 0) {
+        fprintf(stderr, "(no %s: chat case not run)\n", SMOLLM);
+        return;
+    }
+    char in[300];
+    snprintf(in, sizeof in, "%s/chat.txt", tmpdir);
+    FILE *f = fopen(in, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("What is the capital of France?\nAnd of Italy?\n", f);
+    fclose(f);
+    const char *a[] = {"run", "-m", SMOLLM, "--chat", "-n", "24", NULL};
+    CHECK_INT_EQ(shoal(in, a), 0);
+    // Two answers, one line each at least. (The first token of the answer is a near tie in the
+    // float reference, so the text itself is not checked here; test_llama_smollm checks ids.)
+    CHECK(count_lines(out_buf) >= 2);
+    CHECK(strstr(err_buf, "chat template: chatml") != NULL);
+    CHECK(strstr(err_buf, "timings: ") != NULL);
+}
+
+static const sh_test_case tests[] = {
+    {"bad_arguments", test_bad_arguments},
+    {"bad_files", test_bad_files},
+    {"stories_text_gguf", test_stories_text_gguf},
+    {"stories_bin_ids_and_text", test_stories_bin_ids_and_text},
+    {"smollm_chat", test_smollm_chat},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (!getenv("SH_SHOAL")) {
+        fprintf(stderr, "skip: SH_SHOAL is not set\n");
+        return SH_TEST_SKIP;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/shoal-run-cli-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        return 1;
+    int rc = sh_test_main(argc, argv, tests);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        rc = rc ? rc : 1;
+    return rc;
+}

@@ -1,0 +1,338 @@
+/* Unit tests of prepared (packed) weights: every packed kernel against the scalar reference on
+ * the file layout, fused forms, thread counts, and prepare/release bookkeeping; and the
+ * vectorized SwiGLU over its whole range. */
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/quant.h"
+#include "sh_test.h"
+
+static uint64_t rng_state = 0x13198a2e03707344ull;
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+/* Uniform in (-1, 1), never exactly zero. */
+static float rng_sym(void) { return ((float)((rng_next() >> 40) + 1) / 16777217.0f) * 2.0f - 1.0f; }
+
+static void fill(float *x, int64_t n, float scale)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = rng_sym() * scale;
+}
+
+static sh_backend *make(int isa, int threads)
+{
+    sh_backend *be = NULL;
+    sh_backend_cpu_opts o = {.n_threads = threads, .isa = isa};
+    sh_error e = {0};
+    if (sh_backend_cpu_create(&o, &be, &e) != SH_OK)
+        fprintf(stderr, "backend create (isa %d): %s\n", isa, e.msg);
+    return be;
+}
+
+typedef struct wmat {
+    sh_tensor t;
+    float *deq;
+} wmat;
+
+static wmat make_w(sh_dtype type, int64_t n_out, int64_t n_in)
+{
+    wmat w = {{type, {n_in, n_out, 1, 1}, NULL}, malloc((size_t)(n_out * n_in) * sizeof(float))};
+    size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
+    w.t.data = malloc(rb * (size_t)n_out);
+    float *row = malloc((size_t)n_in * sizeof(float));
+    for (int64_t r = 0; r < n_out; r++) {
+        fill(row, n_in, 0.05f + 0.1f * (float)(r % 5));
+        CHECK_OK(sh__quant_row(type, row, (uint8_t *)w.t.data + r * rb, n_in));
+        CHECK_OK(sh__dequant_row(type, (uint8_t *)w.t.data + r * rb, w.deq + r * n_in, n_in));
+    }
+    free(row);
+    return w;
+}
+
+static void free_w(wmat *w)
+{
+    free(w->t.data);
+    free(w->deq);
+}
+
+static const sh_dtype qtypes[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_F16};
+
+/* The packed kernels (best ISA, prepared weights) vs the scalar reference on the same codes:
+ * within 2e-5 of sum_k |w||x| (only the float summation order differs). Ragged row counts
+ * exercise the padding rows and masked stores; token counts cover the tile and its tails. */
+static void test_packed_vs_ref(void)
+{
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *s, *rs;
+    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    /* the last width makes n_tok * n_in pass the kernels' 1 MiB token block (40 tokens: two
+     * blocks of 30 and 10 with the 6-token tiles and their tails) */
+    const int64_t n_ins[] = {32, 96, 576, 1056, 32768};
+    const int64_t n_outs[] = {1, 7, 16, 33, 577};
+    const int64_t n_toks[] = {1, 3, 6, 7, 17, 40};
+    for (size_t ti = 0; ti < 4; ti++)
+        for (size_t a = 0; a < 5; a++)
+            for (size_t b = 0; b < 5; b++)
+                for (size_t c = 0; c < 6; c++) {
+                    const int64_t n_in = n_ins[a], n_out = n_outs[b], n_tok = n_toks[c];
+                    if (n_in * n_out * n_tok > 4000000 && !(a == 4 && b == 3 && c == 5))
+                        continue;
+                    wmat w = make_w(qtypes[ti], n_out, n_in);
+                    CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+                    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+                    float *y = malloc((size_t)(n_tok * n_out) * sizeof(float));
+                    float *ry = malloc((size_t)(n_tok * n_out) * sizeof(float));
+                    fill(x, n_tok * n_in, 1.0f);
+                    x[0] = 3.0f;
+                    fill(y, n_tok * n_out, 1.0f);
+                    CHECK_OK(sh_backend_matmul(be, s, &w.t, x, n_tok, y));
+                    CHECK_OK(sh_backend_matmul(ref, rs, &w.t, x, n_tok, ry));
+                    CHECK_OK(sh_backend_sync(be, s));
+                    CHECK_OK(sh_backend_sync(ref, rs));
+                    double worst = 0;
+                    for (int64_t t = 0; t < n_tok; t++)
+                        for (int64_t r = 0; r < n_out; r++) {
+                            double sa = 0;
+                            for (int64_t k = 0; k < n_in; k++)
+                                sa += fabs((double)w.deq[r * n_in + k] * x[t * n_in + k]);
+                            double e = fabs((double)y[t * n_out + r] - ry[t * n_out + r]) / sa;
+                            if (!(e <= worst))
+                                worst = e;
+                        }
+                    if (!(worst <= 2e-5))
+                        SH_FAIL_("packed %s n_in %lld n_out %lld n_tok %lld: %.3g",
+                                 sh__dtype_name(qtypes[ti]), (long long)n_in, (long long)n_out,
+                                 (long long)n_tok, worst);
+                    sh_backend_weight_release(be, w.t.data);
+                    free(x);
+                    free(y);
+                    free(ry);
+                    free_w(&w);
+                }
+    sh_backend_stream_destroy(be, s);
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(be);
+    sh_backend_destroy(ref);
+}
+
+/* Fused forms with a mix of packed and unpacked weights: Q (70 rows, so K's rows start inside a
+ * 16-row group of the concatenated split) and K packed, V in F16; gate/up packed; the residual
+ * add on a packed weight. Against the reference, unfused. 1, 2 and 3 threads give identical
+ * bits. */
+static void test_packed_fused(void)
+{
+    const int64_t n_in = 192, n_tok = 7;
+    wmat wq = make_w(SH_DTYPE_Q4_0, 70, n_in), wk = make_w(SH_DTYPE_Q8_0, 33, n_in);
+    wmat wv = make_w(SH_DTYPE_F16, 33, n_in), wg = make_w(SH_DTYPE_Q4_1, 100, n_in);
+    wmat wu = make_w(SH_DTYPE_Q4_0, 100, n_in);
+    float x[7 * 192], norm[192], xn[7 * 192];
+    fill(x, n_tok * n_in, 2.0f);
+    fill(norm, n_in, 1.0f);
+    float rq[7 * 70], rk[7 * 33], rv[7 * 33], rg[7 * 100], ru[7 * 100], ra[7 * 70];
+    sh_backend *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *rs;
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    CHECK_OK(sh_backend_rmsnorm(ref, rs, x, norm, 1e-5f, n_tok, n_in, xn));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wq.t, xn, n_tok, rq));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wk.t, xn, n_tok, rk));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wv.t, xn, n_tok, rv));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wg.t, xn, n_tok, rg));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wu.t, xn, n_tok, ru));
+    CHECK_OK(sh_backend_swiglu(ref, rs, rg, ru, n_tok * 100, rg));
+    CHECK_OK(sh_backend_matmul(ref, rs, &wq.t, x, n_tok, ra));
+    CHECK_OK(sh_backend_sync(ref, rs));
+    float q[3][7 * 70], k[3][7 * 33], v[3][7 * 33], h[3][7 * 100], y[3][7 * 70], y0[7 * 70];
+    fill(y0, n_tok * 70, 1.0f);
+    for (int n = 1; n <= 3; n++) {
+        sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, n);
+        sh_backend_stream *s;
+        CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+        wmat *ws[] = {&wq, &wk, &wv, &wg, &wu};
+        for (int i = 0; i < 5; i++)
+            CHECK_OK(sh_backend_weight_prepare(be, &ws[i]->t));
+        float *qn = q[n - 1], *kn = k[n - 1], *vn = v[n - 1], *hn = h[n - 1], *yn = y[n - 1];
+        memcpy(yn, y0, sizeof y0);
+        CHECK_OK(
+            sh_backend_norm_qkv(be, s, x, norm, 1e-5f, n_tok, &wq.t, &wk.t, &wv.t, qn, kn, vn));
+        CHECK_OK(sh_backend_norm_ffn_up(be, s, x, norm, 1e-5f, n_tok, &wg.t, &wu.t, hn));
+        CHECK_OK(sh_backend_matmul_add(be, s, &wq.t, x, n_tok, yn));
+        CHECK_OK(sh_backend_sync(be, s));
+        sh_backend_stream_destroy(be, s);
+        sh_backend_destroy(be); /* frees the packed copies */
+        for (int j = 0; j < n_tok * 70; j++) {
+            CHECK_NEAR(qn[j], rq[j], 1e-4 * (1 + fabs(rq[j])));
+            CHECK_NEAR(yn[j], y0[j] + ra[j], 1e-4 * (1 + fabs(ra[j])));
+        }
+        for (int j = 0; j < n_tok * 33; j++) {
+            CHECK_NEAR(kn[j], rk[j], 1e-4 * (1 + fabs(rk[j])));
+            CHECK_NEAR(vn[j], rv[j], 1e-4 * (1 + fabs(rv[j])));
+        }
+        for (int j = 0; j < n_tok * 100; j++)
+            CHECK_NEAR(hn[j], rg[j], 1e-4 * (1 + fabs(rg[j])));
+    }
+    for (int n = 1; n < 3; n++) {
+        CHECK(memcmp(q[0], q[n], sizeof q[0]) == 0);
+        CHECK(memcmp(k[0], k[n], sizeof k[0]) == 0);
+        CHECK(memcmp(h[0], h[n], sizeof h[0]) == 0);
+        CHECK(memcmp(y[0], y[n], sizeof y[0]) == 0);
+    }
+    free_w(&wq);
+    free_w(&wk);
+    free_w(&wv);
+    free_w(&wg);
+    free_w(&wu);
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(ref);
+}
+
+/* Bookkeeping: many weights (the table grows), re-preparing, releasing some, a view of the same
+ * data with another shape (must not use the copy), types without a packed form, bad tensors. */
+static void test_prepare_release(void)
+{
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *s, *rs;
+    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    enum { N = 80 };
+    static wmat w[N];
+    const int64_t n_in = 64;
+    for (int i = 0; i < N; i++) {
+        w[i] = make_w(qtypes[i % 4], 20 + i % 7, n_in);
+        CHECK_OK(sh_backend_weight_prepare(be, &w[i].t));
+    }
+    CHECK_OK(sh_backend_weight_prepare(be, &w[5].t)); /* again: a second reference */
+    for (int i = 0; i < N; i += 3)
+        sh_backend_weight_release(be, w[i].t.data);
+    sh_backend_weight_release(be, w[0].t.data); /* twice: nothing */
+    sh_backend_weight_release(be, NULL);
+    float x[2 * 64], y[2 * 32], ry[2 * 32];
+    fill(x, 2 * n_in, 1.0f);
+    for (int i = 0; i < N; i++) {
+        sh_tensor t = w[i].t;
+        if (i % 4 == 1)
+            t.ne[1] = 3; /* the first 3 rows only: another shape, read unpacked */
+        CHECK_OK(sh_backend_matmul(be, s, &t, x, 2, y));
+        CHECK_OK(sh_backend_matmul(ref, rs, &t, x, 2, ry));
+        CHECK_OK(sh_backend_sync(be, s));
+        CHECK_OK(sh_backend_sync(ref, rs));
+        for (int j = 0; j < 2 * t.ne[1]; j++)
+            CHECK_NEAR(y[j], ry[j], 1e-4 * (1 + fabs(ry[j])));
+    }
+    wmat f = make_w(SH_DTYPE_BF16, 4, n_in);
+    CHECK_OK(sh_backend_weight_prepare(be, &f.t)); /* nothing to do */
+    sh_tensor bad = f.t;
+    bad.ne[0] = 40; /* rows that are not whole blocks: read as they are */
+    CHECK_OK(sh_backend_weight_prepare(be, &bad));
+    bad.ne[1] = 0;
+    CHECK_INT_EQ(sh_backend_weight_prepare(be, &bad), SH_EINVAL);
+    bad = f.t;
+    bad.data = NULL;
+    CHECK_INT_EQ(sh_backend_weight_prepare(be, &bad), SH_EINVAL);
+    free_w(&f);
+    sh_backend_stream_destroy(be, s);
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(be); /* frees the remaining copies (ASan checks) */
+    sh_backend_destroy(ref);
+    for (int i = 0; i < N; i++)
+        free_w(&w[i]);
+}
+
+/* The layout itself: packing then reading back element (r, k) through the documented layout
+ * gives the file's codes (independent of any SIMD kernel). */
+static void test_pack_layout(void)
+{
+    for (size_t ti = 0; ti < 4; ti++) {
+        const int64_t n_out = 21, n_in = 96, nb = n_in / 32;
+        wmat w = make_w(qtypes[ti], n_out, n_in);
+        uint8_t *p = malloc(sh__cpu_pack_bytes(qtypes[ti], n_out, n_in));
+        sh__cpu_pack(qtypes[ti], w.t.data, n_out, n_in, p);
+        const size_t gb = sh__cpu_pack_group_bytes(qtypes[ti], n_in);
+        const size_t cb = sh__cpu_pack_code_bytes(qtypes[ti]);
+        CHECK(gb % 64 == 0);
+        for (int64_t r = 0; r < 32; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *pg = p + (size_t)(r / 16) * gb, *codes = pg + (size_t)b * cb;
+                const int64_t l = r % 16;
+                uint16_t d;
+                if (qtypes[ti] == SH_DTYPE_F16)
+                    memcpy(&d, codes + 2 * l, 2); /* element 32b of the row */
+                else
+                    memcpy(&d, pg + (size_t)nb * cb + (size_t)b * 32 + 2 * l, 2);
+                if (r >= n_out) {
+                    CHECK_INT_EQ(d, 0); /* padding rows */
+                    continue;
+                }
+                float dw = sh__quant_f32_from_fp16(d), mw = 0.0f;
+                if (qtypes[ti] == SH_DTYPE_Q4_1) {
+                    uint16_t m;
+                    memcpy(&m, pg + (size_t)nb * (cb + 32) + (size_t)b * 32 + 2 * l, 2);
+                    mw = sh__quant_f32_from_fp16(m);
+                }
+                for (int e = 0; e < 32; e++) {
+                    float v;
+                    if (qtypes[ti] == SH_DTYPE_F16) {
+                        uint16_t h;
+                        memcpy(&h, codes + 2 * (16 * e + l), 2);
+                        v = sh__quant_f32_from_fp16(h);
+                    } else if (qtypes[ti] == SH_DTYPE_Q8_0) {
+                        int u = codes[64 * (e / 4) + 4 * l + e % 4];
+                        v = dw * (float)(u - 128);
+                    } else {
+                        int lo = e < 16, j = (e % 16) / 4;
+                        int byte = codes[64 * j + 4 * l + e % 4];
+                        int q = lo ? byte & 15 : byte >> 4;
+                        v = qtypes[ti] == SH_DTYPE_Q4_1 ? dw * (float)q + mw : dw * (float)(q - 8);
+                    }
+                    CHECK(v == w.deq[r * n_in + b * 32 + e]);
+                }
+            }
+        free(p);
+        free_w(&w);
+    }
+}
+
+/* The vectorized SwiGLU (its exp approximation) against the double formula over the whole
+ * range that matters, plus the ends where exp over- or underflows; odd lengths for the tail. */
+static void test_swiglu_range(void)
+{
+    enum { N = 4001 };
+    static float g[N], u[N], y[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = -120.0f + 240.0f * (float)i / (N - 1);
+        u[i] = rng_sym() * 2.0f;
+    }
+    g[7] = 1e30f;
+    g[8] = -1e30f;
+    g[9] = 0.0f;
+    for (int isa = SH_BACKEND_CPU_ISA_SCALAR; isa <= sh__cpu_isa_detect(); isa++) {
+        sh_backend *be = make(isa, 2);
+        sh_backend_stream *s;
+        CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+        CHECK_OK(sh_backend_swiglu(be, s, g, u, N, y));
+        CHECK_OK(sh_backend_sync(be, s));
+        for (int i = 0; i < N; i++) {
+            double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            if (!(fabs(y[i] - want) <= 1e-6 * fabs(want) + 1e-30))
+                SH_FAIL_("isa %d g %g u %g: %g vs %g", isa, g[i], u[i], y[i], want);
+        }
+        sh_backend_stream_destroy(be, s);
+        sh_backend_destroy(be);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const sh_test_case tests[] = {
+        {"pack_layout", test_pack_layout},   {"packed_vs_ref", test_packed_vs_ref},
+        {"packed_fused", test_packed_fused}, {"prepare_release", test_prepare_release},
+        {"swiglu_range", test_swiglu_range}, {NULL, NULL},
+    };
+    return sh_test_main(argc, argv, tests);
+}

@@ -1,0 +1,562 @@
+/* `shoal run`: generates text from a model on the CPU, one prompt or an interactive chat. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/backend.h"
+#include "model/chat.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "runtime/error.h"
+#include "tools/cmd.h"
+
+#define PREFILL_CHUNK 256 /* rows per forward call while reading a prompt */
+#define MAX_PROMPT_IDS 65536
+
+typedef struct opts {
+    const char *model, *tokenizer, *prompt, *prompt_ids;
+    int32_t n_gen, threads, top_k;
+    float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed;
+    bool chat, ids;
+} opts;
+
+/* Everything one run holds; freed by close_all. */
+typedef struct run {
+    opts o;
+    sh_llama *m;
+    sh_tokenizer *tok;
+    sh_backend *be;
+    sh_llama_ctx *ctx;
+    sh_sampler *smp;
+    sh_tokenizer_stream *stream;
+    int32_t *blocks; // (n_blocks) the one sequence's block table: 0, 1, 2, ...
+    int32_t *hist;   // (kv_tokens) the ids whose keys and values are in the cache, in order
+    int32_t n_hist;  /* positions [0, n_hist) are cached */
+    int32_t kv_tokens;
+    double prompt_s, gen_s;
+    int64_t prompt_tokens, gen_tokens, gen_evals;
+} run;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shoal run -m MODEL [-z TOKENIZER] [-p TEXT | --prompt-ids \"1 2 3\"] [-n N]\n"
+            "                 [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+            "                 [--repeat-penalty R] [--presence-penalty P]\n"
+            "                 [--frequency-penalty F] [-t THREADS] [--chat] [--ids]\n\n"
+            "Generates text from a GGUF model, or a llama2.c .bin checkpoint with its\n"
+            "tokenizer.bin (-z). Without a prompt it starts from the BOS token.\n\n"
+            "  -m MODEL          model file (.gguf or llama2.c .bin)\n"
+            "  -z TOKENIZER      llama2.c tokenizer.bin (for a .bin model)\n"
+            "  -p TEXT           prompt text\n"
+            "  --prompt-ids IDS  prompt as token ids, space-separated\n"
+            "  -n N              tokens to generate (default 256; per answer with --chat)\n"
+            "  --temp T          temperature, 0 = greedy (default 0)\n"
+            "  --top-k K, --top-p P, --min-p P   truncation (default off)\n"
+            "  --seed S          random seed (default 0)\n"
+            "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F\n"
+            "                    penalties over the last 64 tokens (default off)\n"
+            "  -t THREADS        compute threads (default: all CPUs)\n"
+            "  --chat            interactive chat with the model's chat template\n"
+            "  --ids             print generated token ids instead of text\n\n"
+            "Prints one line `timings: ...` on stderr at the end.\n");
+}
+
+/* Prints one `error: ...` line and returns the exit code for bad usage or bad input. */
+static int fail(const char *fmt, ...) SH_PRINTF(1, 2);
+static int fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 2;
+}
+
+static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_f32(const char *s, float lo, float hi, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Returns 0 to go on, 1 after --help (exit 0), 2 on bad usage (message printed). */
+static int parse(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_gen = 256;
+    o->top_p = 1.0f;
+    o->repeat_penalty = 1.0f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--chat")) {
+            o->chat = true;
+            continue;
+        }
+        if (!strcmp(a, "--ids")) {
+            o->ids = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return fail("option '%s' needs a value", a);
+        const char *v = argv[++i];
+        int64_t n;
+        bool ok = true;
+        if (!strcmp(a, "-m"))
+            o->model = v;
+        else if (!strcmp(a, "-z"))
+            o->tokenizer = v;
+        else if (!strcmp(a, "-p"))
+            o->prompt = v;
+        else if (!strcmp(a, "--prompt-ids"))
+            o->prompt_ids = v;
+        else if (!strcmp(a, "-n"))
+            ok = parse_i64(v, 1, 1 << 20, &n) && ((o->n_gen = (int32_t)n), true);
+        else if (!strcmp(a, "-t"))
+            ok = parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
+        else if (!strcmp(a, "--top-k"))
+            ok = parse_i64(v, 0, INT32_MAX, &n) && ((o->top_k = (int32_t)n), true);
+        else if (!strcmp(a, "--seed"))
+            ok = parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
+        else if (!strcmp(a, "--temp"))
+            ok = parse_f32(v, 0.0f, 100.0f, &o->temp);
+        else if (!strcmp(a, "--top-p"))
+            ok = parse_f32(v, 0.0f, 1.0f, &o->top_p);
+        else if (!strcmp(a, "--min-p"))
+            ok = parse_f32(v, 0.0f, 1.0f, &o->min_p);
+        else if (!strcmp(a, "--repeat-penalty"))
+            ok = parse_f32(v, 0.01f, 100.0f, &o->repeat_penalty);
+        else if (!strcmp(a, "--presence-penalty"))
+            ok = parse_f32(v, -100.0f, 100.0f, &o->presence_penalty);
+        else if (!strcmp(a, "--frequency-penalty"))
+            ok = parse_f32(v, -100.0f, 100.0f, &o->frequency_penalty);
+        else
+            return fail("unknown option '%s' (see shoal run --help)", a);
+        if (!ok)
+            return fail("bad value '%s' for %s", v, a);
+    }
+    if (!o->model)
+        return fail("no model given (-m MODEL)");
+    if (o->prompt && o->prompt_ids)
+        return fail("give -p or --prompt-ids, not both");
+    if (o->chat && (o->prompt || o->prompt_ids || o->ids))
+        return fail("--chat takes no prompt and no --ids");
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A progress bar on stderr while the weights are read in (terminals only). */
+static void progress(float done, void *arg)
+{
+    (void)arg;
+    int w = 40, k = (int)(done * (float)w + 0.5f);
+    fprintf(stderr, "\rloading [%.*s%*s] %3d%%", k, "########################################",
+            w - k, "", (int)(done * 100.0f + 0.5f));
+    if (done >= 1.0f)
+        fprintf(stderr, "\r%*s\r", w + 20, "");
+    fflush(stderr);
+}
+
+static void close_all(run *r)
+{
+    sh_tokenizer_stream_destroy(r->stream);
+    sh_sampler_destroy(r->smp);
+    sh_llama_ctx_destroy(r->ctx);
+    sh_backend_destroy(r->be);
+    sh_tokenizer_destroy(r->tok);
+    sh_llama_destroy(r->m);
+    free(r->blocks);
+    free(r->hist);
+}
+
+static int load(run *r)
+{
+    const opts *o = &r->o;
+    sh_error e = {0};
+    struct stat sb;
+    if (stat(o->model, &sb) != 0)
+        return fail("%s: %s", o->model, strerror(errno));
+    sh_llama_load_opts lo = {.prefault = true};
+    if (isatty(2) && sb.st_size > (64 << 20))
+        lo.progress = progress;
+    if (sh_llama_load(o->model, &lo, &r->m, &e))
+        return fail("%s", e.msg);
+    if (r->m->gguf) {
+        if (sh_tokenizer_create_gguf(r->m->gguf, &r->tok, &e))
+            return fail("%s: tokenizer: %s", o->model, e.msg);
+    } else {
+        if (!o->tokenizer)
+            return fail("%s is a llama2.c checkpoint: give its tokenizer.bin with -z", o->model);
+        if (sh_tokenizer_create_llama2c(o->tokenizer, r->m->hp.n_vocab, &r->tok, &e))
+            return fail("%s", e.msg);
+    }
+    if (sh_tokenizer_n_vocab(r->tok) > r->m->hp.n_vocab)
+        return fail("tokenizer has more tokens than the model's embedding");
+    sh_backend_cpu_opts bo = {.n_threads = o->threads};
+    if (sh_backend_cpu_create(&bo, &r->be, &e))
+        return (fail("backend: %s", e.msg), 1);
+    // KV capacity: the trained context, capped so a small machine can hold it.
+    int32_t cap = r->m->hp.n_ctx_train;
+    if (cap > 4096)
+        cap = 4096;
+    r->kv_tokens = cap;
+    sh_llama_ctx_opts co = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .kv_tokens = cap};
+    if (sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &e))
+        return fail("%s", e.msg);
+    int32_t nb = sh_llama_ctx_n_blocks(r->ctx);
+    r->blocks = malloc((size_t)nb * sizeof *r->blocks);
+    r->hist = malloc((size_t)r->kv_tokens * sizeof *r->hist);
+    if (!r->blocks || !r->hist)
+        return (fail("out of memory"), 1);
+    for (int32_t i = 0; i < nb; i++)
+        r->blocks[i] = i;
+    sh_sampler_params sp = sh_sampler_params_default();
+    sp.temperature = o->temp;
+    sp.top_k = o->top_k;
+    sp.top_p = o->top_p;
+    sp.min_p = o->min_p;
+    sp.seed = o->seed;
+    sp.repeat_penalty = o->repeat_penalty;
+    sp.presence_penalty = o->presence_penalty;
+    sp.frequency_penalty = o->frequency_penalty;
+    if (sh_sampler_create(r->m->hp.n_vocab, &sp, &r->smp, &e))
+        return fail("%s", e.msg);
+    uint32_t flags = sh_tokenizer_get_kind(r->tok) == SH_TOKENIZER_SPM ? SH_DECODE_STRIP_SPACE : 0;
+    if (sh_tokenizer_stream_create(r->tok, flags, &r->stream, &e))
+        return fail("%s", e.msg);
+    return 0;
+}
+
+/* Feeds ids[0, n) at positions n_hist.. and leaves the logits of the last one in *logits.
+ * Returns 1 on a runtime failure (message printed). */
+static int feed(run *r, const int32_t *ids, int32_t n, const float **logits, bool prompt)
+{
+    double t0 = now_s();
+    for (int32_t i = 0; i < n; i += PREFILL_CHUNK) {
+        int32_t k = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+        sh_llama_seq s = {.tokens = ids + i,
+                          .n_tokens = k,
+                          .pos0 = r->n_hist,
+                          .blocks = r->blocks,
+                          .want_logits = i + k == n};
+        sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
+        sh_llama_out out;
+        sh_error e = {0};
+        if (sh_llama_forward(r->ctx, &b, &out, &e)) {
+            fprintf(stderr, "\nerror: %s\n", e.msg);
+            return 1;
+        }
+        memcpy(r->hist + r->n_hist, ids + i, (size_t)k * sizeof *ids);
+        r->n_hist += k;
+        *logits = out.logits;
+    }
+    double dt = now_s() - t0;
+    if (prompt) {
+        r->prompt_s += dt;
+        r->prompt_tokens += n;
+    } else {
+        r->gen_evals += n; // generate() times the whole loop, sampling and printing included
+    }
+    return 0;
+}
+
+static void emit_text(run *r, int32_t id)
+{
+    const char *text;
+    size_t len;
+    if (sh_tokenizer_stream_feed(r->stream, id, &text, &len) == SH_OK && len)
+        fwrite(text, 1, len, stdout);
+}
+
+/* A growing NUL-terminated string (the chat answer); capacity doubles, so appending a token's
+ * text is amortised O(1). */
+typedef struct text_buf {
+    char *p;
+    size_t len, cap;
+} text_buf;
+
+static int append(text_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            fprintf(stderr, "\nerror: out of memory\n");
+            return 1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+/* Samples up to n_gen tokens after `logits`, streaming them; stops at end-of-generation or a
+ * full cache. Appends the generated text to `answer` when given (chat). */
+static int generate(run *r, const float *logits, text_buf *answer)
+{
+    double t0 = now_s();
+    int rc = 0;
+    for (int32_t i = 0; i < r->o.n_gen && rc == 0; i++) {
+        sh_sample smp;
+        if (sh_sampler_sample(r->smp, logits, &smp)) {
+            fprintf(stderr, "\nerror: every token is banned; cannot sample\n");
+            rc = 1;
+            break;
+        }
+        int32_t id = smp.id;
+        if (sh_tokenizer_is_eog(r->tok, id) || (!r->m->gguf && id == 1))
+            break; // llama2.c models delimit stories with BOS
+        sh_sampler_accept(r->smp, id);
+        r->gen_tokens++;
+        if (r->o.ids) {
+            printf(i ? " %d" : "%d", (int)id);
+        } else {
+            const char *text;
+            size_t len;
+            if (sh_tokenizer_stream_feed(r->stream, id, &text, &len) == SH_OK && len) {
+                fwrite(text, 1, len, stdout);
+                if (answer)
+                    rc = append(answer, text, len);
+            }
+        }
+        fflush(stdout);
+        if (i + 1 == r->o.n_gen)
+            break;
+        if (r->n_hist >= r->kv_tokens) {
+            fprintf(stderr, "\n[context full: %d tokens]\n", (int)r->kv_tokens);
+            break;
+        }
+        if (rc == 0)
+            rc = feed(r, &id, 1, &logits, false);
+    }
+    const char *text;
+    size_t len;
+    sh_tokenizer_stream_flush(r->stream, &text, &len);
+    if (!r->o.ids && len)
+        fwrite(text, 1, len, stdout);
+    putchar('\n');
+    fflush(stdout);
+    r->gen_s += now_s() - t0;
+    return rc;
+}
+
+/* Tokenizes text (BOS when the vocabulary wants it); *ids is malloc'd. */
+static int tokenize(run *r, const char *text, uint32_t flags, int32_t **ids, size_t *n)
+{
+    sh_error e = {0};
+    if (sh_tokenizer_wants_bos(r->tok) && sh_tokenizer_bos(r->tok) >= 0)
+        flags |= SH_TOKENIZE_ADD_BOS;
+    size_t need = 0;
+    sh_err err = sh_tokenizer_encode(r->tok, text, strlen(text), flags, NULL, 0, &need, &e);
+    if (err && err != SH_ERANGE)
+        return fail("tokenizer: %s", e.msg);
+    *ids = malloc((need + 1) * sizeof **ids);
+    if (!*ids || sh_tokenizer_encode(r->tok, text, strlen(text), flags, *ids, need + 1, n, &e))
+        return fail("tokenizer: %s", e.msg);
+    return 0;
+}
+
+static int one_shot(run *r)
+{
+    const opts *o = &r->o;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (o->prompt_ids) {
+        ids = malloc(MAX_PROMPT_IDS * sizeof *ids);
+        const char *p = o->prompt_ids;
+        while (ids) {
+            while (*p == ' ' || *p == '\t' || *p == ',' || *p == '\n')
+                p++;
+            if (!*p)
+                break;
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || (*end && !strchr(" \t,\n", *end))) {
+                free(ids);
+                return fail("--prompt-ids: '%s' is not a list of token ids", o->prompt_ids);
+            }
+            if (errno || v < 0 || v >= r->m->hp.n_vocab || n >= MAX_PROMPT_IDS) {
+                free(ids);
+                return fail("--prompt-ids: id %ld is outside the vocabulary of %d", v,
+                            (int)r->m->hp.n_vocab);
+            }
+            ids[n++] = (int32_t)v;
+            p = end;
+        }
+    } else if (o->prompt && *o->prompt) {
+        if ((rc = tokenize(r, o->prompt, 0, &ids, &n)))
+            return rc;
+    } else {
+        ids = malloc(sizeof *ids);
+        if (ids && sh_tokenizer_bos(r->tok) >= 0)
+            ids[n++] = sh_tokenizer_bos(r->tok);
+    }
+    if (!ids)
+        return (fail("out of memory"), 1);
+    if (n == 0) {
+        free(ids);
+        return fail("empty prompt and the vocabulary has no BOS token");
+    }
+    if ((int64_t)n >= r->kv_tokens) {
+        free(ids);
+        return fail("prompt longer than the context");
+    }
+    // Echo the prompt text as the tokenizer reads it back (not with --ids).
+    for (size_t i = 0; i < n; i++) {
+        sh_sampler_accept(r->smp, ids[i]);
+        if (!o->ids)
+            emit_text(r, ids[i]);
+    }
+    const float *logits = NULL;
+    rc = feed(r, ids, (int32_t)n, &logits, true);
+    free(ids);
+    return rc ? rc : generate(r, logits, NULL);
+}
+
+/* Interactive chat: the whole conversation is rendered each turn; only the tokens past the
+ * prefix already in the cache are fed. */
+static int chat(run *r)
+{
+    const char *tmpl_text = NULL;
+    size_t tmpl_len = 0;
+    sh_str st;
+    if (r->m->gguf && sh_gguf_get_str(r->m->gguf, "tokenizer.chat_template", &st) == SH_OK) {
+        tmpl_text = st.ptr;
+        tmpl_len = (size_t)st.len;
+    }
+    sh_chat_template tmpl = sh_chat_detect(tmpl_text, tmpl_len);
+    char sys[512];
+    bool has_sys = sh_chat_default_system(tmpl_text, tmpl_len, sys, sizeof sys);
+    fprintf(stderr, "chat template: %s (empty line or end of input quits)\n", sh_chat_name(tmpl));
+    sh_chat_msg *msgs = NULL;
+    size_t n_msgs = 0;
+    int rc = 0;
+    char line[4096];
+    for (;;) {
+        if (isatty(0))
+            fprintf(stderr, "> ");
+        if (!fgets(line, sizeof line, stdin))
+            break;
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0])
+            break;
+        sh_chat_msg *nm = realloc(msgs, (n_msgs + 2) * sizeof *msgs);
+        char *content = strdup(line);
+        if (!nm || !content) {
+            free(content);
+            msgs = nm ? nm : msgs;
+            rc = 1;
+            break;
+        }
+        msgs = nm;
+        msgs[n_msgs++] = (sh_chat_msg){"user", content};
+        size_t len = 0;
+        sh_chat_render(tmpl, msgs, n_msgs, has_sys ? sys : NULL, true, NULL, 0, &len, NULL);
+        char *text = malloc(len + 1);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (!text ||
+            sh_chat_render(tmpl, msgs, n_msgs, has_sys ? sys : NULL, true, text, len + 1, &len,
+                           NULL) ||
+            (rc = tokenize(r, text, SH_TOKENIZE_PARSE_SPECIAL, &ids, &n))) {
+            free(text);
+            rc = rc ? rc : 1;
+            break;
+        }
+        free(text);
+        if ((int64_t)n + 1 >= r->kv_tokens) {
+            free(ids);
+            fprintf(stderr, "[context full]\n");
+            break;
+        }
+        // Keep the cached prefix that still matches; overwrite from the first difference.
+        int32_t keep = 0;
+        while (keep < r->n_hist && (size_t)keep < n - 1 && r->hist[keep] == ids[keep])
+            keep++;
+        r->n_hist = keep;
+        const float *logits = NULL;
+        sh_tokenizer_stream_reset(r->stream);
+        sh_sampler_reset(r->smp, r->o.seed + n_msgs);
+        for (size_t i = 0; i < n; i++)
+            sh_sampler_accept(r->smp, ids[i]);
+        rc = feed(r, ids + keep, (int32_t)(n - (size_t)keep), &logits, true);
+        free(ids);
+        text_buf answer = {0};
+        if (rc || (rc = generate(r, logits, &answer)) || (rc = append(&answer, "", 0))) {
+            free(answer.p);
+            break;
+        }
+        msgs[n_msgs++] = (sh_chat_msg){"assistant", answer.p};
+    }
+    for (size_t i = 0; i < n_msgs; i++)
+        free((char *)msgs[i].content);
+    free(msgs);
+    return rc;
+}
+
+int sh__cmd_run(int argc, char **argv)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    int rc = parse(argc, argv, &r.o);
+    if (rc)
+        return rc == 1 ? 0 : 2;
+    double t0 = now_s();
+    rc = load(&r);
+    double load_ms = (now_s() - t0) * 1e3;
+    if (rc == 0)
+        rc = r.o.chat ? chat(&r) : one_shot(&r);
+    if (rc == 0)
+        fprintf(stderr,
+                "timings: load_ms=%.0f prompt_tokens=%" PRId64
+                " prompt_tps=%.1f gen_tokens=%" PRId64 " gen_tps=%.1f\n",
+                load_ms, r.prompt_tokens,
+                r.prompt_s > 0 ? (double)r.prompt_tokens / r.prompt_s : 0.0, r.gen_tokens,
+                r.gen_s > 0 ? (double)r.gen_evals / r.gen_s : 0.0);
+    close_all(&r);
+    return rc;
+}
