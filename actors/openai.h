@@ -1,0 +1,231 @@
+/* OpenAI API layer: request parsing and validation, response and SSE chunk builders, stop
+ * strings over a token stream, and bearer API keys. Pure functions, no I/O; any thread. */
+#ifndef SH_ACTORS_OPENAI_H
+#define SH_ACTORS_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/err.h"
+
+#define SH_OPENAI_MAX_STOP 4          /* stop strings per request (OpenAI's limit) */
+#define SH_OPENAI_MAX_STOP_BYTES 1024 /* bytes of one stop string (SH_PROTO_MAX_STR_ITEM) */
+#define SH_OPENAI_MAX_BIAS 300        /* logit_bias entries (OpenAI's limit) */
+#define SH_OPENAI_MAX_LOGPROBS_CMPL 5 /* /v1/completions logprobs */
+#define SH_OPENAI_MAX_TOP_LOGPROBS 20 /* /v1/chat/completions top_logprobs */
+
+/* --- errors --- */
+
+/* An error in OpenAI's shape: {"error":{"message","type","param","code"}} with an HTTP status.
+ * type is "invalid_request_error" for 4xx (OpenAI uses it for 401 too), "rate_limit_error" for
+ * 429, "server_error" for 5xx. */
+typedef struct sh_openai_error {
+    int status;       /* HTTP status */
+    const char *type; /* static */
+    const char *code; /* static, or NULL for JSON null */
+    char param[64];   /* the offending field ("messages[1].content"); "" for null */
+    char message[256];
+} sh_openai_error;
+
+/* Fills e; param and code may be NULL. Returns SH_EINVAL for convenience in parse paths. */
+sh_err sh_openai_error_set(sh_openai_error *e, int status, const char *code, const char *param,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* The error's JSON body (malloc'd, caller frees), or NULL when out of memory. */
+char *sh_openai_error_json(const sh_openai_error *e);
+
+/* --- requests --- */
+
+typedef enum sh_openai_kind {
+    SH_OPENAI_COMPLETION = 0, /* POST /v1/completions */
+    SH_OPENAI_CHAT,           /* POST /v1/chat/completions */
+} sh_openai_kind;
+
+typedef enum sh_openai_role {
+    SH_OPENAI_SYSTEM = 0, /* "system" and "developer" */
+    SH_OPENAI_USER,
+    SH_OPENAI_ASSISTANT,
+} sh_openai_role;
+
+typedef struct sh_openai_message {
+    sh_openai_role role;
+    const char *content; /* text parts concatenated; owned by the request */
+} sh_openai_message;
+
+typedef struct sh_openai_bias {
+    int32_t token;
+    float bias; /* -100..100 */
+} sh_openai_bias;
+
+/* What the server accepts; zero fields take the defaults in brackets. */
+typedef struct sh_openai_limits {
+    const char *const *models; /* names served; NULL or n_models 0: any model name is accepted */
+    int32_t n_models;
+    int32_t max_tokens;         /* largest max_tokens [32768] */
+    int32_t default_max_tokens; /* when the request gives none [256] */
+    int32_t max_n;              /* largest n [1] */
+    int32_t n_vocab;            /* token ids (prompt, logit_bias) must be below it; 0: unchecked */
+    int32_t max_prompt_tokens;  /* length of a token-id prompt [32768] */
+    int32_t max_messages;       /* [1024] */
+} sh_openai_limits;
+
+/* A validated request. Sampling fields hold OpenAI's defaults when absent; the fields marked
+ * (extension) are not OpenAI's. Every pointer is owned by the request. */
+typedef struct sh_openai_request {
+    sh_openai_kind kind;
+    const char *model;
+    /* completions: the prompt as text, or as token ids (prompt NULL then) */
+    const char *prompt;
+    int32_t *prompt_tokens;
+    int32_t n_prompt_tokens;
+    /* chat */
+    sh_openai_message *messages;
+    int32_t n_messages;
+    int32_t max_tokens; /* limits->default_max_tokens when absent */
+    float temperature;  /* 0..2 [1] */
+    float top_p;        /* 0..1 [1] */
+    int32_t top_k;      /* (extension) <= 0: off [0]; -1 accepted as off */
+    float min_p;        /* (extension) 0..1 [0] */
+    const char *stop[SH_OPENAI_MAX_STOP];
+    int32_t n_stop;
+    bool has_seed;
+    uint64_t seed;                             /* a negative JSON seed is taken modulo 2^64 */
+    int32_t n;                                 /* 1..limits->max_n [1] */
+    float presence_penalty, frequency_penalty; /* -2..2 [0] */
+    sh_openai_bias *bias;
+    int32_t n_bias;
+    bool logprobs;        /* completions: logprobs given (even 0); chat: logprobs true */
+    int32_t top_logprobs; /* completions: the logprobs integer 0..5; chat: top_logprobs 0..20 */
+    bool echo;            /* completions: prepend the prompt (not with logprobs) */
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    const char *user;   /* NULL when absent */
+    int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
+    void *root_;        /* the parsed JSON, which owns the borrowed strings */
+    char *text_;        /* concatenated chat contents */
+} sh_openai_request;
+
+/* Parses and validates the body of POST /v1/completions (SH_OPENAI_COMPLETION) or
+ * /v1/chat/completions (SH_OPENAI_CHAT). limits may be NULL (defaults). Unknown fields are
+ * ignored. Returns SH_OK with *out set (free with sh_openai_request_free), or SH_EINVAL with
+ * *out NULL and err filled: 400 (malformed JSON, invalid UTF-8, a wrong type, a value out of
+ * range, a missing field, an unsupported feature), 404 (a model not in limits->models, code
+ * "model_not_found"); SH_ENOMEM with a 500 error. */
+sh_err sh_openai_request_parse(sh_openai_kind kind, const char *body, size_t len,
+                               const sh_openai_limits *limits, sh_openai_request **out,
+                               sh_openai_error *err);
+
+/* Frees a request; NULL is fine. */
+void sh_openai_request_free(sh_openai_request *r);
+
+/* --- responses (each returns malloc'd text the caller frees, or NULL when out of memory) --- */
+
+typedef enum sh_openai_finish {
+    SH_OPENAI_FINISH_NONE = 0, /* still running (streaming chunks): JSON null */
+    SH_OPENAI_FINISH_STOP,     /* "stop": EOS or a stop string */
+    SH_OPENAI_FINISH_LENGTH,   /* "length": max_tokens or the context */
+} sh_openai_finish;
+
+/* The fields every response object shares. */
+typedef struct sh_openai_meta {
+    sh_openai_kind kind;
+    const char *id;  /* "cmpl-..." or "chatcmpl-..." */
+    int64_t created; /* Unix seconds */
+    const char *model;
+} sh_openai_meta;
+
+typedef struct sh_openai_top {
+    const char *token; /* the token's text */
+    float logprob;
+} sh_openai_top;
+
+/* One generated token's log-probability with its top alternatives. -inf is written as -9999. */
+typedef struct sh_openai_logprob {
+    const char *token;
+    float logprob;
+    int32_t text_offset; /* completions: byte offset of the token in the returned text */
+    const sh_openai_top *top;
+    int32_t n_top;
+} sh_openai_logprob;
+
+typedef struct sh_openai_choice {
+    int32_t index;
+    const char *text; /* the generated text (a delta in chunks) */
+    sh_openai_finish finish;
+    const sh_openai_logprob *logprobs; /* NULL: "logprobs": null */
+    int32_t n_logprobs;
+} sh_openai_choice;
+
+typedef struct sh_openai_usage {
+    int32_t prompt_tokens, completion_tokens;
+} sh_openai_usage;
+
+/* A complete "text_completion" or "chat.completion" object (by meta->kind). */
+char *sh_openai_response_json(const sh_openai_meta *meta, const sh_openai_choice *choices,
+                              int32_t n_choices, const sh_openai_usage *usage);
+
+/* One SSE event "data: {chunk}\n\n" for one choice: completions carry the text delta; chat
+ * carries {"role":"assistant","content":""} when first is true, else {"content": text} (or {}
+ * when text is NULL, as in the final chunk). with_usage adds "usage": null (include_usage). */
+char *sh_openai_chunk_sse(const sh_openai_meta *meta, const sh_openai_choice *choice, bool first,
+                          bool with_usage);
+
+/* The usage event that include_usage asks for: empty choices and the usage object. */
+char *sh_openai_usage_sse(const sh_openai_meta *meta, const sh_openai_usage *usage);
+
+#define SH_OPENAI_SSE_DONE "data: [DONE]\n\n"
+
+/* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]}. */
+char *sh_openai_models_json(const char *const *models, int32_t n, int64_t created,
+                            const char *owned_by);
+
+/* GET /health: {"status": status} plus the extra JSON members in extra_json (e.g.
+ * "\"replicas\":2"; NULL for none; must be valid JSON members, it is parsed). */
+char *sh_openai_health_json(const char *status, const char *extra_json);
+
+/* --- stop strings over a stream --- */
+
+/* Holds back generated text that may be the start of a stop string, so a stop string is never
+ * emitted and never split across emitted pieces, and never ends emitted text inside a UTF-8
+ * character. Matching is by bytes; the earliest match among the stop strings wins. */
+typedef struct sh_openai_stopper {
+    char *stop[SH_OPENAI_MAX_STOP];
+    size_t stop_len[SH_OPENAI_MAX_STOP];
+    int n_stop;
+    char *held; /* text received and not yet emitted */
+    size_t held_len, held_cap;
+    size_t out_len; /* bytes of held handed out by the last call */
+    bool stopped;
+    int32_t which; /* the stop string that matched, -1 */
+} sh_openai_stopper;
+
+/* Copies the stop strings (empty ones are ignored). Returns SH_EINVAL (n > 4), SH_ENOMEM. */
+sh_err sh_openai_stopper_init(sh_openai_stopper *s, const char *const *stops, int n);
+void sh_openai_stopper_fini(sh_openai_stopper *s);
+
+/* Feeds the next piece of text. *out and *out_len give the text that is safe to emit now (valid
+ * until the next call; may be empty). *stopped becomes true when a stop string matched: the text
+ * before it has been emitted, the rest is discarded, and later feeds emit nothing. Returns SH_OK
+ * or SH_ENOMEM (nothing consumed). */
+sh_err sh_openai_stopper_feed(sh_openai_stopper *s, const char *piece, size_t len, const char **out,
+                              size_t *out_len, bool *stopped);
+
+/* The generation ended without a stop string: emits everything still held. */
+void sh_openai_stopper_flush(sh_openai_stopper *s, const char **out, size_t *out_len);
+
+/* --- API keys --- */
+
+typedef struct sh_openai_key {
+    const char *key;  /* the secret */
+    int32_t priority; /* the priority class of requests with this key */
+} sh_openai_key;
+
+/* Checks an Authorization header value ("Bearer <key>", NULL when absent) against keys, in time
+ * that does not depend on the keys' contents. With n_keys 0 authentication is off: SH_OK and
+ * *priority = default_priority. Returns SH_OK with the key's priority, or SH_EINVAL with a 401
+ * error (code "invalid_api_key"). */
+sh_err sh_openai_auth_check(const sh_openai_key *keys, int32_t n_keys, const char *authorization,
+                            int32_t default_priority, int32_t *priority, sh_openai_error *err);
+
+#endif

@@ -1,0 +1,489 @@
+/* OpenAI request parsing and validation with jansson, and OpenAI-shaped error bodies. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/openai.h"
+
+sh_err sh_openai_error_set(sh_openai_error *e, int status, const char *code, const char *param,
+                           const char *fmt, ...)
+{
+    e->status = status;
+    e->type = status == 429   ? "rate_limit_error"
+              : status >= 500 ? "server_error"
+                              : "invalid_request_error";
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return SH_EINVAL;
+}
+
+char *sh_openai_error_json(const sh_openai_error *e)
+{
+    json_t *err = json_pack("{s:s, s:s, s:o, s:o}", "message", e->message, "type",
+                            e->type ? e->type : "invalid_request_error", "param",
+                            e->param[0] ? json_string(e->param) : json_null(), "code",
+                            e->code ? json_string(e->code) : json_null());
+    if (!err)
+        return NULL;
+    json_t *root = json_pack("{s:o}", "error", err);
+    if (!root)
+        return NULL;
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* Field getters: each returns 1 when absent or null (value untouched), 0 when set, -1 on a
+ * validation error (err filled). */
+
+static int get_number(json_t *o, const char *name, double lo, double hi, float *v,
+                      sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, name);
+    if (!j || json_is_null(j))
+        return 1;
+    if (!json_is_number(j))
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be a number", name), -1;
+    double d = json_number_value(j);
+    if (!(d >= lo && d <= hi))
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be between %g and %g", name, lo,
+                                   hi),
+               -1;
+    *v = (float)d;
+    return 0;
+}
+
+static int get_int(json_t *o, const char *name, long long lo, long long hi, long long *v,
+                   sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, name);
+    if (!j || json_is_null(j))
+        return 1;
+    if (!json_is_integer(j))
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be an integer", name), -1;
+    long long x = json_integer_value(j);
+    if (x < lo || x > hi)
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be between %lld and %lld", name,
+                                   lo, hi),
+               -1;
+    *v = x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *name, bool *v, sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, name);
+    if (!j || json_is_null(j))
+        return 1;
+    if (!json_is_boolean(j))
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be a boolean", name), -1;
+    *v = json_is_true(j);
+    return 0;
+}
+
+static int get_string(json_t *o, const char *name, const char **v, sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, name);
+    if (!j || json_is_null(j))
+        return 1;
+    if (!json_is_string(j))
+        return sh_openai_error_set(err, 400, NULL, name, "'%s' must be a string", name), -1;
+    *v = json_string_value(j);
+    return 0;
+}
+
+static bool parse_stop(json_t *o, sh_openai_request *r, sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, "stop");
+    if (!j || json_is_null(j))
+        return true;
+    json_t *one[1] = {j};
+    json_t **items = one;
+    size_t n = 1;
+    if (json_is_array(j)) {
+        n = json_array_size(j);
+        if (n > SH_OPENAI_MAX_STOP)
+            return sh_openai_error_set(err, 400, NULL, "stop",
+                                       "'stop' takes at most %d strings, got %zu",
+                                       SH_OPENAI_MAX_STOP, n),
+                   false;
+        items = NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = items ? items[i] : json_array_get(j, i);
+        if (!json_is_string(s))
+            return sh_openai_error_set(err, 400, NULL, "stop",
+                                       "'stop' must be a string or an array of strings"),
+                   false;
+        size_t len = json_string_length(s);
+        if (len > SH_OPENAI_MAX_STOP_BYTES)
+            return sh_openai_error_set(err, 400, NULL, "stop",
+                                       "a stop string is longer than %d bytes",
+                                       SH_OPENAI_MAX_STOP_BYTES),
+                   false;
+        if (len > 0)
+            r->stop[r->n_stop++] = json_string_value(s);
+    }
+    return true;
+}
+
+static bool parse_bias(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
+                       sh_openai_error *err)
+{
+    json_t *j = json_object_get(o, "logit_bias");
+    if (!j || json_is_null(j))
+        return true;
+    if (!json_is_object(j))
+        return sh_openai_error_set(err, 400, NULL, "logit_bias",
+                                   "'logit_bias' must be an object of token id to bias"),
+               false;
+    size_t n = json_object_size(j);
+    if (n > SH_OPENAI_MAX_BIAS)
+        return sh_openai_error_set(err, 400, NULL, "logit_bias",
+                                   "'logit_bias' takes at most %d entries", SH_OPENAI_MAX_BIAS),
+               false;
+    if (n == 0)
+        return true;
+    r->bias = calloc(n, sizeof *r->bias);
+    if (!r->bias)
+        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        /* Keys are decimal token ids: digits only, no sign, no spaces, no leading zeros. */
+        size_t kl = strlen(key);
+        bool digits = kl > 0 && kl <= 10 && (key[0] != '0' || kl == 1);
+        for (size_t i = 0; digits && i < kl; i++)
+            digits = key[i] >= '0' && key[i] <= '9';
+        long long id = digits ? strtoll(key, NULL, 10) : -1;
+        if (!digits || id > INT32_MAX || (lim->n_vocab > 0 && id >= lim->n_vocab))
+            return sh_openai_error_set(err, 400, NULL, "logit_bias",
+                                       "'logit_bias' key '%.40s' is not a valid token id", key),
+                   false;
+        if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+            return sh_openai_error_set(err, 400, NULL, "logit_bias",
+                                       "'logit_bias' values must be numbers between -100 and 100"),
+                   false;
+        r->bias[r->n_bias++] = (sh_openai_bias){(int32_t)id, (float)json_number_value(v)};
+    }
+    return true;
+}
+
+/* A token-id array: every element an integer in [0, n_vocab). */
+static bool parse_tokens(json_t *a, sh_openai_request *r, const sh_openai_limits *lim,
+                         sh_openai_error *err)
+{
+    size_t n = json_array_size(a);
+    if (n == 0)
+        return sh_openai_error_set(err, 400, NULL, "prompt", "'prompt' must not be empty"), false;
+    if (n > (size_t)lim->max_prompt_tokens)
+        return sh_openai_error_set(err, 400, "context_length_exceeded", "prompt",
+                                   "the prompt has %zu tokens; at most %d are allowed", n,
+                                   lim->max_prompt_tokens),
+               false;
+    r->prompt_tokens = malloc(n * sizeof *r->prompt_tokens);
+    if (!r->prompt_tokens)
+        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(a, i);
+        long long id = json_is_integer(t) ? json_integer_value(t) : -1;
+        if (id < 0 || id > INT32_MAX || (lim->n_vocab > 0 && id >= lim->n_vocab))
+            return sh_openai_error_set(err, 400, NULL, "prompt",
+                                       "'prompt' token %zu is not a valid token id", i),
+                   false;
+        r->prompt_tokens[i] = (int32_t)id;
+    }
+    r->n_prompt_tokens = (int32_t)n;
+    return true;
+}
+
+static bool parse_prompt(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
+                         sh_openai_error *err)
+{
+    json_t *p = json_object_get(o, "prompt");
+    if (!p)
+        return sh_openai_error_set(err, 400, NULL, "prompt", "'prompt' is required"), false;
+    if (json_is_string(p)) {
+        r->prompt = json_string_value(p);
+        return true;
+    }
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return sh_openai_error_set(err, 400, NULL, "prompt",
+                                   "'prompt' must be a string, an array of strings or an array "
+                                   "of token ids"),
+               false;
+    json_t *first = json_array_get(p, 0);
+    if (json_is_integer(first))
+        return parse_tokens(p, r, lim, err);
+    if (json_array_size(p) > 1)
+        return sh_openai_error_set(err, 400, NULL, "prompt",
+                                   "only one prompt per request is supported"),
+               false;
+    if (json_is_string(first)) {
+        r->prompt = json_string_value(first);
+        return true;
+    }
+    if (json_is_array(first))
+        return parse_tokens(first, r, lim, err);
+    return sh_openai_error_set(err, 400, NULL, "prompt",
+                               "'prompt' must be a string, an array of strings or an array of "
+                               "token ids"),
+           false;
+}
+
+static bool parse_messages(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
+                           sh_openai_error *err)
+{
+    json_t *m = json_object_get(o, "messages");
+    if (!json_is_array(m) || json_array_size(m) == 0)
+        return sh_openai_error_set(err, 400, NULL, "messages",
+                                   "'messages' must be a non-empty array"),
+               false;
+    size_t n = json_array_size(m);
+    if (n > (size_t)lim->max_messages)
+        return sh_openai_error_set(err, 400, NULL, "messages", "too many messages (%zu > %d)", n,
+                                   lim->max_messages),
+               false;
+    /* First pass: types and the total text size; second pass: copy into one buffer. */
+    size_t total = 0;
+    char param[64];
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(msg))
+            return sh_openai_error_set(err, 400, NULL, param, "'%s' must be an object", param),
+                   false;
+        const char *role = json_string_value(json_object_get(msg, "role"));
+        if (!role || (strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "user") &&
+                      strcmp(role, "assistant"))) {
+            snprintf(param, sizeof param, "messages[%zu].role", i);
+            return sh_openai_error_set(err, 400, NULL, param,
+                                       "'%s' must be one of system, developer, user, assistant",
+                                       param),
+                   false;
+        }
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        json_t *c = json_object_get(msg, "content");
+        if (json_is_string(c)) {
+            total += json_string_length(c) + 1;
+        } else if (json_is_null(c) && strcmp(role, "assistant") == 0) {
+            total += 1;
+        } else if (json_is_array(c)) {
+            size_t k;
+            json_t *part;
+            json_array_foreach(c, k, part)
+            {
+                json_t *type = json_object_get(part, "type");
+                json_t *text = json_object_get(part, "text");
+                if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+                    !json_is_string(text))
+                    return sh_openai_error_set(err, 400, NULL, param,
+                                               "'%s' parts must be {\"type\":\"text\",\"text\":"
+                                               "string}; other part types are not supported",
+                                               param),
+                           false;
+                total += json_string_length(text);
+            }
+            total += 1;
+        } else {
+            return sh_openai_error_set(err, 400, NULL, param,
+                                       "'%s' must be a string or an array of text parts", param),
+                   false;
+        }
+    }
+    r->messages = calloc(n, sizeof *r->messages);
+    r->text_ = malloc(total + 1);
+    if (!r->messages || !r->text_)
+        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+    char *w = r->text_;
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        const char *role = json_string_value(json_object_get(msg, "role"));
+        r->messages[i].role = role[0] == 'u'   ? SH_OPENAI_USER
+                              : role[0] == 'a' ? SH_OPENAI_ASSISTANT
+                                               : SH_OPENAI_SYSTEM;
+        r->messages[i].content = w;
+        json_t *c = json_object_get(msg, "content");
+        if (json_is_string(c)) {
+            memcpy(w, json_string_value(c), json_string_length(c));
+            w += json_string_length(c);
+        } else if (json_is_array(c)) {
+            size_t k;
+            json_t *part;
+            json_array_foreach(c, k, part)
+            {
+                json_t *text = json_object_get(part, "text");
+                memcpy(w, json_string_value(text), json_string_length(text));
+                w += json_string_length(text);
+            }
+        }
+        *w++ = '\0';
+    }
+    r->n_messages = (int32_t)n;
+    return true;
+}
+
+static bool check_model(const char *model, const sh_openai_limits *lim, sh_openai_error *err)
+{
+    if (lim->n_models <= 0 || !lim->models)
+        return true;
+    for (int32_t i = 0; i < lim->n_models; i++)
+        if (strcmp(lim->models[i], model) == 0)
+            return true;
+    sh_openai_error_set(err, 404, "model_not_found", "model", "The model '%.100s' does not exist",
+                        model);
+    return false;
+}
+
+/* Every field after the type-specific ones. Returns false with err filled. */
+static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
+                         sh_openai_error *err)
+{
+    long long v = 0;
+    int rc;
+    if (get_string(o, "model", &r->model, err) < 0)
+        return false;
+    if (!r->model || !r->model[0])
+        return sh_openai_error_set(err, 400, NULL, "model", "'model' is required"), false;
+    const char *mt = r->kind == SH_OPENAI_CHAT ? "max_completion_tokens" : "max_tokens";
+    if ((rc = get_int(o, mt, 1, lim->max_tokens, &v, err)) < 0)
+        return false;
+    if (rc == 1 && r->kind == SH_OPENAI_CHAT &&
+        (rc = get_int(o, "max_tokens", 1, lim->max_tokens, &v, err)) < 0)
+        return false;
+    r->max_tokens = rc == 0 ? (int32_t)v : lim->default_max_tokens;
+    if (get_number(o, "temperature", 0, 2, &r->temperature, err) < 0 ||
+        get_number(o, "top_p", 0, 1, &r->top_p, err) < 0 ||
+        get_number(o, "min_p", 0, 1, &r->min_p, err) < 0 ||
+        get_number(o, "presence_penalty", -2, 2, &r->presence_penalty, err) < 0 ||
+        get_number(o, "frequency_penalty", -2, 2, &r->frequency_penalty, err) < 0)
+        return false;
+    if ((rc = get_int(o, "top_k", -1, INT32_MAX, &v, err)) < 0)
+        return false;
+    r->top_k = rc == 0 && v > 0 ? (int32_t)v : 0;
+    if ((rc = get_int(o, "n", 1, lim->max_n, &v, err)) < 0)
+        return false;
+    r->n = rc == 0 ? (int32_t)v : 1;
+    /* Any int64 seed is accepted (jansson rejects larger numbers as malformed). */
+    if ((rc = get_int(o, "seed", INT64_MIN, INT64_MAX, &v, err)) < 0)
+        return false;
+    r->has_seed = rc == 0;
+    r->seed = (uint64_t)v;
+    if ((rc = get_int(o, "priority", 0, 255, &v, err)) < 0)
+        return false;
+    r->priority = rc == 0 ? (int32_t)v : -1;
+    if (get_bool(o, "stream", &r->stream, err) < 0 || get_string(o, "user", &r->user, err) < 0)
+        return false;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return sh_openai_error_set(err, 400, NULL, "stream_options",
+                                       "'stream_options' must be an object"),
+                   false;
+        if (!r->stream)
+            return sh_openai_error_set(err, 400, NULL, "stream_options",
+                                       "'stream_options' is only allowed when 'stream' is true"),
+                   false;
+        if (get_bool(so, "include_usage", &r->include_usage, err) < 0) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return false;
+        }
+    }
+    if (!parse_stop(o, r, err) || !parse_bias(o, r, lim, err))
+        return false;
+    if (r->kind == SH_OPENAI_COMPLETION) {
+        if ((rc = get_int(o, "logprobs", 0, SH_OPENAI_MAX_LOGPROBS_CMPL, &v, err)) < 0)
+            return false;
+        r->logprobs = rc == 0;
+        r->top_logprobs = rc == 0 ? (int32_t)v : 0;
+        if (get_bool(o, "echo", &r->echo, err) < 0)
+            return false;
+        if (r->echo && r->logprobs)
+            return sh_openai_error_set(err, 400, NULL, "echo",
+                                       "'echo' together with 'logprobs' is not supported"),
+                   false;
+    } else {
+        if (get_bool(o, "logprobs", &r->logprobs, err) < 0)
+            return false;
+        if ((rc = get_int(o, "top_logprobs", 0, SH_OPENAI_MAX_TOP_LOGPROBS, &v, err)) < 0)
+            return false;
+        r->top_logprobs = rc == 0 ? (int32_t)v : 0;
+        if (rc == 0 && !r->logprobs)
+            return sh_openai_error_set(err, 400, NULL, "top_logprobs",
+                                       "'top_logprobs' requires 'logprobs' to be true"),
+                   false;
+    }
+    return check_model(r->model, lim, err);
+}
+
+sh_err sh_openai_request_parse(sh_openai_kind kind, const char *body, size_t len,
+                               const sh_openai_limits *limits, sh_openai_request **out,
+                               sh_openai_error *err)
+{
+    *out = NULL;
+    sh_openai_limits lim = limits ? *limits : (sh_openai_limits){0};
+    lim.max_tokens = lim.max_tokens > 0 ? lim.max_tokens : 32768;
+    lim.default_max_tokens = lim.default_max_tokens > 0 ? lim.default_max_tokens : 256;
+    if (lim.default_max_tokens > lim.max_tokens)
+        lim.default_max_tokens = lim.max_tokens;
+    lim.max_n = lim.max_n > 0 ? lim.max_n : 1;
+    lim.max_prompt_tokens = lim.max_prompt_tokens > 0 ? lim.max_prompt_tokens : 32768;
+    lim.max_messages = lim.max_messages > 0 ? lim.max_messages : 1024;
+
+    json_error_t je;
+    /* Duplicate keys are rejected so that no two readers can disagree on a field's value;
+     * jansson rejects invalid UTF-8 and \u0000 in strings by itself. */
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        sh_openai_error_set(err, 400, NULL, NULL,
+                            "We could not parse the JSON body of your request: %.150s "
+                            "(line %d, column %d)",
+                            je.text, je.line, je.column);
+        return SH_EINVAL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        sh_openai_error_set(err, 400, NULL, NULL, "the request body must be a JSON object");
+        return SH_EINVAL;
+    }
+    sh_openai_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        json_decref(root);
+        sh_openai_error_set(err, 500, NULL, NULL, "out of memory");
+        return SH_ENOMEM;
+    }
+    r->root_ = root;
+    r->kind = kind;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    bool ok = kind == SH_OPENAI_CHAT ? parse_messages(root, r, &lim, err)
+                                     : parse_prompt(root, r, &lim, err);
+    ok = ok && parse_common(root, r, &lim, err);
+    if (!ok) {
+        sh_openai_request_free(r);
+        return err->status == 500 ? SH_ENOMEM : SH_EINVAL;
+    }
+    *out = r;
+    return SH_OK;
+}
+
+void sh_openai_request_free(sh_openai_request *r)
+{
+    if (!r)
+        return;
+    free(r->prompt_tokens);
+    free(r->messages);
+    free(r->text_);
+    free(r->bias);
+    json_decref(r->root_);
+    free(r);
+}

@@ -1,0 +1,447 @@
+/* The HTTP server on 127.0.0.1 driven by curl and raw sockets: JSON, keep-alive, pipelining, SSE,
+ * limits (413, 503, 431), slow-loris, disconnect mid-stream, malformed requests. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "actors/http.h"
+#include "sh_test.h"
+#include "shoal/err.h"
+
+static uv_loop_t loop;
+static uv_async_t stop_async;
+static sh_http_server *srv;
+static atomic_int port, ready, closed_done, aborts, held, handled;
+
+typedef struct stream_ctx {
+    uv_timer_t t;
+    sh_http_req *req;
+    int n, limit; /* limit < 0: forever */
+} stream_ctx;
+
+static void ctx_free(uv_handle_t *h) { free(h->data); }
+
+static void stream_abort(sh_http_req *req, void *arg)
+{
+    stream_ctx *c = arg;
+    atomic_fetch_add(&aborts, 1);
+    CHECK(!sh_http_req_alive(req));
+    CHECK_INT_EQ(sh_http_stream_write(req, "x", 1), SH_ECLOSED);
+    CHECK_INT_EQ(sh_http_stream_end(req), SH_ECLOSED);
+    c->req = NULL;
+    uv_close((uv_handle_t *)&c->t, ctx_free);
+}
+
+static void stream_tick(uv_timer_t *t)
+{
+    stream_ctx *c = t->data;
+    char ev[64];
+    if (c->limit >= 0 && c->n >= c->limit) {
+        sh_http_stream_write(c->req, "data: [DONE]\n\n", 14);
+        sh_http_stream_end(c->req);
+        c->req = NULL;
+        uv_close((uv_handle_t *)t, ctx_free);
+        return;
+    }
+    int len = snprintf(ev, sizeof ev, "data: {\"n\":%d}\n\n", c->n++);
+    sh_http_stream_write(c->req, ev, (size_t)len);
+}
+
+static void hold_abort(sh_http_req *req, void *arg)
+{
+    atomic_fetch_add(&aborts, 1);
+    atomic_fetch_sub(&held, 1);
+    CHECK_INT_EQ(sh_http_respond(req, 200, "text/plain", "late", 4), SH_ECLOSED);
+}
+
+static void handler(sh_http_req *req, void *user)
+{
+    const char *path = sh_http_req_path(req);
+    atomic_fetch_add(&handled, 1);
+    if (strcmp(path, "/echo") == 0) {
+        size_t len;
+        const char *body = sh_http_req_body(req, &len);
+        const char *ct = sh_http_req_header(req, "CONTENT-type");
+        sh_http_req_add_header(req, "X-Query", sh_http_req_query(req));
+        CHECK_INT_EQ(sh_http_req_add_header(req, "Bad", "a\r\nb"), SH_EINVAL);
+        sh_http_respond(req, 200, ct ? ct : "application/octet-stream", body, len);
+    } else if (strcmp(path, "/hello") == 0) {
+        sh_http_respond(req, 200, "text/plain", "hello", 5);
+    } else if (strcmp(path, "/sse") == 0 || strcmp(path, "/forever") == 0) {
+        stream_ctx *c = calloc(1, sizeof *c);
+        c->req = req;
+        c->limit = path[1] == 's' ? 5 : -1;
+        uv_timer_init(&loop, &c->t);
+        c->t.data = c;
+        sh_http_req_on_abort(req, stream_abort, c);
+        sh_http_stream_start(req, 200, "text/event-stream", true);
+        uv_timer_start(&c->t, stream_tick, 5, 20);
+    } else if (strcmp(path, "/hold") == 0) {
+        atomic_fetch_add(&held, 1);
+        sh_http_req_on_abort(req, hold_abort, NULL);
+    } else {
+        static const char nf[] = "{\"error\":{\"message\":\"not found\"}}";
+        sh_http_respond(req, 404, "application/json", nf, sizeof nf - 1);
+    }
+}
+
+static void on_closed(void *arg) { atomic_store(&closed_done, 1); }
+
+static void on_stop(uv_async_t *a)
+{
+    sh_http_server_close(srv, true, on_closed, NULL);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+static void *server_main(void *arg)
+{
+    uv_loop_init(&loop);
+    uv_async_init(&loop, &stop_async, on_stop);
+    sh_http_opts o = {.host = "127.0.0.1",
+                      .port = 0,
+                      .max_conns = 4,
+                      .max_header_bytes = 2048,
+                      .max_body_bytes = 1024,
+                      .header_timeout_ms = 400,
+                      .request_timeout_ms = 1500,
+                      .idle_timeout_ms = 3000,
+                      .handler = handler};
+    sh_error e = {0};
+    if (sh_http_server_create(&loop, &o, &srv, &e) != SH_OK) {
+        fprintf(stderr, "server: %s\n", e.msg);
+        atomic_store(&ready, -1);
+        return NULL;
+    }
+    atomic_store(&port, sh_http_server_port(srv));
+    atomic_store(&ready, 1);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK_INT_EQ(uv_loop_close(&loop), 0); /* every handle was closed */
+    return NULL;
+}
+
+/* --- clients --- */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int dial(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        SH_FAIL_("connect: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_str(int fd, const char *s)
+{
+    if (send(fd, s, strlen(s), MSG_NOSIGNAL) != (ssize_t)strlen(s))
+        SH_FAIL_("send: %s", strerror(errno));
+}
+
+/* Reads until `needle` appears (NULL: until EOF) or timeout; returns bytes read, and sets *eof. */
+static size_t recv_until(int fd, char *buf, size_t cap, const char *needle, int timeout_ms,
+                         bool *eof)
+{
+    size_t n = 0;
+    double end = now_ms() + timeout_ms;
+    *eof = false;
+    buf[0] = '\0';
+    while (n + 1 < cap) {
+        if (needle && strstr(buf, needle))
+            break;
+        int left = (int)(end - now_ms());
+        if (left <= 0)
+            break;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, left) <= 0)
+            continue;
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k <= 0) {
+            *eof = true;
+            break;
+        }
+        n += (size_t)k;
+        buf[n] = '\0';
+    }
+    return n;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int c = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        c++;
+    return c;
+}
+
+/* Runs a shell command and returns its stdout (static buffer). */
+static const char *sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *sh(const char *fmt, ...)
+{
+    static char out[16384];
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    FILE *f = popen(cmd, "r");
+    size_t n = f ? fread(out, 1, sizeof out - 1, f) : 0;
+    out[n] = '\0';
+    if (f)
+        pclose(f);
+    return out;
+}
+
+static bool wait_for(atomic_int *v, int want, int ms)
+{
+    double end = now_ms() + ms;
+    while (atomic_load(v) != want && now_ms() < end)
+        usleep(5000);
+    return atomic_load(v) == want;
+}
+
+static void test_curl_json(void)
+{
+    const char *o = sh("curl -s -i -X POST -H 'Content-Type: application/json' "
+                       "--data '{\"a\":[1,2]}' 'http://127.0.0.1:%d/echo?x=1#frag'",
+                       (int)port);
+    CHECK(strncmp(o, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    CHECK(strstr(o, "Content-Type: application/json\r\n") != NULL);
+    CHECK(strstr(o, "Content-Length: 11\r\n") != NULL);
+    CHECK(strstr(o, "X-Query: x=1\r\n") != NULL);
+    CHECK(strstr(o, "\r\n\r\n{\"a\":[1,2]}") != NULL);
+    o = sh("curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/nope", (int)port);
+    CHECK_STR_EQ(o, "404");
+}
+
+static void test_keepalive_and_pipelining(void)
+{
+    char buf[8192];
+    bool eof;
+    int fd = dial();
+    send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, "hello", 2000, &eof);
+    CHECK(strstr(buf, "Connection: keep-alive") != NULL);
+    CHECK(!eof);
+    /* The same connection serves two more, pipelined in one write; the last asks to close. */
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+                 "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+    CHECK(eof);
+    CHECK_INT_EQ(count(buf, "HTTP/1.1 200 OK"), 2);
+    char *a = strstr(buf, "abc"), *h = strstr(buf, "hello");
+    CHECK(a && h && a < h); /* answered in order */
+    CHECK(strstr(buf, "Connection: close") != NULL);
+    close(fd);
+    /* A chunked request body is decoded; Expect: 100-continue is answered first. */
+    fd = dial();
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                 "Expect: 100-continue\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, "\r\n\r\n", 2000, &eof);
+    CHECK(strncmp(buf, "HTTP/1.1 100 Continue\r\n\r\n", 25) == 0);
+    send_str(fd, "3\r\nfoo\r\n4\r\nbar!\r\n0\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, "foobar!", 2000, &eof);
+    CHECK(strstr(buf, "Content-Length: 7\r\n") != NULL);
+    close(fd);
+}
+
+static void test_sse(void)
+{
+    const char *o = sh("curl -sN -i http://127.0.0.1:%d/sse", (int)port);
+    CHECK(strstr(o, "Content-Type: text/event-stream\r\n") != NULL);
+    CHECK(strstr(o, "Cache-Control: no-cache\r\n") != NULL);
+    CHECK(strstr(o, "Transfer-Encoding: chunked\r\n") != NULL);
+    CHECK_INT_EQ(count(o, "data: {\"n\":"), 5);
+    CHECK(strstr(o, "data: {\"n\":4}\n\ndata: [DONE]\n\n") != NULL);
+    /* An HTTP/1.0 client gets a close-delimited stream. */
+    o = sh("curl -sN -i --http1.0 http://127.0.0.1:%d/sse", (int)port);
+    CHECK(strstr(o, "Transfer-Encoding") == NULL);
+    CHECK(strstr(o, "data: [DONE]\n\n") != NULL);
+}
+
+static void test_limits(void)
+{
+    const char *o = sh("head -c 2000 /dev/zero | tr '\\0' a | curl -s -o /dev/null -w "
+                       "'%%{http_code}' --data-binary @- http://127.0.0.1:%d/echo",
+                       (int)port);
+    CHECK_STR_EQ(o, "413");
+    char buf[8192];
+    bool eof;
+    /* A chunked body that grows past the limit. */
+    int fd = dial();
+    send_str(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    char chunk[700];
+    memset(chunk, 'b', sizeof chunk);
+    snprintf(chunk, 8, "%x\r\n", 600);
+    memcpy(chunk + 5 + 600, "\r\n", 2);
+    send(fd, chunk, 607, MSG_NOSIGNAL);
+    send(fd, chunk, 607, MSG_NOSIGNAL);
+    recv_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+    CHECK(strncmp(buf, "HTTP/1.1 413 ", 13) == 0);
+    CHECK(strstr(buf, "\"error\"") != NULL);
+    CHECK(eof);
+    close(fd);
+    /* Headers over the limit. */
+    fd = dial();
+    send_str(fd, "GET /hello HTTP/1.1\r\nX-Big: ");
+    char big[3000];
+    memset(big, 'h', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    send_str(fd, big);
+    send_str(fd, "\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+    CHECK(strncmp(buf, "HTTP/1.1 431 ", 13) == 0);
+    close(fd);
+}
+
+static void test_slowloris(void)
+{
+    char buf[4096];
+    bool eof = false;
+    int fd = dial();
+    const char *req = "GET /hello HTTP/1.1\r\nHost: example\r\nX-Pad: aaaaaaaaaaaaaaaa\r\n\r\n";
+    double t0 = now_ms();
+    for (const char *p = req; *p && !eof; p++) {
+        if (send(fd, p, 1, MSG_NOSIGNAL) != 1)
+            break;
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 60) > 0) {
+            recv_until(fd, buf, sizeof buf, NULL, 1000, &eof);
+            break;
+        }
+    }
+    double dt = now_ms() - t0;
+    CHECK(eof);
+    CHECK(strncmp(buf, "HTTP/1.1 408 ", 13) == 0);
+    CHECK(dt > 300 && dt < 2500);
+    close(fd);
+    /* An idle connection that never sends a byte is closed after the idle timeout. */
+    fd = dial();
+    t0 = now_ms();
+    recv_until(fd, buf, sizeof buf, NULL, 5000, &eof);
+    CHECK(eof);
+    CHECK(now_ms() - t0 > 2500);
+    close(fd);
+}
+
+static void test_disconnect_mid_stream(void)
+{
+    char buf[4096];
+    bool eof;
+    int before = atomic_load(&aborts);
+    int fd = dial();
+    send_str(fd, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, "{\"n\":2}", 2000, &eof);
+    CHECK(strstr(buf, "{\"n\":2}") != NULL);
+    struct linger lg = {1, 0}; /* an abrupt close: RST */
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    close(fd);
+    CHECK(wait_for(&aborts, before + 1, 3000));
+    /* Also a polite close (FIN) mid-stream. */
+    fd = dial();
+    send_str(fd, "GET /forever HTTP/1.1\r\nHost: x\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, "{\"n\":1}", 2000, &eof);
+    close(fd);
+    CHECK(wait_for(&aborts, before + 2, 3000));
+    const char *o = sh("curl -s http://127.0.0.1:%d/hello", (int)port);
+    CHECK_STR_EQ(o, "hello");
+}
+
+static void test_too_many_connections(void)
+{
+    int fds[4];
+    int before = atomic_load(&aborts);
+    for (int i = 0; i < 4; i++) {
+        fds[i] = dial();
+        send_str(fds[i], "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    CHECK(wait_for(&held, 4, 3000));
+    char buf[4096];
+    bool eof;
+    int fd = dial();
+    send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    recv_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+    CHECK(strncmp(buf, "HTTP/1.1 503 ", 13) == 0);
+    CHECK(strstr(buf, "{\"error\":{\"message\":") != NULL);
+    CHECK(eof);
+    close(fd);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    CHECK(wait_for(&held, 0, 3000));
+    CHECK(wait_for(&aborts, before + 4, 3000));
+    /* Capacity is back. */
+    const char *o = sh("curl -s http://127.0.0.1:%d/hello", (int)port);
+    CHECK_STR_EQ(o, "hello");
+}
+
+static void test_malformed(void)
+{
+    const char *bad[] = {"GARBAGE\r\n\r\n", "GET / HTTP/9.9\r\n\r\n",
+                         "GET /hello HTTP/1.1\r\nBad Header\r\n\r\n",
+                         ("POST /echo HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: "
+                          "chunked\r\n\r\n0\r\n\r\n"),
+                         "POST /echo HTTP/1.1\r\nContent-Length: -1\r\n\r\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char buf[4096];
+        bool eof;
+        int fd = dial();
+        send_str(fd, bad[i]);
+        recv_until(fd, buf, sizeof buf, NULL, 3000, &eof);
+        const char *want = i == 1 ? "HTTP/1.1 505 " : "HTTP/1.1 400 ";
+        if (strncmp(buf, want, 13) != 0)
+            SH_FAIL_("request %zu: got '%.40s'", i, buf);
+        CHECK(eof);
+        close(fd);
+    }
+}
+
+static const sh_test_case tests[] = {
+    {"curl_json", test_curl_json},
+    {"keepalive_and_pipelining", test_keepalive_and_pipelining},
+    {"sse", test_sse},
+    {"limits", test_limits},
+    {"slowloris", test_slowloris},
+    {"disconnect_mid_stream", test_disconnect_mid_stream},
+    {"too_many_connections", test_too_many_connections},
+    {"malformed", test_malformed},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    if (system("curl --version > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "curl is not installed\n");
+        return SH_TEST_SKIP;
+    }
+    pthread_t th;
+    pthread_create(&th, NULL, server_main, NULL);
+    while (atomic_load(&ready) == 0)
+        usleep(1000);
+    if (atomic_load(&ready) < 0)
+        return 1;
+    int rc = sh_test_main(argc, argv, tests);
+    uv_async_send(&stop_async);
+    pthread_join(th, NULL);
+    if (!atomic_load(&closed_done)) {
+        fprintf(stderr, "the server did not report closing\n");
+        rc = 1;
+    }
+    return rc;
+}

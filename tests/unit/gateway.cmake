@@ -1,0 +1,3 @@
+# The gateway's OpenAI layer: request validation, response builders, stop strings, API keys.
+sh_test(test_openai SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai.c LABELS unit TIMEOUT 20)
+sh_test(test_stopstr SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_stopstr.c LABELS unit TIMEOUT 20)
