@@ -1,4 +1,5 @@
 /* Building frames into pooled messages and routing them: mailbox, transport or ERROR bounce. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "runtime/error.h"
@@ -11,6 +12,28 @@
 
 static const uint8_t empty_map = 0x80;
 
+/* A large frame for another node is built straight in a buffer the transport can send without
+ * copying (an nng_msg body), when the installed hooks offer one. NULL: use the runtime's own. */
+static sh_msg *remote_alloc(sh_runtime *rt, const sh_msg_hdr *h, size_t cap)
+{
+    if (cap <= SH__MAILBOX_SMALL_FRAME || sh_addr_node(h->dst) == rt->node_id)
+        return NULL;
+    const sh_transport_hooks *hooks = atomic_load_explicit(&rt->hooks, memory_order_acquire);
+    if (!hooks || !hooks->frame_alloc || !hooks->send_owned)
+        return NULL;
+    sh_frame_owner owner = {0};
+    uint8_t *data = hooks->frame_alloc(hooks->ctx, sh_addr_node(h->dst), cap, &owner);
+    if (!data)
+        return NULL;
+    sh_msg *m = sh__mailbox_msg_wrap(rt, data, 0, &owner);
+    if (!m) {
+        owner.release(owner.ctx, owner.handle);
+        return NULL;
+    }
+    m->cap = cap;
+    return m;
+}
+
 sh_err sh__actor_msg_build(sh_runtime *rt, const sh_msg_hdr *h, const void *body, size_t body_len,
                            sh_msg **out, sh_error *e)
 {
@@ -22,7 +45,9 @@ sh_err sh__actor_msg_build(sh_runtime *rt, const sh_msg_hdr *h, const void *body
         body = &empty_map;
         body_len = 1;
     }
-    sh_msg *m = sh__mailbox_msg_alloc(rt, body_len + ENVELOPE_MAX);
+    sh_msg *m = remote_alloc(rt, h, body_len + ENVELOPE_MAX);
+    if (!m)
+        m = sh__mailbox_msg_alloc(rt, body_len + ENVELOPE_MAX);
     if (!m)
         return sh__error_set(e, SH_ENOMEM, "send: out of memory for %zu bytes", body_len);
     sh_buf b;
@@ -162,11 +187,22 @@ sh_err sh__actor_route(sh_runtime *rt, sh_msg *m, sh_error *e)
     sh_addr dst = m->env.hdr.dst;
     uint32_t node = sh_addr_node(dst);
     if (node != rt->node_id) {
-        if (!hooks || !hooks->send_frame)
+        if (!hooks || (!hooks->send_frame && !hooks->send_owned))
             return sh__error_set(e, SH_EUNSUPPORTED,
                                  "send: destination node %u is remote and no transport is set",
                                  (unsigned)node);
-        sh_err err = hooks->send_frame(hooks->ctx, node, m->data, m->len, e);
+        sh_err err;
+        if ((m->flags & SH__MSG_OWNED) && hooks->send_owned) {
+            /* The buffer moves to the transport; the header block goes back to the pool. */
+            err = hooks->send_owned(hooks->ctx, node, m->data, m->len, &m->owner, e);
+            if (!err)
+                sh__mailbox_msg_disown(m);
+        } else if (hooks->send_frame) {
+            err = hooks->send_frame(hooks->ctx, node, m->data, m->len, e);
+        } else {
+            err = sh__error_set(e, SH_EUNSUPPORTED, "send: the transport for node %u cannot send",
+                                (unsigned)node);
+        }
         if (err)
             return err;
         sh_counter_add(rt->m.sent, 1);
@@ -292,15 +328,12 @@ sh_err sh_msg_error_code(const sh_msg *m)
     return code > 0 && code < SH_ERR_COUNT_ ? (sh_err)code : SH_EPROTO;
 }
 
-sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_error *e)
+/* Decodes m (its frame already in place) and routes it. On an error m is freed here, except that
+ * an owned buffer is disowned first: the caller keeps it. */
+static sh_err deliver(sh_runtime *rt, sh_msg *m, sh_error *e)
 {
-    if (atomic_load(&rt->closing))
-        return sh__error_set(e, SH_ECLOSED, "deliver: runtime is shutting down");
-    sh_msg *m = sh__mailbox_msg_alloc(rt, len);
-    if (!m)
-        return sh__error_set(e, SH_ENOMEM, "deliver: out of memory for %zu bytes", len);
-    memcpy(m->data, frame, len);
-    m->len = len;
+    size_t len = m->len;
+    bool owned = (m->flags & SH__MSG_OWNED) != 0;
     sh_msg_codec c;
     sh__msg_codec_init(&c);
     sh_error local;
@@ -314,6 +347,8 @@ sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_er
         sh_counter_add(rt->m.rejected, 1);
         sh__log_emit(&rt->log, SH_LOG_LEVEL_WARN, NULL, 0, "frame_rejected", "len=%zu error=\"%s\"",
                      len, e->msg);
+        if (owned) /* the header was decoded into m->env; the bytes are not needed again */
+            sh__mailbox_msg_disown(m);
         /* Answer only a claimed remote requester: a frame must not make us message ourselves. */
         const sh_msg_hdr *h = &m->env.hdr;
         if (m->env.n_fields >= 6 && h->session != 0 && h->type != SH_MSG_ERROR &&
@@ -326,9 +361,37 @@ sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_er
     }
     m->flags |= SH__MSG_NOFILTER; /* faults were injected on the sending node */
     err = sh__actor_route(rt, m, e);
-    if (err)
+    if (err) {
+        if (owned)
+            sh__mailbox_msg_disown(m);
         sh__mailbox_msg_release(m);
+    }
     return err;
+}
+
+sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_error *e)
+{
+    if (atomic_load(&rt->closing))
+        return sh__error_set(e, SH_ECLOSED, "deliver: runtime is shutting down");
+    sh_msg *m = sh__mailbox_msg_alloc(rt, len);
+    if (!m)
+        return sh__error_set(e, SH_ENOMEM, "deliver: out of memory for %zu bytes", len);
+    memcpy(m->data, frame, len);
+    m->len = len;
+    return deliver(rt, m, e);
+}
+
+sh_err sh_transport_deliver_owned(sh_runtime *rt, uint8_t *frame, size_t len,
+                                  const sh_frame_owner *owner, sh_error *e)
+{
+    if (!owner || !owner->release || (!frame && len))
+        return sh__error_set(e, SH_EINVAL, "deliver: NULL frame or owner");
+    if (atomic_load(&rt->closing))
+        return sh__error_set(e, SH_ECLOSED, "deliver: runtime is shutting down");
+    sh_msg *m = sh__mailbox_msg_wrap(rt, frame, len, owner);
+    if (!m)
+        return sh__error_set(e, SH_ENOMEM, "deliver: out of memory");
+    return deliver(rt, m, e);
 }
 
 sh_err sh_transport_reinject(sh_runtime *rt, sh_msg *m, sh_error *e)

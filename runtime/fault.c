@@ -332,6 +332,28 @@ static sh_err forward(void *ctx, uint32_t node, const uint8_t *frame, size_t len
     return f->next.send_frame(f->next.ctx, node, frame, len, e);
 }
 
+/* The zero-copy members pass straight through to the wrapped transport: faults act in the
+ * filter, before a message reaches either. */
+static sh_err forward_owned(void *ctx, uint32_t node, uint8_t *frame, size_t len,
+                            const sh_frame_owner *owner, sh_error *e)
+{
+    sh_fault *f = ctx;
+    if (f->has_next && f->next.send_owned)
+        return f->next.send_owned(f->next.ctx, node, frame, len, owner, e);
+    sh_err err = forward(f, node, frame, len, e);
+    if (!err)
+        owner->release(owner->ctx, owner->handle);
+    return err;
+}
+
+static uint8_t *forward_alloc(void *ctx, uint32_t node, size_t cap, sh_frame_owner *owner)
+{
+    sh_fault *f = ctx;
+    if (!f->has_next || !f->next.frame_alloc || !f->next.send_owned)
+        return NULL;
+    return f->next.frame_alloc(f->next.ctx, node, cap, owner);
+}
+
 /* Everything the rules decide for one message, drawn under the lock. */
 static sh_send_verdict filter(void *ctx, sh_msg *m)
 {
@@ -455,7 +477,11 @@ sh_err sh_fault_create(sh_runtime *rt, const sh_fault_opts *opts, sh_fault **out
     uv_mutex_init(&f->mu);
     uv_cond_init(&f->cv);
     int rv = uv_thread_create(&f->thread, timer_main, f);
-    f->hooks = (sh_transport_hooks){.ctx = f, .send_frame = forward, .filter = filter};
+    f->hooks = (sh_transport_hooks){.ctx = f,
+                                    .send_frame = forward,
+                                    .filter = filter,
+                                    .send_owned = forward_owned,
+                                    .frame_alloc = forward_alloc};
     if (rv || sh_transport_set(rt, &f->hooks) != SH_OK) {
         if (!rv) {
             uv_mutex_lock(&f->mu);

@@ -18,11 +18,13 @@
 
 /* Message flags: local-only facts that do not travel in the frame. */
 enum {
-    SH__MSG_POOLED = 1u << 0,  /* the block came from the runtime's pool */
-    SH__MSG_EXTDATA = 1u << 1, /* data is a separate malloc'd buffer (adopted from an sh_buf) */
-    SH__MSG_REPLY = 1u << 2,   /* sent with sh_reply*: never bounced with an ERROR */
-    SH__MSG_TIMEOUT = 1u << 3, /* the runtime's timeout ERROR: bypasses session matching */
-    SH__MSG_NOFILTER = 1u << 4 /* re-injected by the fault layer: skip the filter */
+    SH__MSG_POOLED = 1u << 0,   /* the block came from the runtime's pool */
+    SH__MSG_EXTDATA = 1u << 1,  /* data is a separate malloc'd buffer (adopted from an sh_buf) */
+    SH__MSG_REPLY = 1u << 2,    /* sent with sh_reply*: never bounced with an ERROR */
+    SH__MSG_TIMEOUT = 1u << 3,  /* the runtime's timeout ERROR: bypasses session matching */
+    SH__MSG_NOFILTER = 1u << 4, /* re-injected by the fault layer: skip the filter */
+    SH__MSG_OWNED = 1u << 5,    /* data belongs to `owner` (a transport buffer): released there */
+    SH__MSG_BIG = 1u << 6       /* a large block (header + frame) the big-block pool may keep */
 };
 
 struct sh_msg {
@@ -34,6 +36,7 @@ struct sh_msg {
     size_t cap;     /* bytes data can hold */
     uint32_t flags;
     struct sh_msg *pool_next; /* free list link while pooled */
+    sh_frame_owner owner;     /* with SH__MSG_OWNED: who frees data */
 };
 
 /* Actor lifecycle. Transitions: INIT -> RUNNING -> STOPPING -> STOPPED, or INIT -> STOPPING.
@@ -127,6 +130,9 @@ struct sh_runtime {
     uv_mutex_t pool_mu;
     sh_msg *pool_free;
     uint32_t pool_n;
+    sh_msg *big_free; /* large blocks kept for reuse (pool_mu); see SH__MAILBOX_BIG_* */
+    uint32_t big_n;
+    uint64_t big_bytes;
 
     /* Transport hooks: every installed set is kept until destroy so that a sender never reads
      * a freed set (installs are rare). */

@@ -64,6 +64,32 @@ bool sh__mailbox_ready(sh__mailbox *q)
 /* Pooled blocks hold the message header and a small frame in one allocation. */
 #define BLOCK_SIZE (sizeof(sh_msg) + SH__MAILBOX_SMALL_FRAME)
 
+/* The smallest kept large block holding cap bytes and at most twice that; NULL when none. */
+static sh_msg *big_get(sh_runtime *rt, size_t cap)
+{
+    if (cap < SH__MAILBOX_BIG_MIN)
+        return NULL;
+    uv_mutex_lock(&rt->pool_mu);
+    sh_msg **best = NULL;
+    for (sh_msg **pp = &rt->big_free; *pp; pp = &(*pp)->pool_next)
+        if ((*pp)->cap >= cap && (*pp)->cap / 2 <= cap && (!best || (*pp)->cap < (*best)->cap))
+            best = pp;
+    sh_msg *m = NULL;
+    if (best) {
+        m = *best;
+        *best = m->pool_next;
+        rt->big_n--;
+        rt->big_bytes -= m->cap;
+    }
+    uv_mutex_unlock(&rt->pool_mu);
+    if (m) {
+        size_t kept = m->cap;
+        memset(m, 0, sizeof *m);
+        m->cap = kept;
+    }
+    return m;
+}
+
 sh_msg *sh__mailbox_msg_alloc(sh_runtime *rt, size_t cap)
 {
     sh_msg *m = NULL;
@@ -87,11 +113,20 @@ sh_msg *sh__mailbox_msg_alloc(sh_runtime *rt, size_t cap)
         m->flags = SH__MSG_POOLED;
         m->cap = SH__MAILBOX_SMALL_FRAME;
     } else {
-        sh_counter_add(rt->m.pool_misses, 1);
-        m = sh__rt_alloc(rt, sizeof(sh_msg) + cap);
-        if (!m)
-            return NULL;
-        m->cap = cap;
+        m = big_get(rt, cap);
+        if (m) {
+            sh_counter_add(rt->m.pool_hits, 1);
+        } else {
+            sh_counter_add(rt->m.pool_misses, 1);
+            /* Not zeroed: the frame is written over in full, and calloc would touch every page. */
+            m = sh__rt_realloc(rt, NULL, sizeof(sh_msg) + cap);
+            if (!m)
+                return NULL;
+            memset(m, 0, sizeof *m);
+            m->cap = cap;
+        }
+        if (m->cap >= SH__MAILBOX_BIG_MIN)
+            m->flags = SH__MSG_BIG;
     }
     m->rt = rt;
     m->data = (uint8_t *)(m + 1);
@@ -114,12 +149,47 @@ sh_msg *sh__mailbox_msg_adopt(sh_runtime *rt, uint8_t *data, size_t len, size_t 
     return m;
 }
 
+sh_msg *sh__mailbox_msg_wrap(sh_runtime *rt, uint8_t *data, size_t len, const sh_frame_owner *owner)
+{
+    sh_msg *m = sh__mailbox_msg_alloc(rt, 0); /* a header block from the pool; data unused */
+    if (!m)
+        return NULL;
+    m->data = data;
+    m->len = len;
+    m->cap = len;
+    m->owner = *owner;
+    m->flags |= SH__MSG_OWNED;
+    return m;
+}
+
+void sh__mailbox_msg_disown(sh_msg *m)
+{
+    m->flags &= ~(uint32_t)SH__MSG_OWNED;
+    m->data = NULL;
+    m->len = 0;
+}
+
 void sh__mailbox_msg_release(sh_msg *m)
 {
     sh_runtime *rt = m->rt;
     atomic_fetch_sub_explicit(&rt->msgs_live, 1, memory_order_relaxed);
     if (m->flags & SH__MSG_EXTDATA)
         sh__rt_free(rt, m->data);
+    if (m->flags & SH__MSG_OWNED)
+        m->owner.release(m->owner.ctx, m->owner.handle);
+    if (m->flags & SH__MSG_BIG) {
+        uv_mutex_lock(&rt->pool_mu);
+        if (rt->big_n < SH__MAILBOX_BIG_MAX && rt->big_bytes + m->cap <= SH__MAILBOX_BIG_BYTES) {
+            m->pool_next = rt->big_free;
+            rt->big_free = m;
+            rt->big_n++;
+            rt->big_bytes += m->cap;
+            m = NULL;
+        }
+        uv_mutex_unlock(&rt->pool_mu);
+        sh__rt_free(rt, m);
+        return;
+    }
     if (m->flags & SH__MSG_POOLED) {
         uv_mutex_lock(&rt->pool_mu);
         if (rt->pool_n < SH__MAILBOX_POOL_MAX) {
@@ -143,4 +213,12 @@ void sh__mailbox_pool_fini(sh_runtime *rt)
     }
     rt->pool_free = NULL;
     rt->pool_n = 0;
+    for (m = rt->big_free; m;) {
+        sh_msg *next = m->pool_next;
+        sh__rt_free(rt, m);
+        m = next;
+    }
+    rt->big_free = NULL;
+    rt->big_n = 0;
+    rt->big_bytes = 0;
 }

@@ -50,14 +50,35 @@ bool sh__mailbox_ready(sh__mailbox *q);
 /* The pool keeps at most this many free blocks (about 2 MiB) and frees the rest. */
 #define SH__MAILBOX_POOL_MAX 4096u
 
+/* Large blocks (header and a frame of at least SH__MAILBOX_BIG_MIN bytes) are kept on release, up
+ * to SH__MAILBOX_BIG_MAX blocks and SH__MAILBOX_BIG_BYTES bytes per runtime, and reused for a frame
+ * that fits in at most twice its size: a node passing activations between local actors neither
+ * allocates nor page-faults fresh memory per frame, whatever the allocator's mmap threshold (the
+ * library never changes process-wide malloc settings). */
+#define SH__MAILBOX_BIG_MIN ((size_t)64 << 10)
+#define SH__MAILBOX_BIG_MAX 8u
+#define SH__MAILBOX_BIG_BYTES ((uint64_t)64 << 20)
+
 /* Allocates a message able to hold a frame of `cap` bytes (data, cap set; everything else zeroed
- * except rt). Small ones come from the runtime's pool without malloc. Returns NULL when out of
+ * except rt; the frame bytes are not zeroed). Small ones come from the runtime's pool without
+ * malloc, large ones from the big-block pool when one fits. Returns NULL when out of
  * memory. Any thread. */
 sh_msg *sh__mailbox_msg_alloc(sh_runtime *rt, size_t cap);
 
 /* A message around `data` (len bytes of cap, allocated with malloc by an sh_buf), which it now
  * owns and frees on release. Returns NULL when out of memory (data stays with the caller). */
 sh_msg *sh__mailbox_msg_adopt(sh_runtime *rt, uint8_t *data, size_t len, size_t cap);
+
+/* A message (a pooled header block) around `data`, len bytes that `owner` frees: the message
+ * owns the buffer and releases it through the owner when it is released, unless
+ * sh__mailbox_msg_disown() gave it back first. Returns NULL when out of memory (the buffer stays
+ * with the caller). Any thread. */
+sh_msg *sh__mailbox_msg_wrap(sh_runtime *rt, uint8_t *data, size_t len,
+                             const sh_frame_owner *owner);
+
+/* Forgets an owned buffer without releasing it (it went back to the caller or to a transport);
+ * the message must not be read afterwards, only released. */
+void sh__mailbox_msg_disown(sh_msg *m);
 
 /* Returns a message's memory to the pool (or to malloc). Any thread. */
 void sh__mailbox_msg_release(sh_msg *m);

@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "runtime/error.h"
+#include "runtime/mailbox.h"
 #include "runtime/msg.h"
 #include "runtime/transport.h"
 
@@ -37,8 +38,29 @@ typedef struct peer {
     sh_transport_link info; /* state, errors, counters; queue fields filled on snapshot */
 } peer;
 
+/* Large nng_msgs kept for reuse. A received frame's buffer, once the runtime frees it, is kept
+ * here (up to max_bytes) and frame_alloc hands it out for the next large outgoing frame, so a
+ * node that relays activations neither allocates nor zeroes (NNG zeroes every new message) nor
+ * page-faults fresh memory per frame. Reference counted: the transport holds one reference and
+ * every buffer lent to the runtime one more, so a release after sh_transport_destroy() (a kept
+ * message freed late) is still safe. */
+typedef struct msgpool {
+    _Atomic uint32_t refs;
+    uv_mutex_t mu;
+    bool closed;     /* the transport is closing: releases free instead of keeping */
+    nng_msg **msgs;  /* (cap) */
+    uint32_t n, cap; /* buffers kept */
+    uint64_t bytes, max_bytes;
+} msgpool;
+
+/* Frames smaller than this are not worth keeping (NNG allocates them cheaply). */
+#define RECYCLE_MIN ((size_t)64 << 10)
+/* At most this many buffers are kept (and at most recycle_max_bytes). */
+#define POOL_MSGS 16u
+
 struct sh_transport {
     sh_runtime *rt;
+    msgpool *pool;
     uint32_t self;
     uint32_t q_msgs;
     uint64_t q_bytes;
@@ -73,6 +95,76 @@ static void link_fail(peer *p, int rv)
 {
     p->info.last_err = sh__transport_map(rv);
     snprintf(p->info.last_error, sizeof p->info.last_error, "%s", nng_strerror(rv));
+}
+
+/* ---- Buffer pool ------------------------------------------------------------------------ */
+
+static void pool_unref(msgpool *pl)
+{
+    if (atomic_fetch_sub_explicit(&pl->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (uint32_t i = 0; i < pl->n; i++)
+        nng_msg_free(pl->msgs[i]);
+    free(pl->msgs);
+    uv_mutex_destroy(&pl->mu);
+    free(pl);
+}
+
+/* The owner's release: keeps a large buffer for frame_alloc, frees the rest. Any thread. */
+static void pool_release(void *ctx, void *handle)
+{
+    msgpool *pl = ctx;
+    nng_msg *m = handle;
+    size_t cap = nng_msg_capacity(m);
+    if (cap >= RECYCLE_MIN) {
+        uv_mutex_lock(&pl->mu);
+        if (!pl->closed && pl->n < pl->cap && pl->bytes + cap <= pl->max_bytes) {
+            pl->msgs[pl->n++] = m;
+            pl->bytes += cap;
+            m = NULL;
+        }
+        uv_mutex_unlock(&pl->mu);
+    }
+    if (m)
+        nng_msg_free(m);
+    pool_unref(pl);
+}
+
+/* An owner for m whose release recycles it; takes a pool reference. */
+static sh_frame_owner pool_owner(msgpool *pl, nng_msg *m)
+{
+    atomic_fetch_add_explicit(&pl->refs, 1, memory_order_relaxed);
+    return (sh_frame_owner){.release = pool_release, .ctx = pl, .handle = m};
+}
+
+/* A message with a body of len bytes: the smallest kept buffer that fits (no allocation, no
+ * zeroing) or a new one. NULL when out of memory. */
+static nng_msg *pool_get(msgpool *pl, size_t len)
+{
+    nng_msg *m = NULL;
+    if (len >= RECYCLE_MIN) {
+        uv_mutex_lock(&pl->mu);
+        uint32_t best = pl->n;
+        for (uint32_t i = 0; i < pl->n; i++) {
+            size_t c = nng_msg_capacity(pl->msgs[i]);
+            if (c >= len && (best == pl->n || c < nng_msg_capacity(pl->msgs[best])))
+                best = i;
+        }
+        if (best < pl->n) {
+            m = pl->msgs[best];
+            pl->msgs[best] = pl->msgs[--pl->n];
+            pl->bytes -= nng_msg_capacity(m);
+        }
+        uv_mutex_unlock(&pl->mu);
+    }
+    if (m) {
+        nng_msg_clear(m);
+        nng_msg_header_clear(m);
+        if (nng_msg_realloc(m, len) == 0) /* fits the capacity: only the length changes */
+            return m;
+        nng_msg_free(m);
+    }
+    return nng_msg_alloc(&m, len) == 0 ? m : NULL;
 }
 
 /* ---- Sending ---------------------------------------------------------------------------- */
@@ -138,35 +230,18 @@ static peer *find_locked(sh_transport *tp, uint32_t node)
     return NULL;
 }
 
-/* The runtime's send_frame hook: copies the frame into an nng_msg and queues it, or refuses. */
-static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e)
+/* Queues m (len bytes) on node's link, or refuses. On SH_OK m belongs to the link; on an error
+ * the caller keeps it. The caller counts itself in busy_senders. */
+static sh_err enqueue(sh_transport *tp, uint32_t node, nng_msg *m, size_t len, sh_error *e)
 {
-    sh_transport *tp = ctx;
-    sh_err err = SH_OK;
-    atomic_fetch_add(&tp->busy_senders, 1);
-    if (atomic_load(&tp->closed)) {
-        err = sh__error_set(e, SH_ECLOSED, "transport: closed (send to node %u)", (unsigned)node);
-        goto out;
-    }
-    if (len > tp->max_frame) {
-        err = sh__error_set(e, SH_ERANGE, "transport: frame of %zu bytes exceeds max_frame %zu",
-                            len, tp->max_frame);
-        goto out;
-    }
+    if (atomic_load(&tp->closed))
+        return sh__error_set(e, SH_ECLOSED, "transport: closed (send to node %u)", (unsigned)node);
     uv_mutex_lock(&tp->mu);
     peer *p = find_locked(tp, node);
     uv_mutex_unlock(&tp->mu);
-    if (!p) {
-        err = sh__error_set(e, SH_ENOTFOUND, "transport: no peer for node %u", (unsigned)node);
-        goto out;
-    }
-    nng_msg *m = NULL;
-    int rv = nng_msg_alloc(&m, len);
-    if (rv) {
-        err = sh__transport_nng_error(e, rv, "message alloc for", p->url);
-        goto out;
-    }
-    memcpy(nng_msg_body(m), frame, len);
+    if (!p)
+        return sh__error_set(e, SH_ENOTFOUND, "transport: no peer for node %u", (unsigned)node);
+    sh_err err = SH_OK;
     uv_mutex_lock(&p->mu);
     uint32_t depth = p->nwait + (p->sending ? 1u : 0u);
     if (p->closed) {
@@ -180,8 +255,7 @@ static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len
     }
     if (err) {
         uv_mutex_unlock(&p->mu);
-        nng_msg_free(m);
-        goto out;
+        return err;
     }
     p->ring[(p->head + p->nwait) % p->cap] = m;
     p->nwait++;
@@ -190,9 +264,84 @@ static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len
     uv_mutex_unlock(&p->mu);
     if (first)
         kick(p, first);
+    return SH_OK;
+}
+
+static sh_err check_len(sh_transport *tp, size_t len, sh_error *e)
+{
+    if (len > tp->max_frame)
+        return sh__error_set(e, SH_ERANGE, "transport: frame of %zu bytes exceeds max_frame %zu",
+                             len, tp->max_frame);
+    return SH_OK;
+}
+
+/* Copies frame into a new nng_msg and queues it. */
+static sh_err send_copy(sh_transport *tp, uint32_t node, const uint8_t *frame, size_t len,
+                        sh_error *e)
+{
+    nng_msg *m = pool_get(tp->pool, len);
+    if (!m)
+        return sh__error_set(e, SH_ENOMEM, "transport: out of memory for a %zu-byte frame", len);
+    memcpy(nng_msg_body(m), frame, len);
+    sh_err err = enqueue(tp, node, m, len, e);
+    if (err)
+        nng_msg_free(m);
+    return err;
+}
+
+/* The runtime's send_frame hook: copies the frame into an nng_msg and queues it, or refuses. */
+static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e)
+{
+    sh_transport *tp = ctx;
+    atomic_fetch_add(&tp->busy_senders, 1);
+    sh_err err = check_len(tp, len, e);
+    if (!err)
+        err = send_copy(tp, node, frame, len, e);
+    atomic_fetch_sub(&tp->busy_senders, 1);
+    return err;
+}
+
+/* The send_owned hook: a buffer from our own frame_alloc (or a received frame being forwarded)
+ * is an nng_msg body and goes out as it is; any other is copied and released. */
+static sh_err tp_send_owned(void *ctx, uint32_t node, uint8_t *frame, size_t len,
+                            const sh_frame_owner *owner, sh_error *e)
+{
+    sh_transport *tp = ctx;
+    atomic_fetch_add(&tp->busy_senders, 1);
+    sh_err err = check_len(tp, len, e);
+    if (err)
+        goto out;
+    nng_msg *m = owner->release == pool_release ? owner->handle : NULL;
+    if (m && frame == nng_msg_body(m) && len <= nng_msg_len(m)) {
+        size_t was = nng_msg_len(m);
+        (void)nng_msg_realloc(m, len); /* shrinking only sets the length */
+        err = enqueue(tp, node, m, len, e);
+        if (err)
+            (void)nng_msg_realloc(m, was);
+        else
+            pool_unref(owner->ctx); /* NNG frees m once written */
+    } else {
+        err = send_copy(tp, node, frame, len, e);
+        if (!err)
+            owner->release(owner->ctx, owner->handle);
+    }
 out:
     atomic_fetch_sub(&tp->busy_senders, 1);
     return err;
+}
+
+/* The frame_alloc hook: a recycled or new nng_msg of cap bytes. */
+static uint8_t *tp_frame_alloc(void *ctx, uint32_t node, size_t cap, sh_frame_owner *owner)
+{
+    (void)node;
+    sh_transport *tp = ctx;
+    if (cap > tp->max_frame || atomic_load(&tp->closed))
+        return NULL;
+    nng_msg *m = pool_get(tp->pool, cap);
+    if (!m)
+        return NULL;
+    *owner = pool_owner(tp->pool, m);
+    return nng_msg_body(m);
 }
 
 /* Link state from NNG pipe events, on an NNG thread. */
@@ -228,10 +377,24 @@ static void recv_cb(void *arg)
         atomic_fetch_add_explicit(&tp->frames_recv, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&tp->bytes_recv, len, memory_order_relaxed);
         sh_error e;
-        sh_err err = sh_transport_deliver(tp->rt, nng_msg_body(m), len, &e);
+        sh_err err;
+        if (len <= SH__MAILBOX_SMALL_FRAME) {
+            /* A small frame is copied into a pooled block and NNG's buffer freed here, on the
+             * thread that allocated it: cheaper than a cross-thread free later. */
+            err = sh_transport_deliver(tp->rt, nng_msg_body(m), len, &e);
+            nng_msg_free(m);
+        } else {
+            /* Zero-copy: the runtime decodes the frame in the nng_msg and frees it through the
+             * pool when the message is done. */
+            sh_frame_owner owner = pool_owner(tp->pool, m);
+            err = sh_transport_deliver_owned(tp->rt, nng_msg_body(m), len, &owner, &e);
+            if (err) { /* the runtime did not take it */
+                nng_msg_free(m);
+                pool_unref(tp->pool);
+            }
+        }
         if (err == SH_EFORMAT || err == SH_EPROTO)
             atomic_fetch_add_explicit(&tp->rejected, 1, memory_order_relaxed);
-        nng_msg_free(m);
     }
     nng_recv_aio(tp->lsock, tp->raio);
 }
@@ -297,11 +460,26 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
         tp->rc_max = tp->rc_min;
     uv_mutex_init(&tp->mu);
     sh_err err = SH_OK;
+    if ((tp->pool = calloc(1, sizeof *tp->pool)) == NULL ||
+        (tp->pool->msgs = calloc(POOL_MSGS, sizeof *tp->pool->msgs)) == NULL) {
+        if (tp->pool)
+            free(tp->pool);
+        uv_mutex_destroy(&tp->mu);
+        free(tp);
+        return sh__error_set(e, SH_ENOMEM, "transport: out of memory");
+    }
+    atomic_init(&tp->pool->refs, 1);
+    uv_mutex_init(&tp->pool->mu);
+    tp->pool->max_bytes = opts->recycle_max_bytes ? opts->recycle_max_bytes : (uint64_t)64 << 20;
+    tp->pool->cap = tp->pool->max_bytes == SH_TRANSPORT_RECYCLE_OFF ? 0 : POOL_MSGS;
     if (opts->tls)
         err = sh__transport_tls_configs(opts->tls, &tp->tls_server, &tp->tls_client, e);
     if (!err && opts->listen_url)
         err = listen_start(tp, opts->listen_url, e);
-    tp->hooks = (sh_transport_hooks){.ctx = tp, .send_frame = tp_send};
+    tp->hooks = (sh_transport_hooks){.ctx = tp,
+                                     .send_frame = tp_send,
+                                     .send_owned = tp_send_owned,
+                                     .frame_alloc = tp_frame_alloc};
     if (!err && sh_transport_set(rt, &tp->hooks) != SH_OK)
         err = sh__error_set(e, SH_ENOMEM, "transport: cannot install hooks");
     if (err) {
@@ -313,6 +491,7 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
             nng_tls_config_free(tp->tls_server);
         if (tp->tls_client)
             nng_tls_config_free(tp->tls_client);
+        pool_unref(tp->pool);
         uv_mutex_destroy(&tp->mu);
         free(tp);
         return err;
@@ -529,6 +708,15 @@ void sh_transport_close(sh_transport *tp)
     for (size_t i = 0; i < tp->n_peers; i++)
         peer_close(tp->peers[i]);
     uv_mutex_unlock(&tp->mu);
+    /* Kept buffers go now; buffers still lent to the runtime are freed when it releases them. */
+    msgpool *pl = tp->pool;
+    uv_mutex_lock(&pl->mu);
+    pl->closed = true;
+    for (uint32_t i = 0; i < pl->n; i++)
+        nng_msg_free(pl->msgs[i]);
+    pl->n = 0;
+    pl->bytes = 0;
+    uv_mutex_unlock(&pl->mu);
 }
 
 void sh_transport_destroy(sh_transport *tp)
@@ -548,6 +736,7 @@ void sh_transport_destroy(sh_transport *tp)
         nng_tls_config_free(tp->tls_server);
     if (tp->tls_client)
         nng_tls_config_free(tp->tls_client);
+    pool_unref(tp->pool);
     uv_mutex_destroy(&tp->mu);
     free(tp);
 }

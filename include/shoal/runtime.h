@@ -275,6 +275,16 @@ typedef enum sh_send_verdict {
                                  sh_transport_reinject() (delay, duplicate) or frees it */
 } sh_send_verdict;
 
+/* Who owns a frame buffer that changes hands without a copy (a received nng_msg adopted by the
+ * runtime, or a transport buffer the runtime builds an outgoing frame in): release(ctx, handle)
+ * frees or recycles it and is called exactly once, on whichever thread drops the buffer last
+ * (any thread). The struct itself is copied by whoever takes the buffer. */
+typedef struct sh_frame_owner {
+    void (*release)(void *ctx, void *handle);
+    void *ctx;
+    void *handle; /* e.g. the nng_msg whose body the frame is */
+} sh_frame_owner;
+
 /* Set by the transport module (NNG) and the fault-injection layer. Every member is optional and
  * called on the sending thread (any thread, loop threads included): none may block or call
  * sh_send* re-entrantly on the same thread's stack for the same message. */
@@ -286,6 +296,20 @@ typedef struct sh_transport_hooks {
     sh_err (*send_frame)(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e);
     /* Sees every message, local or remote, before delivery (fault injection, tracing). */
     sh_send_verdict (*filter)(void *ctx, sh_msg *m);
+    /* Optional, zero-copy send (with frame_alloc). Like send_frame, but takes the buffer: on
+     * SH_OK the hook owns `frame` and releases it through *owner exactly once (a transport that
+     * recognises its own owner sends the buffer without copying; any other it copies and
+     * releases at once); on an error the caller keeps it and nothing was released. The runtime
+     * calls it for messages built in a frame_alloc buffer (or adopted with
+     * sh_transport_deliver_owned() and forwarded); others go through send_frame. */
+    sh_err (*send_owned)(void *ctx, uint32_t node, uint8_t *frame, size_t len,
+                         const sh_frame_owner *owner, sh_error *e);
+    /* Optional, with send_owned. Returns a buffer of at least cap bytes for a frame to `node`
+     * that send_owned can take without copying and fills *owner (the caller then owns it and
+     * releases it through the owner when it does not send it), or NULL when it cannot (the
+     * runtime then uses its own memory). The runtime asks for frames larger than its pooled
+     * message blocks only. */
+    uint8_t *(*frame_alloc)(void *ctx, uint32_t node, size_t cap, sh_frame_owner *owner);
 } sh_transport_hooks;
 
 /* Installs (copies) hooks, or removes them with NULL. Call before traffic flows, from any
@@ -298,6 +322,16 @@ sh_err sh_transport_set(sh_runtime *rt, const sh_transport_hooks *hooks);
  * session and src (and the session is non-zero), answered with ERROR (SH_EPROTO) through the
  * transport. Returns the decode error or SH_OK; the caller keeps `frame`. Any thread. */
 sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_error *e);
+
+/* As sh_transport_deliver() without the copy: the message adopts `frame` (len bytes, e.g. the
+ * body of a received nng_msg) and decodes it in place. Ownership: on SH_OK the runtime owns the
+ * buffer and calls owner->release exactly once, when the message is freed (by the runtime, an
+ * actor that kept it, or a transport it was forwarded to), on any thread; the frame must stay
+ * valid and unchanged until then. On any error (a frame that fails decoding included, which is
+ * still counted, logged and answered as above) the caller keeps the buffer and release is not
+ * called. Any thread. */
+sh_err sh_transport_deliver_owned(sh_runtime *rt, uint8_t *frame, size_t len,
+                                  const sh_frame_owner *owner, sh_error *e);
 
 /* Re-injects a message a filter TAKE-ed: delivered without passing the filter again. Ownership
  * moves to the runtime on SH_OK; otherwise the caller keeps m. Any thread. */

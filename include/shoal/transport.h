@@ -19,6 +19,15 @@
  * pair1 cannot do without its deprecated polyamorous mode. The dialer reconnects by itself with
  * exponential backoff between reconnect_min_ms and reconnect_max_ms (NNG_OPT_RECONNMINT/MAXT).
  *
+ * Zero copy. A received frame is not copied: the runtime adopts the nng_msg's body
+ * (sh_transport_deliver_owned()), decodes it in place and hands the message back to the
+ * transport's buffer pool when it is freed. A large outgoing frame is built by the runtime
+ * directly in an nng_msg the transport lends it (the frame_alloc hook) and queued as it is
+ * (send_owned): the only copy on the send side is the body into the frame. Small frames keep the
+ * runtime's pooled blocks and one copy into a fresh nng_msg. NNG zeroes every message it
+ * allocates; the pool (recycle_max_bytes) lets a node that receives and sends large frames skip
+ * that.
+ *
  * Back-pressure. Each link has a bounded send queue (queue_max_msgs frames and queue_max_bytes
  * bytes, counting frames queued and the one being written). A send that does not fit fails at
  * once with SH_EBUSY and the caller keeps its message: memory never grows without bound when a
@@ -56,7 +65,14 @@ typedef struct sh_transport_opts {
     uint32_t reconnect_max_ms;   /* backoff cap; 0: 1000 */
     uint32_t send_timeout_ms;    /* a queued frame older than this is dropped; 0: 10000 */
     const sh_transport_tls *tls; /* needed for tls+tcp:// (copied at create) */
+    /* Received frame buffers of 64 KiB and more are kept, once the runtime frees them, up to
+     * this many bytes (and 16 buffers), and reused for large outgoing frames: no allocation,
+     * zeroing or page faults per frame on a node that relays activations. 0: 64 MiB;
+     * SH_TRANSPORT_RECYCLE_OFF: keep none. */
+    uint64_t recycle_max_bytes;
 } sh_transport_opts;
+
+#define SH_TRANSPORT_RECYCLE_OFF UINT64_MAX
 
 typedef enum sh_link_state {
     SH_LINK_STATE_CONNECTING = 0, /* dialling, never connected yet */
