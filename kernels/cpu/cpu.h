@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/quant.h"
 
 /* ---- worker pool --------------------------------------------------------------------------- */
 
@@ -230,5 +231,16 @@ int64_t sh__cpu_attn_items(const sh_attn_seq *seqs, int32_t n_seqs, int32_t n_he
                            int32_t n_kv_heads, int32_t *items);
 void sh__cpu_kv_store_rows(const sh_kv_cache *c, const sh_attn_seq *seqs, int32_t n_seqs,
                            const float *k, const float *v);
+
+/* Element k of a float weight row widened to f32; kind 0 F32, 1 F16, 2 BF16. The scalar
+ * reference's inner loop, and the fast paths' tail when a row's length is not a multiple of the
+ * vector width (float rows may have any length, e.g. stories260K's 172). */
+static inline float sh__cpu_wf32(const uint8_t *w, int64_t k, int kind)
+{
+    if (kind == 0)
+        return ((const float *)w)[k];
+    const uint16_t h = ((const uint16_t *)w)[k];
+    return kind == 1 ? sh__quant_f32_from_fp16(h) : sh__quant_f32_from_bf16(h);
+}
 
 #endif

@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -182,16 +181,6 @@ INL __m512 load_w(const uint8_t *w, int64_t k, const int kind)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* One weight element widened to f32, for the tail of a row whose length is not a multiple of
- * the vector width (F32/F16/BF16 rows may have any length, e.g. stories260K's 172). */
-INL float load_w1(const uint8_t *w, int64_t k, const int kind)
-{
-    if (kind == 0)
-        return ((const float *)w)[k];
-    const uint16_t h = ((const uint16_t *)w)[k];
-    return kind == 1 ? _cvtsh_ss(h) : sh__quant_f32_from_bf16(h);
-}
-
 INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
@@ -211,7 +200,7 @@ INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
             c0 = _mm512_fmadd_ps(load_w(w, k, kind), _mm512_loadu_ps(x + k), c0);
         float v = hsum(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
         for (; k < n; k++)
-            v += load_w1(w, k, kind) * x[k];
+            v += sh__cpu_wf32(w, k, kind) * x[k];
         store_out(m, t0, r, v);
         return;
     }
@@ -228,7 +217,7 @@ INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
         const float *x = a->x + (t0 + i) * n;
         float v = hsum(acc[i]);
         for (int64_t k = n16; k < n; k++)
-            v += load_w1(w, k, kind) * x[k];
+            v += sh__cpu_wf32(w, k, kind) * x[k];
         store_out(m, t0 + i, r, v);
     }
 }

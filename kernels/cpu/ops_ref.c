@@ -32,50 +32,25 @@ static void store(const sh__cpu_mm *m, int64_t t, int64_t r, float v)
     *y = m->accumulate ? *y + v : v;
 }
 
-static void mm_f32(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+/* Float weights (kind 0 F32, 1 F16, 2 BF16): plain dot products in f32. */
+static void mm_float(const sh__cpu_mm *m, int64_t r0, int64_t r1, int kind)
 {
     const sh__cpu_act *a = m->a;
     for (int64_t r = r0; r < r1; r++) {
-        const float *w = (const float *)(m->w + r * m->row_bytes);
+        const uint8_t *w = m->w + r * m->row_bytes;
         for (int64_t t = 0; t < a->n_tok; t++) {
             const float *x = a->x + t * a->n_in;
             float acc = 0.0f;
             for (int64_t k = 0; k < a->n_in; k++)
-                acc += w[k] * x[k];
+                acc += sh__cpu_wf32(w, k, kind) * x[k];
             store(m, t, r, acc);
         }
     }
 }
 
-static void mm_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
-{
-    const sh__cpu_act *a = m->a;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *w = (const uint16_t *)(m->w + r * m->row_bytes);
-        for (int64_t t = 0; t < a->n_tok; t++) {
-            const float *x = a->x + t * a->n_in;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < a->n_in; k++)
-                acc += sh__quant_f32_from_fp16(w[k]) * x[k];
-            store(m, t, r, acc);
-        }
-    }
-}
-
-static void mm_bf16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
-{
-    const sh__cpu_act *a = m->a;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *w = (const uint16_t *)(m->w + r * m->row_bytes);
-        for (int64_t t = 0; t < a->n_tok; t++) {
-            const float *x = a->x + t * a->n_in;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < a->n_in; k++)
-                acc += sh__quant_f32_from_bf16(w[k]) * x[k];
-            store(m, t, r, acc);
-        }
-    }
-}
+static void mm_f32(const sh__cpu_mm *m, int64_t r0, int64_t r1) { mm_float(m, r0, r1, 0); }
+static void mm_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1) { mm_float(m, r0, r1, 1); }
+static void mm_bf16(const sh__cpu_mm *m, int64_t r0, int64_t r1) { mm_float(m, r0, r1, 2); }
 
 /* Quantized weights: per 32-block b, the integer dot product of the weight's and the
  * activation's codes, scaled by both block scales (see the identities in each function). */
