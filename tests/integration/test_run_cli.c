@@ -182,12 +182,37 @@ static void test_smollm_chat(void)
     CHECK(strstr(err_buf, "timings: ") != NULL);
 }
 
+/* The acceptance case of the engine issue: --chat answers questions coherently. Greedy decoding
+ * is deterministic; these two answers are far from any near tie in the reference. */
+static void test_smollm_chat_answers(void)
+{
+    if (access(sh_test_path(SMOLLM), R_OK) != 0) {
+        fprintf(stderr, "(no %s: chat case not run)\n", SMOLLM);
+        return;
+    }
+    char in[300];
+    snprintf(in, sizeof in, "%s/chat2.txt", tmpdir);
+    FILE *f = fopen(in, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("What is 2+2?\nWhat is the capital of Japan?\n", f);
+    fclose(f);
+    const char *a[] = {"run", "-m", SMOLLM, "--chat", "-n", "40", NULL};
+    CHECK_INT_EQ(shoal(in, a), 0);
+    CHECK(strstr(out_buf, "4") != NULL);
+    CHECK(strstr(out_buf, "Tokyo") != NULL);
+    if (!strstr(out_buf, "Tokyo"))
+        fprintf(stderr, "chat output was: %s\n", out_buf);
+}
+
 static const sh_test_case tests[] = {
     {"bad_arguments", test_bad_arguments},
     {"bad_files", test_bad_files},
     {"stories_text_gguf", test_stories_text_gguf},
     {"stories_bin_ids_and_text", test_stories_bin_ids_and_text},
     {"smollm_chat", test_smollm_chat},
+    {"smollm_chat_answers", test_smollm_chat_answers},
     {NULL, NULL},
 };
 
