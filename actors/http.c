@@ -240,6 +240,24 @@ void sh__http_conn_req_done(sh__http_conn *c, sh_http_req *req)
 
 /* --- timers --- */
 
+/* How long the connection may stay in its current phase (ms), or 0 when no timer applies. */
+static uint64_t phase_limit(const sh__http_conn *c)
+{
+    const sh_http_opts *o = &c->srv->opts;
+    switch (c->phase) {
+    case PHASE_IDLE:
+        return o->idle_timeout_ms;
+    case PHASE_HEADERS:
+        return o->header_timeout_ms;
+    case PHASE_BODY:
+        return o->request_timeout_ms;
+    case PHASE_LINGER:
+        return LINGER_MS;
+    default:
+        return 0;
+    }
+}
+
 static void on_timer(uv_timer_t *t)
 {
     sh__http_conn *c = t->data;
@@ -257,24 +275,9 @@ static void on_timer(uv_timer_t *t)
         if (c->closing)
             return;
     }
-    const sh_http_opts *o = &c->srv->opts;
-    uint64_t now = uv_now(c->srv->loop), limit;
-    switch (c->phase) {
-    case PHASE_IDLE:
-        limit = o->idle_timeout_ms;
-        break;
-    case PHASE_HEADERS:
-        limit = o->header_timeout_ms;
-        break;
-    case PHASE_BODY:
-        limit = o->request_timeout_ms;
-        break;
-    case PHASE_LINGER:
-        limit = LINGER_MS;
-        break;
-    default:
+    uint64_t now = uv_now(c->srv->loop), limit = phase_limit(c);
+    if (limit == 0)
         return;
-    }
     if (now - c->phase_start < limit) {
         conn_arm_timer(c);
         return;
@@ -296,22 +299,8 @@ static void conn_arm_timer(sh__http_conn *c)
         uv_timer_start(&c->timer, on_timer, 0, 0);
         return;
     }
-    const sh_http_opts *o = &c->srv->opts;
-    uint64_t limit;
-    switch (c->phase) {
-    case PHASE_IDLE:
-        limit = o->idle_timeout_ms;
-        break;
-    case PHASE_HEADERS:
-        limit = o->header_timeout_ms;
-        break;
-    case PHASE_BODY:
-        limit = o->request_timeout_ms;
-        break;
-    case PHASE_LINGER:
-        limit = LINGER_MS;
-        break;
-    default:
+    uint64_t limit = phase_limit(c);
+    if (limit == 0) {
         uv_timer_stop(&c->timer);
         return;
     }
