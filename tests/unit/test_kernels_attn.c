@@ -4,30 +4,8 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
-#include "sh_test.h"
-
-static uint64_t rng_state = 0x13198a2e03707344ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_sym(void) { return ((float)((rng_next() >> 40) + 1) / 16777217.0f) * 2.0f - 1.0f; }
-static void fill(float *x, int64_t n, float scale)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] = rng_sym() * scale;
-}
-
-static sh_backend *make(int isa, int threads)
-{
-    sh_backend *be = NULL;
-    sh_backend_cpu_opts o = {.n_threads = threads, .isa = isa};
-    CHECK_OK(sh_backend_cpu_create(&o, &be, NULL));
-    return be;
-}
+#define KT_SEED 0x13198a2e03707344ull
+#include "kernels_test_util.h"
 
 /* 5 query heads per KV head: one full pass of the grouped kernel (4 heads) and a partial one */
 enum { N_HEADS = 10, N_KV = 2, N_BLOCKS = 24, N_SEQ = 3, MAX_CTX = 96 };

@@ -3,63 +3,9 @@
  * vectorized SwiGLU over its whole range. */
 #include <stdint.h>
 
-#include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/quant.h"
-#include "sh_test.h"
-
-static uint64_t rng_state = 0x13198a2e03707344ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-/* Uniform in (-1, 1), never exactly zero. */
-static float rng_sym(void) { return ((float)((rng_next() >> 40) + 1) / 16777217.0f) * 2.0f - 1.0f; }
-
-static void fill(float *x, int64_t n, float scale)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] = rng_sym() * scale;
-}
-
-static sh_backend *make(int isa, int threads)
-{
-    sh_backend *be = NULL;
-    sh_backend_cpu_opts o = {.n_threads = threads, .isa = isa};
-    sh_error e = {0};
-    if (sh_backend_cpu_create(&o, &be, &e) != SH_OK)
-        fprintf(stderr, "backend create (isa %d): %s\n", isa, e.msg);
-    return be;
-}
-
-typedef struct wmat {
-    sh_tensor t;
-    float *deq;
-} wmat;
-
-static wmat make_w(sh_dtype type, int64_t n_out, int64_t n_in)
-{
-    wmat w = {{type, {n_in, n_out, 1, 1}, NULL}, malloc((size_t)(n_out * n_in) * sizeof(float))};
-    size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
-    w.t.data = malloc(rb * (size_t)n_out);
-    float *row = malloc((size_t)n_in * sizeof(float));
-    for (int64_t r = 0; r < n_out; r++) {
-        fill(row, n_in, 0.05f + 0.1f * (float)(r % 5));
-        CHECK_OK(sh__quant_row(type, row, (uint8_t *)w.t.data + r * rb, n_in));
-        CHECK_OK(sh__dequant_row(type, (uint8_t *)w.t.data + r * rb, w.deq + r * n_in, n_in));
-    }
-    free(row);
-    return w;
-}
-
-static void free_w(wmat *w)
-{
-    free(w->t.data);
-    free(w->deq);
-}
+#define KT_SEED 0x13198a2e03707344ull
+#include "kernels_test_util.h"
 
 static const sh_dtype qtypes[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_F16};
 
