@@ -73,6 +73,21 @@ static void *arena_alloc(sh_proto_arena *a, size_t n, size_t size)
 
 static sh_err decode_struct(dec *d, const sh_proto_desc *s, uint8_t *out, uint32_t depth);
 
+/* Reads the next item, which must be a container of `kind` ("what" names it in the error) at
+ * nesting depth `depth` within the reader's limit. */
+static sh_err container(dec *d, int kind, const char *what, uint32_t depth, sh_mpack_item *it)
+{
+    size_t off = sh__mpack_offset(&d->r);
+    sh_err err = next(d, it);
+    if (err)
+        return err;
+    if ((int)it->kind != kind)
+        return wrong_type(d, what, it, off);
+    if (depth > d->r.max_depth)
+        return too_deep(d, off);
+    return SH_OK;
+}
+
 /* An array header for a LIST or STRS field at `depth`, with its count checked and its entries
  * allocated. */
 static sh_err list_header(dec *d, const sh_proto_field *f, size_t elem, uint32_t depth, uint32_t *n,
@@ -80,13 +95,9 @@ static sh_err list_header(dec *d, const sh_proto_field *f, size_t elem, uint32_t
 {
     size_t off = sh__mpack_offset(&d->r);
     sh_mpack_item it;
-    sh_err err = next(d, &it);
+    sh_err err = container(d, SH_MPACK_ARRAY, "array", depth, &it);
     if (err)
         return err;
-    if (it.kind != SH_MPACK_ARRAY)
-        return wrong_type(d, "array", &it, off);
-    if (depth > d->r.max_depth)
-        return too_deep(d, off);
     if (!sh__proto_in_bounds(f, it.len))
         return out_of_bounds(d, f, "count", it.len, off);
     *n = it.len;
@@ -156,13 +167,9 @@ static sh_err decode_tensor(dec *d, uint8_t *dst, uint32_t depth)
     sh_proto_tensor t = {0};
     size_t off = sh__mpack_offset(&d->r);
     sh_mpack_item it;
-    sh_err err = next(d, &it);
+    sh_err err = container(d, SH_MPACK_MAP, "map", depth, &it);
     if (err)
         return err;
-    if (it.kind != SH_MPACK_MAP)
-        return wrong_type(d, "map", &it, off);
-    if (depth > d->r.max_depth)
-        return too_deep(d, off);
     bool have_dt = false, have_sh = false, have_d = false;
     const uint8_t *data = NULL;
     uint32_t data_len = 0;
@@ -370,13 +377,9 @@ static sh_err decode_struct(dec *d, const sh_proto_desc *s, uint8_t *out, uint32
 {
     size_t off = sh__mpack_offset(&d->r);
     sh_mpack_item it;
-    sh_err err = next(d, &it);
+    sh_err err = container(d, SH_MPACK_MAP, "map", depth, &it);
     if (err)
         return err;
-    if (it.kind != SH_MPACK_MAP)
-        return wrong_type(d, "map", &it, off);
-    if (depth > d->r.max_depth)
-        return too_deep(d, off);
     memset(out, 0, s->size);
     uint64_t seen = 0;
     for (uint32_t i = 0, pairs = it.len; i < pairs; i++) {
