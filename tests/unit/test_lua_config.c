@@ -296,10 +296,13 @@ static void test_limits(void)
         "local s = string.rep('x', 1e9)",
         "local s = 'x' while true do s = s .. s end",
     };
+    /* The hogs get a generous clock so that only the memory limit can stop them: on a slow
+     * (sanitizer, loaded) build 100 ms may run out before 4 MiB is allocated. */
+    sh_lua_limits mem_lim = {.memory_bytes = 4u << 20, .time_ms = 20000};
     for (size_t i = 0; i < sizeof hogs / sizeof hogs[0]; i++) {
         sh_cluster_config *c = NULL;
         sh_error e = {0};
-        sh_err err = load_str(hogs[i], &lim, &c, &e);
+        sh_err err = load_str(hogs[i], &mem_lim, &c, &e);
         if (err != SH_ENOMEM || !strstr(e.msg, "bad.lua: memory limit of 4194304 bytes"))
             SH_FAIL_("hog %zu: %s \"%s\"", i, sh_strerror(err), e.msg);
     }
