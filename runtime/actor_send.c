@@ -90,6 +90,15 @@ sh_err sh__actor_msg_write(sh_runtime *rt, const sh_msg_hdr *h, sh_frame_writer 
     sh__buf_init_fixed(&b, m->data, m->cap);
     sh_err err = writer(&b, h, body, e);
     if (err == SH_ERANGE) {
+        /* Too big for a small block: try a pooled medium one. */
+        sh__mailbox_msg_release(m);
+        m = sh__mailbox_msg_alloc(rt, SH__MAILBOX_MID_FRAME);
+        if (!m)
+            return sh__error_set(e, SH_ENOMEM, "send: out of memory");
+        sh__buf_init_fixed(&b, m->data, m->cap);
+        err = writer(&b, h, body, e);
+    }
+    if (err == SH_ERANGE) {
         /* Too big for a pooled block: encode into a growing buffer and adopt it. */
         sh__mailbox_msg_release(m);
         sh_buf g;
@@ -288,7 +297,7 @@ sh_err sh_reply_with(sh_actor_ctx *ctx, const sh_msg *req, uint32_t type, sh_fra
 {
     if (!writer)
         return sh__error_set(e, SH_EINVAL, "reply: NULL writer");
-    return reply(ctx, req, type, NULL, 0, writer, e);
+    return reply(ctx, req, type, body, 0, writer, e);
 }
 
 const sh_msg_hdr *sh_msg_header(const sh_msg *m) { return &m->env.hdr; }

@@ -24,7 +24,8 @@ enum {
     SH__MSG_TIMEOUT = 1u << 3,  /* the runtime's timeout ERROR: bypasses session matching */
     SH__MSG_NOFILTER = 1u << 4, /* re-injected by the fault layer: skip the filter */
     SH__MSG_OWNED = 1u << 5,    /* data belongs to `owner` (a transport buffer): released there */
-    SH__MSG_BIG = 1u << 6       /* a large block (header + frame) the big-block pool may keep */
+    SH__MSG_BIG = 1u << 6,      /* a large block (header + frame) the big-block pool may keep */
+    SH__MSG_MID = 1u << 7       /* a medium block (SH__MAILBOX_MID_FRAME) from its own pool */
 };
 
 struct sh_msg {
@@ -130,6 +131,8 @@ struct sh_runtime {
     uv_mutex_t pool_mu;
     sh_msg *pool_free;
     uint32_t pool_n;
+    sh_msg *mid_free; /* medium blocks kept for reuse (pool_mu); see SH__MAILBOX_MID_* */
+    uint32_t mid_n;
     sh_msg *big_free; /* large blocks kept for reuse (pool_mu); see SH__MAILBOX_BIG_* */
     uint32_t big_n;
     uint64_t big_bytes;

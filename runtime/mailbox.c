@@ -112,6 +112,25 @@ sh_msg *sh__mailbox_msg_alloc(sh_runtime *rt, size_t cap)
         memset(m, 0, sizeof *m);
         m->flags = SH__MSG_POOLED;
         m->cap = SH__MAILBOX_SMALL_FRAME;
+    } else if (cap <= SH__MAILBOX_MID_FRAME) {
+        uv_mutex_lock(&rt->pool_mu);
+        m = rt->mid_free;
+        if (m) {
+            rt->mid_free = m->pool_next;
+            rt->mid_n--;
+        }
+        uv_mutex_unlock(&rt->pool_mu);
+        if (m) {
+            sh_counter_add(rt->m.pool_hits, 1);
+        } else {
+            sh_counter_add(rt->m.pool_misses, 1);
+            m = sh__rt_realloc(rt, NULL, sizeof(sh_msg) + SH__MAILBOX_MID_FRAME);
+            if (!m)
+                return NULL;
+        }
+        memset(m, 0, sizeof *m);
+        m->flags = SH__MSG_MID;
+        m->cap = SH__MAILBOX_MID_FRAME;
     } else {
         m = big_get(rt, cap);
         if (m) {
@@ -190,6 +209,18 @@ void sh__mailbox_msg_release(sh_msg *m)
         sh__rt_free(rt, m);
         return;
     }
+    if (m->flags & SH__MSG_MID) {
+        uv_mutex_lock(&rt->pool_mu);
+        if (rt->mid_n < SH__MAILBOX_MID_MAX) {
+            m->pool_next = rt->mid_free;
+            rt->mid_free = m;
+            rt->mid_n++;
+            m = NULL;
+        }
+        uv_mutex_unlock(&rt->pool_mu);
+        sh__rt_free(rt, m);
+        return;
+    }
     if (m->flags & SH__MSG_POOLED) {
         uv_mutex_lock(&rt->pool_mu);
         if (rt->pool_n < SH__MAILBOX_POOL_MAX) {
@@ -213,6 +244,13 @@ void sh__mailbox_pool_fini(sh_runtime *rt)
     }
     rt->pool_free = NULL;
     rt->pool_n = 0;
+    for (m = rt->mid_free; m;) {
+        sh_msg *next = m->pool_next;
+        sh__rt_free(rt, m);
+        m = next;
+    }
+    rt->mid_free = NULL;
+    rt->mid_n = 0;
     for (m = rt->big_free; m;) {
         sh_msg *next = m->pool_next;
         sh__rt_free(rt, m);

@@ -49,6 +49,11 @@ bool sh__mailbox_ready(sh__mailbox *q);
 #define SH__MAILBOX_SMALL_FRAME 448u
 /* The pool keeps at most this many free blocks (about 2 MiB) and frees the rest. */
 #define SH__MAILBOX_POOL_MAX 4096u
+/* Medium frames (a batcher's STEP, a KV reply with a long block table, a TOKEN with logprobs) up
+ * to this many bytes get a pooled block too, so that a steady flow of them allocates nothing;
+ * the pool keeps at most SH__MAILBOX_MID_MAX free ones (4 MiB). */
+#define SH__MAILBOX_MID_FRAME ((size_t)16 << 10)
+#define SH__MAILBOX_MID_MAX 256u
 
 /* Large blocks (header and a frame of at least SH__MAILBOX_BIG_MIN bytes) are kept on release, up
  * to SH__MAILBOX_BIG_MAX blocks and SH__MAILBOX_BIG_BYTES bytes per runtime, and reused for a frame

@@ -1,8 +1,12 @@
 /* Request sessions: pending map per loop, deadline ERRORs, late-reply detection, sh_request. */
 #include "runtime/session.h"
 
+#include <string.h>
+
 #include "runtime/error.h"
 #include "runtime/internal.h"
+
+#define MAX_SPARE 4096 /* freed sessions a loop keeps for reuse */
 
 /* Session ids come from one runtime-wide counter, so they are dense: the low bits index the
  * buckets directly. A session is looked up by id and then checked against the actor and peer,
@@ -54,7 +58,13 @@ static void session_free(struct sh__loop *l, sh__session *s)
     if (s->a_next)
         s->a_next->a_prev = s->a_prev;
     sh__timer_remove(l, &s->tn);
-    sh__rt_free(l->rt, s);
+    if (m->n_spare < MAX_SPARE) {
+        s->map_next = m->spare;
+        m->spare = s;
+        m->n_spare++;
+    } else {
+        sh__rt_free(l->rt, s);
+    }
 }
 
 sh_err sh__session_add(struct sh__loop *l, sh_actor_ctx *a, uint64_t id, sh_addr peer,
@@ -63,9 +73,14 @@ sh_err sh__session_add(struct sh__loop *l, sh_actor_ctx *a, uint64_t id, sh_addr
     sh__session_map *m = &l->sessions;
     if (m->n >= m->cap && map_grow(l->rt, m) != SH_OK)
         return SH_ENOMEM;
-    sh__session *s = sh__rt_alloc(l->rt, sizeof *s);
-    if (!s)
+    sh__session *s = m->spare;
+    if (s) {
+        m->spare = s->map_next;
+        m->n_spare--;
+    } else if (!(s = sh__rt_alloc(l->rt, sizeof *s))) {
         return SH_ENOMEM;
+    }
+    memset(s, 0, sizeof *s);
     s->tn.kind = SH__TIMER_KIND_SESSION;
     s->tn.idx = SH__TIMER_IDLE;
     s->id = id;
@@ -152,6 +167,12 @@ void sh__session_cancel_actor(struct sh__loop *l, sh_actor_ctx *a)
 
 void sh__session_map_fini(struct sh__loop *l)
 {
+    while (l->sessions.spare) {
+        sh__session *s = l->sessions.spare;
+        l->sessions.spare = s->map_next;
+        sh__rt_free(l->rt, s);
+    }
+    l->sessions.n_spare = 0;
     sh__rt_free(l->rt, l->sessions.buckets);
     l->sessions.buckets = NULL;
     l->sessions.cap = l->sessions.n = 0;
@@ -198,5 +219,5 @@ sh_err sh_request_with(sh_actor_ctx *ctx, sh_addr dst, uint32_t type, sh_frame_w
 {
     if (!writer)
         return sh__error_set(e, SH_EINVAL, "request: NULL writer");
-    return request(ctx, dst, type, NULL, 0, writer, deadline_ms, session, e);
+    return request(ctx, dst, type, body, 0, writer, deadline_ms, session, e);
 }

@@ -31,6 +31,9 @@ typedef struct sh__session {
 typedef struct sh__session_map {
     sh__session **buckets;
     uint32_t cap, n;
+    sh__session *spare; /* freed sessions kept for reuse (linked by map_next), so that a steady
+                         * flow of requests allocates nothing */
+    uint32_t n_spare;
 } sh__session_map;
 
 /* Registers a pending session for actor a: request `id` to `peer`, deadline `deadline_ms` from
