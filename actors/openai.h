@@ -100,6 +100,8 @@ typedef struct sh_openai_request {
     bool echo;            /* completions: prepend the prompt (not with logprobs) */
     bool stream;
     bool include_usage; /* stream_options.include_usage */
+    bool ignore_eos;    /* (extension, as vLLM) end-of-sequence tokens do not stop generation */
+    int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is ignored before this many */
     const char *user;   /* NULL when absent */
     int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
     void *root_;        /* the parsed JSON, which owns the borrowed strings */

@@ -400,6 +400,12 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
     }
     if (!parse_stop(o, r, err) || !parse_bias(o, r, lim, err))
         return false;
+    // Extensions shared with vLLM: generate past end-of-sequence tokens, and a minimum length.
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0)
+        return false;
+    if ((rc = get_int(o, "min_tokens", 0, 1 << 20, &v, err)) < 0)
+        return false;
+    r->min_tokens = rc == 0 ? (int32_t)v : 0;
     if (r->kind == SH_OPENAI_COMPLETION) {
         if ((rc = get_int(o, "logprobs", 0, SH_OPENAI_MAX_LOGPROBS_CMPL, &v, err)) < 0)
             return false;

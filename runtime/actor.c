@@ -1,6 +1,7 @@
 /* Actor kinds, spawning, stopping, reference counting and the stop sequence. */
 #include <string.h>
 
+#include "runtime/actor_uv.h"
 #include "runtime/error.h"
 #include "runtime/internal.h"
 
@@ -209,6 +210,8 @@ sh_addr sh_actor_self(const sh_actor_ctx *ctx) { return ctx->addr; }
 sh_runtime *sh_actor_runtime(const sh_actor_ctx *ctx) { return ctx->rt; }
 
 uint32_t sh_actor_loop(const sh_actor_ctx *ctx) { return ctx->loop->index; }
+
+uv_loop_t *sh__actor_uv_loop(sh_actor_ctx *ctx) { return &ctx->loop->uv; }
 
 const char *sh_actor_kind(const sh_actor_ctx *ctx) { return ctx->vt->name; }
 

@@ -179,7 +179,9 @@
     F(S, sampling, "samp", STRUCT, sampling, REQ, 0, 0)                                            \
     F(S, priority, "prio", U8, _, REQ, 0, 0) /* class; lower runs first */                         \
     F(S, deadline_ms, "dl", U64, _, REQ, 0, 0)                                                     \
-    F(S, reply_to, "to", ADDR, _, REQ, 0, 0)
+    F(S, reply_to, "to", ADDR, _, REQ, 0, 0)                                                       \
+    F(S, n, "n", U32, _, OPT, 0, 128) /* choices sharing the prompt (0 means 1) */                 \
+    F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */
 
 #define SH_PROTO_FIELDS_cancel(F, S)                                                               \
     F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
@@ -195,7 +197,8 @@
     F(S, logprobs, "lp", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                                     \
     F(S, top_n, "top_n", U8, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                                     \
     F(S, top_tokens, "top_tok", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                              \
-    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)
+    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                             \
+    F(S, choice, "ix", U32, _, OPT, 0, 128) /* which of the request's n choices */
 
 /* DONE: finish is an sh_proto_finish; text flushes what the stream decoder still held. */
 #define SH_PROTO_FIELDS_done(F, S)                                                                 \
@@ -204,14 +207,16 @@
     F(S, n_prompt, "np", U32, _, REQ, 0, 0)                                                        \
     F(S, n_generated, "ng", U32, _, REQ, 0, 0)                                                     \
     F(S, n_cached, "nc", U32, _, OPT, 0, 0) /* prompt tokens served from the prefix cache */       \
-    F(S, text, "text", STR, _, OPT, 0, SH_PROTO_MAX_TEXT)
+    F(S, text, "text", STR, _, OPT, 0, SH_PROTO_MAX_TEXT)                                          \
+    F(S, choice, "ix", U32, _, OPT, 0, 128)
 
 /* FAIL: code is an sh_err; retryable says whether resubmitting may succeed. */
 #define SH_PROTO_FIELDS_fail(F, S)                                                                 \
     F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
     F(S, code, "code", I32, _, REQ, 1, 255)                                                        \
     F(S, message, "msg", STR, _, REQ, 0, SH_PROTO_MAX_MSG)                                         \
-    F(S, retryable, "retry", BOOL, _, OPT, 0, 0)
+    F(S, retryable, "retry", BOOL, _, OPT, 0, 0)                                                   \
+    F(S, status_http, "http", U32, _, OPT, 0, 599) /* the HTTP status a gateway should answer */
 
 /* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. */
 #define SH_PROTO_FIELDS_step(F, S)                                                                 \
@@ -230,7 +235,9 @@
 #define SH_PROTO_FIELDS_step_done(F, S)                                                            \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, seqs, "seqs", LIST, step_out, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
-    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time the step spent on the stages */
+    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time the step spent on the stages */              \
+    F(S, status, "st", I32, _, OPT, 0, 255)   /* 0, or the sh_err that failed the whole step */    \
+    F(S, message, "msg", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
 
 /* KV_ALLOC request: seq needs room for n_tokens more tokens; tokens (optional) lets the kvmgr
  * match cached prefix blocks. Reply (same type and session): blocks appended to the table,
@@ -241,19 +248,24 @@
     F(S, tokens, "tok", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)                                      \
     F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)                                      \
     F(S, cached, "hit", U32, _, OPT, 0, 0)                                                         \
-    F(S, status, "st", I32, _, OPT, 0, 255)
+    F(S, status, "st", I32, _, OPT, 0, 255)                                                        \
+    F(S, computed, "cmp", U32, _, OPT, 0, SH_PROTO_MAX_POS) /* request: [0, computed) hold KV */   \
+    F(S, appended, "app", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* reply: positions reserved */     \
+    F(S, available, "free", U32, _, OPT, 0, 0) /* reply: free + evictable blocks after it */
 
 /* KV_FREE: release the listed blocks (a sliding window), or all of the sequence's when empty. */
 #define SH_PROTO_FIELDS_kv_free(F, S)                                                              \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
-    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)                                      \
+    F(S, computed, "cmp", U32, _, OPT, 0, SH_PROTO_MAX_POS) /* [0, computed) hold KV */
 
 /* KV_FORK: child shares the parent's first n_tokens; the reply carries the child's table. */
 #define SH_PROTO_FIELDS_kv_fork(F, S)                                                              \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, child, "new", U64, _, REQ, 0, 0)                                                          \
     F(S, n_tokens, "n", U32, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                       \
-    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)
+    F(S, blocks, "blk", I32S, _, OPT, 0, SH_PROTO_MAX_BLOCKS)                                      \
+    F(S, status, "st", I32, _, OPT, 0, 255)
 
 /* KV_PREFIX: hashes is the hash chain over a prompt's full token blocks; the reply says how many
  * leading hashes hit and their blocks. */

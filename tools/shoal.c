@@ -16,6 +16,8 @@ static const command commands[] = {
     {"tokenize", sh__cmd_tokenize, "encode text with a model's tokenizer, or decode ids"},
     {"run", sh__cmd_run, "generate text from a model"},
     {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
+    {"serve", sh__cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
+    {"bench", sh__cmd_bench, "load-test an OpenAI-compatible server"},
 };
 
 static void usage(FILE *f)

@@ -318,7 +318,7 @@ static void test_msgpack_c_interop(void)
     /* The same body in table order with canonical types is byte-identical to ours. */
     msgpack_sbuffer_clear(&sb);
     pk_envelope(&pk, SH_MSG_SUBMIT);
-    msgpack_pack_map(&pk, 7);
+    msgpack_pack_map(&pk, 9);
     pk_str(&pk, "req");
     msgpack_pack_uint64(&pk, 77);
     pk_str(&pk, "tok");
@@ -334,6 +334,10 @@ static void test_msgpack_c_interop(void)
     msgpack_pack_uint64(&pk, 1700000000123ull);
     pk_str(&pk, "to");
     msgpack_pack_uint64(&pk, sh_addr_make(2, 5));
+    pk_str(&pk, "n"); /* OPT fields are written too, as zero */
+    msgpack_pack_uint64(&pk, 0);
+    pk_str(&pk, "min");
+    msgpack_pack_uint64(&pk, 0);
     /* Our encoder writes temperature as float32; msgpack-c wrote a float64 above, so patch it to
      * compare: decode it, then encode the decoded body. */
     sh__proto_arena_reset(&a);

@@ -1,0 +1,899 @@
+/* The gateway: the OpenAI-compatible HTTP API in front of a replica's batcher.
+ *
+ * It runs the HTTP/1.1 server of actors/http.h on its own loop (so every HTTP callback runs on
+ * the gateway's thread, beside its vtable members), validates and tokenizes each request, sends
+ * one SUBMIT to the batcher, and turns the TOKEN / DONE / FAIL messages that come back into
+ * server-sent events or a single JSON response. It keeps each request until it is finished, and
+ * tells the batcher (CANCEL) when a client goes away.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+ * GET /metrics. Errors are OpenAI-shaped JSON (actors/openai.h).
+ *
+ * Thread: every member and every HTTP callback runs on the gateway's loop thread. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "actors/actor_util.h"
+#include "actors/http.h"
+#include "actors/serve.h"
+#include "model/sampler.h"
+#include "runtime/actor_uv.h"
+#include "runtime/error.h"
+
+#define PENALTY_WINDOW 64
+#define MAX_PIECE 256
+
+typedef struct gw_top {
+    int32_t id;
+    float lp;
+} gw_top;
+
+/* One generated token's logprob record (non-streamed responses keep them until the end). */
+typedef struct gw_lp {
+    int32_t id;
+    float lp;
+    int32_t text_offset;
+    int32_t n_top;
+    gw_top top[SH_SAMPLER_MAX_LOGPROBS];
+} gw_lp;
+
+typedef struct gw_choice {
+    char *text; /* the generated text so far (non-streamed) */
+    size_t len, cap;
+    gw_lp *lps;
+    int32_t n_lps, cap_lps;
+    int32_t n_gen;
+    bool started, done;
+    sh_openai_finish finish;
+} gw_choice;
+
+typedef struct gateway gateway;
+
+typedef struct gw_req {
+    gateway *g;
+    uint64_t id;
+    sh_http_req *http; /* NULL once completed */
+    sh_openai_kind kind;
+    bool stream, include_usage, logprobs, echo;
+    bool stream_started; /* the 200 and the event-stream headers went out */
+    int32_t top_n;
+    int32_t n_choices, n_done;
+    int32_t n_prompt, n_cached;
+    char id_str[48];
+    int64_t created;
+    uint64_t t0_us, t_first_us;
+    char *echo_text;
+    gw_choice *choices;
+    struct gw_req *next;
+} gw_req;
+
+struct gateway {
+    sh_gateway_args a;
+    sh_actor_ctx *ctx;
+    sh_http_server *srv;
+    sh_act_decoder dec;
+    gw_req *reqs;
+    uint64_t next_id;
+    const char *models[1];
+    char *metrics_buf;
+    size_t metrics_cap;
+    sh_histogram *m_ttft, *m_tpot, *m_e2e;
+    sh_counter *m_http_errors;
+    sh_gauge *kv_total, *kv_used;
+    sh_counter *pc_query, *pc_hit;
+};
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static void respond_json(sh_http_req *req, int status, char *body)
+{
+    if (!body) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"param\":null,\"code\":null}}";
+        sh_http_respond(req, 500, "application/json", oom, sizeof oom - 1);
+        return;
+    }
+    sh_http_respond(req, status, "application/json", body, strlen(body));
+    free(body);
+}
+
+static void respond_error(gateway *g, sh_http_req *req, const sh_openai_error *err)
+{
+    sh_counter_add(g->m_http_errors, 1);
+    respond_json(req, err->status, sh_openai_error_json(err));
+}
+
+static void respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
+                           const char *param, const char *fmt, ...) SH_PRINTF(6, 7);
+static void respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
+                           const char *param, const char *fmt, ...)
+{
+    sh_openai_error err;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sh_openai_error_set(&err, status, code, param, "%s", msg);
+    respond_error(g, req, &err);
+}
+
+static int append(char **p, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *q = realloc(*p, c);
+        if (!q)
+            return -1;
+        *p = q;
+        *cap = c;
+    }
+    memcpy(*p + *len, s, n);
+    *len += n;
+    (*p)[*len] = '\0';
+    return 0;
+}
+
+/* The text of a token for logprobs (special tokens by their vocabulary text). */
+static const char *piece_text(const gateway *g, int32_t id, char *buf)
+{
+    const char *p = NULL;
+    size_t n = sh_tokenizer_piece(g->a.tok, id, SH_DECODE_SPECIAL, &p);
+    if (n >= MAX_PIECE)
+        n = MAX_PIECE - 1;
+    if (n)
+        memcpy(buf, p, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static void req_unlink(gateway *g, gw_req *r)
+{
+    for (gw_req **pp = &g->reqs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            return;
+        }
+}
+
+static void req_free(gw_req *r)
+{
+    if (!r)
+        return;
+    for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
+        free(r->choices[i].text);
+        free(r->choices[i].lps);
+    }
+    free(r->choices);
+    free(r->echo_text);
+    free(r);
+}
+
+static gw_req *find_req(gateway *g, uint64_t id)
+{
+    for (gw_req *r = g->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static sh_openai_meta meta_of(const gw_req *r)
+{
+    return (sh_openai_meta){
+        .kind = r->kind, .id = r->id_str, .created = r->created, .model = r->g->a.model_name};
+}
+
+/* ---- simple endpoints --------------------------------------------------------------------- */
+
+static void serve_metrics(gateway *g, sh_http_req *req)
+{
+    sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(g->ctx));
+    size_t len = 0;
+    for (;;) {
+        if (g->metrics_cap && sh_metrics_render(mx, g->metrics_buf, g->metrics_cap, &len) == SH_OK)
+            break;
+        size_t cap = (len + 4096) * 2;
+        char *p = realloc(g->metrics_buf, cap);
+        if (!p) {
+            respond_errorf(g, req, 500, NULL, NULL, "out of memory");
+            return;
+        }
+        g->metrics_buf = p;
+        g->metrics_cap = cap;
+    }
+    // Ratios the registry's integer gauges cannot hold, derived from the kvmgr's figures.
+    double total = g->kv_total ? (double)sh_gauge_value(g->kv_total) : 0;
+    double used = g->kv_used ? (double)sh_gauge_value(g->kv_used) : 0;
+    double q = g->pc_query ? (double)sh_counter_value(g->pc_query) : 0;
+    double hit = g->pc_hit ? (double)sh_counter_value(g->pc_hit) : 0;
+    char extra[512];
+    int n = snprintf(extra, sizeof extra,
+                     "# HELP shoal_kv_usage_ratio Fraction of KV blocks in use (0..1).\n"
+                     "# TYPE shoal_kv_usage_ratio gauge\n"
+                     "shoal_kv_usage_ratio %.6f\n"
+                     "# HELP shoal_prefix_cache_hit_ratio Prompt tokens found in the prefix "
+                     "cache / prompt tokens looked up.\n"
+                     "# TYPE shoal_prefix_cache_hit_ratio gauge\n"
+                     "shoal_prefix_cache_hit_ratio %.6f\n",
+                     total > 0 ? used / total : 0.0, q > 0 ? hit / q : 0.0);
+    char *body = malloc(len + (size_t)n + 1);
+    if (!body) {
+        respond_errorf(g, req, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    memcpy(body, g->metrics_buf, len);
+    memcpy(body + len, extra, (size_t)n);
+    sh_http_respond(req, 200, "text/plain; version=0.0.4", body, len + (size_t)n);
+    free(body);
+}
+
+/* ---- completions -------------------------------------------------------------------------- */
+
+/* Tokenizes text (BOS when the vocabulary wants it); *ids is malloc'd. */
+static sh_err tokenize(const gateway *g, const char *text, uint32_t flags, int32_t **ids, size_t *n,
+                       sh_error *e)
+{
+    if (sh_tokenizer_wants_bos(g->a.tok) && sh_tokenizer_bos(g->a.tok) >= 0)
+        flags |= SH_TOKENIZE_ADD_BOS;
+    size_t need = 0, len = strlen(text);
+    sh_err err = sh_tokenizer_encode(g->a.tok, text, len, flags, NULL, 0, &need, e);
+    if (err && err != SH_ERANGE)
+        return err;
+    *ids = malloc((need + 1) * sizeof **ids);
+    if (!*ids)
+        return SH_ENOMEM;
+    err = sh_tokenizer_encode(g->a.tok, text, len, flags, *ids, need + 1, n, e);
+    if (err) {
+        free(*ids);
+        *ids = NULL;
+    }
+    return err;
+}
+
+/* The prompt of a validated request as token ids (malloc'd). Fills err on failure. */
+static sh_err prompt_ids(gateway *g, const sh_openai_request *q, int32_t **ids, size_t *n,
+                         sh_openai_error *err)
+{
+    sh_error e = {0};
+    if (q->kind == SH_OPENAI_COMPLETION && !q->prompt) {
+        *n = (size_t)q->n_prompt_tokens;
+        *ids = malloc((*n + 1) * sizeof **ids);
+        if (!*ids)
+            return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), SH_ENOMEM;
+        memcpy(*ids, q->prompt_tokens, *n * sizeof **ids);
+        return SH_OK;
+    }
+    if (q->kind == SH_OPENAI_COMPLETION) {
+        if (tokenize(g, q->prompt, SH_TOKENIZE_PARSE_SPECIAL, ids, n, &e))
+            return sh_openai_error_set(err, 400, NULL, "prompt", "cannot tokenize: %s", e.msg);
+        return SH_OK;
+    }
+    sh_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof *msgs);
+    if (!msgs)
+        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), SH_ENOMEM;
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (int32_t i = 0; i < q->n_messages; i++)
+        msgs[i] = (sh_chat_msg){roles[q->messages[i].role], q->messages[i].content};
+    size_t len = 0;
+    sh_chat_render(g->a.chat, msgs, (size_t)q->n_messages, g->a.default_system, true, NULL, 0, &len,
+                   NULL);
+    char *text = malloc(len + 1);
+    sh_err rc = SH_ENOMEM;
+    if (text)
+        rc = sh_chat_render(g->a.chat, msgs, (size_t)q->n_messages, g->a.default_system, true, text,
+                            len + 1, &len, &e);
+    free(msgs);
+    if (rc) {
+        free(text);
+        return sh_openai_error_set(err, rc == SH_ENOMEM ? 500 : 400, NULL, "messages",
+                                   "cannot render the chat template: %s",
+                                   rc == SH_ENOMEM ? "out of memory" : e.msg);
+    }
+    rc = tokenize(g, text, SH_TOKENIZE_PARSE_SPECIAL, ids, n, &e);
+    free(text);
+    if (rc)
+        return sh_openai_error_set(err, 400, NULL, "messages", "cannot tokenize: %s", e.msg);
+    return SH_OK;
+}
+
+static void on_abort(sh_http_req *http, void *arg);
+
+static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, int32_t key_prio)
+{
+    size_t blen = 0;
+    const char *body = sh_http_req_body(http, &blen);
+    sh_openai_limits lim = {.models = g->models,
+                            .n_models = 1,
+                            .max_tokens = g->a.max_tokens,
+                            .max_n = g->a.max_n,
+                            .n_vocab = g->a.n_vocab,
+                            .max_prompt_tokens = g->a.n_ctx};
+    sh_openai_request *q = NULL;
+    sh_openai_error err;
+    if (sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
+        respond_error(g, http, &err);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (prompt_ids(g, q, &ids, &n_ids, &err)) {
+        sh_openai_request_free(q);
+        respond_error(g, http, &err);
+        return;
+    }
+    if (n_ids == 0) {
+        free(ids);
+        sh_openai_request_free(q);
+        respond_errorf(g, http, 400, NULL, "prompt", "the prompt is empty");
+        return;
+    }
+    if ((int64_t)n_ids >= g->a.n_ctx) {
+        free(ids);
+        sh_openai_request_free(q);
+        respond_errorf(g, http, 400, "context_length_exceeded",
+                       kind == SH_OPENAI_CHAT ? "messages" : "prompt",
+                       "This model's maximum context length is %d tokens. However, your prompt "
+                       "has %zu tokens; it must leave room for at least one generated token.",
+                       (int)g->a.n_ctx, n_ids);
+        return;
+    }
+    gw_req *r = calloc(1, sizeof *r);
+    if (r)
+        r->choices = calloc((size_t)q->n, sizeof *r->choices);
+    if (!r || !r->choices) {
+        free(r);
+        free(ids);
+        sh_openai_request_free(q);
+        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    r->g = g;
+    r->id = ++g->next_id;
+    r->http = http;
+    r->kind = kind;
+    r->stream = q->stream;
+    r->include_usage = q->include_usage;
+    r->logprobs = q->logprobs;
+    r->top_n = q->top_logprobs;
+    r->n_choices = q->n;
+    r->n_prompt = (int32_t)n_ids;
+    r->created = (int64_t)time(NULL);
+    r->t0_us = sh__act_mono_us();
+    snprintf(r->id_str, sizeof r->id_str, "%s-%" PRIx64 "%06" PRIx64,
+             kind == SH_OPENAI_CHAT ? "chatcmpl" : "cmpl", (uint64_t)r->created, r->id);
+    if (q->echo && q->prompt)
+        r->echo_text = strdup(q->prompt);
+    r->echo = r->echo_text != NULL;
+
+    // Generation never runs past the context window: max_tokens is clamped to what is left.
+    int32_t max_tokens = q->max_tokens;
+    if ((int64_t)n_ids + max_tokens > g->a.n_ctx)
+        max_tokens = g->a.n_ctx - (int32_t)n_ids;
+    sh_proto_logit_bias bias[SH_OPENAI_MAX_BIAS];
+    for (int32_t i = 0; i < q->n_bias; i++)
+        bias[i] = (sh_proto_logit_bias){q->bias[i].token, q->bias[i].bias};
+    sh_strv stops[SH_OPENAI_MAX_STOP];
+    for (int32_t i = 0; i < q->n_stop; i++)
+        stops[i] = (sh_strv){q->stop[i], (uint32_t)strlen(q->stop[i])};
+    uint64_t seed = q->has_seed ? q->seed : (sh__act_mono_us() * 0x9E3779B97F4A7C15ull) ^ r->id;
+    int32_t prio = key_prio;
+    if (q->priority > prio)
+        prio = q->priority;
+    sh_proto_submit sub = {
+        .req = r->id,
+        .prompt = {ids, (uint32_t)n_ids},
+        .sampling = {.temperature = q->temperature,
+                     .top_k = q->top_k > 0 ? q->top_k : 0,
+                     .top_p = q->top_p,
+                     .min_p = q->min_p,
+                     .repeat_penalty = 1.0f,
+                     .frequency_penalty = q->frequency_penalty,
+                     .presence_penalty = q->presence_penalty,
+                     .penalty_last_n = PENALTY_WINDOW,
+                     .seed = seed,
+                     .max_tokens = (uint32_t)max_tokens,
+                     .n_logprobs = q->logprobs ? q->top_logprobs : 0,
+                     .logprobs_mode = SH_LOGPROBS_RAW,
+                     .stop = {stops, (uint32_t)q->n_stop},
+                     .bias = {bias, (uint32_t)q->n_bias}},
+        .priority = (uint8_t)prio,
+        .reply_to = sh_actor_self(g->ctx),
+        .n = (uint32_t)q->n,
+        .min_tokens = q->ignore_eos ? (uint32_t)max_tokens : (uint32_t)q->min_tokens,
+    };
+    sh_error e = {0};
+    sh_err rc = sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher,
+                             SH_MSG_SUBMIT, r->id, &sub, &e);
+    free(ids);
+    sh_openai_request_free(q);
+    if (rc) {
+        req_free(r);
+        respond_errorf(g, http, 503, NULL, NULL, "the scheduler is not reachable: %s", e.msg);
+        return;
+    }
+    r->next = g->reqs;
+    g->reqs = r;
+    sh_http_req_on_abort(http, on_abort, r);
+}
+
+/* The client went away: the batcher stops the request; its handle is completed now. */
+static void on_abort(sh_http_req *http, void *arg)
+{
+    gw_req *r = arg;
+    gateway *g = r->g;
+    sh_proto_cancel c = {.req = r->id, .reason = {"client disconnected", 19}};
+    sh_error e = {0};
+    sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
+                 r->id, &c, &e);
+    if (r->stream)
+        sh_http_stream_end(http);
+    else
+        sh_http_respond(http, 499, "application/json", "", 0);
+    r->http = NULL;
+    req_unlink(g, r);
+    req_free(r);
+}
+
+/* Writes one SSE event (takes ownership of ev). */
+static void sse_write(gw_req *r, char *ev)
+{
+    if (!ev || !r->http)
+        goto out;
+    sh_http_stream_write(r->http, ev, strlen(ev));
+out:
+    free(ev);
+}
+
+/* Starts the event stream on the first event (errors before it are plain JSON responses). */
+static bool ensure_stream(gw_req *r)
+{
+    if (!r->http)
+        return false;
+    if (!r->stream_started) {
+        if (sh_http_stream_start(r->http, 200, "text/event-stream", true) != SH_OK)
+            return false;
+        r->stream_started = true;
+    }
+    return true;
+}
+
+static void fill_lp(const gw_req *r, const gw_lp *src, sh_openai_logprob *dst, sh_openai_top *tops,
+                    char (*texts)[MAX_PIECE], int32_t *n_texts)
+{
+    const gateway *g = r->g;
+    dst->token = piece_text(g, src->id, texts[(*n_texts)++]);
+    dst->logprob = src->lp;
+    dst->text_offset = src->text_offset;
+    dst->n_top = src->n_top;
+    dst->top = tops;
+    for (int32_t k = 0; k < src->n_top; k++) {
+        tops[k].token = piece_text(g, src->top[k].id, texts[(*n_texts)++]);
+        tops[k].logprob = src->top[k].lp;
+    }
+}
+
+static void on_token(gateway *g, const sh_proto_token *t)
+{
+    gw_req *r = find_req(g, t->req);
+    if (!r || t->choice >= (uint32_t)r->n_choices)
+        return;
+    gw_choice *c = &r->choices[t->choice];
+    if (!r->t_first_us)
+        r->t_first_us = sh__act_mono_us();
+    c->n_gen += (int32_t)t->tokens.n;
+    gw_lp lp = {0};
+    bool has_lp = r->logprobs && t->tokens.n == 1 && t->logprobs.n == 1;
+    if (has_lp) {
+        lp.id = sh_i32s_at(t->tokens, 0);
+        lp.lp = sh_f32s_at(t->logprobs, 0);
+        lp.text_offset = (int32_t)c->len;
+        int32_t k = t->top_n;
+        if (k > SH_SAMPLER_MAX_LOGPROBS)
+            k = SH_SAMPLER_MAX_LOGPROBS;
+        if ((uint32_t)k > t->top_tokens.n || (uint32_t)k > t->top_logprobs.n)
+            k = 0;
+        lp.n_top = k;
+        for (int32_t i = 0; i < k; i++)
+            lp.top[i] = (gw_top){sh_i32s_at(t->top_tokens, (uint32_t)i),
+                                 sh_f32s_at(t->top_logprobs, (uint32_t)i)};
+    }
+    if (r->stream) {
+        if (!ensure_stream(r))
+            return;
+        sh_openai_meta meta = meta_of(r);
+        if (!c->started && r->kind == SH_OPENAI_CHAT) {
+            sh_openai_choice ch = {.index = (int32_t)t->choice, .text = ""};
+            sse_write(r, sh_openai_chunk_sse(&meta, &ch, true, r->include_usage));
+        }
+        c->started = true;
+        if (!t->text.len && !has_lp)
+            return;
+        char *text = strndup(t->text.ptr ? t->text.ptr : "", t->text.len);
+        sh_openai_logprob l;
+        sh_openai_top tops[SH_SAMPLER_MAX_LOGPROBS];
+        char texts[SH_SAMPLER_MAX_LOGPROBS + 1][MAX_PIECE];
+        int32_t nt = 0;
+        if (has_lp)
+            fill_lp(r, &lp, &l, tops, texts, &nt);
+        sh_openai_choice ch = {.index = (int32_t)t->choice,
+                               .text = text ? text : "",
+                               .logprobs = has_lp ? &l : NULL,
+                               .n_logprobs = has_lp ? 1 : 0};
+        sse_write(r, sh_openai_chunk_sse(&meta, &ch, false, r->include_usage));
+        free(text);
+        return;
+    }
+    c->started = true;
+    if (has_lp) {
+        if (c->n_lps == c->cap_lps) {
+            int32_t cap = c->cap_lps ? c->cap_lps * 2 : 64;
+            gw_lp *p = realloc(c->lps, (size_t)cap * sizeof *p);
+            if (p) {
+                c->lps = p;
+                c->cap_lps = cap;
+            }
+        }
+        if (c->n_lps < c->cap_lps)
+            c->lps[c->n_lps++] = lp;
+    }
+    if (t->text.len)
+        append(&c->text, &c->len, &c->cap, t->text.ptr, t->text.len);
+}
+
+static sh_openai_finish finish_of(uint8_t fin)
+{
+    return fin == SH_PROTO_FINISH_STOP ? SH_OPENAI_FINISH_STOP : SH_OPENAI_FINISH_LENGTH;
+}
+
+/* The non-streamed response: every choice's text (after the echoed prompt) and logprobs. */
+static void respond_final(gw_req *r, const sh_openai_meta *meta, const sh_openai_usage *usage)
+{
+    int32_t n = r->n_choices;
+    size_t per = SH_SAMPLER_MAX_LOGPROBS;
+    sh_openai_choice *ch = calloc((size_t)n, sizeof *ch);
+    sh_openai_logprob **lps = calloc((size_t)n, sizeof *lps);
+    sh_openai_top **tops = calloc((size_t)n, sizeof *tops);
+    char(**pieces)[MAX_PIECE] = calloc((size_t)n, sizeof *pieces);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    bool ok = ch && lps && tops && pieces && texts;
+    for (int32_t i = 0; ok && i < n; i++) {
+        gw_choice *c = &r->choices[i];
+        ch[i] = (sh_openai_choice){.index = i, .finish = c->finish, .text = c->text ? c->text : ""};
+        if (r->echo) {
+            size_t el = strlen(r->echo_text);
+            texts[i] = malloc(el + c->len + 1);
+            if (!texts[i]) {
+                ok = false;
+                break;
+            }
+            memcpy(texts[i], r->echo_text, el);
+            memcpy(texts[i] + el, c->text ? c->text : "", c->len);
+            texts[i][el + c->len] = '\0';
+            ch[i].text = texts[i];
+        }
+        if (r->logprobs) {
+            lps[i] = calloc((size_t)c->n_lps + 1, sizeof **lps);
+            tops[i] = calloc(((size_t)c->n_lps + 1) * per, sizeof **tops);
+            pieces[i] = calloc(((size_t)c->n_lps + 1) * (per + 1), MAX_PIECE);
+            if (!lps[i] || !tops[i] || !pieces[i]) {
+                ok = false;
+                break;
+            }
+            int32_t nt = 0;
+            for (int32_t k = 0; k < c->n_lps; k++)
+                fill_lp(r, &c->lps[k], &lps[i][k], tops[i] + (size_t)k * per, pieces[i], &nt);
+            ch[i].logprobs = lps[i];
+            ch[i].n_logprobs = c->n_lps;
+        }
+    }
+    char *body = ok ? sh_openai_response_json(meta, ch, n, usage) : NULL;
+    respond_json(r->http, 200, body);
+    for (int32_t i = 0; i < n; i++) {
+        if (lps)
+            free(lps[i]);
+        if (tops)
+            free(tops[i]);
+        if (pieces)
+            free(pieces[i]);
+        if (texts)
+            free(texts[i]);
+    }
+    free(ch);
+    free(lps);
+    free(tops);
+    free(pieces);
+    free(texts);
+}
+
+/* Every choice finished: the final response (or the stream's end). */
+static void complete(gateway *g, gw_req *r)
+{
+    uint64_t now = sh__act_mono_us();
+    int32_t n_gen = 0;
+    for (int32_t i = 0; i < r->n_choices; i++)
+        n_gen += r->choices[i].n_gen;
+    sh_histogram_observe(g->m_e2e, (double)(now - r->t0_us) * 1e-6);
+    if (r->t_first_us) {
+        sh_histogram_observe(g->m_ttft, (double)(r->t_first_us - r->t0_us) * 1e-6);
+        int32_t per = r->n_choices ? n_gen / r->n_choices : 0;
+        if (per > 1)
+            sh_histogram_observe(g->m_tpot, (double)(now - r->t_first_us) * 1e-6 / (per - 1));
+    }
+    sh_openai_meta meta = meta_of(r);
+    sh_openai_usage usage = {r->n_prompt, n_gen};
+    if (r->stream) {
+        if (ensure_stream(r)) {
+            if (r->include_usage)
+                sse_write(r, sh_openai_usage_sse(&meta, &usage));
+            sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
+            sh_http_stream_end(r->http);
+        }
+    } else if (r->http) {
+        respond_final(r, &meta, &usage);
+    }
+    r->http = NULL;
+    req_unlink(g, r);
+    req_free(r);
+}
+
+static void on_done(gateway *g, const sh_proto_done *d)
+{
+    gw_req *r = find_req(g, d->req);
+    if (!r || d->choice >= (uint32_t)r->n_choices || r->choices[d->choice].done)
+        return;
+    gw_choice *c = &r->choices[d->choice];
+    c->done = true;
+    c->finish = finish_of(d->finish);
+    r->n_done++;
+    if (d->n_cached > (uint32_t)r->n_cached)
+        r->n_cached = (int32_t)d->n_cached;
+    if (r->stream) {
+        if (ensure_stream(r)) {
+            sh_openai_meta meta = meta_of(r);
+            if (!c->started && r->kind == SH_OPENAI_CHAT) {
+                sh_openai_choice ch = {.index = (int32_t)d->choice, .text = ""};
+                sse_write(r, sh_openai_chunk_sse(&meta, &ch, true, r->include_usage));
+            }
+            c->started = true;
+            if (d->text.len) {
+                char *text = strndup(d->text.ptr, d->text.len);
+                sh_openai_choice ch = {.index = (int32_t)d->choice, .text = text ? text : ""};
+                sse_write(r, sh_openai_chunk_sse(&meta, &ch, false, r->include_usage));
+                free(text);
+            }
+            sh_openai_choice fin = {.index = (int32_t)d->choice,
+                                    .text = r->kind == SH_OPENAI_CHAT ? NULL : "",
+                                    .finish = c->finish};
+            sse_write(r, sh_openai_chunk_sse(&meta, &fin, false, r->include_usage));
+        }
+    } else if (d->text.len) {
+        append(&c->text, &c->len, &c->cap, d->text.ptr, d->text.len);
+    }
+    if (r->n_done == r->n_choices)
+        complete(g, r);
+}
+
+static void on_fail(gateway *g, const sh_proto_fail *f)
+{
+    gw_req *r = find_req(g, f->req);
+    if (!r)
+        return;
+    int status = f->status_http >= 400 ? (int)f->status_http : 500;
+    sh_openai_error err;
+    sh_openai_error_set(&err, status, NULL, NULL, "%.*s", (int)f->message.len, f->message.ptr);
+    sh_counter_add(g->m_http_errors, 1);
+    if (r->http) {
+        if (r->stream && r->stream_started) {
+            char *json = sh_openai_error_json(&err);
+            if (json) {
+                sh_http_stream_write(r->http, "data: ", 6);
+                sh_http_stream_write(r->http, json, strlen(json));
+                sh_http_stream_write(r->http, "\n\n", 2);
+                free(json);
+            }
+            sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
+            sh_http_stream_end(r->http);
+        } else {
+            respond_json(r->http, status, sh_openai_error_json(&err));
+        }
+    }
+    r->http = NULL;
+    req_unlink(g, r);
+    req_free(r);
+}
+
+/* ---- routing ------------------------------------------------------------------------------ */
+
+static void on_http(sh_http_req *req, void *user)
+{
+    gateway *g = user;
+    const char *method = sh_http_req_method(req);
+    const char *path = sh_http_req_path(req);
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool post = !strcmp(method, "POST");
+    if (!strcmp(path, "/health")) {
+        if (!get)
+            goto bad_method;
+        char *body = sh_openai_health_json("ok", NULL);
+        respond_json(req, 200, body);
+        return;
+    }
+    if (!strcmp(path, "/metrics")) {
+        if (!get)
+            goto bad_method;
+        serve_metrics(g, req);
+        return;
+    }
+    bool is_models = !strcmp(path, "/v1/models");
+    bool is_cmpl = !strcmp(path, "/v1/completions");
+    bool is_chat = !strcmp(path, "/v1/chat/completions");
+    if (!is_models && !is_cmpl && !is_chat) {
+        respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s", method, path);
+        return;
+    }
+    int32_t prio = 0;
+    sh_openai_error err;
+    if (sh_openai_auth_check(g->a.keys, g->a.n_keys, sh_http_req_header(req, "Authorization"), 0,
+                             &prio, &err)) {
+        respond_error(g, req, &err);
+        return;
+    }
+    if (is_models) {
+        if (!get)
+            goto bad_method;
+        respond_json(req, 200, sh_openai_models_json(g->models, 1, 0, "shoal"));
+        return;
+    }
+    if (!post)
+        goto bad_method;
+    handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, prio);
+    return;
+bad_method:
+    respond_errorf(g, req, 405, "method_not_allowed", NULL, "%s is not allowed on %s", method,
+                   path);
+}
+
+/* ---- the actor ---------------------------------------------------------------------------- */
+
+static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    gateway *g = state;
+    const sh_gateway_args *a = arg;
+    g->ctx = ctx;
+    g->a = *a;
+    g->models[0] = g->a.model_name;
+    if (g->a.max_n <= 0)
+        g->a.max_n = 8;
+    if (g->a.max_tokens <= 0)
+        g->a.max_tokens = g->a.n_ctx;
+    sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(ctx));
+    static const double lat[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                                 1,     1.5,  2,     3,    5,     7.5, 10,   20,  40,  80};
+    static const double tpot[] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05,
+                                  0.075, 0.1,    0.15,  0.2,  0.3,   0.5,  0.75, 1,    2.5};
+    sh_metrics_histogram(mx, "shoal_time_to_first_token_seconds",
+                         "Time from receiving a request to its first generated token.", NULL, lat,
+                         sizeof lat / sizeof lat[0], &g->m_ttft);
+    sh_metrics_histogram(mx, "shoal_time_per_output_token_seconds",
+                         "Mean time between generated tokens of a request, after the first.", NULL,
+                         tpot, sizeof tpot / sizeof tpot[0], &g->m_tpot);
+    sh_metrics_histogram(mx, "shoal_e2e_request_latency_seconds",
+                         "Time from receiving a request to its last byte.", NULL, lat,
+                         sizeof lat / sizeof lat[0], &g->m_e2e);
+    sh_metrics_counter(mx, "shoal_http_errors_total", "Requests answered with an error status.",
+                       NULL, &g->m_http_errors);
+    // The kvmgr's figures, read for the ratios on /metrics (same series it registers).
+    sh_metrics_gauge(mx, "shoal_kv_blocks_total", "KV blocks in the pool.", NULL, &g->kv_total);
+    sh_metrics_gauge(mx, "shoal_kv_blocks_used", "KV blocks held by sequences.", NULL, &g->kv_used);
+    sh_metrics_counter(mx, "shoal_prefix_cache_query_tokens_total",
+                       "Prompt tokens looked up in the prefix cache.", NULL, &g->pc_query);
+    sh_metrics_counter(mx, "shoal_prefix_cache_hit_tokens_total",
+                       "Prompt tokens found in the prefix cache.", NULL, &g->pc_hit);
+    if (!g->m_ttft || !g->m_tpot || !g->m_e2e || !g->m_http_errors ||
+        sh__act_decoder_init(&g->dec, (size_t)1 << 16))
+        return SH_ENOMEM;
+    sh_http_opts ho = {.host = g->a.host,
+                       .port = g->a.port,
+                       .max_conns = g->a.max_conns,
+                       .max_body_bytes = g->a.max_body_bytes,
+                       .header_timeout_ms = g->a.header_timeout_ms,
+                       .handler = on_http,
+                       .user = g};
+    sh_error e = {0};
+    sh_err err = sh_http_server_create(sh__actor_uv_loop(ctx), &ho, &g->srv, &e);
+    if (err) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "listen_failed", "host=%s port=%d err=\"%s\"",
+                     g->a.host ? g->a.host : "127.0.0.1", g->a.port, e.msg);
+        if (g->a.bound_port)
+            __atomic_store_n(g->a.bound_port, -1, __ATOMIC_RELEASE);
+        sh__act_decoder_fini(&g->dec);
+        return err;
+    }
+    if (g->a.bound_port)
+        __atomic_store_n(g->a.bound_port, sh_http_server_port(g->srv), __ATOMIC_RELEASE);
+    return SH_OK;
+}
+
+static sh_msg_fate gateway_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
+{
+    gateway *g = state;
+    const sh_msg_hdr *h = sh_msg_header(msg);
+    sh_proto_body pb;
+    sh_error e = {0};
+    if (h->type == SH_MSG_ERROR)
+        return SH_MSG_FATE_DONE;
+    if (sh__act_decode(&g->dec, msg, &pb, &e)) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "bad_message", "type=%u err=\"%s\"", (unsigned)h->type,
+                     e.msg);
+        return SH_MSG_FATE_DONE;
+    }
+    switch (h->type) {
+    case SH_MSG_TOKEN:
+        on_token(g, &pb.token);
+        break;
+    case SH_MSG_DONE:
+        on_done(g, &pb.done);
+        break;
+    case SH_MSG_FAIL:
+        on_fail(g, &pb.fail);
+        break;
+    default:
+        sh_actor_log(ctx, SH_LOG_LEVEL_DEBUG, "unexpected", "type=%u", (unsigned)h->type);
+        break;
+    }
+    return SH_MSG_FATE_DONE;
+}
+
+static void gateway_stop(sh_actor_ctx *ctx, void *state)
+{
+    (void)ctx;
+    gateway *g = state;
+    // Every open request is answered now, so no HTTP callback refers to this state later.
+    while (g->reqs) {
+        gw_req *r = g->reqs;
+        g->reqs = r->next;
+        if (r->http) {
+            sh_http_req_on_abort(r->http, NULL, NULL);
+            if (r->stream && r->stream_started) {
+                sh_http_stream_end(r->http);
+            } else {
+                static const char body[] = "{\"error\":{\"message\":\"the server is shutting "
+                                           "down\",\"type\":\"server_error\",\"param\":null,"
+                                           "\"code\":null}}";
+                sh_http_respond(r->http, 503, "application/json", body, sizeof body - 1);
+            }
+        }
+        req_free(r);
+    }
+    if (g->srv)
+        sh_http_server_close(g->srv, true, NULL, NULL);
+    free(g->metrics_buf);
+    sh__act_decoder_fini(&g->dec);
+}
+
+const sh_actor_vtable sh__gateway_vtable = {
+    .name = "gateway",
+    .state_size = sizeof(gateway),
+    .init = gateway_init,
+    .handle = gateway_handle,
+    .stop = gateway_stop,
+};
+
+sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
+{
+    const sh_actor_vtable *kinds[] = {&sh__kvmgr_vtable, &sh__stage_vtable, &sh__batcher_vtable,
+                                      &sh__gateway_vtable};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        sh_err err = sh_runtime_register(rt, kinds[i], e);
+        if (err)
+            return err;
+    }
+    return SH_OK;
+}

@@ -1,0 +1,118 @@
+/* The serving actors of one replica (DESIGN.md sections 4 and 5): gateway, batcher, kvmgr and
+ * stage, and what each is spawned with. They talk only through runtime messages:
+ *
+ *   gateway --SUBMIT/CANCEL--> batcher --STEP--> stage --STEP_DONE--> batcher --TOKEN/DONE/FAIL-->
+ *   gateway;   batcher <--KV_ALLOC/KV_FORK (request/reply), KV_FREE (one-way)--> kvmgr.
+ *
+ * Every kind is registered with sh__serve_register(). Arguments are borrowed by init (copied
+ * where needed); the objects they point to (model, tokenizer, context) must outlive the runtime. */
+#ifndef SH_ACTORS_SERVE_H
+#define SH_ACTORS_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/kvmgr_core.h"
+#include "actors/openai.h"
+#include "model/chat.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "shoal/runtime.h"
+
+/* ---- kvmgr ------------------------------------------------------------------------------ */
+
+/* Kind "kvmgr": owns the replica's block table (actors/kvmgr_core.h).
+ *
+ * KV_ALLOC (a request; the reply is a KV_ALLOC with the same session):
+ *   - computed > 0: positions [0, computed) of seq now hold KV (sh_kv_mark_computed) - applied
+ *     first, so finished blocks enter the prefix cache;
+ *   - an unknown seq is created: with prefix caching on and tokens given, tokens is the whole
+ *     token list known so far (prompt, plus generated tokens when resuming) and the cached prefix
+ *     is adopted (reply.cached positions); then min(n_tokens, tokens.n - cached) positions are
+ *     reserved with ids tokens[cached ...]. Without tokens, n_tokens positions with unknown ids.
+ *     When the reservation fails the new sequence is freed again (nothing stays allocated).
+ *   - a known seq reserves n_tokens positions; tokens, when given, holds exactly their ids.
+ *   - reply: seq, n_tokens (as asked), blocks = the sequence's whole block table after the call,
+ *     cached (new sequences only), appended (positions reserved), status (0, SH_EBUSY when the
+ *     pool is short, SH_ERANGE beyond max_blocks_per_seq, SH_EINVAL), available (free plus
+ *     evictable blocks after the call).
+ * KV_FORK (a request): child (a new id) shares the first n_tokens of seq (fork at a block
+ *   boundary, so no copy-on-write copy is ever needed); the reply carries the child's table and
+ *   status.
+ * KV_FREE (one-way): computed as in KV_ALLOC, then every block of seq is released. An unknown
+ *   seq is ignored.
+ * Metrics (runtime registry): shoal_kv_blocks_total, shoal_kv_blocks_used,
+ *   shoal_kv_blocks_cached (gauges), shoal_prefix_cache_query_tokens_total,
+ *   shoal_prefix_cache_hit_tokens_total, shoal_kv_evictions_total (counters). */
+typedef struct sh_kvmgr_args {
+    sh_kv_config cfg;  /* n_blocks from the stage's pool, max_seqs, window */
+    bool prefix_cache; /* false: never look up or adopt cached blocks */
+} sh_kvmgr_args;
+
+/* ---- stage ------------------------------------------------------------------------------ */
+
+/* Kind "stage": the whole model on the CPU backend (one stage per replica for now). Each STEP runs
+ * on the stage's worker thread as ONE sh_llama_forward over all its sequences, then samples the
+ * sequences whose `sample` is true and answers the STEP's sender with STEP_DONE: one step_out per
+ * step_seq in the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
+ * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us. A failed forward answers
+ * STEP_DONE with status (an sh_err), message and no seqs. STEPs arriving while one runs queue.
+ *
+ * Samplers: one per sequence id, created the first time that id samples (from its sampling
+ * parameters, accepting each id of `history` for the penalties), then accepting every token it
+ * samples; kept in a table of 2 * max_seqs entries, least recently used evicted. The batcher never
+ * reuses a sequence id. Nothing is allocated per step or per token after a sequence's first
+ * sample. */
+typedef struct sh_stage_args {
+    const sh_llama *model;
+    sh_llama_ctx *ctx; /* borrowed; used by the worker thread only */
+    int32_t max_seqs;
+} sh_stage_args;
+
+/* ---- batcher ---------------------------------------------------------------------------- */
+
+typedef struct sh_batcher_args {
+    sh_addr kvmgr, stage;
+    const sh_tokenizer *tok; /* detokenizes for stop strings and TOKEN text */
+    int32_t n_vocab;
+    int32_t n_ctx;           /* positions per sequence (prompt + generated) */
+    int32_t max_step_tokens; /* token budget per step (default 4096) */
+    int32_t max_seqs;        /* running sequences (default 64) */
+    int32_t max_wait_ms;     /* wait to form a batch when idle (default 50) */
+    int32_t max_queue;       /* waiting requests before SUBMIT is refused with 429 (default 1024) */
+    int32_t block_tokens;    /* KV block size (16) */
+    int32_t n_blocks;        /* blocks in the KV pool (admission control) */
+    bool llama2c;            /* the model delimits texts with BOS: treat BOS as end */
+} sh_batcher_args;
+
+/* ---- gateway ---------------------------------------------------------------------------- */
+
+typedef struct sh_gateway_args {
+    sh_addr batcher, kvmgr;
+    const sh_tokenizer *tok;
+    sh_chat_template chat;
+    const char *default_system; /* the template's default system prompt, or NULL */
+    const char *model_name;     /* the id /v1/models lists and requests must name */
+    int32_t n_vocab, n_ctx;
+    const char *host; /* default 127.0.0.1 */
+    int port;         /* 0: ephemeral */
+    uint64_t max_body_bytes;
+    uint32_t max_conns;
+    uint32_t header_timeout_ms; /* slow clients: first byte to end of headers (default 10000) */
+    int32_t max_tokens;         /* largest max_tokens */
+    int32_t max_n;
+    const sh_openai_key *keys; /* bearer keys; n_keys 0: open */
+    int32_t n_keys;
+    int *bound_port; /* when set, init writes the port it listens on */
+} sh_gateway_args;
+
+/* The kinds' vtables (actors/kvmgr.c, stage.c, batcher.c, gateway.c). */
+extern const sh_actor_vtable sh__kvmgr_vtable;
+extern const sh_actor_vtable sh__stage_vtable;
+extern const sh_actor_vtable sh__batcher_vtable;
+extern const sh_actor_vtable sh__gateway_vtable;
+
+/* Registers the four kinds with rt. Returns as sh_runtime_register(). */
+sh_err sh__serve_register(sh_runtime *rt, sh_error *e);
+
+#endif

@@ -1,0 +1,406 @@
+/* The stage actor: runs each STEP as one batched forward pass on a worker thread, samples the
+ * sequences that want a token and answers STEP_DONE. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "actors/actor_util.h"
+#include "actors/serve.h"
+#include "model/sampler.h"
+#include "runtime/error.h"
+#include "runtime/msg.h"
+#include "runtime/proto.h"
+
+#define STAGE_ARENA_BYTES (4u << 20) /* decoded step_seq entries, bias lists, stop strings */
+#define STAGE_QUEUE_INIT 16          /* kept STEPs before the queue first grows */
+
+/* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
+ * orders the least recently used for eviction. */
+typedef struct smp_slot {
+    uint64_t seq;
+    uint64_t used;
+    sh_sampler *s;
+} smp_slot;
+
+typedef struct stage_state {
+    /* Set by init, read-only afterwards (both threads read them). */
+    sh_runtime *rt;
+    sh_addr self;
+    const sh_llama *model;
+    sh_llama_ctx *ctx;
+    int32_t max_seqs, n_vocab, n_blocks;
+    int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
+
+    /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    sh_msg **q; // (q_cap)
+    uint32_t q_cap, q_head, q_len;
+    bool stopping;
+    uv_thread_t thread;
+
+    /* The worker's own; sized at init so that a step allocates nothing. */
+    sh_act_decoder dec;
+    int32_t *tok;           // (max_tok) the step's token ids, sequence after sequence
+    int32_t *blk;           // (max_seqs, n_blocks) each sequence's block table
+    sh_llama_seq *seqs;     // (max_seqs)
+    sh_sampler **smp;       // (max_seqs) the sampler of each sampled sequence of the step
+    sh_sample *samples;     // (max_seqs)
+    sh_proto_step_out *out; // (max_seqs) the reply's entries
+    int32_t *top_tok;       // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    float *top_lp;          // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    smp_slot *slots;        // (n_slots) = 2 * max_seqs
+    int32_t n_slots;
+    uint64_t tick;
+    sh_logit_bias bias[SH_SAMPLER_MAX_BIAS];
+} stage_state;
+
+/* ---- samplers ---- */
+
+/* Finds seq's sampler or creates it from q's parameters (accepting its history), evicting the
+ * least recently used when the table is full. Returns SH_OK (*out set) or the sampler's error
+ * with e naming the sequence. Worker thread. */
+static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sampler **out,
+                          sh_error *e)
+{
+    smp_slot *victim = NULL;
+    for (int32_t i = 0; i < st->n_slots; i++) {
+        smp_slot *sl = &st->slots[i];
+        if (sl->used && sl->seq == q->seq) {
+            sl->used = st->tick;
+            *out = sl->s;
+            return SH_OK;
+        }
+        if (!victim || sl->used < victim->used)
+            victim = sl;
+    }
+    const sh_proto_sampling *sp = &q->sampling;
+    if (sp->bias.n > SH_SAMPLER_MAX_BIAS)
+        return sh__error_set(e, SH_EINVAL, "stage: sequence %" PRIu64 ": %u logit biases", q->seq,
+                             (unsigned)sp->bias.n);
+    for (uint32_t i = 0; i < sp->bias.n; i++)
+        st->bias[i] = (sh_logit_bias){sp->bias.v[i].id, sp->bias.v[i].bias};
+    sh_sampler_params p = sh_sampler_params_default();
+    p.temperature = sp->temperature;
+    p.top_k = sp->top_k;
+    p.top_p = sp->top_p;
+    p.min_p = sp->min_p;
+    p.repeat_penalty = sp->repeat_penalty;
+    p.frequency_penalty = sp->frequency_penalty;
+    p.presence_penalty = sp->presence_penalty;
+    p.penalty_last_n = sp->penalty_last_n;
+    p.seed = sp->seed;
+    p.n_logprobs = sp->n_logprobs;
+    p.logprobs_mode = sp->logprobs_mode ? SH_LOGPROBS_FINAL : SH_LOGPROBS_RAW;
+    p.bias = st->bias;
+    p.n_bias = (int32_t)sp->bias.n;
+    sh_sampler *s = NULL;
+    sh_error se = {0};
+    if (sh_sampler_create(st->n_vocab, &p, &s, &se))
+        return sh__error_set(e, se.code, "stage: sequence %" PRIu64 ": %s", q->seq, se.msg);
+    for (uint32_t i = 0; i < q->history.n; i++)
+        sh_sampler_accept(s, sh_i32s_at(q->history, i));
+    sh_sampler_destroy(victim->s);
+    *victim = (smp_slot){.seq = q->seq, .used = st->tick, .s = s};
+    *out = s;
+    return SH_OK;
+}
+
+/* ---- one step ---- */
+
+/* Checks the step, copies its ids and block tables into the aligned buffers and fills st->seqs.
+ * Returns SH_OK, SH_EINVAL or SH_ETIMEDOUT with e filled. */
+static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
+{
+    uint32_t n = s->seqs.n;
+    if (n > (uint32_t)st->max_seqs)
+        return sh__error_set(e, SH_EINVAL, "stage: step %" PRIu64 " has %u sequences (at most %d)",
+                             s->step, (unsigned)n, (int)st->max_seqs);
+    if (s->deadline_ms && sh__act_unix_ms() > s->deadline_ms)
+        return sh__error_set(e, SH_ETIMEDOUT, "stage: step %" PRIu64 " is past its deadline",
+                             s->step);
+    int32_t t = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        uint32_t nt = q->tokens.n;
+        int64_t end = (int64_t)q->pos + nt;
+        int64_t nb = (end + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+        if (nt == 0 || nt > (uint32_t)(st->max_tok - t))
+            return sh__error_set(e, SH_EINVAL,
+                                 "stage: sequence %" PRIu64 ": %u tokens (%d rows left of %d)",
+                                 q->seq, (unsigned)nt, (int)(st->max_tok - t), (int)st->max_tok);
+        if (nb > st->n_blocks || nb > (int64_t)q->blocks.n)
+            return sh__error_set(e, SH_EINVAL,
+                                 "stage: sequence %" PRIu64
+                                 ": positions [%u, %lld) with %u table entries (pool %d blocks)",
+                                 q->seq, (unsigned)q->pos, (long long)end, (unsigned)q->blocks.n,
+                                 (int)st->n_blocks);
+        /* Packed little-endian int32 is the host layout; the copies only fix the alignment. */
+        int32_t *tab = st->blk + (size_t)i * st->n_blocks;
+        memcpy(st->tok + t, q->tokens.ptr, (size_t)nt * sizeof(int32_t));
+        memcpy(tab, q->blocks.ptr, (size_t)nb * sizeof(int32_t));
+        st->seqs[i] = (sh_llama_seq){.tokens = st->tok + t,
+                                     .n_tokens = (int32_t)nt,
+                                     .pos0 = (int32_t)q->pos,
+                                     .blocks = tab,
+                                     .want_logits = q->sample};
+        t += (int32_t)nt;
+    }
+    return SH_OK;
+}
+
+/* Runs a decoded STEP: the forward pass, then sampling. On SH_OK d->seqs points into st->out;
+ * on an error e says why and nothing was accepted by any sampler. Worker thread. */
+static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_done *d, sh_error *e)
+{
+    uint32_t n = s->seqs.n;
+    sh_err err;
+    if (n == 0)
+        return SH_OK;
+    if ((err = step_prepare(st, s, e)))
+        return err;
+    st->tick++;
+    /* Samplers first: bad sampling parameters fail the step before the KV cache is written. */
+    for (uint32_t i = 0; i < n; i++)
+        if (s->seqs.v[i].sample && (err = sampler_get(st, &s->seqs.v[i], &st->smp[i], e)))
+            return err;
+    sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs};
+    sh_llama_out out;
+    if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
+        return err;
+    int32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        sh_proto_step_out *o = &st->out[i];
+        *o = (sh_proto_step_out){.seq = q->seq, .token = -1};
+        if (!q->sample)
+            continue;
+        sh_sample *smp = &st->samples[i];
+        const float *logits = out.logits + (size_t)k++ * st->n_vocab;
+        if (sh_sampler_sample(st->smp[i], logits, smp))
+            return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
+                                 q->seq);
+        o->token = smp->id;
+        o->logprob = smp->logprob;
+        o->logprob_raw = smp->logprob_raw;
+        if (smp->n_top > 0) {
+            int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            bool raw = q->sampling.logprobs_mode == SH_LOGPROBS_RAW;
+            for (int32_t j = 0; j < smp->n_top; j++) {
+                tt[j] = smp->top[j].id;
+                tl[j] = raw ? smp->top[j].logprob_raw : smp->top[j].logprob;
+            }
+            o->top_tokens = (sh_i32s){tt, (uint32_t)smp->n_top};
+            o->top_logprobs = (sh_f32s){tl, (uint32_t)smp->n_top};
+        }
+    }
+    /* Every sequence sampled: only now do the penalty windows take the new tokens. */
+    for (uint32_t i = 0; i < n; i++)
+        if (s->seqs.v[i].sample)
+            sh_sampler_accept(st->smp[i], st->out[i].token);
+    d->seqs = (sh_proto_step_out_list){st->out, n};
+    return SH_OK;
+}
+
+/* Decodes and runs one kept STEP and answers its sender. Worker thread. */
+static void step_answer(stage_state *st, const sh_msg *m)
+{
+    uint64_t t0 = sh__act_mono_us();
+    const sh_msg_hdr *h = sh_msg_header(m);
+    sh_proto_body b;
+    sh_proto_step_done d = {0};
+    sh_error e = {0};
+    sh_err err = sh__act_decode(&st->dec, m, &b, &e);
+    if (!err) {
+        d.step = b.step.step;
+        err = step_run(st, &b.step, &d, &e);
+    } else {
+        err = SH_EPROTO;
+    }
+    d.compute_us = sh__act_mono_us() - t0;
+    if (err) {
+        d.status = (int32_t)err;
+        d.message = (sh_strv){e.msg, (uint32_t)strnlen(e.msg, sizeof e.msg)};
+        d.seqs = (sh_proto_step_out_list){NULL, 0};
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",
+                       "step=%" PRIu64 " code=%d error=\"%s\"", d.step, (int)err, e.msg);
+    }
+    sh_error se = {0};
+    if (sh__act_send(st->rt, st->self, h->src, SH_MSG_STEP_DONE, h->trace_id, &d, &se))
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_send_failed",
+                       "step=%" PRIu64 " error=\"%s\"", d.step, se.msg);
+}
+
+/* The worker: takes kept STEPs in arrival order until stop asks it to end. */
+static void worker_main(void *arg)
+{
+    stage_state *st = arg;
+    uv_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->stopping && st->q_len == 0)
+            uv_cond_wait(&st->cv, &st->mu);
+        if (st->stopping)
+            break;
+        sh_msg *m = st->q[st->q_head];
+        st->q_head = (st->q_head + 1) % st->q_cap;
+        st->q_len--;
+        uv_mutex_unlock(&st->mu);
+        step_answer(st, m);
+        sh_msg_free(m);
+        uv_mutex_lock(&st->mu);
+    }
+    uv_mutex_unlock(&st->mu);
+}
+
+/* Appends m to the queue, doubling the ring when it is full. Caller holds mu. Returns SH_ENOMEM
+ * (nothing queued) when the ring cannot grow. */
+static sh_err queue_push(stage_state *st, sh_msg *m)
+{
+    if (st->q_len == st->q_cap) {
+        uint32_t cap = st->q_cap * 2;
+        sh_msg **q = malloc((size_t)cap * sizeof *q);
+        if (!q)
+            return SH_ENOMEM;
+        for (uint32_t i = 0; i < st->q_len; i++)
+            q[i] = st->q[(st->q_head + i) % st->q_cap];
+        free(st->q);
+        st->q = q;
+        st->q_cap = cap;
+        st->q_head = 0;
+    }
+    st->q[(st->q_head + st->q_len) % st->q_cap] = m;
+    st->q_len++;
+    return SH_OK;
+}
+
+/* ---- vtable ---- */
+
+/* Frees what init allocated (every pointer may be NULL). */
+static void free_buffers(stage_state *st)
+{
+    for (int32_t i = 0; st->slots && i < st->n_slots; i++)
+        sh_sampler_destroy(st->slots[i].s);
+    sh__act_decoder_fini(&st->dec);
+    free(st->q);
+    free(st->tok);
+    free(st->blk);
+    free(st->seqs);
+    free(st->smp);
+    free(st->samples);
+    free(st->out);
+    free(st->top_tok);
+    free(st->top_lp);
+    free(st->slots);
+}
+
+/* Loop thread. Sizes every buffer from the context and starts the worker. */
+static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    stage_state *st = state;
+    const sh_stage_args *a = arg;
+    if (!a || !a->model || !a->ctx || a->max_seqs <= 0 || a->model->last != a->model->hp.n_layers ||
+        a->model->first != 0) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
+                     "error=\"needs the whole model, a context and max_seqs > 0\"");
+        return SH_EINVAL;
+    }
+    st->rt = sh_actor_runtime(ctx);
+    st->self = sh_actor_self(ctx);
+    st->model = a->model;
+    st->ctx = a->ctx;
+    st->max_seqs = a->max_seqs;
+    st->n_vocab = a->model->hp.n_vocab;
+    st->n_blocks = sh_llama_ctx_n_blocks(a->ctx);
+    st->max_tok = st->n_blocks * SH_KV_BLOCK_TOKENS;
+    st->n_slots = 2 * a->max_seqs;
+    size_t S = (size_t)a->max_seqs, L = SH_SAMPLER_MAX_LOGPROBS;
+    st->q_cap = STAGE_QUEUE_INIT;
+    st->q = malloc(st->q_cap * sizeof *st->q);
+    st->tok = malloc((size_t)st->max_tok * sizeof *st->tok);
+    st->blk = malloc(S * (size_t)st->n_blocks * sizeof *st->blk);
+    st->seqs = calloc(S, sizeof *st->seqs);
+    st->smp = calloc(S, sizeof *st->smp);
+    st->samples = calloc(S, sizeof *st->samples);
+    st->out = calloc(S, sizeof *st->out);
+    st->top_tok = malloc(S * L * sizeof *st->top_tok);
+    st->top_lp = malloc(S * L * sizeof *st->top_lp);
+    st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
+    sh_err err = SH_ENOMEM;
+    if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->samples || !st->out ||
+        !st->top_tok || !st->top_lp || !st->slots ||
+        sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES))
+        goto fail;
+    err = SH_EIO;
+    if (uv_mutex_init(&st->mu))
+        goto fail;
+    if (uv_cond_init(&st->cv)) {
+        uv_mutex_destroy(&st->mu);
+        goto fail;
+    }
+    int rv = uv_thread_create(&st->thread, worker_main, st);
+    if (rv) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed", "error=\"thread: %s\"",
+                     uv_strerror(rv));
+        uv_cond_destroy(&st->cv);
+        uv_mutex_destroy(&st->mu);
+        goto fail;
+    }
+    return SH_OK;
+fail:
+    free_buffers(st);
+    memset(st, 0, sizeof *st);
+    return err;
+}
+
+/* Loop thread; never blocks on a step: a STEP is kept and queued for the worker, which frees it. */
+static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    stage_state *st = state;
+    sh_msg_type type = sh_msg_header(m)->type;
+    if (type == SH_MSG_ERROR)
+        return SH_MSG_FATE_DONE;
+    if (type != SH_MSG_STEP) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_unexpected", "type=%s",
+                     sh__msg_type_name(type));
+        return SH_MSG_FATE_DONE;
+    }
+    uv_mutex_lock(&st->mu);
+    sh_err err = queue_push(st, m);
+    if (!err)
+        uv_cond_signal(&st->cv);
+    uv_mutex_unlock(&st->mu);
+    if (err) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_queue_full", "error=\"out of memory\"");
+        return SH_MSG_FATE_DONE;
+    }
+    return SH_MSG_FATE_KEPT;
+}
+
+/* Loop thread. Lets the worker finish the step it runs, joins it and frees the STEPs it did not
+ * take. */
+static void stage_stop(sh_actor_ctx *ctx, void *state)
+{
+    stage_state *st = state;
+    uv_mutex_lock(&st->mu);
+    st->stopping = true;
+    uv_cond_broadcast(&st->cv);
+    uv_mutex_unlock(&st->mu);
+    uv_thread_join(&st->thread);
+    for (; st->q_len > 0; st->q_len--) {
+        sh_msg_free(st->q[st->q_head]);
+        st->q_head = (st->q_head + 1) % st->q_cap;
+    }
+    uv_cond_destroy(&st->cv);
+    uv_mutex_destroy(&st->mu);
+    free_buffers(st);
+}
+
+const sh_actor_vtable sh__stage_vtable = {
+    .name = "stage",
+    .state_size = sizeof(stage_state),
+    .init = stage_init,
+    .handle = stage_handle,
+    .stop = stage_stop,
+};

@@ -1,0 +1,545 @@
+/* The stage actor with the default model in a real runtime: three sequences batched into STEPs
+ * (a chunked prefill among them) give the same greedy tokens as each sequence run alone through
+ * sh_llama_forward; bad steps fail with a status and leave the next step working; stopping with
+ * steps queued frees them; decode steps allocate nothing. Skips (77) when
+ * models/smollm2-135m-instruct-q4_1.gguf is absent. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "actors/actor_util.h"
+#include "actors/serve.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "runtime/proto.h"
+#include "unit/test_runtime_util.h"
+
+#define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
+#define N_SEQ 3
+#define N_GEN 6
+#define MAX_PROMPT 64
+#define SEQ_BLOCKS 20 /* blocks per sequence: 320 positions */
+
+static const char *const prompts[N_SEQ] = {
+    "The capital of France is",
+    "Here is a short list of colours: red, green,",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+};
+
+/* The model, its context and what each sequence gives when run alone. */
+typedef struct env {
+    sh_llama *m;
+    sh_backend *be;
+    sh_llama_ctx *c;
+    int32_t n_vocab;
+    int32_t prompt[N_SEQ][MAX_PROMPT];
+    int32_t n_prompt[N_SEQ];
+    int32_t ref[N_SEQ][N_GEN]; /* greedy tokens */
+    float ref_lp[N_SEQ];       /* log-softmax of the first token */
+    int32_t blocks[N_SEQ][SEQ_BLOCKS];
+    sh_stage_args args;
+} env;
+
+static env E;
+
+/* ---- allocation counting ------------------------------------------------------------------ */
+
+/* stage_actor.cmake links with --wrap: while `counting` is 1, allocations on any thread but the
+ * test's own (the stage's worker, the loops, the backend's pool) are counted; 2 counts all. */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static pthread_t main_thread;
+static atomic_int counting;
+static _Atomic long n_allocs;
+
+static void count_alloc(void)
+{
+    int c = atomic_load_explicit(&counting, memory_order_acquire);
+    if (c == 2 || (c == 1 && !pthread_equal(pthread_self(), main_thread)))
+        atomic_fetch_add(&n_allocs, 1);
+}
+void *__wrap_malloc(size_t n)
+{
+    count_alloc();
+    return __real_malloc(n);
+}
+void *__wrap_calloc(size_t k, size_t n)
+{
+    count_alloc();
+    return __real_calloc(k, n);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    count_alloc();
+    return __real_realloc(p, n);
+}
+
+/* ---- the collector: records every STEP_DONE --------------------------------------------- */
+
+typedef struct rec {
+    uint64_t step, trace, compute_us;
+    int32_t status;
+    char msg[256];
+    uint32_t n;
+    uint64_t seq[8];
+    int32_t tok[8];
+    float lp[8], lp_raw[8];
+    uint32_t n_top[8];
+    int32_t top_tok[8][SH_PROTO_MAX_LOGPROBS];
+    float top_lp[8][SH_PROTO_MAX_LOGPROBS];
+} rec;
+
+typedef struct shared {
+    _Atomic long n; /* records filled */
+    _Atomic long bad;
+    rec r[64];
+} shared;
+
+typedef struct coll_state {
+    shared *sh;
+    sh_act_decoder dec;
+} coll_state;
+
+static sh_err coll_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    coll_state *st = state;
+    st->sh = arg;
+    return sh__act_decoder_init(&st->dec, 1 << 20);
+}
+
+static void coll_stop(sh_actor_ctx *ctx, void *state)
+{
+    sh__act_decoder_fini(&((coll_state *)state)->dec);
+}
+
+static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    coll_state *st = state;
+    shared *sh = st->sh;
+    const sh_msg_hdr *h = sh_msg_header(m);
+    long k = atomic_load(&sh->n);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (h->type != SH_MSG_STEP_DONE || k >= 64 || sh__act_decode(&st->dec, m, &b, &e)) {
+        fprintf(stderr, "collector: unexpected %s %s\n", sh__msg_type_name(h->type), e.msg);
+        atomic_fetch_add(&sh->bad, 1);
+        return SH_MSG_FATE_DONE;
+    }
+    const sh_proto_step_done *d = &b.step_done;
+    rec *r = &sh->r[k];
+    memset(r, 0, sizeof *r);
+    r->step = d->step;
+    r->trace = h->trace_id;
+    r->compute_us = d->compute_us;
+    r->status = d->status;
+    snprintf(r->msg, sizeof r->msg, "%.*s", (int)d->message.len, d->message.ptr);
+    r->n = d->seqs.n;
+    for (uint32_t i = 0; i < d->seqs.n && i < 8; i++) {
+        const sh_proto_step_out *o = &d->seqs.v[i];
+        r->seq[i] = o->seq;
+        r->tok[i] = o->token;
+        r->lp[i] = o->logprob;
+        r->lp_raw[i] = o->logprob_raw;
+        r->n_top[i] = o->top_tokens.n;
+        if (o->top_tokens.n != o->top_logprobs.n)
+            atomic_fetch_add(&sh->bad, 1);
+        for (uint32_t j = 0; j < o->top_tokens.n && j < SH_PROTO_MAX_LOGPROBS; j++) {
+            r->top_tok[i][j] = sh_i32s_at(o->top_tokens, j);
+            r->top_lp[i][j] = sh_f32s_at(o->top_logprobs, j);
+        }
+    }
+    atomic_store(&sh->n, k + 1);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable coll_vt = {
+    .name = "collector",
+    .state_size = sizeof(coll_state),
+    .init = coll_init,
+    .handle = coll_handle,
+    .stop = coll_stop,
+};
+
+/* ---- setup ------------------------------------------------------------------------------- */
+
+static double log_softmax_at(const float *x, int32_t n, int32_t id)
+{
+    double mx = x[0], sum = 0.0;
+    for (int32_t i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int32_t i = 0; i < n; i++)
+        sum += exp((double)x[i] - mx);
+    return (double)x[id] - mx - log(sum);
+}
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+/* Loads the model, tokenizes the prompts and runs each sequence alone (blocks 0, 1, 2, ...). */
+static bool env_open(void)
+{
+    sh_error e = {0};
+    sh_backend_cpu_opts bo = {.n_threads = 2};
+    sh_llama_ctx_opts co = {.max_tokens = 256, .max_seqs = 8, .kv_tokens = 4096};
+    sh_tokenizer *tok = NULL;
+    if (sh_llama_load(sh_test_path(MODEL), NULL, &E.m, &e) ||
+        sh_backend_cpu_create(&bo, &E.be, &e) || sh_llama_ctx_create(E.m, E.be, &co, &E.c, &e) ||
+        sh_tokenizer_create_gguf(E.m->gguf, &tok, &e)) {
+        SH_FAIL_("open: %s", e.msg);
+        sh_tokenizer_destroy(tok);
+        return false;
+    }
+    E.n_vocab = E.m->hp.n_vocab;
+    for (int s = 0; s < N_SEQ; s++) {
+        size_t n = 0;
+        CHECK_OK(sh_tokenizer_encode(tok, prompts[s], strlen(prompts[s]), 0, E.prompt[s],
+                                     MAX_PROMPT, &n, &e));
+        E.n_prompt[s] = (int32_t)n;
+        CHECK(n >= 4);
+    }
+    sh_tokenizer_destroy(tok);
+    int32_t ident[SEQ_BLOCKS];
+    for (int32_t j = 0; j < SEQ_BLOCKS; j++)
+        ident[j] = j;
+    for (int s = 0; s < N_SEQ; s++) {
+        sh_llama_seq q = {
+            .tokens = E.prompt[s], .n_tokens = E.n_prompt[s], .blocks = ident, .want_logits = true};
+        for (int g = 0; g < N_GEN; g++) {
+            sh_llama_batch b = {.n_seqs = 1, .seqs = &q};
+            sh_llama_out out;
+            if (sh_llama_forward(E.c, &b, &out, &e)) {
+                SH_FAIL_("forward: %s", e.msg);
+                return false;
+            }
+            E.ref[s][g] = argmax(out.logits, E.n_vocab);
+            if (g == 0)
+                E.ref_lp[s] = (float)log_softmax_at(out.logits, E.n_vocab, E.ref[s][0]);
+            q = (sh_llama_seq){.tokens = &E.ref[s][g],
+                               .n_tokens = 1,
+                               .pos0 = q.pos0 + q.n_tokens,
+                               .blocks = ident,
+                               .want_logits = true};
+        }
+    }
+    /* In the stage, sequence s owns blocks 20 s + 7 .. in reverse order: nothing like the
+     * reference's tables. */
+    for (int s = 0; s < N_SEQ; s++)
+        for (int32_t j = 0; j < SEQ_BLOCKS; j++)
+            E.blocks[s][j] = SEQ_BLOCKS * s + 7 + (SEQ_BLOCKS - 1 - j);
+    E.args = (sh_stage_args){.model = E.m, .ctx = E.c, .max_seqs = 8};
+    return true;
+}
+
+static void env_close(void)
+{
+    sh_llama_ctx_destroy(E.c);
+    sh_backend_destroy(E.be);
+    sh_llama_destroy(E.m);
+}
+
+/* ---- driving ------------------------------------------------------------------------------ */
+
+typedef struct fixture {
+    test_rt t;
+    shared sh;
+    sh_addr coll, stage;
+} fixture;
+
+static void fx_start(fixture *f)
+{
+    memset(f, 0, sizeof *f);
+    rt_start(&f->t, 5, 2, NULL);
+    CHECK_OK(sh_runtime_register(f->t.rt, &sh__stage_vtable, NULL));
+    CHECK_OK(sh_runtime_register(f->t.rt, &coll_vt, NULL));
+    CHECK_OK(sh_actor_spawn(f->t.rt, "collector", &f->sh, 0, &f->coll, NULL));
+    CHECK_OK(sh_actor_spawn(f->t.rt, "stage", &E.args, 1, &f->stage, NULL));
+}
+
+static sh_proto_sampling greedy(void)
+{
+    return (sh_proto_sampling){.temperature = 0.0f,
+                               .top_p = 1.0f,
+                               .repeat_penalty = 1.0f,
+                               .penalty_last_n = 64,
+                               .max_tokens = N_GEN};
+}
+
+/* Sends a STEP from the collector's address with trace id 1000 + step. */
+static void send_step(fixture *f, uint64_t step, const sh_proto_step_seq *seqs, uint32_t n)
+{
+    sh_proto_step body = {.step = step, .seqs = {seqs, n}};
+    sh_msg_hdr h = {.type = SH_MSG_STEP, .src = f->coll, .dst = f->stage, .trace_id = 1000 + step};
+    sh_error e = {0};
+    sh_err err = sh_send_with(f->t.rt, &h, sh__proto_encode, &body, &e);
+    if (err)
+        SH_FAIL_("send STEP %llu: %s", (unsigned long long)step, e.msg);
+}
+
+/* Waits for record k and returns it (NULL after a failed check). */
+static const rec *wait_rec(fixture *f, long k)
+{
+    if (!wait_ge(&f->sh.n, k + 1, 60000)) {
+        SH_FAIL_("no STEP_DONE #%ld", k);
+        return NULL;
+    }
+    return &f->sh.r[k];
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+/* Sequence s's progress through the batched run. */
+typedef struct seq_run {
+    int32_t fed;  /* positions in its cache */
+    int32_t ngen; /* tokens sampled */
+    int32_t gen[N_GEN];
+} seq_run;
+
+/* Builds the next STEP entry of each unfinished sequence: the prompt (sequence 2 in two chunks,
+ * the first not sampled), then its last token. Returns the count; ids[i] names the sequence. */
+static uint32_t build_step(seq_run *sr, sh_proto_step_seq *q, int *ids)
+{
+    uint32_t n = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        if (sr[s].ngen == N_GEN)
+            continue;
+        sh_proto_step_seq *x = &q[n];
+        *x = (sh_proto_step_seq){.seq = 100 + (uint64_t)s,
+                                 .pos = (uint32_t)sr[s].fed,
+                                 .blocks = {E.blocks[s], SEQ_BLOCKS},
+                                 .sample = true,
+                                 .sampling = greedy(),
+                                 .history = {E.prompt[s], (uint32_t)E.n_prompt[s]}};
+        if (s == 1)
+            x->sampling.n_logprobs = 3;
+        if (sr[s].fed < E.n_prompt[s]) {
+            int32_t chunk = E.n_prompt[s] - sr[s].fed;
+            if (s == 2 && sr[s].fed == 0)
+                chunk = E.n_prompt[s] / 2;
+            x->tokens = (sh_i32s){E.prompt[s] + sr[s].fed, (uint32_t)chunk};
+            x->sample = sr[s].fed + chunk == E.n_prompt[s];
+        } else {
+            x->tokens = (sh_i32s){&sr[s].gen[sr[s].ngen - 1], 1};
+        }
+        ids[n++] = s;
+    }
+    return n;
+}
+
+static void test_batched_equals_alone(void)
+{
+    fixture f;
+    fx_start(&f);
+    seq_run sr[N_SEQ] = {0};
+    sh_proto_step_seq q[N_SEQ];
+    int ids[N_SEQ];
+    long k = 0;
+    bool bad_sent = false;
+    for (uint64_t step = 1; step < 40; step++) {
+        uint32_t n = build_step(sr, q, ids);
+        if (n == 0)
+            break;
+        if (step == 3 && !bad_sent) {
+            /* Two bad steps queued right before this good one: a token outside the vocabulary,
+             * and a new sequence whose sampling parameters the sampler refuses. */
+            sh_proto_step_seq bad[N_SEQ];
+            memcpy(bad, q, sizeof bad);
+            int32_t oov = E.n_vocab;
+            bad[0].tokens = (sh_i32s){&oov, 1};
+            send_step(&f, 900, bad, n);
+            sh_proto_step_seq nosmp = q[0];
+            nosmp.seq = 77;
+            nosmp.sampling.repeat_penalty = 0.0f;
+            send_step(&f, 901, &nosmp, 1);
+            send_step(&f, step, q, n);
+            const rec *r = wait_rec(&f, k++);
+            if (r) {
+                CHECK_UINT_EQ(r->step, 900);
+                CHECK_UINT_EQ(r->trace, 1900);
+                CHECK_INT_EQ(r->status, SH_EINVAL);
+                CHECK_UINT_EQ(r->n, 0);
+                CHECK(r->msg[0] != '\0');
+            }
+            r = wait_rec(&f, k++);
+            if (r) {
+                CHECK_UINT_EQ(r->step, 901);
+                CHECK_INT_EQ(r->status, SH_EINVAL);
+                CHECK_UINT_EQ(r->n, 0);
+                CHECK(strstr(r->msg, "77") != NULL);
+            }
+            bad_sent = true;
+        } else {
+            send_step(&f, step, q, n);
+        }
+        const rec *r = wait_rec(&f, k++);
+        if (!r)
+            break;
+        CHECK_UINT_EQ(r->step, step);
+        CHECK_UINT_EQ(r->trace, 1000 + step);
+        CHECK_INT_EQ(r->status, 0);
+        CHECK(r->compute_us > 0);
+        CHECK_UINT_EQ(r->n, n);
+        if (r->status || r->n != n)
+            break;
+        for (uint32_t i = 0; i < n; i++) {
+            int s = ids[i];
+            CHECK_UINT_EQ(r->seq[i], 100 + (uint64_t)s);
+            sr[s].fed += (int32_t)q[i].tokens.n;
+            if (!q[i].sample) {
+                CHECK_INT_EQ(r->tok[i], -1);
+                CHECK_UINT_EQ(r->n_top[i], 0);
+                continue;
+            }
+            int g = sr[s].ngen;
+            CHECK_INT_EQ(r->tok[i], E.ref[s][g]);
+            if (g == 0)
+                CHECK_NEAR(r->lp_raw[i], E.ref_lp[s], 0.05);
+            CHECK_NEAR(r->lp[i], r->lp_raw[i], 1e-4); /* nothing transforms the logits */
+            if (s == 1) {
+                CHECK_UINT_EQ(r->n_top[i], 3);
+                CHECK_INT_EQ(r->top_tok[i][0], r->tok[i]);
+                CHECK_NEAR(r->top_lp[i][0], r->lp_raw[i], 1e-4);
+                CHECK(r->top_lp[i][1] <= r->top_lp[i][0] && r->top_lp[i][2] <= r->top_lp[i][1]);
+            } else {
+                CHECK_UINT_EQ(r->n_top[i], 0);
+            }
+            sr[s].gen[sr[s].ngen++] = r->tok[i];
+        }
+    }
+    CHECK(bad_sent);
+    for (int s = 0; s < N_SEQ; s++)
+        CHECK_INT_EQ(sr[s].ngen, N_GEN);
+    /* Other message types and an empty step. */
+    CHECK_OK(send_body(f.t.rt, f.coll, f.stage, 0, SH_MSG_PING, 0, 0));
+    send_step(&f, 50, NULL, 0);
+    const rec *r = wait_rec(&f, k++);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 50);
+        CHECK_INT_EQ(r->status, 0);
+        CHECK_UINT_EQ(r->n, 0);
+    }
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
+/* Shutting down with STEPs queued: the worker finishes the one it runs and the rest are freed
+ * (rt_finish checks that no message is left). A table too short for the positions fails. */
+static void test_stop_with_queue(void)
+{
+    fixture f;
+    fx_start(&f);
+    int32_t short_table[1] = {3};
+    sh_proto_step_seq q = {.seq = 5,
+                           .tokens = {E.prompt[2], (uint32_t)E.n_prompt[2]},
+                           .blocks = {short_table, 1},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step(&f, 1, &q, 1);
+    const rec *r = wait_rec(&f, 0);
+    if (r) {
+        CHECK_INT_EQ(r->status, E.n_prompt[2] > 16 ? SH_EINVAL : 0);
+    }
+    q.blocks = (sh_i32s){E.blocks[0], SEQ_BLOCKS};
+    for (uint64_t s = 2; s < 12; s++)
+        send_step(&f, s, &q, 1);
+    rt_finish(&f.t);
+    CHECK(atomic_load(&f.sh.n) < 12);
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+}
+
+/* After each sequence's first sample (which creates its sampler), decode steps with a full
+ * sampling chain and top logprobs allocate nothing on any thread. */
+static void test_decode_no_alloc(void)
+{
+    /* The wrapper must be in place, or a zero count proves nothing (2: count every thread). */
+    atomic_store(&n_allocs, 0);
+    atomic_store(&counting, 2);
+    void *volatile probe = malloc(16);
+    free(probe);
+    atomic_store(&counting, 0);
+    CHECK_INT_EQ(atomic_load(&n_allocs), 1);
+
+    fixture f;
+    fx_start(&f);
+    int32_t last[N_SEQ], fed[N_SEQ];
+    sh_proto_step_seq q[N_SEQ];
+    long k = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        q[s] = (sh_proto_step_seq){.seq = 200 + (uint64_t)s,
+                                   .tokens = {E.prompt[s], (uint32_t)E.n_prompt[s]},
+                                   .blocks = {E.blocks[s], SEQ_BLOCKS},
+                                   .sample = true,
+                                   .sampling = greedy()};
+        q[s].sampling.temperature = 0.8f;
+        q[s].sampling.top_k = 40;
+        q[s].sampling.top_p = 0.95f;
+        q[s].sampling.repeat_penalty = 1.1f;
+        q[s].sampling.seed = 7 + (uint64_t)s;
+        q[s].sampling.n_logprobs = 5;
+        q[s].sampling.logprobs_mode = (uint8_t)(s & 1);
+        fed[s] = E.n_prompt[s];
+    }
+    for (uint64_t step = 1; step <= 16; step++) {
+        if (step == 6) {
+            atomic_store(&n_allocs, 0);
+            atomic_store_explicit(&counting, 1, memory_order_release);
+        }
+        send_step(&f, step, q, N_SEQ);
+        const rec *r = wait_rec(&f, k++);
+        if (!r || r->status || r->n != N_SEQ) {
+            SH_FAIL_("step %llu failed: %s", (unsigned long long)step, r ? r->msg : "no answer");
+            break;
+        }
+        for (int s = 0; s < N_SEQ; s++) {
+            CHECK(r->tok[s] >= 0 && r->tok[s] < E.n_vocab);
+            /* RAW ranks the whole vocabulary; FINAL only what top-k/top-p left. */
+            if (s & 1)
+                CHECK(r->n_top[s] >= 1 && r->n_top[s] <= 5);
+            else
+                CHECK_UINT_EQ(r->n_top[s], 5);
+            last[s] = r->tok[s];
+            q[s].pos = (uint32_t)fed[s];
+            q[s].tokens = (sh_i32s){&last[s], 1};
+            fed[s]++;
+        }
+    }
+    atomic_store(&counting, 0);
+    CHECK_INT_EQ(atomic_load(&n_allocs), 0);
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
+static const sh_test_case tests[] = {
+    {"batched_equals_alone", test_batched_equals_alone},
+    {"decode_no_alloc", test_decode_no_alloc},
+    {"stop_with_queue", test_stop_with_queue},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    main_thread = pthread_self();
+    if (access(sh_test_path(MODEL), R_OK) != 0) {
+        fprintf(stderr, "skip: %s not found\n", sh_test_path(MODEL));
+        return SH_TEST_SKIP;
+    }
+    if (!env_open()) {
+        env_close();
+        return 1;
+    }
+    int rc = sh_test_main(argc, argv, tests);
+    env_close();
+    return rc;
+}
