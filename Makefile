@@ -8,10 +8,12 @@ JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL       ?= models/smollm2-135m-instruct-q4_1.gguf
 PROMPT      ?= Once upon a time, a little fox
 TOKENS      ?= 96
+HOST        ?= 127.0.0.1
+PORT        ?= 8080
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
-.PHONY: all bootstrap model build run test test-fast test-asan test-fuzz format format-check clean
+.PHONY: all bootstrap model build run generate test test-fast test-asan test-fuzz format format-check clean
 
 all: build
 
@@ -25,9 +27,12 @@ build: bootstrap
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSH_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job on the default model: generate text from PROMPT (greedy, TOKENS tokens).
-# `make run PROMPT="..."` changes the prompt; `./build/shoal run -m MODEL --chat` chats.
+# The main job: serve the default model over the OpenAI API on HOST:PORT until Ctrl-C.
 run: model build
+	./$(BUILD)/shoal serve -m $(MODEL) --host $(HOST) --port $(PORT)
+
+# Generate text from PROMPT on the command line (greedy, TOKENS tokens), without a server.
+generate: model build
 	./$(BUILD)/shoal run -m $(MODEL) -p "$(PROMPT)" -n $(TOKENS)
 
 # The whole suite: format check, the Release build's tests, the unit tests again under
