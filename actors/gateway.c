@@ -404,6 +404,7 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
                      .stop = {stops, (uint32_t)q->n_stop},
                      .bias = {bias, (uint32_t)q->n_bias}},
         .priority = (uint8_t)prio,
+        .deadline_ms = g->a.request_timeout_ms ? sh__act_unix_ms() + g->a.request_timeout_ms : 0,
         .reply_to = sh_actor_self(g->ctx),
         .n = (uint32_t)q->n,
         .min_tokens = q->ignore_eos ? (uint32_t)max_tokens : (uint32_t)q->min_tokens,
@@ -549,7 +550,9 @@ static void on_token(gateway *g, const sh_proto_token *t)
 
 static sh_openai_finish finish_of(uint8_t fin)
 {
-    return fin == SH_PROTO_FINISH_STOP ? SH_OPENAI_FINISH_STOP : SH_OPENAI_FINISH_LENGTH;
+    return fin == SH_PROTO_FINISH_STOP       ? SH_OPENAI_FINISH_STOP
+           : fin == SH_PROTO_FINISH_DEADLINE ? SH_OPENAI_FINISH_TIMEOUT
+                                             : SH_OPENAI_FINISH_LENGTH;
 }
 
 /* The non-streamed response: every choice's text (after the echoed prompt) and logprobs. */

@@ -127,6 +127,7 @@ typedef enum sh_openai_finish {
     SH_OPENAI_FINISH_NONE = 0, /* still running (streaming chunks): JSON null */
     SH_OPENAI_FINISH_STOP,     /* "stop": EOS or a stop string */
     SH_OPENAI_FINISH_LENGTH,   /* "length": max_tokens or the context */
+    SH_OPENAI_FINISH_TIMEOUT,  /* "timeout" (extension): the server's request deadline passed */
 } sh_openai_finish;
 
 /* The fields every response object shares. */

@@ -75,7 +75,10 @@ static json_t *bytes_of(const char *s)
 
 static const char *finish_text(sh_openai_finish f)
 {
-    return f == SH_OPENAI_FINISH_STOP ? "stop" : f == SH_OPENAI_FINISH_LENGTH ? "length" : NULL;
+    return f == SH_OPENAI_FINISH_STOP      ? "stop"
+           : f == SH_OPENAI_FINISH_LENGTH  ? "length"
+           : f == SH_OPENAI_FINISH_TIMEOUT ? "timeout"
+                                           : NULL;
 }
 
 static json_t *finish_json(sh_openai_finish f)

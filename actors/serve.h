@@ -103,7 +103,9 @@ typedef struct sh_gateway_args {
     int32_t max_n;
     const sh_openai_key *keys; /* bearer keys; n_keys 0: open */
     int32_t n_keys;
-    int *bound_port; /* when set, init writes the port it listens on */
+    uint32_t request_timeout_ms; /* a request still running after this finishes with "timeout"
+                                  * (0: none) */
+    int *bound_port;             /* when set, init writes the port it listens on */
 } sh_gateway_args;
 
 /* The kinds' vtables (actors/kvmgr.c, stage.c, batcher.c, gateway.c). */

@@ -30,7 +30,7 @@ typedef struct serve_opts {
     int32_t threads, max_seqs, step_tokens, max_wait_ms, ctx, max_tokens, max_queue, max_n;
     int64_t kv_blocks;
     uint64_t kv_mem, max_body;
-    uint32_t max_conns, header_timeout_ms;
+    uint32_t max_conns, header_timeout_ms, request_timeout_ms;
     bool no_prefix_cache, kv_f16;
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
@@ -65,6 +65,8 @@ static void usage(FILE *f)
             "  --max-body BYTES    largest request body (default 8M)\n"
             "  --max-conns N       open connections (default 1024)\n"
             "  --header-timeout-ms N  time a client has to send its headers (default 10000)\n"
+            "  --request-timeout S  a request still generating after S seconds ends with\n"
+            "                      finish_reason \"timeout\" (default: none)\n"
             "  --api-key KEY[:P]   require this bearer key (repeatable); P is its priority\n"
             "                      class (lower runs first; default 0)\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
@@ -200,6 +202,8 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = parse_i64(v, 1, 1 << 20, &n) && ((o->max_conns = (uint32_t)n), true);
         else if (!strcmp(a, "--header-timeout-ms"))
             ok = parse_i64(v, 100, 3600000, &n) && ((o->header_timeout_ms = (uint32_t)n), true);
+        else if (!strcmp(a, "--request-timeout"))
+            ok = parse_i64(v, 1, 86400, &n) && ((o->request_timeout_ms = (uint32_t)n * 1000), true);
         else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v))
                 return 2;
@@ -434,6 +438,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_body_bytes = o->max_body,
                           .max_conns = o->max_conns,
                           .header_timeout_ms = o->header_timeout_ms,
+                          .request_timeout_ms = o->request_timeout_ms,
                           .max_tokens = o->max_tokens,
                           .max_n = o->max_n,
                           .keys = o->keys,
