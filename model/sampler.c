@@ -197,20 +197,69 @@ static void select_top(int32_t *ids, int32_t n, int32_t m, const float *val)
     qsort(ids, (size_t)m, sizeof *ids, cmp_desc);
 }
 
-/* log(sum(exp(v - max))) + max over the raw logits (NaN skipped): the log-softmax normaliser. */
-static double log_sum_exp(const float *v, int32_t n)
+/* exp(t) for t <= 0, within about 2 float ulps, written so that the compiler vectorizes the loops
+ * that call it (the vocabulary-wide sums below are most of a greedy sample's time with libm's
+ * scalar exp). Cody-Waite reduction t = k ln2 + r, |r| <= ln2/2, a degree-6 polynomial for
+ * exp(r), and 2^k built in the exponent bits. Below -87 (or for -inf and NaN) it returns 0. */
+static inline float exp_nonpos(float t)
+{
+    float ok = t >= -87.0f ? 1.0f : 0.0f; /* NaN compares false */
+    t = t >= -87.0f ? t : -87.0f;
+    float k = (t * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = t - k * 0.693145752f - k * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f +
+                                                  r * (4.1666667e-2f +
+                                                       r * (8.3333333e-3f + r * 1.3888889e-3f)))));
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale * ok;
+}
+
+/* The largest value of v[0..n) and its first index (NaN never wins); -1 when all are -inf/NaN. */
+static int32_t arg_max(const float *v, int32_t n, float *max)
 {
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++)
-        if (v[i] > mx)
-            mx = v[i];
+        mx = v[i] > mx ? v[i] : mx;
+    *max = mx;
     if (mx == -INFINITY)
-        return -INFINITY;
-    double sum = 0.0;
+        return -1;
     for (int32_t i = 0; i < n; i++)
-        if (!isnan(v[i]))
-            sum += exp((double)v[i] - mx);
-    return mx + log(sum);
+        if (v[i] == mx)
+            return i;
+    return -1;
+}
+
+/* sum(exp(v[i] - mx)) over v[0..n) (NaN and -inf count 0), mx >= every v[i]; out (may be NULL)
+ * receives each term. Float partial sums over blocks of 256, added in double. */
+static double sum_exp(const float *v, int32_t n, float mx, float *out)
+{
+    double sum = 0.0;
+    for (int32_t b = 0; b < n; b += 256) {
+        int32_t e = n - b < 256 ? n : b + 256;
+        float part = 0.0f;
+        if (out) {
+            for (int32_t i = b; i < e; i++) {
+                out[i] = exp_nonpos(v[i] - mx);
+                part += out[i];
+            }
+        } else {
+            for (int32_t i = b; i < e; i++)
+                part += exp_nonpos(v[i] - mx);
+        }
+        sum += part;
+    }
+    return sum;
+}
+
+/* log(sum(exp(v - max))) + max over the raw logits (NaN skipped): the log-softmax normaliser. */
+static double log_sum_exp(const float *v, int32_t n)
+{
+    float mx;
+    if (arg_max(v, n, &mx) < 0)
+        return -INFINITY;
+    return mx + log(sum_exp(v, n, mx, NULL));
 }
 
 static void apply_bias_and_penalties(sh_sampler *s)
@@ -236,9 +285,16 @@ static void apply_bias_and_penalties(sh_sampler *s)
             s->count[s->ring[i]] = -s->count[s->ring[i]];
 }
 
-/* Fills prob[0..n) = exp(x[idx[j]] - max) and returns their sum. */
-static double exp_candidates(sh_sampler *s, int32_t n)
+/* Fills prob[0..n) = exp(x[idx[j]] - max) and returns their sum. identity: idx[j] == j for all
+ * j (nothing selected yet), which lets the vectorized sum do it. */
+static double exp_candidates(sh_sampler *s, int32_t n, bool identity)
 {
+    if (identity) {
+        float mx;
+        if (arg_max(s->x, n, &mx) < 0)
+            return 0.0;
+        return sum_exp(s->x, n, mx, s->prob);
+    }
     float mx = -INFINITY;
     for (int32_t j = 0; j < n; j++)
         if (s->x[s->idx[j]] > mx)
@@ -261,7 +317,7 @@ static int32_t cut_top_p(sh_sampler *s, int32_t n, double sum, bool sorted)
     for (;;) {
         if (!sorted) {
             select_top(s->idx, n, m, s->x);
-            exp_candidates(s, m); // same max as over all n: the best is in the prefix
+            exp_candidates(s, m, false); // same max as over all n: the best is in the prefix
         }
         double cum = 0.0;
         for (int32_t j = 0; j < m; j++) {
@@ -283,12 +339,53 @@ static float candidate_logprob(sh_sampler *s, int32_t n, double sum, int32_t id)
     return -INFINITY;
 }
 
+/* Greedy without a FINAL-mode top-n list: one argmax and one vectorized sum over the vocabulary,
+ * instead of a selection and two scalar exp passes. Same results as the general path. */
+static sh_err sample_greedy(sh_sampler *s, const float *logits, const float *x, sh_sample *out)
+{
+    const sh_sampler_params *p = &s->p;
+    int32_t V = s->n_vocab;
+    float mx;
+    int32_t id = arg_max(x, V, &mx);
+    if (id < 0)
+        return SH_ERANGE;
+    double lsum = log(sum_exp(x, V, mx, NULL));
+    out->id = id;
+    out->logprob = (float)-lsum; /* the chosen token is the maximum: exp(0) / sum */
+    // The raw normaliser is the same sum when nothing changed the logits.
+    double lse = x == logits ? mx + lsum : log_sum_exp(logits, V);
+    out->logprob_raw = (float)(logits[id] - lse);
+    if (p->n_logprobs == 0)
+        return SH_OK;
+    int32_t want = p->n_logprobs < V ? p->n_logprobs : V;
+    for (int32_t i = 0; i < V; i++)
+        s->idx2[i] = i;
+    select_top(s->idx2, V, want, logits); /* ranked by the raw logits (NaN last) */
+    for (int32_t t = 0; t < want; t++) {
+        int32_t j = s->idx2[t];
+        float lp = x[j] == -INFINITY || isnan(x[j]) ? -INFINITY : (float)(x[j] - mx - lsum);
+        out->top[t] = (sh_logprob){j, lp, (float)(logits[j] - lse)};
+    }
+    out->n_top = want;
+    return SH_OK;
+}
+
 sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out)
 {
     const sh_sampler_params *p = &s->p;
     int32_t V = s->n_vocab;
     out->id = -1;
     out->n_top = 0;
+    bool plain = p->n_bias == 0 &&
+                 (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                                       p->presence_penalty == 0.0f));
+    if (p->temperature <= 0.0f && (p->n_logprobs == 0 || p->logprobs_mode == SH_LOGPROBS_RAW)) {
+        if (plain)
+            return sample_greedy(s, logits, logits, out);
+        memcpy(s->x, logits, (size_t)V * sizeof *s->x);
+        apply_bias_and_penalties(s);
+        return sample_greedy(s, logits, s->x, out);
+    }
     memcpy(s->x, logits, (size_t)V * sizeof *s->x);
     apply_bias_and_penalties(s);
     for (int32_t i = 0; i < V; i++) {
@@ -314,7 +411,7 @@ sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out)
         for (int32_t j = 0; j < n; j++)
             s->x[s->idx[j]] *= inv_t;
     }
-    double sum = exp_candidates(s, n);
+    double sum = exp_candidates(s, n, n == V && !sorted && p->temperature > 0.0f);
     if (!(sum > 0.0))
         return SH_ERANGE;
     if (p->temperature > 0.0f) {
