@@ -122,7 +122,7 @@ typedef struct batcher {
     sh_gauge *m_running, *m_waiting;
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
     sh_counter *m_fin[5];
-    sh_histogram *m_batch, *m_step_tokens;
+    sh_histogram *m_batch, *m_step_tokens, *m_step_time;
 } batcher;
 
 static const char *const FIN_NAMES[5] = {"stop", "length", "cancel", "timeout", "error"};
@@ -915,6 +915,8 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
 static void on_step_done(batcher *b, const sh_proto_step_done *m)
 {
     b->step_out = false;
+    if (m->compute_us)
+        sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
     if (m->status) {
         sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_failed", "status=%d msg=\"%.*s\"",
                      (int)m->status, (int)m->message.len, m->message.ptr);
@@ -1020,8 +1022,13 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     static const double tok_bounds[] = {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
     sh_metrics_histogram(mx, "shoal_step_tokens", "Tokens computed per step.", NULL, tok_bounds,
                          sizeof tok_bounds / sizeof tok_bounds[0], &b->m_step_tokens);
-    if (!b->m_running || !b->m_waiting || !b->m_preempt || !b->m_prompt_toks || !b->m_gen_toks ||
-        !b->m_steps || !b->m_fin[4] || !b->m_batch || !b->m_step_tokens)
+    static const double time_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05,
+                                         0.075, 0.1,    0.2,   0.5,  1,    2.5};
+    sh_metrics_histogram(mx, "shoal_step_seconds",
+                         "Time a step spent on the stage (forward pass and sampling).", NULL,
+                         time_bounds, sizeof time_bounds / sizeof time_bounds[0], &b->m_step_time);
+    if (!b->m_step_time || !b->m_running || !b->m_waiting || !b->m_preempt || !b->m_prompt_toks ||
+        !b->m_gen_toks || !b->m_steps || !b->m_fin[4] || !b->m_batch || !b->m_step_tokens)
         return SH_ENOMEM;
     sh_actor_timer_start(ctx, DEADLINE_TICK_MS, DEADLINE_TICK_MS, TIMER_DEADLINE, NULL);
     return SH_OK;
