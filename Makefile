@@ -13,7 +13,7 @@ PORT        ?= 8080
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
-.PHONY: all bootstrap model build run generate test test-fast test-asan test-fuzz format format-check clean
+.PHONY: all bootstrap model build run generate venv test test-fast test-asan test-fuzz format format-check clean
 
 all: build
 
@@ -35,14 +35,19 @@ run: model build
 generate: model build
 	./$(BUILD)/shoal run -m $(MODEL) -p "$(PROMPT)" -n $(TOKENS)
 
-# The whole suite: format check, the Release build's tests, the unit tests again under
+# The whole suite: format check, the Release build's tests (the serving tests drive the server
+# with the official openai client from .cache/venv, required here), the unit tests again under
 # AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for FUZZ_SECONDS.
-test: model format-check build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE fuzz
+test: model format-check build venv
+	cd $(BUILD) && SH_REQUIRE_OPENAI=1 ctest --output-on-failure -j $(JOBS) -LE fuzz
 	$(MAKE) test-asan test-fuzz
 
 test-fast: model build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE fuzz
+
+# The Python environment of the serving tests (the openai package from PyPI).
+venv: bootstrap
+	@bash scripts/test-venv.sh
 
 test-asan: bootstrap
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSH_WERROR=ON -DSH_ASAN=ON -DSH_UBSAN=ON -DSH_CUDA=OFF

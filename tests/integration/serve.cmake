@@ -1,0 +1,21 @@
+# `shoal serve` end to end with real clients, each against its own `shoal serve --port 0`:
+# the official openai client (needs scripts/test-venv.sh; skips without it unless
+# SH_REQUIRE_OPENAI is set), curl, a corpus of bad requests under background load, and batching
+# (greedy equivalence, KV exhaustion with preemption). Python runs through run_py.sh, which picks
+# .cache/venv/bin/python3 when present. Exit 77 (no model) is a skip.
+if(SH_FUZZ)
+  return() # a fuzzing build builds only the fuzz targets' dependencies
+endif()
+
+# sh_serve_test(NAME COMMAND...): registers a script test of the integration label.
+function(sh_serve_test name)
+  add_test(NAME ${name} COMMAND ${ARGN} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(${name} PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
+endfunction()
+
+set(_d ${CMAKE_CURRENT_LIST_DIR})
+sh_serve_test(test_serve_openai ${_d}/run_py.sh ${_d}/test_serve_openai.py)
+sh_serve_test(test_serve_curl ${_d}/test_serve_curl.sh)
+sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
+sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
