@@ -32,6 +32,7 @@ typedef struct serve_opts {
     uint64_t kv_mem, max_body;
     uint32_t max_conns, header_timeout_ms, request_timeout_ms;
     bool no_prefix_cache, kv_f16;
+    bool port_set; /* --port given: it wins over the config's gateway.http */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -52,7 +53,8 @@ static void usage(FILE *f)
             "  -t THREADS          compute threads (default: all CPUs)\n"
             "  --model-name NAME   the model id clients name (default: file name without .gguf)\n"
             "  --ctx N             context window per sequence (default: the model's, max 8192)\n"
-            "  --kv-mem BYTES      KV cache memory budget, e.g. 512M, 2G (default 1G)\n"
+            "  --kv-mem BYTES      KV cache memory budget, e.g. 512M, 2G (default 1G, or a\n"
+            "                      quarter of the available memory when that is less)\n"
             "  --kv-blocks N       KV cache size in 16-token blocks (overrides --kv-mem)\n"
             "  --kv-f16            keep the KV cache in F16 (half the memory)\n"
             "  --no-prefix-cache   do not reuse the KV of shared prompt prefixes\n"
@@ -173,7 +175,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         else if (!strcmp(a, "--host"))
             o->host = v;
         else if (!strcmp(a, "--port"))
-            ok = parse_i64(v, 0, 65535, &n) && ((o->port = (int)n), true);
+            ok = parse_i64(v, 0, 65535, &n) && ((o->port = (int)n), (o->port_set = true));
         else if (!strcmp(a, "-t"))
             ok = parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
         else if (!strcmp(a, "--model-name"))
@@ -219,8 +221,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     return 0;
 }
 
-/* Takes the settings of a one-node cluster script; command-line flags given explicitly win
- * only for what the script leaves out. */
+/* Takes the settings of a one-node cluster script; flags given on the command line win. */
 static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
 {
     sh_error e = {0};
@@ -237,7 +238,7 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     o->model = m->path;
     if (!o->model_name)
         o->model_name = m->name;
-    if (c->gateway.http) {
+    if (c->gateway.http && !o->host && !o->port_set) {
         const char *colon = strrchr(c->gateway.http, ':');
         int64_t port;
         if (!colon || !parse_i64(colon + 1, 0, 65535, &port) ||
@@ -297,6 +298,15 @@ static sh_log_level level_of(const char *s)
     if (!strcmp(s, "trace"))
         return SH_LOG_LEVEL_TRACE;
     return SH_LOG_LEVEL_INFO;
+}
+
+/* The KV budget when none is given: 1 GiB, or a quarter of the memory available now when that is
+ * less (a small machine keeps room for the weights and everything else). */
+static uint64_t default_kv_mem(void)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+    return quarter && quarter < DEFAULT_KV_MEM ? quarter : DEFAULT_KV_MEM;
 }
 
 /* The file's name without directories and without .gguf. */
@@ -360,7 +370,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                                (o->kv_f16 ? 2u : 4u);
     int64_t n_blocks = o->kv_blocks;
     if (!n_blocks)
-        n_blocks = (int64_t)((o->kv_mem ? o->kv_mem : DEFAULT_KV_MEM) / bytes_per_block);
+        n_blocks = (int64_t)((o->kv_mem ? o->kv_mem : default_kv_mem()) / bytes_per_block);
     if (n_blocks < 1)
         return fail("the KV budget holds no block (one block takes %" PRIu64 " bytes)",
                     bytes_per_block);

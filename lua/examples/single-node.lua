@@ -6,5 +6,5 @@ return cluster {
   gateway = { node = "local", http = "127.0.0.1:8080" },
   replicas = { replica { model = m, stages = pipeline(m, { "local" }) } },
   batcher = { max_step_tokens = 4096, max_seqs = 64, max_wait_ms = 50 },
-  kv = { block_tokens = 16, prefix_cache = true, memory_bytes = 512 * 1024 * 1024 },
+  kv = { block_tokens = 16, prefix_cache = true, memory = "512MiB" },
 }

@@ -40,9 +40,12 @@ fail() {
 }
 
 # start_server ARGS...: starts `shoal serve --port 0 -m MODEL ARGS` and sets srv_pid, srv_log, url.
-start_server() {
+start_server() { start_server_with --port 0 -m "$model" "$@"; }
+
+# start_server_with ARGS...: starts `shoal serve ARGS` (which must listen on a free port).
+start_server_with() {
     srv_log="$tmp/server.$RANDOM.log"
-    "$shoal" serve --port 0 -m "$model" "$@" >"$srv_log" 2>&1 &
+    "$shoal" serve "$@" >"$srv_log" 2>&1 &
     srv_pid=$!
     local i line
     for ((i = 0; i < 1200; i++)); do
@@ -262,6 +265,44 @@ if start_server --api-key sekrit-one --api-key sekrit-two:7; then
 else
     fail "--api-key server" "did not start"
 fi
+
+# --- a server configured by a cluster script (shoal serve -c); --port 0 overrides its address
+cfg="$tmp/cluster.lua"
+cat >"$cfg" <<EOF
+local m = model { path = "$model", name = "tiny-chat" }
+return cluster {
+  nodes = { node { name = "local", listen = "inproc://local" } },
+  gateway = { node = "local", http = "127.0.0.1:1" },
+  replicas = { replica { model = m, stages = pipeline(m, { "local" }) } },
+  batcher = { max_step_tokens = 512, max_seqs = 8, max_wait_ms = 5 },
+  kv = { block_tokens = 16, prefix_cache = false, memory = "64MiB" },
+}
+EOF
+if start_server_with -c "$cfg" --port 0; then
+    if grep -q "KV 91 blocks" "$srv_log" && grep -q "prefix cache off" "$srv_log" &&
+        grep -q "8 sequences x 512 tokens per step" "$srv_log"; then
+        ok "-c cluster.lua: KV budget, prefix cache and batcher settings taken from the script"
+    else fail "-c cluster.lua settings" "startup line: $(grep 'shoal: model' "$srv_log")"; fi
+    if req "models (-c)" "$url/v1/models" && [ "$code" = 200 ] &&
+        json_check "$tmp/body" "j['data'][0]['id'] == 'tiny-chat'" >/dev/null; then
+        ok "-c cluster.lua: the model is served under the script's name"
+    else fail "-c cluster.lua: /v1/models" "status $code, body $(body)"; fi
+    if req "completion (-c)" -H 'Content-Type: application/json' \
+        -d '{"model":"tiny-chat","prompt":"Once upon a time","max_tokens":8,"temperature":0,"ignore_eos":true}' \
+        "$url/v1/completions" && [ "$code" = 200 ] &&
+        json_check "$tmp/body" "j['usage']['completion_tokens'] == 8" >/dev/null; then
+        ok "-c cluster.lua: a completion runs"
+    else fail "-c cluster.lua: completion" "status $code, body $(body)"; fi
+    stop_server
+else
+    fail "-c cluster.lua server" "did not start"
+fi
+printf 'return cluster {\n  nodes = 42,\n}\n' >"$tmp/bad.lua"
+if "$shoal" serve -c "$tmp/bad.lua" >"$tmp/bad.out" 2>&1; then
+    fail "-c with a broken script" "exited 0"
+elif grep -q "^error: .*bad.lua" "$tmp/bad.out"; then
+    ok "-c with a broken script: one error line naming the script, non-zero exit"
+else fail "-c with a broken script" "output: $(head -c 300 "$tmp/bad.out")"; fi
 
 if [ "$failed" -gt 0 ]; then
     echo
