@@ -14,6 +14,7 @@
 
 #define STAGE_ARENA_BYTES (4u << 20) /* decoded step_seq entries, bias lists, stop strings */
 #define STAGE_QUEUE_INIT 16          /* kept STEPs before the queue first grows */
+#define PARALLEL_SAMPLES 8 /* sampled sequences from which a step samples on two threads */
 
 /* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
  * orders the least recently used for eviction. */
@@ -52,6 +53,20 @@ typedef struct stage_state {
     float *top_lp;          // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
     smp_slot *slots;        // (n_slots) = 2 * max_seqs
     int32_t n_slots;
+    int32_t *row; // (max_seqs) each sampled sequence's row of logits
+
+    /* The sampling helper: samples the upper part of a big step's sequences while the worker
+     * samples the lower part (samplers are per sequence, so the two never share one). hmu guards
+     * the hand-off; the range and logits are written before hgen moves. */
+    uv_thread_t helper;
+    bool helper_ok, hquit;
+    uv_mutex_t hmu;
+    uv_cond_t hcv, hdone;
+    uint64_t hgen, hdone_gen;
+    const sh_proto_step *h_step;
+    const float *h_logits;
+    uint32_t h_lo, h_hi;
+    int64_t h_failed; /* index of a sequence whose sampling failed, or -1 */
     uint64_t tick;
     sh_logit_bias bias[SH_SAMPLER_MAX_BIAS];
 } stage_state;
@@ -150,6 +165,63 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
     return SH_OK;
 }
 
+/* Samples sequences [lo, hi) of step s from the forward pass's logits into st->out. Returns the
+ * index of the first sequence whose sampling failed (every token banned), or -1. Worker or
+ * sampling helper thread: each touches only its own sequences' samplers and output slots. */
+static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
+                            uint32_t lo, uint32_t hi)
+{
+    for (uint32_t i = lo; i < hi; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        sh_proto_step_out *o = &st->out[i];
+        if (!q->sample)
+            continue;
+        sh_sample *smp = &st->samples[i];
+        if (sh_sampler_sample(st->smp[i], logits + (size_t)st->row[i] * st->n_vocab, smp))
+            return (int64_t)i;
+        o->token = smp->id;
+        o->logprob = smp->logprob;
+        o->logprob_raw = smp->logprob_raw;
+        if (smp->n_top > 0) {
+            int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            bool raw = q->sampling.logprobs_mode == SH_LOGPROBS_RAW;
+            for (int32_t j = 0; j < smp->n_top; j++) {
+                tt[j] = smp->top[j].id;
+                tl[j] = raw ? smp->top[j].logprob_raw : smp->top[j].logprob;
+            }
+            o->top_tokens = (sh_i32s){tt, (uint32_t)smp->n_top};
+            o->top_logprobs = (sh_f32s){tl, (uint32_t)smp->n_top};
+        }
+    }
+    return -1;
+}
+
+/* The sampling helper's loop: waits for a range, samples it, reports. */
+static void helper_main(void *arg)
+{
+    stage_state *st = arg;
+    uint64_t seen = 0;
+    uv_mutex_lock(&st->hmu);
+    for (;;) {
+        while (!st->hquit && st->hgen == seen)
+            uv_cond_wait(&st->hcv, &st->hmu);
+        if (st->hquit)
+            break;
+        seen = st->hgen;
+        const sh_proto_step *s = st->h_step;
+        const float *logits = st->h_logits;
+        uint32_t lo = st->h_lo, hi = st->h_hi;
+        uv_mutex_unlock(&st->hmu);
+        int64_t failed = sample_range(st, s, logits, lo, hi);
+        uv_mutex_lock(&st->hmu);
+        st->h_failed = failed;
+        st->hdone_gen = seen;
+        uv_cond_signal(&st->hdone);
+    }
+    uv_mutex_unlock(&st->hmu);
+}
+
 /* Runs a decoded STEP: the forward pass, then sampling. On SH_OK d->seqs points into st->out;
  * on an error e says why and nothing was accepted by any sampler. Worker thread. */
 static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_done *d, sh_error *e)
@@ -169,33 +241,38 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_do
     sh_llama_out out;
     if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
         return err;
-    int32_t k = 0;
+    int32_t k = 0, n_sampled = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const sh_proto_step_seq *q = &s->seqs.v[i];
-        sh_proto_step_out *o = &st->out[i];
-        *o = (sh_proto_step_out){.seq = q->seq, .token = -1};
-        if (!q->sample)
-            continue;
-        sh_sample *smp = &st->samples[i];
-        const float *logits = out.logits + (size_t)k++ * st->n_vocab;
-        if (sh_sampler_sample(st->smp[i], logits, smp))
-            return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
-                                 q->seq);
-        o->token = smp->id;
-        o->logprob = smp->logprob;
-        o->logprob_raw = smp->logprob_raw;
-        if (smp->n_top > 0) {
-            int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
-            float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
-            bool raw = q->sampling.logprobs_mode == SH_LOGPROBS_RAW;
-            for (int32_t j = 0; j < smp->n_top; j++) {
-                tt[j] = smp->top[j].id;
-                tl[j] = raw ? smp->top[j].logprob_raw : smp->top[j].logprob;
-            }
-            o->top_tokens = (sh_i32s){tt, (uint32_t)smp->n_top};
-            o->top_logprobs = (sh_f32s){tl, (uint32_t)smp->n_top};
-        }
+        st->out[i] = (sh_proto_step_out){.seq = s->seqs.v[i].seq, .token = -1};
+        st->row[i] = s->seqs.v[i].sample ? k++ : -1;
     }
+    n_sampled = k;
+    // Sample: on two threads when the step is big enough to pay for the hand-off.
+    int64_t failed = -1;
+    uint32_t mid = n;
+    if (st->helper_ok && n_sampled >= PARALLEL_SAMPLES) {
+        mid = n / 2;
+        uv_mutex_lock(&st->hmu);
+        st->h_step = s;
+        st->h_logits = out.logits;
+        st->h_lo = mid;
+        st->h_hi = n;
+        st->hgen++;
+        uv_cond_signal(&st->hcv);
+        uv_mutex_unlock(&st->hmu);
+    }
+    failed = sample_range(st, s, out.logits, 0, mid);
+    if (mid < n) {
+        uv_mutex_lock(&st->hmu);
+        while (st->hdone_gen != st->hgen)
+            uv_cond_wait(&st->hdone, &st->hmu);
+        if (failed < 0)
+            failed = st->h_failed;
+        uv_mutex_unlock(&st->hmu);
+    }
+    if (failed >= 0)
+        return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
+                             s->seqs.v[failed].seq);
     /* Every sequence sampled: only now do the penalty windows take the new tokens. */
     for (uint32_t i = 0; i < n; i++)
         if (s->seqs.v[i].sample)
@@ -275,6 +352,22 @@ static sh_err queue_push(stage_state *st, sh_msg *m)
     return SH_OK;
 }
 
+/* Stops and joins the sampling helper, if it runs. */
+static void helper_stop(stage_state *st)
+{
+    if (!st->helper_ok)
+        return;
+    uv_mutex_lock(&st->hmu);
+    st->hquit = true;
+    uv_cond_signal(&st->hcv);
+    uv_mutex_unlock(&st->hmu);
+    uv_thread_join(&st->helper);
+    uv_cond_destroy(&st->hdone);
+    uv_cond_destroy(&st->hcv);
+    uv_mutex_destroy(&st->hmu);
+    st->helper_ok = false;
+}
+
 /* ---- vtable ---- */
 
 /* Frees what init allocated (every pointer may be NULL). */
@@ -293,6 +386,7 @@ static void free_buffers(stage_state *st)
     free(st->top_tok);
     free(st->top_lp);
     free(st->slots);
+    free(st->row);
 }
 
 /* Loop thread. Sizes every buffer from the context and starts the worker. */
@@ -327,9 +421,10 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->top_tok = malloc(S * L * sizeof *st->top_tok);
     st->top_lp = malloc(S * L * sizeof *st->top_lp);
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
+    st->row = calloc(S, sizeof *st->row);
     sh_err err = SH_ENOMEM;
     if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->samples || !st->out ||
-        !st->top_tok || !st->top_lp || !st->slots ||
+        !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES))
         goto fail;
     err = SH_EIO;
@@ -339,10 +434,26 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
         uv_mutex_destroy(&st->mu);
         goto fail;
     }
+    // The sampling helper is an optimisation: without it the worker samples everything.
+    if (a->max_seqs >= PARALLEL_SAMPLES && !uv_mutex_init(&st->hmu)) {
+        if (uv_cond_init(&st->hcv)) {
+            uv_mutex_destroy(&st->hmu);
+        } else if (uv_cond_init(&st->hdone)) {
+            uv_cond_destroy(&st->hcv);
+            uv_mutex_destroy(&st->hmu);
+        } else if (uv_thread_create(&st->helper, helper_main, st)) {
+            uv_cond_destroy(&st->hdone);
+            uv_cond_destroy(&st->hcv);
+            uv_mutex_destroy(&st->hmu);
+        } else {
+            st->helper_ok = true;
+        }
+    }
     int rv = uv_thread_create(&st->thread, worker_main, st);
     if (rv) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed", "error=\"thread: %s\"",
                      uv_strerror(rv));
+        helper_stop(st);
         uv_cond_destroy(&st->cv);
         uv_mutex_destroy(&st->mu);
         goto fail;
@@ -388,6 +499,7 @@ static void stage_stop(sh_actor_ctx *ctx, void *state)
     uv_cond_broadcast(&st->cv);
     uv_mutex_unlock(&st->mu);
     uv_thread_join(&st->thread);
+    helper_stop(st);
     for (; st->q_len > 0; st->q_len--) {
         sh_msg_free(st->q[st->q_head]);
         st->q_head = (st->q_head + 1) % st->q_cap;
