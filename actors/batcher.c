@@ -843,7 +843,9 @@ static void on_kv_reply(batcher *b, const sh_msg *msg, uint32_t type, const sh_p
             }
         } else {
             if (type == SH_MSG_KV_FORK) {
-                s->kv_id = 0; /* retried at the next plan */
+                s->kv_id = 0; /* retried at the next plan when the pool was short */
+                if (status != SH_EBUSY)
+                    s->fork_pending = false; /* e.g. the window released the prompt's start */
             } else if (s->n_reserved == 0 && s->n_computed == 0) {
                 s->kv_id = 0; /* the kvmgr freed the new sequence again */
             }

@@ -67,6 +67,8 @@ typedef struct sh_stage_args {
     const sh_llama *model;
     sh_llama_ctx *ctx; /* borrowed; used by the worker thread only */
     int32_t max_seqs;
+    int32_t max_blocks_per_seq; /* block-table length per sequence (with a sliding window it may
+                                 * exceed the pool: released entries are -1); 0: the pool's */
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

@@ -31,6 +31,7 @@ typedef struct stage_state {
     const sh_llama *model;
     sh_llama_ctx *ctx;
     int32_t max_seqs, n_vocab, n_blocks;
+    int32_t tab_len; /* block-table entries per sequence (released ones included) */
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
 
     /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
@@ -44,7 +45,7 @@ typedef struct stage_state {
     /* The worker's own; sized at init so that a step allocates nothing. */
     sh_act_decoder dec;
     int32_t *tok;           // (max_tok) the step's token ids, sequence after sequence
-    int32_t *blk;           // (max_seqs, n_blocks) each sequence's block table
+    int32_t *blk;           // (max_seqs, tab_len) each sequence's block table
     sh_llama_seq *seqs;     // (max_seqs)
     sh_sampler **smp;       // (max_seqs) the sampler of each sampled sequence of the step
     sh_sample *samples;     // (max_seqs)
@@ -145,14 +146,14 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
             return sh__error_set(e, SH_EINVAL,
                                  "stage: sequence %" PRIu64 ": %u tokens (%d rows left of %d)",
                                  q->seq, (unsigned)nt, (int)(st->max_tok - t), (int)st->max_tok);
-        if (nb > st->n_blocks || nb > (int64_t)q->blocks.n)
+        if (nb > st->tab_len || nb > (int64_t)q->blocks.n)
             return sh__error_set(e, SH_EINVAL,
                                  "stage: sequence %" PRIu64
                                  ": positions [%u, %lld) with %u table entries (pool %d blocks)",
                                  q->seq, (unsigned)q->pos, (long long)end, (unsigned)q->blocks.n,
                                  (int)st->n_blocks);
         /* Packed little-endian int32 is the host layout; the copies only fix the alignment. */
-        int32_t *tab = st->blk + (size_t)i * st->n_blocks;
+        int32_t *tab = st->blk + (size_t)i * st->tab_len;
         memcpy(st->tok + t, q->tokens.ptr, (size_t)nt * sizeof(int32_t));
         memcpy(tab, q->blocks.ptr, (size_t)nb * sizeof(int32_t));
         st->seqs[i] = (sh_llama_seq){.tokens = st->tok + t,
@@ -408,12 +409,13 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->n_vocab = a->model->hp.n_vocab;
     st->n_blocks = sh_llama_ctx_n_blocks(a->ctx);
     st->max_tok = st->n_blocks * SH_KV_BLOCK_TOKENS;
+    st->tab_len = a->max_blocks_per_seq > 0 ? a->max_blocks_per_seq : st->n_blocks;
     st->n_slots = 2 * a->max_seqs;
     size_t S = (size_t)a->max_seqs, L = SH_SAMPLER_MAX_LOGPROBS;
     st->q_cap = STAGE_QUEUE_INIT;
     st->q = malloc(st->q_cap * sizeof *st->q);
     st->tok = malloc((size_t)st->max_tok * sizeof *st->tok);
-    st->blk = malloc(S * (size_t)st->n_blocks * sizeof *st->blk);
+    st->blk = malloc(S * (size_t)st->tab_len * sizeof *st->blk);
     st->seqs = calloc(S, sizeof *st->seqs);
     st->smp = calloc(S, sizeof *st->smp);
     st->samples = calloc(S, sizeof *st->samples);

@@ -321,12 +321,12 @@ static void bench_attn(sh_backend *be, sh_backend_stream *st, int threads)
         for (int f16 = 0; f16 < 2; f16++) {
             const int32_t nh = heads[mi][0], nkv = heads[mi][1];
             const size_t esz = f16 ? 2 : 4, pool = (size_t)T * nkv * HD * esz;
-            sh_kv_cache c = {f16 ? SH_DTYPE_F16 : SH_DTYPE_F32,
-                             T / SH_KV_BLOCK_TOKENS,
-                             nkv,
-                             HD,
-                             malloc(pool),
-                             malloc(pool)};
+            sh_kv_cache c = {.type = f16 ? SH_DTYPE_F16 : SH_DTYPE_F32,
+                             .n_blocks = T / SH_KV_BLOCK_TOKENS,
+                             .n_kv_heads = nkv,
+                             .head_dim = HD,
+                             .k = malloc(pool),
+                             .v = malloc(pool)};
             int32_t blocks[T / SH_KV_BLOCK_TOKENS];
             for (int i = 0; i < T / SH_KV_BLOCK_TOKENS; i++)
                 blocks[i] = i;

@@ -58,8 +58,11 @@ typedef struct sh_kv_cache {
     int32_t n_blocks;
     int32_t n_kv_heads;
     int32_t head_dim;
-    void *k; // (n_blocks, SH_KV_BLOCK_TOKENS, n_kv_heads, head_dim)
-    void *v; // (n_blocks, SH_KV_BLOCK_TOKENS, n_kv_heads, head_dim)
+    int32_t window; /* sliding window: a query at position p attends to keys > p - window (and
+                     * block-table entries wholly before that may be -1, released);
+                     * 0: to every key <= p */
+    void *k;        // (n_blocks, SH_KV_BLOCK_TOKENS, n_kv_heads, head_dim)
+    void *v;        // (n_blocks, SH_KV_BLOCK_TOKENS, n_kv_heads, head_dim)
 } sh_kv_cache;
 
 /* One sequence of an attention batch. Its new tokens are n_rows consecutive rows of q/k/v/out,

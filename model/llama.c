@@ -134,6 +134,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
         kc->n_blocks = c->n_blocks;
         kc->n_kv_heads = hp->n_kv_heads;
         kc->head_dim = hp->head_dim;
+        kc->window = hp->sliding_window;
         kc->k = alloc(c, kv_bytes, &err, e);
         kc->v = alloc(c, kv_bytes, &err, e);
     }
@@ -198,12 +199,22 @@ static sh_err prepare(sh_llama_ctx *c, const sh_llama_batch *b, int32_t *n_tok, 
             return sh__error_set(e, SH_EINVAL, "llama: step of more than %d tokens (sequence %d)",
                                  (int)c->o.max_tokens, (int)s);
         int64_t end = (int64_t)q->pos0 + q->n_tokens;
-        if (q->pos0 < 0 || end > (int64_t)c->n_blocks * SH_KV_BLOCK_TOKENS || !q->blocks)
+        // Without a sliding window every position holds a block of the pool; with one, a
+        // sequence may run past the pool (its early blocks released), up to the context length.
+        int64_t limit =
+            m->hp.sliding_window > 0 ? (int64_t)1 << 30 : (int64_t)c->n_blocks * SH_KV_BLOCK_TOKENS;
+        if (q->pos0 < 0 || end > limit || !q->blocks)
             return sh__error_set(e, SH_EINVAL, "llama: sequence %d positions [%d, %lld)", (int)s,
                                  (int)q->pos0, (long long)end);
         int32_t nb = (int32_t)((end + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS);
+        // With a sliding window, blocks wholly before the first row's window are never read and
+        // may have been released (-1).
+        int32_t w = m->hp.sliding_window, first = 0;
+        if (w > 0 && q->pos0 - w + 1 > 0)
+            first = (q->pos0 - w + 1) / SH_KV_BLOCK_TOKENS;
         for (int32_t j = 0; j < nb; j++)
-            if (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks)
+            if (!(j < first && q->blocks[j] == -1) &&
+                (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks))
                 return sh__error_set(e, SH_EINVAL, "llama: sequence %d block %d is %d (pool %d)",
                                      (int)s, (int)j, (int)q->blocks[j], (int)c->n_blocks);
         for (int32_t j = 0; j < q->n_tokens; j++) {

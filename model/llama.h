@@ -21,6 +21,8 @@ typedef struct sh_llama_hparams {
     int32_t head_dim;       /* <arch>.attention.key_length, else dim / n_heads */
     int32_t n_ff;           /* <arch>.feed_forward_length */
     int32_t n_ctx_train;    /* <arch>.context_length */
+    int32_t sliding_window; /* <arch>.attention.sliding_window: a query at p sees keys > p - w;
+                             * 0: every earlier key (the default) */
     int32_t n_rot;          /* <arch>.rope.dimension_count, else head_dim */
     float rope_base;        /* <arch>.rope.freq_base, default 10000 */
     float rope_scale;       /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */

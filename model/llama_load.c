@@ -102,6 +102,7 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
         (err = get_i32(g, a, "attention.head_count", &hp->n_heads, 0, true, e)) ||
         (err = get_i32(g, a, "attention.head_count_kv", &hp->n_kv_heads, hp->n_heads, false, e)) ||
         (err = get_i32(g, a, "context_length", &hp->n_ctx_train, 2048, false, e)) ||
+        (err = get_i32(g, a, "attention.sliding_window", &hp->sliding_window, 0, false, e)) ||
         (err = get_i32(g, a, "attention.key_length", &hp->head_dim, hp->dim / hp->n_heads, false,
                        e)) ||
         (err = get_i32(g, a, "rope.dimension_count", &hp->n_rot, hp->head_dim, false, e)) ||

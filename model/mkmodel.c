@@ -13,9 +13,9 @@
 #include "runtime/error.h"
 
 static const sh_mkmodel_shape shapes[] = {
-    {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, true},
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, false},
-    {"llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, 1e-5f, false},
+    {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, true, 0},
+    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, false, 0},
+    {"llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, 1e-5f, false, 0},
 };
 
 const sh_mkmodel_shape *sh__mkmodel_shapes(size_t *n)
@@ -440,6 +440,9 @@ static sh_err set_metadata(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh
              sh__gguf_write_set_f32(w, "llama.attention.layer_norm_rms_epsilon", s->rms_eps, e)) ||
         (err = sh__gguf_write_set_u32(w, "llama.rope.dimension_count",
                                       (uint32_t)(s->dim / s->n_heads), e)))
+        return err;
+    if (s->sliding_window > 0 && (err = sh__gguf_write_set_u32(w, "llama.attention.sliding_window",
+                                                               (uint32_t)s->sliding_window, e)))
         return err;
     return sh__gguf_write_set_u32(w, "llama.vocab_size", (uint32_t)s->vocab, e);
 }

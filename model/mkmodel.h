@@ -23,7 +23,8 @@ typedef struct sh_mkmodel_shape {
     int64_t ctx; /* context length */
     float rope_base;
     float rms_eps;
-    bool tied; /* the output projection is token_embd (no output.weight) */
+    bool tied;              /* the output projection is token_embd (no output.weight) */
+    int64_t sliding_window; /* llama.attention.sliding_window when > 0 (Mistral-style) */
 } sh_mkmodel_shape;
 
 /* The named shapes; *n receives their count. Static storage. */

@@ -36,7 +36,8 @@ static void usage(FILE *f)
                "  --rope-base X --rms-eps X --tied --untied\n"
                "                     explicit dimensions: all of layers, dim, ffn, heads,\n"
                "                     kv-heads and vocab (unless --vocab-from) for --shape custom;\n"
-               "                     they override a named shape\n");
+               "                     they override a named shape\n"
+               "  --sliding-window N attention sees only the last N positions (Mistral-style)\n");
 }
 
 /* Prints one `error:` line and returns the usage exit code. */
@@ -121,6 +122,7 @@ int sh__cmd_mkmodel(int argc, char **argv)
     static const char *const dim_flags[7] = {"--layers",   "--dim",   "--ffn", "--heads",
                                              "--kv-heads", "--vocab", "--ctx"};
     float rope_base = 0, rms_eps = 0;
+    int64_t window = 0;
     int tied = 0;
     int rc;
     for (int i = 1; i < argc; i++) {
@@ -159,6 +161,9 @@ int sh__cmd_mkmodel(int argc, char **argv)
                 return rc;
         } else if (strcmp(a, "--rope-base") == 0) {
             if ((rc = parse_f32(a, v, &rope_base)))
+                return rc;
+        } else if (strcmp(a, "--sliding-window") == 0) {
+            if ((rc = parse_i64(a, v, &window)))
                 return rc;
         } else if (strcmp(a, "--rms-eps") == 0) {
             if ((rc = parse_f32(a, v, &rms_eps)))
@@ -204,6 +209,8 @@ int sh__cmd_mkmodel(int argc, char **argv)
         o.shape.rope_base = rope_base;
     if (rms_eps > 0)
         o.shape.rms_eps = rms_eps;
+    if (window > 0)
+        o.shape.sliding_window = window;
     if (tied)
         o.shape.tied = tied > 0;
     if (o.vocab_from && access(o.vocab_from, R_OK) != 0)

@@ -412,12 +412,18 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         .cfg = {.n_blocks = (int32_t)n_blocks,
                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                 .max_seqs = max_seqs,
+                .window = hp->sliding_window,
                 .max_blocks_per_seq =
                     (n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1},
         .prefix_cache = !o->no_prefix_cache};
-    if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks)
+    // A table never holds more live blocks than the pool; with a sliding window its released
+    // entries (-1) do not count, so a sequence may span more positions than the pool holds.
+    if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && hp->sliding_window <= 0)
         ka.cfg.max_blocks_per_seq = ka.cfg.n_blocks;
-    sh_stage_args sa = {.model = s->m, .ctx = s->ctx, .max_seqs = max_seqs};
+    sh_stage_args sa = {.model = s->m,
+                        .ctx = s->ctx,
+                        .max_seqs = max_seqs,
+                        .max_blocks_per_seq = ka.cfg.max_blocks_per_seq};
     if (sh_actor_spawn(s->rt, "kvmgr", &ka, 1, &kv_addr, &e) ||
         sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e))
         return (fail("spawn: %s", e.msg), 1);

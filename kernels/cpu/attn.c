@@ -53,7 +53,8 @@ static const float *load(const sh_kv_cache *c, const void *src, float *tmp)
 }
 
 /* Work item i is (row = i / n_heads, head = i % n_heads). scores holds one row's attention
- * weights (context length); acc is head_dim floats of output plus head_dim of F16 widening. */
+ * weights (its context, or its window: keys t0.. are stored from scores[0]); acc is head_dim floats
+ * of output plus head_dim of F16 widening. */
 void sh__cpu_attn_range(const sh__cpu_kernels *k, const sh__cpu_attn *a, int64_t i0, int64_t i1,
                         float *scores, float *acc)
 {
@@ -65,24 +66,26 @@ void sh__cpu_attn_range(const sh__cpu_kernels *k, const sh__cpu_attn *a, int64_t
         int32_t h = (int32_t)(i % a->n_heads), kh = h / group;
         const int32_t *blocks = a->seqs[a->row_seq[row]].blocks;
         const int64_t n_ctx = (int64_t)a->row_pos[row] + 1; /* causal: positions 0..p */
+        /* a sliding window starts at p - window + 1 */
+        const int64_t t0 = c->window > 0 && n_ctx > c->window ? n_ctx - c->window : 0;
         const float *q = a->q + (row * a->n_heads + h) * hd;
         /* scores_t = scale * q . K_t, then a max-subtracted softmax */
         float mx = -INFINITY;
-        for (int64_t t = 0; t < n_ctx; t++) {
+        for (int64_t t = t0; t < n_ctx; t++) {
             const float *kt = load(c, slot(c, c->k, blocks, t, kh), tmp);
-            scores[t] = a->scale * k->dot(q, kt, hd);
-            mx = scores[t] > mx ? scores[t] : mx;
+            float sc = scores[t - t0] = a->scale * k->dot(q, kt, hd);
+            mx = sc > mx ? sc : mx;
         }
         float sum = 0.0f;
-        for (int64_t t = 0; t < n_ctx; t++) {
-            scores[t] = expf(scores[t] - mx);
-            sum += scores[t];
+        for (int64_t t = t0; t < n_ctx; t++) {
+            scores[t - t0] = expf(scores[t - t0] - mx);
+            sum += scores[t - t0];
         }
         /* out = sum_t (e_t / sum) V_t */
         memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int64_t t = 0; t < n_ctx; t++) {
+        for (int64_t t = t0; t < n_ctx; t++) {
             const float *vt = load(c, slot(c, c->v, blocks, t, kh), tmp);
-            k->axpy(scores[t], vt, acc, hd);
+            k->axpy(scores[t - t0], vt, acc, hd);
         }
         float *out = a->out + (row * a->n_heads + h) * hd;
         const float inv = 1.0f / sum;

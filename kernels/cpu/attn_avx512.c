@@ -63,7 +63,7 @@ INL const float *kv_row(const sh_kv_cache *c, const void *pool, const int32_t *b
 /* out_l = sum_t P[t][l] V_t for LP lanes from l0, NV vectors of 16 per row held in registers
  * (LP * NV <= 16), scaled by inv[l]. */
 INL void pv_regs(const sh__cpu_attn *a, const int32_t *it, const float *st, const float *inv,
-                 int64_t n_ctx, const int32_t *blocks, int32_t kh, int l0, const int LP,
+                 int64_t t0, int64_t n_ctx, const int32_t *blocks, int32_t kh, int l0, const int LP,
                  const int NV, float *tmp)
 {
     const sh_kv_cache *c = &a->cache;
@@ -71,13 +71,13 @@ INL void pv_regs(const sh__cpu_attn *a, const int32_t *it, const float *st, cons
     __m512 acc[16];
     for (int i = 0; i < LP * NV; i++)
         acc[i] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n_ctx; t++) {
+    for (int64_t t = t0; t < n_ctx; t++) {
         const float *vt = kv_row(c, c->v, blocks, t, kh, tmp);
         __m512 v[16];
         for (int j = 0; j < NV; j++)
             v[j] = _mm512_loadu_ps(vt + 16 * j);
         for (int l = 0; l < LP; l++) {
-            const __m512 p = _mm512_set1_ps(st[t * 16 + l0 + l]);
+            const __m512 p = _mm512_set1_ps(st[(t - t0) * 16 + l0 + l]);
             for (int j = 0; j < NV; j++)
                 acc[l * NV + j] = _mm512_fmadd_ps(p, v[j], acc[l * NV + j]);
         }
@@ -103,7 +103,12 @@ INL void item_lanes(const sh__cpu_attn *a, const int32_t *it, float *scratch)
     const int32_t kh = it[2] / group, nh = it[3], lanes = it[1] * it[3];
     const int32_t *blocks = a->seqs[a->row_seq[it[0]]].blocks;
     const int64_t n_ctx = (int64_t)a->row_pos[it[0] + it[1] - 1] + 1;
-    float *qt = scratch, *st = qt + 16 * (int64_t)hd, *tmp = st + 16 * n_ctx;
+    /* With a sliding window the item's keys start at its first row's window; later rows mask the
+     * keys before theirs. */
+    const int32_t w = c->window;
+    const int64_t p0 = a->row_pos[it[0]];
+    const int64_t t0 = w > 0 && p0 + 1 > w ? p0 + 1 - w : 0;
+    float *qt = scratch, *st = qt + 16 * (int64_t)hd, *tmp = st + 16 * (n_ctx - t0);
     int32_t pos[16];
     for (int l = 0; l < 16; l++) {
         pos[l] = l < lanes ? a->row_pos[it[0] + l / nh] : -1; /* unused lanes: all masked */
@@ -116,7 +121,7 @@ INL void item_lanes(const sh__cpu_attn *a, const int32_t *it, float *scratch)
     const __m512i posv = _mm512_loadu_si512((const void *)pos);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 mx = ninf;
-    int64_t t = 0;
+    int64_t t = t0;
     for (; t + KEYS <= n_ctx; t += KEYS) {
         const float *k[KEYS];
         for (int i = 0; i < KEYS; i++)
@@ -130,10 +135,12 @@ INL void item_lanes(const sh__cpu_attn *a, const int32_t *it, float *scratch)
                 s[i] = _mm512_fmadd_ps(q, _mm512_set1_ps(k[i][d]), s[i]);
         }
         for (int i = 0; i < KEYS; i++) {
-            const __mmask16 late = _mm512_cmplt_epi32_mask(posv, _mm512_set1_epi32((int)(t + i)));
+            __mmask16 late = _mm512_cmplt_epi32_mask(posv, _mm512_set1_epi32((int)(t + i)));
+            if (w > 0) /* key t + i is before lane l's window when pos_l >= t + i + w */
+                late |= _mm512_cmpge_epi32_mask(posv, _mm512_set1_epi32((int)(t + i + w)));
             s[i] = _mm512_mask_mov_ps(s[i], late, ninf);
             mx = _mm512_max_ps(mx, s[i]);
-            _mm512_storeu_ps(st + (t + i) * 16, s[i]);
+            _mm512_storeu_ps(st + (t + i - t0) * 16, s[i]);
         }
     }
     for (; t < n_ctx; t++) {
@@ -141,16 +148,18 @@ INL void item_lanes(const sh__cpu_attn *a, const int32_t *it, float *scratch)
         __m512 s = _mm512_setzero_ps();
         for (int32_t d = 0; d < hd; d++)
             s = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * 16), _mm512_set1_ps(k[d]), s);
-        const __mmask16 late = _mm512_cmplt_epi32_mask(posv, _mm512_set1_epi32((int)t));
+        __mmask16 late = _mm512_cmplt_epi32_mask(posv, _mm512_set1_epi32((int)t));
+        if (w > 0)
+            late |= _mm512_cmpge_epi32_mask(posv, _mm512_set1_epi32((int)(t + w)));
         s = _mm512_mask_mov_ps(s, late, ninf);
         mx = _mm512_max_ps(mx, s);
-        _mm512_storeu_ps(st + t * 16, s);
+        _mm512_storeu_ps(st + (t - t0) * 16, s);
     }
     /* e^(s - max) per lane (masked keys give 0); unused lanes compute NaN, never stored */
     __m512 sum = _mm512_setzero_ps();
-    for (t = 0; t < n_ctx; t++) {
-        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(st + t * 16), mx));
-        _mm512_storeu_ps(st + t * 16, e);
+    for (t = t0; t < n_ctx; t++) {
+        const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(st + (t - t0) * 16), mx));
+        _mm512_storeu_ps(st + (t - t0) * 16, e);
         sum = _mm512_add_ps(sum, e);
     }
     float inv[16];
@@ -158,20 +167,20 @@ INL void item_lanes(const sh__cpu_attn *a, const int32_t *it, float *scratch)
     if (hd == 64) {
         int l = 0;
         for (; l + 4 <= lanes; l += 4)
-            pv_regs(a, it, st, inv, n_ctx, blocks, kh, l, 4, 4, tmp);
+            pv_regs(a, it, st, inv, t0, n_ctx, blocks, kh, l, 4, 4, tmp);
         for (; l < lanes; l++)
-            pv_regs(a, it, st, inv, n_ctx, blocks, kh, l, 1, 4, tmp);
+            pv_regs(a, it, st, inv, t0, n_ctx, blocks, kh, l, 1, 4, tmp);
         return;
     }
     /* other head sizes: accumulate in the output rows (zeroed first) */
     for (int l = 0; l < lanes; l++)
         memset(a->out + ((it[0] + l / nh) * a->n_heads + it[2] + l % nh) * hd, 0,
                (size_t)hd * sizeof(float));
-    for (t = 0; t < n_ctx; t++) {
+    for (t = t0; t < n_ctx; t++) {
         const float *vt = kv_row(c, c->v, blocks, t, kh, tmp);
         for (int l = 0; l < lanes; l++) {
             float *out = a->out + ((it[0] + l / nh) * a->n_heads + it[2] + l % nh) * hd;
-            const __m512 p = _mm512_set1_ps(st[t * 16 + l] * inv[l]);
+            const __m512 p = _mm512_set1_ps(st[(t - t0) * 16 + l] * inv[l]);
             for (int32_t d = 0; d < hd; d += 16) {
                 const __mmask16 k = tail_mask(hd - d);
                 _mm512_mask_storeu_ps(out + d, k,

@@ -275,8 +275,13 @@ static int64_t batch_rows(const sh_kv_cache *c, const sh_attn_batch *b)
         if (q->n_rows < 1 || q->pos0 < 0 || !q->blocks)
             return -1;
         int64_t nblk = ((int64_t)q->pos0 + q->n_rows + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+        /* blocks wholly before the first row's sliding window are never read: -1 is allowed */
+        int64_t first = c->window > 0 && q->pos0 + 1 > c->window
+                            ? (q->pos0 + 1 - c->window) / SH_KV_BLOCK_TOKENS
+                            : 0;
         for (int64_t j = 0; j < nblk; j++)
-            if (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks)
+            if (!(j < first && q->blocks[j] == -1) &&
+                (q->blocks[j] < 0 || q->blocks[j] >= c->n_blocks))
                 return -1;
         rows += q->n_rows;
     }

@@ -296,8 +296,13 @@ static sh_err exec_attn(sh__cpu_ctx *c, const sh__cpu_op *op)
     }
     /* Size the per-thread scratch for the whole cache, not this step's context, so it is
      * allocated on the first call and never grows as sequences lengthen (no allocation per
-     * decoded token). */
-    const int64_t cap = (int64_t)op->u.attn.cache.n_blocks * SH_KV_BLOCK_TOKENS;
+     * decoded token). With a sliding window an item reads at most the window plus its own rows
+     * (the kernels store keys from the window's start), however long the sequence. */
+    const int32_t w = op->u.attn.cache.window;
+    const int64_t span = (int64_t)w + SH_CPU_ATTN_LANES;
+    if (w > 0 && max_ctx > span)
+        max_ctx = span;
+    const int64_t cap = w > 0 ? span : (int64_t)op->u.attn.cache.n_blocks * SH_KV_BLOCK_TOKENS;
     max_ctx = cap > max_ctx ? cap : max_ctx;
     const int64_t max_items = sh__cpu_attn_max_items(rows, b->n_seqs, op->u.attn.n_heads);
     if (!grow(&c->rowmap, (size_t)(2 * rows + 4 * max_items) * sizeof(int32_t)) ||

@@ -12,3 +12,6 @@ sh_test(test_llama_load SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_load.c LABE
 # under the sanitizers, which own the allocator).
 sh_test(test_llama_noalloc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_noalloc.c LABELS golden
         TIMEOUT 120)
+# Sliding-window attention through the forward pass on synthetic mkmodel files.
+sh_test(test_llama_window SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_window.c LABELS golden
+        TIMEOUT 60)

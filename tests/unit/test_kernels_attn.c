@@ -16,24 +16,26 @@ typedef struct dense {
     float v[MAX_CTX][N_KV][64];
 } dense;
 
-/* out = softmax(scale q.K) V over positions 0..p, in double. */
-static void naive_attn(const dense *d, int hd, int p, const float *q, int h, float scale,
-                       double *out)
+/* out = softmax(scale q.K) V over positions t0..p (t0 = p - window + 1 with a sliding window,
+ * else 0), in double. */
+static void naive_attn(const dense *d, int hd, int p, int window, const float *q, int h,
+                       float scale, double *out)
 {
     const int kh = h / (N_HEADS / N_KV);
+    const int t0 = window > 0 && p + 1 > window ? p + 1 - window : 0;
     double sc[MAX_CTX], mx = -1e300, sum = 0;
-    for (int t = 0; t <= p; t++) {
+    for (int t = t0; t <= p; t++) {
         double s = 0;
         for (int i = 0; i < hd; i++)
             s += (double)q[i] * d->k[t][kh][i];
         sc[t] = s * scale;
         mx = fmax(mx, sc[t]);
     }
-    for (int t = 0; t <= p; t++)
+    for (int t = t0; t <= p; t++)
         sum += (sc[t] = exp(sc[t] - mx));
     for (int i = 0; i < hd; i++) {
         double o = 0;
-        for (int t = 0; t <= p; t++)
+        for (int t = t0; t <= p; t++)
             o += sc[t] / sum * d->v[t][kh][i];
         out[i] = o;
     }
@@ -41,15 +43,21 @@ static void naive_attn(const dense *d, int hd, int p, const float *q, int h, flo
 
 /* Two steps over three sequences whose block tables are a shuffled permutation of the pool:
  * step 1 prefills histories (seq 0: 37 tokens, seq 1: 16, seq 2: nothing yet); step 2 mixes a
- * decode row (seq 0 at 37), a 5-row chunk (seq 1 at 16) and a 20-row prefill (seq 2 at 0). */
-static void run_attention(int isa, int threads, sh_dtype kv_type, int hd, double tol)
+ * decode row (seq 0 at 37), a 5-row chunk (seq 1 at 16) and a 20-row prefill (seq 2 at 0).
+ * With a sliding window, step 2's tables mark every block wholly before a sequence's window as
+ * released (-1), as the KV manager does: the kernels must never read them. */
+static void run_attention(int isa, int threads, sh_dtype kv_type, int hd, double tol, int window)
 {
     sh_backend *be = make(isa, threads);
     sh_backend_stream *s;
     CHECK_OK(sh_backend_stream_create(be, &s, NULL));
     size_t esz = kv_type == SH_DTYPE_F16 ? 2 : 4;
     size_t pool_bytes = (size_t)N_BLOCKS * SH_KV_BLOCK_TOKENS * N_KV * (size_t)hd * esz;
-    sh_kv_cache cache = {kv_type, N_BLOCKS, N_KV, hd, NULL, NULL};
+    sh_kv_cache cache = {.type = kv_type,
+                         .n_blocks = N_BLOCKS,
+                         .n_kv_heads = N_KV,
+                         .head_dim = hd,
+                         .window = window};
     CHECK_OK(sh_backend_buf_alloc(be, pool_bytes, &cache.k));
     CHECK_OK(sh_backend_buf_alloc(be, pool_bytes, &cache.v));
     memset(cache.k, 0xff, pool_bytes); /* NaN garbage: unwritten slots must never be read */
@@ -92,9 +100,13 @@ static void run_attention(int isa, int threads, sh_dtype kv_type, int hd, double
     }
     /* step 2: the mixed batch */
     sh_attn_seq seqs[N_SEQ];
+    int32_t bt2[N_SEQ][8];
     int n = 0;
     for (int i = 0; i < N_SEQ; i++) {
-        seqs[i] = (sh_attn_seq){rows2[i], pre[i], bt[i]};
+        int first = window > 0 && pre[i] + 1 > window ? (pre[i] + 1 - window) / 16 : 0;
+        for (int j = 0; j < 8; j++)
+            bt2[i][j] = j < first ? -1 : bt[i][j];
+        seqs[i] = (sh_attn_seq){rows2[i], pre[i], bt2[i]};
         n += rows2[i];
     }
     sh_attn_batch b = {N_SEQ, seqs};
@@ -120,7 +132,8 @@ static void run_attention(int isa, int threads, sh_dtype kv_type, int hd, double
     for (int sq = 0, r = 0; sq < N_SEQ; sq++)
         for (int j = 0; j < rows2[sq]; j++, r++)
             for (int h = 0; h < N_HEADS; h++) {
-                naive_attn(&hist[sq], hd, pre[sq] + j, q + (r * N_HEADS + h) * hd, h, scale, ref);
+                naive_attn(&hist[sq], hd, pre[sq] + j, window, q + (r * N_HEADS + h) * hd, h, scale,
+                           ref);
                 for (int i = 0; i < hd; i++) {
                     double e = fabs(out[(r * N_HEADS + h) * hd + i] - ref[i]);
                     if (!(e <= worst)) /* a NaN sticks */
@@ -128,9 +141,9 @@ static void run_attention(int isa, int threads, sh_dtype kv_type, int hd, double
                 }
             }
     if (!(worst <= tol))
-        SH_FAIL_("attention %s threads %d kv %s hd %d: max error %.3g > %.3g",
+        SH_FAIL_("attention %s threads %d kv %s hd %d window %d: max error %.3g > %.3g",
                  sh_backend_cpu_isa_name(isa), threads, kv_type == SH_DTYPE_F16 ? "f16" : "f32", hd,
-                 worst, tol);
+                 window, worst, tol);
     free(q);
     free(k);
     free(v);
@@ -147,10 +160,16 @@ static void test_attention(void)
 {
     for (int isa = SH_BACKEND_CPU_ISA_SCALAR; isa <= sh__cpu_isa_detect(); isa++)
         for (int threads = 1; threads <= 3; threads++) {
-            run_attention(isa, threads, SH_DTYPE_F32, 64, 1e-5);
-            run_attention(isa, threads, SH_DTYPE_F32, 40, 1e-5);
+            run_attention(isa, threads, SH_DTYPE_F32, 64, 1e-5, 0);
+            run_attention(isa, threads, SH_DTYPE_F32, 40, 1e-5, 0);
+            /* sliding windows: shorter than a block, across blocks (seq 0's decode at 37 then
+             * has block 0 released), longer than every context (no effect) */
+            run_attention(isa, threads, SH_DTYPE_F32, 64, 1e-5, 5);
+            run_attention(isa, threads, SH_DTYPE_F32, 64, 1e-5, 20);
+            run_attention(isa, threads, SH_DTYPE_F32, 40, 1e-5, 200);
         }
-    run_attention(SH_BACKEND_CPU_ISA_AUTO, 2, SH_DTYPE_F16, 64, 4e-3);
+    run_attention(SH_BACKEND_CPU_ISA_AUTO, 2, SH_DTYPE_F16, 64, 4e-3, 0);
+    run_attention(SH_BACKEND_CPU_ISA_AUTO, 2, SH_DTYPE_F16, 64, 4e-3, 9);
 }
 
 /* Bad block tables are refused at enqueue. */
@@ -160,7 +179,8 @@ static void test_attention_invalid(void)
     sh_backend_stream *s;
     CHECK_OK(sh_backend_stream_create(be, &s, NULL));
     float pool[4 * SH_KV_BLOCK_TOKENS * 8], x[64];
-    sh_kv_cache c = {SH_DTYPE_F32, 4, 1, 8, pool, pool};
+    sh_kv_cache c = {
+        .type = SH_DTYPE_F32, .n_blocks = 4, .n_kv_heads = 1, .head_dim = 8, .k = pool, .v = pool};
     int32_t bt[2] = {1, 4}; /* 4 is out of range */
     sh_attn_seq sq = {1, 16, bt};
     sh_attn_batch b = {1, &sq};
@@ -238,7 +258,10 @@ static void test_attention_groups(void)
             for (int i = 0; i < 2; i++) {
                 sh_backend_stream *s;
                 CHECK_OK(sh_backend_stream_create(be[i], &s, NULL));
-                sh_kv_cache c = {f16 ? SH_DTYPE_F16 : SH_DTYPE_F32, NB, nkv, hd, NULL, NULL};
+                sh_kv_cache c = {.type = f16 ? SH_DTYPE_F16 : SH_DTYPE_F32,
+                                 .n_blocks = NB,
+                                 .n_kv_heads = nkv,
+                                 .head_dim = hd};
                 CHECK_OK(sh_backend_buf_alloc(be[i], pool, &c.k));
                 CHECK_OK(sh_backend_buf_alloc(be[i], pool, &c.v));
                 /* seq 1 first gets a 20-token history, then the batch: seq 0 prefills 33 rows,
