@@ -264,18 +264,22 @@ static void kv_release(batcher *b, bseq *s)
     s->n_computed = s->n_reserved = s->n_marked = 0;
 }
 
+/* Takes a sequence out of the queue or the running set, frees its KV and marks it finished. */
+static void seq_retire(batcher *b, bseq *s)
+{
+    if (s->state == SEQ_WAITING)
+        queue_remove(b, s);
+    else if (s->state == SEQ_RUNNING)
+        running_remove(b, s);
+    kv_release(b, s);
+    s->state = SEQ_FINISHED;
+}
+
 /* Ends a request: frees what is left, counts it, unlinks it. */
 static void req_end(batcher *b, breq *r)
 {
-    for (int32_t i = 0; i < r->n_choices; i++) {
-        bseq *s = &r->seqs[i];
-        if (s->state == SEQ_WAITING)
-            queue_remove(b, s);
-        else if (s->state == SEQ_RUNNING)
-            running_remove(b, s);
-        kv_release(b, s);
-        s->state = SEQ_FINISHED;
-    }
+    for (int32_t i = 0; i < r->n_choices; i++)
+        seq_retire(b, &r->seqs[i]);
     live_remove(b, r);
     req_free(r);
     update_gauges(b);
@@ -312,12 +316,7 @@ static void seq_finish(batcher *b, bseq *s, int fin)
             fin = SH_PROTO_FINISH_STOP;
         }
     }
-    if (s->state == SEQ_WAITING)
-        queue_remove(b, s);
-    else if (s->state == SEQ_RUNNING)
-        running_remove(b, s);
-    kv_release(b, s);
-    s->state = SEQ_FINISHED;
+    seq_retire(b, s);
     sh_counter_add(b->m_fin[fin], 1);
     if (fin != FIN_ERROR) {
         sh_proto_done d = {.req = r->id,

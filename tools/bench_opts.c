@@ -6,6 +6,7 @@
 
 #include "runtime/error.h"
 #include "tools/bench.h"
+#include "tools/cmd_util.h"
 
 void sh__bench_opts_usage(FILE *f)
 {
@@ -47,41 +48,6 @@ void sh__bench_opts_usage(FILE *f)
         "130 when interrupted (the report then covers the requests that completed).\n");
 }
 
-/* Prints one `error: ...` line and returns the exit code for bad usage. */
-static int fail(const char *fmt, ...) SH_PRINTF(1, 2);
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 2;
-}
-
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_f64(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
-        return false;
-    *out = v;
-    return true;
-}
-
 /* DIST: `N` or `A:B` with lo <= A <= B <= hi. */
 static bool parse_dist(const char *s, int32_t lo, int32_t hi, sh__bench_dist *d)
 {
@@ -89,13 +55,13 @@ static bool parse_dist(const char *s, int32_t lo, int32_t hi, sh__bench_dist *d)
     const char *colon = strchr(s, ':');
     int64_t x, y;
     if (!colon)
-        return parse_i64(s, lo, hi, &x) && ((d->lo = d->hi = (int32_t)x), true);
+        return sh__cmd_parse_i64(s, lo, hi, &x) && ((d->lo = d->hi = (int32_t)x), true);
     size_t n = (size_t)(colon - s);
     if (n == 0 || n >= sizeof a)
         return false;
     memcpy(a, s, n);
     a[n] = '\0';
-    if (!parse_i64(a, lo, hi, &x) || !parse_i64(colon + 1, lo, hi, &y) || x > y)
+    if (!sh__cmd_parse_i64(a, lo, hi, &x) || !sh__cmd_parse_i64(colon + 1, lo, hi, &y) || x > y)
         return false;
     d->lo = (int32_t)x;
     d->hi = (int32_t)y;
@@ -119,7 +85,7 @@ int sh__bench_opts_parse(int argc, char **argv, sh__bench_opts *o)
         if (strncmp(a, "--", 2) == 0 && eq) { // --opt=value
             size_t n = (size_t)(eq - a);
             if (n >= sizeof name)
-                return fail("unknown option '%s' (see shoal bench --help)", a);
+                return sh__cmd_fail("unknown option '%s' (see shoal bench --help)", a);
             memcpy(name, a, n);
             name[n] = '\0';
             a = name;
@@ -134,7 +100,7 @@ int sh__bench_opts_parse(int argc, char **argv, sh__bench_opts *o)
                                                 : NULL;
         if (flag || !strcmp(a, "--no-stream")) {
             if (v)
-                return fail("option '%s' takes no value", a);
+                return sh__cmd_fail("option '%s' takes no value", a);
             if (flag)
                 *flag = true;
             else
@@ -142,7 +108,7 @@ int sh__bench_opts_parse(int argc, char **argv, sh__bench_opts *o)
             continue;
         }
         if (a[0] != '-')
-            return fail("unexpected argument '%s' (see shoal bench --help)", a);
+            return sh__cmd_fail("unexpected argument '%s' (see shoal bench --help)", a);
         static const char *const known[] = {"--url",
                                             "--model",
                                             "--endpoint",
@@ -164,10 +130,10 @@ int sh__bench_opts_parse(int argc, char **argv, sh__bench_opts *o)
         for (int k = 0; known[k]; k++)
             is_known |= !strcmp(a, known[k]);
         if (!is_known)
-            return fail("unknown option '%s' (see shoal bench --help)", a);
+            return sh__cmd_fail("unknown option '%s' (see shoal bench --help)", a);
         if (!v) {
             if (i + 1 >= argc)
-                return fail("option '%s' needs a value", a);
+                return sh__cmd_fail("option '%s' needs a value", a);
             v = argv[++i];
         }
         int64_t n;
@@ -180,29 +146,29 @@ int sh__bench_opts_parse(int argc, char **argv, sh__bench_opts *o)
             ok = (!strcmp(v, "completions") || !strcmp(v, "chat")) &&
                  ((o->chat = !strcmp(v, "chat")), true);
         else if (!strcmp(a, "-c") || !strcmp(a, "--concurrency"))
-            ok = parse_i64(v, 1, 4096, &n) && ((o->concurrency = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 4096, &n) && ((o->concurrency = (int32_t)n), true);
         else if (!strcmp(a, "-n") || !strcmp(a, "--requests"))
-            ok = parse_i64(v, 1, 100000000, &n) && ((o->requests = n), true);
+            ok = sh__cmd_parse_i64(v, 1, 100000000, &n) && ((o->requests = n), true);
         else if (!strcmp(a, "--warmup"))
-            ok = parse_i64(v, 0, 100000000, &n) && ((o->warmup = n), true);
+            ok = sh__cmd_parse_i64(v, 0, 100000000, &n) && ((o->warmup = n), true);
         else if (!strcmp(a, "--prompt-tokens"))
             ok = parse_dist(v, 1, 1 << 20, &o->prompt_tokens);
         else if (!strcmp(a, "--output-tokens"))
             ok = parse_dist(v, 1, 1 << 20, &o->output_tokens);
         else if (!strcmp(a, "--shared-prefix"))
-            ok = parse_i64(v, 0, 1 << 20, &n) && ((o->shared_prefix = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 0, 1 << 20, &n) && ((o->shared_prefix = (int32_t)n), true);
         else if (!strcmp(a, "--seed"))
-            ok = parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
+            ok = sh__cmd_parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
         else if (!strcmp(a, "--api-key"))
             ok = *v && !strpbrk(v, "\r\n") && ((o->api_key = v), true);
         else if (!strcmp(a, "--temperature"))
-            ok = parse_f64(v, 0.0, 100.0, &o->temperature);
+            ok = sh__cmd_parse_f64(v, 0.0, 100.0, &o->temperature);
         else if (!strcmp(a, "--json"))
             ok = *v && ((o->json_path = v), true);
         else if (!strcmp(a, "--timeout"))
-            ok = parse_f64(v, 0.001, 1e6, &o->timeout_s);
+            ok = sh__cmd_parse_f64(v, 0.001, 1e6, &o->timeout_s);
         if (!ok)
-            return fail("bad value '%s' for %s", v, a);
+            return sh__cmd_fail("bad value '%s' for %s", v, a);
     }
     return 0;
 }

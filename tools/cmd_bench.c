@@ -11,6 +11,7 @@
 #include "runtime/error.h"
 #include "tools/bench.h"
 #include "tools/cmd.h"
+#include "tools/cmd_util.h"
 
 #define MAX_ERROR_KINDS 32
 #define PROGRESS_TTY_MS 250
@@ -58,19 +59,6 @@ typedef struct bench {
     int64_t ring_tok[RATE_WINDOW + 1];
     int ring_n;
 } bench;
-
-/* Prints one `error: ...` line; returns 2, the exit code for bad usage. */
-static int fail(const char *fmt, ...) SH_PRINTF(1, 2);
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 2;
-}
 
 /* --- responses --- */
 
@@ -411,26 +399,26 @@ static int discover_model(bench *b)
     char path[300];
     snprintf(path, sizeof path, "%s/v1/models", b->url.base);
     if (!sh__bench_http_conn_create(&b->loop, &b->cfg, &c))
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     sh__bench_xfer x = {.method = "GET", .path = path, .on_done = on_models_done, .user = b};
     sh__bench_http_start(c, &x);
     uv_run(&b->loop, UV_RUN_DEFAULT);
     int rc = 1;
     char text[160];
     if (x.failed) {
-        fail("cannot list the models at %s: %s (give --model)", b->o.url, x.err);
+        sh__cmd_fail("cannot list the models at %s: %s (give --model)", b->o.url, x.err);
     } else if (x.status != 200) {
         error_text(x.resp, x.resp_len, text, sizeof text);
-        fail("GET %s: HTTP %d: %s (give --model)", path, x.status, text);
+        sh__cmd_fail("GET %s: HTTP %d: %s (give --model)", path, x.status, text);
     } else {
         json_t *j = json_loadb(x.resp, x.resp_len, 0, NULL);
         const char *id =
             json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
         if (id && *id) {
             b->model = strdup(id);
-            rc = b->model ? 0 : (fail("out of memory"), 1);
+            rc = b->model ? 0 : (sh__cmd_fail("out of memory"), 1);
         } else {
-            fail("GET %s: no model id in the response (give --model)", path);
+            sh__cmd_fail("GET %s: no model id in the response (give --model)", path);
         }
         json_decref(j);
     }
@@ -484,7 +472,7 @@ static int report(bench *b)
             fputc('\n', stdout);
         json_decref(j);
         if (rc != 0) {
-            fail("cannot write the JSON report to %s", b->o.json_path);
+            sh__cmd_fail("cannot write the JSON report to %s", b->o.json_path);
             return 1;
         }
     }
@@ -497,30 +485,30 @@ static int run(bench *b)
 {
     char err[300];
     if (!sh__bench_http_resolve(&b->loop, &b->url, &b->cfg.addr, err, sizeof err))
-        return (fail("%s", err), 1);
+        return (sh__cmd_fail("%s", err), 1);
     b->cfg.host_header = b->url.host_header;
     b->cfg.api_key = b->o.api_key;
     b->cfg.timeout_ms = (uint64_t)(b->o.timeout_s * 1000.0 + 0.5);
     if (!b->o.model && discover_model(b))
         return 1;
     if (b->o.model && !(b->model = strdup(b->o.model)))
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     snprintf(b->path, sizeof b->path, "%s%s", b->url.base,
              b->o.chat ? "/v1/chat/completions" : "/v1/completions");
     if (b->o.shared_prefix > 0) {
         uint64_t s = b->o.seed ^ 0x5eedull;
         if (!(b->prefix = sh__bench_prompt_words(b->o.shared_prefix, &s)))
-            return (fail("out of memory"), 1);
+            return (sh__cmd_fail("out of memory"), 1);
     }
     b->results = calloc((size_t)b->o.requests, sizeof *b->results);
     b->slots = calloc((size_t)b->o.concurrency, sizeof *b->slots);
     if (!b->results || !b->slots)
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     for (int32_t i = 0; i < b->o.concurrency; i++) {
         b->slots[i].b = b;
         b->slots[i].index = -1;
         if (!sh__bench_http_conn_create(&b->loop, &b->cfg, &b->slots[i].conn))
-            return (fail("out of memory"), 1);
+            return (sh__cmd_fail("out of memory"), 1);
     }
     b->tty = isatty(2);
     if (!b->o.quiet) {
@@ -540,7 +528,7 @@ static int run(bench *b)
     if (!b->o.quiet && b->tty)
         fprintf(stderr, "\r\033[K");
     if (b->oom)
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     return report(b);
 }
 
@@ -553,11 +541,11 @@ int sh__cmd_bench(int argc, char **argv)
         return rc == 1 ? 0 : 2;
     char err[300];
     if (!sh__bench_http_parse_url(b.o.url, &b.url, err, sizeof err))
-        return fail("%s", err);
+        return sh__cmd_fail("%s", err);
     // A peer that closes its end must show up as a write error, not kill the process.
     signal(SIGPIPE, SIG_IGN);
     if (uv_loop_init(&b.loop) != 0)
-        return (fail("cannot start the event loop"), 1);
+        return (sh__cmd_fail("cannot start the event loop"), 1);
     uv_timer_init(&b.loop, &b.tick);
     b.tick.data = &b;
     uv_signal_init(&b.loop, &b.sigint);

@@ -18,6 +18,7 @@
 #include "model/tokenizer.h"
 #include "runtime/error.h"
 #include "tools/cmd.h"
+#include "tools/cmd_util.h"
 
 #define PREFILL_CHUNK 256 /* rows per forward call while reading a prompt */
 #define MAX_PROMPT_IDS 65536
@@ -72,41 +73,6 @@ static void usage(FILE *f)
             "Prints one line `timings: ...` on stderr at the end.\n");
 }
 
-/* Prints one `error: ...` line and returns the exit code for bad usage or bad input. */
-static int fail(const char *fmt, ...) SH_PRINTF(1, 2);
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 2;
-}
-
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_f32(const char *s, float lo, float hi, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
-        return false;
-    *out = v;
-    return true;
-}
-
 /* Returns 0 to go on, 1 after --help (exit 0), 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, opts *o)
 {
@@ -129,7 +95,7 @@ static int parse(int argc, char **argv, opts *o)
             continue;
         }
         if (i + 1 >= argc)
-            return fail("option '%s' needs a value", a);
+            return sh__cmd_fail("option '%s' needs a value", a);
         const char *v = argv[++i];
         int64_t n;
         bool ok = true;
@@ -142,36 +108,36 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "--prompt-ids"))
             o->prompt_ids = v;
         else if (!strcmp(a, "-n"))
-            ok = parse_i64(v, 1, 1 << 20, &n) && ((o->n_gen = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->n_gen = (int32_t)n), true);
         else if (!strcmp(a, "-t"))
-            ok = parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
         else if (!strcmp(a, "--top-k"))
-            ok = parse_i64(v, 0, INT32_MAX, &n) && ((o->top_k = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 0, INT32_MAX, &n) && ((o->top_k = (int32_t)n), true);
         else if (!strcmp(a, "--seed"))
-            ok = parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
+            ok = sh__cmd_parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
         else if (!strcmp(a, "--temp"))
-            ok = parse_f32(v, 0.0f, 100.0f, &o->temp);
+            ok = sh__cmd_parse_f32(v, 0.0f, 100.0f, &o->temp);
         else if (!strcmp(a, "--top-p"))
-            ok = parse_f32(v, 0.0f, 1.0f, &o->top_p);
+            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->top_p);
         else if (!strcmp(a, "--min-p"))
-            ok = parse_f32(v, 0.0f, 1.0f, &o->min_p);
+            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->min_p);
         else if (!strcmp(a, "--repeat-penalty"))
-            ok = parse_f32(v, 0.01f, 100.0f, &o->repeat_penalty);
+            ok = sh__cmd_parse_f32(v, 0.01f, 100.0f, &o->repeat_penalty);
         else if (!strcmp(a, "--presence-penalty"))
-            ok = parse_f32(v, -100.0f, 100.0f, &o->presence_penalty);
+            ok = sh__cmd_parse_f32(v, -100.0f, 100.0f, &o->presence_penalty);
         else if (!strcmp(a, "--frequency-penalty"))
-            ok = parse_f32(v, -100.0f, 100.0f, &o->frequency_penalty);
+            ok = sh__cmd_parse_f32(v, -100.0f, 100.0f, &o->frequency_penalty);
         else
-            return fail("unknown option '%s' (see shoal run --help)", a);
+            return sh__cmd_fail("unknown option '%s' (see shoal run --help)", a);
         if (!ok)
-            return fail("bad value '%s' for %s", v, a);
+            return sh__cmd_fail("bad value '%s' for %s", v, a);
     }
     if (!o->model)
-        return fail("no model given (-m MODEL)");
+        return sh__cmd_fail("no model given (-m MODEL)");
     if (o->prompt && o->prompt_ids)
-        return fail("give -p or --prompt-ids, not both");
+        return sh__cmd_fail("give -p or --prompt-ids, not both");
     if (o->chat && (o->prompt || o->prompt_ids || o->ids))
-        return fail("--chat takes no prompt and no --ids");
+        return sh__cmd_fail("--chat takes no prompt and no --ids");
     return 0;
 }
 
@@ -212,26 +178,27 @@ static int load(run *r)
     sh_error e = {0};
     struct stat sb;
     if (stat(o->model, &sb) != 0)
-        return fail("%s: %s", o->model, strerror(errno));
+        return sh__cmd_fail("%s: %s", o->model, strerror(errno));
     sh_llama_load_opts lo = {.prefault = true};
     if (isatty(2) && sb.st_size > (64 << 20))
         lo.progress = progress;
     if (sh_llama_load(o->model, &lo, &r->m, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     if (r->m->gguf) {
         if (sh_tokenizer_create_gguf(r->m->gguf, &r->tok, &e))
-            return fail("%s: tokenizer: %s", o->model, e.msg);
+            return sh__cmd_fail("%s: tokenizer: %s", o->model, e.msg);
     } else {
         if (!o->tokenizer)
-            return fail("%s is a llama2.c checkpoint: give its tokenizer.bin with -z", o->model);
+            return sh__cmd_fail("%s is a llama2.c checkpoint: give its tokenizer.bin with -z",
+                                o->model);
         if (sh_tokenizer_create_llama2c(o->tokenizer, r->m->hp.n_vocab, &r->tok, &e))
-            return fail("%s", e.msg);
+            return sh__cmd_fail("%s", e.msg);
     }
     if (sh_tokenizer_n_vocab(r->tok) > r->m->hp.n_vocab)
-        return fail("tokenizer has more tokens than the model's embedding");
+        return sh__cmd_fail("tokenizer has more tokens than the model's embedding");
     sh_backend_cpu_opts bo = {.n_threads = o->threads};
     if (sh_backend_cpu_create(&bo, &r->be, &e))
-        return (fail("backend: %s", e.msg), 1);
+        return (sh__cmd_fail("backend: %s", e.msg), 1);
     // KV capacity: the trained context, capped so a small machine can hold it.
     int32_t cap = r->m->hp.n_ctx_train;
     if (cap > 4096)
@@ -239,12 +206,12 @@ static int load(run *r)
     r->kv_tokens = cap;
     sh_llama_ctx_opts co = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .kv_tokens = cap};
     if (sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     int32_t nb = sh_llama_ctx_n_blocks(r->ctx);
     r->blocks = malloc((size_t)nb * sizeof *r->blocks);
     r->hist = malloc((size_t)r->kv_tokens * sizeof *r->hist);
     if (!r->blocks || !r->hist)
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     for (int32_t i = 0; i < nb; i++)
         r->blocks[i] = i;
     sh_sampler_params sp = sh_sampler_params_default();
@@ -257,10 +224,10 @@ static int load(run *r)
     sp.presence_penalty = o->presence_penalty;
     sp.frequency_penalty = o->frequency_penalty;
     if (sh_sampler_create(r->m->hp.n_vocab, &sp, &r->smp, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     uint32_t flags = sh_tokenizer_get_kind(r->tok) == SH_TOKENIZER_SPM ? SH_DECODE_STRIP_SPACE : 0;
     if (sh_tokenizer_stream_create(r->tok, flags, &r->stream, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     return 0;
 }
 
@@ -391,10 +358,10 @@ static int tokenize(run *r, const char *text, uint32_t flags, int32_t **ids, siz
     size_t need = 0;
     sh_err err = sh_tokenizer_encode(r->tok, text, strlen(text), flags, NULL, 0, &need, &e);
     if (err && err != SH_ERANGE)
-        return fail("tokenizer: %s", e.msg);
+        return sh__cmd_fail("tokenizer: %s", e.msg);
     *ids = malloc((need + 1) * sizeof **ids);
     if (!*ids || sh_tokenizer_encode(r->tok, text, strlen(text), flags, *ids, need + 1, n, &e))
-        return fail("tokenizer: %s", e.msg);
+        return sh__cmd_fail("tokenizer: %s", e.msg);
     return 0;
 }
 
@@ -417,12 +384,12 @@ static int one_shot(run *r)
             long v = strtol(p, &end, 10);
             if (end == p || (*end && !strchr(" \t,\n", *end))) {
                 free(ids);
-                return fail("--prompt-ids: '%s' is not a list of token ids", o->prompt_ids);
+                return sh__cmd_fail("--prompt-ids: '%s' is not a list of token ids", o->prompt_ids);
             }
             if (errno || v < 0 || v >= r->m->hp.n_vocab || n >= MAX_PROMPT_IDS) {
                 free(ids);
-                return fail("--prompt-ids: id %ld is outside the vocabulary of %d", v,
-                            (int)r->m->hp.n_vocab);
+                return sh__cmd_fail("--prompt-ids: id %ld is outside the vocabulary of %d", v,
+                                    (int)r->m->hp.n_vocab);
             }
             ids[n++] = (int32_t)v;
             p = end;
@@ -436,14 +403,14 @@ static int one_shot(run *r)
             ids[n++] = sh_tokenizer_bos(r->tok);
     }
     if (!ids)
-        return (fail("out of memory"), 1);
+        return (sh__cmd_fail("out of memory"), 1);
     if (n == 0) {
         free(ids);
-        return fail("empty prompt and the vocabulary has no BOS token");
+        return sh__cmd_fail("empty prompt and the vocabulary has no BOS token");
     }
     if ((int64_t)n >= r->kv_tokens) {
         free(ids);
-        return fail("prompt longer than the context");
+        return sh__cmd_fail("prompt longer than the context");
     }
     // Echo the prompt text as the tokenizer reads it back (not with --ids).
     for (size_t i = 0; i < n; i++) {

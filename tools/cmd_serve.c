@@ -18,6 +18,7 @@
 #include "model/gguf.h"
 #include "runtime/error.h"
 #include "tools/cmd.h"
+#include "tools/cmd_util.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define DEFAULT_KV_MEM ((uint64_t)1 << 30)
@@ -76,29 +77,6 @@ static void usage(FILE *f)
             "stops it.\n");
 }
 
-static int fail(const char *fmt, ...) SH_PRINTF(1, 2);
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 2;
-}
-
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
 /* "512M", "2G", "1048576" */
 static bool parse_bytes(const char *s, uint64_t *out)
 {
@@ -127,17 +105,17 @@ static bool parse_bytes(const char *s, uint64_t *out)
 static int add_key(serve_opts *o, const char *v)
 {
     if (o->n_keys == MAX_KEYS)
-        return fail("at most %d API keys", MAX_KEYS);
+        return sh__cmd_fail("at most %d API keys", MAX_KEYS);
     char *k = strdup(v);
     if (!k)
-        return fail("out of memory");
+        return sh__cmd_fail("out of memory");
     int64_t prio = 0;
     char *colon = strrchr(k, ':');
-    if (colon && parse_i64(colon + 1, 0, 255, &prio))
+    if (colon && sh__cmd_parse_i64(colon + 1, 0, 255, &prio))
         *colon = '\0';
     if (!*k) {
         free(k);
-        return fail("--api-key: empty key");
+        return sh__cmd_fail("--api-key: empty key");
     }
     o->key_mem[o->n_keys] = k;
     o->keys[o->n_keys++] = (sh_openai_key){k, (int32_t)prio};
@@ -164,7 +142,7 @@ static int parse(int argc, char **argv, serve_opts *o)
             continue;
         }
         if (i + 1 >= argc)
-            return fail("option '%s' needs a value (see shoal serve --help)", a);
+            return sh__cmd_fail("option '%s' needs a value (see shoal serve --help)", a);
         const char *v = argv[++i];
         int64_t n = 0;
         bool ok = true;
@@ -175,49 +153,51 @@ static int parse(int argc, char **argv, serve_opts *o)
         else if (!strcmp(a, "--host"))
             o->host = v;
         else if (!strcmp(a, "--port"))
-            ok = parse_i64(v, 0, 65535, &n) && ((o->port = (int)n), (o->port_set = true));
+            ok = sh__cmd_parse_i64(v, 0, 65535, &n) && ((o->port = (int)n), (o->port_set = true));
         else if (!strcmp(a, "-t"))
-            ok = parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
         else if (!strcmp(a, "--model-name"))
             o->model_name = v;
         else if (!strcmp(a, "--ctx"))
-            ok = parse_i64(v, 16, 1 << 20, &n) && ((o->ctx = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 16, 1 << 20, &n) && ((o->ctx = (int32_t)n), true);
         else if (!strcmp(a, "--kv-mem"))
             ok = parse_bytes(v, &o->kv_mem) && o->kv_mem > 0;
         else if (!strcmp(a, "--kv-blocks"))
-            ok = parse_i64(v, 1, 1 << 24, &o->kv_blocks);
+            ok = sh__cmd_parse_i64(v, 1, 1 << 24, &o->kv_blocks);
         else if (!strcmp(a, "--max-seqs"))
-            ok = parse_i64(v, 1, 1024, &n) && ((o->max_seqs = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->max_seqs = (int32_t)n), true);
         else if (!strcmp(a, "--step-tokens"))
-            ok = parse_i64(v, 16, 65536, &n) && ((o->step_tokens = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 16, 65536, &n) && ((o->step_tokens = (int32_t)n), true);
         else if (!strcmp(a, "--max-wait-ms"))
-            ok = parse_i64(v, 1, 10000, &n) && ((o->max_wait_ms = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 10000, &n) && ((o->max_wait_ms = (int32_t)n), true);
         else if (!strcmp(a, "--max-queue"))
-            ok = parse_i64(v, 1, 1 << 20, &n) && ((o->max_queue = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_queue = (int32_t)n), true);
         else if (!strcmp(a, "--max-tokens"))
-            ok = parse_i64(v, 1, 1 << 20, &n) && ((o->max_tokens = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_tokens = (int32_t)n), true);
         else if (!strcmp(a, "--max-n"))
-            ok = parse_i64(v, 1, 128, &n) && ((o->max_n = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 128, &n) && ((o->max_n = (int32_t)n), true);
         else if (!strcmp(a, "--max-body"))
             ok = parse_bytes(v, &o->max_body) && o->max_body >= 1024;
         else if (!strcmp(a, "--max-conns"))
-            ok = parse_i64(v, 1, 1 << 20, &n) && ((o->max_conns = (uint32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_conns = (uint32_t)n), true);
         else if (!strcmp(a, "--header-timeout-ms"))
-            ok = parse_i64(v, 100, 3600000, &n) && ((o->header_timeout_ms = (uint32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 100, 3600000, &n) &&
+                 ((o->header_timeout_ms = (uint32_t)n), true);
         else if (!strcmp(a, "--request-timeout"))
-            ok = parse_i64(v, 1, 86400, &n) && ((o->request_timeout_ms = (uint32_t)n * 1000), true);
+            ok = sh__cmd_parse_i64(v, 1, 86400, &n) &&
+                 ((o->request_timeout_ms = (uint32_t)n * 1000), true);
         else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v))
                 return 2;
         } else if (!strcmp(a, "--log-level"))
             o->log_level = v;
         else
-            return fail("unknown option '%s' (see shoal serve --help)", a);
+            return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (!ok)
-            return fail("bad value '%s' for %s", v, a);
+            return sh__cmd_fail("bad value '%s' for %s", v, a);
     }
     if (o->model && o->config)
-        return fail("give -m MODEL or -c CLUSTER.lua, not both");
+        return sh__cmd_fail("give -m MODEL or -c CLUSTER.lua, not both");
     return 0;
 }
 
@@ -227,13 +207,14 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     sh_error e = {0};
     sh_cluster_config *c = NULL;
     if (sh_config_load_file(o->config, NULL, &c, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     *cfg_out = c;
     if (c->n_replicas != 1 || c->replicas[0].n_stages != 1 || c->replicas[0].tp != 1)
-        return fail("%s: shoal serve runs one replica of one stage in this process; this "
-                    "topology has %d replicas (first: %d stages, tp %d)",
-                    o->config, (int)c->n_replicas, c->n_replicas ? (int)c->replicas[0].n_stages : 0,
-                    c->n_replicas ? (int)c->replicas[0].tp : 0);
+        return sh__cmd_fail("%s: shoal serve runs one replica of one stage in this process; this "
+                            "topology has %d replicas (first: %d stages, tp %d)",
+                            o->config, (int)c->n_replicas,
+                            c->n_replicas ? (int)c->replicas[0].n_stages : 0,
+                            c->n_replicas ? (int)c->replicas[0].tp : 0);
     const sh_config_model *m = &c->models[c->replicas[0].model];
     o->model = m->path;
     if (!o->model_name)
@@ -241,9 +222,10 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     if (c->gateway.http && !o->host && !o->port_set) {
         const char *colon = strrchr(c->gateway.http, ':');
         int64_t port;
-        if (!colon || !parse_i64(colon + 1, 0, 65535, &port) ||
+        if (!colon || !sh__cmd_parse_i64(colon + 1, 0, 65535, &port) ||
             (size_t)(colon - c->gateway.http) >= sizeof o->host_buf)
-            return fail("%s: gateway.http '%s' is not HOST:PORT", o->config, c->gateway.http);
+            return sh__cmd_fail("%s: gateway.http '%s' is not HOST:PORT", o->config,
+                                c->gateway.http);
         memcpy(o->host_buf, c->gateway.http, (size_t)(colon - c->gateway.http));
         o->host_buf[colon - c->gateway.http] = '\0';
         if (o->host_buf[0] == '[') { /* [::1]:8080 */
@@ -269,8 +251,8 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     if (!o->kv_mem && c->kv.memory_bytes)
         o->kv_mem = c->kv.memory_bytes;
     if (c->kv.block_tokens && c->kv.block_tokens != SH_KV_DEFAULT_BLOCK_TOKENS)
-        return fail("%s: kv.block_tokens must be %d (the attention kernels' block)", o->config,
-                    SH_KV_DEFAULT_BLOCK_TOKENS);
+        return sh__cmd_fail("%s: kv.block_tokens must be %d (the attention kernels' block)",
+                            o->config, SH_KV_DEFAULT_BLOCK_TOKENS);
     return 0;
 }
 
@@ -345,17 +327,19 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     sh_error e = {0};
     struct stat sb;
     if (stat(o->model, &sb) != 0)
-        return fail("%s: %s%s", o->model, strerror(errno),
-                    strcmp(o->model, DEFAULT_MODEL) ? "" : " (scripts/get-model.sh fetches it)");
+        return sh__cmd_fail("%s: %s%s", o->model, strerror(errno),
+                            strcmp(o->model, DEFAULT_MODEL) ? ""
+                                                            : " (scripts/get-model.sh fetches it)");
     sh_llama_load_opts lo = {.prefault = true};
     if (isatty(2) && sb.st_size > (64 << 20))
         lo.progress = progress;
     if (sh_llama_load(o->model, &lo, &s->m, &e))
-        return fail("%s", e.msg);
+        return sh__cmd_fail("%s", e.msg);
     if (!s->m->gguf)
-        return fail("%s: shoal serve needs a GGUF model (its tokenizer is inside)", o->model);
+        return sh__cmd_fail("%s: shoal serve needs a GGUF model (its tokenizer is inside)",
+                            o->model);
     if (sh_tokenizer_create_gguf(s->m->gguf, &s->tok, &e))
-        return fail("%s: tokenizer: %s", o->model, e.msg);
+        return sh__cmd_fail("%s: tokenizer: %s", o->model, e.msg);
     const sh_llama_hparams *hp = &s->m->hp;
     int32_t n_ctx = o->ctx ? o->ctx : (hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192);
     if (n_ctx < 16)
@@ -372,26 +356,26 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (!n_blocks)
         n_blocks = (int64_t)((o->kv_mem ? o->kv_mem : default_kv_mem()) / bytes_per_block);
     if (n_blocks < 1)
-        return fail("the KV budget holds no block (one block takes %" PRIu64 " bytes)",
-                    bytes_per_block);
+        return sh__cmd_fail("the KV budget holds no block (one block takes %" PRIu64 " bytes)",
+                            bytes_per_block);
     if (n_blocks > (1 << 22))
         n_blocks = 1 << 22;
     sh_backend_cpu_opts bo = {.n_threads = o->threads};
     if (sh_backend_cpu_create(&bo, &s->be, &e))
-        return (fail("backend: %s", e.msg), 1);
+        return (sh__cmd_fail("backend: %s", e.msg), 1);
     sh_llama_ctx_opts co = {.max_tokens = step_tokens,
                             .max_seqs = max_seqs,
                             .max_logits = max_seqs,
                             .kv_tokens = (int32_t)(n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
                             .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
     if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
-        return (fail("%s", e.msg), 1);
+        return (sh__cmd_fail("%s", e.msg), 1);
     n_blocks = sh_llama_ctx_n_blocks(s->ctx);
 
     sh_runtime_opts ro = {
         .node_id = 1, .name = "serve", .n_loops = 2, .log_level = level_of(o->log_level)};
     if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
-        return (fail("runtime: %s", e.msg), 1);
+        return (sh__cmd_fail("runtime: %s", e.msg), 1);
 
     // Chat template and its default system prompt.
     const char *tmpl = NULL;
@@ -426,7 +410,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                         .max_blocks_per_seq = ka.cfg.max_blocks_per_seq};
     if (sh_actor_spawn(s->rt, "kvmgr", &ka, 1, &kv_addr, &e) ||
         sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e))
-        return (fail("spawn: %s", e.msg), 1);
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
     sh_batcher_args ba = {.kvmgr = kv_addr,
                           .stage = stage_addr,
                           .tok = s->tok,
@@ -439,7 +423,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                           .n_blocks = (int32_t)n_blocks};
     if (sh_actor_spawn(s->rt, "batcher", &ba, 1, &batcher_addr, &e))
-        return (fail("spawn: %s", e.msg), 1);
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
                           .kvmgr = kv_addr,
@@ -461,7 +445,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .n_keys = o->n_keys,
                           .bound_port = &bound};
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
-        return (fail("spawn: %s", e.msg), 1);
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
     // returns, after the runtime is gone.
     for (int i = 0; i < 30000 && __atomic_load_n(&bound, __ATOMIC_ACQUIRE) == 0; i++) {
@@ -470,8 +454,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     }
     int port = __atomic_load_n(&bound, __ATOMIC_ACQUIRE);
     if (port <= 0)
-        return (fail("cannot listen on %s:%d (see the log above)", o->host ? o->host : "127.0.0.1",
-                     o->port),
+        return (sh__cmd_fail("cannot listen on %s:%d (see the log above)",
+                             o->host ? o->host : "127.0.0.1", o->port),
                 1);
     const char *host = o->host ? o->host : "127.0.0.1";
     bool v6 = strchr(host, ':') != NULL;

@@ -1,0 +1,18 @@
+/* Helpers the subcommands share: the one-line error and strict number parsing. */
+#ifndef SH_TOOLS_CMD_UTIL_H
+#define SH_TOOLS_CMD_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/error.h"
+
+/* Prints one `error: ...` line on stderr and returns 2, the exit code for bad usage or input. */
+int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);
+
+/* Whole-string decimal parses within [lo, hi]; false (out untouched) for anything else. */
+bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);
+bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out);
+
+#endif
