@@ -104,9 +104,9 @@ int main(int argc, char **argv)
             threads = atoi(v);
         else if (!strcmp(a, "--reps"))
             reps = atoi(v);
-        else if (!strcmp(a, "--pp") && n_pp < 8)
+        else if (!strcmp(a, "--pp") && n_pp < 8 && atoi(v) >= 1)
             pp[n_pp++] = atoi(v);
-        else if (!strcmp(a, "--tg") && n_tg < 8)
+        else if (!strcmp(a, "--tg") && n_tg < 8 && atoi(v) >= 1)
             tg[n_tg++] = atoi(v);
         else {
             usage();
