@@ -133,7 +133,7 @@ static void test_ipc_two_nodes(void)
     two_nodes(u1, u2);
     unlink(u1 + 6);
     unlink(u2 + 6);
-    rmdir(dir);
+    tmpdir_remove(dir);
 }
 
 static void test_tcp_two_nodes(void) { two_nodes("tcp://127.0.0.1:0", "tcp://127.0.0.1:0"); }
@@ -163,7 +163,7 @@ static void test_ipc_three_nodes(void)
     local_finish(&me);
     for (int i = 0; i < 3; i++)
         unlink(u[i] + 6);
-    rmdir(dir);
+    tmpdir_remove(dir);
 }
 
 /* The peer dies: requests end in a timeout error; it restarts at the same URL and the link
@@ -207,7 +207,7 @@ static void test_dead_peer_restart(void)
     local_finish(&me);
     unlink(u1 + 6);
     unlink(u2 + 6);
-    rmdir(dir);
+    tmpdir_remove(dir);
 }
 
 static const sh_test_case tests[] = {

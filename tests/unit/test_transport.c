@@ -169,7 +169,7 @@ static void test_backpressure(void)
     CHECK_UINT_EQ(st.busy, (uint64_t)busy);
     node_finish(&a);
     nng_close(stuck);
-    rmdir(dir);
+    tmpdir_remove(dir);
 }
 
 /* Errors at the boundary: unknown peers, duplicates, bad URLs, oversize frames, TLS without

@@ -216,7 +216,7 @@ static void test_bombard(void)
     unlink(path);
     snprintf(path, sizeof path, "%s/n2", dir);
     unlink(path);
-    rmdir(dir);
+    tmpdir_remove(dir);
 }
 
 static const sh_test_case tests[] = {

@@ -2,6 +2,7 @@
 #ifndef SH_TEST_TRANSPORT_UTIL_H
 #define SH_TEST_TRANSPORT_UTIL_H
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -135,6 +136,24 @@ static inline void tmpdir_make(char *buf, size_t cap)
     snprintf(buf, cap, "/tmp/shoal-tp-XXXXXX");
     if (!mkdtemp(buf))
         buf[0] = '\0';
+}
+
+/* Removes a directory made by tmpdir_make with the socket files left in it. */
+static inline void tmpdir_remove(const char *dir)
+{
+    DIR *d = dir[0] ? opendir(dir) : NULL;
+    if (!d)
+        return;
+    struct dirent *ent;
+    char path[512];
+    while ((ent = readdir(d)) != NULL) {
+        if (!strcmp(ent->d_name, ".") || !strcmp(ent->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
 }
 
 #endif
