@@ -9,6 +9,7 @@ greedy choices agree with each other and with a second identical request.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -100,6 +101,7 @@ def main():
             assert not errs, "; ".join(errs)
 
         r.case("4 concurrent 190-position sequences share a 384-position pool", concurrent)
+    shutil.rmtree(tmp, ignore_errors=True)
     r.finish()
 
 
