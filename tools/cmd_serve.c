@@ -65,7 +65,8 @@ static void usage(FILE *f)
             "  --max-queue N       requests queued before 429 (default 1024)\n"
             "  --max-tokens N      largest max_tokens a request may ask for (default: --ctx)\n"
             "  --max-n N           largest n (choices per request; default 8)\n"
-            "  --max-body BYTES    largest request body (default 8M)\n"
+            "  --max-body BYTES    largest request body (default 2M; a full 8k-token prompt\n"
+            "                      as JSON is under 100K)\n"
             "  --max-conns N       open connections (default 1024)\n"
             "  --header-timeout-ms N  time a client has to send its headers (default 10000)\n"
             "  --request-timeout S  a request still generating after S seconds ends with\n"
@@ -126,7 +127,7 @@ static int add_key(serve_opts *o, const char *v)
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->port = 8080;
-    o->max_body = 8u << 20;
+    o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
