@@ -24,12 +24,15 @@ void sh__cpu_rope_range(float *x, const int32_t *pos, int32_t n_heads, int32_t h
                         int64_t t0, int64_t t1)
 {
     float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+    double freq[ROPE_MAX_PAIRS];
     const int32_t half = n_rot / 2;
+    /* Pair i turns by theta_i = pos * freq_scale * base^(-2i / n_rot): the frequencies once per
+     * range, the angles once per token (the same for every head). */
+    for (int32_t i = 0; i < half; i++)
+        freq[i] = pow(freq_base, -2.0 * i / n_rot);
     for (int64_t t = t0; t < t1; t++) {
-        /* Pair i turns by theta_i = pos * freq_scale * base^(-2i / n_rot); the angles are the
-         * same for every head of the token, so compute them once. */
         for (int32_t i = 0; i < half; i++) {
-            double theta = (double)pos[t] * freq_scale * pow(freq_base, -2.0 * i / n_rot);
+            double theta = (double)pos[t] * freq_scale * freq[i];
             cs[i] = (float)cos(theta);
             sn[i] = (float)sin(theta);
         }
