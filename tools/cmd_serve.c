@@ -123,6 +123,12 @@ static int add_key(serve_opts *o, const char *v)
     return 0;
 }
 
+/* The options that take a value, each between spaces. */
+#define VALUE_FLAGS                                                                                \
+    " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
+    "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
+    "--request-timeout --api-key --log-level "
+
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
 {
@@ -142,6 +148,10 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->kv_f16 = true;
             continue;
         }
+        char key[64];
+        snprintf(key, sizeof key, " %s ", a);
+        if (a[0] != '-' || !strstr(VALUE_FLAGS, key))
+            return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal serve --help)", a);
         const char *v = argv[++i];

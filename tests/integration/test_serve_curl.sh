@@ -304,6 +304,16 @@ elif grep -q "^error: .*bad.lua" "$tmp/bad.out"; then
     ok "-c with a broken script: one error line naming the script, non-zero exit"
 else fail "-c with a broken script" "output: $(head -c 300 "$tmp/bad.out")"; fi
 
+# --- bad command lines: one error line, exit 2, nothing started
+for args in "--bogus" "--port" "--port 99999" "--max 3" "-m /nonexistent.gguf" "stray"; do
+    # shellcheck disable=SC2086 # the words are the arguments
+    "$shoal" serve $args >"$tmp/args.out" 2>&1
+    rc=$?
+    if [ "$rc" = 2 ] && [ "$(grep -c '^error: ' "$tmp/args.out")" = 1 ]; then
+        ok "shoal serve $args: exit 2 with one error line"
+    else fail "shoal serve $args" "exit $rc, output: $(head -c 300 "$tmp/args.out")"; fi
+done
+
 if [ "$failed" -gt 0 ]; then
     echo
     echo "serve_curl: failures:"
