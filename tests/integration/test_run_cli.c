@@ -86,6 +86,8 @@ static void test_bad_arguments(void)
     CHECK(strncmp(err_buf, "error: ", 7) == 0 && count_lines(err_buf) == 1);
     CHECK_USAGE_ERROR("-m");
     CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--bogus", "1");
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--bogus"); /* last, without a value */
+    CHECK(strstr(err_buf, "unknown option '--bogus'") != NULL);
     CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-n", "abc");
     CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-n", "0");
     CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "--temp", "-1");
