@@ -2,6 +2,7 @@
 #include "model/sampler.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,7 +202,7 @@ static void select_top(int32_t *ids, int32_t n, int32_t m, const float *val)
  * that call it (the vocabulary-wide sums below are most of a greedy sample's time with libm's
  * scalar exp). Cody-Waite reduction t = k ln2 + r, |r| <= ln2/2, a degree-6 polynomial for
  * exp(r), and 2^k built in the exponent bits. Below -87 (or for -inf and NaN) it returns 0. */
-static inline float exp_nonpos(float t)
+static inline __attribute__((always_inline)) float exp_nonpos(float t)
 {
     float ok = t >= -87.0f ? 1.0f : 0.0f; /* NaN compares false */
     t = t >= -87.0f ? t : -87.0f;
@@ -216,52 +217,99 @@ static inline float exp_nonpos(float t)
     return p * scale * ok;
 }
 
-/* The vocabulary-wide loops below are built for AVX-512, AVX2 and baseline x86-64, picked at load
- * time (GCC's function multi-versioning), so a greedy sample of a 49k vocabulary is a few passes
- * of 16-wide vectors where the CPU has them. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-    !defined(__SANITIZE_ADDRESS__)
-#define VOCAB_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define VOCAB_LOOP
-#endif
-
-/* The largest value of v[0..n) and its first index (NaN never wins); -1 when all are -inf/NaN. */
-VOCAB_LOOP static int32_t arg_max(const float *v, int32_t n, float *max)
-{
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < n; i++)
-        mx = v[i] > mx ? v[i] : mx;
-    *max = mx;
-    if (mx == -INFINITY)
-        return -1;
-    for (int32_t i = 0; i < n; i++)
-        if (v[i] == mx)
-            return i;
-    return -1;
-}
-
-/* sum(exp(v[i] - mx)) over v[0..n) (NaN and -inf count 0), mx >= every v[i]; out (may be NULL)
- * receives each term. Float partial sums over blocks of 256, added in double. */
-VOCAB_LOOP static double sum_exp(const float *v, int32_t n, float mx, float *out)
-{
-    double sum = 0.0;
-    for (int32_t b = 0; b < n; b += 256) {
-        int32_t e = n - b < 256 ? n : b + 256;
-        float part = 0.0f;
-        if (out) {
-            for (int32_t i = b; i < e; i++) {
-                out[i] = exp_nonpos(v[i] - mx);
-                part += out[i];
-            }
-        } else {
-            for (int32_t i = b; i < e; i++)
-                part += exp_nonpos(v[i] - mx);
-        }
-        sum += part;
+/* The vocabulary-wide loops: 16 running lanes per loop (lane j takes elements j, j + 16, ...),
+ * combined in a fixed order at the end, so the compiler can vectorize them without reassociating
+ * anything and every instruction set gives the same result. They are compiled twice, for
+ * AVX-512 and for the baseline, and picked at run time from cpuid (no ifunc, which sanitizer
+ * runtimes cannot run before they start). */
+#define VOCAB_LOOPS(SFX, ATTR)                                                                     \
+    /* The largest of v[0..n) (NaN never wins) and its first index; -1 when none is finite. */     \
+    ATTR static int32_t arg_max_##SFX(const float *v, int32_t n, float *max)                       \
+    {                                                                                              \
+        float lane[16];                                                                            \
+        for (int j = 0; j < 16; j++)                                                               \
+            lane[j] = -INFINITY;                                                                   \
+        int32_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16)                                                               \
+            for (int j = 0; j < 16; j++)                                                           \
+                lane[j] = v[i + j] > lane[j] ? v[i + j] : lane[j];                                 \
+        float mx = -INFINITY;                                                                      \
+        for (; i < n; i++)                                                                         \
+            mx = v[i] > mx ? v[i] : mx;                                                            \
+        for (int j = 0; j < 16; j++)                                                               \
+            mx = lane[j] > mx ? lane[j] : mx;                                                      \
+        *max = mx;                                                                                 \
+        if (mx == -INFINITY)                                                                       \
+            return -1;                                                                             \
+        for (i = 0; i < n; i++)                                                                    \
+            if (v[i] == mx)                                                                        \
+                return i;                                                                          \
+        return -1;                                                                                 \
+    }                                                                                              \
+    /* sum(exp(v[i] - mx)) over v[0..n) (NaN and -inf count 0), mx >= every v[i]; out (may be      \
+     * NULL) receives each term. Lane sums per block of 256, each block added in double. */        \
+    ATTR static double sum_exp_##SFX(const float *v, int32_t n, float mx, float *out)              \
+    {                                                                                              \
+        double sum = 0.0;                                                                          \
+        for (int32_t b = 0; b < n; b += 256) {                                                     \
+            const int32_t e = n - b < 256 ? n : b + 256;                                           \
+            float lane[16] = {0};                                                                  \
+            int32_t i = b;                                                                         \
+            for (; i + 16 <= e; i += 16) {                                                         \
+                float x[16];                                                                       \
+                for (int j = 0; j < 16; j++)                                                       \
+                    x[j] = exp_nonpos(v[i + j] - mx);                                              \
+                for (int j = 0; j < 16; j++)                                                       \
+                    lane[j] += x[j];                                                               \
+                if (out)                                                                           \
+                    memcpy(out + i, x, sizeof x);                                                  \
+            }                                                                                      \
+            for (; i < e; i++) {                                                                   \
+                float x = exp_nonpos(v[i] - mx);                                                   \
+                lane[(i - b) % 16] += x;                                                           \
+                if (out)                                                                           \
+                    out[i] = x;                                                                    \
+            }                                                                                      \
+            float part = 0.0f;                                                                     \
+            for (int j = 0; j < 16; j++)                                                           \
+                part += lane[j];                                                                   \
+            sum += part;                                                                           \
+        }                                                                                          \
+        return sum;                                                                                \
     }
-    return sum;
+
+VOCAB_LOOPS(base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+VOCAB_LOOPS(avx512, __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl"))))
+
+static bool vocab_avx512(void)
+{
+    static _Atomic int have; /* 0 unknown, 1 no, 2 yes; a race only recomputes the same answer */
+    int h = atomic_load_explicit(&have, memory_order_relaxed);
+    if (!h) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
+                ? 2
+                : 1;
+        atomic_store_explicit(&have, h, memory_order_relaxed);
+    }
+    return h == 2;
 }
+
+static int32_t arg_max(const float *v, int32_t n, float *max)
+{
+    return vocab_avx512() ? arg_max_avx512(v, n, max) : arg_max_base(v, n, max);
+}
+
+static double sum_exp(const float *v, int32_t n, float mx, float *out)
+{
+    return vocab_avx512() ? sum_exp_avx512(v, n, mx, out) : sum_exp_base(v, n, mx, out);
+}
+#else
+#define arg_max arg_max_base
+#define sum_exp sum_exp_base
+#endif
 
 /* log(sum(exp(v - max))) + max over the raw logits (NaN skipped): the log-softmax normaliser. */
 static double log_sum_exp(const float *v, int32_t n)
