@@ -9,6 +9,8 @@
     requests of ~60 prompt tokens and max_tokens 80 (16 x 140 positions): every one must finish
     with 200, finish_reason "length" and 80 tokens, within a timeout, shoal_preemptions_total
     must be > 0, and every text must equal that prompt's text when run alone.
+(d) Priority classes: with one running sequence at a time, a later priority-1 request runs
+    before an earlier priority-5 one.
 """
 
 import os
@@ -205,9 +207,43 @@ def kv_exhaustion(r):
         r.case("KV: idle afterwards", su.wait_idle, srv.url)
 
 
+def priority_classes(r):
+    """With one sequence at a time (--max-seqs 1), a long request runs while a priority-5 and then
+    a priority-1 request wait: the priority-1 request, although it arrived later, runs first
+    (the queue is ordered by class, then arrival)."""
+    with su.server("--max-seqs", "1", runner=r) as srv:
+        def check():
+            done = {}
+            lock = threading.Lock()
+
+            def one(name, prio, max_tokens):
+                status, parsed, raw = su.post_json(srv.url, "/v1/completions", {
+                    "model": MODEL, "prompt": f"Request {name}: once upon a time",
+                    "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                    "priority": prio}, timeout=CONCURRENT_TIMEOUT)
+                assert status == 200, f"{name}: status {status}: {raw[:200]!r}"
+                with lock:
+                    done[name] = time.monotonic()
+
+            first = threading.Thread(target=one, args=("long", 9, 400))
+            first.start()
+            time.sleep(0.3)  # the long request is running
+            low = threading.Thread(target=one, args=("low", 5, 20))
+            low.start()
+            time.sleep(0.2)  # queued behind it
+            high = threading.Thread(target=one, args=("high", 1, 20))
+            high.start()
+            for t in (first, low, high):
+                t.join()
+            order = sorted(done, key=done.get)
+            assert order == ["long", "high", "low"], f"completion order {order}"
+
+        r.case("priority: a later, higher-priority request runs before an earlier one", check)
+
+
 def main():
     r = su.Runner("serve_batch")
-    for part in (greedy_equivalence, prefix_cache_equivalence, kv_exhaustion):
+    for part in (greedy_equivalence, prefix_cache_equivalence, kv_exhaustion, priority_classes):
         try:
             part(r)
         except AssertionError as e:
