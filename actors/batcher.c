@@ -38,7 +38,6 @@
 #include "model/sampler.h"
 #include "runtime/error.h"
 
-#define PENALTY_WINDOW 64
 #define TIMER_FORM 1
 #define TIMER_DEADLINE 2
 #define DEADLINE_TICK_MS 100
@@ -117,7 +116,6 @@ typedef struct batcher {
     sh_proto_step_seq *step_seqs; // (max_seqs)
     bseq **step_order;            // (max_seqs)
     int32_t n_step;
-    int32_t hist_buf[PENALTY_WINDOW];
     /* metrics */
     sh_gauge *m_running, *m_waiting;
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
@@ -799,8 +797,7 @@ static void dispatch_step(batcher *b)
     sh_histogram_observe(b->m_step_tokens, n_tok);
 }
 
-static void on_kv_reply(batcher *b, const sh_msg *msg, uint32_t type, const sh_proto_body *pb,
-                        bool decoded)
+static void on_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded)
 {
     if (b->allocs_out > 0)
         b->allocs_out--;
@@ -818,7 +815,6 @@ static void on_kv_reply(batcher *b, const sh_msg *msg, uint32_t type, const sh_p
         status = pb->kv_fork.status;
         blocks = pb->kv_fork.blocks;
     }
-    (void)msg;
     bseq *s = kv_id ? find_running(b, kv_id) : NULL;
     if (s && s->planned) {
         if (status == 0 && (int32_t)blocks.n <= b->max_blocks) {
@@ -1053,7 +1049,7 @@ static sh_msg_fate batcher_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         break;
     case SH_MSG_KV_ALLOC:
     case SH_MSG_KV_FORK:
-        on_kv_reply(b, msg, h->type, &pb, ok);
+        on_kv_reply(b, h->type, &pb, ok);
         break;
     case SH_MSG_STEP_DONE:
         if (ok)
@@ -1064,7 +1060,7 @@ static sh_msg_fate batcher_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
     case SH_MSG_ERROR:
         // An undeliverable or timed-out KV request: treat as a refused reservation.
         if (b->allocs_out > 0)
-            on_kv_reply(b, msg, SH_MSG_KV_ALLOC, &pb, false);
+            on_kv_reply(b, SH_MSG_KV_ALLOC, &pb, false);
         break;
     default:
         sh_actor_log(ctx, SH_LOG_LEVEL_DEBUG, "unexpected", "type=%u", (unsigned)h->type);

@@ -63,7 +63,7 @@ typedef struct gw_req {
     bool stream_started; /* the 200 and the event-stream headers went out */
     int32_t top_n;
     int32_t n_choices, n_done;
-    int32_t n_prompt, n_cached;
+    int32_t n_prompt;
     char id_str[48];
     int64_t created;
     uint64_t t0_us, t_first_us;
@@ -655,8 +655,6 @@ static void on_done(gateway *g, const sh_proto_done *d)
     c->done = true;
     c->finish = finish_of(d->finish);
     r->n_done++;
-    if (d->n_cached > (uint32_t)r->n_cached)
-        r->n_cached = (int32_t)d->n_cached;
     if (r->stream) {
         if (ensure_stream(r)) {
             sh_openai_meta meta = meta_of(r);

@@ -90,7 +90,7 @@ typedef struct sh_batcher_args {
 /* ---- gateway ---------------------------------------------------------------------------- */
 
 typedef struct sh_gateway_args {
-    sh_addr batcher, kvmgr;
+    sh_addr batcher;
     const sh_tokenizer *tok;
     sh_chat_template chat;
     const char *default_system; /* the template's default system prompt, or NULL */

@@ -94,11 +94,9 @@ static int parse(int argc, char **argv, opts *o)
             o->ids = true;
             continue;
         }
-        char key[64];
-        snprintf(key, sizeof key, " %s ", a);
-        if (!strstr(" -m -z -p --prompt-ids -n -t --top-k --seed --temp --top-p --min-p "
-                    "--repeat-penalty --presence-penalty --frequency-penalty ",
-                    key))
+        if (!sh__cmd_is_flag(" -m -z -p --prompt-ids -n -t --top-k --seed --temp --top-p --min-p "
+                             "--repeat-penalty --presence-penalty --frequency-penalty ",
+                             a))
             return sh__cmd_fail("unknown option '%s' (see shoal run --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value", a);

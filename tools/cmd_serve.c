@@ -148,9 +148,7 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->kv_f16 = true;
             continue;
         }
-        char key[64];
-        snprintf(key, sizeof key, " %s ", a);
-        if (a[0] != '-' || !strstr(VALUE_FLAGS, key))
+        if (!sh__cmd_is_flag(VALUE_FLAGS, a))
             return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal serve --help)", a);
@@ -437,7 +435,6 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
-                          .kvmgr = kv_addr,
                           .tok = s->tok,
                           .chat = sh_chat_detect(tmpl, tmpl_len),
                           .default_system = has_sys ? s->system : NULL,

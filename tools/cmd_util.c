@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int sh__cmd_fail(const char *fmt, ...)
 {
@@ -37,6 +38,14 @@ bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out)
         return false;
     *out = v;
     return true;
+}
+
+bool sh__cmd_is_flag(const char *flags, const char *flag)
+{
+    char key[64];
+    if (flag[0] != '-' || (size_t)snprintf(key, sizeof key, " %s ", flag) >= sizeof key)
+        return false;
+    return strstr(flags, key) != NULL;
 }
 
 bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out)

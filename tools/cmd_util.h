@@ -15,4 +15,7 @@ bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);
 bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out);
 
+/* Whether flag is one of `flags`, a space-separated list that starts and ends with a space. */
+bool sh__cmd_is_flag(const char *flags, const char *flag);
+
 #endif
