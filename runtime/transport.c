@@ -12,10 +12,12 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <uv.h>
 
+#include "runtime/bufpool.h"
 #include "runtime/error.h"
 #include "runtime/mailbox.h"
 #include "runtime/msg.h"
 #include "runtime/transport.h"
+#include "runtime/transport_ipc.h"
 
 /* One peer link. The ring holds frames waiting for the aio; the aio carries at most one more
  * (`sending`). Everything below `mu` is protected by it; the struct lives until the transport
@@ -24,6 +26,7 @@ typedef struct peer {
     sh_transport *tp;
     uint32_t node;
     char url[256];
+    sh__ipc_link *ipc; /* an ipc:// link of the ipc engine: everything below is unused */
     nng_socket sock;
     nng_aio *aio;
     bool sock_open;
@@ -38,29 +41,16 @@ typedef struct peer {
     sh_transport_link info; /* state, errors, counters; queue fields filled on snapshot */
 } peer;
 
-/* Large nng_msgs kept for reuse. A received frame's buffer, once the runtime frees it, is kept
- * here (up to max_bytes) and frame_alloc hands it out for the next large outgoing frame, so a
- * node that relays activations neither allocates nor zeroes (NNG zeroes every new message) nor
- * page-faults fresh memory per frame. Reference counted: the transport holds one reference and
- * every buffer lent to the runtime one more, so a release after sh_transport_destroy() (a kept
- * message freed late) is still safe. */
-typedef struct msgpool {
-    _Atomic uint32_t refs;
-    uv_mutex_t mu;
-    bool closed;     /* the transport is closing: releases free instead of keeping */
-    nng_msg **msgs;  /* (cap) */
-    uint32_t n, cap; /* buffers kept */
-    uint64_t bytes, max_bytes;
-} msgpool;
-
-/* Frames smaller than this are not worth keeping (NNG allocates them cheaply). */
-#define RECYCLE_MIN ((size_t)64 << 10)
-/* At most this many buffers are kept (and at most recycle_max_bytes). */
+/* Large nng_msgs kept for reuse (runtime/bufpool.h). A received frame's buffer, once the
+ * runtime frees it, is kept and handed out for the next large outgoing frame, so a node that
+ * relays activations neither allocates nor zeroes (NNG zeroes every new message) per frame. */
 #define POOL_MSGS 16u
 
 struct sh_transport {
     sh_runtime *rt;
-    msgpool *pool;
+    sh__bufpool *pool; /* of nng_msgs */
+    sh__ipc *ipc;      /* the ipc:// engine (NULL with ipc_nng) */
+    bool ipc_nng;
     uint32_t self;
     uint32_t q_msgs;
     uint64_t q_bytes;
@@ -99,64 +89,15 @@ static void link_fail(peer *p, int rv)
 
 /* ---- Buffer pool ------------------------------------------------------------------------ */
 
-static void pool_unref(msgpool *pl)
-{
-    if (atomic_fetch_sub_explicit(&pl->refs, 1, memory_order_acq_rel) != 1)
-        return;
-    for (uint32_t i = 0; i < pl->n; i++)
-        nng_msg_free(pl->msgs[i]);
-    free(pl->msgs);
-    uv_mutex_destroy(&pl->mu);
-    free(pl);
-}
-
-/* The owner's release: keeps a large buffer for frame_alloc, frees the rest. Any thread. */
-static void pool_release(void *ctx, void *handle)
-{
-    msgpool *pl = ctx;
-    nng_msg *m = handle;
-    size_t cap = nng_msg_capacity(m);
-    if (cap >= RECYCLE_MIN) {
-        uv_mutex_lock(&pl->mu);
-        if (!pl->closed && pl->n < pl->cap && pl->bytes + cap <= pl->max_bytes) {
-            pl->msgs[pl->n++] = m;
-            pl->bytes += cap;
-            m = NULL;
-        }
-        uv_mutex_unlock(&pl->mu);
-    }
-    if (m)
-        nng_msg_free(m);
-    pool_unref(pl);
-}
-
-/* An owner for m whose release recycles it; takes a pool reference. */
-static sh_frame_owner pool_owner(msgpool *pl, nng_msg *m)
-{
-    atomic_fetch_add_explicit(&pl->refs, 1, memory_order_relaxed);
-    return (sh_frame_owner){.release = pool_release, .ctx = pl, .handle = m};
-}
+static size_t nngmsg_cap(void *h) { return nng_msg_capacity(h); }
+static void nngmsg_free(void *h) { nng_msg_free(h); }
+static const sh__bufpool_ops nngmsg_ops = {.cap = nngmsg_cap, .free = nngmsg_free};
 
 /* A message with a body of len bytes: the smallest kept buffer that fits (no allocation, no
  * zeroing) or a new one. NULL when out of memory. */
-static nng_msg *pool_get(msgpool *pl, size_t len)
+static nng_msg *pool_get(sh__bufpool *pl, size_t len)
 {
-    nng_msg *m = NULL;
-    if (len >= RECYCLE_MIN) {
-        uv_mutex_lock(&pl->mu);
-        uint32_t best = pl->n;
-        for (uint32_t i = 0; i < pl->n; i++) {
-            size_t c = nng_msg_capacity(pl->msgs[i]);
-            if (c >= len && (best == pl->n || c < nng_msg_capacity(pl->msgs[best])))
-                best = i;
-        }
-        if (best < pl->n) {
-            m = pl->msgs[best];
-            pl->msgs[best] = pl->msgs[--pl->n];
-            pl->bytes -= nng_msg_capacity(m);
-        }
-        uv_mutex_unlock(&pl->mu);
-    }
+    nng_msg *m = sh__bufpool_take(pl, len);
     if (m) {
         nng_msg_clear(m);
         nng_msg_header_clear(m);
@@ -230,9 +171,9 @@ static peer *find_locked(sh_transport *tp, uint32_t node)
     return NULL;
 }
 
-/* Queues m (len bytes) on node's link, or refuses. On SH_OK m belongs to the link; on an error
- * the caller keeps it. The caller counts itself in busy_senders. */
-static sh_err enqueue(sh_transport *tp, uint32_t node, nng_msg *m, size_t len, sh_error *e)
+/* The live link of `node`. Links are never freed before the transport, so the pointer stays
+ * valid after the table lock is dropped. Returns SH_ECLOSED or SH_ENOTFOUND. */
+static sh_err peer_find(sh_transport *tp, uint32_t node, peer **out, sh_error *e)
 {
     if (atomic_load(&tp->closed))
         return sh__error_set(e, SH_ECLOSED, "transport: closed (send to node %u)", (unsigned)node);
@@ -241,17 +182,25 @@ static sh_err enqueue(sh_transport *tp, uint32_t node, nng_msg *m, size_t len, s
     uv_mutex_unlock(&tp->mu);
     if (!p)
         return sh__error_set(e, SH_ENOTFOUND, "transport: no peer for node %u", (unsigned)node);
+    *out = p;
+    return SH_OK;
+}
+
+/* Queues m (len bytes) on NNG link p, or refuses. On SH_OK m belongs to the link; on an error
+ * the caller keeps it. */
+static sh_err enqueue(sh_transport *tp, peer *p, nng_msg *m, size_t len, sh_error *e)
+{
     sh_err err = SH_OK;
     uv_mutex_lock(&p->mu);
     uint32_t depth = p->nwait + (p->sending ? 1u : 0u);
     if (p->closed) {
-        err = sh__error_set(e, SH_ECLOSED, "transport: link to node %u closed", (unsigned)node);
+        err = sh__error_set(e, SH_ECLOSED, "transport: link to node %u closed", (unsigned)p->node);
     } else if (depth >= tp->q_msgs || (depth > 0 && p->bytes + len > tp->q_bytes)) {
         p->info.busy++;
         atomic_fetch_add_explicit(&tp->busy, 1, memory_order_relaxed);
         err = sh__error_set(e, SH_EBUSY,
                             "transport: link to node %u is full (%u frames, %llu bytes queued)",
-                            (unsigned)node, (unsigned)depth, (unsigned long long)p->bytes);
+                            (unsigned)p->node, (unsigned)depth, (unsigned long long)p->bytes);
     }
     if (err) {
         uv_mutex_unlock(&p->mu);
@@ -275,72 +224,87 @@ static sh_err check_len(sh_transport *tp, size_t len, sh_error *e)
     return SH_OK;
 }
 
-/* Copies frame into a new nng_msg and queues it. */
-static sh_err send_copy(sh_transport *tp, uint32_t node, const uint8_t *frame, size_t len,
-                        sh_error *e)
+/* Copies frame into a new nng_msg and queues it on NNG link p. */
+static sh_err send_copy(sh_transport *tp, peer *p, const uint8_t *frame, size_t len, sh_error *e)
 {
     nng_msg *m = pool_get(tp->pool, len);
     if (!m)
         return sh__error_set(e, SH_ENOMEM, "transport: out of memory for a %zu-byte frame", len);
     memcpy(nng_msg_body(m), frame, len);
-    sh_err err = enqueue(tp, node, m, len, e);
+    sh_err err = enqueue(tp, p, m, len, e);
     if (err)
         nng_msg_free(m);
     return err;
 }
 
-/* The runtime's send_frame hook: copies the frame into an nng_msg and queues it, or refuses. */
+/* Sends on link p: an ipc:// link writes the frame itself (taking any owner's buffer); an NNG
+ * link sends one of its own nng_msgs as it is and copies anything else. */
+static sh_err send_on(sh_transport *tp, peer *p, uint8_t *frame, size_t len,
+                      const sh_frame_owner *owner, sh_error *e)
+{
+    if (p->ipc)
+        return sh__ipc_link_send(p->ipc, frame, len, owner, e);
+    nng_msg *m = owner && sh__bufpool_owns(tp->pool, owner) ? owner->handle : NULL;
+    if (m && frame == nng_msg_body(m) && len <= nng_msg_len(m)) {
+        size_t was = nng_msg_len(m);
+        (void)nng_msg_realloc(m, len); /* shrinking only sets the length */
+        sh_err err = enqueue(tp, p, m, len, e);
+        if (err)
+            (void)nng_msg_realloc(m, was);
+        else
+            sh__bufpool_unref(tp->pool); /* the owner's reference; NNG frees m once written */
+        return err;
+    }
+    sh_err err = send_copy(tp, p, frame, len, e);
+    if (!err && owner)
+        owner->release(owner->ctx, owner->handle);
+    return err;
+}
+
+/* The runtime's send_frame hook: the frame is borrowed for the call. */
 static sh_err tp_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e)
 {
     sh_transport *tp = ctx;
     atomic_fetch_add(&tp->busy_senders, 1);
+    peer *p = NULL;
     sh_err err = check_len(tp, len, e);
     if (!err)
-        err = send_copy(tp, node, frame, len, e);
+        err = peer_find(tp, node, &p, e);
+    if (!err)
+        err = send_on(tp, p, (uint8_t *)frame, len, NULL, e);
     atomic_fetch_sub(&tp->busy_senders, 1);
     return err;
 }
 
-/* The send_owned hook: a buffer from our own frame_alloc (or a received frame being forwarded)
- * is an nng_msg body and goes out as it is; any other is copied and released. */
+/* The send_owned hook: the buffer moves to the link on SH_OK. */
 static sh_err tp_send_owned(void *ctx, uint32_t node, uint8_t *frame, size_t len,
                             const sh_frame_owner *owner, sh_error *e)
 {
     sh_transport *tp = ctx;
     atomic_fetch_add(&tp->busy_senders, 1);
+    peer *p = NULL;
     sh_err err = check_len(tp, len, e);
-    if (err)
-        goto out;
-    nng_msg *m = owner->release == pool_release ? owner->handle : NULL;
-    if (m && frame == nng_msg_body(m) && len <= nng_msg_len(m)) {
-        size_t was = nng_msg_len(m);
-        (void)nng_msg_realloc(m, len); /* shrinking only sets the length */
-        err = enqueue(tp, node, m, len, e);
-        if (err)
-            (void)nng_msg_realloc(m, was);
-        else
-            pool_unref(owner->ctx); /* NNG frees m once written */
-    } else {
-        err = send_copy(tp, node, frame, len, e);
-        if (!err)
-            owner->release(owner->ctx, owner->handle);
-    }
-out:
+    if (!err)
+        err = peer_find(tp, node, &p, e);
+    if (!err)
+        err = send_on(tp, p, frame, len, owner, e);
     atomic_fetch_sub(&tp->busy_senders, 1);
     return err;
 }
 
-/* The frame_alloc hook: a recycled or new nng_msg of cap bytes. */
+/* The frame_alloc hook: a recycled or new buffer that node's link sends without copying. */
 static uint8_t *tp_frame_alloc(void *ctx, uint32_t node, size_t cap, sh_frame_owner *owner)
 {
-    (void)node;
     sh_transport *tp = ctx;
     if (cap > tp->max_frame || atomic_load(&tp->closed))
         return NULL;
+    peer *p = NULL;
+    if (peer_find(tp, node, &p, NULL) == SH_OK && p->ipc)
+        return sh__ipc_frame_alloc(tp->ipc, cap, owner);
     nng_msg *m = pool_get(tp->pool, cap);
     if (!m)
         return NULL;
-    *owner = pool_owner(tp->pool, m);
+    *owner = sh__bufpool_owner(tp->pool, m);
     return nng_msg_body(m);
 }
 
@@ -386,12 +350,10 @@ static void recv_cb(void *arg)
         } else {
             /* Zero-copy: the runtime decodes the frame in the nng_msg and frees it through the
              * pool when the message is done. */
-            sh_frame_owner owner = pool_owner(tp->pool, m);
+            sh_frame_owner owner = sh__bufpool_owner(tp->pool, m);
             err = sh_transport_deliver_owned(tp->rt, nng_msg_body(m), len, &owner, &e);
-            if (err) { /* the runtime did not take it */
-                nng_msg_free(m);
-                pool_unref(tp->pool);
-            }
+            if (err) /* the runtime did not take it */
+                owner.release(owner.ctx, owner.handle);
         }
         if (err == SH_EFORMAT || err == SH_EPROTO)
             atomic_fetch_add_explicit(&tp->rejected, 1, memory_order_relaxed);
@@ -458,23 +420,34 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
     tp->send_to = opts->send_timeout_ms ? opts->send_timeout_ms : 10000;
     if (tp->rc_max < tp->rc_min)
         tp->rc_max = tp->rc_min;
+    tp->ipc_nng = opts->ipc_nng != 0;
     uv_mutex_init(&tp->mu);
     sh_err err = SH_OK;
-    if ((tp->pool = calloc(1, sizeof *tp->pool)) == NULL ||
-        (tp->pool->msgs = calloc(POOL_MSGS, sizeof *tp->pool->msgs)) == NULL) {
-        if (tp->pool)
-            free(tp->pool);
+    uint64_t keep = opts->recycle_max_bytes ? opts->recycle_max_bytes : (uint64_t)64 << 20;
+    bool off = keep == SH_TRANSPORT_RECYCLE_OFF;
+    if (!(tp->pool = sh__bufpool_create(&nngmsg_ops, off ? 0 : POOL_MSGS, keep))) {
         uv_mutex_destroy(&tp->mu);
         free(tp);
         return sh__error_set(e, SH_ENOMEM, "transport: out of memory");
     }
-    atomic_init(&tp->pool->refs, 1);
-    uv_mutex_init(&tp->pool->mu);
-    tp->pool->max_bytes = opts->recycle_max_bytes ? opts->recycle_max_bytes : (uint64_t)64 << 20;
-    tp->pool->cap = tp->pool->max_bytes == SH_TRANSPORT_RECYCLE_OFF ? 0 : POOL_MSGS;
     if (opts->tls)
         err = sh__transport_tls_configs(opts->tls, &tp->tls_server, &tp->tls_client, e);
-    if (!err && opts->listen_url)
+    bool ipc_listen = !tp->ipc_nng && sh__ipc_path(opts->listen_url);
+    if (!err && !tp->ipc_nng) {
+        sh__ipc_opts io = {.listen_url = ipc_listen ? opts->listen_url : NULL,
+                           .q_msgs = tp->q_msgs,
+                           .q_bytes = tp->q_bytes,
+                           .max_frame = tp->max_frame,
+                           .rc_min = tp->rc_min,
+                           .rc_max = tp->rc_max,
+                           .send_to = tp->send_to,
+                           .loop = opts->ipc_loop,
+                           .recycle_max_bytes = keep};
+        err = sh__ipc_create(rt, &io, &tp->ipc, e);
+        if (!err && ipc_listen)
+            snprintf(tp->listen_url, sizeof tp->listen_url, "%s", opts->listen_url);
+    }
+    if (!err && opts->listen_url && !ipc_listen)
         err = listen_start(tp, opts->listen_url, e);
     tp->hooks = (sh_transport_hooks){.ctx = tp,
                                      .send_frame = tp_send,
@@ -491,7 +464,8 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
             nng_tls_config_free(tp->tls_server);
         if (tp->tls_client)
             nng_tls_config_free(tp->tls_client);
-        pool_unref(tp->pool);
+        sh__ipc_destroy(tp->ipc);
+        sh__bufpool_unref(tp->pool);
         uv_mutex_destroy(&tp->mu);
         free(tp);
         return err;
@@ -502,7 +476,7 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
 
 sh_err sh_transport_listen_url(sh_transport *tp, char *buf, size_t cap)
 {
-    if (!tp->listening)
+    if (!tp->listen_url[0])
         return SH_ENOTFOUND;
     int n = snprintf(buf, cap, "%s", tp->listen_url);
     return n < 0 || (size_t)n >= cap ? SH_ERANGE : SH_OK;
@@ -523,6 +497,10 @@ static void peer_free(peer *p)
  * the socket closed, waiting frames dropped. */
 static void peer_close(peer *p)
 {
+    if (p->ipc) {
+        sh__ipc_link_close(p->ipc);
+        return;
+    }
     uv_mutex_lock(&p->mu);
     p->closed = true;
     uv_mutex_unlock(&p->mu);
@@ -545,6 +523,8 @@ static void peer_close(peer *p)
 
 static sh_err peer_open(sh_transport *tp, peer *p, sh_error *e)
 {
+    if (tp->ipc && sh__ipc_path(p->url))
+        return sh__ipc_link_add(tp->ipc, p->node, p->url, &p->ipc, e);
     int rv = nng_push0_open(&p->sock);
     if (rv)
         return sh__transport_nng_error(e, rv, "open push socket for", p->url);
@@ -653,6 +633,10 @@ sh_err sh_transport_peer_remove(sh_transport *tp, uint32_t node)
 
 static void snapshot(peer *p, sh_transport_link *out)
 {
+    if (p->ipc) {
+        sh__ipc_link_snapshot(p->ipc, out);
+        return;
+    }
     uv_mutex_lock(&p->mu);
     *out = p->info;
     out->queue_msgs = p->nwait + (p->sending ? 1u : 0u);
@@ -688,6 +672,8 @@ void sh_transport_stats_get(sh_transport *tp, sh_transport_stats *out)
     out->rejected = atomic_load(&tp->rejected);
     out->busy = atomic_load(&tp->busy);
     out->expired = atomic_load(&tp->expired);
+    if (tp->ipc)
+        sh__ipc_stats_add(tp->ipc, out);
 }
 
 void sh_transport_close(sh_transport *tp)
@@ -708,15 +694,10 @@ void sh_transport_close(sh_transport *tp)
     for (size_t i = 0; i < tp->n_peers; i++)
         peer_close(tp->peers[i]);
     uv_mutex_unlock(&tp->mu);
+    /* The ipc engine's loop closes its sockets (waited for: nothing reads after this). */
+    sh__ipc_close(tp->ipc);
     /* Kept buffers go now; buffers still lent to the runtime are freed when it releases them. */
-    msgpool *pl = tp->pool;
-    uv_mutex_lock(&pl->mu);
-    pl->closed = true;
-    for (uint32_t i = 0; i < pl->n; i++)
-        nng_msg_free(pl->msgs[i]);
-    pl->n = 0;
-    pl->bytes = 0;
-    uv_mutex_unlock(&pl->mu);
+    sh__bufpool_close(tp->pool);
 }
 
 void sh_transport_destroy(sh_transport *tp)
@@ -736,7 +717,8 @@ void sh_transport_destroy(sh_transport *tp)
         nng_tls_config_free(tp->tls_server);
     if (tp->tls_client)
         nng_tls_config_free(tp->tls_client);
-    pool_unref(tp->pool);
+    sh__ipc_destroy(tp->ipc);
+    sh__bufpool_unref(tp->pool);
     uv_mutex_destroy(&tp->mu);
     free(tp);
 }

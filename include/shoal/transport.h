@@ -70,6 +70,12 @@ typedef struct sh_transport_opts {
      * zeroing or page faults per frame on a node that relays activations. 0: 64 MiB;
      * SH_TRANSPORT_RECYCLE_OFF: keep none. */
     uint64_t recycle_max_bytes;
+    /* ipc:// links and the ipc:// listener run on the runtime's own loop number ipc_loop (see
+     * "ipc://" above); 0 is the first loop. Put the actors that talk to other nodes there. */
+    uint32_t ipc_loop;
+    /* Non-zero: ipc:// goes through NNG's ipc transport like the other schemes (the same bytes
+     * on the wire, more thread hops per frame). */
+    int ipc_nng;
 } sh_transport_opts;
 
 #define SH_TRANSPORT_RECYCLE_OFF UINT64_MAX

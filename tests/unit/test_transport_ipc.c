@@ -1,0 +1,439 @@
+/* The ipc:// engine: wire compatibility with NNG both ways, frames of every size, dial errors and
+ * expiry, byte-at-a-time framing from a raw peer, stale and busy socket paths. */
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "runtime/msg.h"
+#include "test_transport_util.h"
+
+typedef struct node {
+    test_rt t;
+    sh_transport *tp;
+    char url[128];
+} node;
+
+static void node_start(node *n, uint32_t id, const char *url, const sh_transport_opts *o)
+{
+    rt_start(&n->t, id, 2, NULL);
+    CHECK_OK(sh_runtime_register(n->t.rt, &echo_vt, NULL));
+    CHECK_OK(sh_runtime_register(n->t.rt, &sink_vt, NULL));
+    CHECK_OK(sh_runtime_register(n->t.rt, &req_vt, NULL));
+    sh_transport_opts oo = {0};
+    if (o)
+        oo = *o;
+    oo.listen_url = url;
+    sh_error e = {0};
+    n->tp = NULL;
+    sh_err err = sh_transport_create(n->t.rt, &oo, &n->tp, &e);
+    if (err)
+        fprintf(stderr, "transport: %s\n", e.msg);
+    CHECK_OK(err);
+    snprintf(n->url, sizeof n->url, "%s", url ? url : "");
+}
+
+static void node_finish(node *n)
+{
+    sh_transport_close(n->tp);
+    rt_finish(&n->t);
+    sh_transport_destroy(n->tp);
+}
+
+/* ---- Large echoed frames, checked byte for byte ------------------------------------------ */
+
+/* Sends one PING per size in `sizes` ({"d": bin(size)} with a pattern), one at a time, and
+ * checks that each PONG carries the same bytes back. */
+typedef struct big_cfg {
+    sh_addr peer;
+    const size_t *sizes;
+    int n;
+    int next;
+    uint8_t *body; /* (body_cap) */
+    size_t body_cap, body_len;
+    _Atomic int done, bad;
+} big_cfg;
+
+static void big_fill(big_cfg *c, size_t n, uint32_t salt)
+{
+    uint8_t *b = c->body;
+    b[0] = 0x81, b[1] = 0xa1, b[2] = 'd', b[3] = 0xc6;
+    for (int i = 0; i < 4; i++)
+        b[4 + i] = (uint8_t)(n >> (24 - 8 * i));
+    for (size_t i = 0; i < n; i++)
+        b[8 + i] = (uint8_t)((i * 131u + salt) >> 3);
+    c->body_len = n + 8;
+}
+
+static void big_next(sh_actor_ctx *ctx, big_cfg *c)
+{
+    if (c->next >= c->n)
+        return;
+    big_fill(c, c->sizes[c->next], (uint32_t)c->next);
+    uint64_t s;
+    if (sh_request(ctx, c->peer, SH_MSG_PING, c->body, c->body_len, 20000, &s, NULL) != SH_OK) {
+        atomic_fetch_add(&c->bad, 1);
+        atomic_store(&c->done, c->n);
+    }
+}
+
+static sh_err big_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    *(big_cfg **)state = arg;
+    big_next(ctx, arg);
+    return SH_OK;
+}
+
+static sh_msg_fate big_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    big_cfg *c = *(big_cfg **)state;
+    size_t n = 0;
+    const void *b = sh_msg_body(m, &n);
+    if (sh_msg_header(m)->type != SH_MSG_PONG || n != c->body_len || memcmp(b, c->body, n) != 0) {
+        fprintf(stderr, "big frame %d (%zu bytes): type %u, %zu bytes back\n", c->next,
+                c->sizes[c->next], (unsigned)sh_msg_header(m)->type, n);
+        atomic_fetch_add(&c->bad, 1);
+    }
+    c->next++;
+    atomic_fetch_add(&c->done, 1);
+    big_next(ctx, c);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable big_vt = {
+    .name = "big", .state_size = sizeof(big_cfg *), .init = big_init, .handle = big_handle};
+
+/* Runs the sizes from a's "big" actor to b's echo; returns the mismatches (-1: not finished). */
+static int big_echo(node *a, sh_addr echo, const size_t *sizes, int n)
+{
+    static big_cfg c;
+    memset(&c, 0, sizeof c);
+    c.peer = echo;
+    c.sizes = sizes;
+    c.n = n;
+    c.body_cap = 0;
+    for (int i = 0; i < n; i++)
+        if (sizes[i] + 8 > c.body_cap)
+            c.body_cap = sizes[i] + 8;
+    c.body = malloc(c.body_cap);
+    CHECK(c.body != NULL);
+    CHECK_OK(sh_runtime_register(a->t.rt, &big_vt, NULL));
+    sh_addr addr;
+    CHECK_OK(sh_actor_spawn(a->t.rt, "big", &c, 0, &addr, NULL));
+    uint64_t end = now_ms() + 30000;
+    while (atomic_load(&c.done) < n && now_ms() < end)
+        sleep_ms(2);
+    sh_actor_stop(a->t.rt, addr);
+    sleep_ms(20);
+    int bad = atomic_load(&c.done) < n ? -1 : atomic_load(&c.bad);
+    free(c.body);
+    return bad;
+}
+
+/* ---- Tests ------------------------------------------------------------------------------ */
+
+/* An NNG ipc node and one on the engine talk both ways: the bytes on the wire are NNG's. */
+static void test_nng_interop(void)
+{
+    char dir[64], ua[128], ub[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(ua, sizeof ua, "ipc://%s/nng", dir);
+    snprintf(ub, sizeof ub, "ipc://%s/engine", dir);
+    node a, b;
+    sh_transport_opts on = {.ipc_nng = 1};
+    node_start(&a, 1, ua, &on);
+    node_start(&b, 2, ub, NULL);
+    CHECK_OK(sh_transport_peer_add(a.tp, 2, ub, NULL));
+    CHECK_OK(sh_transport_peer_add(b.tp, 1, ua, NULL));
+    CHECK(wait_link_up(a.tp, 2, 1, 5000));
+    CHECK(wait_link_up(b.tp, 1, 1, 5000));
+    sh_addr ea, eb;
+    CHECK_OK(sh_actor_spawn(a.t.rt, "echo", NULL, 0, &ea, NULL));
+    CHECK_OK(sh_actor_spawn(b.t.rt, "echo", NULL, 0, &eb, NULL));
+    req_cfg c;
+    CHECK_INT_EQ(ping_many(a.t.rt, eb, 500, 5000, 10000, &c), 500); /* NNG -> engine -> NNG */
+    CHECK_INT_EQ(atomic_load(&c.in_order), 500);
+    CHECK_INT_EQ(ping_many(b.t.rt, ea, 500, 5000, 10000, &c), 500); /* engine -> NNG -> engine */
+    CHECK_INT_EQ(atomic_load(&c.in_order), 500);
+    static const size_t sizes[] = {70000, 1u << 20, 3u << 20};
+    CHECK_INT_EQ(big_echo(&a, eb, sizes, 3), 0);
+    CHECK_INT_EQ(big_echo(&b, ea, sizes, 3), 0);
+    sh_transport_stats st;
+    sh_transport_stats_get(b.tp, &st);
+    CHECK(st.frames_recv >= 503 && st.frames_sent >= 503);
+    CHECK(st.bytes_recv > (uint64_t)4 << 20);
+    CHECK_UINT_EQ(st.rejected, 0);
+    node_finish(&a);
+    node_finish(&b);
+    tmpdir_remove(dir);
+}
+
+/* Frames on both sides of every internal boundary (the 448-byte pooled block, the 64 KiB read
+ * buffer, large frames read into recycled buffers) arrive intact; large frames sent again reuse
+ * the buffers. */
+static void test_frame_sizes(void)
+{
+    char dir[64], ua[128], ub[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(ua, sizeof ua, "ipc://%s/a", dir);
+    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    node a, b;
+    node_start(&a, 1, ua, NULL);
+    node_start(&b, 2, ub, NULL);
+    CHECK_OK(sh_transport_peer_add(a.tp, 2, ub, NULL));
+    CHECK_OK(sh_transport_peer_add(b.tp, 1, ua, NULL));
+    sh_addr eb;
+    CHECK_OK(sh_actor_spawn(b.t.rt, "echo", NULL, 0, &eb, NULL));
+    static const size_t sizes[] = {0,
+                                   1,
+                                   400,
+                                   440,
+                                   500,
+                                   16000,
+                                   16500,
+                                   65400,
+                                   65470,
+                                   65520,
+                                   65536,
+                                   70000,
+                                   1u << 20,
+                                   (1u << 20) + 3,
+                                   5u << 20,
+                                   1u << 20,
+                                   (1u << 20) + 3,
+                                   100};
+    int n = (int)(sizeof sizes / sizeof sizes[0]);
+    CHECK_INT_EQ(big_echo(&a, eb, sizes, n), 0);
+    sh_transport_stats sa, sb;
+    sh_transport_stats_get(a.tp, &sa);
+    sh_transport_stats_get(b.tp, &sb);
+    CHECK_UINT_EQ(sa.frames_sent, (uint64_t)n);
+    CHECK_UINT_EQ(sb.frames_recv, (uint64_t)n);
+    CHECK_UINT_EQ(sb.frames_sent, (uint64_t)n);
+    CHECK_UINT_EQ(sa.bytes_sent, sb.bytes_recv);
+    CHECK_UINT_EQ(sb.rejected, 0);
+    node_finish(&a);
+    node_finish(&b);
+    tmpdir_remove(dir);
+}
+
+/* Dialling a path nobody listens on: the link says why, queued frames expire after
+ * send_timeout_ms, and once a listener appears there the link comes up by itself. */
+static void test_dial_errors_and_expiry(void)
+{
+    char dir[64], ua[128], ub[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(ua, sizeof ua, "ipc://%s/a", dir);
+    snprintf(ub, sizeof ub, "ipc://%s/later", dir);
+    node a;
+    sh_transport_opts o = {.send_timeout_ms = 100, .reconnect_min_ms = 5, .reconnect_max_ms = 40};
+    node_start(&a, 1, ua, &o);
+    CHECK_OK(sh_transport_peer_add(a.tp, 2, ub, NULL));
+    sh_transport_link l = {0};
+    uint64_t end = now_ms() + 3000;
+    while (now_ms() < end) {
+        CHECK_OK(sh_transport_link_get(a.tp, 2, &l));
+        if (l.last_error[0])
+            break;
+        sleep_ms(5);
+    }
+    fprintf(stderr, "dial error: state=%d err=%s '%s'\n", (int)l.state, sh_strerror(l.last_err),
+            l.last_error);
+    CHECK_INT_EQ(l.state, SH_LINK_STATE_CONNECTING);
+    CHECK(strstr(l.last_error, "connect") != NULL);
+    CHECK(strstr(l.last_error, "No such file") != NULL);
+    CHECK_INT_EQ(l.last_err, SH_ENOTFOUND);
+    for (uint32_t i = 0; i < 5; i++)
+        CHECK_OK(send_body(a.t.rt, 0, sh_addr_make(2, 1), 0, SH_MSG_PING, 1, i));
+    CHECK_OK(sh_transport_link_get(a.tp, 2, &l));
+    CHECK_UINT_EQ(l.queue_msgs, 5);
+    end = now_ms() + 3000;
+    while (now_ms() < end) {
+        CHECK_OK(sh_transport_link_get(a.tp, 2, &l));
+        if (l.expired == 5)
+            break;
+        sleep_ms(10);
+    }
+    CHECK_UINT_EQ(l.expired, 5);
+    CHECK_UINT_EQ(l.queue_msgs, 0);
+    CHECK_UINT_EQ(l.queue_bytes, 0);
+    node b;
+    node_start(&b, 2, ub, NULL);
+    CHECK_OK(sh_transport_peer_add(b.tp, 1, ua, NULL));
+    CHECK(wait_link_up(a.tp, 2, 1, 5000));
+    sh_addr eb;
+    CHECK_OK(sh_actor_spawn(b.t.rt, "echo", NULL, 0, &eb, NULL));
+    req_cfg c;
+    CHECK_INT_EQ(ping_many(a.t.rt, eb, 100, 5000, 10000, &c), 100);
+    node_finish(&b);
+    /* The peer closed: the link goes down and says so. */
+    end = now_ms() + 3000;
+    while (now_ms() < end) {
+        CHECK_OK(sh_transport_link_get(a.tp, 2, &l));
+        if (l.state == SH_LINK_STATE_DOWN)
+            break;
+        sleep_ms(5);
+    }
+    CHECK_INT_EQ(l.state, SH_LINK_STATE_DOWN);
+    node_finish(&a);
+    tmpdir_remove(dir);
+}
+
+/* Sets sa to path (which the tests keep short). */
+static void sun_set(struct sockaddr_un *sa, const char *path)
+{
+    size_t n = strlen(path);
+    CHECK(n < sizeof sa->sun_path);
+    *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+    memcpy(sa->sun_path, path, n < sizeof sa->sun_path ? n : 0);
+}
+
+static int raw_dial(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa;
+    sun_set(&sa, path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A raw push0 peer that writes its handshake and frames in pieces of 1 to 7 bytes (a large frame
+ * in larger pieces): the listener reassembles every frame. */
+static void test_trickled_frames(void)
+{
+    char dir[64], ub[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    node b;
+    node_start(&b, 2, ub, NULL);
+    sink_log log = {0};
+    sh_addr sink;
+    CHECK_OK(sh_actor_spawn(b.t.rt, "sink", &log, 0, &sink, NULL));
+    int fd = raw_dial(ub + 6);
+    CHECK(fd >= 0);
+    static uint8_t wire[200000];
+    size_t len = 0;
+    const uint8_t hs[8] = {0, 'S', 'P', 0, 0x00, 0x50, 0, 0};
+    memcpy(wire, hs, 8);
+    len = 8;
+    size_t big_at = 0;
+    for (uint32_t i = 0; i < 41; i++) {
+        uint8_t frame[100000];
+        sh_buf bb;
+        sh__buf_init_fixed(&bb, frame, sizeof frame);
+        sh_msg_hdr h = {.type = SH_MSG_PING, .src = sh_addr_make(7, 1), .dst = sink};
+        uint8_t body[13];
+        body_make(body, 1, i < 20 ? i : i - 1); /* the sink sees 0..39 in order */
+        static uint8_t big[70000 + 8];
+        if (i == 20) { /* one frame larger than the read buffer */
+            big[0] = 0x81, big[1] = 0xa1, big[2] = 'd', big[3] = 0xc6;
+            big[4] = 0, big[5] = 0x01, big[6] = 0x11, big[7] = 0x70; /* 70000 */
+            CHECK_OK(sh__msg_encode_raw(&bb, &h, big, sizeof big, NULL));
+            big_at = len;
+        } else {
+            CHECK_OK(sh__msg_encode_raw(&bb, &h, body, sizeof body, NULL));
+        }
+        wire[len] = 1;
+        for (int k = 0; k < 8; k++)
+            wire[len + 1 + k] = (uint8_t)((uint64_t)bb.len >> (56 - 8 * k));
+        memcpy(wire + len + 9, frame, bb.len);
+        len += 9 + bb.len;
+    }
+    uint64_t seed = 77;
+    for (size_t off = 0; off < len;) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        size_t piece = 1 + (seed >> 33) % 7;
+        if (off > big_at && off < big_at + 70000)
+            piece *= 997; /* the large frame in larger pieces, to keep the test short */
+        if (piece > len - off)
+            piece = len - off;
+        CHECK_INT_EQ(send(fd, wire + off, piece, MSG_NOSIGNAL), (long)piece);
+        off += piece;
+        if ((seed >> 40) % 16 == 0)
+            sleep_ms(1);
+    }
+    CHECK(wait_ge(&log.n, 41, 5000));
+    CHECK_INT_EQ(atomic_load(&log.n), 41);
+    CHECK_INT_EQ(atomic_load(&log.out_of_order), 0);
+    uint8_t peer_hs[8];
+    CHECK_INT_EQ(recv(fd, peer_hs, 8, MSG_WAITALL), 8);
+    CHECK_INT_EQ(peer_hs[5], 0x51); /* the listener is a pull0 socket */
+    close(fd);
+    sh_transport_stats st;
+    sh_transport_stats_get(b.tp, &st);
+    CHECK_UINT_EQ(st.frames_recv, 41);
+    CHECK_UINT_EQ(st.rejected, 0);
+    node_finish(&b);
+    tmpdir_remove(dir);
+}
+
+/* A socket file left by a dead process is taken over; a live listener's path, a path that is
+ * not a socket and a path too long for a Unix socket are refused with clear errors. */
+static void test_listen_paths(void)
+{
+    char dir[64], url[256];
+    tmpdir_make(dir, sizeof dir);
+    /* A stale socket: bound, never listened on, closed. */
+    snprintf(url, sizeof url, "ipc://%s/stale", dir);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa;
+    sun_set(&sa, url + 6);
+    CHECK_INT_EQ(bind(s, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(s);
+    node a;
+    node_start(&a, 1, url, NULL);
+    /* Its path is live now: a second listener is refused. */
+    test_rt r;
+    rt_start(&r, 2, 1, NULL);
+    sh_transport *tp = NULL;
+    sh_error e = {0};
+    sh_transport_opts o = {.listen_url = url};
+    CHECK_INT_EQ(sh_transport_create(r.rt, &o, &tp, &e), SH_EBUSY);
+    fprintf(stderr, "busy: %s\n", e.msg);
+    CHECK(strstr(e.msg, "in use") != NULL);
+    /* A regular file is not removed. */
+    char file[128];
+    snprintf(file, sizeof file, "%s/file", dir);
+    FILE *f = fopen(file, "w");
+    CHECK(f != NULL);
+    fclose(f);
+    snprintf(url, sizeof url, "ipc://%s", file);
+    o.listen_url = url;
+    CHECK_INT_EQ(sh_transport_create(r.rt, &o, &tp, &e), SH_EBUSY);
+    struct stat st;
+    CHECK_INT_EQ(stat(file, &st), 0);
+    /* Too long for sun_path. */
+    char longu[300];
+    snprintf(longu, sizeof longu, "ipc://%s/%0200d", dir, 0);
+    o.listen_url = longu;
+    CHECK_INT_EQ(sh_transport_create(r.rt, &o, &tp, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "path") != NULL);
+    CHECK_INT_EQ(sh_transport_peer_add(a.tp, 2, longu, &e), SH_EINVAL);
+    /* A directory that does not exist. */
+    snprintf(url, sizeof url, "ipc://%s/no/such/dir", dir);
+    o.listen_url = url;
+    CHECK_INT_EQ(sh_transport_create(r.rt, &o, &tp, &e), SH_EINVAL);
+    rt_finish(&r);
+    /* Closing the listener removes its socket file. */
+    char stale[128];
+    snprintf(stale, sizeof stale, "%s/stale", dir);
+    node_finish(&a);
+    CHECK(stat(stale, &st) != 0 && errno == ENOENT);
+    tmpdir_remove(dir);
+}
+
+static const sh_test_case tests[] = {
+    {"nng_interop", test_nng_interop},
+    {"frame_sizes", test_frame_sizes},
+    {"dial_errors_and_expiry", test_dial_errors_and_expiry},
+    {"trickled_frames", test_trickled_frames},
+    {"listen_paths", test_listen_paths},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }
