@@ -37,9 +37,21 @@
  * URLs: inproc://, ipc://, tcp:// and tls+tcp://. tls+tcp needs `tls` in the options; with it
  * both sides present certificates signed by the CA and verify each other (mutual TLS).
  *
+ * ipc://PATH (a Unix socket; PATH at most 107 bytes) is served by the runtime itself rather than
+ * by NNG's ipc transport, with the same bytes on the wire (NNG's SP handshake and framing for
+ * push0 -> pull0), so a node on either side may use NNG. Its sockets are watched by runtime loop
+ * `ipc_loop` (an internal actor named "ipc_io" lives there), a received frame is handed to an
+ * actor on that loop without a thread hop, and a sender writes its frame into the socket from
+ * its own thread when the link is idle; only what the kernel does not take at once is queued.
+ * Connect failures show in the link's last_error ("connect: No such file or directory"). A
+ * socket file left at the listening path by a dead process is replaced; a live listener's path
+ * is SH_EBUSY; the file is removed when the transport closes. ipc_nng selects NNG's transport.
+ *
  * Threads. Every function may be called from any thread unless it says otherwise; the link
  * table and the counters are protected internally. NNG runs the receive and send completions
- * on its own threads. No process-global state: several transports (one per runtime) may live in
+ * on its own threads; the ipc engine on the runtime loop ipc_loop. sh_transport_create() and
+ * sh_transport_close() wait for that loop, so they must not be called from one of rt's loop
+ * threads. No process-global state: several transports (one per runtime) may live in
  * one process, e.g. over inproc:// in the tests. */
 
 typedef struct sh_transport sh_transport;
