@@ -29,8 +29,10 @@
 #define RBUF_LEN ((size_t)64 << 10)
 /* At most this many frames go into one sendmsg. */
 #define IOV_FRAMES 32
-/* One readable callback reads at most this much before letting the loop run other work. */
-#define READ_BUDGET ((size_t)16 << 20)
+/* One readable callback stops reading after this many bytes or frames (what it has read it
+ * still parses), so the actors of its loop get their turns while a peer floods it. */
+#define READ_BUDGET ((size_t)4 << 20)
+#define FRAME_BUDGET 512u
 /* While frames wait, the loop looks for expired ones this often. */
 #define EXPIRE_TICK_MS 50u
 #define POOL_BUFS 16u
@@ -559,7 +561,9 @@ static void accepted_read(conn *c)
         return;
     }
     size_t budget = READ_BUDGET;
-    while (budget > 0) {
+    uint64_t frames0 = atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed);
+    while (budget > 0 &&
+           atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed) - frames0 < FRAME_BUDGET) {
         ssize_t r;
         if (c->big)
             r = read(c->fd, c->big + c->big_got, c->big_len - c->big_got);
