@@ -1,5 +1,6 @@
 /* bench_transport: two processes over ipc:// (message rate, one-way latency, large-frame GB/s)
- * next to a plain Unix-socket copy loop of the same frame sizes. One JSON object per line.
+ * next to a plain Unix-socket copy loop of the same frame sizes and a plain 64-byte ping-pong (the
+ * latency floor of the machine). One JSON object per line.
  *
  * Usage: bench_transport [--nng] [--mallopt] [--rounds N] [--window N] [--bulk]
  *   --nng       both processes send ipc:// through NNG's own ipc transport (sh_transport_opts
@@ -175,6 +176,40 @@ static double unix_copy(size_t frame, uint32_t n)
     return (double)frame * n / secs / 1e9;
 }
 
+/* The latency floor: 64-byte ping-pong over a Unix socketpair with a forked echo, blocking reads
+ * and writes. Returns the median one-way time in microseconds. */
+static double unix_pingpong(uint32_t n)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        return 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        uint8_t b[64];
+        while (read(sv[1], b, sizeof b) == (ssize_t)sizeof b)
+            if (write(sv[1], b, sizeof b) != (ssize_t)sizeof b)
+                break;
+        _exit(0);
+    }
+    close(sv[1]);
+    uint64_t *rtt = calloc(n, sizeof *rtt);
+    uint8_t b[64] = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t t0 = now_ns();
+        if (write(sv[0], b, sizeof b) != (ssize_t)sizeof b ||
+            read(sv[0], b, sizeof b) != (ssize_t)sizeof b)
+            break;
+        rtt[i] = now_ns() - t0;
+    }
+    close(sv[0]);
+    waitpid(pid, NULL, 0);
+    qsort(rtt, n, sizeof *rtt, cmp_u64);
+    double med = rtt[n / 2] / 2e3;
+    free(rtt);
+    return med;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -269,8 +304,8 @@ int main(int argc, char **argv)
         printf(
             "{\"bench\":\"transport_latency\",\"url\":\"ipc\",\"engine\":\"%s\",\"msg_bytes\":64,"
             "\"samples\":%u,\"one_way_median_us\":%.2f,\"one_way_p99_us\":%.2f,"
-            "\"failed\":%u}\n",
-            engine, nl, rtt[nl / 2] / 2e3, rtt[nl * 99 / 100] / 2e3, failed);
+            "\"unix_socket_one_way_median_us\":%.2f,\"failed\":%u}\n",
+            engine, nl, rtt[nl / 2] / 2e3, rtt[nl * 99 / 100] / 2e3, unix_pingpong(nl), failed);
         fflush(stdout);
         free(rtt);
     }
