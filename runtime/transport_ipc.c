@@ -36,6 +36,8 @@
 /* While frames wait, the loop looks for expired ones this often. */
 #define EXPIRE_TICK_MS 50u
 #define POOL_BUFS 16u
+/* How long accepting pauses when the process is out of descriptors. */
+#define ACCEPT_PAUSE_MS 100u
 
 /* A frame waiting on a link. `off` counts bytes already written, head included. */
 typedef struct qframe {
@@ -117,6 +119,7 @@ struct sh__ipc {
     uv_timer_t tick;
     uv_poll_t lpoll;
     bool kick_ok, tick_ok, lpoll_ok;
+    uint64_t accept_resume; /* accepting paused until then; 0: not paused */
     int open_handles;
     conn *accepted;
     _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv, rejected, busy, expired;
@@ -562,8 +565,8 @@ static void accepted_read(conn *c)
     }
     size_t budget = READ_BUDGET;
     uint64_t frames0 = atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed);
-    while (budget > 0 &&
-           atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed) - frames0 < FRAME_BUDGET) {
+    while (budget > 0 && atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed) - frames0 <
+                             FRAME_BUDGET) {
         ssize_t r;
         if (c->big)
             r = read(c->fd, c->big + c->big_got, c->big_len - c->big_got);
@@ -712,6 +715,8 @@ static void dial(sh__ipc_link *l)
     conn_events(c, UV_WRITABLE);
 }
 
+static void service(sh__ipc *x);
+
 /* Accepts every pending connection on the listener. */
 static void on_listen(uv_poll_t *h, int status, int events)
 {
@@ -724,7 +729,14 @@ static void on_listen(uv_poll_t *h, int status, int events)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            return; /* EAGAIN, or out of descriptors: try again on the next wake-up */
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Out of descriptors or memory: the pending connection stays readable, so stop
+                 * watching for a while instead of spinning on it. */
+                uv_poll_stop(&x->lpoll);
+                x->accept_resume = mono_ms() + ACCEPT_PAUSE_MS;
+                service(x);
+            }
+            return;
         }
         uint8_t hs[HS_LEN];
         hs_make(hs, PROTO_PULL0);
@@ -773,6 +785,12 @@ static void service(sh__ipc *x)
         if (n > 0 && now + EXPIRE_TICK_MS < next)
             next = now + EXPIRE_TICK_MS;
     }
+    if (x->accept_resume && now >= x->accept_resume) {
+        x->accept_resume = 0;
+        uv_poll_start(&x->lpoll, UV_READABLE, on_listen);
+    }
+    if (x->accept_resume && x->accept_resume < next)
+        next = x->accept_resume;
     if (next == UINT64_MAX)
         uv_timer_stop(&x->tick);
     else

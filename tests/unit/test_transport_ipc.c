@@ -1,6 +1,8 @@
 /* The ipc:// engine: wire compatibility with NNG both ways, frames of every size, dial errors and
- * expiry, byte-at-a-time framing from a raw peer, stale and busy socket paths. */
+ * expiry, byte-at-a-time framing from a raw peer, stale and busy socket paths, accepting while
+ * out of descriptors. */
 #include <errno.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -427,12 +429,55 @@ static void test_listen_paths(void)
     tmpdir_remove(dir);
 }
 
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* Out of descriptors: the listener cannot accept a pending connection. It must not spin on it
+ * (the process stays nearly idle), and it accepts the connection once descriptors are back. */
+static void test_accept_without_descriptors(void)
+{
+    char dir[64], ub[128];
+    tmpdir_make(dir, sizeof dir);
+    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    node b;
+    node_start(&b, 2, ub, NULL);
+    struct rlimit old;
+    CHECK_INT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    struct rlimit low = {.rlim_cur = (rlim_t)fd + 1, .rlim_max = old.rlim_max};
+    double cpu0 = cpu_seconds();
+    CHECK_INT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0); /* no descriptor above fd can be made */
+    struct sockaddr_un sa;
+    sun_set(&sa, ub + 6);
+    CHECK_INT_EQ(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0); /* waits in the backlog */
+    sleep_ms(400);
+    double cpu = cpu_seconds() - cpu0;
+    CHECK_INT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+    fprintf(stderr, "no descriptors: %.3f s of CPU in 0.4 s\n", cpu);
+    CHECK(cpu < 0.15);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t hs[8];
+    CHECK_INT_EQ(recv(fd, hs, sizeof hs, MSG_WAITALL), 8); /* accepted after all */
+    CHECK_INT_EQ(hs[5], 0x51);
+    close(fd);
+    node_finish(&b);
+    tmpdir_remove(dir);
+}
+
 static const sh_test_case tests[] = {
     {"nng_interop", test_nng_interop},
     {"frame_sizes", test_frame_sizes},
     {"dial_errors_and_expiry", test_dial_errors_and_expiry},
     {"trickled_frames", test_trickled_frames},
     {"listen_paths", test_listen_paths},
+    {"accept_without_descriptors", test_accept_without_descriptors},
     {NULL, NULL},
 };
 
