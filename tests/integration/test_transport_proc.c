@@ -186,15 +186,8 @@ static void test_dead_peer_restart(void)
     req_cfg r;
     CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 10, 5000, 10000, &r), 10);
     child_kill(&c);
-    uint64_t end = now_ms() + 5000;
     sh_transport_link l = {0};
-    while (now_ms() < end) {
-        sh_transport_link_get(me.tp, 2, &l);
-        if (l.state == SH_LINK_STATE_DOWN)
-            break;
-        sleep_ms(5);
-    }
-    CHECK_INT_EQ(l.state, SH_LINK_STATE_DOWN);
+    CHECK(wait_link_state(me.tp, 2, SH_LINK_STATE_DOWN, 5000, &l));
     uint64_t t0 = now_ms();
     CHECK_INT_EQ(ping_many(me.t.rt, c.echo, 5, 300, 5000, &r), 0);
     CHECK_INT_EQ(atomic_load(&r.timeouts), 5); /* each caller got its error */
@@ -253,15 +246,8 @@ static void test_killed_mid_frame(void)
             ok += sh_send(me.t.rt, &h, body, n + 8, NULL) == SH_OK;
         CHECK(ok > 0);
         child_kill(&c);
-        uint64_t end = now_ms() + 5000;
         sh_transport_link l = {0};
-        while (now_ms() < end) {
-            sh_transport_link_get(me.tp, 2, &l);
-            if (l.state == SH_LINK_STATE_DOWN)
-                break;
-            sleep_ms(2);
-        }
-        CHECK_INT_EQ(l.state, SH_LINK_STATE_DOWN);
+        CHECK(wait_link_state(me.tp, 2, SH_LINK_STATE_DOWN, 5000, &l));
         sleep_ms(30); /* the child's own connection to us closes on its side's EOF */
         if (round == 1)
             fds0 = fd_count(); /* after a first cycle: every pool exists */

@@ -7,40 +7,6 @@
 #include "runtime/error.h"
 #include "test_transport_util.h"
 
-typedef struct node {
-    test_rt t;
-    sh_transport *tp;
-    char url[128];
-} node;
-
-static void node_start(node *n, uint32_t id, const char *url, const sh_transport_opts *o)
-{
-    rt_start(&n->t, id, 2, NULL);
-    CHECK_OK(sh_runtime_register(n->t.rt, &echo_vt, NULL));
-    CHECK_OK(sh_runtime_register(n->t.rt, &sink_vt, NULL));
-    CHECK_OK(sh_runtime_register(n->t.rt, &req_vt, NULL));
-    sh_transport_opts def = {0};
-    if (!o)
-        o = &def;
-    sh_transport_opts oo = *o;
-    oo.listen_url = url;
-    sh_error e = {0};
-    n->tp = NULL;
-    sh_err err = sh_transport_create(n->t.rt, &oo, &n->tp, &e);
-    if (err)
-        fprintf(stderr, "transport: %s\n", e.msg);
-    CHECK_OK(err);
-    if (url)
-        CHECK_OK(sh_transport_listen_url(n->tp, n->url, sizeof n->url));
-}
-
-static void node_finish(node *n)
-{
-    sh_transport_close(n->tp);
-    rt_finish(&n->t);
-    sh_transport_destroy(n->tp);
-}
-
 static void mesh(node *ns, int k)
 {
     for (int i = 0; i < k; i++)

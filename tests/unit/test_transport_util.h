@@ -130,6 +130,55 @@ static inline int wait_link_up(sh_transport *tp, uint32_t node, uint64_t ups, un
     return 0;
 }
 
+/* Waits until node's link is in `state`; returns 1, or 0 after ms. *out gets the last snapshot. */
+static inline int wait_link_state(sh_transport *tp, uint32_t node, sh_link_state state, unsigned ms,
+                                  sh_transport_link *out)
+{
+    uint64_t end = now_ms() + ms;
+    do {
+        if (sh_transport_link_get(tp, node, out) == SH_OK && out->state == state)
+            return 1;
+        sleep_ms(2);
+    } while (now_ms() < end);
+    return 0;
+}
+
+/* A runtime of two loops with a transport (listening on url unless NULL) and the echo, sink
+ * and req kinds registered. */
+typedef struct node {
+    test_rt t;
+    sh_transport *tp;
+    char url[128]; /* the bound URL */
+} node;
+
+static inline void node_start(node *n, uint32_t id, const char *url, const sh_transport_opts *o)
+{
+    rt_start(&n->t, id, 2, NULL);
+    CHECK_OK(sh_runtime_register(n->t.rt, &echo_vt, NULL));
+    CHECK_OK(sh_runtime_register(n->t.rt, &sink_vt, NULL));
+    CHECK_OK(sh_runtime_register(n->t.rt, &req_vt, NULL));
+    sh_transport_opts oo = {0};
+    if (o)
+        oo = *o;
+    oo.listen_url = url;
+    sh_error e = {0};
+    n->tp = NULL;
+    n->url[0] = '\0';
+    sh_err err = sh_transport_create(n->t.rt, &oo, &n->tp, &e);
+    if (err)
+        fprintf(stderr, "transport: %s\n", e.msg);
+    CHECK_OK(err);
+    if (url)
+        CHECK_OK(sh_transport_listen_url(n->tp, n->url, sizeof n->url));
+}
+
+static inline void node_finish(node *n)
+{
+    sh_transport_close(n->tp);
+    rt_finish(&n->t);
+    sh_transport_destroy(n->tp);
+}
+
 /* A fresh private directory for ipc:// sockets. */
 static inline void tmpdir_make(char *buf, size_t cap)
 {
