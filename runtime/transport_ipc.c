@@ -604,6 +604,10 @@ static void dialled_read(conn *c)
             return;
         c->state = C_UP;
         uv_mutex_lock(&l->mu);
+        if (l->closed) { /* removed while connecting: the next service pass closes c */
+            uv_mutex_unlock(&l->mu);
+            return;
+        }
         l->fd = c->fd;
         l->up = true;
         l->info.state = SH_LINK_STATE_UP;
