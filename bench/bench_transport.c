@@ -2,9 +2,10 @@
  * next to a plain Unix-socket copy loop of the same frame sizes and a plain 64-byte ping-pong (the
  * latency floor of the machine). One JSON object per line.
  *
- * Usage: bench_transport [--nng] [--mallopt] [--rounds N] [--window N] [--bulk]
- *   --nng       both processes send ipc:// through NNG's own ipc transport (sh_transport_opts
- *               .ipc_nng) instead of the runtime's ipc engine, for comparison
+ * Usage: bench_transport [--tcp] [--nng] [--mallopt] [--rounds N] [--window N] [--bulk]
+ *   --tcp       tcp:// on loopback instead of ipc:// (the plain loops stay Unix sockets)
+ *   --nng       both processes go through NNG's own ipc/tcp transport (sh_transport_opts
+ *               .use_nng) instead of the runtime's stream engine, for comparison
  *   --mallopt   set M_MMAP_THRESHOLD (32 MiB, glibc's maximum) and M_TRIM_THRESHOLD (256 MiB) in
  *               both processes, as a deployed node program may: large frames then come from the
  *               heap instead of fresh mmaps that fault on every page. Library code never does.
@@ -218,13 +219,15 @@ static int cmp_double(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int tuned = 0, rounds = 3, bulk_only = 0, use_nng = 0;
+    int tuned = 0, rounds = 3, bulk_only = 0, use_nng = 0, use_tcp = 0;
     uint32_t window = 4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mallopt")) {
             tuned = 1;
         } else if (!strcmp(argv[i], "--nng")) {
             use_nng = 1;
+        } else if (!strcmp(argv[i], "--tcp")) {
+            use_tcp = 1;
         } else if (!strcmp(argv[i], "--window") && i + 1 < argc) {
             window = (uint32_t)atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--bulk")) {
@@ -232,7 +235,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) {
             rounds = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--nng] [--mallopt] [--rounds N] [--window N] [--bulk]\n",
+            fprintf(stderr,
+                    "usage: %s [--tcp] [--nng] [--mallopt] [--rounds N] [--window N] [--bulk]\n",
                     argv[0]);
             return 2;
         }
@@ -249,6 +253,12 @@ int main(int argc, char **argv)
         return 1;
     snprintf(u1, sizeof u1, "ipc://%s/n1", dir);
     snprintf(u2, sizeof u2, "ipc://%s/n2", dir);
+    if (use_tcp) { /* two loopback ports picked from the pid */
+        int port = 20000 + (int)(getpid() % 10000) * 2;
+        snprintf(u1, sizeof u1, "tcp://127.0.0.1:%d", port);
+        snprintf(u2, sizeof u2, "tcp://127.0.0.1:%d", port + 1);
+    }
+    const char *scheme = use_tcp ? "tcp" : "ipc";
     snprintf(p1, sizeof p1, "%s", u1);
     int ready[2], hold[2]; /* child -> parent: echo address; parent -> child: EOF = stop */
     if (pipe(ready) || pipe(hold))
@@ -258,7 +268,7 @@ int main(int argc, char **argv)
         sh_runtime_opts ro = {.node_id = 2, .log_level = SH_LOG_LEVEL_ERROR};
         sh_runtime *rt = NULL;
         sh_transport *tp = NULL;
-        sh_transport_opts to = {.listen_url = u2, .ipc_nng = use_nng};
+        sh_transport_opts to = {.listen_url = u2, .use_nng = use_nng};
         sh_addr echo;
         if (sh_runtime_create(&ro, &rt, NULL) || sh_transport_create(rt, &to, &tp, NULL) ||
             sh_transport_peer_add(tp, 1, p1, NULL) || sh_runtime_register(rt, &echo_vt, NULL) ||
@@ -282,7 +292,7 @@ int main(int argc, char **argv)
     sh_runtime_opts ro = {.node_id = 1, .log_level = SH_LOG_LEVEL_ERROR};
     sh_runtime *rt = NULL;
     sh_transport *tp = NULL;
-    sh_transport_opts to = {.listen_url = u1, .queue_max_msgs = 4096, .ipc_nng = use_nng};
+    sh_transport_opts to = {.listen_url = u1, .queue_max_msgs = 4096, .use_nng = use_nng};
     const char *engine = use_nng ? "nng" : "shoal";
     if (sh_runtime_create(&ro, &rt, NULL) || sh_transport_create(rt, &to, &tp, NULL) ||
         sh_transport_peer_add(tp, 2, u2, NULL) || sh_runtime_register(rt, &drive_vt, NULL))
@@ -293,19 +303,19 @@ int main(int argc, char **argv)
     if (!bulk_only) {
         uint32_t n = 200000;
         double s = run(rt, echo, n, 512, 48, NULL, &failed);
-        printf("{\"bench\":\"transport_rate\",\"url\":\"ipc\",\"engine\":\"%s\",\"msg_bytes\":64,"
+        printf("{\"bench\":\"transport_rate\",\"url\":\"%s\",\"engine\":\"%s\",\"msg_bytes\":64,"
                "\"round_trips\":%u,\"msgs_per_s\":%.0f,\"failed\":%u}\n",
-               engine, n, 2.0 * n / s, failed);
+               scheme, engine, n, 2.0 * n / s, failed);
 
         uint32_t nl = 20000;
         uint64_t *rtt = calloc(nl, sizeof *rtt);
         run(rt, echo, nl, 1, 48, rtt, &failed);
         qsort(rtt, nl, sizeof *rtt, cmp_u64);
-        printf(
-            "{\"bench\":\"transport_latency\",\"url\":\"ipc\",\"engine\":\"%s\",\"msg_bytes\":64,"
-            "\"samples\":%u,\"one_way_median_us\":%.2f,\"one_way_p99_us\":%.2f,"
-            "\"unix_socket_one_way_median_us\":%.2f,\"failed\":%u}\n",
-            engine, nl, rtt[nl / 2] / 2e3, rtt[nl * 99 / 100] / 2e3, unix_pingpong(nl), failed);
+        printf("{\"bench\":\"transport_latency\",\"url\":\"%s\",\"engine\":\"%s\",\"msg_bytes\":64,"
+               "\"samples\":%u,\"one_way_median_us\":%.2f,\"one_way_p99_us\":%.2f,"
+               "\"unix_socket_one_way_median_us\":%.2f,\"failed\":%u}\n",
+               scheme, engine, nl, rtt[nl / 2] / 2e3, rtt[nl * 99 / 100] / 2e3, unix_pingpong(nl),
+               failed);
         fflush(stdout);
         free(rtt);
     }
@@ -325,11 +335,11 @@ int main(int argc, char **argv)
             double base = (base0 + base1) / 2;
             ratios[r] = base > 0 ? gbs / base : 0;
             /* bytes_sent: what the transport wrote for the run, the proof that it moved the data */
-            printf("{\"bench\":\"transport_bulk\",\"url\":\"ipc\",\"engine\":\"%s\",\"mallopt\":%d,"
+            printf("{\"bench\":\"transport_bulk\",\"url\":\"%s\",\"engine\":\"%s\",\"mallopt\":%d,"
                    "\"round\":%d,\"frame_bytes\":%zu,\"frames\":%u,\"bytes_sent\":%llu,"
                    "\"gb_per_s\":%.3f,\"unix_socket_gb_per_s\":%.3f,\"unix_before\":%.3f,"
                    "\"unix_after\":%.3f,\"ratio\":%.2f,\"failed\":%u}\n",
-                   engine, tuned, r, sizes[i], frames,
+                   scheme, engine, tuned, r, sizes[i], frames,
                    (unsigned long long)(st1.bytes_sent - st0.bytes_sent), gbs, base, base0, base1,
                    ratios[r], failed);
             fflush(stdout);

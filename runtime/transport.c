@@ -1,4 +1,5 @@
-/* The NNG transport: a pull0 listener per node, a push0 link per peer with a bounded queue. */
+/* The transport: NNG (inproc://, tls+tcp://, or anything with use_nng) and the stream engine
+ * (ipc://, tcp://) behind one link table, with bounded queues. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -17,7 +18,8 @@
 #include "runtime/mailbox.h"
 #include "runtime/msg.h"
 #include "runtime/transport.h"
-#include "runtime/transport_ipc.h"
+#include "runtime/transport_endpoint.h"
+#include "runtime/transport_stream.h"
 
 /* One peer link. The ring holds frames waiting for the aio; the aio carries at most one more
  * (`sending`). Everything below `mu` is protected by it; the struct lives until the transport
@@ -26,7 +28,8 @@ typedef struct peer {
     sh_transport *tp;
     uint32_t node;
     char url[256];
-    sh__ipc_link *ipc; /* an ipc:// link of the ipc engine: everything below is unused */
+    sh__stream_link *stream; /* an ipc:// or tcp:// link of the stream engine: the fields
+                              * below are unused */
     nng_socket sock;
     nng_aio *aio;
     bool sock_open;
@@ -48,9 +51,9 @@ typedef struct peer {
 
 struct sh_transport {
     sh_runtime *rt;
-    sh__bufpool *pool; /* of nng_msgs */
-    sh__ipc *ipc;      /* the ipc:// engine (NULL with ipc_nng) */
-    bool ipc_nng;
+    sh__bufpool *pool;  /* of nng_msgs */
+    sh__stream *stream; /* the ipc:// and tcp:// engine (NULL with use_nng) */
+    bool use_nng;
     uint32_t self;
     uint32_t q_msgs;
     uint64_t q_bytes;
@@ -237,13 +240,13 @@ static sh_err send_copy(sh_transport *tp, peer *p, const uint8_t *frame, size_t 
     return err;
 }
 
-/* Sends on link p: an ipc:// link writes the frame itself (taking any owner's buffer); an NNG
+/* Sends on link p: a stream engine link writes the frame itself (taking any owner's buffer); an NNG
  * link sends one of its own nng_msgs as it is and copies anything else. */
 static sh_err send_on(sh_transport *tp, peer *p, uint8_t *frame, size_t len,
                       const sh_frame_owner *owner, sh_error *e)
 {
-    if (p->ipc)
-        return sh__ipc_link_send(p->ipc, frame, len, owner, e);
+    if (p->stream)
+        return sh__stream_link_send(p->stream, frame, len, owner, e);
     nng_msg *m = owner && sh__bufpool_owns(tp->pool, owner) ? owner->handle : NULL;
     if (m && frame == nng_msg_body(m) && len <= nng_msg_len(m)) {
         size_t was = nng_msg_len(m);
@@ -299,8 +302,8 @@ static uint8_t *tp_frame_alloc(void *ctx, uint32_t node, size_t cap, sh_frame_ow
     if (cap > tp->max_frame || atomic_load(&tp->closed))
         return NULL;
     peer *p = NULL;
-    if (peer_find(tp, node, &p, NULL) == SH_OK && p->ipc)
-        return sh__ipc_frame_alloc(tp->ipc, cap, owner);
+    if (peer_find(tp, node, &p, NULL) == SH_OK && p->stream)
+        return sh__stream_frame_alloc(tp->stream, cap, owner);
     nng_msg *m = pool_get(tp->pool, cap);
     if (!m)
         return NULL;
@@ -420,7 +423,7 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
     tp->send_to = opts->send_timeout_ms ? opts->send_timeout_ms : 10000;
     if (tp->rc_max < tp->rc_min)
         tp->rc_max = tp->rc_min;
-    tp->ipc_nng = opts->ipc_nng != 0;
+    tp->use_nng = opts->use_nng != 0;
     uv_mutex_init(&tp->mu);
     sh_err err = SH_OK;
     uint64_t keep = opts->recycle_max_bytes ? opts->recycle_max_bytes : (uint64_t)64 << 20;
@@ -432,22 +435,23 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
     }
     if (opts->tls)
         err = sh__transport_tls_configs(opts->tls, &tp->tls_server, &tp->tls_client, e);
-    bool ipc_listen = !tp->ipc_nng && sh__ipc_path(opts->listen_url);
-    if (!err && !tp->ipc_nng) {
-        sh__ipc_opts io = {.listen_url = ipc_listen ? opts->listen_url : NULL,
-                           .q_msgs = tp->q_msgs,
-                           .q_bytes = tp->q_bytes,
-                           .max_frame = tp->max_frame,
-                           .rc_min = tp->rc_min,
-                           .rc_max = tp->rc_max,
-                           .send_to = tp->send_to,
-                           .loop = opts->ipc_loop,
-                           .recycle_max_bytes = keep};
-        err = sh__ipc_create(rt, &io, &tp->ipc, e);
-        if (!err && ipc_listen)
-            snprintf(tp->listen_url, sizeof tp->listen_url, "%s", opts->listen_url);
+    bool stream_listen = !tp->use_nng && sh__endpoint_handles(opts->listen_url);
+    if (!err && !tp->use_nng) {
+        sh__stream_opts io = {.listen_url = stream_listen ? opts->listen_url : NULL,
+                              .q_msgs = tp->q_msgs,
+                              .q_bytes = tp->q_bytes,
+                              .max_frame = tp->max_frame,
+                              .rc_min = tp->rc_min,
+                              .rc_max = tp->rc_max,
+                              .send_to = tp->send_to,
+                              .loop = opts->io_loop,
+                              .recycle_max_bytes = keep};
+        err = sh__stream_create(rt, &io, &tp->stream, e);
+        if (!err && stream_listen)
+            snprintf(tp->listen_url, sizeof tp->listen_url, "%s",
+                     sh__stream_listen_url(tp->stream));
     }
-    if (!err && opts->listen_url && !ipc_listen)
+    if (!err && opts->listen_url && !stream_listen)
         err = listen_start(tp, opts->listen_url, e);
     tp->hooks = (sh_transport_hooks){.ctx = tp,
                                      .send_frame = tp_send,
@@ -464,7 +468,7 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
             nng_tls_config_free(tp->tls_server);
         if (tp->tls_client)
             nng_tls_config_free(tp->tls_client);
-        sh__ipc_destroy(tp->ipc);
+        sh__stream_destroy(tp->stream);
         sh__bufpool_unref(tp->pool);
         uv_mutex_destroy(&tp->mu);
         free(tp);
@@ -497,8 +501,8 @@ static void peer_free(peer *p)
  * the socket closed, waiting frames dropped. */
 static void peer_close(peer *p)
 {
-    if (p->ipc) {
-        sh__ipc_link_close(p->ipc);
+    if (p->stream) {
+        sh__stream_link_close(p->stream);
         return;
     }
     uv_mutex_lock(&p->mu);
@@ -523,8 +527,8 @@ static void peer_close(peer *p)
 
 static sh_err peer_open(sh_transport *tp, peer *p, sh_error *e)
 {
-    if (tp->ipc && sh__ipc_path(p->url))
-        return sh__ipc_link_add(tp->ipc, p->node, p->url, &p->ipc, e);
+    if (tp->stream && sh__endpoint_handles(p->url))
+        return sh__stream_link_add(tp->stream, p->node, p->url, &p->stream, e);
     int rv = nng_push0_open(&p->sock);
     if (rv)
         return sh__transport_nng_error(e, rv, "open push socket for", p->url);
@@ -633,8 +637,8 @@ sh_err sh_transport_peer_remove(sh_transport *tp, uint32_t node)
 
 static void snapshot(peer *p, sh_transport_link *out)
 {
-    if (p->ipc) {
-        sh__ipc_link_snapshot(p->ipc, out);
+    if (p->stream) {
+        sh__stream_link_snapshot(p->stream, out);
         return;
     }
     uv_mutex_lock(&p->mu);
@@ -672,8 +676,8 @@ void sh_transport_stats_get(sh_transport *tp, sh_transport_stats *out)
     out->rejected = atomic_load(&tp->rejected);
     out->busy = atomic_load(&tp->busy);
     out->expired = atomic_load(&tp->expired);
-    if (tp->ipc)
-        sh__ipc_stats_add(tp->ipc, out);
+    if (tp->stream)
+        sh__stream_stats_add(tp->stream, out);
 }
 
 void sh_transport_close(sh_transport *tp)
@@ -694,8 +698,8 @@ void sh_transport_close(sh_transport *tp)
     for (size_t i = 0; i < tp->n_peers; i++)
         peer_close(tp->peers[i]);
     uv_mutex_unlock(&tp->mu);
-    /* The ipc engine's loop closes its sockets (waited for: nothing reads after this). */
-    sh__ipc_close(tp->ipc);
+    /* The stream engine's loop closes its sockets (waited for: nothing reads after this). */
+    sh__stream_close(tp->stream);
     /* Kept buffers go now; buffers still lent to the runtime are freed when it releases them. */
     sh__bufpool_close(tp->pool);
 }
@@ -717,7 +721,7 @@ void sh_transport_destroy(sh_transport *tp)
         nng_tls_config_free(tp->tls_server);
     if (tp->tls_client)
         nng_tls_config_free(tp->tls_client);
-    sh__ipc_destroy(tp->ipc);
+    sh__stream_destroy(tp->stream);
     sh__bufpool_unref(tp->pool);
     uv_mutex_destroy(&tp->mu);
     free(tp);

@@ -1,13 +1,14 @@
-/* The ipc:// engine: pipeline0 frames over Unix sockets watched by a runtime loop (see the .h). */
+/* The stream engine: pipeline0 frames over Unix and TCP sockets watched by a runtime loop. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
@@ -18,10 +19,10 @@
 #include "runtime/actor_uv.h"
 #include "runtime/bufpool.h"
 #include "runtime/error.h"
-#include "runtime/transport_ipc.h"
+#include "runtime/transport_endpoint.h"
+#include "runtime/transport_stream.h"
 
 #define HS_LEN 8
-#define HEAD_LEN 9
 #define PROTO_PUSH0 0x50
 #define PROTO_PULL0 0x51
 /* Frames up to this size are read through a per-connection buffer and copied into the runtime's
@@ -41,7 +42,7 @@
 
 /* A frame waiting on a link. `off` counts bytes already written, head included. */
 typedef struct qframe {
-    uint8_t head[HEAD_LEN];
+    uint8_t head[SH__ENDPOINT_HEAD_MAX];
     uint8_t *data;
     size_t len;
     size_t off;
@@ -55,13 +56,14 @@ typedef enum conn_state { C_CONNECTING, C_HS, C_UP } conn_state;
  * only, except that senders write to a dialled connection's fd through its link (under l->mu). */
 typedef struct conn {
     uv_poll_t poll;
-    sh__ipc *x;
-    sh__ipc_link *link;
+    sh__stream *x;
+    sh__stream_link *link;
     struct conn *prev, *next; /* accepted connections */
     int fd;
     conn_state state;
     int events;
     bool closing;
+    uint8_t hlen; /* frame header bytes of the scheme */
     uint8_t hs[HS_LEN];
     uint32_t hs_got;
     /* Receiving (accepted): a small-frame buffer, or a large frame being read. */
@@ -72,11 +74,12 @@ typedef struct conn {
     sh_frame_owner big_owner;
 } conn;
 
-struct sh__ipc_link {
-    sh__ipc *x;
-    struct sh__ipc_link *next; /* the engine's list; prepended, never unlinked before destroy */
+struct sh__stream_link {
+    sh__stream *x;
+    struct sh__stream_link *next; /* the engine's list; prepended, never unlinked before destroy */
     uint32_t node;
-    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    sh__endpoint ep;
+    uint8_t hlen;
     uv_mutex_t mu;
     /* Under mu. */
     int fd; /* the connection senders write to; -1 unless up */
@@ -100,15 +103,16 @@ typedef struct rawbuf {
 
 enum { IO_STARTING, IO_RUNNING, IO_DONE };
 
-struct sh__ipc {
+struct sh__stream {
     sh_runtime *rt;
-    sh__ipc_opts o;
+    sh__stream_opts o;
     sh__bufpool *pool;
-    char lpath[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    sh__endpoint lep;
+    char lurl[256]; /* as bound */
     int lfd;
     uv_mutex_t mu; /* links list head, io_state */
     uv_cond_t cv;
-    sh__ipc_link *links;
+    sh__stream_link *links;
     int io_state;
     sh_addr io;
     bool io_spawned, io_failed, closed;
@@ -132,33 +136,14 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void put_be64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
-static uint64_t get_be64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
-
 static void hs_make(uint8_t *hs, uint16_t proto)
 {
     const uint8_t h[HS_LEN] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0};
     memcpy(hs, h, HS_LEN);
 }
 
-const char *sh__ipc_path(const char *url)
-{
-    return url && strncmp(url, "ipc://", 6) == 0 ? url + 6 : NULL;
-}
-
 /* Records an errno failure on a link (caller holds l->mu). */
-static void link_fail(sh__ipc_link *l, sh_err code, const char *what, int err)
+static void link_fail(sh__stream_link *l, sh_err code, const char *what, int err)
 {
     l->info.last_err = code;
     snprintf(l->info.last_error, sizeof l->info.last_error, "%s: %s", what,
@@ -171,7 +156,7 @@ static size_t rawbuf_cap(void *h) { return ((rawbuf *)h)->cap; }
 static void rawbuf_free(void *h) { free(h); }
 static const sh__bufpool_ops rawbuf_ops = {.cap = rawbuf_cap, .free = rawbuf_free};
 
-uint8_t *sh__ipc_frame_alloc(sh__ipc *x, size_t cap, sh_frame_owner *owner)
+uint8_t *sh__stream_frame_alloc(sh__stream *x, size_t cap, sh_frame_owner *owner)
 {
     rawbuf *b = sh__bufpool_take(x->pool, cap);
     if (!b) {
@@ -196,7 +181,7 @@ static void qframe_release(qframe *q)
 
 /* ---- Sending ---------------------------------------------------------------------------- */
 
-static void kick(sh__ipc *x)
+static void kick(sh__stream *x)
 {
     if (atomic_load_explicit(&x->ready, memory_order_acquire))
         uv_async_send(&x->kick);
@@ -204,21 +189,22 @@ static void kick(sh__ipc *x)
 
 /* Writes what the kernel takes of the queued frames, from the head (caller holds l->mu and the
  * link is up). Returns 0, or the errno that broke the connection. */
-static int flush_locked(sh__ipc_link *l)
+static int flush_locked(sh__stream_link *l)
 {
-    sh__ipc *x = l->x;
+    sh__stream *x = l->x;
+    const size_t H = l->hlen;
     while (l->n > 0) {
         struct iovec iov[2 * IOV_FRAMES];
         int k = 0;
         size_t offered = 0;
         for (uint32_t i = 0; i < l->n && i < IOV_FRAMES; i++) {
             qframe *q = &l->ring[(l->head + i) % l->cap];
-            if (q->off < HEAD_LEN)
-                iov[k++] = (struct iovec){q->head + q->off, HEAD_LEN - q->off};
-            size_t d = q->off > HEAD_LEN ? q->off - HEAD_LEN : 0;
+            if (q->off < H)
+                iov[k++] = (struct iovec){q->head + q->off, H - q->off};
+            size_t d = q->off > H ? q->off - H : 0;
             if (q->len > d)
                 iov[k++] = (struct iovec){q->data + d, q->len - d};
-            offered += HEAD_LEN + q->len - q->off;
+            offered += H + q->len - q->off;
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
         ssize_t w = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -230,7 +216,7 @@ static int flush_locked(sh__ipc_link *l)
         size_t left = (size_t)w;
         while (l->n > 0) {
             qframe *q = &l->ring[l->head];
-            size_t need = HEAD_LEN + q->len - q->off;
+            size_t need = H + q->len - q->off;
             if (left < need) {
                 q->off += left;
                 break;
@@ -251,12 +237,12 @@ static int flush_locked(sh__ipc_link *l)
     return 0;
 }
 
-sh_err sh__ipc_link_send(sh__ipc_link *l, uint8_t *frame, size_t len, const sh_frame_owner *owner,
-                         sh_error *e)
+sh_err sh__stream_link_send(sh__stream_link *l, uint8_t *frame, size_t len,
+                            const sh_frame_owner *owner, sh_error *e)
 {
-    sh__ipc *x = l->x;
-    uint8_t head[HEAD_LEN] = {1};
-    put_be64(head + 1, len);
+    sh__stream *x = l->x;
+    uint8_t head[SH__ENDPOINT_HEAD_MAX];
+    size_t H = sh__endpoint_head(l->hlen, head, len);
     uv_mutex_lock(&l->mu);
     if (l->closed) {
         uv_mutex_unlock(&l->mu);
@@ -275,13 +261,13 @@ sh_err sh__ipc_link_send(sh__ipc_link *l, uint8_t *frame, size_t len, const sh_f
     size_t off = 0;
     if (l->up && l->n == 0) {
         /* The fast path: straight into the socket from this thread. */
-        struct iovec iov[2] = {{head, HEAD_LEN}, {frame, len}};
+        struct iovec iov[2] = {{head, H}, {frame, len}};
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
         ssize_t w;
         do
             w = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         while (w < 0 && errno == EINTR);
-        if (w == (ssize_t)(HEAD_LEN + len)) {
+        if (w == (ssize_t)(H + len)) {
             l->info.sent++;
             l->info.last_activity_ms = mono_ms();
             uv_mutex_unlock(&l->mu);
@@ -296,7 +282,7 @@ sh_err sh__ipc_link_send(sh__ipc_link *l, uint8_t *frame, size_t len, const sh_f
         off = w > 0 ? (size_t)w : 0;
     }
     qframe q = {.len = len, .off = off, .t_ms = mono_ms()};
-    memcpy(q.head, head, HEAD_LEN);
+    memcpy(q.head, head, H);
     if (owner) {
         q.data = frame;
         q.owner = *owner;
@@ -325,9 +311,9 @@ sh_err sh__ipc_link_send(sh__ipc_link *l, uint8_t *frame, size_t len, const sh_f
 }
 
 /* Drops queued frames older than send_to that have not started (caller holds l->mu). */
-static void expire_locked(sh__ipc_link *l, uint64_t now)
+static void expire_locked(sh__stream_link *l, uint64_t now)
 {
-    sh__ipc *x = l->x;
+    sh__stream *x = l->x;
     uint32_t first = l->n > 0 && l->ring[l->head].off > 0 ? 1u : 0u;
     uint32_t k = 0;
     while (first + k < l->n) {
@@ -351,7 +337,7 @@ static void expire_locked(sh__ipc_link *l, uint64_t now)
 
 /* ---- Connections (loop thread) ---------------------------------------------------------- */
 
-static void handle_closed(sh__ipc *x)
+static void handle_closed(sh__stream *x)
 {
     if (--x->open_handles > 0)
         return;
@@ -364,7 +350,7 @@ static void handle_closed(sh__ipc *x)
 static void on_handle_closed(uv_handle_t *h) { handle_closed(h->data); }
 
 /* The stop member found nothing to close. */
-static void handle_closed_none(sh__ipc *x)
+static void handle_closed_none(sh__stream *x)
 {
     x->open_handles = 1;
     handle_closed(x);
@@ -373,7 +359,7 @@ static void handle_closed_none(sh__ipc *x)
 static void on_conn_closed(uv_handle_t *h)
 {
     conn *c = h->data;
-    sh__ipc *x = c->x;
+    sh__stream *x = c->x;
     close(c->fd);
     free(c->rbuf);
     if (c->big)
@@ -392,7 +378,7 @@ static void conn_events(conn *c, int events)
     uv_poll_start(&c->poll, events, conn_io);
 }
 
-static conn *conn_new(sh__ipc *x, int fd, sh__ipc_link *l)
+static conn *conn_new(sh__stream *x, int fd, sh__stream_link *l, uint8_t hlen)
 {
     conn *c = calloc(1, sizeof *c);
     if (!c)
@@ -405,6 +391,7 @@ static conn *conn_new(sh__ipc *x, int fd, sh__ipc_link *l)
     c->x = x;
     c->link = l;
     c->fd = fd;
+    c->hlen = hlen;
     x->open_handles++;
     return c;
 }
@@ -416,8 +403,8 @@ static void conn_close(conn *c, sh_err code, const char *what, int err)
     if (c->closing)
         return;
     c->closing = true;
-    sh__ipc *x = c->x;
-    sh__ipc_link *l = c->link;
+    sh__stream *x = c->x;
+    sh__stream_link *l = c->link;
     if (l) {
         uv_mutex_lock(&l->mu);
         l->fd = -1;
@@ -484,7 +471,7 @@ static int read_handshake(conn *c, uint16_t want)
 }
 
 /* Hands one received frame to the runtime. */
-static void deliver(sh__ipc *x, const uint8_t *frame, size_t len)
+static void deliver(sh__stream *x, const uint8_t *frame, size_t len)
 {
     atomic_fetch_add_explicit(&x->frames_recv, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&x->bytes_recv, len, memory_order_relaxed);
@@ -494,7 +481,7 @@ static void deliver(sh__ipc *x, const uint8_t *frame, size_t len)
         atomic_fetch_add_explicit(&x->rejected, 1, memory_order_relaxed);
 }
 
-static void deliver_big(sh__ipc *x, conn *c)
+static void deliver_big(sh__stream *x, conn *c)
 {
     atomic_fetch_add_explicit(&x->frames_recv, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&x->bytes_recv, c->big_len, memory_order_relaxed);
@@ -511,24 +498,25 @@ static void deliver_big(sh__ipc *x, conn *c)
 /* Parses whole frames out of c->rbuf. Returns false when c was closed. */
 static bool parse(conn *c)
 {
-    sh__ipc *x = c->x;
-    while (c->rlen - c->rpos >= HEAD_LEN) {
+    sh__stream *x = c->x;
+    const size_t H = c->hlen;
+    while (c->rlen - c->rpos >= H) {
         const uint8_t *p = c->rbuf + c->rpos;
-        uint64_t len = get_be64(p + 1);
-        if (p[0] != 1 || len > x->o.max_frame) {
+        uint64_t len = 0;
+        if (!sh__endpoint_head_read(c->hlen, p, &len) || len > x->o.max_frame) {
             atomic_fetch_add_explicit(&x->rejected, 1, memory_order_relaxed);
             conn_close(c, SH_EPROTO, NULL, 0);
             return false;
         }
-        size_t have = c->rlen - c->rpos - HEAD_LEN;
-        if (len <= RBUF_LEN - HEAD_LEN) {
+        size_t have = c->rlen - c->rpos - H;
+        if (len <= RBUF_LEN - H) {
             if (have < len)
                 break;
-            deliver(x, p + HEAD_LEN, (size_t)len);
-            c->rpos += HEAD_LEN + (size_t)len;
+            deliver(x, p + H, (size_t)len);
+            c->rpos += H + (size_t)len;
             continue;
         }
-        uint8_t *b = sh__ipc_frame_alloc(x, (size_t)len, &c->big_owner);
+        uint8_t *b = sh__stream_frame_alloc(x, (size_t)len, &c->big_owner);
         if (!b) {
             conn_close(c, SH_ENOMEM, NULL, 0);
             return false;
@@ -536,7 +524,7 @@ static bool parse(conn *c)
         c->big = b;
         c->big_len = (size_t)len;
         c->big_got = have;
-        memcpy(b, p + HEAD_LEN, have);
+        memcpy(b, p + H, have);
         c->rpos = c->rlen = 0;
         return true;
     }
@@ -597,7 +585,7 @@ static void accepted_read(conn *c)
  * whatever comes is read and ignored) until end of file. */
 static void dialled_read(conn *c)
 {
-    sh__ipc_link *l = c->link;
+    sh__stream_link *l = c->link;
     if (c->state == C_HS) {
         int hs = read_handshake(c, PROTO_PULL0);
         if (hs <= 0)
@@ -635,7 +623,7 @@ static void dialled_read(conn *c)
 
 static void dialled_write(conn *c)
 {
-    sh__ipc_link *l = c->link;
+    sh__stream_link *l = c->link;
     if (c->state == C_CONNECTING) {
         int err = 0;
         socklen_t sl = sizeof err;
@@ -684,21 +672,19 @@ static void conn_io(uv_poll_t *h, int status, int events)
 }
 
 /* Starts a connection attempt for link l (loop thread, l->c == NULL). */
-static void dial(sh__ipc_link *l)
+static void dial(sh__stream_link *l)
 {
-    sh__ipc *x = l->x;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, l->path, strlen(l->path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sh__stream *x = l->x;
+    int fd = sh__endpoint_socket(&l->ep);
     int err = fd < 0 ? errno : 0;
     int rc = -1;
     if (fd >= 0) {
         do
-            rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+            rc = connect(fd, (struct sockaddr *)&l->ep.sa, l->ep.sa_len);
         while (rc != 0 && errno == EINTR);
         err = rc == 0 || errno == EINPROGRESS ? 0 : errno;
     }
-    conn *c = err ? NULL : conn_new(x, fd, l);
+    conn *c = err ? NULL : conn_new(x, fd, l, l->hlen);
     if (!c) {
         if (fd >= 0)
             close(fd);
@@ -710,7 +696,7 @@ static void dial(sh__ipc_link *l)
         return;
     }
     l->c = c;
-    if (rc == 0) { /* a Unix socket usually connects at once */
+    if (rc == 0) { /* a Unix socket usually connects at once, tcp almost never */
         c->state = C_CONNECTING;
         dialled_write(c);
         return;
@@ -719,13 +705,13 @@ static void dial(sh__ipc_link *l)
     conn_events(c, UV_WRITABLE);
 }
 
-static void service(sh__ipc *x);
+static void service(sh__stream *x);
 
 /* Accepts every pending connection on the listener. */
 static void on_listen(uv_poll_t *h, int status, int events)
 {
     (void)events;
-    sh__ipc *x = h->data;
+    sh__stream *x = h->data;
     if (status < 0)
         return;
     for (;;) {
@@ -745,8 +731,12 @@ static void on_listen(uv_poll_t *h, int status, int events)
         uint8_t hs[HS_LEN];
         hs_make(hs, PROTO_PULL0);
         conn *c = NULL;
+        if (!x->lep.unix_path) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
         if (send(fd, hs, HS_LEN, MSG_NOSIGNAL | MSG_DONTWAIT) != HS_LEN ||
-            !(c = conn_new(x, fd, NULL))) {
+            !(c = conn_new(x, fd, NULL, x->lep.head_len))) {
             close(fd);
             continue;
         }
@@ -762,13 +752,13 @@ static void on_listen(uv_poll_t *h, int status, int events)
 static void on_tick(uv_timer_t *h);
 
 /* Dials, expires and arms what the links need; re-arms the tick for the next deadline. */
-static void service(sh__ipc *x)
+static void service(sh__stream *x)
 {
     uint64_t now = mono_ms(), next = UINT64_MAX;
     uv_mutex_lock(&x->mu);
-    sh__ipc_link *first = x->links;
+    sh__stream_link *first = x->links;
     uv_mutex_unlock(&x->mu);
-    for (sh__ipc_link *l = first; l; l = l->next) {
+    for (sh__stream_link *l = first; l; l = l->next) {
         uv_mutex_lock(&l->mu);
         bool closed = l->closed, want = l->up && l->want_write;
         if (l->n > 0)
@@ -810,8 +800,8 @@ static void on_kick(uv_async_t *h) { service(h->data); }
  * so that the stop member still runs and closes what was opened. */
 static sh_err io_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
-    sh__ipc *x = arg;
-    *(sh__ipc **)state = x;
+    sh__stream *x = arg;
+    *(sh__stream **)state = x;
     x->loop = sh__actor_uv_loop(ctx);
     int rc = uv_async_init(x->loop, &x->kick, on_kick);
     if (rc == 0) {
@@ -850,14 +840,14 @@ static sh_msg_fate io_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 static void io_stop(sh_actor_ctx *ctx, void *state)
 {
     (void)ctx;
-    sh__ipc *x = *(sh__ipc **)state;
+    sh__stream *x = *(sh__stream **)state;
     atomic_store_explicit(&x->ready, 0, memory_order_release);
     while (x->accepted)
         conn_close(x->accepted, SH_OK, NULL, 0);
     uv_mutex_lock(&x->mu);
-    sh__ipc_link *first = x->links;
+    sh__stream_link *first = x->links;
     uv_mutex_unlock(&x->mu);
-    for (sh__ipc_link *l = first; l; l = l->next)
+    for (sh__stream_link *l = first; l; l = l->next)
         if (l->c)
             conn_close(l->c, SH_ECLOSED, "transport closed", 0);
     if (x->kick_ok)
@@ -870,75 +860,27 @@ static void io_stop(sh_actor_ctx *ctx, void *state)
         handle_closed_none(x);
 }
 
-static const sh_actor_vtable io_vt = {.name = "ipc_io",
-                                      .state_size = sizeof(sh__ipc *),
+static const sh_actor_vtable io_vt = {.name = "stream_io",
+                                      .state_size = sizeof(sh__stream *),
                                       .init = io_init,
                                       .handle = io_handle,
                                       .stop = io_stop};
 
 /* ---- Setup ------------------------------------------------------------------------------ */
 
-static sh_err path_check(const char *url, const char **path, sh_error *e)
+static sh_err listen_bind(sh__stream *x, const char *url, sh_error *e)
 {
-    *path = sh__ipc_path(url);
-    size_t n = *path ? strlen(*path) : 0;
-    if (n == 0 || n >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return sh__error_set(e, SH_EINVAL, "transport: %s: an ipc:// path of 1 to %zu bytes needed",
-                             url ? url : "(null)", sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-    return SH_OK;
+    sh_err err = sh__endpoint_parse(url, true, &x->lep, e);
+    if (!err)
+        err = sh__endpoint_listen(&x->lep, url, &x->lfd, x->lurl, sizeof x->lurl, e);
+    return err;
 }
 
-/* True when something accepts connections on path (a live listener, not a stale file). */
-static bool path_live(const struct sockaddr_un *sa)
-{
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return true; /* cannot tell: do not remove it */
-    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    int err = errno;
-    close(fd);
-    return rc == 0 || err != ECONNREFUSED;
-}
+const char *sh__stream_listen_url(const sh__stream *x) { return x->lfd >= 0 ? x->lurl : NULL; }
 
-static sh_err listen_bind(sh__ipc *x, const char *url, sh_error *e)
+sh_err sh__stream_create(sh_runtime *rt, const sh__stream_opts *opts, sh__stream **out, sh_error *e)
 {
-    const char *path;
-    sh_err err = path_check(url, &path, e);
-    if (err)
-        return err;
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return sh__error_set(e, SH_EIO, "transport: socket for %s: %s", url, strerror(errno));
-    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    if (rc != 0 && errno == EADDRINUSE) {
-        /* A socket file left by a process that died is removed, as NNG does; a live one is
-         * somebody else's address. */
-        struct stat st;
-        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && !path_live(&sa) && unlink(path) == 0)
-            rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
-        else
-            errno = EADDRINUSE;
-    }
-    if (rc == 0 && listen(fd, SOMAXCONN) == 0) {
-        x->lfd = fd;
-        snprintf(x->lpath, sizeof x->lpath, "%s", path);
-        return SH_OK;
-    }
-    int en = errno;
-    close(fd);
-    return sh__error_set(e,
-                         en == EADDRINUSE ? SH_EBUSY
-                         : en == ENOENT   ? SH_EINVAL
-                         : en == ENOTDIR  ? SH_EINVAL
-                                          : SH_EIO,
-                         "transport: listen on %s: %s", url, strerror(en));
-}
-
-sh_err sh__ipc_create(sh_runtime *rt, const sh__ipc_opts *opts, sh__ipc **out, sh_error *e)
-{
-    sh__ipc *x = calloc(1, sizeof *x);
+    sh__stream *x = calloc(1, sizeof *x);
     if (!x)
         return sh__error_set(e, SH_ENOMEM, "transport: out of memory");
     x->rt = rt;
@@ -964,25 +906,26 @@ sh_err sh__ipc_create(sh_runtime *rt, const sh__ipc_opts *opts, sh__ipc **out, s
         while (x->io_state == IO_STARTING)
             uv_cond_wait(&x->cv, &x->mu);
         if (x->io_failed)
-            err = sh__error_set(e, SH_EIO, "transport: cannot watch ipc sockets on loop %u",
+            err = sh__error_set(e, SH_EIO, "transport: cannot watch sockets on loop %u",
                                 (unsigned)opts->loop);
         uv_mutex_unlock(&x->mu);
     }
     if (err) {
-        sh__ipc_destroy(x);
+        sh__stream_destroy(x);
         return err;
     }
     *out = x;
     return SH_OK;
 }
 
-sh_err sh__ipc_link_add(sh__ipc *x, uint32_t node, const char *url, sh__ipc_link **out, sh_error *e)
+sh_err sh__stream_link_add(sh__stream *x, uint32_t node, const char *url, sh__stream_link **out,
+                           sh_error *e)
 {
-    const char *path;
-    sh_err err = path_check(url, &path, e);
+    sh__endpoint ep;
+    sh_err err = sh__endpoint_parse(url, false, &ep, e);
     if (err)
         return err;
-    sh__ipc_link *l = calloc(1, sizeof *l);
+    sh__stream_link *l = calloc(1, sizeof *l);
     qframe *ring = calloc(x->o.q_msgs, sizeof *ring);
     if (!l || !ring) {
         free(l);
@@ -991,7 +934,8 @@ sh_err sh__ipc_link_add(sh__ipc *x, uint32_t node, const char *url, sh__ipc_link
     }
     l->x = x;
     l->node = node;
-    snprintf(l->path, sizeof l->path, "%s", path);
+    l->ep = ep;
+    l->hlen = ep.head_len;
     uv_mutex_init(&l->mu);
     l->fd = -1;
     l->ring = ring;
@@ -1018,7 +962,7 @@ sh_err sh__ipc_link_add(sh__ipc *x, uint32_t node, const char *url, sh__ipc_link
 }
 
 /* Drops every queued frame (caller holds l->mu). */
-static void drop_all_locked(sh__ipc_link *l)
+static void drop_all_locked(sh__stream_link *l)
 {
     for (uint32_t i = 0; i < l->n; i++)
         qframe_release(&l->ring[(l->head + i) % l->cap]);
@@ -1026,7 +970,7 @@ static void drop_all_locked(sh__ipc_link *l)
     l->bytes = 0;
 }
 
-void sh__ipc_link_close(sh__ipc_link *l)
+void sh__stream_link_close(sh__stream_link *l)
 {
     uv_mutex_lock(&l->mu);
     l->closed = true;
@@ -1037,7 +981,7 @@ void sh__ipc_link_close(sh__ipc_link *l)
     kick(l->x);
 }
 
-void sh__ipc_link_snapshot(sh__ipc_link *l, sh_transport_link *out)
+void sh__stream_link_snapshot(sh__stream_link *l, sh_transport_link *out)
 {
     uv_mutex_lock(&l->mu);
     *out = l->info;
@@ -1046,7 +990,7 @@ void sh__ipc_link_snapshot(sh__ipc_link *l, sh_transport_link *out)
     uv_mutex_unlock(&l->mu);
 }
 
-void sh__ipc_stats_add(sh__ipc *x, sh_transport_stats *st)
+void sh__stream_stats_add(sh__stream *x, sh_transport_stats *st)
 {
     st->frames_sent += atomic_load(&x->frames_sent);
     st->bytes_sent += atomic_load(&x->bytes_sent);
@@ -1057,19 +1001,19 @@ void sh__ipc_stats_add(sh__ipc *x, sh_transport_stats *st)
     st->expired += atomic_load(&x->expired);
 }
 
-void sh__ipc_close(sh__ipc *x)
+void sh__stream_close(sh__stream *x)
 {
     if (!x)
         return;
     uv_mutex_lock(&x->mu);
     bool was = x->closed;
     x->closed = true;
-    sh__ipc_link *first = x->links;
+    sh__stream_link *first = x->links;
     uv_mutex_unlock(&x->mu);
     if (was)
         return;
-    for (sh__ipc_link *l = first; l; l = l->next)
-        sh__ipc_link_close(l);
+    for (sh__stream_link *l = first; l; l = l->next)
+        sh__stream_link_close(l);
     if (x->io_spawned) {
         sh_actor_stop(x->rt, x->io);
         uv_mutex_lock(&x->mu);
@@ -1079,20 +1023,21 @@ void sh__ipc_close(sh__ipc *x)
     }
     if (x->lfd >= 0) {
         close(x->lfd);
-        unlink(x->lpath);
+        if (x->lep.unix_path)
+            unlink(((struct sockaddr_un *)&x->lep.sa)->sun_path);
         x->lfd = -1;
     }
     sh__bufpool_close(x->pool);
 }
 
-void sh__ipc_destroy(sh__ipc *x)
+void sh__stream_destroy(sh__stream *x)
 {
     if (!x)
         return;
-    sh__ipc_close(x);
-    sh__ipc_link *l = x->links;
+    sh__stream_close(x);
+    sh__stream_link *l = x->links;
     while (l) {
-        sh__ipc_link *next = l->next;
+        sh__stream_link *next = l->next;
         drop_all_locked(l);
         free(l->ring);
         uv_mutex_destroy(&l->mu);

@@ -37,19 +37,22 @@
  * URLs: inproc://, ipc://, tcp:// and tls+tcp://. tls+tcp needs `tls` in the options; with it
  * both sides present certificates signed by the CA and verify each other (mutual TLS).
  *
- * ipc://PATH (a Unix socket; PATH at most 107 bytes) is served by the runtime itself rather than
- * by NNG's ipc transport, with the same bytes on the wire (NNG's SP handshake and framing for
- * push0 -> pull0), so a node on either side may use NNG. Its sockets are watched by runtime loop
- * `ipc_loop` (an internal actor named "ipc_io" lives there), a received frame is handed to an
- * actor on that loop without a thread hop, and a sender writes its frame into the socket from
- * its own thread when the link is idle; only what the kernel does not take at once is queued.
- * Connect failures show in the link's last_error ("connect: No such file or directory"). A
- * socket file left at the listening path by a dead process is replaced; a live listener's path
- * is SH_EBUSY; the file is removed when the transport closes. ipc_nng selects NNG's transport.
+ * ipc://PATH (a Unix socket; PATH at most 107 bytes) and tcp://HOST:PORT (tcp4://, tcp6://;
+ * [v6] hosts; "*" or an empty host and port 0 when listening) are served by the runtime itself
+ * rather than by NNG's transports, with the same bytes on the wire (NNG's SP handshake and
+ * framing for push0 -> pull0), so a node on either side may use NNG. Their sockets are watched
+ * by runtime loop `io_loop` (an internal actor named "stream_io" lives there), a received frame
+ * is handed to an actor on that loop without a thread hop, and a sender writes its frame into
+ * the socket from its own thread when the link is idle; only what the kernel does not take at
+ * once is queued. Connect failures show in the link's last_error ("connect: Connection
+ * refused"). Host names are resolved when the peer is added or the listener created. A socket
+ * file left at an ipc:// listening path by a dead process is replaced; a live listener's path is
+ * SH_EBUSY; the file is removed when the transport closes. use_nng selects NNG's transports.
+ * inproc:// and tls+tcp:// always use NNG.
  *
  * Threads. Every function may be called from any thread unless it says otherwise; the link
  * table and the counters are protected internally. NNG runs the receive and send completions
- * on its own threads; the ipc engine on the runtime loop ipc_loop. sh_transport_create() and
+ * on its own threads; the stream engine on the runtime loop io_loop. sh_transport_create() and
  * sh_transport_close() wait for that loop, so they must not be called from one of rt's loop
  * threads. No process-global state: several transports (one per runtime) may live in
  * one process, e.g. over inproc:// in the tests. */
@@ -82,12 +85,13 @@ typedef struct sh_transport_opts {
      * zeroing or page faults per frame on a node that relays activations. 0: 64 MiB;
      * SH_TRANSPORT_RECYCLE_OFF: keep none. */
     uint64_t recycle_max_bytes;
-    /* ipc:// links and the ipc:// listener run on the runtime's own loop number ipc_loop (see
-     * "ipc://" above); 0 is the first loop. Put the actors that talk to other nodes there. */
-    uint32_t ipc_loop;
-    /* Non-zero: ipc:// goes through NNG's ipc transport like the other schemes (the same bytes
-     * on the wire, more thread hops per frame). */
-    int ipc_nng;
+    /* ipc:// and tcp:// links and listeners run on the runtime's own loop number io_loop (see
+     * "ipc://" above); 0 is the first loop. Put the actors that talk to other nodes there: a
+     * frame for an actor on another loop costs one more thread wake-up. */
+    uint32_t io_loop;
+    /* Non-zero: ipc:// and tcp:// go through NNG's transports like the other schemes (the same
+     * bytes on the wire, more thread hops per frame). */
+    int use_nng;
 } sh_transport_opts;
 
 #define SH_TRANSPORT_RECYCLE_OFF UINT64_MAX

@@ -1,7 +1,8 @@
-/* The ipc:// engine: wire compatibility with NNG both ways, frames of every size, dial errors and
- * expiry, byte-at-a-time framing from a raw peer, stale and busy socket paths, accepting while
- * out of descriptors. */
+/* The stream engine (ipc://, tcp://): wire compatibility with NNG both ways, frames of every size,
+ * dial errors and expiry, byte-at-a-time framing from a raw peer, stale and busy socket paths,
+ * accepting while out of descriptors, tcp:// URLs. */
 #include <errno.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,16 +12,21 @@
 #include "runtime/msg.h"
 #include "test_transport_util.h"
 
-/* Two nodes on ipc:// in dir, each the other's peer, a on options oa (NULL: defaults). */
+/* Two nodes, each the other's peer: on ipc:// sockets in dir, or on loopback tcp:// ports when
+ * dir is NULL; a on options oa (NULL: defaults). */
 static void pair_start(node *a, node *b, const char *dir, const sh_transport_opts *oa)
 {
     char ua[128], ub[128];
-    snprintf(ua, sizeof ua, "ipc://%s/a", dir);
-    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    snprintf(ua, sizeof ua, "ipc://%s/a", dir ? dir : "");
+    snprintf(ub, sizeof ub, "ipc://%s/b", dir ? dir : "");
+    if (!dir) {
+        snprintf(ua, sizeof ua, "tcp://127.0.0.1:0");
+        snprintf(ub, sizeof ub, "tcp://127.0.0.1:0");
+    }
     node_start(a, 1, ua, oa);
     node_start(b, 2, ub, NULL);
-    CHECK_OK(sh_transport_peer_add(a->tp, 2, ub, NULL));
-    CHECK_OK(sh_transport_peer_add(b->tp, 1, ua, NULL));
+    CHECK_OK(sh_transport_peer_add(a->tp, 2, b->url, NULL));
+    CHECK_OK(sh_transport_peer_add(b->tp, 1, a->url, NULL));
 }
 
 /* ---- Large echoed frames, checked byte for byte ------------------------------------------ */
@@ -115,13 +121,12 @@ static int big_echo(node *a, sh_addr echo, const size_t *sizes, int n)
 
 /* ---- Tests ------------------------------------------------------------------------------ */
 
-/* An NNG ipc node and one on the engine talk both ways: the bytes on the wire are NNG's. */
-static void test_nng_interop(void)
+/* A node on NNG's transport and one on the engine talk both ways: the bytes on the wire are
+ * NNG's, for ipc:// (dir set) and for tcp:// (dir NULL). */
+static void nng_interop(const char *dir)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
     node a, b;
-    sh_transport_opts on = {.ipc_nng = 1};
+    sh_transport_opts on = {.use_nng = 1};
     pair_start(&a, &b, dir, &on);
     CHECK(wait_link_up(a.tp, 2, 1, 5000));
     CHECK(wait_link_up(b.tp, 1, 1, 5000));
@@ -143,15 +148,22 @@ static void test_nng_interop(void)
     CHECK_UINT_EQ(st.rejected, 0);
     node_finish(&a);
     node_finish(&b);
-    tmpdir_remove(dir);
 }
 
-/* Frames on both sides of every internal boundary (the 448-byte pooled block, the 16 KiB medium
- * block, the 64 KiB read buffer, large frames read into recycled buffers) arrive intact. */
-static void test_frame_sizes(void)
+static void test_nng_interop(void)
 {
     char dir[64];
     tmpdir_make(dir, sizeof dir);
+    nng_interop(dir);
+    tmpdir_remove(dir);
+}
+
+static void test_nng_interop_tcp(void) { nng_interop(NULL); }
+
+/* Frames on both sides of every internal boundary (the 448-byte pooled block, the 16 KiB medium
+ * block, the 64 KiB read buffer, large frames read into recycled buffers) arrive intact. */
+static void frame_sizes(const char *dir)
+{
     node a, b;
     pair_start(&a, &b, dir, NULL);
     sh_addr eb;
@@ -186,8 +198,17 @@ static void test_frame_sizes(void)
     CHECK_UINT_EQ(sb.rejected, 0);
     node_finish(&a);
     node_finish(&b);
+}
+
+static void test_frame_sizes(void)
+{
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
+    frame_sizes(dir);
     tmpdir_remove(dir);
 }
+
+static void test_frame_sizes_tcp(void) { frame_sizes(NULL); }
 
 /* Dialling a path nobody listens on: the link says why, queued frames expire after
  * send_timeout_ms, and once a listener appears there the link comes up by itself. */
@@ -433,13 +454,75 @@ static void test_accept_without_descriptors(void)
     tmpdir_remove(dir);
 }
 
+/* tcp:// URLs: the bound port of port 0, a port in use, malformed and unresolvable addresses,
+ * IPv6 loopback where the machine has it. */
+static void test_tcp_urls(void)
+{
+    node a;
+    node_start(&a, 1, "tcp://127.0.0.1:0", NULL);
+    CHECK(strncmp(a.url, "tcp://127.0.0.1:", 16) == 0 && strcmp(a.url, "tcp://127.0.0.1:0") != 0);
+    test_rt r;
+    rt_start(&r, 2, 1, NULL);
+    sh_transport *tp = NULL;
+    sh_error e = {0};
+    sh_transport_opts o = {.listen_url = a.url};
+    CHECK_INT_EQ(sh_transport_create(r.rt, &o, &tp, &e), SH_EBUSY);
+    static const struct {
+        const char *url;
+        sh_err code;
+    } bad[] = {
+        {"tcp://127.0.0.1", SH_EINVAL},
+        {"tcp://127.0.0.1:", SH_EINVAL},
+        {"tcp://127.0.0.1:99999", SH_EINVAL},
+        {"tcp://127.0.0.1:12x", SH_EINVAL},
+        {"tcp://:7000", SH_EINVAL},
+        {"tcp://127.0.0.1:0", SH_EINVAL},
+        {"tcp://no-such-host.invalid:7000", SH_ENOTFOUND},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sh_err err = sh_transport_peer_add(a.tp, (uint32_t)(10 + i), bad[i].url, &e);
+        if (err != bad[i].code)
+            fprintf(stderr, "%s: %s (%s)\n", bad[i].url, sh_strerror(err), e.msg);
+        CHECK_INT_EQ(err, bad[i].code);
+        CHECK(strstr(e.msg, bad[i].url) != NULL);
+    }
+    rt_finish(&r);
+    /* Any address, and IPv6 loopback when the kernel has it. */
+    node b;
+    node_start(&b, 2, "tcp://*:0", NULL);
+    const char *port = strrchr(b.url, ':');
+    char dial[64];
+    snprintf(dial, sizeof dial, "tcp://127.0.0.1%s", port);
+    CHECK_OK(sh_transport_peer_add(a.tp, 2, dial, NULL));
+    CHECK(wait_link_up(a.tp, 2, 1, 5000));
+    int s6 = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 lo6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool have6 = s6 >= 0 && bind(s6, (struct sockaddr *)&lo6, sizeof lo6) == 0;
+    if (s6 >= 0)
+        close(s6);
+    if (have6) {
+        node c;
+        sh_transport_opts o6 = {0};
+        node_start(&c, 3, "tcp6://[::1]:0", &o6);
+        CHECK(strncmp(c.url, "tcp6://[::1]:", 13) == 0);
+        CHECK_OK(sh_transport_peer_add(a.tp, 3, c.url, NULL));
+        CHECK(wait_link_up(a.tp, 3, 1, 5000));
+        node_finish(&c);
+    }
+    node_finish(&b);
+    node_finish(&a);
+}
+
 static const sh_test_case tests[] = {
     {"nng_interop", test_nng_interop},
+    {"nng_interop_tcp", test_nng_interop_tcp},
     {"frame_sizes", test_frame_sizes},
+    {"frame_sizes_tcp", test_frame_sizes_tcp},
     {"dial_errors_and_expiry", test_dial_errors_and_expiry},
     {"trickled_frames", test_trickled_frames},
     {"listen_paths", test_listen_paths},
     {"accept_without_descriptors", test_accept_without_descriptors},
+    {"tcp_urls", test_tcp_urls},
     {NULL, NULL},
 };
 

@@ -1,4 +1,4 @@
-# Transport and fault injection: in-process clusters, back-pressure, bombardment, TLS, the ipc
+# Transport and fault injection: in-process clusters, back-pressure, bombardment, TLS, the stream
 # engine, faults.
 sh_test(test_transport SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport.c LABELS unit TIMEOUT 120)
 sh_test(test_transport_bombard SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_bombard.c
@@ -6,5 +6,5 @@ sh_test(test_transport_bombard SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_
 sh_test(test_transport_tls SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_tls.c
         LABELS unit TIMEOUT 120)
 sh_test(test_fault SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fault.c LABELS unit TIMEOUT 120)
-sh_test(test_transport_ipc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_ipc.c LABELS unit
+sh_test(test_transport_stream SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_stream.c LABELS unit
         TIMEOUT 120)
