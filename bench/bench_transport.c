@@ -345,10 +345,11 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         qsort(ratios, (size_t)rounds, sizeof ratios[0], cmp_double);
-        printf("{\"bench\":\"transport_bulk_summary\",\"engine\":\"%s\",\"mallopt\":%d,"
-               "\"frame_bytes\":%zu,\"rounds\":%d,\"ratio_min\":%.2f,\"ratio_median\":%.2f,"
-               "\"ratio_max\":%.2f}\n",
-               engine, tuned, sizes[i], rounds, ratios[0], ratios[rounds / 2], ratios[rounds - 1]);
+        printf("{\"bench\":\"transport_bulk_summary\",\"url\":\"%s\",\"engine\":\"%s\","
+               "\"mallopt\":%d,\"frame_bytes\":%zu,\"rounds\":%d,\"ratio_min\":%.2f,"
+               "\"ratio_median\":%.2f,\"ratio_max\":%.2f}\n",
+               scheme, engine, tuned, sizes[i], rounds, ratios[0], ratios[rounds / 2],
+               ratios[rounds - 1]);
         fflush(stdout);
     }
     sh_transport_close(tp);
