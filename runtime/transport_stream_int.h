@@ -1,0 +1,188 @@
+/* The stream engine's internals shared by transport_stream.c (links, sending, the loop's actor,
+ * setup) and transport_stream_conn.c (connections: dialling, accepting, reading, writing). */
+#ifndef SH_RUNTIME_TRANSPORT_STREAM_INT_H
+#define SH_RUNTIME_TRANSPORT_STREAM_INT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <uv.h>
+
+#include "runtime/bufpool.h"
+#include "runtime/transport_endpoint.h"
+#include "runtime/transport_stream.h"
+
+#define HS_LEN 8
+#define PROTO_PUSH0 0x50
+#define PROTO_PULL0 0x51
+/* Frames up to this size are read through a per-connection buffer and copied into the runtime's
+ * pooled blocks; larger ones are read straight into a recycled buffer the runtime adopts. */
+#define RBUF_LEN ((size_t)64 << 10)
+/* At most this many frames go into one sendmsg. */
+#define IOV_FRAMES 32
+/* One readable callback stops reading after this many bytes or frames (what it has read it
+ * still parses), so the actors of its loop get their turns while a peer floods it. */
+#define READ_BUDGET ((size_t)4 << 20)
+#define FRAME_BUDGET 512u
+/* While frames wait, the loop looks for expired ones this often. */
+#define EXPIRE_TICK_MS 50u
+#define POOL_BUFS 16u
+/* How long accepting pauses when the process is out of descriptors. */
+#define ACCEPT_PAUSE_MS 100u
+
+/* A frame waiting on a link. `off` counts bytes already written, head included. */
+typedef struct qframe {
+    uint8_t head[SH__ENDPOINT_HEAD_MAX];
+    uint8_t *data;
+    size_t len;
+    size_t off;
+    sh_frame_owner owner; /* release NULL: data is our malloc'd copy */
+    uint64_t t_ms;
+} qframe;
+
+typedef enum conn_state { C_CONNECTING, C_HS, C_UP } conn_state;
+
+/* One connection: dialled for a link (link != NULL) or accepted on the listener. Loop thread
+ * only, except that senders write to a dialled connection's fd through its link (under l->mu). */
+typedef struct conn {
+    uv_poll_t poll;
+    sh__stream *x;
+    sh__stream_link *link;
+    struct conn *prev, *next; /* accepted connections */
+    int fd;
+    conn_state state;
+    int events;
+    bool closing;
+    uint8_t hlen; /* frame header bytes of the scheme */
+    uint8_t hs[HS_LEN];
+    uint32_t hs_got;
+    /* Receiving (accepted): a small-frame buffer, or a large frame being read. */
+    uint8_t *rbuf; /* (RBUF_LEN) */
+    size_t rpos, rlen;
+    uint8_t *big;
+    size_t big_len, big_got;
+    sh_frame_owner big_owner;
+} conn;
+
+struct sh__stream_link {
+    sh__stream *x;
+    struct sh__stream_link *next; /* the engine's list; prepended, never unlinked before destroy */
+    uint32_t node;
+    sh__endpoint ep;
+    uint8_t hlen;
+    uv_mutex_t mu;
+    /* Under mu. */
+    int fd; /* the connection senders write to; -1 unless up */
+    bool up, closed, want_write;
+    qframe *ring; /* (cap) */
+    uint32_t cap, head, n;
+    uint64_t bytes;
+    sh_transport_link info;
+    /* Loop thread only. */
+    conn *c;
+    uint64_t redial_at;
+    uint32_t backoff;
+};
+
+/* A raw recycled buffer: its capacity, then the frame. */
+typedef struct rawbuf {
+    size_t cap;
+    size_t pad_; /* keeps data 16-byte aligned */
+    uint8_t data[];
+} rawbuf;
+
+enum { IO_STARTING, IO_RUNNING, IO_DONE };
+
+struct sh__stream {
+    sh_runtime *rt;
+    sh__stream_opts o;
+    sh__bufpool *pool;
+    sh__endpoint lep;
+    char lurl[256]; /* as bound */
+    int lfd;
+    uv_mutex_t mu; /* links list head, io_state */
+    uv_cond_t cv;
+    sh__stream_link *links;
+    int io_state;
+    sh_addr io;
+    bool io_spawned, io_failed, closed;
+    _Atomic int ready; /* the loop's handles exist: kicks may be sent */
+    /* Loop thread only. */
+    uv_loop_t *loop;
+    uv_async_t kick;
+    uv_timer_t tick;
+    uv_poll_t lpoll;
+    bool kick_ok, tick_ok, lpoll_ok;
+    uint64_t accept_resume; /* accepting paused until then; 0: not paused */
+    int open_handles;
+    conn *accepted;
+    _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv, rejected, busy, expired;
+};
+
+static inline uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static inline void hs_make(uint8_t *hs, uint16_t proto)
+{
+    const uint8_t h[HS_LEN] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0};
+    memcpy(hs, h, HS_LEN);
+}
+
+/* Records an errno failure on a link (caller holds l->mu). */
+static inline void link_fail(sh__stream_link *l, sh_err code, const char *what, int err)
+{
+    l->info.last_err = code;
+    snprintf(l->info.last_error, sizeof l->info.last_error, "%s: %s", what,
+             err ? strerror(err) : "protocol error");
+}
+
+static inline void qframe_release(qframe *q)
+{
+    if (q->owner.release)
+        q->owner.release(q->owner.ctx, q->owner.handle);
+    else
+        free(q->data);
+    q->data = NULL;
+}
+
+static inline void kick(sh__stream *x)
+{
+    if (atomic_load_explicit(&x->ready, memory_order_acquire))
+        uv_async_send(&x->kick);
+}
+
+/* ---- transport_stream.c ----------------------------------------------------------------- */
+
+/* Dials, expires and arms what the links need; re-arms the tick for the next deadline. Loop
+ * thread. */
+void sh__stream_service(sh__stream *x);
+
+/* ---- transport_stream_conn.c: connections, loop thread only ----------------------------- */
+
+/* Watches c for `events` (UV_READABLE, UV_WRITABLE). */
+void sh__stream_conn_events(conn *c, int events);
+
+/* Closes c. A dialled connection's link goes down (its partly written frame is lost with the
+ * stream) and redials after its backoff; `code`/`what`/`err` say why, for its last error (what
+ * NULL: leave it). An accepted one leaves the engine's list. Idempotent. */
+void sh__stream_conn_close(conn *c, sh_err code, const char *what, int err);
+
+/* Starts a connection attempt for link l (l->c == NULL). */
+void sh__stream_conn_dial(sh__stream_link *l);
+
+/* The listener's poll callback: accepts every pending connection. */
+void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events);
+
+/* One of the engine's handles finished closing; the last marks the engine done. */
+void sh__stream_conn_handle_closed(sh__stream *x);
+
+#endif
