@@ -14,6 +14,7 @@ struct sh__bufpool {
     void **bufs; /* (max_n) */
     uint32_t n, max_n;
     uint64_t bytes, max_bytes;
+    _Atomic uint64_t held; /* capacity of the buffers lent through counted owners */
 };
 
 sh__bufpool *sh__bufpool_create(const sh__bufpool_ops *ops, uint32_t max_n, uint64_t max_bytes)
@@ -97,9 +98,29 @@ sh_frame_owner sh__bufpool_owner(sh__bufpool *pl, void *handle)
     return (sh_frame_owner){.release = owner_release, .ctx = pl, .handle = handle};
 }
 
+static void counted_release(void *ctx, void *handle)
+{
+    sh__bufpool *pl = ctx;
+    atomic_fetch_sub_explicit(&pl->held, pl->ops.cap(handle), memory_order_relaxed);
+    owner_release(ctx, handle);
+}
+
+sh_frame_owner sh__bufpool_owner_counted(sh__bufpool *pl, void *handle)
+{
+    atomic_fetch_add_explicit(&pl->refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pl->held, pl->ops.cap(handle), memory_order_relaxed);
+    return (sh_frame_owner){.release = counted_release, .ctx = pl, .handle = handle};
+}
+
+uint64_t sh__bufpool_held(sh__bufpool *pl)
+{
+    return atomic_load_explicit(&pl->held, memory_order_relaxed);
+}
+
 bool sh__bufpool_owns(const sh__bufpool *pl, const sh_frame_owner *owner)
 {
-    return owner->release == owner_release && owner->ctx == pl;
+    return (owner->release == owner_release || owner->release == counted_release) &&
+           owner->ctx == pl;
 }
 
 void sh__bufpool_close(sh__bufpool *pl)

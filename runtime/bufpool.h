@@ -44,7 +44,14 @@ void sh__bufpool_put(sh__bufpool *pl, void *handle);
  * takes now. Any thread. */
 sh_frame_owner sh__bufpool_owner(sh__bufpool *pl, void *handle);
 
-/* True when `owner` came from sh__bufpool_owner() on pl. */
+/* As sh__bufpool_owner(), and the buffer's capacity counts in sh__bufpool_held() until it is
+ * released: for received frames, so a reader can tell how much the runtime still holds. */
+sh_frame_owner sh__bufpool_owner_counted(sh__bufpool *pl, void *handle);
+
+/* The capacity of the buffers lent through counted owners and not released yet. Any thread. */
+uint64_t sh__bufpool_held(sh__bufpool *pl);
+
+/* True when `owner` came from sh__bufpool_owner() or sh__bufpool_owner_counted() on pl. */
 bool sh__bufpool_owns(const sh__bufpool *pl, const sh_frame_owner *owner);
 
 /* Frees the kept buffers and keeps none from now on (buffers still lent out are freed when they

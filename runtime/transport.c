@@ -445,6 +445,9 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
                               .rc_max = tp->rc_max,
                               .send_to = tp->send_to,
                               .loop = opts->io_loop,
+                              .pause_msgs = opts->recv_pause_msgs ? opts->recv_pause_msgs : 16384,
+                              .pause_bytes = opts->recv_pause_bytes ? opts->recv_pause_bytes
+                                                                    : (uint64_t)256 << 20,
                               .recycle_max_bytes = keep};
         err = sh__stream_create(rt, &io, &tp->stream, e);
         if (!err && stream_listen)

@@ -16,7 +16,7 @@ static size_t rawbuf_cap(void *h) { return ((rawbuf *)h)->cap; }
 static void rawbuf_free(void *h) { free(h); }
 static const sh__bufpool_ops rawbuf_ops = {.cap = rawbuf_cap, .free = rawbuf_free};
 
-uint8_t *sh__stream_frame_alloc(sh__stream *x, size_t cap, sh_frame_owner *owner)
+uint8_t *sh__stream_buf_get(sh__stream *x, size_t cap, bool counted, sh_frame_owner *owner)
 {
     rawbuf *b = sh__bufpool_take(x->pool, cap);
     if (!b) {
@@ -26,8 +26,13 @@ uint8_t *sh__stream_frame_alloc(sh__stream *x, size_t cap, sh_frame_owner *owner
             return NULL;
         b->cap = cap;
     }
-    *owner = sh__bufpool_owner(x->pool, b);
+    *owner = counted ? sh__bufpool_owner_counted(x->pool, b) : sh__bufpool_owner(x->pool, b);
     return b->data;
+}
+
+uint8_t *sh__stream_frame_alloc(sh__stream *x, size_t cap, sh_frame_owner *owner)
+{
+    return sh__stream_buf_get(x, cap, false, owner);
 }
 
 /* ---- Sending ---------------------------------------------------------------------------- */
@@ -169,6 +174,12 @@ void sh__stream_service(sh__stream *x)
             next = l->redial_at;
         if (n > 0 && now + EXPIRE_TICK_MS < next)
             next = now + EXPIRE_TICK_MS;
+    }
+    if (x->paused_conns > 0) {
+        if (!sh__stream_conn_full(x))
+            sh__stream_conn_resume(x);
+        else if (now + PAUSE_TICK_MS < next)
+            next = now + PAUSE_TICK_MS;
     }
     if (x->accept_resume && now >= x->accept_resume) {
         x->accept_resume = 0;

@@ -37,6 +37,8 @@ typedef struct sh__stream_opts {
     uint32_t send_to;           /* a queued frame not started within this many ms is dropped */
     uint32_t loop;              /* the runtime loop that watches the sockets */
     uint64_t recycle_max_bytes; /* buffer pool bound; SH_TRANSPORT_RECYCLE_OFF keeps none */
+    uint64_t pause_msgs;        /* stop reading while the runtime holds this many messages */
+    uint64_t pause_bytes;       /* ... or received large frames it still holds this many bytes */
 } sh__stream_opts;
 
 /* The listening URL as bound (tcp port 0 resolved), or NULL when not listening. */

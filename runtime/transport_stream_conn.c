@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "runtime/internal.h"
 #include "runtime/transport_stream_int.h"
 
 /* Writes what the kernel takes of the queued frames, from the head (caller holds l->mu and the
@@ -88,7 +89,26 @@ void sh__stream_conn_events(conn *c, int events)
     if (c->closing || c->events == events)
         return;
     c->events = events;
-    uv_poll_start(&c->poll, events, conn_io);
+    if (events)
+        uv_poll_start(&c->poll, events, conn_io);
+    else
+        uv_poll_stop(&c->poll);
+}
+
+bool sh__stream_conn_full(sh__stream *x)
+{
+    return atomic_load_explicit(&x->rt->msgs_live, memory_order_relaxed) >= x->o.pause_msgs ||
+           sh__bufpool_held(x->pool) >= x->o.pause_bytes;
+}
+
+void sh__stream_conn_resume(sh__stream *x)
+{
+    for (conn *c = x->accepted; c; c = c->next)
+        if (c->paused) {
+            c->paused = false;
+            sh__stream_conn_events(c, UV_READABLE);
+        }
+    x->paused_conns = 0;
 }
 
 static conn *conn_new(sh__stream *x, int fd, sh__stream_link *l, uint8_t hlen)
@@ -146,6 +166,8 @@ void sh__stream_conn_close(conn *c, sh_err code, const char *what, int err)
         l->backoff = l->backoff * 2 > x->o.rc_max ? x->o.rc_max : l->backoff * 2;
         kick(x); /* schedule the redial */
     } else {
+        if (c->paused)
+            x->paused_conns--;
         if (c->prev)
             c->prev->next = c->next;
         else
@@ -229,7 +251,7 @@ static bool parse(conn *c)
             c->rpos += H + (size_t)len;
             continue;
         }
-        uint8_t *b = sh__stream_frame_alloc(x, (size_t)len, &c->big_owner);
+        uint8_t *b = sh__stream_buf_get(x, (size_t)len, true, &c->big_owner);
         if (!b) {
             sh__stream_conn_close(c, SH_ENOMEM, NULL, 0);
             return false;
@@ -268,6 +290,16 @@ static void accepted_read(conn *c)
     uint64_t frames0 = atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed);
     while (budget > 0 && atomic_load_explicit(&c->x->frames_recv, memory_order_relaxed) - frames0 <
                              FRAME_BUDGET) {
+        if (!c->big && sh__stream_conn_full(c->x)) {
+            /* Receive back-pressure: the runtime is not keeping up. Leave the bytes in the
+             * kernel, whose buffers fill, then the sender's queue, whose sends then fail with
+             * SH_EBUSY. A frame already being read is finished first (its buffer is held). */
+            c->paused = true;
+            c->x->paused_conns++;
+            sh__stream_conn_events(c, 0);
+            sh__stream_service(c->x); /* arms the tick that resumes */
+            return;
+        }
         ssize_t r;
         if (c->big)
             r = read(c->fd, c->big + c->big_got, c->big_len - c->big_got);

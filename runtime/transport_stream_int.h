@@ -29,6 +29,8 @@
  * still parses), so the actors of its loop get their turns while a peer floods it. */
 #define READ_BUDGET ((size_t)4 << 20)
 #define FRAME_BUDGET 512u
+/* While reading is paused, the loop looks at the runtime's load this often. */
+#define PAUSE_TICK_MS 1u
 /* While frames wait, the loop looks for expired ones this often. */
 #define EXPIRE_TICK_MS 50u
 #define POOL_BUFS 16u
@@ -58,6 +60,7 @@ typedef struct conn {
     conn_state state;
     int events;
     bool closing;
+    bool paused;  /* not read until the runtime drains (receive back-pressure) */
     uint8_t hlen; /* frame header bytes of the scheme */
     uint8_t hs[HS_LEN];
     uint32_t hs_got;
@@ -119,6 +122,7 @@ struct sh__stream {
     uv_poll_t lpoll;
     bool kick_ok, tick_ok, lpoll_ok;
     uint64_t accept_resume; /* accepting paused until then; 0: not paused */
+    uint32_t paused_conns;  /* accepted connections not read while the runtime is full */
     int open_handles;
     conn *accepted;
     _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv, rejected, busy, expired;
@@ -162,6 +166,10 @@ static inline void kick(sh__stream *x)
 
 /* ---- transport_stream.c ----------------------------------------------------------------- */
 
+/* A recycled or new buffer of at least cap bytes with its owner; `counted` for received frames
+ * (their bytes count toward pause_bytes until released). NULL when out of memory. */
+uint8_t *sh__stream_buf_get(sh__stream *x, size_t cap, bool counted, sh_frame_owner *owner);
+
 /* Dials, expires and arms what the links need; re-arms the tick for the next deadline. Loop
  * thread. */
 void sh__stream_service(sh__stream *x);
@@ -184,5 +192,11 @@ void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events);
 
 /* One of the engine's handles finished closing; the last marks the engine done. */
 void sh__stream_conn_handle_closed(sh__stream *x);
+
+/* True while the runtime holds pause_msgs messages, or pause_bytes of received large frames. */
+bool sh__stream_conn_full(sh__stream *x);
+
+/* Reads the paused accepted connections again. */
+void sh__stream_conn_resume(sh__stream *x);
 
 #endif

@@ -92,6 +92,14 @@ typedef struct sh_transport_opts {
     /* Non-zero: ipc:// and tcp:// go through NNG's transports like the other schemes (the same
      * bytes on the wire, more thread hops per frame). */
     int use_nng;
+    /* Receive back-pressure (ipc:// and tcp://): the node stops reading its incoming
+     * connections while its runtime holds recv_pause_msgs messages (0: 16384) or received large
+     * frames (64 KiB and more) of recv_pause_bytes bytes (0: 256 MiB) that its actors have not
+     * finished with, and reads again once below. The bytes wait in the kernel and then in the
+     * senders' bounded queues, whose sends fail with SH_EBUSY: a stalled actor cannot make a
+     * flooding peer grow this node's memory without bound. */
+    uint64_t recv_pause_msgs;
+    uint64_t recv_pause_bytes;
 } sh_transport_opts;
 
 #define SH_TRANSPORT_RECYCLE_OFF UINT64_MAX

@@ -513,6 +513,94 @@ static void test_tcp_urls(void)
     node_finish(&a);
 }
 
+/* An actor that blocks its loop until the gate opens, then counts what it gets. */
+static _Atomic int gate;
+static _Atomic long stalled_got;
+static sh_msg_fate stall_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    (void)ctx, (void)state, (void)m;
+    while (!atomic_load(&gate))
+        sleep_ms(1);
+    atomic_fetch_add(&stalled_got, 1);
+    return SH_MSG_FATE_DONE;
+}
+static const sh_actor_vtable stall_vt = {.name = "stall", .handle = stall_handle};
+
+/* A peer (options oa) floods an actor that has stopped with frames of `n` bytes until 100 sends
+ * have been refused (at most 8 s): the receiving node (options ob) stops reading, so the messages
+ * it holds stay within [lo, hi] and the sender sees SH_EBUSY; once the actor moves again every
+ * accepted frame arrives. */
+static void flood_stalled(size_t n, const sh_transport_opts *oa, const sh_transport_opts *ob,
+                          uint64_t lo, uint64_t hi)
+{
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
+    node a, b;
+    char ua[128], ub[128];
+    snprintf(ua, sizeof ua, "ipc://%s/a", dir);
+    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    node_start(&a, 1, ua, oa);
+    node_start(&b, 2, ub, ob);
+    CHECK_OK(sh_transport_peer_add(a.tp, 2, ub, NULL));
+    CHECK(wait_link_up(a.tp, 2, 1, 5000));
+    CHECK_OK(sh_runtime_register(b.t.rt, &stall_vt, NULL));
+    atomic_store(&gate, 0);
+    atomic_store(&stalled_got, 0);
+    sh_addr st;
+    CHECK_OK(sh_actor_spawn(b.t.rt, "stall", NULL, 1, &st, NULL)); /* not the engine's loop */
+    uint8_t *body = calloc(1, n + 8);
+    CHECK(body != NULL);
+    body[0] = 0x81, body[1] = 0xa1, body[2] = 'd', body[3] = 0xc6;
+    for (int i = 0; i < 4; i++)
+        body[4 + i] = (uint8_t)(n >> (24 - 8 * i));
+    sh_msg_hdr h = {.type = SH_MSG_PING, .dst = st};
+    long ok = 0, busy = 0;
+    uint64_t max_live = 0;
+    uint64_t end = now_ms() + 8000;
+    while (busy < 100 && now_ms() < end) {
+        sh_err err = sh_send(a.t.rt, &h, body, n + 8, NULL);
+        if (err == SH_OK)
+            ok++;
+        else if (err == SH_EBUSY)
+            busy++;
+        else
+            CHECK_OK(err);
+        sh_runtime_stats rs;
+        sh_runtime_stats_get(b.t.rt, &rs);
+        if (rs.msgs_live > max_live)
+            max_live = rs.msgs_live;
+        if (err == SH_EBUSY)
+            sleep_ms(1);
+    }
+    fprintf(stderr, "receive back-pressure, %zu-byte frames: ok=%ld busy=%ld max msgs held=%llu\n",
+            n, ok, busy, (unsigned long long)max_live);
+    CHECK(busy > 0); /* the pause reached the sender */
+    CHECK(max_live >= lo && max_live <= hi);
+    atomic_store(&gate, 1);
+    CHECK(wait_ge(&stalled_got, ok, 10000));
+    CHECK_INT_EQ(atomic_load(&stalled_got), ok); /* nothing accepted was lost */
+    free(body);
+    node_finish(&a);
+    node_finish(&b);
+    tmpdir_remove(dir);
+}
+
+/* By count: 1 KiB frames against recv_pause_msgs 2000 (plus what one read had in flight). */
+static void test_receive_backpressure(void)
+{
+    sh_transport_opts ob = {.recv_pause_msgs = 2000};
+    flood_stalled(1024, NULL, &ob, 1500, 2300);
+}
+
+/* By bytes: 256 KiB frames against recv_pause_bytes 4 MiB: at most 16 held, and the one being
+ * read (the sender's queue is kept to 8 MiB so that it fills quickly). */
+static void test_receive_backpressure_bytes(void)
+{
+    sh_transport_opts oa = {.queue_max_bytes = (uint64_t)8 << 20};
+    sh_transport_opts ob = {.recv_pause_bytes = (uint64_t)4 << 20};
+    flood_stalled((size_t)256 << 10, &oa, &ob, 12, 20);
+}
+
 static const sh_test_case tests[] = {
     {"nng_interop", test_nng_interop},
     {"nng_interop_tcp", test_nng_interop_tcp},
@@ -523,6 +611,8 @@ static const sh_test_case tests[] = {
     {"listen_paths", test_listen_paths},
     {"accept_without_descriptors", test_accept_without_descriptors},
     {"tcp_urls", test_tcp_urls},
+    {"receive_backpressure", test_receive_backpressure},
+    {"receive_backpressure_bytes", test_receive_backpressure_bytes},
     {NULL, NULL},
 };
 
