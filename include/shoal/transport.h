@@ -97,7 +97,9 @@ typedef struct sh_transport_opts {
      * frames (64 KiB and more) of recv_pause_bytes bytes (0: 256 MiB) that its actors have not
      * finished with, and reads again once below. The bytes wait in the kernel and then in the
      * senders' bounded queues, whose sends fail with SH_EBUSY: a stalled actor cannot make a
-     * flooding peer grow this node's memory without bound. */
+     * flooding peer grow this node's memory without bound. Messages that actors keep count
+     * too: a node whose actors keep more than recv_pause_msgs messages while they wait for
+     * replies from other nodes would stop reading those replies, so raise the limit there. */
     uint64_t recv_pause_msgs;
     uint64_t recv_pause_bytes;
 } sh_transport_opts;
