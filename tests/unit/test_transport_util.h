@@ -179,6 +179,96 @@ static inline void node_finish(node *n)
     sh_transport_destroy(n->tp);
 }
 
+/* ---- Large echoed frames, checked byte for byte ------------------------------------------ */
+
+/* Sends one PING per size in `sizes` ({"d": bin(size)} with a pattern), one at a time, and
+ * checks that each PONG carries the same bytes back. */
+typedef struct big_cfg {
+    sh_addr peer;
+    const size_t *sizes;
+    int n;
+    int next;
+    uint8_t *body; /* (body_cap) */
+    size_t body_cap, body_len;
+    _Atomic int done, bad;
+} big_cfg;
+
+static inline void big_fill(big_cfg *c, size_t n, uint32_t salt)
+{
+    uint8_t *b = c->body;
+    b[0] = 0x81, b[1] = 0xa1, b[2] = 'd', b[3] = 0xc6;
+    for (int i = 0; i < 4; i++)
+        b[4 + i] = (uint8_t)(n >> (24 - 8 * i));
+    for (size_t i = 0; i < n; i++)
+        b[8 + i] = (uint8_t)((i * 131u + salt) >> 3);
+    c->body_len = n + 8;
+}
+
+static inline void big_next(sh_actor_ctx *ctx, big_cfg *c)
+{
+    if (c->next >= c->n)
+        return;
+    big_fill(c, c->sizes[c->next], (uint32_t)c->next);
+    uint64_t s;
+    if (sh_request(ctx, c->peer, SH_MSG_PING, c->body, c->body_len, 20000, &s, NULL) != SH_OK) {
+        atomic_fetch_add(&c->bad, 1);
+        atomic_store(&c->done, c->n);
+    }
+}
+
+static inline sh_err big_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    *(big_cfg **)state = arg;
+    big_next(ctx, arg);
+    return SH_OK;
+}
+
+static inline sh_msg_fate big_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    big_cfg *c = *(big_cfg **)state;
+    size_t n = 0;
+    const void *b = sh_msg_body(m, &n);
+    if (sh_msg_header(m)->type != SH_MSG_PONG || n != c->body_len || memcmp(b, c->body, n) != 0) {
+        fprintf(stderr, "big frame %d (%zu bytes): type %u, %zu bytes back\n", c->next,
+                c->sizes[c->next], (unsigned)sh_msg_header(m)->type, n);
+        atomic_fetch_add(&c->bad, 1);
+    }
+    c->next++;
+    atomic_fetch_add(&c->done, 1);
+    big_next(ctx, c);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable big_vt = {
+    .name = "big", .state_size = sizeof(big_cfg *), .init = big_init, .handle = big_handle};
+
+/* Runs the sizes from a's "big" actor to b's echo; returns the mismatches (-1: not finished). */
+static inline int big_echo(node *a, sh_addr echo, const size_t *sizes, int n)
+{
+    static big_cfg c;
+    memset(&c, 0, sizeof c);
+    c.peer = echo;
+    c.sizes = sizes;
+    c.n = n;
+    c.body_cap = 0;
+    for (int i = 0; i < n; i++)
+        if (sizes[i] + 8 > c.body_cap)
+            c.body_cap = sizes[i] + 8;
+    c.body = malloc(c.body_cap);
+    CHECK(c.body != NULL);
+    CHECK_OK(sh_runtime_register(a->t.rt, &big_vt, NULL));
+    sh_addr addr;
+    CHECK_OK(sh_actor_spawn(a->t.rt, "big", &c, 0, &addr, NULL));
+    uint64_t end = now_ms() + 30000;
+    while (atomic_load(&c.done) < n && now_ms() < end)
+        sleep_ms(2);
+    sh_actor_stop(a->t.rt, addr);
+    sleep_ms(20);
+    int bad = atomic_load(&c.done) < n ? -1 : atomic_load(&c.bad);
+    free(c.body);
+    return bad;
+}
+
 /* A fresh private directory for ipc:// sockets. */
 static inline void tmpdir_make(char *buf, size_t cap)
 {
