@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "runtime/error.h"
+#include "runtime/fault_agent.h"
 #include "runtime/msg.h"
 #include "shoal/fault.h"
 
@@ -17,6 +18,7 @@ typedef struct rule {
     sh_fault_rule r;
     uint64_t id;
     uint64_t expires_ms; /* 0: never */
+    uint32_t matched;    /* messages that matched, for r.count */
 } rule;
 
 /* One link's generator: xoshiro256** state and the link's message count. */
@@ -56,6 +58,7 @@ struct sh_fault {
     _Atomic int busy; /* threads inside a hook; destroy waits for zero */
     sh_fault_stats st;
     sh_transport_hooks hooks;
+    sh__fault_agent *agent; /* fault_agent.c; NULL until spawned */
 };
 
 static uint64_t mono_ms(void)
@@ -132,8 +135,10 @@ static bool in_set(const uint32_t *set, uint32_t n, uint32_t node)
     return false;
 }
 
-static bool rule_matches(const sh_fault_rule *r, uint32_t from, uint32_t to)
+static bool rule_matches(const sh_fault_rule *r, uint32_t from, uint32_t to, uint32_t type)
 {
+    if (r->type && r->type != type)
+        return false;
     if (r->action == SH_FAULT_ACTION_PARTITION)
         return (in_set(r->from, r->n_from, from) && in_set(r->to, r->n_to, to)) ||
                (in_set(r->from, r->n_from, to) && in_set(r->to, r->n_to, from));
@@ -150,7 +155,7 @@ static void expire_locked(sh_fault *f, uint64_t now)
     atomic_store(&f->n_active, w);
 }
 
-sh_err sh_fault_rule_add(sh_fault *f, const sh_fault_rule *r, uint64_t *id, sh_error *e)
+sh_err sh__fault_rule_check(const sh_fault_rule *r, sh_error *e)
 {
     if ((unsigned)r->action > SH_FAULT_ACTION_PARTITION)
         return sh__error_set(e, SH_EINVAL, "fault: unknown action %d", (int)r->action);
@@ -164,6 +169,30 @@ sh_err sh_fault_rule_add(sh_fault *f, const sh_fault_rule *r, uint64_t *id, sh_e
     if (r->action == SH_FAULT_ACTION_DELAY && r->delay_ms > 600000)
         return sh__error_set(e, SH_EINVAL, "fault: delay %u ms is over 10 minutes",
                              (unsigned)r->delay_ms);
+    if (r->type > 255)
+        return sh__error_set(e, SH_EINVAL, "fault: message type %u is not in 0..255",
+                             (unsigned)r->type);
+    return SH_OK;
+}
+
+/* Appends checked rule r (caller holds f->mu, room checked). */
+static uint64_t add_locked(sh_fault *f, const sh_fault_rule *r, uint64_t now)
+{
+    rule *x = &f->rules[f->n_rules++];
+    x->r = *r;
+    x->id = ++f->next_id;
+    x->matched = 0;
+    x->expires_ms =
+        r->lasting_s > 0 && r->lasting_s < 1e9 ? now + (uint64_t)(r->lasting_s * 1000.0 + 0.5) : 0;
+    atomic_store(&f->n_active, f->n_rules);
+    return x->id;
+}
+
+sh_err sh_fault_rule_add(sh_fault *f, const sh_fault_rule *r, uint64_t *id, sh_error *e)
+{
+    sh_err err = sh__fault_rule_check(r, e);
+    if (err)
+        return err;
     uint64_t now = mono_ms();
     uv_mutex_lock(&f->mu);
     expire_locked(f, now);
@@ -171,14 +200,42 @@ sh_err sh_fault_rule_add(sh_fault *f, const sh_fault_rule *r, uint64_t *id, sh_e
         uv_mutex_unlock(&f->mu);
         return sh__error_set(e, SH_ERANGE, "fault: %d rules already", RULES_MAX);
     }
-    rule *x = &f->rules[f->n_rules++];
-    x->r = *r;
-    x->id = ++f->next_id;
-    x->expires_ms =
-        r->lasting_s > 0 && r->lasting_s < 1e9 ? now + (uint64_t)(r->lasting_s * 1000.0 + 0.5) : 0;
+    uint64_t x = add_locked(f, r, now);
     if (id)
-        *id = x->id;
+        *id = x;
+    uv_mutex_unlock(&f->mu);
+    return SH_OK;
+}
+
+sh_err sh__fault_apply(sh_fault *f, bool clear, uint64_t seed, const sh_fault_rule *rules, size_t n,
+                       size_t *active, sh_error *e)
+{
+    for (size_t i = 0; i < n; i++) {
+        sh_error why = {0};
+        sh_err err = sh__fault_rule_check(&rules[i], &why);
+        if (err)
+            return sh__error_set(e, err, "rule %zu: %s", i, why.msg);
+    }
+    uint64_t now = mono_ms();
+    uv_mutex_lock(&f->mu);
+    expire_locked(f, now);
+    size_t have = clear ? 0 : f->n_rules;
+    if (have + n > RULES_MAX) {
+        uv_mutex_unlock(&f->mu);
+        return sh__error_set(e, SH_ERANGE, "fault: %zu rules and %zu more exceed %d", have, n,
+                             RULES_MAX);
+    }
+    if (clear)
+        f->n_rules = 0;
+    if (seed) {
+        f->seed = seed;
+        for (size_t i = 0; i < f->n_links; i++)
+            link_seed(&f->links[i], seed, f->self);
+    }
+    for (size_t i = 0; i < n; i++)
+        add_locked(f, &rules[i], now);
     atomic_store(&f->n_active, f->n_rules);
+    *active = f->n_rules;
     uv_mutex_unlock(&f->mu);
     return SH_OK;
 }
@@ -377,9 +434,11 @@ static sh_send_verdict filter(void *ctx, sh_msg *m)
         d.seq = l->seq++;
         for (size_t i = 0; i < f->n_rules; i++) {
             const sh_fault_rule *r = &f->rules[i].r;
-            if (!rule_matches(r, f->self, to))
+            if (!rule_matches(r, f->self, to, (uint32_t)h->type))
                 continue;
             matched = true;
+            if (r->count && ++f->rules[i].matched == r->count)
+                f->rules[i].expires_ms = 1; /* this was its last message */
             if (r->action == SH_FAULT_ACTION_PARTITION) {
                 d.actions |= 1u << SH_FAULT_ACTION_PARTITION;
                 continue;
@@ -502,10 +561,15 @@ sh_err sh_fault_create(sh_runtime *rt, const sh_fault_opts *opts, sh_fault **out
     return SH_OK;
 }
 
+sh_runtime *sh__fault_runtime(sh_fault *f) { return f->rt; }
+
+sh__fault_agent **sh__fault_agent_slot(sh_fault *f) { return &f->agent; }
+
 void sh_fault_destroy(sh_fault *f)
 {
     if (!f)
         return;
+    sh__fault_agent_destroy(f->agent);
     sh_transport_set(f->rt, f->has_next ? &f->next : NULL);
     while (atomic_load(&f->busy) > 0) {
         struct timespec ts = {0, 100000};

@@ -159,7 +159,8 @@
     F(S, counts, "c", U64S, _, REQ, 1, 257)                                                        \
     F(S, sum, "s", F64, _, REQ, 0, 0)
 
-/* One fault-injection rule (sh_proto_fault_action); zero src, dst or type matches any. */
+/* One fault-injection rule (sh_proto_fault_action; sh_fault_rule in shoal/fault.h says what each
+ * field does); zero src, dst or type matches any. */
 #define SH_PROTO_FIELDS_fault_rule(F, S)                                                           \
     F(S, action, "a", U8, _, REQ, 0, 4)                                                            \
     F(S, src, "s", ADDR, _, REQ, 0, 0)                                                             \
@@ -167,7 +168,9 @@
     F(S, type, "ty", U32, _, REQ, 0, 255)                                                          \
     F(S, prob, "p", F32, _, REQ, 0, 0)                                                             \
     F(S, delay_ms, "ms", U32, _, OPT, 0, 0)                                                        \
-    F(S, count, "n", U32, _, OPT, 0, 0) /* 0: unlimited */
+    F(S, count, "n", U32, _, OPT, 0, 0)       /* matches before it expires; 0: no limit */         \
+    F(S, bytes, "b", U32, _, OPT, 0, 16)      /* CORRUPT: bytes flipped */                         \
+    F(S, lasting_s, "for", F64, _, OPT, 0, 0) /* seconds until it expires; 0: never */
 
 /* SUBMIT. deadline_ms is Unix time in milliseconds (0: none), comparable across nodes whose
  * clocks are synchronised; generated carries the tokens produced before a failure, so the

@@ -47,6 +47,8 @@ typedef struct sh_fault_rule {
     uint32_t delay_ms; /* DELAY */
     uint32_t bytes;    /* CORRUPT: 1..SH_FAULT_FLIPS_MAX */
     double lasting_s;  /* the rule expires this long after it was added; <= 0: never */
+    uint32_t type;     /* only messages of this type (SH_MSG_*, runtime/msg.h); 0: any */
+    uint32_t count;    /* the rule expires once this many messages matched it; 0: never */
 } sh_fault_rule;
 
 /* What the layer decided for one message (for logs and the determinism tests). */
@@ -107,9 +109,23 @@ size_t sh_fault_rule_count(sh_fault *f);
 
 void sh_fault_stats_get(sh_fault *f, sh_fault_stats *out);
 
-/* Uninstalls the layer (re-installing opts->next, or nothing), stops the timer thread and frees
- * the messages still held (they are lost, as a dying link would lose them). Accepts NULL. Call
- * before destroying the transport and the runtime. */
+/* Spawns the layer's agent on loop `loop` of its runtime (SH_ACTOR_LOOP_ANY allowed) and sets
+ * *addr: an actor that takes FAULT messages (runtime/proto_table.h) from a chaos driver on any
+ * node, so one process can steer the faults of a whole cluster. A FAULT applies as a whole or
+ * not at all: `clr` removes every rule first, a non-zero seed reseeds (sh_fault_reseed), then
+ * the rules are added. A wire rule's src and dst name nodes (their actor part must be 0; 0
+ * matches any node); its other fields are those of sh_fault_rule ("b" corrupt bytes, "for"
+ * lasting seconds, "n" count, "ty" type). A request is answered with a FAULT carrying the rules
+ * now active in its seed field and no rules (success), or with an ERROR naming the first bad
+ * rule (nothing applied). Other message types are answered with ERROR SH_EPROTO. At most one
+ * agent per layer: SH_EBUSY for a second. Returns as sh_actor_spawn() otherwise. The agent is
+ * stopped by sh_fault_destroy(). Not from a loop thread of the runtime. */
+sh_err sh_fault_agent_spawn(sh_fault *f, int loop, sh_addr *addr, sh_error *e);
+
+/* Uninstalls the layer (re-installing opts->next, or nothing), stops the agent (waiting for it)
+ * and the timer thread, and frees the messages still held (they are lost, as a dying link would
+ * lose them). Accepts NULL. Call before destroying the transport and the runtime, and not from
+ * one of the runtime's loop threads. */
 void sh_fault_destroy(sh_fault *f);
 
 #endif

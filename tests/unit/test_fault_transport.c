@@ -1,7 +1,8 @@
 /* Fault injection over a real transport: two runtimes on ipc:// sockets with the fault layer
  * wrapping node 1's transport. The same seed gives the same frames at the receiver, corrupted
- * frames are refused there while the node keeps serving, delays show in round trips, and a
- * partition cuts the link until it heals. */
+ * frames are refused there while the node keeps serving, delays show in round trips, a
+ * partition cuts the link until it heals, and FAULT messages from another node steer it. */
+#include "runtime/proto.h"
 #include "shoal/fault.h"
 #include "test_transport_util.h"
 
@@ -187,10 +188,152 @@ static void test_delay_and_partition(void)
     tmpdir_remove(dir);
 }
 
+/* A chaos driver on node 2: sends one request (a FAULT body, or a PING) to `to` and records the
+ * answer. */
+typedef struct driver {
+    sh_addr to;
+    uint32_t type;
+    sh_proto_fault body;
+    _Atomic int done;
+    uint32_t reply_type;
+    uint64_t active; /* a FAULT answer's rule count */
+    sh_err code;     /* an ERROR answer's code */
+    char text[256];
+} driver;
+
+static sh_err driver_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    driver *d = arg;
+    *(driver **)state = d;
+    uint64_t s;
+    if (d->type == SH_MSG_FAULT)
+        return sh_request_with(ctx, d->to, SH_MSG_FAULT, sh__proto_encode, &d->body, 5000, &s,
+                               NULL);
+    uint8_t b[13];
+    body_make(b, 1, 1);
+    return sh_request(ctx, d->to, d->type, b, sizeof b, 5000, &s, NULL);
+}
+
+static sh_msg_fate driver_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    (void)ctx;
+    driver *d = *(driver **)state;
+    d->reply_type = sh_msg_header(m)->type;
+    size_t len = 0;
+    const void *b = sh_msg_body(m, &len);
+    static max_align_t mem[1024];
+    sh_proto_arena ar;
+    sh__proto_arena_init(&ar, mem, sizeof mem);
+    sh_msg_codec c;
+    sh__msg_codec_init(&c);
+    sh_proto_body body;
+    if (sh__proto_decode_body(&c, (sh_msg_type)d->reply_type, b, len, &body, &ar, NULL) == SH_OK) {
+        if (d->reply_type == SH_MSG_FAULT)
+            d->active = body.fault.seed;
+        if (d->reply_type == SH_MSG_ERROR) {
+            d->code = (sh_err)body.error.code;
+            snprintf(d->text, sizeof d->text, "%.*s", (int)body.error.message.len,
+                     body.error.message.ptr);
+        }
+    }
+    atomic_store(&d->done, 1);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable driver_vt = {
+    .name = "driver", .state_size = sizeof(driver *), .init = driver_init, .handle = driver_handle};
+
+/* Sends d from node 2 and waits for the answer. */
+static void drive(pair *p, driver *d)
+{
+    atomic_store(&d->done, 0);
+    sh_addr a;
+    CHECK_OK(sh_actor_spawn(p->b.t.rt, "driver", d, 0, &a, NULL));
+    uint64_t end = now_ms() + 5000;
+    while (!atomic_load(&d->done) && now_ms() < end)
+        sleep_ms(2);
+    CHECK(atomic_load(&d->done));
+    sh_actor_stop(p->b.t.rt, a);
+    sleep_ms(10);
+}
+
+/* FAULT messages from another node steer node 1's layer through its agent: rules arrive, act and
+ * expire by count; a bad rule is refused with a clear error and changes nothing; clear empties
+ * the layer; anything but FAULT is answered with an error. */
+static void test_fault_messages(void)
+{
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
+    static tally t;
+    memset(&t, 0, sizeof t);
+    pair p;
+    pair_up(&p, dir, 5, &t);
+    sh_addr agent;
+    CHECK_OK(sh_fault_agent_spawn(p.f, 0, &agent, NULL));
+    CHECK_INT_EQ(sh_fault_agent_spawn(p.f, 0, &agent, NULL), SH_EBUSY);
+    CHECK_OK(sh_runtime_register(p.b.t.rt, &driver_vt, NULL));
+    static driver d;
+    /* Drop the next 3 PINGs from node 1 to node 2 (answers to FAULTs are not PINGs). */
+    sh_proto_fault_rule drop3 = {.action = SH_PROTO_FAULT_ACTION_DROP,
+                                 .src = sh_addr_make(1, 0),
+                                 .dst = sh_addr_make(2, 0),
+                                 .type = SH_MSG_PING,
+                                 .prob = 1.0f,
+                                 .count = 3};
+    d = (driver){.to = agent, .type = SH_MSG_FAULT};
+    d.body = (sh_proto_fault){.seed = 11, .rules = {&drop3, 1}};
+    drive(&p, &d);
+    CHECK_UINT_EQ(d.reply_type, SH_MSG_FAULT);
+    CHECK_UINT_EQ(d.active, 1);
+    req_cfg c;
+    CHECK_INT_EQ(ping_many(p.a.t.rt, p.echo_at, 10, 400, 5000, &c), 7);
+    CHECK_INT_EQ(atomic_load(&c.timeouts), 3);
+    CHECK_UINT_EQ(sh_fault_rule_count(p.f), 0); /* expired by count */
+    /* A bad rule: refused, named, nothing applied. */
+    sh_proto_fault_rule bad[2] = {drop3, drop3};
+    bad[1].prob = 2.0f;
+    d = (driver){.to = agent, .type = SH_MSG_FAULT};
+    d.body = (sh_proto_fault){.seed = 0, .rules = {bad, 2}};
+    drive(&p, &d);
+    fprintf(stderr, "bad rule: %s: %s\n", sh_strerror(d.code), d.text);
+    CHECK_UINT_EQ(d.reply_type, SH_MSG_ERROR);
+    CHECK_INT_EQ(d.code, SH_EINVAL);
+    CHECK(strstr(d.text, "rule 1") != NULL && strstr(d.text, "p=2") != NULL);
+    CHECK_UINT_EQ(sh_fault_rule_count(p.f), 0);
+    /* A rule naming an actor instead of a node. */
+    bad[0].dst = p.echo_at;
+    d = (driver){.to = agent, .type = SH_MSG_FAULT};
+    d.body = (sh_proto_fault){.seed = 0, .rules = {bad, 1}};
+    drive(&p, &d);
+    CHECK_INT_EQ(d.code, SH_EUNSUPPORTED);
+    /* Every PING dropped, until a FAULT with clear and no rules. */
+    sh_proto_fault_rule all = drop3;
+    all.count = 0;
+    d = (driver){.to = agent, .type = SH_MSG_FAULT};
+    d.body = (sh_proto_fault){.seed = 0, .rules = {&all, 1}};
+    drive(&p, &d);
+    CHECK_UINT_EQ(d.active, 1);
+    CHECK_INT_EQ(ping_many(p.a.t.rt, p.echo_at, 5, 200, 3000, &c), 0);
+    d = (driver){.to = agent, .type = SH_MSG_FAULT};
+    d.body = (sh_proto_fault){.seed = 0, .clear = true};
+    drive(&p, &d);
+    CHECK_UINT_EQ(d.reply_type, SH_MSG_FAULT);
+    CHECK_UINT_EQ(d.active, 0);
+    CHECK_INT_EQ(ping_many(p.a.t.rt, p.echo_at, 20, 5000, 5000, &c), 20);
+    /* Not a FAULT. */
+    d = (driver){.to = agent, .type = SH_MSG_PING};
+    drive(&p, &d);
+    CHECK_UINT_EQ(d.reply_type, SH_MSG_ERROR);
+    CHECK_INT_EQ(d.code, SH_EPROTO);
+    pair_down(&p);
+    tmpdir_remove(dir);
+}
+
 static const sh_test_case tests[] = {
     {"same_seed_same_frames", test_same_seed_same_frames},
     {"corrupt_then_heal", test_corrupt_then_heal},
     {"delay_and_partition", test_delay_and_partition},
+    {"fault_messages", test_fault_messages},
     {NULL, NULL},
 };
 

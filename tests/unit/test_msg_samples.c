@@ -277,10 +277,15 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         uint32_t n = (uint32_t)range(s, 1, 8);
         sh_proto_fault_rule *r = take(s, n * sizeof *r);
         for (uint32_t i = 0; i < n; i++)
-            r[i] = (sh_proto_fault_rule){
-                (uint8_t)range(s, 0, 4),   nz64(s),     nz64(s),
-                (uint32_t)range(s, 1, 18), rf(s, 0, 1), (uint32_t)range(s, 1, 500),
-                (uint32_t)range(s, 1, 9)};
+            r[i] = (sh_proto_fault_rule){(uint8_t)range(s, 0, 4),
+                                         nz64(s),
+                                         nz64(s),
+                                         (uint32_t)range(s, 1, 18),
+                                         rf(s, 0, 1),
+                                         (uint32_t)range(s, 1, 500),
+                                         (uint32_t)range(s, 1, 9),
+                                         (uint32_t)range(s, 1, 16),
+                                         rf(s, 0, 5)};
         b->fault.seed = nz64(s);
         b->fault.clear = true;
         b->fault.rules = (sh_proto_fault_rule_list){r, n};
