@@ -11,9 +11,10 @@ TOKENS      ?= 96
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
 FUZZ_SECONDS ?= 30
+SOAK_SECONDS ?= 120
 CMAKE_FLAGS ?=
 
-.PHONY: all bootstrap model build run generate venv test test-fast test-asan test-fuzz format format-check clean
+.PHONY: all bootstrap model build run generate venv test test-fast test-asan test-fuzz soak format format-check clean
 
 all: build
 
@@ -44,6 +45,11 @@ test: model format-check build venv
 
 test-fast: model build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE fuzz
+
+# The chaos soak, not part of `make test`: peers killed and restarted at random under traffic and
+# fault rules for SOAK_SECONDS.
+soak: build
+	cd $(BUILD) && SH_SOAK_SECONDS=$(SOAK_SECONDS) ctest --output-on-failure -L chaos
 
 # The Python environment of the serving tests (the openai package from PyPI).
 venv: bootstrap

@@ -13,3 +13,12 @@ if(TARGET test_transport_proc)
                              SH_TEST_NODE="$<TARGET_FILE:shoal_test_node>")
   add_dependencies(test_transport_proc shoal_test_node)
 endif()
+# The chaos soak (label chaos): skips unless SH_SOAK_SECONDS is set; `make soak` runs it.
+sh_test(test_transport_soak SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_soak.c
+        LABELS chaos TIMEOUT 3600)
+if(TARGET test_transport_soak)
+  target_include_directories(test_transport_soak PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit)
+  target_compile_definitions(test_transport_soak PRIVATE
+                             SH_TEST_NODE="$<TARGET_FILE:shoal_test_node>")
+  add_dependencies(test_transport_soak shoal_test_node)
+endif()
