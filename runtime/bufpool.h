@@ -1,4 +1,4 @@
-/* A small pool of large frame buffers kept for reuse, shared by the NNG and the ipc:// links. */
+/* A small pool of large frame buffers kept for reuse by the NNG links and the stream engine. */
 #ifndef SH_RUNTIME_BUFPOOL_H
 #define SH_RUNTIME_BUFPOOL_H
 

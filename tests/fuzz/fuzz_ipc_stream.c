@@ -1,4 +1,4 @@
-/* libFuzzer target for the ipc:// engine's stream parser: arbitrary bytes on a real connection
+/* libFuzzer target for the stream engine's ipc:// parser: arbitrary bytes on a real connection
  * to a listening node (after a valid push0 handshake when the first byte is odd). The node must
  * answer with its handshake, consume everything, close the connection when the input ends or
  * breaks the framing, and keep serving the next connection. */
