@@ -2,6 +2,7 @@
 #ifndef SH_TEST_PROC_UTIL_H
 #define SH_TEST_PROC_UTIL_H
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -85,6 +86,19 @@ static inline void child_kill(child *c)
     kill(c->pid, SIGKILL);
     close(c->in_fd);
     waitpid(c->pid, NULL, 0);
+}
+
+/* Open descriptors of this process (-1 when /proc is missing). */
+static inline int fd_count(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
 }
 
 #endif

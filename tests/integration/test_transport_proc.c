@@ -1,6 +1,5 @@
 /* The transport between processes: ipc:// and tcp:// ping-pong, 3 nodes, dead peer, restart,
  * a peer killed in the middle of large frames. */
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -123,18 +122,6 @@ static void test_dead_peer_restart(void)
     unlink(u1 + 6);
     unlink(u2 + 6);
     tmpdir_remove(dir);
-}
-
-static int fd_count(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
 }
 
 /* The peer is killed again and again while 2 MiB frames are being written to it: the link goes

@@ -3,7 +3,6 @@
  * request bursts and large frames through a fault layer whose rules come and go. Every request
  * must be answered within its deadline, no descriptor may leak, and at the end the cluster must
  * serve cleanly again. Skipped (77) unless SH_SOAK_SECONDS is set: `make soak`. */
-#include <dirent.h>
 
 #include "shoal/fault.h"
 #include "test_proc_util.h"
@@ -15,18 +14,6 @@ static uint32_t roll(uint32_t n)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return (uint32_t)(rng % n);
-}
-
-static int fd_count(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
 }
 
 typedef struct peer_proc {

@@ -38,13 +38,17 @@ typedef struct pair {
     node a, b;
     sh_fault *f;
     sh_addr tally_at, echo_at;
+    char dir[64]; /* the sockets' directory, removed by pair_down */
+    tally t;      /* what reached node 2's tally */
 } pair;
 
-static void pair_up(pair *p, const char *dir, uint64_t seed, tally *t)
+static void pair_up(pair *p, uint64_t seed)
 {
+    memset(&p->t, 0, sizeof p->t);
+    tmpdir_make(p->dir, sizeof p->dir);
     char ua[128], ub[128];
-    snprintf(ua, sizeof ua, "ipc://%s/a", dir);
-    snprintf(ub, sizeof ub, "ipc://%s/b", dir);
+    snprintf(ua, sizeof ua, "ipc://%s/a", p->dir);
+    snprintf(ub, sizeof ub, "ipc://%s/b", p->dir);
     node_start(&p->a, 1, ua, NULL);
     node_start(&p->b, 2, ub, NULL);
     CHECK_OK(sh_transport_peer_add(p->a.tp, 2, ub, NULL));
@@ -54,7 +58,7 @@ static void pair_up(pair *p, const char *dir, uint64_t seed, tally *t)
     sh_fault_opts fo = {.seed = seed, .next = &next};
     CHECK_OK(sh_fault_create(p->a.t.rt, &fo, &p->f, NULL));
     CHECK_OK(sh_runtime_register(p->b.t.rt, &tally_vt, NULL));
-    CHECK_OK(sh_actor_spawn(p->b.t.rt, "tally", t, 0, &p->tally_at, NULL));
+    CHECK_OK(sh_actor_spawn(p->b.t.rt, "tally", &p->t, 0, &p->tally_at, NULL));
     CHECK_OK(sh_actor_spawn(p->b.t.rt, "echo", NULL, 0, &p->echo_at, NULL));
     CHECK(wait_link_up(p->a.tp, 2, 1, 5000));
     CHECK(wait_link_up(p->b.tp, 1, 1, 5000));
@@ -65,12 +69,14 @@ static void pair_down(pair *p)
     sh_fault_destroy(p->f);
     node_finish(&p->a);
     node_finish(&p->b);
+    tmpdir_remove(p->dir);
 }
 
 /* Sends PINGs 0..n-1 (no session) to the tally and waits until `expect` arrived or 300 ms of
  * quiet. */
-static void send_seq(pair *p, tally *t, uint32_t n)
+static void send_seq(pair *p, uint32_t n)
 {
+    tally *t = &p->t;
     for (uint32_t i = 0; i < n; i++)
         CHECK_OK(send_body(p->a.t.rt, 0, p->tally_at, 0, SH_MSG_PING, 1, i));
     long last = -1;
@@ -82,30 +88,26 @@ static void send_seq(pair *p, tally *t, uint32_t n)
 
 /* One run of 600 PINGs through drop 0.3 and duplicate 0.2 on the real link; `out` gets how many
  * times each arrived. */
-static void lossy_run(const char *dir, uint64_t seed, uint32_t *out)
+static void lossy_run(uint64_t seed, uint32_t *out)
 {
-    static tally t;
-    memset(&t, 0, sizeof t);
-    pair p;
-    pair_up(&p, dir, seed, &t);
+    static pair p;
+    pair_up(&p, seed);
     sh_fault_rule drop = {.action = SH_FAULT_ACTION_DROP, .p = 0.3};
     sh_fault_rule dup = {.action = SH_FAULT_ACTION_DUPLICATE, .p = 0.2};
     CHECK_OK(sh_fault_rule_add(p.f, &drop, NULL, NULL));
     CHECK_OK(sh_fault_rule_add(p.f, &dup, NULL, NULL));
-    send_seq(&p, &t, 600);
+    send_seq(&p, 600);
     for (int i = 0; i < 600; i++)
-        out[i] = atomic_load(&t.seen[i]);
+        out[i] = atomic_load(&p.t.seen[i]);
     pair_down(&p);
 }
 
 static void test_same_seed_same_frames(void)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
     static uint32_t r1[600], r2[600], r3[600];
-    lossy_run(dir, 42, r1);
-    lossy_run(dir, 42, r2);
-    lossy_run(dir, 43, r3);
+    lossy_run(42, r1);
+    lossy_run(42, r2);
+    lossy_run(43, r3);
     uint32_t got = 0, lost = 0, twice = 0;
     for (int i = 0; i < 600; i++) {
         got += r1[i];
@@ -117,26 +119,21 @@ static void test_same_seed_same_frames(void)
     CHECK(twice > 50 && twice < 130);      /* duplicate 0.2 of the rest */
     CHECK(memcmp(r1, r2, sizeof r1) == 0); /* the same seed: the same frames, frame for frame */
     CHECK(memcmp(r1, r3, sizeof r1) != 0); /* another seed: others */
-    tmpdir_remove(dir);
 }
 
 /* Corrupted frames cross the real socket; the receiver refuses what no longer decodes, counts
  * it, and keeps serving; once healed the link is clean again. */
 static void test_corrupt_then_heal(void)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
-    static tally t;
-    memset(&t, 0, sizeof t);
-    pair p;
-    pair_up(&p, dir, 9, &t);
+    static pair p;
+    pair_up(&p, 9);
     sh_fault_rule cor = {.action = SH_FAULT_ACTION_CORRUPT, .p = 1, .bytes = 8};
     CHECK_OK(sh_fault_rule_add(p.f, &cor, NULL, NULL));
-    send_seq(&p, &t, 200);
+    send_seq(&p, 200);
     sh_transport_stats st;
     sh_transport_stats_get(p.b.tp, &st);
     fprintf(stderr, "corrupt: %llu of 200 refused by the receiver, %ld delivered\n",
-            (unsigned long long)st.rejected, atomic_load(&t.n));
+            (unsigned long long)st.rejected, atomic_load(&p.t.n));
     CHECK(st.rejected > 20);
     CHECK_UINT_EQ(st.frames_recv, 200); /* the framing itself was never broken */
     CHECK_UINT_EQ(sh_fault_heal(p.f, NULL, 0, NULL, 0), 1);
@@ -144,7 +141,6 @@ static void test_corrupt_then_heal(void)
     CHECK_INT_EQ(ping_many(p.a.t.rt, p.echo_at, 200, 5000, 10000, &c), 200);
     CHECK_INT_EQ(atomic_load(&c.in_order), 200);
     pair_down(&p);
-    tmpdir_remove(dir);
 }
 
 static uint64_t rtt_ms(pair *p)
@@ -159,12 +155,8 @@ static uint64_t rtt_ms(pair *p)
  * out) until it heals. */
 static void test_delay_and_partition(void)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
-    static tally t;
-    memset(&t, 0, sizeof t);
-    pair p;
-    pair_up(&p, dir, 5, &t);
+    static pair p;
+    pair_up(&p, 5);
     sh_fault_rule delay = {.action = SH_FAULT_ACTION_DELAY, .p = 1, .delay_ms = 80};
     uint64_t id;
     CHECK_OK(sh_fault_rule_add(p.f, &delay, &id, NULL));
@@ -185,7 +177,6 @@ static void test_delay_and_partition(void)
     CHECK_UINT_EQ(sh_fault_heal(p.f, &a, 1, &b, 1), 1);
     CHECK_INT_EQ(ping_many(p.a.t.rt, p.echo_at, 50, 5000, 10000, &c), 50);
     pair_down(&p);
-    tmpdir_remove(dir);
 }
 
 /* A chaos driver on node 2: sends one request (a FAULT body, or a PING) to `to` and records the
@@ -262,12 +253,8 @@ static void drive(pair *p, driver *d)
  * the layer; anything but FAULT is answered with an error. */
 static void test_fault_messages(void)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
-    static tally t;
-    memset(&t, 0, sizeof t);
-    pair p;
-    pair_up(&p, dir, 5, &t);
+    static pair p;
+    pair_up(&p, 5);
     sh_addr agent;
     CHECK_OK(sh_fault_agent_spawn(p.f, 0, &agent, NULL));
     CHECK_INT_EQ(sh_fault_agent_spawn(p.f, 0, &agent, NULL), SH_EBUSY);
@@ -326,7 +313,6 @@ static void test_fault_messages(void)
     CHECK_UINT_EQ(d.reply_type, SH_MSG_ERROR);
     CHECK_INT_EQ(d.code, SH_EPROTO);
     pair_down(&p);
-    tmpdir_remove(dir);
 }
 
 static const sh_test_case tests[] = {
