@@ -10,7 +10,7 @@ PROMPT      ?= Once upon a time, a little fox
 TOKENS      ?= 96
 HOST        ?= 127.0.0.1
 PORT        ?= 8080
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?=
 SOAK_SECONDS ?= 120
 CMAKE_FLAGS ?=
 
@@ -38,7 +38,7 @@ generate: model build
 
 # The whole suite: format check, the Release build's tests (the serving tests drive the server
 # with the official openai client from .cache/venv, required here), the unit tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for FUZZ_SECONDS.
+# AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for its own time (FUZZ_SECONDS=N: N s each).
 test: model format-check build venv
 	cd $(BUILD) && SH_REQUIRE_OPENAI=1 ctest --output-on-failure -j $(JOBS) -LE fuzz
 	$(MAKE) test-asan test-fuzz

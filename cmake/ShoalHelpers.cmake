@@ -37,15 +37,17 @@ function(sh_test name)
 endfunction()
 
 # sh_fuzz(NAME SOURCES f.c... [SECONDS s] [CORPUS dir]): a libFuzzer target (SH_FUZZ builds only),
-# registered as a ctest test with label `fuzz` that runs for a bounded time (default
-# SH_FUZZ_SECONDS).
+# registered as a ctest test with label `fuzz` that runs for a bounded time: SH_FUZZ_SECONDS when
+# it is set (it overrides every target), else the target's own SECONDS, else 30.
 function(sh_fuzz name)
   if(NOT SH_FUZZ)
     return()
   endif()
   cmake_parse_arguments(F "" "SECONDS;CORPUS" "SOURCES" ${ARGN})
-  if(NOT F_SECONDS)
+  if(NOT "${SH_FUZZ_SECONDS}" STREQUAL "")
     set(F_SECONDS ${SH_FUZZ_SECONDS})
+  elseif(NOT F_SECONDS)
+    set(F_SECONDS 30)
   endif()
   add_executable(${name} ${F_SOURCES})
   target_compile_options(${name} PRIVATE ${SH_WARN_FLAGS})
