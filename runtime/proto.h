@@ -92,7 +92,7 @@ typedef struct sh_proto_tensor {
     uint32_t ndim;                     /* 1..SH_PROTO_MAX_DIMS */
     uint64_t shape[SH_PROTO_MAX_DIMS]; /* each >= 1; entries past ndim are 0 */
     /* nbytes = product(shape) * element size, in the frame, unaligned; NULL (and nbytes 0) when
-     * the data travels out of band (NCCL) and only the shape is in the message. */
+     * the data travels out of band (no such path exists yet) and only the shape is sent. */
     const void *data;
     uint64_t nbytes;
 } sh_proto_tensor;

@@ -32,8 +32,9 @@
  *   STRS sh_strv_list: array of str; the sh_strv entries go to the decode arena, the bytes stay
  *        in the frame; at most hi entries of at most SH_PROTO_MAX_STR_ITEM bytes.
  *   TENSOR sh_proto_tensor: map {"dt": dtype, "sh": [dims], "d": bin}; "d" absent means the data
- *        travels out of band (NCCL). The bin's length must equal the shape's element count
- *        times the dtype's size; it is never copied.
+ *        travels out of band (kept for a device path such as NCCL, which does not exist yet;
+ *        today every tensor travels in "d"). The bin's length must equal the shape's element
+ *        count times the dtype's size; it is never copied.
  *   STRUCT sh_proto_<SUB>: a nested map.
  *   LIST sh_proto_<SUB>_list: array of maps, decoded into the arena; at most hi entries.
  * REQ fields must be present; OPT fields absent decode as zero / empty. The encoder writes every
