@@ -2,7 +2,7 @@
 #include <pthread.h>
 
 #include "lua/config.h"
-#include "runtime/fault_scenario.h"
+#include "lua/fault_scenario.h"
 #include "shoal/fault.h"
 #include "test_runtime_util.h"
 

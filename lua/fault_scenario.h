@@ -1,6 +1,8 @@
-/* Runs a fault scenario (lua/config.h events) against fault layers and host callbacks. */
-#ifndef SH_RUNTIME_FAULT_SCENARIO_H
-#define SH_RUNTIME_FAULT_SCENARIO_H
+/* Runs a fault scenario (lua/config.h events) against fault layers (shoal/fault.h) and host
+ * callbacks: the bridge between the scenario language and the runtime's fault layer, kept in lua/
+ * so that the runtime knows nothing of scripts. */
+#ifndef SH_LUA_FAULT_SCENARIO_H
+#define SH_LUA_FAULT_SCENARIO_H
 
 #include "lua/config.h"
 #include "shoal/fault.h"
