@@ -1,8 +1,12 @@
 /* The HTTP server's listener and connections: accept, parse with http-parser, limits, timers. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 
 #include "actors/http_internal.h"
 
@@ -215,7 +219,8 @@ static void conn_fail(sh__http_conn *c, int status, const char *msg)
 
 void sh__http_conn_req_done(sh__http_conn *c, sh_http_req *req)
 {
-    bool keep = req->keep_alive && !c->srv->closing;
+    bool keep = req->keep_alive && !c->srv->closing && !c->srv->draining;
+    c->srv->n_active--;
     req->state = SH__HTTP_DONE;
     req_free(req);
     c->active = NULL;
@@ -246,7 +251,9 @@ static uint64_t phase_limit(const sh__http_conn *c)
     const sh_http_opts *o = &c->srv->opts;
     switch (c->phase) {
     case PHASE_IDLE:
-        return o->idle_timeout_ms;
+        /* A connection that has not started its first request gets the header timeout from
+         * accept: idle sockets opened and never used must not hold descriptors for a minute. */
+        return c->fresh ? o->header_timeout_ms : o->idle_timeout_ms;
     case PHASE_HEADERS:
         return o->header_timeout_ms;
     case PHASE_BODY:
@@ -341,7 +348,9 @@ static int on_message_begin(http_parser *p)
     c->parsing->last_was_value = true;
     c->header_bytes = 0;
     c->phase = PHASE_HEADERS;
-    c->phase_start = uv_now(c->srv->loop);
+    if (!c->fresh) /* the first request's clock started at accept */
+        c->phase_start = uv_now(c->srv->loop);
+    c->fresh = false;
     return 0;
 }
 
@@ -458,7 +467,8 @@ static int on_message_complete(http_parser *p)
     sh_http_req *r = c->parsing;
     if (!sh__http_buf_add(&r->body, "", 0))
         return c->err_status = 503, 1;
-    r->keep_alive = http_should_keep_alive(p) && !c->srv->closing && !p->upgrade;
+    r->keep_alive =
+        http_should_keep_alive(p) && !c->srv->closing && !c->srv->draining && !p->upgrade;
     /* Stop here: the next pipelined request waits until this one is answered. */
     http_parser_pause(p, 1);
     return 0;
@@ -521,6 +531,7 @@ static void dispatch(sh__http_conn *c)
     c->active = r;
     c->refs++;
     c->phase = PHASE_ACTIVE;
+    c->srv->n_active++;
     r->state = SH__HTTP_HANDLING;
     c->srv->opts.handler(r, c->srv->opts.user);
 }
@@ -579,9 +590,117 @@ static void conn_process(sh__http_conn *c)
 
 /* --- the listener --- */
 
+/* Calls the log callback for event ev at most once a minute, with the count since the last call
+ * and the text of fmt appended. */
+static void server_log(sh_http_server *s, int ev, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void server_log(sh_http_server *s, int ev, const char *key, const char *fmt, ...)
+{
+    s->log_count[ev]++;
+    uint64_t now = uv_now(s->loop) + 1; /* + 1: 0 means never */
+    if (!s->opts.log || (s->log_at[ev] && now - s->log_at[ev] < 60000))
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof msg && s->log_count[ev] > 1)
+        snprintf(msg + n, sizeof msg - (size_t)n, " (%llu times since the last report)",
+                 (unsigned long long)s->log_count[ev]);
+    s->log_at[ev] = now;
+    s->log_count[ev] = 0;
+    s->opts.log(s->opts.user, key, msg);
+}
+
+static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
+    return false;
+}
+
+/* Whether c may be closed to make room: no request being answered, nothing left to write, not
+ * part way through a request body (an upload in progress is work, not idleness). */
+static bool conn_idle(const sh__http_conn *c)
+{
+    if (c->closing || c->active || c->rejecting || c->pending_writes > 0)
+        return false;
+    if (c->phase == PHASE_LINGER)
+        return true; /* its last response is out */
+    return !c->close_after_write && c->phase != PHASE_BODY && c->phase != PHASE_ACTIVE;
+}
+
+/* The idle connection that has been in its state longest (of peer's address when peer is set),
+ * or NULL. */
+static sh__http_conn *oldest_idle(sh_http_server *s, const struct sockaddr_storage *peer)
+{
+    sh__http_conn *best = NULL;
+    for (sh__http_conn *c = s->conns; c; c = c->next) {
+        if (!conn_idle(c) || (peer && (!c->has_peer || !same_ip(&c->peer, peer))))
+            continue;
+        if (!best || c->phase_start < best->phase_start)
+            best = c;
+    }
+    return best;
+}
+
+static uint32_t conns_from(const sh_http_server *s, const struct sockaddr_storage *peer)
+{
+    uint32_t n = 0;
+    for (const sh__http_conn *c = s->conns; c; c = c->next)
+        if (!c->closing && !c->rejecting && c->has_peer && same_ip(&c->peer, peer))
+            n++;
+    return n;
+}
+
+/* Closes idle connections, oldest first, until at most `keep` are open; returns how many. */
+static uint32_t shed_to(sh_http_server *s, uint32_t keep)
+{
+    uint32_t n = 0;
+    while (s->n_conns > keep) {
+        sh__http_conn *v = oldest_idle(s, NULL);
+        if (!v)
+            break;
+        sh__http_conn_close(v); /* libuv closes the descriptor now, not in the callback */
+        n++;
+    }
+    s->stats.shed += n;
+    return n;
+}
+
+/* accept() failed for lack of descriptors (libuv has already accepted and closed the pending
+ * connections with its reserved descriptor). Opened elsewhere in the process, descriptors are
+ * fewer than the budget assumed: shrink it to what is open now, less a margin, and shed. */
+static void on_fd_exhausted(sh_http_server *s, int status)
+{
+    s->stats.accept_errors++;
+    uint32_t open = s->n_conns + s->n_rejecting;
+    uint32_t margin = s->fd_reserve / 2 + 1;
+    uint32_t budget = open > margin + 4 ? open - margin : 4;
+    if (budget < s->fd_budget)
+        s->fd_budget = budget;
+    uint32_t shed = shed_to(s, s->fd_budget > margin ? s->fd_budget - margin : 0);
+    server_log(s, SH__HTTP_LOG_FD, "fd_limit",
+               "accept failed: %s (RLIMIT_NOFILE %llu): out of file descriptors; %u connections "
+               "open, budget now %u, %u idle ones closed",
+               uv_strerror(status), (unsigned long long)s->fd_limit, open, s->fd_budget, shed);
+}
+
 static void on_connection(uv_stream_t *ls, int status)
 {
     sh_http_server *s = ls->data;
+    if (status == UV_EMFILE || status == UV_ENFILE) {
+        if (!s->closing)
+            on_fd_exhausted(s, status);
+        return;
+    }
     if (status < 0 || s->closing)
         return;
     sh__http_conn *c = calloc(1, sizeof *c);
@@ -594,17 +713,58 @@ static void on_connection(uv_stream_t *ls, int status)
     c->timer.data = c;
     c->refs = 2;
     s->refs++;
+    bool accepted = uv_accept(ls, (uv_stream_t *)&c->tcp) == 0;
+    if (accepted) {
+        int len = sizeof c->peer;
+        c->has_peer = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &len) == 0;
+        s->stats.accepted++;
+    }
+    /* Room for it: at a limit, the longest-idle connection makes way (of the same address for
+     * the per-address limit); only when nothing is idle is the new one turned away. This is
+     * decided before c joins the list, so it is never its own victim. */
+    int reject = 0;
+    if (accepted && s->opts.max_conns_per_ip && c->has_peer &&
+        conns_from(s, &c->peer) >= s->opts.max_conns_per_ip) {
+        sh__http_conn *v = oldest_idle(s, &c->peer);
+        server_log(s, SH__HTTP_LOG_PER_IP, "conn_limit",
+                   "a client address reached --max-conns-per-ip %u: %s", s->opts.max_conns_per_ip,
+                   v ? "closing its longest-idle connection" : "refusing new ones (429)");
+        if (v) {
+            sh__http_conn_close(v);
+            s->stats.shed++;
+        } else {
+            reject = 429;
+        }
+    }
+    uint32_t limit = s->opts.max_conns < s->fd_budget ? s->opts.max_conns : s->fd_budget;
+    if (accepted && !reject && s->n_conns >= limit) {
+        bool fd = s->fd_budget <= s->opts.max_conns;
+        uint32_t shed = shed_to(s, limit - 1);
+        if (fd)
+            server_log(s, SH__HTTP_LOG_FD, "fd_limit",
+                       "%u connections reach the file-descriptor budget (RLIMIT_NOFILE %llu, %u "
+                       "kept in reserve): %s",
+                       s->n_conns + shed, (unsigned long long)s->fd_limit, s->fd_reserve,
+                       shed ? "closing the longest-idle connections for new ones"
+                            : "none is idle, refusing new ones (503)");
+        else
+            server_log(s, SH__HTTP_LOG_CONNS, "conn_limit", "%u connections reach --max-conns: %s",
+                       s->n_conns + shed,
+                       shed ? "closing the longest-idle connections for new ones"
+                            : "none is idle, refusing new ones (503)");
+        if (!shed)
+            reject = 503;
+    }
     c->next = s->conns;
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
-    bool reject = s->n_conns >= s->opts.max_conns;
-    c->rejecting = reject;
+    c->rejecting = reject != 0;
     if (reject)
         s->n_rejecting++;
     else
         s->n_conns++;
-    if (uv_accept(ls, (uv_stream_t *)&c->tcp) < 0) {
+    if (!accepted) {
         sh__http_conn_close(c);
         return;
     }
@@ -612,18 +772,60 @@ static void on_connection(uv_stream_t *ls, int status)
     http_parser_init(&c->parser, HTTP_REQUEST);
     c->parser.data = c;
     c->phase = PHASE_IDLE;
+    c->fresh = true;
     c->phase_start = uv_now(s->loop);
     if (reject) {
-        if (s->n_rejecting > s->opts.max_conns) {
-            sh__http_conn_close(c); /* a flood: not even an answer */
+        s->stats.rejected++;
+        /* Answers take descriptors from the reserve: only a few at a time, the rest of a flood
+         * is closed without one. */
+        if (s->n_rejecting > s->fd_reserve / 2 + 1) {
+            sh__http_conn_close(c);
             return;
         }
-        conn_fail(c, 503, "the server has too many connections; retry later");
+        conn_fail(c, reject,
+                  reject == 429 ? "too many connections from this address; retry later"
+                                : "the server has too many connections; retry later");
         return;
     }
     c->reading = true;
     conn_read_start(c);
     conn_arm_timer(c);
+}
+
+/* Descriptors open in this process now. */
+static uint32_t count_open_fds(uint64_t limit)
+{
+    uint32_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (de->d_name[0] != '.')
+                n++;
+        closedir(d);
+        return n > 0 ? n - 1 : 0; /* less the directory's own descriptor */
+    }
+    for (uint64_t fd = 0; fd < limit && fd < 65536; fd++)
+        if (fcntl((int)fd, F_GETFD) != -1)
+            n++;
+    return n;
+}
+
+/* Sets the descriptor budget of a server whose listener is open (see http.h). */
+static void fd_budget_init(sh_http_server *s)
+{
+    struct rlimit rl;
+    uint64_t lim = 1u << 20;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        lim = (uint64_t)rl.rlim_cur;
+    uint64_t reserve = 8 + lim / 64;
+    if (reserve > 64)
+        reserve = 64;
+    uint64_t used = count_open_fds(lim);
+    uint64_t budget = lim > used + reserve + 4 ? lim - used - reserve : 4;
+    s->fd_limit = lim;
+    s->fd_reserve = (uint32_t)reserve;
+    s->fd_budget = budget > UINT32_MAX ? UINT32_MAX : (uint32_t)budget;
 }
 
 static void on_listener_closed(uv_handle_t *h)
@@ -694,6 +896,7 @@ sh_err sh_http_server_create(uv_loop_t *loop, const sh_http_opts *opts, sh_http_
     }
     s->refs = 1;
     s->listener_open = true;
+    fd_budget_init(s);
     *out = s;
     return SH_OK;
 }
@@ -701,6 +904,28 @@ sh_err sh_http_server_create(uv_loop_t *loop, const sh_http_opts *opts, sh_http_
 int sh_http_server_port(const sh_http_server *srv) { return srv->port; }
 
 uint32_t sh_http_server_conns(const sh_http_server *srv) { return srv->n_conns; }
+
+uint32_t sh_http_server_active(const sh_http_server *srv) { return srv->n_active; }
+
+void sh_http_server_stats(const sh_http_server *srv, sh_http_stats *out)
+{
+    *out = srv->stats;
+    out->fd_budget = srv->fd_budget;
+}
+
+void sh_http_server_drain(sh_http_server *s)
+{
+    if (!s || s->draining || s->closing)
+        return;
+    s->draining = true;
+    for (sh__http_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->active)
+            c->active->keep_alive = false;
+        else if (conn_idle(c) && c->phase == PHASE_IDLE)
+            sh__http_conn_close(c); /* between requests (or before the first): nothing is lost */
+    }
+}
 
 void sh_http_server_close(sh_http_server *s, bool abort, sh_http_closed_fn done, void *arg)
 {

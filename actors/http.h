@@ -43,19 +43,42 @@ typedef void (*sh_http_writable_fn)(sh_http_req *req, void *arg);
 /* Called once when a closed server has released every handle; the server is freed after it. */
 typedef void (*sh_http_closed_fn)(void *arg);
 
+/* Called for conditions an operator should see (the server out of file descriptors, idle
+ * connections shed at a limit). `event` is a short key ("fd_limit", "conn_limit"), `detail` one
+ * line of text. The server calls it at most once per event key per minute, with the count of
+ * occurrences since the previous call in the text, never once per connection. */
+typedef void (*sh_http_log_fn)(void *user, const char *event, const char *detail);
+
+/* Connection limits and shedding. A connection is "idle" when it has no request being answered
+ * and nothing left to write: waiting for its first request, between keep-alive requests, part
+ * way through request headers, or lingering after its last response. When a new connection
+ * would exceed max_conns, max_conns_per_ip or the file-descriptor budget, the idle connection
+ * that has waited longest (of that address, for the per-address limit) is closed to make room;
+ * only when none is idle is the new one answered 503 (429 for the per-address limit) and closed.
+ * The file-descriptor budget is RLIMIT_NOFILE less the descriptors open when the server was
+ * created less a reserve (8 + limit/64, at most 64), so accepting never runs the process out of
+ * descriptors; should accept fail with EMFILE/ENFILE anyway (descriptors opened elsewhere), the
+ * budget shrinks to what is open now and the oldest idle connections are shed. */
 typedef struct sh_http_opts {
     const char *host;            /* IPv4 or IPv6 literal to bind; NULL: "127.0.0.1" */
     int port;                    /* 0: an ephemeral port (see sh_http_server_port) */
-    uint32_t max_conns;          /* open connections; more get 503 + close (default 1024) */
+    uint32_t max_conns;          /* open connections (default 1024); see above */
+    uint32_t max_conns_per_ip;   /* open connections from one client address (0: no limit) */
     uint32_t max_header_bytes;   /* request line + header names/values (default 16384) -> 431 */
     uint64_t max_body_bytes;     /* decoded body (default 1 MiB) -> 413 */
-    uint32_t header_timeout_ms;  /* first byte of a request to end of headers (default 10000) */
-    uint32_t request_timeout_ms; /* first byte of a request to end of body (default 30000) */
-    uint32_t idle_timeout_ms;    /* keep-alive wait for the next request (default 60000) */
+    uint32_t header_timeout_ms;  /* to the end of a request's headers (default 10000): counted from
+                                    accept for a connection's first request (a connection that
+                                    sends nothing is closed silently after it), from the first
+                                    byte for later keep-alive requests; late headers get 408 */
+    uint32_t request_timeout_ms; /* to the end of the body, counted like header_timeout_ms
+                                    (default 30000) -> 408 */
+    uint32_t idle_timeout_ms;    /* keep-alive wait for the next request after a response
+                                    (default 60000); then closed silently */
     size_t write_high_water;     /* queued response bytes before a stream is not writable
                                     (default 1 MiB) */
     sh_http_handler_fn handler;  /* required */
-    void *user;                  /* passed to handler */
+    void *user;                  /* passed to handler and log */
+    sh_http_log_fn log;          /* optional */
 } sh_http_opts;
 
 /* Binds, listens and starts accepting on `loop`. Zero option fields take their defaults.
@@ -69,6 +92,25 @@ int sh_http_server_port(const sh_http_server *srv);
 
 /* Open connections, for tests and metrics. */
 uint32_t sh_http_server_conns(const sh_http_server *srv);
+
+/* Requests given to the handler and not completed yet. */
+uint32_t sh_http_server_active(const sh_http_server *srv);
+
+/* Counters since creation, for metrics. */
+typedef struct sh_http_stats {
+    uint64_t accepted;      /* connections accepted */
+    uint64_t shed;          /* idle connections closed to make room for new ones */
+    uint64_t rejected;      /* new connections answered 503/429 or closed at a limit */
+    uint64_t accept_errors; /* accepts that failed with EMFILE/ENFILE */
+    uint32_t fd_budget;     /* connections the descriptor budget allows now */
+} sh_http_stats;
+void sh_http_server_stats(const sh_http_server *srv, sh_http_stats *out);
+
+/* Starts draining for a graceful shutdown: keep-alive ends (idle connections close now, every
+ * later response says Connection: close and its connection closes after it), while the listener
+ * stays open so that new clients still get an answer (the handler decides which: a 503, say).
+ * Idempotent. */
+void sh_http_server_drain(sh_http_server *srv);
 
 /* Stops accepting and closes the server. Graceful (abort false): idle connections close now,
  * requests being answered finish and their connections close after the response. Abort: every

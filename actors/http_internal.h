@@ -12,6 +12,9 @@
 
 typedef struct sh__http_conn sh__http_conn;
 
+/* The rate-limited log events of a server (see sh_http_log_fn). */
+enum { SH__HTTP_LOG_FD, SH__HTTP_LOG_CONNS, SH__HTTP_LOG_PER_IP, SH__HTTP_N_LOG };
+
 typedef enum req_state {
     SH__HTTP_PARSING = 0, /* being parsed */
     SH__HTTP_HANDLING,    /* given to the handler, no response started */
@@ -67,6 +70,9 @@ struct sh__http_conn {
     int refs; /* open libuv handles (2) + requests not completed */
     bool closing, close_after_write, reading, resume_pending, in_process, rejecting;
     bool sent_continue;
+    bool fresh;                   /* no request has started yet: timeouts count from accept */
+    bool has_peer;                /* peer holds the client's address */
+    struct sockaddr_storage peer; /* for the per-address limit */
 };
 
 struct sh_http_server {
@@ -76,8 +82,15 @@ struct sh_http_server {
     int port;
     uint32_t n_conns, n_rejecting;
     sh__http_conn *conns; /* a doubly linked list of every open connection */
-    bool closing, aborting, listener_open;
-    int refs; /* 1 for the listener + 1 per connection not yet freed */
+    bool closing, aborting, listener_open, draining;
+    uint32_t n_active;   /* requests handed to the handler and not completed */
+    uint32_t fd_budget;  /* connections the descriptor budget allows (see http.h) */
+    uint32_t fd_reserve; /* descriptors kept free below RLIMIT_NOFILE */
+    uint64_t fd_limit;   /* RLIMIT_NOFILE when the server was created */
+    sh_http_stats stats;
+    uint64_t log_at[SH__HTTP_N_LOG];    /* uv_now of the last log call per event (0: never) */
+    uint64_t log_count[SH__HTTP_N_LOG]; /* occurrences since that call */
+    int refs;                           /* 1 for the listener + 1 per connection not yet freed */
     sh_http_closed_fn done;
     void *done_arg;
 };

@@ -117,7 +117,7 @@ static bool build_head(sh_http_req *r, sh__http_buf *b, int status, const char *
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    if (r->conn->srv->closing)
+    if (r->conn->srv->closing || r->conn->srv->draining)
         r->keep_alive = false;
     int n = snprintf(line, sizeof line, "HTTP/1.1 %d %s\r\nDate: %s\r\n", status,
                      sh_http_status_text(status), date);
