@@ -78,6 +78,7 @@ struct gateway {
     sh_http_server *srv;
     sh_act_decoder dec;
     gw_req *reqs;
+    struct gw_tok *toks; /* prompts being tokenized on the worker pool */
     uint64_t next_id;
     const char *models[1];
     char *metrics_buf;
@@ -236,71 +237,142 @@ static void serve_metrics(gateway *g, sh_http_req *req)
 
 /* ---- completions -------------------------------------------------------------------------- */
 
-/* Tokenizes text (BOS when the vocabulary wants it); *ids is malloc'd. */
-static sh_err tokenize(const gateway *g, const char *text, uint32_t flags, int32_t **ids, size_t *n,
-                       sh_error *e)
-{
-    if (sh_tokenizer_wants_bos(g->a.tok) && sh_tokenizer_bos(g->a.tok) >= 0)
-        flags |= SH_TOKENIZE_ADD_BOS;
-    size_t need = 0, len = strlen(text);
-    sh_err err = sh_tokenizer_encode(g->a.tok, text, len, flags, NULL, 0, &need, e);
-    if (err && err != SH_ERANGE)
-        return err;
-    *ids = malloc((need + 1) * sizeof **ids);
-    if (!*ids)
-        return SH_ENOMEM;
-    err = sh_tokenizer_encode(g->a.tok, text, len, flags, *ids, need + 1, n, e);
-    if (err) {
-        free(*ids);
-        *ids = NULL;
-    }
-    return err;
-}
+/* ---- tokenization, off the loop ------------------------------------------------------------
+ *
+ * A text prompt (or a chat rendered with its template) is tokenized on libuv's worker pool, so a
+ * huge prompt never holds up the loop and every other client with it. The work item owns the
+ * parsed request until it comes back to the loop (tok_done). Meanwhile the client may go away
+ * (tok_abort: answered at once, the result is dropped) or the gateway may stop (tok_orphan_all:
+ * answered with 503, the item frees itself when the pool hands it back; the loop keeps running
+ * until then, and the tokenizer outlives the runtime). */
 
-/* The prompt of a validated request as token ids (malloc'd). Fills err on failure. */
-static sh_err prompt_ids(gateway *g, const sh_openai_request *q, int32_t **ids, size_t *n,
-                         sh_openai_error *err)
+typedef struct gw_tok {
+    uv_work_t work;
+    gateway *g;        /* NULL once the gateway stopped */
+    sh_http_req *http; /* NULL once answered (client gone, gateway stopped) */
+    sh_openai_request *q;
+    int32_t prio;
+    /* what the worker reads: copied, so it never touches the gateway */
+    const sh_tokenizer *tok;
+    sh_chat_template chat;
+    const char *default_system;
+    size_t max_ids;
+    /* what it writes */
+    int32_t *ids;
+    size_t n_ids;
+    sh_err rc;
+    sh_error e;
+    struct gw_tok *next;
+} gw_tok;
+
+/* Worker thread: the prompt's ids, stopping as soon as they cannot fit max_ids. Message contents
+ * are plain text (only the template's markers are special); a completion prompt's special-token
+ * texts are special only when the request asked for it (parse_special). */
+static void tok_run(uv_work_t *w)
 {
-    sh_error e = {0};
-    if (q->kind == SH_OPENAI_COMPLETION && !q->prompt) {
-        *n = (size_t)q->n_prompt_tokens;
-        *ids = malloc((*n + 1) * sizeof **ids);
-        if (!*ids)
-            return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), SH_ENOMEM;
-        memcpy(*ids, q->prompt_tokens, *n * sizeof **ids);
-        return SH_OK;
-    }
+    gw_tok *t = w->data;
+    const sh_openai_request *q = t->q;
     if (q->kind == SH_OPENAI_COMPLETION) {
-        if (tokenize(g, q->prompt, SH_TOKENIZE_PARSE_SPECIAL, ids, n, &e))
-            return sh_openai_error_set(err, 400, NULL, "prompt", "cannot tokenize: %s", e.msg);
-        return SH_OK;
+        sh_tokenize_opts o = {.flags = q->parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0,
+                              .max_ids = t->max_ids};
+        if (sh_tokenizer_wants_bos(t->tok))
+            o.flags |= SH_TOKENIZE_ADD_BOS;
+        t->rc = sh_tokenizer_encode_opts(t->tok, q->prompt, strlen(q->prompt), &o, &t->ids,
+                                         &t->n_ids, &t->e);
+        return;
     }
     sh_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof *msgs);
-    if (!msgs)
-        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), SH_ENOMEM;
+    if (!msgs) {
+        t->rc = sh__error_set(&t->e, SH_ENOMEM, "out of memory");
+        return;
+    }
     static const char *const roles[] = {"system", "user", "assistant"};
     for (int32_t i = 0; i < q->n_messages; i++)
         msgs[i] = (sh_chat_msg){roles[q->messages[i].role], q->messages[i].content};
-    size_t len = 0;
-    sh_chat_render(g->a.chat, msgs, (size_t)q->n_messages, g->a.default_system, true, NULL, 0, &len,
-                   NULL);
-    char *text = malloc(len + 1);
-    sh_err rc = SH_ENOMEM;
-    if (text)
-        rc = sh_chat_render(g->a.chat, msgs, (size_t)q->n_messages, g->a.default_system, true, text,
-                            len + 1, &len, &e);
+    t->rc = sh_chat_tokenize(t->tok, t->chat, msgs, (size_t)q->n_messages, t->default_system, true,
+                             t->max_ids, &t->ids, &t->n_ids, &t->e);
     free(msgs);
-    if (rc) {
-        free(text);
-        return sh_openai_error_set(err, rc == SH_ENOMEM ? 500 : 400, NULL, "messages",
-                                   "cannot render the chat template: %s",
-                                   rc == SH_ENOMEM ? "out of memory" : e.msg);
+}
+
+static void tok_free(gw_tok *t)
+{
+    free(t->ids);
+    sh_openai_request_free(t->q);
+    free(t);
+}
+
+static void tok_unlink(gateway *g, gw_tok *t)
+{
+    for (gw_tok **pp = &g->toks; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            return;
+        }
+}
+
+/* The client went away while its prompt was being tokenized: answered now, the result dropped. */
+static void tok_abort(sh_http_req *http, void *arg)
+{
+    gw_tok *t = arg;
+    t->http = NULL;
+    sh_http_respond(http, 499, "application/json", "", 0);
+}
+
+/* The gateway stops: every prompt still being tokenized is answered with 503; each item frees
+ * itself in tok_done (queued ones are cancelled, running ones finish). */
+static void tok_orphan_all(gateway *g)
+{
+    while (g->toks) {
+        gw_tok *t = g->toks;
+        g->toks = t->next;
+        t->g = NULL;
+        uv_cancel((uv_req_t *)&t->work);
+        if (t->http) {
+            sh_http_req_on_abort(t->http, NULL, NULL);
+            static const char body[] = "{\"error\":{\"message\":\"the server is shutting "
+                                       "down\",\"type\":\"server_error\",\"param\":null,"
+                                       "\"code\":null}}";
+            sh_http_respond(t->http, 503, "application/json", body, sizeof body - 1);
+            t->http = NULL;
+        }
     }
-    rc = tokenize(g, text, SH_TOKENIZE_PARSE_SPECIAL, ids, n, &e);
-    free(text);
-    if (rc)
-        return sh_openai_error_set(err, 400, NULL, "messages", "cannot tokenize: %s", e.msg);
-    return SH_OK;
+}
+
+static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids, size_t n_ids,
+                   int32_t key_prio);
+
+/* Loop thread: the ids are ready (or tokenization failed); the request goes on, or is answered. */
+static void tok_done(uv_work_t *w, int status)
+{
+    gw_tok *t = w->data;
+    gateway *g = t->g;
+    if (g)
+        tok_unlink(g, t);
+    if (!g || !t->http) {
+        tok_free(t);
+        return;
+    }
+    sh_http_req *http = t->http;
+    sh_http_req_on_abort(http, NULL, NULL);
+    const char *param = t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
+    if (status == UV_ECANCELED) {
+        respond_errorf(g, http, 503, NULL, NULL, "the server is shutting down");
+    } else if (t->rc == SH_ERANGE && t->n_ids > t->max_ids) {
+        respond_errorf(g, http, 400, "context_length_exceeded", param,
+                       "This model's maximum context length is %d tokens. However, your prompt "
+                       "has more than %zu tokens; it must leave room for at least one generated "
+                       "token.",
+                       (int)g->a.n_ctx, t->max_ids);
+    } else if (t->rc == SH_ENOMEM) {
+        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+    } else if (t->rc) {
+        respond_errorf(g, http, 400, NULL, param, "cannot tokenize: %s", t->e.msg);
+    } else {
+        submit(g, http, t->q, t->ids, t->n_ids, t->prio);
+        t->q = NULL;
+        t->ids = NULL;
+    }
+    tok_free(t);
 }
 
 static void on_abort(sh_http_req *http, void *arg);
@@ -321,13 +393,50 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
         respond_error(g, http, &err);
         return;
     }
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (prompt_ids(g, q, &ids, &n_ids, &err)) {
-        sh_openai_request_free(q);
-        respond_error(g, http, &err);
+    if (kind == SH_OPENAI_COMPLETION && !q->prompt) { // token ids: nothing to tokenize
+        int32_t *ids = malloc(((size_t)q->n_prompt_tokens + 1) * sizeof *ids);
+        if (!ids) {
+            sh_openai_request_free(q);
+            respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+            return;
+        }
+        memcpy(ids, q->prompt_tokens, (size_t)q->n_prompt_tokens * sizeof *ids);
+        submit(g, http, q, ids, (size_t)q->n_prompt_tokens, key_prio);
         return;
     }
+    gw_tok *t = calloc(1, sizeof *t);
+    if (!t) {
+        sh_openai_request_free(q);
+        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    *t = (gw_tok){.g = g,
+                  .http = http,
+                  .q = q,
+                  .prio = key_prio,
+                  .tok = g->a.tok,
+                  .chat = g->a.chat,
+                  .default_system = g->a.default_system,
+                  // The prompt must leave room for one generated token.
+                  .max_ids = g->a.n_ctx > 1 ? (size_t)g->a.n_ctx - 1 : 1};
+    t->work.data = t;
+    int rc = uv_queue_work(sh__actor_uv_loop(g->ctx), &t->work, tok_run, tok_done);
+    if (rc) {
+        tok_free(t);
+        respond_errorf(g, http, 503, NULL, NULL, "cannot queue the prompt for tokenization: %s",
+                       uv_strerror(rc));
+        return;
+    }
+    t->next = g->toks;
+    g->toks = t;
+    sh_http_req_on_abort(http, tok_abort, t);
+}
+
+/* A request with its prompt ids goes to the batcher. Takes q and ids (malloc'd). */
+static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids, size_t n_ids,
+                   int32_t key_prio)
+{
+    sh_openai_kind kind = q->kind;
     if (n_ids == 0) {
         free(ids);
         sh_openai_request_free(q);
@@ -856,6 +965,7 @@ static void gateway_stop(sh_actor_ctx *ctx, void *state)
 {
     (void)ctx;
     gateway *g = state;
+    tok_orphan_all(g);
     // Every open request is answered now, so no HTTP callback refers to this state later.
     while (g->reqs) {
         gw_req *r = g->reqs;

@@ -60,7 +60,9 @@ typedef struct sh_openai_bias {
 
 /* What the server accepts; zero fields take the defaults in brackets. */
 typedef struct sh_openai_limits {
-    const char *const *models; /* names served; NULL or n_models 0: any model name is accepted */
+    const char *const *models; /* names served; NULL or n_models 0: any model name is accepted;
+                                * a request without "model" gets the one name when n_models is
+                                * 1, else 400 (listing the names) */
     int32_t n_models;
     int32_t max_tokens;         /* largest max_tokens [32768] */
     int32_t default_max_tokens; /* when the request gives none [256] */
@@ -74,7 +76,7 @@ typedef struct sh_openai_limits {
  * (extension) are not OpenAI's. Every pointer is owned by the request. */
 typedef struct sh_openai_request {
     sh_openai_kind kind;
-    const char *model;
+    const char *model; /* as asked, or limits->models[0] when absent and only one is served */
     /* completions: the prompt as text, or as token ids (prompt NULL then) */
     const char *prompt;
     int32_t *prompt_tokens;
@@ -102,6 +104,9 @@ typedef struct sh_openai_request {
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;    /* (extension, as vLLM) end-of-sequence tokens do not stop generation */
     int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is ignored before this many */
+    bool parse_special; /* (extension) completions with a text prompt: special-token texts in it
+                         * (<|im_end|>, <s>, ...) become special tokens; by default they are
+                         * plain text. Refused (400) on chat and with token-id prompts. */
     const char *user;   /* NULL when absent */
     int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
     void *root_;        /* the parsed JSON, which owns the borrowed strings */
@@ -112,8 +117,8 @@ typedef struct sh_openai_request {
  * /v1/chat/completions (SH_OPENAI_CHAT). limits may be NULL (defaults). Unknown fields are
  * ignored. Returns SH_OK with *out set (free with sh_openai_request_free), or SH_EINVAL with
  * *out NULL and err filled: 400 (malformed JSON, invalid UTF-8, a wrong type, a value out of
- * range, a missing field, an unsupported feature), 404 (a model not in limits->models, code
- * "model_not_found"); SH_ENOMEM with a 500 error. */
+ * range, a missing field, an empty prompt or messages list, an unsupported feature), 404 (a model
+ * not in limits->models, code "model_not_found"); SH_ENOMEM with a 500 error. */
 sh_err sh_openai_request_parse(sh_openai_kind kind, const char *body, size_t len,
                                const sh_openai_limits *limits, sh_openai_request **out,
                                sh_openai_error *err);

@@ -195,15 +195,38 @@ static bool parse_tokens(json_t *a, sh_openai_request *r, const sh_openai_limits
         return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(a, i);
-        long long id = json_is_integer(t) ? json_integer_value(t) : -1;
-        if (id < 0 || id > INT32_MAX || (lim->n_vocab > 0 && id >= lim->n_vocab))
+        if (!json_is_integer(t))
             return sh_openai_error_set(err, 400, NULL, "prompt",
-                                       "'prompt' token %zu is not a valid token id", i),
+                                       "'prompt' token at position %zu is not an integer (a "
+                                       "token id array holds integers only)",
+                                       i),
                    false;
+        long long id = json_integer_value(t);
+        if (id < 0 || id > INT32_MAX || (lim->n_vocab > 0 && id >= lim->n_vocab)) {
+            if (lim->n_vocab > 0)
+                return sh_openai_error_set(err, 400, NULL, "prompt",
+                                           "'prompt' token at position %zu is %lld, not a valid "
+                                           "token id (0..%d)",
+                                           i, id, lim->n_vocab - 1),
+                       false;
+            return sh_openai_error_set(err, 400, NULL, "prompt",
+                                       "'prompt' token at position %zu is %lld, not a valid token "
+                                       "id",
+                                       i, id),
+                   false;
+        }
         r->prompt_tokens[i] = (int32_t)id;
     }
     r->n_prompt_tokens = (int32_t)n;
     return true;
+}
+
+/* An empty text prompt would generate from nothing (or from BOS alone): refused, as OpenAI does. */
+static bool check_prompt_text(const sh_openai_request *r, sh_openai_error *err)
+{
+    if (r->prompt[0])
+        return true;
+    return sh_openai_error_set(err, 400, NULL, "prompt", "'prompt' must not be empty"), false;
 }
 
 static bool parse_prompt(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
@@ -214,7 +237,7 @@ static bool parse_prompt(json_t *o, sh_openai_request *r, const sh_openai_limits
         return sh_openai_error_set(err, 400, NULL, "prompt", "'prompt' is required"), false;
     if (json_is_string(p)) {
         r->prompt = json_string_value(p);
-        return true;
+        return check_prompt_text(r, err);
     }
     if (!json_is_array(p) || json_array_size(p) == 0)
         return sh_openai_error_set(err, 400, NULL, "prompt",
@@ -230,7 +253,7 @@ static bool parse_prompt(json_t *o, sh_openai_request *r, const sh_openai_limits
                false;
     if (json_is_string(first)) {
         r->prompt = json_string_value(first);
-        return true;
+        return check_prompt_text(r, err);
     }
     if (json_is_array(first))
         return parse_tokens(first, r, lim, err);
@@ -344,6 +367,30 @@ static bool check_model(const char *model, const sh_openai_limits *lim, sh_opena
     return false;
 }
 
+/* The 400 for a request without a model when the server cannot pick one: it names the models
+ * served (as many as fit in the message). */
+static void model_required(const sh_openai_limits *lim, sh_openai_error *err)
+{
+    if (!lim->models || lim->n_models <= 0) {
+        sh_openai_error_set(err, 400, NULL, "model", "'model' is required");
+        return;
+    }
+    char names[160];
+    size_t k = 0;
+    names[0] = '\0';
+    for (int32_t i = 0; i < lim->n_models && k < sizeof names; i++) {
+        int w = snprintf(names + k, sizeof names - k, "%s'%s'", i ? ", " : "", lim->models[i]);
+        if (w < 0)
+            break;
+        k += (size_t)w;
+    }
+    if (k >= sizeof names) // cut: end with an ellipsis
+        memcpy(names + sizeof names - 4, "...", 4);
+    sh_openai_error_set(err, 400, NULL, "model",
+                        "'model' is required: this server serves %d models: %s", lim->n_models,
+                        names);
+}
+
 /* Every field after the type-specific ones. Returns false with err filled. */
 static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
                          sh_openai_error *err)
@@ -352,8 +399,10 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
     int rc;
     if (get_string(o, "model", &r->model, err) < 0)
         return false;
+    if ((!r->model || !r->model[0]) && lim->models && lim->n_models == 1)
+        r->model = lim->models[0]; // one model served: it is the one asked for (as vLLM does)
     if (!r->model || !r->model[0])
-        return sh_openai_error_set(err, 400, NULL, "model", "'model' is required"), false;
+        return model_required(lim, err), false;
     const char *mt = r->kind == SH_OPENAI_CHAT ? "max_completion_tokens" : "max_tokens";
     if ((rc = get_int(o, mt, 1, lim->max_tokens, &v, err)) < 0)
         return false;
@@ -403,6 +452,15 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
     // Extensions shared with vLLM: generate past end-of-sequence tokens, and a minimum length.
     if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0)
         return false;
+    // Special-token texts in a text prompt are plain text unless the request opts in.
+    if (get_bool(o, "parse_special", &r->parse_special, err) < 0)
+        return false;
+    if (r->parse_special && (r->kind != SH_OPENAI_COMPLETION || !r->prompt))
+        return sh_openai_error_set(err, 400, NULL, "parse_special",
+                                   "'parse_special' applies to a text 'prompt' of "
+                                   "/v1/completions only; chat message contents are always "
+                                   "plain text"),
+               false;
     if ((rc = get_int(o, "min_tokens", 0, 1 << 20, &v, err)) < 0)
         return false;
     r->min_tokens = rc == 0 ? (int32_t)v : 0;

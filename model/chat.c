@@ -1,6 +1,7 @@
 /* Chat templates rendered in C: detection from the Jinja text by marker tokens, and rendering. */
 #include "model/chat.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/error.h"
@@ -81,37 +82,56 @@ bool sh_chat_default_system(const char *tmpl, size_t len, char *buf, size_t cap)
     return true;
 }
 
-/* An append-only writer that counts what it could not store, for the ERANGE contract. */
+/* An append-only writer that counts what it could not store, for the ERANGE contract, and
+ * records the template's own text as spans. */
 typedef struct out {
     char *buf;
     size_t cap, len;
+    sh_tokenizer_span *spans;
+    size_t span_cap, n_spans;
+    size_t span_end; /* where the last span ends (0 before the first) */
 } out;
 
-static void put(out *o, const char *s)
+static void put_text(out *o, const char *s, bool tmpl)
 {
     size_t n = strlen(s);
     if (o->len + n < o->cap)
         memcpy(o->buf + o->len, s, n);
+    if (tmpl && n) {
+        if (o->n_spans && o->span_end == o->len) {
+            if (o->n_spans <= o->span_cap)
+                o->spans[o->n_spans - 1].len += n;
+        } else if (o->n_spans++ < o->span_cap) {
+            o->spans[o->n_spans - 1] = (sh_tokenizer_span){o->len, n};
+        }
+        o->span_end = o->len + n;
+    }
     o->len += n;
 }
 
-static void put3(out *o, const char *a, const char *b, const char *c)
+/* Template text (markers, role names, separators). */
+static void put(out *o, const char *s) { put_text(o, s, true); }
+/* A message's content: plain text, whatever it holds. */
+static void put_content(out *o, const char *s) { put_text(o, s, false); }
+
+static void put3(out *o, const char *a, const char *content, const char *c)
 {
     put(o, a);
-    put(o, b);
+    put_content(o, content);
     put(o, c);
 }
 
-sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
-                      const char *default_system, bool add_assistant, char *buf, size_t cap,
-                      size_t *len, sh_error *e)
+sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
+                            const char *default_system, bool add_assistant, char *buf, size_t cap,
+                            size_t *len, sh_tokenizer_span *spans, size_t span_cap, size_t *n_spans,
+                            sh_error *e)
 {
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return sh__error_set(e, SH_EINVAL, "chat: message %zu has no role or content", i);
     if (t < SH_CHAT_CHATML || t > SH_CHAT_ZEPHYR)
         return sh__error_set(e, SH_EINVAL, "chat: unknown template %d", (int)t);
-    out o = {buf, cap, 0};
+    out o = {buf, cap, 0, spans, span_cap, 0, 0};
     bool has_sys = n > 0 && strcmp(msgs[0].role, "system") == 0;
     const char *sys = has_sys ? msgs[0].content : default_system;
     size_t i0 = has_sys ? 1 : 0;
@@ -120,8 +140,9 @@ sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
         if (sys)
             put3(&o, "<|im_start|>system\n", sys, "<|im_end|>\n");
         for (size_t i = i0; i < n; i++) {
-            put3(&o, "<|im_start|>", msgs[i].role, "\n");
-            put3(&o, msgs[i].content, "<|im_end|>\n", "");
+            put(&o, "<|im_start|>");
+            put(&o, msgs[i].role);
+            put3(&o, "\n", msgs[i].content, "<|im_end|>\n");
         }
         if (add_assistant)
             put(&o, "<|im_start|>assistant\n");
@@ -130,8 +151,9 @@ sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
         if (sys)
             put3(&o, "<|start_header_id|>system<|end_header_id|>\n\n", sys, "<|eot_id|>");
         for (size_t i = i0; i < n; i++) {
-            put3(&o, "<|start_header_id|>", msgs[i].role, "<|end_header_id|>\n\n");
-            put3(&o, msgs[i].content, "<|eot_id|>", "");
+            put(&o, "<|start_header_id|>");
+            put(&o, msgs[i].role);
+            put3(&o, "<|end_header_id|>\n\n", msgs[i].content, "<|eot_id|>");
         }
         if (add_assistant)
             put(&o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -140,8 +162,9 @@ sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
         if (sys)
             put3(&o, "<|system|>\n", sys, "</s>\n");
         for (size_t i = i0; i < n; i++) {
-            put3(&o, "<|", msgs[i].role, "|>\n");
-            put3(&o, msgs[i].content, "</s>\n", "");
+            put(&o, "<|");
+            put(&o, msgs[i].role);
+            put3(&o, "|>\n", msgs[i].content, "</s>\n");
         }
         if (add_assistant)
             put(&o, "<|assistant|>\n");
@@ -158,7 +181,7 @@ sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
             put(&o, first ? "[INST] " : "<s>[INST] ");
             if (first && sys)
                 put3(&o, "<<SYS>>\n", sys, "\n<</SYS>>\n\n");
-            put3(&o, msgs[i].content, " [/INST]", "");
+            put3(&o, "", msgs[i].content, " [/INST]");
             first = false;
         }
         (void)add_assistant; // the answer follows [/INST] directly
@@ -166,8 +189,57 @@ sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
     }
     }
     *len = o.len;
-    if (o.len >= cap)
+    if (n_spans)
+        *n_spans = o.n_spans;
+    if (o.len >= cap || o.n_spans > span_cap)
         return SH_ERANGE;
     buf[o.len] = '\0';
     return SH_OK;
+}
+
+sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
+                      const char *default_system, bool add_assistant, char *buf, size_t cap,
+                      size_t *len, sh_error *e)
+{
+    // Spans are not kept here, so none can run short.
+    size_t n_spans = 0;
+    sh_err err = sh_chat_render_spans(t, msgs, n, default_system, add_assistant, buf, cap, len,
+                                      NULL, 0, &n_spans, e);
+    if (err == SH_ERANGE && *len < cap)
+        err = SH_OK, buf[*len] = '\0';
+    return err;
+}
+
+sh_err sh_chat_tokenize(const sh_tokenizer *tok, sh_chat_template t, const sh_chat_msg *msgs,
+                        size_t n, const char *default_system, bool add_assistant, size_t max_ids,
+                        int32_t **ids, size_t *n_ids, sh_error *e)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    size_t len = 0, n_spans = 0;
+    sh_err err = sh_chat_render_spans(t, msgs, n, default_system, add_assistant, NULL, 0, &len,
+                                      NULL, 0, &n_spans, e);
+    if (err && err != SH_ERANGE)
+        return err;
+    char *text = malloc(len + 1);
+    sh_tokenizer_span *spans = malloc((n_spans + 1) * sizeof *spans);
+    if (!text || !spans) {
+        free(text);
+        free(spans);
+        return sh__error_set(e, SH_ENOMEM, "chat: out of memory for a %zu-byte prompt", len);
+    }
+    err = sh_chat_render_spans(t, msgs, n, default_system, add_assistant, text, len + 1, &len,
+                               spans, n_spans + 1, &n_spans, e);
+    if (!err) {
+        sh_tokenize_opts o = {.flags = SH_TOKENIZE_PARSE_SPECIAL,
+                              .special = spans,
+                              .n_special = n_spans,
+                              .max_ids = max_ids};
+        if (sh_tokenizer_wants_bos(tok))
+            o.flags |= SH_TOKENIZE_ADD_BOS;
+        err = sh_tokenizer_encode_opts(tok, text, len, &o, ids, n_ids, e);
+    }
+    free(text);
+    free(spans);
+    return err;
 }

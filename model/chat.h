@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "model/tokenizer.h"
 #include "shoal/err.h"
 
 typedef enum sh_chat_template {
@@ -36,13 +37,35 @@ bool sh_chat_default_system(const char *tmpl, size_t len, char *buf, size_t cap)
 /* Renders messages as the model's prompt text. `default_system` (may be NULL) is used when the
  * first message is not a system message. With add_assistant the text ends with the opening of an
  * assistant turn, ready for generation. The text holds special-token texts (<|im_start|>, </s>,
- * ...) and must be tokenized with SH_TOKENIZE_PARSE_SPECIAL; it never starts with a BOS text:
- * the caller adds BOS when the tokenizer wants it. On success writes *len bytes plus a NUL to
- * buf and returns SH_OK; when cap is too small returns SH_ERANGE with *len the bytes needed
- * (without the NUL). SH_EINVAL (e filled) for a NULL role or content or an unknown template.
- * Pure function; any thread. */
+ * ...); it never starts with a BOS text: the caller adds BOS when the tokenizer wants it. Message
+ * contents may hold the same texts, so tokenize it with sh_chat_tokenize (or with the spans of
+ * sh_chat_render_spans), never with SH_TOKENIZE_PARSE_SPECIAL over the whole text, or a user can
+ * end their turn and forge another role's. On success writes *len bytes plus a NUL to buf and
+ * returns SH_OK; when cap is too small returns SH_ERANGE with *len the bytes needed (without the
+ * NUL). SH_EINVAL (e filled) for a NULL role or content or an unknown template. Pure function;
+ * any thread. */
 sh_err sh_chat_render(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
                       const char *default_system, bool add_assistant, char *buf, size_t cap,
                       size_t *len, sh_error *e);
+
+/* sh_chat_render that also lists where the template's own text lies in buf: its markers, role
+ * names and separators, as sorted, disjoint byte ranges (adjacent pieces merged). Message contents
+ * and the system prompt lie outside every range. These are the ranges in which special tokens may
+ * be recognised (sh_tokenize_opts.special). spans may be NULL with span_cap 0. SH_ERANGE when buf
+ * or spans is too small, with *len and *n_spans the sizes needed; otherwise as sh_chat_render. */
+sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t n,
+                            const char *default_system, bool add_assistant, char *buf, size_t cap,
+                            size_t *len, sh_tokenizer_span *spans, size_t span_cap, size_t *n_spans,
+                            sh_error *e);
+
+/* Renders messages (as sh_chat_render) and tokenizes the text so that only the template's own
+ * markers become special tokens: every content is plain text, whatever it holds. Adds BOS when
+ * the tokenizer wants it. max_ids as in sh_tokenize_opts (0: no limit). *ids is malloc'd (room
+ * for one more id), the caller frees it. Returns SH_OK; SH_ERANGE with *n_ids = max_ids + 1 when
+ * the prompt needs more than max_ids ids; SH_EINVAL, SH_ENOMEM (e filled; *ids NULL). Any
+ * thread. */
+sh_err sh_chat_tokenize(const sh_tokenizer *tok, sh_chat_template t, const sh_chat_msg *msgs,
+                        size_t n, const char *default_system, bool add_assistant, size_t max_ids,
+                        int32_t **ids, size_t *n_ids, sh_error *e);
 
 #endif

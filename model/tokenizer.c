@@ -526,49 +526,130 @@ static sh_err encode_fragment(const sh_tokenizer *t, sh__tok_work *w, const char
     return sh__bpe_encode(t, w, s, n);
 }
 
-sh_err sh_tokenizer_encode(const sh_tokenizer *t, const char *text, size_t len, uint32_t flags,
-                           int32_t *ids, size_t cap, size_t *n_ids, sh_error *e)
+/* The encoder proper: the ids land in w->out[0, w->n_out). Special texts are matched with
+ * parse_special semantics only inside the spans (everywhere when there are none). */
+static sh_err encode_work(const sh_tokenizer *t, const char *text, size_t len, uint32_t flags,
+                          const sh_tokenizer_span *spans, size_t n_spans, sh__tok_work *w,
+                          sh_error *e)
 {
-    if (n_ids)
-        *n_ids = 0;
-    if (!t || !n_ids || (!text && len) || (!ids && cap))
+    if (!t || (!text && len))
         return sh__error_set(e, SH_EINVAL, "tokenizer: bad encode arguments");
     if (len > MAX_ENCODE_BYTES)
         return sh__error_set(e, SH_EINVAL, "tokenizer: input of %zu bytes is above the %zu limit",
                              len, MAX_ENCODE_BYTES);
     if ((flags & SH_TOKENIZE_ADD_BOS) && t->bos < 0)
         return sh__error_set(e, SH_EINVAL, "tokenizer: ADD_BOS but the vocabulary has no BOS");
-
-    sh__tok_work w = {.e = e};
+    for (size_t k = 0; k < n_spans; k++)
+        if (spans[k].off > len || spans[k].len > len - spans[k].off ||
+            (k > 0 && spans[k].off < spans[k - 1].off + spans[k - 1].len))
+            return sh__error_set(e, SH_EINVAL,
+                                 "tokenizer: special span %zu is out of order or "
+                                 "outside the text",
+                                 k);
     sh_err err = SH_OK;
     if (flags & SH_TOKENIZE_ADD_BOS)
-        err = sh__tok_push(&w, t->bos);
+        err = sh__tok_push(w, t->bos);
     bool parse_special = (flags & SH_TOKENIZE_PARSE_SPECIAL) != 0;
     const unsigned char *s = (const unsigned char *)text;
-    size_t start = 0, i = 0;
+    size_t start = 0, i = 0, sp = 0;
     while (i < len && !err) {
+        if (!t->special_first[s[i]]) {
+            i++;
+            continue;
+        }
+        // Inside a span a match must end inside it; outside the spans only USER_DEFINED texts
+        // (which plain text may hold) are recognised.
+        bool parse = parse_special;
+        size_t lim = len - i;
+        if (parse && n_spans) {
+            while (sp < n_spans && spans[sp].off + spans[sp].len <= i)
+                sp++;
+            parse = sp < n_spans && spans[sp].off <= i;
+            if (parse)
+                lim = spans[sp].off + spans[sp].len - i;
+        }
         size_t mlen = 0;
-        int32_t id =
-            t->special_first[s[i]] ? match_special(t, s + i, len - i, parse_special, &mlen) : -1;
+        int32_t id = match_special(t, s + i, lim, parse, &mlen);
         if (id < 0) {
             i++;
             continue;
         }
         if (i > start)
-            err = encode_fragment(t, &w, text + start, i - start);
+            err = encode_fragment(t, w, text + start, i - start);
         if (!err)
-            err = sh__tok_push(&w, id);
+            err = sh__tok_push(w, id);
         i += mlen;
         start = i;
     }
     if (!err && start < len)
-        err = encode_fragment(t, &w, text + start, len - start);
+        err = encode_fragment(t, w, text + start, len - start);
+    return err;
+}
+
+sh_err sh_tokenizer_encode(const sh_tokenizer *t, const char *text, size_t len, uint32_t flags,
+                           int32_t *ids, size_t cap, size_t *n_ids, sh_error *e)
+{
+    if (n_ids)
+        *n_ids = 0;
+    if (!n_ids || (!ids && cap))
+        return sh__error_set(e, SH_EINVAL, "tokenizer: bad encode arguments");
+    sh__tok_work w = {.e = e};
+    sh_err err = encode_work(t, text, len, flags, NULL, 0, &w, e);
     if (!err) {
         *n_ids = w.n_out;
         if (w.n_out > cap)
             err = sh__error_set(e, SH_ERANGE, "tokenizer: %zu ids do not fit in %zu", w.n_out, cap);
         else if (w.n_out)
             memcpy(ids, w.out, w.n_out * sizeof *ids);
+    }
+    sh__tok_work_fini(&w);
+    return err;
+}
+
+sh_err sh_tokenizer_encode_opts(const sh_tokenizer *t, const char *text, size_t len,
+                                const sh_tokenize_opts *o, int32_t **ids, size_t *n_ids,
+                                sh_error *e)
+{
+    if (n_ids)
+        *n_ids = 0;
+    if (ids)
+        *ids = NULL;
+    if (!ids || !n_ids)
+        return sh__error_set(e, SH_EINVAL, "tokenizer: bad encode arguments");
+    sh_tokenize_opts none = {0};
+    if (!o)
+        o = &none;
+    if (o->n_special && !o->special)
+        return sh__error_set(e, SH_EINVAL, "tokenizer: n_special without spans");
+    if (t && o->max_ids) {
+        // No token covers more input bytes than its vocabulary text has (a space becomes the
+        // 3-byte U+2581, a byte the 6-byte <0xNN>), except <unk> for one character of up to
+        // 4 bytes; so a text of more than max_ids * that many bytes needs more than max_ids ids.
+        size_t per = t->max_token_len > 4 ? t->max_token_len : 4;
+        if (o->max_ids <= SIZE_MAX / per && len > o->max_ids * per) {
+            *n_ids = o->max_ids + 1;
+            return sh__error_set(e, SH_ERANGE,
+                                 "tokenizer: %zu bytes need more than %zu ids (at most %zu bytes "
+                                 "per id)",
+                                 len, o->max_ids, per);
+        }
+    }
+    sh__tok_work w = {.e = e, .max_out = o->max_ids};
+    sh_err err = encode_work(t, text, len, o->flags, o->special, o->n_special, &w, e);
+    if (!err) {
+        // One id of room past the end, so callers may append (and an empty result is not NULL).
+        void *p = w.out;
+        err = sh__tok_reserve(&p, &w.out_cap, w.n_out + 1, sizeof(int32_t));
+        w.out = p;
+        if (err)
+            err = sh__error_set(e, err, "tokenizer: out of memory for %zu ids", w.n_out + 1);
+    }
+    if (!err) {
+        *ids = w.out;
+        *n_ids = w.n_out;
+        w.out = NULL;
+    } else if (w.over) {
+        *n_ids = o->max_ids + 1;
     }
     sh__tok_work_fini(&w);
     return err;

@@ -125,6 +125,41 @@ enum {
 sh_err sh_tokenizer_encode(const sh_tokenizer *t, const char *text, size_t len, uint32_t flags,
                            int32_t *ids, size_t cap, size_t *n_ids, sh_error *e);
 
+/* A byte range [off, off + len) of an encode input. */
+typedef struct sh_tokenizer_span {
+    size_t off, len;
+} sh_tokenizer_span;
+
+/* Options of sh_tokenizer_encode_opts; zero-initialise (all off). */
+typedef struct sh_tokenize_opts {
+    uint32_t flags; /* SH_TOKENIZE_* */
+    /* With SH_TOKENIZE_PARSE_SPECIAL and n_special > 0: CONTROL and UNKNOWN texts are recognised
+     * only where they lie wholly inside one of these ranges (sorted by offset, not overlapping,
+     * inside the text); everywhere else the text is plain, as without the flag. A chat template's
+     * own markers are special, the message contents between them are not (model/chat.h). The
+     * fragments between special tokens are encoded exactly as by sh_tokenizer_encode, so a text
+     * with no special text outside the ranges encodes to the same ids as with the flag alone. */
+    const sh_tokenizer_span *special;
+    size_t n_special;
+    /* > 0: the caller wants at most this many ids (BOS included) and encoding stops as soon as
+     * the text is known to need more: right away when its byte length alone needs more (no token
+     * covers more input bytes than the longest vocabulary text, or 4, has; bytes a vocabulary
+     * drops, see the compatibility notes, are counted as if they made tokens), else when the
+     * count passes the limit. */
+    size_t max_ids;
+} sh_tokenize_opts;
+
+/* Encodes text[0, len) like sh_tokenizer_encode with the options above (o NULL: none) into a
+ * malloc'd array the caller frees: *ids (room for one more id than *n_ids; never NULL on
+ * success, even for 0 ids). Returns SH_OK; SH_ERANGE with *n_ids = o->max_ids + 1 and *ids NULL
+ * when the text needs more than o->max_ids ids (a lower bound: the exact count is not known);
+ * SH_EINVAL (as sh_tokenizer_encode, or spans out of order or outside the text), SH_ENOMEM,
+ * SH_ERANGE from the regex engine's limits (*n_ids 0); *ids NULL and e filled on failure. Any
+ * thread. */
+sh_err sh_tokenizer_encode_opts(const sh_tokenizer *t, const char *text, size_t len,
+                                const sh_tokenize_opts *o, int32_t **ids, size_t *n_ids,
+                                sh_error *e);
+
 /* Decode flags. */
 enum {
     /* Render CONTROL and UNKNOWN tokens as their vocabulary text (e.g. "<|im_end|>"); without it

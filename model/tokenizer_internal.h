@@ -92,6 +92,8 @@ typedef struct sh__tok_work {
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
     sh_error *e;
+    size_t max_out; /* > 0: sh__tok_push fails with SH_ERANGE past this many ids (over set) */
+    bool over;
 } sh__tok_work;
 
 void sh__tok_work_fini(sh__tok_work *w);

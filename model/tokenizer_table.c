@@ -226,6 +226,10 @@ sh_err sh__tok_reserve(void **p, size_t *cap, size_t n, size_t elem)
 
 sh_err sh__tok_push(sh__tok_work *w, int32_t id)
 {
+    if (w->max_out && w->n_out >= w->max_out) {
+        w->over = true;
+        return sh__error_set(w->e, SH_ERANGE, "tokenizer: more than %zu ids", w->max_out);
+    }
     if (w->n_out == w->out_cap) {
         void *p = w->out;
         sh_err err = sh__tok_reserve(&p, &w->out_cap, w->n_out + 1, sizeof(int32_t));

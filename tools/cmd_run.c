@@ -465,20 +465,16 @@ static int chat(run *r)
         }
         msgs = nm;
         msgs[n_msgs++] = (sh_chat_msg){"user", content};
-        size_t len = 0;
-        sh_chat_render(tmpl, msgs, n_msgs, has_sys ? sys : NULL, true, NULL, 0, &len, NULL);
-        char *text = malloc(len + 1);
+        // What the user types is text: only the template's own markers become special tokens,
+        // so a line holding <|im_end|> cannot close the turn.
         int32_t *ids = NULL;
         size_t n = 0;
-        if (!text ||
-            sh_chat_render(tmpl, msgs, n_msgs, has_sys ? sys : NULL, true, text, len + 1, &len,
-                           NULL) ||
-            (rc = tokenize(r, text, SH_TOKENIZE_PARSE_SPECIAL, &ids, &n))) {
-            free(text);
-            rc = rc ? rc : 1;
+        sh_error e = {0};
+        if (sh_chat_tokenize(r->tok, tmpl, msgs, n_msgs, has_sys ? sys : NULL, true, 0, &ids, &n,
+                             &e)) {
+            rc = sh__cmd_fail("chat: %s", e.msg);
             break;
         }
-        free(text);
         if ((int64_t)n + 1 >= r->kv_tokens) {
             free(ids);
             fprintf(stderr, "[context full]\n");

@@ -102,9 +102,10 @@ static void test_completion_every_field(void)
 
 static void test_completion_defaults_and_prompts(void)
 {
-    sh_openai_request *r = parse_ok(CMPL, "{\"model\":\"other\",\"prompt\":\"\"}");
+    sh_openai_request *r = parse_ok(CMPL, "{\"model\":\"other\",\"prompt\":\"x\"}");
     if (r) {
-        CHECK_STR_EQ(r->prompt, "");
+        CHECK_STR_EQ(r->prompt, "x");
+        CHECK(!r->parse_special);
         CHECK_INT_EQ(r->max_tokens, 256);
         CHECK_NEAR(r->temperature, 1, 0);
         CHECK_NEAR(r->top_p, 1, 0);
@@ -284,6 +285,89 @@ static void test_bad_requests(void)
         "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
         "\"max_completion_tokens\":-5}",
         400, "max_completion_tokens", NULL);
+}
+
+/* The error of a request parsed with limits lim (NULL: LIM); *message receives its text. */
+static int parse_err(sh_openai_kind kind, const char *body, const sh_openai_limits *lim,
+                     sh_openai_error *e)
+{
+    sh_openai_request *r = NULL;
+    memset(e, 0, sizeof *e);
+    sh_err rc = sh_openai_request_parse(kind, body, strlen(body), lim ? lim : &LIM, &r, e);
+    if (rc == SH_OK) {
+        SH_FAIL_("accepted: %s", body);
+        sh_openai_request_free(r);
+        return 0;
+    }
+    return e->status;
+}
+
+/* Empty prompts, the token-id error's position and value, the model a request may leave out,
+ * and parse_special. */
+static void test_prompt_rules(void)
+{
+    sh_openai_error e;
+    // An empty prompt is refused in every spelling (OpenAI answers 400 too).
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"\"}", 400, "prompt", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":[\"\"]}", 400, "prompt", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":[[]]}", 400, "prompt", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":[]}", 400, "prompt", NULL);
+    BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[]}", 400, "messages", NULL);
+    // A bad token id: its position and its value.
+    CHECK_INT_EQ(parse_err(CMPL, "{\"model\":\"tiny\",\"prompt\":[1,-1,5]}", NULL, &e), 400);
+    if (!strstr(e.message, "position 1") || !strstr(e.message, "-1"))
+        SH_FAIL_("message lacks the position or the value: %s", e.message);
+    CHECK_INT_EQ(parse_err(CMPL, "{\"model\":\"tiny\",\"prompt\":[7,8,1000]}", NULL, &e), 400);
+    if (!strstr(e.message, "position 2") || !strstr(e.message, "1000") ||
+        !strstr(e.message, "0..999"))
+        SH_FAIL_("message lacks the position, the value or the range: %s", e.message);
+    CHECK_INT_EQ(parse_err(CMPL, "{\"model\":\"tiny\",\"prompt\":[7,\"a\"]}", NULL, &e), 400);
+    if (!strstr(e.message, "position 1"))
+        SH_FAIL_("message lacks the position: %s", e.message);
+    // One model served: a request without "model" gets it.
+    static const char *const one[] = {"only"};
+    sh_openai_limits lim1 = LIM;
+    lim1.models = one;
+    lim1.n_models = 1;
+    sh_openai_request *r = NULL;
+    const char *body = "{\"prompt\":\"x\"}";
+    CHECK_OK(sh_openai_request_parse(CMPL, body, strlen(body), &lim1, &r, &e));
+    if (r)
+        CHECK_STR_EQ(r->model, "only");
+    sh_openai_request_free(r);
+    r = NULL;
+    body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"model\":\"\"}";
+    CHECK_OK(sh_openai_request_parse(CHAT, body, strlen(body), &lim1, &r, &e));
+    if (r)
+        CHECK_STR_EQ(r->model, "only");
+    sh_openai_request_free(r);
+    // Several: 400 naming them. None configured (any name accepted): still required.
+    CHECK_INT_EQ(parse_err(CMPL, "{\"prompt\":\"x\"}", NULL, &e), 400);
+    CHECK_STR_EQ(e.param, "model");
+    if (!strstr(e.message, "'tiny'") || !strstr(e.message, "'other'"))
+        SH_FAIL_("message does not list the models: %s", e.message);
+    sh_openai_limits lim0 = LIM;
+    lim0.models = NULL;
+    lim0.n_models = 0;
+    CHECK_INT_EQ(parse_err(CMPL, "{\"prompt\":\"x\"}", &lim0, &e), 400);
+    CHECK_STR_EQ(e.param, "model");
+    // parse_special: completions with a text prompt only, a boolean.
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"<s>x\",\"parse_special\":true}");
+    if (r)
+        CHECK(r->parse_special);
+    sh_openai_request_free(r);
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":[1,2],\"parse_special\":false}");
+    if (r)
+        CHECK(!r->parse_special);
+    sh_openai_request_free(r);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"parse_special\":\"yes\"}", 400,
+        "parse_special", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":[1,2],\"parse_special\":true}", 400, "parse_special",
+        NULL);
+    BAD(CHAT,
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+        "\"parse_special\":true}",
+        400, "parse_special", NULL);
 }
 
 static void test_error_json(void)
@@ -489,6 +573,7 @@ static void test_auth(void)
 }
 
 static const sh_test_case tests[] = {
+    {"prompt_rules", test_prompt_rules},
     {"completion_every_field", test_completion_every_field},
     {"completion_defaults_and_prompts", test_completion_defaults_and_prompts},
     {"chat_fields", test_chat_fields},

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -264,6 +265,14 @@ static void test_stream_split_characters(void)
     free(ids);
     sh_tokenizer_stream_destroy(s);
     sh_tokenizer_destroy(t);
+}
+
+static size_t count_eq(const int32_t *ids, size_t n, int32_t id)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ids[i] == id;
+    return k;
 }
 
 static bool contains(const int32_t *ids, size_t n, int32_t id)
@@ -569,6 +578,107 @@ static void test_long_inputs(void)
     free(sp);
 }
 
+/* sh_tokenizer_encode_opts: special tokens only inside the given spans, the same ids as
+ * sh_tokenizer_encode otherwise, and max_ids stopping early (by bytes alone, or by count). */
+static void test_encode_opts(void)
+{
+    sh_tokenizer *t = load("tests/data/vocab/ggml-vocab-starcoder.gguf");
+    if (!t)
+        return;
+    int32_t eot = sh_tokenizer_find(t, "<|endoftext|>", 13);
+    const char *s = "<|endoftext|>user text <|endoftext|> more<|endoftext|>";
+    size_t len = strlen(s);
+    sh_error e = {0};
+    int32_t *ids = NULL;
+    size_t n = 0, n_ref = 0;
+    // No options: as sh_tokenizer_encode without flags.
+    int32_t *ref = encode(t, s, len, 0, &n_ref);
+    CHECK_OK(sh_tokenizer_encode_opts(t, s, len, NULL, &ids, &n, &e));
+    CHECK(ids && n == n_ref && memcmp(ids, ref, n * sizeof *ids) == 0);
+    free(ids);
+    free(ref);
+    // PARSE_SPECIAL without spans: as the flag alone.
+    ref = encode(t, s, len, SH_TOKENIZE_PARSE_SPECIAL, &n_ref);
+    sh_tokenize_opts o = {.flags = SH_TOKENIZE_PARSE_SPECIAL};
+    CHECK_OK(sh_tokenizer_encode_opts(t, s, len, &o, &ids, &n, &e));
+    CHECK(ids && n == n_ref && memcmp(ids, ref, n * sizeof *ids) == 0);
+    CHECK_UINT_EQ(count_eq(ids, n, eot), 3);
+    free(ids);
+    free(ref);
+    // Spans over the first and last marker only: the middle one is text.
+    sh_tokenizer_span sp[2] = {{0, 13}, {len - 13, 13}};
+    o.special = sp;
+    o.n_special = 2;
+    CHECK_OK(sh_tokenizer_encode_opts(t, s, len, &o, &ids, &n, &e));
+    CHECK(ids && n > 2 && ids[0] == eot && ids[n - 1] == eot);
+    CHECK_UINT_EQ(count_eq(ids, n, eot), 2);
+    size_t blen = 0;
+    char *back = decode(t, ids, n, SH_DECODE_SPECIAL, &blen);
+    CHECK_STR_EQ(back, s);
+    free(back);
+    free(ids);
+    // A span that ends inside a marker does not make it special.
+    sp[0] = (sh_tokenizer_span){0, 12};
+    o.n_special = 1;
+    CHECK_OK(sh_tokenizer_encode_opts(t, s, len, &o, &ids, &n, &e));
+    CHECK_UINT_EQ(count_eq(ids, n, eot), 0);
+    free(ids);
+    // Spans out of order or outside the text.
+    sh_tokenizer_span badsp[2] = {{20, 5}, {10, 5}};
+    o.special = badsp;
+    o.n_special = 2;
+    CHECK_INT_EQ(sh_tokenizer_encode_opts(t, s, len, &o, &ids, &n, &e), SH_EINVAL);
+    CHECK(ids == NULL);
+    badsp[0] = (sh_tokenizer_span){len - 2, 5};
+    o.n_special = 1;
+    CHECK_INT_EQ(sh_tokenizer_encode_opts(t, s, len, &o, &ids, &n, &e), SH_EINVAL);
+    // An empty text gives an array (with room for one id), not NULL.
+    CHECK_OK(sh_tokenizer_encode_opts(t, "", 0, NULL, &ids, &n, &e));
+    CHECK(ids != NULL && n == 0);
+    free(ids);
+    // max_ids: exactly enough passes; one less stops with the count max_ids + 1.
+    ref = encode(t, s, len, 0, &n_ref);
+    free(ref);
+    sh_tokenize_opts lim = {.max_ids = n_ref};
+    CHECK_OK(sh_tokenizer_encode_opts(t, s, len, &lim, &ids, &n, &e));
+    CHECK_UINT_EQ(n, n_ref);
+    free(ids);
+    lim.max_ids = n_ref - 1;
+    CHECK_INT_EQ(sh_tokenizer_encode_opts(t, s, len, &lim, &ids, &n, &e), SH_ERANGE);
+    CHECK_UINT_EQ(n, n_ref);
+    CHECK(ids == NULL);
+    sh_tokenizer_destroy(t);
+
+    // A huge single word is refused by its byte length alone, at once, on either kind.
+    size_t big = (size_t)4 << 20;
+    char *w = malloc(big);
+    memset(w, 'a', big);
+    const char *vocabs[] = {"tests/data/vocab/ggml-vocab-llama-spm.gguf",
+                            "tests/data/vocab/ggml-vocab-gpt-2.gguf"};
+    for (int v = 0; v < 2; v++) {
+        t = load(vocabs[v]);
+        if (!t)
+            continue;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        sh_tokenize_opts o2 = {.max_ids = 8192};
+        CHECK_INT_EQ(sh_tokenizer_encode_opts(t, w, big, &o2, &ids, &n, &e), SH_ERANGE);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        CHECK_UINT_EQ(n, 8193);
+        if (ms > 50)
+            SH_FAIL_("%s: refusing a %zu-byte word took %.1f ms", vocabs[v], big, ms);
+        // Within the byte bound, the count stops it: a 64 KiB run of "a b " needs ~32k ids.
+        for (size_t i = 0; i < 65536; i++)
+            w[i] = "a b "[i % 4];
+        CHECK_INT_EQ(sh_tokenizer_encode_opts(t, w, 65536, &o2, &ids, &n, &e), SH_ERANGE);
+        CHECK_UINT_EQ(n, 8193);
+        memset(w, 'a', 65536);
+        sh_tokenizer_destroy(t);
+    }
+    free(w);
+}
+
 static const sh_test_case tests[] = {
     {"round_trip_spm", test_round_trip_spm},
     {"round_trip_gpt2", test_round_trip_gpt2},
@@ -580,6 +690,7 @@ static const sh_test_case tests[] = {
     {"llama2c", test_llama2c},
     {"threads", test_threads},
     {"long_inputs", test_long_inputs},
+    {"encode_opts", test_encode_opts},
     {NULL, NULL},
 };
 
