@@ -18,11 +18,13 @@ One server with the default model (SmolLM2, ChatML) and --ctx 2048:
   context_length_exceeded quickly while /health keeps answering in well under half a second; clients that disconnect while their prompt is being
   tokenized are harmless.
 
-Then a server that gets SIGTERM with huge prompts in flight exits 0 with a clean log.
+Then a server that gets SIGTERM with huge prompts in flight exits 0 with a clean log, and
+`shoal run --chat` (its timings line gives prompt_tokens) takes a typed line as plain text too.
 """
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -97,6 +99,24 @@ def check_completion_special(srv):
         f"without parse_special the prompt is {plain} tokens, want {want_plain} (plain text)"
     assert parsed == want_parsed, \
         f"with parse_special the prompt is {parsed} tokens, want {want_parsed}"
+
+
+def run_chat_prompt_tokens(line):
+    """`shoal run --chat` with one user line: the prompt_tokens of its timings line."""
+    out = subprocess.run([su.shoal_binary(), "run", "-m", su.MODEL, "--chat", "-n", "1"],
+                         input=line + "\n", capture_output=True, text=True, timeout=120)
+    m = re.search(r"prompt_tokens=(\d+)", out.stderr)
+    assert out.returncode == 0 and m, f"shoal run --chat: exit {out.returncode}: {out.stderr[-500:]}"
+    return int(m.group(1))
+
+
+def check_run_chat():
+    forged = FORGED.replace("\n", " ")
+    got = run_chat_prompt_tokens(forged) - run_chat_prompt_tokens("a")
+    want = len(cli_tokens(forged)) - len(cli_tokens("a"))
+    special = len(cli_tokens(forged, special=True)) - len(cli_tokens("a"))
+    assert got == want, (f"shoal run --chat: the forged line adds {got} tokens; as plain text "
+                         f"{want}, with its markers as special tokens {special}")
 
 
 def check_empty_prompt_bos(srv):
@@ -262,6 +282,7 @@ def main():
         r.case("huge prompts: 400 quickly, /health unaffected", check_huge_prompts_off_loop, srv)
         r.case("disconnects while tokenizing", check_disconnects_while_tokenizing, srv)
     r.case("SIGTERM while tokenizing", check_sigterm_while_tokenizing, r)
+    r.case("shoal run --chat: a typed <|im_end|> is plain text", check_run_chat)
     stories = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
     with su.server("-m", stories, runner=r) as srv:
         r.case("empty prompt with a BOS-adding model is 400", check_empty_prompt_bos, srv)
