@@ -15,8 +15,8 @@ One server with the default model (SmolLM2, ChatML) and --ctx 2048:
   one model.
 - Tokenization is off the gateway's loop: four 1.9 MB single-word prompts, four 300 KB
   many-word prompts and two 8 KB ones of ~4,000 tokens sent at once must get 400
-  context_length_exceeded quickly while /health keeps answering in well under half a second; clients that disconnect while their prompt is being
-  tokenized are harmless.
+  context_length_exceeded quickly while /health keeps answering in well under half a second;
+  clients that disconnect while their prompt is being tokenized are harmless.
 
 Then a server that gets SIGTERM with huge prompts in flight exits 0 with a clean log, and
 `shoal run --chat` (its timings line gives prompt_tokens) takes a typed line as plain text too.
@@ -106,7 +106,8 @@ def run_chat_prompt_tokens(line):
     out = subprocess.run([su.shoal_binary(), "run", "-m", su.MODEL, "--chat", "-n", "1"],
                          input=line + "\n", capture_output=True, text=True, timeout=120)
     m = re.search(r"prompt_tokens=(\d+)", out.stderr)
-    assert out.returncode == 0 and m, f"shoal run --chat: exit {out.returncode}: {out.stderr[-500:]}"
+    assert out.returncode == 0 and m, \
+        f"shoal run --chat: exit {out.returncode}: {out.stderr[-500:]}"
     return int(m.group(1))
 
 
@@ -191,7 +192,8 @@ def check_huge_prompts_off_loop(srv):
                        {"messages": [{"role": "user", "content": huge_words(300_000 + i)}]}))
     # ~4,000 tokens in 8 KB: short enough in bytes to be tokenized, refused by the count.
     bodies.append(("/v1/completions", {"prompt": "a " * 4090}))
-    bodies.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": "a " * 4090}]}))
+    bodies.append(("/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": "a " * 4090}]}))
     encoded = [(p, json.dumps(dict(b, model=MODEL, max_tokens=4)).encode()) for p, b in bodies]
     results = [None] * len(encoded)
     stop = threading.Event()
