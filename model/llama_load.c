@@ -8,6 +8,7 @@
 #include "model/llama.h"
 #include "model/llama2c.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 
 /* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
 static bool matmul_type_ok(sh_dtype t)
@@ -298,15 +299,24 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
         o->progress(1.0f, o->progress_arg);
 }
 
-static bool is_gguf(const char *path)
+/* Opens a file that is not GGUF as a llama2.c checkpoint. When that fails on the format, the
+ * file is most likely neither (a text file, another format): say both, then the llama2.c reader's
+ * reason without its copy of the path. */
+static sh_err open_llama2c(const char *path, sh_llama2c **out, sh_error *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return false;
-    unsigned char b[4] = {0};
-    size_t n = fread(b, 1, 4, f);
-    fclose(f);
-    return n == 4 && memcmp(b, "GGUF", 4) == 0;
+    sh_err err = sh__llama2c_open(path, out, e);
+    if (err != SH_EFORMAT || !e)
+        return err;
+    char why[sizeof e->msg];
+    size_t pl = strlen(path);
+    const char *m = e->msg;
+    if (strncmp(m, path, pl) == 0 && m[pl] == ':' && m[pl + 1] == ' ')
+        m += pl + 2;
+    snprintf(why, sizeof why, "%s", m);
+    return sh__error_set(e, err,
+                         "%s: neither a GGUF file (it does not begin with \"GGUF\") nor a "
+                         "llama2.c checkpoint (%s)",
+                         path, why);
 }
 
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e)
@@ -318,10 +328,17 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
     sh_llama *m = calloc(1, sizeof *m);
     if (!m)
         return sh__error_set(e, SH_ENOMEM, "out of memory");
-    sh_err err;
-    bool gguf = is_gguf(path);
+    // The magic decides the reader. The file layer refuses FIFOs and devices before any read.
+    unsigned char magic[4] = {0};
+    size_t n_magic = 0;
+    sh_err err = sh__file_read_head(path, magic, sizeof magic, &n_magic, e);
+    if (err) {
+        sh_llama_destroy(m);
+        return err;
+    }
+    bool gguf = n_magic == 4 && memcmp(magic, "GGUF", 4) == 0;
     // The readers name the file in their own errors; later ones get the path prefixed.
-    err = gguf ? sh_gguf_open(path, NULL, &m->gguf, e) : sh__llama2c_open(path, &m->l2c, e);
+    err = gguf ? sh_gguf_open(path, NULL, &m->gguf, e) : open_llama2c(path, &m->l2c, e);
     if (err) {
         sh_llama_destroy(m);
         return err;

@@ -1,4 +1,5 @@
-/* Read-only memory mapping of a whole file, shared by the model loaders. */
+/* Opening model, tokenizer and script files: only regular files, so that a FIFO or a device given
+ * as a model cannot hang or exhaust the program; read-only mapping of a whole file. */
 #ifndef SH_RUNTIME_FILE_H
 #define SH_RUNTIME_FILE_H
 
@@ -12,10 +13,23 @@ typedef struct sh_file_map {
     size_t size;
 } sh_file_map;
 
+/* Opens `path` read-only if it is a regular file, without ever blocking: the type is checked
+ * before the open and again on the descriptor. Success: *fd is the open descriptor (the caller
+ * closes it) and *size the file's size. Failure: *fd is -1 and the error, which names the path,
+ * is SH_EIO (stat/open failed, errno text in e) or SH_EINVAL ("PATH: not a regular file (a
+ * FIFO)"; directories, devices and sockets likewise). Any thread. */
+sh_err sh__file_open(const char *path, int *fd, uint64_t *size, sh_error *e);
+
+/* Checks that `path` can be opened as sh__file_open would; the same errors. */
+sh_err sh__file_check(const char *path, sh_error *e);
+
+/* Reads up to `cap` bytes from the start of the regular file `path` into buf, *n the count (less
+ * at the end of the file). Errors as sh__file_open's, or SH_EIO when a read fails. */
+sh_err sh__file_read_head(const char *path, void *buf, size_t cap, size_t *n, sh_error *e);
+
 /* Maps `path` read-only and private. With `populate` set the kernel is asked to read the whole
  * file in now (MAP_POPULATE) so that no page fault lands later on a hot path. On failure returns
- * SH_EIO (open/stat/mmap failed, errno text in e) or SH_EINVAL (a directory or not a regular
- * file) and leaves *out zeroed. */
+ * the errors of sh__file_open, or SH_EIO when mmap fails, and leaves *out zeroed. */
 sh_err sh__file_map(const char *path, int populate, sh_file_map *out, sh_error *e);
 
 /* Unmaps; accepts a zeroed map. Leaves *m zeroed. */

@@ -17,6 +17,7 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "runtime/error.h"
+#include "runtime/file.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 
@@ -195,7 +196,10 @@ static int load(run *r)
         if (!o->tokenizer)
             return sh__cmd_fail("%s is a llama2.c checkpoint: give its tokenizer.bin with -z",
                                 o->model);
-        if (sh_tokenizer_create_llama2c(o->tokenizer, r->m->hp.n_vocab, &r->tok, &e))
+        // The file layer's check first: its message names the path once, and a FIFO or a
+        // device is refused before the tokenizer reader sees it.
+        if (sh__file_check(o->tokenizer, &e) ||
+            sh_tokenizer_create_llama2c(o->tokenizer, r->m->hp.n_vocab, &r->tok, &e))
             return sh__cmd_fail("%s", e.msg);
     }
     if (sh_tokenizer_n_vocab(r->tok) > r->m->hp.n_vocab)

@@ -1,6 +1,8 @@
 /* End-to-end tests of `shoal run` as a real process (SH_SHOAL): bad arguments and bad files give
  * exit code 2 and exactly one `error:` line; greedy runs reproduce the golden ids and text. */
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 
 #define STORIES "tests/data/stories260K/"
 #define SMOLLM "models/smollm2-135m-instruct-q4_1.gguf"
+#define RUN_TIMEOUT_MS 30000 /* the longest a case may run before it counts as hung */
 
 static char out_buf[1 << 16], err_buf[1 << 16];
 static char tmpdir[256];
@@ -53,9 +56,26 @@ static int shoal(const char *in, const char *const *args)
         execv(bin, (char *const *)argv);
         _exit(127);
     }
+    // A run that outlives RUN_TIMEOUT_MS hangs (a FIFO given as a file did): kill it, fail.
     int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid)
+    if (pid < 0)
         return -1;
+    for (int waited = 0;; waited += 10) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0)
+            return -1;
+        if (waited >= RUN_TIMEOUT_MS) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            slurp(err_path, err_buf, sizeof err_buf);
+            fprintf(stderr, "shoal %s: still running after %d ms, killed\n", args[0],
+                    RUN_TIMEOUT_MS);
+            return -1;
+        }
+        usleep(10000);
+    }
     slurp(out_path, out_buf, sizeof out_buf);
     slurp(err_path, err_buf, sizeof err_buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -110,8 +130,9 @@ static void test_bad_files(void)
     char path[300];
     static char buf[4096];
     size_t n = slurp(STORIES "stories260K.gguf", buf, sizeof buf);
-    const char *bodies[3] = {buf, "GGUF\x03\0\0\0\xff\xff\xff\xff garbage", "not a model at all"};
-    size_t lens[3] = {n > 2000 ? 2000 : n, 24, 18};
+    static const char gguf_garbage[] = "GGUF\x03\0\0\0\xff\xff\xff\xff garbage";
+    const char *bodies[3] = {buf, gguf_garbage, "not a model at all"};
+    size_t lens[3] = {n > 2000 ? 2000 : n, sizeof gguf_garbage - 1, 18};
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/bad%d.gguf", tmpdir, i);
         FILE *f = fopen(path, "wb");
@@ -122,6 +143,46 @@ static void test_bad_files(void)
         fclose(f);
         CHECK_USAGE_ERROR("-m", path);
     }
+    // Garbage without a header is neither format: say so, not only what llama2.c lacked.
+    CHECK(strstr(err_buf, "neither a GGUF file") && strstr(err_buf, "nor a llama2.c checkpoint"));
+    snprintf(path, sizeof path, "%s/notes.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("These are my notes, not a model; they are long enough for a llama2.c header.\n", f);
+        fclose(f);
+    }
+    CHECK_USAGE_ERROR("-m", path);
+    CHECK(strstr(err_buf, "neither a GGUF file") && strstr(err_buf, "nor a llama2.c checkpoint"));
+}
+
+/* Occurrences of needle in haystack. */
+static int count_of(const char *haystack, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(haystack, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* Defect 4 of issue 10: a FIFO as the model (or as -z) blocked for ever in open(); a device
+ * such as /dev/zero is no model either. One error line, the path once, exit 2. */
+static void test_special_files(void)
+{
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s/model.fifo", tmpdir);
+    CHECK_INT_EQ(mkfifo(fifo, 0600), 0);
+    CHECK_USAGE_ERROR("-m", fifo, "-p", "x");
+    CHECK(strstr(err_buf, "model.fifo: not a regular file (a FIFO)") != NULL);
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.bin", "-z", fifo, "-p", "x");
+    CHECK(strstr(err_buf, "not a regular file (a FIFO)") != NULL);
+    CHECK_INT_EQ(count_of(err_buf, "model.fifo"), 1);
+    CHECK_USAGE_ERROR("-m", "/dev/zero", "-p", "x");
+    CHECK(strstr(err_buf, "/dev/zero: not a regular file (a character device)") != NULL);
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.bin", "-z", "/dev/zero", "-p", "x");
+    CHECK_INT_EQ(count_of(err_buf, "/dev/zero"), 1);
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.bin", "-z", "/nonexistent/tok.bin");
+    CHECK_INT_EQ(count_of(err_buf, "/nonexistent/tok.bin"), 1);
+    unlink(fifo);
 }
 
 static void check_timings_only(void)
@@ -211,6 +272,7 @@ static void test_smollm_chat_answers(void)
 static const sh_test_case tests[] = {
     {"bad_arguments", test_bad_arguments},
     {"bad_files", test_bad_files},
+    {"special_files", test_special_files},
     {"stories_text_gguf", test_stories_text_gguf},
     {"stories_bin_ids_and_text", test_stories_bin_ids_and_text},
     {"smollm_chat", test_smollm_chat},

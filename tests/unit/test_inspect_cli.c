@@ -1,6 +1,7 @@
 /* `shoal inspect` as a real process: output on valid files, one `error:` line and exit code 2 on
  * broken ones, never a signal. */
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,8 +16,28 @@ static char tmpdir[512];
 
 typedef struct result {
     int status; /* from waitpid; -1 when the spawn failed */
+    bool hung;  /* killed after RUN_TIMEOUT_MS */
     char *out, *err;
 } result;
+
+#define RUN_TIMEOUT_MS 20000 /* a run that takes longer hangs (a FIFO given as the file) */
+
+/* waitpid with a deadline: a child still running after ms is killed and *hung set. */
+static pid_t wait_for(pid_t pid, int *status, int ms, bool *hung)
+{
+    *hung = false;
+    for (int waited = 0;; waited += 10) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+        if (r != 0)
+            return r;
+        if (waited >= ms) {
+            *hung = true;
+            kill(pid, SIGKILL);
+            return waitpid(pid, status, 0);
+        }
+        usleep(10000);
+    }
+}
 
 static char *slurp(const char *path)
 {
@@ -33,7 +54,7 @@ static char *slurp(const char *path)
 /* Runs `shoal inspect ARGS...` with stdout and stderr captured in files. */
 static result run_inspect(const char *const *args)
 {
-    result r = {-1, NULL, NULL};
+    result r = {-1, false, NULL, NULL};
     const char *shoal = getenv("SH_SHOAL");
     char out[600], err[600];
     snprintf(out, sizeof out, "%s/stdout", tmpdir);
@@ -50,7 +71,7 @@ static result run_inspect(const char *const *args)
     posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     pid_t pid;
     if (posix_spawn(&pid, shoal, &fa, NULL, argv, environ) == 0 &&
-        waitpid(pid, &r.status, 0) == pid)
+        wait_for(pid, &r.status, RUN_TIMEOUT_MS, &r.hung) == pid)
         ;
     else
         r.status = -1;
@@ -80,7 +101,9 @@ static void expect_error(const char *path, const char *label, const char *want)
 {
     const char *args[] = {path, NULL};
     result r = run_inspect(args);
-    if (r.status != -1 && WIFSIGNALED(r.status))
+    if (r.hung)
+        SH_FAIL_("%s: still running after %d ms (killed)", label, RUN_TIMEOUT_MS);
+    else if (r.status != -1 && WIFSIGNALED(r.status))
         SH_FAIL_("%s: killed by signal %d", label, WTERMSIG(r.status));
     if (exit_code(&r) != 2)
         SH_FAIL_("%s: exit %d, expected 2; stderr: %s", label, exit_code(&r), r.err);
@@ -196,7 +219,13 @@ static void test_broken(void)
     char path[700];
     snprintf(path, sizeof path, "%s/missing.gguf", tmpdir);
     expect_error(path, "missing file", "missing.gguf");
-    expect_error(tmpdir, "directory", "not a regular file");
+    expect_error(tmpdir, "directory", "not a regular file (a directory)");
+    /* A FIFO used to block open() for ever, and a device would never end: refused unread. */
+    snprintf(path, sizeof path, "%s/model.fifo", tmpdir);
+    CHECK_INT_EQ(mkfifo(path, 0600), 0);
+    expect_error(path, "FIFO", "model.fifo: not a regular file (a FIFO)");
+    unlink(path);
+    expect_error("/dev/zero", "character device", "not a regular file (a character device)");
     gb_free(&absurd), gb_free(&v1), gb_free(&dup);
     free(real);
 }

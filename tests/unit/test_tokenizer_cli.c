@@ -4,18 +4,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "sh_test.h"
 
 static const char *shoal;
 
 /* Runs `shoal tokenize ARGS` with stderr folded into stdout; returns the exit code and the output
- * in out (truncated to cap). */
+ * in out (truncated to cap). A run still going after 20 s is killed (exit 137): it hangs. */
 static int run(const char *args, char *out, size_t cap)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' tokenize %s 2>&1", sh_test_path(""), shoal, args);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout -s KILL 20 '%s' tokenize %s 2>&1",
+             sh_test_path(""), shoal, args);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;
@@ -77,10 +80,32 @@ static void test_errors(void)
     CHECK(strncmp(out, "error: ", 7) == 0);
 }
 
+/* Defect 4 of issue 10: a FIFO as the model blocked open() for ever; devices are refused too. */
+static void test_special_files(void)
+{
+    char dir[] = "/tmp/sh_tok_cli_XXXXXX", fifo[64], args[256], out[4096];
+    if (!mkdtemp(dir)) {
+        SH_FAIL_("mkdtemp failed");
+        return;
+    }
+    snprintf(fifo, sizeof fifo, "%s/model.fifo", dir);
+    CHECK_INT_EQ(mkfifo(fifo, 0600), 0);
+    snprintf(args, sizeof args, "-m '%s' -p x", fifo);
+    CHECK_INT_EQ(run(args, out, sizeof out), 2);
+    CHECK(strncmp(out, "error: ", 7) == 0 && strchr(out, '\n') == out + strlen(out) - 1);
+    CHECK(strstr(out, "model.fifo: not a regular file (a FIFO)") != NULL);
+    CHECK_INT_EQ(run("-m /dev/zero -p x", out, sizeof out), 2);
+    CHECK(strncmp(out, "error: ", 7) == 0 && strchr(out, '\n') == out + strlen(out) - 1);
+    CHECK(strstr(out, "not a regular file (a character device)") != NULL);
+    unlink(fifo);
+    rmdir(dir);
+}
+
 static const sh_test_case tests[] = {
     {"encode", test_encode},
     {"decode", test_decode},
     {"errors", test_errors},
+    {"special_files", test_special_files},
     {NULL, NULL},
 };
 
