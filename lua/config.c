@@ -3,6 +3,7 @@
  * into an sh_cluster_config. */
 #include <lauxlib.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -17,6 +18,7 @@
 #define MAX_LAYERS 65536
 #define MAX_KEYS 64
 #define WHERE_MAX (LUA_IDSIZE + 24)
+#define MAX_MEMORY ((uint64_t)1 << 50) /* kv.memory: 1 PiB, beyond any machine's KV budget */
 
 enum { K_NODE = 1, K_MODEL, K_REPLICA, K_STAGE, K_CLUSTER };
 
@@ -512,7 +514,18 @@ static uint64_t parse_memory(lua_State *L, int idx, const char *where)
             if (strcasecmp(end, units[i].unit) == 0)
                 v = x * units[i].scale;
     }
-    if (!(v >= 1 && v <= 1e18))
+    if (v > (double)MAX_MEMORY) {
+        char given[64];
+        if (lua_type(L, idx) == LUA_TSTRING)
+            snprintf(given, sizeof given, "\"%.40s\"", lua_tostring(L, idx));
+        else
+            snprintf(given, sizeof given, "%.6g bytes", v);
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "cluster.kv: field 'memory' is too large (%s): the maximum is \"1024TiB\" "
+                     "(%llu bytes)",
+                     given, (unsigned long long)MAX_MEMORY);
+    }
+    if (!(v >= 1))
         sh__lua_fail(L, SH_EINVAL, where,
                      "cluster.kv: field 'memory' must be bytes or a size like \"512MiB\"");
     return (uint64_t)v;
@@ -608,6 +621,31 @@ static int run_cluster(lua_State *L)
     return 0;
 }
 
+/* A relative model path in a script file names a file beside the script, wherever the program
+ * runs from: prefix it with the script's directory (as the script path spells it). Absolute paths
+ * stay as they are, and so does everything in a script without a directory part. */
+static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_error *e)
+{
+    const char *slash = strrchr(script, '/');
+    if (!slash)
+        return SH_OK;
+    size_t dir = (size_t)(slash - script) + 1;
+    for (int32_t i = 0; i < c->n_models; i++) {
+        sh_config_model *m = &c->models[i];
+        if (m->path[0] == '/')
+            continue;
+        size_t n = strlen(m->path);
+        char *p = malloc(dir + n + 1);
+        if (!p)
+            return sh__error_set(e, SH_ENOMEM, "%s: out of memory", script);
+        memcpy(p, script, dir);
+        memcpy(p + dir, m->path, n + 1);
+        free(m->path);
+        m->path = p;
+    }
+    return SH_OK;
+}
+
 static sh_err load(const char *path, const char *src, size_t len, const char *name,
                    const sh_lua_limits *limits, sh_cluster_config **out, sh_error *e)
 {
@@ -625,8 +663,12 @@ static sh_err load(const char *path, const char *src, size_t len, const char *na
         err = sh__lua_call(b, 1, 0, e);
     }
     if (!err && bd.result >= 0 && bd.result < bd.n) {
-        *out = bd.built[bd.result];
-        bd.built[bd.result] = NULL;
+        if (path)
+            err = resolve_model_paths(bd.built[bd.result], path, e);
+        if (!err) {
+            *out = bd.built[bd.result];
+            bd.built[bd.result] = NULL;
+        }
     }
     for (int32_t i = 0; i < bd.n; i++)
         sh_config_destroy(bd.built[i]);

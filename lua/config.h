@@ -18,7 +18,9 @@ typedef void (*sh_lua_log_fn)(void *ud, const char *line);
 /* Limits of one sandboxed state. A zeroed struct means the defaults of the script kind: 64 MiB
  * and 2000 ms for cluster files and scenarios, 8 MiB and 50 ms per call for policies. The time
  * limit is wall-clock per evaluation (one chunk run, one level() call), checked every 1000 VM
- * instructions; the memory limit counts every byte the Lua state holds. */
+ * instructions and by the allocator (every 256 allocations and at every refused one), so
+ * allocation-heavy loops stop on time too; the memory limit counts every byte the Lua state
+ * holds. */
 typedef struct sh_lua_limits {
     size_t memory_bytes;
     uint32_t time_ms;
@@ -36,7 +38,10 @@ typedef struct sh_config_node {
 
 typedef struct sh_config_model {
     char *name;       /* unique */
-    char *path;       /* GGUF or llama2.c file, as written in the script */
+    char *path;       /* GGUF or llama2.c file. From a script file, a relative path is taken
+                         relative to the script's directory (the script path's directory part is
+                         prefixed: "conf/c.lua" with "m.gguf" gives "conf/m.gguf"); absolute
+                         paths, and every path from sh_config_load_string, are as written */
     int32_t n_layers; /* from model{ layers = n }; 0 when unknown until the file is loaded */
 } sh_config_model;
 
@@ -99,7 +104,8 @@ typedef struct sh_cluster_config {
  * caller (sh_config_destroy). On failure *out is NULL and e names the file and line:
  * SH_EIO (unreadable file), SH_ELUA (syntax or runtime error, with a short traceback),
  * SH_EINVAL (a constructor's argument failed validation), SH_ENOTFOUND (a reference to an
- * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit).
+ * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit). Relative model paths of a script
+ * file are resolved against its directory (see sh_config_model.path); other paths are not.
  * Any thread; no shared state. */
 sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_cluster_config **out,
                            sh_error *e);

@@ -15,6 +15,7 @@
 #include "runtime/file.h"
 
 #define HOOK_EVERY 1000                  /* VM instructions between two clock reads */
+#define ALLOC_CLOCK_EVERY 256            /* allocations that grow between two clock reads */
 #define MAX_SCRIPT (4u << 20)            /* bytes of script text we agree to compile */
 #define PATTERN_BUDGET (1u << 24)        /* worst-case matcher steps a pattern call may cost */
 #define MOVE_MAX ((lua_Unsigned)1 << 22) /* table.move iterations (it runs without the hook) */
@@ -33,8 +34,30 @@ sh__lua_box *sh__lua_box_of(lua_State *L)
     return ud;
 }
 
+/* True once the running evaluation is past its deadline: the allocator's view of the clock. */
+static bool alloc_late(sh__lua_box *b)
+{
+    if (b->deadline_ns == 0)
+        return false;
+    if (!b->starved && now_ns() < b->deadline_ns)
+        return false;
+    b->hit = SH__LUA_HIT_TIME;
+    b->starved = true;
+    return true;
+}
+
 /* Counts every byte of the state. When ptr is NULL, osize encodes the object type, not a size.
- * Refusing a growth makes Lua collect garbage and retry once, then raise a memory error. */
+ * Refusing a growth makes Lua collect garbage and retry once, then raise a memory error.
+ *
+ * The allocator also watches the clock, because time can pass between two hook calls: near the
+ * memory limit every refused growth costs Lua a full emergency collection, and some refusals
+ * (the string table's) are swallowed, so `t[tostring(i)] = true` in a loop runs one collection
+ * of the whole heap per new string, with few VM instructions between. It reads the clock at
+ * every refusal (already the slow path) and every ALLOC_CLOCK_EVERY growths (about a
+ * nanosecond each, amortized); once it has seen the deadline pass it refuses every growth, so
+ * the script ends with a memory error that sh__lua_call reports as the time limit. (The hook's
+ * own time error does not starve the state: unwinding it calls the message handler, which needs
+ * memory.) */
 static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     sh__lua_box *b = ud;
@@ -44,8 +67,13 @@ static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         b->used -= old;
         return NULL;
     }
-    if (nsize > old && (nsize - old > b->limit || b->used + (nsize - old) > b->limit))
-        return NULL;
+    if (nsize > old) {
+        bool over = nsize - old > b->limit || b->used + (nsize - old) > b->limit;
+        if ((over || b->starved || (++b->n_growths % ALLOC_CLOCK_EVERY) == 0) && alloc_late(b))
+            return NULL;
+        if (over)
+            return NULL;
+    }
     void *p = realloc(ptr, nsize);
     if (p)
         b->used = b->used - old + nsize;
@@ -59,12 +87,17 @@ static void box_hook(lua_State *L, lua_Debug *ar)
     sh__lua_box *b = sh__lua_box_of(L);
     if (b->deadline_ns == 0 || now_ns() < b->deadline_ns)
         return;
-    b->hit = SH__LUA_HIT_TIME;
+    /* The allocator's clock is off while the message is made: were it to see the deadline now,
+     * it would refuse the message its memory. */
+    int64_t deadline = b->deadline_ns;
+    b->deadline_ns = 0;
     if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
         lua_pushfstring(L, "%s:%d: time limit of %d ms exceeded", ar->short_src, ar->currentline,
                         (int)b->time_ms);
     else
         lua_pushfstring(L, "%s: time limit of %d ms exceeded", b->name, (int)b->time_ms);
+    b->deadline_ns = deadline;
+    b->hit = SH__LUA_HIT_TIME;
     lua_error(L);
 }
 
@@ -463,6 +496,7 @@ sh_err sh__lua_call(sh__lua_box *b, int nargs, int nresults, sh_error *e)
     lua_pushcfunction(L, msgh);
     lua_insert(L, base);
     b->hit = SH__LUA_HIT_NONE;
+    b->starved = false;
     b->fail_code = SH_OK;
     b->deadline_ns = now_ns() + (int64_t)b->time_ms * 1000000;
     lua_sethook(L, box_hook, LUA_MASKCOUNT, HOOK_EVERY);
@@ -474,16 +508,17 @@ sh_err sh__lua_call(sh__lua_box *b, int nargs, int nresults, sh_error *e)
         return SH_OK;
     const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "error";
     sh_err code;
-    if (st == LUA_ERRMEM) {
-        code = sh__error_set(e, SH_ENOMEM, "%s: memory limit of %zu bytes exceeded", b->name,
-                             b->limit);
-    } else if (b->hit == SH__LUA_HIT_TIME) {
-        /* A handler that failed after the deadline replaces the hook's message; say it again. */
+    if (b->hit == SH__LUA_HIT_TIME) {
+        /* A handler that failed after the deadline replaces the hook's message, and a growth
+         * the allocator refused after it raises a memory error: say the time limit again. */
         if (strstr(msg, "time limit"))
             code = sh__error_set(e, SH_ETIMEDOUT, "%s", msg);
         else
             code = sh__error_set(e, SH_ETIMEDOUT, "%s: time limit of %d ms exceeded", b->name,
                                  (int)b->time_ms);
+    } else if (st == LUA_ERRMEM) {
+        code = sh__error_set(e, SH_ENOMEM, "%s: memory limit of %zu bytes exceeded", b->name,
+                             b->limit);
     } else if (b->fail_code != SH_OK) {
         code = sh__error_set(e, b->fail_code, "%s", msg);
     } else {

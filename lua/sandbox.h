@@ -22,6 +22,8 @@ typedef struct sh__lua_box {
     uint32_t time_ms;
     int64_t deadline_ns; /* monotonic; 0 while no evaluation runs */
     int hit;             /* SH__LUA_HIT_* of the current evaluation */
+    bool starved;        /* the allocator saw the deadline pass: it refuses every growth */
+    uint32_t n_growths;  /* allocations that grew, counted to pace the allocator's clock reads */
     sh_err fail_code;    /* set by sh__lua_fail: a validation error, reported without traceback */
     char name[128];      /* the script's name for messages without a line */
     sh_lua_log_fn log;

@@ -1,5 +1,6 @@
 -- cluster.lua: topology. Functions and loops are allowed; the result is data.
-local m = model { path = "models/smollm2-135m-instruct-q4_1.gguf", name = "smollm2" }
+-- Model paths are relative to this script's directory (absolute ones are used as is).
+local m = model { path = "../../models/smollm2-135m-instruct-q4_1.gguf", name = "smollm2" }
 return cluster {
   nodes = {
     node { name = "front", listen = "ipc:///tmp/shoal-demo/front" },

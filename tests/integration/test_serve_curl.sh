@@ -266,10 +266,11 @@ else
     fail "--api-key server" "did not start"
 fi
 
-# --- a server configured by a cluster script (shoal serve -c); --port 0 overrides its address
+# --- a server configured by a cluster script (shoal serve -c); --port 0 overrides its port.
+# A relative model path would be relative to the script's directory: name the model absolutely.
 cfg="$tmp/cluster.lua"
 cat >"$cfg" <<EOF
-local m = model { path = "$model", name = "tiny-chat" }
+local m = model { path = "$(pwd)/$model", name = "tiny-chat" }
 return cluster {
   nodes = { node { name = "local", listen = "inproc://local" } },
   gateway = { node = "local", http = "127.0.0.1:1" },

@@ -1,6 +1,11 @@
 /* Unit tests of cluster.lua evaluation (the DESIGN example, defaults, layer splits, every error
  * class with its file:line) and of the sandbox (escapes, time and memory limits, print). */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "lua/config.h"
 #include "sh_test.h"
@@ -30,7 +35,9 @@ static void test_demo(void)
     CHECK(c->nodes[3].standby);
     CHECK_INT_EQ(c->n_models, 1);
     CHECK_STR_EQ(c->models[0].name, "smollm2");
-    CHECK_STR_EQ(c->models[0].path, "models/smollm2-135m-instruct-q4_1.gguf");
+    /* Relative to the script's directory: lua/examples/../../models is the repository's. */
+    CHECK_STR_EQ(c->models[0].path,
+                 sh_test_path("lua/examples/../../models/smollm2-135m-instruct-q4_1.gguf"));
     CHECK_INT_EQ(c->models[0].n_layers, 0);
     CHECK_INT_EQ(c->gateway.node, 0);
     CHECK_STR_EQ(c->gateway.http, "127.0.0.1:8080");
@@ -182,6 +189,20 @@ static const struct bad_case {
      SH_EINVAL, "bad.lua:5", "do not continue from layer 0"},
     {"local p = pipeline(model { name = 'x', path = 'x', layers = 2 }, { 'a', 'b', 'a' })\n",
      SH_EINVAL, "bad.lua:4", "3 stages for 2 layers"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { memory = '999999TiB' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4",
+     "field 'memory' is too large (\"999999TiB\"): the maximum is \"1024TiB\" "
+     "(1125899906842624 bytes)"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { memory = 2^60 },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "is too large (1.15292e+18 bytes): the maximum is \"1024TiB\""},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { memory = '12 parsecs' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "must be bytes or a size like \"512MiB\""},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
 };
@@ -264,6 +285,83 @@ static void test_sandbox_escapes(void)
     CHECK(strstr(e.msg, "bad.lua:8: reached the end") != NULL);
 }
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Relative model paths in a script file are relative to the script's directory, not to the
+ * current one; absolute paths and scripts given as strings are unchanged. */
+static void test_script_relative_paths(void)
+{
+    char dir[] = "/tmp/sh_lua_paths_XXXXXX", sub[64], script[96];
+    if (!mkdtemp(dir)) {
+        SH_FAIL_("mkdtemp: %s", strerror(errno));
+        return;
+    }
+    snprintf(sub, sizeof sub, "%s/conf", dir);
+    CHECK_INT_EQ(mkdir(sub, 0700), 0);
+    snprintf(script, sizeof script, "%s/cluster.lua", sub);
+    const char *src = "local m = model { name = 'm', path = 'm.gguf' }\n"
+                      "return cluster {\n"
+                      "  nodes = { node { name = 'a', listen = 'inproc://a' } },\n"
+                      "  models = { model { name = 'up', path = '../w/up.gguf' },\n"
+                      "             model { name = 'abs', path = '/srv/models/abs.gguf' } },\n"
+                      "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
+                      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+                      "}\n";
+    write_text(script, src);
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_config_load_file(script, NULL, &c, &e));
+    if (c) {
+        char want[160];
+        CHECK_INT_EQ(c->n_models, 3);
+        snprintf(want, sizeof want, "%s/../w/up.gguf", sub);
+        CHECK_STR_EQ(c->models[0].path, want);
+        CHECK_STR_EQ(c->models[1].path, "/srv/models/abs.gguf");
+        snprintf(want, sizeof want, "%s/m.gguf", sub);
+        CHECK_STR_EQ(c->models[2].path, want);
+        sh_config_destroy(c);
+    }
+    c = NULL;
+    CHECK_OK(sh_config_load_string(src, strlen(src), script, NULL, &c, &e));
+    if (c) {
+        CHECK_STR_EQ(c->models[0].path, "../w/up.gguf");
+        CHECK_STR_EQ(c->models[2].path, "m.gguf");
+        sh_config_destroy(c);
+    }
+    unlink(script);
+    rmdir(sub);
+    rmdir(dir);
+
+    /* The shipped examples name the repository's model from wherever they are loaded. */
+    static const char *const examples[] = {"lua/examples/single-node.lua",
+                                           "lua/examples/cluster-demo.lua"};
+    for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
+        c = NULL;
+        CHECK_OK(sh_config_load_file(sh_test_path(examples[i]), NULL, &c, &e));
+        if (!c)
+            continue;
+        char real_model[PATH_MAX], real_want[PATH_MAX];
+        const char *want = sh_test_path("models/smollm2-135m-instruct-q4_1.gguf");
+        if (access(want, R_OK) == 0) {
+            if (!realpath(c->models[0].path, real_model) || !realpath(want, real_want) ||
+                strcmp(real_model, real_want) != 0)
+                SH_FAIL_("%s: model path %s is not %s", examples[i], c->models[0].path, want);
+        } else {
+            fprintf(stderr, "(no %s: example paths checked by text only)\n", want);
+            CHECK(strstr(c->models[0].path, "/../../models/smollm2") != NULL);
+        }
+        sh_config_destroy(c);
+    }
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -306,6 +404,24 @@ static void test_limits(void)
         if (err != SH_ENOMEM || !strstr(e.msg, "bad.lua: memory limit of 4194304 bytes"))
             SH_FAIL_("hog %zu: %s \"%s\"", i, sh_strerror(err), e.msg);
     }
+    /* Allocation-heavy loops stop on time too. Near the memory limit each new string makes Lua
+     * try to grow its string table, fail, and collect the whole heap, with few VM instructions
+     * between: the instruction hook alone let this run 8-9 s under a 2 s limit. Either limit may
+     * stop it (on a slow build 64 MiB may not fill in 2 s), but not much after 2 s. */
+    {
+        sh_lua_limits def = {.memory_bytes = 64u << 20, .time_ms = 2000};
+        sh_cluster_config *c = NULL;
+        sh_error e = {0};
+        double t0 = now_s();
+        sh_err err =
+            load_str("local t = {} for i = 1, 1e9 do t[tostring(i)] = true end", &def, &c, &e);
+        double dt = now_s() - t0;
+        if ((err != SH_ETIMEDOUT && err != SH_ENOMEM) || dt > 3.5)
+            SH_FAIL_("string-key hog: %s \"%s\" after %.3f s (limit 2 s)", sh_strerror(err), e.msg,
+                     dt);
+        if (err == SH_ETIMEDOUT && !strstr(e.msg, "time limit of 2000 ms"))
+            SH_FAIL_("string-key hog: \"%s\"", e.msg);
+    }
     /* A tiny limit fails cleanly when the state cannot even be built. */
     sh_lua_limits tiny = {.memory_bytes = 1000};
     sh_cluster_config *c = NULL;
@@ -337,6 +453,7 @@ static const sh_test_case tests[] = {
     {"defaults_and_layers", test_defaults_and_layers},
     {"errors", test_errors},
     {"sandbox_escapes", test_sandbox_escapes},
+    {"script_relative_paths", test_script_relative_paths},
     {"limits", test_limits},
     {"print_log", test_print_log},
     {NULL, NULL},
