@@ -33,7 +33,7 @@ typedef struct serve_opts {
     uint64_t kv_mem, max_body;
     uint32_t max_conns, header_timeout_ms, request_timeout_ms;
     bool no_prefix_cache, kv_f16;
-    bool port_set; /* --port given: it wins over the config's gateway.http */
+    bool port_set; /* --port given: it wins over the port of the config's gateway.http */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -48,9 +48,10 @@ static void usage(FILE *f)
             "batching and a paged KV cache, on the CPU.\n\n"
             "  -m MODEL            GGUF model (default " DEFAULT_MODEL ")\n"
             "  -c CLUSTER.lua      read model, listen address, batcher and KV settings from a\n"
-            "                      cluster script (one node; see lua/examples/single-node.lua)\n"
-            "  --host H            address to listen on (default 127.0.0.1)\n"
-            "  --port P            port (default 8080; 0 picks a free one)\n"
+            "                      cluster script (one node; see lua/examples/single-node.lua);\n"
+            "                      its relative model paths are relative to the script\n"
+            "  --host H            address to listen on (default 127.0.0.1, or the script's)\n"
+            "  --port P            port (default 8080, or the script's; 0 picks a free one)\n"
             "  -t THREADS          compute threads (default: all CPUs)\n"
             "  --model-name NAME   the model id clients name (default: file name without .gguf)\n"
             "  --ctx N             context window per sequence (default: the model's, max 8192)\n"
@@ -218,33 +219,43 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     if (sh_config_load_file(o->config, NULL, &c, &e))
         return sh__cmd_fail("%s", e.msg);
     *cfg_out = c;
-    if (c->n_replicas != 1 || c->replicas[0].n_stages != 1 || c->replicas[0].tp != 1)
+    // Until nodes can be joined, every script that names more than one node is refused, even
+    // one whose single stage would fit: its gateway and stage were meant for other processes.
+    if (c->n_nodes != 1 || c->n_replicas != 1 || c->replicas[0].n_stages != 1 ||
+        c->replicas[0].tp != 1) {
+        int32_t st = c->replicas[0].n_stages;
         return sh__cmd_fail("%s: shoal serve runs one replica of one stage in this process; this "
-                            "topology has %d replicas (first: %d stages, tp %d)",
-                            o->config, (int)c->n_replicas,
-                            c->n_replicas ? (int)c->replicas[0].n_stages : 0,
-                            c->n_replicas ? (int)c->replicas[0].tp : 0);
+                            "topology has %d node%s and %d replica%s (the first: %d stage%s, tp "
+                            "%d); serving across nodes is not implemented yet",
+                            o->config, (int)c->n_nodes, c->n_nodes == 1 ? "" : "s",
+                            (int)c->n_replicas, c->n_replicas == 1 ? "" : "s", (int)st,
+                            st == 1 ? "" : "s", (int)c->replicas[0].tp);
+    }
     const sh_config_model *m = &c->models[c->replicas[0].model];
     o->model = m->path;
     if (!o->model_name)
         o->model_name = m->name;
-    if (c->gateway.http && !o->host && !o->port_set) {
+    // gateway.http gives the host and the port; --host and --port each replace only their part.
+    if (c->gateway.http && (!o->host || !o->port_set)) {
         const char *colon = strrchr(c->gateway.http, ':');
         int64_t port;
         if (!colon || !sh__cmd_parse_i64(colon + 1, 0, 65535, &port) ||
             (size_t)(colon - c->gateway.http) >= sizeof o->host_buf)
             return sh__cmd_fail("%s: gateway.http '%s' is not HOST:PORT", o->config,
                                 c->gateway.http);
-        memcpy(o->host_buf, c->gateway.http, (size_t)(colon - c->gateway.http));
-        o->host_buf[colon - c->gateway.http] = '\0';
-        if (o->host_buf[0] == '[') { /* [::1]:8080 */
-            size_t l = strlen(o->host_buf);
-            memmove(o->host_buf, o->host_buf + 1, l);
-            if (l >= 2 && o->host_buf[l - 2] == ']')
-                o->host_buf[l - 2] = '\0';
+        if (!o->host) {
+            memcpy(o->host_buf, c->gateway.http, (size_t)(colon - c->gateway.http));
+            o->host_buf[colon - c->gateway.http] = '\0';
+            if (o->host_buf[0] == '[') { /* [::1]:8080 */
+                size_t l = strlen(o->host_buf);
+                memmove(o->host_buf, o->host_buf + 1, l);
+                if (l >= 2 && o->host_buf[l - 2] == ']')
+                    o->host_buf[l - 2] = '\0';
+            }
+            o->host = o->host_buf;
         }
-        o->host = o->host_buf;
-        o->port = (int)port;
+        if (!o->port_set)
+            o->port = (int)port;
     }
     for (int32_t i = 0; i < c->gateway.n_api_keys; i++)
         if (add_key(o, c->gateway.api_keys[i]))
