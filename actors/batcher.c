@@ -8,13 +8,15 @@
  *   1. plan    for each running sequence with tokens to compute, in priority order, a chunk of
  *              them within the step's token budget (a decode is one token, a prefill chunk up to
  *              the budget); new sequences are admitted while the budget, max_seqs and the last
- *              known free KV blocks allow; choices 1..n-1 of a request fork the first choice's
- *              computed prompt blocks (KV_FORK) instead of computing them again;
+ *              known free KV blocks allow, a starving sequence first (relieve_starving);
+ *              choices 1..n-1 of a request fork the first choice's computed prompt blocks
+ *              (KV_FORK) instead of computing them again;
  *   2. alloc   one KV_ALLOC (or KV_FORK) per planned sequence; the replies come back in order;
  *   3. step    the sequences whose reservation succeeded go to the stage in ONE STEP;
- *              when a running sequence could not get a block, the lowest-priority, most recently
- *              started sequence is preempted: its blocks are freed and it goes back to the queue
- *              to be recomputed from its prompt and the tokens it generated so far;
+ *              when running sequences could not get their blocks, just enough others are
+ *              preempted (pick_victim: lowest class, then latest arrival, sparing one that has
+ *              not yet run a slice): their blocks are freed and they go back to the queue to be
+ *              recomputed from their prompt and the tokens they generated so far;
  *   4. done    STEP_DONE brings one sampled token per finished chunk: the token is detokenized,
  *              checked against stop strings, EOS, max_tokens and the context, and streamed to the
  *              gateway as TOKEN; a finished sequence frees its blocks (KV_FREE) and the request
@@ -42,6 +44,17 @@
 #define TIMER_DEADLINE 2
 #define DEADLINE_TICK_MS 100
 
+/* Preemption and starvation (docs/serving.md, Preemption and No starvation). A sequence runs
+ * SLICE_US after each admission before a starving sequence may take its blocks, and before a KV
+ * shortage does unless nothing else of its class is left to take; a sequence that has waited
+ * SLICE_US is starving. A running sequence of the starving one's class (or a lower one) yields
+ * when it has more work left than the starving one by more than STARVE_MARGIN tokens, the waiting
+ * one gaining a credit of AGE_TOKENS_PER_S tokens per second waited: a short request gets in
+ * after about two slices, and a long one overtakes every later arrival in time. */
+#define SLICE_US 1000000
+#define AGE_TOKENS_PER_S 16
+#define STARVE_MARGIN 32
+
 typedef enum seq_state {
     SEQ_WAITING = 0, /* in the queue, no KV */
     SEQ_RUNNING,     /* in the running set */
@@ -64,11 +77,13 @@ typedef struct bseq {
     int32_t n_cached;   /* prompt positions found in the prefix cache at admission */
     int32_t *blocks;    // (max_blocks) block table copy
     int32_t n_blocks;
-    uint64_t started; /* admission order, for preemption */
     /* this step */
     bool planned, in_step, alloc_ok, sampled;
     int32_t step_k;
-    bool fork_pending; /* waits for the first choice's prompt to be computed */
+    bool fork_pending;    /* waits for the first choice's prompt to be computed */
+    bool short_kv;        /* this step's reservation was refused for want of blocks */
+    uint64_t queued_us;   /* when it last began to wait: arrival, or its latest preemption */
+    uint64_t admitted_us; /* when it last joined the running set */
     sh_tokenizer_stream *detok;
     sh_openai_stopper stop;
     struct bseq *next; /* queue link */
@@ -106,7 +121,7 @@ typedef struct batcher {
     bseq **running; // (max_seqs)
     int32_t n_running;
     int32_t max_blocks;
-    uint64_t next_kv_id, arrivals, admissions, step_no;
+    uint64_t next_kv_id, arrivals, step_no;
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
     bool step_out, forming;
@@ -164,6 +179,19 @@ static void queue_remove(batcher *b, bseq *s)
             b->n_waiting--;
             return;
         }
+}
+
+/* Adds s to the running set at its rank, so that the set stays in queue order: planning, the
+ * kvmgr (which serves reservations in the order they are sent) and preemption all favour the
+ * higher class and, within a class, the earlier arrival. */
+static void running_insert(batcher *b, bseq *s)
+{
+    int32_t i = b->n_running;
+    while (i > 0 && seq_before(s, b->running[i - 1]))
+        i--;
+    memmove(b->running + i + 1, b->running + i, (size_t)(b->n_running - i) * sizeof *b->running);
+    b->running[i] = s;
+    b->n_running++;
 }
 
 static void running_remove(batcher *b, bseq *s)
@@ -492,15 +520,17 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     r->next_live = b->live;
     b->live = r;
     b->n_reqs++;
+    uint64_t now_us = sh__act_mono_us();
     for (int32_t i = 0; i < (int32_t)n; i++) {
         r->seqs[i].fork_pending = i > 0 && r->shared > 0;
+        r->seqs[i].queued_us = now_us;
         queue_insert(b, &r->seqs[i]);
     }
     sh_counter_add(b->m_prompt_toks, (uint64_t)n_prompt);
     update_gauges(b);
     // Idle: wait a moment for a burst to form one batch; busy: the next plan picks it up.
     if (!b->step_out && b->allocs_out == 0) {
-        uint64_t now = sh__act_mono_us();
+        uint64_t now = now_us;
         if (!b->forming) {
             b->forming = true;
             b->form_start_us = now;
@@ -581,12 +611,173 @@ static bool past_deadline(const breq *r, uint64_t now_ms)
     return r->deadline_ms && now_ms >= r->deadline_ms;
 }
 
+/* ---- preemption --------------------------------------------------------------------------- */
+
+/* Whether s has had its slice since its latest admission (see SLICE_US). */
+static bool slice_used(const bseq *s, uint64_t now_us)
+{
+    return now_us - s->admitted_us >= SLICE_US;
+}
+
+/* Tokens s still has to generate: what starvation weighs. */
+static int64_t work_left(const bseq *s)
+{
+    int64_t left = (int64_t)s->r->max_tokens - s->n_gen;
+    return left > 0 ? left : 0;
+}
+
+/* The victim of a KV shortage: among the sequences that hold KV, those of the lowest priority
+ * class; of them the last in queue order (the latest arrival) that has had its slice, else the
+ * last. A sequence ranks by its request's arrival, not by when it was last admitted, so a
+ * preempted sequence keeps its place and, once it has run a slice, is taken only after every later
+ * arrival of its class. */
+static bseq *pick_victim(batcher *b, uint64_t now_us)
+{
+    bseq *last = NULL;
+    for (int32_t i = b->n_running - 1; i >= 0; i--) {
+        bseq *s = b->running[i];
+        if (!s->kv_id || s->fork_pending)
+            continue;
+        if (last && s->r->prio != last->r->prio)
+            break; /* the running set is ranked: a better class from here on */
+        if (slice_used(s, now_us))
+            return s;
+        if (!last)
+            last = s;
+    }
+    return last;
+}
+
+/* Blocks s's refused reservation would have added to its table. */
+static int32_t grow_need(const batcher *b, const bseq *s)
+{
+    int32_t n = blocks_for(b, s->n_reserved + s->step_k) - s->n_blocks;
+    return n > 1 ? n : 1;
+}
+
+/* Puts a running sequence back in the queue; it is recomputed from its tokens when readmitted.
+ * Choices that were to fork from it wait for it again. */
+static void preempt(batcher *b, bseq *s)
+{
+    running_remove(b, s);
+    kv_release(b, s);
+    s->planned = s->alloc_ok = s->sampled = s->short_kv = false;
+    s->queued_us = sh__act_mono_us();
+    sh_counter_add(b->m_preempt, 1);
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "preempt", "req=%" PRIu64 " choice=%d tokens=%d",
+                 s->r->id, (int)s->choice, (int)s->n_toks);
+    queue_insert(b, s);
+}
+
+/* The starving sequence to admit first: among those that waited SLICE_US (and need no fork), the
+ * best class, then the least work left less the credit of its wait (ties: the earlier). *key
+ * receives that figure. NULL when none is starving. */
+static bseq *pick_starving(const batcher *b, uint64_t now_us, int64_t *key)
+{
+    bseq *best = NULL;
+    int64_t best_key = 0;
+    for (bseq *s = b->queue; s; s = s->next) {
+        if (s->fork_pending || now_us - s->queued_us < SLICE_US)
+            continue;
+        int64_t k =
+            work_left(s) - (int64_t)((now_us - s->queued_us) / 1000) * AGE_TOKENS_PER_S / 1000;
+        if (!best || s->r->prio < best->r->prio || (s->r->prio == best->r->prio && k < best_key)) {
+            best = s;
+            best_key = k;
+        }
+    }
+    *key = best_key;
+    return best;
+}
+
+/* Whether other choices of s's request still wait to fork from it. */
+static bool forks_pending(const bseq *s)
+{
+    for (int32_t i = 1; s->choice == 0 && i < s->r->n_choices; i++)
+        if (s->r->seqs[i].fork_pending)
+            return true;
+    return false;
+}
+
+/* Whether running sequence v may give way to starving sequence h (with key h_key): v holds KV,
+ * is of h's class or a lower one, has had its slice, has clearly more work left, and no choice
+ * waits to fork from it. */
+static bool may_yield(const bseq *v, const bseq *h, int64_t h_key, uint64_t now_us)
+{
+    return v->kv_id && !v->fork_pending && v->r->prio >= h->r->prio && slice_used(v, now_us) &&
+           work_left(v) > h_key + STARVE_MARGIN && !forks_pending(v);
+}
+
+/* ---- admission ---------------------------------------------------------------------------- */
+
+/* Moves queued sequence s into the running set with a first chunk of k tokens (0 for a fork). */
+static void admit(batcher *b, bseq *s, int32_t k, uint64_t now_us)
+{
+    queue_remove(b, s);
+    s->state = SEQ_RUNNING;
+    s->planned = !s->fork_pending;
+    s->in_step = s->alloc_ok = false;
+    s->step_k = k;
+    s->kv_id = s->fork_pending ? 0 : ++b->next_kv_id;
+    s->n_computed = s->n_reserved = s->n_marked = 0;
+    s->admitted_us = now_us;
+    running_insert(b, s);
+}
+
+/* A planned running sequence's blocks and tokens this step, given back to *avail and *budget. */
+static void unplan(const batcher *b, const bseq *s, int32_t *avail, int32_t *budget)
+{
+    *avail += s->n_blocks;
+    if (s->planned) {
+        *avail += blocks_for(b, s->n_computed + s->step_k) - blocks_for(b, s->n_computed);
+        *budget += s->step_k;
+    }
+}
+
+/* Starvation relief: when a starving sequence does not fit, running sequences that may yield to
+ * it (worst class first, then most work left) are preempted, but only when together they make
+ * room; then it is admitted ahead of the queue. Returns whether one was admitted. */
+static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_t *budget,
+                             int32_t reserve)
+{
+    int64_t key;
+    bseq *h = pick_starving(b, now_us, &key);
+    if (!h || *budget <= 0 || b->n_running >= b->a.max_seqs)
+        return false;
+    int32_t k = h->n_toks < *budget ? h->n_toks : *budget;
+    int32_t need = blocks_for(b, k) + 1 + reserve;
+    int32_t room = *avail;
+    for (int32_t i = 0; i < b->n_running && room < need; i++)
+        if (may_yield(b->running[i], h, key, now_us))
+            room += b->running[i]->n_blocks;
+    if (room < need)
+        return false;
+    while (*avail < need) {
+        bseq *v = NULL;
+        for (int32_t i = 0; i < b->n_running; i++) {
+            bseq *s = b->running[i];
+            if (may_yield(s, h, key, now_us) &&
+                (!v || s->r->prio > v->r->prio ||
+                 (s->r->prio == v->r->prio && work_left(s) > work_left(v))))
+                v = s;
+        }
+        if (!v)
+            return false;
+        unplan(b, v, avail, budget);
+        preempt(b, v);
+    }
+    *avail -= blocks_for(b, k) + 1;
+    *budget -= k;
+    admit(b, h, k, now_us);
+    return true;
+}
+
 /* Step 1 and 2: choose the step's sequences and ask the kvmgr for their blocks. */
 static void plan_step(batcher *b)
 {
     if (b->step_out || b->allocs_out || b->forming)
         return;
-    uint64_t now_ms = sh__act_unix_ms();
+    uint64_t now_ms = sh__act_unix_ms(), now_us = sh__act_mono_us();
     // Deadlines first: anything past its deadline finishes now.
     for (breq *r = b->live, *next; r; r = next) {
         next = r->next_live;
@@ -596,8 +787,8 @@ static void plan_step(batcher *b)
     int32_t budget = b->a.max_step_tokens;
     int32_t avail = b->avail_est;
     b->n_step = 0;
-    // Running sequences, in priority order (the running array is kept in admission order, which
-    // already favours earlier and higher-priority work).
+    // Running sequences, in queue order (running_insert keeps the array ranked by priority class,
+    // then arrival), so that a short budget goes to the earlier work.
     for (int32_t i = 0; i < b->n_running && budget > 0; i++) {
         bseq *s = b->running[i];
         s->planned = s->in_step = s->alloc_ok = false;
@@ -624,28 +815,29 @@ static void plan_step(batcher *b)
         s->planned = true;
         s->step_k = 0;
     }
-    // Admissions: the queue head while the budget, the sequence limit and the KV allow.
+    // A starving sequence goes first, with room made for it if need be. Then the queue head while
+    // the budget, the sequence limit and the KV allow. Nothing passes a head that does not fit,
+    // so a later arrival never overtakes a waiting (or preempted) earlier one. When no sequence
+    // holds KV the head goes in whatever the estimate says (choices waiting to fork hold none and
+    // must not keep it out).
     int32_t reserve = 1 + b->n_running / 8;
+    relieve_starving(b, now_us, &avail, &budget, reserve);
+    bool held = false;
+    for (int32_t i = 0; i < b->n_running && !held; i++)
+        held = b->running[i]->kv_id != 0;
     while (b->queue && budget > 0 && b->n_running < b->a.max_seqs) {
         bseq *s = b->queue;
         int32_t k = 0;
         if (!s->fork_pending) {
             k = s->n_toks < budget ? s->n_toks : budget;
             int32_t need = blocks_for(b, k) + 1;
-            if (avail - need < reserve && b->n_running > 0)
+            if (avail - need < reserve && held)
                 break;
+            held = true;
             avail -= need;
             budget -= k;
         }
-        queue_remove(b, s);
-        s->state = SEQ_RUNNING;
-        s->started = ++b->admissions;
-        s->planned = !s->fork_pending;
-        s->in_step = s->alloc_ok = false;
-        s->step_k = k;
-        s->kv_id = s->fork_pending ? 0 : ++b->next_kv_id;
-        s->n_computed = s->n_reserved = s->n_marked = 0;
-        b->running[b->n_running++] = s;
+        admit(b, s, k, now_us);
     }
     // Requests: allocs for choice 0s before forks (the kvmgr handles them in order).
     for (int32_t i = 0; i < b->n_running; i++) {
@@ -667,37 +859,10 @@ static void plan_step(batcher *b)
     }
 }
 
-/* The victim for preemption: lowest priority class, then most recently started, among the
- * sequences that hold KV. */
-static bseq *pick_victim(batcher *b)
-{
-    bseq *v = NULL;
-    for (int32_t i = 0; i < b->n_running; i++) {
-        bseq *s = b->running[i];
-        if (!s->kv_id || s->fork_pending)
-            continue;
-        if (!v || s->r->prio > v->r->prio || (s->r->prio == v->r->prio && s->started > v->started))
-            v = s;
-    }
-    return v;
-}
-
-/* Puts a running sequence back in the queue; it is recomputed from its tokens when readmitted. */
-static void preempt(batcher *b, bseq *s)
-{
-    running_remove(b, s);
-    kv_release(b, s);
-    s->planned = s->alloc_ok = s->sampled = false;
-    sh_counter_add(b->m_preempt, 1);
-    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "preempt", "req=%" PRIu64 " choice=%d tokens=%d",
-                 s->r->id, (int)s->choice, (int)s->n_toks);
-    // Choices that were to fork from it must wait for it again.
-    queue_insert(b, s);
-}
-
 /* Step 3: every reservation answered; run the step with those that got their blocks. */
 static void dispatch_step(batcher *b)
 {
+    uint64_t now_us = sh__act_mono_us();
     // Admissions that did not fit go back to the queue; running sequences that could not grow
     // are counted for preemption.
     int32_t failed = 0;
@@ -715,6 +880,7 @@ static void dispatch_step(batcher *b)
             refused = refused ? refused : s;
             i--;
         } else if (s->n_toks > s->n_computed) {
+            s->short_kv = true;
             failed++;
         }
     }
@@ -726,19 +892,33 @@ static void dispatch_step(batcher *b)
         req_fail(b, refused->r, SH_ENOMEM, 503,
                  "the KV cache is too small for this request's prompt");
     }
-    while (failed > 0) {
-        bseq *v = pick_victim(b);
+    // The blocks the refused growth asks for beyond what the pool has left; victims give theirs
+    // back until it is covered. A victim that is itself short needs nothing any more. Only when
+    // the one sequence left holding KV is still short does it not fit the pool even alone.
+    int32_t deficit = -b->avail_est;
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i]->short_kv)
+            deficit += grow_need(b, b->running[i]);
+    while (failed > 0 && deficit > 0) {
+        bseq *v = pick_victim(b, now_us);
         if (!v)
             break;
         if (holders == 1) {
-            req_fail(b, v->r, SH_ENOMEM, 503,
-                     "the KV cache is too small for this request's context");
+            if (v->short_kv)
+                req_fail(b, v->r, SH_ENOMEM, 503,
+                         "the KV cache is too small for this request's context");
             break;
         }
+        if (v->short_kv) {
+            deficit -= grow_need(b, v);
+            failed--;
+        }
+        deficit -= v->n_blocks;
         preempt(b, v);
         holders--;
-        failed--;
     }
+    for (int32_t i = 0; i < b->n_running; i++)
+        b->running[i]->short_kv = false;
     // The step itself.
     b->n_step = 0;
     int32_t n_tok = 0;
