@@ -374,11 +374,9 @@ sh_err sh_tokenizer_create_llama2c(const char *path, int32_t n_vocab, sh_tokeniz
         return sh__error_set(e, SH_EINVAL, "tokenizer: bad llama2.c arguments (n_vocab %d)",
                              (int)n_vocab);
     sh_file_map fm;
-    sh_err err = sh__file_map(path, 0, &fm, e);
-    if (err) {
-        sh__error_prefix(e, path);
+    sh_err err = sh__file_map(path, 0, &fm, e); /* its errors already name the path */
+    if (err)
         return err;
-    }
     sh_tokenizer *t = tok_alloc(SH_TOKENIZER_SPM, n_vocab);
     if (!t) {
         sh__file_unmap(&fm);
