@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 sh_err sh__act_decoder_init(sh_act_decoder *d, size_t arena_bytes)
 {

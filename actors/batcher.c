@@ -37,8 +37,8 @@
 
 #include "actors/actor_util.h"
 #include "actors/serve.h"
+#include "base/error.h"
 #include "model/sampler.h"
-#include "runtime/error.h"
 
 #define TIMER_FORM 1
 #define TIMER_DEADLINE 2

@@ -21,9 +21,9 @@
 #include "actors/actor_util.h"
 #include "actors/http.h"
 #include "actors/serve.h"
+#include "base/error.h"
 #include "model/sampler.h"
 #include "runtime/actor_uv.h"
-#include "runtime/error.h"
 
 #define PENALTY_WINDOW 64
 #define MAX_PIECE 256

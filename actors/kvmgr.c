@@ -5,7 +5,7 @@
 
 #include "actors/actor_util.h"
 #include "actors/serve.h"
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/msg.h"
 #include "runtime/proto.h"
 

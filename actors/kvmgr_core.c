@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* Which intrusive list a block is on. A used block (ref > 0) is on none. */
 enum { LIST_NONE, LIST_FREE, LIST_LRU };

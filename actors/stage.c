@@ -7,8 +7,8 @@
 
 #include "actors/actor_util.h"
 #include "actors/serve.h"
+#include "base/error.h"
 #include "model/sampler.h"
-#include "runtime/error.h"
 #include "runtime/msg.h"
 #include "runtime/proto.h"
 

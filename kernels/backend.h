@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/dtype.h"
+#include "base/dtype.h"
 #include "shoal/err.h"
 
 /* ---- descriptors ------------------------------------------------------------------------- */

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/file.h"
+#include "base/file.h"
 
 #define HOOK_EVERY 1000                  /* VM instructions between two clock reads */
 #define ALLOC_CLOCK_EVERY 256            /* allocations that grow between two clock reads */

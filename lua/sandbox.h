@@ -7,8 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "lua/config.h"
-#include "runtime/error.h"
 
 /* Why the current evaluation stopped early. */
 enum { SH__LUA_HIT_NONE, SH__LUA_HIT_TIME };

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* memmem without relying on its declaration being visible everywhere. */
 static const char *find(const char *hay, size_t n, const char *needle)

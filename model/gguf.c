@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
+#include "base/file.h"
 #include "model/gguf_internal.h"
-#include "runtime/error.h"
-#include "runtime/file.h"
 
 /* A hash index from names (keys or tensor names) to positions in a table. Open addressing with
  * linear probing; slots hold index + 1 so that 0 means empty. */

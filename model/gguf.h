@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/dtype.h"
+#include "base/dtype.h"
 #include "shoal/err.h"
 
 #define SH_GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian uint32 */

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "model/gguf_internal.h"
-#include "runtime/error.h"
 
 static const struct {
     const char *name;

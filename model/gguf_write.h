@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/dtype.h"
+#include "base/dtype.h"
 #include "model/gguf.h"
 #include "shoal/err.h"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 struct sh_llama_ctx {
     const sh_llama *m;

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 #define HEADER_INTS 7
 #define HEADER_BYTES (HEADER_INTS * 4)

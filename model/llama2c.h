@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/file.h"
+#include "base/file.h"
 #include "shoal/err.h"
 
 /* Limits beyond which a header is taken for garbage rather than a model. */

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
+#include "base/file.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/llama2c.h"
-#include "runtime/error.h"
-#include "runtime/file.h"
 
 /* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
 static bool matmul_type_ok(sh_dtype t)

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "kernels/cpu/quant.h"
 #include "model/gguf.h"
-#include "runtime/error.h"
 
 static const sh_mkmodel_shape shapes[] = {
     {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, true, 0},

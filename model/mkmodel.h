@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/dtype.h"
+#include "base/dtype.h"
 #include "model/gguf_write.h"
 #include "shoal/err.h"
 

@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
+#include "base/file.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
-#include "runtime/file.h"
 
 /* Upper bound on encode input: keeps every symbol index and escaped offset inside int32. */
 #define MAX_ENCODE_BYTES ((size_t)512 << 20)

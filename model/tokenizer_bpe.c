@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
 
 /* GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the other 68 bytes
  * (controls, space, DEL, NBSP, soft hyphen) take code points 256, 257, ... in byte order, so that

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
 
 /* ---- UTF-8 ---- */
 

@@ -2,8 +2,8 @@
  * once with PCRE2 and applied in sequence, each one splitting the pieces the previous left. */
 #include <string.h>
 
+#include "base/error.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
 
 /* The GPT-2 pattern as llama.cpp writes it (without the final `|\s+`: text no alternative matches
  * is kept as its own piece anyway, which gives the same split). */

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
 
 #define SPACE_MARK "\xE2\x96\x81" /* U+2581, SentencePiece's visible space */
 

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "model/tokenizer_internal.h"
-#include "runtime/error.h"
 
 /* ---- hashing and tables ---- */
 

@@ -1,8 +1,8 @@
 /* Actor kinds, spawning, stopping, reference counting and the stop sequence. */
 #include <string.h>
 
+#include "base/error.h"
 #include "runtime/actor_uv.h"
-#include "runtime/error.h"
 #include "runtime/internal.h"
 
 static bool kind_name_ok(const char *s)

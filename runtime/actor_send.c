@@ -2,7 +2,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/internal.h"
 #include "runtime/proto.h"
 

@@ -7,7 +7,7 @@
 
 #include <uv.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/fault_agent.h"
 #include "runtime/msg.h"
 #include "shoal/fault.h"

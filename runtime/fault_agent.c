@@ -4,7 +4,7 @@
 
 #include <uv.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/fault_agent.h"
 #include "runtime/proto.h"
 

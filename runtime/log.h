@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "shoal/runtime.h"
 
 /* One runtime's logger. Immutable after sh__log_init, so any thread may log without a lock:

@@ -1,5 +1,5 @@
 /* Control loops: one libuv loop and thread each, running ready actors a bounded turn at a time. */
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/internal.h"
 
 /* How a loop runs actors. A sender pushes into the actor's mailbox and then "schedules" it: the

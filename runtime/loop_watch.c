@@ -1,5 +1,5 @@
 /* The stall watchdog: a thread that reports actors stuck in one vtable call past a threshold. */
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/internal.h"
 
 /* Why a thread and not a timer on each loop: a stuck handler blocks its own loop, so only

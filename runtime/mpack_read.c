@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 void sh__mpack_reader_init(sh_mpack_reader *r, const void *data, size_t len, uint32_t max_depth)
 {

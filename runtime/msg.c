@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/mpack_read.h"
 #include "shoal/version.h"
 

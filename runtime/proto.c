@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/proto_desc.h"
 
 size_t sh__proto_dtype_size(uint32_t dtype)

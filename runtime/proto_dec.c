@@ -4,7 +4,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/mpack_read.h"
 #include "runtime/proto.h"
 #include "runtime/proto_desc.h"

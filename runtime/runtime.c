@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/internal.h"
 
 void *sh__rt_alloc(sh_runtime *rt, size_t n)

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/internal.h"
 
 #define MAX_SPARE 4096 /* freed sessions a loop keeps for reuse */

@@ -13,8 +13,8 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <uv.h>
 
+#include "base/error.h"
 #include "runtime/bufpool.h"
-#include "runtime/error.h"
 #include "runtime/mailbox.h"
 #include "runtime/msg.h"
 #include "runtime/transport.h"

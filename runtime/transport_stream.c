@@ -6,8 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "runtime/actor_uv.h"
-#include "runtime/error.h"
 #include "runtime/transport_stream_int.h"
 
 /* ---- Buffers ---------------------------------------------------------------------------- */

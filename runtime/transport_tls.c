@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "runtime/transport.h"
 
 /* NNG errors at the boundary: what a caller can act on, the NNG text kept in the message. */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "shoal.h"
 #include "tools/bench.h"
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "tools/bench.h"
 #include "tools/cmd_util.h"
 

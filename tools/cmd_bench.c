@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "tools/bench.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"

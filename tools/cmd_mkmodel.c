@@ -8,8 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "model/mkmodel.h"
-#include "runtime/error.h"
 #include "tools/cmd.h"
 
 static void usage(FILE *f)

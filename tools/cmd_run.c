@@ -10,14 +10,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
+#include "base/file.h"
 #include "kernels/backend.h"
 #include "model/chat.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
-#include "runtime/error.h"
-#include "runtime/file.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 

@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "actors/serve.h"
+#include "base/error.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
-#include "runtime/error.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 

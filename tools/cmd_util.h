@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 /* Prints one `error: ...` line on stderr and returns 2, the exit code for bad usage or input. */
 int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "kernels/cpu/backend_cpu.h"
-#include "runtime/error.h"
 
 /* Ops waiting in the queue; an enqueue into a full queue waits for room. A decode step of a
  * 30-layer model is about 250 ops, so a whole step fits. */

@@ -10,8 +10,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "kernels/cpu/cpu.h"
-#include "runtime/error.h"
 
 /* Pause-loop iterations before a waiting thread sleeps (a pause is ~10-140 cycles, 140 on recent
  * Intel cores, so 10-100 microseconds). Ops of a decode step follow each other within microseconds,

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/dtype.h"
+#include "base/dtype.h"
 #include "shoal/err.h"
 
 /* IEEE binary16 from binary32, rounding to nearest even. Values from 65520 up become infinity,

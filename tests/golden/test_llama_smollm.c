@@ -15,10 +15,10 @@
  * tied head) to float precision. */
 #include <unistd.h>
 
+#include "base/error.h"
 #include "golden_ref.h"
 #include "kernels/cpu/quant.h"
 #include "model/gguf_write.h"
-#include "runtime/error.h"
 
 #define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #ifndef GOLDEN

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "runtime/error.h"
-#include "runtime/file.h"
+#include "base/error.h"
+#include "base/file.h"
 #include "sh_test.h"
 #include "shoal.h"
 

@@ -4,9 +4,9 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "model/gguf.h"
 #include "model/gguf_write.h"
-#include "runtime/error.h"
 #include "sh_test.h"
 
 static char dir[] = "/tmp/sh_test_gwXXXXXX";

@@ -4,7 +4,7 @@
 
 #include <nng/protocol/pipeline0/pull.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 #include "test_transport_util.h"
 
 static void mesh(node *ns, int k)

@@ -1,7 +1,7 @@
 /* Opening model, tokenizer and script files: only regular files, so that a FIFO or a device given
  * as a model cannot hang or exhaust the program; read-only mapping of a whole file. */
-#ifndef SH_RUNTIME_FILE_H
-#define SH_RUNTIME_FILE_H
+#ifndef SH_BASE_FILE_H
+#define SH_BASE_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* Internal helpers for filling an sh_error and for panicking on broken invariants. */
-#ifndef SH_RUNTIME_ERROR_H
-#define SH_RUNTIME_ERROR_H
+#ifndef SH_BASE_ERROR_H
+#define SH_BASE_ERROR_H
 
 #include "shoal/err.h"
 

@@ -1,6 +1,6 @@
 /* Tensor element types (the ggml/GGUF type ids) and their block layouts. */
-#ifndef SH_MODEL_DTYPE_H
-#define SH_MODEL_DTYPE_H
+#ifndef SH_BASE_DTYPE_H
+#define SH_BASE_DTYPE_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* Opening model, tokenizer and script files: regular files only, read whole or mapped. */
-#include "runtime/file.h"
+#include "base/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/error.h"
+#include "base/error.h"
 
 static const char *kind_of(mode_t mode)
 {

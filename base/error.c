@@ -1,5 +1,5 @@
 /* The error enum's text, sh_error helpers and sh_panic. */
-#include "runtime/error.h"
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

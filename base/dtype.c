@@ -1,5 +1,5 @@
 /* Tensor element types: names and block layouts of every GGUF type id. */
-#include "model/dtype.h"
+#include "base/dtype.h"
 
 #include <stddef.h>
 #include <strings.h>
