@@ -12,6 +12,7 @@
  * Thread: every member and every HTTP callback runs on the gateway's loop thread. */
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,12 @@ struct gateway {
     sh_counter *m_http_errors;
     sh_gauge *kv_total, *kv_used;
     sh_counter *pc_query, *pc_hit;
+    /* Shutdown and keys (the ---- drain and keys ---- section). */
+    sh_openai_key *keys; /* owned copy (one block: array, then the strings) */
+    int32_t n_keys;
+    bool draining, drained;
+    uint64_t drain_deadline_ms; /* uv_now */
+    struct gw_ctl_handles *hd;  /* the ctl wakeup and the drain timer, when a ctl is given */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -214,7 +221,9 @@ static void serve_metrics(gateway *g, sh_http_req *req)
     double used = g->kv_used ? (double)sh_gauge_value(g->kv_used) : 0;
     double q = g->pc_query ? (double)sh_counter_value(g->pc_query) : 0;
     double hit = g->pc_hit ? (double)sh_counter_value(g->pc_hit) : 0;
-    char extra[512];
+    sh_http_stats hs;
+    sh_http_server_stats(g->srv, &hs);
+    char extra[2048];
     int n = snprintf(extra, sizeof extra,
                      "# HELP shoal_kv_usage_ratio Fraction of KV blocks in use (0..1).\n"
                      "# TYPE shoal_kv_usage_ratio gauge\n"
@@ -222,8 +231,25 @@ static void serve_metrics(gateway *g, sh_http_req *req)
                      "# HELP shoal_prefix_cache_hit_ratio Prompt tokens found in the prefix "
                      "cache / prompt tokens looked up.\n"
                      "# TYPE shoal_prefix_cache_hit_ratio gauge\n"
-                     "shoal_prefix_cache_hit_ratio %.6f\n",
-                     total > 0 ? used / total : 0.0, q > 0 ? hit / q : 0.0);
+                     "shoal_prefix_cache_hit_ratio %.6f\n"
+                     "# HELP shoal_http_connections Open HTTP connections.\n"
+                     "# TYPE shoal_http_connections gauge\n"
+                     "shoal_http_connections %u\n"
+                     "# HELP shoal_http_connections_shed_total Idle HTTP connections closed to "
+                     "make room for new ones.\n"
+                     "# TYPE shoal_http_connections_shed_total counter\n"
+                     "shoal_http_connections_shed_total %llu\n"
+                     "# HELP shoal_http_connections_rejected_total New HTTP connections turned "
+                     "away at a limit.\n"
+                     "# TYPE shoal_http_connections_rejected_total counter\n"
+                     "shoal_http_connections_rejected_total %llu\n"
+                     "# HELP shoal_http_accept_errors_total Accepts that failed for lack of file "
+                     "descriptors.\n"
+                     "# TYPE shoal_http_accept_errors_total counter\n"
+                     "shoal_http_accept_errors_total %llu\n",
+                     total > 0 ? used / total : 0.0, q > 0 ? hit / q : 0.0,
+                     sh_http_server_conns(g->srv), (unsigned long long)hs.shed,
+                     (unsigned long long)hs.rejected, (unsigned long long)hs.accept_errors);
     char *body = malloc(len + (size_t)n + 1);
     if (!body) {
         respond_errorf(g, req, 500, NULL, NULL, "out of memory");
@@ -828,31 +854,40 @@ static void on_http(sh_http_req *req, void *user)
     const char *path = sh_http_req_path(req);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool post = !strcmp(method, "POST");
+    // /health stays open to everyone (load balancers probe it without keys); while draining it
+    // says so with 503, which takes the server out of rotation.
     if (!strcmp(path, "/health")) {
         if (!get)
             goto bad_method;
-        char *body = sh_openai_health_json("ok", NULL);
-        respond_json(req, 200, body);
+        char *body = sh_openai_health_json(g->draining ? "draining" : "ok", NULL);
+        respond_json(req, g->draining ? 503 : 200, body);
         return;
     }
-    if (!strcmp(path, "/metrics")) {
-        if (!get)
-            goto bad_method;
-        serve_metrics(g, req);
-        return;
-    }
+    bool is_metrics = !strcmp(path, "/metrics");
     bool is_models = !strcmp(path, "/v1/models");
     bool is_cmpl = !strcmp(path, "/v1/completions");
     bool is_chat = !strcmp(path, "/v1/chat/completions");
-    if (!is_models && !is_cmpl && !is_chat) {
+    if (!is_metrics && !is_models && !is_cmpl && !is_chat) {
         respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s", method, path);
         return;
     }
     int32_t prio = 0;
     sh_openai_error err;
-    if (sh_openai_auth_check(g->a.keys, g->a.n_keys, sh_http_req_header(req, "Authorization"), 0,
-                             &prio, &err)) {
+    if ((!is_metrics || !g->a.metrics_public) &&
+        sh_openai_auth_check(g->keys, g->n_keys, sh_http_req_header(req, "Authorization"), 0, &prio,
+                             &err)) {
         respond_error(g, req, &err);
+        return;
+    }
+    if (is_metrics) {
+        if (!get)
+            goto bad_method;
+        serve_metrics(g, req);
+        return;
+    }
+    if (g->draining) {
+        respond_errorf(g, req, 503, "server_shutting_down", NULL,
+                       "the server is shutting down; retry on another replica");
         return;
     }
     if (is_models) {
@@ -868,6 +903,263 @@ static void on_http(sh_http_req *req, void *user)
 bad_method:
     respond_errorf(g, req, 405, "method_not_allowed", NULL, "%s is not allowed on %s", method,
                    path);
+}
+
+/* ---- drain and keys ----------------------------------------------------------------------- */
+
+struct sh_gateway_ctl {
+    pthread_mutex_t mu;
+    uv_async_t *async; /* the running gateway's wakeup (NULL when none runs) */
+    bool drain;        /* a drain was asked for */
+    bool keys_new;     /* keys holds a set the gateway has not taken yet */
+    sh_openai_key *keys;
+    int32_t n_keys;
+    int drained; /* atomic: the drain finished */
+};
+
+/* The libuv handles of a gateway with a ctl; freed when both are closed (after stop). */
+typedef struct gw_ctl_handles {
+    uv_async_t async;
+    uv_timer_t timer;
+    int open;
+} gw_ctl_handles;
+
+/* A copy of keys in one block (the array, then the strings); NULL for none or no memory. */
+static sh_openai_key *keys_copy(const sh_openai_key *keys, int32_t n)
+{
+    if (n <= 0)
+        return NULL;
+    size_t bytes = (size_t)n * sizeof *keys;
+    for (int32_t i = 0; i < n; i++)
+        bytes += strlen(keys[i].key) + 1;
+    sh_openai_key *out = malloc(bytes);
+    if (!out)
+        return NULL;
+    char *p = (char *)(out + n);
+    for (int32_t i = 0; i < n; i++) {
+        size_t l = strlen(keys[i].key) + 1;
+        memcpy(p, keys[i].key, l);
+        out[i] = (sh_openai_key){p, keys[i].priority};
+        p += l;
+    }
+    return out;
+}
+
+sh_err sh__gateway_ctl_create(sh_gateway_ctl **out)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return SH_ENOMEM;
+    pthread_mutex_init(&(*out)->mu, NULL);
+    return SH_OK;
+}
+
+void sh__gateway_ctl_destroy(sh_gateway_ctl *ctl)
+{
+    if (!ctl)
+        return;
+    pthread_mutex_destroy(&ctl->mu);
+    free(ctl->keys);
+    free(ctl);
+}
+
+void sh__gateway_ctl_drain(sh_gateway_ctl *ctl)
+{
+    pthread_mutex_lock(&ctl->mu);
+    ctl->drain = true;
+    if (ctl->async)
+        uv_async_send(ctl->async);
+    pthread_mutex_unlock(&ctl->mu);
+}
+
+bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl)
+{
+    return __atomic_load_n(&ctl->drained, __ATOMIC_ACQUIRE) != 0;
+}
+
+sh_err sh__gateway_ctl_set_keys(sh_gateway_ctl *ctl, const sh_openai_key *keys, int32_t n_keys)
+{
+    sh_openai_key *copy = keys_copy(keys, n_keys);
+    if (n_keys > 0 && !copy)
+        return SH_ENOMEM;
+    pthread_mutex_lock(&ctl->mu);
+    sh_err rc = SH_ECLOSED;
+    if (ctl->async) {
+        free(ctl->keys);
+        ctl->keys = copy;
+        ctl->n_keys = n_keys;
+        ctl->keys_new = true;
+        copy = NULL;
+        uv_async_send(ctl->async);
+        rc = SH_OK;
+    }
+    pthread_mutex_unlock(&ctl->mu);
+    free(copy);
+    return rc;
+}
+
+/* Ends a request that cannot finish (drain deadline, stop): a started stream gets an error event
+ * and [DONE], anything else a JSON error. The handle is completed; r stays for the caller. */
+static void end_with_error(gateway *g, gw_req *r, int status, const char *code, const char *msg)
+{
+    if (!r->http)
+        return;
+    sh_http_req_on_abort(r->http, NULL, NULL);
+    sh_openai_error err;
+    sh_openai_error_set(&err, status, code, NULL, "%s", msg);
+    sh_counter_add(g->m_http_errors, 1);
+    if (r->stream && r->stream_started) {
+        char *json = sh_openai_error_json(&err);
+        if (json) {
+            sh_http_stream_write(r->http, "data: ", 6);
+            sh_http_stream_write(r->http, json, strlen(json));
+            sh_http_stream_write(r->http, "\n\n", 2);
+            free(json);
+        }
+        sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
+        sh_http_stream_end(r->http);
+    } else {
+        respond_json(r->http, status, sh_openai_error_json(&err));
+    }
+    r->http = NULL;
+}
+
+static void drain_finish(gateway *g, const char *how)
+{
+    g->drained = true;
+    if (g->hd)
+        uv_timer_stop(&g->hd->timer);
+    sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "drained", "how=%s", how);
+    if (g->a.ctl)
+        __atomic_store_n(&g->a.ctl->drained, 1, __ATOMIC_RELEASE);
+}
+
+/* Every 20 ms while draining: done when no request is open; at the deadline the rest is ended. */
+static void on_drain_tick(uv_timer_t *t)
+{
+    gateway *g = t->data;
+    if (g->drained)
+        return;
+    if (sh_http_server_active(g->srv) == 0) {
+        drain_finish(g, "every request finished");
+        return;
+    }
+    if (uv_now(t->loop) < g->drain_deadline_ms)
+        return;
+    int n = 0;
+    while (g->reqs) {
+        gw_req *r = g->reqs;
+        g->reqs = r->next;
+        sh_proto_cancel c = {.req = r->id, .reason = {"shutting down", 13}};
+        sh_error e = {0};
+        sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
+                     r->id, &c, &e);
+        end_with_error(g, r, 503, "server_shutting_down",
+                       "the server is shutting down and this request did not finish within "
+                       "the drain timeout");
+        req_free(r);
+        n++;
+    }
+    sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, "drain_timeout", "ended=%d timeout_ms=%u", n,
+                 g->a.drain_timeout_ms);
+    drain_finish(g, "deadline");
+}
+
+static void drain_start(gateway *g)
+{
+    if (g->draining)
+        return;
+    g->draining = true;
+    sh_http_server_drain(g->srv);
+    uv_loop_t *loop = sh__actor_uv_loop(g->ctx);
+    g->drain_deadline_ms = uv_now(loop) + g->a.drain_timeout_ms;
+    sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "draining", "requests=%u timeout_ms=%u",
+                 sh_http_server_active(g->srv), g->a.drain_timeout_ms);
+    on_drain_tick(&g->hd->timer);
+    if (!g->drained)
+        uv_timer_start(&g->hd->timer, on_drain_tick, 20, 20);
+}
+
+/* The ctl's wakeup: take new keys, start a drain. */
+static void on_ctl(uv_async_t *a)
+{
+    gateway *g = a->data;
+    sh_gateway_ctl *ctl = g->a.ctl;
+    pthread_mutex_lock(&ctl->mu);
+    bool drain = ctl->drain;
+    sh_openai_key *keys = NULL;
+    int32_t n_keys = 0;
+    bool new_keys = ctl->keys_new;
+    if (new_keys) {
+        keys = ctl->keys;
+        n_keys = ctl->n_keys;
+        ctl->keys = NULL;
+        ctl->n_keys = 0;
+        ctl->keys_new = false;
+    }
+    pthread_mutex_unlock(&ctl->mu);
+    if (new_keys) {
+        free(g->keys);
+        g->keys = keys;
+        g->n_keys = n_keys;
+        sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "api_keys_reloaded", "keys=%d", (int)n_keys);
+    }
+    if (drain)
+        drain_start(g);
+}
+
+static void on_ctl_closed(uv_handle_t *h)
+{
+    gw_ctl_handles *hd = h->data; /* the gateway is gone by now: only hd is touched */
+    if (--hd->open == 0)
+        free(hd);
+}
+
+/* Registers g with its ctl (init). Returns SH_OK or SH_ENOMEM. */
+static sh_err ctl_attach(gateway *g)
+{
+    sh_gateway_ctl *ctl = g->a.ctl;
+    if (!ctl)
+        return SH_OK;
+    gw_ctl_handles *hd = calloc(1, sizeof *hd);
+    if (!hd)
+        return SH_ENOMEM;
+    uv_loop_t *loop = sh__actor_uv_loop(g->ctx);
+    uv_async_init(loop, &hd->async, on_ctl);
+    uv_timer_init(loop, &hd->timer);
+    hd->async.data = g;
+    hd->timer.data = g;
+    hd->open = 2;
+    g->hd = hd;
+    pthread_mutex_lock(&ctl->mu);
+    ctl->async = &hd->async;
+    if (ctl->drain) /* asked for before this gateway ran */
+        uv_async_send(&hd->async);
+    pthread_mutex_unlock(&ctl->mu);
+    return SH_OK;
+}
+
+/* Unregisters g from its ctl and closes the handles (stop). */
+static void ctl_detach(gateway *g)
+{
+    gw_ctl_handles *hd = g->hd;
+    if (!hd)
+        return;
+    pthread_mutex_lock(&g->a.ctl->mu);
+    g->a.ctl->async = NULL;
+    pthread_mutex_unlock(&g->a.ctl->mu);
+    hd->async.data = hd;
+    hd->timer.data = hd;
+    uv_close((uv_handle_t *)&hd->async, on_ctl_closed);
+    uv_close((uv_handle_t *)&hd->timer, on_ctl_closed);
+    g->hd = NULL;
+}
+
+/* The HTTP server's warnings (descriptors exhausted, connections shed) into the actor's log. */
+static void on_http_log(void *user, const char *event, const char *detail)
+{
+    gateway *g = user;
+    sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, event, "msg=\"%s\"", detail);
 }
 
 /* ---- the actor ---------------------------------------------------------------------------- */
@@ -909,16 +1201,33 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!g->m_ttft || !g->m_tpot || !g->m_e2e || !g->m_http_errors ||
         sh__act_decoder_init(&g->dec, (size_t)1 << 16))
         return SH_ENOMEM;
+    g->n_keys = g->a.n_keys > 0 ? g->a.n_keys : 0;
+    g->keys = keys_copy(g->a.keys, g->n_keys);
+    if (g->n_keys && !g->keys) {
+        sh__act_decoder_fini(&g->dec);
+        return SH_ENOMEM;
+    }
     sh_http_opts ho = {.host = g->a.host,
                        .port = g->a.port,
                        .max_conns = g->a.max_conns,
+                       .max_conns_per_ip = g->a.max_conns_per_ip,
                        .max_body_bytes = g->a.max_body_bytes,
                        .header_timeout_ms = g->a.header_timeout_ms,
+                       .idle_timeout_ms = g->a.idle_timeout_ms,
                        .handler = on_http,
-                       .user = g};
+                       .user = g,
+                       .log = on_http_log};
     sh_error e = {0};
     sh_err err = sh_http_server_create(sh__actor_uv_loop(ctx), &ho, &g->srv, &e);
+    if (!err && ctl_attach(g)) {
+        sh_http_server_close(g->srv, true, NULL, NULL);
+        g->srv = NULL;
+        err = SH_ENOMEM;
+        snprintf(e.msg, sizeof e.msg, "out of memory");
+    }
     if (err) {
+        free(g->keys);
+        g->keys = NULL;
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "listen_failed", "host=%s port=%d err=\"%s\"",
                      g->a.host ? g->a.host : "127.0.0.1", g->a.port, e.msg);
         if (g->a.bound_port)
@@ -965,26 +1274,20 @@ static void gateway_stop(sh_actor_ctx *ctx, void *state)
 {
     (void)ctx;
     gateway *g = state;
+    // Every open request is answered now, so no HTTP callback refers to this state later: a
+    // stream ends with an error event and [DONE] (the client knows it was cut short), anything
+    // else gets 503. Prompts still being tokenized are answered first.
     tok_orphan_all(g);
-    // Every open request is answered now, so no HTTP callback refers to this state later.
     while (g->reqs) {
         gw_req *r = g->reqs;
         g->reqs = r->next;
-        if (r->http) {
-            sh_http_req_on_abort(r->http, NULL, NULL);
-            if (r->stream && r->stream_started) {
-                sh_http_stream_end(r->http);
-            } else {
-                static const char body[] = "{\"error\":{\"message\":\"the server is shutting "
-                                           "down\",\"type\":\"server_error\",\"param\":null,"
-                                           "\"code\":null}}";
-                sh_http_respond(r->http, 503, "application/json", body, sizeof body - 1);
-            }
-        }
+        end_with_error(g, r, 503, "server_shutting_down", "the server is shutting down");
         req_free(r);
     }
+    ctl_detach(g);
     if (g->srv)
         sh_http_server_close(g->srv, true, NULL, NULL);
+    free(g->keys);
     free(g->metrics_buf);
     sh__act_decoder_fini(&g->dec);
 }

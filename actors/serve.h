@@ -84,6 +84,10 @@ typedef struct sh_batcher_args {
     int32_t max_queue;       /* waiting requests before SUBMIT is refused with 429 (default 1024) */
     int32_t block_tokens;    /* KV block size (16) */
     int32_t n_blocks;        /* blocks in the KV pool (admission control) */
+    int32_t seq_blocks;      /* KV blocks one sequence can hold at once: the pool, or its block
+                              * table when shorter. A request whose prompt and max_tokens (within
+                              * n_ctx) need more is refused at SUBMIT with 503. 0: not known (a
+                              * sliding window bounds what a sequence holds), no such check */
     bool llama2c;            /* the model delimits texts with BOS: treat BOS as end */
 } sh_batcher_args;
 
@@ -108,7 +112,34 @@ typedef struct sh_gateway_args {
     uint32_t request_timeout_ms; /* a request still running after this finishes with "timeout"
                                   * (0: none) */
     int *bound_port;             /* when set, init writes the port it listens on */
+    uint32_t idle_timeout_ms;    /* keep-alive wait for the next request (default 60000) */
+    uint32_t max_conns_per_ip;   /* open connections per client address (0: no limit) */
+    bool metrics_public;         /* /metrics answers without a key even when keys are set */
+    uint32_t drain_timeout_ms;   /* after sh__gateway_ctl_drain: how long in-flight requests may
+                                  * still finish before they are ended with an error (0: none) */
+    struct sh_gateway_ctl *ctl;  /* optional: drain and key reloads from another thread */
 } sh_gateway_args;
+
+/* Commands to a running gateway from any thread (the serving process's signal thread): the
+ * gateway registers itself in init and unregisters in stop; commands given while no gateway is
+ * registered are kept for the next one (a drain) or dropped (keys, which init takes from args).
+ *
+ * Drain (graceful shutdown): keep-alive ends, /health answers 503 {"status":"draining"}, new
+ * requests get 503, requests in flight go on. When none is left, or drain_timeout_ms after the
+ * command, drained() turns true; at that deadline every request still open is cancelled and
+ * ended: a stream with an error event and `data: [DONE]`, anything else with a 503 error. */
+typedef struct sh_gateway_ctl sh_gateway_ctl;
+
+/* Returns SH_OK or SH_ENOMEM. destroy accepts NULL; call it after the runtime is destroyed. */
+sh_err sh__gateway_ctl_create(sh_gateway_ctl **out);
+void sh__gateway_ctl_destroy(sh_gateway_ctl *ctl);
+/* Starts draining (idempotent). Any thread. */
+void sh__gateway_ctl_drain(sh_gateway_ctl *ctl);
+/* Whether a drain finished (every request answered, or the deadline passed). Any thread. */
+bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl);
+/* Replaces the gateway's API keys (copied; n_keys 0 turns authentication off). Returns SH_OK,
+ * SH_ECLOSED (no gateway running: nothing changed), SH_ENOMEM. Any thread. */
+sh_err sh__gateway_ctl_set_keys(sh_gateway_ctl *ctl, const sh_openai_key *keys, int32_t n_keys);
 
 /* The kinds' vtables (actors/kvmgr.c, stage.c, batcher.c, gateway.c). */
 extern const sh_actor_vtable sh__kvmgr_vtable;

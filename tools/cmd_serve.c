@@ -22,7 +22,9 @@
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define DEFAULT_KV_MEM ((uint64_t)1 << 30)
-#define MAX_KEYS 64
+#define MAX_KEYS 1024
+#define MAX_KEY_FILE (1 << 20)
+#define KEY_ENV "SHOAL_API_KEY"
 
 typedef struct serve_opts {
     const char *model, *config, *host, *model_name, *log_level;
@@ -32,6 +34,11 @@ typedef struct serve_opts {
     int64_t kv_blocks;
     uint64_t kv_mem, max_body;
     uint32_t max_conns, header_timeout_ms, request_timeout_ms;
+    uint32_t idle_timeout_ms, max_conns_per_ip, drain_timeout_ms;
+    bool metrics_public;
+    const char *key_file; /* --api-key-file: read at start and on SIGHUP */
+    int32_t n_fixed_keys; /* keys[0, n_fixed_keys) come from flags, script and environment; the
+                             key file's follow and are replaced on reload */
     bool no_prefix_cache, kv_f16;
     bool port_set; /* --port given: it wins over the port of the config's gateway.http */
     sh_openai_key keys[MAX_KEYS];
@@ -68,15 +75,27 @@ static void usage(FILE *f)
             "  --max-n N           largest n (choices per request; default 8)\n"
             "  --max-body BYTES    largest request body (default 2M; a full 8k-token prompt\n"
             "                      as JSON is under 100K)\n"
-            "  --max-conns N       open connections (default 1024)\n"
-            "  --header-timeout-ms N  time a client has to send its headers (default 10000)\n"
+            "  --max-conns N       open connections (default 1024); at the limit the\n"
+            "                      longest-idle connection is closed for a new one\n"
+            "  --max-conns-per-ip N  open connections per client address (default: no limit)\n"
+            "  --header-timeout-ms N  time a new connection has, from accept, to send its\n"
+            "                      request headers (default 10000)\n"
+            "  --idle-timeout-ms N  keep-alive wait for a connection's next request\n"
+            "                      (default 60000)\n"
             "  --request-timeout S  a request still generating after S seconds ends with\n"
             "                      finish_reason \"timeout\" (default: none)\n"
+            "  --drain-timeout S   on SIGTERM/SIGINT, how long requests in flight may finish\n"
+            "                      (default 30; a second signal stops at once)\n"
             "  --api-key KEY[:P]   require this bearer key (repeatable); P is its priority\n"
-            "                      class (lower runs first; default 0)\n"
+            "                      class, 0-255 (lower runs first; default 0). Keys on the\n"
+            "                      command line are visible to other users in ps: prefer\n"
+            "  --api-key-file PATH  one KEY[:P] per line (# comments, blank lines); re-read on\n"
+            "                      SIGHUP. The environment variable " KEY_ENV " may also hold\n"
+            "                      keys, separated by commas\n"
+            "  --metrics-public    serve /metrics without a key even when keys are required\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
-            "Prints `listening on http://HOST:PORT` on stderr when ready; SIGINT or SIGTERM\n"
-            "stops it.\n");
+            "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
+            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n");
 }
 
 /* "512M", "2G", "1048576" */
@@ -104,37 +123,166 @@ static bool parse_bytes(const char *s, uint64_t *out)
     return true;
 }
 
-static int add_key(serve_opts *o, const char *v)
+/* Adds KEY or KEY:PRIORITY from `what` (a flag, the environment, FILE:LINE; named in errors,
+ * which never print the key). A ':' suffix must be a priority 0-255: "k:abc" is refused, not
+ * taken as the key "k:abc" (a key containing ':' is written with its priority, "a:b:0"). */
+static int add_key(serve_opts *o, const char *v, const char *what)
 {
     if (o->n_keys == MAX_KEYS)
-        return sh__cmd_fail("at most %d API keys", MAX_KEYS);
+        return sh__cmd_fail("%s: at most %d API keys", what, MAX_KEYS);
     char *k = strdup(v);
     if (!k)
         return sh__cmd_fail("out of memory");
     int64_t prio = 0;
     char *colon = strrchr(k, ':');
-    if (colon && sh__cmd_parse_i64(colon + 1, 0, 255, &prio))
+    if (colon) {
+        bool digits = colon[1] != '\0';
+        for (const char *p = colon + 1; *p; p++)
+            digits = digits && *p >= '0' && *p <= '9';
+        if (!digits || !sh__cmd_parse_i64(colon + 1, 0, 255, &prio)) {
+            free(k);
+            return sh__cmd_fail("%s: the text after the last ':' of an API key must be its "
+                                "priority, a whole number from 0 to 255; write KEY or "
+                                "KEY:PRIORITY (a key that contains ':' needs a priority after "
+                                "it, e.g. KEY:0)",
+                                what);
+        }
         *colon = '\0';
-    if (!*k) {
+    }
+    const char *why = !*k ? "an API key is empty" : NULL;
+    for (const char *p = k; *p && !why; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f)
+            why = "an API key contains a space or control character";
+    if (why) {
         free(k);
-        return sh__cmd_fail("--api-key: empty key");
+        return sh__cmd_fail("%s: %s", what, why);
     }
     o->key_mem[o->n_keys] = k;
     o->keys[o->n_keys++] = (sh_openai_key){k, (int32_t)prio};
     return 0;
 }
 
+/* Trims blanks (and a CR) from both ends of s in place. */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t l = strlen(s);
+    while (l && (s[l - 1] == ' ' || s[l - 1] == '\t' || s[l - 1] == '\r' || s[l - 1] == '\n'))
+        s[--l] = '\0';
+    return s;
+}
+
+/* Keys from the environment variable: KEY[:P] items separated by commas. */
+static int add_env_keys(serve_opts *o)
+{
+    const char *env = getenv(KEY_ENV);
+    if (!env || !*env)
+        return 0;
+    char *buf = strdup(env);
+    if (!buf)
+        return sh__cmd_fail("out of memory");
+    int rc = 0, item = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && !rc;
+         tok = strtok_r(NULL, ",", &save)) {
+        char what[64];
+        snprintf(what, sizeof what, KEY_ENV " (item %d)", ++item);
+        char *t = trim(tok);
+        if (*t)
+            rc = add_key(o, t, what);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Reads the key file into keys[n_fixed_keys...] (replacing what the file gave before). Every
+ * line is KEY or KEY:PRIORITY; blank lines and lines starting with '#' are skipped. A file that
+ * cannot be read, has a bad line or holds no key is an error, and the keys stay as they were. */
+static int load_key_file(serve_opts *o)
+{
+    FILE *f = fopen(o->key_file, "rb");
+    if (!f)
+        return sh__cmd_fail("--api-key-file %s: %s", o->key_file, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return sh__cmd_fail("--api-key-file %s: not a regular file", o->key_file);
+    }
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
+        fprintf(stderr,
+                "shoal: warning: --api-key-file %s can be read by other users (chmod 600 "
+                "it)\n",
+                o->key_file);
+    char *buf = malloc(MAX_KEY_FILE + 1);
+    size_t n = buf ? fread(buf, 1, MAX_KEY_FILE + 1, f) : 0;
+    bool err = buf && ferror(f);
+    fclose(f);
+    if (!buf)
+        return sh__cmd_fail("out of memory");
+    if (err || n > MAX_KEY_FILE) {
+        free(buf);
+        return sh__cmd_fail("--api-key-file %s: %s", o->key_file,
+                            err ? "read error" : "larger than 1 MiB");
+    }
+    buf[n] = '\0';
+    // Parse into the tail of the list; on failure the old tail is put back.
+    int32_t old_n = o->n_keys;
+    sh_openai_key old_keys[MAX_KEYS];
+    char *old_mem[MAX_KEYS];
+    int32_t n_old = old_n - o->n_fixed_keys;
+    memcpy(old_keys, o->keys + o->n_fixed_keys, (size_t)n_old * sizeof *old_keys);
+    memcpy(old_mem, o->key_mem + o->n_fixed_keys, (size_t)n_old * sizeof *old_mem);
+    o->n_keys = o->n_fixed_keys;
+    int rc = 0, line = 0;
+    for (char *p = buf, *nl; p && !rc; p = nl) {
+        nl = strchr(p, '\n');
+        if (nl)
+            *nl++ = '\0';
+        line++;
+        char *t = trim(p);
+        if (!*t || *t == '#')
+            continue;
+        char what[300];
+        snprintf(what, sizeof what, "--api-key-file %.200s:%d", o->key_file, line);
+        rc = add_key(o, t, what);
+    }
+    free(buf);
+    if (!rc && o->n_keys == o->n_fixed_keys)
+        rc = sh__cmd_fail("--api-key-file %s: no key in it (one KEY or KEY:PRIORITY per line)",
+                          o->key_file);
+    if (rc) {
+        for (int32_t i = o->n_fixed_keys; i < o->n_keys; i++)
+            free(o->key_mem[i]);
+        memcpy(o->keys + o->n_fixed_keys, old_keys, (size_t)n_old * sizeof *old_keys);
+        memcpy(o->key_mem + o->n_fixed_keys, old_mem, (size_t)n_old * sizeof *old_mem);
+        o->n_keys = old_n;
+        return rc;
+    }
+    for (int32_t i = 0; i < n_old; i++)
+        free(old_mem[i]);
+    return 0;
+}
+
+/* Parses a whole number for flag `a` in [lo, hi]; on failure *want says what was expected. */
+static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, size_t cap)
+{
+    snprintf(want, cap, "a whole number from %" PRId64 " to %" PRId64, lo, hi);
+    return sh__cmd_parse_i64(v, lo, hi, n);
+}
+
 /* The options that take a value, each between spaces. */
 #define VALUE_FLAGS                                                                                \
     " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
-    "--request-timeout --api-key --log-level "
+    "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
+    "--drain-timeout --api-key-file "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
 {
     o->port = 8080;
     o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
+    o->drain_timeout_ms = 30000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -149,6 +297,10 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->kv_f16 = true;
             continue;
         }
+        if (!strcmp(a, "--metrics-public")) {
+            o->metrics_public = true;
+            continue;
+        }
         if (!sh__cmd_is_flag(VALUE_FLAGS, a))
             return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (i + 1 >= argc)
@@ -156,6 +308,7 @@ static int parse(int argc, char **argv, serve_opts *o)
         const char *v = argv[++i];
         int64_t n = 0;
         bool ok = true;
+        char want[160] = "";
         if (!strcmp(a, "-m"))
             o->model = v;
         else if (!strcmp(a, "-c"))
@@ -163,48 +316,67 @@ static int parse(int argc, char **argv, serve_opts *o)
         else if (!strcmp(a, "--host"))
             o->host = v;
         else if (!strcmp(a, "--port"))
-            ok = sh__cmd_parse_i64(v, 0, 65535, &n) && ((o->port = (int)n), (o->port_set = true));
+            ok = num(v, 0, 65535, &n, want, sizeof want) &&
+                 ((o->port = (int)n), (o->port_set = true));
         else if (!strcmp(a, "-t"))
-            ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
+            ok = num(v, 1, 1024, &n, want, sizeof want) && ((o->threads = (int32_t)n), true);
         else if (!strcmp(a, "--model-name"))
             o->model_name = v;
         else if (!strcmp(a, "--ctx"))
-            ok = sh__cmd_parse_i64(v, 16, 1 << 20, &n) && ((o->ctx = (int32_t)n), true);
-        else if (!strcmp(a, "--kv-mem"))
+            ok = num(v, 16, 1 << 20, &n, want, sizeof want) && ((o->ctx = (int32_t)n), true);
+        else if (!strcmp(a, "--kv-mem")) {
+            snprintf(want, sizeof want, "a size above 0 like 512M or 2G (suffixes K, M, G)");
             ok = parse_bytes(v, &o->kv_mem) && o->kv_mem > 0;
-        else if (!strcmp(a, "--kv-blocks"))
-            ok = sh__cmd_parse_i64(v, 1, 1 << 24, &o->kv_blocks);
+        } else if (!strcmp(a, "--kv-blocks"))
+            ok = num(v, 1, 1 << 24, &o->kv_blocks, want, sizeof want);
         else if (!strcmp(a, "--max-seqs"))
-            ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->max_seqs = (int32_t)n), true);
+            ok = num(v, 1, 1024, &n, want, sizeof want) && ((o->max_seqs = (int32_t)n), true);
         else if (!strcmp(a, "--step-tokens"))
-            ok = sh__cmd_parse_i64(v, 16, 65536, &n) && ((o->step_tokens = (int32_t)n), true);
+            ok = num(v, 16, 65536, &n, want, sizeof want) && ((o->step_tokens = (int32_t)n), true);
         else if (!strcmp(a, "--max-wait-ms"))
-            ok = sh__cmd_parse_i64(v, 1, 10000, &n) && ((o->max_wait_ms = (int32_t)n), true);
+            ok = num(v, 1, 10000, &n, want, sizeof want) && ((o->max_wait_ms = (int32_t)n), true);
         else if (!strcmp(a, "--max-queue"))
-            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_queue = (int32_t)n), true);
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_queue = (int32_t)n), true);
         else if (!strcmp(a, "--max-tokens"))
-            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_tokens = (int32_t)n), true);
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_tokens = (int32_t)n), true);
         else if (!strcmp(a, "--max-n"))
-            ok = sh__cmd_parse_i64(v, 1, 128, &n) && ((o->max_n = (int32_t)n), true);
-        else if (!strcmp(a, "--max-body"))
-            ok = parse_bytes(v, &o->max_body) && o->max_body >= 1024;
-        else if (!strcmp(a, "--max-conns"))
-            ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->max_conns = (uint32_t)n), true);
+            ok = num(v, 1, 128, &n, want, sizeof want) && ((o->max_n = (int32_t)n), true);
+        else if (!strcmp(a, "--max-body")) {
+            snprintf(want, sizeof want,
+                     "a size from 1K (1024 bytes) to 1G, like 65536, 512K or 2M (suffixes K, M, "
+                     "G)");
+            ok = parse_bytes(v, &o->max_body) && o->max_body >= 1024 && o->max_body <= (1u << 30);
+        } else if (!strcmp(a, "--max-conns"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_conns = (uint32_t)n), true);
+        else if (!strcmp(a, "--max-conns-per-ip"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) &&
+                 ((o->max_conns_per_ip = (uint32_t)n), true);
         else if (!strcmp(a, "--header-timeout-ms"))
-            ok = sh__cmd_parse_i64(v, 100, 3600000, &n) &&
+            ok = num(v, 100, 3600000, &n, want, sizeof want) &&
                  ((o->header_timeout_ms = (uint32_t)n), true);
+        else if (!strcmp(a, "--idle-timeout-ms"))
+            ok = num(v, 100, 86400000, &n, want, sizeof want) &&
+                 ((o->idle_timeout_ms = (uint32_t)n), true);
         else if (!strcmp(a, "--request-timeout"))
-            ok = sh__cmd_parse_i64(v, 1, 86400, &n) &&
+            ok = num(v, 1, 86400, &n, want, sizeof want) &&
                  ((o->request_timeout_ms = (uint32_t)n * 1000), true);
-        else if (!strcmp(a, "--api-key")) {
-            if (add_key(o, v))
+        else if (!strcmp(a, "--drain-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed, e.g. 0.5)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--api-key")) {
+            if (add_key(o, v, "--api-key"))
                 return 2;
-        } else if (!strcmp(a, "--log-level"))
+        } else if (!strcmp(a, "--api-key-file"))
+            o->key_file = v;
+        else if (!strcmp(a, "--log-level"))
             o->log_level = v;
         else
             return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (!ok)
-            return sh__cmd_fail("bad value '%s' for %s", v, a);
+            return sh__cmd_fail("bad value '%s' for %s: want %s", v, a,
+                                *want ? want : "see shoal serve --help");
     }
     if (o->model && o->config)
         return sh__cmd_fail("give -m MODEL or -c CLUSTER.lua, not both");
@@ -258,7 +430,7 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
             o->port = (int)port;
     }
     for (int32_t i = 0; i < c->gateway.n_api_keys; i++)
-        if (add_key(o, c->gateway.api_keys[i]))
+        if (add_key(o, c->gateway.api_keys[i], "gateway.api_keys in the cluster script"))
             return 2;
     if (!o->step_tokens)
         o->step_tokens = c->batcher.max_step_tokens;
@@ -329,6 +501,7 @@ typedef struct server {
     sh_backend *be;
     sh_llama_ctx *ctx;
     sh_runtime *rt;
+    sh_gateway_ctl *ctl; /* drain and key reloads from the signal thread */
     char name[256];
     char system[1024];
 } server;
@@ -336,10 +509,64 @@ typedef struct server {
 static void close_all(server *s)
 {
     sh_runtime_destroy(s->rt); /* stops the actors first: nothing uses the model after it */
+    sh__gateway_ctl_destroy(s->ctl);
     sh_llama_ctx_destroy(s->ctx);
     sh_backend_destroy(s->be);
     sh_tokenizer_destroy(s->tok);
     sh_llama_destroy(s->m);
+}
+
+/* SIGHUP: re-reads --api-key-file and hands the whole key set to the gateway. Without a key
+ * file there is nothing to reload and the signal is ignored. A bad file keeps the old keys. */
+static void reload_keys(serve_opts *o, sh_gateway_ctl *ctl)
+{
+    if (!o->key_file) {
+        fprintf(stderr, "shoal: SIGHUP: nothing to reload (no --api-key-file); ignored\n");
+        return;
+    }
+    if (load_key_file(o)) {
+        fprintf(stderr, "shoal: SIGHUP: --api-key-file %s not reloaded; the old keys stay\n",
+                o->key_file);
+        return;
+    }
+    sh_err rc = sh__gateway_ctl_set_keys(ctl, o->keys, o->n_keys);
+    fprintf(stderr, "shoal: SIGHUP: %d API keys from %s%s\n", (int)(o->n_keys - o->n_fixed_keys),
+            o->key_file, rc ? " NOT applied (out of memory)" : " applied");
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
+ * every request is answered or --drain-timeout passes; a second SIGTERM/SIGINT stops at once. */
+static void drain(serve_opts *o, sh_gateway_ctl *ctl, const sigset_t *sigs, int sig)
+{
+    fprintf(stderr,
+            "shoal: %s, draining (up to %.1f s for the requests in flight; signal again "
+            "to stop now)\n",
+            sig == SIGINT ? "interrupted" : "terminated", o->drain_timeout_ms / 1000.0);
+    fflush(stderr);
+    sh__gateway_ctl_drain(ctl);
+    // The gateway enforces the deadline; this is the backstop should it not report.
+    uint64_t backstop = mono_ms() + o->drain_timeout_ms + 10000;
+    while (!sh__gateway_ctl_drained(ctl)) {
+        struct timespec ts = {0, 20 * 1000000};
+        int got = sigtimedwait(sigs, NULL, &ts);
+        if (got == SIGHUP) {
+            reload_keys(o, ctl);
+        } else if (got == SIGINT || got == SIGTERM) {
+            fprintf(stderr, "shoal: second signal, stopping now\n");
+            return;
+        } else if (mono_ms() > backstop) {
+            fprintf(stderr, "shoal: the gateway did not finish draining; stopping\n");
+            return;
+        }
+    }
+    fprintf(stderr, "shoal: drained, shutting down\n");
 }
 
 static int run(serve_opts *o, server *s, const sigset_t *sigs)
@@ -462,7 +689,14 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_n = o->max_n,
                           .keys = o->keys,
                           .n_keys = o->n_keys,
-                          .bound_port = &bound};
+                          .bound_port = &bound,
+                          .idle_timeout_ms = o->idle_timeout_ms,
+                          .max_conns_per_ip = o->max_conns_per_ip,
+                          .metrics_public = o->metrics_public,
+                          .drain_timeout_ms = o->drain_timeout_ms};
+    if (sh__gateway_ctl_create(&s->ctl))
+        return (sh__cmd_fail("out of memory"), 1);
+    ga.ctl = s->ctl;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
@@ -489,8 +723,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             port, o->n_keys ? " (API keys required)" : "");
     fflush(stderr);
     int sig = 0;
-    sigwait(sigs, &sig);
-    fprintf(stderr, "shoal: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
+    while (sigwait(sigs, &sig) == 0 && sig == SIGHUP)
+        reload_keys(o, s->ctl);
+    drain(o, s->ctl, sigs, sig);
     return 0;
 }
 
@@ -503,6 +738,11 @@ int sh__cmd_serve(int argc, char **argv)
     bool help = rc == 1;
     if (rc == 0 && o.config)
         rc = apply_config(&o, &cfg);
+    if (rc == 0)
+        rc = add_env_keys(&o);
+    o.n_fixed_keys = o.n_keys;
+    if (rc == 0 && o.key_file)
+        rc = load_key_file(&o);
     if (rc == 0) {
         if (!o.model)
             o.model = DEFAULT_MODEL;
@@ -511,6 +751,7 @@ int sh__cmd_serve(int argc, char **argv)
         sigemptyset(&sigs);
         sigaddset(&sigs, SIGINT);
         sigaddset(&sigs, SIGTERM);
+        sigaddset(&sigs, SIGHUP);
         pthread_sigmask(SIG_BLOCK, &sigs, NULL);
         signal(SIGPIPE, SIG_IGN);
         server s;

@@ -99,8 +99,9 @@ def _crash_lines(text):
     return [ln for ln in text.splitlines() if any(p in ln for p in CRASH_PATTERNS)]
 
 
-def start(*args, model=MODEL, timeout=START_TIMEOUT):
-    """Starts the server and waits until it listens; returns a Server. Raises AssertionError."""
+def start(*args, model=MODEL, timeout=START_TIMEOUT, env=None, preexec_fn=None):
+    """Starts the server and waits until it listens; returns a Server. Raises AssertionError.
+    env (a dict, added to this process's environment) and preexec_fn go to Popen."""
     require_model()
     argv = [shoal_binary(), "serve", "--port", "0"]
     if "-m" not in args and "--model" not in args and model:
@@ -108,7 +109,9 @@ def start(*args, model=MODEL, timeout=START_TIMEOUT):
     argv += [str(a) for a in args]
     fd, logpath = tempfile.mkstemp(prefix="shoal-serve-", suffix=".log")
     logf = os.fdopen(fd, "wb")
-    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+    full_env = dict(os.environ, **env) if env else None
+    proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                            env=full_env, preexec_fn=preexec_fn)
     logf.close()
     srv = Server(proc, logpath, None, None, argv)
     deadline = time.monotonic() + timeout
