@@ -477,6 +477,26 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
                   n_prompt, b->a.n_ctx);
         return;
     }
+    // A request whose sequence could not fit the pool even alone is refused now, before any
+    // token; one that fits is never failed for want of KV later (dispatch_step).
+    int64_t ctx = (int64_t)n_prompt + m->sampling.max_tokens;
+    ctx = ctx < b->a.n_ctx ? ctx : b->a.n_ctx;
+    if (b->a.seq_blocks > 0 && blocks_for(b, (int32_t)ctx - 1) > b->a.seq_blocks) {
+        int64_t most = (int64_t)b->a.seq_blocks * b->a.block_tokens + 1 - n_prompt;
+        if (most < 1)
+            send_fail(b, &tmp, SH_ENOMEM, 503,
+                      "the KV cache is too small for this request's prompt: %d tokens; it holds "
+                      "%d blocks of %d",
+                      n_prompt, b->a.seq_blocks, b->a.block_tokens);
+        else
+            send_fail(b, &tmp, SH_ENOMEM, 503,
+                      "the KV cache is too small for this request's context: %d prompt tokens "
+                      "and max_tokens %u need %d blocks of %d; it holds %d (max_tokens %" PRId64
+                      " would fit)",
+                      n_prompt, (unsigned)m->sampling.max_tokens, blocks_for(b, (int32_t)ctx - 1),
+                      b->a.block_tokens, b->a.seq_blocks, most);
+        return;
+    }
     if ((int32_t)n > b->a.max_seqs) {
         send_fail(b, &tmp, SH_EINVAL, 400, "n=%u exceeds the %d sequences a step can run",
                   (unsigned)n, b->a.max_seqs);
