@@ -243,13 +243,14 @@ static void serve_metrics(gateway *g, sh_http_req *req)
                      "away at a limit.\n"
                      "# TYPE shoal_http_connections_rejected_total counter\n"
                      "shoal_http_connections_rejected_total %llu\n"
-                     "# HELP shoal_http_accept_errors_total Accepts that failed for lack of file "
-                     "descriptors.\n"
+                     "# HELP shoal_http_accept_errors_total Accepts that found file descriptors "
+                     "short (EMFILE, or a descriptor inside the reserve).\n"
                      "# TYPE shoal_http_accept_errors_total counter\n"
                      "shoal_http_accept_errors_total %llu\n",
                      total > 0 ? used / total : 0.0, q > 0 ? hit / q : 0.0,
                      sh_http_server_conns(g->srv), (unsigned long long)hs.shed,
-                     (unsigned long long)hs.rejected, (unsigned long long)hs.accept_errors);
+                     (unsigned long long)hs.rejected,
+                     (unsigned long long)(hs.accept_errors + hs.fd_short));
     char *body = malloc(len + (size_t)n + 1);
     if (!body) {
         respond_errorf(g, req, 500, NULL, NULL, "out of memory");

@@ -675,30 +675,79 @@ static uint32_t shed_to(sh_http_server *s, uint32_t keep)
     return n;
 }
 
-/* accept() failed for lack of descriptors (libuv has already accepted and closed the pending
- * connections with its reserved descriptor). Opened elsewhere in the process, descriptors are
- * fewer than the budget assumed: shrink it to what is open now, less a margin, and shed. */
-static void on_fd_exhausted(sh_http_server *s, int status)
+/* Descriptors open in this process now. */
+static uint32_t count_open_fds(uint64_t limit)
 {
-    s->stats.accept_errors++;
-    uint32_t open = s->n_conns + s->n_rejecting;
-    uint32_t margin = s->fd_reserve / 2 + 1;
-    uint32_t budget = open > margin + 4 ? open - margin : 4;
-    if (budget < s->fd_budget)
-        s->fd_budget = budget;
-    uint32_t shed = shed_to(s, s->fd_budget > margin ? s->fd_budget - margin : 0);
+    uint32_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (de->d_name[0] != '.')
+                n++;
+        closedir(d);
+        return n > 0 ? n - 1 : 0; /* less the directory's own descriptor */
+    }
+    for (uint64_t fd = 0; fd < limit && fd < 65536; fd++)
+        if (fcntl((int)fd, F_GETFD) != -1)
+            n++;
+    return n;
+}
+
+/* Sets the descriptor budget (see http.h) from the limit and the descriptors open now, the
+ * server's own connections not counted as used elsewhere. At most once a second at run time. */
+static void fd_budget_refresh(sh_http_server *s)
+{
+    struct rlimit rl;
+    uint64_t lim = 1u << 20;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        lim = (uint64_t)rl.rlim_cur;
+    uint64_t reserve = 8 + lim / 64;
+    if (reserve > 64)
+        reserve = 64;
+    uint64_t used = count_open_fds(lim), mine = s->n_conns + s->n_rejecting;
+    used = used > mine ? used - mine : 0;
+    uint64_t budget = lim > used + reserve + 4 ? lim - used - reserve : 4;
+    s->fd_limit = lim;
+    s->fd_reserve = (uint32_t)reserve;
+    s->fd_budget = budget > UINT32_MAX ? UINT32_MAX : (uint32_t)budget;
+    s->fd_budget_at = uv_now(s->loop);
+}
+
+/* Descriptors are short: a connection just accepted got a descriptor number inside the reserve
+ * (the lowest free number: at least that many are open), or accept failed with EMFILE/ENFILE
+ * (libuv reports that only when it could not drop the pending connections with a descriptor of
+ * its own). Opened elsewhere in the process, or the limit was lowered, descriptors are fewer
+ * than the budget assumed: the budget drops to the connections open now and idle ones are shed,
+ * oldest first, until half the reserve is free again (the budget is recounted a second later
+ * and grows back once descriptors are free). */
+static void on_fd_short(sh_http_server *s, const char *why)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        s->fd_limit = (uint64_t)rl.rlim_cur;
+        uint64_t reserve = 8 + s->fd_limit / 64;
+        s->fd_reserve = reserve > 64 ? 64 : (uint32_t)reserve;
+    }
+    uint32_t open = s->n_conns, margin = s->fd_reserve / 2 + 1;
+    if (s->fd_budget <= open && uv_now(s->loop) - s->fd_budget_at < 1000)
+        return; /* already handled just now */
+    uint32_t shed = shed_to(s, open > margin ? open - margin : 0);
+    s->fd_budget = open > 1 ? open : 1;
+    s->fd_budget_at = uv_now(s->loop);
     server_log(s, SH__HTTP_LOG_FD, "fd_limit",
-               "accept failed: %s (RLIMIT_NOFILE %llu): out of file descriptors; %u connections "
-               "open, budget now %u, %u idle ones closed",
-               uv_strerror(status), (unsigned long long)s->fd_limit, open, s->fd_budget, shed);
+               "%s (RLIMIT_NOFILE %llu): out of file descriptors; %u connections were open, %u "
+               "idle ones closed, at most %u from now on",
+               why, (unsigned long long)s->fd_limit, open, shed, s->fd_budget);
 }
 
 static void on_connection(uv_stream_t *ls, int status)
 {
     sh_http_server *s = ls->data;
     if (status == UV_EMFILE || status == UV_ENFILE) {
+        s->stats.accept_errors++;
         if (!s->closing)
-            on_fd_exhausted(s, status);
+            on_fd_short(s, uv_strerror(status));
         return;
     }
     if (status < 0 || s->closing)
@@ -718,6 +767,12 @@ static void on_connection(uv_stream_t *ls, int status)
         int len = sizeof c->peer;
         c->has_peer = uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &len) == 0;
         s->stats.accepted++;
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0 &&
+            (uint64_t)fd + s->fd_reserve >= s->fd_limit) {
+            s->stats.fd_short++;
+            on_fd_short(s, "accepted a descriptor inside the reserve");
+        }
     }
     /* Room for it: at a limit, the longest-idle connection makes way (of the same address for
      * the per-address limit); only when nothing is idle is the new one turned away. This is
@@ -737,6 +792,11 @@ static void on_connection(uv_stream_t *ls, int status)
         }
     }
     uint32_t limit = s->opts.max_conns < s->fd_budget ? s->opts.max_conns : s->fd_budget;
+    if (accepted && !reject && s->n_conns >= limit && limit < s->opts.max_conns &&
+        uv_now(s->loop) - s->fd_budget_at >= 1000) {
+        fd_budget_refresh(s); /* descriptors may have come free since it was last counted */
+        limit = s->opts.max_conns < s->fd_budget ? s->opts.max_conns : s->fd_budget;
+    }
     if (accepted && !reject && s->n_conns >= limit) {
         bool fd = s->fd_budget <= s->opts.max_conns;
         uint32_t shed = shed_to(s, limit - 1);
@@ -790,42 +850,6 @@ static void on_connection(uv_stream_t *ls, int status)
     c->reading = true;
     conn_read_start(c);
     conn_arm_timer(c);
-}
-
-/* Descriptors open in this process now. */
-static uint32_t count_open_fds(uint64_t limit)
-{
-    uint32_t n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d)))
-            if (de->d_name[0] != '.')
-                n++;
-        closedir(d);
-        return n > 0 ? n - 1 : 0; /* less the directory's own descriptor */
-    }
-    for (uint64_t fd = 0; fd < limit && fd < 65536; fd++)
-        if (fcntl((int)fd, F_GETFD) != -1)
-            n++;
-    return n;
-}
-
-/* Sets the descriptor budget of a server whose listener is open (see http.h). */
-static void fd_budget_init(sh_http_server *s)
-{
-    struct rlimit rl;
-    uint64_t lim = 1u << 20;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        lim = (uint64_t)rl.rlim_cur;
-    uint64_t reserve = 8 + lim / 64;
-    if (reserve > 64)
-        reserve = 64;
-    uint64_t used = count_open_fds(lim);
-    uint64_t budget = lim > used + reserve + 4 ? lim - used - reserve : 4;
-    s->fd_limit = lim;
-    s->fd_reserve = (uint32_t)reserve;
-    s->fd_budget = budget > UINT32_MAX ? UINT32_MAX : (uint32_t)budget;
 }
 
 static void on_listener_closed(uv_handle_t *h)
@@ -896,7 +920,7 @@ sh_err sh_http_server_create(uv_loop_t *loop, const sh_http_opts *opts, sh_http_
     }
     s->refs = 1;
     s->listener_open = true;
-    fd_budget_init(s);
+    fd_budget_refresh(s);
     *out = s;
     return SH_OK;
 }

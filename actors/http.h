@@ -55,10 +55,13 @@ typedef void (*sh_http_log_fn)(void *user, const char *event, const char *detail
  * would exceed max_conns, max_conns_per_ip or the file-descriptor budget, the idle connection
  * that has waited longest (of that address, for the per-address limit) is closed to make room;
  * only when none is idle is the new one answered 503 (429 for the per-address limit) and closed.
- * The file-descriptor budget is RLIMIT_NOFILE less the descriptors open when the server was
- * created less a reserve (8 + limit/64, at most 64), so accepting never runs the process out of
- * descriptors; should accept fail with EMFILE/ENFILE anyway (descriptors opened elsewhere), the
- * budget shrinks to what is open now and the oldest idle connections are shed. */
+ * The file-descriptor budget is RLIMIT_NOFILE less the descriptors open elsewhere in the process
+ * (counted at creation, and again at most once a second while connections are at the budget)
+ * less a reserve (8 + limit/64, at most 64), so accepting does not run the process out of
+ * descriptors (libuv's own answer to EMFILE is to accept and close every pending connection).
+ * When descriptors are short anyway (opened elsewhere in between: an accepted descriptor number
+ * falls inside the reserve, or accept fails), idle connections are shed, oldest first, until
+ * half the reserve is free, and the budget drops to the connections still open. */
 typedef struct sh_http_opts {
     const char *host;            /* IPv4 or IPv6 literal to bind; NULL: "127.0.0.1" */
     int port;                    /* 0: an ephemeral port (see sh_http_server_port) */
@@ -102,6 +105,7 @@ typedef struct sh_http_stats {
     uint64_t shed;          /* idle connections closed to make room for new ones */
     uint64_t rejected;      /* new connections answered 503/429 or closed at a limit */
     uint64_t accept_errors; /* accepts that failed with EMFILE/ENFILE */
+    uint64_t fd_short;      /* accepts that found descriptors short (see above) */
     uint32_t fd_budget;     /* connections the descriptor budget allows now */
 } sh_http_stats;
 void sh_http_server_stats(const sh_http_server *srv, sh_http_stats *out);

@@ -83,10 +83,11 @@ struct sh_http_server {
     uint32_t n_conns, n_rejecting;
     sh__http_conn *conns; /* a doubly linked list of every open connection */
     bool closing, aborting, listener_open, draining;
-    uint32_t n_active;   /* requests handed to the handler and not completed */
-    uint32_t fd_budget;  /* connections the descriptor budget allows (see http.h) */
-    uint32_t fd_reserve; /* descriptors kept free below RLIMIT_NOFILE */
-    uint64_t fd_limit;   /* RLIMIT_NOFILE when the server was created */
+    uint32_t n_active;     /* requests handed to the handler and not completed */
+    uint32_t fd_budget;    /* connections the descriptor budget allows (see http.h) */
+    uint32_t fd_reserve;   /* descriptors kept free below RLIMIT_NOFILE */
+    uint64_t fd_limit;     /* RLIMIT_NOFILE when the budget was last set */
+    uint64_t fd_budget_at; /* uv_now when the budget was last set */
     sh_http_stats stats;
     uint64_t log_at[SH__HTTP_N_LOG];    /* uv_now of the last log call per event (0: never) */
     uint64_t log_count[SH__HTTP_N_LOG]; /* occurrences since that call */

@@ -3,11 +3,13 @@
  * disconnect mid-stream, malformed requests, draining. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +22,7 @@
 static uv_loop_t loop;
 static uv_async_t stop_async, drain_async;
 static sh_http_server *srv;
-static atomic_int port, ready, closed_done, aborts, held, handled;
+static atomic_int port, ready, closed_done, aborts, held, handled, fd_logs;
 
 typedef struct stream_ctx {
     uv_timer_t t;
@@ -96,6 +98,14 @@ static void handler(sh_http_req *req, void *user)
 
 static void on_closed(void *arg) { atomic_store(&closed_done, 1); }
 
+static void on_log(void *user, const char *event, const char *detail)
+{
+    (void)user;
+    fprintf(stderr, "server log: %s: %s\n", event, detail);
+    if (strcmp(event, "fd_limit") == 0)
+        atomic_fetch_add(&fd_logs, 1);
+}
+
 static void on_drain(uv_async_t *a);
 
 static void on_stop(uv_async_t *a)
@@ -119,7 +129,8 @@ static void *server_main(void *arg)
                       .header_timeout_ms = 400,
                       .request_timeout_ms = 1500,
                       .idle_timeout_ms = 3000,
-                      .handler = handler};
+                      .handler = handler,
+                      .log = on_log};
     sh_error e = {0};
     if (sh_http_server_create(&loop, &o, &srv, &e) != SH_OK) {
         fprintf(stderr, "server: %s\n", e.msg);
@@ -407,6 +418,57 @@ static void test_shed_idle(void)
     usleep(50 * 1000);
 }
 
+/* Descriptors run out behind the server's back (this process opens all but a few after the
+ * server counted them): the server notices on the next accept, sheds its idle connections
+ * (oldest first) for new ones, logs it once however long it lasts, and every client is served. */
+static void test_fd_short(void)
+{
+    /* Connections of earlier tests (lingering, keep-alive) would free descriptors later. */
+    for (int i = 0; i < 300 && sh_http_server_conns(srv) > 0; i++)
+        usleep(10 * 1000);
+    CHECK_INT_EQ(sh_http_server_conns(srv), 0);
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    size_t cap = rl.rlim_cur < 100000 ? (size_t)rl.rlim_cur : 100000;
+    int *hog = malloc(cap * sizeof *hog);
+    size_t n = 0;
+    while (n < cap && (hog[n] = open("/dev/null", O_RDONLY)) >= 0)
+        n++;
+    CHECK(n > 8);
+    for (int i = 0; i < 5 && n > 0; i++)
+        close(hog[--n]); /* 5 free: two connections (both ends) and one spare */
+    int before = atomic_load(&fd_logs);
+    char buf[4096];
+    bool eof;
+    int prev = -1;
+    for (int k = 0; k < 8; k++) {
+        int fd = dial();
+        if (fd < 0)
+            break;
+        send_str(fd, "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
+        recv_until(fd, buf, sizeof buf, "hello", 2000, &eof);
+        if (!strstr(buf, "hello"))
+            SH_FAIL_("connection %d with descriptors short: '%.60s'", k, buf);
+        if (prev >= 0) {
+            /* The idle one before it made room (its descriptor is still held here). */
+            recv_until(prev, buf, sizeof buf, NULL, 2000, &eof);
+            if (!eof)
+                SH_FAIL_("connection %d was not shed for connection %d", k - 1, k);
+            close(prev);
+        }
+        prev = fd;
+    }
+    close(prev);
+    while (n > 0)
+        close(hog[--n]);
+    free(hog);
+    sh_http_stats st;
+    sh_http_server_stats(srv, &st);
+    CHECK(st.fd_short >= 1);
+    CHECK_INT_EQ(atomic_load(&fd_logs) - before, 1); /* once, not per connection */
+    usleep(1100 * 1000); /* the budget is recounted (grows back) a second later */
+}
+
 static void on_drain(uv_async_t *a)
 {
     sh_http_server_drain(srv);
@@ -523,6 +585,7 @@ static const sh_test_case tests[] = {
     {"disconnect_mid_stream", test_disconnect_mid_stream},
     {"too_many_connections", test_too_many_connections},
     {"shed_idle", test_shed_idle},
+    {"fd_short", test_fd_short},
     {"malformed", test_malformed},
     {"drain", test_drain},
     {NULL, NULL},
