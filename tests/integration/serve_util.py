@@ -34,7 +34,7 @@ ROOT = os.environ.get("SH_SOURCE_DIR") or os.path.dirname(
 MODEL = os.path.join(ROOT, "models", "smollm2-135m-instruct-q4_1.gguf")
 MODEL_NAME = "smollm2-135m-instruct-q4_1"
 START_TIMEOUT = 120.0
-STOP_TIMEOUT = 30.0
+STOP_TIMEOUT = 45.0  # SIGTERM drains: requests in flight get up to --drain-timeout (30 s)
 
 # Lines in a server log that mean it crashed or a sanitizer found something.
 CRASH_PATTERNS = [
