@@ -14,6 +14,7 @@
 
 #include "actors/serve.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
@@ -200,14 +201,18 @@ static int add_env_keys(serve_opts *o)
  * cannot be read, has a bad line or holds no key is an error, and the keys stay as they were. */
 static int load_key_file(serve_opts *o)
 {
-    FILE *f = fopen(o->key_file, "rb");
-    if (!f)
+    // The file layer refuses a FIFO or a device before opening it, so a key file cannot hang us.
+    int fd = -1;
+    uint64_t size = 0;
+    sh_error fe = {0};
+    if (sh__file_open(o->key_file, &fd, &size, &fe))
+        return sh__cmd_fail("--api-key-file %s", fe.msg);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
         return sh__cmd_fail("--api-key-file %s: %s", o->key_file, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return sh__cmd_fail("--api-key-file %s: not a regular file", o->key_file);
     }
+    struct stat sb;
     if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
         fprintf(stderr,
                 "shoal: warning: --api-key-file %s can be read by other users (chmod 600 "

@@ -67,6 +67,10 @@ def run_refusals(r, tmp):
            ["no key"])
     r.case("--api-key-file that does not exist is refused", refused,
            ["--api-key-file", os.path.join(tmp, "nope")], ["No such file"])
+    fifo = os.path.join(tmp, "keys-fifo")
+    os.mkfifo(fifo)
+    r.case("--api-key-file that is a FIFO is refused, not waited on", refused,
+           ["--api-key-file", fifo], ["not a regular file (a FIFO)"])
     r.case("SHOAL_API_KEY with a bad item is refused", refused, [],
            ["SHOAL_API_KEY (item 2)", "KEY:PRIORITY"], env={"SHOAL_API_KEY": "a1,b2:x"},
            secret="b2")
