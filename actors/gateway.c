@@ -9,19 +9,19 @@
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
  * GET /metrics. Errors are OpenAI-shaped JSON (actors/openai.h).
  *
+ * Tokenization off the loop is in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
+ * the three files share is in gateway_int.h.
+ *
  * Thread: every member and every HTTP callback runs on the gateway's loop thread. */
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "actors/actor_util.h"
-#include "actors/http.h"
-#include "actors/serve.h"
+#include "actors/gateway_int.h"
 #include "base/error.h"
 #include "model/sampler.h"
 #include "runtime/actor_uv.h"
@@ -43,7 +43,7 @@ typedef struct gw_lp {
     gw_top top[SH_SAMPLER_MAX_LOGPROBS];
 } gw_lp;
 
-typedef struct gw_choice {
+struct gw_choice {
     char *text; /* the generated text so far (non-streamed) */
     size_t len, cap;
     gw_lp *lps;
@@ -51,49 +51,6 @@ typedef struct gw_choice {
     int32_t n_gen;
     bool started, done;
     sh_openai_finish finish;
-} gw_choice;
-
-typedef struct gateway gateway;
-
-typedef struct gw_req {
-    gateway *g;
-    uint64_t id;
-    sh_http_req *http; /* NULL once completed */
-    sh_openai_kind kind;
-    bool stream, include_usage, logprobs, echo;
-    bool stream_started; /* the 200 and the event-stream headers went out */
-    int32_t top_n;
-    int32_t n_choices, n_done;
-    int32_t n_prompt;
-    char id_str[48];
-    int64_t created;
-    uint64_t t0_us, t_first_us;
-    char *echo_text;
-    gw_choice *choices;
-    struct gw_req *next;
-} gw_req;
-
-struct gateway {
-    sh_gateway_args a;
-    sh_actor_ctx *ctx;
-    sh_http_server *srv;
-    sh_act_decoder dec;
-    gw_req *reqs;
-    struct gw_tok *toks; /* prompts being tokenized on the worker pool */
-    uint64_t next_id;
-    const char *models[1];
-    char *metrics_buf;
-    size_t metrics_cap;
-    sh_histogram *m_ttft, *m_tpot, *m_e2e;
-    sh_counter *m_http_errors;
-    sh_gauge *kv_total, *kv_used;
-    sh_counter *pc_query, *pc_hit;
-    /* Shutdown and keys (the ---- drain and keys ---- section). */
-    sh_openai_key *keys; /* owned copy (one block: array, then the strings) */
-    int32_t n_keys;
-    bool draining, drained;
-    uint64_t drain_deadline_ms; /* uv_now */
-    struct gw_ctl_handles *hd;  /* the ctl wakeup and the drain timer, when a ctl is given */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -116,10 +73,8 @@ static void respond_error(gateway *g, sh_http_req *req, const sh_openai_error *e
     respond_json(req, err->status, sh_openai_error_json(err));
 }
 
-static void respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
-                           const char *param, const char *fmt, ...) SH_PRINTF(6, 7);
-static void respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
-                           const char *param, const char *fmt, ...)
+void sh__gateway_respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
+                                const char *param, const char *fmt, ...)
 {
     sh_openai_error err;
     char msg[256];
@@ -171,7 +126,7 @@ static void req_unlink(gateway *g, gw_req *r)
         }
 }
 
-static void req_free(gw_req *r)
+void sh__gateway_req_free(gw_req *r)
 {
     if (!r)
         return;
@@ -210,7 +165,7 @@ static void serve_metrics(gateway *g, sh_http_req *req)
         size_t cap = (len + 4096) * 2;
         char *p = realloc(g->metrics_buf, cap);
         if (!p) {
-            respond_errorf(g, req, 500, NULL, NULL, "out of memory");
+            sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "out of memory");
             return;
         }
         g->metrics_buf = p;
@@ -253,7 +208,7 @@ static void serve_metrics(gateway *g, sh_http_req *req)
                      (unsigned long long)(hs.accept_errors + hs.fd_short));
     char *body = malloc(len + (size_t)n + 1);
     if (!body) {
-        respond_errorf(g, req, 500, NULL, NULL, "out of memory");
+        sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "out of memory");
         return;
     }
     memcpy(body, g->metrics_buf, len);
@@ -263,144 +218,6 @@ static void serve_metrics(gateway *g, sh_http_req *req)
 }
 
 /* ---- completions -------------------------------------------------------------------------- */
-
-/* ---- tokenization, off the loop ------------------------------------------------------------
- *
- * A text prompt (or a chat rendered with its template) is tokenized on libuv's worker pool, so a
- * huge prompt never holds up the loop and every other client with it. The work item owns the
- * parsed request until it comes back to the loop (tok_done). Meanwhile the client may go away
- * (tok_abort: answered at once, the result is dropped) or the gateway may stop (tok_orphan_all:
- * answered with 503, the item frees itself when the pool hands it back; the loop keeps running
- * until then, and the tokenizer outlives the runtime). */
-
-typedef struct gw_tok {
-    uv_work_t work;
-    gateway *g;        /* NULL once the gateway stopped */
-    sh_http_req *http; /* NULL once answered (client gone, gateway stopped) */
-    sh_openai_request *q;
-    int32_t prio;
-    /* what the worker reads: copied, so it never touches the gateway */
-    const sh_tokenizer *tok;
-    sh_chat_template chat;
-    const char *default_system;
-    size_t max_ids;
-    /* what it writes */
-    int32_t *ids;
-    size_t n_ids;
-    sh_err rc;
-    sh_error e;
-    struct gw_tok *next;
-} gw_tok;
-
-/* Worker thread: the prompt's ids, stopping as soon as they cannot fit max_ids. Message contents
- * are plain text (only the template's markers are special); a completion prompt's special-token
- * texts are special only when the request asked for it (parse_special). */
-static void tok_run(uv_work_t *w)
-{
-    gw_tok *t = w->data;
-    const sh_openai_request *q = t->q;
-    if (q->kind == SH_OPENAI_COMPLETION) {
-        sh_tokenize_opts o = {.flags = q->parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0,
-                              .max_ids = t->max_ids};
-        if (sh_tokenizer_wants_bos(t->tok))
-            o.flags |= SH_TOKENIZE_ADD_BOS;
-        t->rc = sh_tokenizer_encode_opts(t->tok, q->prompt, strlen(q->prompt), &o, &t->ids,
-                                         &t->n_ids, &t->e);
-        return;
-    }
-    sh_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof *msgs);
-    if (!msgs) {
-        t->rc = sh__error_set(&t->e, SH_ENOMEM, "out of memory");
-        return;
-    }
-    static const char *const roles[] = {"system", "user", "assistant"};
-    for (int32_t i = 0; i < q->n_messages; i++)
-        msgs[i] = (sh_chat_msg){roles[q->messages[i].role], q->messages[i].content};
-    t->rc = sh_chat_tokenize(t->tok, t->chat, msgs, (size_t)q->n_messages, t->default_system, true,
-                             t->max_ids, &t->ids, &t->n_ids, &t->e);
-    free(msgs);
-}
-
-static void tok_free(gw_tok *t)
-{
-    free(t->ids);
-    sh_openai_request_free(t->q);
-    free(t);
-}
-
-static void tok_unlink(gateway *g, gw_tok *t)
-{
-    for (gw_tok **pp = &g->toks; *pp; pp = &(*pp)->next)
-        if (*pp == t) {
-            *pp = t->next;
-            return;
-        }
-}
-
-/* The client went away while its prompt was being tokenized: answered now, the result dropped. */
-static void tok_abort(sh_http_req *http, void *arg)
-{
-    gw_tok *t = arg;
-    t->http = NULL;
-    sh_http_respond(http, 499, "application/json", "", 0);
-}
-
-/* The gateway stops: every prompt still being tokenized is answered with 503; each item frees
- * itself in tok_done (queued ones are cancelled, running ones finish). */
-static void tok_orphan_all(gateway *g)
-{
-    while (g->toks) {
-        gw_tok *t = g->toks;
-        g->toks = t->next;
-        t->g = NULL;
-        uv_cancel((uv_req_t *)&t->work);
-        if (t->http) {
-            sh_http_req_on_abort(t->http, NULL, NULL);
-            static const char body[] = "{\"error\":{\"message\":\"the server is shutting "
-                                       "down\",\"type\":\"server_error\",\"param\":null,"
-                                       "\"code\":null}}";
-            sh_http_respond(t->http, 503, "application/json", body, sizeof body - 1);
-            t->http = NULL;
-        }
-    }
-}
-
-static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids, size_t n_ids,
-                   int32_t key_prio);
-
-/* Loop thread: the ids are ready (or tokenization failed); the request goes on, or is answered. */
-static void tok_done(uv_work_t *w, int status)
-{
-    gw_tok *t = w->data;
-    gateway *g = t->g;
-    if (g)
-        tok_unlink(g, t);
-    if (!g || !t->http) {
-        tok_free(t);
-        return;
-    }
-    sh_http_req *http = t->http;
-    sh_http_req_on_abort(http, NULL, NULL);
-    const char *param = t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
-    if (status == UV_ECANCELED) {
-        respond_errorf(g, http, 503, NULL, NULL, "the server is shutting down");
-    } else if (t->rc == SH_ERANGE && t->n_ids > t->max_ids) {
-        respond_errorf(g, http, 400, "context_length_exceeded", param,
-                       "This model's maximum context length is %d tokens. However, your prompt "
-                       "has more than %zu tokens; it must leave room for at least one generated "
-                       "token.",
-                       (int)g->a.n_ctx, t->max_ids);
-    } else if (t->rc == SH_ENOMEM) {
-        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
-    } else if (t->rc) {
-        respond_errorf(g, http, 400, NULL, param, "cannot tokenize: %s", t->e.msg);
-    } else {
-        submit(g, http, t->q, t->ids, t->n_ids, t->prio);
-        t->q = NULL;
-        t->ids = NULL;
-    }
-    tok_free(t);
-}
 
 static void on_abort(sh_http_req *http, void *arg);
 
@@ -424,60 +241,35 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
         int32_t *ids = malloc(((size_t)q->n_prompt_tokens + 1) * sizeof *ids);
         if (!ids) {
             sh_openai_request_free(q);
-            respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+            sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
             return;
         }
         memcpy(ids, q->prompt_tokens, (size_t)q->n_prompt_tokens * sizeof *ids);
-        submit(g, http, q, ids, (size_t)q->n_prompt_tokens, key_prio);
+        sh__gateway_submit(g, http, q, ids, (size_t)q->n_prompt_tokens, key_prio);
         return;
     }
-    gw_tok *t = calloc(1, sizeof *t);
-    if (!t) {
-        sh_openai_request_free(q);
-        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
-        return;
-    }
-    *t = (gw_tok){.g = g,
-                  .http = http,
-                  .q = q,
-                  .prio = key_prio,
-                  .tok = g->a.tok,
-                  .chat = g->a.chat,
-                  .default_system = g->a.default_system,
-                  // The prompt must leave room for one generated token.
-                  .max_ids = g->a.n_ctx > 1 ? (size_t)g->a.n_ctx - 1 : 1};
-    t->work.data = t;
-    int rc = uv_queue_work(sh__actor_uv_loop(g->ctx), &t->work, tok_run, tok_done);
-    if (rc) {
-        tok_free(t);
-        respond_errorf(g, http, 503, NULL, NULL, "cannot queue the prompt for tokenization: %s",
-                       uv_strerror(rc));
-        return;
-    }
-    t->next = g->toks;
-    g->toks = t;
-    sh_http_req_on_abort(http, tok_abort, t);
+    sh__gateway_tok_queue(g, http, q, key_prio);
 }
 
 /* A request with its prompt ids goes to the batcher. Takes q and ids (malloc'd). */
-static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids, size_t n_ids,
-                   int32_t key_prio)
+void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids,
+                        size_t n_ids, int32_t key_prio)
 {
     sh_openai_kind kind = q->kind;
     if (n_ids == 0) {
         free(ids);
         sh_openai_request_free(q);
-        respond_errorf(g, http, 400, NULL, "prompt", "the prompt is empty");
+        sh__gateway_respond_errorf(g, http, 400, NULL, "prompt", "the prompt is empty");
         return;
     }
     if ((int64_t)n_ids >= g->a.n_ctx) {
         free(ids);
         sh_openai_request_free(q);
-        respond_errorf(g, http, 400, "context_length_exceeded",
-                       kind == SH_OPENAI_CHAT ? "messages" : "prompt",
-                       "This model's maximum context length is %d tokens. However, your prompt "
-                       "has %zu tokens; it must leave room for at least one generated token.",
-                       (int)g->a.n_ctx, n_ids);
+        sh__gateway_respond_errorf(
+            g, http, 400, "context_length_exceeded", kind == SH_OPENAI_CHAT ? "messages" : "prompt",
+            "This model's maximum context length is %d tokens. However, your prompt "
+            "has %zu tokens; it must leave room for at least one generated token.",
+            (int)g->a.n_ctx, n_ids);
         return;
     }
     gw_req *r = calloc(1, sizeof *r);
@@ -487,7 +279,7 @@ static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t 
         free(r);
         free(ids);
         sh_openai_request_free(q);
-        respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
         return;
     }
     r->g = g;
@@ -551,8 +343,9 @@ static void submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t 
     free(ids);
     sh_openai_request_free(q);
     if (rc) {
-        req_free(r);
-        respond_errorf(g, http, 503, NULL, NULL, "the scheduler is not reachable: %s", e.msg);
+        sh__gateway_req_free(r);
+        sh__gateway_respond_errorf(g, http, 503, NULL, NULL, "the scheduler is not reachable: %s",
+                                   e.msg);
         return;
     }
     r->next = g->reqs;
@@ -575,7 +368,7 @@ static void on_abort(sh_http_req *http, void *arg)
         sh_http_respond(http, 499, "application/json", "", 0);
     r->http = NULL;
     req_unlink(g, r);
-    req_free(r);
+    sh__gateway_req_free(r);
 }
 
 /* Writes one SSE event (takes ownership of ev). */
@@ -779,7 +572,7 @@ static void complete(gateway *g, gw_req *r)
     }
     r->http = NULL;
     req_unlink(g, r);
-    req_free(r);
+    sh__gateway_req_free(r);
 }
 
 static void on_done(gateway *g, const sh_proto_done *d)
@@ -843,7 +636,34 @@ static void on_fail(gateway *g, const sh_proto_fail *f)
     }
     r->http = NULL;
     req_unlink(g, r);
-    req_free(r);
+    sh__gateway_req_free(r);
+}
+
+/* Ends a request that cannot finish (drain deadline, stop): a started stream gets an error event
+ * and [DONE], anything else a JSON error. The handle is completed; r stays for the caller. */
+void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *code,
+                                const char *msg)
+{
+    if (!r->http)
+        return;
+    sh_http_req_on_abort(r->http, NULL, NULL);
+    sh_openai_error err;
+    sh_openai_error_set(&err, status, code, NULL, "%s", msg);
+    sh_counter_add(g->m_http_errors, 1);
+    if (r->stream && r->stream_started) {
+        char *json = sh_openai_error_json(&err);
+        if (json) {
+            sh_http_stream_write(r->http, "data: ", 6);
+            sh_http_stream_write(r->http, json, strlen(json));
+            sh_http_stream_write(r->http, "\n\n", 2);
+            free(json);
+        }
+        sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
+        sh_http_stream_end(r->http);
+    } else {
+        respond_json(r->http, status, sh_openai_error_json(&err));
+    }
+    r->http = NULL;
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */
@@ -869,7 +689,8 @@ static void on_http(sh_http_req *req, void *user)
     bool is_cmpl = !strcmp(path, "/v1/completions");
     bool is_chat = !strcmp(path, "/v1/chat/completions");
     if (!is_metrics && !is_models && !is_cmpl && !is_chat) {
-        respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s", method, path);
+        sh__gateway_respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s",
+                                   method, path);
         return;
     }
     int32_t prio = 0;
@@ -887,8 +708,8 @@ static void on_http(sh_http_req *req, void *user)
         return;
     }
     if (g->draining) {
-        respond_errorf(g, req, 503, "server_shutting_down", NULL,
-                       "the server is shutting down; retry on another replica");
+        sh__gateway_respond_errorf(g, req, 503, "server_shutting_down", NULL,
+                                   "the server is shutting down; retry on another replica");
         return;
     }
     if (is_models) {
@@ -902,258 +723,8 @@ static void on_http(sh_http_req *req, void *user)
     handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, prio);
     return;
 bad_method:
-    respond_errorf(g, req, 405, "method_not_allowed", NULL, "%s is not allowed on %s", method,
-                   path);
-}
-
-/* ---- drain and keys ----------------------------------------------------------------------- */
-
-struct sh_gateway_ctl {
-    pthread_mutex_t mu;
-    uv_async_t *async; /* the running gateway's wakeup (NULL when none runs) */
-    bool drain;        /* a drain was asked for */
-    bool keys_new;     /* keys holds a set the gateway has not taken yet */
-    sh_openai_key *keys;
-    int32_t n_keys;
-    int drained; /* atomic: the drain finished */
-};
-
-/* The libuv handles of a gateway with a ctl; freed when both are closed (after stop). */
-typedef struct gw_ctl_handles {
-    uv_async_t async;
-    uv_timer_t timer;
-    int open;
-} gw_ctl_handles;
-
-/* A copy of keys in one block (the array, then the strings); NULL for none or no memory. */
-static sh_openai_key *keys_copy(const sh_openai_key *keys, int32_t n)
-{
-    if (n <= 0)
-        return NULL;
-    size_t bytes = (size_t)n * sizeof *keys;
-    for (int32_t i = 0; i < n; i++)
-        bytes += strlen(keys[i].key) + 1;
-    sh_openai_key *out = malloc(bytes);
-    if (!out)
-        return NULL;
-    char *p = (char *)(out + n);
-    for (int32_t i = 0; i < n; i++) {
-        size_t l = strlen(keys[i].key) + 1;
-        memcpy(p, keys[i].key, l);
-        out[i] = (sh_openai_key){p, keys[i].priority};
-        p += l;
-    }
-    return out;
-}
-
-sh_err sh__gateway_ctl_create(sh_gateway_ctl **out)
-{
-    *out = calloc(1, sizeof **out);
-    if (!*out)
-        return SH_ENOMEM;
-    pthread_mutex_init(&(*out)->mu, NULL);
-    return SH_OK;
-}
-
-void sh__gateway_ctl_destroy(sh_gateway_ctl *ctl)
-{
-    if (!ctl)
-        return;
-    pthread_mutex_destroy(&ctl->mu);
-    free(ctl->keys);
-    free(ctl);
-}
-
-void sh__gateway_ctl_drain(sh_gateway_ctl *ctl)
-{
-    pthread_mutex_lock(&ctl->mu);
-    ctl->drain = true;
-    if (ctl->async)
-        uv_async_send(ctl->async);
-    pthread_mutex_unlock(&ctl->mu);
-}
-
-bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl)
-{
-    return __atomic_load_n(&ctl->drained, __ATOMIC_ACQUIRE) != 0;
-}
-
-sh_err sh__gateway_ctl_set_keys(sh_gateway_ctl *ctl, const sh_openai_key *keys, int32_t n_keys)
-{
-    sh_openai_key *copy = keys_copy(keys, n_keys);
-    if (n_keys > 0 && !copy)
-        return SH_ENOMEM;
-    pthread_mutex_lock(&ctl->mu);
-    sh_err rc = SH_ECLOSED;
-    if (ctl->async) {
-        free(ctl->keys);
-        ctl->keys = copy;
-        ctl->n_keys = n_keys;
-        ctl->keys_new = true;
-        copy = NULL;
-        uv_async_send(ctl->async);
-        rc = SH_OK;
-    }
-    pthread_mutex_unlock(&ctl->mu);
-    free(copy);
-    return rc;
-}
-
-/* Ends a request that cannot finish (drain deadline, stop): a started stream gets an error event
- * and [DONE], anything else a JSON error. The handle is completed; r stays for the caller. */
-static void end_with_error(gateway *g, gw_req *r, int status, const char *code, const char *msg)
-{
-    if (!r->http)
-        return;
-    sh_http_req_on_abort(r->http, NULL, NULL);
-    sh_openai_error err;
-    sh_openai_error_set(&err, status, code, NULL, "%s", msg);
-    sh_counter_add(g->m_http_errors, 1);
-    if (r->stream && r->stream_started) {
-        char *json = sh_openai_error_json(&err);
-        if (json) {
-            sh_http_stream_write(r->http, "data: ", 6);
-            sh_http_stream_write(r->http, json, strlen(json));
-            sh_http_stream_write(r->http, "\n\n", 2);
-            free(json);
-        }
-        sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
-        sh_http_stream_end(r->http);
-    } else {
-        respond_json(r->http, status, sh_openai_error_json(&err));
-    }
-    r->http = NULL;
-}
-
-static void drain_finish(gateway *g, const char *how)
-{
-    g->drained = true;
-    if (g->hd)
-        uv_timer_stop(&g->hd->timer);
-    sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "drained", "how=%s", how);
-    if (g->a.ctl)
-        __atomic_store_n(&g->a.ctl->drained, 1, __ATOMIC_RELEASE);
-}
-
-/* Every 20 ms while draining: done when no request is open; at the deadline the rest is ended. */
-static void on_drain_tick(uv_timer_t *t)
-{
-    gateway *g = t->data;
-    if (g->drained)
-        return;
-    if (sh_http_server_active(g->srv) == 0) {
-        drain_finish(g, "every request finished");
-        return;
-    }
-    if (uv_now(t->loop) < g->drain_deadline_ms)
-        return;
-    int n = 0;
-    while (g->reqs) {
-        gw_req *r = g->reqs;
-        g->reqs = r->next;
-        sh_proto_cancel c = {.req = r->id, .reason = {"shutting down", 13}};
-        sh_error e = {0};
-        sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
-                     r->id, &c, &e);
-        end_with_error(g, r, 503, "server_shutting_down",
-                       "the server is shutting down and this request did not finish within "
-                       "the drain timeout");
-        req_free(r);
-        n++;
-    }
-    sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, "drain_timeout", "ended=%d timeout_ms=%u", n,
-                 g->a.drain_timeout_ms);
-    drain_finish(g, "deadline");
-}
-
-static void drain_start(gateway *g)
-{
-    if (g->draining)
-        return;
-    g->draining = true;
-    sh_http_server_drain(g->srv);
-    uv_loop_t *loop = sh__actor_uv_loop(g->ctx);
-    g->drain_deadline_ms = uv_now(loop) + g->a.drain_timeout_ms;
-    sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "draining", "requests=%u timeout_ms=%u",
-                 sh_http_server_active(g->srv), g->a.drain_timeout_ms);
-    on_drain_tick(&g->hd->timer);
-    if (!g->drained)
-        uv_timer_start(&g->hd->timer, on_drain_tick, 20, 20);
-}
-
-/* The ctl's wakeup: take new keys, start a drain. */
-static void on_ctl(uv_async_t *a)
-{
-    gateway *g = a->data;
-    sh_gateway_ctl *ctl = g->a.ctl;
-    pthread_mutex_lock(&ctl->mu);
-    bool drain = ctl->drain;
-    sh_openai_key *keys = NULL;
-    int32_t n_keys = 0;
-    bool new_keys = ctl->keys_new;
-    if (new_keys) {
-        keys = ctl->keys;
-        n_keys = ctl->n_keys;
-        ctl->keys = NULL;
-        ctl->n_keys = 0;
-        ctl->keys_new = false;
-    }
-    pthread_mutex_unlock(&ctl->mu);
-    if (new_keys) {
-        free(g->keys);
-        g->keys = keys;
-        g->n_keys = n_keys;
-        sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "api_keys_reloaded", "keys=%d", (int)n_keys);
-    }
-    if (drain)
-        drain_start(g);
-}
-
-static void on_ctl_closed(uv_handle_t *h)
-{
-    gw_ctl_handles *hd = h->data; /* the gateway is gone by now: only hd is touched */
-    if (--hd->open == 0)
-        free(hd);
-}
-
-/* Registers g with its ctl (init). Returns SH_OK or SH_ENOMEM. */
-static sh_err ctl_attach(gateway *g)
-{
-    sh_gateway_ctl *ctl = g->a.ctl;
-    if (!ctl)
-        return SH_OK;
-    gw_ctl_handles *hd = calloc(1, sizeof *hd);
-    if (!hd)
-        return SH_ENOMEM;
-    uv_loop_t *loop = sh__actor_uv_loop(g->ctx);
-    uv_async_init(loop, &hd->async, on_ctl);
-    uv_timer_init(loop, &hd->timer);
-    hd->async.data = g;
-    hd->timer.data = g;
-    hd->open = 2;
-    g->hd = hd;
-    pthread_mutex_lock(&ctl->mu);
-    ctl->async = &hd->async;
-    if (ctl->drain) /* asked for before this gateway ran */
-        uv_async_send(&hd->async);
-    pthread_mutex_unlock(&ctl->mu);
-    return SH_OK;
-}
-
-/* Unregisters g from its ctl and closes the handles (stop). */
-static void ctl_detach(gateway *g)
-{
-    gw_ctl_handles *hd = g->hd;
-    if (!hd)
-        return;
-    pthread_mutex_lock(&g->a.ctl->mu);
-    g->a.ctl->async = NULL;
-    pthread_mutex_unlock(&g->a.ctl->mu);
-    hd->async.data = hd;
-    hd->timer.data = hd;
-    uv_close((uv_handle_t *)&hd->async, on_ctl_closed);
-    uv_close((uv_handle_t *)&hd->timer, on_ctl_closed);
-    g->hd = NULL;
+    sh__gateway_respond_errorf(g, req, 405, "method_not_allowed", NULL, "%s is not allowed on %s",
+                               method, path);
 }
 
 /* The HTTP server's warnings (descriptors exhausted, connections shed) into the actor's log. */
@@ -1203,7 +774,7 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
         sh__act_decoder_init(&g->dec, (size_t)1 << 16))
         return SH_ENOMEM;
     g->n_keys = g->a.n_keys > 0 ? g->a.n_keys : 0;
-    g->keys = keys_copy(g->a.keys, g->n_keys);
+    g->keys = sh__gateway_ctl_keys_copy(g->a.keys, g->n_keys);
     if (g->n_keys && !g->keys) {
         sh__act_decoder_fini(&g->dec);
         return SH_ENOMEM;
@@ -1220,7 +791,7 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
                        .log = on_http_log};
     sh_error e = {0};
     sh_err err = sh_http_server_create(sh__actor_uv_loop(ctx), &ho, &g->srv, &e);
-    if (!err && ctl_attach(g)) {
+    if (!err && sh__gateway_ctl_attach(g)) {
         sh_http_server_close(g->srv, true, NULL, NULL);
         g->srv = NULL;
         err = SH_ENOMEM;
@@ -1278,14 +849,15 @@ static void gateway_stop(sh_actor_ctx *ctx, void *state)
     // Every open request is answered now, so no HTTP callback refers to this state later: a
     // stream ends with an error event and [DONE] (the client knows it was cut short), anything
     // else gets 503. Prompts still being tokenized are answered first.
-    tok_orphan_all(g);
+    sh__gateway_tok_orphan_all(g);
     while (g->reqs) {
         gw_req *r = g->reqs;
         g->reqs = r->next;
-        end_with_error(g, r, 503, "server_shutting_down", "the server is shutting down");
-        req_free(r);
+        sh__gateway_end_with_error(g, r, 503, "server_shutting_down",
+                                   "the server is shutting down");
+        sh__gateway_req_free(r);
     }
-    ctl_detach(g);
+    sh__gateway_ctl_detach(g);
     if (g->srv)
         sh_http_server_close(g->srv, true, NULL, NULL);
     free(g->keys);

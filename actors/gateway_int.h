@@ -1,0 +1,88 @@
+/* The gateway's internals shared by gateway.c, gateway_tok.c and gateway_ctl.c. */
+#ifndef SH_ACTORS_GATEWAY_INT_H
+#define SH_ACTORS_GATEWAY_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/actor_util.h"
+#include "actors/http.h"
+#include "actors/serve.h"
+#include "base/error.h"
+
+typedef struct gw_choice gw_choice; /* one choice's progress (gateway.c) */
+
+typedef struct gateway gateway;
+
+typedef struct gw_req {
+    gateway *g;
+    uint64_t id;
+    sh_http_req *http; /* NULL once completed */
+    sh_openai_kind kind;
+    bool stream, include_usage, logprobs, echo;
+    bool stream_started; /* the 200 and the event-stream headers went out */
+    int32_t top_n;
+    int32_t n_choices, n_done;
+    int32_t n_prompt;
+    char id_str[48];
+    int64_t created;
+    uint64_t t0_us, t_first_us;
+    char *echo_text;
+    gw_choice *choices;
+    struct gw_req *next;
+} gw_req;
+
+struct gateway {
+    sh_gateway_args a;
+    sh_actor_ctx *ctx;
+    sh_http_server *srv;
+    sh_act_decoder dec;
+    gw_req *reqs;
+    struct gw_tok *toks; /* prompts being tokenized on the worker pool (gateway_tok.c) */
+    uint64_t next_id;
+    const char *models[1];
+    char *metrics_buf;
+    size_t metrics_cap;
+    sh_histogram *m_ttft, *m_tpot, *m_e2e;
+    sh_counter *m_http_errors;
+    sh_gauge *kv_total, *kv_used;
+    sh_counter *pc_query, *pc_hit;
+    /* Shutdown and keys (gateway_ctl.c). */
+    sh_openai_key *keys; /* owned copy (one block: array, then the strings) */
+    int32_t n_keys;
+    bool draining, drained;
+    uint64_t drain_deadline_ms; /* uv_now */
+    struct gw_ctl_handles *hd;  /* the ctl wakeup and the drain timer, when a ctl is given */
+};
+
+/* ---- gateway.c ---------------------------------------------------------------------------- */
+
+/* Answers req with an OpenAI-shaped error and counts it in shoal_http_errors_total. */
+void sh__gateway_respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
+                                const char *param, const char *fmt, ...) SH_PRINTF(6, 7);
+/* Frees r (not linked in g->reqs any more); accepts NULL. */
+void sh__gateway_req_free(gw_req *r);
+/* Sends the request to the batcher or answers http with an error. Takes q and ids (malloc'd). */
+void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t *ids,
+                        size_t n_ids, int32_t key_prio);
+/* Answers r's client with an error (drain deadline, stop); r stays for the caller to free. */
+void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *code,
+                                const char *msg);
+
+/* ---- gateway_tok.c: tokenization, off the loop -------------------------------------------- */
+
+/* Tokenizes q's prompt on the worker pool, then submits it or answers http. Takes q. */
+void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio);
+/* Answers every prompt still being tokenized with 503 (stop). */
+void sh__gateway_tok_orphan_all(gateway *g);
+
+/* ---- gateway_ctl.c: drain and keys -------------------------------------------------------- */
+
+/* A copy of keys in one block that one free() releases; NULL for none or no memory. */
+sh_openai_key *sh__gateway_ctl_keys_copy(const sh_openai_key *keys, int32_t n);
+/* Init and stop: g's ctl wakeup and drain timer (nothing without a ctl). SH_OK or SH_ENOMEM. */
+sh_err sh__gateway_ctl_attach(gateway *g);
+void sh__gateway_ctl_detach(gateway *g);
+
+#endif

@@ -1,0 +1,174 @@
+/* The gateway's tokenization of prompts on libuv's worker pool, off its I/O loop. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/gateway_int.h"
+#include "base/error.h"
+#include "runtime/actor_uv.h"
+
+/* ---- tokenization, off the loop ------------------------------------------------------------
+ *
+ * A text prompt (or a chat rendered with its template) is tokenized on libuv's worker pool, so a
+ * huge prompt never holds up the loop and every other client with it. The work item owns the
+ * parsed request until it comes back to the loop (tok_done). Meanwhile the client may go away
+ * (tok_abort: answered at once, the result is dropped) or the gateway may stop
+ * (sh__gateway_tok_orphan_all: answered with 503, the item frees itself when the pool hands it
+ * back; the loop keeps running until then, and the tokenizer outlives the runtime). */
+
+typedef struct gw_tok {
+    uv_work_t work;
+    gateway *g;        /* NULL once the gateway stopped */
+    sh_http_req *http; /* NULL once answered (client gone, gateway stopped) */
+    sh_openai_request *q;
+    int32_t prio;
+    /* what the worker reads: copied, so it never touches the gateway */
+    const sh_tokenizer *tok;
+    sh_chat_template chat;
+    const char *default_system;
+    size_t max_ids;
+    /* what it writes */
+    int32_t *ids;
+    size_t n_ids;
+    sh_err rc;
+    sh_error e;
+    struct gw_tok *next;
+} gw_tok;
+
+/* Worker thread: the prompt's ids, stopping as soon as they cannot fit max_ids. Message contents
+ * are plain text (only the template's markers are special); a completion prompt's special-token
+ * texts are special only when the request asked for it (parse_special). */
+static void tok_run(uv_work_t *w)
+{
+    gw_tok *t = w->data;
+    const sh_openai_request *q = t->q;
+    if (q->kind == SH_OPENAI_COMPLETION) {
+        sh_tokenize_opts o = {.flags = q->parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0,
+                              .max_ids = t->max_ids};
+        if (sh_tokenizer_wants_bos(t->tok))
+            o.flags |= SH_TOKENIZE_ADD_BOS;
+        t->rc = sh_tokenizer_encode_opts(t->tok, q->prompt, strlen(q->prompt), &o, &t->ids,
+                                         &t->n_ids, &t->e);
+        return;
+    }
+    sh_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof *msgs);
+    if (!msgs) {
+        t->rc = sh__error_set(&t->e, SH_ENOMEM, "out of memory");
+        return;
+    }
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (int32_t i = 0; i < q->n_messages; i++)
+        msgs[i] = (sh_chat_msg){roles[q->messages[i].role], q->messages[i].content};
+    t->rc = sh_chat_tokenize(t->tok, t->chat, msgs, (size_t)q->n_messages, t->default_system, true,
+                             t->max_ids, &t->ids, &t->n_ids, &t->e);
+    free(msgs);
+}
+
+static void tok_free(gw_tok *t)
+{
+    free(t->ids);
+    sh_openai_request_free(t->q);
+    free(t);
+}
+
+static void tok_unlink(gateway *g, gw_tok *t)
+{
+    for (gw_tok **pp = &g->toks; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            return;
+        }
+}
+
+/* The client went away while its prompt was being tokenized: answered now, the result dropped. */
+static void tok_abort(sh_http_req *http, void *arg)
+{
+    gw_tok *t = arg;
+    t->http = NULL;
+    sh_http_respond(http, 499, "application/json", "", 0);
+}
+
+/* The gateway stops: every prompt still being tokenized is answered with 503; each item frees
+ * itself in tok_done (queued ones are cancelled, running ones finish). */
+void sh__gateway_tok_orphan_all(gateway *g)
+{
+    while (g->toks) {
+        gw_tok *t = g->toks;
+        g->toks = t->next;
+        t->g = NULL;
+        uv_cancel((uv_req_t *)&t->work);
+        if (t->http) {
+            sh_http_req_on_abort(t->http, NULL, NULL);
+            static const char body[] = "{\"error\":{\"message\":\"the server is shutting "
+                                       "down\",\"type\":\"server_error\",\"param\":null,"
+                                       "\"code\":null}}";
+            sh_http_respond(t->http, 503, "application/json", body, sizeof body - 1);
+            t->http = NULL;
+        }
+    }
+}
+
+/* Loop thread: the ids are ready (or tokenization failed); the request goes on, or is answered. */
+static void tok_done(uv_work_t *w, int status)
+{
+    gw_tok *t = w->data;
+    gateway *g = t->g;
+    if (g)
+        tok_unlink(g, t);
+    if (!g || !t->http) {
+        tok_free(t);
+        return;
+    }
+    sh_http_req *http = t->http;
+    sh_http_req_on_abort(http, NULL, NULL);
+    const char *param = t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
+    if (status == UV_ECANCELED) {
+        sh__gateway_respond_errorf(g, http, 503, NULL, NULL, "the server is shutting down");
+    } else if (t->rc == SH_ERANGE && t->n_ids > t->max_ids) {
+        sh__gateway_respond_errorf(
+            g, http, 400, "context_length_exceeded", param,
+            "This model's maximum context length is %d tokens. However, your prompt "
+            "has more than %zu tokens; it must leave room for at least one generated "
+            "token.",
+            (int)g->a.n_ctx, t->max_ids);
+    } else if (t->rc == SH_ENOMEM) {
+        sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+    } else if (t->rc) {
+        sh__gateway_respond_errorf(g, http, 400, NULL, param, "cannot tokenize: %s", t->e.msg);
+    } else {
+        sh__gateway_submit(g, http, t->q, t->ids, t->n_ids, t->prio);
+        t->q = NULL;
+        t->ids = NULL;
+    }
+    tok_free(t);
+}
+
+/* A parsed request whose prompt must be tokenized first: the work item takes q. */
+void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio)
+{
+    gw_tok *t = calloc(1, sizeof *t);
+    if (!t) {
+        sh_openai_request_free(q);
+        sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    *t = (gw_tok){.g = g,
+                  .http = http,
+                  .q = q,
+                  .prio = key_prio,
+                  .tok = g->a.tok,
+                  .chat = g->a.chat,
+                  .default_system = g->a.default_system,
+                  // The prompt must leave room for one generated token.
+                  .max_ids = g->a.n_ctx > 1 ? (size_t)g->a.n_ctx - 1 : 1};
+    t->work.data = t;
+    int rc = uv_queue_work(sh__actor_uv_loop(g->ctx), &t->work, tok_run, tok_done);
+    if (rc) {
+        tok_free(t);
+        sh__gateway_respond_errorf(g, http, 503, NULL, NULL,
+                                   "cannot queue the prompt for tokenization: %s", uv_strerror(rc));
+        return;
+    }
+    t->next = g->toks;
+    g->toks = t;
+    sh_http_req_on_abort(http, tok_abort, t);
+}
