@@ -4,6 +4,9 @@
  *   gateway --SUBMIT/CANCEL--> batcher --STEP--> stage --STEP_DONE--> batcher --TOKEN/DONE/FAIL-->
  *   gateway;   batcher <--KV_ALLOC/KV_FORK (request/reply), KV_FREE (one-way)--> kvmgr.
  *
+ * With a pipeline: batcher --STEP--> stage 0 --ACT--> stage 1 ... --ACT--> last stage
+ * --STEP_DONE--> batcher.
+ *
  * Every kind is registered with sh__serve_register(). Arguments are borrowed by init (copied
  * where needed); the objects they point to (model, tokenizer, context) must outlive the runtime. */
 #ifndef SH_ACTORS_SERVE_H
@@ -51,24 +54,57 @@ typedef struct sh_kvmgr_args {
 
 /* ---- stage ------------------------------------------------------------------------------ */
 
-/* Kind "stage": the whole model on the CPU backend (one stage per replica for now). Each STEP runs
- * on the stage's worker thread as ONE sh_llama_forward over all its sequences, then samples the
- * sequences whose `sample` is true and answers the STEP's sender with STEP_DONE: one step_out per
- * step_seq in the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
- * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us. A failed forward answers
- * STEP_DONE with status (an sh_err), message and no seqs. STEPs arriving while one runs queue.
+/* Kind "stage": layers [model->first, model->last) of a model on the CPU backend, one stage of a
+ * replica's pipeline (a replica of one stage holds the whole model). Each STEP (first stage) or
+ * ACT (the others) runs on the stage's worker thread as ONE sh_llama_forward over all its
+ * sequences; messages arriving while one runs queue and run in arrival order.
  *
- * Samplers: one per sequence id, created the first time that id samples (from its sampling
- * parameters, accepting each id of `history` for the penalties), then accepting every token it
- * samples; kept in a table of 2 * max_seqs entries, least recently used evicted. The batcher never
- * reuses a sequence id. Nothing is allocated per step or per token after a sequence's first
- * sample. */
+ * First stage (first == 0) takes STEP; any other takes ACT. A STEP to a later stage or an ACT to
+ * the first is answered with a failed STEP_DONE (SH_EINVAL).
+ *
+ * A stage that is not the last (last < n_layers) sends ACT to `next`: the same step id, deadline
+ * and per-sequence entries (ids, tokens, positions, block tables, sample flags, sampling
+ * parameters, history) and its output rows as `hidden`, an F32 (rows, dim) tensor; reply_to is
+ * where STEP_DONE must go (the STEP's sender, copied from stage to stage) and compute_us the time
+ * spent so far. The envelope keeps the STEP's trace id and carries the step id as its session, so
+ * an ACT that cannot be delivered comes back as an ERROR, which the stage turns into a failed
+ * STEP_DONE for that step (it remembers the reply address of its last 16 forwarded steps). The
+ * frame is built in a buffer the stage keeps and sent from the runtime's message pools: nothing
+ * is allocated per step once the largest step has been seen.
+ *
+ * The last stage (last == n_layers) samples the sequences whose `sample` is true and answers
+ * STEP_DONE to the STEP's sender (one stage) or the ACT's reply_to: one step_out per step_seq in
+ * the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
+ * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages.
+ *
+ * Failure: whichever stage fails a step (a bad step, a forward error, bad sampling parameters,
+ * hidden states that are not F32 (rows, dim), a next stage that cannot be reached) answers
+ * STEP_DONE with status (an sh_err), message and no seqs straight to the reply address, and the
+ * later stages never see the step; so every STEP gets exactly one STEP_DONE. An ACT that cannot
+ * be decoded has no readable reply address: its failed STEP_DONE (SH_EPROTO, step = the
+ * envelope's session) goes to `batcher` when set, else it is only logged. A step that fails on a
+ * later stage has written the KV rows of the earlier stages; the batcher fails its sequences.
+ * An empty step is answered by the first stage at once.
+ *
+ * Each stage owns the KV pool of its own layers (its ctx); block tables are the kvmgr's and
+ * shared, so every stage's pool must have the same block count. Samplers live on the last stage:
+ * one per sequence id, created the first time that id samples (from its sampling parameters,
+ * accepting each id of `history` for the penalties), then accepting every token it samples; kept
+ * in a table of 2 * max_seqs entries, least recently used evicted. The batcher never reuses a
+ * sequence id. Nothing is allocated per step or per token after a sequence's first sample.
+ *
+ * What exists today is this building block: stages joined by ACT in one runtime, or across
+ * runtimes wherever the transport reaches. No command builds a pipeline yet (`shoal serve`
+ * spawns one stage; `shoal serve -c` refuses multi-node scripts), and the batcher keeps one step
+ * in flight, so the stages of a pipeline take turns rather than overlap. */
 typedef struct sh_stage_args {
-    const sh_llama *model;
-    sh_llama_ctx *ctx; /* borrowed; used by the worker thread only */
+    const sh_llama *model; /* loaded with the stage's layer range */
+    sh_llama_ctx *ctx;     /* borrowed; used by the worker thread only */
     int32_t max_seqs;
     int32_t max_blocks_per_seq; /* block-table length per sequence (with a sliding window it may
                                  * exceed the pool: released entries are -1); 0: the pool's */
+    sh_addr next;               /* the next stage; SH_ADDR_NONE exactly when last == n_layers */
+    sh_addr batcher;            /* optional: where the failure of an undecodable ACT goes */
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

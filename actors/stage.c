@@ -1,5 +1,6 @@
-/* The stage actor: runs each STEP as one batched forward pass on a worker thread, samples the
- * sequences that want a token and answers STEP_DONE. */
+/* The stage actor: runs its layers of each STEP (or ACT) as one batched forward pass on a worker
+ * thread; a middle stage forwards the hidden states as ACT, the last samples the sequences that
+ * want a token and answers STEP_DONE. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,12 +10,14 @@
 #include "actors/serve.h"
 #include "base/error.h"
 #include "model/sampler.h"
+#include "runtime/mpack_write.h"
 #include "runtime/msg.h"
 #include "runtime/proto.h"
 
 #define STAGE_ARENA_BYTES (4u << 20) /* decoded step_seq entries, bias lists, stop strings */
 #define STAGE_QUEUE_INIT 16          /* kept STEPs before the queue first grows */
 #define PARALLEL_SAMPLES 8 /* sampled sequences from which a step samples on two threads */
+#define STAGE_SENT_RING 16 /* forwarded steps remembered to answer an ACT that bounces */
 
 /* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
  * orders the least recently used for eviction. */
@@ -24,13 +27,22 @@ typedef struct smp_slot {
     sh_sampler *s;
 } smp_slot;
 
+/* A step this stage forwarded as ACT: where its STEP_DONE goes if the ACT bounces. */
+typedef struct sent_step {
+    uint64_t step, trace;
+    sh_addr reply;
+} sent_step;
+
 typedef struct stage_state {
     /* Set by init, read-only afterwards (both threads read them). */
     sh_runtime *rt;
     sh_addr self;
+    sh_addr next;     /* ACT goes here; SH_ADDR_NONE on the last stage */
+    sh_addr batcher;  /* failures whose reply address is unknown; may be SH_ADDR_NONE */
+    bool first, last; /* this stage embeds tokens (takes STEP) / computes logits and samples */
     const sh_llama *model;
     sh_llama_ctx *ctx;
-    int32_t max_seqs, n_vocab, n_blocks;
+    int32_t max_seqs, n_vocab, n_blocks, dim;
     int32_t tab_len; /* block-table entries per sequence (released ones included) */
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
 
@@ -55,6 +67,13 @@ typedef struct stage_state {
     smp_slot *slots;        // (n_slots) = 2 * max_seqs
     int32_t n_slots;
     int32_t *row; // (max_seqs) each sampled sequence's row of logits
+    /* Pipeline buffers, grown to the largest step seen and kept (no allocation per step after
+     * that): the aligned copy of an ACT's hidden states, and the encoded ACT frame. */
+    float *hid; // (hid_cap) = (rows, dim)
+    size_t hid_cap;
+    sh_buf enc;
+    sent_step sent[STAGE_SENT_RING];
+    uint32_t n_sent;
 
     /* The sampling helper: samples the upper part of a big step's sequences while the worker
      * samples the lower part (samplers are per sequence, so the two never share one). hmu guards
@@ -223,9 +242,13 @@ static void helper_main(void *arg)
     uv_mutex_unlock(&st->hmu);
 }
 
-/* Runs a decoded STEP: the forward pass, then sampling. On SH_OK d->seqs points into st->out;
- * on an error e says why and nothing was accepted by any sampler. Worker thread. */
-static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_done *d, sh_error *e)
+/* Runs this stage's part of a decoded step: the forward pass over its layers (from the tokens on
+ * the first stage, from hidden_in (rows, dim) on the others), then, on the last stage, sampling.
+ * On SH_OK the last stage's d->seqs points into st->out and another stage's *hidden holds the
+ * step's rows (in the context, valid until the next forward); on an error e says why and nothing
+ * was accepted by any sampler. Worker thread. */
+static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hidden_in,
+                       sh_proto_step_done *d, const float **hidden, sh_error *e)
 {
     uint32_t n = s->seqs.n;
     sh_err err;
@@ -234,14 +257,19 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_do
     if ((err = step_prepare(st, s, e)))
         return err;
     st->tick++;
-    /* Samplers first: bad sampling parameters fail the step before the KV cache is written. */
-    for (uint32_t i = 0; i < n; i++)
+    /* Samplers first: bad sampling parameters fail the step before this stage's KV cache is
+     * written (earlier stages of a pipeline have written theirs; the step is failed anyway). */
+    for (uint32_t i = 0; st->last && i < n; i++)
         if (s->seqs.v[i].sample && (err = sampler_get(st, &s->seqs.v[i], &st->smp[i], e)))
             return err;
-    sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs};
+    sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in};
     sh_llama_out out;
     if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
         return err;
+    if (!st->last) {
+        *hidden = out.hidden;
+        return SH_OK;
+    }
     int32_t k = 0, n_sampled = 0;
     for (uint32_t i = 0; i < n; i++) {
         st->out[i] = (sh_proto_step_out){.seq = s->seqs.v[i].seq, .token = -1};
@@ -282,36 +310,178 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, sh_proto_step_do
     return SH_OK;
 }
 
-/* Decodes and runs one kept STEP and answers its sender. Worker thread. */
+/* Checks an ACT's hidden states against the step and this stage's width and points *out at
+ * them: in the frame when aligned, else in st->hid (grown when a step is larger than any
+ * before). Returns SH_OK, SH_EINVAL or SH_ENOMEM with e filled. Worker thread. */
+static sh_err act_hidden(stage_state *st, const sh_proto_act *a, const float **out, sh_error *e)
+{
+    const sh_proto_tensor *t = &a->hidden;
+    if (t->dtype != SH_PROTO_DTYPE_F32 || t->ndim != 2 || t->shape[1] != (uint64_t)st->dim ||
+        !t->data)
+        return sh__error_set(e, SH_EINVAL,
+                             "stage: step %" PRIu64 ": hidden states of dtype %u and shape "
+                             "(%llu, %llu), expected F32 (rows, %d) in the frame",
+                             a->step, (unsigned)t->dtype, (unsigned long long)t->shape[0],
+                             (unsigned long long)t->shape[1], (int)st->dim);
+    size_t n = (size_t)t->shape[0] * (size_t)st->dim;
+    if (((uintptr_t)t->data & (_Alignof(float) - 1)) == 0) {
+        *out = t->data;
+        return SH_OK;
+    }
+    if (n > st->hid_cap) {
+        float *h = realloc(st->hid, n * sizeof *h);
+        if (!h)
+            return sh__error_set(e, SH_ENOMEM, "stage: step %" PRIu64 ": %zu hidden rows", a->step,
+                                 (size_t)t->shape[0]);
+        st->hid = h;
+        st->hid_cap = n;
+    }
+    memcpy(st->hid, t->data, n * sizeof *st->hid);
+    *out = st->hid;
+    return SH_OK;
+}
+
+/* Sends step s's hidden states (rows, dim) on to the next stage as ACT, with the sequences'
+ * metadata, the reply address and the compute time so far. The envelope's session is the step
+ * id, so an ACT nobody receives comes back as an ERROR (act_bounced). The frame is encoded into
+ * st->enc and copied into a pooled runtime message. Returns SH_OK or the send's error (the ACT
+ * was not sent). Worker thread. */
+static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_step *s,
+                          const float *hidden, sh_addr reply, uint64_t compute_us, sh_error *e)
+{
+    uint32_t rows = 0;
+    for (uint32_t i = 0; i < s->seqs.n; i++)
+        rows += s->seqs.v[i].tokens.n;
+    sh_proto_act a = {.step = s->step,
+                      .deadline_ms = s->deadline_ms,
+                      .seqs = s->seqs,
+                      .hidden = {.dtype = SH_PROTO_DTYPE_F32,
+                                 .ndim = 2,
+                                 .shape = {rows, (uint64_t)st->dim},
+                                 .data = hidden,
+                                 .nbytes = (uint64_t)rows * (uint64_t)st->dim * sizeof(float)},
+                      .reply_to = reply,
+                      .compute_us = compute_us};
+    sh_msg_hdr ah = {.type = SH_MSG_ACT,
+                     .session = s->step,
+                     .src = st->self,
+                     .dst = st->next,
+                     .trace_id = h->trace_id};
+    sh__buf_reset(&st->enc);
+    sh_err err = sh__proto_encode(&st->enc, &ah, &a, e);
+    if (err)
+        return err;
+    /* The body follows the envelope's first seven fields, which are the same bytes again. */
+    uint8_t env[64];
+    sh_buf eb;
+    sh__buf_init_fixed(&eb, env, sizeof env);
+    sh__msg_put_header(&eb, &ah);
+    if (eb.failed || eb.len >= st->enc.len)
+        return sh__error_set(e, SH_EPROTO, "stage: step %" PRIu64 ": ACT envelope", s->step);
+    if ((err = sh_send(st->rt, &ah, st->enc.data + eb.len, st->enc.len - eb.len, e)))
+        return err;
+    st->sent[st->n_sent++ % STAGE_SENT_RING] =
+        (sent_step){.step = s->step, .trace = h->trace_id, .reply = reply};
+    return SH_OK;
+}
+
+/* Sends STEP_DONE d to `to` (a failed one when err != 0, with e's message). Worker thread. */
+static void done_send(stage_state *st, sh_addr to, uint64_t trace, sh_proto_step_done *d,
+                      sh_err err, const sh_error *e)
+{
+    if (err) {
+        d->status = (int32_t)err;
+        d->message = (sh_strv){e->msg, (uint32_t)strnlen(e->msg, sizeof e->msg)};
+        d->seqs = (sh_proto_step_out_list){NULL, 0};
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",
+                       "step=%" PRIu64 " code=%d error=\"%s\"", d->step, (int)err, e->msg);
+    }
+    if (to == SH_ADDR_NONE) {
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_ERROR, "stage_no_reply",
+                       "step=%" PRIu64 " error=\"no address to answer STEP_DONE to\"", d->step);
+        return;
+    }
+    sh_error se = {0};
+    if (sh__act_send(st->rt, st->self, to, SH_MSG_STEP_DONE, trace, d, &se))
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_send_failed",
+                       "step=%" PRIu64 " error=\"%s\"", d->step, se.msg);
+}
+
+/* An ACT this stage sent could not be delivered (the runtime or the next node answered ERROR
+ * with the ACT's session, the step id): the step's STEP_DONE fails with the error's code. */
+static void act_bounced(stage_state *st, const sh_msg *m)
+{
+    const sh_msg_hdr *h = sh_msg_header(m);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (sh__act_decode(&st->dec, m, &b, &e) || b.error.type != SH_MSG_ACT)
+        return;
+    uint32_t n = st->n_sent < STAGE_SENT_RING ? st->n_sent : STAGE_SENT_RING;
+    for (uint32_t i = 0; i < n; i++) {
+        sent_step *ss = &st->sent[(st->n_sent - 1 - i) % STAGE_SENT_RING];
+        if (ss->step != h->session)
+            continue;
+        sh_proto_step_done d = {.step = ss->step};
+        sh__error_set(&e, SH_EIO, "stage: step %" PRIu64 ": the next stage: %.*s", ss->step,
+                      (int)b.error.message.len, b.error.message.ptr);
+        done_send(st, ss->reply, ss->trace, &d, (sh_err)b.error.code, &e);
+        ss->step = 0;
+        return;
+    }
+}
+
+/* Decodes and runs one kept STEP or ACT: a middle stage forwards ACT, the last (or any stage
+ * failing) answers STEP_DONE to the STEP's sender or the ACT's reply_to. Worker thread. */
 static void step_answer(stage_state *st, const sh_msg *m)
 {
     uint64_t t0 = sh__act_mono_us();
     const sh_msg_hdr *h = sh_msg_header(m);
+    if (h->type == SH_MSG_ERROR) {
+        act_bounced(st, m);
+        return;
+    }
+    bool is_act = h->type == SH_MSG_ACT;
     sh_proto_body b;
-    sh_proto_step_done d = {0};
+    sh_proto_step_done d = {.step = h->session};
+    sh_proto_step view;
+    const sh_proto_step *s = NULL;
+    const float *hidden_in = NULL, *hidden = NULL;
+    sh_addr reply = is_act ? st->batcher : h->src;
+    uint64_t prior_us = 0;
     sh_error e = {0};
     sh_err err = sh__act_decode(&st->dec, m, &b, &e);
-    if (!err) {
-        d.step = b.step.step;
-        err = step_run(st, &b.step, &d, &e);
-    } else {
-        err = SH_EPROTO;
-    }
-    d.compute_us = sh__act_mono_us() - t0;
     if (err) {
-        d.status = (int32_t)err;
-        d.message = (sh_strv){e.msg, (uint32_t)strnlen(e.msg, sizeof e.msg)};
-        d.seqs = (sh_proto_step_out_list){NULL, 0};
-        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",
-                       "step=%" PRIu64 " code=%d error=\"%s\"", d.step, (int)err, e.msg);
+        err = SH_EPROTO;
+    } else if (!is_act) {
+        s = &b.step;
+    } else {
+        view = (sh_proto_step){
+            .step = b.act.step, .deadline_ms = b.act.deadline_ms, .seqs = b.act.seqs};
+        s = &view;
+        if (b.act.reply_to != SH_ADDR_NONE)
+            reply = b.act.reply_to;
+        prior_us = b.act.compute_us;
     }
-    sh_error se = {0};
-    if (sh__act_send(st->rt, st->self, h->src, SH_MSG_STEP_DONE, h->trace_id, &d, &se))
-        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_send_failed",
-                       "step=%" PRIu64 " error=\"%s\"", d.step, se.msg);
+    if (s) {
+        d.step = s->step;
+        if (is_act == st->first)
+            err = sh__error_set(&e, SH_EINVAL, "stage: layers [%d, %d) take %s, not %s",
+                                (int)st->model->first, (int)st->model->last,
+                                st->first ? "STEP" : "ACT", sh__msg_type_name(h->type));
+        else if (is_act && s->seqs.n > 0)
+            err = act_hidden(st, &b.act, &hidden_in, &e);
+        if (!err)
+            err = step_run(st, s, hidden_in, &d, &hidden, &e);
+    }
+    d.compute_us = prior_us + (sh__act_mono_us() - t0);
+    /* An empty step has no rows to forward: any stage answers it at once. */
+    if (!err && !st->last && s->seqs.n > 0 &&
+        !(err = act_forward(st, h, s, hidden, reply, d.compute_us, &e)))
+        return;
+    done_send(st, reply, h->trace_id, &d, err, &e);
 }
 
-/* The worker: takes kept STEPs in arrival order until stop asks it to end. */
+/* The worker: takes kept messages in arrival order until stop asks it to end. */
 static void worker_main(void *arg)
 {
     stage_state *st = arg;
@@ -388,6 +558,8 @@ static void free_buffers(stage_state *st)
     free(st->top_lp);
     free(st->slots);
     free(st->row);
+    free(st->hid);
+    sh__buf_fini(&st->enc);
 }
 
 /* Loop thread. Sizes every buffer from the context and starts the worker. */
@@ -395,18 +567,31 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
     stage_state *st = state;
     const sh_stage_args *a = arg;
-    if (!a || !a->model || !a->ctx || a->max_seqs <= 0 || a->model->last != a->model->hp.n_layers ||
-        a->model->first != 0) {
+    if (!a || !a->model || !a->ctx || a->max_seqs <= 0) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
-                     "error=\"needs the whole model, a context and max_seqs > 0\"");
+                     "error=\"needs a model, a context and max_seqs > 0\"");
+        return SH_EINVAL;
+    }
+    bool last = a->model->last == a->model->hp.n_layers;
+    if (last != (a->next == SH_ADDR_NONE)) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
+                     "error=\"layers [%d, %d) of %d: %s\"", (int)a->model->first,
+                     (int)a->model->last, (int)a->model->hp.n_layers,
+                     last ? "the last stage has no next stage" : "needs the next stage's address");
         return SH_EINVAL;
     }
     st->rt = sh_actor_runtime(ctx);
     st->self = sh_actor_self(ctx);
+    st->next = a->next;
+    st->batcher = a->batcher;
+    st->first = a->model->first == 0;
+    st->last = last;
     st->model = a->model;
     st->ctx = a->ctx;
     st->max_seqs = a->max_seqs;
     st->n_vocab = a->model->hp.n_vocab;
+    st->dim = a->model->hp.dim;
+    sh__buf_init(&st->enc);
     st->n_blocks = sh_llama_ctx_n_blocks(a->ctx);
     st->max_tok = st->n_blocks * SH_KV_BLOCK_TOKENS;
     st->tab_len = a->max_blocks_per_seq > 0 ? a->max_blocks_per_seq : st->n_blocks;
@@ -437,7 +622,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
         goto fail;
     }
     // The sampling helper is an optimisation: without it the worker samples everything.
-    if (a->max_seqs >= PARALLEL_SAMPLES && !uv_mutex_init(&st->hmu)) {
+    if (last && a->max_seqs >= PARALLEL_SAMPLES && !uv_mutex_init(&st->hmu)) {
         if (uv_cond_init(&st->hcv)) {
             uv_mutex_destroy(&st->hmu);
         } else if (uv_cond_init(&st->hdone)) {
@@ -467,14 +652,17 @@ fail:
     return err;
 }
 
-/* Loop thread; never blocks on a step: a STEP is kept and queued for the worker, which frees it. */
+/* Loop thread; never blocks on a step: a STEP or ACT is kept and queued for the worker, which
+ * frees it. So is an ERROR with a session (an ACT of ours that bounced), so that the worker, who
+ * remembers the steps it forwarded, answers it in order. */
 static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 {
     stage_state *st = state;
-    sh_msg_type type = sh_msg_header(m)->type;
-    if (type == SH_MSG_ERROR)
+    const sh_msg_hdr *h = sh_msg_header(m);
+    sh_msg_type type = h->type;
+    if (type == SH_MSG_ERROR && (st->last || h->session == 0))
         return SH_MSG_FATE_DONE;
-    if (type != SH_MSG_STEP) {
+    if (type != SH_MSG_STEP && type != SH_MSG_ACT && type != SH_MSG_ERROR) {
         sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_unexpected", "type=%s",
                      sh__msg_type_name(type));
         return SH_MSG_FATE_DONE;

@@ -229,12 +229,15 @@
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
- * in sequence order. */
+ * in sequence order. reply_to is where the last stage answers STEP_DONE (the STEP's sender, the
+ * batcher); compute_us the time the step spent on the stages before this one. */
 #define SH_PROTO_FIELDS_act(F, S)                                                                  \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
-    F(S, hidden, "h", TENSOR, _, REQ, 0, 0)
+    F(S, hidden, "h", TENSOR, _, REQ, 0, 0)                                                        \
+    F(S, reply_to, "to", ADDR, _, OPT, 0, 0)                                                       \
+    F(S, compute_us, "us", U64, _, OPT, 0, 0)
 
 #define SH_PROTO_FIELDS_step_done(F, S)                                                            \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \

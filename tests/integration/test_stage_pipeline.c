@@ -1,0 +1,737 @@
+/* Pipeline stages over runtime messages, in one process: 2 and 3 stage actors, each with its own
+ * sh_llama loaded for its layer range, its own backend and its own KV pool, joined by ACT. For
+ * stories260K and the default model, four sequences batched in every step (one prefilled in two
+ * chunks) give the same greedy tokens, and logprobs, as the single-stage stage, token for token;
+ * decode steps through a pipeline allocate nothing; every failure (a bad ACT, a STEP or ACT sent
+ * to the wrong stage, a later stage refusing the step, an undecodable ACT, a next stage nobody
+ * receives) reaches the batcher's address as a failed STEP_DONE, and the pipeline goes on. Skips
+ * (77) when neither model is present. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "actors/actor_util.h"
+#include "actors/serve.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "runtime/proto.h"
+#include "unit/test_runtime_util.h"
+
+#define N_SEQ 4
+#define N_GEN 64
+#define MAX_PROMPT 48
+#define SEQ_BLOCKS 8 /* blocks per sequence: 128 positions */
+#define MAX_STAGES 3
+#define MAX_RECS 256
+
+static const char *const prompts[N_SEQ] = {
+    "Once upon a time, there was a little girl named",
+    "The capital of France is",
+    "Tom and his dog went to the park. They saw a big",
+    "Here is a short list of colours: red, green,",
+};
+
+/* One model: its prompts and the single-stage stage's outputs, the reference. */
+typedef struct model_env {
+    const char *path;
+    int32_t n_layers, dim, n_vocab;
+    int32_t prompt[N_SEQ][MAX_PROMPT];
+    int32_t n_prompt[N_SEQ];
+    int32_t ref[N_SEQ][N_GEN];
+    float ref_lp[N_SEQ][N_GEN];
+    bool have_ref;
+} model_env;
+
+static model_env models[2] = {
+    {.path = "tests/data/stories260K/stories260K.gguf"},
+    {.path = "models/smollm2-135m-instruct-q4_1.gguf"},
+};
+
+/* In every stage, sequence s owns blocks SEQ_BLOCKS s + 3 .. in reverse order. */
+static int32_t blocks[N_SEQ][SEQ_BLOCKS];
+
+/* ---- allocation counting (stage_pipeline.cmake links with --wrap) ------------------------- */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static pthread_t main_thread;
+static atomic_int counting; /* 1: count allocations on every thread but the test's own */
+static _Atomic long n_allocs;
+
+static void count_alloc(void)
+{
+    if (atomic_load_explicit(&counting, memory_order_acquire) &&
+        !pthread_equal(pthread_self(), main_thread))
+        atomic_fetch_add(&n_allocs, 1);
+}
+void *__wrap_malloc(size_t n)
+{
+    count_alloc();
+    return __real_malloc(n);
+}
+void *__wrap_calloc(size_t k, size_t n)
+{
+    count_alloc();
+    return __real_calloc(k, n);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    count_alloc();
+    return __real_realloc(p, n);
+}
+
+static void *probe_main(void *arg)
+{
+    void *volatile q = malloc(16);
+    free(q);
+    return arg;
+}
+
+/* The wrapper must be in place, or a zero count proves nothing: one malloc on another thread
+ * counts once. */
+static bool probe_counting(void)
+{
+    pthread_t t;
+    atomic_store(&n_allocs, 0);
+    atomic_store(&counting, 1);
+    bool ok = pthread_create(&t, NULL, probe_main, NULL) == 0 && pthread_join(t, NULL) == 0;
+    atomic_store(&counting, 0);
+    return ok && atomic_load(&n_allocs) >= 1;
+}
+
+/* ---- the collector: the batcher's stand-in, records every STEP_DONE ---------------------- */
+
+typedef struct rec {
+    uint64_t step, trace, compute_us;
+    int32_t status;
+    char msg[256];
+    uint32_t n;
+    uint64_t seq[N_SEQ];
+    int32_t tok[N_SEQ];
+    float lp[N_SEQ];
+} rec;
+
+typedef struct shared {
+    _Atomic long n; /* records filled */
+    _Atomic long bad;
+    rec r[MAX_RECS];
+} shared;
+
+typedef struct coll_state {
+    shared *sh;
+    sh_act_decoder dec;
+} coll_state;
+
+static sh_err coll_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    coll_state *st = state;
+    st->sh = arg;
+    return sh__act_decoder_init(&st->dec, 1 << 20);
+}
+
+static void coll_stop(sh_actor_ctx *ctx, void *state)
+{
+    sh__act_decoder_fini(&((coll_state *)state)->dec);
+}
+
+static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    coll_state *st = state;
+    shared *sh = st->sh;
+    const sh_msg_hdr *h = sh_msg_header(m);
+    long k = atomic_load(&sh->n);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (h->type != SH_MSG_STEP_DONE || k >= MAX_RECS || sh__act_decode(&st->dec, m, &b, &e)) {
+        fprintf(stderr, "collector: unexpected %s %s\n", sh__msg_type_name(h->type), e.msg);
+        atomic_fetch_add(&sh->bad, 1);
+        return SH_MSG_FATE_DONE;
+    }
+    const sh_proto_step_done *d = &b.step_done;
+    rec *r = &sh->r[k];
+    memset(r, 0, sizeof *r);
+    r->step = d->step;
+    r->trace = h->trace_id;
+    r->compute_us = d->compute_us;
+    r->status = d->status;
+    snprintf(r->msg, sizeof r->msg, "%.*s", (int)d->message.len, d->message.ptr);
+    r->n = d->seqs.n;
+    for (uint32_t i = 0; i < d->seqs.n && i < N_SEQ; i++) {
+        r->seq[i] = d->seqs.v[i].seq;
+        r->tok[i] = d->seqs.v[i].token;
+        r->lp[i] = d->seqs.v[i].logprob_raw;
+    }
+    atomic_store(&sh->n, k + 1);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable coll_vt = {
+    .name = "collector",
+    .state_size = sizeof(coll_state),
+    .init = coll_init,
+    .handle = coll_handle,
+    .stop = coll_stop,
+};
+
+/* ---- a pipeline: P stages in one runtime ------------------------------------------------- */
+
+typedef struct stage_res {
+    sh_llama *m;
+    sh_backend *be;
+    sh_llama_ctx *c;
+    sh_stage_args args;
+} stage_res;
+
+typedef struct pline {
+    test_rt t;
+    shared sh;
+    int n; /* stages */
+    stage_res st[MAX_STAGES];
+    sh_addr coll, stage[MAX_STAGES];
+    long k; /* records consumed */
+} pline;
+
+/* Loads stage i of `cuts` (layer boundaries: cuts[0] = 0 < ... < cuts[n] = n_layers): its model
+ * range, a 2-thread backend and a context with a 4096-position pool. */
+static bool stage_load(stage_res *r, const model_env *me, int32_t first, int32_t last)
+{
+    sh_error e = {0};
+    sh_llama_load_opts lo = {.first = first, .last = last};
+    sh_backend_cpu_opts bo = {.n_threads = 2};
+    sh_llama_ctx_opts co = {.max_tokens = 256, .max_seqs = 8, .kv_tokens = 4096};
+    if (sh_llama_load(sh_test_path(me->path), &lo, &r->m, &e) ||
+        sh_backend_cpu_create(&bo, &r->be, &e) ||
+        sh_llama_ctx_create(r->m, r->be, &co, &r->c, &e)) {
+        SH_FAIL_("stage [%d, %d) of %s: %s", (int)first, (int)last, me->path, e.msg);
+        return false;
+    }
+    CHECK_INT_EQ(r->m->first, first);
+    CHECK_INT_EQ(r->m->last, last);
+    r->args = (sh_stage_args){.model = r->m, .ctx = r->c, .max_seqs = 8};
+    return true;
+}
+
+static void stage_free(stage_res *r)
+{
+    sh_llama_ctx_destroy(r->c);
+    sh_backend_destroy(r->be);
+    sh_llama_destroy(r->m);
+    memset(r, 0, sizeof *r);
+}
+
+/* Starts a runtime with the collector and n stages over cuts (spawned last first, so each knows
+ * its next); max_seqs[i] > 0 overrides stage i's. Every stage's failures without a reply address
+ * go to the collector. */
+static bool pipe_start(pline *p, const model_env *me, int n, const int32_t *cuts,
+                       const int32_t *max_seqs)
+{
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    for (int i = 0; i < n; i++)
+        if (!stage_load(&p->st[i], me, cuts[i], cuts[i + 1]))
+            return false;
+    for (int i = 1; i < n; i++)
+        CHECK_INT_EQ(sh_llama_ctx_n_blocks(p->st[i].c), sh_llama_ctx_n_blocks(p->st[0].c));
+    rt_start(&p->t, 7, (uint32_t)n + 1, NULL);
+    CHECK_OK(sh_runtime_register(p->t.rt, &sh__stage_vtable, NULL));
+    CHECK_OK(sh_runtime_register(p->t.rt, &coll_vt, NULL));
+    CHECK_OK(sh_actor_spawn(p->t.rt, "collector", &p->sh, 0, &p->coll, NULL));
+    for (int i = n - 1; i >= 0; i--) {
+        p->st[i].args.next = i + 1 < n ? p->stage[i + 1] : SH_ADDR_NONE;
+        p->st[i].args.batcher = p->coll;
+        if (max_seqs && max_seqs[i] > 0)
+            p->st[i].args.max_seqs = max_seqs[i];
+        sh_err err = sh_actor_spawn(p->t.rt, "stage", &p->st[i].args, i + 1, &p->stage[i], NULL);
+        CHECK_OK(err);
+        if (err)
+            return false;
+    }
+    return true;
+}
+
+static void pipe_finish(pline *p)
+{
+    if (p->t.rt)
+        rt_finish(&p->t);
+    CHECK_INT_EQ(atomic_load(&p->sh.bad), 0);
+    for (int i = 0; i < p->n; i++)
+        stage_free(&p->st[i]);
+}
+
+static sh_proto_sampling greedy(void)
+{
+    return (sh_proto_sampling){.temperature = 0.0f,
+                               .top_p = 1.0f,
+                               .repeat_penalty = 1.0f,
+                               .penalty_last_n = 64,
+                               .max_tokens = N_GEN};
+}
+
+/* Sends a STEP from the collector to stage `to` with trace id 1000 + step. */
+static void send_step(pline *p, int to, uint64_t step, const sh_proto_step_seq *seqs, uint32_t n)
+{
+    sh_proto_step body = {.step = step, .seqs = {seqs, n}};
+    sh_msg_hdr h = {
+        .type = SH_MSG_STEP, .src = p->coll, .dst = p->stage[to], .trace_id = 1000 + step};
+    sh_error e = {0};
+    if (sh_send_with(p->t.rt, &h, sh__proto_encode, &body, &e))
+        SH_FAIL_("send STEP %llu: %s", (unsigned long long)step, e.msg);
+}
+
+/* Sends an ACT from the collector to stage `to` (reply_to the collector). */
+static void send_act(pline *p, int to, const sh_proto_act *a)
+{
+    sh_msg_hdr h = {.type = SH_MSG_ACT,
+                    .session = a->step,
+                    .src = p->coll,
+                    .dst = p->stage[to],
+                    .trace_id = 1000 + a->step};
+    sh_error e = {0};
+    if (sh_send_with(p->t.rt, &h, sh__proto_encode, a, &e))
+        SH_FAIL_("send ACT %llu: %s", (unsigned long long)a->step, e.msg);
+}
+
+/* Waits for the next record (NULL after a failed check). */
+static const rec *next_rec(pline *p)
+{
+    long k = p->k;
+    if (!wait_ge(&p->sh.n, k + 1, 120000)) {
+        SH_FAIL_("no STEP_DONE #%ld", k);
+        return NULL;
+    }
+    p->k++;
+    return &p->sh.r[k];
+}
+
+/* ---- greedy runs --------------------------------------------------------------------------- */
+
+typedef struct seq_run {
+    int32_t fed, ngen;
+    int32_t gen[N_GEN];
+    float lp[N_GEN];
+} seq_run;
+
+/* The next STEP entry of each unfinished sequence: its prompt (sequence 2 in two chunks, the
+ * first not sampled), then its last token. Returns the count; ids[i] names the sequence. */
+static uint32_t build_step(const model_env *me, seq_run *sr, sh_proto_step_seq *q, int *ids)
+{
+    uint32_t n = 0;
+    for (int s = 0; s < N_SEQ; s++) {
+        if (sr[s].ngen == N_GEN)
+            continue;
+        sh_proto_step_seq *x = &q[n];
+        *x = (sh_proto_step_seq){.seq = 100 + (uint64_t)s,
+                                 .pos = (uint32_t)sr[s].fed,
+                                 .blocks = {blocks[s], SEQ_BLOCKS},
+                                 .sample = true,
+                                 .sampling = greedy(),
+                                 .history = {me->prompt[s], (uint32_t)me->n_prompt[s]}};
+        if (sr[s].fed < me->n_prompt[s]) {
+            int32_t chunk = me->n_prompt[s] - sr[s].fed;
+            if (s == 2 && sr[s].fed == 0)
+                chunk = me->n_prompt[s] / 2;
+            x->tokens = (sh_i32s){me->prompt[s] + sr[s].fed, (uint32_t)chunk};
+            x->sample = sr[s].fed + chunk == me->n_prompt[s];
+        } else {
+            x->tokens = (sh_i32s){&sr[s].gen[sr[s].ngen - 1], 1};
+        }
+        ids[n++] = s;
+    }
+    return n;
+}
+
+/* Generates N_GEN greedy tokens for every prompt through a pipeline of n stages over cuts. With
+ * count_allocs, decode steps from the 6th on must allocate nothing on any thread of the
+ * runtime. Fills sr; returns false when the run broke off. */
+static bool run_greedy(const model_env *me, int n, const int32_t *cuts, seq_run *sr,
+                       bool count_allocs)
+{
+    pline *p = calloc(1, sizeof *p);
+    bool ok = p && pipe_start(p, me, n, cuts, NULL);
+    memset(sr, 0, N_SEQ * sizeof *sr);
+    sh_proto_step_seq q[N_SEQ];
+    int ids[N_SEQ];
+    uint64_t step = 1;
+    for (; ok; step++) {
+        uint32_t ns = build_step(me, sr, q, ids);
+        if (ns == 0)
+            break;
+        if (count_allocs && step == 6) {
+            atomic_store(&n_allocs, 0);
+            atomic_store_explicit(&counting, 1, memory_order_release);
+        }
+        send_step(p, 0, step, q, ns);
+        const rec *r = next_rec(p);
+        if (!r) {
+            ok = false;
+            break;
+        }
+        CHECK_UINT_EQ(r->step, step);
+        CHECK_UINT_EQ(r->trace, 1000 + step);
+        CHECK_INT_EQ(r->status, 0);
+        CHECK_UINT_EQ(r->n, ns);
+        CHECK(r->compute_us > 0);
+        if (r->status || r->n != ns) {
+            fprintf(stderr, "step %llu: %s\n", (unsigned long long)step, r->msg);
+            ok = false;
+            break;
+        }
+        for (uint32_t i = 0; i < ns; i++) {
+            int s = ids[i];
+            CHECK_UINT_EQ(r->seq[i], 100 + (uint64_t)s);
+            sr[s].fed += (int32_t)q[i].tokens.n;
+            if (!q[i].sample) {
+                CHECK_INT_EQ(r->tok[i], -1);
+                continue;
+            }
+            CHECK(r->tok[i] >= 0 && r->tok[i] < me->n_vocab);
+            sr[s].lp[sr[s].ngen] = r->lp[i];
+            sr[s].gen[sr[s].ngen++] = r->tok[i];
+        }
+    }
+    atomic_store(&counting, 0);
+    if (count_allocs && ok) {
+        long a = atomic_load(&n_allocs);
+        if (a != 0)
+            fprintf(stderr, "%s, %d stages: %ld allocations in %llu decode steps\n", me->path, n, a,
+                    (unsigned long long)(step - 6));
+        CHECK_INT_EQ(a, 0);
+        CHECK(probe_counting());
+    }
+    if (p)
+        pipe_finish(p);
+    free(p);
+    return ok;
+}
+
+/* Loads the whole model once to tokenize the prompts, then records the single-stage stage's
+ * tokens. Returns false (after a failed check) when that fails. */
+static bool model_ref(model_env *me)
+{
+    if (me->have_ref)
+        return true;
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_tokenizer *tok = NULL;
+    if (sh_llama_load(sh_test_path(me->path), NULL, &m, &e) ||
+        sh_tokenizer_create_gguf(m->gguf, &tok, &e)) {
+        SH_FAIL_("open %s: %s", me->path, e.msg);
+        sh_llama_destroy(m);
+        return false;
+    }
+    me->n_layers = m->hp.n_layers;
+    me->dim = m->hp.dim;
+    me->n_vocab = m->hp.n_vocab;
+    uint32_t flags = sh_tokenizer_wants_bos(tok) ? SH_TOKENIZE_ADD_BOS : 0;
+    bool ok = true;
+    for (int s = 0; s < N_SEQ && ok; s++) {
+        size_t n = 0;
+        sh_err err = sh_tokenizer_encode(tok, prompts[s], strlen(prompts[s]), flags, me->prompt[s],
+                                         MAX_PROMPT, &n, &e);
+        CHECK_OK(err);
+        me->n_prompt[s] = (int32_t)n;
+        ok = !err && n >= 4;
+    }
+    sh_tokenizer_destroy(tok);
+    sh_llama_destroy(m);
+    CHECK(me->n_layers >= 3);
+    if (!ok || me->n_layers < 3)
+        return false;
+    seq_run sr[N_SEQ];
+    int32_t whole[2] = {0, me->n_layers};
+    if (!run_greedy(me, 1, whole, sr, false))
+        return false;
+    for (int s = 0; s < N_SEQ; s++) {
+        memcpy(me->ref[s], sr[s].gen, sizeof me->ref[s]);
+        memcpy(me->ref_lp[s], sr[s].lp, sizeof me->ref_lp[s]);
+    }
+    me->have_ref = true;
+    return true;
+}
+
+/* Runs n stages over cuts and compares every token with the single stage's. */
+static void check_pipeline(model_env *me, int n, const int32_t *cuts, bool count_allocs)
+{
+    if (!model_ref(me))
+        return;
+    seq_run sr[N_SEQ];
+    if (!run_greedy(me, n, cuts, sr, count_allocs))
+        return;
+    int same = 0;
+    float max_dlp = 0.0f;
+    for (int s = 0; s < N_SEQ; s++) {
+        for (int g = 0; g < N_GEN; g++) {
+            if (sr[s].gen[g] == me->ref[s][g])
+                same++;
+            float d = fabsf(sr[s].lp[g] - me->ref_lp[s][g]);
+            max_dlp = d > max_dlp ? d : max_dlp;
+        }
+        for (int g = 0; g < N_GEN; g++) {
+            if (sr[s].gen[g] != me->ref[s][g]) {
+                SH_FAIL_("%s, %d stages: sequence %d differs at token %d: %d, single stage %d",
+                         me->path, n, s, g, (int)sr[s].gen[g], (int)me->ref[s][g]);
+                break;
+            }
+        }
+    }
+    char split[64] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(split + strlen(split), sizeof split - strlen(split), "%s[%d,%d)", i ? " " : "",
+                 (int)cuts[i], (int)cuts[i + 1]);
+    fprintf(stderr,
+            "%s: %d stages %s: %d/%d greedy tokens equal the single stage's; largest logprob "
+            "difference %.3g\n",
+            me->path, n, split, same, N_SEQ * N_GEN, (double)max_dlp);
+    CHECK(max_dlp < 1e-3f);
+}
+
+static bool have(const model_env *me) { return access(sh_test_path(me->path), R_OK) == 0; }
+
+#define SKIP_WITHOUT(me)                                                                           \
+    do {                                                                                           \
+        if (!have(me)) {                                                                           \
+            fprintf(stderr, "skip: %s not found\n", (me)->path);                                   \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static void test_stories_2(void)
+{
+    model_env *me = &models[0];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    int32_t cuts[3] = {0, me->n_layers / 2, me->n_layers};
+    check_pipeline(me, 2, cuts, true);
+}
+
+static void test_stories_3(void)
+{
+    model_env *me = &models[0];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    int32_t cuts[4] = {0, 1, me->n_layers - 1, me->n_layers};
+    check_pipeline(me, 3, cuts, true);
+}
+
+static void test_smollm2_2(void)
+{
+    model_env *me = &models[1];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    int32_t cuts[3] = {0, me->n_layers / 2, me->n_layers};
+    check_pipeline(me, 2, cuts, false);
+}
+
+static void test_smollm2_3(void)
+{
+    model_env *me = &models[1];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    /* Uneven: 7, 16 and the rest of 30 layers. */
+    int32_t cuts[4] = {0, 7, 23, me->n_layers};
+    check_pipeline(me, 3, cuts, true);
+}
+
+/* ---- failures ----------------------------------------------------------------------------- */
+
+/* Expects the next record to be a failed STEP_DONE for `step` with `status` and a message
+ * containing `needle` (or any when NULL). */
+static void expect_fail(pline *p, uint64_t step, int32_t status, const char *needle)
+{
+    const rec *r = next_rec(p);
+    if (!r)
+        return;
+    CHECK_UINT_EQ(r->step, step);
+    CHECK_INT_EQ(r->status, status);
+    CHECK_UINT_EQ(r->n, 0);
+    if (needle && !strstr(r->msg, needle))
+        SH_FAIL_("step %llu: message \"%s\" lacks \"%s\"", (unsigned long long)step, r->msg,
+                 needle);
+}
+
+/* One good step of sequence 0's prompt: its first token is the single stage's. */
+static void expect_good(pline *p, const model_env *me, uint64_t step, uint64_t seq)
+{
+    sh_proto_step_seq q = {.seq = seq,
+                           .tokens = {me->prompt[0], (uint32_t)me->n_prompt[0]},
+                           .blocks = {blocks[0], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step(p, 0, step, &q, 1);
+    const rec *r = next_rec(p);
+    if (!r)
+        return;
+    CHECK_UINT_EQ(r->step, step);
+    CHECK_INT_EQ(r->status, 0);
+    CHECK_UINT_EQ(r->n, 1);
+    CHECK_INT_EQ(r->tok[0], me->ref[0][0]);
+}
+
+/* A 2-stage pipeline whose second stage takes at most 2 sequences per step. */
+static void test_failures(void)
+{
+    model_env *me = &models[0];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    pline *p = calloc(1, sizeof *p);
+    int32_t cuts[3] = {0, 2, me->n_layers};
+    int32_t max_seqs[2] = {8, 2};
+    if (!p || !pipe_start(p, me, 2, cuts, max_seqs)) {
+        if (p)
+            pipe_finish(p);
+        free(p);
+        return;
+    }
+    expect_good(p, me, 1, 500);
+
+    /* Stage 0 accepts 3 sequences, stage 1 refuses them: its failure reaches the collector. */
+    sh_proto_step_seq q[3];
+    for (int s = 0; s < 3; s++)
+        q[s] = (sh_proto_step_seq){.seq = 510 + (uint64_t)s,
+                                   .tokens = {me->prompt[s], (uint32_t)me->n_prompt[s]},
+                                   .blocks = {blocks[s], SEQ_BLOCKS},
+                                   .sample = true,
+                                   .sampling = greedy()};
+    send_step(p, 0, 2, q, 3);
+    expect_fail(p, 2, SH_EINVAL, "at most 2");
+
+    /* ACTs straight to stage 1: hidden states of the wrong width, then of the wrong dtype. */
+    uint32_t rows = (uint32_t)me->n_prompt[0];
+    float *h = calloc((size_t)rows * (size_t)(me->dim + 1), sizeof *h);
+    CHECK(h != NULL);
+    if (h) {
+        sh_proto_act a = {.step = 3,
+                          .seqs = {q, 1},
+                          .hidden = {.dtype = SH_PROTO_DTYPE_F32,
+                                     .ndim = 2,
+                                     .shape = {rows, (uint64_t)me->dim + 1},
+                                     .data = h,
+                                     .nbytes = (uint64_t)rows * (uint64_t)(me->dim + 1) * 4},
+                          .reply_to = p->coll};
+        send_act(p, 1, &a);
+        expect_fail(p, 3, SH_EINVAL, "hidden states");
+        a.step = 4;
+        a.hidden.dtype = SH_PROTO_DTYPE_F16;
+        a.hidden.shape[1] = (uint64_t)me->dim;
+        a.hidden.nbytes = (uint64_t)rows * (uint64_t)me->dim * 2;
+        send_act(p, 1, &a);
+        expect_fail(p, 4, SH_EINVAL, "hidden states");
+        /* An ACT to the first stage and a STEP to the second: each answered, not run. */
+        a.step = 5;
+        a.hidden.dtype = SH_PROTO_DTYPE_F32;
+        a.hidden.nbytes = (uint64_t)rows * (uint64_t)me->dim * 4;
+        send_act(p, 0, &a);
+        expect_fail(p, 5, SH_EINVAL, "take STEP");
+        free(h);
+    }
+    send_step(p, 1, 6, q, 1);
+    expect_fail(p, 6, SH_EINVAL, "take ACT");
+
+    /* An ACT whose body cannot be decoded: no reply address, so the stage's `batcher` gets it,
+     * with the envelope's session as the step. */
+    static const uint8_t empty_map = 0x80;
+    sh_msg_hdr eh = {.type = SH_MSG_ACT, .session = 7, .src = p->coll, .dst = p->stage[1]};
+    CHECK_OK(sh_send(p->t.rt, &eh, &empty_map, 1, NULL));
+    expect_fail(p, 7, SH_EPROTO, NULL);
+
+    /* An empty step is answered by the first stage. */
+    send_step(p, 0, 8, NULL, 0);
+    const rec *r = next_rec(p);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 8);
+        CHECK_INT_EQ(r->status, 0);
+        CHECK_UINT_EQ(r->n, 0);
+    }
+
+    /* The pipeline still works. */
+    expect_good(p, me, 9, 501);
+    pipe_finish(p);
+    free(p);
+}
+
+/* A first stage whose next stage does not exist: the ACT bounces as an ERROR and the step fails
+ * with SH_ENOTFOUND; a stage that is not the last refuses to start without a next address. */
+static void test_next_unreachable(void)
+{
+    model_env *me = &models[0];
+    SKIP_WITHOUT(me);
+    if (!model_ref(me))
+        return;
+    pline *p = calloc(1, sizeof *p);
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    p->n = 1;
+    if (!stage_load(&p->st[0], me, 0, 2)) {
+        pipe_finish(p);
+        free(p);
+        return;
+    }
+    rt_start(&p->t, 7, 2, NULL);
+    CHECK_OK(sh_runtime_register(p->t.rt, &sh__stage_vtable, NULL));
+    CHECK_OK(sh_runtime_register(p->t.rt, &coll_vt, NULL));
+    CHECK_OK(sh_actor_spawn(p->t.rt, "collector", &p->sh, 0, &p->coll, NULL));
+    /* Without a next address the stage's init fails: the actor is gone again. */
+    static sh_stage_args no_next;
+    no_next = p->st[0].args;
+    sh_addr dead = SH_ADDR_NONE;
+    CHECK_OK(sh_actor_spawn(p->t.rt, "stage", &no_next, 1, &dead, NULL));
+    sh_runtime_stats rs = {0};
+    for (int i = 0; i < 500; i++) {
+        sh_runtime_stats_get(p->t.rt, &rs);
+        if (rs.actors_live == 1)
+            break;
+        sleep_ms(10);
+    }
+    CHECK_UINT_EQ(rs.actors_live, 1);
+    p->st[0].args.next = sh_addr_make(7, 4242);
+    CHECK_OK(sh_actor_spawn(p->t.rt, "stage", &p->st[0].args, 1, &p->stage[0], NULL));
+    sh_proto_step_seq q = {.seq = 600,
+                           .tokens = {me->prompt[1], (uint32_t)me->n_prompt[1]},
+                           .blocks = {blocks[1], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step(p, 0, 31, &q, 1);
+    expect_fail(p, 31, SH_ENOTFOUND, "next stage");
+    send_step(p, 0, 32, &q, 1);
+    expect_fail(p, 32, SH_ENOTFOUND, "next stage");
+    const rec *r = &p->sh.r[p->k - 1];
+    CHECK_UINT_EQ(r->trace, 1032);
+    pipe_finish(p);
+    free(p);
+}
+
+static const sh_test_case tests[] = {
+    {"stories_2", test_stories_2},
+    {"stories_3", test_stories_3},
+    {"smollm2_2", test_smollm2_2},
+    {"smollm2_3", test_smollm2_3},
+    {"failures", test_failures},
+    {"next_unreachable", test_next_unreachable},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    main_thread = pthread_self();
+    if (!have(&models[0]) && !have(&models[1])) {
+        fprintf(stderr, "skip: neither %s nor %s found\n", models[0].path, models[1].path);
+        return SH_TEST_SKIP;
+    }
+    for (int s = 0; s < N_SEQ; s++)
+        for (int32_t j = 0; j < SEQ_BLOCKS; j++)
+            blocks[s][j] = SEQ_BLOCKS * s + 3 + (SEQ_BLOCKS - 1 - j);
+    return sh_test_main(argc, argv, tests);
+}
