@@ -1,7 +1,9 @@
-/* Pipeline stages over runtime messages, in one process: 2 and 3 stage actors, each with its own
- * sh_llama loaded for its layer range, its own backend and its own KV pool, joined by ACT. For
- * stories260K and the default model, four sequences batched in every step (one prefilled in two
- * chunks) give the same greedy tokens, and logprobs, as the single-stage stage, token for token;
+/* Pipeline stages over runtime messages: 2 and 3 stage actors, each with its own sh_llama loaded
+ * for its layer range, its own backend and its own KV pool, joined by ACT, in one process and in
+ * separate processes over ipc:// (shoal_test_stage_node children, tests/integration/stage_node.c).
+ * For stories260K and the default model, four sequences batched in every step (one prefilled in
+ * two chunks) give the same greedy tokens, and logprobs, as the single-stage stage, token for
+ * token;
  * decode steps through a pipeline allocate nothing; every failure (a bad ACT, a STEP or ACT sent
  * to the wrong stage, a later stage refusing the step, an undecodable ACT, a next stage nobody
  * receives) reaches the batcher's address as a failed STEP_DONE, and the pipeline goes on. Skips
@@ -18,6 +20,7 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "runtime/proto.h"
+#include "test_proc_util.h"
 #include "unit/test_runtime_util.h"
 
 #define N_SEQ 4
@@ -196,6 +199,11 @@ typedef struct pline {
     stage_res st[MAX_STAGES];
     sh_addr coll, stage[MAX_STAGES];
     long k; /* records consumed */
+    /* Separate processes: stages 1.. run in children (node i + 1); this node listens here. */
+    sh_transport *tp;
+    char dir[64], url[MAX_STAGES][128];
+    child kids[MAX_STAGES];
+    int n_kids;
 } pline;
 
 /* Loads stage i of `cuts` (layer boundaries: cuts[0] = 0 < ... < cuts[n] = n_layers): its model
@@ -229,6 +237,54 @@ static void stage_free(stage_res *r)
 /* Starts a runtime with the collector and n stages over cuts (spawned last first, so each knows
  * its next); max_seqs[i] > 0 overrides stage i's. Every stage's failures without a reply address
  * go to the collector. */
+/* Separate processes: this node (1) holds the collector and stage 0, child i (node i + 1) holds
+ * stage i, started last first so each is told its next stage's address. */
+static bool pipe_start_procs(pline *p, const model_env *me, int n, const int32_t *cuts)
+{
+    memset(p, 0, sizeof *p);
+    p->n = 1;
+    if (!stage_load(&p->st[0], me, cuts[0], cuts[1]))
+        return false;
+    tmpdir_make(p->dir, sizeof p->dir);
+    for (int i = 0; i < n; i++)
+        snprintf(p->url[i], sizeof p->url[i], "ipc://%s/n%d", p->dir, i + 1);
+    rt_start(&p->t, 1, 2, NULL);
+    CHECK_OK(sh_runtime_register(p->t.rt, &sh__stage_vtable, NULL));
+    CHECK_OK(sh_runtime_register(p->t.rt, &coll_vt, NULL));
+    CHECK_OK(sh_actor_spawn(p->t.rt, "collector", &p->sh, 0, &p->coll, NULL));
+    sh_transport_opts o = {.listen_url = p->url[0], .reconnect_max_ms = 100};
+    sh_err err = sh_transport_create(p->t.rt, &o, &p->tp, NULL);
+    CHECK_OK(err);
+    if (err)
+        return false;
+    const char *path = sh_test_path(me->path);
+    for (int i = n - 1; i >= 1; i--) {
+        char nid[16], first[16], last[16], next[32], home[160], peer[160];
+        snprintf(nid, sizeof nid, "%d", i + 1);
+        snprintf(first, sizeof first, "%d", (int)cuts[i]);
+        snprintf(last, sizeof last, "%d", (int)cuts[i + 1]);
+        snprintf(next, sizeof next, "%llu",
+                 (unsigned long long)(i + 1 < n ? p->kids[i + 1].echo : SH_ADDR_NONE));
+        snprintf(home, sizeof home, "1=%s", p->url[0]);
+        snprintf(peer, sizeof peer, "%d=%s", i + 2, i + 1 < n ? p->url[i + 1] : "");
+        /* 16 entries: child_start reads up to 15 before it stops at the NULL. */
+        const char *args[16] = {nid,  p->url[i], path, first,
+                                last, next,      home, i + 1 < n ? peer : NULL};
+        if (child_start(&p->kids[i], args) != 0) {
+            SH_FAIL_("stage node %d did not start", i + 1);
+            return false;
+        }
+        p->n_kids++;
+        p->stage[i] = p->kids[i].echo;
+    }
+    CHECK_OK(sh_transport_peer_add(p->tp, 2, p->url[1], NULL));
+    p->st[0].args.next = p->stage[1];
+    p->st[0].args.batcher = p->coll;
+    err = sh_actor_spawn(p->t.rt, "stage", &p->st[0].args, 1, &p->stage[0], NULL);
+    CHECK_OK(err);
+    return err == SH_OK;
+}
+
 static bool pipe_start(pline *p, const model_env *me, int n, const int32_t *cuts,
                        const int32_t *max_seqs)
 {
@@ -258,8 +314,20 @@ static bool pipe_start(pline *p, const model_env *me, int n, const int32_t *cuts
 
 static void pipe_finish(pline *p)
 {
+    for (int i = MAX_STAGES - 1; i >= 1; i--)
+        if (p->kids[i].pid > 0)
+            CHECK_INT_EQ(child_stop(&p->kids[i]), 0);
+    if (p->tp)
+        sh_transport_close(p->tp);
     if (p->t.rt)
         rt_finish(&p->t);
+    sh_transport_destroy(p->tp);
+    if (p->dir[0]) {
+        for (int i = 0; i < MAX_STAGES; i++)
+            if (p->url[i][0])
+                unlink(p->url[i] + 6);
+        tmpdir_remove(p->dir);
+    }
     CHECK_INT_EQ(atomic_load(&p->sh.bad), 0);
     for (int i = 0; i < p->n; i++)
         stage_free(&p->st[i]);
@@ -351,10 +419,10 @@ static uint32_t build_step(const model_env *me, seq_run *sr, sh_proto_step_seq *
  * count_allocs, decode steps from the 6th on must allocate nothing on any thread of the
  * runtime. Fills sr; returns false when the run broke off. */
 static bool run_greedy(const model_env *me, int n, const int32_t *cuts, seq_run *sr,
-                       bool count_allocs)
+                       bool count_allocs, bool procs)
 {
     pline *p = calloc(1, sizeof *p);
-    bool ok = p && pipe_start(p, me, n, cuts, NULL);
+    bool ok = p && (procs ? pipe_start_procs(p, me, n, cuts) : pipe_start(p, me, n, cuts, NULL));
     memset(sr, 0, N_SEQ * sizeof *sr);
     sh_proto_step_seq q[N_SEQ];
     int ids[N_SEQ];
@@ -446,7 +514,7 @@ static bool model_ref(model_env *me)
         return false;
     seq_run sr[N_SEQ];
     int32_t whole[2] = {0, me->n_layers};
-    if (!run_greedy(me, 1, whole, sr, false))
+    if (!run_greedy(me, 1, whole, sr, false, false))
         return false;
     for (int s = 0; s < N_SEQ; s++) {
         memcpy(me->ref[s], sr[s].gen, sizeof me->ref[s]);
@@ -457,12 +525,12 @@ static bool model_ref(model_env *me)
 }
 
 /* Runs n stages over cuts and compares every token with the single stage's. */
-static void check_pipeline(model_env *me, int n, const int32_t *cuts, bool count_allocs)
+static void check_pipeline(model_env *me, int n, const int32_t *cuts, bool count_allocs, bool procs)
 {
     if (!model_ref(me))
         return;
     seq_run sr[N_SEQ];
-    if (!run_greedy(me, n, cuts, sr, count_allocs))
+    if (!run_greedy(me, n, cuts, sr, count_allocs, procs))
         return;
     int same = 0;
     float max_dlp = 0.0f;
@@ -486,9 +554,10 @@ static void check_pipeline(model_env *me, int n, const int32_t *cuts, bool count
         snprintf(split + strlen(split), sizeof split - strlen(split), "%s[%d,%d)", i ? " " : "",
                  (int)cuts[i], (int)cuts[i + 1]);
     fprintf(stderr,
-            "%s: %d stages %s: %d/%d greedy tokens equal the single stage's; largest logprob "
+            "%s: %d stages %s%s: %d/%d greedy tokens equal the single stage's; largest logprob "
             "difference %.3g\n",
-            me->path, n, split, same, N_SEQ * N_GEN, (double)max_dlp);
+            me->path, n, split, procs ? " in separate processes" : "", same, N_SEQ * N_GEN,
+            (double)max_dlp);
     CHECK(max_dlp < 1e-3f);
 }
 
@@ -509,7 +578,7 @@ static void test_stories_2(void)
     if (!model_ref(me))
         return;
     int32_t cuts[3] = {0, me->n_layers / 2, me->n_layers};
-    check_pipeline(me, 2, cuts, true);
+    check_pipeline(me, 2, cuts, true, false);
 }
 
 static void test_stories_3(void)
@@ -519,7 +588,7 @@ static void test_stories_3(void)
     if (!model_ref(me))
         return;
     int32_t cuts[4] = {0, 1, me->n_layers - 1, me->n_layers};
-    check_pipeline(me, 3, cuts, true);
+    check_pipeline(me, 3, cuts, true, false);
 }
 
 static void test_smollm2_2(void)
@@ -529,7 +598,7 @@ static void test_smollm2_2(void)
     if (!model_ref(me))
         return;
     int32_t cuts[3] = {0, me->n_layers / 2, me->n_layers};
-    check_pipeline(me, 2, cuts, false);
+    check_pipeline(me, 2, cuts, false, false);
 }
 
 static void test_smollm2_3(void)
@@ -540,7 +609,25 @@ static void test_smollm2_3(void)
         return;
     /* Uneven: 7, 16 and the rest of 30 layers. */
     int32_t cuts[4] = {0, 7, 23, me->n_layers};
-    check_pipeline(me, 3, cuts, true);
+    check_pipeline(me, 3, cuts, true, false);
+}
+
+/* Separate processes over ipc://: 2 and 3 stages of each model. */
+static void test_procs(void)
+{
+    model_env *st = &models[0], *sm = &models[1];
+    if (have(st) && model_ref(st)) {
+        int32_t c2[3] = {0, 3, st->n_layers};
+        check_pipeline(st, 2, c2, false, true);
+        int32_t c3[4] = {0, 2, 4, st->n_layers};
+        check_pipeline(st, 3, c3, false, true);
+    }
+    if (have(sm) && model_ref(sm)) {
+        int32_t c2[3] = {0, 12, sm->n_layers};
+        check_pipeline(sm, 2, c2, false, true);
+        int32_t c3[4] = {0, 10, 20, sm->n_layers};
+        check_pipeline(sm, 3, c3, false, true);
+    }
 }
 
 /* ---- failures ----------------------------------------------------------------------------- */
@@ -718,6 +805,7 @@ static const sh_test_case tests[] = {
     {"stories_3", test_stories_3},
     {"smollm2_2", test_smollm2_2},
     {"smollm2_3", test_smollm2_3},
+    {"procs", test_procs},
     {"failures", test_failures},
     {"next_unreachable", test_next_unreachable},
     {NULL, NULL},
