@@ -44,14 +44,16 @@
 #define TIMER_DEADLINE 2
 #define DEADLINE_TICK_MS 100
 
-/* Preemption and starvation (docs/serving.md, Preemption and No starvation). A sequence runs
- * SLICE_US after each admission before a starving sequence may take its blocks, and before a KV
- * shortage does unless nothing else of its class is left to take; a sequence that has waited
- * SLICE_US is starving. A running sequence of the starving one's class (or a lower one) yields
- * when it has more work left than the starving one by more than STARVE_MARGIN tokens, the waiting
- * one gaining a credit of AGE_TOKENS_PER_S tokens per second waited: a short request gets in
- * after about two slices, and a long one overtakes every later arrival in time. */
+/* Preemption and starvation (docs/serving.md, Preemption and No starvation). A slice is SLICE_US
+ * and at least SLICE_STEPS steps, so that where steps are slow a sequence still gets enough
+ * tokens out of each admission to pay for its recompute. A sequence that has waited a slice is
+ * starving; it is admitted ahead of the queue, and a KV shortage spares it for a slice unless
+ * nothing else is left. A running sequence that has run a slice, of the starving one's class or
+ * a lower one, yields to it when it has more than twice its work left, and STARVE_MARGIN tokens
+ * more; among starving sequences the least work goes first, each gaining a credit of
+ * AGE_TOKENS_PER_S tokens per second waited. */
 #define SLICE_US 1000000
+#define SLICE_STEPS 32
 #define AGE_TOKENS_PER_S 16
 #define STARVE_MARGIN 32
 
@@ -84,6 +86,8 @@ typedef struct bseq {
     bool short_kv;        /* this step's reservation was refused for want of blocks */
     uint64_t queued_us;   /* when it last began to wait: arrival, or its latest preemption */
     uint64_t admitted_us; /* when it last joined the running set */
+    uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
+    bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
     sh_tokenizer_stream *detok;
     sh_openai_stopper stop;
     struct bseq *next; /* queue link */
@@ -544,6 +548,7 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     for (int32_t i = 0; i < (int32_t)n; i++) {
         r->seqs[i].fork_pending = i > 0 && r->shared > 0;
         r->seqs[i].queued_us = now_us;
+        r->seqs[i].queued_step = b->step_no;
         queue_insert(b, &r->seqs[i]);
     }
     sh_counter_add(b->m_prompt_toks, (uint64_t)n_prompt);
@@ -634,9 +639,15 @@ static bool past_deadline(const breq *r, uint64_t now_ms)
 /* ---- preemption --------------------------------------------------------------------------- */
 
 /* Whether s has had its slice since its latest admission (see SLICE_US). */
-static bool slice_used(const bseq *s, uint64_t now_us)
+static bool slice_used(const batcher *b, const bseq *s, uint64_t now_us)
 {
-    return now_us - s->admitted_us >= SLICE_US;
+    return now_us - s->admitted_us >= SLICE_US && b->step_no - s->admitted_step >= SLICE_STEPS;
+}
+
+/* Whether queued sequence s has waited a slice since it last began to wait. */
+static bool starving(const batcher *b, const bseq *s, uint64_t now_us)
+{
+    return now_us - s->queued_us >= SLICE_US && b->step_no - s->queued_step >= SLICE_STEPS;
 }
 
 /* Tokens s still has to generate: what starvation weighs. */
@@ -647,10 +658,10 @@ static int64_t work_left(const bseq *s)
 }
 
 /* The victim of a KV shortage: among the sequences that hold KV, those of the lowest priority
- * class; of them the last in queue order (the latest arrival) that has had its slice, else the
- * last. A sequence ranks by its request's arrival, not by when it was last admitted, so a
- * preempted sequence keeps its place and, once it has run a slice, is taken only after every later
- * arrival of its class. */
+ * class; of them the last in queue order (the latest arrival), passing over one admitted as
+ * starving that has not yet run its slice unless nothing else is left. A sequence ranks by its
+ * request's arrival, not by when it was last admitted, so a preempted sequence keeps its place:
+ * a shortage takes every later arrival of its class first. */
 static bseq *pick_victim(batcher *b, uint64_t now_us)
 {
     bseq *last = NULL;
@@ -660,7 +671,7 @@ static bseq *pick_victim(batcher *b, uint64_t now_us)
             continue;
         if (last && s->r->prio != last->r->prio)
             break; /* the running set is ranked: a better class from here on */
-        if (slice_used(s, now_us))
+        if (!s->relieved || slice_used(b, s, now_us))
             return s;
         if (!last)
             last = s;
@@ -683,21 +694,22 @@ static void preempt(batcher *b, bseq *s)
     kv_release(b, s);
     s->planned = s->alloc_ok = s->sampled = s->short_kv = false;
     s->queued_us = sh__act_mono_us();
+    s->queued_step = b->step_no;
     sh_counter_add(b->m_preempt, 1);
     sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "preempt", "req=%" PRIu64 " choice=%d tokens=%d",
                  s->r->id, (int)s->choice, (int)s->n_toks);
     queue_insert(b, s);
 }
 
-/* The starving sequence to admit first: among those that waited SLICE_US (and need no fork), the
- * best class, then the least work left less the credit of its wait (ties: the earlier). *key
- * receives that figure. NULL when none is starving. */
-static bseq *pick_starving(const batcher *b, uint64_t now_us, int64_t *key)
+/* The starving sequence to admit first: among those that waited a slice (and need no fork), the
+ * best class, then the least work left less the credit of its wait (ties: the earlier). NULL
+ * when none is starving. */
+static bseq *pick_starving(const batcher *b, uint64_t now_us)
 {
     bseq *best = NULL;
     int64_t best_key = 0;
     for (bseq *s = b->queue; s; s = s->next) {
-        if (s->fork_pending || now_us - s->queued_us < SLICE_US)
+        if (s->fork_pending || !starving(b, s, now_us))
             continue;
         int64_t k =
             work_left(s) - (int64_t)((now_us - s->queued_us) / 1000) * AGE_TOKENS_PER_S / 1000;
@@ -706,7 +718,6 @@ static bseq *pick_starving(const batcher *b, uint64_t now_us, int64_t *key)
             best_key = k;
         }
     }
-    *key = best_key;
     return best;
 }
 
@@ -719,13 +730,14 @@ static bool forks_pending(const bseq *s)
     return false;
 }
 
-/* Whether running sequence v may give way to starving sequence h (with key h_key): v holds KV,
- * is of h's class or a lower one, has had its slice, has clearly more work left, and no choice
- * waits to fork from it. */
-static bool may_yield(const bseq *v, const bseq *h, int64_t h_key, uint64_t now_us)
+/* Whether running sequence v may give way to starving sequence h: v holds KV, is of h's class or
+ * a lower one, has had its slice, has more than twice h's work left (and STARVE_MARGIN more), and
+ * no choice waits to fork from it. Between requests of about the same size the order stays first
+ * come, first served, so they do not take turns at the price of recomputing each other. */
+static bool may_yield(const batcher *b, const bseq *v, const bseq *h, uint64_t now_us)
 {
-    return v->kv_id && !v->fork_pending && v->r->prio >= h->r->prio && slice_used(v, now_us) &&
-           work_left(v) > h_key + STARVE_MARGIN && !forks_pending(v);
+    return v->kv_id && !v->fork_pending && v->r->prio >= h->r->prio && slice_used(b, v, now_us) &&
+           work_left(v) > 2 * work_left(h) + STARVE_MARGIN && !forks_pending(v);
 }
 
 /* ---- admission ---------------------------------------------------------------------------- */
@@ -741,6 +753,8 @@ static void admit(batcher *b, bseq *s, int32_t k, uint64_t now_us)
     s->kv_id = s->fork_pending ? 0 : ++b->next_kv_id;
     s->n_computed = s->n_reserved = s->n_marked = 0;
     s->admitted_us = now_us;
+    s->admitted_step = b->step_no;
+    s->relieved = false;
     running_insert(b, s);
 }
 
@@ -760,15 +774,14 @@ static void unplan(const batcher *b, const bseq *s, int32_t *avail, int32_t *bud
 static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_t *budget,
                              int32_t reserve)
 {
-    int64_t key;
-    bseq *h = pick_starving(b, now_us, &key);
+    bseq *h = pick_starving(b, now_us);
     if (!h || *budget <= 0 || b->n_running >= b->a.max_seqs)
         return false;
     int32_t k = h->n_toks < *budget ? h->n_toks : *budget;
     int32_t need = blocks_for(b, k) + 1 + reserve;
     int32_t room = *avail;
     for (int32_t i = 0; i < b->n_running && room < need; i++)
-        if (may_yield(b->running[i], h, key, now_us))
+        if (may_yield(b, b->running[i], h, now_us))
             room += b->running[i]->n_blocks;
     if (room < need)
         return false;
@@ -776,7 +789,7 @@ static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_
         bseq *v = NULL;
         for (int32_t i = 0; i < b->n_running; i++) {
             bseq *s = b->running[i];
-            if (may_yield(s, h, key, now_us) &&
+            if (may_yield(b, s, h, now_us) &&
                 (!v || s->r->prio > v->r->prio ||
                  (s->r->prio == v->r->prio && work_left(s) > work_left(v))))
                 v = s;
@@ -789,6 +802,7 @@ static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_
     *avail -= blocks_for(b, k) + 1;
     *budget -= k;
     admit(b, h, k, now_us);
+    h->relieved = true;
     return true;
 }
 

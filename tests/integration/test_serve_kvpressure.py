@@ -12,12 +12,12 @@ the load.
 (b) Bounded wait (defect 6). 8 clients keep 8 requests of n=4 x 1000 tokens in flight over a
     72-block pool (1152 positions: one 1000-token choice at a time), about 30 s of work queued at
     any time. A request for 8 tokens then waits for at most BOUND_S: it starves after one slice
-    (1 s without admission), when every running sequence that has had its own slice (1 s) and has
-    clearly more work left may be preempted for it, so it is admitted within about two slices and
-    then needs a few milliseconds; BOUND_S = 4 s leaves 2 s for a loaded machine. Before the fix it
-    waited for the work queued before it (7-17 s here, over a minute in the report). Three
-    such requests in a row each meet the bound, preemptions happen meanwhile, and no load request
-    fails.
+    (1 s and 32 steps without admission), when every running sequence that has run its own slice
+    and has more than twice its work left (plus 32 tokens) may be preempted for it, so it is
+    admitted within about two slices and then needs a few milliseconds; BOUND_S = 4 s leaves 2 s
+    for a loaded machine. Before the fix it waited for the work queued before it (11-17 s here,
+    over a minute in the report). Three such requests in a row each meet the bound, preemptions
+    happen meanwhile, and no load request fails.
 """
 
 import http.client
