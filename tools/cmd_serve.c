@@ -673,7 +673,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_wait_ms = o->max_wait_ms,
                           .max_queue = o->max_queue,
                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                          .n_blocks = (int32_t)n_blocks};
+                          .n_blocks = (int32_t)n_blocks,
+                          .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq};
     if (sh_actor_spawn(s->rt, "batcher", &ba, 1, &batcher_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     int bound = 0;

@@ -9,6 +9,8 @@ the load.
     several rounds) and one with n=2 (whose choices share the prompt's blocks) must all complete
     with 300 tokens and the same greedy text as the request alone (the preempted one is recomputed),
     with no error and no error event in a stream, and shoal_preemptions_total must rise.
+    max_tokens 380 (384 positions kept) completes alone; 381 cannot fit even alone and is refused
+    with 503 before any token.
 (b) Bounded wait (defect 6). 8 clients keep 8 requests of n=4 x 1000 tokens in flight over a
     72-block pool (1152 positions: one 1000-token choice at a time), about 30 s of work queued at
     any time. A request for 8 tokens then waits for at most BOUND_S: it starves after one slice
@@ -132,7 +134,20 @@ def fits_never_fail(r):
             check("n=2 alone", [n2()])
             check("n=2 with a stream", together([n2, lambda: stream_text(srv.url)]))
 
+        def too_big():
+            # 5 + 380 tokens keep 384 positions (the last token is never fed back): 24 blocks.
+            p = complete(srv.url, max_tokens=380)
+            assert p["usage"]["completion_tokens"] == 380, f"max_tokens 380: {p['usage']}"
+            # One more needs a 25th block: refused before any token, a stream with a status.
+            status, parsed, raw = su.post_json(srv.url, "/v1/completions", body(max_tokens=381))
+            err = su.check_error(status, parsed, raw, 503, what="max_tokens 381")
+            assert "max_tokens 380 would fit" in err["message"], err["message"]
+            status, _, events = su.stream(srv.url, "/v1/completions",
+                                          body(max_tokens=381, stream=True))
+            assert status == 503, f"stream, max_tokens 381: status {status}: {events[:1]!r}"
+
         r.case("KV: one request of 305 positions alone in 384", one_alone)
+        r.case("KV: a request that cannot fit alone is refused at admission (503)", too_big)
         r.case("KV: two at once both complete == alone, with preemption", plain)
         r.case("KV: two streams at once both complete, no error event", streams)
         r.case("KV: n=2 (shared prompt blocks) with another request completes", mixed)

@@ -67,8 +67,12 @@ def main():
             u = parsed["usage"]
             assert u["completion_tokens"] == GEN and u["prompt_tokens"] == 100, u
             assert parsed["choices"][0]["finish_reason"] == "length"
-            # 500 positions would need 32 blocks; the window keeps at most 3-4 of them.
-            assert peak[0] <= 6, f"shoal_kv_blocks_used peaked at {peak[0]}"
+            # 500 positions would need 32 blocks (more than the 24 of the pool). The 100-token
+            # prompt is prefilled in one step and holds its 7 blocks until the window releases
+            # them, plus the block the first generated token opens: at most 8 at any moment; once
+            # past the prompt the window keeps 3-4. (The bound was 6, which the metrics poller
+            # broke whenever it sampled during the prefill step on a loaded machine.)
+            assert peak[0] <= 8, f"shoal_kv_blocks_used peaked at {peak[0]}"
 
         r.case(f"a {GEN}-token generation past a {WINDOW}-token window in a 384-position pool",
                long_generation)
