@@ -543,6 +543,18 @@ uint32_t sh_gguf_alignment(const sh_gguf *g) { return g->alignment; }
 uint64_t sh_gguf_file_size(const sh_gguf *g) { return g->size; }
 uint64_t sh_gguf_data_offset(const sh_gguf *g) { return g->data_offset; }
 uint64_t sh_gguf_n_kv(const sh_gguf *g) { return g->n_kv; }
+
+uint64_t sh_gguf_header_hash(const sh_gguf *g)
+{
+    // FNV-1a over 64 bits: the header pages are read once at start, so speed does not matter and
+    // a dependency-free hash keeps every node computing the same value.
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t i = 0; i < g->data_offset && i < g->size; i++) {
+        h ^= g->base[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
 uint64_t sh_gguf_n_tensors(const sh_gguf *g) { return g->n_tensors; }
 
 const sh_gguf_kv *sh_gguf_kv_at(const sh_gguf *g, uint64_t i)

@@ -102,6 +102,10 @@ uint32_t sh_gguf_version(const sh_gguf *g);
 uint32_t sh_gguf_alignment(const sh_gguf *g);
 uint64_t sh_gguf_file_size(const sh_gguf *g);
 uint64_t sh_gguf_data_offset(const sh_gguf *g); /* byte offset of the data section */
+/* A 64-bit FNV-1a hash of the bytes before the data section (header, metadata and tensor table):
+ * with the file size, the model file's identity that cluster nodes compare in HELLO. Reads the
+ * mapping; any thread. */
+uint64_t sh_gguf_header_hash(const sh_gguf *g);
 
 uint64_t sh_gguf_n_kv(const sh_gguf *g);
 const sh_gguf_kv *sh_gguf_kv_at(const sh_gguf *g, uint64_t i); /* NULL when i >= n_kv */

@@ -74,7 +74,8 @@
     X(METRICS, 15, metrics)     /* anyone -> watchdog: counters, gauges, histograms */             \
     X(CONTROL, 16, control)     /* watchdog -> actors: pause, resume, reroute, degrade, stop */    \
     X(FAULT, 17, fault)         /* chaos driver -> runtime: fault-injection rules */               \
-    X(ERROR, 18, error)         /* runtime -> requester: the request could not be delivered */
+    X(ERROR, 18, error)         /* runtime -> requester: the request could not be delivered */     \
+    X(HELLO, 19, hello)         /* front <-> worker node: identity check before serving */
 
 /* Sub-structures first: a struct may only use those listed before it. */
 #define SH_PROTO_STRUCTS(X)                                                                        \
@@ -102,7 +103,8 @@
     X(metrics, 0)                                                                                  \
     X(control, 0)                                                                                  \
     X(fault, 0)                                                                                    \
-    X(error, 0)
+    X(error, 0)                                                                                    \
+    X(hello, 0)
 
 /* One logit-bias entry: bias is added to the token's logit; -inf bans it. */
 #define SH_PROTO_FIELDS_logit_bias(F, S)                                                           \
@@ -317,5 +319,20 @@
     F(S, code, "code", I32, _, REQ, 1, 255)                                                        \
     F(S, message, "msg", STR, _, REQ, 0, SH_PROTO_MAX_MSG)                                         \
     F(S, type, "ty", U32, _, OPT, 0, 255) /* the request's type, 0 when unknown */
+
+/* HELLO: a node's identity, sent by the front to each worker (a request) and answered by the
+ * worker with its own; the front refuses a worker whose build, protocol, model file or stage
+ * settings differ. model_hash hashes the GGUF header and tensor table (model/gguf.h). */
+#define SH_PROTO_FIELDS_hello(F, S)                                                                \
+    F(S, node, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
+    F(S, version, "v", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                          \
+    F(S, proto, "pv", U32, _, REQ, 0, 0)                                                           \
+    F(S, model_size, "msz", U64, _, OPT, 0, 0)                                                     \
+    F(S, model_hash, "mh", U64, _, OPT, 0, 0)                                                      \
+    F(S, n_blocks, "kvb", I32, _, OPT, 0, 0)  /* KV blocks of each stage's pool */                 \
+    F(S, max_seqs, "ms", I32, _, OPT, 0, 0)   /* sequences per step the stages take */             \
+    F(S, max_tokens, "mt", I32, _, OPT, 0, 0) /* rows per step the stages take */                  \
+    F(S, seq_blocks, "sb", I32, _, OPT, 0, 0) /* block-table length per sequence */                \
+    F(S, stages, "st", U64S, _, OPT, 0, 1024) /* the node's stage addresses, in script order */
 
 #endif

@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
+#include "tools/cluster.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 
@@ -42,6 +43,9 @@ typedef struct serve_opts {
                              key file's follow and are replaced on reload */
     bool no_prefix_cache, kv_f16;
     bool port_set; /* --port given: it wins over the port of the config's gateway.http */
+    const sh_cluster_config *cfg; /* -c's script */
+    bool cluster;                 /* the script's stages run on worker nodes */
+    uint32_t join_timeout_ms;     /* --join-timeout */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -94,6 +98,8 @@ static void usage(FILE *f)
             "                      skipped); re-read on SIGHUP\n"
             "  env " KEY_ENV "   keys, KEY[:P] separated by commas\n"
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
+            "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
+            "                      worker to join (default 60; see docs/cluster.md)\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
             "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n");
@@ -280,7 +286,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
-    "--drain-timeout --api-key-file "
+    "--drain-timeout --api-key-file --join-timeout "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -288,6 +294,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->port = 8080;
     o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
     o->drain_timeout_ms = 30000;
+    o->join_timeout_ms = 60000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -370,6 +377,11 @@ static int parse(int argc, char **argv, serve_opts *o)
             snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed, e.g. 0.5)");
             ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
                  ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--join-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
+            ok = sh__cmd_parse_f64(v, 0.1, 3600, &d) &&
+                 ((o->join_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
         } else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v, "--api-key"))
                 return 2;
@@ -396,17 +408,19 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     if (sh_config_load_file(o->config, NULL, &c, &e))
         return sh__cmd_fail("%s", e.msg);
     *cfg_out = c;
-    // Until nodes can be joined, every script that names more than one node is refused, even
-    // one whose single stage would fit: its gateway and stage were meant for other processes.
-    if (c->n_nodes != 1 || c->n_replicas != 1 || c->replicas[0].n_stages != 1 ||
-        c->replicas[0].tp != 1) {
-        int32_t st = c->replicas[0].n_stages;
-        return sh__cmd_fail("%s: shoal serve runs one replica of one stage in this process; this "
-                            "topology has %d node%s and %d replica%s (the first: %d stage%s, tp "
-                            "%d); serving across nodes is not implemented yet",
-                            o->config, (int)c->n_nodes, c->n_nodes == 1 ? "" : "s",
-                            (int)c->n_replicas, c->n_replicas == 1 ? "" : "s", (int)st,
-                            st == 1 ? "" : "s", (int)c->replicas[0].tp);
+    o->cfg = c;
+    // A script whose stages sit on worker nodes: this process is the front (gateway, batcher,
+    // kvmgr) and what is not built yet is refused by name (tools/cluster.h).
+    if (sh__cluster_has_workers(c)) {
+        int rc = sh__cluster_check(c, o->config);
+        if (rc)
+            return rc;
+        if (o->ctx || o->max_seqs || o->step_tokens || o->kv_mem || o->kv_blocks || o->kv_f16)
+            return sh__cmd_fail("%s: with worker nodes the stage settings come from the script "
+                                "(batcher, kv); drop --ctx, --max-seqs, --step-tokens, "
+                                "--kv-mem, --kv-blocks and --kv-f16",
+                                o->config);
+        o->cluster = true;
     }
     const sh_config_model *m = &c->models[c->replicas[0].model];
     o->model = m->path;
@@ -506,14 +520,20 @@ typedef struct server {
     sh_backend *be;
     sh_llama_ctx *ctx;
     sh_runtime *rt;
-    sh_gateway_ctl *ctl; /* drain and key reloads from the signal thread */
+    sh_gateway_ctl *ctl;     /* drain and key reloads from the signal thread */
+    sh_cluster_front *front; /* -c with worker nodes */
     char name[256];
     char system[1024];
 } server;
 
 static void close_all(server *s)
 {
+    if (s->front)
+        sh__cluster_front_close(s->front);
     sh_runtime_destroy(s->rt); /* stops the actors first: nothing uses the model after it */
+    if (s->front)
+        sh__cluster_front_destroy(s->front);
+    free(s->front);
     sh__gateway_ctl_destroy(s->ctl);
     sh_llama_ctx_destroy(s->ctx);
     sh_backend_destroy(s->be);
@@ -582,8 +602,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         return sh__cmd_fail("%s: %s%s", o->model, strerror(errno),
                             strcmp(o->model, DEFAULT_MODEL) ? ""
                                                             : " (scripts/get-model.sh fetches it)");
-    sh_llama_load_opts lo = {.prefault = true};
-    if (isatty(2) && sb.st_size > (64 << 20))
+    // The front of a cluster maps only what it reads: hyper-parameters and the tokenizer.
+    sh_llama_load_opts lo = {.prefault = !o->cluster, .last = o->cluster ? 1 : 0};
+    if (isatty(2) && sb.st_size > (64 << 20) && !o->cluster)
         lo.progress = progress;
     if (sh_llama_load(o->model, &lo, &s->m, &e))
         return sh__cmd_fail("%s", e.msg);
@@ -612,22 +633,41 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                             bytes_per_block);
     if (n_blocks > (1 << 22))
         n_blocks = 1 << 22;
-    sh_backend_cpu_opts bo = {.n_threads = o->threads};
-    if (sh_backend_cpu_create(&bo, &s->be, &e))
-        return (sh__cmd_fail("backend: %s", e.msg), 1);
-    sh_llama_ctx_opts co = {.max_tokens = step_tokens,
-                            .max_seqs = max_seqs,
-                            .max_logits = max_seqs,
-                            .kv_tokens = (int32_t)(n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
-                            .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
-    if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
-        return (sh__cmd_fail("%s", e.msg), 1);
-    n_blocks = sh_llama_ctx_n_blocks(s->ctx);
-
     sh_runtime_opts ro = {
         .node_id = 1, .name = "serve", .n_loops = 2, .log_level = level_of(o->log_level)};
-    if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
-        return (sh__cmd_fail("runtime: %s", e.msg), 1);
+    const sh_cluster_plan *plan = NULL;
+    if (o->cluster) {
+        // The front: the stages run on worker nodes; join them before anything is served.
+        ro.node_id = (uint32_t)o->cfg->gateway.node + 1;
+        ro.name = o->cfg->nodes[o->cfg->gateway.node].name;
+        if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
+            return (sh__cmd_fail("runtime: %s", e.msg), 1);
+        if (!(s->front = calloc(1, sizeof *s->front)))
+            return (sh__cmd_fail("out of memory"), 1);
+        int rc = sh__cluster_front_start(s->front, o->cfg, o->config, s->m, o->model, s->rt,
+                                         o->join_timeout_ms);
+        if (rc)
+            return rc;
+        plan = &s->front->plan;
+        n_ctx = plan->n_ctx;
+        max_seqs = plan->max_seqs;
+        step_tokens = plan->step_tokens;
+        n_blocks = plan->n_blocks;
+    } else {
+        sh_backend_cpu_opts bo = {.n_threads = o->threads};
+        if (sh_backend_cpu_create(&bo, &s->be, &e))
+            return (sh__cmd_fail("backend: %s", e.msg), 1);
+        sh_llama_ctx_opts co = {.max_tokens = step_tokens,
+                                .max_seqs = max_seqs,
+                                .max_logits = max_seqs,
+                                .kv_tokens = (int32_t)(n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
+                                .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
+        if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
+            return (sh__cmd_fail("%s", e.msg), 1);
+        n_blocks = sh_llama_ctx_n_blocks(s->ctx);
+        if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
+            return (sh__cmd_fail("runtime: %s", e.msg), 1);
+    }
 
     // Chat template and its default system prompt.
     const char *tmpl = NULL;
@@ -656,13 +696,17 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     // entries (-1) do not count, so a sequence may span more positions than the pool holds.
     if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && hp->sliding_window <= 0)
         ka.cfg.max_blocks_per_seq = ka.cfg.n_blocks;
+    if (plan)
+        ka.cfg.max_blocks_per_seq = plan->seq_blocks;
     sh_stage_args sa = {.model = s->m,
                         .ctx = s->ctx,
                         .max_seqs = max_seqs,
                         .max_blocks_per_seq = ka.cfg.max_blocks_per_seq};
     if (sh_actor_spawn(s->rt, "kvmgr", &ka, 1, &kv_addr, &e) ||
-        sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e))
+        (!plan && sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e)))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (plan)
+        stage_addr = plan->stage_addr[0]; /* STEP goes to the first stage's node */
     sh_batcher_args ba = {.kvmgr = kv_addr,
                           .stage = stage_addr,
                           .tok = s->tok,
@@ -720,11 +764,15 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     bool v6 = strchr(host, ':') != NULL;
     fprintf(stderr,
             "shoal: model %s (%d layers, context %d), KV %" PRId64 " blocks = %" PRId64
-            " tokens (%.0f MiB %s), prefix cache %s, %d sequences x %d tokens per step\n",
+            " tokens (%s%.0f MiB %s), prefix cache %s, %d sequences x %d tokens per step\n",
             s->name, (int)hp->n_layers, (int)n_ctx, n_blocks, n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
-            (double)((uint64_t)n_blocks * bytes_per_block) / (1024.0 * 1024.0),
-            o->kv_f16 ? "f16" : "f32", o->no_prefix_cache ? "off" : "on", (int)max_seqs,
-            (int)step_tokens);
+            plan ? "at most " : "",
+            (double)((uint64_t)n_blocks * (plan ? plan->block_bytes : bytes_per_block)) /
+                (1024.0 * 1024.0),
+            plan        ? "f32 per stage"
+            : o->kv_f16 ? "f16"
+                        : "f32",
+            o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
     fprintf(stderr, "shoal: listening on http://%s%s%s:%d%s\n", v6 ? "[" : "", host, v6 ? "]" : "",
             port, o->n_keys ? " (API keys required)" : "");
     fflush(stderr);

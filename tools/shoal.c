@@ -17,6 +17,7 @@ static const command commands[] = {
     {"run", sh__cmd_run, "generate text from a model"},
     {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
     {"serve", sh__cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
+    {"node", sh__cmd_node, "run one worker node of a cluster script (pipeline stages)"},
     {"bench", sh__cmd_bench, "load-test an OpenAI-compatible server"},
 };
 

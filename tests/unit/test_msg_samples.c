@@ -296,6 +296,18 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         b->error.message = text(s, 5, 100);
         b->error.type = (uint32_t)range(s, 1, 18);
         break;
+    case SH_MSG_HELLO:
+        b->hello.node = text(s, 1, 20);
+        b->hello.version = text(s, 5, 10);
+        b->hello.proto = (uint32_t)range(s, 1, 5);
+        b->hello.model_size = nz64(s);
+        b->hello.model_hash = nz64(s);
+        b->hello.n_blocks = (int32_t)range(s, 1, 100000);
+        b->hello.max_seqs = (int32_t)range(s, 1, 1024);
+        b->hello.max_tokens = (int32_t)range(s, 1, 65536);
+        b->hello.seq_blocks = (int32_t)range(s, 1, 1000);
+        b->hello.stages = u64s(s, (uint32_t)range(s, 1, 8));
+        break;
     default:
         abort();
     }

@@ -1,0 +1,317 @@
+/* The cluster plan and the front's join, shared by `shoal node` and `shoal serve -c`
+ * (tools/cluster.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "actors/kvmgr_core.h"
+#include "model/gguf.h"
+#include "shoal/version.h"
+#include "tools/cluster.h"
+#include "tools/cmd_util.h"
+
+#define DEFAULT_STAGE_KV_MEM ((uint64_t)1 << 30)
+
+bool sh__cluster_has_workers(const sh_cluster_config *c)
+{
+    if (c->n_nodes > 1 || c->n_replicas != 1)
+        return true;
+    const sh_config_replica *r = &c->replicas[0];
+    return r->n_stages != 1 || r->stages[0].node != c->gateway.node;
+}
+
+static bool hosts_stage(const sh_cluster_config *c, int32_t node)
+{
+    for (int32_t r = 0; r < c->n_replicas; r++)
+        for (int32_t s = 0; s < c->replicas[r].n_stages; s++)
+            if (c->replicas[r].stages[s].node == node)
+                return true;
+    return false;
+}
+
+int sh__cluster_check(const sh_cluster_config *c, const char *script)
+{
+    const char *later = "not implemented yet (see docs/cluster.md)";
+    if (c->n_replicas != 1)
+        return sh__cmd_fail("%s: %d replicas: serving several replicas (the router) is %s", script,
+                            (int)c->n_replicas, later);
+    const sh_config_replica *r = &c->replicas[0];
+    if (r->tp != 1)
+        return sh__cmd_fail("%s: tp = %d: tensor parallelism is %s", script, (int)r->tp, later);
+    if (r->n_stages > SH_CLUSTER_MAX_STAGES)
+        return sh__cmd_fail("%s: %d stages; at most %d are supported", script, (int)r->n_stages,
+                            SH_CLUSTER_MAX_STAGES);
+    for (int32_t i = 0; i < c->n_nodes; i++) {
+        const sh_config_node *n = &c->nodes[i];
+        if (n->standby)
+            return sh__cmd_fail("%s: node '%s' is a standby: standby nodes are %s", script, n->name,
+                                later);
+        if (!strncmp(n->listen, "inproc://", 9))
+            return sh__cmd_fail("%s: node '%s' listens on %s: inproc:// only reaches inside one "
+                                "process; give worker nodes ipc:// or tcp:// URLs",
+                                script, n->name, n->listen);
+        if (!strncmp(n->listen, "tls+tcp://", 10))
+            return sh__cmd_fail("%s: node '%s' listens on %s: TLS between nodes is %s", script,
+                                n->name, n->listen, later);
+        if (i != c->gateway.node && !hosts_stage(c, i))
+            return sh__cmd_fail("%s: node '%s' hosts nothing (no stage and not the gateway's "
+                                "node); remove it or give it a stage",
+                                script, n->name);
+    }
+    if (hosts_stage(c, c->gateway.node))
+        return sh__cmd_fail("%s: node '%s' runs the gateway and a stage: with worker nodes, the "
+                            "gateway's node runs only the gateway, batcher and kvmgr (a stage "
+                            "there is %s)",
+                            script, c->nodes[c->gateway.node].name, later);
+    return 0;
+}
+
+int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
+                     sh_cluster_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->c = c;
+    p->front = c->gateway.node;
+    const sh_config_replica *r = &c->replicas[0];
+    p->n_stages = r->n_stages;
+    p->n_layers = hp->n_layers;
+    if (r->n_stages > hp->n_layers)
+        return sh__cmd_fail("%s: %d stages for a model of %d layers", script, (int)r->n_stages,
+                            (int)hp->n_layers);
+    uint32_t per_node[256] = {0};
+    int32_t widest = 0;
+    for (int32_t i = 0; i < r->n_stages; i++) {
+        const sh_config_stage *s = &r->stages[i];
+        int32_t first = s->first_layer, last = s->last_layer;
+        if (first < 0) { /* the script did not know the layer count: split evenly */
+            first = (int32_t)((int64_t)i * hp->n_layers / r->n_stages);
+            last = (int32_t)((int64_t)(i + 1) * hp->n_layers / r->n_stages);
+        }
+        int32_t expect = i ? p->last[i - 1] : 0;
+        if (first != expect || last <= first || last > hp->n_layers)
+            return sh__cmd_fail("%s: stage %d on node '%s' holds layers [%d, %d): the stages must "
+                                "cover layers [0, %d) of the model in order, without gap or "
+                                "overlap (this one should start at layer %d)",
+                                script, (int)i + 1, c->nodes[s->node].name, (int)first, (int)last,
+                                (int)hp->n_layers, (int)expect);
+        p->first[i] = first;
+        p->last[i] = last;
+        p->stage_node[i] = s->node;
+        uint32_t k = s->node < 256 ? per_node[s->node]++ : 0;
+        p->stage_addr[i] = sh_addr_make((uint32_t)s->node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + k);
+        if (last - first > widest)
+            widest = last - first;
+    }
+    if (p->last[r->n_stages - 1] != hp->n_layers)
+        return sh__cmd_fail("%s: the stages end at layer %d but the model has %d layers", script,
+                            (int)p->last[r->n_stages - 1], (int)hp->n_layers);
+    p->n_ctx = hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192;
+    if (p->n_ctx < 16)
+        p->n_ctx = 16;
+    p->max_seqs = c->batcher.max_seqs > 0 ? c->batcher.max_seqs : 64;
+    p->step_tokens = c->batcher.max_step_tokens > 0 ? c->batcher.max_step_tokens : 4096;
+    if (p->step_tokens < p->max_seqs)
+        p->step_tokens = p->max_seqs;
+    p->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
+                     (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 4u;
+    uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
+    uint64_t nb = mem / p->block_bytes;
+    if (nb < 1)
+        return sh__cmd_fail("%s: kv.memory holds no KV block (one block of the largest stage "
+                            "takes %" PRIu64 " bytes)",
+                            script, p->block_bytes);
+    p->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
+    p->seq_blocks = (p->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
+    if (p->seq_blocks > p->n_blocks && hp->sliding_window <= 0)
+        p->seq_blocks = p->n_blocks;
+    return 0;
+}
+
+int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id)
+{
+    if (!m->gguf)
+        return sh__cmd_fail("%s: cluster nodes need a GGUF model", path);
+    id->model_size = sh_gguf_file_size(m->gguf);
+    id->model_hash = sh_gguf_header_hash(m->gguf);
+    snprintf(id->version, sizeof id->version, "%s", SH_VERSION_STRING);
+    id->proto = SH_PROTO_VERSION;
+    return 0;
+}
+
+int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp)
+{
+    const sh_cluster_config *c = p->c;
+    for (int32_t i = 0; i < c->n_nodes; i++) {
+        if (i == self)
+            continue;
+        sh_error e = {0};
+        if (sh_transport_peer_add(tp, (uint32_t)i + 1, c->nodes[i].listen, &e))
+            return sh__cmd_fail("node '%s' (%s): %s", c->nodes[i].name, c->nodes[i].listen, e.msg);
+    }
+    return 0;
+}
+
+/* Appends "what: front X, node Y" to buf when they differ. */
+static void differ_u64(char *buf, size_t cap, const char *what, uint64_t mine, uint64_t theirs)
+{
+    if (mine == theirs)
+        return;
+    size_t l = strlen(buf);
+    snprintf(buf + l, cap - l, "%s%s: here %" PRIu64 ", there %" PRIu64, l ? "; " : "", what, mine,
+             theirs);
+}
+
+/* What differs between the front's view and a worker's answer, or "" when nothing does. */
+static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident *self,
+                    const sh_hello_ident *got, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (strcmp(self->version, got->version))
+        snprintf(buf, cap, "build version: here %s, there %s", self->version, got->version);
+    differ_u64(buf, cap, "protocol version", self->proto, got->proto);
+    if (self->model_size != got->model_size || self->model_hash != got->model_hash) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l,
+                 "%sa different model file (size %" PRIu64 " bytes, header hash %016" PRIx64
+                 " here; %" PRIu64 " bytes, %016" PRIx64 " there)",
+                 l ? "; " : "", self->model_size, self->model_hash, got->model_size,
+                 got->model_hash);
+    }
+    if (strcmp(got->node, p->c->nodes[node].name)) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%sit calls itself '%s'", l ? "; " : "", got->node);
+    }
+    differ_u64(buf, cap, "KV blocks per stage", (uint64_t)self->n_blocks, (uint64_t)got->n_blocks);
+    differ_u64(buf, cap, "max sequences per step", (uint64_t)self->max_seqs,
+               (uint64_t)got->max_seqs);
+    differ_u64(buf, cap, "max tokens per step", (uint64_t)self->max_tokens,
+               (uint64_t)got->max_tokens);
+    differ_u64(buf, cap, "block-table length", (uint64_t)self->seq_blocks,
+               (uint64_t)got->seq_blocks);
+    if (buf[0])
+        return;
+    // The stages it reports must be the ones the plan puts there, at the addresses computed.
+    int32_t k = 0;
+    for (int32_t i = 0; i < p->n_stages; i++) {
+        if (p->stage_node[i] != node)
+            continue;
+        if (k >= got->n_stages || got->stages[k] != p->stage_addr[i]) {
+            snprintf(buf, cap,
+                     "its stages are not the script's (stage %d expected at actor %" PRIu64
+                     "): was it started with another script?",
+                     (int)i + 1, (uint64_t)(p->stage_addr[i] & 0xffffffffu));
+            return;
+        }
+        k++;
+    }
+    if (k != got->n_stages)
+        snprintf(buf, cap, "it serves %d stages, the script gives it %d", (int)got->n_stages,
+                 (int)k);
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
+                     sh_hello_peer *peers, uint32_t timeout_ms)
+{
+    const sh_cluster_config *c = p->c;
+    int32_t n = 0, node_of[256];
+    for (int32_t i = 0; i < c->n_nodes && n < 256; i++) {
+        if (i == p->front)
+            continue;
+        memset(&peers[n], 0, sizeof peers[n]);
+        peers[n].addr = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
+        node_of[n++] = i;
+    }
+    sh_hello_args ha = {.self = self, .peers = peers, .n_peers = n, .retry_ms = 500};
+    sh_error e = {0};
+    sh_addr addr;
+    if (sh_runtime_register(rt, &sh__hello_vtable, &e) ||
+        sh_actor_spawn(rt, "hello", &ha, 0, &addr, &e))
+        return (sh__cmd_fail("hello: %s", e.msg), 1);
+    fprintf(stderr, "shoal: waiting for %d worker node%s to join (up to %.0f s)\n", (int)n,
+            n == 1 ? "" : "s", timeout_ms / 1000.0);
+    fflush(stderr);
+    bool seen[256] = {false};
+    int32_t joined = 0;
+    uint64_t deadline = mono_ms() + timeout_ms;
+    while (joined < n) {
+        for (int32_t k = 0; k < n; k++) {
+            if (seen[k] || !atomic_load_explicit(&peers[k].answered, memory_order_acquire))
+                continue;
+            seen[k] = true;
+            joined++;
+            const sh_config_node *nd = &c->nodes[node_of[k]];
+            char diff[1024];
+            compare(p, node_of[k], self, &peers[k].got, diff, sizeof diff);
+            if (diff[0])
+                return sh__cmd_fail("node '%s' (%s) refused: %s", nd->name, nd->listen, diff);
+            fprintf(stderr, "shoal: node %s joined (%s, %d stage%s, %d/%d)\n", nd->name, nd->listen,
+                    (int)peers[k].got.n_stages, peers[k].got.n_stages == 1 ? "" : "s", (int)joined,
+                    (int)n);
+            fflush(stderr);
+        }
+        if (joined == n)
+            break;
+        if (mono_ms() >= deadline) {
+            char missing[1024] = "";
+            for (int32_t k = 0; k < n; k++) {
+                if (seen[k])
+                    continue;
+                size_t l = strlen(missing);
+                snprintf(missing + l, sizeof missing - l, "%s'%s' (%s)", l ? ", " : "",
+                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen);
+            }
+            return sh__cmd_fail("%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
+                                "node -c SCRIPT --name NAME` running for each?)",
+                                (int)(n - joined), (int)n, timeout_ms / 1000.0, missing);
+        }
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
+                            const sh_llama *m, const char *model_path, sh_runtime *rt,
+                            uint32_t timeout_ms)
+{
+    int rc = sh__cluster_plan(c, script, &m->hp, &f->plan);
+    if (!rc)
+        rc = sh__cluster_model_ident(m, model_path, &f->self);
+    if (rc)
+        return rc;
+    const sh_config_node *me = &c->nodes[c->gateway.node];
+    snprintf(f->self.node, sizeof f->self.node, "%s", me->name);
+    f->self.n_blocks = f->plan.n_blocks;
+    f->self.max_seqs = f->plan.max_seqs;
+    f->self.max_tokens = f->plan.step_tokens;
+    f->self.seq_blocks = f->plan.seq_blocks;
+    sh_error e = {0};
+    sh_transport_opts to = {.listen_url = me->listen, .reconnect_max_ms = 250};
+    if (sh_transport_create(rt, &to, &f->tp, &e))
+        return (sh__cmd_fail("node '%s': cannot listen on %s: %s", me->name, me->listen, e.msg),
+                e.code == SH_EBUSY ? 2 : 1);
+    rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp);
+    if (!rc)
+        rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms);
+    return rc;
+}
+
+void sh__cluster_front_close(sh_cluster_front *f)
+{
+    if (f->tp)
+        sh_transport_close(f->tp);
+}
+
+void sh__cluster_front_destroy(sh_cluster_front *f)
+{
+    sh_transport_destroy(f->tp);
+    f->tp = NULL;
+}

@@ -1,0 +1,91 @@
+/* What `shoal node` and `shoal serve -c` share about a cluster script: the plan of one replica
+ * whose pipeline stages sit on worker nodes (node ids, actor addresses, stage settings), and the
+ * front's join of the workers (issue 11, docs/cluster.md). */
+#ifndef SH_TOOLS_CLUSTER_H
+#define SH_TOOLS_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/hello.h"
+#include "lua/config.h"
+#include "model/llama.h"
+#include "shoal/runtime.h"
+#include "shoal/transport.h"
+
+#define SH_CLUSTER_MAX_STAGES 64
+
+/* Node i of the script is runtime node id i + 1. On every node the hello actor is actor 1 and
+ * the node's stages follow as actors 2, 3, ... in pipeline order, so every node computes every
+ * address from the script alone. */
+#define SH_CLUSTER_HELLO_ACTOR 1u
+#define SH_CLUSTER_FIRST_STAGE_ACTOR 2u
+
+typedef struct sh_cluster_plan {
+    const sh_cluster_config *c;
+    int32_t front; /* the gateway's node */
+    int32_t n_stages;
+    int32_t stage_node[SH_CLUSTER_MAX_STAGES];
+    int32_t first[SH_CLUSTER_MAX_STAGES], last[SH_CLUSTER_MAX_STAGES];
+    sh_addr stage_addr[SH_CLUSTER_MAX_STAGES];
+    /* Stage settings, the same on every stage and in the front's batcher and kvmgr. */
+    int32_t n_layers, n_ctx, max_seqs, step_tokens, n_blocks, seq_blocks;
+    uint64_t block_bytes; /* KV bytes of one block of the largest stage */
+} sh_cluster_plan;
+
+/* Whether the script runs its replica's stages on worker nodes (more than one node, or the stage
+ * not on the gateway's node); false for the single-process topology `shoal serve` runs itself. */
+bool sh__cluster_has_workers(const sh_cluster_config *c);
+
+/* Refuses what is not built yet with one error line naming it (returns 2): several replicas,
+ * tensor parallelism, standby nodes, a stage on the gateway's node beside worker stages,
+ * inproc:// or tls+tcp:// URLs, a node that hosts nothing, more than SH_CLUSTER_MAX_STAGES
+ * stages. Returns 0 when supported. `script` names the file in messages. */
+int sh__cluster_check(const sh_cluster_config *c, const char *script);
+
+/* Fills the plan from the script and the model's hyper-parameters (hp of the script's model):
+ * resolves even splits, checks that the layer ranges cover [0, n_layers) without gap or overlap,
+ * and derives the KV block count from kv.memory_bytes (default 1 GiB per stage) over the largest
+ * stage. Returns 0, or 2 with an error line. */
+int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
+                     sh_cluster_plan *p);
+
+/* The model file's identity (size and header hash); 2 with an error line for a non-GGUF model. */
+int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id);
+
+/* Adds every other node that hosts a stage or the gateway as a transport peer. Returns 0 or 2. */
+int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp);
+
+/* The front's join: greets every worker node through a hello actor spawned on rt (rt must have
+ * its transport and peers) and waits until each has answered, printing "shoal: node NAME joined
+ * (...)" per node. A worker whose identity differs from `self` is refused with an error naming
+ * it and what differs. `peers` (at least c->n_nodes entries) and `self` must outlive rt: the
+ * actor keeps them. Returns 0 when all joined, 2 on a mismatch or when timeout_ms passes (the
+ * error names the nodes still missing), 1 when the actor cannot be spawned. Not from a loop
+ * thread. */
+int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
+                     sh_hello_peer *peers, uint32_t timeout_ms);
+
+/* The front's side of a cluster: its plan, its identity, the workers' answers and its transport.
+ * Lives until after the runtime is destroyed (the hello actor reads self and peers). */
+typedef struct sh_cluster_front {
+    sh_cluster_plan plan;
+    sh_hello_ident self;
+    sh_hello_peer peers[256];
+    sh_transport *tp;
+} sh_cluster_front;
+
+/* Starts the front on rt (node id gateway.node + 1): plans from the model (the front loads only
+ * what it needs for hyper-parameters and the tokenizer), listens on the gateway node's URL, dials
+ * every worker and joins them (sh__cluster_join). Returns 0, 2 (bad script, mismatch, timeout:
+ * one error line printed) or 1. Not from a loop thread. */
+int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
+                            const sh_llama *m, const char *model_path, sh_runtime *rt,
+                            uint32_t timeout_ms);
+
+/* Stops the front's transport; call before sh_runtime_destroy(). Accepts a zeroed front. */
+void sh__cluster_front_close(sh_cluster_front *f);
+/* Frees the transport; call after sh_runtime_destroy(). Accepts a zeroed front. */
+void sh__cluster_front_destroy(sh_cluster_front *f);
+
+#endif

@@ -1,0 +1,247 @@
+/* `shoal node`: one worker node of a cluster script, serving the pipeline stages the script
+ * places on it until SIGINT/SIGTERM (docs/cluster.md). */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "actors/hello.h"
+#include "actors/serve.h"
+#include "kernels/backend.h"
+#include "lua/config.h"
+#include "shoal/transport.h"
+#include "tools/cluster.h"
+#include "tools/cmd.h"
+#include "tools/cmd_util.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n\n"
+               "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
+               "pipeline stages the script places on it (only their layers are loaded, with\n"
+               "the embedding on the first stage and the output head on the last) until\n"
+               "SIGINT or SIGTERM. Start every worker node, then `shoal serve -c CLUSTER.lua`\n"
+               "on the gateway's node; see docs/cluster.md.\n\n"
+               "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
+               "  --name NAME         which node of the script this process is\n"
+               "  -t THREADS          compute threads per stage (default: all CPUs)\n"
+               "  --log-level L       error, warn, info, debug (default info)\n\n"
+               "Prints `node NAME serving ...` on stderr when ready.\n");
+}
+
+typedef struct node_stage {
+    sh_llama *m;
+    sh_llama_ctx *ctx;
+} node_stage;
+
+typedef struct node_state {
+    sh_cluster_config *cfg;
+    sh_backend *be;
+    sh_runtime *rt;
+    sh_transport *tp;
+    int32_t n;
+    node_stage st[SH_CLUSTER_MAX_STAGES];
+    sh_hello_ident self;
+} node_state;
+
+static void close_all(node_state *s)
+{
+    if (s->tp)
+        sh_transport_close(s->tp);
+    sh_runtime_destroy(s->rt);
+    sh_transport_destroy(s->tp);
+    for (int32_t i = 0; i < s->n; i++) {
+        sh_llama_ctx_destroy(s->st[i].ctx);
+        sh_llama_destroy(s->st[i].m);
+    }
+    sh_backend_destroy(s->be);
+    sh_config_destroy(s->cfg);
+}
+
+static sh_log_level level_of(const char *s)
+{
+    if (!s || !strcmp(s, "info"))
+        return SH_LOG_LEVEL_INFO;
+    if (!strcmp(s, "error"))
+        return SH_LOG_LEVEL_ERROR;
+    if (!strcmp(s, "warn"))
+        return SH_LOG_LEVEL_WARN;
+    if (!strcmp(s, "debug"))
+        return SH_LOG_LEVEL_DEBUG;
+    return SH_LOG_LEVEL_INFO;
+}
+
+static int run(node_state *s, const char *script, const char *name, int32_t threads,
+               const char *log_level, const sigset_t *sigs)
+{
+    sh_error e = {0};
+    if (sh_config_load_file(script, NULL, &s->cfg, &e))
+        return sh__cmd_fail("%s", e.msg);
+    const sh_cluster_config *c = s->cfg;
+    int32_t self = sh_config_find_node(c, name);
+    if (self < 0)
+        return sh__cmd_fail("%s: no node named '%s' in the script", script, name);
+    int rc = sh__cluster_check(c, script);
+    if (rc)
+        return rc;
+    if (self == c->gateway.node)
+        return sh__cmd_fail("%s: node '%s' is the gateway's node: run `shoal serve -c %s` there, "
+                            "not `shoal node`",
+                            script, name, script);
+    const sh_config_replica *r = &c->replicas[0];
+    const sh_config_model *cm = &c->models[r->model];
+    struct stat sb;
+    if (stat(cm->path, &sb) != 0)
+        return sh__cmd_fail("%s: %s", cm->path, strerror(errno));
+    // The plan needs the layer count: read it from the file before loading any stage.
+    sh_llama *probe = NULL;
+    sh_llama_load_opts po = {.first = 0, .last = 1};
+    if (sh_llama_load(cm->path, &po, &probe, &e))
+        return sh__cmd_fail("%s", e.msg);
+    sh_cluster_plan plan;
+    rc = sh__cluster_plan(c, script, &probe->hp, &plan);
+    if (!rc)
+        rc = sh__cluster_model_ident(probe, cm->path, &s->self);
+    sh_llama_destroy(probe);
+    if (rc)
+        return rc;
+    snprintf(s->self.node, sizeof s->self.node, "%s", name);
+    s->self.n_blocks = plan.n_blocks;
+    s->self.max_seqs = plan.max_seqs;
+    s->self.max_tokens = plan.step_tokens;
+    s->self.seq_blocks = plan.seq_blocks;
+
+    sh_backend_cpu_opts bo = {.n_threads = threads};
+    if (sh_backend_cpu_create(&bo, &s->be, &e))
+        return (sh__cmd_fail("backend: %s", e.msg), 1);
+    int32_t mine[SH_CLUSTER_MAX_STAGES];
+    int32_t n_mine = 0;
+    for (int32_t i = 0; i < plan.n_stages; i++) {
+        if (plan.stage_node[i] != self)
+            continue;
+        mine[n_mine++] = i;
+        node_stage *st = &s->st[s->n];
+        sh_llama_load_opts lo = {.first = plan.first[i], .last = plan.last[i], .prefault = true};
+        if (sh_llama_load(cm->path, &lo, &st->m, &e))
+            return sh__cmd_fail("%s", e.msg);
+        s->n++;
+        sh_llama_ctx_opts co = {.max_tokens = plan.step_tokens,
+                                .max_seqs = plan.max_seqs,
+                                .max_logits = plan.max_seqs,
+                                .kv_tokens = plan.n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
+                                .kv_type = SH_DTYPE_F32};
+        if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))
+            return (sh__cmd_fail("stage %d: %s", (int)i + 1, e.msg), 1);
+        if (sh_llama_ctx_n_blocks(st->ctx) != plan.n_blocks)
+            return (sh__cmd_fail("stage %d: the KV pool has %d blocks, the plan %d", (int)i + 1,
+                                 (int)sh_llama_ctx_n_blocks(st->ctx), (int)plan.n_blocks),
+                    1);
+    }
+    if (n_mine == 0)
+        return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
+
+    sh_runtime_opts ro = {.node_id = (uint32_t)self + 1,
+                          .name = c->nodes[self].name,
+                          .n_loops = 2,
+                          .log_level = level_of(log_level)};
+    if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e) ||
+        sh_runtime_register(s->rt, &sh__hello_vtable, &e))
+        return (sh__cmd_fail("runtime: %s", e.msg), 1);
+    // Actor ids follow spawn order: the hello actor, then the stages, all before the transport
+    // (which spawns its own), so they land where every other node computes them.
+    for (int32_t k = 0; k < n_mine; k++)
+        s->self.stages[k] = plan.stage_addr[mine[k]];
+    s->self.n_stages = n_mine;
+    sh_hello_args ha = {.self = &s->self};
+    sh_addr addr = 0;
+    if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (addr != sh_addr_make((uint32_t)self + 1, SH_CLUSTER_HELLO_ACTOR))
+        return (sh__cmd_fail("internal: the hello actor got id %" PRIu64, (uint64_t)addr), 1);
+    sh_stage_args sa[SH_CLUSTER_MAX_STAGES];
+    for (int32_t k = 0; k < n_mine; k++) {
+        int32_t i = mine[k];
+        sa[k] = (sh_stage_args){.model = s->st[k].m,
+                                .ctx = s->st[k].ctx,
+                                .max_seqs = plan.max_seqs,
+                                .max_blocks_per_seq = plan.seq_blocks,
+                                .next = i + 1 < plan.n_stages ? plan.stage_addr[i + 1] : 0};
+        if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
+            return (sh__cmd_fail("spawn: %s", e.msg), 1);
+        if (addr != plan.stage_addr[i])
+            return (sh__cmd_fail("internal: stage %d got address %" PRIu64 ", not %" PRIu64,
+                                 (int)i + 1, (uint64_t)addr, (uint64_t)plan.stage_addr[i]),
+                    1);
+    }
+    sh_transport_opts to = {.listen_url = c->nodes[self].listen, .reconnect_max_ms = 250};
+    if (sh_transport_create(s->rt, &to, &s->tp, &e))
+        return (
+            sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),
+            e.code == SH_EBUSY ? 2 : 1);
+    rc = sh__cluster_add_peers(&plan, self, s->tp);
+    if (rc)
+        return rc;
+    char layers[512] = "";
+    for (int32_t k = 0; k < n_mine; k++) {
+        size_t l = strlen(layers);
+        snprintf(layers + l, sizeof layers - l, "%sstage %d layers [%d, %d)", k ? ", " : "",
+                 (int)mine[k] + 1, (int)plan.first[mine[k]], (int)plan.last[mine[k]]);
+    }
+    fprintf(stderr,
+            "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
+            "tokens per step)\n",
+            name, layers, cm->name, c->nodes[self].listen, (int)plan.n_blocks, (int)plan.max_seqs,
+            (int)plan.step_tokens);
+    fflush(stderr);
+    int sig = 0;
+    while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {
+    }
+    fprintf(stderr, "shoal: node %s: %s, stopping\n", name,
+            sig == SIGINT ? "interrupted" : "terminated");
+    return 0;
+}
+
+int sh__cmd_node(int argc, char **argv)
+{
+    const char *script = NULL, *name = NULL, *log_level = NULL;
+    int64_t threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level"))
+            return sh__cmd_fail("unknown option '%s' (see shoal node --help)", a);
+        if (i + 1 >= argc)
+            return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "-c"))
+            script = v;
+        else if (!strcmp(a, "--name"))
+            name = v;
+        else if (!strcmp(a, "--log-level"))
+            log_level = v;
+        else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
+            return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
+    }
+    if (!script || !name)
+        return sh__cmd_fail("shoal node needs -c CLUSTER.lua and --name NAME (see shoal node "
+                            "--help)");
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    node_state s;
+    memset(&s, 0, sizeof s);
+    int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);
+    close_all(&s);
+    return rc;
+}
