@@ -137,3 +137,14 @@ void sh__file_unmap(sh_file_map *m)
     if (m)
         memset(m, 0, sizeof *m);
 }
+
+void sh__file_drop(const void *p, size_t n)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    if (!p || ps <= 0)
+        return;
+    uintptr_t page = (uintptr_t)ps, lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}

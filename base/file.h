@@ -32,6 +32,14 @@ sh_err sh__file_read_head(const char *path, void *buf, size_t cap, size_t *n, sh
  * the errors of sh__file_open, or SH_EIO when mmap fails, and leaves *out zeroed. */
 sh_err sh__file_map(const char *path, int populate, sh_file_map *out, sh_error *e);
 
+/* Drops this process's pages of the bytes [p, p + n) of a mapping made by sh__file_map: the
+ * whole pages inside the range (the partial pages at its ends may hold a neighbour's bytes and
+ * stay). The data does not change: a later read faults the page in again from the file (the
+ * page cache), so this only lowers the resident set, e.g. once a backend holds its own copy of a
+ * weight. Never call it on memory not mapped by sh__file_map (on anonymous memory the bytes
+ * would read back as zeros). Best effort: a failing madvise leaves the pages resident. */
+void sh__file_drop(const void *p, size_t n);
+
 /* Unmaps; accepts a zeroed map. Leaves *m zeroed. */
 void sh__file_unmap(sh_file_map *m);
 

@@ -187,9 +187,11 @@ typedef struct sh_backend_iface {
      * backend with AVX-512 VNNI repacks Q4_0 / Q4_1 / Q8_0 matrices into a copy with 16 rows
      * interleaved per block (kernels/cpu/cpu.h, SH_CPU_PACK_ROWS); it does nothing for other
      * types or ISAs. Later matmuls whose w[i] has the same data pointer, type and shape read the
-     * copy; everything else (embed, other ISAs) keeps reading w->data, which must stay valid and
-     * unchanged until weight_release or destroy. Memory: the copy is about the size of the weight
-     * (so a fully prepared model holds its weights twice unless the caller drops its own pages),
+     * copy, and so does an embed whose table is that weight (a tied output head); anything else
+     * keeps reading w->data, which must stay valid and unchanged until weight_release or destroy
+     * (its pages may be dropped from a file mapping when weight_copied says so: they refault).
+     * Memory: the copy is about the size of the weight (so a prepared model holds its weights twice
+     * unless the caller drops its own pages, as model/llama.c does through weight_copied),
      * allocated here and owned by the backend. Preparing the same weight (data, type, shape)
      * again takes a reference to the existing copy; each prepare needs one release. Not a stream
      * op: call it while no enqueued op reads the weight, from any host thread. Returns SH_OK
@@ -200,6 +202,12 @@ typedef struct sh_backend_iface {
      * `data` and frees it with the last (nothing when there is none). Same rule as prepare: no
      * enqueued op may read it. */
     void (*weight_release)(void *ctx, const void *data);
+    /* Optional: true when the backend holds its own copy of weight w (a weight_prepare not yet
+     * released) and no op of this backend reads w->data while that copy lives (the CPU backend's
+     * matmul and embed both read the packed copy), so a caller whose weights lie in a file
+     * mapping may drop those pages (they refault from the file if anything reads them later).
+     * False when absent. Any host thread. */
+    bool (*weight_copied)(void *ctx, const sh_tensor *w);
 
     void (*destroy)(void *ctx);
 } sh_backend_iface;
@@ -449,6 +457,13 @@ static inline void sh_backend_weight_release(sh_backend *be, const void *data)
 {
     if (be->iface->weight_release)
         be->iface->weight_release(be->ctx, data);
+}
+
+/* True when the backend has its own copy of w and reads w->data no more (see sh_backend_iface);
+ * false where absent. */
+static inline bool sh_backend_weight_copied(sh_backend *be, const sh_tensor *w)
+{
+    return be->iface->weight_copied && be->iface->weight_copied(be->ctx, w);
 }
 
 /* Optional (SH_EUNSUPPORTED where absent): x(n) = sum over ranks of x. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/file.h"
 
 struct sh_llama_ctx {
     const sh_llama *m;
@@ -35,7 +36,8 @@ struct sh_llama_ctx {
 
 /* Calls fn on every matrix the stage multiplies by (not the embedding table when it only looks
  * rows up); stops at the first error. */
-static sh_err each_matrix(const sh_llama *m, sh_err (*fn)(sh_backend *, const sh_tensor *),
+static sh_err each_matrix(const sh_llama *m,
+                          sh_err (*fn)(const sh_llama *, sh_backend *, const sh_tensor *),
                           sh_backend *be)
 {
     sh_err err = SH_OK;
@@ -43,21 +45,29 @@ static sh_err each_matrix(const sh_llama *m, sh_err (*fn)(sh_backend *, const sh
         const sh_llama_layer *L = &m->layers[l];
         const sh_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !err; i++)
-            err = fn(be, ws[i]);
+            err = fn(m, be, ws[i]);
     }
     if (!err && m->last == m->hp.n_layers && m->output.data)
-        err = fn(be, &m->output);
+        err = fn(m, be, &m->output);
     return err;
 }
 
-static sh_err prepare_one(sh_backend *be, const sh_tensor *w)
+/* Prepares one matrix; when the backend now holds its own copy and reads the file's bytes no
+ * more, drops the mapping's pages of them right away, so that the model is resident once (and
+ * the load never holds much more than the file: one matrix in both forms at a time). */
+static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
     sh_err err = sh_backend_weight_prepare(be, w);
-    return err == SH_EUNSUPPORTED ? SH_OK : err; /* a backend without it reads w as it is */
+    if (err == SH_EUNSUPPORTED)
+        return SH_OK; /* a backend without it reads w as it is */
+    if (!err && m->file_mapped && sh_backend_weight_copied(be, w))
+        sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1]);
+    return err;
 }
 
-static sh_err release_one(sh_backend *be, const sh_tensor *w)
+static sh_err release_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
+    (void)m;
     sh_backend_weight_release(be, w->data);
     return SH_OK;
 }

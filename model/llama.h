@@ -61,6 +61,9 @@ typedef struct sh_llama {
     sh_llama_layer *layers; // (n_layers); only [first, last) filled
     struct sh_gguf *gguf;   /* owned source when loaded from GGUF */
     struct sh_llama2c *l2c; /* owned source when loaded from a llama2.c .bin */
+    /* The weights lie in a private read-only file mapping (sh_llama_load): a context whose
+     * backend copies a matrix drops the mapping's pages of it (sh__file_drop). */
+    bool file_mapped;
 } sh_llama;
 
 typedef struct sh_llama_load_opts {
@@ -75,7 +78,8 @@ typedef struct sh_llama_load_opts {
 
 /* Loads a model from `path`: a GGUF (architectures llama, mistral, qwen2) or a llama2.c
  * checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no prefault).
- * Weights stay in the read-only mapping; nothing is copied. Returns, with e filled and *out NULL:
+ * Weights stay in the read-only mapping; nothing is copied (a context may copy and drop them,
+ * sh_llama_ctx_opts.no_weight_prepare). Returns, with e filled and *out NULL:
  * SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly shaped tensor or key),
  * SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a non-f32 norm),
  * SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
@@ -96,8 +100,10 @@ typedef struct sh_llama_ctx_opts {
     int32_t kv_tokens;  /* KV pool capacity in tokens, rounded up to whole blocks */
     sh_dtype kv_type;   /* SH_DTYPE_F32 (default when 0) or SH_DTYPE_F16 */
     /* By default the context hands every matrix to sh_backend_weight_prepare (the CPU backend
-     * repacks quantized and F16 weights for its fast kernels: a second copy of them in memory,
-     * shared by contexts over the same model and backend). Set to keep only the mapping. */
+     * repacks quantized and F16 weights for its fast kernels into memory of its own, shared by
+     * contexts over the same model and backend) and, where the backend says it copied one
+     * (sh_backend_weight_copied), drops the file mapping's pages of it: the weights stay
+     * resident once. Set to keep only the mapping. */
     bool no_weight_prepare;
 } sh_llama_ctx_opts;
 

@@ -367,6 +367,7 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
     } else {
         bind_llama2c(m);
     }
+    m->file_mapped = true; /* both readers map the file (sh__file_map) */
     if (o.prefault)
         prefault(m, &o);
     *out = m;

@@ -41,7 +41,7 @@ typedef struct serve_opts {
     const char *key_file; /* --api-key-file: read at start and on SIGHUP */
     int32_t n_fixed_keys; /* keys[0, n_fixed_keys) come from flags, script and environment; the
                              key file's follow and are replaced on reload */
-    bool no_prefix_cache, kv_f16;
+    bool no_prefix_cache, kv_f16, kv_f32; /* the KV type flags given; F16 unless --kv-f32 */
     bool port_set; /* --port given: it wins over the port of the config's gateway.http */
     const sh_cluster_config *cfg; /* -c's script */
     bool cluster;                 /* the script's stages run on worker nodes */
@@ -70,7 +70,8 @@ static void usage(FILE *f)
             "  --kv-mem BYTES      KV cache memory budget, e.g. 512M, 2G (default 1G, or a\n"
             "                      quarter of the available memory when that is less)\n"
             "  --kv-blocks N       KV cache size in 16-token blocks (overrides --kv-mem)\n"
-            "  --kv-f16            keep the KV cache in F16 (half the memory)\n"
+            "  --kv-f16            keep the KV cache in F16 (the default: half the memory)\n"
+            "  --kv-f32            keep the KV cache in F32\n"
             "  --no-prefix-cache   do not reuse the KV of shared prompt prefixes\n"
             "  --max-seqs N        sequences per step (default 64)\n"
             "  --step-tokens N     token budget per step (default 4096)\n"
@@ -305,8 +306,9 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->no_prefix_cache = true;
             continue;
         }
-        if (!strcmp(a, "--kv-f16")) {
-            o->kv_f16 = true;
+        if (!strcmp(a, "--kv-f16") || !strcmp(a, "--kv-f32")) {
+            o->kv_f32 = !strcmp(a, "--kv-f32"); /* the last one given wins */
+            o->kv_f16 = !o->kv_f32;
             continue;
         }
         if (!strcmp(a, "--metrics-public")) {
@@ -415,10 +417,11 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
         int rc = sh__cluster_check(c, o->config);
         if (rc)
             return rc;
-        if (o->ctx || o->max_seqs || o->step_tokens || o->kv_mem || o->kv_blocks || o->kv_f16)
+        if (o->ctx || o->max_seqs || o->step_tokens || o->kv_mem || o->kv_blocks || o->kv_f16 ||
+            o->kv_f32)
             return sh__cmd_fail("%s: with worker nodes the stage settings come from the script "
                                 "(batcher, kv); drop --ctx, --max-seqs, --step-tokens, "
-                                "--kv-mem, --kv-blocks and --kv-f16",
+                                "--kv-mem, --kv-blocks, --kv-f16 and --kv-f32",
                                 o->config);
         o->cluster = true;
     }
@@ -624,7 +627,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     // The KV pool: a block holds K and V of 16 positions in every layer.
     uint64_t bytes_per_block = (uint64_t)2 * (uint64_t)hp->n_layers * (uint64_t)hp->n_kv_heads *
                                (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS *
-                               (o->kv_f16 ? 2u : 4u);
+                               (o->kv_f32 ? 4u : 2u);
     int64_t n_blocks = o->kv_blocks;
     if (!n_blocks)
         n_blocks = (int64_t)((o->kv_mem ? o->kv_mem : default_kv_mem()) / bytes_per_block);
@@ -661,7 +664,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                                 .max_seqs = max_seqs,
                                 .max_logits = max_seqs,
                                 .kv_tokens = (int32_t)(n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
-                                .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
+                                .kv_type = o->kv_f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
         if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
             return (sh__cmd_fail("%s", e.msg), 1);
         n_blocks = sh_llama_ctx_n_blocks(s->ctx);
@@ -770,8 +773,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             (double)((uint64_t)n_blocks * (plan ? plan->block_bytes : bytes_per_block)) /
                 (1024.0 * 1024.0),
             plan        ? "f32 per stage"
-            : o->kv_f16 ? "f16"
-                        : "f32",
+            : o->kv_f32 ? "f32"
+                        : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
     fprintf(stderr, "shoal: listening on http://%s%s%s:%d%s\n", v6 ? "[" : "", host, v6 ? "]" : "",
             port, o->n_keys ? " (API keys required)" : "");

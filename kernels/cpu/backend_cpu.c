@@ -334,6 +334,9 @@ static sh_err cpu_embed(void *ctx, sh_backend_stream *s, const sh_tensor *t, con
         sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) == 0)
         return SH_EINVAL;
     sh__cpu_op op = {.kind = SH__CPU_OP_EMBED, .u.embed = {*t, ids, n_tok, y}};
+    /* A table that is also a prepared matmul weight (a tied output head) is read from its packed
+     * copy: its file pages may have been dropped (weight_copied). */
+    op.packed[0] = sh__cpu_weights_lookup(ctx, t);
     return push(ctx, s, &op);
 }
 
@@ -363,6 +366,11 @@ static sh_err cpu_weight_prepare(void *ctx, const sh_tensor *w)
 }
 
 static void cpu_weight_release(void *ctx, const void *data) { sh__cpu_weights_release(ctx, data); }
+
+static bool cpu_weight_copied(void *ctx, const sh_tensor *w)
+{
+    return sh__cpu_weights_lookup(ctx, w) != NULL;
+}
 
 static void cpu_destroy(void *ctx)
 {
@@ -414,6 +422,7 @@ static const sh_backend_iface cpu_iface = {
     .all_reduce = NULL,
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
+    .weight_copied = cpu_weight_copied,
     .destroy = cpu_destroy,
 };
 

@@ -28,7 +28,8 @@ typedef struct sh__cpu_op {
     sh__cpu_op_kind kind;
     sh_backend_stream *stream;
     uint64_t ticket;
-    /* Matmul only: the packed copy of each weight, or NULL (looked up at enqueue). */
+    /* Matmul: the packed copy of each weight, or NULL (looked up at enqueue); embed: packed[0],
+     * the table's packed copy when it is a prepared weight (a tied output head). */
     const void *packed[SH_MATMUL_MAX_W];
     union {
         struct {

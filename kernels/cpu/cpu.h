@@ -136,6 +136,12 @@ size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
 /* Writes the packed copy of the weight src (n_out rows of sh__dtype_row_bytes each) to dst. */
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst);
 
+/* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
+ * in the file layout (18, 20 or 34 bytes; for F16 the 32 halves, 64 bytes) to `blk`, so that an
+ * embedding lookup can read a packed table whose file pages were dropped. */
+void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
+                          uint8_t blk[64]);
+
 /* Attention work (defined with the attention functions below). */
 typedef struct sh__cpu_attn sh__cpu_attn;
 

@@ -76,6 +76,32 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
     }
 }
 
+void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
+                          uint8_t blk[64])
+{
+    const int64_t nb = n_in / SH_CPU_QK;
+    const size_t gb = sh__cpu_pack_group_bytes(type, n_in), cb = sh__cpu_pack_code_bytes(type);
+    const uint8_t *pg = (const uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
+    const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
+    if (type == SH_DTYPE_F16) {
+        const uint8_t *pc = pg + (size_t)b * cb;
+        for (size_t k = 0; k < 32; k++) /* element 32b + k at index 16k + r of block b's codes */
+            memcpy(blk + 2 * k, pc + 2 * (16 * k + r), 2);
+        return;
+    }
+    /* The same offsets as sh__cpu_pack, read instead of written. */
+    const size_t qoff = type == SH_DTYPE_Q4_1 ? 4 : 2, qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16;
+    memcpy(blk, pg + (size_t)nb * cb + (size_t)b * 32 + 2 * r, 2); /* d */
+    if (type == SH_DTYPE_Q4_1)
+        memcpy(blk + 2, pg + (size_t)nb * (cb + 32) + (size_t)b * 32 + 2 * r, 2); /* m */
+    const uint8_t *codes = pg + (size_t)b * cb;
+    for (size_t j = 0; j < qbytes / 4; j++)
+        for (size_t i = 0; i < 4; i++) {
+            uint8_t v = codes[64 * j + 4 * r + i];
+            blk[qoff + 4 * j + i] = type == SH_DTYPE_Q8_0 ? (uint8_t)(v ^ 0x80u) : v;
+        }
+}
+
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
 {
     switch (type) {

@@ -244,6 +244,45 @@ static void test_pack_layout(void)
     }
 }
 
+/* An embedding lookup in a table that is also a prepared weight (a tied output head) reads the
+ * packed copy, one block at a time back to the file layout: it gives bitwise the rows of the
+ * file layout, for every row of a group of 16 and past the ragged end; an id out of range gives
+ * zeros. The file's bytes are scribbled over after the prepare to show they are not read. */
+static void test_packed_embed(void)
+{
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 2);
+    sh_backend_stream *s;
+    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+    const int32_t ids[] = {0, 1, 15, 16, 17, 36, 3, -1, 37, 20};
+    const int64_t n_tok = sizeof ids / sizeof ids[0], n_out = 37, n_in = 96;
+    for (size_t ti = 0; ti < 4; ti++) {
+        wmat w = make_w(qtypes[ti], n_out, n_in);
+        CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+        bool copied = sh_backend_weight_copied(be, &w.t);
+        if (copied) /* the backend must not read these bytes any more */
+            memset(w.t.data, 0x5a, sh__dtype_row_bytes(qtypes[ti], (uint64_t)n_in) * n_out);
+        float *y = malloc((size_t)(n_tok * n_in) * sizeof(float));
+        fill(y, n_tok * n_in, 1.0f);
+        CHECK_OK(sh_backend_embed(be, s, &w.t, ids, n_tok, y));
+        CHECK_OK(sh_backend_sync(be, s));
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < n_in; k++) {
+                float want = ids[t] < 0 || ids[t] >= n_out ? 0.0f : w.deq[ids[t] * n_in + k];
+                if (y[t * n_in + k] != want) {
+                    SH_FAIL_("%s id %d element %lld: %g vs %g", sh__dtype_name(qtypes[ti]),
+                             (int)ids[t], (long long)k, y[t * n_in + k], want);
+                    t = n_tok;
+                    break;
+                }
+            }
+        sh_backend_weight_release(be, w.t.data);
+        free(y);
+        free_w(&w);
+    }
+    sh_backend_stream_destroy(be, s);
+    sh_backend_destroy(be);
+}
+
 /* The vectorized SwiGLU (its exp approximation) against the double formula over the whole
  * range that matters, plus the ends where exp over- or underflows; odd lengths for the tail. */
 static void test_swiglu_range(void)
@@ -276,9 +315,13 @@ static void test_swiglu_range(void)
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"pack_layout", test_pack_layout},   {"packed_vs_ref", test_packed_vs_ref},
-        {"packed_fused", test_packed_fused}, {"prepare_release", test_prepare_release},
-        {"swiglu_range", test_swiglu_range}, {NULL, NULL},
+        {"pack_layout", test_pack_layout},
+        {"packed_vs_ref", test_packed_vs_ref},
+        {"packed_fused", test_packed_fused},
+        {"prepare_release", test_prepare_release},
+        {"swiglu_range", test_swiglu_range},
+        {"packed_embed", test_packed_embed},
+        {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }

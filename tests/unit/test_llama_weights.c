@@ -1,0 +1,182 @@
+/* One copy of the weights: once the CPU backend has repacked a model's matrices into memory of
+ * its own, the file mapping's pages of them are gone from the process (checked page by page in
+ * /proc/self/pagemap, after a prefault made them all resident), while the model still computes
+ * the same logits as one whose weights are read in place. Synthetic Q4_0 models from mkmodel,
+ * with a tied output head (whose table the embedding then reads from the packed copy) and an
+ * untied one (whose embedding table is read in place and keeps its pages). */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "base/dtype.h"
+#include "kernels/backend.h"
+#include "model/llama.h"
+#include "model/mkmodel.h"
+#include "sh_test.h"
+
+enum { VOCAB = 1000, DIM = 256, N_TOK = 7 };
+
+static char dir[64];
+static bool no_copy; /* the CPU's kernels read the file layout: nothing to test */
+
+static const char *write_model(const char *name, bool tied)
+{
+    static char path[2][128];
+    char *p = path[tied];
+    snprintf(p, sizeof path[0], "%s/%s", dir, name);
+    sh_mkmodel_opts o;
+    sh__mkmodel_opts_init(&o);
+    o.shape.n_layers = 3;
+    o.shape.dim = DIM;
+    o.shape.ffn = 512;
+    o.shape.n_heads = 4;
+    o.shape.n_kv_heads = 2;
+    o.shape.vocab = VOCAB;
+    o.shape.ctx = 256;
+    o.shape.tied = tied;
+    o.type = SH_DTYPE_Q4_0;
+    o.seed = 11;
+    o.std = 0.1f;
+    sh_error e = {0};
+    CHECK_OK(sh__mkmodel_write(p, &o, NULL, &e));
+    return p;
+}
+
+/* Resident pages and whole pages of the tensor's bytes, from /proc/self/pagemap (bit 63: page
+ * present; readable by the process itself without privileges). */
+static void resident(const sh_tensor *t, size_t *present, size_t *pages)
+{
+    *present = *pages = 0;
+    long ps = sysconf(_SC_PAGESIZE);
+    size_t bytes = sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (size_t)t->ne[1];
+    uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)ps - 1) / (uintptr_t)ps;
+    uintptr_t hi = ((uintptr_t)t->data + bytes) / (uintptr_t)ps;
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    for (uintptr_t pg = lo; pg < hi; pg++) {
+        uint64_t ent = 0;
+        CHECK(pread(fd, &ent, sizeof ent, (off_t)(pg * sizeof ent)) == (ssize_t)sizeof ent);
+        *present += (ent >> 63) & 1;
+        (*pages)++;
+    }
+    close(fd);
+}
+
+/* Last-token logits of one prefill of N_TOK tokens. */
+static void logits_of(const sh_llama *m, sh_backend *be, bool prepare, float *out)
+{
+    sh_error e = {0};
+    sh_llama_ctx *ctx = NULL;
+    sh_llama_ctx_opts co = {
+        .max_tokens = 16, .max_seqs = 1, .kv_tokens = 64, .no_weight_prepare = !prepare};
+    CHECK_OK(sh_llama_ctx_create(m, be, &co, &ctx, &e));
+    if (!ctx)
+        return;
+    int32_t toks[N_TOK] = {1, 17, 400, 999, 3, 3, 250}, blocks[4] = {0, 1, 2, 3};
+    sh_llama_seq s = {toks, N_TOK, 0, blocks, true};
+    sh_llama_batch b = {1, &s, false, NULL};
+    sh_llama_out o = {0};
+    CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
+    if (o.logits)
+        memcpy(out, o.logits, VOCAB * sizeof(float));
+    sh_llama_ctx_destroy(ctx);
+}
+
+static void check_model(bool tied)
+{
+    const char *path = write_model(tied ? "tied.gguf" : "untied.gguf", tied);
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_llama_load_opts lo = {.prefault = true};
+    CHECK_OK(sh_llama_load(path, &lo, &m, &e));
+    sh_backend *be = NULL, *ref = NULL;
+    sh_backend_cpu_opts bo = {.n_threads = 2};
+    CHECK_OK(sh_backend_cpu_create(&bo, &be, &e));
+    CHECK_OK(sh_backend_cpu_create(&bo, &ref, &e));
+    if (!m || !be || !ref)
+        goto out;
+    const sh_llama_layer *L = &m->layers[1];
+    const sh_tensor *mats[] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
+                               &L->w_gate, &L->w_up, &L->w_down, &m->output};
+    size_t present, pages;
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) { /* the prefault mapped them all */
+        resident(mats[i], &present, &pages);
+        CHECK(pages > 0);
+        CHECK_UINT_EQ(present, pages);
+    }
+    float *in_place = calloc(VOCAB, sizeof(float)), *packed = calloc(VOCAB, sizeof(float));
+    logits_of(m, ref, false, in_place); /* before any drop: the file's bytes as they are */
+
+    sh_error e2 = {0};
+    sh_llama_ctx *ctx = NULL;
+    sh_llama_ctx_opts co = {.max_tokens = 16, .max_seqs = 1, .kv_tokens = 64};
+    CHECK_OK(sh_llama_ctx_create(m, be, &co, &ctx, &e2));
+    if (!sh_backend_weight_copied(be, &L->wq)) {
+        fprintf(stderr, "this CPU's kernels read the file layout (no copy): skipped\n");
+        no_copy = true;
+        sh_llama_ctx_destroy(ctx);
+        free(in_place);
+        free(packed);
+        goto out;
+    }
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        resident(mats[i], &present, &pages);
+        if (present)
+            SH_FAIL_("%s model, matrix %zu: %zu of %zu pages of the file still resident after "
+                     "the backend copied it (the weights are held twice)",
+                     tied ? "tied" : "untied", i, present, pages);
+    }
+    /* The embedding table of the untied model is read in place: its pages stay. */
+    if (!tied) {
+        resident(&m->tok_embd, &present, &pages);
+        CHECK_UINT_EQ(present, pages);
+    }
+    /* A second context shares the copies; the logits with the pages dropped (the tied table read
+     * from the packed copy) are the in-place ones, up to the packed kernels' summation order. */
+    logits_of(m, be, true, packed);
+    double worst = 0, scale = 0;
+    for (int i = 0; i < VOCAB; i++) {
+        worst = fmax(worst, fabs((double)packed[i] - in_place[i]));
+        scale = fmax(scale, fabs((double)in_place[i]));
+    }
+    if (!(scale > 0 && worst <= 1e-4 * scale))
+        SH_FAIL_("logits after the drop differ by %g (largest %g)", worst, scale);
+    sh_llama_ctx_destroy(ctx);
+    /* Released copies: the model reads the file again (its pages fault back in). */
+    logits_of(m, ref, false, packed);
+    for (int i = 0; i < VOCAB; i++)
+        if (packed[i] != in_place[i]) {
+            SH_FAIL_("logit %d after release: %g vs %g", i, packed[i], in_place[i]);
+            break;
+        }
+    free(in_place);
+    free(packed);
+out:
+    sh_backend_destroy(be);
+    sh_backend_destroy(ref);
+    sh_llama_destroy(m);
+}
+
+static void test_tied(void) { check_model(true); }
+static void test_untied(void) { check_model(false); }
+
+int main(int argc, char **argv)
+{
+    snprintf(dir, sizeof dir, "/tmp/shoal-weights-XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    static const sh_test_case tests[] = {
+        {"tied", test_tied}, {"untied", test_untied}, {NULL, NULL}};
+    int rc = sh_test_main(argc, argv, tests);
+    if (rc == 0 && no_copy)
+        rc = SH_TEST_SKIP;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return rc;
+}
