@@ -25,6 +25,12 @@
  * One step is in flight at a time (one stage). When the replica is idle the first SUBMIT waits a
  * moment (1 ms after the last arrival, at most max_wait_ms) so a burst forms one batch.
  *
+ * Lost steps. STEP is one-way: when a stage node dies the step's STEP_DONE never comes. With
+ * step_timeout_ms the deadline tick fails a step not answered in time (its requests get 503) and
+ * the batcher goes on; a STEP_DONE whose step id is not the step in flight (late, after such a
+ * timeout, or a duplicate) is ignored. A failed step's sequences are failed whole, never resumed:
+ * the KV rows of a step that did not answer cannot be trusted.
+ *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates
  * nothing per token (the stop-string matcher grows its buffer at most to its longest stop string).
@@ -129,6 +135,7 @@ typedef struct batcher {
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
     bool step_out, forming;
+    uint64_t step_sent_us; /* when the step in flight (step_no) was sent */
     uint64_t form_start_us;
     uint64_t form_timer;
     /* step scratch */
@@ -1006,6 +1013,7 @@ static void dispatch_step(batcher *b)
         return;
     }
     b->step_out = true;
+    b->step_sent_us = sh__act_mono_us();
     sh_counter_add(b->m_steps, 1);
     sh_histogram_observe(b->m_batch, b->n_step);
     sh_histogram_observe(b->m_step_tokens, n_tok);
@@ -1123,26 +1131,39 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
         seq_finish(b, s, SH_PROTO_FINISH_LENGTH);
 }
 
+/* The step in flight failed or was not answered: its sequences cannot trust their new cache rows,
+ * so their requests fail with `http` and msg (by id, since failing one frees its choices). */
+static void fail_step(batcher *b, sh_err code, uint32_t http, const char *msg)
+{
+    b->step_out = false;
+    int32_t n = b->n_step;
+    for (int32_t i = 0; i < n; i++)
+        b->step_seqs[i].seq = b->step_order[i]->r->id;
+    b->n_step = 0;
+    for (int32_t i = 0; i < n; i++) {
+        breq *r = find_req(b, b->step_seqs[i].seq);
+        if (r)
+            req_fail(b, r, code, http, msg);
+    }
+    plan_step(b);
+}
+
 static void on_step_done(batcher *b, const sh_proto_step_done *m)
 {
+    if (!b->step_out || m->step != b->step_no) {
+        // Late (its step already timed out) or a duplicate: the requests it was for are gone.
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "step_done_ignored",
+                     "step=%" PRIu64 " in_flight=%" PRIu64, m->step,
+                     b->step_out ? b->step_no : (uint64_t)0);
+        return;
+    }
     b->step_out = false;
     if (m->compute_us)
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
     if (m->status) {
         sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_failed", "status=%d msg=\"%.*s\"",
                      (int)m->status, (int)m->message.len, m->message.ptr);
-        // The step's sequences cannot trust their new cache rows: fail their requests (by id,
-        // since failing one frees its choices).
-        int32_t n = b->n_step;
-        for (int32_t i = 0; i < n; i++)
-            b->step_seqs[i].seq = b->step_order[i]->r->id;
-        b->n_step = 0;
-        for (int32_t i = 0; i < n; i++) {
-            breq *r = find_req(b, b->step_seqs[i].seq);
-            if (r)
-                req_fail(b, r, (sh_err)m->status, 500, "the model step failed");
-        }
-        plan_step(b);
+        fail_step(b, (sh_err)m->status, 500, "the model step failed");
         return;
     }
     for (int32_t i = 0; i < b->n_step; i++) {
@@ -1173,11 +1194,35 @@ static void on_step_done(batcher *b, const sh_proto_step_done *m)
     plan_step(b);
 }
 
-/* A STEP_DONE that could not be decoded: the step's requests fail. */
+/* A STEP_DONE that could not be decoded: the step in flight's requests fail (its id is unknown,
+ * so it counts as the step in flight's answer). */
 static void step_lost(batcher *b)
 {
-    sh_proto_step_done lost = {.status = SH_EPROTO, .message = {"undecodable STEP_DONE", 21}};
+    if (!b->step_out)
+        return;
+    sh_proto_step_done lost = {
+        .step = b->step_no, .status = SH_EPROTO, .message = {"undecodable STEP_DONE", 21}};
     on_step_done(b, &lost);
+}
+
+/* The deadline tick: the step in flight has waited step_timeout_ms for its STEP_DONE. A stage
+ * node that died (or hangs) never answers; fail the step's requests and go on. */
+static void check_step_timeout(batcher *b)
+{
+    if (!b->step_out || !b->a.step_timeout_ms)
+        return;
+    uint64_t waited_us = sh__act_mono_us() - b->step_sent_us;
+    if (waited_us < (uint64_t)b->a.step_timeout_ms * 1000)
+        return;
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "the pipeline did not answer step %" PRIu64 " within %" PRIu32
+             " ms; a stage node may be down",
+             b->step_no, b->a.step_timeout_ms);
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_timeout",
+                 "step=%" PRIu64 " seqs=%d waited_ms=%" PRIu64 " timeout_ms=%" PRIu32, b->step_no,
+                 (int)b->n_step, waited_us / 1000, b->a.step_timeout_ms);
+    fail_step(b, SH_ETIMEDOUT, 503, msg);
 }
 
 /* ---- the actor ---------------------------------------------------------------------------- */
@@ -1293,7 +1338,9 @@ static void batcher_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
     if (tag == TIMER_FORM) {
         b->forming = false;
         plan_step(b);
-    } else if (tag == TIMER_DEADLINE && !b->step_out && !b->allocs_out && !b->forming &&
+    } else if (tag == TIMER_DEADLINE && b->step_out) {
+        check_step_timeout(b);
+    } else if (tag == TIMER_DEADLINE && !b->allocs_out && !b->forming &&
                (b->n_running || b->n_waiting)) {
         plan_step(b);
     }

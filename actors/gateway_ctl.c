@@ -1,5 +1,7 @@
-/* The gateway's drain (graceful shutdown) and API-key reloads, commanded from another thread. */
+/* The gateway's drain (graceful shutdown), fail-stop and API-key reloads, commanded from another
+ * thread. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,7 +14,9 @@ struct sh_gateway_ctl {
     pthread_mutex_t mu;
     uv_async_t *async; /* the running gateway's wakeup (NULL when none runs) */
     bool drain;        /* a drain was asked for */
-    bool keys_new;     /* keys holds a set the gateway has not taken yet */
+    bool fail;         /* fail-stop: end every request now with fail_msg */
+    char fail_msg[256];
+    bool keys_new; /* keys holds a set the gateway has not taken yet */
     sh_openai_key *keys;
     int32_t n_keys;
     int drained; /* atomic: the drain finished */
@@ -73,6 +77,18 @@ void sh__gateway_ctl_drain(sh_gateway_ctl *ctl)
     pthread_mutex_unlock(&ctl->mu);
 }
 
+void sh__gateway_ctl_fail(sh_gateway_ctl *ctl, const char *msg)
+{
+    pthread_mutex_lock(&ctl->mu);
+    if (!ctl->fail)
+        snprintf(ctl->fail_msg, sizeof ctl->fail_msg, "%s", msg);
+    ctl->fail = true;
+    ctl->drain = true;
+    if (ctl->async)
+        uv_async_send(ctl->async);
+    pthread_mutex_unlock(&ctl->mu);
+}
+
 bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl)
 {
     return __atomic_load_n(&ctl->drained, __ATOMIC_ACQUIRE) != 0;
@@ -109,7 +125,8 @@ static void drain_finish(gateway *g, const char *how)
         __atomic_store_n(&g->a.ctl->drained, 1, __ATOMIC_RELEASE);
 }
 
-/* Every 20 ms while draining: done when no request is open; at the deadline the rest is ended. */
+/* Every 20 ms while draining: done when no request is open; at the deadline the rest is ended
+ * (with the ctl's failure message after a fail-stop). */
 static void on_drain_tick(uv_timer_t *t)
 {
     gateway *g = t->data;
@@ -121,6 +138,11 @@ static void on_drain_tick(uv_timer_t *t)
     }
     if (uv_now(t->loop) < g->drain_deadline_ms)
         return;
+    char fail_msg[256];
+    pthread_mutex_lock(&g->a.ctl->mu);
+    bool fail = g->a.ctl->fail;
+    memcpy(fail_msg, g->a.ctl->fail_msg, sizeof fail_msg);
+    pthread_mutex_unlock(&g->a.ctl->mu);
     int n = 0;
     while (g->reqs) {
         gw_req *r = g->reqs;
@@ -129,28 +151,38 @@ static void on_drain_tick(uv_timer_t *t)
         sh_error e = {0};
         sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
                      r->id, &c, &e);
-        sh__gateway_end_with_error(
-            g, r, 503, "server_shutting_down",
-            "the server is shutting down and this request did not finish within "
-            "the drain timeout");
+        if (fail)
+            sh__gateway_end_with_error(g, r, 503, "replica_failed", fail_msg);
+        else
+            sh__gateway_end_with_error(
+                g, r, 503, "server_shutting_down",
+                "the server is shutting down and this request did not finish within "
+                "the drain timeout");
         sh__gateway_req_free(r);
         n++;
     }
-    sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, "drain_timeout", "ended=%d timeout_ms=%u", n,
-                 g->a.drain_timeout_ms);
-    drain_finish(g, "deadline");
+    if (fail)
+        sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, "failed", "ended=%d", n);
+    else
+        sh_actor_log(g->ctx, SH_LOG_LEVEL_WARN, "drain_timeout", "ended=%d timeout_ms=%u", n,
+                     g->a.drain_timeout_ms);
+    drain_finish(g, fail ? "fail-stop" : "deadline");
 }
 
-static void drain_start(gateway *g)
+/* Starts draining, or after a fail-stop (fail) moves the deadline to now: every open request is
+ * ended at once, also when a graceful drain was already under way. */
+static void drain_start(gateway *g, bool fail)
 {
-    if (g->draining)
+    if (g->drained || (g->draining && !fail))
         return;
-    g->draining = true;
-    sh_http_server_drain(g->srv);
     uv_loop_t *loop = sh__actor_uv_loop(g->ctx);
-    g->drain_deadline_ms = uv_now(loop) + g->a.drain_timeout_ms;
-    sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "draining", "requests=%u timeout_ms=%u",
-                 sh_http_server_active(g->srv), g->a.drain_timeout_ms);
+    if (!g->draining) {
+        g->draining = true;
+        sh_http_server_drain(g->srv);
+        sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "draining", "requests=%u timeout_ms=%u fail=%d",
+                     sh_http_server_active(g->srv), fail ? 0u : g->a.drain_timeout_ms, (int)fail);
+    }
+    g->drain_deadline_ms = uv_now(loop) + (fail ? 0 : g->a.drain_timeout_ms);
     on_drain_tick(&g->hd->timer);
     if (!g->drained)
         uv_timer_start(&g->hd->timer, on_drain_tick, 20, 20);
@@ -162,7 +194,7 @@ static void on_ctl(uv_async_t *a)
     gateway *g = a->data;
     sh_gateway_ctl *ctl = g->a.ctl;
     pthread_mutex_lock(&ctl->mu);
-    bool drain = ctl->drain;
+    bool drain = ctl->drain, fail = ctl->fail;
     sh_openai_key *keys = NULL;
     int32_t n_keys = 0;
     bool new_keys = ctl->keys_new;
@@ -181,7 +213,7 @@ static void on_ctl(uv_async_t *a)
         sh_actor_log(g->ctx, SH_LOG_LEVEL_INFO, "api_keys_reloaded", "keys=%d", (int)n_keys);
     }
     if (drain)
-        drain_start(g);
+        drain_start(g, fail);
 }
 
 static void on_ctl_closed(uv_handle_t *h)

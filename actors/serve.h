@@ -125,6 +125,10 @@ typedef struct sh_batcher_args {
                               * n_ctx) need more is refused at SUBMIT with 503. 0: not known (a
                               * sliding window bounds what a sequence holds), no such check */
     bool llama2c;            /* the model delimits texts with BOS: treat BOS as end */
+    uint32_t step_timeout_ms; /* a step not answered (STEP_DONE) within this fails: its requests
+                               * get 503 naming the step, and batching goes on (checked every
+                               * 100 ms). For stages on other nodes, where a dead node's step is
+                               * never answered. 0: wait for ever (one process) */
 } sh_batcher_args;
 
 /* ---- gateway ---------------------------------------------------------------------------- */
@@ -171,6 +175,12 @@ sh_err sh__gateway_ctl_create(sh_gateway_ctl **out);
 void sh__gateway_ctl_destroy(sh_gateway_ctl *ctl);
 /* Starts draining (idempotent). Any thread. */
 void sh__gateway_ctl_drain(sh_gateway_ctl *ctl);
+/* Fail-stop (a cluster front that lost a worker node): a drain whose deadline is now, also when
+ * a drain is already under way. /health and new requests answer 503 as while draining; every
+ * open request is cancelled and ended at once with a 503 error of code "replica_failed" and
+ * message msg (copied, up to 255 bytes; the first call's wins): a started stream with an error
+ * event and `data: [DONE]`. drained() turns true once that is done. Any thread. */
+void sh__gateway_ctl_fail(sh_gateway_ctl *ctl, const char *msg);
 /* Whether a drain finished (every request answered, or the deadline passed). Any thread. */
 bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl);
 /* Replaces the gateway's API keys (copied; n_keys 0 turns authentication off). Returns SH_OK,

@@ -301,7 +301,41 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp);
     if (!rc)
         rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms);
+    // Every worker answered HELLO, so its link is up; a later change of its connection count
+    // means it went away (sh__cluster_front_lost).
+    for (int32_t i = 0; !rc && i < c->n_nodes && i < 256; i++) {
+        sh_transport_link l;
+        if (i != c->gateway.node && sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) == SH_OK)
+            f->ups[i] = l.state == SH_LINK_STATE_UP ? l.ups : 0;
+    }
     return rc;
+}
+
+bool sh__cluster_front_lost(const sh_cluster_front *f, char *msg, size_t cap)
+{
+    const sh_cluster_config *c = f->plan.c;
+    for (int32_t i = 0; i < c->n_nodes && i < 256; i++) {
+        sh_transport_link l;
+        if (i == c->gateway.node || sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK)
+            continue;
+        const sh_config_node *nd = &c->nodes[i];
+        if (l.state != SH_LINK_STATE_UP) {
+            snprintf(msg, cap, "node %s (%s) was lost: its connection %s%s%s", nd->name, nd->listen,
+                     l.state == SH_LINK_STATE_DOWN ? "closed" : "is not up",
+                     l.last_error[0] ? " (last error: " : "", l.last_error[0] ? l.last_error : "");
+            if (l.last_error[0])
+                snprintf(msg + strlen(msg), cap - strlen(msg), ")");
+            return true;
+        }
+        if (l.ups != f->ups[i]) {
+            snprintf(msg, cap,
+                     "node %s (%s) was lost: it reconnected (the process restarted and its KV "
+                     "cache is gone)",
+                     nd->name, nd->listen);
+            return true;
+        }
+    }
+    return false;
 }
 
 void sh__cluster_front_close(sh_cluster_front *f)

@@ -73,15 +73,28 @@ typedef struct sh_cluster_front {
     sh_hello_ident self;
     sh_hello_peer peers[256];
     sh_transport *tp;
+    uint64_t ups[256]; /* per node: its link's connection count when the join completed */
 } sh_cluster_front;
+
+/* The exit status of `shoal serve -c` after it lost a worker node (sh__cluster_front_lost): the
+ * replica stopped, an orchestrator should restart the whole cluster. */
+#define SH_CLUSTER_EXIT_LOST 3
 
 /* Starts the front on rt (node id gateway.node + 1): plans from the model (the front loads only
  * what it needs for hyper-parameters and the tokenizer), listens on the gateway node's URL, dials
- * every worker and joins them (sh__cluster_join). Returns 0, 2 (bad script, mismatch, timeout:
+ * every worker and joins them (sh__cluster_join), then notes each worker link's connection count
+ * for sh__cluster_front_lost(). Returns 0, 2 (bad script, mismatch, timeout:
  * one error line printed) or 1. Not from a loop thread. */
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
                             const sh_llama *m, const char *model_path, sh_runtime *rt,
                             uint32_t timeout_ms);
+
+/* Whether a worker node was lost since the join: its link is not up any more (the process died,
+ * or closed or broke the connection) or it came up again since the join (the process restarted,
+ * so its KV pool is empty while the front's kvmgr believes it full). Either way this replica
+ * cannot continue (recovery is not built). When lost, writes into msg one phrase naming the
+ * node, its URL and what happened. Any thread, after sh__cluster_front_start() returned 0. */
+bool sh__cluster_front_lost(const sh_cluster_front *f, char *msg, size_t cap);
 
 /* Stops the front's transport; call before sh_runtime_destroy(). Accepts a zeroed front. */
 void sh__cluster_front_close(sh_cluster_front *f);

@@ -46,6 +46,8 @@ typedef struct serve_opts {
     const sh_cluster_config *cfg; /* -c's script */
     bool cluster;                 /* the script's stages run on worker nodes */
     uint32_t join_timeout_ms;     /* --join-timeout */
+    uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
+    bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -101,9 +103,15 @@ static void usage(FILE *f)
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
             "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
             "                      worker to join (default 60; see docs/cluster.md)\n"
+            "  --step-timeout S    a batched step not answered within S seconds fails its\n"
+            "                      requests with 503 (default: 30 with worker nodes, else\n"
+            "                      none; 0: none)\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
-            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n");
+            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
+            "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
+            "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
+            "ended with an error; restart the cluster).\n");
 }
 
 /* "512M", "2G", "1048576" */
@@ -287,7 +295,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
-    "--drain-timeout --api-key-file --join-timeout "
+    "--drain-timeout --api-key-file --join-timeout --step-timeout "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -296,6 +304,7 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
     o->drain_timeout_ms = 30000;
     o->join_timeout_ms = 60000;
+    o->step_timeout_ms = 30000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -384,6 +393,12 @@ static int parse(int argc, char **argv, serve_opts *o)
             snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
             ok = sh__cmd_parse_f64(v, 0.1, 3600, &d) &&
                  ((o->join_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--step-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->step_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true) &&
+                 (o->step_timeout_set = true);
         } else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v, "--api-key"))
                 return 2;
@@ -569,10 +584,38 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
- * every request is answered or --drain-timeout passes; a second SIGTERM/SIGINT stops at once. */
-static void drain(serve_opts *o, sh_gateway_ctl *ctl, const sigset_t *sigs, int sig)
+/* A cluster front that lost a worker node (`what` names it): one error line, then every open
+ * request ends at once with an error (the gateway's fail-stop) and the process exits with
+ * SH_CLUSTER_EXIT_LOST. Recovery (recomputing the requests on a restarted or standby node) is not
+ * built: a restarted worker's KV pool is empty while this kvmgr believes it full, so going on
+ * would give wrong tokens. */
+static int stop_lost(server *s, const char *what)
 {
+    sh__cmd_fail("%s: this replica cannot continue (recovery is not built yet); stopping", what);
+    fflush(stderr);
+    sh__gateway_ctl_fail(s->ctl, "a stage node of this replica was lost and the server is "
+                                 "stopping; retry on another replica");
+    uint64_t backstop = mono_ms() + 5000;
+    while (!sh__gateway_ctl_drained(s->ctl) && mono_ms() < backstop) {
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return SH_CLUSTER_EXIT_LOST;
+}
+
+/* Whether this cluster front lost a worker node; writes what happened into what. */
+static bool worker_lost(const server *s, char *what, size_t cap)
+{
+    return s->front && sh__cluster_front_lost(s->front, what, cap);
+}
+
+/* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
+ * every request is answered or --drain-timeout passes; a second SIGTERM/SIGINT stops at once.
+ * Returns 0, or SH_CLUSTER_EXIT_LOST when a worker node is lost meanwhile. */
+static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
+{
+    sh_gateway_ctl *ctl = s->ctl;
+    char what[768];
     fprintf(stderr,
             "shoal: %s, draining (up to %.1f s for the requests in flight; signal again "
             "to stop now)\n",
@@ -588,13 +631,34 @@ static void drain(serve_opts *o, sh_gateway_ctl *ctl, const sigset_t *sigs, int 
             reload_keys(o, ctl);
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
-            return;
+            return 0;
+        } else if (!sh__gateway_ctl_drained(ctl) && worker_lost(s, what, sizeof what)) {
+            return stop_lost(s, what);
         } else if (mono_ms() > backstop) {
             fprintf(stderr, "shoal: the gateway did not finish draining; stopping\n");
-            return;
+            return 0;
         }
     }
     fprintf(stderr, "shoal: drained, shutting down\n");
+    return 0;
+}
+
+/* Serves until SIGTERM/SIGINT (SIGHUP reloads the keys), then drains. A cluster front also reads
+ * its worker links' state every 100 ms and stops at once when a worker node is lost. Returns
+ * run's status: 0, or SH_CLUSTER_EXIT_LOST. */
+static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
+{
+    char what[768];
+    for (;;) {
+        struct timespec ts = {0, 100 * 1000000};
+        int got = sigtimedwait(sigs, NULL, s->front ? &ts : NULL);
+        if (got == SIGHUP)
+            reload_keys(o, s->ctl);
+        else if (got == SIGINT || got == SIGTERM)
+            return drain(o, s, sigs, got);
+        else if (worker_lost(s, what, sizeof what))
+            return stop_lost(s, what);
+    }
 }
 
 static int run(serve_opts *o, server *s, const sigset_t *sigs)
@@ -721,7 +785,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_queue = o->max_queue,
                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                           .n_blocks = (int32_t)n_blocks,
-                          .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq};
+                          .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq,
+                          .step_timeout_ms = plan || o->step_timeout_set ? o->step_timeout_ms : 0};
     if (sh_actor_spawn(s->rt, "batcher", &ba, 1, &batcher_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     int bound = 0;
@@ -779,11 +844,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     fprintf(stderr, "shoal: listening on http://%s%s%s:%d%s\n", v6 ? "[" : "", host, v6 ? "]" : "",
             port, o->n_keys ? " (API keys required)" : "");
     fflush(stderr);
-    int sig = 0;
-    while (sigwait(sigs, &sig) == 0 && sig == SIGHUP)
-        reload_keys(o, s->ctl);
-    drain(o, s->ctl, sigs, sig);
-    return 0;
+    return serve_until_stopped(o, s, sigs);
 }
 
 int sh__cmd_serve(int argc, char **argv)
