@@ -114,7 +114,7 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_ll
     if (p->step_tokens < p->max_seqs)
         p->step_tokens = p->max_seqs;
     p->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
-                     (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 4u;
+                     (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 2u; /* F16 K and V */
     uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
     uint64_t nb = mem / p->block_bytes;
     if (nb < 1)

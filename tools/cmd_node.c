@@ -133,7 +133,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .max_seqs = plan.max_seqs,
                                 .max_logits = plan.max_seqs,
                                 .kv_tokens = plan.n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
-                                .kv_type = SH_DTYPE_F32};
+                                .kv_type = SH_DTYPE_F16}; /* as shoal serve's default */
         if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))
             return (sh__cmd_fail("stage %d: %s", (int)i + 1, e.msg), 1);
         if (sh_llama_ctx_n_blocks(st->ctx) != plan.n_blocks)

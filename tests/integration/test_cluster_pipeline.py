@@ -126,8 +126,8 @@ def all_at_once(url, n):
 
 
 def reference(model, n):
-    # The stages keep their KV in F32 (docs/cluster.md); so does the reference.
-    with su.server("-m", model, "-t", "1", "--kv-mem", "32M", "--kv-f32", "--max-seqs", "16",
+    # The stages keep their KV in F16 (docs/cluster.md), as shoal serve does by default.
+    with su.server("-m", model, "-t", "1", "--kv-mem", "32M", "--max-seqs", "16",
                    "--step-tokens", "512", model=None) as srv:
         return all_at_once(srv.url, n)
 
