@@ -10,6 +10,7 @@ int sh__cmd_tokenize(int argc, char **argv);
 int sh__cmd_run(int argc, char **argv);
 int sh__cmd_serve(int argc, char **argv);
 int sh__cmd_node(int argc, char **argv);
+int sh__cmd_cluster(int argc, char **argv);
 int sh__cmd_bench(int argc, char **argv);
 
 #endif

@@ -18,6 +18,8 @@ static const command commands[] = {
     {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
     {"serve", sh__cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
     {"node", sh__cmd_node, "run one worker node of a cluster script (pipeline stages)"},
+    {"cluster", sh__cmd_cluster,
+     "cluster up: run every node of a local cluster script, supervised"},
     {"bench", sh__cmd_bench, "load-test an OpenAI-compatible server"},
 };
 

@@ -1,0 +1,239 @@
+"""`shoal cluster up`: one command runs every node of a local cluster script as supervised child
+processes (issue 11, docs/cluster.md "One machine, one command"), against real processes: a
+2-stage stories260K pipeline (workers w0 and w1, front 'front') over ipc:// in a temp dir.
+
+Cases:
+- up, a completion, kill -9 of worker w1: the supervisor logs the exit and restarts the cluster
+  (the front fails stop with status 3 when it loses w1, and every node starts again), a new
+  `cluster: up` line comes within RECOVER_S and the same greedy completion works; SIGTERM to
+  `cluster up` stops the front and then the workers, it exits 0, and no process of its session
+  is left; no child log shows a crash or sanitizer report.
+- a node that keeps failing before it is up (a --bin wrapper that makes w1 exit 1): `cluster up`
+  gives up after 5 tries, exits 1 naming w1, and leaves no process.
+- kill -9 of `cluster up` itself: its children die with it (PR_SET_PDEATHSIG).
+- a node whose URL is not on this machine is refused with exit 2 naming it; `cluster status`
+  says it is not built yet.
+"""
+
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util as su  # noqa: E402
+from test_cluster_pipeline import STORIES, script  # noqa: E402
+
+UP_S = 90.0       # first start (sanitizer builds on a loaded machine are slow)
+RECOVER_S = 20.0  # from kill -9 of a worker to a working replica again
+STOP_S = 60.0
+UP_RE = re.compile(r"^cluster: up: .* listening on (http://127\.0\.0\.1:\d+)", re.M)
+PID_RE = re.compile(r"^cluster: started node (\S+) \(\w+, pid (\d+)\)", re.M)
+
+
+class Cluster:
+    def __init__(self, path, *extra, serve=("--port", "0")):
+        fd, self.logpath = tempfile.mkstemp(prefix="shoal-cluster-up-", suffix=".log")
+        logf = os.fdopen(fd, "wb")
+        self.proc = subprocess.Popen(
+            [su.shoal_binary(), "cluster", "up", path, "-t", "1", *extra, "--", *serve],
+            cwd=su.ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+            start_new_session=True)
+        logf.close()
+        self.sid = self.proc.pid
+
+    def text(self):
+        with open(self.logpath, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+    def ups(self):
+        return UP_RE.findall(self.text())
+
+    def pids(self):
+        """{node: [pid, ...]} in start order."""
+        out = {}
+        for name, pid in PID_RE.findall(self.text()):
+            out.setdefault(name, []).append(int(pid))
+        return out
+
+    def wait_for(self, what, cond, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            v = cond()
+            if v:
+                return v
+            if self.proc.poll() is not None:
+                raise AssertionError(f"cluster up exited {self.proc.returncode} waiting for "
+                                     f"{what}:\n{self.text()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout:.0f} s:\n{self.text()[-3000:]}")
+            time.sleep(0.05)
+
+    def wait_exit(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.sid, signal.SIGKILL)
+            self.proc.wait()
+            raise AssertionError(f"cluster up did not exit within {timeout:.0f} s:\n"
+                                 + self.text()[-3000:])
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in session_pids(self.sid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def session_pids(sid):
+    """Live processes (not zombies) whose session is sid."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(d))
+    return out
+
+
+def no_process_left(sid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while session_pids(sid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes of session {sid} left: {session_pids(sid)}")
+        time.sleep(0.05)
+
+
+def complete(url, prompt="Once upon a time"):
+    status, parsed, raw = su.post_json(url, "/v1/completions", {
+        "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert status == 200, f"status {status}: {raw[:300]!r}"
+    return parsed["choices"][0]["text"]
+
+
+def restart_after_kill(d):
+    path = script(os.path.join(d, "up.lua"), STORIES, ["w0", "w1"])
+    c = Cluster(path)
+    try:
+        url = c.wait_for("'cluster: up' line", c.ups, UP_S)[0]
+        want = complete(url)
+        w1 = c.pids()["w1"][-1]
+        t0 = time.monotonic()
+        os.kill(w1, signal.SIGKILL)
+        c.wait_for("exit line for w1",
+                   lambda: re.search(r"^cluster: node w1 exited \(signal 9[^)]*\); restarting",
+                                     c.text(), re.M), RECOVER_S)
+        ups = c.wait_for("second 'cluster: up' line", lambda: len(c.ups()) >= 2 and c.ups(),
+                         RECOVER_S)
+        got = complete(ups[-1])
+        dt = time.monotonic() - t0
+        assert got == want, f"after the restart {got!r}, before {want!r}"
+        assert dt < RECOVER_S, f"serving again {dt:.1f} s after the kill"
+        su.log(f"note: serving again {dt:.1f} s after kill -9 of w1")
+        pids = c.pids()
+        assert len(pids["w1"]) == 2 and len(pids["front"]) == 2, pids
+        c.proc.send_signal(signal.SIGTERM)
+        rc = c.wait_exit(STOP_S)
+        log = c.text()
+        assert rc == 0, f"cluster up exited {rc}:\n{log[-3000:]}"
+        assert "cluster: stopped: every node exited cleanly" in log, log[-2000:]
+        # The front stops before the workers.
+        order = re.findall(r"^cluster: node (\S+) stopped \(status 0\)$", log, re.M)
+        assert order and order[0] == "front" and sorted(order) == ["front", "w0", "w1"], order
+        no_process_left(c.sid, 5)
+        crash = su._crash_lines(log)
+        assert not crash, "\n".join(crash[:10])
+        os.unlink(c.logpath)
+    finally:
+        c.kill()
+
+
+def gives_up(d):
+    path = script(os.path.join(d, "fail.lua"), STORIES, ["w0", "w1"])
+    wrapper = os.path.join(d, "shoal-wrapper.sh")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\n"
+                'case " $* " in *" --name w1 "*) echo "w1: refusing to start" >&2; exit 1;; esac\n'
+                f'exec "{su.shoal_binary()}" "$@"\n')
+    os.chmod(wrapper, os.stat(wrapper).st_mode | stat.S_IXUSR)
+    c = Cluster(path, "--bin", wrapper)
+    try:
+        rc = c.wait_exit(60)
+        log = c.text()
+        assert rc == 1, f"exit {rc}, want 1:\n{log[-3000:]}"
+        assert re.search(r"^cluster: node w1 failed 5 times in a row before it was up", log,
+                         re.M), log[-3000:]
+        assert "[w1] w1: refusing to start" in log, log[-3000:]
+        assert len(c.pids()["w1"]) == 5, c.pids()
+        no_process_left(c.sid, 5)
+        crash = su._crash_lines(log)
+        assert not crash, "\n".join(crash[:10])
+        os.unlink(c.logpath)
+    finally:
+        c.kill()
+
+
+def dies_with_supervisor(d):
+    path = script(os.path.join(d, "orphan.lua"), STORIES, ["w0", "w1"])
+    c = Cluster(path)
+    try:
+        c.wait_for("'cluster: up' line", c.ups, UP_S)
+        pids = [p for ps in c.pids().values() for p in ps]
+        assert len(pids) == 3, pids
+        c.proc.kill()
+        c.proc.wait()
+        no_process_left(c.sid, 10)
+    finally:
+        c.kill()
+
+
+def refuses_remote(d):
+    path = script(os.path.join(d, "remote.lua"), STORIES, ["w0", "w1"])
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace(f"'ipc://{d}/w1.sock'", "'tcp://10.11.12.13:7001'")
+                    .replace(f"'ipc://{d}/w0.sock'", "'tcp://127.0.0.1:7000'"))
+    r = subprocess.run([su.shoal_binary(), "cluster", "up", path], cwd=su.ROOT,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert r.returncode == 2 and len(errs) == 1, (r.returncode, r.stderr)
+    assert "node 'w1'" in errs[0] and "tcp://10.11.12.13:7001" in errs[0] and \
+        "not on this machine" in errs[0], errs[0]
+    assert "cluster: started" not in r.stderr, r.stderr
+    r = subprocess.run([su.shoal_binary(), "cluster", "status"], cwd=su.ROOT,
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and "not built yet" in r.stderr, (r.returncode, r.stderr)
+
+
+def main():
+    if not os.path.exists(STORIES):
+        su.skip(f"{STORIES} missing")
+    r = su.Runner("test_cluster_up")
+    d = tempfile.mkdtemp(prefix="shcu-", dir="/tmp")  # ipc:// paths stay short
+    try:
+        r.case("a node that is not local is refused with exit 2", refuses_remote, d)
+        r.case("up, kill -9 of a worker: restarted and serving again; SIGTERM stops all",
+               restart_after_kill, d)
+        r.case("a node failing before it is up, 5 times: cluster up exits 1 naming it",
+               gives_up, d)
+        r.case("kill -9 of cluster up: no child is left", dies_with_supervisor, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
