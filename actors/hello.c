@@ -28,6 +28,7 @@ static void to_body(const sh_hello_ident *id, sh_proto_hello *b)
     b->max_seqs = id->max_seqs;
     b->max_tokens = id->max_tokens;
     b->seq_blocks = id->seq_blocks;
+    b->link_dtype = id->link_dtype;
     b->stages = (sh_u64s){id->stages, (uint32_t)id->n_stages};
 }
 
@@ -50,6 +51,7 @@ static void from_body(const sh_proto_hello *b, sh_hello_ident *id)
     id->max_seqs = b->max_seqs;
     id->max_tokens = b->max_tokens;
     id->seq_blocks = b->seq_blocks;
+    id->link_dtype = b->link_dtype;
     uint32_t n = b->stages.n < SH_HELLO_MAX_STAGES ? b->stages.n : SH_HELLO_MAX_STAGES;
     for (uint32_t i = 0; i < n; i++)
         memcpy(&id->stages[i], (const uint8_t *)b->stages.ptr + 8 * i, 8);

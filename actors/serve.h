@@ -64,13 +64,22 @@ typedef struct sh_kvmgr_args {
  *
  * A stage that is not the last (last < n_layers) sends ACT to `next`: the same step id, deadline
  * and per-sequence entries (ids, tokens, positions, block tables, sample flags, sampling
- * parameters, history) and its output rows as `hidden`, an F32 (rows, dim) tensor; reply_to is
- * where STEP_DONE must go (the STEP's sender, copied from stage to stage) and compute_us the time
- * spent so far. The envelope keeps the STEP's trace id and carries the step id as its session, so
- * an ACT that cannot be delivered comes back as an ERROR, which the stage turns into a failed
+ * parameters, history) and its output rows as `hidden`, a (rows, dim) tensor of link_dtype:
+ * F32 as computed, F16 rounded to nearest even, or I8 with one F32 scale per row in `scales`
+ * (symmetric: scale = max|x| / 127, q = round(x / scale); an all-zero row has scale 0). A stage
+ * takes ACT in any of the three dtypes, whatever its own link_dtype, and widens F16 and I8 rows
+ * into an F32 buffer it keeps before its forward pass. reply_to is where STEP_DONE must go (the
+ * STEP's sender, copied from stage to stage) and compute_us the time spent so far. The envelope
+ * keeps the STEP's trace id and carries the step id as its session, so an ACT that cannot be
+ * delivered comes back as an ERROR, which the stage turns into a failed
  * STEP_DONE for that step (it remembers the reply address of its last 16 forwarded steps). The
  * frame is built in a buffer the stage keeps and sent from the runtime's message pools: nothing
  * is allocated per step once the largest step has been seen.
+ *
+ * Metrics (runtime registry), per link, labelled with the first layer of the receiving stage and
+ * the dtype (`layer="15",dtype="int8"`): shoal_act_bytes_total, the bytes of the ACT bodies sent
+ * (hidden rows, scales and the sequences' metadata), and shoal_act_hidden_bytes_total, those of
+ * the hidden rows and scales alone.
  *
  * The last stage (last == n_layers) samples the sequences whose `sample` is true and answers
  * STEP_DONE to the STEP's sender (one stage) or the ACT's reply_to: one step_out per step_seq in
@@ -78,7 +87,7 @@ typedef struct sh_kvmgr_args {
  * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages.
  *
  * Failure: whichever stage fails a step (a bad step, a forward error, bad sampling parameters,
- * hidden states that are not F32 (rows, dim), a next stage that cannot be reached) answers
+ * hidden states that are not (rows, dim), a next stage that cannot be reached) answers
  * STEP_DONE with status (an sh_err), message and no seqs straight to the reply address, and the
  * later stages never see the step; so every STEP gets exactly one STEP_DONE. An ACT that cannot
  * be decoded has no readable reply address: its failed STEP_DONE (SH_EPROTO, step = the
@@ -105,6 +114,8 @@ typedef struct sh_stage_args {
                                  * exceed the pool: released entries are -1); 0: the pool's */
     sh_addr next;               /* the next stage; SH_ADDR_NONE exactly when last == n_layers */
     sh_addr batcher;            /* optional: where the failure of an undecodable ACT goes */
+    uint32_t link_dtype;        /* how this stage SENDS hidden rows to `next`: SH_PROTO_DTYPE_F32
+                                 * (0, the default), _F16 or _I8 (runtime/proto.h) */
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

@@ -2,6 +2,8 @@
  * thread; a middle stage forwards the hidden states as ACT, the last samples the sequences that
  * want a token and answers STEP_DONE. */
 #include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
@@ -9,6 +11,7 @@
 #include "actors/actor_util.h"
 #include "actors/serve.h"
 #include "base/error.h"
+#include "kernels/cpu/quant.h"
 #include "model/sampler.h"
 #include "runtime/mpack_write.h"
 #include "runtime/msg.h"
@@ -45,6 +48,8 @@ typedef struct stage_state {
     int32_t max_seqs, n_vocab, n_blocks, dim;
     int32_t tab_len; /* block-table entries per sequence (released ones included) */
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
+    uint32_t link_dtype;            /* SH_PROTO_DTYPE_F32, _F16 or _I8: how ACT leaves this stage */
+    sh_counter *m_bytes, *m_hidden; /* shoal_act_bytes_total, shoal_act_hidden_bytes_total */
 
     /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
     uv_mutex_t mu;
@@ -68,9 +73,14 @@ typedef struct stage_state {
     int32_t n_slots;
     int32_t *row; // (max_seqs) each sampled sequence's row of logits
     /* Pipeline buffers, grown to the largest step seen and kept (no allocation per step after
-     * that): the aligned copy of an ACT's hidden states, and the encoded ACT frame. */
+     * that): the aligned (or widened) copy of an ACT's hidden states, the narrowed rows and
+     * scales of an ACT this stage sends in F16 or I8, and the encoded ACT frame. */
     float *hid; // (hid_cap) = (rows, dim)
     size_t hid_cap;
+    void *lnk; // (lnk_cap bytes) = (rows, dim) of link_dtype
+    size_t lnk_cap;
+    float *scl; // (scl_cap) = (rows) I8 row scales
+    size_t scl_cap;
     sh_buf enc;
     sent_step sent[STAGE_SENT_RING];
     uint32_t n_sent;
@@ -310,35 +320,107 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     return SH_OK;
 }
 
+/* Grows a kept buffer to at least n bytes (never shrinks it). Returns false when out of memory
+ * (the buffer is unchanged). Worker thread. */
+static bool grow(void **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return true;
+    void *p = realloc(*buf, n);
+    if (!p)
+        return false;
+    *buf = p;
+    *cap = n;
+    return true;
+}
+
 /* Checks an ACT's hidden states against the step and this stage's width and points *out at
- * them: in the frame when aligned, else in st->hid (grown when a step is larger than any
- * before). Returns SH_OK, SH_EINVAL or SH_ENOMEM with e filled. Worker thread. */
+ * F32 rows: in the frame when they are F32 and aligned, else in st->hid (grown when a step is
+ * larger than any before), copied or widened from F16, or from I8 times the row's scale (the
+ * decoder checked that an I8 tensor has one scale per row and others none). Returns SH_OK,
+ * SH_EINVAL or SH_ENOMEM with e filled. Worker thread. */
 static sh_err act_hidden(stage_state *st, const sh_proto_act *a, const float **out, sh_error *e)
 {
     const sh_proto_tensor *t = &a->hidden;
-    if (t->dtype != SH_PROTO_DTYPE_F32 || t->ndim != 2 || t->shape[1] != (uint64_t)st->dim ||
-        !t->data)
+    bool known = t->dtype == SH_PROTO_DTYPE_F32 || t->dtype == SH_PROTO_DTYPE_F16 ||
+                 t->dtype == SH_PROTO_DTYPE_I8;
+    if (!known || t->ndim != 2 || t->shape[1] != (uint64_t)st->dim || !t->data ||
+        (t->dtype == SH_PROTO_DTYPE_I8 && a->scales.n != t->shape[0]))
         return sh__error_set(e, SH_EINVAL,
                              "stage: step %" PRIu64 ": hidden states of dtype %u and shape "
-                             "(%llu, %llu), expected F32 (rows, %d) in the frame",
+                             "(%llu, %llu), expected F32, F16 or I8 (rows, %d) in the frame",
                              a->step, (unsigned)t->dtype, (unsigned long long)t->shape[0],
                              (unsigned long long)t->shape[1], (int)st->dim);
-    size_t n = (size_t)t->shape[0] * (size_t)st->dim;
-    if (((uintptr_t)t->data & (_Alignof(float) - 1)) == 0) {
+    size_t rows = (size_t)t->shape[0], dim = (size_t)st->dim, n = rows * dim;
+    if (t->dtype == SH_PROTO_DTYPE_F32 && ((uintptr_t)t->data & (_Alignof(float) - 1)) == 0) {
         *out = t->data;
         return SH_OK;
     }
-    if (n > st->hid_cap) {
-        float *h = realloc(st->hid, n * sizeof *h);
-        if (!h)
-            return sh__error_set(e, SH_ENOMEM, "stage: step %" PRIu64 ": %zu hidden rows", a->step,
-                                 (size_t)t->shape[0]);
-        st->hid = h;
-        st->hid_cap = n;
+    size_t cap = st->hid_cap * sizeof *st->hid;
+    if (!grow((void **)&st->hid, &cap, n * sizeof *st->hid))
+        return sh__error_set(e, SH_ENOMEM, "stage: step %" PRIu64 ": %zu hidden rows", a->step,
+                             rows);
+    st->hid_cap = cap / sizeof *st->hid;
+    const uint8_t *src = t->data;
+    if (t->dtype == SH_PROTO_DTYPE_F32) {
+        memcpy(st->hid, src, n * sizeof *st->hid);
+    } else if (t->dtype == SH_PROTO_DTYPE_F16) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            st->hid[i] = sh__quant_f32_from_fp16(h);
+        }
+    } else {
+        const int8_t *q = (const int8_t *)src;
+        for (size_t r = 0; r < rows; r++) {
+            float d = sh_f32s_at(a->scales, (uint32_t)r), *o = st->hid + r * dim;
+            for (size_t j = 0; j < dim; j++)
+                o[j] = (float)q[r * dim + j] * d;
+        }
     }
-    memcpy(st->hid, t->data, n * sizeof *st->hid);
     *out = st->hid;
     return SH_OK;
+}
+
+/* Narrows n = rows * dim F32 values into st->lnk as the stage's link dtype (F16 rounded to
+ * nearest even; I8 symmetric per row: scale max|x| / 127 into st->scl, q = x / scale rounded
+ * to nearest, a row of zeros or with a non-finite maximum all 0 with that maximum's scale).
+ * Returns false when the kept buffers cannot grow. Worker thread. */
+static bool act_narrow(stage_state *st, const float *x, size_t rows)
+{
+    size_t dim = (size_t)st->dim, n = rows * dim;
+    bool i8 = st->link_dtype == SH_PROTO_DTYPE_I8;
+    size_t scap = st->scl_cap * sizeof *st->scl;
+    if (!grow(&st->lnk, &st->lnk_cap, n * (i8 ? 1 : 2)) ||
+        (i8 && !grow((void **)&st->scl, &scap, rows * sizeof *st->scl)))
+        return false;
+    st->scl_cap = scap / sizeof *st->scl;
+    if (!i8) {
+        uint16_t *h = st->lnk;
+        for (size_t i = 0; i < n; i++)
+            h[i] = sh__quant_fp16_from_f32(x[i]);
+        return true;
+    }
+    int8_t *q = st->lnk;
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        int8_t *qr = q + r * dim;
+        float amax = 0.0f;
+        for (size_t j = 0; j < dim; j++)
+            amax = fmaxf(amax, fabsf(xr[j]));
+        st->scl[r] = amax / 127.0f;
+        if (!(amax > 0.0f) || !isfinite(amax)) {
+            memset(qr, 0, dim);
+            continue;
+        }
+        float inv = 127.0f / amax;
+        for (size_t j = 0; j < dim; j++) {
+            /* The clamp also maps a NaN element to -127 (fmaxf picks the number). */
+            float v = fminf(fmaxf(xr[j] * inv, -127.0f), 127.0f);
+            qr[j] = (int8_t)lrintf(v);
+        }
+    }
+    return true;
 }
 
 /* Sends step s's hidden states (rows, dim) on to the next stage as ACT, with the sequences'
@@ -352,6 +434,7 @@ static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_s
     uint32_t rows = 0;
     for (uint32_t i = 0; i < s->seqs.n; i++)
         rows += s->seqs.v[i].tokens.n;
+    uint64_t n = (uint64_t)rows * (uint64_t)st->dim;
     sh_proto_act a = {.step = s->step,
                       .deadline_ms = s->deadline_ms,
                       .seqs = s->seqs,
@@ -359,9 +442,19 @@ static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_s
                                  .ndim = 2,
                                  .shape = {rows, (uint64_t)st->dim},
                                  .data = hidden,
-                                 .nbytes = (uint64_t)rows * (uint64_t)st->dim * sizeof(float)},
+                                 .nbytes = n * sizeof(float)},
                       .reply_to = reply,
                       .compute_us = compute_us};
+    if (st->link_dtype != SH_PROTO_DTYPE_F32) {
+        if (!act_narrow(st, hidden, rows))
+            return sh__error_set(e, SH_ENOMEM, "stage: step %" PRIu64 ": %u hidden rows to send",
+                                 s->step, (unsigned)rows);
+        a.hidden.dtype = st->link_dtype;
+        a.hidden.data = st->lnk;
+        a.hidden.nbytes = n * sh__proto_dtype_size(st->link_dtype);
+        if (st->link_dtype == SH_PROTO_DTYPE_I8)
+            a.scales = (sh_f32s){st->scl, rows};
+    }
     sh_msg_hdr ah = {.type = SH_MSG_ACT,
                      .session = s->step,
                      .src = st->self,
@@ -380,6 +473,10 @@ static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_s
         return sh__error_set(e, SH_EPROTO, "stage: step %" PRIu64 ": ACT envelope", s->step);
     if ((err = sh_send(st->rt, &ah, st->enc.data + eb.len, st->enc.len - eb.len, e)))
         return err;
+    if (st->m_bytes && st->m_hidden) {
+        sh_counter_add(st->m_bytes, st->enc.len - eb.len);
+        sh_counter_add(st->m_hidden, a.hidden.nbytes + (uint64_t)a.scales.n * sizeof(float));
+    }
     st->sent[st->n_sent++ % STAGE_SENT_RING] =
         (sent_step){.step = s->step, .trace = h->trace_id, .reply = reply};
     return SH_OK;
@@ -559,6 +656,8 @@ static void free_buffers(stage_state *st)
     free(st->slots);
     free(st->row);
     free(st->hid);
+    free(st->lnk);
+    free(st->scl);
     sh__buf_fini(&st->enc);
 }
 
@@ -580,8 +679,32 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
                      last ? "the last stage has no next stage" : "needs the next stage's address");
         return SH_EINVAL;
     }
+    if (a->link_dtype != SH_PROTO_DTYPE_F32 && a->link_dtype != SH_PROTO_DTYPE_F16 &&
+        a->link_dtype != SH_PROTO_DTYPE_I8) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
+                     "error=\"link dtype %u: expected F32 (0), F16 (1) or I8 (24)\"",
+                     (unsigned)a->link_dtype);
+        return SH_EINVAL;
+    }
     st->rt = sh_actor_runtime(ctx);
     st->self = sh_actor_self(ctx);
+    st->link_dtype = a->link_dtype;
+    if (!last) {
+        /* One series per link, named by the receiving stage's first layer. */
+        static const char *const names[] = {"f32", "f16", "int8"};
+        const char *dn = names[a->link_dtype == SH_PROTO_DTYPE_I8    ? 2
+                               : a->link_dtype == SH_PROTO_DTYPE_F16 ? 1
+                                                                     : 0];
+        char labels[64];
+        snprintf(labels, sizeof labels, "layer=\"%d\",dtype=\"%s\"", (int)a->model->last, dn);
+        sh_metrics *mx = sh_runtime_metrics(st->rt);
+        sh_metrics_counter(mx, "shoal_act_bytes_total",
+                           "Bytes of ACT bodies a stage sent to the next (per link).", labels,
+                           &st->m_bytes);
+        sh_metrics_counter(mx, "shoal_act_hidden_bytes_total",
+                           "Bytes of hidden rows and row scales in the ACT a stage sent.", labels,
+                           &st->m_hidden);
+    }
     st->next = a->next;
     st->batcher = a->batcher;
     st->first = a->model->first == 0;

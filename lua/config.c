@@ -41,6 +41,7 @@ static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
 static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
                                                {"stages", SH__LUA_TABLE, true},
                                                {"tp", SH__LUA_INT, false},
+                                               {"link_dtype", SH__LUA_STR, false},
                                                {NULL, 0, false}};
 static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, true},
                                              {"first_layer", SH__LUA_INT, false},
@@ -151,6 +152,18 @@ static void validate_model(lua_State *L, int idx, const char *where)
     sh__lua_get_int_range(L, idx, "layers", 1, 1, MAX_LAYERS, "model", where);
 }
 
+/* replica{ link_dtype = ... }: the GGUF type id of the name, or -1 when it is not one. */
+static int32_t link_dtype_of(const char *s)
+{
+    if (!s || !strcmp(s, "f32"))
+        return 0; /* SH_DTYPE_F32 */
+    if (!strcmp(s, "f16"))
+        return 1; /* SH_DTYPE_F16 */
+    if (!strcmp(s, "int8"))
+        return 24; /* SH_DTYPE_I8 */
+    return -1;
+}
+
 static void validate_replica(lua_State *L, int idx, const char *where)
 {
     sh__lua_check_fields(L, idx, replica_fields, "replica", where);
@@ -161,6 +174,10 @@ static void validate_replica(lua_State *L, int idx, const char *where)
                      luaL_typename(L, -1));
     lua_pop(L, 1);
     sh__lua_get_int_range(L, idx, "tp", 1, 1, 64, "replica", where);
+    const char *ld = sh__lua_get_str(L, idx, "link_dtype");
+    if (link_dtype_of(ld) < 0)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica: link_dtype '%.40s' must be \"f32\", \"f16\" or \"int8\"", ld);
 }
 
 /* Pushes the data table of an object of `kind` at idx, or validates a plain table in its place
@@ -435,6 +452,7 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         coerce(L, -1, K_REPLICA, "replica{...}", where, rwhere);
         sh_config_replica *r = &c->replicas[c->n_replicas++];
         r->tp = (int32_t)sh__lua_get_int(L, -1, "tp", 1);
+        r->link_dtype = (uint32_t)link_dtype_of(sh__lua_get_str(L, -1, "link_dtype"));
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
             r->model = -1;

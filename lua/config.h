@@ -56,6 +56,10 @@ typedef struct sh_config_stage {
 typedef struct sh_config_replica {
     int32_t model; /* index into sh_cluster_config.models */
     int32_t tp;    /* tensor-parallel ranks per stage, on the stage's node; default 1 */
+    /* How ACT carries hidden rows from each stage to the next: replica{ link_dtype = "f32" |
+     * "f16" | "int8" }, as the GGUF type id (base/dtype.h): 0 F32 (default), 1 F16 (rounded to
+     * nearest even), 24 I8 (with one F32 scale per row, max|x| / 127). */
+    uint32_t link_dtype;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;

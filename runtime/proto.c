@@ -17,6 +17,8 @@ size_t sh__proto_dtype_size(uint32_t dtype)
         return 2;
     case SH_PROTO_DTYPE_BF16:
         return 2;
+    case SH_PROTO_DTYPE_I8:
+        return 1;
     default:
         return 0;
     }
@@ -92,6 +94,14 @@ static bool check_act(const void *p, sh_msg_reject *why, sh_error *e)
     if (a->hidden.shape[0] != rows) {
         sh__error_set(e, SH_EPROTO, "hidden: %llu rows for %llu tokens in the sequences",
                       (unsigned long long)a->hidden.shape[0], (unsigned long long)rows);
+        return false;
+    }
+    uint64_t want = a->hidden.dtype == SH_PROTO_DTYPE_I8 ? rows : 0;
+    if (a->scales.n != want) {
+        sh__error_set(e, SH_EPROTO,
+                      "hidden: %u row scales for %llu rows of dtype %u (I8 has one "
+                      "per row, other dtypes none)",
+                      a->scales.n, (unsigned long long)rows, a->hidden.dtype);
         return false;
     }
     return true;

@@ -82,6 +82,7 @@ static inline double sh_f64s_at(sh_f64s v, uint32_t i)
 enum {
     SH_PROTO_DTYPE_F32 = 0,
     SH_PROTO_DTYPE_F16 = 1,
+    SH_PROTO_DTYPE_I8 = 24, /* ACT only: with one F32 scale per row (SH_PROTO_FIELDS_act) */
     SH_PROTO_DTYPE_BF16 = 30,
 };
 #define SH_PROTO_MAX_DIMS 4

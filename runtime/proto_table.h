@@ -231,15 +231,19 @@
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
- * in sequence order. reply_to is where the last stage answers STEP_DONE (the STEP's sender, the
- * batcher); compute_us the time the step spent on the stages before this one. */
+ * in sequence order, as F32, F16 or I8 (the script's link_dtype, docs/cluster.md). I8 rows are
+ * symmetric: element j of row r is hidden[r][j] * scales[r], with one F32 scale per row in
+ * `scales` (exactly n_tokens of them); any other dtype has no scales (checked when decoding).
+ * reply_to is where the last stage answers STEP_DONE (the STEP's sender, the batcher);
+ * compute_us the time the step spent on the stages before this one. */
 #define SH_PROTO_FIELDS_act(F, S)                                                                  \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
     F(S, hidden, "h", TENSOR, _, REQ, 0, 0)                                                        \
     F(S, reply_to, "to", ADDR, _, OPT, 0, 0)                                                       \
-    F(S, compute_us, "us", U64, _, OPT, 0, 0)
+    F(S, compute_us, "us", U64, _, OPT, 0, 0)                                                      \
+    F(S, scales, "hs", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* I8 hidden: one scale per row */
 
 #define SH_PROTO_FIELDS_step_done(F, S)                                                            \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
@@ -333,6 +337,7 @@
     F(S, max_seqs, "ms", I32, _, OPT, 0, 0)   /* sequences per step the stages take */             \
     F(S, max_tokens, "mt", I32, _, OPT, 0, 0) /* rows per step the stages take */                  \
     F(S, seq_blocks, "sb", I32, _, OPT, 0, 0) /* block-table length per sequence */                \
-    F(S, stages, "st", U64S, _, OPT, 0, 1024) /* the node's stage addresses, in script order */
+    F(S, stages, "st", U64S, _, OPT, 0, 1024) /* the node's stage addresses, in script order */ \
+    F(S, link_dtype, "ld", U32, _, OPT, 0, 255) /* the dtype its stages send ACT hidden rows in */
 
 #endif

@@ -76,6 +76,7 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_ll
     const sh_config_replica *r = &c->replicas[0];
     p->n_stages = r->n_stages;
     p->n_layers = hp->n_layers;
+    p->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
     if (r->n_stages > hp->n_layers)
         return sh__cmd_fail("%s: %d stages for a model of %d layers", script, (int)r->n_stages,
                             (int)hp->n_layers);
@@ -162,6 +163,12 @@ static void differ_u64(char *buf, size_t cap, const char *what, uint64_t mine, u
              theirs);
 }
 
+/* The script's name of a link dtype id. */
+static const char *link_name(uint32_t dtype)
+{
+    return dtype == 0 ? "f32" : dtype == 1 ? "f16" : dtype == 24 ? "int8" : "?";
+}
+
 /* What differs between the front's view and a worker's answer, or "" when nothing does. */
 static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident *self,
                     const sh_hello_ident *got, char *buf, size_t cap)
@@ -189,6 +196,11 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
                (uint64_t)got->max_tokens);
     differ_u64(buf, cap, "block-table length", (uint64_t)self->seq_blocks,
                (uint64_t)got->seq_blocks);
+    if (self->link_dtype != got->link_dtype) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%slink_dtype: here %s, there %s", l ? "; " : "",
+                 link_name(self->link_dtype), link_name(got->link_dtype));
+    }
     if (buf[0])
         return;
     // The stages it reports must be the ones the plan puts there, at the addresses computed.
@@ -293,6 +305,7 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     f->self.max_seqs = f->plan.max_seqs;
     f->self.max_tokens = f->plan.step_tokens;
     f->self.seq_blocks = f->plan.seq_blocks;
+    f->self.link_dtype = f->plan.link_dtype;
     sh_error e = {0};
     sh_transport_opts to = {.listen_url = me->listen, .reconnect_max_ms = 250};
     if (sh_transport_create(rt, &to, &f->tp, &e))

@@ -31,6 +31,7 @@ typedef struct sh_cluster_plan {
     /* Stage settings, the same on every stage and in the front's batcher and kvmgr. */
     int32_t n_layers, n_ctx, max_seqs, step_tokens, n_blocks, seq_blocks;
     uint64_t block_bytes; /* KV bytes of one block of the largest stage */
+    uint32_t link_dtype;  /* replica link_dtype: the SH_PROTO_DTYPE_* stages send ACT in */
 } sh_cluster_plan;
 
 /* Whether the script runs its replica's stages on worker nodes (more than one node, or the stage

@@ -114,6 +114,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     s->self.max_seqs = plan.max_seqs;
     s->self.max_tokens = plan.step_tokens;
     s->self.seq_blocks = plan.seq_blocks;
+    s->self.link_dtype = plan.link_dtype;
 
     sh_backend_cpu_opts bo = {.n_threads = threads};
     if (sh_backend_cpu_create(&bo, &s->be, &e))
@@ -169,6 +170,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .ctx = s->st[k].ctx,
                                 .max_seqs = plan.max_seqs,
                                 .max_blocks_per_seq = plan.seq_blocks,
+                                .link_dtype = plan.link_dtype,
                                 .next = i + 1 < plan.n_stages ? plan.stage_addr[i + 1] : 0};
         if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);

@@ -81,8 +81,10 @@ static void test_defaults_and_layers(void)
         "  gateway = { node = 'w0', http = '*:80', api_keys = { 'k1', 'k2' } },\n"
         "  replicas = {\n"
         "    replica { model = m, stages = pipeline(m, names) },\n"
-        "    replica { model = 'other', stages = pipeline('other', { 'w1', 'w2' }, 5), tp = 2 },\n"
-        "    { model = m, stages = { { node = 'w3', first_layer = 0, last_layer = 30 } } },\n"
+        "    replica { model = 'other', stages = pipeline('other', { 'w1', 'w2' }, 5), tp = 2,\n"
+        "      link_dtype = 'int8' },\n"
+        "    { model = m, stages = { { node = 'w3', first_layer = 0, last_layer = 30 } },\n"
+        "      link_dtype = 'f16' },\n"
         "  },\n"
         "  kv = { memory = '1.5 GiB' },\n"
         "}\n";
@@ -101,6 +103,7 @@ static void test_defaults_and_layers(void)
     const sh_config_replica *r = &c->replicas[0];
     CHECK_INT_EQ(r->model, 1);
     CHECK_INT_EQ(r->n_stages, 4);
+    CHECK_UINT_EQ(r->link_dtype, 0); /* F32 by default */
     int32_t expect[5] = {0, 7, 15, 22, 30};
     for (int i = 0; i < 4 && i < r->n_stages; i++) {
         CHECK_INT_EQ(r->stages[i].node, i);
@@ -110,6 +113,8 @@ static void test_defaults_and_layers(void)
     r = &c->replicas[1];
     CHECK_INT_EQ(r->model, 0);
     CHECK_INT_EQ(r->tp, 2);
+    CHECK_UINT_EQ(r->link_dtype, 24);            /* I8 */
+    CHECK_UINT_EQ(c->replicas[2].link_dtype, 1); /* F16 */
     CHECK_INT_EQ(r->stages[0].last_layer, 2);
     CHECK_INT_EQ(r->stages[1].first_layer, 2);
     CHECK_INT_EQ(r->stages[1].last_layer, 5);
@@ -203,6 +208,13 @@ static const struct bad_case {
      "  gateway = { node = 'a', http = 'h:80' }, kv = { memory = '12 parsecs' },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
      SH_EINVAL, "bad.lua:4", "must be bytes or a size like \"512MiB\""},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), link_dtype = 'fp8' }\n",
+     SH_EINVAL, "bad.lua:4", "replica: link_dtype 'fp8' must be \"f32\", \"f16\" or \"int8\""},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { { model = m, stages = pipeline(m, { 'a' }), link_dtype = 'F16' } } }\n",
+     SH_EINVAL, "bad.lua:4", "link_dtype 'F16' must be"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), link_dtype = 16 }\n", SH_EINVAL,
+     "bad.lua:4", "field 'link_dtype' must be a string"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
 };

@@ -180,9 +180,10 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         uint64_t rows = 0;
         for (uint32_t i = 0; i < b->act.seqs.n; i++)
             rows += b->act.seqs.v[i].tokens.n;
-        static const uint32_t dts[] = {SH_PROTO_DTYPE_F32, SH_PROTO_DTYPE_F16, SH_PROTO_DTYPE_BF16};
+        static const uint32_t dts[] = {SH_PROTO_DTYPE_F32, SH_PROTO_DTYPE_F16, SH_PROTO_DTYPE_BF16,
+                                       SH_PROTO_DTYPE_I8};
         sh_proto_tensor *t = &b->act.hidden;
-        t->dtype = dts[rnd(s) % 3];
+        t->dtype = dts[rnd(s) % 4];
         size_t esz = sh__proto_dtype_size(t->dtype);
         uint64_t d = act_bytes / (rows * esz);
         d = d < 4 ? 4 : d;
@@ -196,6 +197,8 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
             memcpy(data + i, &r, t->nbytes - i < 8 ? t->nbytes - i : 8);
         }
         t->data = data;
+        if (t->dtype == SH_PROTO_DTYPE_I8) /* one scale per row */
+            b->act.scales = floats(s, (uint32_t)rows);
         break;
     }
     case SH_MSG_STEP_DONE: {
