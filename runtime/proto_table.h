@@ -333,11 +333,11 @@
     F(S, proto, "pv", U32, _, REQ, 0, 0)                                                           \
     F(S, model_size, "msz", U64, _, OPT, 0, 0)                                                     \
     F(S, model_hash, "mh", U64, _, OPT, 0, 0)                                                      \
-    F(S, n_blocks, "kvb", I32, _, OPT, 0, 0)  /* KV blocks of each stage's pool */                 \
-    F(S, max_seqs, "ms", I32, _, OPT, 0, 0)   /* sequences per step the stages take */             \
-    F(S, max_tokens, "mt", I32, _, OPT, 0, 0) /* rows per step the stages take */                  \
-    F(S, seq_blocks, "sb", I32, _, OPT, 0, 0) /* block-table length per sequence */                \
-    F(S, stages, "st", U64S, _, OPT, 0, 1024) /* the node's stage addresses, in script order */ \
+    F(S, n_blocks, "kvb", I32, _, OPT, 0, 0)    /* KV blocks of each stage's pool */               \
+    F(S, max_seqs, "ms", I32, _, OPT, 0, 0)     /* sequences per step the stages take */           \
+    F(S, max_tokens, "mt", I32, _, OPT, 0, 0)   /* rows per step the stages take */                \
+    F(S, seq_blocks, "sb", I32, _, OPT, 0, 0)   /* block-table length per sequence */              \
+    F(S, stages, "st", U64S, _, OPT, 0, 1024)   /* the node's stage addresses, in script order */  \
     F(S, link_dtype, "ld", U32, _, OPT, 0, 255) /* the dtype its stages send ACT hidden rows in */
 
 #endif
