@@ -7,7 +7,8 @@
  * tells the batcher (CANCEL) when a client goes away.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
- * GET /metrics. Errors are OpenAI-shaped JSON (actors/openai.h).
+ * GET /metrics, GET /admin/cluster (when the process gave a provider). Errors are OpenAI-shaped
+ * JSON (actors/openai.h).
  *
  * Tokenization off the loop is in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
  * the three files share is in gateway_int.h.
@@ -688,7 +689,8 @@ static void on_http(sh_http_req *req, void *user)
     bool is_models = !strcmp(path, "/v1/models");
     bool is_cmpl = !strcmp(path, "/v1/completions");
     bool is_chat = !strcmp(path, "/v1/chat/completions");
-    if (!is_metrics && !is_models && !is_cmpl && !is_chat) {
+    bool is_cluster = g->a.cluster_json && !strcmp(path, "/admin/cluster");
+    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_cluster) {
         sh__gateway_respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s",
                                    method, path);
         return;
@@ -705,6 +707,18 @@ static void on_http(sh_http_req *req, void *user)
         if (!get)
             goto bad_method;
         serve_metrics(g, req);
+        return;
+    }
+    if (is_cluster) { /* answered while draining too: it shows what is going on */
+        if (!get)
+            goto bad_method;
+        char *doc = g->a.cluster_json(g->a.cluster_user);
+        if (!doc) {
+            sh__gateway_respond_errorf(g, req, 500, NULL, NULL,
+                                       "the cluster status is not available (out of memory)");
+            return;
+        }
+        respond_json(req, 200, doc);
         return;
     }
     if (g->draining) {

@@ -169,6 +169,13 @@ typedef struct sh_gateway_args {
     uint32_t drain_timeout_ms;   /* after sh__gateway_ctl_drain: how long in-flight requests may
                                   * still finish before they are ended with an error (0: none) */
     struct sh_gateway_ctl *ctl;  /* optional: drain and key reloads from another thread */
+    /* Optional: GET /admin/cluster answers 200 with the JSON document this returns (the
+     * topology and load of the cluster this process fronts; tools/cluster_status.h), or 500 when
+     * it returns NULL. Called on the gateway's loop thread with cluster_user: it must not block.
+     * The gateway frees the string. Behind the API keys when keys are set (--metrics-public
+     * does not open it); answered while draining too. NULL: /admin/cluster is 404. */
+    char *(*cluster_json)(void *user);
+    void *cluster_user;
 } sh_gateway_args;
 
 /* Commands to a running gateway from any thread (the serving process's signal thread): the

@@ -18,6 +18,7 @@
 
 #include "lua/config.h"
 #include "tools/cluster.h"
+#include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 
@@ -34,7 +35,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] [-- SERVE FLAGS]\n\n"
+            "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] [-- SERVE FLAGS]\n"
+            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n\n"
             "Runs every node of a cluster script on this machine: each worker node as a child\n"
             "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
             "`shoal serve -c CLUSTER.lua SERVE FLAGS`. Every node's URL must be local (ipc://,\n"
@@ -47,8 +49,9 @@ static void usage(FILE *f)
             "  -t THREADS    compute threads of each worker node (shoal node -t)\n"
             "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
             "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
-            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n"
-            "`shoal cluster status` is not built yet.\n");
+            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
+            "`shoal cluster status [URL]` prints a running cluster's nodes, links, stages and\n"
+            "load (URL defaults to http://127.0.0.1:8080; see shoal cluster status --help).\n");
 }
 
 /* One line of the supervisor's own log, prefixed `cluster: `, written in one write(). */
@@ -649,7 +652,8 @@ int sh__cmd_cluster(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "up"))
         return cluster_up(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "status"))
-        return sh__cmd_fail("shoal cluster status is not built yet (docs/cluster.md)");
+        return sh__cmd_cluster_status(argc - 1, argv + 1);
     return sh__cmd_fail("usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] "
-                        "[-- SERVE FLAGS] (see shoal cluster --help)");
+                        "[-- SERVE FLAGS], or shoal cluster status [URL] (see shoal cluster "
+                        "--help)");
 }

@@ -19,6 +19,7 @@
 #include "lua/config.h"
 #include "model/gguf.h"
 #include "tools/cluster.h"
+#include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 
@@ -59,7 +60,8 @@ static void usage(FILE *f)
             "usage: shoal serve [-m MODEL | -c CLUSTER.lua] [--host H] [--port P] [options]\n\n"
             "Serves a model over an OpenAI-compatible HTTP API (POST /v1/completions,\n"
             "POST /v1/chat/completions, GET /v1/models, /health, /metrics) with continuous\n"
-            "batching and a paged KV cache, on the CPU.\n\n"
+            "batching and a paged KV cache, on the CPU. GET /admin/cluster describes its\n"
+            "nodes, stages and load (`shoal cluster status` prints it).\n\n"
             "  -m MODEL            GGUF model (default " DEFAULT_MODEL ")\n"
             "  -c CLUSTER.lua      read model, listen address, batcher and KV settings from a\n"
             "                      cluster script (one node; see lua/examples/single-node.lua);\n"
@@ -538,8 +540,9 @@ typedef struct server {
     sh_backend *be;
     sh_llama_ctx *ctx;
     sh_runtime *rt;
-    sh_gateway_ctl *ctl;     /* drain and key reloads from the signal thread */
-    sh_cluster_front *front; /* -c with worker nodes */
+    sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
+    sh_cluster_front *front;      /* -c with worker nodes */
+    sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
     char system[1024];
 } server;
@@ -815,6 +818,15 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (sh__gateway_ctl_create(&s->ctl))
         return (sh__cmd_fail("out of memory"), 1);
     ga.ctl = s->ctl;
+    s->status = (sh_cluster_status_src){.front = s->front,
+                                        .rt = s->rt,
+                                        .node = ro.name,
+                                        .model = s->name,
+                                        .n_layers = hp->n_layers};
+    if (o->cfg && !o->cluster)
+        s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
+    ga.cluster_json = sh__cluster_status_json;
+    ga.cluster_user = &s->status;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run

@@ -19,7 +19,8 @@ static const command commands[] = {
     {"serve", sh__cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
     {"node", sh__cmd_node, "run one worker node of a cluster script (pipeline stages)"},
     {"cluster", sh__cmd_cluster,
-     "cluster up: run every node of a local cluster script, supervised"},
+     "cluster up: run every node of a local cluster script, supervised; cluster status: "
+     "print a running cluster's nodes, stages and load"},
     {"bench", sh__cmd_bench, "load-test an OpenAI-compatible server"},
 };
 

@@ -11,8 +11,8 @@ Cases:
 - a node that keeps failing before it is up (a --bin wrapper that makes w1 exit 1): `cluster up`
   gives up after 5 tries, exits 1 naming w1, and leaves no process.
 - kill -9 of `cluster up` itself: its children die with it (PR_SET_PDEATHSIG).
-- a node whose URL is not on this machine is refused with exit 2 naming it; `cluster status`
-  says it is not built yet.
+- a node whose URL is not on this machine is refused with exit 2 naming it; `cluster status` of
+  a URL nobody listens on exits 2 naming it.
 """
 
 import os
@@ -213,9 +213,16 @@ def refuses_remote(d):
     assert "node 'w1'" in errs[0] and "tcp://10.11.12.13:7001" in errs[0] and \
         "not on this machine" in errs[0], errs[0]
     assert "cluster: started" not in r.stderr, r.stderr
-    r = subprocess.run([su.shoal_binary(), "cluster", "status"], cwd=su.ROOT,
+    # `cluster status` of a URL nobody listens on (test_cluster_status.py tests it fully).
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    r = subprocess.run([su.shoal_binary(), "cluster", "status", url], cwd=su.ROOT,
                        capture_output=True, text=True, timeout=20)
-    assert r.returncode == 2 and "not built yet" in r.stderr, (r.returncode, r.stderr)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {url}: cannot connect"), \
+        (r.returncode, r.stderr)
 
 
 def main():

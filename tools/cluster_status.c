@@ -1,0 +1,136 @@
+/* The status document of a serving process, built on the gateway's loop for GET /admin/cluster
+ * (tools/cluster_status.h). */
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shoal/transport.h"
+#include "shoal/version.h"
+#include "tools/cluster_status.h"
+
+/* Looks the replica's series up in the registry once (the help texts are the batcher's and the
+ * kvmgr's, in case this runs before they registered). */
+static void lookup(sh_cluster_status_src *s)
+{
+    if (s->running)
+        return;
+    sh_metrics *mx = sh_runtime_metrics(s->rt);
+    sh_metrics_gauge(mx, "shoal_requests_running", "Sequences in the running set.", NULL,
+                     &s->running);
+    sh_metrics_gauge(mx, "shoal_requests_waiting", "Sequences waiting for admission.", NULL,
+                     &s->waiting);
+    sh_metrics_gauge(mx, "shoal_kv_blocks_used", "KV blocks held by sequences", NULL, &s->kv_used);
+    sh_metrics_gauge(mx, "shoal_kv_blocks_total", "KV blocks in the pool", NULL, &s->kv_total);
+    sh_metrics_gauge(mx, "shoal_kv_blocks_cached",
+                     "KV blocks in the prefix cache (used or evictable)", NULL, &s->kv_cached);
+    sh_metrics_counter(mx, "shoal_steps_total", "Batched forward steps run.", NULL, &s->steps);
+    sh_metrics_counter(mx, "shoal_prompt_tokens_total", "Prompt tokens submitted.", NULL,
+                       &s->prompt_tokens);
+    sh_metrics_counter(mx, "shoal_generation_tokens_total", "Tokens generated.", NULL,
+                       &s->gen_tokens);
+    sh_metrics_counter(mx, "shoal_preemptions_total",
+                       "Sequences preempted (recomputed later) because KV blocks ran out.", NULL,
+                       &s->preemptions);
+}
+
+static json_int_t gauge(const sh_gauge *g) { return g ? (json_int_t)sh_gauge_value(g) : 0; }
+static json_int_t counter(const sh_counter *c) { return c ? (json_int_t)sh_counter_value(c) : 0; }
+
+/* A copy of text with every byte outside printable ASCII as '?' (JSON strings must be UTF-8). */
+static void ascii(char *dst, size_t cap, const char *text)
+{
+    size_t n = 0;
+    for (; text[n] && n + 1 < cap; n++)
+        dst[n] = text[n] >= 0x20 && text[n] < 0x7f ? text[n] : '?';
+    dst[n] = '\0';
+}
+
+static const char *state_name(sh_link_state st)
+{
+    switch (st) {
+    case SH_LINK_STATE_UP:
+        return "up";
+    case SH_LINK_STATE_DOWN:
+        return "down";
+    default:
+        return "connecting";
+    }
+}
+
+/* One node of the cluster: the front itself, or a worker with its link's snapshot. */
+static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer)
+{
+    const sh_cluster_plan *p = &f->plan;
+    const sh_config_node *nd = &p->c->nodes[i];
+    bool self = i == p->front;
+    json_t *stages = json_array();
+    for (int32_t k = 0; k < p->n_stages; k++)
+        if (p->stage_node[k] == i)
+            json_array_append_new(stages, json_integer(k + 1));
+    bool joined = self;
+    const char *state = "self";
+    char last_error[160] = "";
+    json_int_t reconnects = 0, sent = 0, queued = 0;
+    bool lost = false;
+    sh_transport_link l;
+    if (!self && peer >= 0 && peer < 256)
+        joined =
+            atomic_load_explicit((atomic_int *)&f->peers[peer].answered, memory_order_acquire) != 0;
+    if (!self && f->tp && sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) == SH_OK) {
+        state = state_name(l.state);
+        reconnects = l.ups > 1 ? (json_int_t)(l.ups - 1) : 0;
+        ascii(last_error, sizeof last_error, l.last_error);
+        sent = (json_int_t)l.sent;
+        queued = (json_int_t)l.queue_msgs;
+        lost = i < 256 && f->ups[i] && (l.state != SH_LINK_STATE_UP || l.ups != f->ups[i]);
+    } else if (!self) {
+        state = "connecting";
+    }
+    return json_pack("{s:s, s:s, s:s, s:b, s:s, s:I, s:b, s:s, s:o, s:I, s:I}", "name", nd->name,
+                     "url", nd->listen, "role", self ? "front" : "worker", "joined", joined,
+                     "state", state, "reconnects", reconnects, "lost", lost, "last_error",
+                     last_error, "stages", stages, "frames_sent", sent, "queued", queued);
+}
+
+char *sh__cluster_status_json(void *user)
+{
+    sh_cluster_status_src *s = user;
+    lookup(s);
+    const sh_cluster_front *f = s->front;
+    json_t *nodes = json_array(), *stages = json_array();
+    if (f) {
+        const sh_cluster_plan *p = &f->plan;
+        int32_t peer = 0;
+        for (int32_t i = 0; i < p->c->n_nodes; i++)
+            json_array_append_new(nodes, node_json(f, i, i == p->front ? -1 : peer++));
+        for (int32_t k = 0; k < p->n_stages; k++)
+            json_array_append_new(stages,
+                                  json_pack("{s:i, s:s, s:i, s:i}", "stage", (int)k + 1, "node",
+                                            p->c->nodes[p->stage_node[k]].name, "first_layer",
+                                            (int)p->first[k], "last_layer", (int)p->last[k]));
+    } else {
+        json_array_append_new(
+            nodes, json_pack("{s:s, s:s, s:s, s:b, s:s, s:I, s:b, s:s, s:[i], s:I, s:I}", "name",
+                             s->node, "url", "", "role", "single", "joined", 1, "state", "self",
+                             "reconnects", (json_int_t)0, "lost", 0, "last_error", "", "stages", 1,
+                             "frames_sent", (json_int_t)0, "queued", (json_int_t)0));
+        json_array_append_new(stages, json_pack("{s:i, s:s, s:i, s:i}", "stage", 1, "node", s->node,
+                                                "first_layer", 0, "last_layer", (int)s->n_layers));
+    }
+    json_t *replica = json_pack(
+        "{s:i, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "replica", 0, "stages", stages,
+        "running", gauge(s->running), "waiting", gauge(s->waiting), "kv_blocks_used",
+        gauge(s->kv_used), "kv_blocks_total", gauge(s->kv_total), "kv_blocks_cached",
+        gauge(s->kv_cached), "steps", counter(s->steps), "prompt_tokens", counter(s->prompt_tokens),
+        "generation_tokens", counter(s->gen_tokens), "preemptions", counter(s->preemptions));
+    json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:i}, s:o, s:[o]}", "object",
+                             "shoal.cluster", "version", SH_VERSION_STRING, "mode",
+                             f ? "cluster" : "single", "node", s->node, "model", "name", s->model,
+                             "layers", (int)s->n_layers, "nodes", nodes, "replicas", replica);
+    if (!root)
+        return NULL;
+    char *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    return out;
+}

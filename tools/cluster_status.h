@@ -1,0 +1,51 @@
+/* The cluster's status document: what `GET /admin/cluster` answers on a serving process and
+ * `shoal cluster status` prints (docs/cluster.md, "Watching a cluster"). */
+#ifndef SH_TOOLS_CLUSTER_STATUS_H
+#define SH_TOOLS_CLUSTER_STATUS_H
+
+#include <stdint.h>
+
+#include "shoal/runtime.h"
+#include "tools/cluster.h"
+
+/* What the document is built from. Filled by `shoal serve` before the gateway is spawned; must
+ * outlive the runtime (the gateway's callback reads it). The metric pointers are looked up on
+ * the first request, after the batcher and kvmgr registered theirs. */
+typedef struct sh_cluster_status_src {
+    const sh_cluster_front *front; /* the cluster front (plan, join answers, links); NULL for a
+                                    * single-process server, which is one node and one stage */
+    sh_runtime *rt;                /* its metrics registry holds the replica's gauges */
+    const char *node;              /* this process's node name */
+    const char *model;             /* the model's name as clients give it */
+    int32_t n_layers;
+    /* The replica's series, registered on first use (first registration's help wins, so the
+     * same help texts as the batcher's and the kvmgr's). Gateway's loop thread only. */
+    sh_gauge *running, *waiting, *kv_used, *kv_total, *kv_cached;
+    sh_counter *steps, *prompt_tokens, *gen_tokens, *preemptions;
+} sh_cluster_status_src;
+
+/* The gateway's cluster_json callback (sh_gateway_args): the status document of the process,
+ * a JSON object, malloc'd (the caller frees it), or NULL when out of memory. user is an
+ * sh_cluster_status_src. Reads link snapshots (sh_transport_link_get) and atomic gauges only, so
+ * it never blocks. Layout (every field always present):
+ *
+ *   {"object": "shoal.cluster", "version": "0.1.0", "node": "front", "model": {"name": "m",
+ * "layers": 5}, "mode": "cluster" | "single", "nodes": [{"name", "url" (its transport URL; "" for a
+ * single process), "role": "front" | "worker" | "single", "joined": bool, "state": "self" | "up" |
+ * "down" | "connecting", "reconnects": n, "lost": bool (reconnected or down since the join),
+ *               "last_error": "" or the transport's text, "stages": [stage numbers, 1-based],
+ *               "frames_sent": n, "queued": n}],
+ *    "replicas": [{"replica": 0, "stages": [{"stage": 1, "node": "w0", "first_layer": 0,
+ *                  "last_layer": 3}], "running": n, "waiting": n, "kv_blocks_used": n,
+ *                  "kv_blocks_total": n, "kv_blocks_cached": n, "steps": n, "prompt_tokens": n,
+ *                  "generation_tokens": n, "preemptions": n}]}
+ *
+ * Layer ranges are half-open, [first_layer, last_layer). */
+char *sh__cluster_status_json(void *user);
+
+/* `shoal cluster status [URL]`: fetches URL's /admin/cluster and prints it as tables (--json: the
+ * raw document). argv[0] is "status". Returns 0, 2 (bad usage, an unreachable URL, a refused key:
+ * one error line naming the URL) or 1 (an answer that is not a status document). */
+int sh__cmd_cluster_status(int argc, char **argv);
+
+#endif
