@@ -615,13 +615,7 @@ static int cluster_up(int argc, char **argv)
     }
     if (!oom) {
         sigset_t sigs;
-        sigemptyset(&sigs);
-        sigaddset(&sigs, SIGINT);
-        sigaddset(&sigs, SIGTERM);
-        sigaddset(&sigs, SIGCHLD);
-        sigaddset(&sigs, SIGHUP);
-        sigprocmask(SIG_BLOCK, &sigs, NULL);
-        signal(SIGPIPE, SIG_IGN);
+        sh__cmd_block_signals(&sigs, SIGCHLD);
         s.sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);
         if (s.sfd < 0) {
             fprintf(stderr, "error: signalfd: %s\n", strerror(errno));

@@ -235,12 +235,7 @@ int sh__cmd_node(int argc, char **argv)
         return sh__cmd_fail("shoal node needs -c CLUSTER.lua and --name NAME (see shoal node "
                             "--help)");
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sh__cmd_block_signals(&sigs, 0);
     node_state s;
     memset(&s, 0, sizeof s);
     int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);

@@ -878,12 +878,7 @@ int sh__cmd_serve(int argc, char **argv)
             o.model = DEFAULT_MODEL;
         // Signals are taken by sigwait on this thread: block them before any thread starts.
         sigset_t sigs;
-        sigemptyset(&sigs);
-        sigaddset(&sigs, SIGINT);
-        sigaddset(&sigs, SIGTERM);
-        sigaddset(&sigs, SIGHUP);
-        pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-        signal(SIGPIPE, SIG_IGN);
+        sh__cmd_block_signals(&sigs, 0);
         server s;
         memset(&s, 0, sizeof s);
         rc = run(&o, &s, &sigs);

@@ -2,6 +2,7 @@
 #include "tools/cmd_util.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,4 +56,16 @@ bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out)
         return false;
     *out = (float)v;
     return true;
+}
+
+void sh__cmd_block_signals(sigset_t *sigs, int extra)
+{
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    sigaddset(sigs, SIGHUP);
+    if (extra)
+        sigaddset(sigs, extra);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }

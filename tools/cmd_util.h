@@ -2,6 +2,7 @@
 #ifndef SH_TOOLS_CMD_UTIL_H
 #define SH_TOOLS_CMD_UTIL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,6 +15,11 @@ int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);
 bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out);
+
+/* Blocks SIGINT, SIGTERM and SIGHUP (plus `extra` when it is not 0) in the calling thread, so that
+ * every thread started afterwards inherits the mask and the caller takes them with sigwait or a
+ * signalfd; fills *sigs with that set. Ignores SIGPIPE. Call before any thread starts. */
+void sh__cmd_block_signals(sigset_t *sigs, int extra);
 
 /* Whether flag is one of `flags`, a space-separated list that starts and ends with a space. */
 bool sh__cmd_is_flag(const char *flags, const char *flag);
