@@ -164,8 +164,17 @@ static void test_killed_mid_frame(void)
     uint64_t end = now_ms() + 2000;
     while (fd_count() > fds0 && now_ms() < end)
         sleep_ms(10);
-    fprintf(stderr, "killed mid-frame: fds %d -> %d\n", fds0, fd_count());
-    CHECK(fd_count() <= fds0); /* a leak (2 per cycle) would never settle */
+    /* The transport keeps redialling the dead peer, and each attempt holds a socket for a moment,
+     * so one reading may be one above the settled count: judge by the lowest of a few. A leak (2
+     * per cycle, 8 over the rounds after fds0) stays in every reading. */
+    int fds1 = fd_count();
+    for (int i = 0; i < 20; i++) {
+        sleep_ms(10);
+        int v = fd_count();
+        fds1 = v < fds1 ? v : fds1;
+    }
+    fprintf(stderr, "killed mid-frame: fds %d -> %d\n", fds0, fds1);
+    CHECK(fds1 <= fds0);
     CHECK_INT_EQ(child_start(&c, args), 0);
     CHECK(wait_link_up(me.tp, 2, 7, 10000));
     req_cfg r;
