@@ -611,6 +611,28 @@ static void on_done(gateway *g, const sh_proto_done *d)
         complete(g, r);
 }
 
+/* Answers r's client with err and completes the handle (r->http becomes NULL): a stream already
+ * started gets an error event and [DONE], anything else a JSON error with err's status. */
+static void respond_err(gw_req *r, const sh_openai_error *err)
+{
+    if (!r->http)
+        return;
+    if (r->stream && r->stream_started) {
+        char *json = sh_openai_error_json(err);
+        if (json) {
+            sh_http_stream_write(r->http, "data: ", 6);
+            sh_http_stream_write(r->http, json, strlen(json));
+            sh_http_stream_write(r->http, "\n\n", 2);
+            free(json);
+        }
+        sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
+        sh_http_stream_end(r->http);
+    } else {
+        respond_json(r->http, err->status, sh_openai_error_json(err));
+    }
+    r->http = NULL;
+}
+
 static void on_fail(gateway *g, const sh_proto_fail *f)
 {
     gw_req *r = find_req(g, f->req);
@@ -620,22 +642,7 @@ static void on_fail(gateway *g, const sh_proto_fail *f)
     sh_openai_error err;
     sh_openai_error_set(&err, status, NULL, NULL, "%.*s", (int)f->message.len, f->message.ptr);
     sh_counter_add(g->m_http_errors, 1);
-    if (r->http) {
-        if (r->stream && r->stream_started) {
-            char *json = sh_openai_error_json(&err);
-            if (json) {
-                sh_http_stream_write(r->http, "data: ", 6);
-                sh_http_stream_write(r->http, json, strlen(json));
-                sh_http_stream_write(r->http, "\n\n", 2);
-                free(json);
-            }
-            sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
-            sh_http_stream_end(r->http);
-        } else {
-            respond_json(r->http, status, sh_openai_error_json(&err));
-        }
-    }
-    r->http = NULL;
+    respond_err(r, &err);
     req_unlink(g, r);
     sh__gateway_req_free(r);
 }
@@ -651,20 +658,7 @@ void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *c
     sh_openai_error err;
     sh_openai_error_set(&err, status, code, NULL, "%s", msg);
     sh_counter_add(g->m_http_errors, 1);
-    if (r->stream && r->stream_started) {
-        char *json = sh_openai_error_json(&err);
-        if (json) {
-            sh_http_stream_write(r->http, "data: ", 6);
-            sh_http_stream_write(r->http, json, strlen(json));
-            sh_http_stream_write(r->http, "\n\n", 2);
-            free(json);
-        }
-        sh_http_stream_write(r->http, SH_OPENAI_SSE_DONE, strlen(SH_OPENAI_SSE_DONE));
-        sh_http_stream_end(r->http);
-    } else {
-        respond_json(r->http, status, sh_openai_error_json(&err));
-    }
-    r->http = NULL;
+    respond_err(r, &err);
 }
 
 /* ---- routing ------------------------------------------------------------------------------ */

@@ -29,7 +29,7 @@ static void usage(FILE *f)
                "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
                "  --name NAME         which node of the script this process is\n"
                "  -t THREADS          compute threads per stage (default: all CPUs)\n"
-               "  --log-level L       error, warn, info, debug (default info)\n\n"
+               "  --log-level L       error, warn, info, debug, trace (default info)\n\n"
                "Prints `node NAME serving ...` on stderr when ready.\n");
 }
 
@@ -60,19 +60,6 @@ static void close_all(node_state *s)
     }
     sh_backend_destroy(s->be);
     sh_config_destroy(s->cfg);
-}
-
-static sh_log_level level_of(const char *s)
-{
-    if (!s || !strcmp(s, "info"))
-        return SH_LOG_LEVEL_INFO;
-    if (!strcmp(s, "error"))
-        return SH_LOG_LEVEL_ERROR;
-    if (!strcmp(s, "warn"))
-        return SH_LOG_LEVEL_WARN;
-    if (!strcmp(s, "debug"))
-        return SH_LOG_LEVEL_DEBUG;
-    return SH_LOG_LEVEL_INFO;
 }
 
 static int run(node_state *s, const char *script, const char *name, int32_t threads,
@@ -148,7 +135,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_runtime_opts ro = {.node_id = (uint32_t)self + 1,
                           .name = c->nodes[self].name,
                           .n_loops = 2,
-                          .log_level = level_of(log_level)};
+                          .log_level = sh__cmd_log_level(log_level)};
     if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e) ||
         sh_runtime_register(s->rt, &sh__hello_vtable, &e))
         return (sh__cmd_fail("runtime: %s", e.msg), 1);

@@ -498,21 +498,6 @@ static void progress(float done, void *arg)
     fflush(stderr);
 }
 
-static sh_log_level level_of(const char *s)
-{
-    if (!s)
-        return SH_LOG_LEVEL_INFO;
-    if (!strcmp(s, "error"))
-        return SH_LOG_LEVEL_ERROR;
-    if (!strcmp(s, "warn"))
-        return SH_LOG_LEVEL_WARN;
-    if (!strcmp(s, "debug"))
-        return SH_LOG_LEVEL_DEBUG;
-    if (!strcmp(s, "trace"))
-        return SH_LOG_LEVEL_TRACE;
-    return SH_LOG_LEVEL_INFO;
-}
-
 /* The KV budget when none is given: 1 GiB, or a quarter of the memory available now when that is
  * less (a small machine keeps room for the weights and everything else). */
 static uint64_t default_kv_mem(void)
@@ -704,7 +689,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (n_blocks > (1 << 22))
         n_blocks = 1 << 22;
     sh_runtime_opts ro = {
-        .node_id = 1, .name = "serve", .n_loops = 2, .log_level = level_of(o->log_level)};
+        .node_id = 1, .name = "serve", .n_loops = 2, .log_level = sh__cmd_log_level(o->log_level)};
     const sh_cluster_plan *plan = NULL;
     if (o->cluster) {
         // The front: the stages run on worker nodes; join them before anything is served.

@@ -69,3 +69,18 @@ void sh__cmd_block_signals(sigset_t *sigs, int extra)
     pthread_sigmask(SIG_BLOCK, sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 }
+
+sh_log_level sh__cmd_log_level(const char *s)
+{
+    static const struct {
+        const char *name;
+        sh_log_level level;
+    } names[] = {{"error", SH_LOG_LEVEL_ERROR},
+                 {"warn", SH_LOG_LEVEL_WARN},
+                 {"debug", SH_LOG_LEVEL_DEBUG},
+                 {"trace", SH_LOG_LEVEL_TRACE}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name))
+            return names[i].level;
+    return SH_LOG_LEVEL_INFO;
+}

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "shoal/runtime.h"
 
 /* Prints one `error: ...` line on stderr and returns 2, the exit code for bad usage or input. */
 int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);
@@ -15,6 +16,10 @@ int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);
 bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out);
+
+/* The runtime log level a --log-level value names ("error", "warn", "info", "debug", "trace");
+ * NULL or anything else is info. */
+sh_log_level sh__cmd_log_level(const char *s);
 
 /* Blocks SIGINT, SIGTERM and SIGHUP (plus `extra` when it is not 0) in the calling thread, so that
  * every thread started afterwards inherits the mask and the caller takes them with sigwait or a
