@@ -140,6 +140,17 @@ typedef struct sh_batcher_args {
                                * get 503 naming the step, and batching goes on (checked every
                                * 100 ms). For stages on other nodes, where a dead node's step is
                                * never answered. 0: wait for ever (one process) */
+    /* Pipelining: up to max_inflight steps in flight at once, on disjoint groups of sequences
+     * (a P-stage pipeline keeps every stage busy with P). 0 or 1: one step at a time. */
+    int32_t max_inflight;
+    /* Replicas behind a router (actors/router.c). When router is not SH_ADDR_NONE (0), every
+     * report_ms (0: 1000) the batcher sends it a METRICS message with its load and what it
+     * measured (the names are in actors/router.h). metric_labels, when set (e.g.
+     * `replica="1"`), labels every series the batcher registers, so that several batchers share
+     * one registry. */
+    sh_addr router;
+    uint32_t report_ms;
+    const char *metric_labels;
 } sh_batcher_args;
 
 /* ---- gateway ---------------------------------------------------------------------------- */

@@ -189,9 +189,13 @@
     F(S, n, "n", U32, _, OPT, 0, 128) /* choices sharing the prompt (0 means 1) */                 \
     F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */
 
+/* CANCEL with withdraw (a router moving a request to another replica): only a request none of
+ * whose sequences was ever admitted is removed, silently, and answered with FAIL code SH_EBUSY
+ * (retryable, message "withdrawn"); any other request is left alone and nothing is answered. */
 #define SH_PROTO_FIELDS_cancel(F, S)                                                               \
     F(S, req, "req", U64, _, REQ, 0, 0)                                                            \
-    F(S, reason, "why", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
+    F(S, reason, "why", STR, _, OPT, 0, SH_PROTO_MAX_MSG)                                          \
+    F(S, withdraw, "wd", BOOL, _, OPT, 0, 0)
 
 /* TOKEN: tokens[i] is the (index + i)-th generated token, so a duplicate is recognised; logprobs
  * is empty or one per token; top_* hold top_n entries per token, token-major. */
