@@ -225,14 +225,119 @@ static int l_node(lua_State *L) { return ctor(L, K_NODE, validate_node); }
 static int l_model(lua_State *L) { return ctor(L, K_MODEL, validate_model); }
 static int l_replica(lua_State *L) { return ctor(L, K_REPLICA, validate_replica); }
 
-static void split(int32_t n_layers, int32_t i, int32_t n, int32_t *first, int32_t *last)
+/* The boundary before stage k (0 <= k <= n_stages) of a split of n_layers over n_stages stages
+ * (n_stages <= n_layers). Without weights the split is even, floor(k * n_layers / n_stages), as
+ * it always was. With weights, the boundary is the cumulative share rounded to the nearest layer
+ * (halves up), floor(n_layers * (w_0 + ... + w_{k-1}) / (w_0 + ... + w_{n-1}) + 0.5), clamped
+ * into [boundary k-1 + 1, n_layers - (n_stages - k)] so that every stage keeps at least one
+ * layer and enough are left for the stages after it. */
+static int32_t bound(int32_t n_layers, int32_t n_stages, const double *w, double total, double cum,
+                     int32_t k, int32_t prev)
 {
-    *first = (int32_t)((int64_t)i * n_layers / n);
-    *last = (int32_t)((int64_t)(i + 1) * n_layers / n);
+    if (k == 0)
+        return 0;
+    if (k == n_stages)
+        return n_layers;
+    if (!w)
+        return (int32_t)((int64_t)k * n_layers / n_stages);
+    double x = floor((double)n_layers * (cum / total) + 0.5);
+    int32_t lo = prev + 1, hi = n_layers - (n_stages - k);
+    return x < lo ? lo : x > hi ? hi : (int32_t)x;
 }
 
-/* pipeline(m, { "w0", "w1" } [, layers]): one stage per node in order, layers split evenly when
- * the count is known (from model{ layers = n } or the third argument), else left to the loader. */
+/* Fills first[i], last[i] for n stages with optional weights w (n of them, all > 0). */
+static void split_layers(int32_t n_layers, int32_t n, const double *w, int32_t *first,
+                         int32_t *last)
+{
+    double total = 0, cum = 0;
+    for (int32_t i = 0; w && i < n; i++)
+        total += w[i];
+    int32_t b = 0;
+    for (int32_t i = 0; i < n; i++) {
+        first[i] = b;
+        cum += w ? w[i] : 0;
+        b = bound(n_layers, n, w, total, cum, i + 1, b);
+        last[i] = b;
+    }
+}
+
+sh_err sh_config_replica_layers(const sh_config_replica *r, int32_t n_layers, int32_t *first,
+                                int32_t *last, sh_error *e)
+{
+    if (r->n_stages < 1 || r->n_stages > n_layers)
+        return sh__error_set(e, SH_EINVAL, "%d stages for a model of %d layers", (int)r->n_stages,
+                             (int)n_layers);
+    bool weighted = false;
+    for (int32_t i = 0; i < r->n_stages; i++) {
+        if (r->stages[i].first_layer >= 0) { /* written out, or resolved by the loader */
+            first[i] = r->stages[i].first_layer;
+            last[i] = r->stages[i].last_layer;
+            continue;
+        }
+        weighted |= r->stages[i].weight > 0;
+    }
+    if (r->stages[0].first_layer >= 0)
+        return SH_OK;
+    double w[MAX_STAGES];
+    for (int32_t i = 0; weighted && i < r->n_stages && i < MAX_STAGES; i++)
+        w[i] = r->stages[i].weight > 0 ? r->stages[i].weight : 1.0;
+    split_layers(n_layers, r->n_stages, weighted ? w : NULL, first, last);
+    return SH_OK;
+}
+
+/* pipeline()'s third argument: the weights (when given) into w, the layer count into *layers. */
+static bool pipeline_opts(lua_State *L, int32_t n, double *w, int64_t *layers, const char *where)
+{
+    if (lua_isnoneornil(L, 3))
+        return false;
+    if (lua_type(L, 3) != LUA_TTABLE) {
+        int isint = 0;
+        lua_Integer v = lua_tointegerx(L, 3, &isint);
+        if (!isint || v < 1 || v > MAX_LAYERS)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "pipeline: third argument must be a layer count 1..%d or a table "
+                         "{ weights = {...} }",
+                         MAX_LAYERS);
+        if (*layers && *layers != v)
+            sh__lua_fail(L, SH_EINVAL, where, "pipeline: %lld layers given but the model has %lld",
+                         (long long)v, (long long)*layers);
+        *layers = v;
+        return false;
+    }
+    static const sh__lua_field opt_fields[] = {{"weights", SH__LUA_TABLE, false}, {NULL, 0, false}};
+    sh__lua_check_fields(L, 3, opt_fields, "pipeline options", where);
+    if (raw_field(L, 3, "weights") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return false;
+    }
+    int32_t k = sh__lua_check_list(L, lua_gettop(L), "pipeline weights", MAX_STAGES, where);
+    if (k != n)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "pipeline: weights has %d entr%s for %d node%s: give one weight per stage",
+                     (int)k, k == 1 ? "y" : "ies", (int)n, n == 1 ? "" : "s");
+    for (int32_t i = 0; i < n; i++) {
+        int t = lua_rawgeti(L, -1, i + 1);
+        double v = t == LUA_TNUMBER ? lua_tonumber(L, -1) : -1;
+        if (t != LUA_TNUMBER || !(v > 0) || !isfinite(v) || v > 1e9) {
+            char got[64];
+            if (t == LUA_TNUMBER)
+                snprintf(got, sizeof got, "%.6g", v);
+            else
+                snprintf(got, sizeof got, "a %s", luaL_typename(L, -1));
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "pipeline: weights[%d] must be a positive number (at most 1e9), got %s",
+                         (int)i + 1, got);
+        }
+        w[i] = v;
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    return true;
+}
+
+/* pipeline(m, { "w0", "w1" } [, layers | { weights = { 2, 1 } }]): one stage per node in order,
+ * layers split evenly or by weight when the count is known (from model{ layers = n } or the
+ * third argument), else left to whoever loads the model (sh_config_replica_layers). */
 static int l_pipeline(lua_State *L)
 {
     char where[WHERE_MAX], mwhere[WHERE_MAX];
@@ -245,23 +350,17 @@ static int l_pipeline(lua_State *L)
         layers = sh__lua_get_int(L, -1, "layers", 0);
         lua_pop(L, 1);
     }
-    if (!lua_isnoneornil(L, 3)) {
-        int isint = 0;
-        lua_Integer n = lua_tointegerx(L, 3, &isint);
-        if (!isint || n < 1 || n > MAX_LAYERS)
-            sh__lua_fail(L, SH_EINVAL, where, "pipeline: layer count must be an integer 1..%d",
-                         MAX_LAYERS);
-        if (layers && layers != n)
-            sh__lua_fail(L, SH_EINVAL, where, "pipeline: %lld layers given but the model has %lld",
-                         (long long)n, (long long)layers);
-        layers = n;
-    }
     int32_t n = sh__lua_check_list(L, 2, "pipeline nodes", MAX_STAGES, where);
     if (n == 0)
         sh__lua_fail(L, SH_EINVAL, where, "pipeline: needs at least one node");
+    double w[MAX_STAGES];
+    bool weighted = pipeline_opts(L, n, w, &layers, where);
     if (layers && n > layers)
         sh__lua_fail(L, SH_EINVAL, where, "pipeline: %d stages for %lld layers", (int)n,
                      (long long)layers);
+    int32_t first[MAX_STAGES], last[MAX_STAGES];
+    if (layers)
+        split_layers((int32_t)layers, n, weighted ? w : NULL, first, last);
     lua_createtable(L, n, 0);
     int out = lua_gettop(L);
     for (int32_t i = 0; i < n; i++) {
@@ -269,16 +368,18 @@ static int l_pipeline(lua_State *L)
             sh__lua_fail(L, SH_EINVAL, where, "pipeline: node %d must be a node name, got %s",
                          (int)i + 1, luaL_typename(L, -1));
         check_name(L, "pipeline", lua_tostring(L, -1), where);
-        lua_createtable(L, 0, 3);
+        lua_createtable(L, 0, 4);
         lua_insert(L, -2);
         lua_setfield(L, -2, "node");
         if (layers) {
-            int32_t first, last;
-            split((int32_t)layers, i, n, &first, &last);
-            lua_pushinteger(L, first);
+            lua_pushinteger(L, first[i]);
             lua_setfield(L, -2, "first_layer");
-            lua_pushinteger(L, last);
+            lua_pushinteger(L, last[i]);
             lua_setfield(L, -2, "last_layer");
+        }
+        if (weighted) {
+            lua_pushnumber(L, w[i]);
+            lua_setfield(L, -2, "weight");
         }
         sh__lua_obj_new(L, K_STAGE, where, 0);
         lua_rawseti(L, out, i + 1);
@@ -384,7 +485,7 @@ static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r
         sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d has no stages", rep);
     int idx = lua_gettop(L);
     r->stages = zalloc(L, (size_t)n, sizeof *r->stages, rwhere);
-    int resolved = 0;
+    int resolved = 0, weighted = 0;
     for (int32_t i = 0; i < n; i++) {
         char swhere[WHERE_MAX];
         lua_rawgeti(L, idx, i + 1);
@@ -398,16 +499,32 @@ static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r
             (int32_t)sh__lua_get_int_range(L, -1, "last_layer", -1, -1, MAX_LAYERS, what, swhere);
         if ((s->first_layer < 0) != (s->last_layer < 0))
             sh__lua_fail(L, SH_EINVAL, swhere, "%s: give both first_layer and last_layer", what);
+        if (raw_field(L, -1, "weight") == LUA_TNUMBER) /* only pipeline() sets it, checked */
+            s->weight = lua_tonumber(L, -1);
+        lua_pop(L, 1);
         resolved += s->first_layer >= 0;
+        weighted += s->weight > 0;
         lua_pop(L, 2);
     }
     int32_t layers = c->models[r->model].n_layers;
+    if (weighted && weighted != n)
+        sh__lua_fail(L, SH_EINVAL, rwhere,
+                     "replica %d: either every stage has a weight or none has (one pipeline() "
+                     "call per replica)",
+                     rep);
     if (resolved == 0) {
         if (layers && n > layers)
             sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d: %d stages for %d layers", rep, (int)n,
                          (int)layers);
-        for (int32_t i = 0; layers && i < n; i++)
-            split(layers, i, n, &r->stages[i].first_layer, &r->stages[i].last_layer);
+        if (layers) {
+            int32_t first[MAX_STAGES], last[MAX_STAGES];
+            sh_error e = {0};
+            (void)sh_config_replica_layers(r, layers, first, last, &e);
+            for (int32_t i = 0; i < n; i++) {
+                r->stages[i].first_layer = first[i];
+                r->stages[i].last_layer = last[i];
+            }
+        }
         return;
     }
     if (resolved != n)

@@ -46,11 +46,16 @@ typedef struct sh_config_model {
 } sh_config_model;
 
 /* One pipeline stage: layers [first_layer, last_layer) on one node. Both are -1 when the script
- * did not know the layer count: the loader splits the layers evenly over the stages, in order. */
+ * did not know the layer count: whoever loads the model resolves them with
+ * sh_config_replica_layers() (evenly, or by weight), in order. */
 typedef struct sh_config_stage {
     int32_t node; /* index into sh_cluster_config.nodes; never a standby node */
     int32_t first_layer;
     int32_t last_layer;
+    /* pipeline(m, nodes, { weights = {...} }): this stage's weight (> 0, every stage of the
+     * replica has one); 0 when the split is even or written out. Kept after the loader resolved
+     * the ranges (the layer count was known), for information. */
+    double weight;
 } sh_config_stage;
 
 typedef struct sh_config_replica {
@@ -115,6 +120,18 @@ sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_clu
                            sh_error *e);
 sh_err sh_config_load_string(const char *src, size_t len, const char *name,
                              const sh_lua_limits *limits, sh_cluster_config **out, sh_error *e);
+
+/* The layer range of every stage of r for a model of n_layers layers, into first[i], last[i]
+ * (r->n_stages entries each): the script's ranges when it wrote them out or the loader resolved
+ * them; otherwise the split pipeline() describes. Even: stage i starts at
+ * floor(i * n_layers / n_stages). By weight: the boundary before stage k is the cumulative weight
+ * share rounded to the nearest layer, halves up, floor(n_layers * (w_0 + ... + w_{k-1}) / W + 0.5)
+ * with W the sum of all weights, clamped into [boundary k-1 + 1, n_layers - (n_stages - k)] so
+ * that every stage holds at least one layer ({2, 1} over 30 layers: [0, 20) and [20, 30)).
+ * Ranges are not checked against each other here (the caller checks coverage). Returns SH_EINVAL
+ * (more stages than layers, none); first and last are then undefined. Any thread. */
+sh_err sh_config_replica_layers(const sh_config_replica *r, int32_t n_layers, int32_t *first,
+                                int32_t *last, sh_error *e);
 
 /* Index of the node called `name`, or -1. */
 int32_t sh_config_find_node(const sh_cluster_config *c, const char *name);

@@ -127,6 +127,98 @@ static void test_defaults_and_layers(void)
     sh_config_destroy(c);
 }
 
+/* pipeline(m, nodes, { weights = ... }): resolved by the loader when the layer count is known,
+ * else by sh_config_replica_layers() with the same rule. */
+static void test_weights(void)
+{
+    const char *src = "local m = model { name = 'm', path = 'm.gguf', layers = 30 }\n"
+                      "local u = model { name = 'u', path = 'u.gguf' }\n"
+                      "return cluster {\n"
+                      "  nodes = { node { name = 'f', listen = 'ipc:///f' },\n"
+                      "    node { name = 'a', listen = 'ipc:///a' },\n"
+                      "    node { name = 'b', listen = 'ipc:///b' } },\n"
+                      "  gateway = { node = 'f', http = 'h:80' },\n"
+                      "  replicas = {\n"
+                      "    replica { model = m, stages = pipeline(m, { 'a', 'b' }, { weights = "
+                      "{ 2, 1 } }) },\n"
+                      "    replica { model = u, stages = pipeline(u, { 'a', 'b', 'a' }, { weights "
+                      "= { 1, 2.5, 1 } }) },\n"
+                      "    replica { model = u, stages = pipeline(u, { 'a', 'b' }, {}) },\n"
+                      "  },\n"
+                      "}\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(load_str(src, NULL, &c, &e));
+    if (!c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    const sh_config_replica *r = &c->replicas[0];
+    CHECK_INT_EQ(r->n_stages, 2);
+    CHECK_INT_EQ(r->stages[0].first_layer, 0);
+    CHECK_INT_EQ(r->stages[0].last_layer, 20);
+    CHECK_INT_EQ(r->stages[1].first_layer, 20);
+    CHECK_INT_EQ(r->stages[1].last_layer, 30);
+    CHECK(r->stages[0].weight == 2.0 && r->stages[1].weight == 1.0);
+    int32_t first[3], last[3];
+    /* Resolved ranges come back as they are. */
+    CHECK_OK(sh_config_replica_layers(r, 30, first, last, &e));
+    CHECK_INT_EQ(first[1], 20);
+    CHECK_INT_EQ(last[1], 30);
+
+    /* Unknown layer count: left for the plan, weights kept. 1 : 2.5 : 1 over 9 layers gives
+     * boundaries round(9 / 4.5) = 2 and round(9 * 3.5 / 4.5) = round(7) = 7. */
+    r = &c->replicas[1];
+    CHECK_INT_EQ(r->stages[0].first_layer, -1);
+    CHECK_INT_EQ(r->stages[2].last_layer, -1);
+    CHECK(r->stages[1].weight == 2.5);
+    CHECK_OK(sh_config_replica_layers(r, 9, first, last, &e));
+    int32_t want9[4] = {0, 2, 7, 9};
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT_EQ(first[i], want9[i]);
+        CHECK_INT_EQ(last[i], want9[i + 1]);
+    }
+    /* Every stage keeps a layer: over 3 layers the shares (0.67, 1.67, 0.67) would leave the
+     * first empty; the clamp gives one each. */
+    CHECK_OK(sh_config_replica_layers(r, 3, first, last, &e));
+    int32_t want3[4] = {0, 1, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT_EQ(first[i], want3[i]);
+        CHECK_INT_EQ(last[i], want3[i + 1]);
+    }
+    /* Halves round up: 1 : 2.5 : 1 over 5 layers is 1.11 -> 1, 3.89 -> 4. */
+    CHECK_OK(sh_config_replica_layers(r, 5, first, last, &e));
+    CHECK_INT_EQ(last[0], 1);
+    CHECK_INT_EQ(last[1], 4);
+    CHECK_INT_EQ(sh_config_replica_layers(r, 2, first, last, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "3 stages for a model of 2 layers") != NULL);
+
+    /* An empty options table is an even split, as without it. */
+    r = &c->replicas[2];
+    CHECK(r->stages[0].weight == 0.0);
+    CHECK_OK(sh_config_replica_layers(r, 7, first, last, &e));
+    CHECK_INT_EQ(last[0], 3);
+    CHECK_INT_EQ(first[1], 3);
+    CHECK_INT_EQ(last[1], 7);
+    sh_config_destroy(c);
+
+    /* One heavy stage never takes the layers the others need. */
+    const char *heavy = "local m = model { name = 'm', path = 'm.gguf', layers = 4 }\n"
+                        "return cluster { nodes = { node { name = 'f', listen = 'ipc:///f' },\n"
+                        "  node { name = 'a', listen = 'ipc:///a' } },\n"
+                        "  gateway = { node = 'f', http = 'h:80' },\n"
+                        "  replicas = { replica { model = m, stages = pipeline(m, { 'a', 'a', "
+                        "'a' }, { weights = { 1e6, 1, 1 } }) } } }\n";
+    CHECK_OK(load_str(heavy, NULL, &c, &e));
+    if (!c)
+        return;
+    r = &c->replicas[0];
+    CHECK_INT_EQ(r->stages[0].last_layer, 2);
+    CHECK_INT_EQ(r->stages[1].last_layer, 3);
+    CHECK_INT_EQ(r->stages[2].last_layer, 4);
+    sh_config_destroy(c);
+}
+
 /* Every error names bad.lua and the line of the offending constructor call. */
 static const char *const head =
     "local m = model { name = 'm', path = 'm.gguf' }\n"                                 /* line 1 */
@@ -215,6 +307,32 @@ static const struct bad_case {
      SH_EINVAL, "bad.lua:4", "link_dtype 'F16' must be"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), link_dtype = 16 }\n", SH_EINVAL,
      "bad.lua:4", "field 'link_dtype' must be a string"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = { 2, 1, 1 } })\n", SH_EINVAL, "bad.lua:4",
+     "pipeline: weights has 3 entries for 2 nodes"},
+    {"\nlocal p = pipeline(m, { 'a', 'b' }, { weights = { 2, 0 } })\n", SH_EINVAL, "bad.lua:5",
+     "pipeline: weights[2] must be a positive number (at most 1e9), got 0"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = { -1, 1 } })\n", SH_EINVAL, "bad.lua:4",
+     "weights[1] must be a positive number (at most 1e9), got -1"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = { 1, 'x' } })\n", SH_EINVAL, "bad.lua:4",
+     "weights[2] must be a positive number (at most 1e9), got a string"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = { 1, 0/0 } })\n", SH_EINVAL, "bad.lua:4",
+     "weights[2] must be a positive number"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = { 1, math.huge } })\n", SH_EINVAL,
+     "bad.lua:4", "weights[2] must be a positive number (at most 1e9), got inf"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weights = 2 })\n", SH_EINVAL, "bad.lua:4",
+     "field 'weights' must be a table"},
+    {"local p = pipeline(m, { 'a', 'b' }, { weigths = { 1, 1 } })\n", SH_EINVAL, "bad.lua:4",
+     "unknown key 'weigths'"},
+    {"local p = pipeline(m, { 'a', 'b' }, 'x')\n", SH_EINVAL, "bad.lua:4",
+     "third argument must be a layer count"},
+    {"local p = pipeline(model { name = 'x', path = 'x', layers = 2 }, { 'a', 'b', 'a' },\n"
+     "  { weights = { 1, 1, 1 } })\n",
+     SH_EINVAL, "bad.lua:4", "pipeline: 3 stages for 2 layers"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { pipeline(m, { 'a' }, { weights = { 1 } "
+     "})[1],\n"
+     "    pipeline(m, { 'b' })[1] } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica 1: either every stage has a weight or none has"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
 };
@@ -463,6 +581,7 @@ static void test_print_log(void)
 static const sh_test_case tests[] = {
     {"demo", test_demo},
     {"defaults_and_layers", test_defaults_and_layers},
+    {"weights", test_weights},
     {"errors", test_errors},
     {"sandbox_escapes", test_sandbox_escapes},
     {"script_relative_paths", test_script_relative_paths},
