@@ -6,8 +6,8 @@ set -euo pipefail
 # Build and runtime libraries, the toolchain, Python for the model fetch, clang for the fuzzers.
 packages=(
     build-essential cmake pkg-config git ca-certificates openssl
-    libuv1-dev libnng-dev libmsgpack-dev liblua5.4-dev libpcre2-dev libjansson-dev
-    libhttp-parser-dev curl
+    libuv1-dev libnng-dev libmbedtls-dev libmsgpack-dev liblua5.4-dev libpcre2-dev
+    libjansson-dev libhttp-parser-dev curl iproute2
     python3 python3-pip python3-venv
     clang libclang-rt-14-dev clang-format
 )
