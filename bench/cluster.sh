@@ -1,0 +1,377 @@
+#!/usr/bin/env bash
+# Cluster benchmarks of issue 11 against real processes (`shoal node` workers and a `shoal serve
+# -c` front over ipc://, beside a single-process `shoal serve -m`), on one machine:
+#   throughput  output tokens/s at 32 concurrent streams (the ANCHORS.md llama-server shape: 64
+#               streaming requests, ~36-token prompts, exactly 64 tokens out, EOS ignored) of the
+#               default model: one process with 2 threads, a 2-stage pipeline (2 workers with 1
+#               thread each + the front), 2 replicas of 1 worker thread each (a JSON line saying
+#               "unsupported" while `shoal serve -c` refuses several replicas). Every config is
+#               started once and the runs alternate (reversed in even rounds), ROUNDS times, so
+#               ratios are within a round.
+#   hop         decode time per token of one stream of stories260K (tiny compute, so the links
+#               dominate) through 1, 2 and 3 stages on worker nodes, and a single process;
+#               per hop = (t_k - t_1) / (k - 1). Runs alternate, HOP_REPS times; medians.
+#   memory      (--memory) peak RSS (VmHWM) of a `shoal mkmodel --shape llama3-8b --type Q4_0`
+#               model split over 2 worker processes against 60% of the file plus the stage's KV
+#               pool, and of `shoal serve` of the default model under the 32-stream load against
+#               llama-server's 436-471 MB (ANCHORS.md), with its default KV budget and with the
+#               8192-token KV of `llama-server -c 8192`.
+# Usage: bench/cluster.sh [--memory | --all] [BUILD]   (default parts: throughput hop)
+# Env: MODEL, STORIES, BIG (the 8B file; made once with shoal mkmodel, ~4.4 GB), PORT (base),
+#      ROUNDS (2), HOP_REPS (5), CLIENTS (32), REQS (64), MEM_STEP_TOKENS (the 8B split's
+#      batcher max_step_tokens, 512), PARTS (overrides the parts: throughput hop memory, or
+#      memory-split / memory-serve for half of memory), COMMIT
+#      (the label of the measured build; default: this checkout's HEAD, "+dirty" if changed).
+# Prints one JSON line per measurement on stdout ({"bench": "cluster", "commit", "config",
+# "figure", "value", "unit", ...}); progress and the processes' logs on failure go to stderr.
+# Builds nothing: build first (`cmake --build BUILD --target shoal`).
+# shellcheck disable=SC2016 # the "$W" in single-quoted replica lists is replaced by script()
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+parts=${PARTS:-"throughput hop"}
+case "${1:-}" in
+--memory) parts=${PARTS:-memory}; shift ;;
+--all) parts=${PARTS:-"throughput hop memory"}; shift ;;
+esac
+build=${1:-$root/build}
+shoal=$build/shoal
+model=${MODEL:-$root/models/smollm2-135m-instruct-q4_1.gguf}
+stories=${STORIES:-$root/tests/data/stories260K/stories260K.gguf}
+big=${BIG:-$root/.cache/bench-models/llama3-8b-Q4_0.gguf}
+port=${PORT:-18300}
+rounds=${ROUNDS:-2}
+hop_reps=${HOP_REPS:-5}
+clients=${CLIENTS:-32}
+reqs=${REQS:-64}
+if [ -z "${COMMIT:-}" ]; then
+    COMMIT=$(git -C "$root" rev-parse --short HEAD)
+    [ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] || COMMIT="$COMMIT+dirty"
+fi
+
+[ -x "$shoal" ] || { echo "error: $shoal not built" >&2; exit 2; }
+[ -f "$model" ] || { echo "error: $model missing (scripts/get-model.sh fetches it)" >&2; exit 2; }
+[ -f "$stories" ] || { echo "error: $stories missing" >&2; exit 2; }
+
+tmp=$(mktemp -d /tmp/shoal-cluster-bench.XXXXXX)
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for _ in $(seq 1 50); do
+        local alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    pids=()
+}
+trap 'cleanup; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "cluster.sh: $*" >&2; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# emit KEY=STRING | KEY:=JSON ...: one JSON line with the bench, commit and load first.
+emit() {
+    python3 - "bench=cluster" "commit=$COMMIT" "$@" "load=$(load)" <<'EOF'
+import json, sys
+d = {}
+for a in sys.argv[1:]:
+    k, v = a.split("=", 1)
+    if k.endswith(":"):
+        d[k[:-1]] = json.loads(v)
+    else:
+        d[k] = v
+print(json.dumps(d), flush=True)
+EOF
+}
+
+# spawn NAME CMD...: starts CMD in the background, stdout+stderr to $tmp/NAME.log.
+spawn() {
+    local name=$1
+    shift
+    "$@" >"$tmp/$name.log" 2>&1 &
+    pids+=("$!")
+    eval "pid_${name//-/_}=$!"
+}
+pid_of() { local v="pid_${1//-/_}"; echo "${!v}"; }
+
+# wait_log NAME PATTERN: until the process's log has PATTERN; 1 if the process exited first.
+wait_log() {
+    local name=$1 pat=$2 pid
+    pid=$(pid_of "$name")
+    for _ in $(seq 1 1200); do
+        grep -q "$pat" "$tmp/$name.log" 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# script FILE MODEL HTTP_PORT REPLICAS KV BATCHER WORKER...: a cluster script over ipc:// in
+# $tmp: node 'front' (the gateway) and the workers. REPLICAS is the Lua list of replicas ("m"
+# names the model; "$W" stands for the quoted, comma-separated workers).
+script() {
+    local file=$1 m=$2 http=$3 reps=$4 kv=$5 batcher=$6
+    shift 6
+    local tag nodes w ws=""
+    tag=$(basename "$file" .lua)
+    nodes="    node { name = \"front\", listen = \"ipc://$tmp/$tag-front.sock\" },"
+    for w in "$@"; do
+        nodes+=$'\n'"    node { name = \"$w\", listen = \"ipc://$tmp/$tag-$w.sock\" },"
+        ws+="${ws:+, }\"$w\""
+    done
+    cat >"$file" <<EOF
+local m = model { path = "$m", name = "m" }
+return cluster {
+  nodes = {
+$nodes
+  },
+  gateway = { node = "front", http = "127.0.0.1:$http" },
+  replicas = { ${reps//\$W/$ws} },
+  batcher = { $batcher },
+  kv = { block_tokens = 16, prefix_cache = true, memory = "$kv" },
+}
+EOF
+}
+
+# exit_class PID: 2 when the (exited) process's status was 2 (it refused its input), else 1.
+exit_class() {
+    local st=0
+    wait "$1" || st=$?
+    [ "$st" = 2 ] && return 2
+    return 1
+}
+
+# start_cluster TAG SCRIPT THREADS WORKER...: starts the workers (-t THREADS), then the front;
+# 0 when it listens, 2 when a process refused the script (exit status 2), 1 otherwise.
+start_cluster() {
+    local tag=$1 file=$2 threads=$3 w
+    shift 3
+    for w in "$@"; do
+        spawn "$tag-$w" "$shoal" node -c "$file" --name "$w" -t "$threads" --log-level warn
+    done
+    spawn "$tag-front" "$shoal" serve -c "$file" --log-level warn
+    for w in "$@"; do
+        if ! wait_log "$tag-$w" "serving"; then
+            exit_class "$(pid_of "$tag-$w")"
+            return $?
+        fi
+    done
+    if ! wait_log "$tag-front" "listening on"; then
+        exit_class "$(pid_of "$tag-front")"
+        return $?
+    fi
+}
+
+# bench URL OUT ARGS...: one `shoal bench` run, JSON report to OUT.
+bench() {
+    local url=$1 out=$2
+    shift 2
+    "$shoal" bench --url "$url" --quiet --json "$out" "$@" >/dev/null
+}
+jget() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"j": j}))' "$@"; }
+hwm() { echo $(($(awk '/^VmHWM/ { print $2 }' "/proc/$1/status") * 1024)); } # bytes
+fail_logs() { local f; for f in "$@"; do echo "--- $f" >&2; tail -20 "$tmp/$f.log" >&2; done; }
+
+emit config=machine figure=info cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
+    cpus:="$(nproc)" mem_gib:="$(awk '/MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
+
+# ---------------------------------------------------------------------------------------------
+if [[ " $parts " == *" throughput "* ]]; then
+    say "throughput: default model, $clients streams, $reqs requests, rounds $rounds"
+    batcher="max_step_tokens = 4096, max_seqs = 64, max_wait_ms = 50" # shoal serve's defaults
+    load_args=(-c "$clients" -n "$reqs" --prompt-tokens 36 --output-tokens 64 --ignore-eos)
+    # KV: the same block count everywhere (512 MiB for all 30 layers = 256 MiB per half).
+    spawn tp-single "$shoal" serve -m "$model" -t 2 --kv-mem 512M --port $((port + 1)) \
+        --log-level warn
+    wait_log tp-single "listening on" || { fail_logs tp-single; exit 1; }
+    configs=("single:$((port + 1))")
+
+    script "$tmp/tp-pipe2.lua" "$model" $((port + 2)) 'replica { model = m, stages = pipeline(m, { $W }) }' \
+        256MiB "$batcher" w0 w1
+    if start_cluster tp-pipe2 "$tmp/tp-pipe2.lua" 1 w0 w1; then
+        configs+=("pipeline2:$((port + 2))")
+    else
+        fail_logs tp-pipe2-w0 tp-pipe2-w1 tp-pipe2-front
+        emit config=pipeline2 figure=output_tok_s status=failed
+    fi
+
+    script "$tmp/tp-rep2.lua" "$model" $((port + 3)) \
+        'replica { model = m, stages = pipeline(m, { "w0" }) }, replica { model = m, stages = pipeline(m, { "w1" }) }' \
+        512MiB "$batcher" w0 w1
+    rc=0
+    start_cluster tp-rep2 "$tmp/tp-rep2.lua" 1 w0 w1 || rc=$?
+    if [ "$rc" = 0 ]; then
+        configs+=("replicas2:$((port + 3))")
+    elif [ "$rc" = 2 ]; then
+        reason=$(grep -h -m1 "error:" "$tmp"/tp-rep2-*.log | head -1)
+        emit config=replicas2 figure=output_tok_s status=unsupported reason="$reason"
+    else
+        fail_logs tp-rep2-w0 tp-rep2-w1 tp-rep2-front
+        emit config=replicas2 figure=output_tok_s status=failed
+    fi
+
+    for c in "${configs[@]}"; do # warm-up: each config serves the load once, unmeasured
+        bench "http://127.0.0.1:${c#*:}" "$tmp/warm.json" -c "$clients" -n "$clients" \
+            --prompt-tokens 36 --output-tokens 16 --ignore-eos --seed 99
+    done
+    for r in $(seq 1 "$rounds"); do
+        order=("${configs[@]}")
+        if [ $((r % 2)) = 0 ]; then # even rounds run the configs in reverse order
+            order=()
+            for ((i = ${#configs[@]} - 1; i >= 0; i--)); do order+=("${configs[$i]}"); done
+        fi
+        for c in "${order[@]}"; do
+            name=${c%%:*}
+            bench "http://127.0.0.1:${c#*:}" "$tmp/tp-$name-$r.json" "${load_args[@]}"
+            f=$tmp/tp-$name-$r.json
+            case $name in
+            single) desc="shoal serve -m -t 2 (one process)" ;;
+            pipeline2) desc="2 shoal node -t 1 (2 stages) + shoal serve -c front, ipc://" ;;
+            replicas2) desc="2 replicas of 1 stage, shoal node -t 1 each + front, ipc://" ;;
+            esac
+            emit config="$name" desc="$desc" round:="$r" figure=output_tok_s \
+                value:="$(jget "$f" 'j["throughput"]["output_tokens_per_s"]')" unit=tok/s \
+                clients:="$clients" requests:="$reqs" prompt_tokens:=36 output_tokens:=64 \
+                ok:="$(jget "$f" 'j["requests"]["ok"]')" failed:="$(jget "$f" 'j["requests"]["failed"]')" \
+                ttft_p99_ms:="$(jget "$f" 'j["ttft_ms"]["p99"]')" tpot_p50_ms:="$(jget "$f" 'j["tpot_ms"]["p50"]')"
+        done
+        for c in "${configs[@]}"; do
+            name=${c%%:*}
+            [ "$name" = single ] && continue
+            ratio=$(python3 -c 'import json,sys; a,b=(json.load(open(f))["throughput"]["output_tokens_per_s"] for f in sys.argv[1:]); print(round(a/b, 3))' \
+                "$tmp/tp-$name-$r.json" "$tmp/tp-single-$r.json")
+            emit config="$name/single" round:="$r" figure=throughput_ratio value:="$ratio" \
+                target:=0.85 met:="$(python3 -c "print('true' if $ratio >= 0.85 else 'false')")"
+        done
+    done
+    cleanup
+fi
+
+# ---------------------------------------------------------------------------------------------
+if [[ " $parts " == *" hop "* ]]; then
+    say "hop: stories260K, one stream, 1/2/3 stages on workers, reps $hop_reps"
+    batcher="max_step_tokens = 512, max_seqs = 16, max_wait_ms = 50"
+    spawn hop-single "$shoal" serve -m "$stories" -t 1 --port $((port + 10)) --log-level warn
+    wait_log hop-single "listening on" || { fail_logs hop-single; exit 1; }
+    hops=("single:$((port + 10))")
+    for k in 1 2 3; do
+        ws=()
+        for i in $(seq 0 $((k - 1))); do ws+=("w$i"); done
+        script "$tmp/hop$k.lua" "$stories" $((port + 10 + k)) \
+            'replica { model = m, stages = pipeline(m, { $W }) }' 32MiB "$batcher" "${ws[@]}"
+        start_cluster "hop$k" "$tmp/hop$k.lua" 1 "${ws[@]}" ||
+            { fail_logs "hop$k-front"; exit 1; }
+        hops+=("stages$k:$((port + 10 + k))")
+    done
+    hop_args=(-c 1 -n 16 --prompt-tokens 8 --output-tokens 256 --ignore-eos)
+    for h in "${hops[@]}"; do
+        bench "http://127.0.0.1:${h#*:}" "$tmp/warm.json" -c 1 -n 2 --prompt-tokens 8 \
+            --output-tokens 64 --ignore-eos --seed 99
+    done
+    for r in $(seq 1 "$hop_reps"); do
+        for h in "${hops[@]}"; do
+            bench "http://127.0.0.1:${h#*:}" "$tmp/hop-${h%%:*}-$r.json" "${hop_args[@]}"
+        done
+    done
+    python3 - "$tmp" "$hop_reps" "$COMMIT" "$(load)" <<'EOF'
+import json, os, statistics, sys
+tmp, reps, commit, load = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def fig(name, r, key, stat):
+    return json.load(open(os.path.join(tmp, f"hop-{name}-{r}.json")))[key][stat]
+base = {"bench": "cluster", "commit": commit, "model": "stories260K", "threads_per_process": 1,
+        "requests": 16, "output_tokens": 256, "reps": reps}
+med = {}
+for name in ["single", "stages1", "stages2", "stages3"]:
+    tpot = [fig(name, r, "tpot_ms", "p50") for r in range(1, reps + 1)]
+    itl = [fig(name, r, "itl_ms", "p50") for r in range(1, reps + 1)]
+    med[name] = statistics.median(tpot)
+    print(json.dumps(dict(base, config=name, figure="decode_ms_per_token",
+                          value=round(med[name], 4), unit="ms", stat="median over reps of TPOT p50",
+                          tpot_p50_ms=[round(x, 4) for x in tpot],
+                          itl_p50_ms=[round(x, 4) for x in itl], load=load)))
+for k in (2, 3):
+    per_hop = [(fig(f"stages{k}", r, "tpot_ms", "p50") - fig("stages1", r, "tpot_ms", "p50")) / (k - 1) * 1000
+               for r in range(1, reps + 1)]
+    v = (med[f"stages{k}"] - med["stages1"]) / (k - 1) * 1000
+    print(json.dumps(dict(base, config=f"stages{k}-vs-stages1", figure="added_us_per_hop",
+                          value=round(v, 1), unit="us", per_rep=[round(x, 1) for x in per_hop],
+                          target=200, met=v < 200, load=load)))
+print(json.dumps(dict(base, config="stages1-vs-single", figure="worker_round_trip_us",
+                      value=round((med["stages1"] - med["single"]) * 1000, 1), unit="us", load=load)))
+EOF
+    cleanup
+fi
+
+# ---------------------------------------------------------------------------------------------
+# kv_bytes GGUF LAYERS BLOCKS: bytes of an F16 KV pool of BLOCKS 16-token blocks over LAYERS.
+kv_bytes() {
+    "$shoal" inspect "$1" | awk -v L="$2" -v B="$3" '
+        $1 == "embedding_length" { d = $2 } $1 == "attention.head_count" { h = $2 }
+        $1 == "attention.head_count_kv" { kvh = $2 }
+        END { printf "%.0f\n", B * L * 2 * kvh * (d / h) * 2 * 16 }'
+}
+
+if [[ " $parts " == *" memory "* || " $parts " == *" memory-split "* ]]; then
+    if [ ! -f "$big" ]; then
+        avail=$(df --output=avail -B1 "$(dirname "$big")" 2>/dev/null | tail -1 || echo 0)
+        [ "$avail" -gt 6000000000 ] || { echo "error: less than 6 GB free for $big" >&2; exit 1; }
+        mkdir -p "$(dirname "$big")"
+        say "making $big (shoal mkmodel --shape llama3-8b --type Q4_0 --seed 1)"
+        "$shoal" mkmodel --shape llama3-8b --type Q4_0 --seed 1 -o "$big" >&2
+    fi
+    size=$(stat -c %s "$big")
+    say "memory: $big ($size bytes) over 2 worker processes"
+    kvmem=64MiB
+    mem_step=${MEM_STEP_TOKENS:-512}
+    script "$tmp/mem8b.lua" "$big" $((port + 20)) 'replica { model = m, stages = pipeline(m, { $W }) }' \
+        "$kvmem" "max_step_tokens = $mem_step, max_seqs = 16, max_wait_ms = 50" w0 w1
+    start_cluster mem8b "$tmp/mem8b.lua" 1 w0 w1 || { fail_logs mem8b-w0 mem8b-w1 mem8b-front; exit 1; }
+    bench "http://127.0.0.1:$((port + 20))" "$tmp/mem8b.json" -c 4 -n 4 --prompt-tokens 16 \
+        --output-tokens 8 --ignore-eos --timeout 600
+    for w in w0 w1 front; do
+        pid=$(pid_of "mem8b-$w")
+        peak=$(hwm "$pid")
+        if [ "$w" = front ]; then
+            kv=0 layers=none
+        else
+            line=$(grep -m1 "serving stage" "$tmp/mem8b-$w.log")
+            a=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\1/' <<<"$line")
+            b=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\2/' <<<"$line")
+            blocks=$(sed -E 's/.*KV ([0-9]+) blocks.*/\1/' <<<"$line")
+            kv=$(kv_bytes "$big" $((b - a)) "$blocks")
+            layers="[$a, $b)"
+        fi
+        limit=$(python3 -c "print(int(0.6 * $size + $kv))")
+        emit config=llama3-8b-q4_0-2stages node="$w" layers="$layers" figure=peak_rss value:="$peak" unit=bytes \
+            file_bytes:="$size" kv_pool_bytes:="$kv" limit_bytes:="$limit" \
+            ratio_to_file:="$(python3 -c "print(round($peak / $size, 3))")" \
+            met:="$(python3 -c "print('true' if $peak <= $limit else 'false')")" \
+            requests_ok:="$(jget "$tmp/mem8b.json" 'j["requests"]["ok"]')" kv_memory="$kvmem" \
+            batcher="max_step_tokens $mem_step, max_seqs 16" threads:=1
+    done
+    cleanup
+fi
+
+if [[ " $parts " == *" memory "* || " $parts " == *" memory-serve "* ]]; then
+    # One process, the default model, the ANCHORS.md load at 32 clients; llama-server's
+    # -c 8192 holds 8192 tokens of KV, which is 512 blocks here.
+    for kvcfg in default kv8192; do
+        extra=()
+        [ "$kvcfg" = kv8192 ] && extra=(--kv-blocks 512)
+        spawn "mem-$kvcfg" "$shoal" serve -m "$model" -t 2 --port $((port + 21)) --log-level warn "${extra[@]}"
+        wait_log "mem-$kvcfg" "listening on" || { fail_logs "mem-$kvcfg"; exit 1; }
+        bench "http://127.0.0.1:$((port + 21))" "$tmp/mem-$kvcfg.json" -c 32 -n 64 --prompt-tokens 36 \
+            --output-tokens 64 --ignore-eos
+        peak=$(hwm "$(pid_of "mem-$kvcfg")")
+        emit config="serve-default-model-$kvcfg" figure=peak_rss value:="$peak" unit=bytes \
+            args="serve -m MODEL -t 2 ${extra[*]}" load_shape="32 clients, 64 requests, 36-token prompts, 64 out" \
+            output_tok_s:="$(jget "$tmp/mem-$kvcfg.json" 'j["throughput"]["output_tokens_per_s"]')" \
+            llama_server_anchor_bytes="436-471 MB (ANCHORS.md, not run here)" \
+            met:="$(python3 -c "print('true' if $peak <= 471e6 else 'false')")"
+        cleanup
+    done
+fi
