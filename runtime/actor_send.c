@@ -352,6 +352,12 @@ static sh_err deliver(sh_runtime *rt, sh_msg *m, sh_error *e)
     if (!err && sh_addr_node(m->env.hdr.dst) != rt->node_id)
         err = sh__error_set(e, SH_EPROTO, "deliver: frame for node %u reached node %u",
                             (unsigned)sh_addr_node(m->env.hdr.dst), (unsigned)rt->node_id);
+    /* A frame of another protocol version: its header is read as that version wrote it, so the
+     * log names the sender and a request is answered with an ERROR in our version, which tells
+     * the other side (its transport notes it on the link: runtime/transport.c) that the two
+     * builds do not speak the same protocol. */
+    if (err && c.stats.rejected[SH_MSG_REJECT_VERSION])
+        (void)sh__msg_peek_foreign(m->data, len, &m->env);
     if (err) {
         sh_counter_add(rt->m.rejected, 1);
         sh__log_emit(&rt->log, SH_LOG_LEVEL_WARN, NULL, 0, "frame_rejected", "len=%zu error=\"%s\"",

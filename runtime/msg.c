@@ -1,9 +1,11 @@
 /* The envelope codec: [magic, version, type, session, src, dst, trace_id, body] as msgpack. */
 #include "runtime/msg.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/version.h"
 #include "runtime/mpack_read.h"
 #include "shoal/version.h"
 
@@ -66,7 +68,7 @@ void sh__msg_put_header(sh_buf *b, const sh_msg_hdr *h)
 {
     sh__mpack_put_array(b, ENVELOPE_FIELDS);
     sh__mpack_put_uint(b, SH_PROTO_MAGIC);
-    sh__mpack_put_uint(b, SH_PROTO_VERSION);
+    sh__mpack_put_uint(b, sh__version_proto());
     sh__mpack_put_uint(b, (uint64_t)h->type);
     sh__mpack_put_uint(b, h->session);
     sh__mpack_put_uint(b, h->src);
@@ -160,9 +162,9 @@ sh_err sh__msg_decode(sh_msg_codec *c, const void *frame, size_t len, sh_msg_env
                           (unsigned long long)v[0], SH_PROTO_MAGIC);
             return reject(c, SH_MSG_REJECT_MAGIC, SH_EFORMAT);
         }
-        if (i == 1 && v[1] != SH_PROTO_VERSION) {
+        if (i == 1 && v[1] != sh__version_proto()) {
             sh__error_set(e, SH_EPROTO, "protocol version %llu not supported (this node speaks %u)",
-                          (unsigned long long)v[1], SH_PROTO_VERSION);
+                          (unsigned long long)v[1], (unsigned)sh__version_proto());
             return reject(c, SH_MSG_REJECT_VERSION, SH_EPROTO);
         }
         if (i == 2 && !sh__msg_type_known(v[2])) {
@@ -215,4 +217,39 @@ sh_err sh__msg_decode(sh_msg_codec *c, const void *frame, size_t len, sh_msg_env
     c->stats.frames_ok++;
     c->stats.ok_by_type[env->hdr.type]++;
     return SH_OK;
+}
+
+uint64_t sh__msg_peek_foreign(const void *frame, size_t len, sh_msg_env *env)
+{
+    sh_mpack_reader r;
+    sh__mpack_reader_init(&r, frame, len, 2);
+    sh_mpack_item it;
+    if (sh__mpack_next(&r, &it, NULL) || it.kind != SH_MPACK_ARRAY || it.len < 6)
+        return 0;
+    uint64_t v[6];
+    for (int i = 0; i < 6; i++) {
+        if (sh__mpack_next(&r, &it, NULL) || it.kind != SH_MPACK_UINT)
+            return 0;
+        v[i] = it.v.u;
+    }
+    if (v[0] != SH_PROTO_MAGIC || v[1] == sh__version_proto() || v[1] == 0)
+        return 0;
+    memset(env, 0, sizeof *env);
+    env->hdr.type = sh__msg_type_known(v[2]) ? (sh_msg_type)v[2] : SH_MSG_ERROR;
+    env->hdr.session = v[3];
+    env->hdr.src = v[4];
+    env->hdr.dst = v[5];
+    env->n_fields = 6;
+    return v[1];
+}
+
+uint32_t sh__msg_foreign_note(const void *frame, size_t len, char *text, size_t cap)
+{
+    sh_msg_env env;
+    uint64_t v = sh__msg_peek_foreign(frame, len, &env);
+    if (!v || sh_addr_node(env.hdr.src) == 0)
+        return 0;
+    snprintf(text, cap, "peer speaks protocol %llu, this build speaks %u", (unsigned long long)v,
+             (unsigned)sh__version_proto());
+    return sh_addr_node(env.hdr.src);
 }

@@ -123,6 +123,20 @@ sh_err sh__msg_encode_raw(sh_buf *b, const sh_msg_hdr *h, const void *body, size
  * SH_EPROTO (see above) and counts the outcome in c->stats. */
 sh_err sh__msg_decode(sh_msg_codec *c, const void *frame, size_t len, sh_msg_env *env, sh_error *e);
 
+/* For a frame that sh__msg_decode() refused for its protocol version: reads the first six
+ * envelope fields leniently, as another version wrote them (magic, version, type, session, src
+ * and dst lead the envelope, and a new version must keep them there), into env->hdr (an unknown
+ * type reads as SH_MSG_ERROR) with n_fields = 6, so that the receiver can name the sender and
+ * answer a request with an ERROR. Returns the frame's version, or 0 (env untouched) when the
+ * frame does not carry SH_PROTO_MAGIC, carries this node's version, or its header cannot be
+ * read. */
+uint64_t sh__msg_peek_foreign(const void *frame, size_t len, sh_msg_env *env);
+
+/* For the transport's link table: when the frame is one sh__msg_peek_foreign() reads and names
+ * a sender node, writes "peer speaks protocol N, this build speaks M" into text and returns that
+ * node id; otherwise returns 0 and leaves text alone. */
+uint32_t sh__msg_foreign_note(const void *frame, size_t len, char *text, size_t cap);
+
 /* Counts one rejection for `why` (used by the body decoder). */
 void sh__msg_count_reject(sh_msg_codec *c, sh_msg_reject why);
 

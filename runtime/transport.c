@@ -331,6 +331,28 @@ static void pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 
 /* ---- Receiving -------------------------------------------------------------------------- */
 
+/* A received frame the runtime refused: when it is another protocol version's, that becomes the
+ * sender's link's last error, where the front's join and `shoal cluster status` read it (the
+ * frame itself is dropped, so nothing else would tell). */
+static void note_foreign(sh_transport *tp, const void *frame, size_t len)
+{
+    char text[sizeof((sh_transport_link *)0)->last_error];
+    uint32_t node = sh__msg_foreign_note(frame, len, text, sizeof text);
+    if (!node)
+        return;
+    uv_mutex_lock(&tp->mu);
+    peer *p = find_locked(tp, node);
+    if (p && p->stream) {
+        sh__stream_link_note(p->stream, SH_EPROTO, text);
+    } else if (p) {
+        uv_mutex_lock(&p->mu);
+        p->info.last_err = SH_EPROTO;
+        snprintf(p->info.last_error, sizeof p->info.last_error, "%s", text);
+        uv_mutex_unlock(&p->mu);
+    }
+    uv_mutex_unlock(&tp->mu);
+}
+
 static void recv_cb(void *arg)
 {
     sh_transport *tp = arg;
@@ -349,12 +371,16 @@ static void recv_cb(void *arg)
             /* A small frame is copied into a pooled block and NNG's buffer freed here, on the
              * thread that allocated it: cheaper than a cross-thread free later. */
             err = sh_transport_deliver(tp->rt, nng_msg_body(m), len, &e);
+            if (err == SH_EPROTO)
+                note_foreign(tp, nng_msg_body(m), len);
             nng_msg_free(m);
         } else {
             /* Zero-copy: the runtime decodes the frame in the nng_msg and frees it through the
              * pool when the message is done. */
             sh_frame_owner owner = sh__bufpool_owner(tp->pool, m);
             err = sh_transport_deliver_owned(tp->rt, nng_msg_body(m), len, &owner, &e);
+            if (err == SH_EPROTO)
+                note_foreign(tp, nng_msg_body(m), len);
             if (err) /* the runtime did not take it */
                 owner.release(owner.ctx, owner.handle);
         }

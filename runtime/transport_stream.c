@@ -383,6 +383,31 @@ void sh__stream_link_close(sh__stream_link *l)
     kick(l->x);
 }
 
+void sh__stream_link_note(sh__stream_link *l, sh_err code, const char *text)
+{
+    uv_mutex_lock(&l->mu);
+    l->info.last_err = code;
+    snprintf(l->info.last_error, sizeof l->info.last_error, "%s", text);
+    uv_mutex_unlock(&l->mu);
+}
+
+sh__stream_link *sh__stream_link_find(sh__stream *x, uint32_t node)
+{
+    sh__stream_link *found = NULL;
+    uv_mutex_lock(&x->mu);
+    for (sh__stream_link *l = x->links; l; l = l->next) {
+        if (l->node != node)
+            continue;
+        uv_mutex_lock(&l->mu);
+        bool open = !l->closed;
+        uv_mutex_unlock(&l->mu);
+        if (open)
+            found = l; /* prepended: the last open match is the first added */
+    }
+    uv_mutex_unlock(&x->mu);
+    return found;
+}
+
 void sh__stream_link_snapshot(sh__stream_link *l, sh_transport_link *out)
 {
     uv_mutex_lock(&l->mu);

@@ -68,6 +68,14 @@ sh_err sh__stream_link_send(sh__stream_link *l, uint8_t *frame, size_t len,
 /* Closes the link: queued frames are dropped, the connection closed on the loop. Any thread. */
 void sh__stream_link_close(sh__stream_link *l);
 
+/* Sets the link's last error (code and text) without touching its state: what the receive side
+ * learnt about the peer (a frame of another protocol version, runtime/msg.h). Any thread. */
+void sh__stream_link_note(sh__stream_link *l, sh_err code, const char *text);
+
+/* The open link of `node` (the first added, if several), or NULL. Any thread; the link lives until
+ * the engine is destroyed. */
+sh__stream_link *sh__stream_link_find(sh__stream *x, uint32_t node);
+
 /* The link as the watchdog sees it. Any thread. */
 void sh__stream_link_snapshot(sh__stream_link *l, sh_transport_link *out);
 

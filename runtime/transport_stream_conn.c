@@ -205,6 +205,17 @@ static int read_handshake(conn *c, uint16_t want)
     return 1;
 }
 
+/* A frame the runtime refused: when it is another protocol version's, that becomes the sender's
+ * link's last error (runtime/transport.c's note_foreign does the same for NNG's transports). */
+static void note_foreign(sh__stream *x, const uint8_t *frame, size_t len)
+{
+    char text[sizeof((sh_transport_link *)0)->last_error];
+    uint32_t node = sh__msg_foreign_note(frame, len, text, sizeof text);
+    sh__stream_link *l = node ? sh__stream_link_find(x, node) : NULL;
+    if (l)
+        sh__stream_link_note(l, SH_EPROTO, text);
+}
+
 /* Hands one received frame to the runtime. */
 static void deliver(sh__stream *x, const uint8_t *frame, size_t len)
 {
@@ -212,6 +223,8 @@ static void deliver(sh__stream *x, const uint8_t *frame, size_t len)
     atomic_fetch_add_explicit(&x->bytes_recv, len, memory_order_relaxed);
     sh_error e;
     sh_err err = sh_transport_deliver(x->rt, frame, len, &e);
+    if (err == SH_EPROTO)
+        note_foreign(x, frame, len);
     if (err == SH_EFORMAT || err == SH_EPROTO)
         atomic_fetch_add_explicit(&x->rejected, 1, memory_order_relaxed);
 }
@@ -222,6 +235,8 @@ static void deliver_big(sh__stream *x, conn *c)
     atomic_fetch_add_explicit(&x->bytes_recv, c->big_len, memory_order_relaxed);
     sh_error e;
     sh_err err = sh_transport_deliver_owned(x->rt, c->big, c->big_len, &c->big_owner, &e);
+    if (err == SH_EPROTO)
+        note_foreign(x, c->big, c->big_len);
     if (err) { /* the runtime did not take it */
         c->big_owner.release(c->big_owner.ctx, c->big_owner.handle);
         if (err == SH_EFORMAT || err == SH_EPROTO)

@@ -366,6 +366,40 @@ static void test_truncation(void)
     sh__buf_fini(&b);
 }
 
+/* A frame of another protocol version: its leading header fields are still read, so the sender
+ * can be named (and answered), and the note says which versions met. */
+static void test_peek_foreign(void)
+{
+    uint8_t f[256];
+    size_t n = frame_with(f, SH_PROTO_MAGIC, 7, SH_MSG_HELLO);
+    sh_msg_env env;
+    memset(&env, 0xff, sizeof env);
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, n, &env), 7);
+    CHECK_UINT_EQ(env.n_fields, 6);
+    CHECK_INT_EQ(env.hdr.type, SH_MSG_HELLO);
+    CHECK_UINT_EQ(env.hdr.session, 42);
+    CHECK_UINT_EQ(env.hdr.src, sh_addr_make(1, 2));
+    CHECK_UINT_EQ(env.hdr.dst, sh_addr_make(3, 4));
+    char text[160] = "";
+    CHECK_UINT_EQ(sh__msg_foreign_note(f, n, text, sizeof text), 1);
+    char want[160];
+    snprintf(want, sizeof want, "peer speaks protocol 7, this build speaks %u", SH_PROTO_VERSION);
+    CHECK_STR_EQ(text, want);
+    n = frame_with(f, SH_PROTO_MAGIC, 9, 250); /* a type this build does not know */
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, n, &env), 9);
+    CHECK_INT_EQ(env.hdr.type, SH_MSG_ERROR); /* never answered */
+    /* Not foreign: this version, another magic, version 0, a truncated header. */
+    n = frame_with(f, SH_PROTO_MAGIC, SH_PROTO_VERSION, SH_MSG_PING);
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, n, &env), 0);
+    n = frame_with(f, 0x5349, 7, SH_MSG_PING);
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, n, &env), 0);
+    n = frame_with(f, SH_PROTO_MAGIC, 0, SH_MSG_PING);
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, n, &env), 0);
+    n = frame_with(f, SH_PROTO_MAGIC, 7, SH_MSG_PING);
+    CHECK_UINT_EQ(sh__msg_peek_foreign(f, 5, &env), 0);
+    CHECK_UINT_EQ(sh__msg_foreign_note(f, 5, text, sizeof text), 0);
+}
+
 static const sh_test_case tests[] = {
     {"addr", test_addr},
     {"writer_matches_msgpack_c", test_writer_matches_msgpack_c},
@@ -374,6 +408,7 @@ static const sh_test_case tests[] = {
     {"buffers", test_buffers},
     {"envelope", test_envelope},
     {"envelope_rejects", test_envelope_rejects},
+    {"peek_foreign", test_peek_foreign},
     {"truncation", test_truncation},
     {NULL, NULL},
 };
