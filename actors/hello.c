@@ -1,7 +1,9 @@
-/* The "hello" actor: answers HELLO with this node's identity and greets the peers it is given
- * until each has answered (actors/hello.h). */
+/* The "hello" actor: answers HELLO with this node's identity, greets the peers it is given until
+ * each has answered, and runs the cluster key's challenge-response (actors/hello.h). */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "actors/actor_util.h"
 #include "actors/hello.h"
@@ -9,18 +11,92 @@
 #include "runtime/proto.h"
 
 #define HELLO_ARENA (16 * 1024)
+#define PENDING 16        /* challenges this node answered and may still see a proof for */
+#define LOG_EVERY_MS 5000 /* one refusal line per node per this long */
+
+/* A challenge this node answered: the greeting node's nonce and name, and ours. */
+typedef struct pending_challenge {
+    uint32_t node;
+    uint8_t nf[SH_AUTH_NONCE_LEN], nw[SH_AUTH_NONCE_LEN];
+    char name[64];
+} pending_challenge;
 
 typedef struct hello_state {
     sh_hello_args a;
     sh_act_decoder dec;
     uint64_t timer;
+    bool keyed;
+    pending_challenge pend[PENDING];
+    uint32_t pend_next;
+    uint64_t next_log_ms[SH_HELLO_MAX_NODES]; /* refusal lines, by node id */
 } hello_state;
 
-static void to_body(const sh_hello_ident *id, sh_proto_hello *b)
+static uint64_t mono_ms(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* "NAME (node ID)", with the script's name of the id when it is known and differs. */
+static void who(const sh_hello_auth *a, uint32_t node, const char *claimed, char *buf, size_t cap)
+{
+    const char *script = a && a->names && node < a->n_names ? a->names[node] : NULL;
+    if (script && claimed && claimed[0] && strcmp(script, claimed))
+        snprintf(buf, cap, "'%s' (node %u, which calls itself '%s')", script, (unsigned)node,
+                 claimed);
+    else
+        snprintf(buf, cap, "'%s' (node %u)",
+                 script    ? script
+                 : claimed ? claimed
+                           : "?",
+                 (unsigned)node);
+}
+
+bool sh__hello_auth_allows(sh_hello_auth *a, sh_runtime *rt, sh_addr src, const char *what)
+{
+    uint32_t node = sh_addr_node(src);
+    if (!a || !a->key || !a->key->set || node == a->self)
+        return true;
+    if (node < SH_HELLO_MAX_NODES && atomic_load_explicit(&a->ok[node], memory_order_acquire))
+        return true;
+    uint32_t i = node < SH_HELLO_MAX_NODES ? node : 0;
+    uint64_t dropped = atomic_fetch_add_explicit(&a->dropped[i], 1, memory_order_relaxed) + 1;
+    uint64_t now = mono_ms(), next = atomic_load_explicit(&a->next_log_ms[i], memory_order_relaxed);
+    if (now >= next &&
+        atomic_compare_exchange_strong(&a->next_log_ms[i], &next, now + LOG_EVERY_MS)) {
+        atomic_store_explicit(&a->dropped[i], 0, memory_order_relaxed);
+        char name[160];
+        who(a, node, NULL, name, sizeof name);
+        sh_runtime_log(rt, SH_LOG_LEVEL_WARN, "auth_refused",
+                       "from=\"%s\" what=%s dropped=%" PRIu64
+                       " reason=\"the node has not proved the cluster key in HELLO\"",
+                       name, what, dropped);
+    }
+    return false;
+}
+
+static void copy_str(char *dst, size_t cap, sh_strv s)
+{
+    size_t n = s.len < cap - 1 ? s.len : cap - 1;
+    memcpy(dst, s.ptr, n);
+    dst[n] = '\0';
+}
+
+/* Hex strings of a body: they live as long as the body is being encoded. */
+typedef struct hexbuf {
+    char nonce[2 * SH_AUTH_NONCE_LEN + 1], peer_nonce[2 * SH_AUTH_NONCE_LEN + 1];
+    char proof[2 * SH_AUTH_MAC_LEN + 1];
+} hexbuf;
+
+static sh_strv strv(const char *s) { return (sh_strv){s, (uint32_t)strlen(s)}; }
+
+static void to_body(const hello_state *s, sh_proto_hello *b)
+{
+    const sh_hello_ident *id = s->a.self;
     memset(b, 0, sizeof *b);
-    b->node = (sh_strv){id->node, (uint32_t)strlen(id->node)};
-    b->version = (sh_strv){id->version, (uint32_t)strlen(id->version)};
+    b->node = strv(id->node);
+    b->version = strv(id->version);
     b->proto = id->proto;
     b->model_size = id->model_size;
     b->model_hash = id->model_hash;
@@ -30,13 +106,7 @@ static void to_body(const sh_hello_ident *id, sh_proto_hello *b)
     b->seq_blocks = id->seq_blocks;
     b->link_dtype = id->link_dtype;
     b->stages = (sh_u64s){id->stages, (uint32_t)id->n_stages};
-}
-
-static void copy_str(char *dst, size_t cap, sh_strv s)
-{
-    size_t n = s.len < cap - 1 ? s.len : cap - 1;
-    memcpy(dst, s.ptr, n);
-    dst[n] = '\0';
+    b->keyed = s->keyed;
 }
 
 static void from_body(const sh_proto_hello *b, sh_hello_ident *id)
@@ -56,21 +126,72 @@ static void from_body(const sh_proto_hello *b, sh_hello_ident *id)
     for (uint32_t i = 0; i < n; i++)
         memcpy(&id->stages[i], (const uint8_t *)b->stages.ptr + 8 * i, 8);
     id->n_stages = (int32_t)n;
+    id->keyed = b->keyed;
 }
 
-static void greet(sh_actor_ctx *ctx, hello_state *s)
+/* One refusal line per node per LOG_EVERY_MS (loop thread). */
+static void log_refusal(sh_actor_ctx *ctx, hello_state *s, uint32_t node, const char *claimed,
+                        const char *reason)
+{
+    uint32_t i = node < SH_HELLO_MAX_NODES ? node : 0;
+    uint64_t now = mono_ms();
+    if (now < s->next_log_ms[i])
+        return;
+    s->next_log_ms[i] = now + LOG_EVERY_MS;
+    char name[160];
+    who(s->a.auth, node, claimed, name, sizeof name);
+    sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_WARN, "hello_refused",
+                   "from=\"%s\" reason=\"%s\"", name, reason);
+}
+
+static void mark(hello_state *s, uint32_t node)
+{
+    if (s->a.auth && node < SH_HELLO_MAX_NODES)
+        atomic_store_explicit(&s->a.auth->ok[node], 1, memory_order_release);
+}
+
+static void finish(hello_state *s, sh_hello_peer *p, sh_hello_verdict v)
+{
+    p->verdict = v;
+    if (v == SH_HELLO_AUTHED)
+        mark(s, sh_addr_node(p->addr));
+    atomic_store_explicit(&p->answered, 1, memory_order_release);
+}
+
+/* Sends peer p our greeting (phase 0) or our proof (phase 1). */
+static void send_to(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p)
 {
     sh_proto_hello b;
-    to_body(s->a.self, &b);
+    hexbuf hx;
+    to_body(s, &b);
+    if (s->keyed) {
+        sh__auth_hex(p->nonce, sizeof p->nonce, hx.nonce);
+        b.nonce = strv(hx.nonce);
+    }
+    if (p->phase == 1) {
+        b.phase = 1;
+        sh__auth_hex(p->peer_nonce, sizeof p->peer_nonce, hx.peer_nonce);
+        sh__auth_hex(p->proof, sizeof p->proof, hx.proof);
+        b.peer_nonce = strv(hx.peer_nonce);
+        b.proof = strv(hx.proof);
+    }
+    uint64_t session = 0;
+    // A failed send (the link's queue is full, or not up yet) is retried at the next tick.
+    if (sh_request_with(ctx, p->addr, SH_MSG_HELLO, sh__proto_encode, &b, s->a.retry_ms, &session,
+                        NULL) == SH_OK)
+        p->session = session;
+}
+
+/* Asks every peer that has not answered yet. Our proof after a wrong one of theirs is sent once
+ * only (on_answer): its verdict stands with or without an answer. */
+static void greet(sh_actor_ctx *ctx, hello_state *s)
+{
     for (int32_t i = 0; i < s->a.n_peers; i++) {
         sh_hello_peer *p = &s->a.peers[i];
-        if (atomic_load_explicit(&p->answered, memory_order_relaxed))
+        if (atomic_load_explicit(&p->answered, memory_order_relaxed) ||
+            (p->phase == 1 && p->pending != SH_HELLO_AUTHED))
             continue;
-        uint64_t session = 0;
-        // A failed send (the link's queue is full, or not up yet) is retried at the next tick.
-        if (sh_request_with(ctx, p->addr, SH_MSG_HELLO, sh__proto_encode, &b, s->a.retry_ms,
-                            &session, NULL) == SH_OK)
-            p->session = session;
+        send_to(ctx, s, p);
     }
 }
 
@@ -78,8 +199,14 @@ static sh_err hello_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
     hello_state *s = state;
     s->a = *(const sh_hello_args *)arg;
+    s->keyed = s->a.key && s->a.key->set;
     if (!s->a.retry_ms)
         s->a.retry_ms = 500;
+    for (int32_t i = 0; s->keyed && i < s->a.n_peers; i++) {
+        sh_err rc = sh__auth_random(s->a.peers[i].nonce, SH_AUTH_NONCE_LEN, NULL);
+        if (rc)
+            return rc;
+    }
     sh_err rc = sh__act_decoder_init(&s->dec, HELLO_ARENA);
     if (rc)
         return rc;
@@ -96,12 +223,132 @@ static void hello_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
     greet(ctx, state);
 }
 
+/* An answer to one of our requests (the greeting's or the proof's). */
+static void on_answer(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p, const sh_proto_hello *b)
+{
+    if (atomic_load_explicit(&p->answered, memory_order_relaxed))
+        return;
+    if (p->phase == 1) {
+        if (b->phase != 1)
+            return; /* a late answer to a greeting */
+        finish(s, p,
+               p->pending != SH_HELLO_AUTHED ? p->pending
+               : b->auth_ok                  ? SH_HELLO_AUTHED
+                                             : SH_HELLO_REFUSED);
+        return;
+    }
+    from_body(b, &p->got);
+    if (!s->keyed) {
+        finish(s, p, b->keyed ? SH_HELLO_SELF_UNKEYED : SH_HELLO_OPEN);
+        return;
+    }
+    if (!b->keyed) {
+        finish(s, p, SH_HELLO_PEER_UNKEYED);
+        return;
+    }
+    // Check its proof, then send ours (even when its proof is wrong, so that it logs the refusal
+    // too); the verdict is given when our proof is answered.
+    uint8_t theirs[SH_AUTH_MAC_LEN], want[SH_AUTH_MAC_LEN];
+    bool ok = sh__auth_unhex(b->nonce.ptr, b->nonce.len, p->peer_nonce, sizeof p->peer_nonce) &&
+              sh__auth_unhex(b->proof.ptr, b->proof.len, theirs, sizeof theirs) &&
+              sh__auth_proof(s->a.key, 'W', p->nonce, p->peer_nonce, s->a.self->node, p->got.node,
+                             want) == SH_OK &&
+              sh__auth_equal(theirs, want, sizeof want);
+    if (sh__auth_proof(s->a.key, 'F', p->nonce, p->peer_nonce, s->a.self->node, p->got.node,
+                       p->proof) != SH_OK)
+        ok = false;
+    p->pending = ok ? SH_HELLO_AUTHED : SH_HELLO_WRONG_KEY;
+    p->phase = 1;
+    if (!ok)
+        log_refusal(ctx, s, sh_addr_node(p->addr), p->got.node, "wrong cluster key");
+    p->session = 0;
+    send_to(ctx, s, p);
+    if (!ok && !p->session) /* not sent: judge it now */
+        finish(s, p, p->pending);
+}
+
+/* A greeting (phase 0) or a greeting node's proof (phase 1) from another node: m is the request. */
+static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const sh_proto_hello *b)
+{
+    const sh_msg_hdr *h = sh_msg_header(m);
+    uint32_t node = sh_addr_node(h->src);
+    char claimed[64];
+    copy_str(claimed, sizeof claimed, b->node);
+    sh_proto_hello r;
+    hexbuf hx;
+    to_body(s, &r);
+    if (b->phase == 1) {
+        r.phase = 1;
+        const pending_challenge *pc = NULL;
+        uint8_t nw[SH_AUTH_NONCE_LEN], theirs[SH_AUTH_MAC_LEN], want[SH_AUTH_MAC_LEN];
+        if (s->keyed && sh__auth_unhex(b->peer_nonce.ptr, b->peer_nonce.len, nw, sizeof nw))
+            for (uint32_t i = 0; i < PENDING && !pc; i++)
+                if (s->pend[i].node == node && sh__auth_equal(s->pend[i].nw, nw, sizeof nw))
+                    pc = &s->pend[i];
+        r.auth_ok = pc && sh__auth_unhex(b->proof.ptr, b->proof.len, theirs, sizeof theirs) &&
+                    sh__auth_proof(s->a.key, 'F', pc->nf, pc->nw, pc->name, s->a.self->node,
+                                   want) == SH_OK &&
+                    sh__auth_equal(theirs, want, sizeof want);
+        if (r.auth_ok) {
+            if (node >= SH_HELLO_MAX_NODES || !s->a.auth || !s->a.auth->ok[node])
+                sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello_authenticated",
+                               "from=%s node=%u", claimed, (unsigned)node);
+            mark(s, node);
+        } else {
+            log_refusal(ctx, s, node, claimed,
+                        !s->keyed ? "it sent a key proof and this node has no cluster key"
+                        : pc      ? "wrong cluster key"
+                                  : "its key proof answers no challenge of this node");
+        }
+        (void)sh_reply_with(ctx, m, SH_MSG_HELLO, sh__proto_encode, &r, NULL);
+        return;
+    }
+    sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello", "from=%s version=%.*s",
+                   claimed, (int)b->version.len, b->version.ptr);
+    if (s->keyed && !b->keyed) {
+        log_refusal(ctx, s, node, claimed,
+                    "it has no cluster key and this node has one (give both the same key)");
+    } else if (!s->keyed && b->keyed) {
+        log_refusal(ctx, s, node, claimed,
+                    "it has a cluster key and this node has none (give both the same key)");
+    } else if (s->keyed) {
+        pending_challenge *pc = &s->pend[s->pend_next++ % PENDING];
+        uint8_t proof[SH_AUTH_MAC_LEN];
+        if (!sh__auth_unhex(b->nonce.ptr, b->nonce.len, pc->nf, sizeof pc->nf) ||
+            sh__auth_random(pc->nw, sizeof pc->nw, NULL) != SH_OK ||
+            sh__auth_proof(s->a.key, 'W', pc->nf, pc->nw, claimed, s->a.self->node, proof)) {
+            pc->node = 0;
+            log_refusal(ctx, s, node, claimed, "its greeting carries no valid challenge");
+        } else {
+            pc->node = node;
+            memcpy(pc->name, claimed, sizeof pc->name);
+            sh__auth_hex(pc->nw, sizeof pc->nw, hx.nonce);
+            sh__auth_hex(proof, sizeof proof, hx.proof);
+            r.nonce = strv(hx.nonce);
+            r.proof = strv(hx.proof);
+        }
+    }
+    (void)sh_reply_with(ctx, m, SH_MSG_HELLO, sh__proto_encode, &r, NULL);
+}
+
 static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 {
     hello_state *s = state;
     const sh_msg_hdr *h = sh_msg_header(m);
+    if (h->type == SH_MSG_ERROR) {
+        // A request of ours that timed out or was undeliverable: the timer asks again. Our
+        // proof after a wrong one of theirs is sent once: its verdict stands without an answer.
+        for (int32_t i = 0; i < s->a.n_peers; i++) {
+            sh_hello_peer *p = &s->a.peers[i];
+            if (h->session && h->session == p->session && p->phase == 1 &&
+                p->pending != SH_HELLO_AUTHED &&
+                !atomic_load_explicit(&p->answered, memory_order_relaxed))
+                finish(s, p, p->pending);
+        }
+        return SH_MSG_FATE_DONE;
+    }
     if (h->type != SH_MSG_HELLO)
-        return SH_MSG_FATE_DONE; /* timeouts of our requests (ERROR): the timer asks again */
+        return SH_MSG_FATE_DONE;
     sh_proto_body body;
     sh_error e = {0};
     if (sh__act_decode(&s->dec, m, &body, &e)) {
@@ -111,22 +358,13 @@ static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     for (int32_t i = 0; i < s->a.n_peers; i++) {
         sh_hello_peer *p = &s->a.peers[i];
         if (h->session && h->session == p->session && h->src == p->addr) {
-            if (!atomic_load_explicit(&p->answered, memory_order_relaxed)) {
-                from_body(&body.hello, &p->got);
-                atomic_store_explicit(&p->answered, 1, memory_order_release);
-            }
+            on_answer(ctx, s, p, &body.hello);
             return SH_MSG_FATE_DONE;
         }
     }
     if (!h->session)
         return SH_MSG_FATE_DONE; /* a late or stray answer */
-    char who[64];
-    copy_str(who, sizeof who, body.hello.node);
-    sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello", "from=%s version=%.*s", who,
-                   (int)body.hello.version.len, body.hello.version.ptr);
-    sh_proto_hello b;
-    to_body(s->a.self, &b);
-    (void)sh_reply_with(ctx, m, SH_MSG_HELLO, sh__proto_encode, &b, NULL);
+    on_request(ctx, s, m, &body.hello);
     return SH_MSG_FATE_DONE;
 }
 

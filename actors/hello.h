@@ -1,46 +1,96 @@
 /* The "hello" actor of a cluster node: the identity check between the front and its worker
- * nodes before any request is served (issue 11). */
+ * nodes before any request is served, and the cluster key's challenge-response (issue 11). */
 #ifndef SH_ACTORS_HELLO_H
 #define SH_ACTORS_HELLO_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
+#include "base/auth.h"
 #include "shoal/runtime.h"
 
 #define SH_HELLO_MAX_STAGES 64
+#define SH_HELLO_MAX_NODES 1025 /* node ids 1..1024 (a script has at most 1024 nodes) */
 
 /* What a node says about itself in HELLO (runtime/proto_table.h, SH_PROTO_FIELDS_hello). */
 typedef struct sh_hello_ident {
     char node[64];    /* the node's name in the cluster script */
-    char version[32]; /* SH_VERSION_STRING of the build */
-    uint32_t proto;   /* SH_PROTO_VERSION */
+    char version[32]; /* SH_VERSION_STRING of the build (base/version.h) */
+    uint32_t proto;   /* SH_PROTO_VERSION (base/version.h) */
     uint64_t model_size, model_hash;
     int32_t n_blocks, max_seqs, max_tokens, seq_blocks; /* the stages' settings (0: none) */
     uint32_t link_dtype; /* the dtype its stages send ACT in (SH_PROTO_DTYPE_*, 0: F32) */
     int32_t n_stages;
     uint64_t stages[SH_HELLO_MAX_STAGES]; /* the node's stage addresses */
+    bool keyed;                           /* it holds a cluster key */
 } sh_hello_ident;
 
-/* One node the hello actor greets. The actor writes `got` and then sets `answered` (release);
- * another thread may read `got` once it has seen answered == 1 (acquire). */
+/* How a greeting ended, as judged by the greeting node's cluster key (valid once answered). */
+typedef enum sh_hello_verdict {
+    SH_HELLO_OPEN = 0,     /* neither node has a cluster key: nothing checked */
+    SH_HELLO_AUTHED,       /* both hold the same key: each checked the other's proof */
+    SH_HELLO_WRONG_KEY,    /* its proof does not check with this node's key */
+    SH_HELLO_PEER_UNKEYED, /* this node has a key and the peer has none */
+    SH_HELLO_SELF_UNKEYED, /* the peer has a key and this node has none */
+    SH_HELLO_REFUSED,      /* the peer did not accept this node's proof */
+} sh_hello_verdict;
+
+/* One node the hello actor greets. The actor writes `got` and `verdict` and then sets `answered`
+ * (release); another thread may read them once it has seen answered == 1 (acquire). */
 typedef struct sh_hello_peer {
     sh_addr addr; /* the peer's hello actor */
     atomic_int answered;
     sh_hello_ident got;
-    uint64_t session; /* the request in flight; actor's loop only */
+    sh_hello_verdict verdict;
+    /* The actor's loop only. */
+    uint64_t session; /* the request in flight */
+    int phase;        /* 0: greeting (identity, challenge); 1: sending this node's proof */
+    sh_hello_verdict pending;
+    uint8_t nonce[SH_AUTH_NONCE_LEN], peer_nonce[SH_AUTH_NONCE_LEN];
+    uint8_t proof[SH_AUTH_MAC_LEN]; /* this node's proof for phase 1 */
 } sh_hello_peer;
+
+/* Which nodes proved the cluster key to this one, shared by its hello actor (which writes) and
+ * its stage actors (which read, sh__hello_auth_allows). Embedded in the node's state; zero it,
+ * then set key, self and names. */
+typedef struct sh_hello_auth {
+    const sh_auth_key *key;   /* the node's key; NULL or not set: the node serves anyone */
+    uint32_t self;            /* this node's id: its own actors are always allowed */
+    const char *const *names; /* names[id]: the script's name of node id (may be NULL) */
+    uint32_t n_names;
+    atomic_uchar ok[SH_HELLO_MAX_NODES];              /* by node id: it proved the key */
+    _Atomic uint64_t next_log_ms[SH_HELLO_MAX_NODES]; /* rate limit of the refusal lines */
+    _Atomic uint64_t dropped[SH_HELLO_MAX_NODES];     /* frames dropped since the last line */
+} sh_hello_auth;
+
+/* Whether a message from `src` may be served: always without a key, always from this node, and
+ * otherwise only when src's node proved the key in a HELLO. A refusal is logged on rt as
+ * `event=auth_refused` naming the node and `what` (the message type), at most once per 5 s per
+ * node with the count dropped since. Any thread. */
+bool sh__hello_auth_allows(sh_hello_auth *a, sh_runtime *rt, sh_addr src, const char *what);
 
 /* Kind "hello". Every HELLO request it receives is answered with `self`. With peers, it sends
  * each peer that has not answered yet a HELLO request with `self` every retry_ms (default 500):
  * a peer whose link is not up yet, or whose process has not started, is simply asked again until
- * the caller gives up. The caller compares the answers (this actor judges nothing). args, self
- * and peers are borrowed and must outlive the actor. */
+ * the caller gives up. The caller compares identities (this actor judges only the key).
+ *
+ * The cluster key (key set): nodes prove they hold it without sending it, by HMAC proofs over a
+ * fresh nonce from each side and both names (sh__auth_proof). The greeting node sends its nonce
+ * Nf; the answering node answers with its nonce Nw and its proof ('W'); the greeting node checks
+ * it and sends its own proof ('F') with Nw (phase 1), which the answering node checks and
+ * answers with auth_ok. Each side that checked the other's proof marks it in `auth` (when set).
+ * The greeting node sends its proof even when the answer's proof was wrong, so that the other
+ * side logs the refusal too; verdict says how it ended. An answering node with a key refuses a
+ * greeting without one, and logs each refusal (event=hello_refused, once per 5 s per node).
+ * args, self, peers, key and auth are borrowed and must outlive the actor. */
 typedef struct sh_hello_args {
     const sh_hello_ident *self;
-    sh_hello_peer *peers; /* (n_peers); NULL on a worker */
+    sh_hello_peer *peers; /* (n_peers); NULL when it only answers */
     int32_t n_peers;
     uint32_t retry_ms;
+    const sh_auth_key *key; /* NULL or not set: no key */
+    sh_hello_auth *auth;    /* optional: where the nodes that proved the key are marked */
 } sh_hello_args;
 
 extern const sh_actor_vtable sh__hello_vtable;

@@ -116,6 +116,9 @@ typedef struct sh_stage_args {
     sh_addr batcher;            /* optional: where the failure of an undecodable ACT goes */
     uint32_t link_dtype;        /* how this stage SENDS hidden rows to `next`: SH_PROTO_DTYPE_F32
                                  * (0, the default), _F16 or _I8 (runtime/proto.h) */
+    /* Optional (a cluster node with a key): STEP and ACT from a node that has not proved the
+     * cluster key in HELLO are dropped and logged (sh__hello_auth_allows, actors/hello.h). */
+    struct sh_hello_auth *auth;
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "actors/actor_util.h"
+#include "actors/hello.h"
 #include "actors/serve.h"
 #include "base/error.h"
 #include "kernels/cpu/quant.h"
@@ -45,6 +46,7 @@ typedef struct stage_state {
     bool first, last; /* this stage embeds tokens (takes STEP) / computes logits and samples */
     const sh_llama *model;
     sh_llama_ctx *ctx;
+    sh_hello_auth *auth; /* NULL: serve every node (no cluster key) */
     int32_t max_seqs, n_vocab, n_blocks, dim;
     int32_t tab_len; /* block-table entries per sequence (released ones included) */
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
@@ -689,6 +691,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->rt = sh_actor_runtime(ctx);
     st->self = sh_actor_self(ctx);
     st->link_dtype = a->link_dtype;
+    st->auth = a->auth;
     if (!last) {
         /* One series per link, named by the receiving stage's first layer. */
         static const char *const names[] = {"f32", "f16", "int8"};
@@ -790,6 +793,11 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
                      sh__msg_type_name(type));
         return SH_MSG_FATE_DONE;
     }
+    // With a cluster key, only nodes that proved it are served; the rest is dropped unanswered
+    // (an answer would tell an unauthenticated sender about this node's steps).
+    if (type != SH_MSG_ERROR &&
+        !sh__hello_auth_allows(st->auth, st->rt, h->src, sh__msg_type_name(type)))
+        return SH_MSG_FATE_DONE;
     uv_mutex_lock(&st->mu);
     sh_err err = queue_push(st, m);
     if (!err)

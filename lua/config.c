@@ -47,11 +47,15 @@ static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, true},
                                              {"first_layer", SH__LUA_INT, false},
                                              {"last_layer", SH__LUA_INT, false},
                                              {NULL, 0, false}};
-static const sh__lua_field cluster_fields[] = {
-    {"nodes", SH__LUA_TABLE, true},     {"gateway", SH__LUA_TABLE, true},
-    {"replicas", SH__LUA_TABLE, true},  {"models", SH__LUA_TABLE, false},
-    {"batcher", SH__LUA_TABLE, false},  {"kv", SH__LUA_TABLE, false},
-    {"watchdog", SH__LUA_TABLE, false}, {NULL, 0, false}};
+static const sh__lua_field cluster_fields[] = {{"nodes", SH__LUA_TABLE, true},
+                                               {"gateway", SH__LUA_TABLE, true},
+                                               {"replicas", SH__LUA_TABLE, true},
+                                               {"models", SH__LUA_TABLE, false},
+                                               {"batcher", SH__LUA_TABLE, false},
+                                               {"kv", SH__LUA_TABLE, false},
+                                               {"watchdog", SH__LUA_TABLE, false},
+                                               {"key_file", SH__LUA_STR, false},
+                                               {NULL, 0, false}};
 static const sh__lua_field gateway_fields[] = {{"node", SH__LUA_STR, true},
                                                {"http", SH__LUA_STR, true},
                                                {"api_keys", SH__LUA_TABLE, false},
@@ -730,6 +734,11 @@ static int l_cluster(lua_State *L)
     fill_models_replicas(L, c, where);
     fill_gateway(L, c, where);
     fill_tunables(L, c, where);
+    const char *key_file = sh__lua_get_str(L, 1, "key_file");
+    if (key_file && !*key_file)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster: field 'key_file' is empty");
+    if (key_file)
+        c->key_file = dup(L, key_file, where);
     lua_newtable(L);
     sh__lua_obj_new(L, K_CLUSTER, where, bd->n - 1);
     return 1;
@@ -756,9 +765,26 @@ static int run_cluster(lua_State *L)
     return 0;
 }
 
-/* A relative model path in a script file names a file beside the script, wherever the program
- * runs from: prefix it with the script's directory (as the script path spells it). Absolute paths
- * stay as they are, and so does everything in a script without a directory part. */
+/* Prefixes *path with the script's directory (dir bytes of script) unless it is absolute. */
+static sh_err resolve_path(char **path, const char *script, size_t dir, sh_error *e)
+{
+    if (!*path || (*path)[0] == '/')
+        return SH_OK;
+    size_t n = strlen(*path);
+    char *p = malloc(dir + n + 1);
+    if (!p)
+        return sh__error_set(e, SH_ENOMEM, "%s: out of memory", script);
+    memcpy(p, script, dir);
+    memcpy(p + dir, *path, n + 1);
+    free(*path);
+    *path = p;
+    return SH_OK;
+}
+
+/* A relative model path (or key_file) in a script file names a file beside the script, wherever
+ * the program runs from: prefix it with the script's directory (as the script path spells it).
+ * Absolute paths stay as they are, and so does everything in a script without a directory
+ * part. */
 static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_error *e)
 {
     const char *slash = strrchr(script, '/');
@@ -766,19 +792,11 @@ static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_e
         return SH_OK;
     size_t dir = (size_t)(slash - script) + 1;
     for (int32_t i = 0; i < c->n_models; i++) {
-        sh_config_model *m = &c->models[i];
-        if (m->path[0] == '/')
-            continue;
-        size_t n = strlen(m->path);
-        char *p = malloc(dir + n + 1);
-        if (!p)
-            return sh__error_set(e, SH_ENOMEM, "%s: out of memory", script);
-        memcpy(p, script, dir);
-        memcpy(p + dir, m->path, n + 1);
-        free(m->path);
-        m->path = p;
+        sh_err err = resolve_path(&c->models[i].path, script, dir, e);
+        if (err)
+            return err;
     }
-    return SH_OK;
+    return resolve_path(&c->key_file, script, dir, e);
 }
 
 static sh_err load(const char *path, const char *src, size_t len, const char *name,
@@ -854,5 +872,6 @@ void sh_config_destroy(sh_cluster_config *c)
         free(c->gateway.api_keys[i]);
     free(c->gateway.api_keys);
     free(c->watchdog.policy);
+    free(c->key_file);
     free(c);
 }

@@ -105,6 +105,10 @@ typedef struct sh_cluster_config {
     sh_config_batcher batcher;
     sh_config_kv kv;
     sh_config_watchdog watchdog;
+    /* cluster{ key_file = "path" }: the cluster key nodes prove to each other in HELLO
+     * (docs/cluster.md); relative to the script's directory like model paths. NULL: none given
+     * (a flag or SHOAL_CLUSTER_KEY_FILE may still give one). */
+    char *key_file;
 } sh_cluster_config;
 
 /* Evaluates a cluster script (a file, or `len` bytes of text named `name` in messages) in a fresh
@@ -113,8 +117,9 @@ typedef struct sh_cluster_config {
  * caller (sh_config_destroy). On failure *out is NULL and e names the file and line:
  * SH_EIO (unreadable file), SH_ELUA (syntax or runtime error, with a short traceback),
  * SH_EINVAL (a constructor's argument failed validation), SH_ENOTFOUND (a reference to an
- * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit). Relative model paths of a script
- * file are resolved against its directory (see sh_config_model.path); other paths are not.
+ * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit). Relative model paths and the
+ * key_file of a script file are resolved against its directory (see sh_config_model.path);
+ * other paths are not.
  * Any thread; no shared state. */
 sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_cluster_config **out,
                            sh_error *e);

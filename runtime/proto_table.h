@@ -330,7 +330,10 @@
 
 /* HELLO: a node's identity, sent by the front to each worker (a request) and answered by the
  * worker with its own; the front refuses a worker whose build, protocol, model file or stage
- * settings differ. model_hash hashes the GGUF header and tensor table (model/gguf.h). */
+ * settings differ. model_hash hashes the GGUF header and tensor table (model/gguf.h). With a
+ * cluster key, the greeting carries a nonce, the answer a nonce and a proof, and a second
+ * request (phase 1) the greeting node's proof, answered with auth_ok (actors/hello.h); the key
+ * itself never travels. Nonces and proofs are 32 bytes as 64 hex digits. */
 #define SH_PROTO_FIELDS_hello(F, S)                                                                \
     F(S, node, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
     F(S, version, "v", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                          \
@@ -342,6 +345,12 @@
     F(S, max_tokens, "mt", I32, _, OPT, 0, 0)   /* rows per step the stages take */                \
     F(S, seq_blocks, "sb", I32, _, OPT, 0, 0)   /* block-table length per sequence */              \
     F(S, stages, "st", U64S, _, OPT, 0, 1024)   /* the node's stage addresses, in script order */  \
-    F(S, link_dtype, "ld", U32, _, OPT, 0, 255) /* the dtype its stages send ACT hidden rows in */
+    F(S, link_dtype, "ld", U32, _, OPT, 0, 255) /* the dtype its stages send ACT hidden rows in */ \
+    F(S, keyed, "ky", BOOL, _, OPT, 0, 0)       /* the sender holds a cluster key */               \
+    F(S, phase, "ph", U32, _, OPT, 0, 1)       /* 1: the greeting node's proof (and its answer) */ \
+    F(S, nonce, "nc", STR, _, OPT, 0, 64)      /* the sender's challenge */                        \
+    F(S, peer_nonce, "pn", STR, _, OPT, 0, 64) /* phase 1: the answering node's nonce, echoed */   \
+    F(S, proof, "pf", STR, _, OPT, 0, 64)      /* HMAC proof of the key (base/auth.h) */           \
+    F(S, auth_ok, "ok", BOOL, _, OPT, 0, 0)    /* answer to phase 1: the proof checked */
 
 #endif

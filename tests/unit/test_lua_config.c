@@ -333,6 +333,12 @@ static const struct bad_case {
      "})[1],\n"
      "    pipeline(m, { 'b' })[1] } } } }\n",
      SH_EINVAL, "bad.lua:5", "replica 1: either every stage has a weight or none has"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' }, key_file = '',\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "cluster: field 'key_file' is empty"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' }, key_file = 5,\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'key_file' must be a string"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
 };
@@ -444,6 +450,7 @@ static void test_script_relative_paths(void)
                       "             model { name = 'abs', path = '/srv/models/abs.gguf' } },\n"
                       "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
                       "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+                      "  key_file = 'keys/cluster.key',\n"
                       "}\n";
     write_text(script, src);
     sh_cluster_config *c = NULL;
@@ -457,6 +464,8 @@ static void test_script_relative_paths(void)
         CHECK_STR_EQ(c->models[1].path, "/srv/models/abs.gguf");
         snprintf(want, sizeof want, "%s/m.gguf", sub);
         CHECK_STR_EQ(c->models[2].path, want);
+        snprintf(want, sizeof want, "%s/keys/cluster.key", sub);
+        CHECK_STR_EQ(c->key_file, want);
         sh_config_destroy(c);
     }
     c = NULL;
@@ -464,6 +473,7 @@ static void test_script_relative_paths(void)
     if (c) {
         CHECK_STR_EQ(c->models[0].path, "../w/up.gguf");
         CHECK_STR_EQ(c->models[2].path, "m.gguf");
+        CHECK_STR_EQ(c->key_file, "keys/cluster.key");
         sh_config_destroy(c);
     }
     unlink(script);
