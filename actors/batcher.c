@@ -31,6 +31,10 @@
  * timeout, or a duplicate) is ignored. A failed step's sequences are failed whole, never resumed:
  * the KV rows of a step that did not answer cannot be trusted.
  *
+ * A router (args.router) gets a METRICS report at init and every report_ms (send_report): load
+ * gauges and counters of the work done, from which it derives capacity as tokens per busy
+ * microsecond. CANCEL with withdraw takes back a request that never got KV (withdraw).
+ *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates
  * nothing per token (the stop-string matcher grows its buffer at most to its longest stop string).
@@ -42,12 +46,14 @@
 #include <string.h>
 
 #include "actors/actor_util.h"
+#include "actors/router.h"
 #include "actors/serve.h"
 #include "base/error.h"
 #include "model/sampler.h"
 
 #define TIMER_FORM 1
 #define TIMER_DEADLINE 2
+#define TIMER_REPORT 3
 #define DEADLINE_TICK_MS 100
 
 /* Preemption and starvation (docs/serving.md, Preemption and No starvation). A slice is SLICE_US
@@ -94,6 +100,7 @@ typedef struct bseq {
     uint64_t admitted_us; /* when it last joined the running set */
     uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
     bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
+    bool held_kv;  /* was ever granted KV blocks (true for good: a preempted one too) */
     sh_tokenizer_stream *detok;
     sh_openai_stopper stop;
     struct bseq *next; /* queue link */
@@ -147,12 +154,17 @@ typedef struct batcher {
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time;
+    /* what METRICS reports to the router say (counters since init) */
+    uint64_t tot_tokens, tot_generated, tot_steps, busy_us;
+    uint64_t busy_since; /* when the steps in flight went from none to one (0: none in flight) */
+    sh_proto_metric report[9];
 } batcher;
 
 static const char *const FIN_NAMES[5] = {"stop", "length", "cancel", "timeout", "error"};
 enum { FIN_ERROR = 4 };
 
 static void plan_step(batcher *b);
+static void busy_update(batcher *b, uint64_t now_us);
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -579,11 +591,30 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     }
 }
 
+/* CANCEL withdraw (a router moving r to another replica): only when every sequence of r is in
+ * the queue and none was ever granted KV blocks (so none computed a position or generated a
+ * token here; a preempted one was, one whose first reservation was refused was not) is r
+ * removed, silently (no DONE), and its sender told with FAIL SH_EBUSY, retryable, 503,
+ * "withdrawn". Otherwise nothing happens and nothing is answered. */
+static void withdraw(batcher *b, breq *r)
+{
+    for (int32_t i = 0; i < r->n_choices; i++)
+        if (r->seqs[i].held_kv || r->seqs[i].state != SEQ_WAITING)
+            return;
+    send_fail(b, r, SH_EBUSY, 503, "withdrawn");
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "withdrawn", "req=%" PRIu64, r->id);
+    req_end(b, r);
+}
+
 static void on_cancel(batcher *b, const sh_proto_cancel *m)
 {
     breq *r = find_req(b, m->req);
     if (!r)
         return;
+    if (m->withdraw) {
+        withdraw(b, r);
+        return;
+    }
     r->cancelled = true;
     // Sequences in a step or waiting for their KV finish when that completes; the others now.
     int32_t left = r->n_choices - r->n_finished;
@@ -1014,6 +1045,7 @@ static void dispatch_step(batcher *b)
     }
     b->step_out = true;
     b->step_sent_us = sh__act_mono_us();
+    busy_update(b, b->step_sent_us);
     sh_counter_add(b->m_steps, 1);
     sh_histogram_observe(b->m_batch, b->n_step);
     sh_histogram_observe(b->m_step_tokens, n_tok);
@@ -1043,6 +1075,7 @@ static void on_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool
             for (uint32_t i = 0; i < blocks.n; i++)
                 s->blocks[i] = sh_i32s_at(blocks, i);
             s->n_blocks = (int32_t)blocks.n;
+            s->held_kv = true;
             if (type == SH_MSG_KV_ALLOC) {
                 if (s->n_reserved == 0 && s->n_computed == 0) {
                     s->n_cached = (int32_t)pb->kv_alloc.cached;
@@ -1100,6 +1133,7 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
     }
     s->toks[s->n_toks++] = id;
     s->n_gen++;
+    b->tot_generated++;
     sh_counter_add(b->m_gen_toks, 1);
     const char *text = NULL, *out = NULL;
     size_t len = 0, out_len = 0;
@@ -1136,6 +1170,7 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
 static void fail_step(batcher *b, sh_err code, uint32_t http, const char *msg)
 {
     b->step_out = false;
+    busy_update(b, sh__act_mono_us());
     int32_t n = b->n_step;
     for (int32_t i = 0; i < n; i++)
         b->step_seqs[i].seq = b->step_order[i]->r->id;
@@ -1158,6 +1193,7 @@ static void on_step_done(batcher *b, const sh_proto_step_done *m)
         return;
     }
     b->step_out = false;
+    busy_update(b, sh__act_mono_us());
     if (m->compute_us)
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
     if (m->status) {
@@ -1166,10 +1202,12 @@ static void on_step_done(batcher *b, const sh_proto_step_done *m)
         fail_step(b, (sh_err)m->status, 500, "the model step failed");
         return;
     }
+    b->tot_steps++;
     for (int32_t i = 0; i < b->n_step; i++) {
         bseq *s = b->step_order[i];
         s->in_step = false;
         s->n_computed += s->step_k;
+        b->tot_tokens += (uint64_t)s->step_k;
         s->step_k = 0;
     }
     for (uint32_t j = 0; j < m->seqs.n; j++) {
@@ -1225,7 +1263,113 @@ static void check_step_timeout(batcher *b)
     fail_step(b, SH_ETIMEDOUT, 503, msg);
 }
 
+/* ---- reports to the router --------------------------------------------------------------- */
+
+/* Called whenever the number of steps in flight may have changed: busy_us counts the time during
+ * which at least one was. */
+static void busy_update(batcher *b, uint64_t now_us)
+{
+    if (b->step_out && !b->busy_since)
+        b->busy_since = now_us ? now_us : 1;
+    else if (!b->step_out && b->busy_since) {
+        b->busy_us += now_us - b->busy_since;
+        b->busy_since = 0;
+    }
+}
+
+/* One METRICS message to the router (actors/router.h names the values). The values live in the
+ * state and the frame comes from the runtime's pools: nothing is allocated per report. */
+static void send_report(batcher *b)
+{
+    uint64_t now = sh__act_mono_us();
+    if (b->busy_since) {
+        b->busy_us += now - b->busy_since;
+        b->busy_since = now;
+    }
+    const double v[9] = {b->n_waiting,
+                         b->n_running,
+                         b->a.max_seqs,
+                         b->avail_est,
+                         b->a.n_blocks,
+                         (double)b->tot_tokens,
+                         (double)b->tot_generated,
+                         (double)b->busy_us,
+                         (double)b->tot_steps};
+    for (int i = 0; i < 9; i++)
+        b->report[i].value = v[i];
+    sh_proto_metrics m = {.at_us = now, .values = {b->report, 9}};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.router, SH_MSG_METRICS,
+                     0, &m, &e))
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "metrics_send", "err=\"%s\"", e.msg);
+}
+
+static void report_init(batcher *b)
+{
+    static const char *const names[9] = {
+        SH_ROUTER_M_WAITING,   SH_ROUTER_M_RUNNING,  SH_ROUTER_M_MAX_SEQS,
+        SH_ROUTER_M_KV_FREE,   SH_ROUTER_M_KV_TOTAL, SH_ROUTER_M_TOKENS,
+        SH_ROUTER_M_GENERATED, SH_ROUTER_M_BUSY_US,  SH_ROUTER_M_STEPS};
+    for (int i = 0; i < 9; i++)
+        b->report[i] = (sh_proto_metric){.name = {names[i], (uint32_t)strlen(names[i])},
+                                         .kind = i < 5 ? 1 : 0};
+}
+
 /* ---- the actor ---------------------------------------------------------------------------- */
+
+/* The first error of several calls. */
+static void keep(sh_err *first, sh_err err)
+{
+    if (!*first)
+        *first = err;
+}
+
+/* Registers the batcher's series, each labelled with metric_labels when set (so several
+ * batchers share one registry). Returns SH_OK, SH_EINVAL (labels the registry refuses, or too
+ * long) or SH_ENOMEM. */
+static sh_err register_metrics(batcher *b)
+{
+    sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(b->ctx));
+    const char *lb = b->a.metric_labels && b->a.metric_labels[0] ? b->a.metric_labels : NULL;
+    char with[512];
+    sh_err err = SH_OK;
+    if (lb && strlen(lb) + 32 > sizeof with)
+        return SH_EINVAL;
+    keep(&err, sh_metrics_gauge(mx, "shoal_requests_running", "Sequences in the running set.", lb,
+                                &b->m_running));
+    keep(&err, sh_metrics_gauge(mx, "shoal_requests_waiting", "Sequences waiting for admission.",
+                                lb, &b->m_waiting));
+    keep(&err,
+         sh_metrics_counter(mx, "shoal_preemptions_total",
+                            "Sequences preempted (recomputed later) because KV blocks ran out.", lb,
+                            &b->m_preempt));
+    keep(&err, sh_metrics_counter(mx, "shoal_prompt_tokens_total", "Prompt tokens submitted.", lb,
+                                  &b->m_prompt_toks));
+    keep(&err, sh_metrics_counter(mx, "shoal_generation_tokens_total", "Tokens generated.", lb,
+                                  &b->m_gen_toks));
+    keep(&err, sh_metrics_counter(mx, "shoal_steps_total", "Batched forward steps run.", lb,
+                                  &b->m_steps));
+    for (int i = 0; i < 5; i++) {
+        snprintf(with, sizeof with, "%s%sreason=\"%s\"", lb ? lb : "", lb ? "," : "", FIN_NAMES[i]);
+        keep(&err,
+             sh_metrics_counter(mx, "shoal_requests_finished_total",
+                                "Finished sequences (choices) by reason.", with, &b->m_fin[i]));
+    }
+    static const double batch_bounds[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
+    keep(&err, sh_metrics_histogram(mx, "shoal_batch_size", "Sequences per step.", lb, batch_bounds,
+                                    sizeof batch_bounds / sizeof batch_bounds[0], &b->m_batch));
+    static const double tok_bounds[] = {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+    keep(&err,
+         sh_metrics_histogram(mx, "shoal_step_tokens", "Tokens computed per step.", lb, tok_bounds,
+                              sizeof tok_bounds / sizeof tok_bounds[0], &b->m_step_tokens));
+    static const double time_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05,
+                                         0.075, 0.1,    0.2,   0.5,  1,    2.5};
+    keep(&err, sh_metrics_histogram(mx, "shoal_step_seconds",
+                                    "Time a step spent on the stage (forward pass and sampling).",
+                                    lb, time_bounds, sizeof time_bounds / sizeof time_bounds[0],
+                                    &b->m_step_time));
+    return err;
+}
 
 static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
@@ -1253,40 +1397,17 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!b->running || !b->step_seqs || !b->step_order ||
         sh__act_decoder_init(&b->dec, (size_t)1 << 20))
         return SH_ENOMEM;
-    sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(ctx));
-    sh_metrics_gauge(mx, "shoal_requests_running", "Sequences in the running set.", NULL,
-                     &b->m_running);
-    sh_metrics_gauge(mx, "shoal_requests_waiting", "Sequences waiting for admission.", NULL,
-                     &b->m_waiting);
-    sh_metrics_counter(mx, "shoal_preemptions_total",
-                       "Sequences preempted (recomputed later) because KV blocks ran out.", NULL,
-                       &b->m_preempt);
-    sh_metrics_counter(mx, "shoal_prompt_tokens_total", "Prompt tokens submitted.", NULL,
-                       &b->m_prompt_toks);
-    sh_metrics_counter(mx, "shoal_generation_tokens_total", "Tokens generated.", NULL,
-                       &b->m_gen_toks);
-    sh_metrics_counter(mx, "shoal_steps_total", "Batched forward steps run.", NULL, &b->m_steps);
-    for (int i = 0; i < 5; i++) {
-        char labels[32];
-        snprintf(labels, sizeof labels, "reason=\"%s\"", FIN_NAMES[i]);
-        sh_metrics_counter(mx, "shoal_requests_finished_total",
-                           "Finished sequences (choices) by reason.", labels, &b->m_fin[i]);
-    }
-    static const double batch_bounds[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
-    sh_metrics_histogram(mx, "shoal_batch_size", "Sequences per step.", NULL, batch_bounds,
-                         sizeof batch_bounds / sizeof batch_bounds[0], &b->m_batch);
-    static const double tok_bounds[] = {1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-    sh_metrics_histogram(mx, "shoal_step_tokens", "Tokens computed per step.", NULL, tok_bounds,
-                         sizeof tok_bounds / sizeof tok_bounds[0], &b->m_step_tokens);
-    static const double time_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05,
-                                         0.075, 0.1,    0.2,   0.5,  1,    2.5};
-    sh_metrics_histogram(mx, "shoal_step_seconds",
-                         "Time a step spent on the stage (forward pass and sampling).", NULL,
-                         time_bounds, sizeof time_bounds / sizeof time_bounds[0], &b->m_step_time);
-    if (!b->m_step_time || !b->m_running || !b->m_waiting || !b->m_preempt || !b->m_prompt_toks ||
-        !b->m_gen_toks || !b->m_steps || !b->m_fin[4] || !b->m_batch || !b->m_step_tokens)
-        return SH_ENOMEM;
+    sh_err err = register_metrics(b);
+    if (err)
+        return err;
     sh_actor_timer_start(ctx, DEADLINE_TICK_MS, DEADLINE_TICK_MS, TIMER_DEADLINE, NULL);
+    if (b->a.router) {
+        // One report now, so that the router knows this replica before the first tick.
+        uint32_t ms = b->a.report_ms ? b->a.report_ms : 1000;
+        report_init(b);
+        send_report(b);
+        sh_actor_timer_start(ctx, ms, ms, TIMER_REPORT, NULL);
+    }
     return SH_OK;
 }
 
@@ -1335,7 +1456,9 @@ static void batcher_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
 {
     (void)ctx;
     batcher *b = state;
-    if (tag == TIMER_FORM) {
+    if (tag == TIMER_REPORT) {
+        send_report(b);
+    } else if (tag == TIMER_FORM) {
         b->forming = false;
         plan_step(b);
     } else if (tag == TIMER_DEADLINE && b->step_out) {

@@ -1,0 +1,480 @@
+/* The batcher with real parts: a batcher, a kvmgr and two stage actors (stories260K split in the
+ * middle, each stage with its own backend and KV pool, joined by ACT) in one runtime, and a
+ * client actor standing where the gateway or the router would. It checks:
+ *   - reports: with `router` set the batcher sends a METRICS report at init and every report_ms
+ *     (waiting, running, max_seqs, kv_free, kv_total, tokens, generated, busy_us, steps), the
+ *     counters matching what was served; metric_labels labels every series it registers;
+ *   - CANCEL withdraw: a request still waiting is removed with FAIL SH_EBUSY 503 "withdrawn" and
+ *     no DONE; a running one and an unknown one are left alone, nothing answered.
+ * Skips (77) without the model. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "actors/actor_util.h"
+#include "actors/router.h"
+#include "actors/serve.h"
+#include "kernels/backend.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "runtime/msg.h"
+#include "runtime/proto.h"
+#include "unit/test_runtime_util.h"
+
+#define MODEL "tests/data/stories260K/stories260K.gguf"
+#define N_STREAMS 16
+#define N_GEN 64
+#define MAX_REQ 32
+#define MAX_PROMPT 256
+#define STEP_TOKENS 64
+#define MAX_SEQS 32
+#define N_VALUES 9
+
+static sh_llama *full; /* the whole model: the tokenizer and the layer count */
+static sh_tokenizer *tok;
+
+/* ---- the client: stands where the gateway (and the router) would ---------------------------- */
+
+typedef struct choice_out {
+    int32_t tok[N_GEN + 8];
+    int32_t n;
+    bool done;
+    int fin;
+    uint64_t done_ms;
+} choice_out;
+
+typedef struct req_out {
+    int32_t n_choices; /* set by the submitter */
+    choice_out ch[2];
+    int32_t n_done;
+    bool failed;
+    int32_t code;
+    uint32_t http;
+    bool retry;
+    char msg[200];
+    uint64_t fail_ms;
+    int32_t n_msgs; /* every message about this request */
+} req_out;
+
+static struct {
+    pthread_mutex_t mu;
+    req_out r[MAX_REQ + 1];
+    _Atomic long n_ended; /* requests ended: every choice DONE, or FAIL */
+    _Atomic long n_metrics;
+    double first[N_VALUES], last[N_VALUES]; /* report values, in router.h's order */
+    uint64_t last_at_us;
+    _Atomic long bad;
+} cl = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static const char *const value_names[N_VALUES] = {
+    SH_ROUTER_M_WAITING,   SH_ROUTER_M_RUNNING,  SH_ROUTER_M_MAX_SEQS,
+    SH_ROUTER_M_KV_FREE,   SH_ROUTER_M_KV_TOTAL, SH_ROUTER_M_TOKENS,
+    SH_ROUTER_M_GENERATED, SH_ROUTER_M_BUSY_US,  SH_ROUTER_M_STEPS};
+enum { V_WAITING, V_RUNNING, V_MAX_SEQS, V_KV_FREE, V_KV_TOTAL, V_TOKENS, V_GEN, V_BUSY, V_STEPS };
+
+static void client_reset(void)
+{
+    pthread_mutex_lock(&cl.mu);
+    memset(cl.r, 0, sizeof cl.r);
+    memset(cl.first, 0, sizeof cl.first);
+    memset(cl.last, 0, sizeof cl.last);
+    atomic_store(&cl.n_ended, 0);
+    atomic_store(&cl.n_metrics, 0);
+    atomic_store(&cl.bad, 0);
+    pthread_mutex_unlock(&cl.mu);
+}
+
+typedef struct client_state {
+    sh_act_decoder dec;
+} client_state;
+
+static sh_err client_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    (void)ctx;
+    (void)arg;
+    return sh__act_decoder_init(&((client_state *)state)->dec, 1 << 20);
+}
+
+static void client_stop(sh_actor_ctx *ctx, void *state)
+{
+    (void)ctx;
+    sh__act_decoder_fini(&((client_state *)state)->dec);
+}
+
+static req_out *req_of(uint64_t id)
+{
+    if (id < 1 || id > MAX_REQ) {
+        atomic_fetch_add(&cl.bad, 1);
+        return NULL;
+    }
+    cl.r[id].n_msgs++;
+    return &cl.r[id];
+}
+
+static void on_metrics(const sh_proto_metrics *m)
+{
+    double v[N_VALUES];
+    int found = 0;
+    for (int i = 0; i < N_VALUES; i++)
+        for (uint32_t j = 0; j < m->values.n; j++)
+            if (m->values.v[j].name.len == strlen(value_names[i]) &&
+                !memcmp(m->values.v[j].name.ptr, value_names[i], m->values.v[j].name.len)) {
+                CHECK_INT_EQ(m->values.v[j].kind, i < V_TOKENS ? 1 : 0);
+                v[i] = m->values.v[j].value;
+                found++;
+                break;
+            }
+    CHECK_INT_EQ(found, N_VALUES);
+    CHECK_INT_EQ(m->values.n, N_VALUES);
+    if (found != N_VALUES)
+        return;
+    if (atomic_load(&cl.n_metrics) == 0)
+        memcpy(cl.first, v, sizeof v);
+    else
+        for (int i = V_TOKENS; i < N_VALUES; i++)
+            CHECK(v[i] >= cl.last[i]); /* counters never go back */
+    CHECK(m->at_us >= cl.last_at_us);
+    memcpy(cl.last, v, sizeof v);
+    cl.last_at_us = m->at_us;
+    atomic_fetch_add(&cl.n_metrics, 1);
+}
+
+static sh_msg_fate client_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
+{
+    (void)ctx;
+    client_state *st = state;
+    const sh_msg_hdr *h = sh_msg_header(msg);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (sh__act_decode(&st->dec, msg, &b, &e)) {
+        fprintf(stderr, "client: undecodable %s: %s\n", sh__msg_type_name(h->type), e.msg);
+        atomic_fetch_add(&cl.bad, 1);
+        return SH_MSG_FATE_DONE;
+    }
+    pthread_mutex_lock(&cl.mu);
+    req_out *r;
+    switch (h->type) {
+    case SH_MSG_TOKEN:
+        if (!(r = req_of(b.token.req)) || b.token.choice >= 2) {
+            atomic_fetch_add(&cl.bad, 1);
+            break;
+        }
+        for (uint32_t i = 0; i < b.token.tokens.n; i++) {
+            uint32_t at = b.token.index + i;
+            choice_out *c = &r->ch[b.token.choice];
+            if (at < N_GEN + 8) {
+                c->tok[at] = sh_i32s_at(b.token.tokens, i);
+                c->n = (int32_t)at + 1 > c->n ? (int32_t)at + 1 : c->n;
+            }
+        }
+        break;
+    case SH_MSG_DONE:
+        if (!(r = req_of(b.done.req)) || b.done.choice >= 2) {
+            atomic_fetch_add(&cl.bad, 1);
+            break;
+        }
+        r->ch[b.done.choice].done = true;
+        r->ch[b.done.choice].fin = b.done.finish;
+        r->ch[b.done.choice].done_ms = now_ms();
+        if (++r->n_done == r->n_choices)
+            atomic_fetch_add(&cl.n_ended, 1);
+        break;
+    case SH_MSG_FAIL:
+        if (!(r = req_of(b.fail.req)))
+            break;
+        r->failed = true;
+        r->code = b.fail.code;
+        r->http = b.fail.status_http;
+        r->retry = b.fail.retryable;
+        r->fail_ms = now_ms();
+        snprintf(r->msg, sizeof r->msg, "%.*s", (int)b.fail.message.len, b.fail.message.ptr);
+        atomic_fetch_add(&cl.n_ended, 1);
+        break;
+    case SH_MSG_METRICS:
+        on_metrics(&b.metrics);
+        break;
+    default:
+        fprintf(stderr, "client: unexpected %s\n", sh__msg_type_name(h->type));
+        atomic_fetch_add(&cl.bad, 1);
+    }
+    pthread_mutex_unlock(&cl.mu);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable client_vt = {.name = "client",
+                                          .state_size = sizeof(client_state),
+                                          .init = client_init,
+                                          .handle = client_handle,
+                                          .stop = client_stop};
+
+/* ---- the rig: kvmgr, two stages, batcher, client -------------------------------------------- */
+
+typedef struct rig {
+    test_rt t;
+    sh_llama *m[2];
+    sh_backend *be[2];
+    sh_llama_ctx *c[2];
+    sh_addr kv, stage[2], batcher, client;
+    int32_t n_blocks;
+    /* spawn arguments: actors init after sh_actor_spawn returns, so they live here */
+    sh_kvmgr_args ka;
+    sh_stage_args sa[2];
+    sh_batcher_args ba;
+} rig;
+
+typedef struct rig_opts {
+    int32_t max_inflight, max_seqs;
+    bool router;
+    uint32_t report_ms, step_timeout_ms;
+    const char *labels;
+} rig_opts;
+
+static bool rig_start(rig *g, const rig_opts *o)
+{
+    memset(g, 0, sizeof *g);
+    client_reset();
+    sh_error e = {0};
+    int32_t cut[3] = {0, full->hp.n_layers / 2, full->hp.n_layers};
+    for (int i = 0; i < 2; i++) {
+        sh_llama_load_opts lo = {.first = cut[i], .last = cut[i + 1]};
+        sh_backend_cpu_opts bo = {.n_threads = 1};
+        sh_llama_ctx_opts co = {.max_tokens = STEP_TOKENS, .max_seqs = MAX_SEQS, .kv_tokens = 8192};
+        if (sh_llama_load(sh_test_path(MODEL), &lo, &g->m[i], &e) ||
+            sh_backend_cpu_create(&bo, &g->be[i], &e) ||
+            sh_llama_ctx_create(g->m[i], g->be[i], &co, &g->c[i], &e)) {
+            SH_FAIL_("stage %d: %s", i, e.msg);
+            return false;
+        }
+    }
+    g->n_blocks = sh_llama_ctx_n_blocks(g->c[0]);
+    CHECK_INT_EQ(sh_llama_ctx_n_blocks(g->c[1]), g->n_blocks);
+    rt_start(&g->t, 1, 4, NULL);
+    CHECK_OK(sh__serve_register(g->t.rt, &e));
+    CHECK_OK(sh_runtime_register(g->t.rt, &client_vt, &e));
+    CHECK_OK(sh_actor_spawn(g->t.rt, "client", NULL, 0, &g->client, &e));
+    g->ka = (sh_kvmgr_args){.cfg = {.n_blocks = g->n_blocks, .max_seqs = MAX_SEQS},
+                            .prefix_cache = false};
+    CHECK_OK(sh_actor_spawn(g->t.rt, "kvmgr", &g->ka, 1, &g->kv, &e));
+    g->sa[1] = (sh_stage_args){.model = g->m[1], .ctx = g->c[1], .max_seqs = MAX_SEQS};
+    CHECK_OK(sh_actor_spawn(g->t.rt, "stage", &g->sa[1], 3, &g->stage[1], &e));
+    g->sa[0] = (sh_stage_args){
+        .model = g->m[0], .ctx = g->c[0], .max_seqs = MAX_SEQS, .next = g->stage[1]};
+    CHECK_OK(sh_actor_spawn(g->t.rt, "stage", &g->sa[0], 2, &g->stage[0], &e));
+    g->ba = (sh_batcher_args){.kvmgr = g->kv,
+                              .stage = g->stage[0],
+                              .tok = tok,
+                              .n_vocab = full->hp.n_vocab,
+                              .n_ctx = 512,
+                              .max_step_tokens = STEP_TOKENS,
+                              .max_seqs = o->max_seqs ? o->max_seqs : MAX_SEQS,
+                              .n_blocks = g->n_blocks,
+                              .step_timeout_ms = o->step_timeout_ms,
+                              .max_inflight = o->max_inflight,
+                              .router = o->router ? g->client : SH_ADDR_NONE,
+                              .report_ms = o->report_ms,
+                              .metric_labels = o->labels};
+    sh_err err = sh_actor_spawn(g->t.rt, "batcher", &g->ba, 1, &g->batcher, &e);
+    CHECK_OK(err);
+    return err == SH_OK;
+}
+
+static void rig_stop(rig *g)
+{
+    if (g->t.rt)
+        rt_finish(&g->t);
+    for (int i = 0; i < 2; i++) {
+        sh_llama_ctx_destroy(g->c[i]);
+        sh_backend_destroy(g->be[i]);
+        sh_llama_destroy(g->m[i]);
+    }
+}
+
+/* The value of series `name{labels}` in the runtime's metrics (-1 when absent). */
+static double metric(rig *g, const char *series)
+{
+    static char buf[1 << 18];
+    size_t len = 0;
+    CHECK_OK(sh_metrics_render(sh_runtime_metrics(g->t.rt), buf, sizeof buf, &len));
+    size_t n = strlen(series);
+    for (const char *p = buf; (p = strstr(p, series)); p += n)
+        if ((p == buf || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static const char *const prompts[N_STREAMS] = {
+    "Once upon a time, there was a little girl named Lily.",
+    "The sun was shining and the birds were singing.",
+    "Tom and his dog went to the park. They saw a big",
+    "One day, a little boy found a red ball in the garden.",
+    "Mom said it was time for bed, but Ben wanted to play.",
+    "There was a big tree near the house.",
+    "The cat liked to sleep in the warm sun.",
+    "Sara had a new toy car. It was blue and fast.",
+    "Once upon a time, in a small town, there lived a kind old man who loved to bake bread for "
+    "all the children. Every morning he woke up early, lit the big oven and made soft round "
+    "loaves. The children came to his shop after school and he gave each of them a warm piece "
+    "with honey. One day the oven broke and the old man was very sad.",
+    "The little bird wanted to fly high in the sky.",
+    "Max and Mia played in the sand at the beach.",
+    "It was a rainy day and the frog was happy.",
+    "The bear found a pot of honey in the woods.",
+    "Lucy wanted to help her dad in the garden.",
+    "A small fish swam in the big blue sea.",
+    "The princess looked out of the window and saw",
+};
+
+static int32_t prompt_ids[N_STREAMS][MAX_PROMPT];
+static int32_t n_prompt_ids[N_STREAMS];
+
+static bool encode_prompts(void)
+{
+    for (int i = 0; i < N_STREAMS; i++) {
+        size_t n = 0;
+        sh_error e = {0};
+        if (sh_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), SH_TOKENIZE_ADD_BOS,
+                                prompt_ids[i], MAX_PROMPT, &n, &e)) {
+            SH_FAIL_("encode: %s", e.msg);
+            return false;
+        }
+        n_prompt_ids[i] = (int32_t)n;
+    }
+    CHECK(n_prompt_ids[8] > STEP_TOKENS); /* chunked prefill */
+    return true;
+}
+
+/* Submits request id (1-based) with prompt p, n choices, greedy, max_tokens = min_tokens. */
+static void submit(rig *g, uint64_t id, int p, uint32_t n, int32_t max_tokens)
+{
+    pthread_mutex_lock(&cl.mu);
+    cl.r[id].n_choices = (int32_t)n;
+    pthread_mutex_unlock(&cl.mu);
+    sh_proto_submit s = {.req = id,
+                         .prompt = {prompt_ids[p], (uint32_t)n_prompt_ids[p]},
+                         .sampling = {.temperature = 0.0f,
+                                      .top_p = 1.0f,
+                                      .repeat_penalty = 1.0f,
+                                      .penalty_last_n = 64,
+                                      .max_tokens = (uint32_t)max_tokens},
+                         .reply_to = g->client,
+                         .n = n,
+                         .min_tokens = (uint32_t)max_tokens};
+    sh_error e = {0};
+    CHECK_OK(sh__act_send(g->t.rt, g->client, g->batcher, SH_MSG_SUBMIT, 0, &s, &e));
+}
+
+static void cancel(rig *g, uint64_t id, bool withdraw)
+{
+    sh_proto_cancel c = {.req = id, .withdraw = withdraw};
+    sh_error e = {0};
+    CHECK_OK(sh__act_send(g->t.rt, g->client, g->batcher, SH_MSG_CANCEL, 0, &c, &e));
+}
+
+/* ---- reports, labels and withdraw -------------------------------------------------------- */
+
+static void test_reports_labels_withdraw(void)
+{
+    rig g;
+    uint64_t t0 = now_ms();
+    rig_opts o = {.max_seqs = 2, .router = true, .report_ms = 50, .labels = "replica=\"7\""};
+    if (!rig_start(&g, &o))
+        goto out;
+    // The first report comes at init, before any request.
+    CHECK(wait_ge(&cl.n_metrics, 1, 10000));
+    pthread_mutex_lock(&cl.mu);
+    CHECK_NEAR(cl.first[V_WAITING], 0, 0);
+    CHECK_NEAR(cl.first[V_RUNNING], 0, 0);
+    CHECK_NEAR(cl.first[V_MAX_SEQS], 2, 0);
+    CHECK_NEAR(cl.first[V_KV_TOTAL], g.n_blocks, 0);
+    CHECK_NEAR(cl.first[V_KV_FREE], g.n_blocks, 0);
+    for (int i = V_TOKENS; i < N_VALUES; i++)
+        CHECK_NEAR(cl.first[i], 0, 0);
+    pthread_mutex_unlock(&cl.mu);
+
+    // max_seqs 2: requests 1 and 2 run, 3 and 4 wait; 4 is withdrawn at once (it waits behind
+    // two running requests of 32 tokens), and a withdraw of 20 (unknown) changes nothing.
+    for (int i = 1; i <= 4; i++)
+        submit(&g, (uint64_t)i, i, 1, 32);
+    cancel(&g, 4, true);
+    cancel(&g, 20, true);
+    // Request 1 has produced a token: it runs, so a withdraw leaves it alone.
+    for (int i = 0; i < 10000; i++) {
+        pthread_mutex_lock(&cl.mu);
+        int32_t n = cl.r[1].ch[0].n;
+        pthread_mutex_unlock(&cl.mu);
+        if (n > 0)
+            break;
+        sleep_ms(1);
+    }
+    cancel(&g, 1, true);
+    CHECK(wait_ge(&cl.n_ended, 4, 60000));
+    long reports = atomic_load(&cl.n_metrics);
+    sleep_ms(400); /* a few more reports, after the last step */
+    CHECK(atomic_load(&cl.n_metrics) >= reports + 2);
+    uint64_t wall_us = (now_ms() - t0) * 1000;
+
+    pthread_mutex_lock(&cl.mu);
+    const req_out *w = &cl.r[4];
+    CHECK(w->failed);
+    CHECK_INT_EQ(w->code, SH_EBUSY);
+    CHECK_UINT_EQ(w->http, 503);
+    CHECK(w->retry);
+    CHECK_STR_EQ(w->msg, "withdrawn");
+    CHECK_INT_EQ(w->ch[0].n, 0);
+    CHECK(!w->ch[0].done);
+    CHECK_INT_EQ(w->n_msgs, 1);
+    CHECK_INT_EQ(cl.r[20].n_msgs, 0);
+    int64_t prompt_toks = 0;
+    for (int i = 1; i <= 3; i++) {
+        CHECK(!cl.r[i].failed);
+        CHECK(cl.r[i].ch[0].done);
+        CHECK_INT_EQ(cl.r[i].ch[0].fin, SH_PROTO_FINISH_LENGTH);
+        CHECK_INT_EQ(cl.r[i].ch[0].n, 32);
+        prompt_toks += n_prompt_ids[i];
+    }
+    // tokens: every prompt position once (no prefix cache), then the 31 decodes of each request
+    // (its last token is never computed); generated: 3 x 32.
+    CHECK_NEAR(cl.last[V_TOKENS], (double)(prompt_toks + 3 * 31), 0);
+    CHECK_NEAR(cl.last[V_GEN], 96, 0);
+    CHECK_NEAR(cl.last[V_WAITING], 0, 0);
+    CHECK_NEAR(cl.last[V_RUNNING], 0, 0);
+    CHECK(cl.last[V_BUSY] > 0 && cl.last[V_BUSY] <= (double)wall_us);
+    CHECK(cl.last[V_KV_FREE] > 0 && cl.last[V_KV_FREE] <= g.n_blocks);
+    double steps = cl.last[V_STEPS];
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+    fprintf(stderr, "reports: %ld, steps %.0f, busy %.1f ms of %.1f ms\n",
+            atomic_load(&cl.n_metrics), steps, cl.last[V_BUSY] / 1000, (double)wall_us / 1000);
+    // Every series carries the labels, and the figures agree with the report.
+    CHECK_NEAR(metric(&g, "shoal_steps_total{replica=\"7\"}"), steps, 0);
+    CHECK_NEAR(metric(&g, "shoal_generation_tokens_total{replica=\"7\"}"), 96, 0);
+    CHECK_NEAR(metric(&g, "shoal_requests_finished_total{replica=\"7\",reason=\"length\"}"), 3, 0);
+    CHECK_NEAR(metric(&g, "shoal_requests_waiting{replica=\"7\"}"), 0, 0);
+    CHECK_NEAR(metric(&g, "shoal_batch_size_count{replica=\"7\"}"), steps, 0);
+    CHECK_NEAR(metric(&g, "shoal_steps_total"), -1, 0);
+out:
+    rig_stop(&g);
+}
+
+int main(int argc, char **argv)
+{
+    FILE *f = fopen(sh_test_path(MODEL), "rb");
+    if (!f) {
+        fprintf(stderr, "skipped: %s absent\n", MODEL);
+        return SH_TEST_SKIP;
+    }
+    fclose(f);
+    sh_error e = {0};
+    if (sh_llama_load(sh_test_path(MODEL), NULL, &full, &e) ||
+        sh_tokenizer_create_gguf(full->gguf, &tok, &e) || !encode_prompts()) {
+        fprintf(stderr, "setup: %s\n", e.msg);
+        return 1;
+    }
+    static const sh_test_case tests[] = {{"reports_labels_withdraw", test_reports_labels_withdraw},
+                                         {NULL, NULL}};
+    int rc = sh_test_main(argc, argv, tests);
+    sh_tokenizer_destroy(tok);
+    sh_llama_destroy(full);
+    return rc;
+}
