@@ -248,6 +248,21 @@ if [[ " $parts " == *" throughput "* ]]; then
                 target:=0.85 met:="$(python3 -c "print('true' if $ratio >= 0.85 else 'false')")"
         done
     done
+    for c in "${configs[@]}"; do # the median over rounds of each config's ratio to single
+        name=${c%%:*}
+        [ "$name" = single ] && continue
+        python3 - "$tmp" "$name" "$rounds" "$COMMIT" "$(load)" <<'EOF'
+import json, os, statistics, sys
+tmp, name, rounds, commit, load = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+tok = lambda n, r: json.load(open(os.path.join(tmp, f"tp-{n}-{r}.json")))["throughput"]["output_tokens_per_s"]
+ratios = [tok(name, r) / tok("single", r) for r in range(1, rounds + 1)]
+v = statistics.median(ratios)
+print(json.dumps({"bench": "cluster", "commit": commit, "config": f"{name}/single",
+                  "figure": "throughput_ratio_median", "value": round(v, 3),
+                  "rounds": [round(x, 3) for x in ratios], "target": 0.85, "met": v >= 0.85,
+                  "load": load}), flush=True)
+EOF
+    done
     cleanup
 fi
 
