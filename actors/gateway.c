@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "actors/gateway_int.h"
+#include "actors/node_metrics.h"
 #include "base/error.h"
 #include "model/sampler.h"
 #include "runtime/actor_uv.h"
@@ -161,8 +162,18 @@ static void serve_metrics(gateway *g, sh_http_req *req)
     sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(g->ctx));
     size_t len = 0;
     for (;;) {
-        if (g->metrics_cap && sh_metrics_render(mx, g->metrics_buf, g->metrics_cap, &len) == SH_OK)
+        sh_err rc = SH_ERANGE;
+        if (g->metrics_cap && g->a.metrics_render)
+            rc = g->a.metrics_render(g->a.metrics_user, mx, g->metrics_buf, g->metrics_cap, &len);
+        else if (g->metrics_cap)
+            rc = sh_metrics_render(mx, g->metrics_buf, g->metrics_cap, &len);
+        if (rc == SH_OK)
             break;
+        if (rc != SH_ERANGE) {
+            sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "cannot render the metrics: %s",
+                                       sh_strerror(rc));
+            return;
+        }
         size_t cap = (len + 4096) * 2;
         char *p = realloc(g->metrics_buf, cap);
         if (!p) {
@@ -883,8 +894,12 @@ const sh_actor_vtable sh__gateway_vtable = {
 
 sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
 {
-    const sh_actor_vtable *kinds[] = {&sh__kvmgr_vtable, &sh__stage_vtable, &sh__batcher_vtable,
-                                      &sh__gateway_vtable};
+    const sh_actor_vtable *kinds[] = {&sh__kvmgr_vtable,
+                                      &sh__stage_vtable,
+                                      &sh__batcher_vtable,
+                                      &sh__gateway_vtable,
+                                      &sh__node_metrics_collector_vtable,
+                                      &sh__node_metrics_reporter_vtable};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         sh_err err = sh_runtime_register(rt, kinds[i], e);
         if (err)

@@ -190,6 +190,15 @@ typedef struct sh_gateway_args {
      * does not open it); answered while draining too. NULL: /admin/cluster is 404. */
     char *(*cluster_json)(void *user);
     void *cluster_user;
+    /* Optional: renders GET /metrics in place of sh_metrics_render() of the runtime's registry
+     * m, with the contract of sh_metrics_render() (*len the full length; SH_ERANGE: the gateway
+     * grows buf and calls again; any other error answers 500). A cluster front renders every
+     * worker node's series beside its own (actors/node_metrics.h). Called on the gateway's loop
+     * thread with metrics_user: it must not block (a short lock is fine). The gateway appends
+     * its derived gauges (shoal_kv_usage_ratio, shoal_http_*) after it, so it must not render
+     * those families. NULL: the registry alone. */
+    sh_err (*metrics_render)(void *user, sh_metrics *m, char *buf, size_t cap, size_t *len);
+    void *metrics_user;
 } sh_gateway_args;
 
 /* Commands to a running gateway from any thread (the serving process's signal thread): the

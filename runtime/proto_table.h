@@ -149,18 +149,23 @@
     F(S, top_tokens, "top_tok", I32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                            \
     F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)
 
-/* A counter (kind 0) or gauge (kind 1). */
+/* A counter (kind 0) or gauge (kind 1). A node's runtime series travel with their labels in
+ * the name, as Prometheus writes them (`shoal_act_bytes_total{layer="15",dtype="int8"}`), and
+ * with their help text. */
 #define SH_PROTO_FIELDS_metric(F, S)                                                               \
     F(S, name, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
     F(S, kind, "k", U8, _, REQ, 0, 1)                                                              \
-    F(S, value, "v", F64, _, REQ, 0, 0)
+    F(S, value, "v", F64, _, REQ, 0, 0)                                                            \
+    F(S, help, "hp", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
 
-/* A histogram: counts has one more entry than bounds (the +Inf bucket). */
+/* A histogram: counts has one more entry than bounds (the +Inf bucket); each count is its own
+ * bucket's, not cumulative. Name and help as in a metric. */
 #define SH_PROTO_FIELDS_histogram(F, S)                                                            \
     F(S, name, "n", STR, _, REQ, 0, SH_PROTO_MAX_NAME)                                             \
     F(S, bounds, "b", F64S, _, REQ, 0, 256)                                                        \
     F(S, counts, "c", U64S, _, REQ, 1, 257)                                                        \
-    F(S, sum, "s", F64, _, REQ, 0, 0)
+    F(S, sum, "s", F64, _, REQ, 0, 0)                                                              \
+    F(S, help, "hp", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
 
 /* One fault-injection rule (sh_proto_fault_action; sh_fault_rule in shoal/fault.h says what each
  * field does); zero src, dst or type matches any. */

@@ -380,4 +380,58 @@ void sh_histogram_observe(sh_histogram *h, double v);
  * prefix). Any thread. */
 sh_err sh_metrics_render(sh_metrics *m, char *buf, size_t cap, size_t *len);
 
+/* One series as a value: what sh_metrics_foreach() visits and what sh_metrics_render_with()
+ * renders beside a registry (another node's series). */
+typedef enum sh_metric_kind {
+    SH_METRIC_COUNTER = 0,
+    SH_METRIC_GAUGE = 1,
+    SH_METRIC_HISTOGRAM = 2,
+} sh_metric_kind;
+
+#define SH_METRICS_SAMPLE_MAX_BOUNDS 256 /* histogram bounds of an extra sample */
+
+typedef struct sh_metric_sample {
+    const char *name;   /* the family's name, without labels */
+    const char *help;   /* the family's help ("" or NULL when unknown) */
+    const char *labels; /* the label set as sh_metrics_counter() takes it ("" or NULL: none) */
+    sh_metric_kind kind;
+    double value;           /* a counter's or gauge's value */
+    uint32_t n_bounds;      /* a histogram's upper bounds, strictly increasing */
+    const double *bounds;   /* (n_bounds) */
+    const uint64_t *counts; /* (n_bounds + 1) per bucket, not cumulative; the last is +Inf */
+    double sum;             /* a histogram's sum of observations */
+} sh_metric_sample;
+
+/* Called once per series; the sample and what it points to are valid for the call only. */
+typedef void (*sh_metrics_visit_fn)(void *arg, const sh_metric_sample *s);
+
+/* Visits every series of the registry, family by family in registration order, under the
+ * registry's lock: fn must not call into the same registry (registering, rendering) and should
+ * be quick. Updates racing with the visit are seen or not, each value read atomically. Any
+ * thread. */
+void sh_metrics_foreach(sh_metrics *m, sh_metrics_visit_fn fn, void *arg);
+
+/* As sh_metrics_render() with the n_extra samples of `extra` (borrowed for the call) rendered
+ * too, each family's lines together under one HELP/TYPE: an extra of a family the registry has
+ * follows the registry's own series (left out when its kind differs); families only the extras
+ * have follow the registry's, in name order, under the first sample's kind and the first
+ * non-empty help (samples of another kind left out). Extras that cannot be rendered as valid
+ * text are left out: a bad name, a malformed label set (sh_metrics_counter()'s rules) or one
+ * holding a label twice, a histogram with an `le` label or more than
+ * SH_METRICS_SAMPLE_MAX_BOUNDS bounds. The caller keeps each extra's series unique (no two with
+ * one name and label set, nor one the registry has). Returns as sh_metrics_render(), or
+ * SH_ENOMEM. Any thread. */
+sh_err sh_metrics_render_with(sh_metrics *m, const sh_metric_sample *extra, size_t n_extra,
+                              char *buf, size_t cap, size_t *len);
+
+/* Writes into buf (cap bytes, NUL-terminated) the label set `labels` (len bytes, not
+ * NUL-terminated; sh_metrics_counter()'s form, none when len is 0) with `name="value"` added
+ * last (value escaped: \\, \" and newline). A label of that name already in the set is kept as
+ * `exported_<name>`, in its place (Prometheus's rule for a scraped series whose label clashes
+ * with a target's). Returns SH_OK, SH_EINVAL (a malformed set, a label twice, a bad label name,
+ * or a set holding both name and exported_<name>), SH_ERANGE (cap too small; buf holds a cut
+ * prefix). Any thread. */
+sh_err sh_metrics_labels_add(const char *labels, size_t len, const char *name, const char *value,
+                             char *buf, size_t cap);
+
 #endif

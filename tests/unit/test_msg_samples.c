@@ -254,16 +254,19 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         uint32_t nm = (uint32_t)range(s, 1, 20), nh = (uint32_t)range(s, 1, 4);
         sh_proto_metric *m = take(s, nm * sizeof *m);
         for (uint32_t i = 0; i < nm; i++)
-            m[i] =
-                (sh_proto_metric){text(s, 3, 40), (uint8_t)range(s, 0, 1), (double)nz64(s) / 3.0};
+            m[i] = (sh_proto_metric){text(s, 3, 40), (uint8_t)range(s, 0, 1), (double)nz64(s) / 3.0,
+                                     text(s, 3, 40)};
         sh_proto_histogram *h = take(s, nh * sizeof *h);
         for (uint32_t i = 0; i < nh; i++) {
             uint32_t nb = (uint32_t)range(s, 1, 12);
             double *bounds = take(s, 8 * nb);
             for (uint32_t j = 0; j < nb; j++)
                 bounds[j] = 0.001 * (j + 1) * (double)range(s, 1, 9);
-            h[i] = (sh_proto_histogram){
-                text(s, 3, 40), {bounds, nb}, {u64s(s, nb + 1).ptr, nb + 1}, (double)nz64(s) / 7.0};
+            h[i] = (sh_proto_histogram){text(s, 3, 40),
+                                        {bounds, nb},
+                                        {u64s(s, nb + 1).ptr, nb + 1},
+                                        (double)nz64(s) / 7.0,
+                                        text(s, 3, 40)};
         }
         b->metrics.at_us = nz64(s);
         b->metrics.values = (sh_proto_metric_list){m, nm};
