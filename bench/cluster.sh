@@ -173,6 +173,12 @@ bench() {
     "$shoal" bench --url "$url" --quiet --json "$out" "$@" >/dev/null
 }
 jget() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, {"j": j}))' "$@"; }
+# inflight PORT: "SUM COUNT" of the server's shoal_steps_in_flight histogram (empty without it).
+inflight() {
+    curl -s --max-time 5 "http://127.0.0.1:$1/metrics" | awk '
+        $1 ~ /^shoal_steps_in_flight_sum/ { s = $2 } $1 ~ /^shoal_steps_in_flight_count/ { c = $2 }
+        END { if (c != "") print s, c }' || true
+}
 hwm() { echo $(($(awk '/^VmHWM/ { print $2 }' "/proc/$1/status") * 1024)); } # bytes
 fail_logs() { local f; for f in "$@"; do echo "--- $f" >&2; tail -20 "$tmp/$f.log" >&2; done; }
 
@@ -226,7 +232,9 @@ if [[ " $parts " == *" throughput "* ]]; then
         fi
         for c in "${order[@]}"; do
             name=${c%%:*}
+            before=$(inflight "${c#*:}")
             bench "http://127.0.0.1:${c#*:}" "$tmp/tp-$name-$r.json" "${load_args[@]}"
+            after=$(inflight "${c#*:}")
             f=$tmp/tp-$name-$r.json
             case $name in
             single) desc="shoal serve -m -t 2 (one process)" ;;
@@ -237,7 +245,9 @@ if [[ " $parts " == *" throughput "* ]]; then
                 value:="$(jget "$f" 'j["throughput"]["output_tokens_per_s"]')" unit=tok/s \
                 clients:="$clients" requests:="$reqs" prompt_tokens:=36 output_tokens:=64 \
                 ok:="$(jget "$f" 'j["requests"]["ok"]')" failed:="$(jget "$f" 'j["requests"]["failed"]')" \
-                ttft_p99_ms:="$(jget "$f" 'j["ttft_ms"]["p99"]')" tpot_p50_ms:="$(jget "$f" 'j["tpot_ms"]["p50"]')"
+                ttft_p99_ms:="$(jget "$f" 'j["ttft_ms"]["p99"]')" tpot_p50_ms:="$(jget "$f" 'j["tpot_ms"]["p50"]')" \
+                steps_in_flight_mean:="$(python3 -c 'import sys; a, b = sys.argv[1].split(), sys.argv[2].split()
+print(round((float(b[0]) - float(a[0])) / (float(b[1]) - float(a[1])), 3) if len(a) == 2 and len(b) == 2 and b[1] != a[1] else "null")' "$before" "$after")"
         done
         for c in "${configs[@]}"; do
             name=${c%%:*}
