@@ -419,7 +419,14 @@ static void conn_io(uv_poll_t *h, int status, int events)
 {
     conn *c = h->data;
     if (status < 0) {
-        sh__stream_conn_close(c, SH_EIO, c->link ? "poll" : NULL, -status);
+        // libuv reports POLLERR as EBADF; the socket's own error says what happened (a refused
+        // or unreachable connect, a reset).
+        int err = -status, so = 0;
+        socklen_t sl = sizeof so;
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &so, &sl) == 0 && so)
+            err = so;
+        const char *what = !c->link ? NULL : c->state == C_CONNECTING ? "connect" : "poll";
+        sh__stream_conn_close(c, err == -status ? SH_EIO : SH_ECLOSED, what, err);
         return;
     }
     if (c->link) {
