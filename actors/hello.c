@@ -303,6 +303,14 @@ static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const
         (void)sh_reply_with(ctx, m, SH_MSG_HELLO, sh__proto_encode, &r, NULL);
         return;
     }
+    // A node that greets peers of its own (a worker proving the key to the node its ACT comes
+    // from) answers only once they all answered: the front's join then means the whole
+    // pipeline is authenticated. The greeting node asks again.
+    for (int32_t i = 0; i < s->a.n_peers; i++)
+        if (!atomic_load_explicit(&s->a.peers[i].answered, memory_order_relaxed)) {
+            greet(ctx, s);
+            return;
+        }
     sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello", "from=%s version=%.*s",
                    claimed, (int)b->version.len, b->version.ptr);
     if (s->keyed && !b->keyed) {

@@ -83,6 +83,8 @@ bool sh__hello_auth_allows(sh_hello_auth *a, sh_runtime *rt, sh_addr src, const 
  * The greeting node sends its proof even when the answer's proof was wrong, so that the other
  * side logs the refusal too; verdict says how it ended. An answering node with a key refuses a
  * greeting without one, and logs each refusal (event=hello_refused, once per 5 s per node).
+ * A node with peers of its own answers a greeting (phase 0) only once each of its peers has
+ * answered, so that a front that joined a worker knows the worker's own greetings are done.
  * args, self, peers, key and auth are borrowed and must outlive the actor. */
 typedef struct sh_hello_args {
     const sh_hello_ident *self;
