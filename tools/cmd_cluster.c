@@ -18,6 +18,7 @@
 
 #include "lua/config.h"
 #include "tools/cluster.h"
+#include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
@@ -35,7 +36,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] [-- SERVE FLAGS]\n"
+            "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
+            "                        [--cluster-key-file FILE] [-- SERVE FLAGS]\n"
             "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n\n"
             "Runs every node of a cluster script on this machine: each worker node as a child\n"
             "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
@@ -47,6 +49,9 @@ static void usage(FILE *f)
             "the cluster. SIGINT/SIGTERM stop the front (it drains), then the workers.\n\n"
             "  --bin PATH    the shoal binary for the children (default: this one)\n"
             "  -t THREADS    compute threads of each worker node (shoal node -t)\n"
+            "  --cluster-key-file FILE\n"
+            "                the cluster key every node proves in HELLO, passed to the children\n"
+            "                as SHOAL_CLUSTER_KEY_FILE (see docs/cluster.md)\n"
             "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
             "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
             "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
@@ -519,7 +524,7 @@ static char **argv_make(int n, ...)
 
 static int cluster_up(int argc, char **argv)
 {
-    const char *script = NULL, *bin = "/proc/self/exe", *threads = NULL;
+    const char *script = NULL, *bin = "/proc/self/exe", *threads = NULL, *key_file = NULL;
     int extra = argc; // index of the first serve flag
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -531,13 +536,15 @@ static int cluster_up(int argc, char **argv)
             extra = i + 1;
             break;
         }
-        if (!strcmp(a, "--bin") || !strcmp(a, "-t")) {
+        if (!strcmp(a, "--bin") || !strcmp(a, "-t") || !strcmp(a, "--cluster-key-file")) {
             if (i + 1 >= argc)
                 return sh__cmd_fail("option '%s' needs a value (see shoal cluster up --help)", a);
             const char *v = argv[++i];
             int64_t t;
             if (!strcmp(a, "--bin"))
                 bin = v;
+            else if (!strcmp(a, "--cluster-key-file"))
+                key_file = v;
             else if (!sh__cmd_parse_i64(v, 1, 1024, &t))
                 return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
             else
@@ -570,6 +577,13 @@ static int cluster_up(int argc, char **argv)
             return rc;
         }
     int rc = sh__cluster_check(c, script);
+    // A bad key stops the cluster before anything starts; a good one reaches every child (they
+    // inherit the environment and run in this directory).
+    sh_auth_key key;
+    if (!rc)
+        rc = sh__cluster_key_load(key_file, c, &key);
+    if (!rc && key_file && setenv(SH_CLUSTER_KEY_ENV, key_file, 1) != 0)
+        rc = sh__cmd_fail("setenv: %s", strerror(errno));
     if (rc) {
         sh_config_destroy(c);
         return rc;
