@@ -22,14 +22,27 @@
  *              gateway as TOKEN; a finished sequence frees its blocks (KV_FREE) and the request
  *              gets DONE once all its choices finished.
  *
- * One step is in flight at a time (one stage). When the replica is idle the first SUBMIT waits a
- * moment (1 ms after the last arrival, at most max_wait_ms) so a burst forms one batch.
+ * Pipelining. Up to max_inflight (P) steps are in flight at once, each in a `flight` slot with
+ * its own step id, send time and sequences. A sequence is in at most one step at a time (its next
+ * chunk needs the token the previous one samples), so while steps are out the next one is planned
+ * from the sequences in none of them: with P stages every stage has a step to run. Each step
+ * takes at most an equal share of the sequences there are to run (step_share: 32 decoding
+ * streams and P = 2 alternate as two groups of 16), and each has the whole token budget
+ * (max_step_tokens rows is what a stage computes at once); max_seqs bounds the running set, so
+ * the steps in flight hold at most max_seqs sequences together. A sequence in a step in flight is
+ * never preempted (the step is writing its blocks) and a deadline or cancel that reaches it
+ * waits for the step's answer. With P = 1 one step is in flight at a time, as before.
+ *
+ * When a step could start (the replica idle, or a pipeline slot free) the first SUBMIT waits a
+ * moment (1 ms after the last arrival, at most max_wait_ms) so a burst forms one batch; the
+ * answer of a step in flight ends that wait.
  *
  * Lost steps. STEP is one-way: when a stage node dies the step's STEP_DONE never comes. With
- * step_timeout_ms the deadline tick fails a step not answered in time (its requests get 503) and
- * the batcher goes on; a STEP_DONE whose step id is not the step in flight (late, after such a
- * timeout, or a duplicate) is ignored. A failed step's sequences are failed whole, never resumed:
- * the KV rows of a step that did not answer cannot be trusted.
+ * step_timeout_ms the deadline tick fails each step not answered in time (the requests of its
+ * sequences get 503; the other steps in flight go on) and the batcher goes on; a STEP_DONE whose
+ * step id is not that of a step in flight (late, after such a timeout, or a duplicate) is
+ * ignored. A failed step's sequences are failed whole, never resumed: the KV rows of a step that
+ * did not answer cannot be trusted.
  *
  * A router (args.router) gets a METRICS report at init and every report_ms (send_report): load
  * gauges and counters of the work done, from which it derives capacity as tokens per busy
@@ -94,10 +107,11 @@ typedef struct bseq {
     /* this step */
     bool planned, in_step, alloc_ok, sampled;
     int32_t step_k;
-    bool fork_pending;    /* waits for the first choice's prompt to be computed */
-    bool short_kv;        /* this step's reservation was refused for want of blocks */
-    uint64_t queued_us;   /* when it last began to wait: arrival, or its latest preemption */
-    uint64_t admitted_us; /* when it last joined the running set */
+    int32_t fl_slot, fl_pos; /* while in_step: its flight and its place in the flight's order */
+    bool fork_pending;       /* waits for the first choice's prompt to be computed */
+    bool short_kv;           /* this step's reservation was refused for want of blocks */
+    uint64_t queued_us;      /* when it last began to wait: arrival, or its latest preemption */
+    uint64_t admitted_us;    /* when it last joined the running set */
     uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
     bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
     bool held_kv;  /* was ever granted KV blocks (true for good: a preempted one too) */
@@ -127,6 +141,15 @@ struct breq {
     breq *next_live;
 };
 
+/* A step in flight: sent, its STEP_DONE not yet handled. order[i] is the step's i-th sequence
+ * (NULL once retired: a failure of another step can end its request meanwhile). */
+typedef struct flight {
+    uint64_t step; /* 0: this slot is free */
+    uint64_t sent_us;
+    int32_t n;
+    bseq **order; // (max_seqs)
+} flight;
+
 typedef struct batcher {
     sh_batcher_args a;
     sh_actor_ctx *ctx;
@@ -141,19 +164,21 @@ typedef struct batcher {
     uint64_t next_kv_id, arrivals, step_no;
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
-    bool step_out, forming;
-    uint64_t step_sent_us; /* when the step in flight (step_no) was sent */
+    bool forming;
     uint64_t form_start_us;
     uint64_t form_timer;
+    /* steps in flight: at most max_inflight (P), on disjoint sets of sequences */
+    int32_t max_inflight;
+    flight *fl; // (max_inflight)
+    int32_t n_inflight;
     /* step scratch */
     sh_proto_step_seq *step_seqs; // (max_seqs)
-    bseq **step_order;            // (max_seqs)
-    int32_t n_step;
+    uint64_t *fail_ids;           // (max_seqs) request ids of a failed step
     /* metrics */
     sh_gauge *m_running, *m_waiting;
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
     sh_counter *m_fin[5];
-    sh_histogram *m_batch, *m_step_tokens, *m_step_time;
+    sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
     /* what METRICS reports to the router say (counters since init) */
     uint64_t tot_tokens, tot_generated, tot_steps, busy_us;
     uint64_t busy_since; /* when the steps in flight went from none to one (0: none in flight) */
@@ -316,6 +341,12 @@ static void kv_release(batcher *b, bseq *s)
 /* Takes a sequence out of the queue or the running set, frees its KV and marks it finished. */
 static void seq_retire(batcher *b, bseq *s)
 {
+    if (s->in_step) {
+        // Its step is still in flight (its request failed with another step): the step's
+        // answer must not touch it.
+        b->fl[s->fl_slot].order[s->fl_pos] = NULL;
+        s->in_step = false;
+    }
     if (s->state == SEQ_WAITING)
         queue_remove(b, s);
     else if (s->state == SEQ_RUNNING)
@@ -400,12 +431,15 @@ static void req_fail(batcher *b, breq *r, sh_err code, uint32_t http, const char
     req_end(b, r);
 }
 
-/* Finishes every unfinished choice of r with fin; r is freed with its last choice. */
+/* Finishes every unfinished choice of r that is not in a step in flight with fin (the others
+ * when their step is answered); r is freed with its last choice. */
 static void req_finish_all(batcher *b, breq *r, int fin)
 {
-    int32_t left = r->n_choices - r->n_finished;
+    int32_t left = 0;
+    for (int32_t i = 0; i < r->n_choices; i++)
+        left += r->seqs[i].state != SEQ_FINISHED && !r->seqs[i].in_step;
     for (int32_t i = 0; left > 0; i++)
-        if (r->seqs[i].state != SEQ_FINISHED) {
+        if (r->seqs[i].state != SEQ_FINISHED && !r->seqs[i].in_step) {
             left--;
             seq_finish(b, &r->seqs[i], fin);
         }
@@ -572,8 +606,9 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     }
     sh_counter_add(b->m_prompt_toks, (uint64_t)n_prompt);
     update_gauges(b);
-    // Idle: wait a moment for a burst to form one batch; busy: the next plan picks it up.
-    if (!b->step_out && b->allocs_out == 0) {
+    // A step can start (idle, or a pipeline slot free): wait a moment for a burst to form one
+    // batch; otherwise the next plan picks it up.
+    if (b->n_inflight < b->max_inflight && b->allocs_out == 0) {
         uint64_t now = now_us;
         if (!b->forming) {
             b->forming = true;
@@ -705,8 +740,8 @@ static bseq *pick_victim(batcher *b, uint64_t now_us)
     bseq *last = NULL;
     for (int32_t i = b->n_running - 1; i >= 0; i--) {
         bseq *s = b->running[i];
-        if (!s->kv_id || s->fork_pending)
-            continue;
+        if (!s->kv_id || s->fork_pending || s->in_step)
+            continue; /* a step in flight is writing the blocks of one in_step */
         if (last && s->r->prio != last->r->prio)
             break; /* the running set is ranked: a better class from here on */
         if (!s->relieved || slice_used(b, s, now_us))
@@ -774,8 +809,9 @@ static bool forks_pending(const bseq *s)
  * come, first served, so they do not take turns at the price of recomputing each other. */
 static bool may_yield(const batcher *b, const bseq *v, const bseq *h, uint64_t now_us)
 {
-    return v->kv_id && !v->fork_pending && v->r->prio >= h->r->prio && slice_used(b, v, now_us) &&
-           work_left(v) > 2 * work_left(h) + STARVE_MARGIN && !forks_pending(v);
+    return v->kv_id && !v->fork_pending && !v->in_step && v->r->prio >= h->r->prio &&
+           slice_used(b, v, now_us) && work_left(v) > 2 * work_left(h) + STARVE_MARGIN &&
+           !forks_pending(v);
 }
 
 /* ---- admission ---------------------------------------------------------------------------- */
@@ -808,9 +844,10 @@ static void unplan(const batcher *b, const bseq *s, int32_t *avail, int32_t *bud
 
 /* Starvation relief: when a starving sequence does not fit, running sequences that may yield to
  * it (worst class first, then most work left) are preempted, but only when together they make
- * room; then it is admitted ahead of the queue. Returns whether one was admitted. */
+ * room; then it is admitted ahead of the queue (it counts in *n_plan, the sequences of the step).
+ * Returns whether one was admitted. */
 static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_t *budget,
-                             int32_t reserve)
+                             int32_t reserve, int32_t *n_plan)
 {
     bseq *h = pick_starving(b, now_us);
     if (!h || *budget <= 0 || b->n_running >= b->a.max_seqs)
@@ -841,13 +878,28 @@ static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_
     *budget -= k;
     admit(b, h, k, now_us);
     h->relieved = true;
+    *n_plan += k > 0;
     return true;
 }
 
-/* Step 1 and 2: choose the step's sequences and ask the kvmgr for their blocks. */
+/* The most sequences one step may take with P steps in flight: an equal share of the sequences
+ * there are to run, so that the groups alternate (32 decoding sequences, P = 2: two groups of
+ * 16). Unbounded with one step in flight. */
+static int32_t step_share(const batcher *b)
+{
+    if (b->max_inflight <= 1)
+        return INT32_MAX;
+    int32_t active = b->n_running + b->n_waiting;
+    active = active < b->a.max_seqs ? active : b->a.max_seqs;
+    int32_t share = (active + b->max_inflight - 1) / b->max_inflight;
+    return share > 1 ? share : 1;
+}
+
+/* Step 1 and 2: choose the step's sequences among those not in a step in flight and ask the
+ * kvmgr for their blocks. */
 static void plan_step(batcher *b)
 {
-    if (b->step_out || b->allocs_out || b->forming)
+    if (b->n_inflight >= b->max_inflight || b->allocs_out || b->forming)
         return;
     uint64_t now_ms = sh__act_unix_ms(), now_us = sh__act_mono_us();
     // Deadlines first: anything past its deadline finishes now.
@@ -858,12 +910,15 @@ static void plan_step(batcher *b)
     }
     int32_t budget = b->a.max_step_tokens;
     int32_t avail = b->avail_est;
-    b->n_step = 0;
+    int32_t share = step_share(b), n_plan = 0;
     // Running sequences, in queue order (running_insert keeps the array ranked by priority class,
-    // then arrival), so that a short budget goes to the earlier work.
-    for (int32_t i = 0; i < b->n_running && budget > 0; i++) {
+    // then arrival), so that a short budget goes to the earlier work. One in a step in flight
+    // waits for its answer (its next chunk needs the token that step samples).
+    for (int32_t i = 0; i < b->n_running && budget > 0 && n_plan < share; i++) {
         bseq *s = b->running[i];
-        s->planned = s->in_step = s->alloc_ok = false;
+        if (s->in_step)
+            continue;
+        s->planned = s->alloc_ok = false;
         int32_t pending = s->n_toks - s->n_computed;
         if (s->fork_pending || pending <= 0)
             continue;
@@ -871,6 +926,7 @@ static void plan_step(batcher *b)
         s->step_k = k;
         s->planned = true;
         budget -= k;
+        n_plan++;
         avail -= blocks_for(b, s->n_computed + k) - blocks_for(b, s->n_computed);
     }
     // Forks: choices waiting for choice 0's prompt blocks.
@@ -893,11 +949,11 @@ static void plan_step(batcher *b)
     // holds KV the head goes in whatever the estimate says (choices waiting to fork hold none and
     // must not keep it out).
     int32_t reserve = 1 + b->n_running / 8;
-    relieve_starving(b, now_us, &avail, &budget, reserve);
+    relieve_starving(b, now_us, &avail, &budget, reserve, &n_plan);
     bool held = false;
     for (int32_t i = 0; i < b->n_running && !held; i++)
         held = b->running[i]->kv_id != 0;
-    while (b->queue && budget > 0 && b->n_running < b->a.max_seqs) {
+    while (b->queue && budget > 0 && b->n_running < b->a.max_seqs && n_plan < share) {
         bseq *s = b->queue;
         int32_t k = 0;
         if (!s->fork_pending) {
@@ -908,6 +964,7 @@ static void plan_step(batcher *b)
             held = true;
             avail -= need;
             budget -= k;
+            n_plan++;
         }
         admit(b, s, k, now_us);
     }
@@ -923,7 +980,10 @@ static void plan_step(batcher *b)
             send_fork(b, s, &s->r->seqs[0]);
     }
     update_gauges(b);
-    if (b->allocs_out == 0 && b->n_running > 0) {
+    int32_t idle = 0; /* running sequences not in a step in flight */
+    for (int32_t i = 0; i < b->n_running; i++)
+        idle += !b->running[i]->in_step;
+    if (b->allocs_out == 0 && idle > 0) {
         // Nothing could be planned although sequences run: they wait on forks; try later.
         sh_actor_timer_start(b->ctx, 5, 0, TIMER_FORM, &b->form_timer);
         b->forming = true;
@@ -991,14 +1051,18 @@ static void dispatch_step(batcher *b)
     }
     for (int32_t i = 0; i < b->n_running; i++)
         b->running[i]->short_kv = false;
-    // The step itself.
-    b->n_step = 0;
+    // The step itself, in a free flight slot.
+    int32_t slot = 0;
+    while (b->fl[slot].step)
+        slot++;
+    flight *f = &b->fl[slot];
+    f->n = 0;
     int32_t n_tok = 0;
     for (int32_t i = 0; i < b->n_running; i++) {
         bseq *s = b->running[i];
         if (!s->planned || !s->alloc_ok || s->step_k <= 0)
             continue;
-        sh_proto_step_seq *q = &b->step_seqs[b->n_step];
+        sh_proto_step_seq *q = &b->step_seqs[f->n];
         memset(q, 0, sizeof *q);
         q->seq = s->kv_id;
         q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
@@ -1016,39 +1080,47 @@ static void dispatch_step(batcher *b)
             q->history = (sh_i32s){s->toks + s->n_computed + s->step_k - w, (uint32_t)w};
         }
         s->in_step = true;
-        b->step_order[b->n_step++] = s;
+        s->fl_slot = slot;
+        s->fl_pos = f->n;
+        f->order[f->n++] = s;
         n_tok += s->step_k;
     }
     for (int32_t i = 0; i < b->n_running; i++)
         b->running[i]->planned = false;
-    if (b->n_step == 0) {
-        if (b->n_running || b->n_waiting) {
+    if (f->n == 0) {
+        // Nothing to run. With a step in flight its answer plans the next one.
+        if (b->n_inflight == 0 && (b->n_running || b->n_waiting)) {
             b->forming = true;
             b->form_start_us = sh__act_mono_us();
             sh_actor_timer_start(b->ctx, 2, 0, TIMER_FORM, &b->form_timer);
         }
         return;
     }
-    sh_proto_step st = {.step = ++b->step_no, .seqs = {b->step_seqs, (uint32_t)b->n_step}};
+    sh_proto_step st = {.step = ++b->step_no, .seqs = {b->step_seqs, (uint32_t)f->n}};
     sh_error e = {0};
     if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.stage, SH_MSG_STEP, 0,
                      &st, &e)) {
         sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_send", "err=\"%s\"", e.msg);
-        for (int32_t i = 0; i < b->n_step; i++)
-            b->step_order[i]->in_step = false;
-        b->n_step = 0;
+        for (int32_t i = 0; i < f->n; i++)
+            f->order[i]->in_step = false;
+        f->n = 0;
         for (breq *r = b->live, *next; r; r = next) {
             next = r->next_live;
             req_fail(b, r, SH_EIO, 503, "the stage could not be reached");
         }
         return;
     }
-    b->step_out = true;
-    b->step_sent_us = sh__act_mono_us();
-    busy_update(b, b->step_sent_us);
+    f->step = b->step_no;
+    f->sent_us = sh__act_mono_us();
+    b->n_inflight++;
+    busy_update(b, f->sent_us);
     sh_counter_add(b->m_steps, 1);
-    sh_histogram_observe(b->m_batch, b->n_step);
+    sh_histogram_observe(b->m_batch, f->n);
     sh_histogram_observe(b->m_step_tokens, n_tok);
+    sh_histogram_observe(b->m_inflight, b->n_inflight);
+    // Room for another step (a pipeline): plan it from the sequences this one left.
+    if (b->n_inflight < b->max_inflight)
+        plan_step(b);
 }
 
 static void on_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded)
@@ -1165,55 +1237,86 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
         seq_finish(b, s, SH_PROTO_FINISH_LENGTH);
 }
 
-/* The step in flight failed or was not answered: its sequences cannot trust their new cache rows,
- * so their requests fail with `http` and msg (by id, since failing one frees its choices). */
-static void fail_step(batcher *b, sh_err code, uint32_t http, const char *msg)
+/* Takes step f out of flight (its slot is free again): its sequences are in no step now. */
+static void flight_end(batcher *b, flight *f)
 {
-    b->step_out = false;
+    for (int32_t i = 0; i < f->n; i++)
+        if (f->order[i])
+            f->order[i]->in_step = false;
+    f->step = 0;
+    b->n_inflight--;
     busy_update(b, sh__act_mono_us());
-    int32_t n = b->n_step;
-    for (int32_t i = 0; i < n; i++)
-        b->step_seqs[i].seq = b->step_order[i]->r->id;
-    b->n_step = 0;
-    for (int32_t i = 0; i < n; i++) {
-        breq *r = find_req(b, b->step_seqs[i].seq);
-        if (r)
-            req_fail(b, r, code, http, msg);
+}
+
+/* Plans the next step after one left flight. With several steps in flight a burst may be
+ * forming meanwhile (on_submit); the answer plans at once instead. */
+static void plan_after_step(batcher *b)
+{
+    if (b->max_inflight > 1 && b->forming) {
+        sh_actor_timer_stop(b->ctx, b->form_timer);
+        b->forming = false;
     }
     plan_step(b);
 }
 
+/* Step f failed or was not answered: its sequences cannot trust their new cache rows, so their
+ * requests fail with `http` and msg (by id, since failing one frees its choices). The other
+ * steps in flight go on. */
+static void fail_step(batcher *b, flight *f, sh_err code, uint32_t http, const char *msg)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < f->n; i++)
+        if (f->order[i])
+            b->fail_ids[n++] = f->order[i]->r->id;
+    flight_end(b, f);
+    for (int32_t i = 0; i < n; i++) {
+        breq *r = find_req(b, b->fail_ids[i]);
+        if (r)
+            req_fail(b, r, code, http, msg);
+    }
+    plan_after_step(b);
+}
+
+static flight *find_flight(batcher *b, uint64_t step)
+{
+    for (int32_t i = 0; step && i < b->max_inflight; i++)
+        if (b->fl[i].step == step)
+            return &b->fl[i];
+    return NULL;
+}
+
 static void on_step_done(batcher *b, const sh_proto_step_done *m)
 {
-    if (!b->step_out || m->step != b->step_no) {
+    flight *f = find_flight(b, m->step);
+    if (!f) {
         // Late (its step already timed out) or a duplicate: the requests it was for are gone.
         sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "step_done_ignored",
-                     "step=%" PRIu64 " in_flight=%" PRIu64, m->step,
-                     b->step_out ? b->step_no : (uint64_t)0);
+                     "step=%" PRIu64 " in_flight=%d", m->step, (int)b->n_inflight);
         return;
     }
-    b->step_out = false;
-    busy_update(b, sh__act_mono_us());
     if (m->compute_us)
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
     if (m->status) {
-        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_failed", "status=%d msg=\"%.*s\"",
-                     (int)m->status, (int)m->message.len, m->message.ptr);
-        fail_step(b, (sh_err)m->status, 500, "the model step failed");
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_failed",
+                     "step=%" PRIu64 " status=%d msg=\"%.*s\"", m->step, (int)m->status,
+                     (int)m->message.len, m->message.ptr);
+        fail_step(b, f, (sh_err)m->status, 500, "the model step failed");
         return;
     }
     b->tot_steps++;
-    for (int32_t i = 0; i < b->n_step; i++) {
-        bseq *s = b->step_order[i];
-        s->in_step = false;
+    for (int32_t i = 0; i < f->n; i++) {
+        bseq *s = f->order[i];
+        if (!s)
+            continue;
         s->n_computed += s->step_k;
         b->tot_tokens += (uint64_t)s->step_k;
         s->step_k = 0;
     }
+    flight_end(b, f);
     for (uint32_t j = 0; j < m->seqs.n; j++) {
         const sh_proto_step_out *o = &m->seqs.v[j];
         bseq *s = find_running(b, o->seq);
-        if (!s || s->state != SEQ_RUNNING)
+        if (!s || s->state != SEQ_RUNNING || s->in_step)
             continue;
         if (s->r->cancelled) {
             seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
@@ -1228,39 +1331,46 @@ static void on_step_done(batcher *b, const sh_proto_step_done *m)
         }
         emit_token(b, s, o);
     }
-    b->n_step = 0;
-    plan_step(b);
+    plan_after_step(b);
 }
 
-/* A STEP_DONE that could not be decoded: the step in flight's requests fail (its id is unknown,
- * so it counts as the step in flight's answer). */
+/* A STEP_DONE that could not be decoded: its step id is unknown, so it counts as the answer to
+ * the oldest step in flight (stages answer in order), whose requests fail. */
 static void step_lost(batcher *b)
 {
-    if (!b->step_out)
+    flight *oldest = NULL;
+    for (int32_t i = 0; i < b->max_inflight; i++)
+        if (b->fl[i].step && (!oldest || b->fl[i].step < oldest->step))
+            oldest = &b->fl[i];
+    if (!oldest)
         return;
     sh_proto_step_done lost = {
-        .step = b->step_no, .status = SH_EPROTO, .message = {"undecodable STEP_DONE", 21}};
+        .step = oldest->step, .status = SH_EPROTO, .message = {"undecodable STEP_DONE", 21}};
     on_step_done(b, &lost);
 }
 
-/* The deadline tick: the step in flight has waited step_timeout_ms for its STEP_DONE. A stage
- * node that died (or hangs) never answers; fail the step's requests and go on. */
+/* The deadline tick: a step in flight has waited step_timeout_ms for its STEP_DONE. A stage
+ * node that died (or hangs) never answers; fail that step's requests and go on. */
 static void check_step_timeout(batcher *b)
 {
-    if (!b->step_out || !b->a.step_timeout_ms)
+    if (!b->n_inflight || !b->a.step_timeout_ms)
         return;
-    uint64_t waited_us = sh__act_mono_us() - b->step_sent_us;
-    if (waited_us < (uint64_t)b->a.step_timeout_ms * 1000)
-        return;
-    char msg[160];
-    snprintf(msg, sizeof msg,
-             "the pipeline did not answer step %" PRIu64 " within %" PRIu32
-             " ms; a stage node may be down",
-             b->step_no, b->a.step_timeout_ms);
-    sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_timeout",
-                 "step=%" PRIu64 " seqs=%d waited_ms=%" PRIu64 " timeout_ms=%" PRIu32, b->step_no,
-                 (int)b->n_step, waited_us / 1000, b->a.step_timeout_ms);
-    fail_step(b, SH_ETIMEDOUT, 503, msg);
+    uint64_t now_us = sh__act_mono_us();
+    for (int32_t i = 0; i < b->max_inflight; i++) {
+        flight *f = &b->fl[i];
+        uint64_t waited_us = now_us - f->sent_us;
+        if (!f->step || waited_us < (uint64_t)b->a.step_timeout_ms * 1000)
+            continue;
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "the pipeline did not answer step %" PRIu64 " within %" PRIu32
+                 " ms; a stage node may be down",
+                 f->step, b->a.step_timeout_ms);
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_timeout",
+                     "step=%" PRIu64 " seqs=%d waited_ms=%" PRIu64 " timeout_ms=%" PRIu32, f->step,
+                     (int)f->n, waited_us / 1000, b->a.step_timeout_ms);
+        fail_step(b, f, SH_ETIMEDOUT, 503, msg);
+    }
 }
 
 /* ---- reports to the router --------------------------------------------------------------- */
@@ -1269,9 +1379,9 @@ static void check_step_timeout(batcher *b)
  * which at least one was. */
 static void busy_update(batcher *b, uint64_t now_us)
 {
-    if (b->step_out && !b->busy_since)
+    if (b->n_inflight > 0 && !b->busy_since)
         b->busy_since = now_us ? now_us : 1;
-    else if (!b->step_out && b->busy_since) {
+    else if (b->n_inflight == 0 && b->busy_since) {
         b->busy_us += now_us - b->busy_since;
         b->busy_since = 0;
     }
@@ -1368,6 +1478,12 @@ static sh_err register_metrics(batcher *b)
                                     "Time a step spent on the stage (forward pass and sampling).",
                                     lb, time_bounds, sizeof time_bounds / sizeof time_bounds[0],
                                     &b->m_step_time));
+    static const double fl_bounds[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
+    keep(&err, sh_metrics_histogram(mx, "shoal_steps_in_flight",
+                                    "Steps in flight when a step was sent, itself included (a "
+                                    "pipeline of P stages keeps up to P).",
+                                    lb, fl_bounds, sizeof fl_bounds / sizeof fl_bounds[0],
+                                    &b->m_inflight));
     return err;
 }
 
@@ -1391,10 +1507,15 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
         return SH_EINVAL;
     b->max_blocks = blocks_for(b, b->a.n_ctx) + 1;
     b->avail_est = b->a.n_blocks > 0 ? b->a.n_blocks : INT32_MAX / 2;
+    b->max_inflight = b->a.max_inflight < 1 ? 1 : b->a.max_inflight > 64 ? 64 : b->a.max_inflight;
     b->running = calloc((size_t)b->a.max_seqs, sizeof *b->running);
     b->step_seqs = calloc((size_t)b->a.max_seqs, sizeof *b->step_seqs);
-    b->step_order = calloc((size_t)b->a.max_seqs, sizeof *b->step_order);
-    if (!b->running || !b->step_seqs || !b->step_order ||
+    b->fail_ids = calloc((size_t)b->a.max_seqs, sizeof *b->fail_ids);
+    b->fl = calloc((size_t)b->max_inflight, sizeof *b->fl);
+    for (int32_t i = 0; b->fl && i < b->max_inflight; i++)
+        if (!(b->fl[i].order = calloc((size_t)b->a.max_seqs, sizeof *b->fl[i].order)))
+            return SH_ENOMEM;
+    if (!b->running || !b->step_seqs || !b->fail_ids || !b->fl ||
         sh__act_decoder_init(&b->dec, (size_t)1 << 20))
         return SH_ENOMEM;
     sh_err err = register_metrics(b);
@@ -1461,11 +1582,13 @@ static void batcher_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
     } else if (tag == TIMER_FORM) {
         b->forming = false;
         plan_step(b);
-    } else if (tag == TIMER_DEADLINE && b->step_out) {
+    } else if (tag == TIMER_DEADLINE) {
+        // With every pipeline slot taken only the steps' timeouts are checked (their answers
+        // plan); otherwise the tick also plans, so that deadlines are enforced.
+        bool full = b->n_inflight >= b->max_inflight;
         check_step_timeout(b);
-    } else if (tag == TIMER_DEADLINE && !b->allocs_out && !b->forming &&
-               (b->n_running || b->n_waiting)) {
-        plan_step(b);
+        if (!full && !b->allocs_out && !b->forming && (b->n_running || b->n_waiting))
+            plan_step(b);
     }
 }
 
@@ -1480,7 +1603,10 @@ static void batcher_stop(sh_actor_ctx *ctx, void *state)
     }
     free(b->running);
     free(b->step_seqs);
-    free(b->step_order);
+    free(b->fail_ids);
+    for (int32_t i = 0; b->fl && i < b->max_inflight; i++)
+        free(b->fl[i].order);
+    free(b->fl);
     sh__act_decoder_fini(&b->dec);
 }
 

@@ -5,7 +5,14 @@
  *     (waiting, running, max_seqs, kv_free, kv_total, tokens, generated, busy_us, steps), the
  *     counters matching what was served; metric_labels labels every series it registers;
  *   - CANCEL withdraw: a request still waiting is removed with FAIL SH_EBUSY 503 "withdrawn" and
- *     no DONE; a running one and an unknown one are left alone, nothing answered.
+ *     no DONE; a running one and an unknown one are left alone, nothing answered;
+ *   - pipelining (max_inflight 2): greedy outputs of 16 concurrent streams (one prompt longer than
+ *     the step budget, one request with n = 2 choices) equal max_inflight 1's token for token, and
+ *     two steps really were in flight at once (the batcher's shoal_steps_in_flight histogram:
+ *     never above 1 with max_inflight 1, mostly 2 with 2);
+ *   - a step timeout with two steps in flight (a link in front of the first stage drops one
+ *     STEP): only the requests of the dropped step fail (503 naming the step), the others go on
+ *     meanwhile and end with the reference's tokens.
  * Skips (77) without the model. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -206,14 +213,72 @@ static const sh_actor_vtable client_vt = {.name = "client",
                                           .handle = client_handle,
                                           .stop = client_stop};
 
-/* ---- the rig: kvmgr, two stages, batcher, client -------------------------------------------- */
+/* ---- the link: forwards the batcher's STEPs to the first stage, dropping one -------------- */
+
+static struct {
+    _Atomic uint64_t drop; /* the step id to drop (0: none) */
+    _Atomic long dropped;
+    uint64_t seqs[MAX_SEQS]; /* the dropped step's sequence ids */
+    uint32_t n_seqs;
+    _Atomic long forwarded;
+} lk;
+
+typedef struct link_state {
+    sh_addr next;
+    sh_act_decoder dec;
+} link_state;
+
+static sh_err link_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    (void)ctx;
+    link_state *st = state;
+    st->next = *(const sh_addr *)arg;
+    return sh__act_decoder_init(&st->dec, 1 << 20);
+}
+
+static void link_stop(sh_actor_ctx *ctx, void *state)
+{
+    (void)ctx;
+    sh__act_decoder_fini(&((link_state *)state)->dec);
+}
+
+static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
+{
+    link_state *st = state;
+    sh_msg_hdr h = *sh_msg_header(msg);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (h.type == SH_MSG_STEP && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK &&
+        b.step.step == atomic_load(&lk.drop)) {
+        for (uint32_t i = 0; i < b.step.seqs.n && i < MAX_SEQS; i++)
+            lk.seqs[i] = b.step.seqs.v[i].seq;
+        lk.n_seqs = b.step.seqs.n;
+        atomic_fetch_add(&lk.dropped, 1);
+        return SH_MSG_FATE_DONE;
+    }
+    // Forwarded as sent, the batcher's address as the source: the stage answers it directly.
+    size_t len = 0;
+    const void *body = sh_msg_body(msg, &len);
+    h.dst = st->next;
+    CHECK_OK(sh_send(sh_actor_runtime(ctx), &h, body, len, NULL));
+    atomic_fetch_add(&lk.forwarded, 1);
+    return SH_MSG_FATE_DONE;
+}
+
+static const sh_actor_vtable link_vt = {.name = "link",
+                                        .state_size = sizeof(link_state),
+                                        .init = link_init,
+                                        .handle = link_handle,
+                                        .stop = link_stop};
+
+/* ---- the rig: kvmgr, two stages, batcher, client (and optionally the link) ----------------- */
 
 typedef struct rig {
     test_rt t;
     sh_llama *m[2];
     sh_backend *be[2];
     sh_llama_ctx *c[2];
-    sh_addr kv, stage[2], batcher, client;
+    sh_addr kv, stage[2], link, batcher, client;
     int32_t n_blocks;
     /* spawn arguments: actors init after sh_actor_spawn returns, so they live here */
     sh_kvmgr_args ka;
@@ -223,6 +288,7 @@ typedef struct rig {
 
 typedef struct rig_opts {
     int32_t max_inflight, max_seqs;
+    bool link; /* STEPs pass the link */
     bool router;
     uint32_t report_ms, step_timeout_ms;
     const char *labels;
@@ -250,6 +316,7 @@ static bool rig_start(rig *g, const rig_opts *o)
     rt_start(&g->t, 1, 4, NULL);
     CHECK_OK(sh__serve_register(g->t.rt, &e));
     CHECK_OK(sh_runtime_register(g->t.rt, &client_vt, &e));
+    CHECK_OK(sh_runtime_register(g->t.rt, &link_vt, &e));
     CHECK_OK(sh_actor_spawn(g->t.rt, "client", NULL, 0, &g->client, &e));
     g->ka = (sh_kvmgr_args){.cfg = {.n_blocks = g->n_blocks, .max_seqs = MAX_SEQS},
                             .prefix_cache = false};
@@ -259,8 +326,10 @@ static bool rig_start(rig *g, const rig_opts *o)
     g->sa[0] = (sh_stage_args){
         .model = g->m[0], .ctx = g->c[0], .max_seqs = MAX_SEQS, .next = g->stage[1]};
     CHECK_OK(sh_actor_spawn(g->t.rt, "stage", &g->sa[0], 2, &g->stage[0], &e));
+    if (o->link)
+        CHECK_OK(sh_actor_spawn(g->t.rt, "link", &g->stage[0], 2, &g->link, &e));
     g->ba = (sh_batcher_args){.kvmgr = g->kv,
-                              .stage = g->stage[0],
+                              .stage = o->link ? g->link : g->stage[0],
                               .tok = tok,
                               .n_vocab = full->hp.n_vocab,
                               .n_ctx = 512,
@@ -457,6 +526,157 @@ out:
     rig_stop(&g);
 }
 
+/* ---- pipelining -------------------------------------------------------------------------- */
+
+/* Stream i is request i + 1; stream 5 asks for n = 2 choices; stream 8 has the long prompt. */
+#define FORK_STREAM 5
+
+static int32_t ref[N_STREAMS][2][N_GEN];
+static bool have_ref;
+
+static void submit_streams(rig *g)
+{
+    for (int i = 0; i < N_STREAMS; i++)
+        submit(g, (uint64_t)i + 1, i, i == FORK_STREAM ? 2 : 1, N_GEN);
+}
+
+/* Runs the 16 streams with max_inflight P; fills out[i][c] with each choice's tokens and returns
+ * the steps in flight at each send (histogram: how many sends saw more than one). */
+static bool run_streams(int32_t P, int32_t out[N_STREAMS][2][N_GEN], double *sends,
+                        double *sends_overlapped, double *ms)
+{
+    rig g;
+    bool ok = false;
+    if (!rig_start(&g, &(rig_opts){.max_inflight = P}))
+        goto out;
+    uint64_t t0 = now_ms();
+    submit_streams(&g);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    *ms = (double)(now_ms() - t0);
+    pthread_mutex_lock(&cl.mu);
+    ok = true;
+    for (int i = 0; i < N_STREAMS; i++) {
+        const req_out *r = &cl.r[i + 1];
+        CHECK(!r->failed);
+        for (int c = 0; c < r->n_choices; c++) {
+            CHECK(r->ch[c].done);
+            CHECK_INT_EQ(r->ch[c].n, N_GEN);
+            ok = ok && r->ch[c].done && r->ch[c].n == N_GEN && !r->failed;
+            memcpy(out[i][c], r->ch[c].tok, sizeof out[i][c]);
+        }
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+    *sends = metric(&g, "shoal_steps_in_flight_count");
+    *sends_overlapped = *sends - metric(&g, "shoal_steps_in_flight_bucket{le=\"1\"}");
+    CHECK_NEAR(metric(&g, "shoal_preemptions_total"), 0, 0);
+out:
+    rig_stop(&g);
+    return ok;
+}
+
+static bool make_ref(void)
+{
+    if (have_ref)
+        return true;
+    double sends, over, ms;
+    have_ref = run_streams(1, ref, &sends, &over, &ms);
+    CHECK(sends > 0);
+    CHECK_NEAR(over, 0, 0); /* one step at a time */
+    fprintf(stderr, "max_inflight 1: %.0f steps, %.0f sent with another in flight, %.0f ms\n",
+            sends, over, ms);
+    return have_ref;
+}
+
+static void test_pipelined_equal(void)
+{
+    if (!make_ref())
+        return;
+    static int32_t out[N_STREAMS][2][N_GEN];
+    double sends, over, ms;
+    CHECK(run_streams(2, out, &sends, &over, &ms));
+    fprintf(stderr, "max_inflight 2: %.0f steps, %.0f sent with another in flight, %.0f ms\n",
+            sends, over, ms);
+    // Two steps in flight most of the time: every decode step but the ends of the run.
+    CHECK(over >= sends / 2);
+    int diff = 0;
+    for (int i = 0; i < N_STREAMS; i++)
+        for (int c = 0; c < (i == FORK_STREAM ? 2 : 1); c++)
+            for (int k = 0; k < N_GEN; k++)
+                if (out[i][c][k] != ref[i][c][k]) {
+                    if (diff++ < 5)
+                        SH_FAIL_("stream %d choice %d token %d: %d != %d", i, c, k,
+                                 (int)out[i][c][k], (int)ref[i][c][k]);
+                    break;
+                }
+    CHECK_INT_EQ(diff, 0);
+    // The two choices of a greedy request are the same text.
+    CHECK(memcmp(ref[FORK_STREAM][0], ref[FORK_STREAM][1], sizeof ref[0][0]) == 0);
+}
+
+/* Two steps in flight; the link drops one: its requests fail with 503 naming it after the step
+ * timeout, the other group's go on meanwhile and finish with the reference's tokens. */
+static void test_timeout_one_step(void)
+{
+    if (!make_ref())
+        return;
+    rig g;
+    atomic_store(&lk.dropped, 0);
+    atomic_store(&lk.drop, 24); /* a decode step, both groups decoding */
+    lk.n_seqs = 0;
+    rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 3000};
+    if (!rig_start(&g, &o))
+        goto out;
+    // Single choices only, so that sequence (KV) ids are 1.. in arrival order: request i + 1 is
+    // sequence i + 1 (no preemption, checked below).
+    for (int i = 0; i < N_STREAMS; i++)
+        submit(&g, (uint64_t)i + 1, i, 1, N_GEN);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    CHECK_INT_EQ(atomic_load(&lk.dropped), 1);
+    CHECK_NEAR(metric(&g, "shoal_preemptions_total"), 0, 0);
+    bool in_dropped[N_STREAMS + 1] = {0};
+    for (uint32_t i = 0; i < lk.n_seqs; i++)
+        if (lk.seqs[i] >= 1 && lk.seqs[i] <= N_STREAMS)
+            in_dropped[lk.seqs[i]] = true;
+    CHECK(lk.n_seqs >= 2 && lk.n_seqs <= N_STREAMS - 2); /* a group, not the whole set */
+    pthread_mutex_lock(&cl.mu);
+    int n_failed = 0, n_done_before = 0;
+    uint64_t first_fail = UINT64_MAX;
+    for (int i = 1; i <= N_STREAMS; i++)
+        if (cl.r[i].failed && cl.r[i].fail_ms < first_fail)
+            first_fail = cl.r[i].fail_ms;
+    for (int i = 1; i <= N_STREAMS; i++) {
+        const req_out *r = &cl.r[i];
+        if (in_dropped[i]) {
+            n_failed++;
+            CHECK(r->failed);
+            CHECK_UINT_EQ(r->http, 503);
+            CHECK_INT_EQ(r->code, SH_ETIMEDOUT);
+            CHECK(strstr(r->msg, "did not answer step 24") != NULL);
+            if (!strstr(r->msg, "step 24"))
+                fprintf(stderr, "request %d: %s\n", i, r->msg);
+            CHECK(!r->ch[0].done);
+        } else {
+            CHECK(!r->failed);
+            CHECK(r->ch[0].done);
+            CHECK_INT_EQ(r->ch[0].n, N_GEN);
+            CHECK(memcmp(r->ch[0].tok, ref[i - 1][0], sizeof ref[0][0]) == 0);
+            n_done_before += r->ch[0].done_ms < first_fail;
+        }
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(n_failed, (int)lk.n_seqs);
+    // The others did not wait for the timeout: the pipeline went on with the other step.
+    CHECK(n_done_before >= 1);
+    fprintf(stderr,
+            "dropped step 24 (%u sequences): %d requests failed, %d others finished "
+            "before the timeout\n",
+            lk.n_seqs, n_failed, n_done_before);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+out:
+    rig_stop(&g);
+}
+
 int main(int argc, char **argv)
 {
     FILE *f = fopen(sh_test_path(MODEL), "rb");
@@ -472,6 +692,8 @@ int main(int argc, char **argv)
         return 1;
     }
     static const sh_test_case tests[] = {{"reports_labels_withdraw", test_reports_labels_withdraw},
+                                         {"pipelined_equal", test_pipelined_equal},
+                                         {"timeout_one_step", test_timeout_one_step},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     sh_tokenizer_destroy(tok);
