@@ -113,24 +113,24 @@ static void publish(kvmgr_state *st)
     st->pub = now;
 }
 
-static sh_err register_metrics(sh_metrics *m, kvmgr_state *st)
+static sh_err register_metrics(sh_metrics *m, kvmgr_state *st, const char *lb)
 {
     sh_err err;
-    if ((err = sh_metrics_gauge(m, "shoal_kv_blocks_total", "KV blocks in the pool", NULL,
+    if ((err = sh_metrics_gauge(m, "shoal_kv_blocks_total", "KV blocks in the pool", lb,
                                 &st->g_total)) ||
-        (err = sh_metrics_gauge(m, "shoal_kv_blocks_used", "KV blocks held by sequences", NULL,
+        (err = sh_metrics_gauge(m, "shoal_kv_blocks_used", "KV blocks held by sequences", lb,
                                 &st->g_used)) ||
         (err = sh_metrics_gauge(m, "shoal_kv_blocks_cached",
-                                "KV blocks in the prefix cache (used or evictable)", NULL,
+                                "KV blocks in the prefix cache (used or evictable)", lb,
                                 &st->g_cached)) ||
-        (err = sh_metrics_counter(m, "shoal_prefix_cache_query_tokens_total",
-                                  "Prompt tokens looked up in the prefix cache", NULL,
-                                  &st->c_query)) ||
+        (err =
+             sh_metrics_counter(m, "shoal_prefix_cache_query_tokens_total",
+                                "Prompt tokens looked up in the prefix cache", lb, &st->c_query)) ||
         (err = sh_metrics_counter(m, "shoal_prefix_cache_hit_tokens_total",
-                                  "Prompt tokens found computed in the prefix cache", NULL,
+                                  "Prompt tokens found computed in the prefix cache", lb,
                                   &st->c_hit)) ||
         (err = sh_metrics_counter(m, "shoal_kv_evictions_total",
-                                  "Cached KV blocks evicted for new content", NULL, &st->c_evict)))
+                                  "Cached KV blocks evicted for new content", lb, &st->c_evict)))
         return err;
     return SH_OK;
 }
@@ -334,7 +334,7 @@ static sh_err kvmgr_init(sh_actor_ctx *ctx, void *state, void *arg)
         err = SH_ENOMEM;
         goto fail;
     }
-    if ((err = register_metrics(sh_runtime_metrics(sh_actor_runtime(ctx)), st)))
+    if ((err = register_metrics(sh_runtime_metrics(sh_actor_runtime(ctx)), st, a->metric_labels)))
         goto fail;
     publish(st);
     return SH_OK;

@@ -9,6 +9,10 @@
 #ifndef SH_ACTORS_ROUTER_H
 #define SH_ACTORS_ROUTER_H
 
+#include <stdint.h>
+
+#include "shoal/runtime.h"
+
 /* Names of the values in a batcher's METRICS report (kind 1 gauge, kind 0 counter since the
  * batcher started; at_us is the batcher's CLOCK_MONOTONIC time in microseconds). */
 #define SH_ROUTER_M_WAITING "waiting"     /* gauge: sequences waiting in the queue */
@@ -20,5 +24,44 @@
 #define SH_ROUTER_M_GENERATED "generated" /* counter: tokens generated */
 #define SH_ROUTER_M_BUSY_US "busy_us"     /* counter: microseconds with a step in flight */
 #define SH_ROUTER_M_STEPS "steps"         /* counter: steps answered */
+
+/* Kind "router". Chooses a replica per SUBMIT and relays everything of that request:
+ *
+ * - load: each replica's estimated load is the sum over the requests it holds (routed and not yet
+ *   finished) of (prompt_tokens + n * max_tokens / 2) * 1.2, divided by the replica's weight;
+ * - weight: every weight_refresh_ms the router reads what each replica reported (METRICS:
+ *   positions computed and microseconds busy since the last refresh) and sets weight =
+ *   capacity / the best replica's capacity (in [0.05, 1]; 1 until measured; a replica idle during
+ *   the window keeps its weight);
+ * - health: a replica whose `down` flag is set (another thread: the front lost one of its stage
+ *   nodes) gets no new request; its requests that streamed nothing yet move to a healthy replica,
+ *   the others end with FAIL (503, retryable). With no healthy replica SUBMIT fails with 503;
+ * - prefix affinity: the router remembers which replica it last sent each chain of full prompt
+ *   blocks (block_tokens tokens each) to; a request whose leading blocks were sent to a healthy
+ *   replica goes there while that replica's load is at most the least loaded one's plus
+ *   affinity_slack. Otherwise the least loaded healthy replica wins; ties go round-robin;
+ * - re-dispatch: a request that streamed nothing redispatch_ms after it was routed, on a replica
+ *   that reports sequences waiting, while another healthy replica reports room (nothing waiting,
+ *   running < max_seqs), is withdrawn (CANCEL withdraw) and, when the batcher confirms it was
+ *   still queued (FAIL SH_EBUSY "withdrawn"), submitted to the least loaded replica with room.
+ *
+ * TOKEN/DONE/FAIL from a replica a request no longer lives on are dropped, so a client sees one
+ * replica's stream only. Metrics (labelled replica="k", 0-based): shoal_router_load,
+ * shoal_router_weight (x1000), shoal_router_requests (held now), shoal_router_queue (the
+ * replica's waiting sequences, as reported), shoal_router_healthy (gauges);
+ * shoal_router_routed_total, shoal_router_redispatched_total, shoal_router_affinity_hits_total
+ * (counters). Thread: the router's loop. */
+typedef struct sh_router_args {
+    int32_t n_replicas;
+    const sh_addr *batchers;    /* (n_replicas), copied; NULL: unknown until a CONTROL (op REROUTE)
+                                 * brings them in `targets`, which must come before any SUBMIT */
+    int32_t block_tokens;       /* prefix-affinity granularity (default 16) */
+    uint32_t weight_refresh_ms; /* default 5000 */
+    uint32_t redispatch_ms;     /* default 500; UINT32_MAX: never */
+    double affinity_slack;      /* load units (default 4096); < 0: no affinity */
+    int *down; /* (n_replicas) optional, read atomically: nonzero = replica lost; outlives rt */
+} sh_router_args;
+
+extern const sh_actor_vtable sh__router_vtable;
 
 #endif

@@ -50,6 +50,9 @@
 typedef struct sh_kvmgr_args {
     sh_kv_config cfg;  /* n_blocks from the stage's pool, max_seqs, window */
     bool prefix_cache; /* false: never look up or adopt cached blocks */
+    /* When set (e.g. `replica="1"`), labels every series this kvmgr registers; several kvmgrs
+     * without labels sum into the same series. */
+    const char *metric_labels;
 } sh_kvmgr_args;
 
 /* ---- stage ------------------------------------------------------------------------------ */

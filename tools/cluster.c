@@ -33,14 +33,24 @@ static bool hosts_stage(const sh_cluster_config *c, int32_t node)
 int sh__cluster_check(const sh_cluster_config *c, const char *script)
 {
     const char *later = "not implemented yet (see docs/cluster.md)";
-    if (c->n_replicas != 1)
-        return sh__cmd_fail("%s: %d replicas: serving several replicas (the router) is %s", script,
-                            (int)c->n_replicas, later);
-    const sh_config_replica *r = &c->replicas[0];
-    if (r->tp != 1)
-        return sh__cmd_fail("%s: tp = %d: tensor parallelism is %s", script, (int)r->tp, later);
-    if (r->n_stages > SH_CLUSTER_MAX_STAGES)
-        return sh__cmd_fail("%s: %d stages; at most %d are supported", script, (int)r->n_stages,
+    if (c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
+        return sh__cmd_fail("%s: %d replicas; at most %d are supported", script, (int)c->n_replicas,
+                            SH_CLUSTER_MAX_REPLICAS);
+    int32_t total = 0;
+    for (int32_t k = 0; k < c->n_replicas; k++) {
+        const sh_config_replica *r = &c->replicas[k];
+        if (r->model != c->replicas[0].model)
+            return sh__cmd_fail("%s: replica %d serves model '%s' and replica 1 '%s': replicas of "
+                                "different models behind one gateway are %s",
+                                script, (int)k + 1, c->models[r->model].name,
+                                c->models[c->replicas[0].model].name, later);
+        if (r->tp != 1)
+            return sh__cmd_fail("%s: replica %d: tp = %d: tensor parallelism is %s", script,
+                                (int)k + 1, (int)r->tp, later);
+        total += r->n_stages;
+    }
+    if (total > SH_CLUSTER_MAX_STAGES)
+        return sh__cmd_fail("%s: %d stages in all; at most %d are supported", script, (int)total,
                             SH_CLUSTER_MAX_STAGES);
     for (int32_t i = 0; i < c->n_nodes; i++) {
         const sh_config_node *n = &c->nodes[i];
@@ -67,20 +77,22 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
     return 0;
 }
 
-int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
-                     sh_cluster_plan *p)
+/* Plans replica k's stages from stage index p->n_stages on; per_node counts the stages already
+ * placed on each node (their actor ids follow). */
+static int plan_replica(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
+                        int32_t k, uint32_t *per_node, sh_cluster_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->c = c;
-    p->front = c->gateway.node;
-    const sh_config_replica *r = &c->replicas[0];
-    p->n_stages = r->n_stages;
-    p->n_layers = hp->n_layers;
-    p->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
+    const sh_config_replica *r = &c->replicas[k];
+    sh_cluster_replica_plan *rp = &p->rep[k];
+    char who[48] = "";
+    if (c->n_replicas > 1)
+        snprintf(who, sizeof who, "replica %d, ", (int)k + 1);
+    rp->stage0 = p->n_stages;
+    rp->n_stages = r->n_stages;
+    rp->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
     if (r->n_stages > hp->n_layers)
-        return sh__cmd_fail("%s: %d stages for a model of %d layers", script, (int)r->n_stages,
-                            (int)hp->n_layers);
-    uint32_t per_node[256] = {0};
+        return sh__cmd_fail("%s: %s%d stages for a model of %d layers", script, who,
+                            (int)r->n_stages, (int)hp->n_layers);
     int32_t widest = 0;
     for (int32_t i = 0; i < r->n_stages; i++) {
         const sh_config_stage *s = &r->stages[i];
@@ -89,24 +101,49 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_ll
             first = (int32_t)((int64_t)i * hp->n_layers / r->n_stages);
             last = (int32_t)((int64_t)(i + 1) * hp->n_layers / r->n_stages);
         }
-        int32_t expect = i ? p->last[i - 1] : 0;
+        int32_t g = rp->stage0 + i;
+        int32_t expect = i ? p->last[g - 1] : 0;
         if (first != expect || last <= first || last > hp->n_layers)
-            return sh__cmd_fail("%s: stage %d on node '%s' holds layers [%d, %d): the stages must "
-                                "cover layers [0, %d) of the model in order, without gap or "
+            return sh__cmd_fail("%s: %sstage %d on node '%s' holds layers [%d, %d): the stages "
+                                "must cover layers [0, %d) of the model in order, without gap or "
                                 "overlap (this one should start at layer %d)",
-                                script, (int)i + 1, c->nodes[s->node].name, (int)first, (int)last,
-                                (int)hp->n_layers, (int)expect);
-        p->first[i] = first;
-        p->last[i] = last;
-        p->stage_node[i] = s->node;
-        uint32_t k = s->node < 256 ? per_node[s->node]++ : 0;
-        p->stage_addr[i] = sh_addr_make((uint32_t)s->node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + k);
+                                script, who, (int)i + 1, c->nodes[s->node].name, (int)first,
+                                (int)last, (int)hp->n_layers, (int)expect);
+        p->first[g] = first;
+        p->last[g] = last;
+        p->stage_node[g] = s->node;
+        p->stage_replica[g] = k;
+        uint32_t n = s->node < 256 ? per_node[s->node]++ : 0;
+        p->stage_addr[g] = sh_addr_make((uint32_t)s->node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n);
         if (last - first > widest)
             widest = last - first;
     }
-    if (p->last[r->n_stages - 1] != hp->n_layers)
-        return sh__cmd_fail("%s: the stages end at layer %d but the model has %d layers", script,
-                            (int)p->last[r->n_stages - 1], (int)hp->n_layers);
+    p->n_stages += r->n_stages;
+    if (p->last[p->n_stages - 1] != hp->n_layers)
+        return sh__cmd_fail("%s: %sthe stages end at layer %d but the model has %d layers", script,
+                            who, (int)p->last[p->n_stages - 1], (int)hp->n_layers);
+    rp->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
+                      (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 2u; /* F16 K, V */
+    uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
+    uint64_t nb = mem / rp->block_bytes;
+    if (nb < 1)
+        return sh__cmd_fail("%s: kv.memory holds no KV block (one block of the largest stage "
+                            "takes %" PRIu64 " bytes)",
+                            script, rp->block_bytes);
+    rp->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
+    rp->seq_blocks = (p->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
+    if (rp->seq_blocks > rp->n_blocks && hp->sliding_window <= 0)
+        rp->seq_blocks = rp->n_blocks;
+    return 0;
+}
+
+int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
+                     sh_cluster_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->c = c;
+    p->front = c->gateway.node;
+    p->n_layers = hp->n_layers;
     p->n_ctx = hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192;
     if (p->n_ctx < 16)
         p->n_ctx = 16;
@@ -114,19 +151,41 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_ll
     p->step_tokens = c->batcher.max_step_tokens > 0 ? c->batcher.max_step_tokens : 4096;
     if (p->step_tokens < p->max_seqs)
         p->step_tokens = p->max_seqs;
-    p->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
-                     (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 2u; /* F16 K and V */
-    uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
-    uint64_t nb = mem / p->block_bytes;
-    if (nb < 1)
-        return sh__cmd_fail("%s: kv.memory holds no KV block (one block of the largest stage "
-                            "takes %" PRIu64 " bytes)",
-                            script, p->block_bytes);
-    p->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
-    p->seq_blocks = (p->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
-    if (p->seq_blocks > p->n_blocks && hp->sliding_window <= 0)
-        p->seq_blocks = p->n_blocks;
+    if (c->n_replicas < 1 || c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
+        return sh__cmd_fail("%s: %d replicas; 1 to %d are supported", script, (int)c->n_replicas,
+                            SH_CLUSTER_MAX_REPLICAS);
+    uint32_t per_node[256] = {0};
+    p->n_replicas = c->n_replicas;
+    for (int32_t k = 0; k < c->n_replicas; k++) {
+        if (p->n_stages + c->replicas[k].n_stages > SH_CLUSTER_MAX_STAGES)
+            return sh__cmd_fail("%s: more than %d stages in all", script, SH_CLUSTER_MAX_STAGES);
+        int rc = plan_replica(c, script, hp, k, per_node, p);
+        if (rc)
+            return rc;
+    }
     return 0;
+}
+
+void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id)
+{
+    const sh_cluster_replica_plan *rp = &p->rep[0];
+    for (int32_t i = 0; i < p->n_stages; i++)
+        if (p->stage_node[i] == node) {
+            rp = &p->rep[p->stage_replica[i]];
+            break;
+        }
+    id->n_blocks = rp->n_blocks;
+    id->max_seqs = p->max_seqs;
+    id->max_tokens = p->step_tokens;
+    id->seq_blocks = rp->seq_blocks;
+    id->link_dtype = rp->link_dtype;
+}
+
+sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i)
+{
+    return i + 1 < p->n_stages && p->stage_replica[i + 1] == p->stage_replica[i]
+               ? p->stage_addr[i + 1]
+               : 0;
 }
 
 int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id)
@@ -170,10 +229,13 @@ static const char *link_name(uint32_t dtype)
 }
 
 /* What differs between the front's view and a worker's answer, or "" when nothing does. */
-static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident *self,
+static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident *front,
                     const sh_hello_ident *got, char *buf, size_t cap)
 {
     buf[0] = '\0';
+    sh_hello_ident want = *front; /* what this node's stages must hold */
+    sh__cluster_ident_settings(p, node, &want);
+    const sh_hello_ident *self = &want;
     if (strcmp(self->version, got->version))
         snprintf(buf, cap, "build version: here %s, there %s", self->version, got->version);
     differ_u64(buf, cap, "protocol version", self->proto, got->proto);
@@ -301,11 +363,7 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
         return rc;
     const sh_config_node *me = &c->nodes[c->gateway.node];
     snprintf(f->self.node, sizeof f->self.node, "%s", me->name);
-    f->self.n_blocks = f->plan.n_blocks;
-    f->self.max_seqs = f->plan.max_seqs;
-    f->self.max_tokens = f->plan.step_tokens;
-    f->self.seq_blocks = f->plan.seq_blocks;
-    f->self.link_dtype = f->plan.link_dtype;
+    sh__cluster_ident_settings(&f->plan, c->gateway.node, &f->self);
     sh_error e = {0};
     sh_transport_opts to = {.listen_url = me->listen, .reconnect_max_ms = 250};
     if (sh_transport_create(rt, &to, &f->tp, &e))
@@ -324,12 +382,13 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     return rc;
 }
 
-bool sh__cluster_front_lost(const sh_cluster_front *f, char *msg, size_t cap)
+int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap)
 {
     const sh_cluster_config *c = f->plan.c;
     for (int32_t i = 0; i < c->n_nodes && i < 256; i++) {
         sh_transport_link l;
-        if (i == c->gateway.node || sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK)
+        if (i == c->gateway.node || f->lost[i] ||
+            sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK)
             continue;
         const sh_config_node *nd = &c->nodes[i];
         if (l.state != SH_LINK_STATE_UP) {
@@ -338,16 +397,27 @@ bool sh__cluster_front_lost(const sh_cluster_front *f, char *msg, size_t cap)
                      l.last_error[0] ? " (last error: " : "", l.last_error[0] ? l.last_error : "");
             if (l.last_error[0])
                 snprintf(msg + strlen(msg), cap - strlen(msg), ")");
-            return true;
+            f->lost[i] = true;
+            return i;
         }
         if (l.ups != f->ups[i]) {
             snprintf(msg, cap,
                      "node %s (%s) was lost: it reconnected (the process restarted and its KV "
                      "cache is gone)",
                      nd->name, nd->listen);
-            return true;
+            f->lost[i] = true;
+            return i;
         }
     }
+    return -1;
+}
+
+bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node)
+{
+    const sh_cluster_replica_plan *rp = &p->rep[k];
+    for (int32_t i = rp->stage0; i < rp->stage0 + rp->n_stages; i++)
+        if (p->stage_node[i] == node)
+            return true;
     return false;
 }
 

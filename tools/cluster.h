@@ -13,45 +13,62 @@
 #include "shoal/runtime.h"
 #include "shoal/transport.h"
 
-#define SH_CLUSTER_MAX_STAGES 64
+#define SH_CLUSTER_MAX_STAGES 64 /* over all replicas */
+#define SH_CLUSTER_MAX_REPLICAS 16
 
 /* Node i of the script is runtime node id i + 1. On every node the hello actor is actor 1 and
- * the node's stages follow as actors 2, 3, ... in pipeline order, so every node computes every
- * address from the script alone. */
+ * the node's stages follow as actors 2, 3, ... in the order of the plan (replica by replica, each
+ * in pipeline order), so every node computes every address from the script alone. */
 #define SH_CLUSTER_HELLO_ACTOR 1u
 #define SH_CLUSTER_FIRST_STAGE_ACTOR 2u
 
+/* One replica of the plan: its stages are plan.stage_*[stage0, stage0 + n_stages). */
+typedef struct sh_cluster_replica_plan {
+    int32_t stage0, n_stages;
+    int32_t n_blocks, seq_blocks; /* KV blocks of every stage's pool; block-table length */
+    uint64_t block_bytes;         /* KV bytes of one block of the replica's largest stage */
+    uint32_t link_dtype;          /* replica link_dtype: the SH_PROTO_DTYPE_* stages send ACT in */
+} sh_cluster_replica_plan;
+
 typedef struct sh_cluster_plan {
     const sh_cluster_config *c;
-    int32_t front; /* the gateway's node */
-    int32_t n_stages;
-    int32_t stage_node[SH_CLUSTER_MAX_STAGES];
+    int32_t front;    /* the gateway's node */
+    int32_t n_stages; /* every replica's stages */
+    int32_t stage_node[SH_CLUSTER_MAX_STAGES], stage_replica[SH_CLUSTER_MAX_STAGES];
     int32_t first[SH_CLUSTER_MAX_STAGES], last[SH_CLUSTER_MAX_STAGES];
     sh_addr stage_addr[SH_CLUSTER_MAX_STAGES];
-    /* Stage settings, the same on every stage and in the front's batcher and kvmgr. */
-    int32_t n_layers, n_ctx, max_seqs, step_tokens, n_blocks, seq_blocks;
-    uint64_t block_bytes; /* KV bytes of one block of the largest stage */
-    uint32_t link_dtype;  /* replica link_dtype: the SH_PROTO_DTYPE_* stages send ACT in */
+    int32_t n_replicas;
+    sh_cluster_replica_plan rep[SH_CLUSTER_MAX_REPLICAS];
+    /* Settings shared by every stage and by the front's batchers and kvmgrs. */
+    int32_t n_layers, n_ctx, max_seqs, step_tokens;
 } sh_cluster_plan;
 
 /* Whether the script runs its replica's stages on worker nodes (more than one node, or the stage
  * not on the gateway's node); false for the single-process topology `shoal serve` runs itself. */
 bool sh__cluster_has_workers(const sh_cluster_config *c);
 
-/* Refuses what is not built yet with one error line naming it (returns 2): several replicas,
- * tensor parallelism, standby nodes, a stage on the gateway's node beside worker stages,
- * inproc:// or tls+tcp:// URLs, a node that hosts nothing, more than SH_CLUSTER_MAX_STAGES
- * stages. Returns 0 when supported. `script` names the file in messages. */
+/* Refuses what is not built yet with one error line naming it (returns 2): replicas of
+ * different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor parallelism, standby nodes,
+ * a stage on the gateway's node beside worker stages, inproc:// or tls+tcp:// URLs, a node that
+ * hosts nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names
+ * the file in messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script);
 
 /* Fills the plan from the script and the model's hyper-parameters (hp of the script's model):
- * resolves even splits, checks that the layer ranges cover [0, n_layers) without gap or overlap,
- * and derives the KV block count from kv.memory_bytes (default 1 GiB per stage) over the largest
- * stage. Returns 0, or 2 with an error line. */
+ * resolves even splits, checks that each replica's layer ranges cover [0, n_layers) without gap
+ * or overlap, and derives each replica's KV block count from kv.memory_bytes (default 1 GiB per
+ * stage) over its largest stage. Returns 0, or 2 with an error line. */
 int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
                      sh_cluster_plan *p);
 
 /* The model file's identity (size and header hash); 2 with an error line for a non-GGUF model. */
+
+/* Fills the stage settings of node's HELLO identity: the replica of its first stage (n_blocks,
+ * seq_blocks, link_dtype) and the plan's shared ones. */
+void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id);
+
+/* The replica of stage i's successor in its pipeline, or SH_ADDR_NONE for a last stage. */
+sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i);
 int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id);
 
 /* Adds every other node that hosts a stage or the gateway as a transport peer. Returns 0 or 2. */
@@ -75,6 +92,9 @@ typedef struct sh_cluster_front {
     sh_hello_peer peers[256];
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
+    bool lost[256];    /* per node: judged lost (sh__cluster_front_lost reported it) */
+    int down[SH_CLUSTER_MAX_REPLICAS]; /* per replica: set (atomically) once one of its stage
+                                        * nodes is lost; the router reads it */
 } sh_cluster_front;
 
 /* The exit status of `shoal serve -c` after it lost a worker node (sh__cluster_front_lost): the
@@ -90,12 +110,17 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
                             const sh_llama *m, const char *model_path, sh_runtime *rt,
                             uint32_t timeout_ms);
 
-/* Whether a worker node was lost since the join: its link is not up any more (the process died,
- * or closed or broke the connection) or it came up again since the join (the process restarted,
- * so its KV pool is empty while the front's kvmgr believes it full). Either way this replica
- * cannot continue (recovery is not built). When lost, writes into msg one phrase naming the
- * node, its URL and what happened. Any thread, after sh__cluster_front_start() returned 0. */
-bool sh__cluster_front_lost(const sh_cluster_front *f, char *msg, size_t cap);
+/* The next worker node lost since the join and not reported before: its link is not up any
+ * more (the process died, or closed or broke the connection) or it came up again since the join
+ * (the process restarted, so its KV pool is empty while the front's kvmgr believes it full).
+ * Either way the replicas with a stage there cannot continue (recovery is not built). Returns the
+ * node's index (marked in f->lost) and writes into msg one phrase naming it, its URL and what
+ * happened; -1 when no new node was lost. Any thread, after sh__cluster_front_start() returned
+ * 0; one thread at a time. */
+int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap);
+
+/* Whether replica k has a stage on node. */
+bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);
 
 /* Stops the front's transport; call before sh_runtime_destroy(). Accepts a zeroed front. */
 void sh__cluster_front_close(sh_cluster_front *f);

@@ -20,8 +20,13 @@ typedef struct sh_cluster_status_src {
     int32_t n_layers;
     /* The replica's series, registered on first use (first registration's help wins, so the
      * same help texts as the batcher's and the kvmgr's). Gateway's loop thread only. */
-    sh_gauge *running, *waiting, *kv_used, *kv_total, *kv_cached;
-    sh_counter *steps, *prompt_tokens, *gen_tokens, *preemptions;
+    struct sh_cluster_status_rep {
+        sh_gauge *running, *waiting, *kv_used, *kv_total, *kv_cached;
+        sh_counter *steps, *prompt_tokens, *gen_tokens, *preemptions;
+        sh_gauge *load, *weight, *held, *healthy; /* the router's, with several replicas */
+        sh_counter *routed, *redispatched, *affinity_hits;
+    } rep[SH_CLUSTER_MAX_REPLICAS];
+    bool looked_up;
 } sh_cluster_status_src;
 
 /* The gateway's cluster_json callback (sh_gateway_args): the status document of the process,
@@ -38,7 +43,12 @@ typedef struct sh_cluster_status_src {
  *    "replicas": [{"replica": 0, "stages": [{"stage": 1, "node": "w0", "first_layer": 0,
  *                  "last_layer": 3}], "running": n, "waiting": n, "kv_blocks_used": n,
  *                  "kv_blocks_total": n, "kv_blocks_cached": n, "steps": n, "prompt_tokens": n,
- *                  "generation_tokens": n, "preemptions": n}]}
+ *                  "generation_tokens": n, "preemptions": n, "healthy": bool,
+ *                  "router": null or {"load": n, "weight": x, "requests": n, "routed": n,
+ *                  "redispatched": n, "affinity_hits": n}}]}
+ *
+ * Stage numbers count from 1 over the whole plan, replica after replica (with one replica: its
+ * pipeline order). The router figures exist only with several replicas (the router's series).
  *
  * Layer ranges are half-open, [first_layer, last_layer). */
 char *sh__cluster_status_json(void *user);

@@ -309,6 +309,14 @@ static void row_add(table *t, ...)
     t->n_rows++;
 }
 
+static void table_free(table *t)
+{
+    for (int i = 0; i < t->n_rows * t->n_cols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+    memset(t, 0, sizeof *t);
+}
+
 /* Prints and frees t; false when a cell could not be stored (out of memory). */
 static bool table_print(table *t)
 {
@@ -329,10 +337,7 @@ static bool table_print(table *t)
         }
     }
     bool ok = !t->oom;
-    for (int i = 0; i < t->n_rows * t->n_cols; i++)
-        free(t->cells[i]);
-    free(t->cells);
-    memset(t, 0, sizeof *t);
+    table_free(t);
     return ok;
 }
 
@@ -418,6 +423,31 @@ static int print_doc(const target *t, const json_t *doc)
                 fmt_ll(p, sizeof p, jint(r, "preemptions")));
     }
     ok &= table_print(&tb);
+    // The router's view, with several replicas.
+    tb = (table){.n_cols = 8};
+    row_add(&tb, "REPLICA", "HEALTHY", "LOAD", "WEIGHT", "REQUESTS", "ROUTED", "REDISPATCHED",
+            "AFFINITY HITS");
+    bool routed = false;
+    json_array_foreach(reps, i, r)
+    {
+        const json_t *ro = json_object_get(r, "router");
+        if (!json_is_object(ro))
+            continue;
+        routed = true;
+        snprintf(c, sizeof c, "%.2f", json_number_value(json_object_get(ro, "weight")));
+        row_add(&tb, fmt_ll(a, sizeof a, jint(r, "replica")),
+                json_is_false(json_object_get(r, "healthy")) ? "no" : "yes",
+                fmt_ll(b, sizeof b, jint(ro, "load")), c, fmt_ll(d, sizeof d, jint(ro, "requests")),
+                fmt_ll(e, sizeof e, jint(ro, "routed")),
+                fmt_ll(f, sizeof f, jint(ro, "redispatched")),
+                fmt_ll(g, sizeof g, jint(ro, "affinity_hits")));
+    }
+    if (routed) {
+        printf("\n");
+        ok &= table_print(&tb);
+    } else {
+        table_free(&tb);
+    }
     if (!ok)
         return (sh__cmd_fail("out of memory"), 1);
     return 0;

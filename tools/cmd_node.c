@@ -97,11 +97,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     if (rc)
         return rc;
     snprintf(s->self.node, sizeof s->self.node, "%s", name);
-    s->self.n_blocks = plan.n_blocks;
-    s->self.max_seqs = plan.max_seqs;
-    s->self.max_tokens = plan.step_tokens;
-    s->self.seq_blocks = plan.seq_blocks;
-    s->self.link_dtype = plan.link_dtype;
+    sh__cluster_ident_settings(&plan, self, &s->self);
 
     sh_backend_cpu_opts bo = {.n_threads = threads};
     if (sh_backend_cpu_create(&bo, &s->be, &e))
@@ -112,6 +108,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         if (plan.stage_node[i] != self)
             continue;
         mine[n_mine++] = i;
+        const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
         node_stage *st = &s->st[s->n];
         sh_llama_load_opts lo = {.first = plan.first[i], .last = plan.last[i], .prefault = true};
         if (sh_llama_load(cm->path, &lo, &st->m, &e))
@@ -120,13 +117,13 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         sh_llama_ctx_opts co = {.max_tokens = plan.step_tokens,
                                 .max_seqs = plan.max_seqs,
                                 .max_logits = plan.max_seqs,
-                                .kv_tokens = plan.n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
+                                .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
                                 .kv_type = SH_DTYPE_F16}; /* as shoal serve's default */
         if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))
             return (sh__cmd_fail("stage %d: %s", (int)i + 1, e.msg), 1);
-        if (sh_llama_ctx_n_blocks(st->ctx) != plan.n_blocks)
+        if (sh_llama_ctx_n_blocks(st->ctx) != rp->n_blocks)
             return (sh__cmd_fail("stage %d: the KV pool has %d blocks, the plan %d", (int)i + 1,
-                                 (int)sh_llama_ctx_n_blocks(st->ctx), (int)plan.n_blocks),
+                                 (int)sh_llama_ctx_n_blocks(st->ctx), (int)rp->n_blocks),
                     1);
     }
     if (n_mine == 0)
@@ -153,12 +150,13 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_stage_args sa[SH_CLUSTER_MAX_STAGES];
     for (int32_t k = 0; k < n_mine; k++) {
         int32_t i = mine[k];
+        const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
         sa[k] = (sh_stage_args){.model = s->st[k].m,
                                 .ctx = s->st[k].ctx,
                                 .max_seqs = plan.max_seqs,
-                                .max_blocks_per_seq = plan.seq_blocks,
-                                .link_dtype = plan.link_dtype,
-                                .next = i + 1 < plan.n_stages ? plan.stage_addr[i + 1] : 0};
+                                .max_blocks_per_seq = rp->seq_blocks,
+                                .link_dtype = rp->link_dtype,
+                                .next = sh__cluster_next_stage(&plan, i)};
         if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         if (addr != plan.stage_addr[i])
@@ -177,13 +175,18 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     char layers[512] = "";
     for (int32_t k = 0; k < n_mine; k++) {
         size_t l = strlen(layers);
-        snprintf(layers + l, sizeof layers - l, "%sstage %d layers [%d, %d)", k ? ", " : "",
-                 (int)mine[k] + 1, (int)plan.first[mine[k]], (int)plan.last[mine[k]]);
+        int32_t i = mine[k], rk = plan.stage_replica[i];
+        char rep[32] = "";
+        if (plan.n_replicas > 1)
+            snprintf(rep, sizeof rep, "replica %d ", (int)rk + 1);
+        snprintf(layers + l, sizeof layers - l, "%s%sstage %d layers [%d, %d)", k ? ", " : "", rep,
+                 (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i]);
     }
     fprintf(stderr,
             "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
             "tokens per step)\n",
-            name, layers, cm->name, c->nodes[self].listen, (int)plan.n_blocks, (int)plan.max_seqs,
+            name, layers, cm->name, c->nodes[self].listen,
+            (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, (int)plan.max_seqs,
             (int)plan.step_tokens);
     fflush(stderr);
     int sig = 0;

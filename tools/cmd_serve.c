@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "actors/actor_util.h"
+#include "actors/router.h"
 #include "actors/serve.h"
 #include "base/error.h"
 #include "base/file.h"
@@ -49,6 +51,9 @@ typedef struct serve_opts {
     uint32_t join_timeout_ms;     /* --join-timeout */
     uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
     bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
+    uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
+    uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
+    double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -108,6 +113,13 @@ static void usage(FILE *f)
             "  --step-timeout S    a batched step not answered within S seconds fails its\n"
             "                      requests with 503 (default: 30 with worker nodes, else\n"
             "                      none; 0: none)\n"
+            "  --router-refresh S  with several replicas: how often the router re-weighs them\n"
+            "                      from their measured throughput (default 5)\n"
+            "  --redispatch-after S  move a request still queued on one replica after S\n"
+            "                      seconds to another with room (default 0.5; 0: never)\n"
+            "  --affinity-slack N  prefer the replica that holds a prompt's prefix while its\n"
+            "                      load is within N estimated tokens of the least loaded\n"
+            "                      (default 4096); --no-affinity: never\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
             "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
@@ -297,7 +309,8 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
-    "--drain-timeout --api-key-file --join-timeout --step-timeout "
+    "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
+    "--redispatch-after --affinity-slack "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -324,6 +337,10 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!strcmp(a, "--metrics-public")) {
             o->metrics_public = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-affinity")) {
+            o->affinity_slack = -1;
             continue;
         }
         if (!sh__cmd_is_flag(VALUE_FLAGS, a))
@@ -401,6 +418,21 @@ static int parse(int argc, char **argv, serve_opts *o)
             ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
                  ((o->step_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true) &&
                  (o->step_timeout_set = true);
+        } else if (!strcmp(a, "--router-refresh") || !strcmp(a, "--redispatch-after")) {
+            double d = 0;
+            bool re = !strcmp(a, "--router-refresh");
+            snprintf(want, sizeof want, "seconds from %s to 3600 (decimals allowed%s)",
+                     re ? "0.1" : "0", re ? "" : "; 0: never");
+            ok = sh__cmd_parse_f64(v, re ? 0.1 : 0, 3600, &d);
+            uint32_t ms = (uint32_t)(d * 1000.0 + 0.5);
+            if (ok && re)
+                o->router_refresh_ms = ms;
+            else if (ok)
+                o->redispatch_ms = ms ? ms : UINT32_MAX;
+        } else if (!strcmp(a, "--affinity-slack")) {
+            double d = 0;
+            snprintf(want, sizeof want, "load units from 1 to 1e9");
+            ok = sh__cmd_parse_f64(v, 1, 1e9, &d) && ((o->affinity_slack = d), true);
         } else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v, "--api-key"))
                 return 2;
@@ -591,10 +623,36 @@ static int stop_lost(server *s, const char *what)
     return SH_CLUSTER_EXIT_LOST;
 }
 
-/* Whether this cluster front lost a worker node; writes what happened into what. */
-static bool worker_lost(const server *s, char *what, size_t cap)
+/* Whether this cluster front must stop because it lost worker nodes: with one replica, any lost
+ * worker; with several, once every replica lost a stage node. A replica that lost one is marked
+ * down for the router (it moves or ends that replica's requests and sends it nothing new) with
+ * one error line. Writes what happened last into what. */
+static bool worker_lost(server *s, char *what, size_t cap)
 {
-    return s->front && sh__cluster_front_lost(s->front, what, cap);
+    if (!s->front)
+        return false;
+    const sh_cluster_plan *p = &s->front->plan;
+    int32_t node;
+    while ((node = sh__cluster_front_lost(s->front, what, cap)) >= 0) {
+        if (p->n_replicas == 1)
+            return true;
+        int32_t up = 0;
+        for (int32_t k = 0; k < p->n_replicas; k++) {
+            if (sh__cluster_replica_on(p, k, node) && !s->front->down[k]) {
+                __atomic_store_n(&s->front->down[k], 1, __ATOMIC_RELEASE);
+                sh__cmd_fail("%s: replica %d stops (its requests move to another replica or end "
+                             "with an error; recovery is not built yet)",
+                             what, (int)k + 1);
+                fflush(stderr);
+            }
+            up += !__atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE);
+        }
+        if (up == 0) {
+            snprintf(what, cap, "every replica lost a stage node");
+            return true;
+        }
+    }
+    return false;
 }
 
 /* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
@@ -707,7 +765,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         n_ctx = plan->n_ctx;
         max_seqs = plan->max_seqs;
         step_tokens = plan->step_tokens;
-        n_blocks = plan->n_blocks;
+        n_blocks = plan->rep[0].n_blocks;
     } else {
         sh_backend_cpu_opts bo = {.n_threads = o->threads};
         if (sh_backend_cpu_create(&bo, &s->be, &e))
@@ -738,7 +796,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     else
         base_name(o->model, s->name, sizeof s->name);
 
-    sh_addr kv_addr, stage_addr, batcher_addr, gw_addr;
+    sh_addr kv_addr, stage_addr = 0, batcher_addr, gw_addr;
     sh_kvmgr_args ka = {
         .cfg = {.n_blocks = (int32_t)n_blocks,
                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
@@ -751,18 +809,13 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     // entries (-1) do not count, so a sequence may span more positions than the pool holds.
     if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && hp->sliding_window <= 0)
         ka.cfg.max_blocks_per_seq = ka.cfg.n_blocks;
-    if (plan)
-        ka.cfg.max_blocks_per_seq = plan->seq_blocks;
     sh_stage_args sa = {.model = s->m,
                         .ctx = s->ctx,
                         .max_seqs = max_seqs,
                         .max_blocks_per_seq = ka.cfg.max_blocks_per_seq};
-    if (sh_actor_spawn(s->rt, "kvmgr", &ka, 1, &kv_addr, &e) ||
-        (!plan && sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e)))
+    if (!plan && sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
-    if (plan)
-        stage_addr = plan->stage_addr[0]; /* STEP goes to the first stage's node */
-    sh_batcher_args ba = {.kvmgr = kv_addr,
+    sh_batcher_args ba = {.kvmgr = 0,
                           .stage = stage_addr,
                           .tok = s->tok,
                           .n_vocab = hp->n_vocab,
@@ -775,8 +828,65 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .n_blocks = (int32_t)n_blocks,
                           .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq,
                           .step_timeout_ms = plan || o->step_timeout_set ? o->step_timeout_ms : 0};
-    if (sh_actor_spawn(s->rt, "batcher", &ba, 1, &batcher_addr, &e))
-        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    // One kvmgr and one batcher per replica; with several, a router in front of them.
+    int32_t n_rep = plan ? plan->n_replicas : 1;
+    sh_addr batchers[SH_CLUSTER_MAX_REPLICAS];
+    char labels[SH_CLUSTER_MAX_REPLICAS][32];
+    sh_addr router_addr = 0;
+    // Spawn arguments must stay valid until each actor's init has run on its loop: one set per
+    // replica, all living as long as this function.
+    sh_kvmgr_args kas[SH_CLUSTER_MAX_REPLICAS];
+    sh_batcher_args bas[SH_CLUSTER_MAX_REPLICAS];
+    sh_router_args ra;
+    if (n_rep > 1) {
+        // The router first, so that the batchers report to it from the start; it learns their
+        // addresses from one CONTROL (REROUTE) once they are spawned, before any request.
+        ra = (sh_router_args){.n_replicas = n_rep,
+                              .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                              .weight_refresh_ms = o->router_refresh_ms,
+                              .redispatch_ms = o->redispatch_ms,
+                              .affinity_slack = o->affinity_slack,
+                              .down = s->front->down};
+        if (sh_runtime_register(s->rt, &sh__router_vtable, &e) ||
+            sh_actor_spawn(s->rt, "router", &ra, 0, &router_addr, &e))
+            return (sh__cmd_fail("spawn: %s", e.msg), 1);
+        ba.router = router_addr;
+        ba.report_ms = 250;
+    }
+    for (int32_t k = 0; k < n_rep; k++) {
+        if (plan) {
+            const sh_cluster_replica_plan *rp = &plan->rep[k];
+            ka.cfg.n_blocks = rp->n_blocks;
+            ka.cfg.max_blocks_per_seq = rp->seq_blocks;
+            ba.n_blocks = rp->n_blocks;
+            ba.seq_blocks = hp->sliding_window > 0 ? 0 : rp->seq_blocks;
+            ba.stage = plan->stage_addr[rp->stage0]; /* STEP goes to the first stage's node */
+            ba.max_inflight = rp->n_stages;
+        }
+        if (n_rep > 1) {
+            snprintf(labels[k], sizeof labels[k], "replica=\"%d\"", (int)k);
+            ka.metric_labels = labels[k];
+            ba.metric_labels = labels[k];
+        }
+        kas[k] = ka;
+        if (sh_actor_spawn(s->rt, "kvmgr", &kas[k], 1, &kv_addr, &e))
+            return (sh__cmd_fail("spawn: %s", e.msg), 1);
+        ba.kvmgr = kv_addr;
+        bas[k] = ba;
+        if (sh_actor_spawn(s->rt, "batcher", &bas[k], 1, &batchers[k], &e))
+            return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    }
+    batcher_addr = batchers[0];
+    if (n_rep > 1) {
+        uint64_t targets[SH_CLUSTER_MAX_REPLICAS];
+        for (int32_t k = 0; k < n_rep; k++)
+            targets[k] = batchers[k];
+        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE,
+                                .targets = {targets, (uint32_t)n_rep}};
+        if (sh__act_send(s->rt, router_addr, router_addr, SH_MSG_CONTROL, 0, &ctl, &e))
+            return (sh__cmd_fail("router: %s", e.msg), 1);
+        batcher_addr = router_addr;
+    }
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
                           .tok = s->tok,
@@ -832,9 +942,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             " tokens (%s%.0f MiB %s), prefix cache %s, %d sequences x %d tokens per step\n",
             s->name, (int)hp->n_layers, (int)n_ctx, n_blocks, n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
             plan ? "at most " : "",
-            (double)((uint64_t)n_blocks * (plan ? plan->block_bytes : bytes_per_block)) /
+            (double)((uint64_t)n_blocks * (plan ? plan->rep[0].block_bytes : bytes_per_block)) /
                 (1024.0 * 1024.0),
-            plan        ? "f32 per stage"
+            plan        ? "f16 per stage"
             : o->kv_f32 ? "f32"
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);

@@ -148,7 +148,7 @@ static void expect_error_line(const char *label, const char *want, const char *c
 /* Defect 10 of issue 10: a gateway on one node and the stage on a tcp:// node was accepted and
  * run in this one process. Now that process is the front: it waits for worker 'b' to join and,
  * with nobody listening there, exits 2 naming it. What is not built yet (cluster-demo.lua's
- * standby node, several replicas) is refused by name. */
+ * standby node, replicas of different models) is refused by name. */
 static void test_multi_node_refused(void)
 {
     char script[300];
@@ -174,18 +174,19 @@ static void test_multi_node_refused(void)
                    demo);
     snprintf(src, sizeof src,
              "local m = model { path = '%s', name = 'stories' }\n"
+             "local m2 = model { path = '%s', name = 'stories2' }\n"
              "return cluster {\n"
              "  nodes = { node { name = 'a', listen = 'tcp://127.0.0.1:7301' },\n"
              "            node { name = 'b', listen = 'tcp://127.0.0.1:7302' } },\n"
              "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
              "  replicas = { replica { model = m, stages = pipeline(m, { 'b' }) },\n"
-             "               replica { model = m, stages = pipeline(m, { 'b' }) } },\n"
+             "               replica { model = m2, stages = pipeline(m2, { 'b' }) } },\n"
              "}\n",
-             sh_test_path(STORIES));
+             sh_test_path(STORIES), sh_test_path(STORIES));
     write_text(script, src);
-    expect_refused("2 replicas",
-                   "2 replicas: serving several replicas (the router) is not "
-                   "implemented yet",
+    expect_refused("replicas of 2 models",
+                   "replica 2 serves model 'stories2' and replica 1 'stories': replicas of "
+                   "different models behind one gateway are not implemented yet",
                    two);
     unlink(script);
 }
