@@ -1,9 +1,10 @@
 """`shoal node` + `shoal serve -c`: one replica whose pipeline stages run in worker processes
 over ipc:// (issue 11, docs/cluster.md), against real processes.
 
-Cases: greedy completions (several prompts at once, ignore_eos) through a 2- and a 3-stage
-pipeline of stories260K and a 2-stage pipeline of the default model equal a single-process
-`shoal serve -m` of the same model (text, finish reason, token count and each token's logprob);
+Cases: greedy completions (16 prompts x 64 tokens, all 16 at once, ignore_eos) through a 2- and
+a 3-stage pipeline and through 2 replicas behind the router, of stories260K and of the default
+model, equal a single-process `shoal serve -m` of the same model (text, finish reason, token
+count, the tokens and each token's logprob);
 a worker that never starts makes the front exit 2 within --join-timeout naming it; a worker
 holding a different model file is refused by name; bad scripts (a layer split that does not
 cover the model, a node named twice, a node that hosts nothing) exit 2 at once.
@@ -23,24 +24,32 @@ import serve_util as su  # noqa: E402
 
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park",
-           "A big red ball", "The sun was", "One day, a bird", "Mom said", "The cat"]
+           "A big red ball", "The sun was", "One day, a bird", "Mom said", "The cat",
+           "Tim had a toy car", "In the garden there was", "The old man", "Sara found a box",
+           "It was raining and", "Ben wanted to fly", "The fish swam", "At night the stars"]
+TOKENS = 64  # per prompt: the acceptance's 16 prompts x 64 tokens, 16 streams at once
 NODE_START = 90.0
 
 
-def script(path, model, workers, stages=None, extra=""):
+def script(path, model, workers, stages=None, extra="", replicas=None):
     """Writes a cluster script: node 'front' (the gateway) plus `workers`, all over ipc:// in
-    the script's directory; stages = the pipeline's node names (default: every worker)."""
+    the script's directory; stages = the pipeline's node names (default: every worker);
+    replicas = a list of node-name lists, one pipeline each (default: one replica)."""
     d = os.path.dirname(path)
     nodes = [f"node {{ name = 'front', listen = 'ipc://{d}/front.sock' }}"]
     nodes += [f"node {{ name = '{w}', listen = 'ipc://{d}/{w}.sock' }}" for w in workers]
     st = stages if stages is not None else \
         "pipeline(m, { " + ", ".join(f"'{w}'" for w in (workers)) + " })"
+    reps = [f"replica {{ model = m, stages = {st} }}"]
+    if replicas:
+        reps = ["replica { model = m, stages = pipeline(m, { " +
+                ", ".join(f"'{w}'" for w in r) + " }) }" for r in replicas]
     with open(path, "w") as f:
         f.write(f"local m = model {{ path = '{model}', name = 'm' }}\n"
                 "return cluster {\n"
                 f"  nodes = {{ {', '.join(nodes)} }},\n"
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
-                f"  replicas = {{ replica {{ model = m, stages = {st} }} }},\n"
+                f"  replicas = {{ {', '.join(reps)} }},\n"
                 "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
                 f"  kv = {{ memory = '32MiB' }},\n{extra}"
                 "}\n")
@@ -132,8 +141,9 @@ def reference(model, n):
         return all_at_once(srv.url, n)
 
 
-def pipeline_equals(d, model, workers, want, n):
-    path = script(os.path.join(d, f"p{len(workers)}.lua"), model, workers)
+def pipeline_equals(d, model, workers, want, n, replicas=None):
+    path = script(os.path.join(d, f"p{len(workers)}{'r' if replicas else ''}.lua"), model,
+                  workers, replicas=replicas)
     nodes = [Node(path, w) for w in workers]
     problems = []
     try:
@@ -145,6 +155,12 @@ def pipeline_equals(d, model, workers, want, n):
             for w in workers:
                 assert f"node {w} joined" in log, f"no join line for {w}:\n{log}"
             got = all_at_once(srv.url, n)
+            if replicas:  # the router must have used every replica
+                text = su.metrics(srv.url)
+                routed = [su.metric(text, "shoal_router_routed_total", replica=str(k))
+                          for k in range(len(replicas))]
+                assert all(x and x > 0 for x in routed), f"routed per replica: {routed}"
+                su.log(f"note: requests per replica {routed}")
         finally:
             problems += su.stop(srv)
     finally:
@@ -157,8 +173,8 @@ def pipeline_equals(d, model, workers, want, n):
            for i, (a, b) in enumerate(zip(want, got)) if a[:4] != b[:4]]
     assert not bad, "\n".join(bad)
     worst = max(abs(x - y) for a, b in zip(want, got) for x, y in zip(a[4], b[4]))
-    su.log(f"note: {model.split('/')[-1]} {len(workers)} stages: largest logprob difference "
-           f"{worst:.2e}")
+    what = f"{len(replicas)} replicas" if replicas else f"{len(workers)} stages"
+    su.log(f"note: {model.split('/')[-1]} {what}: largest logprob difference {worst:.2e}")
     assert worst < 1e-3, f"logprobs differ by up to {worst}"
     assert all(r[2] == n for r in got), [r[2] for r in got]
     assert not problems, "\n".join(problems)
@@ -223,19 +239,27 @@ def main():
     r = su.Runner("test_cluster_pipeline")
     d = tempfile.mkdtemp(prefix="shcl-", dir="/tmp")  # ipc:// paths stay short
     try:
-        want = reference(STORIES, 48)
+        want = reference(STORIES, TOKENS)
         r.case("stories260K: 2 stages over ipc:// equal one process",
-               pipeline_equals, d, STORIES, ["w0", "w1"], want, 48)
+               pipeline_equals, d, STORIES, ["w0", "w1"], want, TOKENS)
         r.case("stories260K: 3 stages over ipc:// equal one process",
-               pipeline_equals, d, STORIES, ["w0", "w1", "w2"], want, 48)
+               pipeline_equals, d, STORIES, ["w0", "w1", "w2"], want, TOKENS)
+        r.case("stories260K: 2 replicas of 2 stages behind the router equal one process",
+               pipeline_equals, d, STORIES, ["w0", "w1", "w2", "w3"], want, TOKENS,
+               replicas=[["w0", "w1"], ["w2", "w3"]])
         r.case("a worker that never starts: exit 2 naming it within --join-timeout",
                join_timeout, d)
         r.case("a worker holding another model file is refused by name", model_mismatch, d)
         r.case("bad scripts exit 2 at once", bad_scripts, d)
         if os.path.exists(su.MODEL):
-            want = reference(su.MODEL, 32)
+            want = reference(su.MODEL, TOKENS)
             r.case("smollm2: 2 stages over ipc:// equal one process",
-                   pipeline_equals, d, su.MODEL, ["w0", "w1"], want, 32)
+                   pipeline_equals, d, su.MODEL, ["w0", "w1"], want, TOKENS)
+            r.case("smollm2: 3 stages over ipc:// equal one process",
+                   pipeline_equals, d, su.MODEL, ["w0", "w1", "w2"], want, TOKENS)
+            r.case("smollm2: 2 replicas behind the router equal one process",
+                   pipeline_equals, d, su.MODEL, ["w0", "w1"], want, TOKENS,
+                   replicas=[["w0"], ["w1"]])
         else:
             su.log(f"note: {su.MODEL} missing, its case not run")
     finally:
