@@ -601,8 +601,11 @@ static sh_err reporter_init(sh_actor_ctx *ctx, void *state, void *arg)
         "Series left out of this node's metrics reports (too long a name, or past the "
         "message's limits).",
         NULL, &r->skipped);
+    // Not at once: a worker creates its transport after its actors, and the front may not be
+    // up yet; until a send first succeeds, failures are expected and not logged.
+    r->failing = true;
     if (!err)
-        err = sh_actor_timer_start(ctx, 1, r->a.period_ms, 1, NULL);
+        err = sh_actor_timer_start(ctx, r->a.period_ms, r->a.period_ms, 1, NULL);
     return err;
 }
 

@@ -69,15 +69,16 @@ typedef struct sh_node_metrics_collector_args {
 
 extern const sh_actor_vtable sh__node_metrics_collector_vtable;
 
-/* Kind "node_metrics_reporter" (a worker node): every period_ms (0: SH_NODE_METRICS_PERIOD_MS),
- * and once at start, snapshots its runtime's registry (sh_metrics_foreach) and sends it to
+/* Kind "node_metrics_reporter" (a worker node): every period_ms (0: SH_NODE_METRICS_PERIOD_MS)
+ * from its start, snapshots its runtime's registry (sh_metrics_foreach) and sends it to
  * `collector` in one one-way METRICS message: counters and gauges as values of kind 0 and 1,
  * histograms with per-bucket counts, every series named `family{labels}`, with its help. A
  * series whose name and labels exceed SH_PROTO_MAX_NAME bytes, or past the message's limits
  * (4096 values, 1024 histograms), is left out and counted in its own registry
  * (shoal_node_metrics_skipped_total). A failed send (the front not up yet, its link down) is
  * dropped: the next period sends a fresh snapshot; the first failure after a success is logged at
- * info (node_metrics_send_failed). args is copied by init. */
+ * info (node_metrics_send_failed), earlier ones not at all (the front not up yet). args is copied
+ * by init. */
 typedef struct sh_node_metrics_reporter_args {
     sh_addr collector;
     uint32_t period_ms;

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "actors/kvmgr_core.h"
+#include "actors/node_metrics.h"
 #include "model/gguf.h"
 #include "shoal/version.h"
 #include "tools/cluster.h"
@@ -352,6 +353,39 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
     return 0;
 }
 
+sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node)
+{
+    uint32_t n = 0;
+    for (int32_t i = 0; i < p->n_stages; i++)
+        n += p->stage_node[i] == node;
+    return n ? sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n) : SH_ADDR_NONE;
+}
+
+/* The front's metrics collector (SH_CLUSTER_METRICS_ACTOR); every worker node reports to it. */
+static int start_metrics(sh_cluster_front *f, sh_runtime *rt)
+{
+    const sh_cluster_plan *p = &f->plan;
+    sh_node_metrics_peer peers[256];
+    int32_t n = 0;
+    for (int32_t i = 0; i < p->c->n_nodes && n < 256; i++) {
+        sh_addr from = sh__cluster_metrics_reporter(p, i);
+        if (i != p->front && from)
+            peers[n++] = (sh_node_metrics_peer){p->c->nodes[i].name, from};
+    }
+    sh_error e = {0};
+    sh_addr addr = 0;
+    if (sh__node_metrics_create(peers, n, &f->metrics))
+        return (sh__cmd_fail("metrics: out of memory, or a node name of 64 bytes or more"), 1);
+    sh_node_metrics_collector_args ca = {.nm = f->metrics};
+    if (sh_actor_spawn(rt, "node_metrics_collector", &ca, 0, &addr, &e))
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (addr != sh_addr_make((uint32_t)p->front + 1, SH_CLUSTER_METRICS_ACTOR))
+        return (
+            sh__cmd_fail("internal: the metrics collector got address %" PRIu64, (uint64_t)addr),
+            1);
+    return 0;
+}
+
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
                             const sh_llama *m, const char *model_path, sh_runtime *rt,
                             uint32_t timeout_ms)
@@ -365,6 +399,9 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     snprintf(f->self.node, sizeof f->self.node, "%s", me->name);
     sh__cluster_ident_settings(&f->plan, c->gateway.node, &f->self);
     sh_error e = {0};
+    // The collector first: its actor id must not depend on what the transport spawns.
+    if ((rc = start_metrics(f, rt)) != 0)
+        return rc;
     sh_transport_opts to = {.listen_url = me->listen, .reconnect_max_ms = 250};
     if (sh_transport_create(rt, &to, &f->tp, &e))
         return (sh__cmd_fail("node '%s': cannot listen on %s: %s", me->name, me->listen, e.msg),
@@ -429,6 +466,8 @@ void sh__cluster_front_close(sh_cluster_front *f)
 
 void sh__cluster_front_destroy(sh_cluster_front *f)
 {
+    sh__node_metrics_destroy(f->metrics);
+    f->metrics = NULL;
     sh_transport_destroy(f->tp);
     f->tp = NULL;
 }

@@ -21,6 +21,11 @@
  * in pipeline order), so every node computes every address from the script alone. */
 #define SH_CLUSTER_HELLO_ACTOR 1u
 #define SH_CLUSTER_FIRST_STAGE_ACTOR 2u
+/* Per-node metrics (actors/node_metrics.h): on the front, the metrics collector is actor 1:
+ * sh__cluster_front_start() spawns it first, before the transport (whose I/O actor takes the next
+ * id) and the hello actor. On a worker, the reporter follows the node's stages (actor 2 + its
+ * stage count, sh__cluster_metrics_reporter()), before the transport. */
+#define SH_CLUSTER_METRICS_ACTOR 1u
 
 /* One replica of the plan: its stages are plan.stage_*[stage0, stage0 + n_stages). */
 typedef struct sh_cluster_replica_plan {
@@ -71,6 +76,9 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
 sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i);
 int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id);
 
+/* The address of node's metrics reporter, or SH_ADDR_NONE for a node without stages. */
+sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node);
+
 /* Adds every other node that hosts a stage or the gateway as a transport peer. Returns 0 or 2. */
 int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp);
 
@@ -95,6 +103,9 @@ typedef struct sh_cluster_front {
     bool lost[256];    /* per node: judged lost (sh__cluster_front_lost reported it) */
     int down[SH_CLUSTER_MAX_REPLICAS]; /* per replica: set (atomically) once one of its stage
                                         * nodes is lost; the router reads it */
+    /* The workers' latest metrics reports, rendered by the gateway's /metrics; its collector
+     * actor reads it too (created by sh__cluster_front_start, freed by ..._front_destroy). */
+    struct sh_node_metrics *metrics;
 } sh_cluster_front;
 
 /* The exit status of `shoal serve -c` after it lost a worker node (sh__cluster_front_lost): the

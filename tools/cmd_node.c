@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "actors/hello.h"
+#include "actors/node_metrics.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
@@ -164,6 +165,14 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                  (int)i + 1, (uint64_t)addr, (uint64_t)plan.stage_addr[i]),
                     1);
     }
+    // The metrics reporter follows the stages (tools/cluster.h); it reports to the front.
+    sh_node_metrics_reporter_args ra = {
+        .collector = sh_addr_make((uint32_t)plan.front + 1, SH_CLUSTER_METRICS_ACTOR)};
+    if (sh_actor_spawn(s->rt, "node_metrics_reporter", &ra, 0, &addr, &e))
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (addr != sh__cluster_metrics_reporter(&plan, self))
+        return (sh__cmd_fail("internal: the metrics reporter got address %" PRIu64, (uint64_t)addr),
+                1);
     sh_transport_opts to = {.listen_url = c->nodes[self].listen, .reconnect_max_ms = 250};
     if (sh_transport_create(s->rt, &to, &s->tp, &e))
         return (

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "actors/actor_util.h"
+#include "actors/node_metrics.h"
 #include "actors/router.h"
 #include "actors/serve.h"
 #include "base/error.h"
@@ -922,6 +923,10 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
     ga.cluster_json = sh__cluster_status_json;
     ga.cluster_user = &s->status;
+    if (s->front && s->front->metrics) { /* every worker's series on /metrics */
+        ga.metrics_render = sh__node_metrics_render;
+        ga.metrics_user = s->front->metrics;
+    }
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
