@@ -16,9 +16,11 @@
 #define SH_CLUSTER_MAX_STAGES 64 /* over all replicas */
 #define SH_CLUSTER_MAX_REPLICAS 16
 
-/* Node i of the script is runtime node id i + 1. On every node the hello actor is actor 1 and
- * the node's stages follow as actors 2, 3, ... in the order of the plan (replica by replica, each
- * in pipeline order), so every node computes every address from the script alone. */
+/* Node i of the script is runtime node id i + 1. On every worker node the hello actor is actor 1
+ * and the node's stages follow as actors 2, 3, ... in the order of the plan (replica by replica,
+ * each in pipeline order), so every node computes every address from the script alone. The
+ * front's hello actor comes after its metrics collector and its transport's I/O actor; nobody
+ * addresses it (workers answer its requests). */
 #define SH_CLUSTER_HELLO_ACTOR 1u
 #define SH_CLUSTER_FIRST_STAGE_ACTOR 2u
 /* Per-node metrics (actors/node_metrics.h): on the front, the metrics collector is actor 1:
