@@ -1,8 +1,8 @@
 -- Two replicas of the default model, each a 2-stage pipeline, on one machine: the front
 -- (gateway, router, and each replica's batcher and kvmgr) and four worker nodes over ipc:// in
 -- /tmp. Replica 1 runs on w0 and w1, replica 2 on w2 and w3; the router picks a replica per
--- request. NEEDS THE ROUTER: at the commit that added this file `shoal serve -c`, `shoal node`
--- and `shoal cluster up` refuse a script with two replicas (see README.md beside this file).
+-- request (the router is in since commit 467533e; before it, a script with two replicas was
+-- refused). Commands in README.md beside this file.
 -- The model path is relative to this script's directory.
 local m = model { path = "../../models/smollm2-135m-instruct-q4_1.gguf", name = "smollm2" }
 return cluster {
