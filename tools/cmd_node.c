@@ -17,6 +17,7 @@
 #include "shoal/transport.h"
 #include "tools/cluster.h"
 #include "tools/cmd.h"
+#include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
 
 static void usage(FILE *f)
@@ -30,7 +31,10 @@ static void usage(FILE *f)
                "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
                "  --name NAME         which node of the script this process is\n"
                "  -t THREADS          compute threads per stage (default: all CPUs)\n"
-               "  --log-level L       error, warn, info, debug, trace (default info)\n\n"
+               "  --log-level L       error, warn, info, debug, trace (default info)\n"
+               "  --fault-scenario F  apply fault scenario F (lua/examples/scenario-demo.lua)\n"
+               "                      to the links leaving this node, for testing: delay,\n"
+               "                      drop, duplicate, corrupt, partition, heal\n\n"
                "Prints `node NAME serving ...` on stderr when ready.\n");
 }
 
@@ -47,10 +51,13 @@ typedef struct node_state {
     int32_t n;
     node_stage st[SH_CLUSTER_MAX_STAGES];
     sh_hello_ident self;
+    const char *fault_path; /* --fault-scenario */
+    sh_cmd_fault fault;
 } node_state;
 
 static void close_all(node_state *s)
 {
+    sh__cmd_fault_stop(&s->fault);
     if (s->tp)
         sh_transport_close(s->tp);
     sh_runtime_destroy(s->rt);
@@ -179,6 +186,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
             sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),
             e.code == SH_EBUSY ? 2 : 1);
     rc = sh__cluster_add_peers(&plan, self, s->tp);
+    if (!rc && s->fault_path)
+        rc = sh__cmd_fault_start(&s->fault, s->fault_path, c, s->rt, s->tp);
     if (rc)
         return rc;
     char layers[512] = "";
@@ -208,7 +217,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
 
 int sh__cmd_node(int argc, char **argv)
 {
-    const char *script = NULL, *name = NULL, *log_level = NULL;
+    const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
     int64_t threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -216,7 +225,8 @@ int sh__cmd_node(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level"))
+        if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
+            strcmp(a, "--fault-scenario"))
             return sh__cmd_fail("unknown option '%s' (see shoal node --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
@@ -227,6 +237,8 @@ int sh__cmd_node(int argc, char **argv)
             name = v;
         else if (!strcmp(a, "--log-level"))
             log_level = v;
+        else if (!strcmp(a, "--fault-scenario"))
+            fault_path = v;
         else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
             return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
     }
@@ -237,6 +249,7 @@ int sh__cmd_node(int argc, char **argv)
     sh__cmd_block_signals(&sigs, 0);
     node_state s;
     memset(&s, 0, sizeof s);
+    s.fault_path = fault_path;
     int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);
     close_all(&s);
     return rc;

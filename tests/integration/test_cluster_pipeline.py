@@ -57,12 +57,12 @@ def script(path, model, workers, stages=None, extra="", replicas=None):
 
 
 class Node:
-    def __init__(self, script_path, name):
+    def __init__(self, script_path, name, *extra):
         fd, self.logpath = tempfile.mkstemp(prefix=f"shoal-node-{name}-", suffix=".log")
         logf = os.fdopen(fd, "wb")
         self.name = name
         self.proc = subprocess.Popen([su.shoal_binary(), "node", "-c", script_path, "--name", name,
-                                      "-t", "1"], cwd=su.ROOT, stdin=subprocess.DEVNULL,
+                                      "-t", "1", *extra], cwd=su.ROOT, stdin=subprocess.DEVNULL,
                                      stdout=logf, stderr=logf)
         logf.close()
 
