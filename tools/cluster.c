@@ -7,9 +7,11 @@
 
 #include "actors/kvmgr_core.h"
 #include "actors/node_metrics.h"
+#include "base/version.h"
 #include "model/gguf.h"
 #include "shoal/version.h"
 #include "tools/cluster.h"
+#include "tools/cluster_key.h"
 #include "tools/cmd_util.h"
 
 #define DEFAULT_STAGE_KV_MEM ((uint64_t)1 << 30)
@@ -91,17 +93,18 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     rp->stage0 = p->n_stages;
     rp->n_stages = r->n_stages;
     rp->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
-    if (r->n_stages > hp->n_layers)
+    // Ranges the script did not know (the layer count came with the model) are resolved here,
+    // evenly or by pipeline()'s weights, by the loader's rule (lua/config.h).
+    int32_t firsts[SH_CLUSTER_MAX_STAGES], lasts[SH_CLUSTER_MAX_STAGES];
+    sh_error e = {0};
+    if (r->n_stages > hp->n_layers || r->n_stages > SH_CLUSTER_MAX_STAGES ||
+        sh_config_replica_layers(r, hp->n_layers, firsts, lasts, &e))
         return sh__cmd_fail("%s: %s%d stages for a model of %d layers", script, who,
                             (int)r->n_stages, (int)hp->n_layers);
     int32_t widest = 0;
     for (int32_t i = 0; i < r->n_stages; i++) {
         const sh_config_stage *s = &r->stages[i];
-        int32_t first = s->first_layer, last = s->last_layer;
-        if (first < 0) { /* the script did not know the layer count: split evenly */
-            first = (int32_t)((int64_t)i * hp->n_layers / r->n_stages);
-            last = (int32_t)((int64_t)(i + 1) * hp->n_layers / r->n_stages);
-        }
+        int32_t first = firsts[i], last = lasts[i];
         int32_t g = rp->stage0 + i;
         int32_t expect = i ? p->last[g - 1] : 0;
         if (first != expect || last <= first || last > hp->n_layers)
@@ -195,8 +198,8 @@ int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident 
         return sh__cmd_fail("%s: cluster nodes need a GGUF model", path);
     id->model_size = sh_gguf_file_size(m->gguf);
     id->model_hash = sh_gguf_header_hash(m->gguf);
-    snprintf(id->version, sizeof id->version, "%s", SH_VERSION_STRING);
-    id->proto = SH_PROTO_VERSION;
+    snprintf(id->version, sizeof id->version, "%s", sh__version_build());
+    id->proto = sh__version_proto();
     return 0;
 }
 
@@ -292,8 +295,30 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Why a worker's answer is refused on the cluster key, or NULL when the key is fine. */
+static const char *key_refusal(const sh_hello_peer *p, const char *name, char *buf, size_t cap)
+{
+    const char *how = "give every node the same key: --cluster-key-file, " SH_CLUSTER_KEY_ENV
+                      " or the script's cluster.key_file";
+    switch (p->verdict) {
+    case SH_HELLO_WRONG_KEY:
+        return "wrong cluster key (its proof of the key does not check with this node's key)";
+    case SH_HELLO_PEER_UNKEYED:
+        snprintf(buf, cap, "this node has a cluster key and '%s' has none (%s)", name, how);
+        return buf;
+    case SH_HELLO_SELF_UNKEYED:
+        snprintf(buf, cap, "'%s' has a cluster key and this node has none (%s)", name, how);
+        return buf;
+    case SH_HELLO_REFUSED:
+        return "it did not accept this node's proof of the cluster key";
+    default:
+        return NULL;
+    }
+}
+
 int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
-                     sh_hello_peer *peers, uint32_t timeout_ms)
+                     sh_hello_peer *peers, uint32_t timeout_ms, const sh_auth_key *key,
+                     sh_transport *tp)
 {
     const sh_cluster_config *c = p->c;
     int32_t n = 0, node_of[256];
@@ -304,7 +329,7 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
         peers[n].addr = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
         node_of[n++] = i;
     }
-    sh_hello_args ha = {.self = self, .peers = peers, .n_peers = n, .retry_ms = 500};
+    sh_hello_args ha = {.self = self, .peers = peers, .n_peers = n, .retry_ms = 500, .key = key};
     sh_error e = {0};
     sh_addr addr;
     if (sh_runtime_register(rt, &sh__hello_vtable, &e) ||
@@ -324,6 +349,9 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
             joined++;
             const sh_config_node *nd = &c->nodes[node_of[k]];
             char diff[1024];
+            const char *refusal = key_refusal(&peers[k], nd->name, diff, sizeof diff);
+            if (refusal)
+                return sh__cmd_fail("node '%s' (%s) refused: %s", nd->name, nd->listen, refusal);
             compare(p, node_of[k], self, &peers[k].got, diff, sizeof diff);
             if (diff[0])
                 return sh__cmd_fail("node '%s' (%s) refused: %s", nd->name, nd->listen, diff);
@@ -339,9 +367,15 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
             for (int32_t k = 0; k < n; k++) {
                 if (seen[k])
                     continue;
-                size_t l = strlen(missing);
-                snprintf(missing + l, sizeof missing - l, "%s'%s' (%s)", l ? ", " : "",
-                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen);
+                // The link's last error says why: nobody listens there, or it speaks another
+                // protocol (runtime/msg.h); none when the process is simply not up yet.
+                sh_transport_link l;
+                bool why = tp && sh_transport_link_get(tp, (uint32_t)node_of[k] + 1, &l) == SH_OK &&
+                           l.last_error[0];
+                size_t len = strlen(missing);
+                snprintf(missing + len, sizeof missing - len, "%s'%s' (%s%s%s)", len ? ", " : "",
+                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen,
+                         why ? "; last error: " : "", why ? l.last_error : "");
             }
             return sh__cmd_fail("%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
                                 "node -c SCRIPT --name NAME` running for each?)",
@@ -408,7 +442,7 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
                 e.code == SH_EBUSY ? 2 : 1);
     rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp);
     if (!rc)
-        rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms);
+        rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms, &f->key, f->tp);
     // Every worker answered HELLO, so its link is up; a later change of its connection count
     // means it went away (sh__cluster_front_lost).
     for (int32_t i = 0; !rc && i < c->n_nodes && i < 256; i++) {

@@ -86,13 +86,15 @@ int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *
 
 /* The front's join: greets every worker node through a hello actor spawned on rt (rt must have
  * its transport and peers) and waits until each has answered, printing "shoal: node NAME joined
- * (...)" per node. A worker whose identity differs from `self` is refused with an error naming
- * it and what differs. `peers` (at least c->n_nodes entries) and `self` must outlive rt: the
- * actor keeps them. Returns 0 when all joined, 2 on a mismatch or when timeout_ms passes (the
- * error names the nodes still missing), 1 when the actor cannot be spawned. Not from a loop
- * thread. */
+ * (...)" per node. A worker that fails the cluster key (`key`, may be NULL: none; a wrong key, or
+ * a key on one side only) or whose identity differs from `self` is refused with an error naming
+ * it and what differs. `peers` (at least c->n_nodes entries), `self` and `key` must outlive rt:
+ * the actor keeps them. Returns 0 when all joined, 2 on a refusal or when timeout_ms passes (the
+ * error names the nodes still missing, each with its link's last error from tp when tp is not
+ * NULL), 1 when the actor cannot be spawned. Not from a loop thread. */
 int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
-                     sh_hello_peer *peers, uint32_t timeout_ms);
+                     sh_hello_peer *peers, uint32_t timeout_ms, const sh_auth_key *key,
+                     sh_transport *tp);
 
 /* The front's side of a cluster: its plan, its identity, the workers' answers and its transport.
  * Lives until after the runtime is destroyed (the hello actor reads self and peers). */
@@ -100,6 +102,7 @@ typedef struct sh_cluster_front {
     sh_cluster_plan plan;
     sh_hello_ident self;
     sh_hello_peer peers[256];
+    sh_auth_key key; /* the cluster key: set (or left zeroed: none) before the start */
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
     bool lost[256];    /* per node: judged lost (sh__cluster_front_lost reported it) */

@@ -16,13 +16,15 @@
 #include "lua/config.h"
 #include "shoal/transport.h"
 #include "tools/cluster.h"
+#include "tools/cluster_key.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n\n"
+    fprintf(f, "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n"
+               "                  [--cluster-key-file FILE]\n\n"
                "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
                "pipeline stages the script places on it (only their layers are loaded, with\n"
                "the embedding on the first stage and the output head on the last) until\n"
@@ -31,6 +33,9 @@ static void usage(FILE *f)
                "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
                "  --name NAME         which node of the script this process is\n"
                "  -t THREADS          compute threads per stage (default: all CPUs)\n"
+               "  --cluster-key-file FILE  the cluster key (else " SH_CLUSTER_KEY_ENV ", else\n"
+               "                      the script's cluster.key_file): only nodes that prove\n"
+               "                      it in HELLO are served; none anywhere: open\n"
                "  --log-level L       error, warn, info, debug, trace (default info)\n"
                "  --fault-scenario F  apply fault scenario F (lua/examples/scenario-demo.lua)\n"
                "                      to the links leaving this node, for testing: delay,\n"
@@ -50,6 +55,11 @@ typedef struct node_state {
     sh_transport *tp;
     int32_t n;
     node_stage st[SH_CLUSTER_MAX_STAGES];
+    const char *key_file;                       /* --cluster-key-file */
+    sh_auth_key key;                            /* none: the node serves anyone */
+    sh_hello_auth auth;                         /* which nodes proved the key */
+    const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
+    sh_hello_peer peers[SH_CLUSTER_MAX_STAGES]; /* with a key: the nodes whose ACT comes here */
     sh_hello_ident self;
     const char *fault_path; /* --fault-scenario */
     sh_cmd_fault fault;
@@ -87,6 +97,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         return sh__cmd_fail("%s: node '%s' is the gateway's node: run `shoal serve -c %s` there, "
                             "not `shoal node`",
                             script, name, script);
+    rc = sh__cluster_key_load(s->key_file, c, &s->key);
+    if (rc)
+        return rc;
     const sh_config_replica *r = &c->replicas[0];
     const sh_config_model *cm = &c->models[r->model];
     struct stat sb;
@@ -149,7 +162,32 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     for (int32_t k = 0; k < n_mine; k++)
         s->self.stages[k] = plan.stage_addr[mine[k]];
     s->self.n_stages = n_mine;
-    sh_hello_args ha = {.self = &s->self};
+    // With a key, only nodes that proved it are served (the stages check each STEP and ACT),
+    // and this node proves it to, and checks, each node that sends its stages ACT (the previous
+    // stage's); it answers the front's HELLO only once those answered (actors/hello.h).
+    bool keyed = s->key.set;
+    s->auth.key = &s->key;
+    s->auth.self = (uint32_t)self + 1;
+    for (int32_t i = 0; i < c->n_nodes && i + 1 < SH_HELLO_MAX_NODES; i++)
+        s->names[i + 1] = c->nodes[i].name;
+    s->auth.names = s->names;
+    s->auth.n_names = SH_HELLO_MAX_NODES;
+    int32_t n_peers = 0;
+    for (int32_t k = 0; keyed && k < n_mine; k++) {
+        int32_t i = mine[k];
+        int32_t prev = i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1] : -1;
+        sh_addr at = sh_addr_make((uint32_t)prev + 1, SH_CLUSTER_HELLO_ACTOR);
+        bool skip = prev < 0 || prev == self;
+        for (int32_t j = 0; !skip && j < n_peers; j++)
+            skip = s->peers[j].addr == at;
+        if (!skip)
+            s->peers[n_peers++].addr = at;
+    }
+    sh_hello_args ha = {.self = &s->self,
+                        .peers = n_peers ? s->peers : NULL,
+                        .n_peers = n_peers,
+                        .key = &s->key,
+                        .auth = &s->auth};
     sh_addr addr = 0;
     if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
@@ -164,7 +202,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .max_seqs = plan.max_seqs,
                                 .max_blocks_per_seq = rp->seq_blocks,
                                 .link_dtype = rp->link_dtype,
-                                .next = sh__cluster_next_stage(&plan, i)};
+                                .next = sh__cluster_next_stage(&plan, i),
+                                .auth = keyed ? &s->auth : NULL};
         if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         if (addr != plan.stage_addr[i])
@@ -202,10 +241,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     }
     fprintf(stderr,
             "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
-            "tokens per step)\n",
+            "tokens per step%s)\n",
             name, layers, cm->name, c->nodes[self].listen,
             (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, (int)plan.max_seqs,
-            (int)plan.step_tokens);
+            (int)plan.step_tokens, keyed ? "; cluster key set" : "");
     fflush(stderr);
     int sig = 0;
     while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {
@@ -219,11 +258,18 @@ int sh__cmd_node(int argc, char **argv)
 {
     const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
     int64_t threads = 0;
+    const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--cluster-key-file")) {
+            if (i + 1 >= argc)
+                return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
+            key_file = argv[++i];
+            continue;
         }
         if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
             strcmp(a, "--fault-scenario"))
@@ -249,6 +295,7 @@ int sh__cmd_node(int argc, char **argv)
     sh__cmd_block_signals(&sigs, 0);
     node_state s;
     memset(&s, 0, sizeof s);
+    s.key_file = key_file;
     s.fault_path = fault_path;
     int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);
     close_all(&s);

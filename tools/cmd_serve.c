@@ -22,6 +22,7 @@
 #include "lua/config.h"
 #include "model/gguf.h"
 #include "tools/cluster.h"
+#include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
@@ -50,6 +51,7 @@ typedef struct serve_opts {
     const sh_cluster_config *cfg; /* -c's script */
     bool cluster;                 /* the script's stages run on worker nodes */
     uint32_t join_timeout_ms;     /* --join-timeout */
+    const char *cluster_key_file; /* --cluster-key-file */
     uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
     bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
@@ -111,6 +113,9 @@ static void usage(FILE *f)
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
             "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
             "                      worker to join (default 60; see docs/cluster.md)\n"
+            "  --cluster-key-file FILE  with -c and worker nodes: the cluster key the\n"
+            "                      workers must prove in HELLO (else " SH_CLUSTER_KEY_ENV ",\n"
+            "                      else the script's cluster.key_file; none: open)\n"
             "  --step-timeout S    a batched step not answered within S seconds fails its\n"
             "                      requests with 503 (default: 30 with worker nodes, else\n"
             "                      none; 0: none)\n"
@@ -311,7 +316,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
-    "--redispatch-after --affinity-slack "
+    "--redispatch-after --affinity-slack --cluster-key-file "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -408,6 +413,8 @@ static int parse(int argc, char **argv, serve_opts *o)
             snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed, e.g. 0.5)");
             ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
                  ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--cluster-key-file")) {
+            o->cluster_key_file = v;
         } else if (!strcmp(a, "--join-timeout")) {
             double d = 0;
             snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
@@ -758,7 +765,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("runtime: %s", e.msg), 1);
         if (!(s->front = calloc(1, sizeof *s->front)))
             return (sh__cmd_fail("out of memory"), 1);
-        int rc = sh__cluster_front_start(s->front, o->cfg, o->config, s->m, o->model, s->rt,
+        int rc = sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key);
+        if (!rc)
+            rc = sh__cluster_front_start(s->front, o->cfg, o->config, s->m, o->model, s->rt,
                                          o->join_timeout_ms);
         if (rc)
             return rc;
