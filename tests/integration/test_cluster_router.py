@@ -8,6 +8,8 @@ Cases:
 - requests stuck behind a long queue on one replica (all sent there by prefix affinity with an
   unbounded --affinity-slack, max_seqs 2, its steps slowed) are re-dispatched to the idle one and
   finish, with the same greedy text as the others;
+- kill -9 of one replica's worker: the front keeps serving on the other replica (health veto),
+  requests not yet streaming move there, /health stays 200;
 - with a shared 1k-token prefix per "document" and 2 replicas whose KV pools hold two documents
   each but not three, three documents asked in turn reach a prefix-cache hit ratio of at least
   80% with affinity, and clearly more than without (--no-affinity: round-robin puts every
@@ -177,6 +179,55 @@ def redispatch(d):
     assert not problems, "\n".join(problems)
 
 
+def replica_lost(d):
+    """kill -9 of replica 2's only worker: the front keeps serving on replica 1 (the router vetoes
+    the lost one), every request answers, and none streams from the dead replica."""
+    path = two_replicas(d, "lost.lua", STORIES)
+    c = Cluster(path)
+    problems = []
+    try:
+        want = complete(c.srv.url, "Once upon a time", 32)
+        out = [None] * 12
+        stop = threading.Event()
+
+        def one(i):
+            try:
+                out[i] = complete(c.srv.url, "Once upon a time", 32, timeout=60)
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+
+        ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(12)]
+        for t in ts[:6]:
+            t.start()
+        c.nodes[1].proc.kill()  # worker b, replica 2
+        c.nodes[1].proc.wait()
+        for t in ts[6:]:
+            t.start()
+        for t in ts:
+            t.join(90)
+        stop.set()
+        # A request replica 2 had started streaming ends with a 503 naming the loss; the others,
+        # and every one after the loss, are served by replica 1 with the same greedy text.
+        served = [r for r in out if isinstance(r, tuple)]
+        failed = [r for r in out if not isinstance(r, tuple)]
+        assert all(r == want for r in served), set(served)
+        assert all("503" in str(r) for r in failed), failed[:3]
+        for i in range(6, 12):
+            assert isinstance(out[i], tuple), f"request {i} after the loss: {out[i]!r}"
+        status, _, raw = su.get(c.srv.url, "/health")
+        assert status == 200, f"/health {status} {raw[:200]!r}"
+        assert c.metric("shoal_router_healthy", replica="1") == 0
+        assert c.metric("shoal_router_healthy", replica="0") == 1
+        log = c.srv.log_text()
+        assert "node b" in log and "replica 2 stops" in log, log[-1500:]
+        assert c.srv.alive(), "the front exited"
+        su.log(f"note: {len(served)} of 12 served, {len(failed)} ended with 503 at the loss")
+        c.nodes = [c.nodes[0]]  # b is gone: only a is stopped (its exit status is checked)
+    finally:
+        problems += c.close()
+    assert not problems, "\n".join(problems)
+
+
 def documents():
     """Three ~1k-token documents, different from their first token on."""
     words = ["river", "stone", "garden", "window", "silver", "market", "forest", "engine",
@@ -241,6 +292,7 @@ def main():
         r.case("a replica slowed by a delay rule gets under a third of new requests",
                slowed_replica, d)
         r.case("requests queued behind a long queue are re-dispatched and finish", redispatch, d)
+        r.case("a replica that lost its worker is vetoed; the other serves on", replica_lost, d)
         if os.path.exists(su.MODEL):
             r.case("shared 1k-token prefixes: hit ratio >= 80% with affinity, clearly above "
                    "without", affinity, d)
