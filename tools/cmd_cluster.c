@@ -44,7 +44,9 @@ static void usage(FILE *f)
             "`shoal serve -c CLUSTER.lua SERVE FLAGS`. Every node's URL must be local (ipc://,\n"
             "or tcp:// on 127.x, localhost or [::1]). Each child's output is prefixed with its\n"
             "node's name. A node that exits is restarted with backoff (0.5 s doubling to 10 s);\n"
-            "a worker lost while the front serves, or the front itself, restarts every node.\n"
+            "a worker lost while the front serves, or the front itself, restarts every node\n"
+            "(with several replicas: once no replica is whole; until then the front serves\n"
+            "on the others and the lost worker waits for that restart).\n"
             "A node that exits 5 times in a row before it is up, or exits 2 (bad input), stops\n"
             "the cluster. SIGINT/SIGTERM stop the front (it drains), then the workers.\n\n"
             "  --bin PATH    the shoal binary for the children (default: this one)\n"
@@ -100,11 +102,15 @@ typedef struct child {
     int quick_fails;   /* exits in a row before it was ready */
     double restart_at; /* > 0: start it again at this time (not while the cluster restarts) */
     int status;        /* the last wait status */
+    int32_t node;      /* its index in the script */
+    bool down;         /* a worker that exited while the front served on other replicas: not
+                        * started again until the whole cluster restarts */
 } child;
 
 typedef struct sup {
     const char *script;
     const char *bin;
+    const sh_cluster_config *c;
     child *kids; /* workers first, the front last */
     int n;
     int sfd;
@@ -284,8 +290,29 @@ static void begin_restart(sup *s, double at)
     } else if (at > s->restart_all_at) {
         s->restart_all_at = at;
     }
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->n; i++) {
         s->kids[i].restart_at = 0;
+        s->kids[i].down = false;
+    }
+}
+
+/* Whether some replica of the script keeps every stage on a node that is not down and is not
+ * `gone`: the front then serves on (it vetoes the replicas it lost, docs/cluster.md). */
+static bool replica_survives(const sup *s, const child *gone)
+{
+    const sh_cluster_config *c = s->c;
+    for (int32_t r = 0; r < c->n_replicas; r++) {
+        bool whole = true;
+        for (int32_t i = 0; i < c->replicas[r].n_stages && whole; i++)
+            for (int j = 0; j < s->n; j++) {
+                const child *k = &s->kids[j];
+                if (k->node == c->replicas[r].stages[i].node && (k == gone || k->down))
+                    whole = false;
+            }
+        if (whole)
+            return true;
+    }
+    return false;
 }
 
 /* The backoff for a node that exited by itself: returns the delay before its restart, or -1
@@ -345,6 +372,14 @@ static void on_exit_of(sup *s, child *k, int status)
     if (k->front) {
         say("node %s exited (%s); restarting every node in %.1f s", k->name, how, d);
         begin_restart(s, t + d);
+    } else if (!s->restarting && f->pid && f->ready && s->c->n_replicas > 1 &&
+               replica_survives(s, k)) {
+        // Several replicas: the front vetoes the lost one and serves on with the others. A new
+        // process could not rejoin it (its KV cache is gone), so it waits for the next restart.
+        k->down = true;
+        say("node %s exited (%s); the front serves on with the replicas it does not hold; it "
+            "starts again with the next restart of every node",
+            k->name, how);
     } else if (s->restarting || (f->pid && f->ready)) {
         // The front had joined this worker: the replica is gone (its KV cache with it), so the
         // front fails stop and every node starts again.
@@ -589,7 +624,7 @@ static int cluster_up(int argc, char **argv)
         return rc;
     }
     int n_extra = argc - extra;
-    sup s = {.script = script, .bin = bin, .sfd = -1};
+    sup s = {.script = script, .bin = bin, .c = c, .sfd = -1};
     s.n = c->n_nodes;
     if (s.n > SH_CLUSTER_MAX_STAGES + 1) {
         sh_config_destroy(c);
@@ -607,6 +642,7 @@ static int cluster_up(int argc, char **argv)
     for (int32_t i = 0; i < c->n_nodes; i++) {
         child *k = i == c->gateway.node ? &s.kids[s.n - 1] : &s.kids[w++];
         k->name = c->nodes[i].name;
+        k->node = i;
         k->front = i == c->gateway.node;
         k->out = -1;
         k->delay = BACKOFF_FIRST_S;

@@ -160,6 +160,37 @@ def restart_after_kill(d):
         c.kill()
 
 
+def replicas_serve_on(d):
+    """2 replicas: kill -9 of replica 2's worker leaves the front serving on replica 1 (same pid,
+    no restart); kill -9 of replica 1's worker then restarts every node."""
+    path = script(os.path.join(d, "reps.lua"), STORIES, ["w0", "w1"], replicas=[["w0"], ["w1"]])
+    c = Cluster(path)
+    try:
+        url = c.wait_for("'cluster: up' line", c.ups, UP_S)[0]
+        want = complete(url)
+        os.kill(c.pids()["w1"][-1], signal.SIGKILL)
+        c.wait_for("exit line for w1",
+                   lambda: re.search(r"^cluster: node w1 exited \(signal 9[^)]*\); the front "
+                                     r"serves on", c.text(), re.M), RECOVER_S)
+        for _ in range(4):
+            assert complete(url) == want
+        pids = c.pids()
+        assert len(pids["front"]) == 1 and len(pids["w1"]) == 1, pids
+        os.kill(pids["w0"][-1], signal.SIGKILL)
+        ups = c.wait_for("second 'cluster: up' line", lambda: len(c.ups()) >= 2 and c.ups(),
+                         RECOVER_S)
+        assert complete(ups[-1]) == want
+        pids = c.pids()
+        assert len(pids["front"]) == 2 and len(pids["w1"]) == 2, pids
+        c.proc.send_signal(signal.SIGTERM)
+        rc = c.wait_exit(STOP_S)
+        assert rc == 0, f"cluster up exited {rc}:\n{c.text()[-3000:]}"
+        no_process_left(c.sid, 5)
+        os.unlink(c.logpath)
+    finally:
+        c.kill()
+
+
 def gives_up(d):
     path = script(os.path.join(d, "fail.lua"), STORIES, ["w0", "w1"])
     wrapper = os.path.join(d, "shoal-wrapper.sh")
@@ -234,6 +265,8 @@ def main():
         r.case("a node that is not local is refused with exit 2", refuses_remote, d)
         r.case("up, kill -9 of a worker: restarted and serving again; SIGTERM stops all",
                restart_after_kill, d)
+        r.case("2 replicas: a lost worker leaves the front serving on the other replica",
+               replicas_serve_on, d)
         r.case("a node failing before it is up, 5 times: cluster up exits 1 naming it",
                gives_up, d)
         r.case("kill -9 of cluster up: no child is left", dies_with_supervisor, d)

@@ -1,0 +1,164 @@
+/* The batcher's internals (actors/batcher.c says what it does): the state of its requests,
+ * sequences and steps in flight, shared by batcher.c (requests, reports, the actor),
+ * batcher_plan.c (queue, admission, preemption, planning and dispatch of steps) and
+ * batcher_step.c (STEP_DONE, failed and timed-out steps). Every function runs on the batcher's
+ * loop thread. */
+#ifndef SH_ACTORS_BATCHER_INT_H
+#define SH_ACTORS_BATCHER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/actor_util.h"
+#include "actors/openai.h"
+#include "actors/serve.h"
+#include "model/tokenizer.h"
+
+#define TIMER_FORM 1
+#define TIMER_DEADLINE 2
+#define TIMER_REPORT 3
+#define DEADLINE_TICK_MS 100
+
+typedef enum seq_state {
+    SEQ_WAITING = 0, /* in the queue, no KV */
+    SEQ_RUNNING,     /* in the running set */
+    SEQ_FINISHED,
+} seq_state;
+
+typedef struct breq breq;
+
+typedef struct bseq {
+    breq *r;
+    int32_t choice;
+    seq_state state;
+    uint64_t kv_id;     /* 0: holds no KV */
+    int32_t *toks;      // (cap) prompt then generated tokens
+    int32_t n_toks;     /* prompt + generated */
+    int32_t n_gen;      /* generated tokens (sent to the gateway) */
+    int32_t n_computed; /* positions whose KV is in the cache */
+    int32_t n_reserved; /* positions reserved in the block table */
+    int32_t n_marked;   /* computed count last reported to the kvmgr */
+    int32_t n_cached;   /* prompt positions found in the prefix cache at admission */
+    int32_t *blocks;    // (max_blocks) block table copy
+    int32_t n_blocks;
+    /* this step */
+    bool planned, in_step, alloc_ok, sampled;
+    int32_t step_k;
+    int32_t fl_slot, fl_pos; /* while in_step: its flight and its place in the flight's order */
+    bool fork_pending;       /* waits for the first choice's prompt to be computed */
+    bool short_kv;           /* this step's reservation was refused for want of blocks */
+    uint64_t queued_us;      /* when it last began to wait: arrival, or its latest preemption */
+    uint64_t admitted_us;    /* when it last joined the running set */
+    uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
+    bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
+    bool held_kv;  /* was ever granted KV blocks (true for good: a preempted one too) */
+    sh_tokenizer_stream *detok;
+    sh_openai_stopper stop;
+    struct bseq *next; /* queue link */
+} bseq;
+
+struct breq {
+    uint64_t id;
+    sh_addr reply_to;
+    uint64_t trace;
+    uint8_t prio;
+    uint64_t arrival;
+    uint64_t deadline_ms;
+    int32_t n_prompt;
+    int32_t max_tokens;
+    int32_t min_tokens; /* end-of-sequence tokens are ordinary tokens before this many */
+    int32_t n_choices, n_finished;
+    int32_t shared; /* prompt positions choices > 0 fork from choice 0 */
+    bool cancelled;
+    sh_proto_sampling samp; /* stop and bias point into owned memory below */
+    sh_strv stop_v[SH_PROTO_MAX_STOP];
+    sh_proto_logit_bias *bias;
+    char *stop_mem;
+    bseq *seqs; // (n_choices)
+    breq *next_live;
+};
+
+/* A step in flight: sent, its STEP_DONE not yet handled. order[i] is the step's i-th sequence
+ * (NULL once retired: a failure of another step can end its request meanwhile). */
+typedef struct flight {
+    uint64_t step; /* 0: this slot is free */
+    uint64_t sent_us;
+    int32_t n;
+    bseq **order; // (max_seqs)
+} flight;
+
+typedef struct batcher {
+    sh_batcher_args a;
+    sh_actor_ctx *ctx;
+    sh_act_decoder dec;
+    breq *live; /* every request not yet finished */
+    int32_t n_reqs;
+    bseq *queue; /* waiting sequences, by (prio, arrival) */
+    int32_t n_waiting;
+    bseq **running; // (max_seqs)
+    int32_t n_running;
+    int32_t max_blocks;
+    uint64_t next_kv_id, arrivals, step_no;
+    int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
+    int32_t allocs_out;
+    bool forming;
+    uint64_t form_start_us;
+    uint64_t form_timer;
+    /* steps in flight: at most max_inflight (P), on disjoint sets of sequences */
+    int32_t max_inflight;
+    flight *fl; // (max_inflight)
+    int32_t n_inflight;
+    /* step scratch */
+    sh_proto_step_seq *step_seqs; // (max_seqs)
+    uint64_t *fail_ids;           // (max_seqs) request ids of a failed step
+    /* metrics */
+    sh_gauge *m_running, *m_waiting;
+    sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
+    sh_counter *m_fin[5];
+    sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
+    /* what METRICS reports to the router say (counters since init) */
+    uint64_t tot_tokens, tot_generated, tot_steps, busy_us;
+    uint64_t busy_since; /* when the steps in flight went from none to one (0: none in flight) */
+    sh_proto_metric report[9];
+} batcher;
+
+enum { FIN_ERROR = 4 }; /* seq_finish's fin for a failed choice (after sh_proto_finish's) */
+
+static inline int32_t blocks_for(const batcher *b, int32_t n_tokens)
+{
+    return (n_tokens + b->a.block_tokens - 1) / b->a.block_tokens;
+}
+
+/* batcher.c: requests. */
+void sh__batcher_update_gauges(batcher *b);
+breq *sh__batcher_find_req(batcher *b, uint64_t id);
+/* Releases a sequence's KV (KV_FREE with its computed count, so its full blocks stay cached). */
+void sh__batcher_kv_release(batcher *b, bseq *s);
+/* A choice finished (fin an sh_proto_finish, or FIN_ERROR): DONE; r is freed with its last. */
+void sh__batcher_seq_finish(batcher *b, bseq *s, int fin);
+/* Fails a whole request (FAIL to its sender) and frees it. */
+void sh__batcher_req_fail(batcher *b, breq *r, sh_err code, uint32_t http, const char *msg);
+/* Finishes every choice of r not in a step in flight with fin. */
+void sh__batcher_req_finish_all(batcher *b, breq *r, int fin);
+/* To call whenever the number of steps in flight may have changed (busy_us of the reports). */
+void sh__batcher_busy_update(batcher *b, uint64_t now_us);
+
+/* batcher_plan.c: the queue and the running set, planning and dispatch. */
+void sh__batcher_plan_queue_insert(batcher *b, bseq *s);
+void sh__batcher_plan_queue_remove(batcher *b, bseq *s);
+void sh__batcher_plan_running_remove(batcher *b, bseq *s);
+bseq *sh__batcher_plan_find_running(batcher *b, uint64_t kv_id);
+/* Steps 1 and 2: plans the next step when a pipeline slot is free (KV_ALLOC/KV_FORK sent). */
+void sh__batcher_plan_step(batcher *b);
+/* A KV_ALLOC or KV_FORK reply (decoded false: undecodable, or an ERROR); the last one of a plan
+ * dispatches the step (step 3). */
+void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded);
+
+/* batcher_step.c: answers of the steps in flight (step 4). */
+void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m);
+/* An undecodable STEP_DONE: the oldest step in flight fails. */
+void sh__batcher_step_lost(batcher *b);
+/* The deadline tick: fails every step in flight past step_timeout_ms. */
+void sh__batcher_step_check_timeouts(batcher *b);
+
+#endif

@@ -1,0 +1,614 @@
+/* The batcher's queue, running set and steps 1 to 3 (actors/batcher.c has the overview):
+ * admission, preemption and starvation relief, planning a step from the sequences in no step in
+ * flight, the KV replies and dispatching the STEP. Thread: the batcher's loop. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/batcher_int.h"
+#include "base/error.h"
+
+/* Preemption and starvation (docs/serving.md, Preemption and No starvation). A slice is SLICE_US
+ * and at least SLICE_STEPS steps, so that where steps are slow a sequence still gets enough
+ * tokens out of each admission to pay for its recompute. A sequence that has waited a slice is
+ * starving; it is admitted ahead of the queue, and a KV shortage spares it for a slice unless
+ * nothing else is left. A running sequence that has run a slice, of the starving one's class or
+ * a lower one, yields to it when it has more than twice its work left, and STARVE_MARGIN tokens
+ * more; among starving sequences the least work goes first, each gaining a credit of
+ * AGE_TOKENS_PER_S tokens per second waited. */
+#define SLICE_US 1000000
+#define SLICE_STEPS 32
+#define AGE_TOKENS_PER_S 16
+#define STARVE_MARGIN 32
+
+/* ---- the queue and the running set ------------------------------------------------------ */
+
+static bool seq_before(const bseq *x, const bseq *y)
+{
+    if (x->r->prio != y->r->prio)
+        return x->r->prio < y->r->prio;
+    if (x->r->arrival != y->r->arrival)
+        return x->r->arrival < y->r->arrival;
+    return x->choice < y->choice;
+}
+
+void sh__batcher_plan_queue_insert(batcher *b, bseq *s)
+{
+    bseq **pp = &b->queue;
+    while (*pp && !seq_before(s, *pp))
+        pp = &(*pp)->next;
+    s->next = *pp;
+    *pp = s;
+    s->state = SEQ_WAITING;
+    b->n_waiting++;
+}
+
+void sh__batcher_plan_queue_remove(batcher *b, bseq *s)
+{
+    for (bseq **pp = &b->queue; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            s->next = NULL;
+            b->n_waiting--;
+            return;
+        }
+}
+
+/* Adds s to the running set at its rank, so that the set stays in queue order: planning, the
+ * kvmgr (which serves reservations in the order they are sent) and preemption all favour the
+ * higher class and, within a class, the earlier arrival. */
+static void running_insert(batcher *b, bseq *s)
+{
+    int32_t i = b->n_running;
+    while (i > 0 && seq_before(s, b->running[i - 1]))
+        i--;
+    memmove(b->running + i + 1, b->running + i, (size_t)(b->n_running - i) * sizeof *b->running);
+    b->running[i] = s;
+    b->n_running++;
+}
+
+void sh__batcher_plan_running_remove(batcher *b, bseq *s)
+{
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i] == s) {
+            memmove(b->running + i, b->running + i + 1,
+                    (size_t)(b->n_running - i - 1) * sizeof *b->running);
+            b->n_running--;
+            return;
+        }
+}
+
+bseq *sh__batcher_plan_find_running(batcher *b, uint64_t kv_id)
+{
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i]->kv_id == kv_id)
+            return b->running[i];
+    return NULL;
+}
+
+/* ---- planning ----------------------------------------------------------------------------- */
+
+static void send_alloc(batcher *b, bseq *s, int32_t k)
+{
+    sh_proto_kv_alloc a = {.seq = s->kv_id, .computed = (uint32_t)s->n_computed};
+    if (s->n_reserved == 0 && s->n_computed == 0) {
+        // A new sequence: the whole token list, so the kvmgr can find a cached prefix.
+        a.tokens = (sh_i32s){s->toks, (uint32_t)s->n_toks};
+        a.n_tokens = (uint32_t)k;
+    } else {
+        a.tokens = (sh_i32s){s->toks + s->n_reserved, (uint32_t)k};
+        a.n_tokens = (uint32_t)k;
+    }
+    s->n_marked = s->n_computed;
+    sh_error e = {0};
+    uint64_t session;
+    sh_err err = sh_request_with(b->ctx, b->a.kvmgr, SH_MSG_KV_ALLOC, sh__proto_encode, &a, 30000,
+                                 &session, &e);
+    if (err) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "kv_alloc_send", "err=\"%s\"", e.msg);
+        s->planned = false;
+        return;
+    }
+    b->allocs_out++;
+}
+
+static void send_fork(batcher *b, bseq *s, const bseq *parent)
+{
+    sh_proto_kv_fork f = {
+        .seq = parent->kv_id, .child = s->kv_id, .n_tokens = (uint32_t)s->r->shared};
+    sh_error e = {0};
+    uint64_t session;
+    if (sh_request_with(b->ctx, b->a.kvmgr, SH_MSG_KV_FORK, sh__proto_encode, &f, 30000, &session,
+                        &e)) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "kv_fork_send", "err=\"%s\"", e.msg);
+        s->planned = false;
+        return;
+    }
+    b->allocs_out++;
+}
+
+static bool past_deadline(const breq *r, uint64_t now_ms)
+{
+    return r->deadline_ms && now_ms >= r->deadline_ms;
+}
+
+/* ---- preemption --------------------------------------------------------------------------- */
+
+/* Whether s has had its slice since its latest admission (see SLICE_US). */
+static bool slice_used(const batcher *b, const bseq *s, uint64_t now_us)
+{
+    return now_us - s->admitted_us >= SLICE_US && b->step_no - s->admitted_step >= SLICE_STEPS;
+}
+
+/* Whether queued sequence s has waited a slice since it last began to wait. */
+static bool starving(const batcher *b, const bseq *s, uint64_t now_us)
+{
+    return now_us - s->queued_us >= SLICE_US && b->step_no - s->queued_step >= SLICE_STEPS;
+}
+
+/* Tokens s still has to generate: what starvation weighs. */
+static int64_t work_left(const bseq *s)
+{
+    int64_t left = (int64_t)s->r->max_tokens - s->n_gen;
+    return left > 0 ? left : 0;
+}
+
+/* The victim of a KV shortage: among the sequences that hold KV, those of the lowest priority
+ * class; of them the last in queue order (the latest arrival), passing over one admitted as
+ * starving that has not yet run its slice unless nothing else is left. A sequence ranks by its
+ * request's arrival, not by when it was last admitted, so a preempted sequence keeps its place:
+ * a shortage takes every later arrival of its class first. */
+static bseq *pick_victim(batcher *b, uint64_t now_us)
+{
+    bseq *last = NULL;
+    for (int32_t i = b->n_running - 1; i >= 0; i--) {
+        bseq *s = b->running[i];
+        if (!s->kv_id || s->fork_pending || s->in_step)
+            continue; /* a step in flight is writing the blocks of one in_step */
+        if (last && s->r->prio != last->r->prio)
+            break; /* the running set is ranked: a better class from here on */
+        if (!s->relieved || slice_used(b, s, now_us))
+            return s;
+        if (!last)
+            last = s;
+    }
+    return last;
+}
+
+/* Blocks s's refused reservation would have added to its table. */
+static int32_t grow_need(const batcher *b, const bseq *s)
+{
+    int32_t n = blocks_for(b, s->n_reserved + s->step_k) - s->n_blocks;
+    return n > 1 ? n : 1;
+}
+
+/* Puts a running sequence back in the queue; it is recomputed from its tokens when readmitted.
+ * Choices that were to fork from it wait for it again. */
+static void preempt(batcher *b, bseq *s)
+{
+    sh__batcher_plan_running_remove(b, s);
+    sh__batcher_kv_release(b, s);
+    s->planned = s->alloc_ok = s->sampled = s->short_kv = false;
+    s->queued_us = sh__act_mono_us();
+    s->queued_step = b->step_no;
+    sh_counter_add(b->m_preempt, 1);
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "preempt", "req=%" PRIu64 " choice=%d tokens=%d",
+                 s->r->id, (int)s->choice, (int)s->n_toks);
+    sh__batcher_plan_queue_insert(b, s);
+}
+
+/* The starving sequence to admit first: among those that waited a slice (and need no fork), the
+ * best class, then the least work left less the credit of its wait (ties: the earlier). NULL
+ * when none is starving. */
+static bseq *pick_starving(const batcher *b, uint64_t now_us)
+{
+    bseq *best = NULL;
+    int64_t best_key = 0;
+    for (bseq *s = b->queue; s; s = s->next) {
+        if (s->fork_pending || !starving(b, s, now_us))
+            continue;
+        int64_t k =
+            work_left(s) - (int64_t)((now_us - s->queued_us) / 1000) * AGE_TOKENS_PER_S / 1000;
+        if (!best || s->r->prio < best->r->prio || (s->r->prio == best->r->prio && k < best_key)) {
+            best = s;
+            best_key = k;
+        }
+    }
+    return best;
+}
+
+/* Whether other choices of s's request still wait to fork from it. */
+static bool forks_pending(const bseq *s)
+{
+    for (int32_t i = 1; s->choice == 0 && i < s->r->n_choices; i++)
+        if (s->r->seqs[i].fork_pending)
+            return true;
+    return false;
+}
+
+/* Whether running sequence v may give way to starving sequence h: v holds KV, is of h's class or
+ * a lower one, has had its slice, has more than twice h's work left (and STARVE_MARGIN more), and
+ * no choice waits to fork from it. Between requests of about the same size the order stays first
+ * come, first served, so they do not take turns at the price of recomputing each other. */
+static bool may_yield(const batcher *b, const bseq *v, const bseq *h, uint64_t now_us)
+{
+    return v->kv_id && !v->fork_pending && !v->in_step && v->r->prio >= h->r->prio &&
+           slice_used(b, v, now_us) && work_left(v) > 2 * work_left(h) + STARVE_MARGIN &&
+           !forks_pending(v);
+}
+
+/* ---- admission ---------------------------------------------------------------------------- */
+
+/* Moves queued sequence s into the running set with a first chunk of k tokens (0 for a fork). */
+static void admit(batcher *b, bseq *s, int32_t k, uint64_t now_us)
+{
+    sh__batcher_plan_queue_remove(b, s);
+    s->state = SEQ_RUNNING;
+    s->planned = !s->fork_pending;
+    s->in_step = s->alloc_ok = false;
+    s->step_k = k;
+    s->kv_id = s->fork_pending ? 0 : ++b->next_kv_id;
+    s->n_computed = s->n_reserved = s->n_marked = 0;
+    s->admitted_us = now_us;
+    s->admitted_step = b->step_no;
+    s->relieved = false;
+    running_insert(b, s);
+}
+
+/* A planned running sequence's blocks and tokens this step, given back to *avail and *budget. */
+static void unplan(const batcher *b, const bseq *s, int32_t *avail, int32_t *budget)
+{
+    *avail += s->n_blocks;
+    if (s->planned) {
+        *avail += blocks_for(b, s->n_computed + s->step_k) - blocks_for(b, s->n_computed);
+        *budget += s->step_k;
+    }
+}
+
+/* Starvation relief: when a starving sequence does not fit, running sequences that may yield to
+ * it (worst class first, then most work left) are preempted, but only when together they make
+ * room; then it is admitted ahead of the queue (it counts in *n_plan, the sequences of the step).
+ * Returns whether one was admitted. */
+static bool relieve_starving(batcher *b, uint64_t now_us, int32_t *avail, int32_t *budget,
+                             int32_t reserve, int32_t *n_plan)
+{
+    bseq *h = pick_starving(b, now_us);
+    if (!h || *budget <= 0 || b->n_running >= b->a.max_seqs)
+        return false;
+    int32_t k = h->n_toks < *budget ? h->n_toks : *budget;
+    int32_t need = blocks_for(b, k) + 1 + reserve;
+    int32_t room = *avail;
+    for (int32_t i = 0; i < b->n_running && room < need; i++)
+        if (may_yield(b, b->running[i], h, now_us))
+            room += b->running[i]->n_blocks;
+    if (room < need)
+        return false;
+    while (*avail < need) {
+        bseq *v = NULL;
+        for (int32_t i = 0; i < b->n_running; i++) {
+            bseq *s = b->running[i];
+            if (may_yield(b, s, h, now_us) &&
+                (!v || s->r->prio > v->r->prio ||
+                 (s->r->prio == v->r->prio && work_left(s) > work_left(v))))
+                v = s;
+        }
+        if (!v)
+            return false;
+        unplan(b, v, avail, budget);
+        preempt(b, v);
+    }
+    *avail -= blocks_for(b, k) + 1;
+    *budget -= k;
+    admit(b, h, k, now_us);
+    h->relieved = true;
+    *n_plan += k > 0;
+    return true;
+}
+
+/* The most sequences one step may take with P steps in flight: an equal share of the sequences
+ * there are to run, so that the groups alternate (32 decoding sequences, P = 2: two groups of
+ * 16). Unbounded with one step in flight. */
+static int32_t step_share(const batcher *b)
+{
+    if (b->max_inflight <= 1)
+        return INT32_MAX;
+    int32_t active = b->n_running + b->n_waiting;
+    active = active < b->a.max_seqs ? active : b->a.max_seqs;
+    int32_t share = (active + b->max_inflight - 1) / b->max_inflight;
+    return share > 1 ? share : 1;
+}
+
+/* Step 1 and 2: choose the step's sequences among those not in a step in flight and ask the
+ * kvmgr for their blocks. */
+void sh__batcher_plan_step(batcher *b)
+{
+    if (b->n_inflight >= b->max_inflight || b->allocs_out || b->forming)
+        return;
+    uint64_t now_ms = sh__act_unix_ms(), now_us = sh__act_mono_us();
+    // Deadlines first: anything past its deadline finishes now.
+    for (breq *r = b->live, *next; r; r = next) {
+        next = r->next_live;
+        if (past_deadline(r, now_ms))
+            sh__batcher_req_finish_all(b, r, SH_PROTO_FINISH_DEADLINE);
+    }
+    int32_t budget = b->a.max_step_tokens;
+    int32_t avail = b->avail_est;
+    int32_t share = step_share(b), n_plan = 0;
+    // Running sequences, in queue order (running_insert keeps the array ranked by priority class,
+    // then arrival), so that a short budget goes to the earlier work. One in a step in flight
+    // waits for its answer (its next chunk needs the token that step samples).
+    for (int32_t i = 0; i < b->n_running && budget > 0 && n_plan < share; i++) {
+        bseq *s = b->running[i];
+        if (s->in_step)
+            continue;
+        s->planned = s->alloc_ok = false;
+        int32_t pending = s->n_toks - s->n_computed;
+        if (s->fork_pending || pending <= 0)
+            continue;
+        int32_t k = pending < budget ? pending : budget;
+        s->step_k = k;
+        s->planned = true;
+        budget -= k;
+        n_plan++;
+        avail -= blocks_for(b, s->n_computed + k) - blocks_for(b, s->n_computed);
+    }
+    // Forks: choices waiting for choice 0's prompt blocks.
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (!s->fork_pending || s->kv_id)
+            continue;
+        const bseq *p = &s->r->seqs[0];
+        if (p->state != SEQ_RUNNING || !p->kv_id || p->n_computed < s->r->shared)
+            continue;
+        if (p->n_marked < s->r->shared && !p->planned)
+            continue; /* the kvmgr hears of the computed prompt with choice 0's next alloc */
+        s->kv_id = ++b->next_kv_id;
+        s->planned = true;
+        s->step_k = 0;
+    }
+    // A starving sequence goes first, with room made for it if need be. Then the queue head while
+    // the budget, the sequence limit and the KV allow. Nothing passes a head that does not fit,
+    // so a later arrival never overtakes a waiting (or preempted) earlier one. When no sequence
+    // holds KV the head goes in whatever the estimate says (choices waiting to fork hold none and
+    // must not keep it out).
+    int32_t reserve = 1 + b->n_running / 8;
+    relieve_starving(b, now_us, &avail, &budget, reserve, &n_plan);
+    bool held = false;
+    for (int32_t i = 0; i < b->n_running && !held; i++)
+        held = b->running[i]->kv_id != 0;
+    while (b->queue && budget > 0 && b->n_running < b->a.max_seqs && n_plan < share) {
+        bseq *s = b->queue;
+        int32_t k = 0;
+        if (!s->fork_pending) {
+            k = s->n_toks < budget ? s->n_toks : budget;
+            int32_t need = blocks_for(b, k) + 1;
+            if (avail - need < reserve && held)
+                break;
+            held = true;
+            avail -= need;
+            budget -= k;
+            n_plan++;
+        }
+        admit(b, s, k, now_us);
+    }
+    // Requests: allocs for choice 0s before forks (the kvmgr handles them in order).
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (s->planned && !s->fork_pending)
+            send_alloc(b, s, s->step_k);
+    }
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (s->planned && s->fork_pending)
+            send_fork(b, s, &s->r->seqs[0]);
+    }
+    sh__batcher_update_gauges(b);
+    int32_t idle = 0; /* running sequences not in a step in flight */
+    for (int32_t i = 0; i < b->n_running; i++)
+        idle += !b->running[i]->in_step;
+    if (b->allocs_out == 0 && idle > 0) {
+        // Nothing could be planned although sequences run: they wait on forks; try later.
+        sh_actor_timer_start(b->ctx, 5, 0, TIMER_FORM, &b->form_timer);
+        b->forming = true;
+        b->form_start_us = sh__act_mono_us();
+    }
+}
+
+/* Step 3: every reservation answered; run the step with those that got their blocks. */
+static void dispatch_step(batcher *b)
+{
+    uint64_t now_us = sh__act_mono_us();
+    // Admissions that did not fit go back to the queue; running sequences that could not grow
+    // are counted for preemption.
+    int32_t failed = 0;
+    bseq *refused = NULL;
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (!s->planned || s->alloc_ok)
+            continue;
+        s->planned = false;
+        if (s->fork_pending)
+            continue;
+        if (s->kv_id == 0) {
+            sh__batcher_plan_running_remove(b, s);
+            sh__batcher_plan_queue_insert(b, s);
+            refused = refused ? refused : s;
+            i--;
+        } else if (s->n_toks > s->n_computed) {
+            s->short_kv = true;
+            failed++;
+        }
+    }
+    int32_t holders = 0;
+    for (int32_t i = 0; i < b->n_running; i++)
+        holders += b->running[i]->kv_id != 0;
+    if (refused && holders == 0) {
+        // Refused by a pool that nothing else holds: this prompt can never fit.
+        sh__batcher_req_fail(b, refused->r, SH_ENOMEM, 503,
+                             "the KV cache is too small for this request's prompt");
+    }
+    // The blocks the refused growth asks for beyond what the pool has left; victims give theirs
+    // back until it is covered. A victim that is itself short needs nothing any more. Only when
+    // the one sequence left holding KV is still short does it not fit the pool even alone.
+    int32_t deficit = -b->avail_est;
+    for (int32_t i = 0; i < b->n_running; i++)
+        if (b->running[i]->short_kv)
+            deficit += grow_need(b, b->running[i]);
+    while (failed > 0 && deficit > 0) {
+        bseq *v = pick_victim(b, now_us);
+        if (!v)
+            break;
+        if (holders == 1) {
+            if (v->short_kv)
+                sh__batcher_req_fail(b, v->r, SH_ENOMEM, 503,
+                                     "the KV cache is too small for this request's context");
+            break;
+        }
+        if (v->short_kv) {
+            deficit -= grow_need(b, v);
+            failed--;
+        }
+        deficit -= v->n_blocks;
+        preempt(b, v);
+        holders--;
+    }
+    for (int32_t i = 0; i < b->n_running; i++)
+        b->running[i]->short_kv = false;
+    // The step itself, in a free flight slot.
+    int32_t slot = 0;
+    while (b->fl[slot].step)
+        slot++;
+    flight *f = &b->fl[slot];
+    f->n = 0;
+    int32_t n_tok = 0;
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (!s->planned || !s->alloc_ok || s->step_k <= 0)
+            continue;
+        sh_proto_step_seq *q = &b->step_seqs[f->n];
+        memset(q, 0, sizeof *q);
+        q->seq = s->kv_id;
+        q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
+        q->pos = (uint32_t)s->n_computed;
+        q->blocks = (sh_i32s){s->blocks, (uint32_t)s->n_blocks};
+        q->sample = s->n_computed + s->step_k == s->n_toks;
+        q->sampling = s->r->samp;
+        q->sampling.stop = (sh_strv_list){0};
+        q->sampling.seed = s->r->samp.seed + (uint64_t)s->choice * 0x9E3779B97F4A7C15ull +
+                           (uint64_t)s->n_gen * 0xBF58476D1CE4E5B9ull;
+        if (q->sample && !s->sampled) {
+            int32_t w = s->r->samp.penalty_last_n;
+            if (w > s->n_computed + s->step_k)
+                w = s->n_computed + s->step_k;
+            q->history = (sh_i32s){s->toks + s->n_computed + s->step_k - w, (uint32_t)w};
+        }
+        s->in_step = true;
+        s->fl_slot = slot;
+        s->fl_pos = f->n;
+        f->order[f->n++] = s;
+        n_tok += s->step_k;
+    }
+    for (int32_t i = 0; i < b->n_running; i++)
+        b->running[i]->planned = false;
+    if (f->n == 0) {
+        // Nothing to run. With a step in flight its answer plans the next one.
+        if (b->n_inflight == 0 && (b->n_running || b->n_waiting)) {
+            b->forming = true;
+            b->form_start_us = sh__act_mono_us();
+            sh_actor_timer_start(b->ctx, 2, 0, TIMER_FORM, &b->form_timer);
+        }
+        return;
+    }
+    sh_proto_step st = {.step = ++b->step_no, .seqs = {b->step_seqs, (uint32_t)f->n}};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.stage, SH_MSG_STEP, 0,
+                     &st, &e)) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_send", "err=\"%s\"", e.msg);
+        for (int32_t i = 0; i < f->n; i++)
+            f->order[i]->in_step = false;
+        f->n = 0;
+        for (breq *r = b->live, *next; r; r = next) {
+            next = r->next_live;
+            sh__batcher_req_fail(b, r, SH_EIO, 503, "the stage could not be reached");
+        }
+        return;
+    }
+    f->step = b->step_no;
+    f->sent_us = sh__act_mono_us();
+    b->n_inflight++;
+    sh__batcher_busy_update(b, f->sent_us);
+    sh_counter_add(b->m_steps, 1);
+    sh_histogram_observe(b->m_batch, f->n);
+    sh_histogram_observe(b->m_step_tokens, n_tok);
+    sh_histogram_observe(b->m_inflight, b->n_inflight);
+    // Room for another step (a pipeline): plan it from the sequences this one left.
+    if (b->n_inflight < b->max_inflight)
+        sh__batcher_plan_step(b);
+}
+
+void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded)
+{
+    if (b->allocs_out > 0)
+        b->allocs_out--;
+    uint64_t kv_id = 0;
+    int32_t status = SH_EPROTO;
+    sh_i32s blocks = {0};
+    if (decoded && type == SH_MSG_KV_ALLOC) {
+        kv_id = pb->kv_alloc.seq;
+        status = pb->kv_alloc.status;
+        blocks = pb->kv_alloc.blocks;
+        if (pb->kv_alloc.status == 0 || pb->kv_alloc.status == SH_EBUSY)
+            b->avail_est = (int32_t)pb->kv_alloc.available;
+    } else if (decoded && type == SH_MSG_KV_FORK) {
+        kv_id = pb->kv_fork.child;
+        status = pb->kv_fork.status;
+        blocks = pb->kv_fork.blocks;
+    }
+    bseq *s = kv_id ? sh__batcher_plan_find_running(b, kv_id) : NULL;
+    if (s && s->planned) {
+        if (status == 0 && (int32_t)blocks.n <= b->max_blocks) {
+            for (uint32_t i = 0; i < blocks.n; i++)
+                s->blocks[i] = sh_i32s_at(blocks, i);
+            s->n_blocks = (int32_t)blocks.n;
+            s->held_kv = true;
+            if (type == SH_MSG_KV_ALLOC) {
+                if (s->n_reserved == 0 && s->n_computed == 0) {
+                    s->n_cached = (int32_t)pb->kv_alloc.cached;
+                    s->n_computed = s->n_marked = s->n_cached;
+                    s->n_reserved = s->n_cached;
+                    s->step_k = (int32_t)pb->kv_alloc.appended;
+                }
+                s->n_reserved += (int32_t)pb->kv_alloc.appended;
+                s->alloc_ok = s->step_k > 0;
+            } else {
+                s->n_computed = s->n_reserved = s->n_marked = s->r->shared;
+                s->n_cached = s->r->shared;
+                s->fork_pending = false;
+                s->alloc_ok = false; /* computes from the next step on */
+            }
+        } else {
+            if (type == SH_MSG_KV_FORK) {
+                s->kv_id = 0; /* retried at the next plan when the pool was short */
+                if (status != SH_EBUSY)
+                    s->fork_pending = false; /* e.g. the window released the prompt's start */
+            } else if (s->n_reserved == 0 && s->n_computed == 0) {
+                s->kv_id = 0; /* the kvmgr freed the new sequence again */
+            }
+            if (status != SH_EBUSY && status != 0)
+                sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "kv_refused", "req=%" PRIu64 " status=%d",
+                             s->r->id, (int)status);
+            if (status == SH_ERANGE) {
+                sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_LENGTH);
+                s = NULL;
+            }
+        }
+    } else if (status == 0 && kv_id) {
+        // The sequence ended (cancel) while its reservation was on the way: release it.
+        sh_proto_kv_free f = {.seq = kv_id};
+        sh_error e = {0};
+        sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.kvmgr, SH_MSG_KV_FREE, 0,
+                     &f, &e);
+    }
+    if (b->allocs_out == 0)
+        dispatch_step(b);
+}
