@@ -30,10 +30,10 @@ typedef struct builder {
     int64_t result;
 } builder;
 
-static const sh__lua_field node_fields[] = {{"name", SH__LUA_STR, true},
-                                            {"listen", SH__LUA_STR, true},
-                                            {"standby", SH__LUA_BOOL, false},
-                                            {NULL, 0, false}};
+static const sh__lua_field node_fields[] = {
+    {"name", SH__LUA_STR, true},      {"listen", SH__LUA_STR, true},
+    {"standby", SH__LUA_BOOL, false}, {"tls_cert", SH__LUA_STR, false},
+    {"tls_key", SH__LUA_STR, false},  {NULL, 0, false}};
 static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
@@ -47,15 +47,12 @@ static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, true},
                                              {"first_layer", SH__LUA_INT, false},
                                              {"last_layer", SH__LUA_INT, false},
                                              {NULL, 0, false}};
-static const sh__lua_field cluster_fields[] = {{"nodes", SH__LUA_TABLE, true},
-                                               {"gateway", SH__LUA_TABLE, true},
-                                               {"replicas", SH__LUA_TABLE, true},
-                                               {"models", SH__LUA_TABLE, false},
-                                               {"batcher", SH__LUA_TABLE, false},
-                                               {"kv", SH__LUA_TABLE, false},
-                                               {"watchdog", SH__LUA_TABLE, false},
-                                               {"key_file", SH__LUA_STR, false},
-                                               {NULL, 0, false}};
+static const sh__lua_field cluster_fields[] = {
+    {"nodes", SH__LUA_TABLE, true},     {"gateway", SH__LUA_TABLE, true},
+    {"replicas", SH__LUA_TABLE, true},  {"models", SH__LUA_TABLE, false},
+    {"batcher", SH__LUA_TABLE, false},  {"kv", SH__LUA_TABLE, false},
+    {"watchdog", SH__LUA_TABLE, false}, {"key_file", SH__LUA_STR, false},
+    {"tls_ca", SH__LUA_STR, false},     {NULL, 0, false}};
 static const sh__lua_field gateway_fields[] = {{"node", SH__LUA_STR, true},
                                                {"http", SH__LUA_STR, true},
                                                {"api_keys", SH__LUA_TABLE, false},
@@ -145,6 +142,13 @@ static void validate_node(lua_State *L, int idx, const char *where)
     if (why)
         sh__lua_fail(L, SH_EINVAL, where, "node '%s': bad listen URL '%.80s': %s",
                      sh__lua_get_str(L, idx, "name"), url, why);
+    static const char *const tls_keys[2] = {"tls_cert", "tls_key"};
+    for (int k = 0; k < 2; k++) {
+        const char *v = sh__lua_get_str(L, idx, tls_keys[k]);
+        if (v && !*v)
+            sh__lua_fail(L, SH_EINVAL, where, "node '%s': field '%s' is empty",
+                         sh__lua_get_str(L, idx, "name"), tls_keys[k]);
+    }
 }
 
 static void validate_model(lua_State *L, int idx, const char *where)
@@ -452,6 +456,10 @@ static void fill_nodes(lua_State *L, sh_cluster_config *c, const char *where)
         d->standby = sh__lua_get_bool(L, -1, "standby", false);
         d->name = dup(L, name, where);
         d->listen = dup(L, listen, where);
+        const char *cert = sh__lua_get_str(L, -1, "tls_cert"),
+                   *key = sh__lua_get_str(L, -1, "tls_key");
+        d->tls_cert = cert ? dup(L, cert, where) : NULL;
+        d->tls_key = key ? dup(L, key, where) : NULL;
         lua_pop(L, 2);
     }
     lua_pop(L, 1);
@@ -739,6 +747,11 @@ static int l_cluster(lua_State *L)
         sh__lua_fail(L, SH_EINVAL, where, "cluster: field 'key_file' is empty");
     if (key_file)
         c->key_file = dup(L, key_file, where);
+    const char *tls_ca = sh__lua_get_str(L, 1, "tls_ca");
+    if (tls_ca && !*tls_ca)
+        sh__lua_fail(L, SH_EINVAL, where, "cluster: field 'tls_ca' is empty");
+    if (tls_ca)
+        c->tls_ca = dup(L, tls_ca, where);
     lua_newtable(L);
     sh__lua_obj_new(L, K_CLUSTER, where, bd->n - 1);
     return 1;
@@ -796,7 +809,15 @@ static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_e
         if (err)
             return err;
     }
-    return resolve_path(&c->key_file, script, dir, e);
+    for (int32_t i = 0; i < c->n_nodes; i++) {
+        sh_err err = resolve_path(&c->nodes[i].tls_cert, script, dir, e);
+        if (!err)
+            err = resolve_path(&c->nodes[i].tls_key, script, dir, e);
+        if (err)
+            return err;
+    }
+    sh_err err = resolve_path(&c->tls_ca, script, dir, e);
+    return err ? err : resolve_path(&c->key_file, script, dir, e);
 }
 
 static sh_err load(const char *path, const char *src, size_t len, const char *name,
@@ -857,6 +878,8 @@ void sh_config_destroy(sh_cluster_config *c)
     for (int32_t i = 0; i < c->n_nodes; i++) {
         free(c->nodes[i].name);
         free(c->nodes[i].listen);
+        free(c->nodes[i].tls_cert);
+        free(c->nodes[i].tls_key);
     }
     free(c->nodes);
     for (int32_t i = 0; i < c->n_models; i++) {
@@ -873,5 +896,6 @@ void sh_config_destroy(sh_cluster_config *c)
     free(c->gateway.api_keys);
     free(c->watchdog.policy);
     free(c->key_file);
+    free(c->tls_ca);
     free(c);
 }

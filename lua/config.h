@@ -34,6 +34,10 @@ typedef struct sh_config_node {
     char *name;   /* unique, [A-Za-z0-9_.-]{1,63} */
     char *listen; /* inproc://, ipc://, tcp://host:port or tls+tcp://host:port */
     bool standby; /* a spare: holds no stage until the watchdog promotes it */
+    /* tls+tcp:// (docs/cluster.md): this node's certificate and private key (PEM), signed by the
+     * cluster's tls_ca; relative to the script's directory. NULL when not given. */
+    char *tls_cert;
+    char *tls_key;
 } sh_config_node;
 
 typedef struct sh_config_model {
@@ -109,6 +113,9 @@ typedef struct sh_cluster_config {
      * (docs/cluster.md); relative to the script's directory like model paths. NULL: none given
      * (a flag or SHOAL_CLUSTER_KEY_FILE may still give one). */
     char *key_file;
+    /* cluster{ tls_ca = "path" }: the CA (PEM) that signs every node's tls_cert; relative to the
+     * script's directory. NULL when not given. */
+    char *tls_ca;
 } sh_cluster_config;
 
 /* Evaluates a cluster script (a file, or `len` bytes of text named `name` in messages) in a fresh
@@ -117,9 +124,9 @@ typedef struct sh_cluster_config {
  * caller (sh_config_destroy). On failure *out is NULL and e names the file and line:
  * SH_EIO (unreadable file), SH_ELUA (syntax or runtime error, with a short traceback),
  * SH_EINVAL (a constructor's argument failed validation), SH_ENOTFOUND (a reference to an
- * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit). Relative model paths and the
- * key_file of a script file are resolved against its directory (see sh_config_model.path);
- * other paths are not.
+ * unknown node or model), SH_ETIMEDOUT / SH_ENOMEM (a limit). Relative model paths, key_file,
+ * tls_ca and the nodes' tls_cert and tls_key of a script file are resolved against its directory
+ * (see sh_config_model.path); other paths are not.
  * Any thread; no shared state. */
 sh_err sh_config_load_file(const char *path, const sh_lua_limits *limits, sh_cluster_config **out,
                            sh_error *e);

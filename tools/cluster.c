@@ -33,6 +33,44 @@ static bool hosts_stage(const sh_cluster_config *c, int32_t node)
     return false;
 }
 
+/* tls+tcp://: every node or none (one transport configuration dials every peer), a CA, and a
+ * certificate and key per node. */
+static int check_tls(const sh_cluster_config *c, const char *script)
+{
+    int32_t tls = -1, plain = -1;
+    for (int32_t i = 0; i < c->n_nodes; i++)
+        *(!strncmp(c->nodes[i].listen, "tls+tcp://", 10) ? &tls : &plain) = i;
+    if (tls < 0)
+        return 0;
+    const sh_config_node *t = &c->nodes[tls];
+    if (plain >= 0)
+        return sh__cmd_fail("%s: node '%s' listens on %s and node '%s' on %s: with TLS, every "
+                            "node must listen on tls+tcp://",
+                            script, t->name, t->listen, c->nodes[plain].name,
+                            c->nodes[plain].listen);
+    if (!c->tls_ca)
+        return sh__cmd_fail("%s: node '%s' listens on %s: tls+tcp:// needs cluster.tls_ca, the "
+                            "CA that signs every node's certificate",
+                            script, t->name, t->listen);
+    for (int32_t i = 0; i < c->n_nodes; i++)
+        if (!c->nodes[i].tls_cert || !c->nodes[i].tls_key)
+            return sh__cmd_fail("%s: node '%s' listens on %s: give it tls_cert and tls_key (its "
+                                "certificate and private key, PEM, signed by cluster.tls_ca)",
+                                script, c->nodes[i].name, c->nodes[i].listen);
+    return 0;
+}
+
+const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node,
+                                        sh_transport_tls *out)
+{
+    const sh_config_node *n = &c->nodes[node];
+    if (strncmp(n->listen, "tls+tcp://", 10) != 0)
+        return NULL;
+    *out =
+        (sh_transport_tls){.cert_file = n->tls_cert, .key_file = n->tls_key, .ca_file = c->tls_ca};
+    return out;
+}
+
 int sh__cluster_check(const sh_cluster_config *c, const char *script)
 {
     const char *later = "not implemented yet (see docs/cluster.md)";
@@ -64,9 +102,6 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
             return sh__cmd_fail("%s: node '%s' listens on %s: inproc:// only reaches inside one "
                                 "process; give worker nodes ipc:// or tcp:// URLs",
                                 script, n->name, n->listen);
-        if (!strncmp(n->listen, "tls+tcp://", 10))
-            return sh__cmd_fail("%s: node '%s' listens on %s: TLS between nodes is %s", script,
-                                n->name, n->listen, later);
         if (i != c->gateway.node && !hosts_stage(c, i))
             return sh__cmd_fail("%s: node '%s' hosts nothing (no stage and not the gateway's "
                                 "node); remove it or give it a stage",
@@ -77,7 +112,7 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
                             "gateway's node runs only the gateway, batcher and kvmgr (a stage "
                             "there is %s)",
                             script, c->nodes[c->gateway.node].name, later);
-    return 0;
+    return check_tls(c, script);
 }
 
 /* Plans replica k's stages from stage index p->n_stages on; per_node counts the stages already
@@ -436,7 +471,10 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     // The collector first: its actor id must not depend on what the transport spawns.
     if ((rc = start_metrics(f, rt)) != 0)
         return rc;
-    sh_transport_opts to = {.listen_url = me->listen, .reconnect_max_ms = 250};
+    sh_transport_tls tls;
+    sh_transport_opts to = {.listen_url = me->listen,
+                            .reconnect_max_ms = 250,
+                            .tls = sh__cluster_tls(c, c->gateway.node, &tls)};
     if (sh_transport_create(rt, &to, &f->tp, &e))
         return (sh__cmd_fail("node '%s': cannot listen on %s: %s", me->name, me->listen, e.msg),
                 e.code == SH_EBUSY ? 2 : 1);

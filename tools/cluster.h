@@ -56,10 +56,16 @@ bool sh__cluster_has_workers(const sh_cluster_config *c);
 
 /* Refuses what is not built yet with one error line naming it (returns 2): replicas of
  * different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor parallelism, standby nodes,
- * a stage on the gateway's node beside worker stages, inproc:// or tls+tcp:// URLs, a node that
- * hosts nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names
- * the file in messages. */
+ * a stage on the gateway's node beside worker stages, inproc:// URLs, tls+tcp:// on some nodes
+ * only or without tls_ca, tls_cert and tls_key, a node that hosts nothing, more than
+ * SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the file in messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script);
+
+/* The TLS material of node `node` when the script's nodes listen on tls+tcp:// (its tls_cert and
+ * tls_key, the cluster's tls_ca; sh__cluster_check made sure they are given), written into *out
+ * and returned; NULL for any other scheme. */
+const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node,
+                                        sh_transport_tls *out);
 
 /* Fills the plan from the script and the model's hyper-parameters (hp of the script's model):
  * resolves even splits, checks that each replica's layer ranges cover [0, n_layers) without gap

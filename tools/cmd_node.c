@@ -219,7 +219,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     if (addr != sh__cluster_metrics_reporter(&plan, self))
         return (sh__cmd_fail("internal: the metrics reporter got address %" PRIu64, (uint64_t)addr),
                 1);
-    sh_transport_opts to = {.listen_url = c->nodes[self].listen, .reconnect_max_ms = 250};
+    sh_transport_tls tls;
+    sh_transport_opts to = {.listen_url = c->nodes[self].listen,
+                            .reconnect_max_ms = 250,
+                            .tls = sh__cluster_tls(c, self, &tls)};
     if (sh_transport_create(s->rt, &to, &s->tp, &e))
         return (
             sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),

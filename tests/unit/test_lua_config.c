@@ -339,6 +339,8 @@ static const struct bad_case {
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' }, key_file = 5,\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
      SH_EINVAL, "bad.lua:4", "field 'key_file' must be a string"},
+    {"local n = node { name = 'c', listen = 'tls+tcp://h:1', tls_cert = '' }\n", SH_EINVAL,
+     "bad.lua:4", "node 'c': field 'tls_cert' is empty"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
 };
@@ -445,12 +447,13 @@ static void test_script_relative_paths(void)
     snprintf(script, sizeof script, "%s/cluster.lua", sub);
     const char *src = "local m = model { name = 'm', path = 'm.gguf' }\n"
                       "return cluster {\n"
-                      "  nodes = { node { name = 'a', listen = 'inproc://a' } },\n"
+                      "  nodes = { node { name = 'a', listen = 'inproc://a',\n"
+                      "    tls_cert = 'certs/a.pem', tls_key = '/keys/a.key' } },\n"
                       "  models = { model { name = 'up', path = '../w/up.gguf' },\n"
                       "             model { name = 'abs', path = '/srv/models/abs.gguf' } },\n"
                       "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
                       "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
-                      "  key_file = 'keys/cluster.key',\n"
+                      "  key_file = 'keys/cluster.key', tls_ca = 'certs/ca.pem',\n"
                       "}\n";
     write_text(script, src);
     sh_cluster_config *c = NULL;
@@ -466,6 +469,11 @@ static void test_script_relative_paths(void)
         CHECK_STR_EQ(c->models[2].path, want);
         snprintf(want, sizeof want, "%s/keys/cluster.key", sub);
         CHECK_STR_EQ(c->key_file, want);
+        snprintf(want, sizeof want, "%s/certs/ca.pem", sub);
+        CHECK_STR_EQ(c->tls_ca, want);
+        snprintf(want, sizeof want, "%s/certs/a.pem", sub);
+        CHECK_STR_EQ(c->nodes[0].tls_cert, want);
+        CHECK_STR_EQ(c->nodes[0].tls_key, "/keys/a.key");
         sh_config_destroy(c);
     }
     c = NULL;
@@ -474,6 +482,7 @@ static void test_script_relative_paths(void)
         CHECK_STR_EQ(c->models[0].path, "../w/up.gguf");
         CHECK_STR_EQ(c->models[2].path, "m.gguf");
         CHECK_STR_EQ(c->key_file, "keys/cluster.key");
+        CHECK_STR_EQ(c->nodes[0].tls_cert, "certs/a.pem");
         sh_config_destroy(c);
     }
     unlink(script);
