@@ -408,9 +408,9 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
                 bool why = tp && sh_transport_link_get(tp, (uint32_t)node_of[k] + 1, &l) == SH_OK &&
                            l.last_error[0];
                 size_t len = strlen(missing);
-                snprintf(missing + len, sizeof missing - len, "%s'%s' (%s%s%s)", len ? ", " : "",
-                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen,
-                         why ? "; last error: " : "", why ? l.last_error : "");
+                snprintf(missing + len, sizeof missing - len, "%s'%s' (%s)%s%s%s", len ? ", " : "",
+                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen, why ? " [" : "",
+                         why ? l.last_error : "", why ? "]" : "");
             }
             return sh__cmd_fail("%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
                                 "node -c SCRIPT --name NAME` running for each?)",
