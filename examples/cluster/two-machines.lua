@@ -5,8 +5,9 @@
 -- other on ports 7000-7002). Copy this same file, and the same model file at the same path
 -- relative to it, to both machines: every node computes every address from the script, and the
 -- front refuses a worker whose model file differs. The commands for each machine are in
--- README.md beside this file. Plain tcp:// has no authentication or encryption at this commit:
--- use it only on a network you trust.
+-- README.md beside this file. Give every node the same cluster key (--cluster-key-file, README.md)
+-- so that only nodes holding it are served; tcp:// itself is not encrypted (tls+tcp:// with
+-- certificates is, docs/cluster.md).
 local A = "10.0.0.1" -- machine A: front and w0
 local B = "10.0.0.2" -- machine B: w1
 local m = model { path = "../../models/smollm2-135m-instruct-q4_1.gguf", name = "smollm2" }
