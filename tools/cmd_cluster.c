@@ -42,9 +42,10 @@ static void usage(FILE *f)
             "Runs every node of a cluster script on this machine: each worker node as a child\n"
             "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
             "`shoal serve -c CLUSTER.lua SERVE FLAGS`. Every node's URL must be local (ipc://,\n"
-            "or tcp:// on 127.x, localhost or [::1]). Each child's output is prefixed with its\n"
-            "node's name. A node that exits is restarted with backoff (0.5 s doubling to 10 s);\n"
-            "a worker lost while the front serves, or the front itself, restarts every node\n"
+            "or tcp:// or tls+tcp:// on 127.x, localhost or [::1]). Each child's output is\n"
+            "prefixed with its node's name. A node that exits is restarted with backoff\n"
+            "(0.5 s doubling to 10 s); a worker lost while the front serves, or the front\n"
+            "itself, restarts every node\n"
             "(with several replicas: once no replica is whole; until then the front serves\n"
             "on the others and the lost worker waits for that restart).\n"
             "A node that exits 5 times in a row before it is up, or exits 2 (bad input), stops\n"
@@ -524,6 +525,8 @@ static bool is_local(const char *url)
 {
     if (!strncmp(url, "ipc://", 6))
         return true;
+    if (!strncmp(url, "tls+tcp://", 10))
+        url += 4; /* the same host rule */
     if (strncmp(url, "tcp://", 6))
         return false;
     const char *h = url + 6;
@@ -605,7 +608,8 @@ static int cluster_up(int argc, char **argv)
         if (!is_local(c->nodes[i].listen)) {
             int rc = sh__cmd_fail("%s: node '%s' listens on %s, which is not on this machine: "
                                   "shoal cluster up starts only local nodes (ipc://, or tcp:// "
-                                  "on 127.x, localhost or [::1]); start it with `shoal node` "
+                                  "or tls+tcp:// on 127.x, localhost or [::1]); start it with "
+                                  "`shoal node` "
                                   "on its own machine",
                                   script, c->nodes[i].name, c->nodes[i].listen);
             sh_config_destroy(c);

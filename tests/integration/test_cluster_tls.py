@@ -2,9 +2,10 @@
 processes: certificates are made by the test with the openssl CLI (skipped, 77, without it).
 
 Cases: a front and a worker, each with its own certificate signed by the cluster's CA, join and
-serve a greedy completion of stories260K equal to a single process's; a worker whose certificate
-another CA signed never joins, and the front exits 2 within --join-timeout naming it; scripts that
-mix tls+tcp:// and tcp://, or lack tls_ca or a node's tls_cert, exit 2 at once.
+serve a greedy completion of stories260K equal to a single process's (and `shoal cluster up` runs
+the same script on this machine); a worker whose certificate another CA signed never joins, and
+the front exits 2 within --join-timeout naming it; scripts that mix tls+tcp:// and tcp://, or
+lack tls_ca or a node's tls_cert, exit 2 at once.
 """
 
 import os
@@ -144,6 +145,35 @@ def serves(d, want):
         w.stop()
 
 
+def cluster_up(d):
+    """`shoal cluster up` counts tls+tcp:// on 127.0.0.1 as local: it starts both nodes, the
+    front joins over TLS, and SIGTERM stops them all with status 0."""
+    path = script(d, "up.lua")
+    fd, logpath = tempfile.mkstemp(prefix="shoal-tls-up-", suffix=".log")
+    with os.fdopen(fd, "wb") as logf:
+        p = subprocess.Popen([su.shoal_binary(), "cluster", "up", path, "-t", "1", "--",
+                              "--port", "0"], cwd=su.ROOT, stdin=subprocess.DEVNULL,
+                             stdout=logf, stderr=logf)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with open(logpath, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+            if "cluster: up:" in text:
+                break
+            assert p.poll() is None, f"cluster up exited {p.returncode}:\n{text[-1500:]}"
+            assert time.monotonic() < deadline, f"cluster up not up:\n{text[-1500:]}"
+            time.sleep(0.1)
+        assert "node w0 joined" in text, text[-1500:]
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0, f"exit {p.returncode}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    os.unlink(logpath)
+
+
 def other_ca(d):
     path = script(d, "other.lua", worker="stranger")
     w = Worker(path).wait_ready()
@@ -178,6 +208,7 @@ def main():
         make_node(d, "other", "stranger")
         want = reference()
         r.case("front and worker over tls+tcp:// serve what one process serves", serves, d, want)
+        r.case("shoal cluster up runs a tls+tcp:// script on this machine", cluster_up, d)
         r.case("a worker certified by another CA never joins: exit 2 naming it", other_ca, d)
         r.case("scripts that mix schemes or lack TLS files exit 2 at once", bad_scripts, d)
     finally:
