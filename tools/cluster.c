@@ -403,14 +403,21 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
                 if (seen[k])
                     continue;
                 // The link's last error says why: nobody listens there, or it speaks another
-                // protocol (runtime/msg.h); none when the process is simply not up yet.
+                // protocol (runtime/msg.h); none when the process is simply not up yet. NNG's
+                // TLS dialer reports no failed handshake, so a TLS link that never came up says
+                // what to check.
+                const char *url = c->nodes[node_of[k]].listen;
                 sh_transport_link l;
-                bool why = tp && sh_transport_link_get(tp, (uint32_t)node_of[k] + 1, &l) == SH_OK &&
-                           l.last_error[0];
+                bool found = tp && sh_transport_link_get(tp, (uint32_t)node_of[k] + 1, &l) == SH_OK;
+                const char *why = found && l.last_error[0] ? l.last_error : NULL;
+                if (!why && found && l.state == SH_LINK_STATE_CONNECTING &&
+                    !strncmp(url, "tls+tcp://", 10))
+                    why = "never connected: is it running, with a certificate signed by "
+                          "cluster.tls_ca?";
                 size_t len = strlen(missing);
                 snprintf(missing + len, sizeof missing - len, "%s'%s' (%s)%s%s%s", len ? ", " : "",
-                         c->nodes[node_of[k]].name, c->nodes[node_of[k]].listen, why ? " [" : "",
-                         why ? l.last_error : "", why ? "]" : "");
+                         c->nodes[node_of[k]].name, url, why ? " [" : "", why ? why : "",
+                         why ? "]" : "");
             }
             return sh__cmd_fail("%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
                                 "node -c SCRIPT --name NAME` running for each?)",

@@ -178,8 +178,9 @@ def other_ca(d):
     path = script(d, "other.lua", worker="stranger")
     w = Worker(path).wait_ready()
     try:
-        front_exits_2(path, ["did not join within 3.0 s", "'w0' (tls+tcp://127.0.0.1:"],
-                      "--join-timeout", "3")
+        front_exits_2(path, ["did not join within 3.0 s", "'w0' (tls+tcp://127.0.0.1:",
+                             "[never connected: is it running, with a certificate signed by "
+                             "cluster.tls_ca?]"], "--join-timeout", "3")
     finally:
         w.stop()
 
