@@ -105,10 +105,10 @@ typedef struct sh_kvmgr_args {
  * in a table of 2 * max_seqs entries, least recently used evicted. The batcher never reuses a
  * sequence id. Nothing is allocated per step or per token after a sequence's first sample.
  *
- * What exists today is this building block: stages joined by ACT in one runtime, or across
- * runtimes wherever the transport reaches. No command builds a pipeline yet (`shoal serve`
- * spawns one stage; `shoal serve -c` refuses multi-node scripts), and the batcher keeps one step
- * in flight, so the stages of a pipeline take turns rather than overlap. */
+ * Stages are joined by ACT in one runtime, or across runtimes wherever the transport reaches
+ * (`shoal node` workers and a `shoal serve -c` front, docs/cluster.md). With max_inflight set to
+ * the number of stages the batcher keeps a step in flight for every stage, so the stages of a
+ * pipeline overlap instead of taking turns. */
 typedef struct sh_stage_args {
     const sh_llama *model; /* loaded with the stage's layer range */
     sh_llama_ctx *ctx;     /* borrowed; used by the worker thread only */
@@ -126,6 +126,13 @@ typedef struct sh_stage_args {
 
 /* ---- batcher ---------------------------------------------------------------------------- */
 
+/* Kind "batcher" (actors/batcher.c): continuous batching for one replica. Takes SUBMIT and
+ * CANCEL (from the gateway or a router), answers each request's sender with TOKEN, DONE or FAIL,
+ * asks `kvmgr` for blocks and sends STEP to `stage` (the first stage). A CANCEL with withdraw
+ * removes a request only when none of its sequences was ever granted KV (still queued, nothing
+ * computed or generated): silently, with FAIL SH_EBUSY (retryable, 503, "withdrawn") to its
+ * sender; any other request is left alone and nothing is answered. Metrics (runtime registry,
+ * each labelled with metric_labels): docs/serving.md. */
 typedef struct sh_batcher_args {
     sh_addr kvmgr, stage;
     const sh_tokenizer *tok; /* detokenizes for stop strings and TOKEN text */
@@ -142,16 +149,19 @@ typedef struct sh_batcher_args {
                               * n_ctx) need more is refused at SUBMIT with 503. 0: not known (a
                               * sliding window bounds what a sequence holds), no such check */
     bool llama2c;            /* the model delimits texts with BOS: treat BOS as end */
-    uint32_t step_timeout_ms; /* a step not answered (STEP_DONE) within this fails: its requests
-                               * get 503 naming the step, and batching goes on (checked every
-                               * 100 ms). For stages on other nodes, where a dead node's step is
-                               * never answered. 0: wait for ever (one process) */
-    /* Pipelining: up to max_inflight steps in flight at once, on disjoint groups of sequences
-     * (a P-stage pipeline keeps every stage busy with P). 0 or 1: one step at a time. */
+    uint32_t step_timeout_ms; /* a step not answered (STEP_DONE) within this fails: the requests
+                               * of its sequences get 503 naming the step, and batching goes on
+                               * (checked every 100 ms; each step in flight has its own clock).
+                               * For stages on other nodes, where a dead node's step is never
+                               * answered. 0: wait for ever (one process) */
+    /* Pipelining: up to max_inflight steps in flight at once (at most 64), on disjoint groups of
+     * sequences: a sequence is in one step at a time and is never preempted while it is; each
+     * step takes an equal share of the sequences to run and the whole max_step_tokens budget.
+     * A P-stage pipeline keeps every stage busy with P. 0 or 1: one step at a time. */
     int32_t max_inflight;
-    /* Replicas behind a router (actors/router.c). When router is not SH_ADDR_NONE (0), every
-     * report_ms (0: 1000) the batcher sends it a METRICS message with its load and what it
-     * measured (the names are in actors/router.h). metric_labels, when set (e.g.
+    /* Replicas behind a router (actors/router.c). When router is not SH_ADDR_NONE (0), at init
+     * and then every report_ms (0: 1000) the batcher sends it a METRICS message with its load
+     * and what it measured (the names are in actors/router.h). metric_labels, when set (e.g.
      * `replica="1"`), labels every series the batcher registers, so that several batchers share
      * one registry. */
     sh_addr router;
