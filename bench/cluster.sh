@@ -18,7 +18,7 @@
 #               8192-token KV of `llama-server -c 8192`.
 # Usage: bench/cluster.sh [--memory | --all] [BUILD]   (default parts: throughput hop)
 # Env: MODEL, STORIES, BIG (the 8B file; made once with shoal mkmodel, ~4.4 GB), PORT (base),
-#      ROUNDS (2), HOP_REPS (5), CLIENTS (32), REQS (64), MEM_STEP_TOKENS (the 8B split's
+#      LINK (ipc, or tcp: every node on loopback tcp://), ROUNDS (2), HOP_REPS (5), CLIENTS (32), REQS (64), MEM_STEP_TOKENS (the 8B split's
 #      batcher max_step_tokens, 512), PARTS (overrides the parts: throughput hop memory, or
 #      memory-split / memory-serve for half of memory), COMMIT
 #      (the label of the measured build; default: this checkout's HEAD, "+dirty" if changed).
@@ -41,6 +41,7 @@ big=${BIG:-$root/.cache/bench-models/llama3-8b-Q4_0.gguf}
 port=${PORT:-18300}
 rounds=${ROUNDS:-2}
 hop_reps=${HOP_REPS:-5}
+link=${LINK:-ipc}
 clients=${CLIENTS:-32}
 reqs=${REQS:-64}
 if [ -z "${COMMIT:-}" ]; then
@@ -110,17 +111,33 @@ wait_log() {
     return 1
 }
 
-# script FILE MODEL HTTP_PORT REPLICAS KV BATCHER WORKER...: a cluster script over ipc:// in
-# $tmp: node 'front' (the gateway) and the workers. REPLICAS is the Lua list of replicas ("m"
+# node_url TAG NODE: the node's transport URL: ipc:// in $tmp, or with LINK=tcp loopback tcp://
+# on a port of its own (from PORT + 100 up).
+next_tcp=$((port + 100))
+# (sets $url; no subshell, so that the port count goes on)
+node_url() {
+    if [ "$link" = tcp ]; then
+        url="tcp://127.0.0.1:$next_tcp"
+        next_tcp=$((next_tcp + 1))
+    else
+        url="ipc://$tmp/$1-$2.sock"
+    fi
+}
+
+# script FILE MODEL HTTP_PORT REPLICAS KV BATCHER WORKER...: a cluster script over $link
+# (node_url): node 'front' (the gateway) and the workers. REPLICAS is the Lua list of replicas ("m"
 # names the model; "$W" stands for the quoted, comma-separated workers).
 script() {
     local file=$1 m=$2 http=$3 reps=$4 kv=$5 batcher=$6
     shift 6
     local tag nodes w ws=""
     tag=$(basename "$file" .lua)
-    nodes="    node { name = \"front\", listen = \"ipc://$tmp/$tag-front.sock\" },"
+    local url
+    node_url "$tag" front
+    nodes="    node { name = \"front\", listen = \"$url\" },"
     for w in "$@"; do
-        nodes+=$'\n'"    node { name = \"$w\", listen = \"ipc://$tmp/$tag-$w.sock\" },"
+        node_url "$tag" "$w"
+        nodes+=$'\n'"    node { name = \"$w\", listen = \"$url\" },"
         ws+="${ws:+, }\"$w\""
     done
     cat >"$file" <<EOF
@@ -182,7 +199,7 @@ inflight() {
 hwm() { echo $(($(awk '/^VmHWM/ { print $2 }' "/proc/$1/status") * 1024)); } # bytes
 fail_logs() { local f; for f in "$@"; do echo "--- $f" >&2; tail -20 "$tmp/$f.log" >&2; done; }
 
-emit config=machine figure=info cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
+emit config=machine figure=info link="$link" cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
     cpus:="$(nproc)" mem_gib:="$(awk '/MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
 
 # ---------------------------------------------------------------------------------------------
@@ -238,8 +255,8 @@ if [[ " $parts " == *" throughput "* ]]; then
             f=$tmp/tp-$name-$r.json
             case $name in
             single) desc="shoal serve -m -t 2 (one process)" ;;
-            pipeline2) desc="2 shoal node -t 1 (2 stages) + shoal serve -c front, ipc://" ;;
-            replicas2) desc="2 replicas of 1 stage, shoal node -t 1 each + front, ipc://" ;;
+            pipeline2) desc="2 shoal node -t 1 (2 stages) + shoal serve -c front, $link://" ;;
+            replicas2) desc="2 replicas of 1 stage, shoal node -t 1 each + front, $link://" ;;
             esac
             emit config="$name" desc="$desc" round:="$r" figure=output_tok_s \
                 value:="$(jget "$f" 'j["throughput"]["output_tokens_per_s"]')" unit=tok/s \
@@ -302,12 +319,12 @@ if [[ " $parts " == *" hop "* ]]; then
             bench "http://127.0.0.1:${h#*:}" "$tmp/hop-${h%%:*}-$r.json" "${hop_args[@]}"
         done
     done
-    python3 - "$tmp" "$hop_reps" "$COMMIT" "$(load)" <<'EOF'
+    python3 - "$tmp" "$hop_reps" "$COMMIT" "$(load)" "$link" <<'EOF'
 import json, os, statistics, sys
-tmp, reps, commit, load = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+tmp, reps, commit, load, link = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 def fig(name, r, key, stat):
     return json.load(open(os.path.join(tmp, f"hop-{name}-{r}.json")))[key][stat]
-base = {"bench": "cluster", "commit": commit, "model": "stories260K", "threads_per_process": 1,
+base = {"bench": "cluster", "commit": commit, "model": "stories260K", "link": link, "threads_per_process": 1,
         "requests": 16, "output_tokens": 256, "reps": reps}
 med = {}
 for name in ["single", "stages1", "stages2", "stages3"]:
