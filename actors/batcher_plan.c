@@ -417,6 +417,10 @@ void sh__batcher_plan_step(batcher *b)
 /* Step 3: every reservation answered; run the step with those that got their blocks. */
 static void dispatch_step(batcher *b)
 {
+    // A plan starts only with a pipeline slot free, and only this sends a step; a KV reply with
+    // no plan under way (none is expected) must not look for a slot that is not there.
+    if (b->n_inflight >= b->max_inflight)
+        return;
     uint64_t now_us = sh__act_mono_us();
     // Admissions that did not fit go back to the queue; running sequences that could not grow
     // are counted for preemption.
