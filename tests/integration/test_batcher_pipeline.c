@@ -5,7 +5,8 @@
  *     (waiting, running, max_seqs, kv_free, kv_total, tokens, generated, busy_us, steps), the
  *     counters matching what was served; metric_labels labels every series it registers;
  *   - CANCEL withdraw: a request still waiting is removed with FAIL SH_EBUSY 503 "withdrawn" and
- *     no DONE; a running one and an unknown one are left alone, nothing answered;
+ *     no DONE; a running one, a preempted one (back in the queue, but it held KV) and an unknown
+ *     one are left alone, nothing answered;
  *   - pipelining (max_inflight 2): greedy outputs of 16 concurrent streams (one prompt longer than
  *     the step budget, one request with n = 2 choices) equal max_inflight 1's token for token, and
  *     two steps really were in flight at once (the batcher's shoal_steps_in_flight histogram:
@@ -46,6 +47,7 @@ typedef struct choice_out {
     int32_t n;
     bool done;
     int fin;
+    uint32_t n_generated; /* as DONE says */
     uint64_t done_ms;
 } choice_out;
 
@@ -181,6 +183,7 @@ static sh_msg_fate client_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         }
         r->ch[b.done.choice].done = true;
         r->ch[b.done.choice].fin = b.done.finish;
+        r->ch[b.done.choice].n_generated = b.done.n_generated;
         r->ch[b.done.choice].done_ms = now_ms();
         if (++r->n_done == r->n_choices)
             atomic_fetch_add(&cl.n_ended, 1);
@@ -216,8 +219,11 @@ static const sh_actor_vtable client_vt = {.name = "client",
 /* ---- the link: forwards the batcher's STEPs to the first stage, dropping one -------------- */
 
 static struct {
-    _Atomic uint64_t drop; /* the step id to drop (0: none) */
+    long drop_nth; /* which STEP to drop, counting from 1 (0: none) */
+    long n_steps;  /* STEPs seen */
     _Atomic long dropped;
+    uint64_t dropped_step;   /* its step id */
+    uint64_t first_seq;      /* the lowest sequence id any STEP carried */
     uint64_t seqs[MAX_SEQS]; /* the dropped step's sequence ids */
     uint32_t n_seqs;
     _Atomic long forwarded;
@@ -248,13 +254,18 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
     sh_msg_hdr h = *sh_msg_header(msg);
     sh_proto_body b;
     sh_error e = {0};
-    if (h.type == SH_MSG_STEP && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK &&
-        b.step.step == atomic_load(&lk.drop)) {
-        for (uint32_t i = 0; i < b.step.seqs.n && i < MAX_SEQS; i++)
-            lk.seqs[i] = b.step.seqs.v[i].seq;
-        lk.n_seqs = b.step.seqs.n;
-        atomic_fetch_add(&lk.dropped, 1);
-        return SH_MSG_FATE_DONE;
+    if (h.type == SH_MSG_STEP && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK) {
+        for (uint32_t i = 0; i < b.step.seqs.n; i++)
+            if (!lk.first_seq || b.step.seqs.v[i].seq < lk.first_seq)
+                lk.first_seq = b.step.seqs.v[i].seq;
+        if (++lk.n_steps == lk.drop_nth) {
+            for (uint32_t i = 0; i < b.step.seqs.n && i < MAX_SEQS; i++)
+                lk.seqs[i] = b.step.seqs.v[i].seq;
+            lk.n_seqs = b.step.seqs.n;
+            lk.dropped_step = b.step.step;
+            atomic_fetch_add(&lk.dropped, 1); /* publishes the fields above */
+            return SH_MSG_FATE_DONE;
+        }
     }
     // Forwarded as sent, the batcher's address as the source: the stage answers it directly.
     size_t len = 0;
@@ -291,6 +302,7 @@ typedef struct rig_opts {
     bool link; /* STEPs pass the link */
     bool router;
     uint32_t report_ms, step_timeout_ms;
+    int32_t kv_blocks; /* the kvmgr's and batcher's pool (0: the stages' whole pool) */
     const char *labels;
 } rig_opts;
 
@@ -313,6 +325,8 @@ static bool rig_start(rig *g, const rig_opts *o)
     }
     g->n_blocks = sh_llama_ctx_n_blocks(g->c[0]);
     CHECK_INT_EQ(sh_llama_ctx_n_blocks(g->c[1]), g->n_blocks);
+    if (o->kv_blocks > 0 && o->kv_blocks < g->n_blocks)
+        g->n_blocks = o->kv_blocks; /* block ids stay within the stages' pools */
     rt_start(&g->t, 1, 4, NULL);
     CHECK_OK(sh__serve_register(g->t.rt, &e));
     CHECK_OK(sh_runtime_register(g->t.rt, &client_vt, &e));
@@ -526,6 +540,47 @@ out:
     rig_stop(&g);
 }
 
+/* A request preempted for KV goes back to the queue, but it held KV and computed positions: a
+ * withdraw leaves it alone and it finishes. Two long requests in a 30-block pool: the later one
+ * is preempted when both have grown to about 15 blocks, and waits until the first finishes. */
+static void test_withdraw_preempted(void)
+{
+    rig g;
+    if (!rig_start(&g, &(rig_opts){.kv_blocks = 30}))
+        goto out;
+    submit(&g, 1, 0, 1, 400);
+    submit(&g, 2, 1, 1, 400);
+    bool sent = false;
+    for (int i = 0; i < 60000 && !sent; i++) {
+        if (metric(&g, "shoal_preemptions_total") >= 1 &&
+            metric(&g, "shoal_requests_waiting") == 1) {
+            pthread_mutex_lock(&cl.mu);
+            bool first_running = !cl.r[1].ch[0].done;
+            pthread_mutex_unlock(&cl.mu);
+            CHECK(first_running); /* so the preempted one waits for it */
+            cancel(&g, 2, true);
+            sent = true;
+        } else {
+            sleep_ms(1);
+        }
+    }
+    CHECK(sent);
+    CHECK(wait_ge(&cl.n_ended, 2, 120000));
+    pthread_mutex_lock(&cl.mu);
+    for (int i = 1; i <= 2; i++) {
+        CHECK(!cl.r[i].failed);
+        if (cl.r[i].failed)
+            fprintf(stderr, "request %d: FAIL %s\n", i, cl.r[i].msg);
+        CHECK(cl.r[i].ch[0].done);
+        CHECK_UINT_EQ(cl.r[i].ch[0].n_generated, 400);
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK(metric(&g, "shoal_preemptions_total") >= 1);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+out:
+    rig_stop(&g);
+}
+
 /* ---- pipelining -------------------------------------------------------------------------- */
 
 /* Stream i is request i + 1; stream 5 asks for n = 2 choices; stream 8 has the long prompt. */
@@ -622,13 +677,15 @@ static void test_timeout_one_step(void)
         return;
     rig g;
     atomic_store(&lk.dropped, 0);
-    atomic_store(&lk.drop, 24); /* a decode step, both groups decoding */
+    lk.drop_nth = 24; /* a decode step, both groups decoding */
+    lk.n_steps = 0;
+    lk.first_seq = 0;
     lk.n_seqs = 0;
     rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 3000};
     if (!rig_start(&g, &o))
         goto out;
-    // Single choices only, so that sequence (KV) ids are 1.. in arrival order: request i + 1 is
-    // sequence i + 1 (no preemption, checked below).
+    // Single choices only, so that sequence (KV) ids follow the arrival order: request i + 1 is
+    // the batcher's (i + 1)-th sequence, first_seq + i (no preemption, checked below).
     for (int i = 0; i < N_STREAMS; i++)
         submit(&g, (uint64_t)i + 1, i, 1, N_GEN);
     CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
@@ -636,8 +693,10 @@ static void test_timeout_one_step(void)
     CHECK_NEAR(metric(&g, "shoal_preemptions_total"), 0, 0);
     bool in_dropped[N_STREAMS + 1] = {0};
     for (uint32_t i = 0; i < lk.n_seqs; i++)
-        if (lk.seqs[i] >= 1 && lk.seqs[i] <= N_STREAMS)
-            in_dropped[lk.seqs[i]] = true;
+        if (lk.seqs[i] >= lk.first_seq && lk.seqs[i] - lk.first_seq < N_STREAMS)
+            in_dropped[lk.seqs[i] - lk.first_seq + 1] = true;
+    char want[64];
+    snprintf(want, sizeof want, "did not answer step %llu ", (unsigned long long)lk.dropped_step);
     CHECK(lk.n_seqs >= 2 && lk.n_seqs <= N_STREAMS - 2); /* a group, not the whole set */
     pthread_mutex_lock(&cl.mu);
     int n_failed = 0, n_done_before = 0;
@@ -652,8 +711,8 @@ static void test_timeout_one_step(void)
             CHECK(r->failed);
             CHECK_UINT_EQ(r->http, 503);
             CHECK_INT_EQ(r->code, SH_ETIMEDOUT);
-            CHECK(strstr(r->msg, "did not answer step 24") != NULL);
-            if (!strstr(r->msg, "step 24"))
+            CHECK(strstr(r->msg, want) != NULL);
+            if (!strstr(r->msg, want))
                 fprintf(stderr, "request %d: %s\n", i, r->msg);
             CHECK(!r->ch[0].done);
         } else {
@@ -669,9 +728,9 @@ static void test_timeout_one_step(void)
     // The others did not wait for the timeout: the pipeline went on with the other step.
     CHECK(n_done_before >= 1);
     fprintf(stderr,
-            "dropped step 24 (%u sequences): %d requests failed, %d others finished "
-            "before the timeout\n",
-            lk.n_seqs, n_failed, n_done_before);
+            "dropped step %llu, the 24th (%u sequences): %d requests failed, %d others "
+            "finished before the timeout\n",
+            (unsigned long long)lk.dropped_step, lk.n_seqs, n_failed, n_done_before);
     CHECK_INT_EQ(atomic_load(&cl.bad), 0);
 out:
     rig_stop(&g);
@@ -692,6 +751,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static const sh_test_case tests[] = {{"reports_labels_withdraw", test_reports_labels_withdraw},
+                                         {"withdraw_preempted", test_withdraw_preempted},
                                          {"pipelined_equal", test_pipelined_equal},
                                          {"timeout_one_step", test_timeout_one_step},
                                          {NULL, NULL}};
