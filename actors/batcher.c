@@ -604,6 +604,11 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!b->a.tok || b->a.n_ctx < 2 || b->a.n_vocab < 1 || !b->a.kvmgr || !b->a.stage)
         return SH_EINVAL;
     b->max_blocks = blocks_for(b, b->a.n_ctx) + 1;
+    // Sequence and step ids count from the clock (Unix ms << 16), not from 1: stage nodes keep a
+    // sampler per sequence id and the reply address of recent step ids, so a front restarted in
+    // front of running workers must never reuse an id its predecessor used (that would take 65536
+    // sequences per millisecond of the predecessor's life).
+    b->next_kv_id = b->step_no = (sh__act_unix_ms() & ((1ull << 44) - 1)) << 16;
     b->avail_est = b->a.n_blocks > 0 ? b->a.n_blocks : INT32_MAX / 2;
     b->max_inflight = b->a.max_inflight < 1 ? 1 : b->a.max_inflight > 64 ? 64 : b->a.max_inflight;
     b->running = calloc((size_t)b->a.max_seqs, sizeof *b->running);

