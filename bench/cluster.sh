@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cluster benchmarks of issue 11 against real processes (`shoal node` workers and a `shoal serve
-# -c` front over ipc://, beside a single-process `shoal serve -m`), on one machine:
+# -c` front over ipc:// or LINK=tcp, beside a single-process `shoal serve -m`), on one machine:
 #   throughput  output tokens/s at 32 concurrent streams (the ANCHORS.md llama-server shape: 64
 #               streaming requests, ~36-token prompts, exactly 64 tokens out, EOS ignored) of the
 #               default model: one process with 2 threads, a 2-stage pipeline (2 workers with 1
@@ -17,11 +17,12 @@
 #               llama-server's 436-471 MB (ANCHORS.md), with its default KV budget and with the
 #               8192-token KV of `llama-server -c 8192`.
 # Usage: bench/cluster.sh [--memory | --all] [BUILD]   (default parts: throughput hop)
-# Env: MODEL, STORIES, BIG (the 8B file; made once with shoal mkmodel, ~4.4 GB), PORT (base),
-#      LINK (ipc, or tcp: every node on loopback tcp://), ROUNDS (2), HOP_REPS (5), CLIENTS (32), REQS (64), MEM_STEP_TOKENS (the 8B split's
-#      batcher max_step_tokens, 512), PARTS (overrides the parts: throughput hop memory, or
-#      memory-split / memory-serve for half of memory), COMMIT
-#      (the label of the measured build; default: this checkout's HEAD, "+dirty" if changed).
+# Env: MODEL, STORIES, BIG (the 8B file; made once with shoal mkmodel, 4.5 GB), PORT (base),
+#      LINK (ipc, or tcp: every node on loopback tcp://), ROUNDS (4), HOP_REPS (5), CLIENTS
+#      (32), REQS (64), MEM_STEP_TOKENS (the 8B split's batcher max_step_tokens, 512), PARTS
+#      (overrides the parts: throughput hop memory, or memory-split / memory-serve for half of
+#      memory), COMMIT (the label of the measured build; default: this checkout's HEAD,
+#      "+dirty" if tracked files changed).
 # Prints one JSON line per measurement on stdout ({"bench": "cluster", "commit", "config",
 # "figure", "value", "unit", ...}); progress and the processes' logs on failure go to stderr.
 # Builds nothing: build first (`cmake --build BUILD --target shoal`).
@@ -39,7 +40,7 @@ model=${MODEL:-$root/models/smollm2-135m-instruct-q4_1.gguf}
 stories=${STORIES:-$root/tests/data/stories260K/stories260K.gguf}
 big=${BIG:-$root/.cache/bench-models/llama3-8b-Q4_0.gguf}
 port=${PORT:-18300}
-rounds=${ROUNDS:-2}
+rounds=${ROUNDS:-4}
 hop_reps=${HOP_REPS:-5}
 link=${LINK:-ipc}
 clients=${CLIENTS:-32}
