@@ -17,7 +17,6 @@ tested in test_cluster_pipeline.py.
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,9 +25,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util as su  # noqa: E402
+from test_cluster_pipeline import Node  # noqa: E402
 
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")  # 5 layers
-NODE_START = 60.0
 EXIT_BOUND = 30.0  # every refusal must come well within this
 
 
@@ -69,54 +68,16 @@ def env_with(**kw):
     return env
 
 
-class Worker:
-    """`shoal node -c SCRIPT --name NAME` with its output in a file."""
+class Worker(Node):
+    """`shoal node -c SCRIPT --name NAME` with the test's environment; stop() raises on a
+    problem (not exit 0, crash lines, no stop on SIGTERM)."""
 
     def __init__(self, script, name, *args, env=None):
-        fd, self.logpath = tempfile.mkstemp(prefix=f"shoal-bad-{name}-", suffix=".log")
-        with os.fdopen(fd, "wb") as logf:
-            self.proc = subprocess.Popen(
-                [su.shoal_binary(), "node", "-c", script, "--name", name, "-t", "1", *args],
-                cwd=su.ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                env=env or env_with())
-        self.name = name
-
-    def text(self):
-        with open(self.logpath, "rb") as f:
-            return f.read().decode("utf-8", "replace")
-
-    def wait_ready(self):
-        deadline = time.monotonic() + NODE_START
-        while "serving" not in self.text():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"node {self.name} exited {self.proc.returncode}:\n"
-                                     + self.text()[-2000:])
-            if time.monotonic() > deadline:
-                raise AssertionError(f"node {self.name} not ready:\n" + self.text()[-2000:])
-            time.sleep(0.05)
-        return self
-
-    def wait_log(self, want, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while want not in self.text():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"node {self.name}: no {want!r} in its log:\n"
-                                     + self.text()[-2000:])
-            time.sleep(0.05)
+        super().__init__(script, name, *args, env=env or env_with())
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"node {self.name} did not stop on SIGTERM")
-        crash = su._crash_lines(self.text())
-        assert not crash, f"node {self.name}: {crash[:3]}"
-        assert self.proc.returncode == 0, f"node {self.name} exited {self.proc.returncode}"
-        os.unlink(self.logpath)
+        problems = super().stop()
+        assert not problems, "\n".join(problems)
 
 
 def exits_2(argv, want, env=None, bound=EXIT_BOUND):

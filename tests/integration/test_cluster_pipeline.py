@@ -57,14 +57,14 @@ def script(path, model, workers, stages=None, extra="", replicas=None):
 
 
 class Node:
-    def __init__(self, script_path, name, *extra):
+    def __init__(self, script_path, name, *extra, env=None):
         fd, self.logpath = tempfile.mkstemp(prefix=f"shoal-node-{name}-", suffix=".log")
         logf = os.fdopen(fd, "wb")
         self.name = name
         self.script = script_path
         self.proc = subprocess.Popen([su.shoal_binary(), "node", "-c", script_path, "--name", name,
-                                      "-t", "1", *extra], cwd=su.ROOT, stdin=subprocess.DEVNULL,
-                                     stdout=logf, stderr=logf)
+                                      "-t", "1", *extra], cwd=su.ROOT, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
         logf.close()
 
     def text(self):
@@ -79,6 +79,15 @@ class Node:
                                      + self.text()[-2000:])
             if time.monotonic() > deadline:
                 raise AssertionError(f"node {self.name} not ready:\n" + self.text()[-2000:])
+            time.sleep(0.05)
+        return self
+
+    def wait_log(self, want, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while want not in self.text():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"node {self.name}: no {want!r} in its log:\n"
+                                     + self.text()[-2000:])
             time.sleep(0.05)
 
     def stop(self):
