@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "actors/gateway_int.h"
 #include "actors/node_metrics.h"
 #include "base/error.h"
@@ -107,10 +109,10 @@ static int append(char **p, size_t *len, size_t *cap, const char *s, size_t n)
 }
 
 /* The text of a token for logprobs (special tokens by their vocabulary text). */
-static const char *piece_text(const gateway *g, int32_t id, char *buf)
+static const char *piece_text(const gw_req *r, int32_t id, char *buf)
 {
     const char *p = NULL;
-    size_t n = sh_tokenizer_piece(g->a.tok, id, SH_DECODE_SPECIAL, &p);
+    size_t n = sh_tokenizer_piece(r->m->tok, id, SH_DECODE_SPECIAL, &p);
     if (n >= MAX_PIECE)
         n = MAX_PIECE - 1;
     if (n)
@@ -152,7 +154,15 @@ static gw_req *find_req(gateway *g, uint64_t id)
 static sh_openai_meta meta_of(const gw_req *r)
 {
     return (sh_openai_meta){
-        .kind = r->kind, .id = r->id_str, .created = r->created, .model = r->g->a.model_name};
+        .kind = r->kind, .id = r->id_str, .created = r->created, .model = r->m->name};
+}
+
+const sh_gateway_model *sh__gateway_model(const gateway *g, const char *name)
+{
+    for (int32_t i = 0; name && i < g->n_m; i++)
+        if (!strcmp(g->m[i].name, name))
+            return &g->m[i];
+    return &g->m[0];
 }
 
 /* ---- simple endpoints --------------------------------------------------------------------- */
@@ -237,12 +247,22 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
 {
     size_t blen = 0;
     const char *body = sh_http_req_body(http, &blen);
+    // With several models, a token-id prompt is checked against the vocabulary and context of
+    // the one asked for: its name is read first (a name served by none is the parser's 404).
+    const sh_gateway_model *m = &g->m[0];
+    if (g->n_m > 1) {
+        json_t *root = json_loadb(body, blen, 0, NULL);
+        json_t *name = json_is_object(root) ? json_object_get(root, "model") : NULL;
+        if (json_is_string(name))
+            m = sh__gateway_model(g, json_string_value(name));
+        json_decref(root);
+    }
     sh_openai_limits lim = {.models = g->models,
-                            .n_models = 1,
+                            .n_models = g->n_m,
                             .max_tokens = g->a.max_tokens,
                             .max_n = g->a.max_n,
-                            .n_vocab = g->a.n_vocab,
-                            .max_prompt_tokens = g->a.n_ctx};
+                            .n_vocab = m->n_vocab,
+                            .max_prompt_tokens = m->n_ctx};
     sh_openai_request *q = NULL;
     sh_openai_error err;
     if (sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
@@ -268,20 +288,21 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                         size_t n_ids, int32_t key_prio)
 {
     sh_openai_kind kind = q->kind;
+    const sh_gateway_model *m = sh__gateway_model(g, q->model);
     if (n_ids == 0) {
         free(ids);
         sh_openai_request_free(q);
         sh__gateway_respond_errorf(g, http, 400, NULL, "prompt", "the prompt is empty");
         return;
     }
-    if ((int64_t)n_ids >= g->a.n_ctx) {
+    if ((int64_t)n_ids >= m->n_ctx) {
         free(ids);
         sh_openai_request_free(q);
         sh__gateway_respond_errorf(
             g, http, 400, "context_length_exceeded", kind == SH_OPENAI_CHAT ? "messages" : "prompt",
             "This model's maximum context length is %d tokens. However, your prompt "
             "has %zu tokens; it must leave room for at least one generated token.",
-            (int)g->a.n_ctx, n_ids);
+            (int)m->n_ctx, n_ids);
         return;
     }
     gw_req *r = calloc(1, sizeof *r);
@@ -295,6 +316,7 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
         return;
     }
     r->g = g;
+    r->m = m;
     r->id = ++g->next_id;
     r->http = http;
     r->kind = kind;
@@ -314,8 +336,8 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
 
     // Generation never runs past the context window: max_tokens is clamped to what is left.
     int32_t max_tokens = q->max_tokens;
-    if ((int64_t)n_ids + max_tokens > g->a.n_ctx)
-        max_tokens = g->a.n_ctx - (int32_t)n_ids;
+    if ((int64_t)n_ids + max_tokens > m->n_ctx)
+        max_tokens = m->n_ctx - (int32_t)n_ids;
     sh_proto_logit_bias bias[SH_OPENAI_MAX_BIAS];
     for (int32_t i = 0; i < q->n_bias; i++)
         bias[i] = (sh_proto_logit_bias){q->bias[i].token, q->bias[i].bias};
@@ -350,7 +372,7 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
         .min_tokens = q->ignore_eos ? (uint32_t)max_tokens : (uint32_t)q->min_tokens,
     };
     sh_error e = {0};
-    sh_err rc = sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher,
+    sh_err rc = sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), m->batcher,
                              SH_MSG_SUBMIT, r->id, &sub, &e);
     free(ids);
     sh_openai_request_free(q);
@@ -372,7 +394,7 @@ static void on_abort(sh_http_req *http, void *arg)
     gateway *g = r->g;
     sh_proto_cancel c = {.req = r->id, .reason = {"client disconnected", 19}};
     sh_error e = {0};
-    sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
+    sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), r->m->batcher, SH_MSG_CANCEL,
                  r->id, &c, &e);
     if (r->stream)
         sh_http_stream_end(http);
@@ -409,14 +431,13 @@ static bool ensure_stream(gw_req *r)
 static void fill_lp(const gw_req *r, const gw_lp *src, sh_openai_logprob *dst, sh_openai_top *tops,
                     char (*texts)[MAX_PIECE], int32_t *n_texts)
 {
-    const gateway *g = r->g;
-    dst->token = piece_text(g, src->id, texts[(*n_texts)++]);
+    dst->token = piece_text(r, src->id, texts[(*n_texts)++]);
     dst->logprob = src->lp;
     dst->text_offset = src->text_offset;
     dst->n_top = src->n_top;
     dst->top = tops;
     for (int32_t k = 0; k < src->n_top; k++) {
-        tops[k].token = piece_text(g, src->top[k].id, texts[(*n_texts)++]);
+        tops[k].token = piece_text(r, src->top[k].id, texts[(*n_texts)++]);
         tops[k].logprob = src->top[k].lp;
     }
 }
@@ -734,7 +755,7 @@ static void on_http(sh_http_req *req, void *user)
     if (is_models) {
         if (!get)
             goto bad_method;
-        respond_json(req, 200, sh_openai_models_json(g->models, 1, 0, "shoal"));
+        respond_json(req, 200, sh_openai_models_json(g->models, g->n_m, 0, "shoal"));
         return;
     }
     if (!post)
@@ -761,11 +782,29 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
     const sh_gateway_args *a = arg;
     g->ctx = ctx;
     g->a = *a;
-    g->models[0] = g->a.model_name;
+    if (a->models && (a->n_models < 1 || a->n_models > SH_GATEWAY_MAX_MODELS))
+        return SH_EINVAL;
+    g->n_m = a->models ? a->n_models : 1;
+    if (a->models)
+        memcpy(g->m, a->models, (size_t)g->n_m * sizeof g->m[0]);
+    else
+        g->m[0] = (sh_gateway_model){.name = a->model_name,
+                                     .batcher = a->batcher,
+                                     .tok = a->tok,
+                                     .chat = a->chat,
+                                     .default_system = a->default_system,
+                                     .n_vocab = a->n_vocab,
+                                     .n_ctx = a->n_ctx};
+    int32_t max_ctx = 0;
+    for (int32_t i = 0; i < g->n_m; i++) {
+        g->models[i] = g->m[i].name;
+        if (g->m[i].n_ctx > max_ctx)
+            max_ctx = g->m[i].n_ctx;
+    }
     if (g->a.max_n <= 0)
         g->a.max_n = 8;
     if (g->a.max_tokens <= 0)
-        g->a.max_tokens = g->a.n_ctx;
+        g->a.max_tokens = max_ctx;
     sh_metrics *mx = sh_runtime_metrics(sh_actor_runtime(ctx));
     static const double lat[] = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                                  1,     1.5,  2,     3,    5,     7.5, 10,   20,  40,  80};

@@ -149,7 +149,7 @@ static void on_drain_tick(uv_timer_t *t)
         g->reqs = r->next;
         sh_proto_cancel c = {.req = r->id, .reason = {"shutting down", 13}};
         sh_error e = {0};
-        sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), g->a.batcher, SH_MSG_CANCEL,
+        sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), r->m->batcher, SH_MSG_CANCEL,
                      r->id, &c, &e);
         if (fail)
             sh__gateway_end_with_error(g, r, 503, "replica_failed", fail_msg);

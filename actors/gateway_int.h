@@ -18,7 +18,8 @@ typedef struct gateway gateway;
 typedef struct gw_req {
     gateway *g;
     uint64_t id;
-    sh_http_req *http; /* NULL once completed */
+    sh_http_req *http;         /* NULL once completed */
+    const sh_gateway_model *m; /* the model asked for (an entry of g->m) */
     sh_openai_kind kind;
     bool stream, include_usage, logprobs, echo;
     bool stream_started; /* the 200 and the event-stream headers went out */
@@ -41,7 +42,9 @@ struct gateway {
     gw_req *reqs;
     struct gw_tok *toks; /* prompts being tokenized on the worker pool (gateway_tok.c) */
     uint64_t next_id;
-    const char *models[1];
+    sh_gateway_model m[SH_GATEWAY_MAX_MODELS]; /* the models served (args.models, or the one) */
+    const char *models[SH_GATEWAY_MAX_MODELS]; /* their names */
+    int32_t n_m;
     char *metrics_buf;
     size_t metrics_cap;
     sh_histogram *m_ttft, *m_tpot, *m_e2e;
@@ -58,6 +61,8 @@ struct gateway {
 
 /* ---- gateway.c ---------------------------------------------------------------------------- */
 
+/* The model named `name` (q->model after parsing), or the first when none has that name. */
+const sh_gateway_model *sh__gateway_model(const gateway *g, const char *name);
 /* Answers req with an OpenAI-shaped error and counts it in shoal_http_errors_total. */
 void sh__gateway_respond_errorf(gateway *g, sh_http_req *req, int status, const char *code,
                                 const char *param, const char *fmt, ...) SH_PRINTF(6, 7);

@@ -129,7 +129,7 @@ static void tok_done(uv_work_t *w, int status)
             "This model's maximum context length is %d tokens. However, your prompt "
             "has more than %zu tokens; it must leave room for at least one generated "
             "token.",
-            (int)g->a.n_ctx, t->max_ids);
+            (int)t->max_ids + 1, t->max_ids);
     } else if (t->rc == SH_ENOMEM) {
         sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
     } else if (t->rc) {
@@ -151,15 +151,16 @@ void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, 
         sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
         return;
     }
+    const sh_gateway_model *m = sh__gateway_model(g, q->model);
     *t = (gw_tok){.g = g,
                   .http = http,
                   .q = q,
                   .prio = key_prio,
-                  .tok = g->a.tok,
-                  .chat = g->a.chat,
-                  .default_system = g->a.default_system,
+                  .tok = m->tok,
+                  .chat = m->chat,
+                  .default_system = m->default_system,
                   // The prompt must leave room for one generated token.
-                  .max_ids = g->a.n_ctx > 1 ? (size_t)g->a.n_ctx - 1 : 1};
+                  .max_ids = m->n_ctx > 1 ? (size_t)m->n_ctx - 1 : 1};
     t->work.data = t;
     int rc = uv_queue_work(sh__actor_uv_loop(g->ctx), &t->work, tok_run, tok_done);
     if (rc) {

@@ -355,6 +355,21 @@ static bool parse_messages(json_t *o, sh_openai_request *r, const sh_openai_limi
     return true;
 }
 
+/* The names of the models served, quoted, as many as fit in cap (then an ellipsis). */
+static void list_models(const sh_openai_limits *lim, char *names, size_t cap)
+{
+    size_t k = 0;
+    names[0] = '\0';
+    for (int32_t i = 0; i < lim->n_models && k < cap; i++) {
+        int w = snprintf(names + k, cap - k, "%s'%s'", i ? ", " : "", lim->models[i]);
+        if (w < 0)
+            break;
+        k += (size_t)w;
+    }
+    if (k >= cap) // cut: end with an ellipsis
+        memcpy(names + cap - 4, "...", 4);
+}
+
 static bool check_model(const char *model, const sh_openai_limits *lim, sh_openai_error *err)
 {
     if (lim->n_models <= 0 || !lim->models)
@@ -362,8 +377,10 @@ static bool check_model(const char *model, const sh_openai_limits *lim, sh_opena
     for (int32_t i = 0; i < lim->n_models; i++)
         if (strcmp(lim->models[i], model) == 0)
             return true;
-    sh_openai_error_set(err, 404, "model_not_found", "model", "The model '%.100s' does not exist",
-                        model);
+    char names[160];
+    list_models(lim, names, sizeof names);
+    sh_openai_error_set(err, 404, "model_not_found", "model",
+                        "The model '%.100s' does not exist (this server serves %s)", model, names);
     return false;
 }
 
@@ -376,16 +393,7 @@ static void model_required(const sh_openai_limits *lim, sh_openai_error *err)
         return;
     }
     char names[160];
-    size_t k = 0;
-    names[0] = '\0';
-    for (int32_t i = 0; i < lim->n_models && k < sizeof names; i++) {
-        int w = snprintf(names + k, sizeof names - k, "%s'%s'", i ? ", " : "", lim->models[i]);
-        if (w < 0)
-            break;
-        k += (size_t)w;
-    }
-    if (k >= sizeof names) // cut: end with an ellipsis
-        memcpy(names + sizeof names - 4, "...", 4);
+    list_models(lim, names, sizeof names);
     sh_openai_error_set(err, 400, NULL, "model",
                         "'model' is required: this server serves %d models: %s", lim->n_models,
                         names);

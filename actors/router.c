@@ -41,6 +41,7 @@ typedef struct rreq {
 
 typedef struct replica {
     sh_addr batcher;
+    int32_t id;  /* its label and index into down (args.ids) */
     double load; /* sum of the costs of the requests it holds */
     int32_t held;
     double weight, capacity;
@@ -415,7 +416,7 @@ static void on_down(router *r, int32_t k)
     p->healthy = false;
     set_gauges(p);
     sh_actor_log(r->ctx, SH_LOG_LEVEL_WARN, "replica_down",
-                 "replica=%d held=%d: no new requests go there", (int)k, (int)p->held);
+                 "replica=%d held=%d: no new requests go there", (int)p->id, (int)p->held);
     for (uint32_t b = 0; b < N_BUCKETS; b++) {
         rreq *q = r->bucket[b];
         while (q) {
@@ -501,7 +502,8 @@ static void check_stuck(router *r, uint64_t now)
 static void tick(router *r)
 {
     for (int32_t k = 0; k < r->n; k++)
-        if (r->rep[k].healthy && r->a.down && __atomic_load_n(&r->a.down[k], __ATOMIC_ACQUIRE) != 0)
+        if (r->rep[k].healthy && r->a.down &&
+            __atomic_load_n(&r->a.down[r->rep[k].id], __ATOMIC_ACQUIRE) != 0)
             on_down(r, k);
     uint64_t now = sh__act_mono_us();
     if (now - r->refresh_us >= (uint64_t)r->a.weight_refresh_ms * 1000u) {
@@ -521,7 +523,7 @@ static sh_err register_metrics(router *r)
     for (int32_t k = 0; k < r->n && !rc; k++) {
         replica *p = &r->rep[k];
         char lb[32];
-        snprintf(lb, sizeof lb, "replica=\"%d\"", (int)k);
+        snprintf(lb, sizeof lb, "replica=\"%d\"", (int)p->id);
         if ((rc = sh_metrics_gauge(mx, "shoal_router_load",
                                    "Estimated load of a replica: the sum of (prompt + max_tokens "
                                    "/ 2) * 1.2 over its requests, divided by its weight",
@@ -577,11 +579,14 @@ static sh_err router_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!r->rep || !r->bucket || !r->aff || !r->hashes ||
         sh__act_decoder_init(&r->dec, ROUTER_ARENA_BYTES))
         goto fail;
+    r->a.ids = NULL;
     for (uint32_t i = 0; i < AFF_SLOTS; i++)
         r->aff[i].replica = -1;
     for (int32_t k = 0; k < r->n; k++)
-        r->rep[k] =
-            (replica){.batcher = a->batchers ? a->batchers[k] : 0, .weight = 1.0, .healthy = true};
+        r->rep[k] = (replica){.batcher = a->batchers ? a->batchers[k] : 0,
+                              .id = a->ids ? a->ids[k] : k,
+                              .weight = 1.0,
+                              .healthy = true};
     if ((rc = register_metrics(r)))
         goto fail;
     r->refresh_us = sh__act_mono_us();

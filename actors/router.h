@@ -46,7 +46,7 @@
  *   still queued (FAIL SH_EBUSY "withdrawn"), submitted to the least loaded replica with room.
  *
  * TOKEN/DONE/FAIL from a replica a request no longer lives on are dropped, so a client sees one
- * replica's stream only. Metrics (labelled replica="k", 0-based): shoal_router_load,
+ * replica's stream only. Metrics (labelled replica="k", 0-based, or ids[k]): shoal_router_load,
  * shoal_router_weight (x1000), shoal_router_requests (held now), shoal_router_queue (the
  * replica's waiting sequences, as reported), shoal_router_healthy (gauges);
  * shoal_router_routed_total, shoal_router_redispatched_total, shoal_router_affinity_hits_total
@@ -60,6 +60,10 @@ typedef struct sh_router_args {
     uint32_t redispatch_ms;     /* default 500; UINT32_MAX: never */
     double affinity_slack;      /* load units (default 4096); < 0: no affinity */
     int *down; /* (n_replicas) optional, read atomically: nonzero = replica lost; outlives rt */
+    /* Optional (n_replicas, copied): the number replica k carries in its metrics label and logs
+     * and its index into `down` (a front with several routers, one per model, numbers replicas
+     * across all of them). NULL: 0, 1, ... */
+    const int32_t *ids;
 } sh_router_args;
 
 extern const sh_actor_vtable sh__router_vtable;

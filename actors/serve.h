@@ -171,13 +171,33 @@ typedef struct sh_batcher_args {
 
 /* ---- gateway ---------------------------------------------------------------------------- */
 
+/* One model a gateway serves (several behind one cluster front, issue 11): the name requests
+ * give in "model", its tokenizer, chat template and context, and where its requests go (its only
+ * replica's batcher, or the router of its replicas). Borrowed like the rest of the arguments. */
+typedef struct sh_gateway_model {
+    const char *name;
+    sh_addr batcher;
+    const sh_tokenizer *tok;
+    sh_chat_template chat;
+    const char *default_system; /* NULL: none */
+    int32_t n_vocab, n_ctx;
+} sh_gateway_model;
+
+#define SH_GATEWAY_MAX_MODELS 16
+
 typedef struct sh_gateway_args {
+    /* The one model served, unless `models` is given (then these six are ignored). */
     sh_addr batcher;
     const sh_tokenizer *tok;
     sh_chat_template chat;
     const char *default_system; /* the template's default system prompt, or NULL */
     const char *model_name;     /* the id /v1/models lists and requests must name */
     int32_t n_vocab, n_ctx;
+    /* Optional: n_models (1 to SH_GATEWAY_MAX_MODELS) models, copied at init. /v1/models lists
+     * them in this order; a request's "model" picks one (an unknown name is a 404 naming them;
+     * without "model" a request is a 400 when there are several). */
+    const sh_gateway_model *models;
+    int32_t n_models;
     const char *host; /* default 127.0.0.1 */
     int port;         /* 0: ephemeral */
     uint64_t max_body_bytes;

@@ -80,11 +80,23 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
     int32_t total = 0;
     for (int32_t k = 0; k < c->n_replicas; k++) {
         const sh_config_replica *r = &c->replicas[k];
-        if (r->model != c->replicas[0].model)
-            return sh__cmd_fail("%s: replica %d serves model '%s' and replica 1 '%s': replicas of "
-                                "different models behind one gateway are %s",
-                                script, (int)k + 1, c->models[r->model].name,
-                                c->models[c->replicas[0].model].name, later);
+        // A worker answers HELLO with one model identity: its stages must share a model.
+        for (int32_t j = 0; j < k; j++) {
+            if (c->replicas[j].model == r->model)
+                continue;
+            for (int32_t s = 0; s < r->n_stages; s++) {
+                int32_t node = r->stages[s].node;
+                for (int32_t t = 0; t < c->replicas[j].n_stages; t++)
+                    if (c->replicas[j].stages[t].node == node)
+                        return sh__cmd_fail(
+                            "%s: node '%s' holds stages of replica %d (model '%s') and replica %d "
+                            "(model '%s'): a worker node serves one model; give each model's "
+                            "stages their own nodes",
+                            script, c->nodes[node].name, (int)j + 1,
+                            c->models[c->replicas[j].model].name, (int)k + 1,
+                            c->models[r->model].name);
+            }
+        }
         if (r->tp != 1)
             return sh__cmd_fail("%s: replica %d: tp = %d: tensor parallelism is %s", script,
                                 (int)k + 1, (int)r->tp, later);
@@ -128,6 +140,22 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     rp->stage0 = p->n_stages;
     rp->n_stages = r->n_stages;
     rp->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
+    rp->model = r->model;
+    if (!hp) { /* only placed: the addresses follow from the script alone */
+        for (int32_t i = 0; i < r->n_stages; i++) {
+            int32_t g = rp->stage0 + i, node = r->stages[i].node;
+            p->stage_node[g] = node;
+            p->stage_replica[g] = k;
+            uint32_t n = node < 256 ? per_node[node]++ : 0;
+            p->stage_addr[g] = sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n);
+        }
+        p->n_stages += r->n_stages;
+        return 0;
+    }
+    rp->n_layers = hp->n_layers;
+    rp->n_ctx = hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192;
+    if (rp->n_ctx < 16)
+        rp->n_ctx = 16;
     // Ranges the script did not know (the layer count came with the model) are resolved here,
     // evenly or by pipeline()'s weights, by the loader's rule (lua/config.h).
     int32_t firsts[SH_CLUSTER_MAX_STAGES], lasts[SH_CLUSTER_MAX_STAGES];
@@ -170,22 +198,18 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
                             "takes %" PRIu64 " bytes)",
                             script, rp->block_bytes);
     rp->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
-    rp->seq_blocks = (p->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
+    rp->seq_blocks = (rp->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
     if (rp->seq_blocks > rp->n_blocks && hp->sliding_window <= 0)
         rp->seq_blocks = rp->n_blocks;
     return 0;
 }
 
-int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
-                     sh_cluster_plan *p)
+int sh__cluster_plan(const sh_cluster_config *c, const char *script,
+                     const sh_llama_hparams *const *hp, sh_cluster_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->c = c;
     p->front = c->gateway.node;
-    p->n_layers = hp->n_layers;
-    p->n_ctx = hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192;
-    if (p->n_ctx < 16)
-        p->n_ctx = 16;
     p->max_seqs = c->batcher.max_seqs > 0 ? c->batcher.max_seqs : 64;
     p->step_tokens = c->batcher.max_step_tokens > 0 ? c->batcher.max_step_tokens : 4096;
     if (p->step_tokens < p->max_seqs)
@@ -198,7 +222,7 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_ll
     for (int32_t k = 0; k < c->n_replicas; k++) {
         if (p->n_stages + c->replicas[k].n_stages > SH_CLUSTER_MAX_STAGES)
             return sh__cmd_fail("%s: more than %d stages in all", script, SH_CLUSTER_MAX_STAGES);
-        int rc = plan_replica(c, script, hp, k, per_node, p);
+        int rc = plan_replica(c, script, hp[c->replicas[k].model], k, per_node, p);
         if (rc)
             return rc;
     }
@@ -218,6 +242,10 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
     id->max_tokens = p->step_tokens;
     id->seq_blocks = rp->seq_blocks;
     id->link_dtype = rp->link_dtype;
+    if (rp->model_size) {
+        id->model_size = rp->model_size;
+        id->model_hash = rp->model_hash;
+    }
 }
 
 sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i)
@@ -463,12 +491,28 @@ static int start_metrics(sh_cluster_front *f, sh_runtime *rt)
 }
 
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
-                            const sh_llama *m, const char *model_path, sh_runtime *rt,
-                            uint32_t timeout_ms)
+                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms)
 {
-    int rc = sh__cluster_plan(c, script, &m->hp, &f->plan);
-    if (!rc)
-        rc = sh__cluster_model_ident(m, model_path, &f->self);
+    const sh_llama_hparams *hps[SH_CLUSTER_MAX_REPLICAS];
+    if (c->n_models > SH_CLUSTER_MAX_REPLICAS)
+        return sh__cmd_fail("%s: %d models; at most %d are supported", script, (int)c->n_models,
+                            SH_CLUSTER_MAX_REPLICAS);
+    for (int32_t i = 0; i < c->n_models; i++)
+        hps[i] = models[i] ? &models[i]->hp : NULL;
+    for (int32_t k = 0; k < c->n_replicas; k++)
+        if (!models[c->replicas[k].model])
+            return (sh__cmd_fail("internal: model %d of replica %d not loaded",
+                                 (int)c->replicas[k].model, (int)k + 1),
+                    1);
+    int rc = sh__cluster_plan(c, script, hps, &f->plan);
+    // Each replica's workers must hold its model's file: its identity goes into the plan. Last
+    // to first, so that the front's own identity is the first replica's model's.
+    for (int32_t k = f->plan.n_replicas - 1; !rc && k >= 0; k--) {
+        int32_t mi = c->replicas[k].model;
+        rc = sh__cluster_model_ident(models[mi], c->models[mi].path, &f->self);
+        f->plan.rep[k].model_size = f->self.model_size;
+        f->plan.rep[k].model_hash = f->self.model_hash;
+    }
     if (rc)
         return rc;
     const sh_config_node *me = &c->nodes[c->gateway.node];

@@ -32,6 +32,11 @@
 /* One replica of the plan: its stages are plan.stage_*[stage0, stage0 + n_stages). */
 typedef struct sh_cluster_replica_plan {
     int32_t stage0, n_stages;
+    int32_t model;           /* the script's model index (c->models) */
+    int32_t n_layers, n_ctx; /* the model's layer count and context; 0 when its hyper-parameters
+                              * were not given (the plan then only places the stages) */
+    uint64_t model_size;     /* the model file's identity when the front filled it (HELLO), */
+    uint64_t model_hash;     /* 0 otherwise */
     int32_t n_blocks, seq_blocks; /* KV blocks of every stage's pool; block-table length */
     uint64_t block_bytes;         /* KV bytes of one block of the replica's largest stage */
     uint32_t link_dtype;          /* replica link_dtype: the SH_PROTO_DTYPE_* stages send ACT in */
@@ -47,18 +52,19 @@ typedef struct sh_cluster_plan {
     int32_t n_replicas;
     sh_cluster_replica_plan rep[SH_CLUSTER_MAX_REPLICAS];
     /* Settings shared by every stage and by the front's batchers and kvmgrs. */
-    int32_t n_layers, n_ctx, max_seqs, step_tokens;
+    int32_t max_seqs, step_tokens;
 } sh_cluster_plan;
 
 /* Whether the script runs its replica's stages on worker nodes (more than one node, or the stage
  * not on the gateway's node); false for the single-process topology `shoal serve` runs itself. */
 bool sh__cluster_has_workers(const sh_cluster_config *c);
 
-/* Refuses what is not built yet with one error line naming it (returns 2): replicas of
- * different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor parallelism, standby nodes,
- * a stage on the gateway's node beside worker stages, inproc:// URLs, tls+tcp:// on some nodes
- * only or without tls_ca, tls_cert and tls_key, a node that hosts nothing, more than
- * SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the file in messages. */
+/* Refuses what is not built yet with one error line naming it (returns 2): a worker node that
+ * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor
+ * parallelism, standby nodes, a stage on the gateway's node beside worker stages, inproc:// URLs,
+ * tls+tcp:// on some nodes only or without tls_ca, tls_cert and tls_key, a node that hosts nothing,
+ * more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the file in
+ * messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script);
 
 /* The TLS material of node `node` when the script's nodes listen on tls+tcp:// (its tls_cert and
@@ -67,17 +73,20 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script);
 const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node,
                                         sh_transport_tls *out);
 
-/* Fills the plan from the script and the model's hyper-parameters (hp of the script's model):
- * resolves even splits, checks that each replica's layer ranges cover [0, n_layers) without gap
- * or overlap, and derives each replica's KV block count from kv.memory_bytes (default 1 GiB per
- * stage) over its largest stage. Returns 0, or 2 with an error line. */
-int sh__cluster_plan(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
-                     sh_cluster_plan *p);
+/* Fills the plan from the script and each model's hyper-parameters (hp[i] of the script's model
+ * i, c->n_models entries): resolves even splits, checks that each replica's layer ranges cover [0,
+ * n_layers) without gap or overlap, and derives each replica's KV block count from kv.memory_bytes
+ * (default 1 GiB per stage) over its largest stage. A replica whose model's hp[i] is NULL (a worker
+ * without that model) is only placed: its stages' nodes and addresses, which follow from the script
+ * alone; its layers and KV sizes stay 0. Returns 0, or 2 with an error line. */
+int sh__cluster_plan(const sh_cluster_config *c, const char *script,
+                     const sh_llama_hparams *const *hp, sh_cluster_plan *p);
 
 /* The model file's identity (size and header hash); 2 with an error line for a non-GGUF model. */
 
 /* Fills the stage settings of node's HELLO identity: the replica of its first stage (n_blocks,
- * seq_blocks, link_dtype) and the plan's shared ones. */
+ * seq_blocks, link_dtype, and the model identity when the plan holds it) and the plan's shared
+ * ones. */
 void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id);
 
 /* The replica of stage i's successor in its pipeline, or SH_ADDR_NONE for a last stage. */
@@ -123,14 +132,14 @@ typedef struct sh_cluster_front {
  * replica stopped, an orchestrator should restart the whole cluster. */
 #define SH_CLUSTER_EXIT_LOST 3
 
-/* Starts the front on rt (node id gateway.node + 1): plans from the model (the front loads only
- * what it needs for hyper-parameters and the tokenizer), listens on the gateway node's URL, dials
- * every worker and joins them (sh__cluster_join), then notes each worker link's connection count
- * for sh__cluster_front_lost(). Returns 0, 2 (bad script, mismatch, timeout:
- * one error line printed) or 1. Not from a loop thread. */
+/* Starts the front on rt (node id gateway.node + 1): plans from the models (models[i] of the
+ * script's model i, c->n_models entries, each loaded from c->models[i].path; NULL for a model no
+ * replica serves; the front loads only what it needs for hyper-parameters and the tokenizer),
+ * listens on the gateway node's URL, dials every worker and joins them (sh__cluster_join), then
+ * notes each worker link's connection count for sh__cluster_front_lost(). Returns 0, 2 (bad script,
+ * mismatch, timeout: one error line printed) or 1. Not from a loop thread. */
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
-                            const sh_llama *m, const char *model_path, sh_runtime *rt,
-                            uint32_t timeout_ms);
+                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms);
 
 /* The next worker node lost since the join and not reported before: its link is not up any
  * more (the process died, or closed or broke the connection) or it came up again since the join

@@ -128,7 +128,7 @@ static json_t *stage_json(const char *node, int32_t stage, int32_t first, int32_
 }
 
 static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n_rep,
-                            json_t *stages)
+                            const char *model, json_t *stages)
 {
     const struct sh_cluster_status_rep *r = &s->rep[k];
     bool healthy = !(s->front && s->front->down[k]);
@@ -138,13 +138,13 @@ static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n
                            (double)gauge(r->weight) / 1000.0, "requests", gauge(r->held), "routed",
                            counter(r->routed), "redispatched", counter(r->redispatched),
                            "affinity_hits", counter(r->affinity_hits));
-    return json_pack("{s:i, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}", "replica",
-                     (int)k, "stages", stages, "running", gauge(r->running), "waiting",
-                     gauge(r->waiting), "kv_blocks_used", gauge(r->kv_used), "kv_blocks_total",
-                     gauge(r->kv_total), "kv_blocks_cached", gauge(r->kv_cached), "steps",
-                     counter(r->steps), "prompt_tokens", counter(r->prompt_tokens),
-                     "generation_tokens", counter(r->gen_tokens), "preemptions",
-                     counter(r->preemptions), "healthy", healthy, "router", router);
+    return json_pack("{s:i, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}",
+                     "replica", (int)k, "model", model, "stages", stages, "running",
+                     gauge(r->running), "waiting", gauge(r->waiting), "kv_blocks_used",
+                     gauge(r->kv_used), "kv_blocks_total", gauge(r->kv_total), "kv_blocks_cached",
+                     gauge(r->kv_cached), "steps", counter(r->steps), "prompt_tokens",
+                     counter(r->prompt_tokens), "generation_tokens", counter(r->gen_tokens),
+                     "preemptions", counter(r->preemptions), "healthy", healthy, "router", router);
 }
 
 char *sh__cluster_status_json(void *user)
@@ -165,7 +165,11 @@ char *sh__cluster_status_json(void *user)
             for (int32_t i = rp->stage0; i < rp->stage0 + rp->n_stages; i++)
                 json_array_append_new(stages, stage_json(p->c->nodes[p->stage_node[i]].name, i + 1,
                                                          p->first[i], p->last[i]));
-            json_array_append_new(replicas, replica_json(s, k, n_rep, stages));
+            // The first replica's model is the one this process names (--model-name).
+            const char *model = p->c->replicas[k].model == p->c->replicas[0].model
+                                    ? s->model
+                                    : p->c->models[p->c->replicas[k].model].name;
+            json_array_append_new(replicas, replica_json(s, k, n_rep, model, stages));
         }
     } else {
         json_array_append_new(
@@ -175,7 +179,7 @@ char *sh__cluster_status_json(void *user)
                              "frames_sent", (json_int_t)0, "queued", (json_int_t)0));
         json_t *stages = json_array();
         json_array_append_new(stages, stage_json(s->node, 1, 0, s->n_layers));
-        json_array_append_new(replicas, replica_json(s, 0, 1, stages));
+        json_array_append_new(replicas, replica_json(s, 0, 1, s->model, stages));
     }
     json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:i}, s:o, s:o}", "object",
                              "shoal.cluster", "version", SH_VERSION_STRING, "mode",

@@ -100,7 +100,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     rc = sh__cluster_key_load(s->key_file, c, &s->key);
     if (rc)
         return rc;
-    const sh_config_replica *r = &c->replicas[0];
+    // The model of this node's stages (sh__cluster_check made sure they share one); the other
+    // replicas' models need not be on this node's disk: the plan only places their stages.
+    const sh_config_replica *r = NULL;
+    for (int32_t k = 0; k < c->n_replicas && !r; k++)
+        for (int32_t i = 0; i < c->replicas[k].n_stages && !r; i++)
+            if (c->replicas[k].stages[i].node == self)
+                r = &c->replicas[k];
+    if (!r)
+        return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
     const sh_config_model *cm = &c->models[r->model];
     struct stat sb;
     if (stat(cm->path, &sb) != 0)
@@ -110,8 +118,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_llama_load_opts po = {.first = 0, .last = 1};
     if (sh_llama_load(cm->path, &po, &probe, &e))
         return sh__cmd_fail("%s", e.msg);
+    const sh_llama_hparams *hps[SH_CLUSTER_MAX_REPLICAS] = {NULL};
     sh_cluster_plan plan;
-    rc = sh__cluster_plan(c, script, &probe->hp, &plan);
+    if (c->n_models > SH_CLUSTER_MAX_REPLICAS)
+        rc = sh__cmd_fail("%s: %d models; at most %d are supported", script, (int)c->n_models,
+                          SH_CLUSTER_MAX_REPLICAS);
+    else
+        hps[r->model] = &probe->hp;
+    if (!rc)
+        rc = sh__cluster_plan(c, script, hps, &plan);
     if (!rc)
         rc = sh__cluster_model_ident(probe, cm->path, &s->self);
     sh_llama_destroy(probe);

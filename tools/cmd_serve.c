@@ -484,6 +484,11 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     }
     const sh_config_model *m = &c->models[c->replicas[0].model];
     o->model = m->path;
+    for (int32_t k = 1; k < c->n_replicas; k++)
+        if (c->replicas[k].model != c->replicas[0].model && o->model_name)
+            return sh__cmd_fail("%s: --model-name renames the one model served; this script "
+                                "serves several (each by its model{ name = ... })",
+                                o->config);
     if (!o->model_name)
         o->model_name = m->name;
     // gateway.http gives the host and the port; --host and --port each replace only their part.
@@ -570,6 +575,11 @@ typedef struct server {
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
     char system[1024];
+    /* -c with replicas of several models: each other model than m (the first replica's), by the
+     * script's model index; hyper-parameters and tokenizer only, like m on a front. */
+    sh_llama *xm[SH_CLUSTER_MAX_REPLICAS];
+    sh_tokenizer *xtok[SH_CLUSTER_MAX_REPLICAS];
+    char xsystem[SH_CLUSTER_MAX_REPLICAS][1024];
 } server;
 
 static void close_all(server *s)
@@ -585,6 +595,57 @@ static void close_all(server *s)
     sh_backend_destroy(s->be);
     sh_tokenizer_destroy(s->tok);
     sh_llama_destroy(s->m);
+    for (int32_t i = 0; i < SH_CLUSTER_MAX_REPLICAS; i++) {
+        sh_tokenizer_destroy(s->xtok[i]);
+        sh_llama_destroy(s->xm[i]);
+    }
+}
+
+/* A model's chat template (from its GGUF) and the template's default system prompt, written
+ * into sys (cap bytes); *has_sys says whether there is one. */
+static sh_chat_template model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys)
+{
+    const char *tmpl = NULL;
+    size_t tmpl_len = 0;
+    sh_str st;
+    if (sh_gguf_get_str(m->gguf, "tokenizer.chat_template", &st) == SH_OK) {
+        tmpl = st.ptr;
+        tmpl_len = (size_t)st.len;
+    }
+    *has_sys = sh_chat_default_system(tmpl, tmpl_len, sys, cap);
+    return sh_chat_detect(tmpl, tmpl_len);
+}
+
+/* A cluster front's other models: every model a replica serves besides the first replica's
+ * (s->m), loaded like it (hyper-parameters and tokenizer). Fills models and toks by the script's
+ * model index. Returns 0 or 2 with an error line. */
+static int load_models(const sh_cluster_config *c, server *s, const sh_llama **models,
+                       const sh_tokenizer **toks)
+{
+    if (c->n_models > SH_CLUSTER_MAX_REPLICAS)
+        return sh__cmd_fail("%d models; at most %d are supported", (int)c->n_models,
+                            SH_CLUSTER_MAX_REPLICAS);
+    int32_t m0 = c->replicas[0].model;
+    models[m0] = s->m;
+    toks[m0] = s->tok;
+    for (int32_t k = 1; k < c->n_replicas; k++) {
+        int32_t mi = c->replicas[k].model;
+        if (models[mi])
+            continue;
+        const char *path = c->models[mi].path;
+        sh_llama_load_opts lo = {.last = 1};
+        sh_error e = {0};
+        if (sh_llama_load(path, &lo, &s->xm[mi], &e))
+            return sh__cmd_fail("%s", e.msg);
+        if (!s->xm[mi]->gguf)
+            return sh__cmd_fail("%s: shoal serve needs a GGUF model (its tokenizer is inside)",
+                                path);
+        if (sh_tokenizer_create_gguf(s->xm[mi]->gguf, &s->xtok[mi], &e))
+            return sh__cmd_fail("%s: tokenizer: %s", path, e.msg);
+        models[mi] = s->xm[mi];
+        toks[mi] = s->xtok[mi];
+    }
+    return 0;
 }
 
 /* SIGHUP: re-reads --api-key-file and hands the whole key set to the gateway. Without a key
@@ -757,6 +818,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     sh_runtime_opts ro = {
         .node_id = 1, .name = "serve", .n_loops = 2, .log_level = sh__cmd_log_level(o->log_level)};
     const sh_cluster_plan *plan = NULL;
+    const sh_llama *models[SH_CLUSTER_MAX_REPLICAS] = {NULL};
+    const sh_tokenizer *toks[SH_CLUSTER_MAX_REPLICAS] = {NULL};
     if (o->cluster) {
         // The front: the stages run on worker nodes; join them before anything is served.
         ro.node_id = (uint32_t)o->cfg->gateway.node + 1;
@@ -765,14 +828,16 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("runtime: %s", e.msg), 1);
         if (!(s->front = calloc(1, sizeof *s->front)))
             return (sh__cmd_fail("out of memory"), 1);
-        int rc = sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key);
+        int rc = load_models(o->cfg, s, models, toks);
         if (!rc)
-            rc = sh__cluster_front_start(s->front, o->cfg, o->config, s->m, o->model, s->rt,
+            rc = sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key);
+        if (!rc)
+            rc = sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
                                          o->join_timeout_ms);
         if (rc)
             return rc;
         plan = &s->front->plan;
-        n_ctx = plan->n_ctx;
+        n_ctx = plan->rep[0].n_ctx;
         max_seqs = plan->max_seqs;
         step_tokens = plan->step_tokens;
         n_blocks = plan->rep[0].n_blocks;
@@ -793,14 +858,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     }
 
     // Chat template and its default system prompt.
-    const char *tmpl = NULL;
-    size_t tmpl_len = 0;
-    sh_str st;
-    if (sh_gguf_get_str(s->m->gguf, "tokenizer.chat_template", &st) == SH_OK) {
-        tmpl = st.ptr;
-        tmpl_len = (size_t)st.len;
-    }
-    bool has_sys = sh_chat_default_system(tmpl, tmpl_len, s->system, sizeof s->system);
+    bool has_sys = false;
+    sh_chat_template chat = model_chat(s->m, s->system, sizeof s->system, &has_sys);
     if (o->model_name)
         snprintf(s->name, sizeof s->name, "%s", o->model_name);
     else
@@ -838,40 +897,65 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .n_blocks = (int32_t)n_blocks,
                           .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq,
                           .step_timeout_ms = plan || o->step_timeout_set ? o->step_timeout_ms : 0};
-    // One kvmgr and one batcher per replica; with several, a router in front of them.
+    // One kvmgr and one batcher per replica. The models served ("slots", in the order their
+    // first replica comes in the script), each with a router in front of its replicas when it
+    // has several or when there are several models (a router answers for a model whose replicas
+    // all lost a node).
     int32_t n_rep = plan ? plan->n_replicas : 1;
+    int32_t n_slots = 0, slot_model[SH_CLUSTER_MAX_REPLICAS], slot_of[SH_CLUSTER_MAX_REPLICAS];
+    int32_t slot_n[SH_CLUSTER_MAX_REPLICAS] = {0};
+    int32_t slot_ids[SH_CLUSTER_MAX_REPLICAS][SH_CLUSTER_MAX_REPLICAS];
+    for (int32_t k = 0; k < n_rep; k++) {
+        int32_t mi = plan ? plan->rep[k].model : 0, j = 0;
+        while (j < n_slots && slot_model[j] != mi)
+            j++;
+        if (j == n_slots)
+            slot_model[n_slots++] = mi;
+        slot_of[k] = j;
+        slot_ids[j][slot_n[j]++] = k;
+    }
     sh_addr batchers[SH_CLUSTER_MAX_REPLICAS];
     char labels[SH_CLUSTER_MAX_REPLICAS][32];
-    sh_addr router_addr = 0;
+    sh_addr routers[SH_CLUSTER_MAX_REPLICAS] = {0};
     // Spawn arguments must stay valid until each actor's init has run on its loop: one set per
     // replica, all living as long as this function.
     sh_kvmgr_args kas[SH_CLUSTER_MAX_REPLICAS];
     sh_batcher_args bas[SH_CLUSTER_MAX_REPLICAS];
-    sh_router_args ra;
-    if (n_rep > 1) {
+    sh_router_args ras[SH_CLUSTER_MAX_REPLICAS];
+    bool registered = false;
+    for (int32_t j = 0; j < n_slots; j++) {
+        if (slot_n[j] < 2 && n_slots < 2)
+            continue;
         // The router first, so that the batchers report to it from the start; it learns their
         // addresses from one CONTROL (REROUTE) once they are spawned, before any request.
-        ra = (sh_router_args){.n_replicas = n_rep,
-                              .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                              .weight_refresh_ms = o->router_refresh_ms,
-                              .redispatch_ms = o->redispatch_ms,
-                              .affinity_slack = o->affinity_slack,
-                              .down = s->front->down};
-        if (sh_runtime_register(s->rt, &sh__router_vtable, &e) ||
-            sh_actor_spawn(s->rt, "router", &ra, 0, &router_addr, &e))
+        ras[j] = (sh_router_args){.n_replicas = slot_n[j],
+                                  .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                                  .weight_refresh_ms = o->router_refresh_ms,
+                                  .redispatch_ms = o->redispatch_ms,
+                                  .affinity_slack = o->affinity_slack,
+                                  .down = s->front->down,
+                                  .ids = slot_ids[j]};
+        if ((!registered && sh_runtime_register(s->rt, &sh__router_vtable, &e)) ||
+            sh_actor_spawn(s->rt, "router", &ras[j], 0, &routers[j], &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
-        ba.router = router_addr;
-        ba.report_ms = 250;
+        registered = true;
     }
     for (int32_t k = 0; k < n_rep; k++) {
+        ba.router = routers[slot_of[k]];
+        ba.report_ms = ba.router ? 250 : 0;
         if (plan) {
             const sh_cluster_replica_plan *rp = &plan->rep[k];
+            const sh_llama_hparams *rhp = &models[rp->model]->hp;
             ka.cfg.n_blocks = rp->n_blocks;
             ka.cfg.max_blocks_per_seq = rp->seq_blocks;
+            ka.cfg.window = rhp->sliding_window;
             ba.n_blocks = rp->n_blocks;
-            ba.seq_blocks = hp->sliding_window > 0 ? 0 : rp->seq_blocks;
+            ba.seq_blocks = rhp->sliding_window > 0 ? 0 : rp->seq_blocks;
             ba.stage = plan->stage_addr[rp->stage0]; /* STEP goes to the first stage's node */
             ba.max_inflight = rp->n_stages;
+            ba.tok = toks[rp->model];
+            ba.n_vocab = rhp->n_vocab;
+            ba.n_ctx = rp->n_ctx;
         }
         if (n_rep > 1) {
             snprintf(labels[k], sizeof labels[k], "replica=\"%d\"", (int)k);
@@ -886,21 +970,26 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         if (sh_actor_spawn(s->rt, "batcher", &bas[k], 1, &batchers[k], &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
     }
-    batcher_addr = batchers[0];
-    if (n_rep > 1) {
+    // Each model's requests go to its router, or to its only replica's batcher.
+    sh_addr target[SH_CLUSTER_MAX_REPLICAS];
+    for (int32_t j = 0; j < n_slots; j++) {
+        target[j] = batchers[slot_ids[j][0]];
+        if (!routers[j])
+            continue;
         uint64_t targets[SH_CLUSTER_MAX_REPLICAS];
-        for (int32_t k = 0; k < n_rep; k++)
-            targets[k] = batchers[k];
+        for (int32_t i = 0; i < slot_n[j]; i++)
+            targets[i] = batchers[slot_ids[j][i]];
         sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE,
-                                .targets = {targets, (uint32_t)n_rep}};
-        if (sh__act_send(s->rt, router_addr, router_addr, SH_MSG_CONTROL, 0, &ctl, &e))
+                                .targets = {targets, (uint32_t)slot_n[j]}};
+        if (sh__act_send(s->rt, routers[j], routers[j], SH_MSG_CONTROL, 0, &ctl, &e))
             return (sh__cmd_fail("router: %s", e.msg), 1);
-        batcher_addr = router_addr;
+        target[j] = routers[j];
     }
+    batcher_addr = target[0];
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
                           .tok = s->tok,
-                          .chat = sh_chat_detect(tmpl, tmpl_len),
+                          .chat = chat,
                           .default_system = has_sys ? s->system : NULL,
                           .model_name = s->name,
                           .n_vocab = hp->n_vocab,
@@ -920,6 +1009,26 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_conns_per_ip = o->max_conns_per_ip,
                           .metrics_public = o->metrics_public,
                           .drain_timeout_ms = o->drain_timeout_ms};
+    // Several models: the gateway picks one by each request's "model".
+    sh_gateway_model gms[SH_CLUSTER_MAX_REPLICAS];
+    if (n_slots > 1) {
+        for (int32_t j = 0; j < n_slots; j++) {
+            int32_t mi = slot_model[j];
+            const sh_llama *mm = models[mi];
+            bool sys = false;
+            char *buf = j == 0 ? s->system : s->xsystem[mi];
+            sh_chat_template ch = model_chat(mm, buf, sizeof s->system, &sys);
+            gms[j] = (sh_gateway_model){.name = j == 0 ? s->name : o->cfg->models[mi].name,
+                                        .batcher = target[j],
+                                        .tok = toks[mi],
+                                        .chat = ch,
+                                        .default_system = sys ? buf : NULL,
+                                        .n_vocab = mm->hp.n_vocab,
+                                        .n_ctx = plan->rep[slot_ids[j][0]].n_ctx};
+        }
+        ga.models = gms;
+        ga.n_models = n_slots;
+    }
     if (sh__gateway_ctl_create(&s->ctl))
         return (sh__cmd_fail("out of memory"), 1);
     ga.ctl = s->ctl;
@@ -962,6 +1071,12 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             : o->kv_f32 ? "f32"
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
+    for (int32_t j = 1; j < n_slots; j++) {
+        const sh_cluster_replica_plan *rp = &plan->rep[slot_ids[j][0]];
+        fprintf(stderr, "shoal: model %s (%d layers, context %d), %d replica%s\n",
+                o->cfg->models[slot_model[j]].name, (int)rp->n_layers, (int)rp->n_ctx,
+                (int)slot_n[j], slot_n[j] == 1 ? "" : "s");
+    }
     fprintf(stderr, "shoal: listening on http://%s%s%s:%d%s\n", v6 ? "[" : "", host, v6 ? "]" : "",
             port, o->n_keys ? " (API keys required)" : "");
     fflush(stderr);

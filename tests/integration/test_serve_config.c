@@ -148,7 +148,7 @@ static void expect_error_line(const char *label, const char *want, const char *c
 /* Defect 10 of issue 10: a gateway on one node and the stage on a tcp:// node was accepted and
  * run in this one process. Now that process is the front: it waits for worker 'b' to join and,
  * with nobody listening there, exits 2 naming it. What is not built yet (cluster-demo.lua's
- * standby node, replicas of different models) is refused by name. */
+ * standby node, a worker node holding stages of two models) is refused by name. */
 static void test_multi_node_refused(void)
 {
     char script[300];
@@ -184,9 +184,9 @@ static void test_multi_node_refused(void)
              "}\n",
              sh_test_path(STORIES), sh_test_path(STORIES));
     write_text(script, src);
-    expect_refused("replicas of 2 models",
-                   "replica 2 serves model 'stories2' and replica 1 'stories': replicas of "
-                   "different models behind one gateway are not implemented yet",
+    expect_refused("one worker holding stages of 2 models",
+                   "node 'b' holds stages of replica 1 (model 'stories') and replica 2 (model "
+                   "'stories2'): a worker node serves one model",
                    two);
     unlink(script);
 }
