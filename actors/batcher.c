@@ -44,6 +44,13 @@
  * ignored. A failed step's sequences are failed whole, never resumed: the KV rows of a step that
  * did not answer cannot be trusted.
  *
+ * Pause and resume. CONTROL op PAUSE (a stage node died; the front resumes once it is back)
+ * abandons every step in flight, as if it had never been sent (its STEP_DONE is then an unknown
+ * step id), puts every running sequence back in the queue as preemption does but with its KV
+ * forgotten rather than freed, and sends the kvmgr CONTROL op RESET: the stages' KV rows cannot be
+ * trusted, so every interrupted sequence is recomputed from its prompt and generated tokens
+ * after RESUME, and its stream goes on with its next token. Nothing is planned while paused.
+ *
  * A router (args.router) gets a METRICS report at init and every report_ms (send_report): load
  * gauges and counters of the work done, from which it derives capacity as tokens per busy
  * microsecond. CANCEL with withdraw takes back a request that never got KV (withdraw).
@@ -73,6 +80,7 @@ void sh__batcher_update_gauges(batcher *b)
 {
     sh_gauge_set(b->m_running, b->n_running);
     sh_gauge_set(b->m_waiting, b->n_waiting);
+    sh_gauge_set(b->m_paused, b->paused);
 }
 
 static void req_free(breq *r)
@@ -416,7 +424,7 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     sh__batcher_update_gauges(b);
     // A step can start (idle, or a pipeline slot free): wait a moment for a burst to form one
     // batch; otherwise the next plan picks it up.
-    if (b->n_inflight < b->max_inflight && b->allocs_out == 0) {
+    if (!b->paused && b->n_inflight < b->max_inflight && b->allocs_out == 0) {
         uint64_t now = now_us;
         if (!b->forming) {
             b->forming = true;
@@ -469,6 +477,85 @@ static void on_cancel(batcher *b, const sh_proto_cancel *m)
         if (!s->in_step && !s->planned)
             sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
     }
+}
+
+/* ---- CONTROL: pause and resume ----------------------------------------------------------- */
+
+/* PAUSE (a stage node of the replica died; the front resumes once it is back). Idempotent.
+ * Every step in flight is abandoned: its slot is free, so its STEP_DONE (late or duplicated) is
+ * an unknown step id and ignored, and its timeout no longer runs. Every running sequence goes
+ * back to the queue as a preempted one does, keeping its tokens, but with its KV forgotten
+ * without a KV_FREE; a cancelled request whose answer was awaited ends now. Then the kvmgr gets
+ * one CONTROL op RESET, after every KV message sent before it (one sender, one mailbox: FIFO),
+ * and the replies still due to earlier KV requests are absorbed unread (stale_kv). */
+static void pause_replica(batcher *b)
+{
+    if (b->paused)
+        return;
+    b->paused = true;
+    if (b->forming) {
+        sh_actor_timer_stop(b->ctx, b->form_timer);
+        b->forming = false;
+    }
+    int32_t steps = sh__batcher_step_abandon_all(b);
+    b->stale_kv += b->allocs_out;
+    b->allocs_out = 0;
+    uint64_t now_us = sh__act_mono_us();
+    int32_t requeued = 0;
+    while (b->n_running > 0) {
+        bseq *s = b->running[b->n_running - 1];
+        sh__batcher_plan_running_remove(b, s);
+        s->kv_id = 0;
+        s->n_blocks = 0;
+        s->n_computed = s->n_reserved = s->n_marked = 0;
+        s->planned = s->alloc_ok = s->sampled = s->short_kv = s->in_step = false;
+        s->step_k = 0;
+        s->queued_us = now_us;
+        s->queued_step = b->step_no;
+        sh__batcher_plan_queue_insert(b, s);
+        requeued++;
+    }
+    // A choice waiting to fork whose first choice is queued again waits for it again; one that
+    // already forked recomputes on its own (its KV went with the pool).
+    for (breq *r = b->live, *next; r; r = next) {
+        next = r->next_live;
+        if (r->cancelled)
+            sh__batcher_req_finish_all(b, r, SH_PROTO_FINISH_CANCEL);
+    }
+    b->avail_est = b->a.n_blocks > 0 ? b->a.n_blocks : INT32_MAX / 2;
+    sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_RESET};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.kvmgr, SH_MSG_CONTROL, 0,
+                     &c, &e))
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "kv_reset_send", "err=\"%s\"", e.msg);
+    sh__batcher_update_gauges(b);
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_INFO, "batcher_paused",
+                 "steps_abandoned=%d seqs_requeued=%d kv_replies_due=%d waiting=%d", (int)steps,
+                 (int)requeued, (int)b->stale_kv, (int)b->n_waiting);
+}
+
+/* RESUME: planning starts again; the queued sequences are admitted with their whole token list
+ * (prompt and generated) and recomputed, and each stream goes on with its next token. A RESUME
+ * when not paused does nothing. */
+static void resume_replica(batcher *b)
+{
+    if (!b->paused)
+        return;
+    b->paused = false;
+    sh__batcher_update_gauges(b);
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_INFO, "batcher_resumed", "waiting=%d requests=%d",
+                 (int)b->n_waiting, (int)b->n_reqs);
+    sh__batcher_plan_step(b);
+}
+
+static void on_control(batcher *b, const sh_proto_control *m)
+{
+    if (m->op == SH_PROTO_CONTROL_OP_PAUSE)
+        pause_replica(b);
+    else if (m->op == SH_PROTO_CONTROL_OP_RESUME)
+        resume_replica(b);
+    else
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "control_ignored", "op=%u", (unsigned)m->op);
 }
 
 /* ---- reports to the router --------------------------------------------------------------- */
@@ -547,6 +634,9 @@ static sh_err register_metrics(batcher *b)
                                 &b->m_running));
     keep(&err, sh_metrics_gauge(mx, "shoal_requests_waiting", "Sequences waiting for admission.",
                                 lb, &b->m_waiting));
+    keep(&err, sh_metrics_gauge(mx, "shoal_batcher_paused",
+                                "1 while the replica is paused (CONTROL PAUSE until RESUME).", lb,
+                                &b->m_paused));
     keep(&err,
          sh_metrics_counter(mx, "shoal_preemptions_total",
                             "Sequences preempted (recomputed later) because KV blocks ran out.", lb,
@@ -651,6 +741,10 @@ static sh_msg_fate batcher_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         if (ok)
             on_cancel(b, &pb.cancel);
         break;
+    case SH_MSG_CONTROL:
+        if (ok)
+            on_control(b, &pb.control);
+        break;
     case SH_MSG_KV_ALLOC:
     case SH_MSG_KV_FORK:
         sh__batcher_plan_kv_reply(b, h->type, &pb, ok);
@@ -663,7 +757,7 @@ static sh_msg_fate batcher_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         break;
     case SH_MSG_ERROR:
         // An undeliverable or timed-out KV request: treat as a refused reservation.
-        if (b->allocs_out > 0)
+        if (b->allocs_out > 0 || b->stale_kv > 0)
             sh__batcher_plan_kv_reply(b, SH_MSG_KV_ALLOC, &pb, false);
         break;
     default:
@@ -689,6 +783,10 @@ static void batcher_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
         // With every pipeline slot taken only the steps' timeouts are checked (their answers
         // plan); otherwise the tick also plans, so that deadlines are enforced.
         bool full = b->n_inflight >= b->max_inflight;
+        if (b->paused) {
+            sh__batcher_plan_expire(b); /* deadlines hold while paused; nothing is planned */
+            return;
+        }
         sh__batcher_step_check_timeouts(b);
         if (!full && !b->allocs_out && !b->forming && (b->n_running || b->n_waiting))
             sh__batcher_plan_step(b);

@@ -101,6 +101,11 @@ typedef struct batcher {
     uint64_t next_kv_id, arrivals, step_no;
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
+    /* CONTROL PAUSE/RESUME: while paused nothing is planned and no step or KV request is sent;
+     * stale_kv counts the replies still due to KV requests sent before the pause (to the pool
+     * the RESET dropped), absorbed unread as they arrive (the kvmgr answers in order) */
+    bool paused;
+    int32_t stale_kv;
     bool forming;
     uint64_t form_start_us;
     uint64_t form_timer;
@@ -112,7 +117,7 @@ typedef struct batcher {
     sh_proto_step_seq *step_seqs; // (max_seqs)
     uint64_t *fail_ids;           // (max_seqs) request ids of a failed step
     /* metrics */
-    sh_gauge *m_running, *m_waiting;
+    sh_gauge *m_running, *m_waiting, *m_paused;
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
@@ -150,11 +155,16 @@ void sh__batcher_plan_running_remove(batcher *b, bseq *s);
 bseq *sh__batcher_plan_find_running(batcher *b, uint64_t kv_id);
 /* Steps 1 and 2: plans the next step when a pipeline slot is free (KV_ALLOC/KV_FORK sent). */
 void sh__batcher_plan_step(batcher *b);
+/* Past-deadline requests finish (DEADLINE), except their choices in a step in flight. */
+void sh__batcher_plan_expire(batcher *b);
 /* A KV_ALLOC or KV_FORK reply (decoded false: undecodable, or an ERROR); the last one of a plan
  * dispatches the step (step 3). */
 void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded);
 
 /* batcher_step.c: answers of the steps in flight (step 4). */
+/* CONTROL PAUSE: abandons every step in flight (its slot freed, so its STEP_DONE is ignored)
+ * and returns the number abandoned; the sequences stay in the running set for the caller. */
+int32_t sh__batcher_step_abandon_all(batcher *b);
 void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m);
 /* An undecodable STEP_DONE: the oldest step in flight fails. */
 void sh__batcher_step_lost(batcher *b);

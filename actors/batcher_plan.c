@@ -132,6 +132,16 @@ static bool past_deadline(const breq *r, uint64_t now_ms)
     return r->deadline_ms && now_ms >= r->deadline_ms;
 }
 
+void sh__batcher_plan_expire(batcher *b)
+{
+    uint64_t now_ms = sh__act_unix_ms();
+    for (breq *r = b->live, *next; r; r = next) {
+        next = r->next_live;
+        if (past_deadline(r, now_ms))
+            sh__batcher_req_finish_all(b, r, SH_PROTO_FINISH_DEADLINE);
+    }
+}
+
 /* ---- preemption --------------------------------------------------------------------------- */
 
 /* Whether s has had its slice since its latest admission (see SLICE_US). */
@@ -322,15 +332,11 @@ static int32_t step_share(const batcher *b)
  * kvmgr for their blocks. */
 void sh__batcher_plan_step(batcher *b)
 {
-    if (b->n_inflight >= b->max_inflight || b->allocs_out || b->forming)
+    if (b->paused || b->n_inflight >= b->max_inflight || b->allocs_out || b->forming)
         return;
-    uint64_t now_ms = sh__act_unix_ms(), now_us = sh__act_mono_us();
+    uint64_t now_us = sh__act_mono_us();
     // Deadlines first: anything past its deadline finishes now.
-    for (breq *r = b->live, *next; r; r = next) {
-        next = r->next_live;
-        if (past_deadline(r, now_ms))
-            sh__batcher_req_finish_all(b, r, SH_PROTO_FINISH_DEADLINE);
-    }
+    sh__batcher_plan_expire(b);
     int32_t budget = b->a.max_step_tokens;
     int32_t avail = b->avail_est;
     int32_t share = step_share(b), n_plan = 0;
@@ -552,6 +558,11 @@ static void dispatch_step(batcher *b)
 
 void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded)
 {
+    if (b->stale_kv > 0) {
+        // A reply from before a pause: about the pool the RESET dropped.
+        b->stale_kv--;
+        return;
+    }
     if (b->allocs_out > 0)
         b->allocs_out--;
     uint64_t kv_id = 0;

@@ -67,6 +67,17 @@ static void flight_end(batcher *b, flight *f)
     sh__batcher_busy_update(b, sh__act_mono_us());
 }
 
+int32_t sh__batcher_step_abandon_all(batcher *b)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < b->max_inflight; i++)
+        if (b->fl[i].step) {
+            flight_end(b, &b->fl[i]);
+            n++;
+        }
+    return n;
+}
+
 /* Plans the next step after one left flight. With several steps in flight a burst may be
  * forming meanwhile (on_submit); the answer plans at once instead. */
 static void plan_after_step(batcher *b)

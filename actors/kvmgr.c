@@ -1,5 +1,6 @@
 /* The kvmgr actor: the replica's KV block table (actors/kvmgr_core.h) behind KV_ALLOC, KV_FORK
  * and KV_FREE messages, with the request's u64 sequence ids mapped onto the core's small ids. */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,9 @@ typedef struct kvmgr_state {
     sh_gauge *g_total, *g_used, *g_cached;
     sh_counter *c_query, *c_hit, *c_evict;
     kv_published pub;
+    kv_published base; /* counters of the managers a RESET replaced (only the counters used) */
+    sh_kv_config cfg;  /* what RESET recreates the manager with */
+    uint64_t resets;
 } kvmgr_state;
 
 /* ---- the id map ---- */
@@ -102,8 +106,12 @@ static void publish(kvmgr_state *st)
 {
     sh_kv_stats s;
     sh_kv_stats_get(st->kv, &s);
-    kv_published now = {s.blocks_total,        s.blocks_used,       s.blocks_cached,
-                        s.prefix_query_tokens, s.prefix_hit_tokens, s.evictions};
+    kv_published now = {s.blocks_total,
+                        s.blocks_used,
+                        s.blocks_cached,
+                        st->base.query_tokens + s.prefix_query_tokens,
+                        st->base.hit_tokens + s.prefix_hit_tokens,
+                        st->base.evictions + s.evictions};
     sh_gauge_add(st->g_total, now.total - st->pub.total);
     sh_gauge_add(st->g_used, now.used - st->pub.used);
     sh_gauge_add(st->g_cached, now.cached - st->pub.cached);
@@ -284,6 +292,34 @@ static void on_free(sh_actor_ctx *ctx, kvmgr_state *st, const sh_proto_kv_free *
     map_del(st, q->seq);
 }
 
+/* CONTROL op RESET (the batcher, after a pause for a failed stage node): the pool becomes as
+ * after init, every sequence and prefix-cache entry dropped and every block free, by creating the
+ * manager again with the same configuration. The counters go on from where they were (base); the
+ * gauges follow at the next publish. Messages about the old sequences that come after it find
+ * unknown ids (KV_FREE is ignored, KV_ALLOC of an unknown id refused). When the new manager
+ * cannot be created the old one stays (logged at error). */
+static void on_reset(sh_actor_ctx *ctx, kvmgr_state *st)
+{
+    sh_kv_mgr *fresh = NULL;
+    sh_error e = {0};
+    if (sh_kv_create(&st->cfg, &fresh, &e)) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "kvmgr_reset_failed", "error=\"%s\"", e.msg);
+        return;
+    }
+    sh_kv_stats s;
+    sh_kv_stats_get(st->kv, &s);
+    st->base.query_tokens += s.prefix_query_tokens;
+    st->base.hit_tokens += s.prefix_hit_tokens;
+    st->base.evictions += s.evictions;
+    sh_kv_destroy(st->kv);
+    st->kv = fresh;
+    memset(st->map, 0, st->map_cap * sizeof *st->map);
+    st->resets++;
+    sh_actor_log(ctx, SH_LOG_LEVEL_INFO, "kvmgr_reset",
+                 "sequences=%d blocks_used=%d resets=%" PRIu64, (int)s.seqs_live,
+                 (int)s.blocks_used, st->resets);
+}
+
 /* A request whose body did not decode: answered with the same type, zero ids and `code`, so the
  * requester's session completes. One-way messages are only logged. */
 static void on_malformed(sh_actor_ctx *ctx, kvmgr_state *st, const sh_msg *m, sh_err code,
@@ -316,6 +352,7 @@ static sh_err kvmgr_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!a)
         return SH_EINVAL;
     st->prefix_cache = a->prefix_cache;
+    st->cfg = a->cfg;
     st->block_tokens = a->cfg.block_tokens > 0 ? a->cfg.block_tokens : SH_KV_DEFAULT_BLOCK_TOKENS;
     if ((err = sh_kv_create(&a->cfg, &st->kv, &e))) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "kvmgr_init_failed", "error=\"%s\"", e.msg);
@@ -354,7 +391,8 @@ static sh_msg_fate kvmgr_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     const sh_msg_hdr *h = sh_msg_header(m);
     if (h->type == SH_MSG_ERROR)
         return SH_MSG_FATE_DONE;
-    if (h->type != SH_MSG_KV_ALLOC && h->type != SH_MSG_KV_FORK && h->type != SH_MSG_KV_FREE) {
+    if (h->type != SH_MSG_KV_ALLOC && h->type != SH_MSG_KV_FORK && h->type != SH_MSG_KV_FREE &&
+        h->type != SH_MSG_CONTROL) {
         sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "kvmgr_unexpected", "type=%s",
                      sh__msg_type_name(h->type));
         return SH_MSG_FATE_DONE;
@@ -366,7 +404,12 @@ static sh_msg_fate kvmgr_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         on_malformed(ctx, st, m, err == SH_ERANGE ? SH_ERANGE : SH_EPROTO, &e);
         return SH_MSG_FATE_DONE;
     }
-    if (h->type == SH_MSG_KV_FREE) {
+    if (h->type == SH_MSG_CONTROL) {
+        if (b.control.op == SH_PROTO_CONTROL_OP_RESET) {
+            on_reset(ctx, st);
+            publish(st);
+        }
+    } else if (h->type == SH_MSG_KV_FREE) {
         on_free(ctx, st, &b.kv_free);
         publish(st);
     } else if (h->session == 0)

@@ -44,6 +44,10 @@
  *   status.
  * KV_FREE (one-way): computed as in KV_ALLOC, then every block of seq is released. An unknown
  *   seq is ignored.
+ * CONTROL op RESET (one-way; the batcher sends it when paused, below): the pool becomes as after
+ *   init (the manager is created again with the same configuration): every sequence and every
+ *   prefix-cache entry is dropped and every block is free; gauges follow, counters go on. Later
+ *   messages naming an old seq treat it as unknown. Other CONTROL ops are ignored.
  * Metrics (runtime registry): shoal_kv_blocks_total, shoal_kv_blocks_used,
  *   shoal_kv_blocks_cached (gauges), shoal_prefix_cache_query_tokens_total,
  *   shoal_prefix_cache_hit_tokens_total, shoal_kv_evictions_total (counters). */
@@ -132,7 +136,21 @@ typedef struct sh_stage_args {
  * removes a request only when none of its sequences was ever granted KV (still queued, nothing
  * computed or generated): silently, with FAIL SH_EBUSY (retryable, 503, "withdrawn") to its
  * sender; any other request is left alone and nothing is answered. Metrics (runtime registry,
- * each labelled with metric_labels): docs/serving.md. */
+ * each labelled with metric_labels): docs/serving.md.
+ *
+ * CONTROL (from anyone; the front, when a stage node of the replica died and until it is back):
+ *   - op PAUSE (idempotent): every step in flight is abandoned (its slot freed: its STEP_DONE,
+ *     late or duplicated, is an unknown step id and ignored; its step timeout no longer runs);
+ *     every running sequence returns to the queue keeping its tokens, as a preempted one does,
+ *     its KV forgotten without a KV_FREE; then `kvmgr` gets one CONTROL op RESET (after every KV
+ *     message sent before it) and the replies still due to earlier KV requests are absorbed.
+ *     While paused no STEP and no KV request is sent; SUBMIT, CANCEL (a cancelled request ends at
+ *     once), deadlines and the METRICS reports go on. shoal_batcher_paused is 1.
+ *   - op RESUME (nothing when not paused): planning starts again; each sequence is admitted with
+ *     its whole token list (prompt and generated), recomputed, and its stream goes on with the
+ *     next token: TOKEN indices stay contiguous, none repeated or missing, and a greedy request's
+ *     output equals an undisturbed run's.
+ *   Other ops are ignored. */
 typedef struct sh_batcher_args {
     sh_addr kvmgr, stage;
     const sh_tokenizer *tok; /* detokenizes for stop strings and TOKEN text */

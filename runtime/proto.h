@@ -115,6 +115,7 @@ typedef enum sh_proto_control_op {
     SH_PROTO_CONTROL_OP_REROUTE = 2, /* targets: the new addresses */
     SH_PROTO_CONTROL_OP_DEGRADE = 3, /* level: the degradation level */
     SH_PROTO_CONTROL_OP_SHUTDOWN = 4,
+    SH_PROTO_CONTROL_OP_RESET = 5, /* kvmgr: forget every sequence and cached block */
 } sh_proto_control_op;
 
 typedef enum sh_proto_fault_action {

@@ -13,10 +13,19 @@
  *     never above 1 with max_inflight 1, mostly 2 with 2);
  *   - a step timeout with two steps in flight (a link in front of the first stage drops one
  *     STEP): only the requests of the dropped step fail (503 naming the step), the others go on
- *     meanwhile and end with the reference's tokens.
+ *     meanwhile and end with the reference's tokens;
+ *   - CONTROL PAUSE / RESUME (max_inflight 1 and 2): the link sends PAUSE at the 20th STEP and
+ *     forwards that STEP late (its STEP_DONE comes after the pause and is ignored) or drops it
+ *     (the dead node); while paused a second PAUSE, a SUBMIT and a CANCEL arrive (the cancelled
+ *     request ends at once, silently), no STEP goes out, and the kvmgr's blocks are all free
+ *     (its RESET); after RESUME every stream ends with the reference's tokens,
+ *     its TOKEN indices contiguous (none repeated, none missing). A RESUME without a PAUSE does
+ *     nothing.
+ * Every TOKEN's index is checked to be the next one of its choice.
  * Skips (77) without the model. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "actors/actor_util.h"
 #include "actors/router.h"
@@ -45,6 +54,7 @@ static sh_tokenizer *tok;
 typedef struct choice_out {
     int32_t tok[N_GEN + 8];
     int32_t n;
+    uint32_t next; /* the index the next TOKEN must carry */
     bool done;
     int fin;
     uint32_t n_generated; /* as DONE says */
@@ -170,6 +180,12 @@ static sh_msg_fate client_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         for (uint32_t i = 0; i < b.token.tokens.n; i++) {
             uint32_t at = b.token.index + i;
             choice_out *c = &r->ch[b.token.choice];
+            if (at != c->next++) {
+                fprintf(stderr, "client: request %llu choice %u: token index %u, expected %d\n",
+                        (unsigned long long)b.token.req, (unsigned)b.token.choice, (unsigned)at,
+                        (int)c->next - 1);
+                atomic_fetch_add(&cl.bad, 1);
+            }
             if (at < N_GEN + 8) {
                 c->tok[at] = sh_i32s_at(b.token.tokens, i);
                 c->n = (int32_t)at + 1 > c->n ? (int32_t)at + 1 : c->n;
@@ -227,6 +243,10 @@ static struct {
     uint64_t seqs[MAX_SEQS]; /* the dropped step's sequence ids */
     uint32_t n_seqs;
     _Atomic long forwarded;
+    long pause_nth;      /* at which STEP to send the batcher CONTROL PAUSE (0: never) */
+    bool pause_drop;     /* drop that STEP (else forward it after the PAUSE: a late STEP_DONE) */
+    sh_addr batcher;     /* where PAUSE goes */
+    _Atomic long paused; /* PAUSE sent */
 } lk;
 
 typedef struct link_state {
@@ -258,7 +278,18 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         for (uint32_t i = 0; i < b.step.seqs.n; i++)
             if (!lk.first_seq || b.step.seqs.v[i].seq < lk.first_seq)
                 lk.first_seq = b.step.seqs.v[i].seq;
-        if (++lk.n_steps == lk.drop_nth) {
+        ++lk.n_steps;
+        if (lk.n_steps == lk.pause_nth) {
+            // The PAUSE is in the batcher's mailbox before the stage can answer this STEP.
+            sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PAUSE};
+            CHECK_OK(sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), lk.batcher,
+                                  SH_MSG_CONTROL, 0, &c, &e));
+            lk.dropped_step = b.step.step;
+            atomic_fetch_add(&lk.paused, 1);
+            if (lk.pause_drop)
+                return SH_MSG_FATE_DONE;
+        }
+        if (lk.n_steps == lk.drop_nth) {
             for (uint32_t i = 0; i < b.step.seqs.n && i < MAX_SEQS; i++)
                 lk.seqs[i] = b.step.seqs.v[i].seq;
             lk.n_seqs = b.step.seqs.n;
@@ -736,6 +767,95 @@ out:
     rig_stop(&g);
 }
 
+/* ---- CONTROL PAUSE / RESUME ------------------------------------------------------------ */
+
+static void control(rig *g, uint8_t op)
+{
+    sh_proto_control c = {.op = op};
+    sh_error e = {0};
+    CHECK_OK(sh__act_send(g->t.rt, g->client, g->batcher, SH_MSG_CONTROL, 0, &c, &e));
+}
+
+#define PAUSE_SUBMIT 17 /* submitted while paused: prompt 0 */
+#define PAUSE_CANCEL 3  /* cancelled while paused */
+
+/* The 16 streams with max_inflight P; the link pauses the batcher at the 20th STEP, dropping it or
+ * forwarding it (a late STEP_DONE). Held paused 200 ms, then resumed: every stream but the
+ * cancelled one ends with the reference's tokens. */
+static void run_pause(int32_t P, bool drop)
+{
+    if (!make_ref())
+        return;
+    rig g;
+    atomic_store(&lk.dropped, 0);
+    atomic_store(&lk.paused, 0);
+    lk.drop_nth = 0;
+    lk.n_steps = 0;
+    lk.first_seq = 0;
+    lk.pause_nth = 20;
+    lk.pause_drop = drop;
+    if (!rig_start(&g, &(rig_opts){.max_inflight = P, .link = true, .step_timeout_ms = 2000}))
+        goto out;
+    lk.batcher = g.batcher;
+    control(&g, SH_PROTO_CONTROL_OP_RESUME); /* not paused: nothing happens */
+    submit_streams(&g);
+    CHECK(wait_ge(&lk.paused, 1, 60000));
+    usleep(50 * 1000);
+    long ended_at_pause = atomic_load(&cl.n_ended);
+    control(&g, SH_PROTO_CONTROL_OP_PAUSE); /* twice: nothing more happens */
+    pthread_mutex_lock(&cl.mu);
+    cl.r[PAUSE_SUBMIT].n_choices = 1;
+    pthread_mutex_unlock(&cl.mu);
+    submit(&g, PAUSE_SUBMIT, 0, 1, N_GEN);
+    cancel(&g, PAUSE_CANCEL, false);
+    usleep(150 * 1000);
+    CHECK_NEAR(metric(&g, "shoal_batcher_paused"), 1, 0);
+    CHECK_NEAR(metric(&g, "shoal_kv_blocks_used"), 0, 0); /* the RESET freed every block */
+    long fwd = atomic_load(&lk.forwarded);
+    usleep(50 * 1000);
+    CHECK_INT_EQ(atomic_load(&lk.forwarded), fwd); /* no STEP while paused */
+    // No request ended while paused (the cancelled one ends silently: no DONE after CANCEL).
+    CHECK_INT_EQ(atomic_load(&cl.n_ended), ended_at_pause);
+    control(&g, SH_PROTO_CONTROL_OP_RESUME);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000)); /* 15 streams and the one submitted paused */
+    CHECK_NEAR(metric(&g, "shoal_batcher_paused"), 0, 0);
+    CHECK_NEAR(metric(&g, "shoal_kv_blocks_used"), 0, 0);
+    pthread_mutex_lock(&cl.mu);
+    for (int i = 0; i < N_STREAMS; i++) {
+        const req_out *r = &cl.r[i + 1];
+        CHECK(!r->failed);
+        for (int c = 0; c < r->n_choices; c++) {
+            if (i + 1 == PAUSE_CANCEL) {
+                CHECK(!r->ch[c].done);
+                CHECK(r->ch[c].n > 0 && r->ch[c].n < N_GEN);
+                CHECK(memcmp(r->ch[c].tok, ref[i][c], (size_t)r->ch[c].n * sizeof(int32_t)) == 0);
+                continue;
+            }
+            CHECK(r->ch[c].done);
+            CHECK_INT_EQ(r->ch[c].n, N_GEN);
+            CHECK_UINT_EQ(r->ch[c].n_generated, N_GEN);
+            if (memcmp(r->ch[c].tok, ref[i][c], sizeof ref[i][c]) != 0)
+                SH_FAIL_("stream %d choice %d differs from the undisturbed run", i, c);
+        }
+    }
+    const req_out *late = &cl.r[PAUSE_SUBMIT];
+    CHECK(!late->failed && late->ch[0].done);
+    CHECK_INT_EQ(late->ch[0].n, N_GEN);
+    CHECK(memcmp(late->ch[0].tok, ref[0][0], sizeof ref[0][0]) == 0);
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+    fprintf(stderr, "max_inflight %d, paused at step %llu (%s): %ld STEPs forwarded\n", (int)P,
+            (unsigned long long)lk.dropped_step, drop ? "dropped" : "answered late",
+            atomic_load(&lk.forwarded));
+out:
+    lk.pause_nth = 0;
+    rig_stop(&g);
+}
+
+static void test_pause_resume_late(void) { run_pause(1, false); }
+static void test_pause_resume_drop(void) { run_pause(2, true); }
+static void test_pause_resume_late_p2(void) { run_pause(2, false); }
+
 int main(int argc, char **argv)
 {
     FILE *f = fopen(sh_test_path(MODEL), "rb");
@@ -754,6 +874,9 @@ int main(int argc, char **argv)
                                          {"withdraw_preempted", test_withdraw_preempted},
                                          {"pipelined_equal", test_pipelined_equal},
                                          {"timeout_one_step", test_timeout_one_step},
+                                         {"pause_resume_late", test_pause_resume_late},
+                                         {"pause_resume_drop", test_pause_resume_drop},
+                                         {"pause_resume_late_p2", test_pause_resume_late_p2},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     sh_tokenizer_destroy(tok);

@@ -320,6 +320,44 @@ static void test_prefix_hit_after_free(void)
     fx_finish(&f);
 }
 
+/* CONTROL op RESET: every sequence and cached block forgotten, the pool whole again; the
+ * counters go on; old ids are unknown afterwards (KV_FREE ignored, KV_ALLOC starts a new one). */
+static void test_reset(void)
+{
+    fixture f;
+    fx_start(&f, 8, 4, 4, true);
+    int32_t p[9] = {5, 9, 2, 7, 1, 8, 3, 6, 4};
+    CHECK_INT_EQ(alloc(&f, 1, 9, p, 9, 0)->status, 0);
+    CHECK_INT_EQ(alloc(&f, 2, 9, p, 9, 0)->status, 0);
+    free_seq(&f, 2, 9); /* its two full blocks enter the prefix cache */
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_used"), 3);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_cached"), 2);
+    uint64_t queried = counter(&f, "shoal_prefix_cache_query_tokens_total");
+    CHECK_UINT_EQ(queried, 18);
+    f.sh.c = (call){.type = SH_MSG_CONTROL};
+    f.sh.c.body.control = (sh_proto_control){.op = SH_PROTO_CONTROL_OP_RESET};
+    fx_call(&f);
+    free_seq(&f, 1, 9); /* unknown now: ignored */
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_used"), 0);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_cached"), 0);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_total"), 8);
+    CHECK_UINT_EQ(counter(&f, "shoal_prefix_cache_query_tokens_total"), queried);
+    /* The same prompt finds nothing cached; the pool has all 8 blocks. */
+    sh_proto_kv_alloc *r = alloc(&f, 1, 9, p, 9, 0);
+    CHECK_INT_EQ(r->status, 0);
+    CHECK_UINT_EQ(r->cached, 0);
+    CHECK_UINT_EQ(r->available, 5);
+    CHECK_UINT_EQ(counter(&f, "shoal_prefix_cache_query_tokens_total"), queried + 9);
+    /* Other CONTROL ops change nothing. */
+    f.sh.c = (call){.type = SH_MSG_CONTROL};
+    f.sh.c.body.control = (sh_proto_control){.op = SH_PROTO_CONTROL_OP_PAUSE};
+    fx_call(&f);
+    free_seq(&f, 1, 9);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_used"), 0);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_cached"), 2);
+    fx_finish(&f);
+}
+
 /* Without prefix caching nothing is looked up or adopted. */
 static void test_prefix_cache_off(void)
 {
@@ -534,6 +572,7 @@ static const sh_test_case tests[] = {
     {"prefix_cache_off", test_prefix_cache_off},
     {"busy_and_range", test_busy_and_range},
     {"fork", test_fork},
+    {"reset", test_reset},
     {"bad_input", test_bad_input},
     {"churn_no_alloc", test_churn_no_alloc},
     {NULL, NULL},
