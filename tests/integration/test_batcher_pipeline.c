@@ -20,7 +20,8 @@
  *     request ends at once, silently), no STEP goes out, and the kvmgr's blocks are all free
  *     (its RESET); after RESUME every stream ends with the reference's tokens,
  *     its TOKEN indices contiguous (none repeated, none missing). A RESUME without a PAUSE does
- *     nothing.
+ *     nothing. Once more with the PAUSE sent while a KV_ALLOC is on its way (a link in front of
+ *     the kvmgr): the reply about the old pool is absorbed.
  * Every TOKEN's index is checked to be the next one of its choice.
  * Skips (77) without the model. */
 #include <pthread.h>
@@ -243,10 +244,12 @@ static struct {
     uint64_t seqs[MAX_SEQS]; /* the dropped step's sequence ids */
     uint32_t n_seqs;
     _Atomic long forwarded;
-    long pause_nth;      /* at which STEP to send the batcher CONTROL PAUSE (0: never) */
-    bool pause_drop;     /* drop that STEP (else forward it after the PAUSE: a late STEP_DONE) */
-    sh_addr batcher;     /* where PAUSE goes */
-    _Atomic long paused; /* PAUSE sent */
+    long pause_nth;       /* at which STEP to send the batcher CONTROL PAUSE (0: never) */
+    bool pause_drop;      /* drop that STEP (else forward it after the PAUSE: a late STEP_DONE) */
+    sh_addr batcher;      /* where PAUSE goes */
+    _Atomic long paused;  /* PAUSE sent */
+    long pause_alloc_nth; /* at which KV_ALLOC (through the kv link) to send PAUSE (0: never) */
+    long n_allocs;
 } lk;
 
 typedef struct link_state {
@@ -274,6 +277,14 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
     sh_msg_hdr h = *sh_msg_header(msg);
     sh_proto_body b;
     sh_error e = {0};
+    if (h.type == SH_MSG_KV_ALLOC && ++lk.n_allocs == lk.pause_alloc_nth) {
+        // The PAUSE is in the batcher's mailbox before the kvmgr can answer this KV_ALLOC: the
+        // reply is one due from before the pause.
+        sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PAUSE};
+        CHECK_OK(sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), lk.batcher, SH_MSG_CONTROL,
+                              0, &c, &e));
+        atomic_fetch_add(&lk.paused, 1);
+    }
     if (h.type == SH_MSG_STEP && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK) {
         for (uint32_t i = 0; i < b.step.seqs.n; i++)
             if (!lk.first_seq || b.step.seqs.v[i].seq < lk.first_seq)
@@ -320,7 +331,7 @@ typedef struct rig {
     sh_llama *m[2];
     sh_backend *be[2];
     sh_llama_ctx *c[2];
-    sh_addr kv, stage[2], link, batcher, client;
+    sh_addr kv, stage[2], link, kv_link, batcher, client;
     int32_t n_blocks;
     /* spawn arguments: actors init after sh_actor_spawn returns, so they live here */
     sh_kvmgr_args ka;
@@ -330,7 +341,8 @@ typedef struct rig {
 
 typedef struct rig_opts {
     int32_t max_inflight, max_seqs;
-    bool link; /* STEPs pass the link */
+    bool link;    /* STEPs pass the link */
+    bool kv_link; /* the batcher's KV messages pass a link too */
     bool router;
     uint32_t report_ms, step_timeout_ms;
     int32_t kv_blocks; /* the kvmgr's and batcher's pool (0: the stages' whole pool) */
@@ -373,7 +385,9 @@ static bool rig_start(rig *g, const rig_opts *o)
     CHECK_OK(sh_actor_spawn(g->t.rt, "stage", &g->sa[0], 2, &g->stage[0], &e));
     if (o->link)
         CHECK_OK(sh_actor_spawn(g->t.rt, "link", &g->stage[0], 2, &g->link, &e));
-    g->ba = (sh_batcher_args){.kvmgr = g->kv,
+    if (o->kv_link)
+        CHECK_OK(sh_actor_spawn(g->t.rt, "link", &g->kv, 2, &g->kv_link, &e));
+    g->ba = (sh_batcher_args){.kvmgr = o->kv_link ? g->kv_link : g->kv,
                               .stage = o->link ? g->link : g->stage[0],
                               .tok = tok,
                               .n_vocab = full->hp.n_vocab,
@@ -782,19 +796,23 @@ static void control(rig *g, uint8_t op)
 /* The 16 streams with max_inflight P; the link pauses the batcher at the 20th STEP, dropping it or
  * forwarding it (a late STEP_DONE). Held paused 200 ms, then resumed: every stream but the
  * cancelled one ends with the reference's tokens. */
-static void run_pause(int32_t P, bool drop)
+static void run_pause(int32_t P, bool drop, bool at_alloc)
 {
     if (!make_ref())
         return;
     rig g;
     atomic_store(&lk.dropped, 0);
     atomic_store(&lk.paused, 0);
+    atomic_store(&lk.forwarded, 0);
     lk.drop_nth = 0;
     lk.n_steps = 0;
     lk.first_seq = 0;
-    lk.pause_nth = 20;
+    lk.pause_nth = at_alloc ? 0 : 20;
+    lk.pause_alloc_nth = at_alloc ? 200 : 0;
+    lk.n_allocs = 0;
     lk.pause_drop = drop;
-    if (!rig_start(&g, &(rig_opts){.max_inflight = P, .link = true, .step_timeout_ms = 2000}))
+    rig_opts o = {.max_inflight = P, .link = true, .kv_link = at_alloc, .step_timeout_ms = 2000};
+    if (!rig_start(&g, &o))
         goto out;
     lk.batcher = g.batcher;
     control(&g, SH_PROTO_CONTROL_OP_RESUME); /* not paused: nothing happens */
@@ -844,17 +862,23 @@ static void run_pause(int32_t P, bool drop)
     CHECK(memcmp(late->ch[0].tok, ref[0][0], sizeof ref[0][0]) == 0);
     pthread_mutex_unlock(&cl.mu);
     CHECK_INT_EQ(atomic_load(&cl.bad), 0);
-    fprintf(stderr, "max_inflight %d, paused at step %llu (%s): %ld STEPs forwarded\n", (int)P,
-            (unsigned long long)lk.dropped_step, drop ? "dropped" : "answered late",
-            atomic_load(&lk.forwarded));
+    if (at_alloc)
+        fprintf(stderr, "max_inflight %d, paused at KV_ALLOC %ld: %ld messages forwarded\n", (int)P,
+                lk.pause_alloc_nth, atomic_load(&lk.forwarded));
+    else
+        fprintf(stderr, "max_inflight %d, paused at step %llu (%s): %ld STEPs forwarded\n", (int)P,
+                (unsigned long long)lk.dropped_step, drop ? "dropped" : "answered late",
+                atomic_load(&lk.forwarded));
 out:
-    lk.pause_nth = 0;
+    lk.pause_nth = lk.pause_alloc_nth = 0;
     rig_stop(&g);
 }
 
-static void test_pause_resume_late(void) { run_pause(1, false); }
-static void test_pause_resume_drop(void) { run_pause(2, true); }
-static void test_pause_resume_late_p2(void) { run_pause(2, false); }
+static void test_pause_resume_late(void) { run_pause(1, false, false); }
+static void test_pause_resume_drop(void) { run_pause(2, true, false); }
+static void test_pause_resume_late_p2(void) { run_pause(2, false, false); }
+/* PAUSE with a KV_ALLOC on its way: its reply (about the old pool) is absorbed. */
+static void test_pause_resume_kv_due(void) { run_pause(2, false, true); }
 
 int main(int argc, char **argv)
 {
@@ -877,6 +901,7 @@ int main(int argc, char **argv)
                                          {"pause_resume_late", test_pause_resume_late},
                                          {"pause_resume_drop", test_pause_resume_drop},
                                          {"pause_resume_late_p2", test_pause_resume_late_p2},
+                                         {"pause_resume_kv_due", test_pause_resume_kv_due},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     sh_tokenizer_destroy(tok);
