@@ -498,6 +498,7 @@ static void pause_replica(batcher *b)
         b->forming = false;
     }
     int32_t steps = sh__batcher_step_abandon_all(b);
+    b->epoch = b->step_no + 1; /* the steps after the resume: their stages drop older ones */
     b->stale_kv += b->allocs_out;
     b->allocs_out = 0;
     uint64_t now_us = sh__act_mono_us();
@@ -699,6 +700,7 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     // front of running workers must never reuse an id its predecessor used (that would take 65536
     // sequences per millisecond of the predecessor's life).
     b->next_kv_id = b->step_no = (sh__act_unix_ms() & ((1ull << 44) - 1)) << 16;
+    b->epoch = b->step_no + 1;
     b->avail_est = b->a.n_blocks > 0 ? b->a.n_blocks : INT32_MAX / 2;
     b->max_inflight = b->a.max_inflight < 1 ? 1 : b->a.max_inflight > 64 ? 64 : b->a.max_inflight;
     b->running = calloc((size_t)b->a.max_seqs, sizeof *b->running);

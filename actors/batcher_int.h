@@ -99,6 +99,7 @@ typedef struct batcher {
     int32_t n_running;
     int32_t max_blocks;
     uint64_t next_kv_id, arrivals, step_no;
+    uint64_t epoch;    /* STEP's epoch: the first step id of the latest pause (or of init) */
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
     /* CONTROL PAUSE/RESUME: while paused nothing is planned and no step or KV request is sent;

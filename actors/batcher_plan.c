@@ -529,7 +529,8 @@ static void dispatch_step(batcher *b)
         }
         return;
     }
-    sh_proto_step st = {.step = ++b->step_no, .seqs = {b->step_seqs, (uint32_t)f->n}};
+    sh_proto_step st = {
+        .step = ++b->step_no, .seqs = {b->step_seqs, (uint32_t)f->n}, .epoch = b->epoch};
     sh_error e = {0};
     if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.stage, SH_MSG_STEP, 0,
                      &st, &e)) {

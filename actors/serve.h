@@ -93,6 +93,10 @@ typedef struct sh_kvmgr_args {
  * the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
  * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages.
  *
+ * Epochs: a STEP carries its batcher's epoch (raised at every PAUSE) and ACT carries it on; a
+ * stage remembers the newest it has seen and drops, unanswered, a STEP or ACT of an older one,
+ * so a step abandoned at a pause never writes KV after the resume.
+ *
  * Failure: whichever stage fails a step (a bad step, a forward error, bad sampling parameters,
  * hidden states that are not (rows, dim), a next stage that cannot be reached) answers
  * STEP_DONE with status (an sh_err), message and no seqs straight to the reply address, and the

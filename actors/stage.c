@@ -62,6 +62,7 @@ typedef struct stage_state {
     uv_thread_t thread;
 
     /* The worker's own; sized at init so that a step allocates nothing. */
+    uint64_t epoch; /* the newest STEP/ACT epoch seen: older ones are dropped (proto STEP) */
     sh_act_decoder dec;
     int32_t *tok;           // (max_tok) the step's token ids, sequence after sequence
     int32_t *blk;           // (max_seqs, tab_len) each sequence's block table
@@ -446,7 +447,8 @@ static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_s
                                  .data = hidden,
                                  .nbytes = n * sizeof(float)},
                       .reply_to = reply,
-                      .compute_us = compute_us};
+                      .compute_us = compute_us,
+                      .epoch = s->epoch};
     if (st->link_dtype != SH_PROTO_DTYPE_F32) {
         if (!act_narrow(st, hidden, rows))
             return sh__error_set(e, SH_ENOMEM, "stage: step %" PRIu64 ": %u hidden rows to send",
@@ -554,14 +556,26 @@ static void step_answer(stage_state *st, const sh_msg *m)
     } else if (!is_act) {
         s = &b.step;
     } else {
-        view = (sh_proto_step){
-            .step = b.act.step, .deadline_ms = b.act.deadline_ms, .seqs = b.act.seqs};
+        view = (sh_proto_step){.step = b.act.step,
+                               .deadline_ms = b.act.deadline_ms,
+                               .seqs = b.act.seqs,
+                               .epoch = b.act.epoch};
         s = &view;
         if (b.act.reply_to != SH_ADDR_NONE)
             reply = b.act.reply_to;
         prior_us = b.act.compute_us;
     }
+    if (s && s->epoch < st->epoch) {
+        // Abandoned at its batcher's pause: the sequences it holds run again from the resume
+        // (with a newer epoch), and its blocks may belong to others by now. Unanswered: the
+        // batcher forgot it.
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stale_epoch",
+                       "step=%" PRIu64 " epoch=%" PRIu64 " seen=%" PRIu64, s->step, s->epoch,
+                       st->epoch);
+        return;
+    }
     if (s) {
+        st->epoch = s->epoch;
         d.step = s->step;
         if (is_act == st->first)
             err = sh__error_set(&e, SH_EINVAL, "stage: layers [%d, %d) take %s, not %s",

@@ -233,11 +233,15 @@
     F(S, retryable, "retry", BOOL, _, OPT, 0, 0)                                                   \
     F(S, status_http, "http", U32, _, OPT, 0, 599) /* the HTTP status a gateway should answer */
 
-/* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. */
+/* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. epoch: the batcher's epoch,
+ * raised at every PAUSE (never lower than any earlier one, also across a restarted front); a
+ * stage drops a STEP or ACT of an epoch older than one it has seen, so a step abandoned at a
+ * pause never runs after the resume. */
 #define SH_PROTO_FIELDS_step(F, S)                                                                 \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
-    F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)
+    F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
+    F(S, epoch, "ep", U64, _, OPT, 0, 0)
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
  * in sequence order, as F32, F16 or I8 (the script's link_dtype, docs/cluster.md). I8 rows are
@@ -252,6 +256,7 @@
     F(S, hidden, "h", TENSOR, _, REQ, 0, 0)                                                        \
     F(S, reply_to, "to", ADDR, _, OPT, 0, 0)                                                       \
     F(S, compute_us, "us", U64, _, OPT, 0, 0)                                                      \
+    F(S, epoch, "ep", U64, _, OPT, 0, 0)                     /* the STEP's epoch */                \
     F(S, scales, "hs", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* I8 hidden: one scale per row */
 
 #define SH_PROTO_FIELDS_step_done(F, S)                                                            \

@@ -277,15 +277,21 @@ static sh_proto_sampling greedy(void)
                                .max_tokens = N_GEN};
 }
 
-/* Sends a STEP from the collector's address with trace id 1000 + step. */
-static void send_step(fixture *f, uint64_t step, const sh_proto_step_seq *seqs, uint32_t n)
+/* Sends a STEP of epoch `epoch` from the collector's address with trace id 1000 + step. */
+static void send_step_epoch(fixture *f, uint64_t step, const sh_proto_step_seq *seqs, uint32_t n,
+                            uint64_t epoch)
 {
-    sh_proto_step body = {.step = step, .seqs = {seqs, n}};
+    sh_proto_step body = {.step = step, .seqs = {seqs, n}, .epoch = epoch};
     sh_msg_hdr h = {.type = SH_MSG_STEP, .src = f->coll, .dst = f->stage, .trace_id = 1000 + step};
     sh_error e = {0};
     sh_err err = sh_send_with(f->t.rt, &h, sh__proto_encode, &body, &e);
     if (err)
         SH_FAIL_("send STEP %llu: %s", (unsigned long long)step, e.msg);
+}
+
+static void send_step(fixture *f, uint64_t step, const sh_proto_step_seq *seqs, uint32_t n)
+{
+    send_step_epoch(f, step, seqs, n, 0);
 }
 
 /* Waits for record k and returns it (NULL after a failed check). */
@@ -521,7 +527,47 @@ static void test_decode_no_alloc(void)
     rt_finish(&f.t);
 }
 
+/* Epochs: a STEP of an epoch older than one the stage has seen is dropped unanswered (it was
+ * abandoned at its batcher's pause); the same epoch or a newer one runs. */
+static void test_stale_epoch(void)
+{
+    fixture f;
+    fx_start(&f);
+    sh_proto_step_seq q = {.seq = 9,
+                           .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+                           .blocks = {E.blocks[0], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step_epoch(&f, 1, &q, 1, 5);
+    const rec *r = wait_rec(&f, 0);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 1);
+    }
+    q.seq = 10;
+    send_step_epoch(&f, 2, &q, 1, 4); /* older: dropped */
+    q.seq = 11;
+    send_step_epoch(&f, 3, &q, 1, 5); /* the same epoch: runs */
+    r = wait_rec(&f, 1);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 3);
+    }
+    q.seq = 12;
+    send_step_epoch(&f, 4, &q, 1, 6); /* newer: runs, and 5 is old from now on */
+    r = wait_rec(&f, 2);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 4);
+    }
+    q.seq = 13;
+    send_step_epoch(&f, 5, &q, 1, 5);
+    struct timespec ts = {0, 300 * 1000000};
+    nanosleep(&ts, NULL);
+    CHECK_INT_EQ(atomic_load(&f.sh.n), 3); /* steps 2 and 5 were never answered */
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
 static const sh_test_case tests[] = {
+    {"stale_epoch", test_stale_epoch},
     {"batched_equals_alone", test_batched_equals_alone},
     {"decode_no_alloc", test_decode_no_alloc},
     {"stop_with_queue", test_stop_with_queue},
