@@ -501,10 +501,17 @@ static void check_stuck(router *r, uint64_t now)
 
 static void tick(router *r)
 {
-    for (int32_t k = 0; k < r->n; k++)
-        if (r->rep[k].healthy && r->a.down &&
-            __atomic_load_n(&r->a.down[r->rep[k].id], __ATOMIC_ACQUIRE) != 0)
+    for (int32_t k = 0; k < r->n && r->a.down; k++) {
+        bool down = __atomic_load_n(&r->a.down[r->rep[k].id], __ATOMIC_ACQUIRE) != 0;
+        if (r->rep[k].healthy && down) {
             on_down(r, k);
+        } else if (!r->rep[k].healthy && !down) { /* its node came back and it resumed */
+            r->rep[k].healthy = true;
+            set_gauges(&r->rep[k]);
+            sh_actor_log(r->ctx, SH_LOG_LEVEL_INFO, "replica_up",
+                         "replica=%d: takes requests again", (int)r->rep[k].id);
+        }
+    }
     uint64_t now = sh__act_mono_us();
     if (now - r->refresh_us >= (uint64_t)r->a.weight_refresh_ms * 1000u) {
         r->refresh_us = now;

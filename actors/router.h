@@ -35,7 +35,9 @@
  *   the window keeps its weight);
  * - health: a replica whose `down` flag is set (another thread: the front lost one of its stage
  *   nodes) gets no new request; its requests that streamed nothing yet move to a healthy replica,
- *   the others end with FAIL (503, retryable). With no healthy replica SUBMIT fails with 503;
+ *   the others end with FAIL (503, retryable). With no healthy replica SUBMIT fails with 503.
+ *   When the flag is cleared again (the node came back and the replica resumed), the replica
+ *   takes requests again;
  * - prefix affinity: the router remembers which replica it last sent each chain of full prompt
  *   blocks (block_tokens tokens each) to; a request whose leading blocks were sent to a healthy
  *   replica goes there while that replica's load is at most the least loaded one's plus

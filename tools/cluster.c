@@ -542,6 +542,51 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     return rc;
 }
 
+int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,
+                             char *msg, size_t cap)
+{
+    const sh_config_node *nd = &f->plan.c->nodes[node];
+    sh_transport_link l;
+    if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) != SH_OK ||
+        l.state != SH_LINK_STATE_UP || l.ups == f->ups[node])
+        return 1; /* not back yet */
+    // A fresh hello actor for this one node (the join's keeps pointers to its own peers).
+    sh_hello_peer *peer = &f->rejoin[node];
+    memset(peer, 0, sizeof *peer);
+    peer->addr = sh_addr_make((uint32_t)node + 1, SH_CLUSTER_HELLO_ACTOR);
+    f->rejoin_args[node] = (sh_hello_args){
+        .self = &f->self, .peers = peer, .n_peers = 1, .retry_ms = 200, .key = &f->key};
+    sh_error e = {0};
+    sh_addr addr;
+    if (sh_actor_spawn(rt, "hello", &f->rejoin_args[node], 0, &addr, &e))
+        return (snprintf(msg, cap, "node %s: hello: %s", nd->name, e.msg), 2);
+    uint64_t deadline = mono_ms() + timeout_ms;
+    while (!atomic_load_explicit(&peer->answered, memory_order_acquire)) {
+        if (mono_ms() >= deadline) {
+            sh_actor_stop(rt, addr);
+            return 1;
+        }
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    sh_actor_stop(rt, addr);
+    char diff[1024];
+    const char *refusal = key_refusal(peer, nd->name, diff, sizeof diff);
+    if (!refusal) {
+        compare(&f->plan, node, &f->self, &peer->got, diff, sizeof diff);
+        refusal = diff[0] ? diff : NULL;
+    }
+    if (refusal)
+        return (snprintf(msg, cap, "node '%s' (%s) came back but is refused: %s", nd->name,
+                         nd->listen, refusal),
+                2);
+    // Its connection count now, so that a later loss is noticed again.
+    if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) == SH_OK)
+        f->ups[node] = l.ups;
+    f->lost[node] = false;
+    return 0;
+}
+
 int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap)
 {
     const sh_cluster_config *c = f->plan.c;

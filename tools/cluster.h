@@ -121,6 +121,9 @@ typedef struct sh_cluster_front {
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
     bool lost[256];    /* per node: judged lost (sh__cluster_front_lost reported it) */
+    /* sh__cluster_front_rejoin's greetings, per node (a hello actor keeps pointers to them). */
+    sh_hello_peer rejoin[256];
+    sh_hello_args rejoin_args[256];
     int down[SH_CLUSTER_MAX_REPLICAS]; /* per replica: set (atomically) once one of its stage
                                         * nodes is lost; the router reads it */
     /* The workers' latest metrics reports, rendered by the gateway's /metrics; its collector
@@ -149,6 +152,16 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
  * happened; -1 when no new node was lost. Any thread, after sh__cluster_front_start() returned
  * 0; one thread at a time. */
 int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap);
+
+/* Greets a lost worker node again once its link is up on a new connection (the process was
+ * restarted): a fresh hello actor for that node, up to timeout_ms for its answer, then the join's
+ * key and identity checks. Returns 0 when it answered as the plan expects (the node counts as
+ * joined again: its connection count is recorded and it is no longer lost), 1 when it is not back
+ * yet or did not answer in time (try again later), 2 when it answered and is refused (msg says
+ * why). Its stages' KV pools are empty: the replica must recompute what it held (a batcher
+ * PAUSE before, RESUME after). Not from a loop thread; one thread at a time. */
+int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,
+                             char *msg, size_t cap);
 
 /* Whether replica k has a stage on node. */
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);

@@ -32,34 +32,35 @@
 #define WORKER_STOP_S 15.0   /* a worker's stop, then SIGKILL */
 #define NOT_UP_STOP_S 3.0    /* the same for a node that is not up yet */
 #define LINE_MAX_BYTES 4096
+#define RECOVER_TIMEOUT "30" /* the front's --recover-timeout: seconds for a worker to return */
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
-            "                        [--cluster-key-file FILE] [-- SERVE FLAGS]\n"
-            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n\n"
-            "Runs every node of a cluster script on this machine: each worker node as a child\n"
-            "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
-            "`shoal serve -c CLUSTER.lua SERVE FLAGS`. Every node's URL must be local (ipc://,\n"
-            "or tcp:// or tls+tcp:// on 127.x, localhost or [::1]). Each child's output is\n"
-            "prefixed with its node's name. A node that exits is restarted with backoff\n"
-            "(0.5 s doubling to 10 s); a worker lost while the front serves, or the front\n"
-            "itself, restarts every node\n"
-            "(with several replicas: once no replica is whole; until then the front serves\n"
-            "on the others and the lost worker waits for that restart).\n"
-            "A node that exits 5 times in a row before it is up, or exits 2 (bad input), stops\n"
-            "the cluster. SIGINT/SIGTERM stop the front (it drains), then the workers.\n\n"
-            "  --bin PATH    the shoal binary for the children (default: this one)\n"
-            "  -t THREADS    compute threads of each worker node (shoal node -t)\n"
-            "  --cluster-key-file FILE\n"
-            "                the cluster key every node proves in HELLO, passed to the children\n"
-            "                as SHOAL_CLUSTER_KEY_FILE (see docs/cluster.md)\n"
-            "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
-            "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
-            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
-            "`shoal cluster status [URL]` prints a running cluster's nodes, links, stages and\n"
-            "load (URL defaults to http://127.0.0.1:8080; see shoal cluster status --help).\n");
+    fprintf(
+        f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
+           "                        [--cluster-key-file FILE] [-- SERVE FLAGS]\n"
+           "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n\n"
+           "Runs every node of a cluster script on this machine: each worker node as a child\n"
+           "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
+           "`shoal serve -c CLUSTER.lua --recover-timeout " RECOVER_TIMEOUT " SERVE FLAGS`. Every\n"
+           "node's URL must be local (ipc://, or tcp:// or tls+tcp:// on 127.x, localhost\n"
+           "or [::1]). Each child's output is prefixed with its node's name. A node that\n"
+           "exits is restarted with backoff (0.5 s doubling to 10 s). A worker lost while\n"
+           "the front serves is restarted alone: the front pauses its replica, greets it\n"
+           "when it is back and resumes every request by recompute. A front that exits\n"
+           "(it gave up on a worker: status 3) restarts every node.\n"
+           "A node that exits 5 times in a row before it is up, or exits 2 (bad input), stops\n"
+           "the cluster. SIGINT/SIGTERM stop the front (it drains), then the workers.\n\n"
+           "  --bin PATH    the shoal binary for the children (default: this one)\n"
+           "  -t THREADS    compute threads of each worker node (shoal node -t)\n"
+           "  --cluster-key-file FILE\n"
+           "                the cluster key every node proves in HELLO, passed to the children\n"
+           "                as SHOAL_CLUSTER_KEY_FILE (see docs/cluster.md)\n"
+           "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
+           "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
+           "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
+           "`shoal cluster status [URL]` prints a running cluster's nodes, links, stages and\n"
+           "load (URL defaults to http://127.0.0.1:8080; see shoal cluster status --help).\n");
 }
 
 /* One line of the supervisor's own log, prefixed `cluster: `, written in one write(). */
@@ -103,9 +104,6 @@ typedef struct child {
     int quick_fails;   /* exits in a row before it was ready */
     double restart_at; /* > 0: start it again at this time (not while the cluster restarts) */
     int status;        /* the last wait status */
-    int32_t node;      /* its index in the script */
-    bool down;         /* a worker that exited while the front served on other replicas: not
-                        * started again until the whole cluster restarts */
 } child;
 
 typedef struct sup {
@@ -291,29 +289,8 @@ static void begin_restart(sup *s, double at)
     } else if (at > s->restart_all_at) {
         s->restart_all_at = at;
     }
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->n; i++)
         s->kids[i].restart_at = 0;
-        s->kids[i].down = false;
-    }
-}
-
-/* Whether some replica of the script keeps every stage on a node that is not down and is not
- * `gone`: the front then serves on (it vetoes the replicas it lost, docs/cluster.md). */
-static bool replica_survives(const sup *s, const child *gone)
-{
-    const sh_cluster_config *c = s->c;
-    for (int32_t r = 0; r < c->n_replicas; r++) {
-        bool whole = true;
-        for (int32_t i = 0; i < c->replicas[r].n_stages && whole; i++)
-            for (int j = 0; j < s->n; j++) {
-                const child *k = &s->kids[j];
-                if (k->node == c->replicas[r].stages[i].node && (k == gone || k->down))
-                    whole = false;
-            }
-        if (whole)
-            return true;
-    }
-    return false;
 }
 
 /* The backoff for a node that exited by itself: returns the delay before its restart, or -1
@@ -373,17 +350,15 @@ static void on_exit_of(sup *s, child *k, int status)
     if (k->front) {
         say("node %s exited (%s); restarting every node in %.1f s", k->name, how, d);
         begin_restart(s, t + d);
-    } else if (!s->restarting && f->pid && f->ready && s->c->n_replicas > 1 &&
-               replica_survives(s, k)) {
-        // Several replicas: the front vetoes the lost one and serves on with the others. A new
-        // process could not rejoin it (its KV cache is gone), so it waits for the next restart.
-        k->down = true;
-        say("node %s exited (%s); the front serves on with the replicas it does not hold; it "
-            "starts again with the next restart of every node",
-            k->name, how);
-    } else if (s->restarting || (f->pid && f->ready)) {
-        // The front had joined this worker: the replica is gone (its KV cache with it), so the
-        // front fails stop and every node starts again.
+    } else if (!s->restarting && f->pid && f->ready) {
+        // The front (started with --recover-timeout) pauses the replicas with a stage there,
+        // greets the node when it is back and resumes them by recompute. Should it give up, it
+        // exits 3 and every node restarts (above).
+        say("node %s exited (%s); restarting it in %.1f s (the front pauses its replica and "
+            "resumes it once the node is back)",
+            k->name, how, d);
+        k->restart_at = t + d;
+    } else if (s->restarting) {
         say("node %s exited (%s); restarting every node in %.1f s", k->name, how, d);
         begin_restart(s, t + d);
     } else {
@@ -646,19 +621,22 @@ static int cluster_up(int argc, char **argv)
     for (int32_t i = 0; i < c->n_nodes; i++) {
         child *k = i == c->gateway.node ? &s.kids[s.n - 1] : &s.kids[w++];
         k->name = c->nodes[i].name;
-        k->node = i;
         k->front = i == c->gateway.node;
         k->out = -1;
         k->delay = BACKOFF_FIRST_S;
         if (k->front) {
-            k->argv = calloc((size_t)n_extra + 5, sizeof *k->argv);
+            // The front waits for a lost worker to come back (this supervisor restarts it) and
+            // resumes its requests; flags after `--` come later and win.
+            k->argv = calloc((size_t)n_extra + 7, sizeof *k->argv);
             if (k->argv) {
                 k->argv[0] = "shoal";
                 k->argv[1] = "serve";
                 k->argv[2] = "-c";
                 k->argv[3] = (char *)script;
+                k->argv[4] = "--recover-timeout";
+                k->argv[5] = RECOVER_TIMEOUT;
                 for (int j = 0; j < n_extra; j++)
-                    k->argv[4 + j] = argv[extra + j];
+                    k->argv[6 + j] = argv[extra + j];
             }
         } else if (threads) {
             k->argv = argv_make(8, "shoal", "node", "-c", script, "--name", k->name, "-t", threads);

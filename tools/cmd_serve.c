@@ -57,6 +57,8 @@ typedef struct serve_opts {
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
     uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
     double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
+    uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
+                                   * back (0: fail stop at once) */
     sh_openai_key keys[MAX_KEYS];
     int32_t n_keys;
     char *key_mem[MAX_KEYS];
@@ -126,6 +128,10 @@ static void usage(FILE *f)
             "  --affinity-slack N  prefer the replica that holds a prompt's prefix while its\n"
             "                      load is within N estimated tokens of the least loaded\n"
             "                      (default 4096); --no-affinity: never\n"
+            "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
+            "                      wait up to S seconds for it to come back (restarted, e.g.\n"
+            "                      by `shoal cluster up`), then resume every request by\n"
+            "                      recompute (default 0: fail stop at once, exit 3)\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
             "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
@@ -316,7 +322,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
-    "--redispatch-after --affinity-slack --cluster-key-file "
+    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -437,6 +443,11 @@ static int parse(int argc, char **argv, serve_opts *o)
                 o->router_refresh_ms = ms;
             else if (ok)
                 o->redispatch_ms = ms ? ms : UINT32_MAX;
+        } else if (!strcmp(a, "--recover-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->recover_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
         } else if (!strcmp(a, "--affinity-slack")) {
             double d = 0;
             snprintf(want, sizeof want, "load units from 1 to 1e9");
@@ -580,6 +591,12 @@ typedef struct server {
     sh_llama *xm[SH_CLUSTER_MAX_REPLICAS];
     sh_tokenizer *xtok[SH_CLUSTER_MAX_REPLICAS];
     char xsystem[SH_CLUSTER_MAX_REPLICAS][1024];
+    sh_addr batcher[SH_CLUSTER_MAX_REPLICAS]; /* each replica's, for PAUSE / RESUME */
+    /* Worker nodes lost and awaited (--recover-timeout), by script index. */
+    struct {
+        bool waiting;
+        uint64_t since_ms, deadline_ms;
+    } rec[256];
 } server;
 
 static void close_all(server *s)
@@ -680,7 +697,7 @@ static uint64_t mono_ms(void)
  * would give wrong tokens. */
 static int stop_lost(server *s, const char *what)
 {
-    sh__cmd_fail("%s: this replica cannot continue (recovery is not built yet); stopping", what);
+    sh__cmd_fail("%s: this replica cannot continue; stopping", what);
     fflush(stderr);
     sh__gateway_ctl_fail(s->ctl, "a stage node of this replica was lost and the server is "
                                  "stopping; retry on another replica");
@@ -696,13 +713,111 @@ static int stop_lost(server *s, const char *what)
  * worker; with several, once every replica lost a stage node. A replica that lost one is marked
  * down for the router (it moves or ends that replica's requests and sends it nothing new) with
  * one error line. Writes what happened last into what. */
-static bool worker_lost(server *s, char *what, size_t cap)
+/* Sends replica k's batcher CONTROL op (PAUSE or RESUME), as itself. */
+static void control_replica(server *s, int32_t k, uint8_t op)
+{
+    sh_proto_control c = {.op = op};
+    sh_error e = {0};
+    if (sh__act_send(s->rt, s->batcher[k], s->batcher[k], SH_MSG_CONTROL, 0, &c, &e))
+        fprintf(stderr, "shoal: replica %d: control: %s\n", (int)k + 1, e.msg);
+}
+
+/* Whether replica k still waits for one of its nodes. */
+static bool replica_waits(const server *s, int32_t k)
+{
+    const sh_cluster_plan *p = &s->front->plan;
+    for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++)
+        if (s->rec[i].waiting && sh__cluster_replica_on(p, k, i))
+            return true;
+    return false;
+}
+
+/* A lost node with --recover-timeout: every replica with a stage there pauses (its steps in
+ * flight are abandoned, its sequences go back to its queue keeping their tokens, its KV is
+ * forgotten) and is taken out of routing until the node is back. */
+static void await_node(serve_opts *o, server *s, int32_t node, const char *what)
+{
+    const sh_cluster_plan *p = &s->front->plan;
+    uint64_t now = mono_ms();
+    s->rec[node].waiting = true;
+    s->rec[node].since_ms = now;
+    s->rec[node].deadline_ms = now + o->recover_ms;
+    for (int32_t k = 0; k < p->n_replicas; k++) {
+        if (!sh__cluster_replica_on(p, k, node))
+            continue;
+        control_replica(s, k, SH_PROTO_CONTROL_OP_PAUSE);
+        __atomic_store_n(&s->front->down[k], 1, __ATOMIC_RELEASE);
+        fprintf(stderr,
+                "shoal: %s: replica %d paused; waiting up to %.1f s for the node to come back "
+                "(--recover-timeout), then its requests resume by recompute\n",
+                what, (int)k + 1, o->recover_ms / 1000.0);
+    }
+    fflush(stderr);
+}
+
+/* Greets the awaited nodes whose links came back; resumes the replicas that have all their nodes
+ * again. Returns true when the front must stop: a node refused on its return, or not back in
+ * time, while no replica is left (with one replica: at once). */
+static bool check_awaited(server *s, char *what, size_t cap)
+{
+    const sh_cluster_plan *p = &s->front->plan;
+    for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++) {
+        if (!s->rec[i].waiting)
+            continue;
+        const sh_config_node *nd = &p->c->nodes[i];
+        uint64_t now = mono_ms();
+        uint64_t left = s->rec[i].deadline_ms > now ? s->rec[i].deadline_ms - now : 0;
+        int rc = left ? sh__cluster_front_rejoin(s->front, s->rt, i,
+                                                 left < 3000 ? (uint32_t)left : 3000, what, cap)
+                      : 1;
+        if (rc == 1 && mono_ms() < s->rec[i].deadline_ms)
+            continue;
+        s->rec[i].waiting = false;
+        if (rc == 0) {
+            for (int32_t k = 0; k < p->n_replicas; k++) {
+                if (!sh__cluster_replica_on(p, k, i) || replica_waits(s, k))
+                    continue;
+                control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
+                __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
+                fprintf(stderr,
+                        "shoal: node %s came back %.1f s after it was lost; replica %d resumed "
+                        "(its sequences are recomputed)\n",
+                        nd->name, (double)(mono_ms() - s->rec[i].since_ms) / 1000.0, (int)k + 1);
+            }
+            fflush(stderr);
+            continue;
+        }
+        if (rc == 1)
+            snprintf(what, cap, "node %s (%s) did not come back within %.1f s (--recover-timeout)",
+                     nd->name, nd->listen,
+                     (double)(s->rec[i].deadline_ms - s->rec[i].since_ms) / 1000.0);
+        int32_t up = 0;
+        for (int32_t k = 0; k < p->n_replicas; k++)
+            up += !__atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE);
+        if (p->n_replicas == 1 || up == 0)
+            return true;
+        sh__cmd_fail("%s: its replicas stay out of routing", what);
+        fflush(stderr);
+    }
+    return false;
+}
+
+/* Whether this cluster front must stop because it lost worker nodes. With --recover-timeout a
+ * lost node's replicas pause until it is back (await_node, check_awaited). Without: with one
+ * replica, any lost worker; with several, once every replica lost a stage node. A replica that
+ * lost one is marked down for the router (it moves or ends that replica's requests and sends it
+ * nothing new) with one error line. Writes what happened last into what. */
+static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
 {
     if (!s->front)
         return false;
     const sh_cluster_plan *p = &s->front->plan;
     int32_t node;
     while ((node = sh__cluster_front_lost(s->front, what, cap)) >= 0) {
+        if (o->recover_ms && node < 256) {
+            await_node(o, s, node, what);
+            continue;
+        }
         if (p->n_replicas == 1)
             return true;
         int32_t up = 0;
@@ -710,7 +825,7 @@ static bool worker_lost(server *s, char *what, size_t cap)
             if (sh__cluster_replica_on(p, k, node) && !s->front->down[k]) {
                 __atomic_store_n(&s->front->down[k], 1, __ATOMIC_RELEASE);
                 sh__cmd_fail("%s: replica %d stops (its requests move to another replica or end "
-                             "with an error; recovery is not built yet)",
+                             "with an error; without --recover-timeout it does not come back)",
                              what, (int)k + 1);
                 fflush(stderr);
             }
@@ -721,7 +836,7 @@ static bool worker_lost(server *s, char *what, size_t cap)
             return true;
         }
     }
-    return false;
+    return check_awaited(s, what, cap);
 }
 
 /* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
@@ -747,7 +862,7 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
             return 0;
-        } else if (!sh__gateway_ctl_drained(ctl) && worker_lost(s, what, sizeof what)) {
+        } else if (!sh__gateway_ctl_drained(ctl) && worker_lost(o, s, what, sizeof what)) {
             return stop_lost(s, what);
         } else if (mono_ms() > backstop) {
             fprintf(stderr, "shoal: the gateway did not finish draining; stopping\n");
@@ -771,7 +886,7 @@ static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
             reload_keys(o, s->ctl);
         else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
-        else if (worker_lost(s, what, sizeof what))
+        else if (worker_lost(o, s, what, sizeof what))
             return stop_lost(s, what);
     }
 }
@@ -969,6 +1084,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         bas[k] = ba;
         if (sh_actor_spawn(s->rt, "batcher", &bas[k], 1, &batchers[k], &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
+        s->batcher[k] = batchers[k];
     }
     // Each model's requests go to its router, or to its only replica's batcher.
     sh_addr target[SH_CLUSTER_MAX_REPLICAS];

@@ -294,6 +294,33 @@ def front_restarted(d):
     assert not problems, "\n".join(problems)
 
 
+def not_back(d):
+    """--recover-timeout 1 and nobody restarts the lost worker: the replica pauses, open requests
+    wait, and after 1 s the front gives up: they end with 503 and it exits 3 naming the node."""
+    srv, nodes = start_cluster(d, "notback", "--recover-timeout", "1")
+    problems = []
+    try:
+        nodes["w1"].proc.kill()
+        nodes["w1"].proc.wait()
+        t0 = time.monotonic()
+        status, _, raw = su.post_json(srv.url, "/v1/completions", {
+            "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}, timeout=30)
+        assert status == 503, f"status {status}: {raw[:300]!r}"
+        rc = srv.proc.wait(timeout=30)
+        dt = time.monotonic() - t0
+        log = srv.log_text()
+        assert rc == EXIT_LOST, f"exit {rc}:\n{log[-2000:]}"
+        assert "replica 1 paused" in log, log[-2000:]
+        assert "node w1" in log and "did not come back within 1.0 s" in log, log[-2000:]
+        assert dt < 10, f"took {dt:.1f} s"
+    finally:
+        if srv.proc.poll() is None:
+            problems += su.stop(srv)
+        problems += nodes["w0"].stop()  # w1 was killed on purpose
+        os.unlink(nodes["w1"].logpath)
+    assert not problems, "\n".join(problems)
+
+
 def main():
     if not os.path.exists(STORIES):
         su.skip(f"{STORIES} missing")
@@ -309,6 +336,8 @@ def main():
                "serves again after SIGCONT", step_timeout, d)
         r.case("a front restarted in front of running workers gives the same sampled output",
                front_restarted, d)
+        r.case("--recover-timeout with no restart: the front gives up after it, exit 3 naming "
+               "the node", not_back, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()
