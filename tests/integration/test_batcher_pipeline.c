@@ -837,6 +837,10 @@ static void run_pause(int32_t P, bool drop, bool at_alloc)
     control(&g, SH_PROTO_CONTROL_OP_RESUME);
     CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000)); /* 15 streams and the one submitted paused */
     CHECK_NEAR(metric(&g, "shoal_batcher_paused"), 0, 0);
+    // The last sequences' KV_FREE goes to the kvmgr while their DONE goes to the client: the
+    // pool is empty once the kvmgr has taken them (up to 5 s).
+    for (int i = 0; i < 500 && metric(&g, "shoal_kv_blocks_used") != 0; i++)
+        usleep(10 * 1000);
     CHECK_NEAR(metric(&g, "shoal_kv_blocks_used"), 0, 0);
     pthread_mutex_lock(&cl.mu);
     for (int i = 0; i < N_STREAMS; i++) {
