@@ -32,6 +32,17 @@ sh_err sh__act_decode(sh_act_decoder *d, const sh_msg *m, sh_proto_body *out, sh
 sh_err sh__act_send(sh_runtime *rt, sh_addr src, sh_addr dst, uint32_t type, uint64_t trace_id,
                     const void *body, sh_error *e);
 
+/* Mixes a 64-bit id into a 32-bit hash-table index (the finalizer of MurmurHash3's fmix64). */
+static inline uint32_t sh__act_hash_u64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
 /* Unix time in milliseconds and a monotonic clock in microseconds. */
 uint64_t sh__act_unix_ms(void);
 uint64_t sh__act_mono_us(void);

@@ -49,20 +49,10 @@ typedef struct kvmgr_state {
 
 /* ---- the id map ---- */
 
-static uint32_t hash_u64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return (uint32_t)x;
-}
-
 /* The slot holding key, or the empty slot where it would go. */
 static uint32_t map_find(const kvmgr_state *st, uint64_t key)
 {
-    uint32_t mask = st->map_cap - 1, i = hash_u64(key) & mask;
+    uint32_t mask = st->map_cap - 1, i = sh__act_hash_u64(key) & mask;
     while (st->map[i].used && st->map[i].key != key)
         i = (i + 1) & mask;
     return i;
@@ -90,7 +80,7 @@ static void map_del(kvmgr_state *st, uint64_t key)
     if (!st->map[hole].used)
         return;
     for (uint32_t j = (hole + 1) & mask; st->map[j].used; j = (j + 1) & mask) {
-        uint32_t home = hash_u64(st->map[j].key) & mask;
+        uint32_t home = sh__act_hash_u64(st->map[j].key) & mask;
         bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
         if (!stays) {
             st->map[hole] = st->map[j];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "actors/actor_util.h"
+#include "actors/kvmgr_core.h"
 #include "actors/router.h"
 #include "base/error.h"
 
@@ -66,6 +67,7 @@ typedef struct router {
     rreq **bucket;    // (N_BUCKETS)
     aff_slot *aff;    // (AFF_SLOTS)
     uint64_t *hashes; // (MAX_AFF_BLOCKS)
+    int32_t *blk;     // (block_tokens) one block's ids, aligned
     uint32_t rr;
     uint64_t refresh_us;
     sh_act_decoder dec;
@@ -73,17 +75,9 @@ typedef struct router {
 
 /* ---- the request table ---- */
 
-static uint32_t mix32(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return (uint32_t)x;
-}
-
 static rreq **find_slot(router *r, uint64_t id)
 {
-    rreq **p = &r->bucket[mix32(id) & (N_BUCKETS - 1)];
+    rreq **p = &r->bucket[sh__act_hash_u64(id) & (N_BUCKETS - 1)];
     while (*p && (*p)->id != id)
         p = &(*p)->next;
     return p;
@@ -134,20 +128,20 @@ static void finish(router *r, rreq *q)
 
 static double eff_load(const replica *p) { return p->load / p->weight; }
 
-/* Hash chain over the prompt's full blocks: hashes[i] covers blocks 0..i. Returns the count. */
+/* The kvmgr's prefix-cache chain hash (actors/kvmgr_core.h) over the prompt's full blocks:
+ * hashes[i] covers blocks 0..i. Returns the count. The ids are copied into an aligned block first
+ * (the frame's are not aligned). */
 static int32_t chain_hashes(router *r, sh_i32s prompt)
 {
     int32_t bt = r->a.block_tokens;
     int32_t n = (int32_t)(prompt.n / (uint32_t)bt);
     if (n > MAX_AFF_BLOCKS)
         n = MAX_AFF_BLOCKS;
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = sh_kv_hash_seed();
     for (int32_t b = 0; b < n; b++) {
-        for (int32_t i = 0; i < bt; i++) {
-            h ^= (uint32_t)sh_i32s_at(prompt, (uint32_t)(b * bt + i));
-            h *= 0x100000001b3ull;
-        }
-        r->hashes[b] = h ^ (h >> 29);
+        memcpy(r->blk, (const int32_t *)prompt.ptr + (size_t)b * (size_t)bt,
+               (size_t)bt * sizeof *r->blk);
+        r->hashes[b] = h = sh_kv_hash_block(h, r->blk, bt);
     }
     return n;
 }
@@ -314,7 +308,7 @@ static void on_submit(router *r, const sh_msg *msg, sh_proto_submit *m)
         free(q);
         return;
     }
-    rreq **slot = &r->bucket[mix32(q->id) & (N_BUCKETS - 1)];
+    rreq **slot = &r->bucket[sh__act_hash_u64(q->id) & (N_BUCKETS - 1)];
     q->next = *slot;
     *slot = q;
     if (by_aff)
@@ -582,8 +576,9 @@ static sh_err router_init(sh_actor_ctx *ctx, void *state, void *arg)
     r->bucket = calloc(N_BUCKETS, sizeof *r->bucket);
     r->aff = malloc(AFF_SLOTS * sizeof *r->aff);
     r->hashes = malloc(MAX_AFF_BLOCKS * sizeof *r->hashes);
+    r->blk = malloc((size_t)r->a.block_tokens * sizeof *r->blk);
     sh_err rc = SH_ENOMEM;
-    if (!r->rep || !r->bucket || !r->aff || !r->hashes ||
+    if (!r->rep || !r->bucket || !r->aff || !r->hashes || !r->blk ||
         sh__act_decoder_init(&r->dec, ROUTER_ARENA_BYTES))
         goto fail;
     r->a.ids = NULL;
@@ -606,6 +601,7 @@ fail:
     free(r->bucket);
     free(r->aff);
     free(r->hashes);
+    free(r->blk);
     sh__act_decoder_fini(&r->dec);
     return rc;
 }
@@ -684,6 +680,7 @@ static void router_stop(sh_actor_ctx *ctx, void *state)
     free(r->bucket);
     free(r->aff);
     free(r->hashes);
+    free(r->blk);
     sh__act_decoder_fini(&r->dec);
 }
 
