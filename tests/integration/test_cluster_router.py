@@ -16,6 +16,7 @@ Cases:
   document on both replicas, which then evict each other's prefixes).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -221,6 +222,19 @@ def replica_lost(d):
         log = c.srv.log_text()
         assert "node b" in log and "replica 2 stops" in log, log[-1500:]
         assert c.srv.alive(), "the front exited"
+        # The status document and `shoal cluster status` show the router's view of both.
+        st = subprocess.run([su.shoal_binary(), "cluster", "status", c.srv.url, "--json"],
+                            capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0, st.stderr
+        reps = json.loads(st.stdout)["replicas"]
+        assert [r["healthy"] for r in reps] == [True, False], reps
+        assert all(r["router"]["routed"] >= 1 for r in reps), reps
+        assert reps[0]["router"]["routed"] == c.metric("shoal_router_routed_total", replica="0")
+        st = subprocess.run([su.shoal_binary(), "cluster", "status", c.srv.url],
+                            capture_output=True, text=True, timeout=30)
+        assert st.returncode == 0 and "AFFINITY HITS" in st.stdout, st.stdout + st.stderr
+        row = [ln.split() for ln in st.stdout.splitlines() if ln.split()[:2] == ["1", "no"]]
+        assert row, st.stdout
         su.log(f"note: {len(served)} of 12 served, {len(failed)} ended with 503 at the loss")
         c.nodes = [c.nodes[0]]  # b is gone: only a is stopped (its exit status is checked)
     finally:
