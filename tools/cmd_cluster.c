@@ -109,7 +109,6 @@ typedef struct child {
 typedef struct sup {
     const char *script;
     const char *bin;
-    const sh_cluster_config *c;
     child *kids; /* workers first, the front last */
     int n;
     int sfd;
@@ -603,7 +602,7 @@ static int cluster_up(int argc, char **argv)
         return rc;
     }
     int n_extra = argc - extra;
-    sup s = {.script = script, .bin = bin, .c = c, .sfd = -1};
+    sup s = {.script = script, .bin = bin, .sfd = -1};
     s.n = c->n_nodes;
     if (s.n > SH_CLUSTER_MAX_STAGES + 1) {
         sh_config_destroy(c);
