@@ -1,8 +1,11 @@
 /* Helpers shared by the serving actors. */
 #include "actors/actor_util.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/error.h"
 
@@ -50,4 +53,25 @@ uint64_t sh__act_mono_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t sh__act_rss_bytes(void)
+{
+    // statm's second field is the resident set in pages; read it with plain I/O (no stdio
+    // buffer allocation on the heartbeat path).
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[128];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = strchr(buf, ' ');
+    if (!p)
+        return 0;
+    unsigned long long pages = strtoull(p + 1, NULL, 10);
+    long page = sysconf(_SC_PAGESIZE);
+    return (uint64_t)pages * (uint64_t)(page > 0 ? page : 4096);
 }

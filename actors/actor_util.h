@@ -47,4 +47,8 @@ static inline uint32_t sh__act_hash_u64(uint64_t x)
 uint64_t sh__act_unix_ms(void);
 uint64_t sh__act_mono_us(void);
 
+/* This process's resident memory in bytes (/proc/self/statm), 0 when it cannot be read. A few
+ * microseconds: fine once per heartbeat, not per token. */
+uint64_t sh__act_rss_bytes(void);
+
 #endif

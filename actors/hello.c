@@ -339,6 +339,22 @@ static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const
     (void)sh_reply_with(ctx, m, SH_MSG_HELLO, sh__proto_encode, &r, NULL);
 }
 
+/* A watchdog's heartbeat: PONG back to its sender with this process's resident memory. Answered
+ * on this loop, which runs no model work, so a busy stage never delays it. */
+static void answer_ping(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
+{
+    sh_proto_body body;
+    sh_error e = {0};
+    if (sh__act_decode(&s->dec, m, &body, &e))
+        return;
+    sh_proto_pong p = {.seq = body.ping.seq,
+                       .sent_us = body.ping.sent_us,
+                       .health = SH_PROTO_HEALTH_OK,
+                       .mem_bytes = sh__act_rss_bytes()};
+    (void)sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), sh_msg_header(m)->src,
+                       SH_MSG_PONG, 0, &p, &e);
+}
+
 static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 {
     hello_state *s = state;
@@ -353,6 +369,10 @@ static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
                 !atomic_load_explicit(&p->answered, memory_order_relaxed))
                 finish(s, p, p->pending);
         }
+        return SH_MSG_FATE_DONE;
+    }
+    if (h->type == SH_MSG_PING) {
+        answer_ping(ctx, s, m);
         return SH_MSG_FATE_DONE;
     }
     if (h->type != SH_MSG_HELLO)

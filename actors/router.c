@@ -47,6 +47,7 @@ typedef struct replica {
     int32_t held;
     double weight, capacity;
     bool healthy, reported;
+    bool removed; /* down[k] was 2: out of routing for good, its requests ended or moved */
     int64_t waiting, running, max_seqs;
     uint64_t tokens, busy_us;         /* as last reported */
     uint64_t win_tokens, win_busy_us; /* at the last weight refresh */
@@ -404,18 +405,27 @@ static void on_metrics(router *r, int32_t k, const sh_proto_metrics *m)
 
 /* ---- the tick: health, weights, re-dispatch ---- */
 
-static void on_down(router *r, int32_t k)
+/* Replica k is out of routing: down[k] was set. Paused (down 1: its node is awaited and the
+ * replica resumes by recompute when it is back): its requests that streamed nothing move to a
+ * healthy replica when there is one, and the rest stay to resume there. Removed (down 2: it will
+ * not come back): those that streamed nothing move or end, the others end with an error. */
+static void on_down(router *r, int32_t k, bool removed)
 {
     replica *p = &r->rep[k];
     p->healthy = false;
+    p->removed = removed;
     set_gauges(p);
     sh_actor_log(r->ctx, SH_LOG_LEVEL_WARN, "replica_down",
-                 "replica=%d held=%d: no new requests go there", (int)p->id, (int)p->held);
+                 "replica=%d held=%d %s: no new requests go there", (int)p->id, (int)p->held,
+                 removed ? "removed" : "paused");
+    bool elsewhere = least_loaded(r, k) >= 0;
     for (uint32_t b = 0; b < N_BUCKETS; b++) {
         rreq *q = r->bucket[b];
         while (q) {
             rreq *next = q->next;
-            if (q->replica == k) {
+            if (q->replica == k && !removed && (q->streamed || q->cancelled || !elsewhere)) {
+                // It resumes on this replica (recompute from its tokens) once the node is back.
+            } else if (q->replica == k) {
                 send_cancel(r, q, false, "replica lost");
                 if (q->streamed || q->cancelled) {
                     if (!q->cancelled)
@@ -496,11 +506,12 @@ static void check_stuck(router *r, uint64_t now)
 static void tick(router *r)
 {
     for (int32_t k = 0; k < r->n && r->a.down; k++) {
-        bool down = __atomic_load_n(&r->a.down[r->rep[k].id], __ATOMIC_ACQUIRE) != 0;
-        if (r->rep[k].healthy && down) {
-            on_down(r, k);
+        int down = __atomic_load_n(&r->a.down[r->rep[k].id], __ATOMIC_ACQUIRE);
+        if ((r->rep[k].healthy && down) || (!r->rep[k].removed && down == 2)) {
+            on_down(r, k, down == 2);
         } else if (!r->rep[k].healthy && !down) { /* its node came back and it resumed */
             r->rep[k].healthy = true;
+            r->rep[k].removed = false;
             set_gauges(&r->rep[k]);
             sh_actor_log(r->ctx, SH_LOG_LEVEL_INFO, "replica_up",
                          "replica=%d: takes requests again", (int)r->rep[k].id);

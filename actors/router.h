@@ -33,11 +33,13 @@
  *   positions computed and microseconds busy since the last refresh) and sets weight =
  *   capacity / the best replica's capacity (in [0.05, 1]; 1 until measured; a replica idle during
  *   the window keeps its weight);
- * - health: a replica whose `down` flag is set (another thread: the front lost one of its stage
- *   nodes) gets no new request; its requests that streamed nothing yet move to a healthy replica,
- *   the others end with FAIL (503, retryable). With no healthy replica SUBMIT fails with 503.
- *   When the flag is cleared again (the node came back and the replica resumed), the replica
- *   takes requests again;
+ * - health: a replica whose `down` flag is set (another thread: the front's watchdog lost one
+ *   of its stage nodes) gets no new request. Flag 1, paused (the node is awaited): its requests
+ *   that streamed nothing yet move to a healthy replica when there is one, and the others stay
+ *   to resume there by recompute. Flag 2, removed (it will not come back): those that streamed
+ *   nothing move, the others end with FAIL (503, retryable). With no healthy replica SUBMIT fails
+ *   with 503. When the flag is cleared again (the node came back and the replica resumed), the
+ *   replica takes requests again;
  * - prefix affinity: the router remembers which replica it last sent each chain of full prompt
  *   blocks (block_tokens tokens each) to; a request whose leading blocks were sent to a healthy
  *   replica goes there while that replica's load is at most the least loaded one's plus
@@ -61,7 +63,7 @@ typedef struct sh_router_args {
     uint32_t weight_refresh_ms; /* default 5000 */
     uint32_t redispatch_ms;     /* default 500; UINT32_MAX: never */
     double affinity_slack;      /* load units (default 4096); < 0: no affinity */
-    int *down; /* (n_replicas) optional, read atomically: nonzero = replica lost; outlives rt */
+    int *down; /* (n_replicas) optional, read atomically: 0 up, 1 paused, 2 removed; outlives rt */
     /* Optional (n_replicas, copied): the number replica k carries in its metrics label and logs
      * and its index into `down` (a front with several routers, one per model, numbers replicas
      * across all of them). NULL: 0, 1, ... */

@@ -16,16 +16,19 @@
 #include "actors/node_metrics.h"
 #include "actors/router.h"
 #include "actors/serve.h"
+#include "actors/watchdog.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
 #include "tools/cluster.h"
+#include "tools/cluster_events.h"
 #include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
+#include "tools/serve_degrade.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define DEFAULT_KV_MEM ((uint64_t)1 << 30)
@@ -57,6 +60,7 @@ typedef struct serve_opts {
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
     uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
     double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
+    sh_serve_degrade deg;         /* --policy and its settings (tools/serve_degrade.h) */
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
     sh_openai_key keys[MAX_KEYS];
@@ -131,10 +135,13 @@ static void usage(FILE *f)
             "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
             "                      wait up to S seconds for it to come back (restarted, e.g.\n"
             "                      by `shoal cluster up`), then resume every request by\n"
-            "                      recompute (default 0: fail stop at once, exit 3)\n"
+            "                      recompute (default 0: fail stop at once, exit 3)\n");
+    sh__serve_degrade_usage(f);
+    fprintf(f,
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
-            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
+            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
+            "the --policy script.\n"
             "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
             "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
             "ended with an error; restart the cluster).\n");
@@ -353,6 +360,12 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!strcmp(a, "--no-affinity")) {
             o->affinity_slack = -1;
+            continue;
+        }
+        int dr = sh__serve_degrade_flag(&o->deg, argc, argv, &i);
+        if (dr != 1) {
+            if (dr)
+                return 2;
             continue;
         }
         if (!sh__cmd_is_flag(VALUE_FLAGS, a))
@@ -582,6 +595,7 @@ typedef struct server {
     sh_llama_ctx *ctx;
     sh_runtime *rt;
     sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
+    sh_degrade *deg;              /* the degradation ladder (--policy), or NULL */
     sh_cluster_front *front;      /* -c with worker nodes */
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
@@ -597,6 +611,16 @@ typedef struct server {
         bool waiting;
         uint64_t since_ms, deadline_ms;
     } rec[256];
+    /* The watchdog (actors/watchdog.h) and what it is spawned with; the front's main thread
+     * reads its view to bring dead nodes back (worker_lost, check_awaited). */
+    sh_watchdog_view watch;
+    sh_watchdog_args wa;
+    bool watch_on[SH_WATCHDOG_MAX_NODES];
+    sh_addr pong_from[SH_WATCHDOG_MAX_NODES];
+    const char *names[SH_WATCHDOG_MAX_NODES];
+    bool replica_on[SH_WATCHDOG_MAX_REPLICAS * SH_WATCHDOG_MAX_NODES];
+    uint64_t seen_deaths[SH_WATCHDOG_MAX_NODES]; /* view deaths already handled */
+    sh_cluster_events events;                    /* faults and recoveries, for /admin/status */
 } server;
 
 static void close_all(server *s)
@@ -608,6 +632,7 @@ static void close_all(server *s)
         sh__cluster_front_destroy(s->front);
     free(s->front);
     sh__gateway_ctl_destroy(s->ctl);
+    sh__degrade_destroy(s->deg);
     sh_llama_ctx_destroy(s->ctx);
     sh_backend_destroy(s->be);
     sh_tokenizer_destroy(s->tok);
@@ -709,10 +734,6 @@ static int stop_lost(server *s, const char *what)
     return SH_CLUSTER_EXIT_LOST;
 }
 
-/* Whether this cluster front must stop because it lost worker nodes: with one replica, any lost
- * worker; with several, once every replica lost a stage node. A replica that lost one is marked
- * down for the router (it moves or ends that replica's requests and sends it nothing new) with
- * one error line. Writes what happened last into what. */
 /* Sends replica k's batcher CONTROL op (PAUSE or RESUME), as itself. */
 static void control_replica(server *s, int32_t k, uint8_t op)
 {
@@ -732,9 +753,27 @@ static bool replica_waits(const server *s, int32_t k)
     return false;
 }
 
-/* A lost node with --recover-timeout: every replica with a stage there pauses (its steps in
- * flight are abandoned, its sequences go back to its queue keeping their tokens, its KV is
- * forgotten) and is taken out of routing until the node is back. */
+/* What the watchdog said when it judged node i dead: "node NAME (URL) was lost: WHY", into
+ * what. */
+static void death_text(server *s, int32_t node, char *what, size_t cap)
+{
+    static sh_cluster_event ev[SH_CLUSTER_EVENTS_MAX]; /* the main thread's only */
+    size_t n = sh__cluster_events_copy(&s->events, 0, ev, SH_CLUSTER_EVENTS_MAX, NULL);
+    const sh_config_node *nd = &s->front->plan.c->nodes[node];
+    const char *why = "it stopped answering";
+    for (size_t j = n; j-- > 0;) {
+        const char *p = strstr(ev[j].msg, " was lost: ");
+        if (ev[j].node == node && !strcmp(ev[j].kind, "dead") && p) {
+            why = p + strlen(" was lost: ");
+            break;
+        }
+    }
+    snprintf(what, cap, "node %s (%s) was lost: %s", nd->name, nd->listen, why);
+}
+
+/* A lost node with --recover-timeout: the watchdog already paused every replica with a stage
+ * there (its steps in flight are abandoned, its sequences go back to its queue keeping their
+ * tokens, its KV is forgotten) and took it out of routing; wait for the node to come back. */
 static void await_node(serve_opts *o, server *s, int32_t node, const char *what)
 {
     const sh_cluster_plan *p = &s->front->plan;
@@ -745,8 +784,8 @@ static void await_node(serve_opts *o, server *s, int32_t node, const char *what)
     for (int32_t k = 0; k < p->n_replicas; k++) {
         if (!sh__cluster_replica_on(p, k, node))
             continue;
-        control_replica(s, k, SH_PROTO_CONTROL_OP_PAUSE);
-        __atomic_store_n(&s->front->down[k], 1, __ATOMIC_RELEASE);
+        if (!__atomic_exchange_n(&s->front->down[k], 1, __ATOMIC_ACQ_REL))
+            control_replica(s, k, SH_PROTO_CONTROL_OP_PAUSE); /* not paused by the watchdog */
         fprintf(stderr,
                 "shoal: %s: replica %d paused; waiting up to %.1f s for the node to come back "
                 "(--recover-timeout), then its requests resume by recompute\n",
@@ -755,9 +794,41 @@ static void await_node(serve_opts *o, server *s, int32_t node, const char *what)
     fflush(stderr);
 }
 
-/* Greets the awaited nodes whose links came back; resumes the replicas that have all their nodes
- * again. Returns true when the front must stop: a node refused on its return, or not back in
- * time, while no replica is left (with one replica: at once). */
+/* Resumes the replicas of node i that wait for no other node, after it came back (how: "came
+ * back" for a node that answers heartbeats again, "restarted" for a new process). */
+static void node_back(server *s, int32_t i, const char *how)
+{
+    const sh_cluster_plan *p = &s->front->plan;
+    const sh_config_node *nd = &p->c->nodes[i];
+    double after = (double)(mono_ms() - s->rec[i].since_ms) / 1000.0;
+    s->front->lost[i] = false;
+    if (!strcmp(how, "restarted"))
+        sh__cluster_events_add(&s->events, "restarted", i, -1,
+                               "node %s rejoined as a new process %.2f s after it was lost",
+                               nd->name, after);
+    for (int32_t k = 0; k < p->n_replicas; k++) {
+        if (!sh__cluster_replica_on(p, k, i) || replica_waits(s, k))
+            continue;
+        control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
+        __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
+        sh__cluster_events_add(&s->events, "resumed", i, k,
+                               "replica %d resumed %.2f s after node %s was lost (its sequences "
+                               "are recomputed)",
+                               (int)k + 1, after, nd->name);
+        fprintf(stderr,
+                "shoal: node %s came back %.1f s after it was lost (%s); replica %d resumed "
+                "(its sequences are recomputed)\n",
+                nd->name, after, !strcmp(how, "restarted") ? "a new process" : "the same process",
+                (int)k + 1);
+    }
+    fflush(stderr);
+}
+
+/* Brings awaited nodes back: one that answers heartbeats again on the same connection (it was
+ * stopped, or cut off) is back at once; one whose link came up on a new connection (restarted)
+ * is greeted first. Resumes the replicas that have all their nodes again. Returns true when the
+ * front must stop: a node refused on its return, or not back in time, while no replica is left
+ * (with one replica: at once). */
 static bool check_awaited(server *s, char *what, size_t cap)
 {
     const sh_cluster_plan *p = &s->front->plan;
@@ -765,6 +836,12 @@ static bool check_awaited(server *s, char *what, size_t cap)
         if (!s->rec[i].waiting)
             continue;
         const sh_config_node *nd = &p->c->nodes[i];
+        if (atomic_load_explicit(&s->watch.node[i].health, memory_order_acquire) ==
+            SH_WATCHDOG_ALIVE) {
+            s->rec[i].waiting = false;
+            node_back(s, i, "came back");
+            continue;
+        }
         uint64_t now = mono_ms();
         uint64_t left = s->rec[i].deadline_ms > now ? s->rec[i].deadline_ms - now : 0;
         int rc = left ? sh__cluster_front_rejoin(s->front, s->rt, i,
@@ -774,23 +851,22 @@ static bool check_awaited(server *s, char *what, size_t cap)
             continue;
         s->rec[i].waiting = false;
         if (rc == 0) {
-            for (int32_t k = 0; k < p->n_replicas; k++) {
-                if (!sh__cluster_replica_on(p, k, i) || replica_waits(s, k))
-                    continue;
-                control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
-                __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
-                fprintf(stderr,
-                        "shoal: node %s came back %.1f s after it was lost; replica %d resumed "
-                        "(its sequences are recomputed)\n",
-                        nd->name, (double)(mono_ms() - s->rec[i].since_ms) / 1000.0, (int)k + 1);
-            }
-            fflush(stderr);
+            // The new process is the one to trust now: the watchdog judges it by its heartbeats.
+            atomic_store_explicit(&s->watch.node[i].base_ups, s->front->ups[i],
+                                  memory_order_release);
+            node_back(s, i, "restarted");
             continue;
         }
         if (rc == 1)
             snprintf(what, cap, "node %s (%s) did not come back within %.1f s (--recover-timeout)",
                      nd->name, nd->listen,
                      (double)(s->rec[i].deadline_ms - s->rec[i].since_ms) / 1000.0);
+        for (int32_t k = 0; k < p->n_replicas; k++)
+            if (sh__cluster_replica_on(p, k, i)) {
+                __atomic_store_n(&s->front->down[k], 2, __ATOMIC_RELEASE); /* for good */
+                sh__cluster_events_add(&s->events, "removed", i, k, "replica %d: %s", (int)k + 1,
+                                       what);
+            }
         int32_t up = 0;
         for (int32_t k = 0; k < p->n_replicas; k++)
             up += !__atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE);
@@ -802,18 +878,36 @@ static bool check_awaited(server *s, char *what, size_t cap)
     return false;
 }
 
-/* Whether this cluster front must stop because it lost worker nodes. With --recover-timeout a
- * lost node's replicas pause until it is back (await_node, check_awaited). Without: with one
- * replica, any lost worker; with several, once every replica lost a stage node. A replica that
- * lost one is marked down for the router (it moves or ends that replica's requests and sends it
- * nothing new) with one error line. Writes what happened last into what. */
+/* The next node the watchdog judged dead since the last call, or -1; marks it lost. */
+static int32_t next_death(server *s)
+{
+    for (int32_t i = 0; i < s->watch.n_nodes; i++) {
+        uint64_t d = atomic_load_explicit(&s->watch.node[i].deaths, memory_order_acquire);
+        if (d != s->seen_deaths[i]) {
+            s->seen_deaths[i] = d;
+            s->front->lost[i] = true;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Whether this cluster front must stop because it lost worker nodes (the watchdog judges them:
+ * missed heartbeats, a broken or reconnected link). With --recover-timeout a lost node's
+ * replicas pause until it is back (await_node, check_awaited). Without: with one replica, any
+ * lost worker; with several, once every replica lost a stage node. A replica that lost one is
+ * out of routing (the router moves or ends its requests and sends it nothing new) with one error
+ * line. Writes what happened last into what. */
 static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
 {
     if (!s->front)
         return false;
     const sh_cluster_plan *p = &s->front->plan;
     int32_t node;
-    while ((node = sh__cluster_front_lost(s->front, what, cap)) >= 0) {
+    while ((node = next_death(s)) >= 0) {
+        death_text(s, node, what, cap);
+        if (s->rec[node].waiting)
+            continue; /* died again while awaited: its deadline stands */
         if (o->recover_ms && node < 256) {
             await_node(o, s, node, what);
             continue;
@@ -822,8 +916,10 @@ static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
             return true;
         int32_t up = 0;
         for (int32_t k = 0; k < p->n_replicas; k++) {
-            if (sh__cluster_replica_on(p, k, node) && !s->front->down[k]) {
-                __atomic_store_n(&s->front->down[k], 1, __ATOMIC_RELEASE);
+            if (sh__cluster_replica_on(p, k, node) &&
+                __atomic_exchange_n(&s->front->down[k], 2, __ATOMIC_ACQ_REL) != 2) {
+                sh__cluster_events_add(&s->events, "removed", node, k,
+                                       "replica %d leaves routing: %s", (int)k + 1, what);
                 sh__cmd_fail("%s: replica %d stops (its requests move to another replica or end "
                              "with an error; without --recover-timeout it does not come back)",
                              what, (int)k + 1);
@@ -858,7 +954,9 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
         struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, &ts);
         if (got == SIGHUP) {
-            reload_keys(o, ctl);
+            if (o->key_file || !s->deg)
+                reload_keys(o, ctl);
+            sh__serve_degrade_reload(s->deg);
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
             return 0;
@@ -880,15 +978,68 @@ static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
 {
     char what[768];
     for (;;) {
-        struct timespec ts = {0, 100 * 1000000};
+        struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, s->front ? &ts : NULL);
-        if (got == SIGHUP)
-            reload_keys(o, s->ctl);
-        else if (got == SIGINT || got == SIGTERM)
+        if (got == SIGHUP) {
+            if (o->key_file || !s->deg)
+                reload_keys(o, s->ctl);
+            sh__serve_degrade_reload(s->deg);
+        } else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
         else if (worker_lost(o, s, what, sizeof what))
             return stop_lost(s, what);
     }
+}
+
+/* The watchdog's note callback: the event goes into the ring and, for a death, its reason is
+ * what the main thread later prints. Runs on the watchdog's loop thread. */
+static void watch_note(void *user, const char *kind, int32_t node, int32_t replica, const char *msg)
+{
+    server *s = user;
+    sh__cluster_events_add(&s->events, kind, node, replica, "%s", msg);
+}
+
+/* Spawns the watchdog: with worker nodes it heartbeats each (through its hello actor) and pauses
+ * the replicas of a dead one; in every mode it ticks the degradation ladder. Returns 0, or 1
+ * after an error line. */
+static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
+{
+    sh_error e = {0};
+    s->wa = (sh_watchdog_args){.view = &s->watch, .note = watch_note, .note_user = s};
+    if (s->front) {
+        const sh_cluster_plan *p = &s->front->plan;
+        const sh_cluster_config *c = p->c;
+        if (c->n_nodes > SH_WATCHDOG_MAX_NODES || n_rep > SH_WATCHDOG_MAX_REPLICAS)
+            return (sh__cmd_fail("the watchdog watches at most %d nodes and %d replicas",
+                                 SH_WATCHDOG_MAX_NODES, SH_WATCHDOG_MAX_REPLICAS),
+                    1);
+        s->watch.n_nodes = c->n_nodes;
+        for (int32_t i = 0; i < c->n_nodes; i++) {
+            s->names[i] = c->nodes[i].name;
+            s->pong_from[i] = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
+            // Every worker that hosts a stage; the front is itself, a standby holds nothing yet.
+            for (int32_t k = 0; k < n_rep; k++)
+                if ((s->replica_on[k * c->n_nodes + i] = sh__cluster_replica_on(p, k, i)))
+                    s->watch_on[i] = i != c->gateway.node;
+            atomic_store(&s->watch.node[i].base_ups, s->front->ups[i]);
+        }
+        s->wa.tp = s->front->tp;
+        s->wa.watch = s->watch_on;
+        s->wa.pong_from = s->pong_from;
+        s->wa.names = s->names;
+        s->wa.n_replicas = n_rep;
+        s->wa.replica_on = s->replica_on;
+        s->wa.batchers = s->batcher;
+        s->wa.down = s->front->down;
+        s->wa.heartbeat_ms = (uint32_t)c->watchdog.heartbeat_ms;
+        s->wa.dead_after = (uint32_t)c->watchdog.dead_after;
+    }
+    (void)o;
+    sh_addr addr;
+    if (sh_runtime_register(s->rt, &sh__watchdog_vtable, &e) ||
+        sh_actor_spawn(s->rt, "watchdog", &s->wa, 0, &addr, &e))
+        return (sh__cmd_fail("watchdog: %s", e.msg), 1);
+    return 0;
 }
 
 static int run(serve_opts *o, server *s, const sigset_t *sigs)
@@ -1086,6 +1237,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         s->batcher[k] = batchers[k];
     }
+    if (start_watchdog(o, s, n_rep))
+        return 1;
     // Each model's requests go to its router, or to its only replica's batcher.
     sh_addr target[SH_CLUSTER_MAX_REPLICAS];
     for (int32_t j = 0; j < n_slots; j++) {
@@ -1156,11 +1309,15 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (o->cfg && !o->cluster)
         s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
     ga.cluster_json = sh__cluster_status_json;
+    ga.status_json = sh__cluster_status_full_json; /* and the status page, GET /admin/ */
     ga.cluster_user = &s->status;
     if (s->front && s->front->metrics) { /* every worker's series on /metrics */
         ga.metrics_render = sh__node_metrics_render;
         ga.metrics_user = s->front->metrics;
     }
+    if (sh__serve_degrade_start(&o->deg, o->cfg, s->rt, &ga, NULL, NULL, &s->deg))
+        return 1;
+    ga.degrade = s->deg;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
@@ -1221,8 +1378,10 @@ int sh__cmd_serve(int argc, char **argv)
         sh__cmd_block_signals(&sigs, 0);
         server s;
         memset(&s, 0, sizeof s);
+        sh__cluster_events_init(&s.events);
         rc = run(&o, &s, &sigs);
         close_all(&s);
+        sh__cluster_events_fini(&s.events);
     }
     for (int32_t i = 0; i < o.n_keys; i++)
         free(o.key_mem[i]);

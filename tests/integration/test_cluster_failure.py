@@ -141,8 +141,13 @@ def check_plain_failed(p, t_fail, want_status, want_msg):
     return p.closed_at - t_fail
 
 
-def start_cluster(d, name, *front_args):
-    path = script(os.path.join(d, f"{name}.lua"), STORIES, ["w0", "w1"])
+# The watchdog judges a silent (stopped) worker dead after 3 missed 100 ms heartbeats; the cases
+# that stop a worker to hold a step in flight, or to test --step-timeout, give it 10 s instead.
+PATIENT = "  watchdog = { dead_after = 100 },\n"
+
+
+def start_cluster(d, name, *front_args, extra=""):
+    path = script(os.path.join(d, f"{name}.lua"), STORIES, ["w0", "w1"], extra=extra)
     nodes = {w: Node(path, w) for w in ("w0", "w1")}
     try:
         for nd in nodes.values():
@@ -167,7 +172,7 @@ def start_streams(url):
 def worker_killed(d, victim, stop_first):
     """SIGKILL `victim` while streams run (stop_first: SIGSTOP it first, so that a step is surely
     in flight when it dies, and add a non-streaming request that waits behind it)."""
-    srv, nodes = start_cluster(d, f"kill-{victim}")
+    srv, nodes = start_cluster(d, f"kill-{victim}", extra=PATIENT if stop_first else "")
     problems = []
     try:
         streams = start_streams(srv.url)
@@ -224,7 +229,7 @@ def worker_killed(d, victim, stop_first):
 
 def step_timeout(d):
     """SIGSTOP w0 (connected but silent): with --step-timeout 1 the step in flight fails."""
-    srv, nodes = start_cluster(d, "hang", "--step-timeout", "1")
+    srv, nodes = start_cluster(d, "hang", "--step-timeout", "1", extra=PATIENT)
     problems = []
     stopped = None
     try:

@@ -219,7 +219,10 @@ def checker_refuses():
 
 
 def cluster_case(d):
-    path = script(os.path.join(d, "m.lua"), STORIES, ["w0", "w1"])
+    # w1 is stopped for over 3 s below: a watchdog that waits 10 s (100 missed beats) before it
+    # judges w1 dead keeps the front (no --recover-timeout) from stopping meanwhile.
+    path = script(os.path.join(d, "m.lua"), STORIES, ["w0", "w1"],
+                  extra="  watchdog = { dead_after = 100 },\n")
     nodes = [Node(path, w) for w in ("w0", "w1")]
     problems = []
     try:
