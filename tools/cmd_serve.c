@@ -28,7 +28,6 @@
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
-#include "tools/serve_degrade.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define DEFAULT_KV_MEM ((uint64_t)1 << 30)
@@ -60,7 +59,6 @@ typedef struct serve_opts {
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
     uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
     double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
-    sh_serve_degrade deg;         /* --policy and its settings (tools/serve_degrade.h) */
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
     sh_openai_key keys[MAX_KEYS];
@@ -135,13 +133,10 @@ static void usage(FILE *f)
             "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
             "                      wait up to S seconds for it to come back (restarted, e.g.\n"
             "                      by `shoal cluster up`), then resume every request by\n"
-            "                      recompute (default 0: fail stop at once, exit 3)\n");
-    sh__serve_degrade_usage(f);
-    fprintf(f,
+            "                      recompute (default 0: fail stop at once, exit 3)\n"
             "  --log-level L       error, warn, info, debug (default info)\n\n"
             "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
-            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
-            "the --policy script.\n"
+            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
             "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
             "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
             "ended with an error; restart the cluster).\n");
@@ -360,12 +355,6 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!strcmp(a, "--no-affinity")) {
             o->affinity_slack = -1;
-            continue;
-        }
-        int dr = sh__serve_degrade_flag(&o->deg, argc, argv, &i);
-        if (dr != 1) {
-            if (dr)
-                return 2;
             continue;
         }
         if (!sh__cmd_is_flag(VALUE_FLAGS, a))
@@ -595,7 +584,6 @@ typedef struct server {
     sh_llama_ctx *ctx;
     sh_runtime *rt;
     sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
-    sh_degrade *deg;              /* the degradation ladder (--policy), or NULL */
     sh_cluster_front *front;      /* -c with worker nodes */
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
@@ -632,7 +620,6 @@ static void close_all(server *s)
         sh__cluster_front_destroy(s->front);
     free(s->front);
     sh__gateway_ctl_destroy(s->ctl);
-    sh__degrade_destroy(s->deg);
     sh_llama_ctx_destroy(s->ctx);
     sh_backend_destroy(s->be);
     sh_tokenizer_destroy(s->tok);
@@ -954,9 +941,7 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
         struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, &ts);
         if (got == SIGHUP) {
-            if (o->key_file || !s->deg)
-                reload_keys(o, ctl);
-            sh__serve_degrade_reload(s->deg);
+            reload_keys(o, ctl);
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
             return 0;
@@ -980,11 +965,9 @@ static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
     for (;;) {
         struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, s->front ? &ts : NULL);
-        if (got == SIGHUP) {
-            if (o->key_file || !s->deg)
-                reload_keys(o, s->ctl);
-            sh__serve_degrade_reload(s->deg);
-        } else if (got == SIGINT || got == SIGTERM)
+        if (got == SIGHUP)
+            reload_keys(o, s->ctl);
+        else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
         else if (worker_lost(o, s, what, sizeof what))
             return stop_lost(s, what);
@@ -1309,15 +1292,11 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (o->cfg && !o->cluster)
         s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
     ga.cluster_json = sh__cluster_status_json;
-    ga.status_json = sh__cluster_status_full_json; /* and the status page, GET /admin/ */
     ga.cluster_user = &s->status;
     if (s->front && s->front->metrics) { /* every worker's series on /metrics */
         ga.metrics_render = sh__node_metrics_render;
         ga.metrics_user = s->front->metrics;
     }
-    if (sh__serve_degrade_start(&o->deg, o->cfg, s->rt, &ga, NULL, NULL, &s->deg))
-        return 1;
-    ga.degrade = s->deg;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
