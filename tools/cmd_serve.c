@@ -27,6 +27,7 @@
 #include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
+#include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
@@ -53,6 +54,7 @@ typedef struct serve_opts {
     const sh_cluster_config *cfg; /* -c's script */
     bool cluster;                 /* the script's stages run on worker nodes */
     uint32_t join_timeout_ms;     /* --join-timeout */
+    const char *fault_path;       /* --fault-scenario: a scenario against the front's links */
     const char *cluster_key_file; /* --cluster-key-file */
     uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
     bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
@@ -115,6 +117,8 @@ static void usage(FILE *f)
             "                      skipped); re-read on SIGHUP\n"
             "  env " KEY_ENV "   keys, KEY[:P] separated by commas\n"
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
+            "  --fault-scenario F  with -c: apply fault scenario F to the links leaving the\n"
+            "                      front, times counted from the end of the join (testing)\n"
             "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
             "                      worker to join (default 60; see docs/cluster.md)\n"
             "  --cluster-key-file FILE  with -c and worker nodes: the cluster key the\n"
@@ -324,7 +328,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
-    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout "
+    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -423,6 +427,8 @@ static int parse(int argc, char **argv, serve_opts *o)
                  ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
         } else if (!strcmp(a, "--cluster-key-file")) {
             o->cluster_key_file = v;
+        } else if (!strcmp(a, "--fault-scenario")) {
+            o->fault_path = v;
         } else if (!strcmp(a, "--join-timeout")) {
             double d = 0;
             snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
@@ -585,6 +591,7 @@ typedef struct server {
     sh_runtime *rt;
     sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
     sh_cluster_front *front;      /* -c with worker nodes */
+    sh_cmd_fault fault;           /* --fault-scenario on the front's links */
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
     char system[1024];
@@ -613,6 +620,7 @@ typedef struct server {
 
 static void close_all(server *s)
 {
+    sh__cmd_fault_stop(&s->fault); /* before the transport closes */
     if (s->front)
         sh__cluster_front_close(s->front);
     sh_runtime_destroy(s->rt); /* stops the actors first: nothing uses the model after it */
@@ -1028,6 +1036,9 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
 static int run(serve_opts *o, server *s, const sigset_t *sigs)
 {
     sh_error e = {0};
+    if (o->fault_path && !o->cluster)
+        return sh__cmd_fail("--fault-scenario needs -c with worker nodes: it acts on the links "
+                            "between nodes");
     struct stat sb;
     if (stat(o->model, &sb) != 0)
         return sh__cmd_fail("%s: %s%s", o->model, strerror(errno),
@@ -1083,6 +1094,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         if (!rc)
             rc = sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
                                          o->join_timeout_ms);
+        if (!rc && o->fault_path)
+            rc = sh__cmd_fault_start(&s->fault, o->fault_path, o->cfg, s->rt, s->front->tp);
         if (rc)
             return rc;
         plan = &s->front->plan;
