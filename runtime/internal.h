@@ -25,7 +25,8 @@ enum {
     SH__MSG_NOFILTER = 1u << 4, /* re-injected by the fault layer: skip the filter */
     SH__MSG_OWNED = 1u << 5,    /* data belongs to `owner` (a transport buffer): released there */
     SH__MSG_BIG = 1u << 6,      /* a large block (header + frame) the big-block pool may keep */
-    SH__MSG_MID = 1u << 7       /* a medium block (SH__MAILBOX_MID_FRAME) from its own pool */
+    SH__MSG_MID = 1u << 7,      /* a medium block (SH__MAILBOX_MID_FRAME) from its own pool */
+    SH__MSG_SEALED = 1u << 8    /* len includes the CRC-32C trailer for another node (msg.h) */
 };
 
 struct sh_msg {
@@ -157,7 +158,7 @@ struct sh_runtime {
     sh_metrics *metrics;
     struct {
         sh_counter *sent, *undeliverable, *errors_sent, *timeouts, *late, *stalls, *overloads,
-            *pool_hits, *pool_misses, *dropped, *rejected;
+            *pool_hits, *pool_misses, *dropped, *rejected, *corrupt;
         sh_gauge *actors;
     } m;
 };

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/version.h"
+#include "runtime/crc32c.h"
 #include "runtime/mpack_read.h"
 #include "shoal/version.h"
 
@@ -53,7 +54,7 @@ const char *sh__msg_reject_name(sh_msg_reject r)
         [SH_MSG_REJECT_TYPE] = "type",           [SH_MSG_REJECT_FIELD_TYPE] = "field_type",
         [SH_MSG_REJECT_MISSING] = "missing",     [SH_MSG_REJECT_DUPLICATE] = "duplicate",
         [SH_MSG_REJECT_RANGE] = "range",         [SH_MSG_REJECT_SHAPE] = "shape",
-        [SH_MSG_REJECT_ARENA] = "arena",
+        [SH_MSG_REJECT_ARENA] = "arena",         [SH_MSG_REJECT_CHECKSUM] = "checksum",
     };
     return (unsigned)r < SH_MSG_REJECT_COUNT_ ? names[r] : "?";
 }
@@ -252,4 +253,47 @@ uint32_t sh__msg_foreign_note(const void *frame, size_t len, char *text, size_t 
     snprintf(text, cap, "peer speaks protocol %llu, this build speaks %u", (unsigned long long)v,
              (unsigned)sh__version_proto());
     return sh_addr_node(env.hdr.src);
+}
+
+void sh__msg_seal(uint8_t *frame, size_t len)
+{
+    uint32_t crc = sh__crc32c(0, frame, len);
+    uint8_t *t = frame + len;
+    t[0] = (uint8_t)crc;
+    t[1] = (uint8_t)(crc >> 8);
+    t[2] = (uint8_t)(crc >> 16);
+    t[3] = (uint8_t)(crc >> 24);
+}
+
+sh_err sh__msg_unseal(sh_msg_codec *c, const void *frame, size_t len, size_t *inner_len,
+                      sh_error *e)
+{
+    if (len < SH_MSG_SEAL_BYTES) {
+        sh__error_set(e, SH_EFORMAT, "frame of %zu bytes is shorter than its checksum", len);
+        return reject(c, SH_MSG_REJECT_CHECKSUM, SH_EFORMAT);
+    }
+    size_t n = len - SH_MSG_SEAL_BYTES;
+    const uint8_t *t = (const uint8_t *)frame + n;
+    uint32_t want =
+        (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+    uint32_t got = sh__crc32c(0, frame, n);
+    if (got != want) {
+        sh__error_set(e, SH_EFORMAT,
+                      "checksum mismatch: the %zu-byte frame carries 0x%08x, its "
+                      "bytes give 0x%08x",
+                      len, (unsigned)want, (unsigned)got);
+        return reject(c, SH_MSG_REJECT_CHECKSUM, SH_EFORMAT);
+    }
+    *inner_len = n;
+    return SH_OK;
+}
+
+int sh__msg_foreign_unsealed(const void *frame, size_t len)
+{
+    sh_msg_env env;
+    if (!sh__msg_peek_foreign(frame, len, &env))
+        return 0;
+    sh_mpack_reader r;
+    sh__mpack_reader_init(&r, frame, len, SH_MSG_MAX_DEPTH_DEFAULT);
+    return sh__mpack_skip(&r, 1, NULL) == SH_OK && r.p == r.end;
 }

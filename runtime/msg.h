@@ -20,6 +20,14 @@
  * bytes 98 cd 53 48 (fixarray 8, uint16 0x5348), which makes frames easy to spot in a dump.
  * Nothing may follow the array. A frame that changes this layout needs a new SH_PROTO_VERSION.
  *
+ * Between nodes a frame is sealed: the 4-byte CRC-32C (runtime/crc32c.h) of the array's bytes
+ * follows it, little-endian (protocol version 2 on). The sender's runtime seals a frame for
+ * another node before its send filter (the fault layer) sees it, and the receiver's runtime
+ * checks and strips the trailer before anything reads the frame (sh__msg_unseal()), so bytes
+ * changed anywhere in between, the trailer included, are caught: a frame that fails the check
+ * is counted and dropped unread and unanswered, since none of its fields can be trusted. Frames
+ * that stay on their node carry no trailer; sh__msg_decode() sees unsealed frames only.
+ *
  * Error codes: SH_EFORMAT for bytes that are not a Shoal frame (msgpack errors, truncation, size
  * and depth limits, trailing bytes, a wrong envelope layout or magic); SH_EPROTO for a well-formed
  * frame that breaks the protocol (another protocol version, an unknown type, a body with wrong,
@@ -51,6 +59,7 @@ typedef enum sh_msg_reject {
     SH_MSG_REJECT_RANGE,      /* a value, length or count outside the table's bounds */
     SH_MSG_REJECT_SHAPE,      /* a tensor's bytes or a list's length disagree with its shape */
     SH_MSG_REJECT_ARENA,      /* the caller's decode arena is too small (SH_ERANGE) */
+    SH_MSG_REJECT_CHECKSUM,   /* a sealed frame's CRC-32C trailer does not match (or is cut) */
     SH_MSG_REJECT_COUNT_
 } sh_msg_reject;
 
@@ -136,6 +145,28 @@ uint64_t sh__msg_peek_foreign(const void *frame, size_t len, sh_msg_env *env);
  * a sender node, writes "peer speaks protocol N, this build speaks M" into text and returns that
  * node id; otherwise returns 0 and leaves text alone. */
 uint32_t sh__msg_foreign_note(const void *frame, size_t len, char *text, size_t cap);
+
+/* Bytes the seal adds after a frame between nodes. */
+#define SH_MSG_SEAL_BYTES 4u
+
+/* Seals the `len`-byte frame at `frame` for another node: writes the CRC-32C of those bytes,
+ * little-endian, at frame + len. The caller owns at least len + SH_MSG_SEAL_BYTES bytes there
+ * and sends len + SH_MSG_SEAL_BYTES. Any thread. */
+void sh__msg_seal(uint8_t *frame, size_t len);
+
+/* Checks a sealed frame of `len` bytes as it came off the wire: SH_OK when its last
+ * SH_MSG_SEAL_BYTES are the CRC-32C of the bytes before them, with *inner_len set to that
+ * length (the frame to decode); otherwise SH_EFORMAT (shorter than a seal, or a mismatch,
+ * naming both values in e), counted as SH_MSG_REJECT_CHECKSUM, and *inner_len untouched. */
+sh_err sh__msg_unseal(sh_msg_codec *c, const void *frame, size_t len, size_t *inner_len,
+                      sh_error *e);
+
+/* For a frame that failed sh__msg_unseal(): true when it is a whole unsealed frame of another
+ * protocol version (one msgpack array spanning exactly `len` bytes that
+ * sh__msg_peek_foreign() reads), i.e. from a peer older than the seal; it is then decoded as
+ * is, so that the version mismatch is reported as such. A sealed frame with a corrupted version
+ * byte is not one: its array ends SH_MSG_SEAL_BYTES before len. */
+int sh__msg_foreign_unsealed(const void *frame, size_t len);
 
 /* Counts one rejection for `why` (used by the body decoder). */
 void sh__msg_count_reject(sh_msg_codec *c, sh_msg_reject why);

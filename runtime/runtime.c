@@ -72,6 +72,8 @@ static sh_err register_metrics(sh_runtime *rt)
         {&rt->m.pool_misses, "shoal_msg_pool_misses_total", "Message buffers that needed malloc."},
         {&rt->m.dropped, "shoal_msgs_filtered_total", "Messages dropped by the send filter."},
         {&rt->m.rejected, "shoal_frames_rejected_total", "Received frames that failed decoding."},
+        {&rt->m.corrupt, "shoal_frames_corrupt_total",
+         "Received frames whose CRC-32C did not match: dropped unread."},
     };
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         sh_err err = sh_metrics_counter(rt->metrics, cs[i].name, cs[i].help, lab, cs[i].slot);
@@ -234,6 +236,7 @@ void sh_runtime_stats_get(sh_runtime *rt, sh_runtime_stats *out)
     out->overloads = sh_counter_value(rt->m.overloads);
     out->pool_hits = sh_counter_value(rt->m.pool_hits);
     out->pool_misses = sh_counter_value(rt->m.pool_misses);
+    out->corrupt = sh_counter_value(rt->m.corrupt);
 }
 
 sh_err sh_transport_set(sh_runtime *rt, const sh_transport_hooks *hooks)

@@ -70,6 +70,7 @@ typedef struct sh_runtime_stats {
     uint64_t overloads;     /* mailbox depth crossings of the warning threshold */
     uint64_t pool_hits;     /* message buffers served from the pool (no malloc) */
     uint64_t pool_misses;   /* message buffers that needed malloc */
+    uint64_t corrupt;       /* received frames whose checksum failed (dropped unanswered) */
 } sh_runtime_stats;
 
 typedef struct sh_runtime_opts {
@@ -290,11 +291,13 @@ typedef struct sh_frame_owner {
  * sh_send* re-entrantly on the same thread's stack for the same message. */
 typedef struct sh_transport_hooks {
     void *ctx;
-    /* Sends one frame to node `node` (!= this node). The frame is borrowed for the call: copy it
+    /* Sends one frame to node `node` (!= this node), already sealed (its CRC-32C trailer
+     * included in len: runtime/msg.h). The frame is borrowed for the call: copy it
      * (into an nng_msg). Return SH_OK when queued; an error fails the sh_send*() with that code
      * (e filled), the caller keeping its message. NULL: remote sends fail with SH_EUNSUPPORTED. */
     sh_err (*send_frame)(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e);
-    /* Sees every message, local or remote, before delivery (fault injection, tracing). */
+    /* Sees every message, local or remote, before delivery (fault injection, tracing); a
+     * message for another node is sealed before (sh_msg_frame() returns its trailer too). */
     sh_send_verdict (*filter)(void *ctx, sh_msg *m);
     /* Optional, zero-copy send (with frame_alloc). Like send_frame, but takes the buffer: on
      * SH_OK the hook owns `frame` and releases it through *owner exactly once (a transport that
@@ -316,11 +319,15 @@ typedef struct sh_transport_hooks {
  * thread; concurrent senders see the old or the new set, never a mix. Returns SH_ENOMEM. */
 sh_err sh_transport_set(sh_runtime *rt, const sh_transport_hooks *hooks);
 
-/* A frame received from another node: copied into a message, decoded with sh__msg_decode()
+/* A frame received from another node, sealed by the sender's runtime (runtime/msg.h): copied
+ * into a message, its CRC-32C trailer checked and stripped, decoded with sh__msg_decode()
  * (limits of runtime/msg.h) and delivered like a local send (undeliverable requests answered).
- * A frame that fails decoding is counted, logged and, when its envelope got as far as the
- * session and src (and the session is non-zero), answered with ERROR (SH_EPROTO) through the
- * transport. Returns the decode error or SH_OK; the caller keeps `frame`. Any thread. */
+ * A frame whose checksum fails is counted (sh_runtime_stats.corrupt and the metric
+ * shoal_frames_corrupt_total), logged and dropped unanswered, returning SH_EFORMAT: none of its
+ * fields can be trusted. A frame that fails decoding is counted, logged and, when its envelope
+ * got as far as the session and src (and the session is non-zero), answered with ERROR
+ * (SH_EPROTO) through the transport. Returns the decode error or SH_OK; the caller keeps
+ * `frame`. Any thread. */
 sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_error *e);
 
 /* As sh_transport_deliver() without the copy: the message adopts `frame` (len bytes, e.g. the

@@ -9,7 +9,7 @@
 
 /* Every frame between nodes carries this magic and protocol version (DESIGN.md section 3). */
 #define SH_PROTO_MAGIC 0x5348u /* "SH" */
-#define SH_PROTO_VERSION 1u
+#define SH_PROTO_VERSION 2u
 
 /* The library's version string at run time ("MAJOR.MINOR.PATCH"); may differ from the header
  * a program was compiled against. Any thread. */

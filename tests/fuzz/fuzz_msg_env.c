@@ -32,7 +32,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sh_msg_env env;
     sh_proto_body body;
     sh_error e = {0};
+    /* The seal check of frames between nodes: never reads out of bounds; on success the frame
+     * to decode is the input less its trailer; on failure exactly one reason is counted. */
     sh_msg_stats before = c.stats;
+    size_t inner = 0;
+    sh_err us = sh__msg_unseal(&c, data, size, &inner, &e);
+    check_counted(&before, &c.stats, us);
+    if (us == SH_OK && inner != size - SH_MSG_SEAL_BYTES)
+        __builtin_trap();
+    (void)sh__msg_foreign_unsealed(data, size);
+    memset(&e, 0, sizeof e);
+    before = c.stats;
     sh_err err = sh__proto_decode(&c, data, size, &env, &body, &a, &e);
     check_counted(&before, &c.stats, err);
     if (err) {

@@ -179,7 +179,7 @@ def other_protocol(d):
                          "--join-timeout", "3")
         assert dt < 15, f"took {dt:.1f} s"
         # The worker saw the front's frames as another protocol's too, and said so in its log.
-        w.wait_log("protocol version 1 not supported (this node speaks 7)")
+        w.wait_log("protocol version 2 not supported (this node speaks 7)")
     finally:
         w.stop()
 
@@ -275,6 +275,16 @@ def mp_uint(v):
     raise ValueError(v)
 
 
+def crc32c(data):
+    """CRC-32C (Castagnoli), bit by bit: the seal after every frame between nodes."""
+    c = 0xffffffff
+    for x in data:
+        c ^= x
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82f63b78 if c & 1 else c >> 1
+    return c ^ 0xffffffff
+
+
 def rogue_step(sock_path, src, dst):
     """Dials a node's ipc:// listener as NNG's push0 would and sends one STEP frame (an empty
     body) claiming to come from `src`: what anyone who can reach the socket can do."""
@@ -288,7 +298,10 @@ def rogue_step(sock_path, src, dst):
             assert got, "the node closed the connection during the handshake"
             hs += got
         frame = bytes([0x98]) + b"".join(mp_uint(v) for v in (
-            0x5348, 1, 6, 0, src, dst, 0)) + bytes([0x80])  # [magic, v1, STEP, ...], {}
+            0x5348, 2, 6, 0, src, dst, 0)) + bytes([0x80])  # [magic, v2, STEP, ...], {}
+        # Sealed with its CRC-32C as a node does (runtime/msg.h): the seal catches changed
+        # bytes, it proves nothing about the sender (the key does).
+        frame += crc32c(frame).to_bytes(4, "little")
         c.sendall(bytes([1]) + len(frame).to_bytes(8, "big") + frame)
         time.sleep(0.3)
 

@@ -3,6 +3,7 @@
 
 #include "lua/config.h"
 #include "lua/fault_scenario.h"
+#include "runtime/msg.h"
 #include "shoal/fault.h"
 #include "test_runtime_util.h"
 
@@ -13,7 +14,7 @@ typedef struct capture {
     uint32_t node[4096];
     uint32_t seq[4096];
     uint64_t at_ms[4096];
-    uint32_t corrupt; /* frames that no longer decode as our body */
+    uint32_t corrupt; /* frames whose seal fails (runtime/msg.h) */
 } capture;
 
 static sh_err cap_send(void *ctx, uint32_t node, const uint8_t *frame, size_t len, sh_error *e)
@@ -22,8 +23,12 @@ static sh_err cap_send(void *ctx, uint32_t node, const uint8_t *frame, size_t le
     pthread_mutex_lock(&c->mu);
     if (c->n < 4096) {
         uint32_t seq = UINT32_MAX;
-        if (len >= 13 && frame[len - 13] == 0x81 && frame[len - 9] == 8)
-            memcpy(&seq, frame + len - 4, 4);
+        sh_msg_codec mc;
+        sh__msg_codec_init(&mc);
+        size_t n = 0; /* every frame to another node comes sealed */
+        if (sh__msg_unseal(&mc, frame, len, &n, NULL) == SH_OK && n >= 13 &&
+            frame[n - 13] == 0x81 && frame[n - 9] == 8)
+            memcpy(&seq, frame + n - 4, 4);
         else
             c->corrupt++;
         c->node[c->n] = node;
@@ -124,6 +129,7 @@ static void test_determinism(void)
     /* What reached the "wire": same frames in both runs, corrupted copies included. */
     CHECK_UINT_EQ(c1.n, c2.n);
     CHECK_UINT_EQ(c1.corrupt, c2.corrupt);
+    CHECK_UINT_EQ(c1.corrupt, s1.corrupted); /* the seal catches every corrupted copy */
     CHECK_UINT_EQ(c1.n, 800 - s1.dropped + s1.duplicated);
     fprintf(stderr, "determinism: seen=%llu dropped=%llu dup=%llu corrupt=%llu wire=%u\n",
             (unsigned long long)s1.seen, (unsigned long long)s1.dropped,

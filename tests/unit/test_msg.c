@@ -295,6 +295,7 @@ static void test_envelope_rejects(void)
         uint8_t g[64];
         size_t k = 0;
         memcpy(g, "\x98\xcd\x53\x48\x01\x0d\xa1x", 8);
+        g[4] = (uint8_t)SH_PROTO_VERSION;
         k = 8;
         g[k++] = 0x01;
         g[k++] = 0x02;

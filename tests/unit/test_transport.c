@@ -195,9 +195,11 @@ static uint8_t *frame_make(const sh_msg_hdr *h, const uint8_t *b, size_t n, size
     sh_buf buf;
     sh__buf_init(&buf);
     CHECK_OK(sh__msg_encode_raw(&buf, h, b, n, NULL));
-    *len = buf.len;
-    uint8_t *f = malloc(buf.len);
+    /* Sealed, as a frame from another node comes (runtime/msg.h). */
+    *len = buf.len + SH_MSG_SEAL_BYTES;
+    uint8_t *f = malloc(*len);
     memcpy(f, buf.data, buf.len);
+    sh__msg_seal(f, buf.len);
     sh__buf_fini(&buf);
     return f;
 }
@@ -325,7 +327,9 @@ static sh_err fake_send_owned(void *ctx, uint32_t to, uint8_t *frame, size_t len
     sh_msg_codec c;
     sh__msg_codec_init(&c);
     sh_msg_env env;
-    CHECK_OK(sh__msg_decode(&c, frame, len, &env, NULL));
+    size_t inner = 0;
+    CHECK_OK(sh__msg_unseal(&c, frame, len, &inner, NULL)); /* sealed before it left */
+    CHECK_OK(sh__msg_decode(&c, frame, inner, &env, NULL));
     CHECK_UINT_EQ(sh_addr_node(env.hdr.dst), to);
     f->last_len = len;
     atomic_fetch_add(&f->owned_sends, 1);

@@ -233,6 +233,8 @@ static void test_trickled_frames(void)
         } else {
             CHECK_OK(sh__msg_encode_raw(&bb, &h, body, sizeof body, NULL));
         }
+        CHECK(sh__buf_append(&bb, SH_MSG_SEAL_BYTES) != NULL); /* sealed as a node sends it */
+        sh__msg_seal(frame, bb.len - SH_MSG_SEAL_BYTES);
         wire[len] = 1;
         for (int k = 0; k < 8; k++)
             wire[len + 1 + k] = (uint8_t)((uint64_t)bb.len >> (56 - 8 * k));

@@ -1,0 +1,21 @@
+/* CRC-32C (Castagnoli), the checksum that seals every frame between nodes (runtime/msg.h). */
+#ifndef SH_RUNTIME_CRC32C_H
+#define SH_RUNTIME_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Continues a CRC-32C over `len` bytes at `p`: pass 0 to start, the previous result to go on
+ * (crc(a || b) == sh__crc32c(sh__crc32c(0, a), b)). The standard CRC-32C: reflected polynomial
+ * 0x82f63b78, initial value and final xor ~0, so sh__crc32c(0, "123456789", 9) == 0xe3069283.
+ * Uses the SSE4.2 crc32 instruction where the CPU has it (checked once, at the first call), a
+ * table-driven slice-by-8 loop elsewhere; both give the same values. Any thread. */
+uint32_t sh__crc32c(uint32_t crc, const void *p, size_t len);
+
+/* The portable table-driven version (for tests and benchmarks to compare with). */
+uint32_t sh__crc32c_sw(uint32_t crc, const void *p, size_t len);
+
+/* True when sh__crc32c uses the CPU's instruction. */
+int sh__crc32c_hw(void);
+
+#endif
