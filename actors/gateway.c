@@ -7,8 +7,8 @@
  * tells the batcher (CANCEL) when a client goes away.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
- * GET /metrics, GET /admin/cluster (when the process gave a provider). Errors are OpenAI-shaped
- * JSON (actors/openai.h).
+ * GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/ (when the
+ * process gave providers). Errors are OpenAI-shaped JSON (actors/openai.h).
  *
  * Tokenization off the loop is in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
  * the three files share is in gateway_int.h.
@@ -24,6 +24,7 @@
 
 #include <jansson.h>
 
+#include "actors/admin_page.h"
 #include "actors/gateway_int.h"
 #include "actors/node_metrics.h"
 #include "base/error.h"
@@ -695,6 +696,36 @@ void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *c
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
+/* GET /admin/: the status page (actors/admin_page.h). With keys set it needs one like the other
+ * admin routes, from ?key= (a browser's address bar sends no header; the page's script then
+ * sends it as a bearer key) or the Authorization header; without one it answers 401 with a form
+ * that asks for it. */
+static void serve_admin_page(gateway *g, sh_http_req *req)
+{
+    size_t len;
+    if (g->n_keys) {
+        char key[512], bearer[520];
+        const char *auth = sh_http_req_header(req, "Authorization");
+        if (sh__admin_page_query_key(sh_http_req_query(req), key, sizeof key)) {
+            snprintf(bearer, sizeof bearer, "Bearer %s", key);
+            auth = bearer;
+        }
+        int32_t prio;
+        sh_openai_error err;
+        if (sh_openai_auth_check(g->keys, g->n_keys, auth, 0, &prio, &err)) {
+            sh_counter_add(g->m_http_errors, 1);
+            const char *login = sh__admin_page_login_html(&len);
+            sh_http_req_add_header(req, "Cache-Control", "no-store");
+            sh_http_respond(req, 401, "text/html; charset=utf-8", login, len);
+            return;
+        }
+    }
+    const char *page = sh__admin_page_html(&len);
+    sh_http_req_add_header(req, "Cache-Control", "no-store");
+    sh_http_req_add_header(req, "Referrer-Policy", "no-referrer");
+    sh_http_respond(req, 200, "text/html; charset=utf-8", page, len);
+}
+
 static void on_http(sh_http_req *req, void *user)
 {
     gateway *g = user;
@@ -716,7 +747,14 @@ static void on_http(sh_http_req *req, void *user)
     bool is_cmpl = !strcmp(path, "/v1/completions");
     bool is_chat = !strcmp(path, "/v1/chat/completions");
     bool is_cluster = g->a.cluster_json && !strcmp(path, "/admin/cluster");
-    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_cluster) {
+    bool is_status = g->a.status_json && !strcmp(path, "/admin/status");
+    if (g->a.status_json && (!strcmp(path, "/admin/") || !strcmp(path, "/admin"))) {
+        if (!get)
+            goto bad_method;
+        serve_admin_page(g, req); /* answered while draining too, with its own key check */
+        return;
+    }
+    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_cluster && !is_status) {
         sh__gateway_respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s",
                                    method, path);
         return;
@@ -735,10 +773,10 @@ static void on_http(sh_http_req *req, void *user)
         serve_metrics(g, req);
         return;
     }
-    if (is_cluster) { /* answered while draining too: it shows what is going on */
+    if (is_cluster || is_status) { /* answered while draining too: it shows what is going on */
         if (!get)
             goto bad_method;
-        char *doc = g->a.cluster_json(g->a.cluster_user);
+        char *doc = (is_status ? g->a.status_json : g->a.cluster_json)(g->a.cluster_user);
         if (!doc) {
             sh__gateway_respond_errorf(g, req, 500, NULL, NULL,
                                        "the cluster status is not available (out of memory)");

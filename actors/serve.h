@@ -245,6 +245,13 @@ typedef struct sh_gateway_args {
      * does not open it); answered while draining too. NULL: /admin/cluster is 404. */
     char *(*cluster_json)(void *user);
     void *cluster_user;
+    /* Optional: GET /admin/status answers 200 with the JSON document this returns (a superset
+     * of cluster_json's with health, degradation level and the last events;
+     * tools/cluster_status.h), and GET /admin/ with the status page that draws it
+     * (actors/admin_page.h). Called like cluster_json, with cluster_user. Behind the API keys
+     * when keys are set (the page also takes the key as ?key=); answered while draining too.
+     * NULL: both are 404. */
+    char *(*status_json)(void *user);
     /* Optional: renders GET /metrics in place of sh_metrics_render() of the runtime's registry
      * m, with the contract of sh_metrics_render() (*len the full length; SH_ERANGE: the gateway
      * grows buf and calls again; any other error answers 500). A cluster front renders every

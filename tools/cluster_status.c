@@ -1,9 +1,10 @@
-/* The status document of a serving process, built on the gateway's loop for GET /admin/cluster
- * (tools/cluster_status.h). */
+/* The status documents of a serving process, built on the gateway's loop for GET /admin/cluster
+ * and GET /admin/status (tools/cluster_status.h). */
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shoal/transport.h"
 #include "shoal/version.h"
@@ -27,6 +28,9 @@ static void lookup(sh_cluster_status_src *s, int32_t n_rep)
                          &r->running);
         sh_metrics_gauge(mx, "shoal_requests_waiting", "Sequences waiting for admission.", lb,
                          &r->waiting);
+        sh_metrics_gauge(mx, "shoal_batcher_paused",
+                         "1 while the replica is paused (CONTROL PAUSE until RESUME).", lb,
+                         &r->paused);
         sh_metrics_gauge(mx, "shoal_kv_blocks_used", "KV blocks held by sequences", lb,
                          &r->kv_used);
         sh_metrics_gauge(mx, "shoal_kv_blocks_total", "KV blocks in the pool", lb, &r->kv_total);
@@ -86,8 +90,13 @@ static const char *state_name(sh_link_state st)
     }
 }
 
-/* One node of the cluster: the front itself, or a worker with its link's snapshot. */
-static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer)
+/* Health ranks: a link between two nodes is as bad as its worse end. */
+enum { HEALTH_ALIVE, HEALTH_JOINING, HEALTH_DEAD };
+static const char *const health_names[] = {"alive", "joining", "dead"};
+
+/* One node of the cluster: the front itself, or a worker with its link's snapshot. *health gets
+ * the node's health as the link shows it. */
+static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer, int *health)
 {
     const sh_cluster_plan *p = &f->plan;
     const sh_config_node *nd = &p->c->nodes[i];
@@ -102,6 +111,7 @@ static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer)
     json_int_t reconnects = 0, sent = 0, queued = 0;
     bool lost = false;
     sh_transport_link l;
+    *health = self ? HEALTH_ALIVE : HEALTH_JOINING;
     if (!self && peer >= 0 && peer < 256)
         joined =
             atomic_load_explicit((atomic_int *)&f->peers[peer].answered, memory_order_acquire) != 0;
@@ -112,6 +122,13 @@ static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer)
         sent = (json_int_t)l.sent;
         queued = (json_int_t)l.queue_msgs;
         lost = i < 256 && f->ups[i] && (l.state != SH_LINK_STATE_UP || l.ups != f->ups[i]);
+        // Up on the connection the join (or the last rejoin) greeted: alive. Up on a newer one
+        // (the process restarted) or never joined: joining until the front greets it.
+        if (l.state == SH_LINK_STATE_DOWN)
+            *health = HEALTH_DEAD;
+        else if (l.state == SH_LINK_STATE_UP && joined && !lost &&
+                 !(i < 256 && __atomic_load_n(&f->lost[i], __ATOMIC_ACQUIRE)))
+            *health = HEALTH_ALIVE;
     } else if (!self) {
         state = "connecting";
     }
@@ -147,18 +164,162 @@ static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n
                      "preemptions", counter(r->preemptions), "healthy", healthy, "router", router);
 }
 
-char *sh__cluster_status_json(void *user)
+/* The value of the gauge shoal_degradation_level (the largest over its label sets), found by
+ * visiting the registry so that this file never registers a family another owns. */
+struct level_find {
+    bool found;
+    double level;
+};
+
+static void level_visit(void *arg, const sh_metric_sample *m)
 {
-    sh_cluster_status_src *s = user;
+    struct level_find *lf = arg;
+    if (m->kind != SH_METRIC_GAUGE || strcmp(m->name, "shoal_degradation_level"))
+        return;
+    if (!lf->found || m->value > lf->level)
+        lf->level = m->value;
+    lf->found = true;
+}
+
+static json_t *event_json(const sh_cluster_status_src *s, const sh_cluster_event *e)
+{
+    const sh_cluster_front *f = s->front;
+    const char *node = NULL;
+    if (e->node >= 0)
+        node = !f ? s->node : e->node < f->plan.c->n_nodes ? f->plan.c->nodes[e->node].name : NULL;
+    char kind[sizeof e->kind], msg[sizeof e->msg];
+    ascii(kind, sizeof kind, e->kind);
+    ascii(msg, sizeof msg, e->msg);
+    return json_pack("{s:I, s:I, s:s, s:o, s:o, s:s}", "seq", (json_int_t)e->seq, "unix_ms",
+                     (json_int_t)e->unix_ms, "kind", kind, "node",
+                     node ? json_string(node) : json_null(), "replica",
+                     e->replica >= 0 ? json_integer(e->replica) : json_null(), "msg", msg);
+}
+
+#define STATUS_EVENTS 32 /* the events /admin/status lists */
+
+/* The watchdog's figures of node i into its object, and its verdict into *health (a node it
+ * judged dead that is back on a new connection is joining: the front greets it next). */
+static void watch_json(const sh_watchdog_view *w, int32_t i, json_t *v, int *health)
+{
+    json_t *rtt = json_null(), *age = json_null(), *rss = json_null();
+    json_int_t deaths = 0;
+    if (w && i < w->n_nodes && i < SH_WATCHDOG_MAX_NODES) {
+        const sh_watchdog_node *n = &w->node[i];
+        int32_t h = atomic_load_explicit(&n->health, memory_order_acquire);
+        if (h == SH_WATCHDOG_ALIVE)
+            *health = HEALTH_ALIVE;
+        else if (h == SH_WATCHDOG_DEAD)
+            *health = *health == HEALTH_JOINING ? HEALTH_JOINING : HEALTH_DEAD;
+        uint64_t last = atomic_load_explicit(&n->last_pong_ms, memory_order_relaxed);
+        if (last) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+            rtt =
+                json_real((double)atomic_load_explicit(&n->rtt_us, memory_order_relaxed) / 1000.0);
+            age = json_integer(now > last ? (json_int_t)(now - last) : 0);
+            uint64_t b = atomic_load_explicit(&n->rss_bytes, memory_order_relaxed);
+            if (b)
+                rss = json_integer((json_int_t)b);
+        }
+        deaths = (json_int_t)atomic_load_explicit(&n->deaths, memory_order_relaxed);
+    }
+    json_object_set_new(v, "heartbeat_rtt_ms", rtt);
+    json_object_set_new(v, "heartbeat_age_ms", age);
+    json_object_set_new(v, "rss_bytes", rss);
+    json_object_set_new(v, "deaths", json_integer(deaths));
+}
+
+/* What /admin/status adds to the cluster document (tools/cluster_status.h). health holds each
+ * node's health by script index as its link shows it (the single process: [0]); the watchdog's
+ * verdict replaces it. */
+static int add_status(sh_cluster_status_src *s, json_t *root, int *health)
+{
+    const sh_cluster_front *f = s->front;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct level_find lf = {0};
+    sh_metrics_foreach(sh_runtime_metrics(s->rt), level_visit, &lf);
+    json_t *nodes = json_object_get(root, "nodes"), *replicas = json_object_get(root, "replicas");
+    size_t i;
+    json_t *v;
+    const sh_watchdog_view *w = f ? s->watch : NULL;
+    json_array_foreach(nodes, i, v)
+    {
+        watch_json(w, (int32_t)i, v, &health[i]);
+        json_object_set_new(v, "health", json_string(health_names[health[i]]));
+    }
+    json_t *links = json_array();
+    int32_t n_rep = f ? f->plan.n_replicas : 1;
+    for (int32_t k = 0; f && k < n_rep; k++) {
+        const sh_cluster_plan *p = &f->plan;
+        int32_t prev = p->front;
+        for (int32_t st = p->rep[k].stage0; st < p->rep[k].stage0 + p->rep[k].n_stages; st++) {
+            int32_t nd = p->stage_node[st];
+            if (nd == prev)
+                continue;
+            int h = health[nd] > health[prev] ? health[nd] : health[prev];
+            json_array_append_new(links,
+                                  json_pack("{s:s, s:s, s:i, s:s}", "from", p->c->nodes[prev].name,
+                                            "to", p->c->nodes[nd].name, "replica", (int)k, "health",
+                                            health_names[h]));
+            prev = nd;
+        }
+    }
+    json_array_foreach(replicas, i, v)
+    {
+        const struct sh_cluster_status_rep *r = &s->rep[i];
+        bool down = f && __atomic_load_n(&f->down[i], __ATOMIC_ACQUIRE);
+        // Paused: waiting for a lost node to come back (out of routing meanwhile); down: out of
+        // routing and not paused (removed, or the front is about to stop).
+        json_object_set_new(v, "state",
+                            json_string(gauge(r->paused) ? "paused"
+                                        : down           ? "down"
+                                                         : "serving"));
+        json_object_set_new(v, "load", n_rep > 1 ? json_integer(gauge(r->load)) : json_null());
+        json_object_set_new(v, "weight",
+                            n_rep > 1 ? json_real((double)gauge(r->weight) / 1000.0) : json_null());
+    }
+    json_t *events = json_array();
+    uint64_t total = 0;
+    if (s->events) {
+        sh_cluster_event *ev = malloc(STATUS_EVENTS * sizeof *ev);
+        if (!ev) {
+            json_decref(links);
+            json_decref(events);
+            return -1;
+        }
+        size_t n = sh__cluster_events_copy(s->events, 0, ev, STATUS_EVENTS, &total);
+        for (size_t e = 0; e < n; e++)
+            json_array_append_new(events, event_json(s, &ev[e]));
+        free(ev);
+    }
+    json_object_set_new(root, "object", json_string("shoal.status"));
+    json_object_set_new(root, "time_unix_ms",
+                        json_integer((json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000));
+    json_object_set_new(root, "health_source", json_string(w ? "watchdog" : "links"));
+    json_object_set_new(
+        root, "degradation",
+        json_pack("{s:o}", "level", lf.found ? json_integer((json_int_t)lf.level) : json_null()));
+    json_object_set_new(root, "links", links);
+    json_object_set_new(root, "events_total", json_integer((json_int_t)total));
+    json_object_set_new(root, "events", events);
+    return 0;
+}
+
+static char *document(sh_cluster_status_src *s, bool full)
+{
     const sh_cluster_front *f = s->front;
     int32_t n_rep = f ? f->plan.n_replicas : 1;
     lookup(s, n_rep);
     json_t *nodes = json_array(), *replicas = json_array();
+    int health[256] = {HEALTH_ALIVE};
     if (f) {
         const sh_cluster_plan *p = &f->plan;
         int32_t peer = 0;
-        for (int32_t i = 0; i < p->c->n_nodes; i++)
-            json_array_append_new(nodes, node_json(f, i, i == p->front ? -1 : peer++));
+        for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++)
+            json_array_append_new(nodes, node_json(f, i, i == p->front ? -1 : peer++, &health[i]));
         for (int32_t k = 0; k < n_rep; k++) {
             json_t *stages = json_array();
             const sh_cluster_replica_plan *rp = &p->rep[k];
@@ -187,7 +348,13 @@ char *sh__cluster_status_json(void *user)
                              "layers", (int)s->n_layers, "nodes", nodes, "replicas", replicas);
     if (!root)
         return NULL;
-    char *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *out = NULL;
+    if (!full || add_status(s, root, health) == 0)
+        out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
     return out;
 }
+
+char *sh__cluster_status_json(void *user) { return document(user, false); }
+
+char *sh__cluster_status_full_json(void *user) { return document(user, true); }

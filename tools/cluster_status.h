@@ -5,8 +5,10 @@
 
 #include <stdint.h>
 
+#include "actors/watchdog.h"
 #include "shoal/runtime.h"
 #include "tools/cluster.h"
+#include "tools/cluster_events.h"
 
 /* What the document is built from. Filled by `shoal serve` before the gateway is spawned; must
  * outlive the runtime (the gateway's callback reads it). The metric pointers are looked up on
@@ -18,10 +20,14 @@ typedef struct sh_cluster_status_src {
     const char *node;              /* this process's node name */
     const char *model;             /* the model's name as clients give it */
     int32_t n_layers;
+    sh_cluster_events *events;     /* the front's faults and recoveries, for /admin/status (NULL:
+                                    * none kept, the list is empty) */
+    const sh_watchdog_view *watch; /* the front's watchdog (NULL: none; node health then comes
+                                    * from the links alone) */
     /* The replica's series, registered on first use (first registration's help wins, so the
      * same help texts as the batcher's and the kvmgr's). Gateway's loop thread only. */
     struct sh_cluster_status_rep {
-        sh_gauge *running, *waiting, *kv_used, *kv_total, *kv_cached;
+        sh_gauge *running, *waiting, *kv_used, *kv_total, *kv_cached, *paused;
         sh_counter *steps, *prompt_tokens, *gen_tokens, *preemptions;
         sh_gauge *load, *weight, *held, *healthy; /* the router's, with several replicas */
         sh_counter *routed, *redispatched, *affinity_hits;
@@ -52,6 +58,31 @@ typedef struct sh_cluster_status_src {
  *
  * Layer ranges are half-open, [first_layer, last_layer). */
 char *sh__cluster_status_json(void *user);
+
+/* The gateway's status_json callback: GET /admin/status, what the status page (GET /admin/,
+ * actors/admin_page.h) draws. The same contract as sh__cluster_status_json(); the document is
+ * a superset of /admin/cluster's ("object": "shoal.status"), with:
+ *
+ *   "time_unix_ms": the server's wall clock, "health_source": "watchdog" (a node's health is the
+ *   watchdog's verdict from its heartbeats and link) or "links" (no watchdog: its link's state as
+ *   the front sees it),
+ *   "degradation": {"level": n, or null while no shoal_degradation_level gauge is registered},
+ *   every node also has "health": "alive" | "joining" (never joined yet, or back on a new
+ *   connection and not greeted again) | "dead" (judged dead by the watchdog; without one: its
+ *   link is down), and the watchdog's figures, null without a heartbeat answered:
+ *   "heartbeat_rtt_ms" (the last heartbeat's round trip), "heartbeat_age_ms" (since the last
+ *   answer), "rss_bytes" (the node process's resident memory), "deaths" (times judged dead; 0
+ *   without a watchdog);
+ *   "links": [{"from": node, "to": node, "replica": k, "health"}]: the front to each replica's
+ *   first stage node, and each stage's node to the next stage's (when they differ), with the
+ *   worse health of their two ends;
+ *   every replica also has "state": "serving" | "paused" (waiting for a lost node, out of
+ *   routing) | "down" (out of routing, not paused), "load" and "weight" (the router's, null with
+ *   one replica);
+ *   "events_total": events ever logged, "events": the last (at most 32), oldest first, each
+ *   {"seq", "unix_ms", "kind" (tools/cluster_events.h), "node": name or null, "replica": k or
+ *   null, "msg"}. */
+char *sh__cluster_status_full_json(void *user);
 
 /* `shoal cluster status [URL]`: fetches URL's /admin/cluster and prints it as tables (--json: the
  * raw document). argv[0] is "status". Returns 0, 2 (bad usage, an unreachable URL, a refused key:

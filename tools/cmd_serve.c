@@ -1301,10 +1301,13 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                                         .rt = s->rt,
                                         .node = ro.name,
                                         .model = s->name,
-                                        .n_layers = hp->n_layers};
+                                        .n_layers = hp->n_layers,
+                                        .events = &s->events,
+                                        .watch = &s->watch};
     if (o->cfg && !o->cluster)
         s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
     ga.cluster_json = sh__cluster_status_json;
+    ga.status_json = sh__cluster_status_full_json; /* and the status page, GET /admin/ */
     ga.cluster_user = &s->status;
     if (s->front && s->front->metrics) { /* every worker's series on /metrics */
         ga.metrics_render = sh__node_metrics_render;
