@@ -210,6 +210,11 @@ typedef enum sh_fault_kind {
     SH_FAULT_CORRUPT,   /* corrupt{ link | from, to, bytes, p, lasting } */
     SH_FAULT_PARTITION, /* partition{ a, b, lasting }: from = a, to = b, both directions */
     SH_FAULT_HEAL,      /* heal{ link | from, to | a, b }: lifts matching rules; heal{} lifts all */
+    SH_FAULT_STOP,      /* stop "node" | stop{ node, lasting }: SIGSTOP the node's process (from =
+                           the node); with lasting, SIGCONT after lasting_s */
+    SH_FAULT_CONT,      /* cont "node": SIGCONT the node's process (from = the node) */
+    SH_FAULT_LEAK,      /* leak{ node, mb_per_s, lasting }: the node allocates and touches memory at
+                           mb_per_s MiB per second for lasting_s seconds (from = the node) */
 } sh_fault_kind;
 
 #define SH_FAULT_NAME_MAX 64
@@ -225,6 +230,7 @@ typedef struct sh_fault_event {
     int32_t bytes;    /* corrupt: bytes flipped per message */
     double lasting_s; /* how long the rule holds; 0 = until healed or the end of the run */
     int32_t line;     /* line of the at() call, for logs */
+    double mb_per_s;  /* leak: MiB allocated and touched per second */
 } sh_fault_event;
 
 typedef struct sh_scenario {
@@ -241,7 +247,8 @@ sh_err sh_scenario_load_string(const char *src, size_t len, const char *name,
                                const sh_lua_limits *limits, sh_scenario **out, sh_error *e);
 
 /* Checks that every node a scenario names exists in the cluster (SH_ENOTFOUND otherwise, naming
- * the event's line). Actor names are checked by their node part ("node/actor"). */
+ * the event's line). Actor names are checked by their node part ("node/actor"). kill, stop, cont
+ * and leak must name one node, never "*". */
 sh_err sh_scenario_check(const sh_scenario *s, const sh_cluster_config *c, sh_error *e);
 
 /* A static name of the kind ("kill", "delay", ...). */

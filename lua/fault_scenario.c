@@ -16,8 +16,8 @@ struct sh_fault_runner {
     sh_fault **layers; /* (n_layers) */
     size_t n_layers;
     sh_fault_host host;
-    uint64_t start_ns;
-    uv_mutex_t mu; /* below */
+    int64_t start_ns; /* CLOCK_MONOTONIC ns of time 0; may lie before the clock's 0 */
+    uv_mutex_t mu;    /* below */
     uv_cond_t cv;
     bool stop;
     size_t applied, failed;
@@ -53,6 +53,18 @@ sh_err sh_fault_event_apply(const sh_fault_event *ev, sh_fault *const *layers, s
             return sh__error_set(e, SH_EUNSUPPORTED, "fault: no stall callback (line %d)",
                                  (int)ev->line);
         return host->stall(host->ud, ev->from, ev->ms);
+    }
+    if (ev->kind == SH_FAULT_STOP || ev->kind == SH_FAULT_CONT) {
+        if (!host || !host->stop_cont)
+            return sh__error_set(e, SH_EUNSUPPORTED, "fault: no stop/cont callback (line %d)",
+                                 (int)ev->line);
+        return host->stop_cont(host->ud, ev->from, ev->kind, ev->lasting_s);
+    }
+    if (ev->kind == SH_FAULT_LEAK) {
+        if (!host || !host->leak)
+            return sh__error_set(e, SH_EUNSUPPORTED, "fault: no leak callback (line %d)",
+                                 (int)ev->line);
+        return host->leak(host->ud, ev->from, ev->mb_per_s, ev->lasting_s);
     }
     sh_fault_rule r = {.p = ev->p};
     sh_err err = node_set(ev->from, host, r.from, &r.n_from, e);
@@ -104,15 +116,20 @@ static void runner_main(void *arg)
     sh_fault_runner *r = arg;
     uv_mutex_lock(&r->mu);
     for (size_t i = 0; i < r->n && !r->stop;) {
-        uint64_t due = r->start_ns + (uint64_t)(r->events[i].time_s * 1e9);
-        uint64_t now = mono_ns();
+        const sh_fault_event *ev = &r->events[i];
+        int64_t due = r->start_ns + (int64_t)(ev->time_s * 1e9);
+        int64_t now = (int64_t)mono_ns();
         if (due > now) {
-            (void)uv_cond_timedwait(&r->cv, &r->mu, due - now);
+            (void)uv_cond_timedwait(&r->cv, &r->mu, (uint64_t)(due - now));
             continue;
         }
+        // A link rule that ended before now (a process started after the shared epoch) is
+        // skipped: applied now it would hold for its whole length again.
+        bool over = ev->kind >= SH_FAULT_DELAY && ev->kind <= SH_FAULT_PARTITION &&
+                    ev->lasting_s > 0 && due + (int64_t)(ev->lasting_s * 1e9) <= now;
         uv_mutex_unlock(&r->mu);
         sh_error e;
-        sh_err err = sh_fault_event_apply(&r->events[i], r->layers, r->n_layers, &r->host, &e);
+        sh_err err = over ? SH_OK : sh_fault_event_apply(ev, r->layers, r->n_layers, &r->host, &e);
         uv_mutex_lock(&r->mu);
         if (err)
             r->failed++;
@@ -123,8 +140,9 @@ static void runner_main(void *arg)
     uv_mutex_unlock(&r->mu);
 }
 
-sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
-                             const sh_fault_host *host, sh_fault_runner **out, sh_error *e)
+static sh_err start_at(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
+                       const sh_fault_host *host, int64_t start_ns, sh_fault_runner **out,
+                       sh_error *e)
 {
     sh_fault_runner *r = calloc(1, sizeof *r);
     if (!r)
@@ -147,7 +165,7 @@ sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size
         r->host = *host;
     uv_mutex_init(&r->mu);
     uv_cond_init(&r->cv);
-    r->start_ns = mono_ns();
+    r->start_ns = start_ns;
     int rv = uv_thread_create(&r->thread, runner_main, r);
     if (rv) {
         uv_cond_destroy(&r->cv);
@@ -159,6 +177,23 @@ sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size
     }
     *out = r;
     return SH_OK;
+}
+
+sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
+                             const sh_fault_host *host, sh_fault_runner **out, sh_error *e)
+{
+    return start_at(s, layers, n_layers, host, (int64_t)mono_ns(), out, e);
+}
+
+sh_err sh_fault_runner_start_at(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
+                                const sh_fault_host *host, uint64_t epoch_unix_ms,
+                                sh_fault_runner **out, sh_error *e)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t ahead_ms = (int64_t)epoch_unix_ms - wall_ms; /* negative: the epoch is past */
+    return start_at(s, layers, n_layers, host, (int64_t)mono_ns() + ahead_ms * 1000000, out, e);
 }
 
 sh_err sh_fault_runner_wait(sh_fault_runner *r, uint32_t timeout_ms)

@@ -19,10 +19,17 @@ typedef struct sh_fault_host {
     sh_err (*kill)(void *ud, const char *node);
     /* stall{ actor, ms }: make the actor ("node" or "node/actor") stop handling for ms. */
     sh_err (*stall)(void *ud, const char *actor, double ms);
+    /* stop "node" (SIGSTOP, SIGCONT after lasting_s when it is > 0) and cont "node" (SIGCONT):
+     * kind is SH_FAULT_STOP or SH_FAULT_CONT. NULL: those events fail. */
+    sh_err (*stop_cont)(void *ud, const char *node, sh_fault_kind kind, double lasting_s);
+    /* leak{ node, mb_per_s, lasting }: allocate and touch memory at that rate, in the background.
+     * NULL: leak events fail. */
+    sh_err (*leak)(void *ud, const char *node, double mb_per_s, double lasting_s);
 } sh_fault_host;
 
 /* Applies one event now: link events become rules on every layer (each applies only the links
- * leaving its own node), heal removes matching rules, kill and stall call the host. Returns
+ * leaving its own node), heal removes matching rules, kill, stop, cont, leak and stall call the
+ * host. Returns
  * SH_ENOTFOUND (unknown node), SH_EUNSUPPORTED (no host callback for the action), or the layer's
  * error. Any thread. */
 sh_err sh_fault_event_apply(const sh_fault_event *ev, sh_fault *const *layers, size_t n_layers,
@@ -35,6 +42,14 @@ typedef struct sh_fault_runner sh_fault_runner;
  * event is counted and the run goes on. Returns SH_ENOMEM, SH_EIO (thread). */
 sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
                              const sh_fault_host *host, sh_fault_runner **out, sh_error *e);
+
+/* The same with the events' times counted from epoch_unix_ms (wall clock, milliseconds since
+ * 1970) instead of now, so that several processes apply one scenario at the same moments. Events
+ * already past are applied at once, in order, except link rules whose lasting_s has run out
+ * (they would only flicker). */
+sh_err sh_fault_runner_start_at(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
+                                const sh_fault_host *host, uint64_t epoch_unix_ms,
+                                sh_fault_runner **out, sh_error *e);
 
 /* Waits up to timeout_ms for every event to have been applied. Returns SH_ETIMEDOUT. */
 sh_err sh_fault_runner_wait(sh_fault_runner *r, uint32_t timeout_ms);

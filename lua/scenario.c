@@ -1,5 +1,6 @@
-/* Fault scenarios: at(t, action) with kill, stall, delay, drop, duplicate, corrupt, partition and
- * heal, evaluated into a time-sorted array of sh_fault_event. The runtime executes them. */
+/* Fault scenarios: at(t, action) with kill, stop, cont, leak, stall, delay, drop, duplicate,
+ * corrupt, partition and heal, evaluated into a time-sorted array of sh_fault_event. The runtime
+ * (link events, leak) and `shoal chaos` (process signals) execute them. */
 #include <lauxlib.h>
 #include <math.h>
 #include <stdlib.h>
@@ -42,12 +43,20 @@ static const sh__lua_field heal_fields[] = {
     {"link", SH__LUA_STR, false}, {"from", SH__LUA_STR, false}, {"to", SH__LUA_STR, false},
     {"a", SH__LUA_STR, false},    {"b", SH__LUA_STR, false},    {NULL, 0, false}};
 static const sh__lua_field kill_fields[] = {{"node", SH__LUA_STR, true}, {NULL, 0, false}};
+static const sh__lua_field stop_fields[] = {
+    {"node", SH__LUA_STR, true}, {"lasting", SH__LUA_NUM, false}, {NULL, 0, false}};
+static const sh__lua_field leak_fields[] = {{"node", SH__LUA_STR, true},
+                                            {"mb_per_s", SH__LUA_NUM, true},
+                                            {"lasting", SH__LUA_NUM, true},
+                                            {NULL, 0, false}};
 
 static const char *const kind_names[] = {
     [SH_FAULT_KILL] = "kill",           [SH_FAULT_STALL] = "stall",
     [SH_FAULT_DELAY] = "delay",         [SH_FAULT_DROP] = "drop",
     [SH_FAULT_DUPLICATE] = "duplicate", [SH_FAULT_CORRUPT] = "corrupt",
     [SH_FAULT_PARTITION] = "partition", [SH_FAULT_HEAL] = "heal",
+    [SH_FAULT_STOP] = "stop",           [SH_FAULT_CONT] = "cont",
+    [SH_FAULT_LEAK] = "leak",
 };
 
 const char *sh_scenario_kind_name(sh_fault_kind k)
@@ -125,21 +134,48 @@ static sh_fault_event *new_event(lua_State *L, sh_fault_kind kind)
     return ev;
 }
 
-static int l_kill(lua_State *L)
+/* kill, stop and cont: `kind "node"` or `kind{ node = "node" }` (stop also takes lasting). */
+static int node_action(lua_State *L, sh_fault_kind kind, const sh__lua_field *fields)
 {
     char where[WHERE_MAX];
+    const char *what = kind_names[kind];
     sh__lua_where(L, where, sizeof where);
     const char *node;
+    double lasting = INFINITY;
     if (lua_type(L, 1) == LUA_TSTRING) {
         node = lua_tostring(L, 1);
     } else {
-        sh__lua_check_fields(L, 1, kill_fields, "kill", where);
+        sh__lua_check_fields(L, 1, fields, what, where);
         node = sh__lua_get_str(L, 1, "node");
+        if (kind == SH_FAULT_STOP)
+            lasting = get_num(L, "lasting", INFINITY, 0, INFINITY, true, what, where);
     }
     if (!name_ok(node, false, false))
-        sh__lua_fail(L, SH_EINVAL, where, "kill: '%.40s' is not a node name", node);
-    sh_fault_event *ev = new_event(L, SH_FAULT_KILL);
+        sh__lua_fail(L, SH_EINVAL, where, "%s: '%.40s' is not a node name", what, node);
+    sh_fault_event *ev = new_event(L, kind);
     strcpy(ev->from, node);
+    ev->lasting_s = isinf(lasting) ? 0 : lasting;
+    return 1;
+}
+
+static int l_kill(lua_State *L) { return node_action(L, SH_FAULT_KILL, kill_fields); }
+static int l_stop(lua_State *L) { return node_action(L, SH_FAULT_STOP, stop_fields); }
+static int l_cont(lua_State *L) { return node_action(L, SH_FAULT_CONT, kill_fields); }
+
+static int l_leak(lua_State *L)
+{
+    char where[WHERE_MAX];
+    sh__lua_where(L, where, sizeof where);
+    sh__lua_check_fields(L, 1, leak_fields, "leak", where);
+    const char *node = sh__lua_get_str(L, 1, "node");
+    if (!name_ok(node, false, false))
+        sh__lua_fail(L, SH_EINVAL, where, "leak: '%.40s' is not a node name", node);
+    double rate = get_num(L, "mb_per_s", 0, 0, 65536, true, "leak", where);
+    double lasting = get_num(L, "lasting", 0, 0, 3600, true, "leak", where);
+    sh_fault_event *ev = new_event(L, SH_FAULT_LEAK);
+    strcpy(ev->from, node);
+    ev->mb_per_s = rate;
+    ev->lasting_s = lasting;
     return 1;
 }
 
@@ -267,11 +303,19 @@ static int l_at(lua_State *L)
 
 static int run_scenario(lua_State *L)
 {
-    static const luaL_Reg fns[] = {{"at", l_at},           {"kill", l_kill},
-                                   {"stall", l_stall},     {"delay", l_delay},
-                                   {"drop", l_drop},       {"duplicate", l_duplicate},
-                                   {"corrupt", l_corrupt}, {"partition", l_partition},
-                                   {"heal", l_heal},       {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"at", l_at},
+                                   {"kill", l_kill},
+                                   {"stall", l_stall},
+                                   {"delay", l_delay},
+                                   {"drop", l_drop},
+                                   {"duplicate", l_duplicate},
+                                   {"corrupt", l_corrupt},
+                                   {"partition", l_partition},
+                                   {"heal", l_heal},
+                                   {"stop", l_stop},
+                                   {"cont", l_cont},
+                                   {"leak", l_leak},
+                                   {NULL, NULL}};
     luaL_newmetatable(L, FAULT_MT);
     lua_pushliteral(L, "locked");
     lua_setfield(L, -2, "__metatable");

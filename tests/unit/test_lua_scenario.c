@@ -108,7 +108,75 @@ static const struct bad_case {
     {"at(1, 'kill a')", "must be an action"},
     {"at(1, { kind = 'kill' })", "must be an action"},
     {"at(1, nuke 'a')", "global 'nuke'"},
+    {"at(1, stop '*')", "stop: '*' is not a node name"},
+    {"at(1, stop { node = 'w0', lasting = 0 })", "stop: field 'lasting' must be > 0"},
+    {"at(1, stop { node = 'w0', ms = 5 })", "stop: unknown key 'ms'"},
+    {"at(1, cont { node = 'w0', lasting = 1 })", "cont: unknown key 'lasting'"},
+    {"at(1, cont(7))", "cont: expected a table"},
+    {"\n\nat(1, leak { node = 'w0', lasting = 5 })",
+     "chaos.lua:3: leak: missing required field 'mb_per_s'"},
+    {"at(1, leak { node = 'w0', mb_per_s = 50 })", "leak: missing required field 'lasting'"},
+    {"at(1, leak { node = 'w0', mb_per_s = 0, lasting = 1 })",
+     "leak: field 'mb_per_s' must be > 0"},
+    {"at(1, leak { node = 'w0', mb_per_s = 1e6, lasting = 1 })",
+     "leak: field 'mb_per_s' must be > 0 and <= 65536"},
+    {"at(1, leak { node = 'w0', mb_per_s = 5, lasting = -1 })",
+     "leak: field 'lasting' must be > 0"},
+    {"at(1, leak { node = '*', mb_per_s = 5, lasting = 1 })", "leak: '*' is not a node name"},
+    {"at(1, leak 'w0')", "leak: expected a table"},
 };
+
+/* stop, cont and leak: parsed into their events, and their nodes checked against a cluster. */
+static void test_process_events(void)
+{
+    sh_scenario *s = NULL;
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(load("at(2, stop 'w0')\nat(4, cont { node = 'w0' })\n"
+                  "at(1, stop { node = 'w1', lasting = 2.5 })\n"
+                  "at(3, leak { node = 'w1', mb_per_s = 50, lasting = 5 })\n",
+                  &s, &e));
+    if (!s) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    CHECK_INT_EQ(s->n_events, 4);
+    const sh_fault_event *ev = s->events;
+    CHECK_INT_EQ(ev[0].kind, SH_FAULT_STOP);
+    CHECK_STR_EQ(ev[0].from, "w1");
+    CHECK_NEAR(ev[0].lasting_s, 2.5, 0);
+    CHECK_INT_EQ(ev[0].line, 3);
+    CHECK_INT_EQ(ev[1].kind, SH_FAULT_STOP);
+    CHECK_STR_EQ(ev[1].from, "w0");
+    CHECK_NEAR(ev[1].lasting_s, 0, 0);
+    CHECK_INT_EQ(ev[2].kind, SH_FAULT_LEAK);
+    CHECK_STR_EQ(ev[2].from, "w1");
+    CHECK_NEAR(ev[2].mb_per_s, 50, 0);
+    CHECK_NEAR(ev[2].lasting_s, 5, 0);
+    CHECK_INT_EQ(ev[3].kind, SH_FAULT_CONT);
+    CHECK_STR_EQ(ev[3].from, "w0");
+    CHECK_STR_EQ(sh_scenario_kind_name(SH_FAULT_STOP), "stop");
+    CHECK_STR_EQ(sh_scenario_kind_name(SH_FAULT_CONT), "cont");
+    CHECK_STR_EQ(sh_scenario_kind_name(SH_FAULT_LEAK), "leak");
+    CHECK_OK(sh_config_load_file(sh_test_path("lua/examples/cluster-demo.lua"), NULL, &c, &e));
+    if (c) {
+        CHECK_OK(sh_scenario_check(s, c, &e));
+        static const char *const unknown[] = {
+            "at(1, stop 'nope')", "at(1, cont 'nope')",
+            "at(1, leak { node = 'nope', mb_per_s = 1, lasting = 1 })", "at(1, kill 'nope')"};
+        for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+            sh_scenario *u = NULL;
+            CHECK_OK(load(unknown[i], &u, &e));
+            if (!u)
+                continue;
+            CHECK_INT_EQ(sh_scenario_check(u, c, &e), SH_ENOTFOUND);
+            CHECK(strstr(e.msg, "chaos.lua:1: ") != NULL && strstr(e.msg, "unknown node 'nope'"));
+            sh_scenario_destroy(u);
+        }
+    }
+    sh_config_destroy(c);
+    sh_scenario_destroy(s);
+}
 
 static void test_errors(void)
 {
@@ -127,6 +195,7 @@ static const sh_test_case tests[] = {
     {"demo", test_demo},
     {"order", test_order},
     {"errors", test_errors},
+    {"process_events", test_process_events},
     {NULL, NULL},
 };
 
