@@ -68,6 +68,10 @@ static const sh__lua_field kv_fields[] = {{"block_tokens", SH__LUA_INT, false},
 static const sh__lua_field watchdog_fields[] = {{"heartbeat_ms", SH__LUA_INT, false},
                                                 {"dead_after", SH__LUA_INT, false},
                                                 {"policy", SH__LUA_STR, false},
+                                                {"hold_s", SH__LUA_NUM, false},
+                                                {"degrade_max_tokens", SH__LUA_INT, false},
+                                                {"fallback", SH__LUA_STR, false},
+                                                {"shed_priority", SH__LUA_INT, false},
                                                 {NULL, 0, false}};
 
 /* Node and model names travel in frames and logs: keep them short and plain. */
@@ -718,6 +722,19 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
     if (policy && !*policy)
         sh__lua_fail(L, SH_EINVAL, where, "cluster.watchdog: field 'policy' is empty");
     c->watchdog.policy = dup(L, policy ? policy : "lua/policy/default.lua", where);
+    c->watchdog.policy_given = policy != NULL;
+    double hold = lua_isnil(L, idx) ? 5 : sh__lua_get_num(L, idx, "hold_s", 5);
+    if (!(hold >= 0 && hold <= 3600))
+        sh__lua_fail(L, SH_EINVAL, where, "%s: field 'hold_s' must be within 0..3600, got %g", w,
+                     hold);
+    c->watchdog.hold_ms = (int32_t)(hold * 1000 + 0.5);
+    c->watchdog.degrade_max_tokens =
+        (int32_t)sh__lua_get_int_range(L, idx, "degrade_max_tokens", 64, 1, 1 << 20, w, where);
+    c->watchdog.shed_priority =
+        (int32_t)sh__lua_get_int_range(L, idx, "shed_priority", 1, 0, 256, w, where);
+    const char *fallback = lua_isnil(L, idx) ? NULL : sh__lua_get_str(L, idx, "fallback");
+    if (fallback)
+        c->watchdog.fallback = dup(L, fallback, where);
     lua_pop(L, 1);
 }
 
@@ -816,7 +833,14 @@ static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_e
         if (err)
             return err;
     }
-    sh_err err = resolve_path(&c->tls_ca, script, dir, e);
+    // A policy the script names sits beside it too; "default" and "lua/policy/default.lua" name
+    // the built-in copy.
+    sh_err err = SH_OK;
+    if (c->watchdog.policy_given && strcmp(c->watchdog.policy, "default") != 0 &&
+        strcmp(c->watchdog.policy, "lua/policy/default.lua") != 0)
+        err = resolve_path(&c->watchdog.policy, script, dir, e);
+    if (!err)
+        err = resolve_path(&c->tls_ca, script, dir, e);
     return err ? err : resolve_path(&c->key_file, script, dir, e);
 }
 
@@ -895,6 +919,7 @@ void sh_config_destroy(sh_cluster_config *c)
         free(c->gateway.api_keys[i]);
     free(c->gateway.api_keys);
     free(c->watchdog.policy);
+    free(c->watchdog.fallback);
     free(c->key_file);
     free(c->tls_ca);
     free(c);

@@ -95,7 +95,17 @@ typedef struct sh_config_kv {
 typedef struct sh_config_watchdog {
     int32_t heartbeat_ms; /* default 100 */
     int32_t dead_after;   /* missed heartbeats; default 3 */
-    char *policy;         /* policy script path; default "lua/policy/default.lua" */
+    char *policy;         /* policy script path; default "lua/policy/default.lua". "default" and
+                           * "lua/policy/default.lua" name the built-in copy; any other relative
+                           * path is resolved against the script's directory */
+    /* The degradation ladder (docs/serving.md, "Degradation"). It runs only when the script names
+     * a policy (policy_given); the settings below have their defaults otherwise. */
+    bool policy_given;
+    int32_t hold_ms;            /* hold_s: a lower level waits this long; default 5000 */
+    int32_t degrade_max_tokens; /* level 2 caps max_tokens at this; default 64 */
+    char *fallback;             /* level 3: the model requests for the others go to; NULL: none */
+    int32_t shed_priority;      /* level 4: requests of this priority or above (less urgent) get
+                                 * 503; default 1 (only priority 0 is served); 256: none */
 } sh_config_watchdog;
 
 typedef struct sh_cluster_config {
@@ -187,6 +197,16 @@ sh_err sh_policy_create(const sh_lua_limits *limits, sh_policy **out, sh_error *
 sh_err sh_policy_load_file(sh_policy *p, const char *path, sh_error *e);
 sh_err sh_policy_load_string(sh_policy *p, const char *src, size_t len, const char *name,
                              sh_error *e);
+
+/* Sets the metrics (copied) that the next load's trial call passes, as if level() had last been
+ * called with them: a host whose names are not the struct's sets them before the first load, so
+ * that a script using those names passes its trial. SH_EINVAL (a name is NULL), SH_ENOMEM. */
+sh_err sh_policy_set_trial(sh_policy *p, const sh_policy_metric *m, size_t n, sh_error *e);
+
+/* Loads the built-in copy of lua/policy/default.lua (sh_policy_default_lua), as
+ * sh_policy_load_string() does. */
+sh_err sh_policy_load_default(sh_policy *p, sh_error *e);
+extern const char sh_policy_default_lua[];
 
 /* Calls level(m) under the limits and stores the result (an integer 0..SH_POLICY_LEVEL_MAX) in
  * *level. Errors: SH_EINVAL (no script loaded, or level returned a non-integer), SH_ERANGE (out

@@ -169,6 +169,29 @@ static sh_err load(sh_policy *p, const char *path, const char *src, size_t len, 
     return SH_OK;
 }
 
+/* lua/policy/default.lua, byte for byte (tests/unit/test_lua_policy.c compares them), so that
+ * a binary copied away from its source tree still has the default policy. */
+const char sh_policy_default_lua[] =
+    "-- Default degradation policy (DESIGN.md section 7): level(m) maps the metrics\n"
+    "-- to a level, 0 (normal) to 4 (shed load). `shoal serve --policy default` (or a\n"
+    "-- cluster script's watchdog = { policy = 'default' }) evaluates it every tick.\n"
+    "-- shoal carries a copy of this file (lua/policy.c; test_lua_policy checks that\n"
+    "-- they are equal), so an installed binary needs no file. docs/serving.md tells\n"
+    "-- what each level does.\n"
+    "function level(m)\n"
+    "  if m.queue_wait_p99_ms > 5000 or m.kv_used > 0.98 then return 4 end -- shed\n"
+    "  if m.queue_wait_p99_ms > 2000 then return 3 end -- route to the light model\n"
+    "  if m.queue_wait_p99_ms > 1000 then return 2 end -- cap max_tokens\n"
+    "  if m.queue_wait_p99_ms > 500 then return 1 end -- no logprobs\n"
+    "  return 0\n"
+    "end\n";
+
+sh_err sh_policy_load_default(sh_policy *p, sh_error *e)
+{
+    return load(p, NULL, sh_policy_default_lua, sizeof sh_policy_default_lua - 1,
+                "lua/policy/default.lua (built in)", e);
+}
+
 sh_err sh_policy_load_file(sh_policy *p, const char *path, sh_error *e)
 {
     return load(p, path, NULL, 0, NULL, e);
@@ -178,6 +201,17 @@ sh_err sh_policy_load_string(sh_policy *p, const char *src, size_t len, const ch
                              sh_error *e)
 {
     return load(p, NULL, src, len, name, e);
+}
+
+sh_err sh_policy_set_trial(sh_policy *p, const sh_policy_metric *m, size_t n, sh_error *e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!m[i].name)
+            return sh__error_set(e, SH_EINVAL, "metric %zu has no name", i);
+    remember(p, m, n);
+    if (p->n != n)
+        return sh__error_set(e, SH_ENOMEM, "cannot allocate the trial metrics");
+    return SH_OK;
 }
 
 sh_err sh_policy_level_pairs(sh_policy *p, const sh_policy_metric *m, size_t n, int32_t *level,

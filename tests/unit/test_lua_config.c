@@ -59,7 +59,12 @@ static void test_demo(void)
     CHECK_UINT_EQ(c->kv.memory_bytes, 0);
     CHECK_INT_EQ(c->watchdog.heartbeat_ms, 100);
     CHECK_INT_EQ(c->watchdog.dead_after, 3);
-    CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua");
+    CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua"); /* the built-in: not resolved */
+    CHECK(c->watchdog.policy_given);
+    CHECK_INT_EQ(c->watchdog.hold_ms, 5000);
+    CHECK_INT_EQ(c->watchdog.degrade_max_tokens, 64);
+    CHECK(c->watchdog.fallback == NULL);
+    CHECK_INT_EQ(c->watchdog.shed_priority, 1);
     CHECK_INT_EQ(sh_config_find_node(c, "w1"), 2);
     CHECK_INT_EQ(sh_config_find_node(c, "nope"), -1);
     sh_config_destroy(c);
@@ -343,6 +348,14 @@ static const struct bad_case {
      "bad.lua:4", "node 'c': field 'tls_cert' is empty"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+     "  watchdog = { policy = 'p.lua', hold_s = -1 } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'hold_s' must be within 0..3600"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+     "  watchdog = { shed_priority = 300 } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'shed_priority' must be within 0..256"},
 };
 
 static void test_errors(void)
@@ -454,6 +467,8 @@ static void test_script_relative_paths(void)
                       "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
                       "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
                       "  key_file = 'keys/cluster.key', tls_ca = 'certs/ca.pem',\n"
+                      "  watchdog = { policy = 'pol/p.lua', hold_s = 2.5, degrade_max_tokens = 8,\n"
+                      "               fallback = 'up', shed_priority = 3 },\n"
                       "}\n";
     write_text(script, src);
     sh_cluster_config *c = NULL;
@@ -474,6 +489,13 @@ static void test_script_relative_paths(void)
         snprintf(want, sizeof want, "%s/certs/a.pem", sub);
         CHECK_STR_EQ(c->nodes[0].tls_cert, want);
         CHECK_STR_EQ(c->nodes[0].tls_key, "/keys/a.key");
+        snprintf(want, sizeof want, "%s/pol/p.lua", sub);
+        CHECK_STR_EQ(c->watchdog.policy, want);
+        CHECK(c->watchdog.policy_given);
+        CHECK_INT_EQ(c->watchdog.hold_ms, 2500);
+        CHECK_INT_EQ(c->watchdog.degrade_max_tokens, 8);
+        CHECK_STR_EQ(c->watchdog.fallback, "up");
+        CHECK_INT_EQ(c->watchdog.shed_priority, 3);
         sh_config_destroy(c);
     }
     c = NULL;

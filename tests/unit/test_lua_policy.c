@@ -1,5 +1,8 @@
 /* Unit tests of degradation policies: the default script, result validation, time and memory
  * limits with recovery, and reloads that keep the old script when the new one fails. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "lua/config.h"
@@ -157,12 +160,38 @@ static void test_reload(void)
     sh_policy_destroy(p);
 }
 
+/* The built-in copy (what `--policy default` loads) is the file, byte for byte, and loads. */
+static void test_builtin(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = fopen(sh_test_path("lua/policy/default.lua"), "rb");
+    CHECK(f != NULL);
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        len = (size_t)ftell(f);
+        rewind(f);
+        text = malloc(len + 1);
+        CHECK(text && fread(text, 1, len, f) == len);
+        fclose(f);
+    }
+    CHECK_UINT_EQ(len, strlen(sh_policy_default_lua));
+    CHECK(text && memcmp(text, sh_policy_default_lua, len) == 0);
+    free(text);
+    sh_policy *p = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_policy_create(NULL, &p, &e));
+    CHECK_OK(sh_policy_load_default(p, &e));
+    sh_policy_metrics m = {.queue_wait_p99_ms = 1500};
+    int32_t level = -1;
+    CHECK_OK(sh_policy_level(p, &m, &level, &e));
+    CHECK_INT_EQ(level, 2);
+    sh_policy_destroy(p);
+}
+
 static const sh_test_case tests[] = {
-    {"default", test_default},
-    {"results", test_results},
-    {"limits", test_limits},
-    {"reload", test_reload},
-    {NULL, NULL},
+    {"default", test_default}, {"builtin", test_builtin}, {"results", test_results},
+    {"limits", test_limits},   {"reload", test_reload},   {NULL, NULL},
 };
 
 int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }
