@@ -25,6 +25,7 @@
 #include <jansson.h>
 
 #include "actors/admin_page.h"
+#include "actors/degrade.h"
 #include "actors/gateway_int.h"
 #include "actors/node_metrics.h"
 #include "base/error.h"
@@ -244,6 +245,64 @@ static void serve_metrics(gateway *g, sh_http_req *req)
 
 static void on_abort(sh_http_req *http, void *arg);
 
+/* The degradation level in force applied to a parsed request (actors/degrade.h): q is changed
+ * in place and the response says so in X-Shoal-Degraded. Returns false when the request was shed
+ * and answered here (503 with Retry-After; q freed). */
+static bool degrade(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio)
+{
+    const char *fb = sh__degrade_fallback(g->a.degrade), *fb_name = NULL;
+    for (int32_t i = 0; fb && i < g->n_m; i++)
+        if (!strcmp(g->m[i].name, fb))
+            fb_name = g->m[i].name; /* lives as long as the gateway, unlike q's strings */
+    sh_degrade_effect ef;
+    sh__degrade_apply(g->a.degrade, q, key_prio, fb_name, &ef);
+    if (ef.header[0])
+        sh_http_req_add_header(http, "X-Shoal-Degraded", ef.header);
+    if (!(ef.what & SH_DEGRADE_SHED))
+        return true;
+    char ra[16];
+    snprintf(ra, sizeof ra, "%u", (unsigned)ef.retry_after_s);
+    sh_http_req_add_header(http, "Retry-After", ra);
+    sh_openai_request_free(q);
+    sh__gateway_respond_errorf(g, http, 503, "overloaded", NULL,
+                               "the server is overloaded (degradation level %d): requests of "
+                               "priority %d and above are turned away, this one has %d; retry "
+                               "after %u s",
+                               (int)ef.level, (int)ef.shed_priority, (int)ef.priority,
+                               (unsigned)ef.retry_after_s);
+    return false;
+}
+
+/* POST /admin/policy/reload: the policy script read again; a broken one keeps the old (422 with
+ * its error). Behind the API keys when keys are set. */
+static void policy_reload(gateway *g, sh_http_req *req)
+{
+    int32_t prio;
+    sh_openai_error err;
+    if (sh_openai_auth_check(g->keys, g->n_keys, sh_http_req_header(req, "Authorization"), 0, &prio,
+                             &err)) {
+        respond_error(g, req, &err);
+        return;
+    }
+    if (!g->a.degrade) {
+        sh__gateway_respond_errorf(g, req, 409, "no_policy", NULL,
+                                   "no degradation policy is in force (shoal serve --policy, or "
+                                   "watchdog = { policy = ... } in the cluster script)");
+        return;
+    }
+    char msg[512];
+    if (sh__degrade_reload(g->a.degrade, msg, sizeof msg)) {
+        sh__gateway_respond_errorf(g, req, 422, "policy_error", NULL, "%s", msg);
+        return;
+    }
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s}", "status", "reloaded", "policy",
+                          sh__degrade_policy(g->a.degrade), "level",
+                          (int)sh__degrade_level(g->a.degrade), "message", msg);
+    char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    respond_json(req, 200, body);
+}
+
 static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, int32_t key_prio)
 {
     size_t blen = 0;
@@ -270,6 +329,8 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
         respond_error(g, http, &err);
         return;
     }
+    if (g->a.degrade && !degrade(g, http, q, key_prio))
+        return;
     if (kind == SH_OPENAI_COMPLETION && !q->prompt) { // token ids: nothing to tokenize
         int32_t *ids = malloc(((size_t)q->n_prompt_tokens + 1) * sizeof *ids);
         if (!ids) {
@@ -746,6 +807,12 @@ static void on_http(sh_http_req *req, void *user)
     bool is_models = !strcmp(path, "/v1/models");
     bool is_cmpl = !strcmp(path, "/v1/completions");
     bool is_chat = !strcmp(path, "/v1/chat/completions");
+    if (!strcmp(path, "/admin/policy/reload")) { /* answered while draining too */
+        if (!post)
+            goto bad_method;
+        policy_reload(g, req);
+        return;
+    }
     bool is_cluster = g->a.cluster_json && !strcmp(path, "/admin/cluster");
     bool is_status = g->a.status_json && !strcmp(path, "/admin/status");
     if (g->a.status_json && (!strcmp(path, "/admin/") || !strcmp(path, "/admin"))) {

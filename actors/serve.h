@@ -261,6 +261,12 @@ typedef struct sh_gateway_args {
      * those families. NULL: the registry alone. */
     sh_err (*metrics_render)(void *user, sh_metrics *m, char *buf, size_t cap, size_t *len);
     void *metrics_user;
+    /* Optional: the degradation ladder (actors/degrade.h). Every request gets the effects of the
+     * level in force (the header X-Shoal-Degraded says which; level 4 answers 503 with
+     * Retry-After), and POST /admin/policy/reload reloads its policy (200, or 422 with the
+     * script's error and the old policy kept; 409 without a ladder), behind the API keys when
+     * keys are set. Borrowed; must outlive the gateway. */
+    struct sh_degrade *degrade;
 } sh_gateway_args;
 
 /* Commands to a running gateway from any thread (the serving process's signal thread): the

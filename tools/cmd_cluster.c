@@ -21,6 +21,7 @@
 #include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
+#include "tools/cmd_cluster_policy.h"
 #include "tools/cmd_util.h"
 
 #define BACKOFF_FIRST_S 0.5
@@ -39,7 +40,8 @@ static void usage(FILE *f)
     fprintf(
         f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
            "                        [--cluster-key-file FILE] [-- SERVE FLAGS]\n"
-           "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n\n"
+           "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n"
+           "       shoal cluster policy reload [URL] [--api-key KEY] [--timeout S]\n\n"
            "Runs every node of a cluster script on this machine: each worker node as a child\n"
            "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
            "`shoal serve -c CLUSTER.lua --recover-timeout " RECOVER_TIMEOUT " SERVE FLAGS`. Every\n"
@@ -678,6 +680,8 @@ int sh__cmd_cluster(int argc, char **argv)
         return cluster_up(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "status"))
         return sh__cmd_cluster_status(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "policy"))
+        return sh__cmd_cluster_policy(argc - 1, argv + 1);
     return sh__cmd_fail("usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] "
                         "[-- SERVE FLAGS], or shoal cluster status [URL] (see shoal cluster "
                         "--help)");

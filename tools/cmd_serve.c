@@ -29,6 +29,7 @@
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
+#include "tools/serve_degrade.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define DEFAULT_KV_MEM ((uint64_t)1 << 30)
@@ -61,6 +62,7 @@ typedef struct serve_opts {
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */
     uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
     double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
+    sh_serve_degrade deg;         /* --policy and its settings (tools/serve_degrade.h) */
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
     sh_openai_key keys[MAX_KEYS];
@@ -137,13 +139,15 @@ static void usage(FILE *f)
             "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
             "                      wait up to S seconds for it to come back (restarted, e.g.\n"
             "                      by `shoal cluster up`), then resume every request by\n"
-            "                      recompute (default 0: fail stop at once, exit 3)\n"
-            "  --log-level L       error, warn, info, debug (default info)\n\n"
-            "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
-            "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file.\n"
-            "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
-            "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
-            "ended with an error; restart the cluster).\n");
+            "                      recompute (default 0: fail stop at once, exit 3)\n");
+    sh__serve_degrade_usage(f);
+    fprintf(f, "  --log-level L       error, warn, info, debug (default info)\n\n"
+               "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
+               "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
+               "the --policy script.\n"
+               "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
+               "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
+               "ended with an error; restart the cluster).\n");
 }
 
 /* "512M", "2G", "1048576" */
@@ -359,6 +363,12 @@ static int parse(int argc, char **argv, serve_opts *o)
         }
         if (!strcmp(a, "--no-affinity")) {
             o->affinity_slack = -1;
+            continue;
+        }
+        int dr = sh__serve_degrade_flag(&o->deg, argc, argv, &i);
+        if (dr != 1) {
+            if (dr)
+                return 2;
             continue;
         }
         if (!sh__cmd_is_flag(VALUE_FLAGS, a))
@@ -590,6 +600,7 @@ typedef struct server {
     sh_llama_ctx *ctx;
     sh_runtime *rt;
     sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
+    sh_degrade *deg;              /* the degradation ladder (--policy), or NULL */
     sh_cluster_front *front;      /* -c with worker nodes */
     sh_cmd_fault fault;           /* --fault-scenario on the front's links */
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
@@ -628,6 +639,7 @@ static void close_all(server *s)
         sh__cluster_front_destroy(s->front);
     free(s->front);
     sh__gateway_ctl_destroy(s->ctl);
+    sh__degrade_destroy(s->deg);
     sh_llama_ctx_destroy(s->ctx);
     sh_backend_destroy(s->be);
     sh_tokenizer_destroy(s->tok);
@@ -949,7 +961,9 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
         struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, &ts);
         if (got == SIGHUP) {
-            reload_keys(o, ctl);
+            if (o->key_file || !s->deg)
+                reload_keys(o, ctl);
+            sh__serve_degrade_reload(s->deg);
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
             return 0;
@@ -973,9 +987,11 @@ static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
     for (;;) {
         struct timespec ts = {0, 20 * 1000000};
         int got = sigtimedwait(sigs, NULL, s->front ? &ts : NULL);
-        if (got == SIGHUP)
-            reload_keys(o, s->ctl);
-        else if (got == SIGINT || got == SIGTERM)
+        if (got == SIGHUP) {
+            if (o->key_file || !s->deg)
+                reload_keys(o, s->ctl);
+            sh__serve_degrade_reload(s->deg);
+        } else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
         else if (worker_lost(o, s, what, sizeof what))
             return stop_lost(s, what);
@@ -990,6 +1006,13 @@ static void watch_note(void *user, const char *kind, int32_t node, int32_t repli
     sh__cluster_events_add(&s->events, kind, node, replica, "%s", msg);
 }
 
+/* The degradation ladder's events ("level", "policy") into the ring. Any thread. */
+static void degrade_note(void *user, const char *kind, const char *msg)
+{
+    server *s = user;
+    sh__cluster_events_add(&s->events, kind, -1, -1, "%s", msg);
+}
+
 /* Spawns the watchdog: with worker nodes it heartbeats each (through its hello actor) and pauses
  * the replicas of a dead one; in every mode it ticks the degradation ladder. Returns 0, or 1
  * after an error line. */
@@ -997,6 +1020,10 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
 {
     sh_error e = {0};
     s->wa = (sh_watchdog_args){.view = &s->watch, .note = watch_note, .note_user = s};
+    if (s->deg) { /* every heartbeat_ms, on the watchdog's loop */
+        s->wa.tick = sh__degrade_tick_cb;
+        s->wa.tick_user = s->deg;
+    }
     if (s->front) {
         const sh_cluster_plan *p = &s->front->plan;
         const sh_cluster_config *c = p->c;
@@ -1233,7 +1260,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         s->batcher[k] = batchers[k];
     }
-    if (start_watchdog(o, s, n_rep))
+    if (sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, &s->deg) ||
+        start_watchdog(o, s, n_rep))
         return 1;
     // Each model's requests go to its router, or to its only replica's batcher.
     sh_addr target[SH_CLUSTER_MAX_REPLICAS];
@@ -1313,6 +1341,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         ga.metrics_render = sh__node_metrics_render;
         ga.metrics_user = s->front->metrics;
     }
+    if (sh__serve_degrade_check(s->deg, &ga))
+        return 1;
+    ga.degrade = s->deg;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
     // The gateway's init reports the bound port (or -1); the args stay on this stack until run
