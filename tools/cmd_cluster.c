@@ -39,7 +39,8 @@ static void usage(FILE *f)
 {
     fprintf(
         f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
-           "                        [--cluster-key-file FILE] [-- SERVE FLAGS]\n"
+           "                        [--cluster-key-file FILE] [--pid-dir DIR]\n"
+           "                        [--fault-scenario FILE [--fault-epoch E]] [-- SERVE FLAGS]\n"
            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n"
            "       shoal cluster policy reload [URL] [--api-key KEY] [--timeout S]\n\n"
            "Runs every node of a cluster script on this machine: each worker node as a child\n"
@@ -58,6 +59,12 @@ static void usage(FILE *f)
            "  --cluster-key-file FILE\n"
            "                the cluster key every node proves in HELLO, passed to the children\n"
            "                as SHOAL_CLUSTER_KEY_FILE (see docs/cluster.md)\n"
+           "  --pid-dir DIR write DIR/NAME.pid with each node's pid at every (re)start and\n"
+           "                remove it when the node exits (for `shoal chaos`)\n"
+           "  --fault-scenario FILE, --fault-epoch E\n"
+           "                passed to every node (`shoal node` and `shoal serve`): each applies\n"
+           "                the scenario's link events on the links leaving it (and its leak\n"
+           "                events), times counted from E (UNIX_MS or @FILE; docs/chaos.md)\n"
            "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
            "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
@@ -111,7 +118,8 @@ typedef struct child {
 typedef struct sup {
     const char *script;
     const char *bin;
-    child *kids; /* workers first, the front last */
+    const char *pid_dir; /* --pid-dir, or NULL */
+    child *kids;         /* workers first, the front last */
     int n;
     int sfd;
     bool stopping;   /* shutting down for good */
@@ -124,6 +132,24 @@ typedef struct sup {
 } sup;
 
 static child *front_of(sup *s) { return &s->kids[s->n - 1]; }
+
+/* --pid-dir: DIR/NAME.pid holds the running process's pid (written whole by a rename), and is
+ * gone while the node is down. */
+static void pid_file(const sup *s, const child *k, pid_t pid)
+{
+    if (!s->pid_dir)
+        return;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s.pid", s->pid_dir, k->name);
+    if (!pid) {
+        unlink(path);
+        return;
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", (int)pid) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
+        say("--pid-dir: cannot write %s: %s", path, strerror(errno));
+}
 
 static void describe(const child *k, int status, char *buf, size_t cap)
 {
@@ -249,6 +275,7 @@ static int start(sup *s, child *k)
     k->ready = false;
     k->stop_sent = false;
     k->restart_at = 0;
+    pid_file(s, k, pid);
     say("started node %s (%s, pid %d)", k->name, k->front ? "front" : "worker", (int)pid);
     return 0;
 }
@@ -316,6 +343,7 @@ static void on_exit_of(sup *s, child *k, int status)
     drain(s, k, true);
     double t = now_s();
     bool asked = k->stop_sent;
+    pid_file(s, k, 0);
     k->pid = 0;
     k->status = status;
     k->ready = false;
@@ -539,6 +567,7 @@ static char **argv_make(int n, ...)
 static int cluster_up(int argc, char **argv)
 {
     const char *script = NULL, *bin = "/proc/self/exe", *threads = NULL, *key_file = NULL;
+    const char *pid_dir = NULL, *fault = NULL, *epoch = NULL;
     int extra = argc; // index of the first serve flag
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -550,7 +579,9 @@ static int cluster_up(int argc, char **argv)
             extra = i + 1;
             break;
         }
-        if (!strcmp(a, "--bin") || !strcmp(a, "-t") || !strcmp(a, "--cluster-key-file")) {
+        if (!strcmp(a, "--bin") || !strcmp(a, "-t") || !strcmp(a, "--cluster-key-file") ||
+            !strcmp(a, "--pid-dir") || !strcmp(a, "--fault-scenario") ||
+            !strcmp(a, "--fault-epoch")) {
             if (i + 1 >= argc)
                 return sh__cmd_fail("option '%s' needs a value (see shoal cluster up --help)", a);
             const char *v = argv[++i];
@@ -559,6 +590,12 @@ static int cluster_up(int argc, char **argv)
                 bin = v;
             else if (!strcmp(a, "--cluster-key-file"))
                 key_file = v;
+            else if (!strcmp(a, "--pid-dir"))
+                pid_dir = v;
+            else if (!strcmp(a, "--fault-scenario"))
+                fault = v;
+            else if (!strcmp(a, "--fault-epoch"))
+                epoch = v;
             else if (!sh__cmd_parse_i64(v, 1, 1024, &t))
                 return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
             else
@@ -576,6 +613,12 @@ static int cluster_up(int argc, char **argv)
                             "--help)");
     if (access(bin, X_OK) != 0)
         return sh__cmd_fail("--bin %s: %s", bin, strerror(errno));
+    if (pid_dir && access(pid_dir, W_OK) != 0)
+        return sh__cmd_fail("--pid-dir %s: %s", pid_dir, strerror(errno));
+    if (epoch && !fault)
+        return sh__cmd_fail("--fault-epoch needs --fault-scenario");
+    if (fault && access(fault, R_OK) != 0)
+        return sh__cmd_fail("--fault-scenario %s: %s", fault, strerror(errno));
     sh_error e = {0};
     sh_cluster_config *c = NULL;
     if (sh_config_load_file(script, NULL, &c, &e))
@@ -604,7 +647,7 @@ static int cluster_up(int argc, char **argv)
         return rc;
     }
     int n_extra = argc - extra;
-    sup s = {.script = script, .bin = bin, .sfd = -1};
+    sup s = {.script = script, .bin = bin, .sfd = -1, .pid_dir = pid_dir};
     s.n = c->n_nodes;
     if (s.n > SH_CLUSTER_MAX_STAGES + 1) {
         sh_config_destroy(c);
@@ -628,21 +671,48 @@ static int cluster_up(int argc, char **argv)
         if (k->front) {
             // The front waits for a lost worker to come back (this supervisor restarts it) and
             // resumes its requests; flags after `--` come later and win.
-            k->argv = calloc((size_t)n_extra + 7, sizeof *k->argv);
+            k->argv = calloc((size_t)n_extra + 11, sizeof *k->argv);
             if (k->argv) {
-                k->argv[0] = "shoal";
-                k->argv[1] = "serve";
-                k->argv[2] = "-c";
-                k->argv[3] = (char *)script;
-                k->argv[4] = "--recover-timeout";
-                k->argv[5] = RECOVER_TIMEOUT;
-                for (int j = 0; j < n_extra; j++)
-                    k->argv[6 + j] = argv[extra + j];
+                int j = 0;
+                k->argv[j++] = "shoal";
+                k->argv[j++] = "serve";
+                k->argv[j++] = "-c";
+                k->argv[j++] = (char *)script;
+                k->argv[j++] = "--recover-timeout";
+                k->argv[j++] = RECOVER_TIMEOUT;
+                if (fault) {
+                    k->argv[j++] = "--fault-scenario";
+                    k->argv[j++] = (char *)fault;
+                }
+                if (epoch) {
+                    k->argv[j++] = "--fault-epoch";
+                    k->argv[j++] = (char *)epoch;
+                }
+                for (int x = 0; x < n_extra; x++)
+                    k->argv[j++] = argv[extra + x];
             }
-        } else if (threads) {
-            k->argv = argv_make(8, "shoal", "node", "-c", script, "--name", k->name, "-t", threads);
         } else {
             k->argv = argv_make(6, "shoal", "node", "-c", script, "--name", k->name);
+            char **v = k->argv ? realloc(k->argv, 13 * sizeof *v) : NULL;
+            if (v) {
+                int j = 6;
+                if (threads) {
+                    v[j++] = "-t";
+                    v[j++] = (char *)threads;
+                }
+                if (fault) {
+                    v[j++] = "--fault-scenario";
+                    v[j++] = (char *)fault;
+                }
+                if (epoch) {
+                    v[j++] = "--fault-epoch";
+                    v[j++] = (char *)epoch;
+                }
+                v[j] = NULL;
+            } else {
+                free(k->argv);
+            }
+            k->argv = v;
         }
         oom |= !k->argv;
     }

@@ -39,7 +39,9 @@ static void usage(FILE *f)
                "  --log-level L       error, warn, info, debug, trace (default info)\n"
                "  --fault-scenario F  apply fault scenario F (lua/examples/scenario-demo.lua)\n"
                "                      to the links leaving this node, for testing: delay,\n"
-               "                      drop, duplicate, corrupt, partition, heal\n\n"
+               "                      drop, duplicate, corrupt, partition, heal, leak\n"
+               "  --fault-epoch E     count the scenario's times from E: UNIX_MS, or @FILE\n"
+               "                      holding it (waits for the file; see docs/chaos.md)\n\n"
                "Prints `node NAME serving ...` on stderr when ready.\n");
 }
 
@@ -61,7 +63,8 @@ typedef struct node_state {
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
     sh_hello_peer peers[SH_CLUSTER_MAX_STAGES]; /* with a key: the nodes whose ACT comes here */
     sh_hello_ident self;
-    const char *fault_path; /* --fault-scenario */
+    const char *fault_path;  /* --fault-scenario */
+    const char *fault_epoch; /* --fault-epoch */
     sh_cmd_fault fault;
 } node_state;
 
@@ -244,7 +247,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
             e.code == SH_EBUSY ? 2 : 1);
     rc = sh__cluster_add_peers(&plan, self, s->tp);
     if (!rc && s->fault_path)
-        rc = sh__cmd_fault_start(&s->fault, s->fault_path, c, s->rt, s->tp);
+        rc = sh__cmd_fault_start_epoch(&s->fault, s->fault_path, s->fault_epoch, c, s->rt, s->tp);
     if (rc)
         return rc;
     char layers[512] = "";
@@ -275,6 +278,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
 int sh__cmd_node(int argc, char **argv)
 {
     const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
+    const char *fault_epoch = NULL;
     int64_t threads = 0;
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
@@ -290,7 +294,7 @@ int sh__cmd_node(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
-            strcmp(a, "--fault-scenario"))
+            strcmp(a, "--fault-scenario") && strcmp(a, "--fault-epoch"))
             return sh__cmd_fail("unknown option '%s' (see shoal node --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
@@ -303,6 +307,8 @@ int sh__cmd_node(int argc, char **argv)
             log_level = v;
         else if (!strcmp(a, "--fault-scenario"))
             fault_path = v;
+        else if (!strcmp(a, "--fault-epoch"))
+            fault_epoch = v;
         else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
             return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
     }
@@ -314,7 +320,10 @@ int sh__cmd_node(int argc, char **argv)
     node_state s;
     memset(&s, 0, sizeof s);
     s.key_file = key_file;
+    if (sh__cmd_fault_epoch_check(fault_epoch))
+        return 2;
     s.fault_path = fault_path;
+    s.fault_epoch = fault_epoch;
     int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);
     close_all(&s);
     return rc;

@@ -56,6 +56,7 @@ typedef struct serve_opts {
     bool cluster;                 /* the script's stages run on worker nodes */
     uint32_t join_timeout_ms;     /* --join-timeout */
     const char *fault_path;       /* --fault-scenario: a scenario against the front's links */
+    const char *fault_epoch;      /* --fault-epoch: its times from this instant (UNIX_MS, @FILE) */
     const char *cluster_key_file; /* --cluster-key-file */
     uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
     bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
@@ -121,6 +122,8 @@ static void usage(FILE *f)
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
             "  --fault-scenario F  with -c: apply fault scenario F to the links leaving the\n"
             "                      front, times counted from the end of the join (testing)\n"
+            "  --fault-epoch E     with --fault-scenario: its times from E (UNIX_MS, or @FILE\n"
+            "                      holding it; waits for the file; docs/chaos.md)\n"
             "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
             "                      worker to join (default 60; see docs/cluster.md)\n"
             "  --cluster-key-file FILE  with -c and worker nodes: the cluster key the\n"
@@ -332,7 +335,8 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
-    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "
+    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
+    "--fault-epoch "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 static int parse(int argc, char **argv, serve_opts *o)
@@ -439,6 +443,10 @@ static int parse(int argc, char **argv, serve_opts *o)
             o->cluster_key_file = v;
         } else if (!strcmp(a, "--fault-scenario")) {
             o->fault_path = v;
+        } else if (!strcmp(a, "--fault-epoch")) {
+            if (sh__cmd_fault_epoch_check(v))
+                return 2;
+            o->fault_epoch = v;
         } else if (!strcmp(a, "--join-timeout")) {
             double d = 0;
             snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
@@ -1122,7 +1130,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             rc = sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
                                          o->join_timeout_ms);
         if (!rc && o->fault_path)
-            rc = sh__cmd_fault_start(&s->fault, o->fault_path, o->cfg, s->rt, s->front->tp);
+            rc = sh__cmd_fault_start_epoch(&s->fault, o->fault_path, o->fault_epoch, o->cfg, s->rt,
+                                           s->front->tp);
         if (rc)
             return rc;
         plan = &s->front->plan;
