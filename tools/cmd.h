@@ -12,5 +12,6 @@ int sh__cmd_serve(int argc, char **argv);
 int sh__cmd_node(int argc, char **argv);
 int sh__cmd_cluster(int argc, char **argv);
 int sh__cmd_bench(int argc, char **argv);
+int sh__cmd_chaos(int argc, char **argv);
 
 #endif

@@ -22,6 +22,8 @@ static const command commands[] = {
      "cluster up: run every node of a local cluster script, supervised; cluster status: "
      "print a running cluster's nodes, stages and load"},
     {"bench", sh__cmd_bench, "load-test an OpenAI-compatible server"},
+    {"chaos", sh__cmd_chaos,
+     "run a fault scenario against a local cluster under load; report lost and wrong requests"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,144 @@
+"""The chaos suite (issue 12, label `chaos`): `shoal chaos` runs one scenario of examples/chaos/
+against a real local cluster (`shoal cluster up`: a 2-stage stories260K pipeline over ipc:// in a
+temp dir) under at least 200 greedy requests, half of them streaming, and each must end: 0 lost,
+0 different from the undisturbed run, and the command's exit status and JSON report agree.
+
+Usage: test_chaos.py SCENARIO (a file name in examples/chaos/ without .lua).
+
+Scenarios whose recovery is not built yet are listed in KNOWN with the reason: such a scenario
+still runs, and when it fails the test exits 77 (skipped) printing the counts and the reason;
+SH_CHAOS_STRICT=1 makes that a failure (for whoever builds the mechanism). One that passes
+prints a note to take it off the list.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util as su  # noqa: E402
+
+EXAMPLES = os.path.join(su.ROOT, "examples", "chaos")
+MODEL = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
+RUN_TIMEOUT = 150
+
+# scenario: (cluster script, extra shoal chaos flags, what the run must show besides 0 lost/wrong)
+SCENARIOS = {
+    "kill-prefill": ("cluster-prefill.lua", ["--prompt-words", "60", "--max-tokens", "2"],
+                     "kill"),
+    "kill-decode": ("cluster.lua", ["--max-tokens", "32"], "kill"),
+    "kill-twice": ("cluster.lua", ["--max-tokens", "32"], "kill"),
+    "kill-standby": ("cluster-standby.lua", ["--max-tokens", "32"], "kill"),
+    "stop-2s": ("cluster.lua", ["--max-tokens", "32"], "detect"),
+    "partition-2s": ("cluster.lua", ["--max-tokens", "32", "--timeout", "15", "--duration", "9"],
+                     ""),
+    "drop-delay": ("cluster.lua", ["--concurrency", "16", "--timeout", "15"], ""),
+    "corrupt": ("cluster.lua", ["--timeout", "15"], ""),
+    "leak": ("cluster.lua", ["--max-tokens", "16"], "leak"),
+}
+
+# Scenarios that fail today for a reason outside `shoal chaos`, and who is on it.
+KNOWN = {
+    "drop-delay": "a dropped STEP/ACT/STEP_DONE frame is never retried: its requests hang "
+                  "(frame checksums + step retry work)",
+    "corrupt": "a corrupted frame is refused by the receiver and its step is never retried: its "
+               "requests hang (frame checksums + step retry work)",
+}
+
+
+def sec(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def cluster_copy(d, name):
+    """examples/chaos/NAME with its sockets in d and the model's absolute path."""
+    with open(os.path.join(EXAMPLES, name)) as f:
+        text = f.read()
+    text = text.replace("ipc:///tmp/shoal-chaos-", f"ipc://{d}/")
+    text = text.replace("../../tests/data/stories260K/stories260K.gguf", MODEL)
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in SCENARIOS:
+        sys.exit(f"usage: test_chaos.py {{{','.join(SCENARIOS)}}}")
+    name = sys.argv[1]
+    cluster, extra, must = SCENARIOS[name]
+    d = tempfile.mkdtemp(prefix="shchaos-", dir="/tmp")
+    cl = cluster_copy(d, cluster)
+    log = os.path.join(d, "cluster.log")
+    argv = [su.shoal_binary(), "chaos", os.path.join(EXAMPLES, name + ".lua"), "-c", cl, "--json",
+            "--requests", "200", "--log", log, *extra]
+    t0 = time.monotonic()
+    p = subprocess.run(argv, cwd=su.ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    dt = time.monotonic() - t0
+    if p.returncode == 2 and name == "kill-standby" and "standby" in p.stderr:
+        su.skip(f"the cluster checker refuses the standby node (standby promotion is the lead's "
+                f"work, not built yet): {p.stderr.strip().splitlines()[-1]}")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    assert p.returncode in (0, 1) and lines, \
+        f"shoal chaos exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    r = json.loads(lines[-1])
+    q = r["requests"]
+    ev = r["events"]
+    summary = (f"{name}: {q['accepted']} accepted, {q['completed']} completed, {q['errors']} "
+               f"errors, {q['lost']} lost, {q['wrong']} wrong in {dt:.1f} s; events: "
+               + "; ".join(f"{e['what']} at {e['t']} s: detected after {sec(e['detect_s'])}, "
+                           f"recovered after {sec(e['recover_s'])}" for e in ev)
+               + f" ({r['marks_source']}); latency p50/p99/max s: "
+               + ", ".join(f"{k} n={v['n']} {sec(v['p50'])}/{sec(v['p99'])}/{sec(v['max'])}"
+                           for k, v in r["latency_s"].items()))
+    su.log(summary)
+    for fl in r["failures"][:5]:
+        su.log(f"  {fl['outcome']}: {fl['count']} x {fl['msg']}")
+    # The report is consistent: every request accepted ended one way, the exit status says so.
+    assert q["accepted"] >= 200, q
+    assert q["completed"] == q["equal"] + q["wrong"], q
+    assert q["accepted"] == q["completed"] + q["errors"] + q["lost"], q
+    assert (p.returncode == 0) == (q["lost"] == 0 and q["wrong"] == 0) == r["pass"], \
+        (p.returncode, q)
+    with open(log, "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    crash = su._crash_lines(text)
+    assert not crash, "\n".join(crash[:10])
+    assert r["cluster_exit"] == 0, f"cluster up exited {r['cluster_exit']}:\n{text[-3000:]}"
+    ok = q["lost"] == 0 and q["wrong"] == 0
+    if not ok and name in KNOWN and os.environ.get("SH_CHAOS_STRICT") != "1":
+        lines = [ln for ln in text.splitlines() if re.search(
+            r"was lost|came back|fail|error|timed out|refus", ln, re.I)]
+        su.log("\n".join(lines[-10:]))
+        su.skip(f"{name} fails today ({q['lost']} lost, {q['wrong']} wrong of {q['accepted']}): "
+                f"{KNOWN[name]}; SH_CHAOS_STRICT=1 makes this a failure")
+    assert q["lost"] == 0, summary
+    assert q["wrong"] == 0, summary
+    # The cluster serves again once the faults are over (requests started after the window).
+    assert r["latency_s"]["after"]["n"] > 0, summary
+    if must == "kill":
+        # A kill is seen by the front (its connection breaks) and the replica resumes: no request
+        # ends with an error, each kill has its detection and recovery.
+        assert q["errors"] == 0, summary
+        for e in ev:
+            if e["kind"] == "kill" and e["from"] != "spare":
+                assert e["detect_s"] is not None and e["recover_s"] is not None, summary
+    if must == "detect":
+        assert q["errors"] == 0, summary
+    if must == "leak":
+        m = re.search(r"^\[w1\] shoal: fault: leak done: (\d+) MiB held", text, re.M)
+        assert m and int(m.group(1)) >= 200, "no 'leak done' line of w1 with >= 200 MiB:\n" + \
+            text[-2000:]
+    if name in KNOWN:
+        su.log(f"note: {name} passes now: take it off KNOWN in test_chaos.py")
+    for f in os.listdir(d):
+        os.unlink(os.path.join(d, f))
+    os.rmdir(d)
+
+
+if __name__ == "__main__":
+    main()
