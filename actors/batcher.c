@@ -37,12 +37,18 @@
  * moment (1 ms after the last arrival, at most max_wait_ms) so a burst forms one batch; the
  * answer of a step in flight ends that wait.
  *
- * Lost steps. STEP is one-way: when a stage node dies the step's STEP_DONE never comes. With
- * step_timeout_ms the deadline tick fails each step not answered in time (the requests of its
- * sequences get 503; the other steps in flight go on) and the batcher goes on; a STEP_DONE whose
- * step id is not that of a step in flight (late, after such a timeout, or a duplicate) is
- * ignored. A failed step's sequences are failed whole, never resumed: the KV rows of a step that
- * did not answer cannot be trusted.
+ * Lost steps. STEP is one-way: a STEP, ACT or STEP_DONE dropped on a link (or corrupted, and so
+ * dropped by the receiver's checksum) leaves a step unanswered. With step_timeout_ms (stages on
+ * other nodes) the deadline tick sends such a step again under a new step id once its retry
+ * deadline passes (max(step_retry_ms, 4 x the latency expected of a step of its size), doubled
+ * at each retry): the same sequences, tokens, positions, block tables and seeds, so a stage that
+ * already ran the lost try rewrites the same KV rows, and the first answer to any of the step's
+ * tries is taken. A step still unanswered after step_retries retries, or step_timeout_ms after
+ * its first try (a stage node that died), fails: the requests of its sequences get 503, the
+ * other steps in flight go on, and the batcher goes on. A STEP_DONE whose step id is not one of a
+ * step in flight's tries (late, a duplicate, or after a timeout) is ignored. A failed step's
+ * sequences are failed whole, never resumed: the KV rows of a step that did not answer cannot be
+ * trusted.
  *
  * Pause and resume. CONTROL op PAUSE (a stage node died; the front resumes once it is back)
  * abandons every step in flight, as if it had never been sent (its STEP_DONE is then an unknown
@@ -648,6 +654,15 @@ static sh_err register_metrics(batcher *b)
                                   &b->m_gen_toks));
     keep(&err, sh_metrics_counter(mx, "shoal_steps_total", "Batched forward steps run.", lb,
                                   &b->m_steps));
+    keep(&err, sh_metrics_counter(mx, "shoal_step_retries_total",
+                                  "Steps sent again (under a new step id) because their STEP_DONE "
+                                  "did not come in time or failed for a link's reasons.",
+                                  lb, &b->m_retries));
+    keep(&err,
+         sh_metrics_counter(mx, "shoal_step_answers_ignored_total",
+                            "STEP_DONE answers ignored: late (another try answered first, "
+                            "or the step failed or was abandoned), duplicated or undecodable.",
+                            lb, &b->m_ignored));
     for (int i = 0; i < 5; i++) {
         snprintf(with, sizeof with, "%s%sreason=\"%s\"", lb ? lb : "", lb ? "," : "", FIN_NAMES[i]);
         keep(&err,
@@ -703,6 +718,13 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     b->epoch = b->step_no + 1;
     b->avail_est = b->a.n_blocks > 0 ? b->a.n_blocks : INT32_MAX / 2;
     b->max_inflight = b->a.max_inflight < 1 ? 1 : b->a.max_inflight > 64 ? 64 : b->a.max_inflight;
+    // Retries only where steps can be lost: with stages on other nodes (step_timeout_ms).
+    b->retries_max = b->a.step_retries == 0 ? 5 : b->a.step_retries;
+    if (b->retries_max < 0 || !b->a.step_timeout_ms)
+        b->retries_max = 0;
+    if (b->retries_max > STEP_TRIES_MAX - 1)
+        b->retries_max = STEP_TRIES_MAX - 1;
+    b->retry_min_ms = b->a.step_retry_ms ? b->a.step_retry_ms : 200;
     b->running = calloc((size_t)b->a.max_seqs, sizeof *b->running);
     b->step_seqs = calloc((size_t)b->a.max_seqs, sizeof *b->step_seqs);
     b->fail_ids = calloc((size_t)b->a.max_seqs, sizeof *b->fail_ids);

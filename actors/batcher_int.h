@@ -78,13 +78,21 @@ struct breq {
     breq *next_live;
 };
 
+#define STEP_TRIES_MAX 16 /* tries of one step remembered (the first and up to 15 retries) */
+
 /* A step in flight: sent, its STEP_DONE not yet handled. order[i] is the step's i-th sequence
- * (NULL once retired: a failure of another step can end its request meanwhile). */
+ * (NULL once retired: a failure of another step can end its request meanwhile). A step that was
+ * not answered in time is sent again under a new id (a try); an answer to any try is its answer. */
 typedef struct flight {
-    uint64_t step; /* 0: this slot is free */
-    uint64_t sent_us;
+    uint64_t step;     /* the latest try's id; 0: this slot is free */
+    uint64_t sent_us;  /* when the latest try was sent */
+    uint64_t first_us; /* when the first try was sent */
     int32_t n;
-    bseq **order; // (max_seqs)
+    int32_t n_tok;                     /* tokens the step computes */
+    int32_t n_tries;                   /* tries sent, 1 + retries */
+    uint64_t tries[STEP_TRIES_MAX];    /* their step ids, oldest first */
+    uint64_t tries_us[STEP_TRIES_MAX]; /* and when each was sent */
+    bseq **order;                      // (max_seqs)
 } flight;
 
 typedef struct batcher {
@@ -114,12 +122,18 @@ typedef struct batcher {
     int32_t max_inflight;
     flight *fl; // (max_inflight)
     int32_t n_inflight;
+    /* retries of lost steps (sh_batcher_args.step_retry_ms, step_retries): the moving averages
+     * of an answered step's latency (send to STEP_DONE) and token count set each deadline */
+    int32_t retries_max; /* 0: no retries */
+    uint32_t retry_min_ms;
+    double lat_avg_us, tok_avg;
+    uint64_t answered_sent_us; /* send time of the latest-sent try that was answered */
     /* step scratch */
     sh_proto_step_seq *step_seqs; // (max_seqs)
     uint64_t *fail_ids;           // (max_seqs) request ids of a failed step
     /* metrics */
     sh_gauge *m_running, *m_waiting, *m_paused;
-    sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps;
+    sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps, *m_retries, *m_ignored;
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
     /* what METRICS reports to the router say (counters since init) */
@@ -156,6 +170,9 @@ void sh__batcher_plan_running_remove(batcher *b, bseq *s);
 bseq *sh__batcher_plan_find_running(batcher *b, uint64_t kv_id);
 /* Steps 1 and 2: plans the next step when a pipeline slot is free (KV_ALLOC/KV_FORK sent). */
 void sh__batcher_plan_step(batcher *b);
+/* Fills q with what STEP says of sequence s for its current chunk (step_k tokens from
+ * n_computed): the same on every try of a step. */
+void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_seq *q);
 /* Past-deadline requests finish (DEADLINE), except their choices in a step in flight. */
 void sh__batcher_plan_expire(batcher *b);
 /* A KV_ALLOC or KV_FORK reply (decoded false: undecodable, or an ERROR); the last one of a plan
@@ -167,9 +184,11 @@ void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *p
  * and returns the number abandoned; the sequences stay in the running set for the caller. */
 int32_t sh__batcher_step_abandon_all(batcher *b);
 void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m);
-/* An undecodable STEP_DONE: the oldest step in flight fails. */
+/* An undecodable STEP_DONE: ignored with retries (its step is sent again at its deadline);
+ * without, the oldest step in flight fails. */
 void sh__batcher_step_lost(batcher *b);
-/* The deadline tick: fails every step in flight past step_timeout_ms. */
+/* The deadline tick: re-sends every step in flight past its retry deadline and fails those
+ * past step_timeout_ms (or out of retries). */
 void sh__batcher_step_check_timeouts(batcher *b);
 
 #endif

@@ -421,6 +421,29 @@ void sh__batcher_plan_step(batcher *b)
 }
 
 /* Step 3: every reservation answered; run the step with those that got their blocks. */
+void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_seq *q)
+{
+    (void)b;
+    memset(q, 0, sizeof *q);
+    q->seq = s->kv_id;
+    q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
+    q->pos = (uint32_t)s->n_computed;
+    q->blocks = (sh_i32s){s->blocks, (uint32_t)s->n_blocks};
+    q->sample = s->n_computed + s->step_k == s->n_toks;
+    q->sampling = s->r->samp;
+    q->sampling.stop = (sh_strv_list){0};
+    // The seed of each draw follows from the request's, the choice and the position: a step
+    // sent again draws with the seed its lost try had.
+    q->sampling.seed = s->r->samp.seed + (uint64_t)s->choice * 0x9E3779B97F4A7C15ull +
+                       (uint64_t)s->n_gen * 0xBF58476D1CE4E5B9ull;
+    if (q->sample && !s->sampled) {
+        int32_t w = s->r->samp.penalty_last_n;
+        if (w > s->n_computed + s->step_k)
+            w = s->n_computed + s->step_k;
+        q->history = (sh_i32s){s->toks + s->n_computed + s->step_k - w, (uint32_t)w};
+    }
+}
+
 static void dispatch_step(batcher *b)
 {
     // A plan starts only with a pipeline slot free, and only this sends a step; a KV reply with
@@ -495,23 +518,7 @@ static void dispatch_step(batcher *b)
         bseq *s = b->running[i];
         if (!s->planned || !s->alloc_ok || s->step_k <= 0)
             continue;
-        sh_proto_step_seq *q = &b->step_seqs[f->n];
-        memset(q, 0, sizeof *q);
-        q->seq = s->kv_id;
-        q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
-        q->pos = (uint32_t)s->n_computed;
-        q->blocks = (sh_i32s){s->blocks, (uint32_t)s->n_blocks};
-        q->sample = s->n_computed + s->step_k == s->n_toks;
-        q->sampling = s->r->samp;
-        q->sampling.stop = (sh_strv_list){0};
-        q->sampling.seed = s->r->samp.seed + (uint64_t)s->choice * 0x9E3779B97F4A7C15ull +
-                           (uint64_t)s->n_gen * 0xBF58476D1CE4E5B9ull;
-        if (q->sample && !s->sampled) {
-            int32_t w = s->r->samp.penalty_last_n;
-            if (w > s->n_computed + s->step_k)
-                w = s->n_computed + s->step_k;
-            q->history = (sh_i32s){s->toks + s->n_computed + s->step_k - w, (uint32_t)w};
-        }
+        sh__batcher_plan_seq_fill(b, s, &b->step_seqs[f->n]);
         s->in_step = true;
         s->fl_slot = slot;
         s->fl_pos = f->n;
@@ -545,7 +552,11 @@ static void dispatch_step(batcher *b)
         return;
     }
     f->step = b->step_no;
-    f->sent_us = sh__act_mono_us();
+    f->sent_us = f->first_us = sh__act_mono_us();
+    f->n_tok = n_tok;
+    f->n_tries = 1;
+    f->tries[0] = f->step;
+    f->tries_us[0] = f->sent_us;
     b->n_inflight++;
     sh__batcher_busy_update(b, f->sent_us);
     sh_counter_add(b->m_steps, 1);

@@ -1,6 +1,6 @@
 /* The batcher's step 4 (actors/batcher.c has the overview): the answers of the steps in flight,
- * the tokens they bring, and steps that failed, were lost or timed out. Thread: the batcher's
- * loop. */
+ * the tokens they bring, steps that were lost and are sent again, and steps that failed or timed
+ * out. Thread: the batcher's loop. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +63,7 @@ static void flight_end(batcher *b, flight *f)
         if (f->order[i])
             f->order[i]->in_step = false;
     f->step = 0;
+    f->n_tries = 0;
     b->n_inflight--;
     sh__batcher_busy_update(b, sh__act_mono_us());
 }
@@ -107,25 +108,103 @@ static void fail_step(batcher *b, flight *f, sh_err code, uint32_t http, const c
     plan_after_step(b);
 }
 
-static flight *find_flight(batcher *b, uint64_t step)
+/* The step in flight one of whose tries has id `step`, and which try (*k), or NULL. */
+static flight *find_flight(batcher *b, uint64_t step, int32_t *k)
 {
     for (int32_t i = 0; step && i < b->max_inflight; i++)
-        if (b->fl[i].step == step)
-            return &b->fl[i];
+        for (int32_t t = b->fl[i].step ? b->fl[i].n_tries - 1 : -1; t >= 0; t--)
+            if (b->fl[i].tries[t] == step) {
+                *k = t;
+                return &b->fl[i];
+            }
     return NULL;
+}
+
+/* Sends step f again under a new id, its sequences as they are (none has moved: a sequence in a
+ * step in flight is in no other and is not preempted). Returns false when the stage could not be
+ * reached (the caller fails the step). */
+static bool step_resend(batcher *b, flight *f, uint64_t now_us)
+{
+    uint32_t n = 0;
+    for (int32_t i = 0; i < f->n; i++)
+        if (f->order[i])
+            sh__batcher_plan_seq_fill(b, f->order[i], &b->step_seqs[n++]);
+    uint64_t id = ++b->step_no;
+    sh_proto_step st = {.step = id, .seqs = {b->step_seqs, n}, .epoch = b->epoch};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.stage, SH_MSG_STEP, 0,
+                     &st, &e)) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_send", "step=%" PRIu64 " err=\"%s\"", id,
+                     e.msg);
+        return false;
+    }
+    f->tries[f->n_tries] = id; /* room: retries_max < STEP_TRIES_MAX */
+    f->tries_us[f->n_tries] = now_us;
+    f->n_tries++;
+    f->step = id;
+    f->sent_us = now_us;
+    sh_counter_add(b->m_retries, 1);
+    return true;
+}
+
+/* Retries sent for f so far. */
+static int32_t retries_of(const flight *f) { return f->n_tries - 1; }
+
+#define COLD_EXPECT_US 1000000.0 /* a step's expected latency before any step was answered */
+
+/* How long the latest try of f may go unanswered before it is sent again. Stages run steps in
+ * the order they come and links keep order, so when a try sent after f's latest was answered
+ * already, f's was lost (or held back by a delay): a short while, retry_min_ms / 4. Otherwise
+ * 4 x the latency expected of a step of f's size (the moving average, scaled by its tokens over
+ * the average step's; 1 s before the first answer), at least retry_min_ms. Doubled at each
+ * retry, so that a step that is only slow is not sent again and again. */
+static uint64_t retry_after_us(const batcher *b, const flight *f)
+{
+    double us;
+    if (b->answered_sent_us > f->sent_us) {
+        us = (double)b->retry_min_ms * 250;
+    } else {
+        double expect = b->lat_avg_us > 0 ? b->lat_avg_us : COLD_EXPECT_US;
+        if (b->tok_avg > 0 && f->n_tok > b->tok_avg)
+            expect *= (double)f->n_tok / b->tok_avg;
+        us = 4 * expect;
+        if (us < (double)b->retry_min_ms * 1000)
+            us = (double)b->retry_min_ms * 1000;
+    }
+    int32_t r = retries_of(f);
+    return (uint64_t)us << (r < 6 ? r : 6);
+}
+
+/* A status a stage answers for a link's reasons (the next stage unreachable, a queue full): the
+ * step may well run when sent again. */
+static bool status_transient(int32_t status)
+{
+    return status == SH_EIO || status == SH_EBUSY || status == SH_ETIMEDOUT || status == SH_ECLOSED;
 }
 
 void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
 {
-    flight *f = find_flight(b, m->step);
+    int32_t k = 0;
+    flight *f = find_flight(b, m->step, &k);
     if (!f) {
-        // Late (its step already timed out) or a duplicate: the requests it was for are gone.
+        // Late (its step already timed out or was answered through another try) or a duplicate:
+        // the requests it was for are gone or moved on.
+        sh_counter_add(b->m_ignored, 1);
         sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "step_done_ignored",
                      "step=%" PRIu64 " in_flight=%d", m->step, (int)b->n_inflight);
         return;
     }
     if (m->compute_us)
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
+    if (m->status && b->retries_max > 0 && status_transient(m->status) &&
+        retries_of(f) < b->retries_max) {
+        // A failed try for a link's reasons: the next try goes out at once.
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "step_retry",
+                     "step=%" PRIu64 " try=%d status=%d msg=\"%.*s\"", m->step, (int)f->n_tries,
+                     (int)m->status, (int)m->message.len, m->message.ptr);
+        if (step_resend(b, f, sh__act_mono_us()))
+            return;
+    }
     if (m->status) {
         sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_failed",
                      "step=%" PRIu64 " status=%d msg=\"%.*s\"", m->step, (int)m->status,
@@ -134,6 +213,19 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
         return;
     }
     b->tot_steps++;
+    {
+        // The moving averages that set retry deadlines: the latency of the try that answered.
+        double lat = (double)(sh__act_mono_us() - f->tries_us[k]);
+        if (f->tries_us[k] > b->answered_sent_us)
+            b->answered_sent_us = f->tries_us[k];
+        if (b->lat_avg_us == 0) {
+            b->lat_avg_us = lat;
+            b->tok_avg = f->n_tok;
+        } else {
+            b->lat_avg_us += 0.1 * (lat - b->lat_avg_us);
+            b->tok_avg += 0.1 * ((double)f->n_tok - b->tok_avg);
+        }
+    }
     for (int32_t i = 0; i < f->n; i++) {
         bseq *s = f->order[i];
         if (!s)
@@ -165,10 +257,15 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
     plan_after_step(b);
 }
 
-/* A STEP_DONE that could not be decoded: its step id is unknown, so it counts as the answer to
- * the oldest step in flight (stages answer in order), whose requests fail. */
+/* A STEP_DONE that could not be decoded: its step id is unknown. With retries its step is sent
+ * again at its deadline like a lost one; without, it counts as the answer to the oldest step in
+ * flight (stages answer in order), whose requests fail. */
 void sh__batcher_step_lost(batcher *b)
 {
+    if (b->retries_max > 0) {
+        sh_counter_add(b->m_ignored, 1);
+        return;
+    }
     flight *oldest = NULL;
     for (int32_t i = 0; i < b->max_inflight; i++)
         if (b->fl[i].step && (!oldest || b->fl[i].step < oldest->step))
@@ -180,8 +277,10 @@ void sh__batcher_step_lost(batcher *b)
     sh__batcher_step_done(b, &lost);
 }
 
-/* The deadline tick: a step in flight has waited step_timeout_ms for its STEP_DONE. A stage
- * node that died (or hangs) never answers; fail that step's requests and go on. */
+/* The deadline tick. A step whose latest try is past its retry deadline was lost on the way (a
+ * STEP, ACT or STEP_DONE dropped or corrupted) or is slow: it is sent again. A step in flight
+ * step_timeout_ms after its first try, or past its deadline with no retry left, fails: a stage
+ * node that died (or hangs) never answers; that step's requests fail and batching goes on. */
 void sh__batcher_step_check_timeouts(batcher *b)
 {
     if (!b->n_inflight || !b->a.step_timeout_ms)
@@ -189,17 +288,31 @@ void sh__batcher_step_check_timeouts(batcher *b)
     uint64_t now_us = sh__act_mono_us();
     for (int32_t i = 0; i < b->max_inflight; i++) {
         flight *f = &b->fl[i];
-        uint64_t waited_us = now_us - f->sent_us;
-        if (!f->step || waited_us < (uint64_t)b->a.step_timeout_ms * 1000)
+        if (!f->step)
+            continue;
+        uint64_t waited_us = now_us - f->first_us;
+        bool over = waited_us >= (uint64_t)b->a.step_timeout_ms * 1000;
+        if (!over && b->retries_max > 0 && now_us - f->sent_us >= retry_after_us(b, f)) {
+            if (retries_of(f) < b->retries_max) {
+                sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "step_retry",
+                             "step=%" PRIu64 " try=%d seqs=%d waited_ms=%" PRIu64, f->step,
+                             (int)f->n_tries + 1, (int)f->n, (now_us - f->sent_us) / 1000);
+                if (step_resend(b, f, now_us))
+                    continue;
+            }
+            over = true;
+        }
+        if (!over)
             continue;
         char msg[160];
         snprintf(msg, sizeof msg,
-                 "the pipeline did not answer step %" PRIu64 " within %" PRIu32
-                 " ms; a stage node may be down",
-                 f->step, b->a.step_timeout_ms);
+                 "the pipeline did not answer step %" PRIu64 " in %" PRIu64
+                 " ms (%d tries); a stage node may be down",
+                 f->tries[0], waited_us / 1000, (int)f->n_tries);
         sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "step_timeout",
-                     "step=%" PRIu64 " seqs=%d waited_ms=%" PRIu64 " timeout_ms=%" PRIu32, f->step,
-                     (int)f->n, waited_us / 1000, b->a.step_timeout_ms);
+                     "step=%" PRIu64 " tries=%d seqs=%d waited_ms=%" PRIu64 " timeout_ms=%" PRIu32,
+                     f->tries[0], (int)f->n_tries, (int)f->n, waited_us / 1000,
+                     b->a.step_timeout_ms);
         fail_step(b, f, SH_ETIMEDOUT, 503, msg);
     }
 }

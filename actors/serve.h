@@ -176,6 +176,19 @@ typedef struct sh_batcher_args {
                                * (checked every 100 ms; each step in flight has its own clock).
                                * For stages on other nodes, where a dead node's step is never
                                * answered. 0: wait for ever (one process) */
+    /* Lost steps are retried (only with step_timeout_ms): a step whose STEP_DONE has not come by
+     * its retry deadline is sent again under a fresh step id, its sequences' tokens, positions,
+     * block tables and sampling seeds unchanged (KV rows are written by position, so a stage that
+     * ran the lost try rewrites the same values), and the first answer to any of its tries is
+     * taken, later ones ignored: a greedy request's output is an undisturbed run's. The deadline
+     * is max(step_retry_ms, 4 x the latency expected of a step of its size, from a moving average
+     * of answered steps; 1 s before any), or step_retry_ms / 4 once a step sent after it was
+     * answered (stages answer in order), doubled at each retry. After step_retries retries, or
+     * step_timeout_ms after the first try, the step fails as above. A failed STEP_DONE for a
+     * link's reasons (SH_EIO, SH_EBUSY, SH_ETIMEDOUT, SH_ECLOSED) is sent again at once.
+     * step_retry_ms 0: 200; step_retries 0: 5 (at most 15), below 0: no retries. */
+    uint32_t step_retry_ms;
+    int32_t step_retries;
     /* Pipelining: up to max_inflight steps in flight at once (at most 64), on disjoint groups of
      * sequences: a sequence is in one step at a time and is never preempted while it is; each
      * step takes an equal share of the sequences to run and the whole max_step_tokens budget.

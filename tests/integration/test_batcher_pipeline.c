@@ -11,9 +11,14 @@
  *     the step budget, one request with n = 2 choices) equal max_inflight 1's token for token, and
  *     two steps really were in flight at once (the batcher's shoal_steps_in_flight histogram:
  *     never above 1 with max_inflight 1, mostly 2 with 2);
- *   - a step timeout with two steps in flight (a link in front of the first stage drops one
- *     STEP): only the requests of the dropped step fail (503 naming the step), the others go on
- *     meanwhile and end with the reference's tokens;
+ *   - a step timeout with two steps in flight and retries off (a link in front of the first
+ *     stage drops one STEP): only the requests of the dropped step fail (503 naming the step),
+ *     the others go on meanwhile and end with the reference's tokens;
+ *   - retries (on by default with step_timeout_ms): the dropped STEP is sent again under a new
+ *     step id and every stream ends with the reference's tokens; once more with the dropped
+ *     STEP delivered late, right after its retry (both tries answer: the first answer is taken,
+ *     the other ignored), and with every third STEP delivered twice (the stages run it twice,
+ *     rewriting the same KV rows; the second STEP_DONE is ignored);
  *   - CONTROL PAUSE / RESUME (max_inflight 1 and 2): the link sends PAUSE at the 20th STEP and
  *     forwards that STEP late (its STEP_DONE comes after the pause and is ignored) or drops it
  *     (the dead node); while paused a second PAUSE, a SUBMIT and a CANCEL arrive (the cancelled
@@ -242,6 +247,7 @@ static struct {
     uint64_t dropped_step;   /* its step id */
     uint64_t first_seq;      /* the lowest sequence id any STEP carried */
     uint64_t seqs[MAX_SEQS]; /* the dropped step's sequence ids */
+    uint32_t pos0;           /* and its first sequence's position */
     uint32_t n_seqs;
     _Atomic long forwarded;
     long pause_nth;       /* at which STEP to send the batcher CONTROL PAUSE (0: never) */
@@ -250,12 +256,29 @@ static struct {
     _Atomic long paused;  /* PAUSE sent */
     long pause_alloc_nth; /* at which KV_ALLOC (through the kv link) to send PAUSE (0: never) */
     long n_allocs;
+    bool drop_late;       /* keep the dropped STEP and forward it right after its retry */
+    bool drop_retries;    /* drop its retries too (a stage that never answers it) */
+    sh_msg *held;         /* that STEP, until then */
+    long dup_every;       /* forward every dup_every-th STEP twice (0: none) */
+    _Atomic long dups;    /* STEPs forwarded twice */
+    _Atomic long retried; /* retries of the dropped step seen */
 } lk;
 
 typedef struct link_state {
     sh_addr next;
     sh_act_decoder dec;
 } link_state;
+
+/* Forwards a STEP as sent, the batcher's address as the source: the stage answers it directly. */
+static void link_forward(sh_actor_ctx *ctx, const link_state *st, const sh_msg *msg)
+{
+    sh_msg_hdr h = *sh_msg_header(msg);
+    size_t len = 0;
+    const void *body = sh_msg_body(msg, &len);
+    h.dst = st->next;
+    CHECK_OK(sh_send(sh_actor_runtime(ctx), &h, body, len, NULL));
+    atomic_fetch_add(&lk.forwarded, 1);
+}
 
 static sh_err link_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
@@ -269,6 +292,8 @@ static void link_stop(sh_actor_ctx *ctx, void *state)
 {
     (void)ctx;
     sh__act_decoder_fini(&((link_state *)state)->dec);
+    sh_msg_free(lk.held);
+    lk.held = NULL;
 }
 
 static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
@@ -290,6 +315,21 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
             if (!lk.first_seq || b.step.seqs.v[i].seq < lk.first_seq)
                 lk.first_seq = b.step.seqs.v[i].seq;
         ++lk.n_steps;
+        if (atomic_load(&lk.dropped) && b.step.step != lk.dropped_step && b.step.seqs.n &&
+            b.step.seqs.n == lk.n_seqs && b.step.seqs.v[0].seq == lk.seqs[0] &&
+            b.step.seqs.v[0].pos == lk.pos0) {
+            // The dropped step's retry: the same sequences at the same positions.
+            atomic_fetch_add(&lk.retried, 1);
+            if (lk.drop_retries)
+                return SH_MSG_FATE_DONE;
+            if (lk.held) {
+                link_forward(ctx, st, msg);
+                link_forward(ctx, st, lk.held); /* the lost try, late */
+                sh_msg_free(lk.held);
+                lk.held = NULL;
+                return SH_MSG_FATE_DONE;
+            }
+        }
         if (lk.n_steps == lk.pause_nth) {
             // The PAUSE is in the batcher's mailbox before the stage can answer this STEP.
             sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PAUSE};
@@ -304,9 +344,18 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
             for (uint32_t i = 0; i < b.step.seqs.n && i < MAX_SEQS; i++)
                 lk.seqs[i] = b.step.seqs.v[i].seq;
             lk.n_seqs = b.step.seqs.n;
+            lk.pos0 = b.step.seqs.n ? b.step.seqs.v[0].pos : 0;
             lk.dropped_step = b.step.step;
             atomic_fetch_add(&lk.dropped, 1); /* publishes the fields above */
+            if (lk.drop_late) {
+                lk.held = msg;
+                return SH_MSG_FATE_KEPT;
+            }
             return SH_MSG_FATE_DONE;
+        }
+        if (lk.dup_every && lk.n_steps % lk.dup_every == 0) {
+            link_forward(ctx, st, msg);
+            atomic_fetch_add(&lk.dups, 1);
         }
     }
     // Forwarded as sent, the batcher's address as the source: the stage answers it directly.
@@ -345,6 +394,8 @@ typedef struct rig_opts {
     bool kv_link; /* the batcher's KV messages pass a link too */
     bool router;
     uint32_t report_ms, step_timeout_ms;
+    int32_t step_retries; /* sh_batcher_args.step_retries (0: the default, -1: none) */
+    uint32_t step_retry_ms;
     int32_t kv_blocks; /* the kvmgr's and batcher's pool (0: the stages' whole pool) */
     const char *labels;
 } rig_opts;
@@ -396,6 +447,8 @@ static bool rig_start(rig *g, const rig_opts *o)
                               .max_seqs = o->max_seqs ? o->max_seqs : MAX_SEQS,
                               .n_blocks = g->n_blocks,
                               .step_timeout_ms = o->step_timeout_ms,
+                              .step_retries = o->step_retries,
+                              .step_retry_ms = o->step_retry_ms,
                               .max_inflight = o->max_inflight,
                               .router = o->router ? g->client : SH_ADDR_NONE,
                               .report_ms = o->report_ms,
@@ -714,8 +767,9 @@ static void test_pipelined_equal(void)
     CHECK(memcmp(ref[FORK_STREAM][0], ref[FORK_STREAM][1], sizeof ref[0][0]) == 0);
 }
 
-/* Two steps in flight; the link drops one: its requests fail with 503 naming it after the step
- * timeout, the other group's go on meanwhile and finish with the reference's tokens. */
+/* Two steps in flight, retries off; the link drops one: its requests fail with 503 naming it
+ * after the step timeout, the other group's go on meanwhile and finish with the reference's
+ * tokens. */
 static void test_timeout_one_step(void)
 {
     if (!make_ref())
@@ -726,7 +780,7 @@ static void test_timeout_one_step(void)
     lk.n_steps = 0;
     lk.first_seq = 0;
     lk.n_seqs = 0;
-    rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 3000};
+    rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 3000, .step_retries = -1};
     if (!rig_start(&g, &o))
         goto out;
     // Single choices only, so that sequence (KV) ids follow the arrival order: request i + 1 is
@@ -779,6 +833,169 @@ static void test_timeout_one_step(void)
     CHECK_INT_EQ(atomic_load(&cl.bad), 0);
 out:
     rig_stop(&g);
+}
+
+/* Every stream of run `g` ended with the reference's tokens, none failed. */
+static void check_all_equal(void)
+{
+    pthread_mutex_lock(&cl.mu);
+    for (int i = 1; i <= N_STREAMS; i++) {
+        const req_out *r = &cl.r[i];
+        if (r->failed)
+            SH_FAIL_("request %d failed: %s", i, r->msg);
+        for (int c = 0; c < r->n_choices; c++) {
+            CHECK(r->ch[c].done);
+            CHECK_INT_EQ(r->ch[c].n, N_GEN);
+            if (memcmp(r->ch[c].tok, ref[i - 1][c], sizeof ref[0][0]) != 0)
+                SH_FAIL_("request %d choice %d: tokens differ from the reference", i, c);
+        }
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+}
+
+/* Two steps in flight, retries on; the link drops the 24th STEP (late: holds it and forwards it
+ * right after its retry). The step is sent again and every stream ends with the reference's
+ * tokens; with the late try both answers come and one is ignored. */
+static void run_retry(bool late)
+{
+    if (!make_ref())
+        return;
+    rig g;
+    atomic_store(&lk.dropped, 0);
+    atomic_store(&lk.retried, 0);
+    lk.drop_nth = 24;
+    lk.drop_late = late;
+    lk.n_steps = 0;
+    lk.first_seq = 0;
+    lk.n_seqs = 0;
+    rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 20000};
+    uint64_t t0 = now_ms();
+    if (!rig_start(&g, &o))
+        goto out;
+    submit_streams(&g);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    uint64_t took = now_ms() - t0;
+    CHECK_INT_EQ(atomic_load(&lk.dropped), 1);
+    CHECK(atomic_load(&lk.retried) >= 1);
+    check_all_equal();
+    // On a loaded machine another step may be slow enough to be sent again too: every try but
+    // the dropped one (when not late) answers, and all answers of a step but one are ignored.
+    double retries = metric(&g, "shoal_step_retries_total");
+    for (int i = 0; i < 100 && metric(&g, "shoal_step_answers_ignored_total") < retries - 1 + late;
+         i++)
+        usleep(10000);
+    double ignored = metric(&g, "shoal_step_answers_ignored_total");
+    CHECK(retries >= 1);
+    CHECK_NEAR(ignored, retries - 1 + late, 0);
+    CHECK(took < 15000); /* well before the step timeout */
+    fprintf(stderr,
+            "%s: dropped step %llu (%u sequences) retried; %.0f retries, %.0f answers "
+            "ignored, %llu ms\n",
+            late ? "late" : "lost", (unsigned long long)lk.dropped_step, lk.n_seqs, retries,
+            ignored, (unsigned long long)took);
+out:
+    rig_stop(&g);
+    lk.drop_nth = 0;
+    lk.drop_late = false;
+}
+
+static void test_retry_lost_step(void) { run_retry(false); }
+
+/* A step lost on every try (2 retries allowed): its requests fail with 503 naming the step and
+ * its 3 tries, well before the step timeout; the other group's end with the reference's tokens. */
+static void test_retries_exhausted(void)
+{
+    if (!make_ref())
+        return;
+    rig g;
+    atomic_store(&lk.dropped, 0);
+    atomic_store(&lk.retried, 0);
+    lk.drop_nth = 24;
+    lk.drop_retries = true;
+    lk.n_steps = 0;
+    lk.first_seq = 0;
+    lk.n_seqs = 0;
+    rig_opts o = {.max_inflight = 2,
+                  .link = true,
+                  .step_timeout_ms = 30000,
+                  .step_retries = 2,
+                  .step_retry_ms = 100};
+    uint64_t t0 = now_ms();
+    if (!rig_start(&g, &o))
+        goto out;
+    for (int i = 0; i < N_STREAMS; i++)
+        submit(&g, (uint64_t)i + 1, i, 1, N_GEN);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    uint64_t took = now_ms() - t0;
+    CHECK_INT_EQ(atomic_load(&lk.retried), 2);
+    char want[96];
+    snprintf(want, sizeof want, "did not answer step %llu in ",
+             (unsigned long long)lk.dropped_step);
+    bool in_dropped[N_STREAMS + 1] = {0};
+    for (uint32_t i = 0; i < lk.n_seqs; i++)
+        if (lk.seqs[i] >= lk.first_seq && lk.seqs[i] - lk.first_seq < N_STREAMS)
+            in_dropped[lk.seqs[i] - lk.first_seq + 1] = true;
+    int n_failed = 0;
+    pthread_mutex_lock(&cl.mu);
+    for (int i = 1; i <= N_STREAMS; i++) {
+        const req_out *r = &cl.r[i];
+        if (in_dropped[i]) {
+            n_failed++;
+            CHECK(r->failed);
+            CHECK_UINT_EQ(r->http, 503);
+            CHECK(strstr(r->msg, want) != NULL && strstr(r->msg, "(3 tries)") != NULL);
+            if (!strstr(r->msg, want))
+                fprintf(stderr, "request %d: %s\n", i, r->msg);
+        } else {
+            CHECK(!r->failed);
+            CHECK(memcmp(r->ch[0].tok, ref[i - 1][0], sizeof ref[0][0]) == 0);
+        }
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(n_failed, (int)lk.n_seqs);
+    CHECK(took < 20000);
+    fprintf(stderr, "step %llu lost 3 times: %d requests failed after %llu ms\n",
+            (unsigned long long)lk.dropped_step, n_failed, (unsigned long long)took);
+out:
+    rig_stop(&g);
+    lk.drop_nth = 0;
+    lk.drop_retries = false;
+}
+static void test_retry_late_step(void) { run_retry(true); }
+
+/* Every third STEP is delivered twice: both stages run it twice (the second run rewrites the
+ * same KV rows) and the batcher ignores the second STEP_DONE; the outputs are the reference's and
+ * no step is retried. */
+static void test_duplicate_steps(void)
+{
+    if (!make_ref())
+        return;
+    rig g;
+    lk.dup_every = 3;
+    lk.n_steps = 0;
+    atomic_store(&lk.dups, 0);
+    rig_opts o = {.max_inflight = 2, .link = true, .step_timeout_ms = 20000};
+    if (!rig_start(&g, &o))
+        goto out;
+    submit_streams(&g);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    check_all_equal();
+    long dups = atomic_load(&lk.dups);
+    CHECK(dups >= 5);
+    // Every duplicate's second answer is ignored, and so is every extra answer of a step sent
+    // again because it was slow (a loaded machine): none is lost here.
+    double retries = metric(&g, "shoal_step_retries_total");
+    for (int i = 0;
+         i < 100 && metric(&g, "shoal_step_answers_ignored_total") < (double)dups + retries; i++)
+        usleep(10000); /* the last duplicate's answer may still be on its way */
+    double ignored = metric(&g, "shoal_step_answers_ignored_total");
+    CHECK_NEAR(ignored, (double)dups + retries, 0);
+    fprintf(stderr, "duplicates: %ld STEPs delivered twice, %.0f answers ignored, %.0f retries\n",
+            dups, ignored, retries);
+out:
+    rig_stop(&g);
+    lk.dup_every = 0;
 }
 
 /* ---- CONTROL PAUSE / RESUME ------------------------------------------------------------ */
@@ -902,6 +1119,10 @@ int main(int argc, char **argv)
                                          {"withdraw_preempted", test_withdraw_preempted},
                                          {"pipelined_equal", test_pipelined_equal},
                                          {"timeout_one_step", test_timeout_one_step},
+                                         {"retry_lost_step", test_retry_lost_step},
+                                         {"retries_exhausted", test_retries_exhausted},
+                                         {"retry_late_step", test_retry_late_step},
+                                         {"duplicate_steps", test_duplicate_steps},
                                          {"pause_resume_late", test_pause_resume_late},
                                          {"pause_resume_drop", test_pause_resume_drop},
                                          {"pause_resume_late_p2", test_pause_resume_late_p2},
