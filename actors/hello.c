@@ -355,6 +355,29 @@ static void answer_ping(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
                        SH_MSG_PONG, 0, &p, &e);
 }
 
+/* CONTROL from the front: SHUTDOWN asks this node to restart (its watchdog found it over its
+ * memory budget). */
+static void on_control(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
+{
+    sh_addr src = sh_msg_header(m)->src;
+    uint32_t node = sh_addr_node(src);
+    sh_proto_body body;
+    sh_error e = {0};
+    if (sh__act_decode(&s->dec, m, &body, &e))
+        return;
+    if (!s->a.front || node != s->a.front || !s->a.on_shutdown ||
+        body.control.op != SH_PROTO_CONTROL_OP_SHUTDOWN ||
+        (s->a.auth && !sh__hello_auth_allows(s->a.auth, sh_actor_runtime(ctx), src, "CONTROL"))) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "hello_control_dropped", "from_node=%u op=%u",
+                     (unsigned)node, (unsigned)body.control.op);
+        return;
+    }
+    char why[256];
+    snprintf(why, sizeof why, "%.*s", (int)body.control.arg.len,
+             body.control.arg.ptr ? body.control.arg.ptr : "");
+    s->a.on_shutdown(s->a.shutdown_user, why);
+}
+
 static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 {
     hello_state *s = state;
@@ -373,6 +396,10 @@ static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     }
     if (h->type == SH_MSG_PING) {
         answer_ping(ctx, s, m);
+        return SH_MSG_FATE_DONE;
+    }
+    if (h->type == SH_MSG_CONTROL) {
+        on_control(ctx, s, m);
         return SH_MSG_FATE_DONE;
     }
     if (h->type != SH_MSG_HELLO)

@@ -74,6 +74,7 @@ bool sh__hello_auth_allows(sh_hello_auth *a, sh_runtime *rt, sh_addr src, const 
  * each peer that has not answered yet a HELLO request with `self` every retry_ms (default 500):
  * a peer whose link is not up yet, or whose process has not started, is simply asked again until
  * the caller gives up. The caller compares identities (this actor judges only the key).
+ * PING (a watchdog's heartbeat) is answered with PONG carrying this process's resident memory.
  *
  * The cluster key (key set): nodes prove they hold it without sending it, by HMAC proofs over a
  * fresh nonce from each side and both names (sh__auth_proof). The greeting node sends its nonce
@@ -93,6 +94,13 @@ typedef struct sh_hello_args {
     uint32_t retry_ms;
     const sh_auth_key *key; /* NULL or not set: no key */
     sh_hello_auth *auth;    /* optional: where the nodes that proved the key are marked */
+    /* A worker's front (its node id; 0: none). CONTROL op SHUTDOWN from an actor of that node
+     * (which must have proved the key when this node holds one) calls on_shutdown(user, why) on
+     * the actor's loop thread, why being the CONTROL's arg ("" when none): the front's watchdog
+     * asks a node over its memory budget to restart. Others are dropped and logged. */
+    uint32_t front;
+    void (*on_shutdown)(void *user, const char *why);
+    void *shutdown_user;
 } sh_hello_args;
 
 extern const sh_actor_vtable sh__hello_vtable;

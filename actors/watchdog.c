@@ -21,7 +21,10 @@ typedef struct watchdog {
     uint64_t start_ms;                        /* spawn time: the grace before a first PONG */
     uint64_t dead_seq[SH_WATCHDOG_MAX_NODES]; /* the PING seq in flight when it died */
     uint64_t last_seq[SH_WATCHDOG_MAX_NODES]; /* the newest PONG's seq */
-    bool was_down[SH_WATCHDOG_MAX_REPLICAS];  /* down[k] as this actor set it */
+    /* PINGs sent since the node's last PONG: a node is judged silent only after dead_after of
+     * them went unanswered, so a stall of this actor's own loop (or process) blames nobody. */
+    uint32_t unanswered[SH_WATCHDOG_MAX_NODES];
+    bool drain[SH_WATCHDOG_MAX_NODES]; /* asked to restart: dead until that process is gone */
 } watchdog;
 
 static uint64_t now_ms(void) { return sh__act_mono_us() / 1000; }
@@ -55,11 +58,14 @@ static void beat(sh_actor_ctx *ctx, watchdog *w)
         sh_error e = {0};
         // A send that fails (the link is down) is the judge's business, not an error here.
         (void)sh__act_send(rt, sh_actor_self(ctx), w->a.pong_from[i], SH_MSG_PING, 0, &p, &e);
+        if (w->unanswered[i] < UINT32_MAX)
+            w->unanswered[i]++;
     }
 }
 
-/* Why node i is dead now, into why (cap bytes), or false when it is not. */
-static bool dead_now(watchdog *w, int32_t i, uint64_t now, char *why, size_t cap)
+/* Whether node i's process is gone as the front knew it: its link is not up, or came up again
+ * on a new connection (why, cap bytes, says which). */
+static bool link_gone(watchdog *w, int32_t i, char *why, size_t cap)
 {
     sh_watchdog_node *n = &w->a.view->node[i];
     if (w->a.tp) {
@@ -78,11 +84,20 @@ static bool dead_now(watchdog *w, int32_t i, uint64_t now, char *why, size_t cap
             }
         }
     }
+    return false;
+}
+
+/* Why node i is dead now, into why (cap bytes), or false when it is not. */
+static bool dead_now(watchdog *w, int32_t i, uint64_t now, char *why, size_t cap)
+{
+    sh_watchdog_node *n = &w->a.view->node[i];
+    if (link_gone(w, i, why, cap))
+        return true;
     uint64_t last = atomic_load_explicit(&n->last_pong_ms, memory_order_relaxed);
     if (!last)
         last = w->start_ms;
     uint64_t limit = (uint64_t)w->a.dead_after * w->a.heartbeat_ms;
-    if (now > last + limit) {
+    if (now > last + limit && w->unanswered[i] >= w->a.dead_after) {
         snprintf(why, cap, "no heartbeat answer for %llu ms (%u missed)",
                  (unsigned long long)(now - last), (unsigned)((now - last) / w->a.heartbeat_ms));
         return true;
@@ -113,6 +128,39 @@ static void pause_replicas(sh_actor_ctx *ctx, watchdog *w, int32_t i)
     }
 }
 
+/* Marks node i dead (why) and pauses its replicas. */
+static void kill_node(sh_actor_ctx *ctx, watchdog *w, int32_t i, uint64_t now, const char *why)
+{
+    sh_watchdog_node *n = &w->a.view->node[i];
+    atomic_store_explicit(&n->dead_ms, now, memory_order_relaxed);
+    atomic_fetch_add_explicit(&n->deaths, 1, memory_order_relaxed);
+    w->dead_seq[i] = w->seq;
+    atomic_store_explicit(&n->health, SH_WATCHDOG_DEAD, memory_order_release);
+    sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "node_dead", "node=\"%s\" why=\"%s\"", name_of(w, i), why);
+    note(w, "dead", i, -1, "node %s was lost: %s", name_of(w, i), why);
+    pause_replicas(ctx, w, i);
+}
+
+/* Node i holds more memory than its budget: drain it (its replicas pause, as for a death) and
+ * ask it to restart. */
+static void drain(sh_actor_ctx *ctx, watchdog *w, int32_t i, uint64_t now, uint64_t rss)
+{
+    char why[200];
+    snprintf(why, sizeof why,
+             "over its memory budget (resident %.0f MiB > %.0f MiB): drained and asked to restart",
+             (double)rss / 1048576.0, (double)w->a.budget[i] / 1048576.0);
+    w->drain[i] = true;
+    atomic_fetch_add_explicit(&w->a.view->node[i].drains, 1, memory_order_relaxed);
+    note(w, "drain", i, -1, "node %s is %s", name_of(w, i), why);
+    kill_node(ctx, w, i, now, why);
+    sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_SHUTDOWN, .arg = {why, (uint32_t)strlen(why)}};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), w->a.pong_from[i], SH_MSG_CONTROL,
+                     0, &c, &e))
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "watchdog_shutdown_failed", "node=\"%s\" err=\"%s\"",
+                     name_of(w, i), e.msg);
+}
+
 static void judge(sh_actor_ctx *ctx, watchdog *w)
 {
     uint64_t now = now_ms();
@@ -122,16 +170,18 @@ static void judge(sh_actor_ctx *ctx, watchdog *w)
         sh_watchdog_node *n = &w->a.view->node[i];
         int32_t h = atomic_load_explicit(&n->health, memory_order_relaxed);
         char why[200];
+        if (w->drain[i]) { /* asked to restart: dead until that process is gone */
+            if (link_gone(w, i, why, sizeof why))
+                w->drain[i] = false;
+            continue;
+        }
         bool dead = dead_now(w, i, now, why, sizeof why);
+        uint64_t rss = atomic_load_explicit(&n->rss_bytes, memory_order_relaxed);
         if (dead && h != SH_WATCHDOG_DEAD) {
-            atomic_store_explicit(&n->dead_ms, now, memory_order_relaxed);
-            atomic_fetch_add_explicit(&n->deaths, 1, memory_order_relaxed);
-            w->dead_seq[i] = w->seq;
-            atomic_store_explicit(&n->health, SH_WATCHDOG_DEAD, memory_order_release);
-            sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "node_dead", "node=\"%s\" why=\"%s\"",
-                         name_of(w, i), why);
-            note(w, "dead", i, -1, "node %s was lost: %s", name_of(w, i), why);
-            pause_replicas(ctx, w, i);
+            kill_node(ctx, w, i, now, why);
+        } else if (!dead && h == SH_WATCHDOG_ALIVE && w->a.budget && w->a.budget[i] &&
+                   rss > w->a.budget[i]) {
+            drain(ctx, w, i, now, rss);
         } else if (!dead && h == SH_WATCHDOG_DEAD && w->last_seq[i] > w->dead_seq[i]) {
             atomic_store_explicit(&n->health, SH_WATCHDOG_ALIVE, memory_order_release);
             note(w, "alive", i, -1, "node %s answers heartbeats again after %.2f s", name_of(w, i),
@@ -150,6 +200,7 @@ static void on_pong(watchdog *w, sh_addr from, const sh_proto_pong *p)
         if (p->seq <= w->last_seq[i] || p->seq > w->seq)
             return; /* a duplicate, a stale answer or not one of ours */
         w->last_seq[i] = p->seq;
+        w->unanswered[i] = 0;
         sh_watchdog_node *n = &w->a.view->node[i];
         uint64_t now_us = sh__act_mono_us();
         atomic_store_explicit(&n->rtt_us, now_us > p->sent_us ? now_us - p->sent_us : 0,

@@ -39,6 +39,7 @@ typedef struct sh_watchdog_node {
     _Atomic uint64_t pongs;        /* PONGs received */
     _Atomic uint64_t deaths;       /* times judged dead */
     _Atomic uint64_t dead_ms;      /* CLOCK_MONOTONIC ms of the last death */
+    _Atomic uint64_t drains;       /* times drained and asked to restart (over its budget) */
     /* The connection count (sh_transport_link.ups) of the process the front trusts: another
      * count means another process, whose KV is not what the replica's kvmgr believes. Set by the
      * front when the node joins or rejoins (after its HELLO); the node is dead while its link's
@@ -58,24 +59,33 @@ typedef struct sh_watchdog_view {
  * watched node's `pong_from` actor (which answers PONG to the sender) and ticks `tick`; every
  * heartbeat_ms / 4 it judges: a watched node is dead when its link is not up, its link's
  * connection count differs from base_ups, or no PONG came for dead_after * heartbeat_ms (counted
- * from the spawn before the first). On the transition to dead it sets down[k] (release) and
- * sends CONTROL PAUSE to batchers[k] for every replica k with a stage on it whose down[k] was
- * clear, and calls note("dead", ...) and note("paused", ...). A dead node becomes alive again when
- * its link is up with base_ups connections and a PONG sent after the death comes back (note
- * "alive"); resuming its replicas is the caller's (clear down[k], send RESUME). PONGs from an
- * unknown address or stale seq are ignored. Everything borrowed must outlive the actor. */
+ * from the spawn before the first) while the dead_after PINGs sent since went unanswered (so a
+ * stall of the watchdog's own loop or process blames no node). Spawn it on a loop of its own:
+ * its timing should not depend on the gateway's work. On the transition to dead it sets down[k]
+ * (release) and sends CONTROL PAUSE to batchers[k] for every replica k with a stage on it whose
+ * down[k] was clear, and calls note("dead", ...) and note("paused", ...). A dead node becomes alive
+ * again when its link is up with base_ups connections and a PONG sent after the death comes back
+ * (note "alive"); resuming its replicas is the caller's (clear down[k], send RESUME). PONGs from an
+ * unknown address or stale seq are ignored. Everything borrowed must outlive the actor.
+ * Memory: see budget below. */
 typedef struct sh_watchdog_args {
     sh_watchdog_view *view;
     sh_transport *tp;         /* link states; NULL: heartbeats only */
     const bool *watch;        /* (view->n_nodes): heartbeat this node */
     const sh_addr *pong_from; /* (view->n_nodes): the actor that answers its PINGs */
     const char *const *names; /* (view->n_nodes): node names, for messages */
-    uint32_t heartbeat_ms;    /* 0: 100 */
-    uint32_t dead_after;      /* missed beats; 0: 3 */
-    int32_t n_replicas;       /* <= SH_WATCHDOG_MAX_REPLICAS */
-    const bool *replica_on;   /* (n_replicas * view->n_nodes): [k * n_nodes + i] */
-    const sh_addr *batchers;  /* (n_replicas) */
-    int *down;                /* (n_replicas): the router's veto, set atomically */
+    /* (view->n_nodes) or NULL: each node's memory budget in bytes (0: none). A live node whose
+     * PONG reports more resident memory is drained: judged dead at once (its replicas pause as
+     * for a death; its requests resume by recompute), sent CONTROL SHUTDOWN (arg: why) so that
+     * it exits for its supervisor to restart it, and kept dead until its process is gone (its
+     * link breaks or reconnects), whatever it answers meanwhile. */
+    const uint64_t *budget;
+    uint32_t heartbeat_ms;   /* 0: 100 */
+    uint32_t dead_after;     /* missed beats; 0: 3 */
+    int32_t n_replicas;      /* <= SH_WATCHDOG_MAX_REPLICAS */
+    const bool *replica_on;  /* (n_replicas * view->n_nodes): [k * n_nodes + i] */
+    const sh_addr *batchers; /* (n_replicas) */
+    int *down;               /* (n_replicas): the router's veto, set atomically */
     /* Called on the actor's loop thread every heartbeat_ms (may be NULL): the degradation
      * ladder's evaluation. now_ms is CLOCK_MONOTONIC. Must not block for long. */
     void (*tick)(void *user, uint64_t now_ms);

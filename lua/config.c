@@ -30,10 +30,15 @@ typedef struct builder {
     int64_t result;
 } builder;
 
-static const sh__lua_field node_fields[] = {
-    {"name", SH__LUA_STR, true},      {"listen", SH__LUA_STR, true},
-    {"standby", SH__LUA_BOOL, false}, {"tls_cert", SH__LUA_STR, false},
-    {"tls_key", SH__LUA_STR, false},  {NULL, 0, false}};
+static uint64_t parse_memory(lua_State *L, int idx, const char *what, const char *where);
+
+static const sh__lua_field node_fields[] = {{"name", SH__LUA_STR, true},
+                                            {"listen", SH__LUA_STR, true},
+                                            {"standby", SH__LUA_BOOL, false},
+                                            {"tls_cert", SH__LUA_STR, false},
+                                            {"tls_key", SH__LUA_STR, false},
+                                            {"memory_budget", SH__LUA_ANY, false},
+                                            {NULL, 0, false}};
 static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
@@ -464,7 +469,10 @@ static void fill_nodes(lua_State *L, sh_cluster_config *c, const char *where)
                    *key = sh__lua_get_str(L, -1, "tls_key");
         d->tls_cert = cert ? dup(L, cert, where) : NULL;
         d->tls_key = key ? dup(L, key, where) : NULL;
-        lua_pop(L, 2);
+        raw_field(L, -1, "memory_budget");
+        if (!lua_isnil(L, -1))
+            d->memory_budget = parse_memory(L, -1, "node: field 'memory_budget'", nwhere);
+        lua_pop(L, 3);
     }
     lua_pop(L, 1);
 }
@@ -636,8 +644,9 @@ static void fill_gateway(lua_State *L, sh_cluster_config *c, const char *where)
     lua_pop(L, 2);
 }
 
-/* kv.memory: bytes as an integer, or a string such as "512MiB" or "2 GiB" (powers of 1024). */
-static uint64_t parse_memory(lua_State *L, int idx, const char *where)
+/* A memory size (kv.memory, node.memory_budget, named `what` in errors): bytes as an integer,
+ * or a string such as "512MiB" or "2 GiB" (powers of 1024). */
+static uint64_t parse_memory(lua_State *L, int idx, const char *what, const char *where)
 {
     static const struct {
         const char *unit;
@@ -672,13 +681,11 @@ static uint64_t parse_memory(lua_State *L, int idx, const char *where)
         else
             snprintf(given, sizeof given, "%.6g bytes", v);
         sh__lua_fail(L, SH_EINVAL, where,
-                     "cluster.kv: field 'memory' is too large (%s): the maximum is \"1024TiB\" "
-                     "(%llu bytes)",
-                     given, (unsigned long long)MAX_MEMORY);
+                     "%s is too large (%s): the maximum is \"1024TiB\" (%llu bytes)", what, given,
+                     (unsigned long long)MAX_MEMORY);
     }
     if (!(v >= 1))
-        sh__lua_fail(L, SH_EINVAL, where,
-                     "cluster.kv: field 'memory' must be bytes or a size like \"512MiB\"");
+        sh__lua_fail(L, SH_EINVAL, where, "%s must be bytes or a size like \"512MiB\"", what);
     return (uint64_t)v;
 }
 
@@ -705,7 +712,7 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
     if (!lua_isnil(L, idx)) {
         raw_field(L, idx, "memory");
         if (!lua_isnil(L, -1))
-            c->kv.memory_bytes = parse_memory(L, -1, where);
+            c->kv.memory_bytes = parse_memory(L, -1, "cluster.kv: field 'memory'", where);
         lua_pop(L, 1);
     }
     lua_pop(L, 1);

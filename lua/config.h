@@ -38,6 +38,10 @@ typedef struct sh_config_node {
      * cluster's tls_ca; relative to the script's directory. NULL when not given. */
     char *tls_cert;
     char *tls_key;
+    /* node{ memory_budget = "2GiB" } (bytes, or a size string as for kv.memory): the resident
+     * memory the front's watchdog lets this node's process hold; above it the node is drained
+     * and asked to restart (docs/cluster.md). 0 when not given: no limit. */
+    uint64_t memory_budget;
 } sh_config_node;
 
 typedef struct sh_config_model {

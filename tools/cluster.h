@@ -135,6 +135,10 @@ typedef struct sh_cluster_front {
  * replica stopped, an orchestrator should restart the whole cluster. */
 #define SH_CLUSTER_EXIT_LOST 3
 
+/* The exit status of `shoal node` when the front's watchdog asked it to restart (it was over its
+ * memory budget): `shoal cluster up` starts it again at once, without backoff (EX_TEMPFAIL). */
+#define SH_NODE_EXIT_RESTART 75
+
 /* Starts the front on rt (node id gateway.node + 1): plans from the models (models[i] of the
  * script's model i, c->n_models entries, each loaded from c->models[i].path; NULL for a model no
  * replica serves; the front loads only what it needs for hyper-parameters and the tokenizer),

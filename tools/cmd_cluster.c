@@ -157,6 +157,8 @@ static void describe(const child *k, int status, char *buf, size_t cap)
         snprintf(buf, cap, "signal %d: %s", WTERMSIG(status), strsignal(WTERMSIG(status)));
     else if (k->front && WEXITSTATUS(status) == SH_CLUSTER_EXIT_LOST)
         snprintf(buf, cap, "status %d: it lost a worker node", WEXITSTATUS(status));
+    else if (!k->front && WEXITSTATUS(status) == SH_NODE_EXIT_RESTART)
+        snprintf(buf, cap, "status %d: the front asked it to restart", WEXITSTATUS(status));
     else
         snprintf(buf, cap, "status %d", WEXITSTATUS(status));
 }
@@ -365,6 +367,16 @@ static void on_exit_of(sup *s, child *k, int status)
         say("node %s exited (%s: bad input, see its error above); stopping the cluster", k->name,
             how);
         begin_stop(s, SIGTERM, 2);
+        return;
+    }
+    child *fr = front_of(s);
+    if (!k->front && WIFEXITED(status) && WEXITSTATUS(status) == SH_NODE_EXIT_RESTART &&
+        !s->restarting && fr->pid && fr->ready) {
+        // Drained by the front's watchdog (over its memory budget): a clean restart it asked
+        // for, not a failure, so at once and without backoff; the front resumes its replica.
+        say("node %s exited (%s); restarting it now", k->name, how);
+        k->quick_fails = 0;
+        k->restart_at = t;
         return;
     }
     double d = backoff(k, t);

@@ -4,10 +4,12 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "actors/hello.h"
 #include "actors/node_metrics.h"
@@ -63,10 +65,27 @@ typedef struct node_state {
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
     sh_hello_peer peers[SH_CLUSTER_MAX_STAGES]; /* with a key: the nodes whose ACT comes here */
     sh_hello_ident self;
+    /* The front's watchdog asked for a restart (over its memory budget): why, then the flag
+     * (release) and a SIGTERM to this process's sigwait. */
+    char restart_why[256];
+    atomic_int restart;
     const char *fault_path;  /* --fault-scenario */
     const char *fault_epoch; /* --fault-epoch */
     sh_cmd_fault fault;
 } node_state;
+
+/* The hello actor's on_shutdown: the front's watchdog found this node over its memory budget.
+ * The node stops as for SIGTERM and exits SH_NODE_EXIT_RESTART for its supervisor to start it
+ * again. Runs on the hello actor's loop thread. */
+static void on_shutdown(void *user, const char *why)
+{
+    node_state *s = user;
+    if (atomic_exchange(&s->restart, 2) == 2)
+        return; /* asked already */
+    snprintf(s->restart_why, sizeof s->restart_why, "%s", why);
+    atomic_store_explicit(&s->restart, 1, memory_order_release);
+    kill(getpid(), SIGTERM);
+}
 
 static void close_all(node_state *s)
 {
@@ -205,7 +224,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                         .peers = n_peers ? s->peers : NULL,
                         .n_peers = n_peers,
                         .key = &s->key,
-                        .auth = &s->auth};
+                        .auth = &s->auth,
+                        .front = (uint32_t)plan.front + 1,
+                        .on_shutdown = on_shutdown,
+                        .shutdown_user = s};
     sh_addr addr = 0;
     if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
@@ -269,6 +291,11 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     fflush(stderr);
     int sig = 0;
     while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {
+    }
+    if (atomic_load_explicit(&s->restart, memory_order_acquire) == 1) {
+        fprintf(stderr, "shoal: node %s: the front asked for a restart: %s; exiting %d\n", name,
+                s->restart_why, SH_NODE_EXIT_RESTART);
+        return SH_NODE_EXIT_RESTART;
     }
     fprintf(stderr, "shoal: node %s: %s, stopping\n", name,
             sig == SIGINT ? "interrupted" : "terminated");

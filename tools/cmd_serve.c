@@ -64,6 +64,7 @@ typedef struct serve_opts {
     uint32_t redispatch_ms;       /* --redispatch-after (default 0.5 s; UINT32_MAX: never) */
     double affinity_slack;        /* --affinity-slack (default 4096; -1: --no-affinity) */
     sh_serve_degrade deg;         /* --policy and its settings (tools/serve_degrade.h) */
+    bool recover_set;             /* --recover-timeout given */
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
     sh_openai_key keys[MAX_KEYS];
@@ -140,9 +141,10 @@ static void usage(FILE *f)
             "                      load is within N estimated tokens of the least loaded\n"
             "                      (default 4096); --no-affinity: never\n"
             "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
-            "                      wait up to S seconds for it to come back (restarted, e.g.\n"
-            "                      by `shoal cluster up`), then resume every request by\n"
-            "                      recompute (default 0: fail stop at once, exit 3)\n");
+            "                      wait up to S seconds for it to come back (stopped, cut off,\n"
+            "                      or restarted, e.g. by `shoal cluster up`), then resume every\n"
+            "                      request by recompute (default 30; 0: fail stop at once,\n"
+            "                      exit 3)\n");
     sh__serve_degrade_usage(f);
     fprintf(f, "  --log-level L       error, warn, info, debug (default info)\n\n"
                "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
@@ -473,7 +475,7 @@ static int parse(int argc, char **argv, serve_opts *o)
             double d = 0;
             snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
             ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
-                 ((o->recover_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+                 ((o->recover_ms = (uint32_t)(d * 1000.0 + 0.5)), (o->recover_set = true));
         } else if (!strcmp(a, "--affinity-slack")) {
             double d = 0;
             snprintf(want, sizeof want, "load units from 1 to 1e9");
@@ -632,6 +634,7 @@ typedef struct server {
     bool watch_on[SH_WATCHDOG_MAX_NODES];
     sh_addr pong_from[SH_WATCHDOG_MAX_NODES];
     const char *names[SH_WATCHDOG_MAX_NODES];
+    uint64_t budget[SH_WATCHDOG_MAX_NODES]; /* node{ memory_budget } */
     bool replica_on[SH_WATCHDOG_MAX_REPLICAS * SH_WATCHDOG_MAX_NODES];
     uint64_t seen_deaths[SH_WATCHDOG_MAX_NODES]; /* view deaths already handled */
     sh_cluster_events events;                    /* faults and recoveries, for /admin/status */
@@ -1042,6 +1045,7 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
         s->watch.n_nodes = c->n_nodes;
         for (int32_t i = 0; i < c->n_nodes; i++) {
             s->names[i] = c->nodes[i].name;
+            s->budget[i] = c->nodes[i].memory_budget;
             s->pong_from[i] = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
             // Every worker that hosts a stage; the front is itself, a standby holds nothing yet.
             for (int32_t k = 0; k < n_rep; k++)
@@ -1053,6 +1057,7 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
         s->wa.watch = s->watch_on;
         s->wa.pong_from = s->pong_from;
         s->wa.names = s->names;
+        s->wa.budget = s->budget;
         s->wa.n_replicas = n_rep;
         s->wa.replica_on = s->replica_on;
         s->wa.batchers = s->batcher;
@@ -1063,7 +1068,7 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
     (void)o;
     sh_addr addr;
     if (sh_runtime_register(s->rt, &sh__watchdog_vtable, &e) ||
-        sh_actor_spawn(s->rt, "watchdog", &s->wa, 0, &addr, &e))
+        sh_actor_spawn(s->rt, "watchdog", &s->wa, s->front ? 2 : 0, &addr, &e))
         return (sh__cmd_fail("watchdog: %s", e.msg), 1);
     return 0;
 }
@@ -1071,6 +1076,8 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
 static int run(serve_opts *o, server *s, const sigset_t *sigs)
 {
     sh_error e = {0};
+    if (o->cluster && !o->recover_set)
+        o->recover_ms = 30000; /* a lost worker is awaited, not fatal */
     if (o->fault_path && !o->cluster)
         return sh__cmd_fail("--fault-scenario needs -c with worker nodes: it acts on the links "
                             "between nodes");
@@ -1118,6 +1125,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (o->cluster) {
         // The front: the stages run on worker nodes; join them before anything is served.
         ro.node_id = (uint32_t)o->cfg->gateway.node + 1;
+        ro.n_loops = 3; /* the third for the watchdog alone */
         ro.name = o->cfg->nodes[o->cfg->gateway.node].name;
         if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
             return (sh__cmd_fail("runtime: %s", e.msg), 1);

@@ -152,7 +152,9 @@ def start_cluster(d, name, *front_args, extra=""):
     try:
         for nd in nodes.values():
             nd.wait_ready()
-        srv = su.start("-c", path, "--join-timeout", "60", *front_args, model=None)
+        # Fail stop is what these cases test: no waiting for a lost worker (the default waits 30 s).
+        srv = su.start("-c", path, "--join-timeout", "60", "--recover-timeout", "0", *front_args,
+                       model=None)
     except BaseException:
         for nd in nodes.values():
             nd.stop()

@@ -184,7 +184,7 @@ def replica_lost(d):
     """kill -9 of replica 2's only worker: the front keeps serving on replica 1 (the router vetoes
     the lost one), every request answers, and none streams from the dead replica."""
     path = two_replicas(d, "lost.lua", STORIES)
-    c = Cluster(path)
+    c = Cluster(path, front_args=("--recover-timeout", "0"))  # b is not restarted: no waiting
     problems = []
     try:
         want = complete(c.srv.url, "Once upon a time", 32)
