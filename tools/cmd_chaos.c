@@ -467,6 +467,8 @@ static int start_cluster(chaos *ch)
 /* SIGTERM to `cluster up` (it stops the front, then the workers); SIGKILL after a while. */
 static int stop_cluster(chaos *ch)
 {
+    if (ch->o.pid_dir)
+        cont_all(ch); /* attached: nothing stays stopped */
     if (!ch->up)
         return -1;
     cont_all(ch);

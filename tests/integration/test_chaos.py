@@ -3,7 +3,9 @@ against a real local cluster (`shoal cluster up`: a 2-stage stories260K pipeline
 temp dir) under at least 200 greedy requests, half of them streaming, and each must end: 0 lost,
 0 different from the undisturbed run, and the command's exit status and JSON report agree.
 
-Usage: test_chaos.py SCENARIO (a file name in examples/chaos/ without .lua).
+Usage: test_chaos.py SCENARIO (a file name in examples/chaos/ without .lua), or
+test_chaos.py attach: `shoal chaos --attach` against a cluster started by hand with
+`cluster up --pid-dir --fault-scenario --fault-epoch @FILE`, a kill and a 1 s delay.
 
 Scenarios whose recovery is not built yet are listed in KNOWN with the reason: such a scenario
 still runs, and when it fails the test exits 77 (skipped) printing the counts and the reason;
@@ -43,6 +45,10 @@ SCENARIOS = {
 
 # Scenarios that fail today for a reason outside `shoal chaos`, and who is on it.
 KNOWN = {
+    "partition-2s": "a STEP/ACT dropped on the partitioned w0<->w1 link is never retried and the "
+                    "front's heartbeats (front<->worker) do not cross that link, so the step "
+                    "hangs until the clients give up (step retry; passed once when a dead node "
+                    "was reported 4 s in)",
     "drop-delay": "a dropped STEP/ACT/STEP_DONE frame is never retried: its requests hang "
                   "(frame checksums + step retry work)",
     "corrupt": "a corrupted frame is refused by the receiver and its step is never retried: its "
@@ -66,7 +72,67 @@ def cluster_copy(d, name):
     return path
 
 
+def attach():
+    """A cluster started by hand (cluster up with --pid-dir, --fault-scenario and --fault-epoch
+    @FILE), then `shoal chaos --attach URL --pid-dir DIR --epoch-file FILE`: the kill finds the
+    worker through the pid file, the nodes start the delay when the epoch file appears, and the
+    times come from GET /admin/status."""
+    d = tempfile.mkdtemp(prefix="shchaosat-", dir="/tmp")
+    cl = cluster_copy(d, "cluster.lua")
+    sc = os.path.join(d, "sc.lua")
+    with open(sc, "w") as f:
+        f.write("at(1.0, kill 'w1')\nat(3.0, delay { link = 'w0->w1', ms = 20, lasting = 1 })\n")
+    pids = os.path.join(d, "pids")
+    os.mkdir(pids)
+    epoch = os.path.join(d, "epoch")
+    log = os.path.join(d, "up.log")
+    logf = open(log, "wb")
+    up = subprocess.Popen([su.shoal_binary(), "cluster", "up", cl, "-t", "1", "--pid-dir", pids,
+                           "--fault-scenario", sc, "--fault-epoch", "@" + epoch, "--", "--port",
+                           "0"], cwd=su.ROOT, stdout=logf, stderr=logf, start_new_session=True)
+    logf.close()
+    try:
+        deadline = time.monotonic() + 90
+        url = None
+        while not url:
+            with open(log) as f:
+                m = re.search(r"^cluster: up: .* listening on (http://\S+)", f.read(), re.M)
+            url = m and m.group(1)
+            assert up.poll() is None and time.monotonic() < deadline, open(log).read()[-2000:]
+            time.sleep(0.05)
+        assert sorted(os.listdir(pids)) == ["front.pid", "w0.pid", "w1.pid"], os.listdir(pids)
+        w1 = int(open(os.path.join(pids, "w1.pid")).read())
+        p = subprocess.run([su.shoal_binary(), "chaos", sc, "-c", cl, "--attach", url,
+                            "--pid-dir", pids, "--epoch-file", epoch, "--json", "--requests",
+                            "200", "--max-tokens", "32"], cwd=su.ROOT, capture_output=True,
+                           text=True, timeout=RUN_TIMEOUT)
+        assert p.returncode == 0, f"exit {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        q = r["requests"]
+        assert q["accepted"] >= 200 and q["lost"] == 0 and q["wrong"] == 0, q
+        assert r["marks_source"] == "admin/status", r["marks_source"]
+        kill = r["events"][0]
+        assert kill["detect_s"] is not None and kill["recover_s"] is not None, r["events"]
+        text = open(log).read()
+        # The restarted w1 has a new pid file; every node read the epoch the run wrote.
+        assert int(open(os.path.join(pids, "w1.pid")).read()) != w1
+        assert len(re.findall(r"shoal: fault scenario: epoch \d+ from", text)) >= 3, text[-3000:]
+        su.log(f"attach: {q['accepted']} accepted, 0 lost, 0 wrong; kill detected after "
+               f"{sec(kill['detect_s'])} s, recovered after {sec(kill['recover_s'])} s")
+        up.send_signal(15)
+        assert up.wait(60) == 0, open(log).read()[-3000:]
+        assert os.listdir(pids) == [], os.listdir(pids)
+        crash = su._crash_lines(open(log).read())
+        assert not crash, "\n".join(crash[:10])
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, 9)
+            up.wait()
+
+
 def main():
+    if sys.argv[1:] == ["attach"]:
+        return attach()
     if len(sys.argv) != 2 or sys.argv[1] not in SCENARIOS:
         sys.exit(f"usage: test_chaos.py {{{','.join(SCENARIOS)}}}")
     name = sys.argv[1]
@@ -134,7 +200,7 @@ def main():
         assert m and int(m.group(1)) >= 200, "no 'leak done' line of w1 with >= 200 MiB:\n" + \
             text[-2000:]
     if name in KNOWN:
-        su.log(f"note: {name} passes now: take it off KNOWN in test_chaos.py")
+        su.log(f"note: {name} passed this run; take it off KNOWN once it passes every time")
     for f in os.listdir(d):
         os.unlink(os.path.join(d, f))
     os.rmdir(d)
