@@ -40,6 +40,7 @@ SCENARIOS = {
                      ""),
     "drop-delay": ("cluster.lua", ["--concurrency", "16", "--timeout", "15"], ""),
     "corrupt": ("cluster.lua", ["--timeout", "15"], ""),
+    "duplicate": ("cluster.lua", ["--timeout", "15"], "detect"),
     "leak": ("cluster.lua", ["--max-tokens", "16"], "leak"),
 }
 
