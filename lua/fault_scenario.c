@@ -16,8 +16,9 @@ struct sh_fault_runner {
     sh_fault **layers; /* (n_layers) */
     size_t n_layers;
     sh_fault_host host;
-    int64_t start_ns; /* CLOCK_MONOTONIC ns of time 0; may lie before the clock's 0 */
-    uv_mutex_t mu;    /* below */
+    int64_t start_ns;   /* CLOCK_MONOTONIC ns of time 0; may lie before the clock's 0 */
+    int64_t started_ns; /* CLOCK_MONOTONIC ns when the runner started */
+    uv_mutex_t mu;      /* below */
     uv_cond_t cv;
     bool stop;
     size_t applied, failed;
@@ -124,9 +125,11 @@ static void runner_main(void *arg)
             continue;
         }
         // A link rule that ended before now (a process started after the shared epoch) is
-        // skipped: applied now it would hold for its whole length again.
-        bool over = ev->kind >= SH_FAULT_DELAY && ev->kind <= SH_FAULT_PARTITION &&
-                    ev->lasting_s > 0 && due + (int64_t)(ev->lasting_s * 1e9) <= now;
+        // skipped: applied now it would hold for its whole length again. So is a leak that began
+        // more than a second before this process started: its restart is what cures it.
+        bool over = (ev->kind >= SH_FAULT_DELAY && ev->kind <= SH_FAULT_PARTITION &&
+                     ev->lasting_s > 0 && due + (int64_t)(ev->lasting_s * 1e9) <= now) ||
+                    (ev->kind == SH_FAULT_LEAK && due + (int64_t)1000000000 < r->started_ns);
         uv_mutex_unlock(&r->mu);
         sh_error e;
         sh_err err = over ? SH_OK : sh_fault_event_apply(ev, r->layers, r->n_layers, &r->host, &e);
@@ -166,6 +169,7 @@ static sh_err start_at(const sh_scenario *s, sh_fault *const *layers, size_t n_l
     uv_mutex_init(&r->mu);
     uv_cond_init(&r->cv);
     r->start_ns = start_ns;
+    r->started_ns = (int64_t)mono_ns();
     int rv = uv_thread_create(&r->thread, runner_main, r);
     if (rv) {
         uv_cond_destroy(&r->cv);

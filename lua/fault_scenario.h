@@ -46,7 +46,8 @@ sh_err sh_fault_runner_start(const sh_scenario *s, sh_fault *const *layers, size
 /* The same with the events' times counted from epoch_unix_ms (wall clock, milliseconds since
  * 1970) instead of now, so that several processes apply one scenario at the same moments. Events
  * already past are applied at once, in order, except link rules whose lasting_s has run out
- * (they would only flicker). */
+ * (they would only flicker) and leaks that began more than a second before the start (a process
+ * restarted because of a leak does not leak again). */
 sh_err sh_fault_runner_start_at(const sh_scenario *s, sh_fault *const *layers, size_t n_layers,
                                 const sh_fault_host *host, uint64_t epoch_unix_ms,
                                 sh_fault_runner **out, sh_error *e);
