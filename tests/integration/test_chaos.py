@@ -10,7 +10,8 @@ test_chaos.py attach: `shoal chaos --attach` against a cluster started by hand w
 Scenarios whose recovery is not built yet are listed in KNOWN with the reason: such a scenario
 still runs, and when it fails the test exits 77 (skipped) printing the counts and the reason;
 SH_CHAOS_STRICT=1 makes that a failure (for whoever builds the mechanism). One that passes
-prints a note to take it off the list.
+prints a note to take it off the list. With SH_SOAK_SECONDS (`make soak`) the load goes on for
+that long (at most 120 s, to stay within the ctest timeout) after the same faults.
 """
 
 import json
@@ -143,6 +144,9 @@ def main():
     log = os.path.join(d, "cluster.log")
     argv = [su.shoal_binary(), "chaos", os.path.join(EXAMPLES, name + ".lua"), "-c", cl, "--json",
             "--requests", "200", "--log", log, *extra]
+    soak = os.environ.get("SH_SOAK_SECONDS")
+    if soak:
+        argv += ["--duration", str(min(max(float(soak), 10.0), 120.0))]
     t0 = time.monotonic()
     p = subprocess.run(argv, cwd=su.ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     dt = time.monotonic() - t0
