@@ -274,12 +274,16 @@ sh_err sh__degrade_create(const sh_degrade_opts *o, sh_degrade **out, sh_error *
     d->o.fallback = d->fallback;
     pthread_mutex_init(&d->mu, NULL);
     // The first load's trial call gets every name a tick passes (at 0), not only the struct's.
-    sh_policy_metric zeros[sizeof NAMES / sizeof NAMES[0]];
-    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++)
-        zeros[i] = (sh_policy_metric){NAMES[i], 0};
+    size_t nz = sizeof NAMES / sizeof NAMES[0];
+    for (size_t i = 0; i < nz; i++)
+        d->pairs[i] = (sh_policy_metric){NAMES[i], 0};
+    if (o->extra)
+        nz += o->extra(o->extra_user, d->pairs + nz, MAX_PAIRS - nz);
+    for (size_t i = sizeof NAMES / sizeof NAMES[0]; i < nz; i++)
+        d->pairs[i].value = 0;
     sh_err err = sh_policy_create(NULL, &d->pol, e);
     if (!err)
-        err = sh_policy_set_trial(d->pol, zeros, sizeof NAMES / sizeof NAMES[0], e);
+        err = sh_policy_set_trial(d->pol, d->pairs, nz, e);
     if (!err)
         err = load_policy(d, d->pol, e);
     sh_metrics *mx = sh_runtime_metrics(o->rt);

@@ -49,7 +49,8 @@ typedef struct sh_degrade_opts {
      * front's event ring (tools/cluster_events.h). */
     void (*note)(void *user, const char *kind, const char *msg);
     void *note_user;
-    /* Optional: more metrics for level(m), written into out (at most cap) on the ticking thread;
+    /* Optional: more metrics for level(m), written into out (at most cap) on the ticking thread
+     * (and once by create, on its thread, for the names of the first load's trial call);
      * returns how many. Names must stay valid until the next call. */
     size_t (*extra)(void *user, sh_policy_metric *out, size_t cap);
     void *extra_user;

@@ -1024,6 +1024,26 @@ static void degrade_note(void *user, const char *kind, const char *msg)
     sh__cluster_events_add(&s->events, kind, -1, -1, "%s", msg);
 }
 
+/* The policy's metrics from the watchdog's view: worker nodes judged dead, and the largest
+ * resident memory a worker reported in its last heartbeat (MiB). On the watchdog's thread. */
+static size_t degrade_extra(void *user, sh_policy_metric *out, size_t cap)
+{
+    server *s = user;
+    int32_t dead = 0;
+    uint64_t rss = 0;
+    for (int32_t i = 0; i < s->watch.n_nodes; i++) {
+        const sh_watchdog_node *nd = &s->watch.node[i];
+        dead += atomic_load_explicit(&nd->health, memory_order_acquire) == SH_WATCHDOG_DEAD;
+        uint64_t r = atomic_load_explicit(&nd->rss_bytes, memory_order_relaxed);
+        rss = r > rss ? r : rss;
+    }
+    if (cap < 2)
+        return 0;
+    out[0] = (sh_policy_metric){"nodes_dead", dead};
+    out[1] = (sh_policy_metric){"node_rss_max_mb", (double)rss / (1024.0 * 1024.0)};
+    return 2;
+}
+
 /* Spawns the watchdog: with worker nodes it heartbeats each (through its hello actor) and pauses
  * the replicas of a dead one; in every mode it ticks the degradation ladder. Returns 0, or 1
  * after an error line. */
@@ -1277,7 +1297,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         s->batcher[k] = batchers[k];
     }
-    if (sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, &s->deg) ||
+    if (sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, degrade_extra, s,
+                                 &s->deg) ||
         start_watchdog(o, s, n_rep))
         return 1;
     // Each model's requests go to its router, or to its only replica's batcher.

@@ -67,7 +67,9 @@ static bool serves(const sh_gateway_args *ga, const char *name)
 int sh__serve_degrade_create(const sh_serve_degrade *o, const sh_cluster_config *cfg,
                              sh_runtime *rt,
                              void (*note)(void *user, const char *kind, const char *msg),
-                             void *note_user, sh_degrade **out)
+                             void *note_user,
+                             size_t (*extra)(void *user, sh_policy_metric *out, size_t cap),
+                             void *extra_user, sh_degrade **out)
 {
     *out = NULL;
     const sh_config_watchdog *w = cfg ? &cfg->watchdog : NULL;
@@ -96,6 +98,8 @@ int sh__serve_degrade_create(const sh_serve_degrade *o, const sh_cluster_config 
         .rt = rt,
         .note = note,
         .note_user = note_user,
+        .extra = extra,
+        .extra_user = extra_user,
     };
     sh_error e = {0};
     if (sh__degrade_create(&d, out, &e))

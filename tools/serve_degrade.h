@@ -31,12 +31,14 @@ int sh__serve_degrade_flag(sh_serve_degrade *o, int argc, char **argv, int *i);
 
 /* Makes the ladder when a policy is given (--policy, or the script's watchdog.policy; flags win
  * over the script's settings); *out stays NULL without a policy. The caller has the watchdog
- * tick it (sh__degrade_tick_cb). note may be NULL. Returns 0, or 1 after an error line (a policy
- * that does not load, with its file:line). Main thread. */
+ * tick it (sh__degrade_tick_cb). note and extra (sh_degrade_opts) may be NULL. Returns 0, or 1
+ * after an error line (a policy that does not load, with its file:line). Main thread. */
 int sh__serve_degrade_create(const sh_serve_degrade *o, const sh_cluster_config *cfg,
                              sh_runtime *rt,
                              void (*note)(void *user, const char *kind, const char *msg),
-                             void *note_user, sh_degrade **out);
+                             void *note_user,
+                             size_t (*extra)(void *user, sh_policy_metric *out, size_t cap),
+                             void *extra_user, sh_degrade **out);
 
 /* Checks that d's fallback model is one ga serves and prints the ladder's settings in one line.
  * Nothing when d is NULL. Returns 0, or 1 after an error line. Main thread, before the gateway
