@@ -180,7 +180,8 @@ typedef struct sh_batcher_args {
      * its retry deadline is sent again under a fresh step id, its sequences' tokens, positions,
      * block tables and sampling seeds unchanged (KV rows are written by position, so a stage that
      * ran the lost try rewrites the same values), and the first answer to any of its tries is
-     * taken, later ones ignored: a greedy request's output is an undisturbed run's. The deadline
+     * taken, later ones ignored: a request's output is an undisturbed run's (the last stage gives
+     * a step run again the draw it made: actors/stage.c). The deadline
      * is max(step_retry_ms, 4 x the latency expected of a step of its size, from a moving average
      * of answered steps; 1 s before any), or step_retry_ms / 4 once a step sent after it was
      * answered (stages answer in order), doubled at each retry. After step_retries retries, or

@@ -24,11 +24,19 @@
 #define STAGE_SENT_RING 16 /* forwarded steps remembered to answer an ACT that bounces */
 
 /* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
- * orders the least recently used for eviction. */
+ * orders the least recently used for eviction. `at` and `out` remember its last draw: a step run
+ * again (a duplicated STEP or ACT, or the batcher's retry of a step whose STEP_DONE was lost)
+ * asks for the token at the same index, and gets that draw again instead of a new one, so that
+ * neither the sampler's generator nor its penalty window moves twice (a seeded request's tokens
+ * stay those of an undisturbed run). */
 typedef struct smp_slot {
     uint64_t seq;
     uint64_t used;
     sh_sampler *s;
+    int64_t at;            /* the index (pos + tokens) of the token last drawn; -1: none */
+    sh_proto_step_out out; /* that draw; its top lists point into top_tok and top_lp */
+    int32_t top_tok[SH_SAMPLER_MAX_LOGPROBS];
+    float top_lp[SH_SAMPLER_MAX_LOGPROBS];
 } smp_slot;
 
 /* A step this stage forwarded as ACT: where its STEP_DONE goes if the ACT bounces. */
@@ -68,6 +76,8 @@ typedef struct stage_state {
     int32_t *blk;           // (max_seqs, tab_len) each sequence's block table
     sh_llama_seq *seqs;     // (max_seqs)
     sh_sampler **smp;       // (max_seqs) the sampler of each sampled sequence of the step
+    smp_slot **sl;          // (max_seqs) and its slot
+    bool *again;            // (max_seqs) the step asks again for the slot's last draw
     sh_sample *samples;     // (max_seqs)
     sh_proto_step_out *out; // (max_seqs) the reply's entries
     int32_t *top_tok;       // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
@@ -110,7 +120,7 @@ typedef struct stage_state {
  * least recently used when the table is full. Returns SH_OK (*out set) or the sampler's error
  * with e naming the sequence. Worker thread. */
 static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sampler **out,
-                          sh_error *e)
+                          smp_slot **slot, sh_error *e)
 {
     smp_slot *victim = NULL;
     for (int32_t i = 0; i < st->n_slots; i++) {
@@ -118,6 +128,7 @@ static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sample
         if (sl->used && sl->seq == q->seq) {
             sl->used = st->tick;
             *out = sl->s;
+            *slot = sl;
             return SH_OK;
         }
         if (!victim || sl->used < victim->used)
@@ -150,8 +161,9 @@ static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sample
     for (uint32_t i = 0; i < q->history.n; i++)
         sh_sampler_accept(s, sh_i32s_at(q->history, i));
     sh_sampler_destroy(victim->s);
-    *victim = (smp_slot){.seq = q->seq, .used = st->tick, .s = s};
+    *victim = (smp_slot){.seq = q->seq, .used = st->tick, .s = s, .at = -1};
     *out = s;
+    *slot = victim;
     return SH_OK;
 }
 
@@ -209,6 +221,17 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
         sh_proto_step_out *o = &st->out[i];
         if (!q->sample)
             continue;
+        if (st->again[i]) { /* this draw was made: the same answer */
+            const smp_slot *sl = st->sl[i];
+            *o = sl->out;
+            int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+            memcpy(tt, sl->top_tok, sl->out.top_tokens.n * sizeof *tt);
+            memcpy(tl, sl->top_lp, sl->out.top_logprobs.n * sizeof *tl);
+            o->top_tokens = (sh_i32s){tt, sl->out.top_tokens.n};
+            o->top_logprobs = (sh_f32s){tl, sl->out.top_logprobs.n};
+            continue;
+        }
         sh_sample *smp = &st->samples[i];
         if (sh_sampler_sample(st->smp[i], logits + (size_t)st->row[i] * st->n_vocab, smp))
             return (int64_t)i;
@@ -272,9 +295,13 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     st->tick++;
     /* Samplers first: bad sampling parameters fail the step before this stage's KV cache is
      * written (earlier stages of a pipeline have written theirs; the step is failed anyway). */
-    for (uint32_t i = 0; st->last && i < n; i++)
-        if (s->seqs.v[i].sample && (err = sampler_get(st, &s->seqs.v[i], &st->smp[i], e)))
+    for (uint32_t i = 0; st->last && i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        st->again[i] = false;
+        if (q->sample && (err = sampler_get(st, q, &st->smp[i], &st->sl[i], e)))
             return err;
+        st->again[i] = q->sample && st->sl[i]->at == (int64_t)q->pos + (int64_t)q->tokens.n;
+    }
     sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in};
     sh_llama_out out;
     if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
@@ -315,10 +342,25 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     if (failed >= 0)
         return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
                              s->seqs.v[failed].seq);
-    /* Every sequence sampled: only now do the penalty windows take the new tokens. */
-    for (uint32_t i = 0; i < n; i++)
-        if (s->seqs.v[i].sample)
-            sh_sampler_accept(st->smp[i], st->out[i].token);
+    /* Every sequence sampled: only now do the penalty windows take the new tokens, and the slots
+     * remember the draws (a draw given again was taken the first time). */
+    for (uint32_t i = 0; i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        if (!q->sample || st->again[i])
+            continue;
+        sh_sampler_accept(st->smp[i], st->out[i].token);
+        smp_slot *sl = st->sl[i];
+        sl->at = (int64_t)q->pos + (int64_t)q->tokens.n;
+        sl->out = st->out[i];
+        if (st->out[i].top_tokens.n) {
+            memcpy(sl->top_tok, st->out[i].top_tokens.ptr,
+                   st->out[i].top_tokens.n * sizeof(int32_t));
+            memcpy(sl->top_lp, st->out[i].top_logprobs.ptr,
+                   st->out[i].top_logprobs.n * sizeof(float));
+        }
+        sl->out.top_tokens.ptr = sl->top_tok;
+        sl->out.top_logprobs.ptr = sl->top_lp;
+    }
     d->seqs = (sh_proto_step_out_list){st->out, n};
     return SH_OK;
 }
@@ -665,6 +707,8 @@ static void free_buffers(stage_state *st)
     free(st->blk);
     free(st->seqs);
     free(st->smp);
+    free(st->sl);
+    free(st->again);
     free(st->samples);
     free(st->out);
     free(st->top_tok);
@@ -743,6 +787,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->blk = malloc(S * (size_t)st->tab_len * sizeof *st->blk);
     st->seqs = calloc(S, sizeof *st->seqs);
     st->smp = calloc(S, sizeof *st->smp);
+    st->sl = calloc(S, sizeof *st->sl);
+    st->again = calloc(S, sizeof *st->again);
     st->samples = calloc(S, sizeof *st->samples);
     st->out = calloc(S, sizeof *st->out);
     st->top_tok = malloc(S * L * sizeof *st->top_tok);
@@ -750,8 +796,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->row = calloc(S, sizeof *st->row);
     sh_err err = SH_ENOMEM;
-    if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->samples || !st->out ||
-        !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+    if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
+        !st->samples || !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES))
         goto fail;
     err = SH_EIO;

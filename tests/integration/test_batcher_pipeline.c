@@ -525,7 +525,14 @@ static bool encode_prompts(void)
     return true;
 }
 
-/* Submits request id (1-based) with prompt p, n choices, greedy, max_tokens = min_tokens. */
+/* Sampling of the requests submit() sends: greedy unless a test sets a temperature. */
+static struct {
+    float temperature, frequency_penalty;
+    uint64_t seed;
+} samp;
+
+/* Submits request id (1-based) with prompt p, n choices, greedy (or as `samp` says),
+ * max_tokens = min_tokens. */
 static void submit(rig *g, uint64_t id, int p, uint32_t n, int32_t max_tokens)
 {
     pthread_mutex_lock(&cl.mu);
@@ -533,10 +540,12 @@ static void submit(rig *g, uint64_t id, int p, uint32_t n, int32_t max_tokens)
     pthread_mutex_unlock(&cl.mu);
     sh_proto_submit s = {.req = id,
                          .prompt = {prompt_ids[p], (uint32_t)n_prompt_ids[p]},
-                         .sampling = {.temperature = 0.0f,
+                         .sampling = {.temperature = samp.temperature,
                                       .top_p = 1.0f,
                                       .repeat_penalty = 1.0f,
+                                      .frequency_penalty = samp.frequency_penalty,
                                       .penalty_last_n = 64,
+                                      .seed = samp.seed + id,
                                       .max_tokens = (uint32_t)max_tokens},
                          .reply_to = g->client,
                          .n = n,
@@ -998,6 +1007,77 @@ out:
     lk.dup_every = 0;
 }
 
+/* One run of the 16 streams with seeded sampling (temperature 0.9, a frequency penalty) through
+ * the link, P = 2, with every dup_every-th STEP duplicated and the 24th dropped and forwarded
+ * late after its retry (late: both tries reach the stages). Returns whether every stream
+ * ended. */
+static bool run_seeded(long dup_every, bool late, int32_t out[N_STREAMS][2][N_GEN], double *ignored)
+{
+    rig g;
+    bool ok = false;
+    samp.temperature = 0.9f;
+    samp.frequency_penalty = 0.5f;
+    samp.seed = 1000;
+    lk.dup_every = dup_every;
+    lk.drop_nth = late ? 24 : 0;
+    lk.drop_late = late;
+    lk.n_steps = 0;
+    lk.first_seq = 0;
+    lk.n_seqs = 0;
+    atomic_store(&lk.dropped, 0);
+    atomic_store(&lk.retried, 0);
+    atomic_store(&lk.dups, 0);
+    if (!rig_start(&g, &(rig_opts){.max_inflight = 2, .link = true, .step_timeout_ms = 20000}))
+        goto out;
+    submit_streams(&g);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    pthread_mutex_lock(&cl.mu);
+    ok = true;
+    for (int i = 0; i < N_STREAMS; i++) {
+        const req_out *r = &cl.r[i + 1];
+        CHECK(!r->failed);
+        for (int c = 0; c < r->n_choices; c++) {
+            ok = ok && r->ch[c].done && r->ch[c].n == N_GEN && !r->failed;
+            memcpy(out[i][c], r->ch[c].tok, sizeof out[i][c]);
+        }
+    }
+    pthread_mutex_unlock(&cl.mu);
+    CHECK_INT_EQ(atomic_load(&cl.bad), 0);
+    *ignored = metric(&g, "shoal_step_answers_ignored_total");
+out:
+    rig_stop(&g);
+    memset(&samp, 0, sizeof samp);
+    lk.dup_every = 0;
+    lk.drop_nth = 0;
+    lk.drop_late = false;
+    return ok;
+}
+
+/* A seeded, penalised (non-greedy) request asks the last stage for the same draw again when a
+ * step runs twice (duplicated, or retried after a lost answer while the lost try still runs):
+ * the stage answers the draw it made instead of drawing again, so the outputs equal an
+ * undisturbed run's token for token. */
+static void test_seeded_steps_twice(void)
+{
+    if (!make_ref())
+        return;
+    static int32_t clean[N_STREAMS][2][N_GEN], twice[N_STREAMS][2][N_GEN];
+    double ign0 = 0, ign1 = 0;
+    if (!run_seeded(0, false, clean, &ign0) || !run_seeded(3, true, twice, &ign1))
+        return;
+    CHECK(ign1 >= 5); /* the duplicates' and the late try's answers */
+    int diff = 0;
+    for (int i = 0; i < N_STREAMS; i++)
+        for (int c = 0; c < (i == FORK_STREAM ? 2 : 1); c++)
+            if (memcmp(clean[i][c], twice[i][c], sizeof clean[i][c]) != 0 && diff++ < 5)
+                SH_FAIL_("stream %d choice %d: the tokens differ from the undisturbed run's", i, c);
+    CHECK_INT_EQ(diff, 0);
+    // Sampled, not greedy: the outputs are not the greedy reference's.
+    CHECK(memcmp(clean[0][0], ref[0][0], sizeof clean[0][0]) != 0);
+    fprintf(stderr, "seeded: %.0f answers ignored, %d streams differ from the undisturbed run\n",
+            ign1, diff);
+}
+
 /* ---- CONTROL PAUSE / RESUME ------------------------------------------------------------ */
 
 static void control(rig *g, uint8_t op)
@@ -1123,6 +1203,7 @@ int main(int argc, char **argv)
                                          {"retries_exhausted", test_retries_exhausted},
                                          {"retry_late_step", test_retry_late_step},
                                          {"duplicate_steps", test_duplicate_steps},
+                                         {"seeded_steps_twice", test_seeded_steps_twice},
                                          {"pause_resume_late", test_pause_resume_late},
                                          {"pause_resume_drop", test_pause_resume_drop},
                                          {"pause_resume_late_p2", test_pause_resume_late_p2},
