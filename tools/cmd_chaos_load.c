@@ -237,6 +237,9 @@ static void start_next(run *r, slot *s)
     s->body = body_of(r, prompt, stream);
     if (!s->body) {
         r->oom = true;
+        s->req = -1;
+        if (r->in_flight == 0)
+            finish_run(r);
         return;
     }
     s->x = (sh__bench_xfer){.method = "POST",
