@@ -2,7 +2,9 @@
 a cluster front over two workers, 'b' serving the default SmolLM2 as "smollm2" (the main model)
 and 'a' serving stories260K as "stories" (the light one, `fallback = 'stories'`), with a policy
 script whose levels follow the number of requests in the batchers (4, 8, 12, 16 for levels 1 to
-4). The test opens and closes long greedy streams to move the load, and checks at every level:
+4). The test opens and closes long greedy streams to move the load (sixteen at once under a
+policy that answers 0, then the ladder reloaded: POST /admin/policy/reload on the front), and
+checks at every level:
 
 - level 1: a request for logprobs is served without them (X-Shoal-Degraded: logprobs);
 - level 2: max_tokens is capped at degrade_max_tokens (4 tokens, finish_reason "length");
@@ -31,6 +33,7 @@ from test_cluster_pipeline import Node  # noqa: E402
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
 HOLD = 2.0
 LOG_TAIL = None  # the front's log tail, for failure messages
+D = None  # the directory of the script and the policy
 POLICY = """-- Levels by the requests the batchers hold (waiting + running), 4 per level.
 function level(m)
   local n = m.requests
@@ -197,9 +200,27 @@ def run(srv, r):
     r.case("up to 1 and 2 under load, then back to 0 after the hold", up_1_2)
 
     def up_4_and_down():
+        # Sixteen streams at once: with the ladder live, the first ones counted could raise the
+        # level before the last ones are parsed (and cap them). So the policy answers 0 while
+        # they arrive, and the ladder is reloaded once all sixteen are in the batchers.
+        write(os.path.join(D, "ladder.lua"), "function level(m) return 0 end\n")
+        st, _, raw = su.post_json(url, "/admin/policy/reload", b"")
+        assert st == 200, raw
         text0 = su.metrics(url)
         capped0 = su.metric(text0, "shoal_degraded_requests_total", effect="max_tokens")
         streams.open(16)
+        deadline = time.monotonic() + 30
+        while True:
+            text = su.metrics(url)
+            n = su.metric(text, "shoal_requests_waiting") + su.metric(text, "shoal_requests_running")
+            if n >= 16:
+                break
+            assert time.monotonic() < deadline, f"only {n} of 16 streams reached the batchers"
+            time.sleep(0.05)
+        assert level(url) == 0
+        write(os.path.join(D, "ladder.lua"), POLICY)
+        st, parsed, raw = su.post_json(url, "/admin/policy/reload", b"")
+        assert st == 200 and parsed["status"] == "reloaded", raw
         wait_level(url, 4, timeout=30)
         capped = su.metric(su.metrics(url), "shoal_degraded_requests_total", effect="max_tokens")
         assert capped == capped0, "a load stream was capped: it reached the gateway too late"
@@ -267,7 +288,8 @@ def main():
     if not os.path.exists(STORIES):
         su.skip(f"{STORIES} missing")
     r = su.Runner("cluster_degrade")
-    d = tempfile.mkdtemp(prefix="shoal-cdeg-")
+    global D
+    d = D = tempfile.mkdtemp(prefix="shoal-cdeg-")
     path = script(d)
     nodes, srv, problems = [], None, []
     try:
