@@ -557,6 +557,14 @@ static void resume_replica(batcher *b)
 
 static void on_control(batcher *b, const sh_proto_control *m)
 {
+    if (m->op == SH_PROTO_CONTROL_OP_REROUTE && m->targets.n == 1) {
+        // A standby took over the first stage: steps go to its new address from now on (the
+        // replica is paused meanwhile; the RESUME that follows recomputes there).
+        b->a.stage = sh_u64s_at(m->targets, 0);
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_INFO, "batcher_rerouted", "stage=%" PRIu64,
+                     (uint64_t)b->a.stage);
+        return;
+    }
     if (m->op == SH_PROTO_CONTROL_OP_PAUSE)
         pause_replica(b);
     else if (m->op == SH_PROTO_CONTROL_OP_RESUME)

@@ -105,7 +105,8 @@ static void to_body(const hello_state *s, sh_proto_hello *b)
     b->max_tokens = id->max_tokens;
     b->seq_blocks = id->seq_blocks;
     b->link_dtype = id->link_dtype;
-    b->stages = (sh_u64s){id->stages, (uint32_t)id->n_stages};
+    // A standby's promotion (another thread) writes stages[] before it raises n_stages.
+    b->stages = (sh_u64s){id->stages, (uint32_t)__atomic_load_n(&id->n_stages, __ATOMIC_ACQUIRE)};
     b->keyed = s->keyed;
 }
 
@@ -356,7 +357,7 @@ static void answer_ping(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
 }
 
 /* CONTROL from the front: SHUTDOWN asks this node to restart (its watchdog found it over its
- * memory budget). */
+ * memory budget); PROMOTE asks a standby to take over stages. */
 static void on_control(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
 {
     sh_addr src = sh_msg_header(m)->src;
@@ -365,11 +366,20 @@ static void on_control(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
     sh_error e = {0};
     if (sh__act_decode(&s->dec, m, &body, &e))
         return;
-    if (!s->a.front || node != s->a.front || !s->a.on_shutdown ||
-        body.control.op != SH_PROTO_CONTROL_OP_SHUTDOWN ||
+    bool shutdown = body.control.op == SH_PROTO_CONTROL_OP_SHUTDOWN && s->a.on_shutdown;
+    bool promote = body.control.op == SH_PROTO_CONTROL_OP_PROMOTE && s->a.on_promote;
+    if (!s->a.front || node != s->a.front || !(shutdown || promote) ||
         (s->a.auth && !sh__hello_auth_allows(s->a.auth, sh_actor_runtime(ctx), src, "CONTROL"))) {
         sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "hello_control_dropped", "from_node=%u op=%u",
                      (unsigned)node, (unsigned)body.control.op);
+        return;
+    }
+    if (promote) {
+        int32_t idx[SH_HELLO_MAX_STAGES];
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < body.control.targets.n && n < SH_HELLO_MAX_STAGES; i++)
+            idx[n++] = (int32_t)sh_u64s_at(body.control.targets, i);
+        s->a.on_promote(s->a.promote_user, idx, (int32_t)n);
         return;
     }
     char why[256];

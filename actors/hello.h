@@ -101,6 +101,11 @@ typedef struct sh_hello_args {
     uint32_t front;
     void (*on_shutdown)(void *user, const char *why);
     void *shutdown_user;
+    /* A standby's: CONTROL op PROMOTE from the front calls on_promote(user, stages, n) on the
+     * actor's loop thread with the plan's stage indices it must take over (it must not block:
+     * loading runs elsewhere); the front then reads their addresses from HELLO. */
+    void (*on_promote)(void *user, const int32_t *stages, int32_t n);
+    void *promote_user;
 } sh_hello_args;
 
 extern const sh_actor_vtable sh__hello_vtable;

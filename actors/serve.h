@@ -130,6 +130,9 @@ typedef struct sh_stage_args {
     /* Optional (a cluster node with a key): STEP and ACT from a node that has not proved the
      * cluster key in HELLO are dropped and logged (sh__hello_auth_allows, actors/hello.h). */
     struct sh_hello_auth *auth;
+    /* The node (id) whose CONTROL op REROUTE with one target moves `next` there (the front, when
+     * a standby took over the next stage; actors/watchdog.h); 0: CONTROL is dropped. */
+    uint32_t control_node;
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

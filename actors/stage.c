@@ -54,7 +54,9 @@ typedef struct stage_state {
     bool first, last; /* this stage embeds tokens (takes STEP) / computes logits and samples */
     const sh_llama *model;
     sh_llama_ctx *ctx;
-    sh_hello_auth *auth; /* NULL: serve every node (no cluster key) */
+    sh_hello_auth *auth;   /* NULL: serve every node (no cluster key) */
+    uint32_t control_node; /* sh_stage_args.control_node */
+    sh_act_decoder ctl;    /* CONTROL, decoded on the loop thread (dec is the worker's) */
     int32_t max_seqs, n_vocab, n_blocks, dim;
     int32_t tab_len; /* block-table entries per sequence (released ones included) */
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
@@ -504,7 +506,7 @@ static sh_err act_forward(stage_state *st, const sh_msg_hdr *h, const sh_proto_s
     sh_msg_hdr ah = {.type = SH_MSG_ACT,
                      .session = s->step,
                      .src = st->self,
-                     .dst = st->next,
+                     .dst = __atomic_load_n(&st->next, __ATOMIC_ACQUIRE),
                      .trace_id = h->trace_id};
     sh__buf_reset(&st->enc);
     sh_err err = sh__proto_encode(&st->enc, &ah, &a, e);
@@ -702,6 +704,7 @@ static void free_buffers(stage_state *st)
     for (int32_t i = 0; st->slots && i < st->n_slots; i++)
         sh_sampler_destroy(st->slots[i].s);
     sh__act_decoder_fini(&st->dec);
+    sh__act_decoder_fini(&st->ctl);
     free(st->q);
     free(st->tok);
     free(st->blk);
@@ -767,6 +770,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
                            &st->m_hidden);
     }
     st->next = a->next;
+    st->control_node = a->control_node;
     st->batcher = a->batcher;
     st->first = a->model->first == 0;
     st->last = last;
@@ -798,7 +802,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     sh_err err = SH_ENOMEM;
     if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
         !st->samples || !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
-        sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES))
+        sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;
     err = SH_EIO;
     if (uv_mutex_init(&st->mu))
@@ -838,6 +842,25 @@ fail:
     return err;
 }
 
+/* CONTROL op REROUTE from the control node: the next stage moved (a standby took it over); the
+ * worker sends its next ACT there. Loop thread. */
+static void reroute(sh_actor_ctx *ctx, stage_state *st, const sh_msg *m)
+{
+    sh_proto_body b;
+    sh_error e = {0};
+    uint32_t node = sh_addr_node(sh_msg_header(m)->src);
+    if (!st->control_node || node != st->control_node || st->last ||
+        sh__act_decode(&st->ctl, m, &b, &e) || b.control.op != SH_PROTO_CONTROL_OP_REROUTE ||
+        b.control.targets.n != 1) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_control_dropped", "from_node=%u",
+                     (unsigned)node);
+        return;
+    }
+    sh_addr to = sh_u64s_at(b.control.targets, 0);
+    __atomic_store_n(&st->next, to, __ATOMIC_RELEASE);
+    sh_actor_log(ctx, SH_LOG_LEVEL_INFO, "stage_rerouted", "next=%" PRIu64, (uint64_t)to);
+}
+
 /* Loop thread; never blocks on a step: a STEP or ACT is kept and queued for the worker, which
  * frees it. So is an ERROR with a session (an ACT of ours that bounced), so that the worker, who
  * remembers the steps it forwarded, answers it in order. */
@@ -848,6 +871,10 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     sh_msg_type type = h->type;
     if (type == SH_MSG_ERROR && (st->last || h->session == 0))
         return SH_MSG_FATE_DONE;
+    if (type == SH_MSG_CONTROL) {
+        reroute(ctx, st, m);
+        return SH_MSG_FATE_DONE;
+    }
     if (type != SH_MSG_STEP && type != SH_MSG_ACT && type != SH_MSG_ERROR) {
         sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_unexpected", "type=%s",
                      sh__msg_type_name(type));

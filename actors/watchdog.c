@@ -132,12 +132,14 @@ static void pause_replicas(sh_actor_ctx *ctx, watchdog *w, int32_t i)
 static void kill_node(sh_actor_ctx *ctx, watchdog *w, int32_t i, uint64_t now, const char *why)
 {
     sh_watchdog_node *n = &w->a.view->node[i];
-    atomic_store_explicit(&n->dead_ms, now, memory_order_relaxed);
-    atomic_fetch_add_explicit(&n->deaths, 1, memory_order_relaxed);
-    w->dead_seq[i] = w->seq;
-    atomic_store_explicit(&n->health, SH_WATCHDOG_DEAD, memory_order_release);
+    // The event first: the front's main thread, once it sees the death counted, reads its
+    // reason from the event ring.
     sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "node_dead", "node=\"%s\" why=\"%s\"", name_of(w, i), why);
     note(w, "dead", i, -1, "node %s was lost: %s", name_of(w, i), why);
+    atomic_store_explicit(&n->dead_ms, now, memory_order_relaxed);
+    w->dead_seq[i] = w->seq;
+    atomic_store_explicit(&n->health, SH_WATCHDOG_DEAD, memory_order_release);
+    atomic_fetch_add_explicit(&n->deaths, 1, memory_order_release);
     pause_replicas(ctx, w, i);
 }
 

@@ -32,13 +32,11 @@ typedef struct builder {
 
 static uint64_t parse_memory(lua_State *L, int idx, const char *what, const char *where);
 
-static const sh__lua_field node_fields[] = {{"name", SH__LUA_STR, true},
-                                            {"listen", SH__LUA_STR, true},
-                                            {"standby", SH__LUA_BOOL, false},
-                                            {"tls_cert", SH__LUA_STR, false},
-                                            {"tls_key", SH__LUA_STR, false},
-                                            {"memory_budget", SH__LUA_ANY, false},
-                                            {NULL, 0, false}};
+static const sh__lua_field node_fields[] = {
+    {"name", SH__LUA_STR, true},      {"listen", SH__LUA_STR, true},
+    {"standby", SH__LUA_BOOL, false}, {"tls_cert", SH__LUA_STR, false},
+    {"tls_key", SH__LUA_STR, false},  {"memory_budget", SH__LUA_ANY, false},
+    {"preload", SH__LUA_STR, false},  {NULL, 0, false}};
 static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
@@ -472,7 +470,13 @@ static void fill_nodes(lua_State *L, sh_cluster_config *c, const char *where)
         raw_field(L, -1, "memory_budget");
         if (!lua_isnil(L, -1))
             d->memory_budget = parse_memory(L, -1, "node: field 'memory_budget'", nwhere);
-        lua_pop(L, 3);
+        lua_pop(L, 1);
+        const char *preload = sh__lua_get_str(L, -1, "preload");
+        if (preload && !d->standby)
+            sh__lua_fail(L, SH_EINVAL, nwhere,
+                         "node '%s': preload is for a standby node (standby = true)", name);
+        d->preload = preload ? dup(L, preload, where) : NULL;
+        lua_pop(L, 2);
     }
     lua_pop(L, 1);
 }
@@ -911,6 +915,7 @@ void sh_config_destroy(sh_cluster_config *c)
         free(c->nodes[i].listen);
         free(c->nodes[i].tls_cert);
         free(c->nodes[i].tls_key);
+        free(c->nodes[i].preload);
     }
     free(c->nodes);
     for (int32_t i = 0; i < c->n_models; i++) {

@@ -42,6 +42,11 @@ typedef struct sh_config_node {
      * memory the front's watchdog lets this node's process hold; above it the node is drained
      * and asked to restart (docs/cluster.md). 0 when not given: no limit. */
     uint64_t memory_budget;
+    /* node{ standby = true, preload = "w1" }: the node whose stages this standby loads at start
+     * (a hot standby: promoting it to replace that node costs no load time); NULL when not given
+     * (a cold standby loads the dead node's layers when it is promoted). Checked against the
+     * node names by the cluster check (tools/cluster.c). */
+    char *preload;
 } sh_config_node;
 
 typedef struct sh_config_model {

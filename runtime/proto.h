@@ -116,6 +116,9 @@ typedef enum sh_proto_control_op {
     SH_PROTO_CONTROL_OP_DEGRADE = 3, /* level: the degradation level */
     SH_PROTO_CONTROL_OP_SHUTDOWN = 4,
     SH_PROTO_CONTROL_OP_RESET = 5, /* kvmgr: forget every sequence and cached block */
+    /* a standby node's hello actor: take over the plan's stages listed in targets (their
+     * indices), then answer HELLO with their new addresses */
+    SH_PROTO_CONTROL_OP_PROMOTE = 6,
 } sh_proto_control_op;
 
 typedef enum sh_proto_fault_action {

@@ -5,10 +5,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "actors/actor_util.h"
 #include "actors/kvmgr_core.h"
 #include "actors/node_metrics.h"
 #include "base/version.h"
 #include "model/gguf.h"
+#include "runtime/proto.h"
 #include "shoal/version.h"
 #include "tools/cluster.h"
 #include "tools/cluster_key.h"
@@ -107,14 +109,21 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
                             SH_CLUSTER_MAX_STAGES);
     for (int32_t i = 0; i < c->n_nodes; i++) {
         const sh_config_node *n = &c->nodes[i];
-        if (n->standby)
-            return sh__cmd_fail("%s: node '%s' is a standby: standby nodes are %s", script, n->name,
-                                later);
+        if (n->standby && i == c->gateway.node)
+            return sh__cmd_fail("%s: node '%s' is the gateway's node and cannot be a standby",
+                                script, n->name);
+        if (n->standby && n->preload) {
+            int32_t of = sh_config_find_node(c, n->preload);
+            if (of < 0 || c->nodes[of].standby || !hosts_stage(c, of))
+                return sh__cmd_fail("%s: node '%s': preload = '%s' must name a node that hosts "
+                                    "stages",
+                                    script, n->name, n->preload);
+        }
         if (!strncmp(n->listen, "inproc://", 9))
             return sh__cmd_fail("%s: node '%s' listens on %s: inproc:// only reaches inside one "
                                 "process; give worker nodes ipc:// or tcp:// URLs",
                                 script, n->name, n->listen);
-        if (i != c->gateway.node && !hosts_stage(c, i))
+        if (i != c->gateway.node && !n->standby && !hosts_stage(c, i))
             return sh__cmd_fail("%s: node '%s' hosts nothing (no stage and not the gateway's "
                                 "node); remove it or give it a stage",
                                 script, n->name);
@@ -232,8 +241,11 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script,
 void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id)
 {
     const sh_cluster_replica_plan *rp = &p->rep[0];
+    // A standby that preloads another node's stages serves that node's replica.
+    const char *pre = p->c->nodes[node].standby ? p->c->nodes[node].preload : NULL;
+    int32_t as = pre ? sh_config_find_node(p->c, pre) : -1;
     for (int32_t i = 0; i < p->n_stages; i++)
-        if (p->stage_node[i] == node) {
+        if (p->stage_node[i] == node || p->stage_node[i] == as) {
             rp = &p->rep[p->stage_replica[i]];
             break;
         }
@@ -462,7 +474,10 @@ sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node)
     uint32_t n = 0;
     for (int32_t i = 0; i < p->n_stages; i++)
         n += p->stage_node[i] == node;
-    return n ? sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n) : SH_ADDR_NONE;
+    // A standby spawns its reporter before any stage (they come with a promotion).
+    return n || p->c->nodes[node].standby
+               ? sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n)
+               : SH_ADDR_NONE;
 }
 
 /* The front's metrics collector (SH_CLUSTER_METRICS_ACTOR); every worker node reports to it. */
@@ -542,15 +557,12 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     return rc;
 }
 
-int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,
-                             char *msg, size_t cap)
+/* Greets node once through a fresh hello actor (the join's keeps pointers to its own peers):
+ * returns 0 when it answered within timeout_ms (f->rejoin[node] holds the answer), 1 when not,
+ * 2 when the actor cannot be spawned (msg says why). */
+static int greet(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms, char *msg,
+                 size_t cap)
 {
-    const sh_config_node *nd = &f->plan.c->nodes[node];
-    sh_transport_link l;
-    if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) != SH_OK ||
-        l.state != SH_LINK_STATE_UP || l.ups == f->ups[node])
-        return 1; /* not back yet */
-    // A fresh hello actor for this one node (the join's keeps pointers to its own peers).
     sh_hello_peer *peer = &f->rejoin[node];
     memset(peer, 0, sizeof *peer);
     peer->addr = sh_addr_make((uint32_t)node + 1, SH_CLUSTER_HELLO_ACTOR);
@@ -559,7 +571,7 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
     sh_error e = {0};
     sh_addr addr;
     if (sh_actor_spawn(rt, "hello", &f->rejoin_args[node], 0, &addr, &e))
-        return (snprintf(msg, cap, "node %s: hello: %s", nd->name, e.msg), 2);
+        return (snprintf(msg, cap, "node %s: hello: %s", f->plan.c->nodes[node].name, e.msg), 2);
     uint64_t deadline = mono_ms() + timeout_ms;
     while (!atomic_load_explicit(&peer->answered, memory_order_acquire)) {
         if (mono_ms() >= deadline) {
@@ -570,6 +582,81 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
         nanosleep(&ts, NULL);
     }
     sh_actor_stop(rt, addr);
+    return 0;
+}
+
+int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t dead,
+                              int32_t sb, uint32_t timeout_ms, const _Atomic int32_t *sb_health,
+                              int32_t *moved, int32_t *n_moved, char *msg, size_t cap)
+{
+    sh_cluster_plan *p = &f->plan;
+    const sh_config_node *nd = &p->c->nodes[sb];
+    uint64_t stages[SH_CLUSTER_MAX_STAGES];
+    int32_t n = 0;
+    for (int32_t i = 0; i < p->n_stages; i++)
+        if (p->stage_node[i] == dead)
+            moved[n] = i, stages[n++] = (uint64_t)i;
+    if (!n)
+        return (snprintf(msg, cap, "node %s holds no stage", p->c->nodes[dead].name), 2);
+    sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PROMOTE, .targets = {stages, (uint32_t)n}};
+    sh_error e = {0};
+    if (sh__act_send(rt, as, sh_addr_make((uint32_t)sb + 1, SH_CLUSTER_HELLO_ACTOR), SH_MSG_CONTROL,
+                     0, &c, &e))
+        return (snprintf(msg, cap, "standby %s: %s", nd->name, e.msg), 1);
+    // It answers HELLO at once; its stages appear in the answer once they are up.
+    uint64_t deadline = mono_ms() + timeout_ms;
+    for (;;) {
+        if (sb_health && atomic_load(sb_health) == 2 /* SH_WATCHDOG_DEAD */)
+            return (snprintf(msg, cap, "standby %s died during its promotion", nd->name), 1);
+        uint64_t now = mono_ms();
+        if (now >= deadline)
+            return (snprintf(msg, cap, "standby %s did not take over within %.1f s", nd->name,
+                             timeout_ms / 1000.0),
+                    1);
+        int rc =
+            greet(f, rt, sb, (uint32_t)(deadline - now < 1000 ? deadline - now : 1000), msg, cap);
+        if (rc == 2)
+            return rc;
+        if (rc == 0 && f->rejoin[sb].got.n_stages == n)
+            break;
+        struct timespec ts = {0, 50 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    const sh_hello_peer *peer = &f->rejoin[sb];
+    // The plan as it will be, checked against what the standby says it serves.
+    sh_cluster_plan next = *p;
+    for (int32_t k = 0; k < n; k++) {
+        next.stage_node[moved[k]] = sb;
+        next.stage_addr[moved[k]] = peer->got.stages[k];
+    }
+    char diff[1024];
+    const char *refusal = key_refusal(peer, nd->name, diff, sizeof diff);
+    if (!refusal) {
+        compare(&next, sb, &f->self, &peer->got, diff, sizeof diff);
+        refusal = diff[0] ? diff : NULL;
+    }
+    if (refusal)
+        return (snprintf(msg, cap, "standby %s is refused: %s", nd->name, refusal), 2);
+    for (int32_t k = 0; k < n; k++) {
+        __atomic_store_n(&p->stage_node[moved[k]], sb, __ATOMIC_RELEASE);
+        __atomic_store_n(&p->stage_addr[moved[k]], next.stage_addr[moved[k]], __ATOMIC_RELEASE);
+    }
+    *n_moved = n;
+    return 0;
+}
+
+int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,
+                             char *msg, size_t cap)
+{
+    const sh_config_node *nd = &f->plan.c->nodes[node];
+    sh_transport_link l;
+    if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) != SH_OK ||
+        l.state != SH_LINK_STATE_UP || l.ups == f->ups[node])
+        return 1; /* not back yet */
+    int rc = greet(f, rt, node, timeout_ms, msg, cap);
+    if (rc)
+        return rc;
+    sh_hello_peer *peer = &f->rejoin[node];
     char diff[1024];
     const char *refusal = key_refusal(peer, nd->name, diff, sizeof diff);
     if (!refusal) {

@@ -167,6 +167,20 @@ int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap);
 int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,
                              char *msg, size_t cap);
 
+/* Promotes standby node sb in place of node dead (issue 12): sends the standby's hello actor
+ * CONTROL op PROMOTE (from `as`, an actor of this node) with every stage the plan has on dead,
+ * greets it until its HELLO lists that many stages (a cold standby loads their layers first),
+ * checks its identity and key as the join does against the plan with those stages moved, and
+ * then moves them in f->plan (stage_node, stage_addr; each store atomic). moved (at least
+ * SH_CLUSTER_MAX_STAGES entries) gets their indices and *n_moved their count. Gives up when
+ * timeout_ms pass or when *sb_health (the watchdog's view of the standby, may be NULL) turns dead.
+ * Returns 0, or 1 (gave up) or 2 (refused) with msg saying why (the plan unchanged). Rerouting the
+ * previous stage or the batcher, and resuming, are the caller's. Not from a loop thread; one thread
+ * at a time. */
+int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t dead,
+                              int32_t sb, uint32_t timeout_ms, const _Atomic int32_t *sb_health,
+                              int32_t *moved, int32_t *n_moved, char *msg, size_t cap);
+
 /* Whether replica k has a stage on node. */
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);
 

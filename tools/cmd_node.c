@@ -22,6 +22,7 @@
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
+#include "tools/standby.h"
 
 static void usage(FILE *f)
 {
@@ -72,6 +73,7 @@ typedef struct node_state {
     const char *fault_path;  /* --fault-scenario */
     const char *fault_epoch; /* --fault-epoch */
     sh_cmd_fault fault;
+    sh_standby sb; /* node{ standby = true }: its stages arrive with a promotion */
 } node_state;
 
 /* The hello actor's on_shutdown: the front's watchdog found this node over its memory budget.
@@ -90,10 +92,12 @@ static void on_shutdown(void *user, const char *why)
 static void close_all(node_state *s)
 {
     sh__cmd_fault_stop(&s->fault);
+    sh__standby_join(&s->sb); /* it spawns on the runtime */
     if (s->tp)
         sh_transport_close(s->tp);
     sh_runtime_destroy(s->rt);
     sh_transport_destroy(s->tp);
+    sh__standby_free(&s->sb);
     for (int32_t i = 0; i < s->n; i++) {
         sh_llama_ctx_destroy(s->st[i].ctx);
         sh_llama_destroy(s->st[i].m);
@@ -128,6 +132,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     for (int32_t k = 0; k < c->n_replicas && !r; k++)
         for (int32_t i = 0; i < c->replicas[k].n_stages && !r; i++)
             if (c->replicas[k].stages[i].node == self)
+                r = &c->replicas[k];
+    // A standby holds no stage: it takes the model of the node it preloads, else the first
+    // replica's, and only stages of that model can move there.
+    bool standby = c->nodes[self].standby;
+    int32_t of =
+        standby && c->nodes[self].preload ? sh_config_find_node(c, c->nodes[self].preload) : -1;
+    for (int32_t k = 0; standby && k < c->n_replicas && !r; k++)
+        for (int32_t i = 0; i < c->replicas[k].n_stages && !r; i++)
+            if (of < 0 || c->replicas[k].stages[i].node == of)
                 r = &c->replicas[k];
     if (!r)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
@@ -184,8 +197,19 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                  (int)sh_llama_ctx_n_blocks(st->ctx), (int)rp->n_blocks),
                     1);
     }
-    if (n_mine == 0)
+    if (n_mine == 0 && !standby)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
+    if (standby) {
+        s->sb.plan = plan;
+        s->sb.self = self;
+        s->sb.path = cm->path;
+        s->sb.model = r->model;
+        s->sb.be = s->be;
+        s->sb.ident = &s->self;
+        rc = sh__standby_preload(&s->sb);
+        if (rc)
+            return rc;
+    }
 
     sh_runtime_opts ro = {.node_id = (uint32_t)self + 1,
                           .name = c->nodes[self].name,
@@ -227,7 +251,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                         .auth = &s->auth,
                         .front = (uint32_t)plan.front + 1,
                         .on_shutdown = on_shutdown,
-                        .shutdown_user = s};
+                        .shutdown_user = s,
+                        .on_promote = standby ? sh__standby_promote : NULL,
+                        .promote_user = &s->sb};
+    s->sb.rt = s->rt;
     sh_addr addr = 0;
     if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
@@ -243,7 +270,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .max_blocks_per_seq = rp->seq_blocks,
                                 .link_dtype = rp->link_dtype,
                                 .next = sh__cluster_next_stage(&plan, i),
-                                .auth = keyed ? &s->auth : NULL};
+                                .auth = keyed ? &s->auth : NULL,
+                                .control_node = (uint32_t)plan.front + 1};
         if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         if (addr != plan.stage_addr[i])
@@ -282,12 +310,18 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         snprintf(layers + l, sizeof layers - l, "%s%sstage %d layers [%d, %d)", k ? ", " : "", rep,
                  (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i]);
     }
-    fprintf(stderr,
-            "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
-            "tokens per step%s)\n",
-            name, layers, cm->name, c->nodes[self].listen,
-            (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, (int)plan.max_seqs,
-            (int)plan.step_tokens, keyed ? "; cluster key set" : "");
+    if (standby)
+        fprintf(stderr,
+                "shoal: node %s serving nothing yet: a standby for %s's stages on %s (the front's "
+                "watchdog promotes it when a stage node dies)\n",
+                name, cm->name, c->nodes[self].listen);
+    else
+        fprintf(stderr,
+                "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
+                "tokens per step%s)\n",
+                name, layers, cm->name, c->nodes[self].listen,
+                (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, (int)plan.max_seqs,
+                (int)plan.step_tokens, keyed ? "; cluster key set" : "");
     fflush(stderr);
     int sig = 0;
     while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {

@@ -637,7 +637,8 @@ typedef struct server {
     uint64_t budget[SH_WATCHDOG_MAX_NODES]; /* node{ memory_budget } */
     bool replica_on[SH_WATCHDOG_MAX_REPLICAS * SH_WATCHDOG_MAX_NODES];
     uint64_t seen_deaths[SH_WATCHDOG_MAX_NODES]; /* view deaths already handled */
-    sh_cluster_events events;                    /* faults and recoveries, for /admin/status */
+    bool spent[SH_WATCHDOG_MAX_NODES]; /* a standby promoted (or failed to be): not used again */
+    sh_cluster_events events;          /* faults and recoveries, for /admin/status */
 } server;
 
 static void close_all(server *s)
@@ -820,6 +821,8 @@ static void node_back(server *s, int32_t i, const char *how)
     const sh_config_node *nd = &p->c->nodes[i];
     double after = (double)(mono_ms() - s->rec[i].since_ms) / 1000.0;
     s->front->lost[i] = false;
+    if (p->c->nodes[i].standby && !strcmp(how, "restarted"))
+        s->spent[i] = false; /* a fresh standby process: it can be promoted again */
     if (!strcmp(how, "restarted"))
         sh__cluster_events_add(&s->events, "restarted", i, -1,
                                "node %s rejoined as a new process %.2f s after it was lost",
@@ -847,7 +850,9 @@ static void node_back(server *s, int32_t i, const char *how)
  * is greeted first. Resumes the replicas that have all their nodes again. Returns true when the
  * front must stop: a node refused on its return, or not back in time, while no replica is left
  * (with one replica: at once). */
-static bool check_awaited(server *s, char *what, size_t cap)
+static bool standby_back(serve_opts *o, server *s, int32_t i);
+
+static bool check_awaited(serve_opts *o, server *s, char *what, size_t cap)
 {
     const sh_cluster_plan *p = &s->front->plan;
     for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++) {
@@ -860,6 +865,8 @@ static bool check_awaited(server *s, char *what, size_t cap)
             node_back(s, i, "came back");
             continue;
         }
+        if (standby_back(o, s, i))
+            continue;
         uint64_t now = mono_ms();
         uint64_t left = s->rec[i].deadline_ms > now ? s->rec[i].deadline_ms - now : 0;
         int rc = left ? sh__cluster_front_rejoin(s->front, s->rt, i,
@@ -896,6 +903,120 @@ static bool check_awaited(server *s, char *what, size_t cap)
     return false;
 }
 
+/* Moves node dead's stages to standby sb (sh__cluster_front_promote; dead == sb: a restarted
+ * standby takes its stages back), reroutes the stage before each moved one (or the batcher, for
+ * a first stage) to its new address and resumes the replicas that wait for no other node.
+ * Returns whether it was done. */
+static bool promote_to(serve_opts *o, server *s, int32_t dead, int32_t sb)
+{
+    sh_cluster_plan *p = &s->front->plan;
+    const sh_config_node *nodes = p->c->nodes;
+    int32_t k0 = -1;
+    for (int32_t k = 0; k < p->n_replicas && k0 < 0; k++)
+        if (sh__cluster_replica_on(p, k, dead))
+            k0 = k;
+    if (k0 < 0)
+        return false;
+    const char *dn = nodes[dead].name, *sn = nodes[sb].name;
+    if (dead != sb)
+        fprintf(stderr, "shoal: promoting standby %s in place of node %s\n", sn, dn);
+    fflush(stderr);
+    uint64_t t0 = mono_ms();
+    int32_t moved[SH_CLUSTER_MAX_STAGES], n = 0;
+    char why[512];
+    uint32_t wait_ms = o->recover_ms ? o->recover_ms : 30000;
+    int rc = sh__cluster_front_promote(s->front, s->rt, s->batcher[k0], dead, sb, wait_ms,
+                                       dead == sb ? NULL : &s->watch.node[sb].health, moved, &n,
+                                       why, sizeof why);
+    if (rc) {
+        sh__cluster_events_add(&s->events, "fault", sb, -1, "promotion of %s failed: %s", sn, why);
+        fprintf(stderr, "shoal: promotion of standby %s failed: %s\n", sn, why);
+        fflush(stderr);
+        return false;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        int32_t i = moved[j], k = p->stage_replica[i];
+        uint64_t t = p->stage_addr[i];
+        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE, .targets = {&t, 1}};
+        if (i != p->rep[k].stage0 && p->stage_node[i - 1] == sb)
+            continue; /* moved along: the standby wired it */
+        sh_addr at = i == p->rep[k].stage0 ? s->batcher[k] : p->stage_addr[i - 1];
+        sh_error e = {0};
+        if (sh__act_send(s->rt, s->batcher[k], at, SH_MSG_CONTROL, 0, &ctl, &e))
+            fprintf(stderr, "shoal: reroute to standby %s: %s\n", sn, e.msg);
+    }
+    int32_t nn = p->c->n_nodes;
+    for (int32_t k = 0; k < p->n_replicas; k++) {
+        __atomic_store_n(&s->replica_on[k * nn + dead], sh__cluster_replica_on(p, k, dead),
+                         __ATOMIC_RELEASE);
+        __atomic_store_n(&s->replica_on[k * nn + sb], sh__cluster_replica_on(p, k, sb),
+                         __ATOMIC_RELEASE);
+    }
+    double took = (double)(mono_ms() - t0) / 1000.0;
+    sh__cluster_events_add(&s->events, "promoted", sb, k0,
+                           "standby %s took over node %s's %d stage%s in %.2f s", sn, dn, (int)n,
+                           n == 1 ? "" : "s", took);
+    for (int32_t k = 0; k < p->n_replicas; k++) {
+        if (!sh__cluster_replica_on(p, k, sb) || replica_waits(s, k))
+            continue;
+        control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
+        __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
+        sh__cluster_events_add(&s->events, "resumed", sb, k,
+                               "replica %d resumed on standby %s (its sequences are recomputed)",
+                               (int)k + 1, sn);
+        fprintf(stderr,
+                "shoal: node %s was replaced by standby %s in %.2f s; replica %d resumed (its "
+                "sequences are recomputed)\n",
+                dn, sn, took, (int)k + 1);
+    }
+    fflush(stderr);
+    return true;
+}
+
+/* Replaces dead node `dead` with a live standby (one that preloads its stages first), when there
+ * is one (promote_to). Returns false when none could: the caller then waits for the node. */
+static bool promote(serve_opts *o, server *s, int32_t dead)
+{
+    const sh_cluster_config *c = s->front->plan.c;
+    int32_t sb = -1;
+    for (int32_t i = 0; i < c->n_nodes; i++) {
+        if (!c->nodes[i].standby || s->spent[i] || i == dead ||
+            atomic_load(&s->watch.node[i].health) != SH_WATCHDOG_ALIVE)
+            continue;
+        if (sb < 0 || (c->nodes[i].preload && !strcmp(c->nodes[i].preload, c->nodes[dead].name)))
+            sb = i;
+    }
+    if (sb < 0)
+        return false;
+    s->spent[sb] = true;
+    if (promote_to(o, s, dead, sb))
+        return true;
+    fprintf(stderr, "shoal: waiting for node %s instead\n", c->nodes[dead].name);
+    return false;
+}
+
+/* A standby that held promoted stages came back as a new process (its link is up on a new
+ * connection): it takes the same stages again (promote_to with dead == sb). Returns whether it
+ * did; false leaves the node to the usual rejoin (which refuses it: it holds nothing). */
+static bool standby_back(serve_opts *o, server *s, int32_t i)
+{
+    sh_cluster_front *f = s->front;
+    sh_transport_link l;
+    if (!f->plan.c->nodes[i].standby ||
+        sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK || l.state != SH_LINK_STATE_UP ||
+        l.ups == f->ups[i])
+        return false;
+    s->rec[i].waiting = false; /* its replicas wait for nothing else here */
+    if (!promote_to(o, s, i, i)) {
+        s->rec[i].waiting = true;
+        return false;
+    }
+    f->ups[i] = l.ups;
+    atomic_store_explicit(&s->watch.node[i].base_ups, l.ups, memory_order_release);
+    f->lost[i] = false;
+    return true;
+}
+
 /* The next node the watchdog judged dead since the last call, or -1; marks it lost. */
 static int32_t next_death(server *s)
 {
@@ -926,6 +1047,13 @@ static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
         death_text(s, node, what, cap);
         if (s->rec[node].waiting)
             continue; /* died again while awaited: its deadline stands */
+        bool holds = false;
+        for (int32_t k = 0; k < p->n_replicas; k++)
+            holds |= sh__cluster_replica_on(p, k, node);
+        if (!holds && !p->c->nodes[node].standby)
+            continue; /* replaced by a standby before: nothing waits for it */
+        if (holds && promote(o, s, node))
+            continue;
         if (o->recover_ms && node < 256) {
             await_node(o, s, node, what);
             continue;
@@ -950,7 +1078,7 @@ static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
             return true;
         }
     }
-    return check_awaited(s, what, cap);
+    return check_awaited(o, s, what, cap);
 }
 
 /* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
@@ -1067,7 +1195,8 @@ static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
             s->names[i] = c->nodes[i].name;
             s->budget[i] = c->nodes[i].memory_budget;
             s->pong_from[i] = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
-            // Every worker that hosts a stage; the front is itself, a standby holds nothing yet.
+            // Every worker that hosts a stage, and every standby; not the front (itself).
+            s->watch_on[i] = c->nodes[i].standby;
             for (int32_t k = 0; k < n_rep; k++)
                 if ((s->replica_on[k * c->n_nodes + i] = sh__cluster_replica_on(p, k, i)))
                     s->watch_on[i] = i != c->gateway.node;
@@ -1154,6 +1283,11 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         int rc = load_models(o->cfg, s, models, toks);
         if (!rc)
             rc = sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key);
+        for (int32_t i = 0; !rc && s->front->key.set && i < o->cfg->n_nodes; i++)
+            if (o->cfg->nodes[i].standby)
+                rc = sh__cmd_fail("%s: node '%s' is a standby: standby nodes do not work with a "
+                                  "cluster key yet (docs/cluster.md, \"Standby nodes\")",
+                                  o->config, o->cfg->nodes[i].name);
         if (!rc)
             rc = sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
                                          o->join_timeout_ms);

@@ -1,0 +1,213 @@
+/* A standby node's stages: preloaded at start, taken over on promotion (tools/standby.h). */
+#include "tools/standby.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "tools/cmd_util.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static sh_standby_stage *held(sh_standby *sb, int32_t stage)
+{
+    for (int32_t k = 0; k < sb->n; k++)
+        if (sb->st[k].stage == stage)
+            return &sb->st[k];
+    return NULL;
+}
+
+/* Loads plan stage i's layers and creates its context with the KV pool the plan gives it, as
+ * `shoal node` does for its own stages. Returns the entry, or NULL with the error in e. */
+static sh_standby_stage *load(sh_standby *sb, int32_t i, sh_error *e)
+{
+    const sh_cluster_plan *p = &sb->plan;
+    const sh_cluster_replica_plan *rp = &p->rep[p->stage_replica[i]];
+    sh_standby_stage *st = &sb->st[sb->n];
+    memset(st, 0, sizeof *st);
+    st->stage = i;
+    sh_llama_load_opts lo = {.first = p->first[i], .last = p->last[i], .prefault = true};
+    if (sh_llama_load(sb->path, &lo, &st->m, e))
+        return NULL;
+    sh_llama_ctx_opts co = {.max_tokens = p->step_tokens,
+                            .max_seqs = p->max_seqs,
+                            .max_logits = p->max_seqs,
+                            .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
+                            .kv_type = SH_DTYPE_F16};
+    if (sh_llama_ctx_create(st->m, sb->be, &co, &st->ctx, e)) {
+        sh_llama_destroy(st->m);
+        st->m = NULL;
+        return NULL;
+    }
+    sb->n++;
+    return st;
+}
+
+int sh__standby_preload(sh_standby *sb)
+{
+    const sh_cluster_plan *p = &sb->plan;
+    const sh_config_node *nd = &p->c->nodes[sb->self];
+    if (!nd->preload) {
+        fprintf(stderr,
+                "shoal: node %s is a cold standby: it loads a dead node's layers when "
+                "promoted\n",
+                nd->name);
+        return 0;
+    }
+    int32_t of = sh_config_find_node(p->c, nd->preload);
+    char list[512] = "";
+    double t0 = now_s();
+    for (int32_t i = 0; i < p->n_stages; i++) {
+        if (p->stage_node[i] != of || p->rep[p->stage_replica[i]].model != sb->model)
+            continue;
+        sh_error e = {0};
+        if (!load(sb, i, &e))
+            return (sh__cmd_fail("standby %s: stage %d: %s", nd->name, (int)i + 1, e.msg), 1);
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%sstage %d layers [%d, %d)", l ? ", " : "", (int)i + 1,
+                 (int)p->first[i], (int)p->last[i]);
+    }
+    fprintf(stderr, "shoal: node %s is a hot standby for node %s: preloaded %s in %.1f s\n",
+            nd->name, nd->preload, list[0] ? list : "nothing (it holds no stage)", now_s() - t0);
+    return 0;
+}
+
+/* Whether stage i also moves here in this promotion. */
+static sh_standby_stage *moving(sh_standby *sb, int32_t i)
+{
+    for (int32_t k = 0; k < sb->n_want; k++)
+        if (sb->want[k] == i)
+            return held(sb, i);
+    return NULL;
+}
+
+static void *promote_main(void *arg)
+{
+    sh_standby *sb = arg;
+    const sh_cluster_plan *p = &sb->plan;
+    const char *name = p->c->nodes[sb->self].name;
+    double t0 = now_s();
+    sh_error e = {0};
+    int32_t loaded = 0;
+    for (int32_t k = 0; k < sb->n_want; k++) {
+        int32_t i = sb->want[k];
+        if (held(sb, i))
+            continue;
+        if (!load(sb, i, &e)) {
+            fprintf(stderr, "shoal: node %s: promotion failed: stage %d: %s\n", name, (int)i + 1,
+                    e.msg);
+            atomic_store(&sb->busy, 0);
+            return NULL;
+        }
+        loaded++;
+    }
+    // Spawn from the last stage back, so that each one's next (here or elsewhere) is known.
+    for (int32_t k = sb->n_want; k-- > 0;) {
+        int32_t i = sb->want[k];
+        sh_standby_stage *st = held(sb, i);
+        if (st->addr)
+            continue; /* promoted for it before */
+        const sh_cluster_replica_plan *rp = &p->rep[p->stage_replica[i]];
+        sh_addr next = sh__cluster_next_stage(p, i);
+        sh_standby_stage *nx = next ? moving(sb, i + 1) : NULL;
+        if (nx && nx->addr)
+            next = nx->addr;
+        st->sa = (sh_stage_args){.model = st->m,
+                                 .ctx = st->ctx,
+                                 .max_seqs = p->max_seqs,
+                                 .max_blocks_per_seq = rp->seq_blocks,
+                                 .link_dtype = rp->link_dtype,
+                                 .next = next,
+                                 .control_node = (uint32_t)p->front + 1};
+        sh_addr addr = 0;
+        if (sh_actor_spawn(sb->rt, "stage", &st->sa, 1, &addr, &e)) {
+            fprintf(stderr, "shoal: node %s: promotion failed: stage %d: %s\n", name, (int)i + 1,
+                    e.msg);
+            atomic_store(&sb->busy, 0);
+            return NULL;
+        }
+        st->addr = addr;
+    }
+    // The identity lists this node's stages in plan order; the front reads it back in HELLO.
+    int32_t n = 0;
+    char list[512] = "";
+    for (int32_t i = 0; i < p->n_stages && n < SH_HELLO_MAX_STAGES; i++) {
+        sh_standby_stage *st = held(sb, i);
+        if (!st || !st->addr)
+            continue;
+        sb->ident->stages[n++] = st->addr;
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%sstage %d layers [%d, %d)", l ? ", " : "", (int)i + 1,
+                 (int)p->first[i], (int)p->last[i]);
+    }
+    __atomic_store_n(&sb->ident->n_stages, n, __ATOMIC_RELEASE);
+    fprintf(stderr, "shoal: node %s promoted: serving %s (%d loaded now, %.2f s)\n", name, list,
+            (int)loaded, now_s() - t0);
+    fflush(stderr);
+    atomic_store(&sb->busy, 0);
+    return NULL;
+}
+
+void sh__standby_promote(void *user, const int32_t *stages, int32_t n)
+{
+    sh_standby *sb = user;
+    const sh_cluster_plan *p = &sb->plan;
+    const char *name = p->c->nodes[sb->self].name;
+    if (n < 1 || n > SH_CLUSTER_MAX_STAGES) {
+        fprintf(stderr, "shoal: node %s: promotion refused: %d stages\n", name, (int)n);
+        return;
+    }
+    for (int32_t k = 0; k < n; k++)
+        if (stages[k] < 0 || stages[k] >= p->n_stages ||
+            p->rep[p->stage_replica[stages[k]]].model != sb->model ||
+            sb->n + n > SH_CLUSTER_MAX_STAGES) {
+            fprintf(stderr,
+                    "shoal: node %s: promotion refused: stage %d is not a stage of this node's "
+                    "model\n",
+                    name, (int)stages[k] + 1);
+            return;
+        }
+    if (atomic_exchange(&sb->busy, 1)) {
+        fprintf(stderr,
+                "shoal: node %s: a promotion is already running; the new request waits "
+                "for the front to ask again\n",
+                name);
+        return;
+    }
+    if (sb->started) {
+        pthread_join(sb->thread, NULL); /* the previous one finished (busy was 0) */
+        sb->started = false;
+    }
+    memcpy(sb->want, stages, (size_t)n * sizeof *stages);
+    sb->n_want = n;
+    fprintf(stderr, "shoal: node %s: promotion asked: %d stage%s\n", name, (int)n,
+            n == 1 ? "" : "s");
+    if (pthread_create(&sb->thread, NULL, promote_main, sb)) {
+        fprintf(stderr, "shoal: node %s: promotion failed: cannot start a thread\n", name);
+        atomic_store(&sb->busy, 0);
+        return;
+    }
+    sb->started = true;
+}
+
+void sh__standby_join(sh_standby *sb)
+{
+    if (sb->started)
+        pthread_join(sb->thread, NULL);
+    sb->started = false;
+}
+
+void sh__standby_free(sh_standby *sb)
+{
+    for (int32_t k = 0; k < sb->n; k++) {
+        sh_llama_ctx_destroy(sb->st[k].ctx);
+        sh_llama_destroy(sb->st[k].m);
+    }
+    sb->n = 0;
+}
