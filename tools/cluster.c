@@ -548,7 +548,7 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     if (!rc)
         rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms, &f->key, f->tp);
     // Every worker answered HELLO, so its link is up; a later change of its connection count
-    // means it went away (sh__cluster_front_lost).
+    // means it went away (the watchdog's base_ups).
     for (int32_t i = 0; !rc && i < c->n_nodes && i < 256; i++) {
         sh_transport_link l;
         if (i != c->gateway.node && sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) == SH_OK)
@@ -672,36 +672,6 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
         f->ups[node] = l.ups;
     f->lost[node] = false;
     return 0;
-}
-
-int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap)
-{
-    const sh_cluster_config *c = f->plan.c;
-    for (int32_t i = 0; i < c->n_nodes && i < 256; i++) {
-        sh_transport_link l;
-        if (i == c->gateway.node || f->lost[i] ||
-            sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK)
-            continue;
-        const sh_config_node *nd = &c->nodes[i];
-        if (l.state != SH_LINK_STATE_UP) {
-            snprintf(msg, cap, "node %s (%s) was lost: its connection %s%s%s", nd->name, nd->listen,
-                     l.state == SH_LINK_STATE_DOWN ? "closed" : "is not up",
-                     l.last_error[0] ? " (last error: " : "", l.last_error[0] ? l.last_error : "");
-            if (l.last_error[0])
-                snprintf(msg + strlen(msg), cap - strlen(msg), ")");
-            f->lost[i] = true;
-            return i;
-        }
-        if (l.ups != f->ups[i]) {
-            snprintf(msg, cap,
-                     "node %s (%s) was lost: it reconnected (the process restarted and its KV "
-                     "cache is gone)",
-                     nd->name, nd->listen);
-            f->lost[i] = true;
-            return i;
-        }
-    }
-    return -1;
 }
 
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node)

@@ -120,19 +120,19 @@ typedef struct sh_cluster_front {
     sh_auth_key key; /* the cluster key: set (or left zeroed: none) before the start */
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
-    bool lost[256];    /* per node: judged lost (sh__cluster_front_lost reported it) */
+    bool lost[256];    /* per node: judged lost (the watchdog's death, until it is back) */
     /* sh__cluster_front_rejoin's greetings, per node (a hello actor keeps pointers to them). */
     sh_hello_peer rejoin[256];
     sh_hello_args rejoin_args[256];
-    int down[SH_CLUSTER_MAX_REPLICAS]; /* per replica: set (atomically) once one of its stage
-                                        * nodes is lost; the router reads it */
+    int down[SH_CLUSTER_MAX_REPLICAS]; /* per replica, atomic: 0 serving, 1 paused (a stage
+                                        * node is awaited), 2 removed; the router reads it */
     /* The workers' latest metrics reports, rendered by the gateway's /metrics; its collector
      * actor reads it too (created by sh__cluster_front_start, freed by ..._front_destroy). */
     struct sh_node_metrics *metrics;
 } sh_cluster_front;
 
-/* The exit status of `shoal serve -c` after it lost a worker node (sh__cluster_front_lost): the
- * replica stopped, an orchestrator should restart the whole cluster. */
+/* The exit status of `shoal serve -c` after it lost a worker node (the watchdog judged it dead):
+ * the replica stopped, an orchestrator should restart the whole cluster. */
 #define SH_CLUSTER_EXIT_LOST 3
 
 /* The exit status of `shoal node` when the front's watchdog asked it to restart (it was over its
@@ -143,19 +143,10 @@ typedef struct sh_cluster_front {
  * script's model i, c->n_models entries, each loaded from c->models[i].path; NULL for a model no
  * replica serves; the front loads only what it needs for hyper-parameters and the tokenizer),
  * listens on the gateway node's URL, dials every worker and joins them (sh__cluster_join), then
- * notes each worker link's connection count for sh__cluster_front_lost(). Returns 0, 2 (bad script,
+ * notes each worker link's connection count (the watchdog's base_ups). Returns 0, 2 (bad script,
  * mismatch, timeout: one error line printed) or 1. Not from a loop thread. */
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
                             const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms);
-
-/* The next worker node lost since the join and not reported before: its link is not up any
- * more (the process died, or closed or broke the connection) or it came up again since the join
- * (the process restarted, so its KV pool is empty while the front's kvmgr believes it full).
- * Either way the replicas with a stage there cannot continue (recovery is not built). Returns the
- * node's index (marked in f->lost) and writes into msg one phrase naming it, its URL and what
- * happened; -1 when no new node was lost. Any thread, after sh__cluster_front_start() returned
- * 0; one thread at a time. */
-int32_t sh__cluster_front_lost(sh_cluster_front *f, char *msg, size_t cap);
 
 /* Greets a lost worker node again once its link is up on a new connection (the process was
  * restarted): a fresh hello actor for that node, up to timeout_ms for its answer, then the join's

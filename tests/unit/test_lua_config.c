@@ -409,6 +409,64 @@ static const struct escape {
     {"local m = model { name = 'm', path = 'p' }; error(getmetatable(m))", "locked"},
 };
 
+/* node{ memory_budget, standby, preload }: parsed and checked (issue 12). */
+static void test_node_budget_standby(void)
+{
+    const char *src =
+        "local m = model { name = 'm', path = 'm.gguf' }\n"
+        "return cluster { nodes = {\n"
+        "  node { name = 'f', listen = 'ipc:///f' },\n"
+        "  node { name = 'w', listen = 'ipc:///w', memory_budget = '1.5 GiB' },\n"
+        "  node { name = 'x', listen = 'ipc:///x', memory_budget = 4096 },\n"
+        "  node { name = 's', listen = 'ipc:///s', standby = true, preload = 'w' } },\n"
+        "  gateway = { node = 'f', http = 'h:80' },\n"
+        "  replicas = { replica { model = m, stages = pipeline(m, { 'w', 'x' }) } } }\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(load_str(src, NULL, &c, &e));
+    if (!c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    CHECK_INT_EQ((int64_t)c->nodes[0].memory_budget, 0);
+    CHECK_INT_EQ((int64_t)c->nodes[1].memory_budget, (int64_t)3 << 29);
+    CHECK_INT_EQ((int64_t)c->nodes[2].memory_budget, 4096);
+    CHECK(c->nodes[3].standby);
+    CHECK_STR_EQ(c->nodes[3].preload, "w");
+    CHECK(c->nodes[1].preload == NULL);
+    sh_config_destroy(c);
+    static const struct {
+        const char *node, *want;
+    } bad[] = {
+        {"node { name = 'w', listen = 'ipc:///w', memory_budget = 'lots' }",
+         "node: field 'memory_budget' must be bytes or a size like \"512MiB\""},
+        {"node { name = 'w', listen = 'ipc:///w', memory_budget = 0 }",
+         "node: field 'memory_budget' must be bytes"},
+        {"node { name = 'w', listen = 'ipc:///w', preload = 'x' }",
+         "node 'w': preload is for a standby node"},
+        {"node { name = 'w', listen = 'ipc:///w', preload = 3 }",
+         "field 'preload' must be a string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf,
+                 "local m = model { name = 'm', path = 'm.gguf' }\n"
+                 "local n = %s\n"
+                 "return cluster { nodes = { node { name = 'f', listen = 'ipc:///f' }, n },\n"
+                 "  gateway = { node = 'f', http = 'h:80' },\n"
+                 "  replicas = { replica { model = m, stages = pipeline(m, { 'w' }) } } }\n",
+                 bad[i].node);
+        c = NULL;
+        e = (sh_error){0};
+        CHECK(load_str(buf, NULL, &c, &e) == SH_EINVAL);
+        CHECK(c == NULL);
+        if (!strstr(e.msg, bad[i].want) || !strstr(e.msg, "bad.lua:2"))
+            fprintf(stderr, "case %zu: got '%s', want bad.lua:2 and '%s'\n", i, e.msg, bad[i].want);
+        CHECK(strstr(e.msg, bad[i].want) != NULL);
+        CHECK(strstr(e.msg, "bad.lua:2") != NULL);
+    }
+}
+
 static void test_sandbox_escapes(void)
 {
     for (size_t i = 0; i < sizeof escapes / sizeof escapes[0]; i++) {
@@ -624,6 +682,7 @@ static const sh_test_case tests[] = {
     {"defaults_and_layers", test_defaults_and_layers},
     {"weights", test_weights},
     {"errors", test_errors},
+    {"node_budget_standby", test_node_budget_standby},
     {"sandbox_escapes", test_sandbox_escapes},
     {"script_relative_paths", test_script_relative_paths},
     {"limits", test_limits},
