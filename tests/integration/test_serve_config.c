@@ -147,8 +147,8 @@ static void expect_error_line(const char *label, const char *want, const char *c
 
 /* Defect 10 of issue 10: a gateway on one node and the stage on a tcp:// node was accepted and
  * run in this one process. Now that process is the front: it waits for worker 'b' to join and,
- * with nobody listening there, exits 2 naming it. What is not built yet (cluster-demo.lua's
- * standby node, a worker node holding stages of two models) is refused by name. */
+ * with nobody listening there, exits 2 naming it (a standby too: it joins like a worker). What is
+ * not built yet (a worker node holding stages of two models) is refused by name. */
 static void test_multi_node_refused(void)
 {
     char script[300];
@@ -167,11 +167,20 @@ static void test_multi_node_refused(void)
     const char *two[] = {"-c", script, "--port", "0", "--join-timeout", "0.5", NULL};
     expect_error_line("2-node script, worker absent", "did not join within 0.5 s", two);
     CHECK(strstr(err_buf, "'b' (tcp://127.0.0.1:7302)") != NULL);
-    const char *demo[] = {"-c", "lua/examples/cluster-demo.lua", "--port", "0", NULL};
-    expect_refused("cluster-demo.lua",
-                   "node 'spare' is a standby: standby nodes are not "
-                   "implemented yet",
-                   demo);
+    // A standby node joins like a worker: the front waits for it too and names it.
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'a', listen = 'tcp://127.0.0.1:7301' },\n"
+             "            node { name = 'b', listen = 'tcp://127.0.0.1:7302' },\n"
+             "            node { name = 's', listen = 'tcp://127.0.0.1:7303', standby = true } },\n"
+             "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'b' }) } },\n"
+             "}\n",
+             sh_test_path(STORIES));
+    write_text(script, src);
+    expect_error_line("a standby absent", "did not join within 0.5 s", two);
+    CHECK(strstr(err_buf, "'s' (tcp://127.0.0.1:7303)") != NULL);
     snprintf(src, sizeof src,
              "local m = model { path = '%s', name = 'stories' }\n"
              "local m2 = model { path = '%s', name = 'stories2' }\n"
