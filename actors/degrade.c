@@ -349,7 +349,7 @@ static void set_level(sh_degrade *d, int32_t from, int32_t to, const char *why,
     sh_runtime_log(d->o.rt, to > from ? SH_LOG_LEVEL_WARN : SH_LOG_LEVEL_INFO, "degradation_level",
                    "from=%d to=%d why=\"%s\" policy=\"%s\" %s", (int)from, (int)to, why,
                    d->o.policy, mbuf);
-    snprintf(ev, sizeof ev, "%d -> %d (%s): %s", (int)from, (int)to, why, mbuf);
+    snprintf(ev, sizeof ev, "%d -> %d (%.40s): %.180s", (int)from, (int)to, why, mbuf);
     note(d, "level", ev);
 }
 
