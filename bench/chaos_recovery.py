@@ -390,15 +390,15 @@ def pct(xs, p):
 
 
 def summary(name, xs, target=None, strict=False):
+    shown = (("< " if strict else "≤ ") + f"{target:g} s") if target is not None else ""
     if not xs:
-        return f"| {name} | 0 | | | | | {target or ''} | |"
+        return f"| {name} | 0 | | | | {shown} | |"
     p99 = pct(xs, 99)
     met = ""
     if target is not None:
         met = "met" if (p99 < target if strict else p99 <= target) else "MISSED"
-        target = ("< " if strict else "≤ ") + f"{target:g} s"
     return (f"| {name} | {len(xs)} | {pct(xs, 50):.3f} | {p99:.3f} | {max(xs):.3f} | "
-            f"{target or ''} | {met} |")
+            f"{shown} | {met} |")
 
 
 def main():
