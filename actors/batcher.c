@@ -690,6 +690,13 @@ static sh_err register_metrics(batcher *b)
                                     "Time a step spent on the stage (forward pass and sampling).",
                                     lb, time_bounds, sizeof time_bounds / sizeof time_bounds[0],
                                     &b->m_step_time));
+    static const double wait_bounds[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1,
+                                         1.5,   2,     3,    5,     7.5,  10,  20,   30,  60};
+    keep(&err, sh_metrics_histogram(mx, "shoal_queue_wait_seconds",
+                                    "Time a request's sequence waited in the batcher's queue "
+                                    "before it first joined the running set.",
+                                    lb, wait_bounds, sizeof wait_bounds / sizeof wait_bounds[0],
+                                    &b->m_queue_wait));
     static const double fl_bounds[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
     keep(&err, sh_metrics_histogram(mx, "shoal_steps_in_flight",
                                     "Steps in flight when a step was sent, itself included (a "

@@ -52,6 +52,7 @@ typedef struct bseq {
     uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
     bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
     bool held_kv;  /* was ever granted KV blocks (true for good: a preempted one too) */
+    bool admitted_once; /* its queue wait is in shoal_queue_wait_seconds */
     sh_tokenizer_stream *detok;
     sh_openai_stopper stop;
     struct bseq *next; /* queue link */
@@ -136,6 +137,7 @@ typedef struct batcher {
     sh_counter *m_preempt, *m_prompt_toks, *m_gen_toks, *m_steps, *m_retries, *m_ignored;
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
+    sh_histogram *m_queue_wait; /* arrival to first admission, once per sequence */
     /* what METRICS reports to the router say (counters since init) */
     uint64_t tot_tokens, tot_generated, tot_steps, busy_us;
     uint64_t busy_since; /* when the steps in flight went from none to one (0: none in flight) */

@@ -262,6 +262,10 @@ static void admit(batcher *b, bseq *s, int32_t k, uint64_t now_us)
     s->admitted_us = now_us;
     s->admitted_step = b->step_no;
     s->relieved = false;
+    if (!s->admitted_once) { /* queued_us is still its arrival */
+        s->admitted_once = true;
+        sh_histogram_observe(b->m_queue_wait, (double)(now_us - s->queued_us) * 1e-6);
+    }
     running_insert(b, s);
 }
 

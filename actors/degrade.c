@@ -38,7 +38,7 @@ typedef struct hsum {
 typedef struct snap {
     uint64_t t_ms;
     double generated;
-    hsum ttft, step;
+    hsum ttft, step, qwait;
 } snap;
 
 /* What one pass over the registry found. */
@@ -47,7 +47,7 @@ typedef struct gathered {
     int32_t batchers, paused, routed, unrouted;
     int32_t n_bad; /* label sets of replicas paused or out of routing */
     char bad[MAX_UNHEALTHY][48];
-    hsum ttft, step;
+    hsum ttft, step, qwait;
 } gathered;
 
 struct sh_degrade {
@@ -126,6 +126,8 @@ static void visit(void *arg, const sh_metric_sample *s)
         hsum_add(&g->ttft, s);
     else if (!strcmp(n, "shoal_step_seconds") && s->kind == SH_METRIC_HISTOGRAM)
         hsum_add(&g->step, s);
+    else if (!strcmp(n, "shoal_queue_wait_seconds") && s->kind == SH_METRIC_HISTOGRAM)
+        hsum_add(&g->qwait, s);
 }
 
 /* The q-quantile of the observations in now minus base, in the histogram's unit, interpolated
@@ -179,12 +181,18 @@ static size_t gather(sh_degrade *d, uint64_t now_ms)
         if (!base || now_ms - s->t_ms >= WINDOW_MS)
             base = s;
     }
-    snap cur = {.t_ms = now_ms, .generated = g->generated, .ttft = g->ttft, .step = g->step};
+    snap cur = {.t_ms = now_ms,
+                .generated = g->generated,
+                .ttft = g->ttft,
+                .step = g->step,
+                .qwait = g->qwait};
     if (!base)
         base = &cur;
     double ttft50 = quantile(&g->ttft, &base->ttft, 0.50) * 1000;
     double ttft99 = quantile(&g->ttft, &base->ttft, 0.99) * 1000;
     double step99 = quantile(&g->step, &base->step, 0.99) * 1000;
+    double wait50 = quantile(&g->qwait, &base->qwait, 0.50) * 1000;
+    double wait99 = quantile(&g->qwait, &base->qwait, 0.99) * 1000;
     double dt = (double)(now_ms - base->t_ms) / 1000.0;
     double tps =
         dt > 0 && g->generated >= base->generated ? (g->generated - base->generated) / dt : 0;
@@ -201,8 +209,8 @@ static size_t gather(sh_degrade *d, uint64_t now_ms)
     int32_t healthy = replicas - g->n_bad;
     if (healthy < 0)
         healthy = 0;
-    const double v[] = {ttft50,
-                        ttft99,
+    const double v[] = {wait50,
+                        wait99,
                         ttft50,
                         ttft99,
                         step99,

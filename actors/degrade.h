@@ -72,10 +72,11 @@ void sh__degrade_destroy(sh_degrade *d);
  * calls level(m) and updates the level as described above; logs a level change
  * (event=degradation_level, with the metrics that caused it) and notes it. The metrics, by
  * name, summed over every replica in the registry:
- *   queue_wait_p50_ms, queue_wait_p99_ms  time to first token of the requests that got their
- *                       first token in the last 5 s (the queue wait plus prefill, as the gateway
- *                       measures it); 0 when none did
- *   ttft_p50_ms, ttft_p99_ms             the same figures under their exact name
+ *   queue_wait_p50_ms, queue_wait_p99_ms  how long the sequences first admitted in the last
+ *                       5 s waited in their batcher's queue (shoal_queue_wait_seconds); 0 when
+ *                       none was admitted
+ *   ttft_p50_ms, ttft_p99_ms  time to first token of the requests that got their first token in
+ *                       the same window (queue wait plus prefill, as the gateway measures it)
  *   step_latency_p99_ms  shoal_step_seconds over the same window
  *   queue_depth         sequences waiting for admission (shoal_requests_waiting)
  *   running_seqs        sequences running (shoal_requests_running)

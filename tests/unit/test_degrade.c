@@ -58,7 +58,7 @@ static int log_count(const char *needle)
 typedef struct fixture {
     test_rt t;
     sh_gauge *waiting, *running, *kv_total, *kv_used, *paused[2];
-    sh_histogram *ttft;
+    sh_histogram *ttft, *qwait;
     char path[64];
     sh_degrade *d;
     char notes[16][240];
@@ -104,6 +104,8 @@ static void setup(fixture *f, const char *src, uint32_t hold_ms)
                                  1,     1.5,  2,     3,    5,     7.5, 10,   20,  40,  80};
     CHECK_OK(sh_metrics_histogram(mx, "shoal_time_to_first_token_seconds", "", NULL, lat,
                                   sizeof lat / sizeof lat[0], &f->ttft));
+    CHECK_OK(sh_metrics_histogram(mx, "shoal_queue_wait_seconds", "", "replica=\"0\"", lat,
+                                  sizeof lat / sizeof lat[0], &f->qwait));
     sh_gauge_set(f->kv_total, 100);
     const char *policy = NULL;
     if (src) {
@@ -203,7 +205,7 @@ static void test_metrics(void)
     sh__degrade_tick(f.d, t);
     CHECK_INT_EQ(sh__degrade_level(f.d), 0);
     for (int i = 0; i < 100; i++)
-        sh_histogram_observe(f.ttft, 1.2); /* p99 in the (1, 1.5] bucket: level 2 */
+        sh_histogram_observe(f.qwait, 1.2); /* queue wait p99 in (1, 1.5] s: level 2 */
     sh__degrade_tick(f.d, t + 500);
     CHECK_INT_EQ(sh__degrade_level(f.d), 2);
     sh_gauge_set(f.kv_used, 99); /* kv_used 0.99 > 0.98: level 4 */
@@ -219,24 +221,27 @@ static void test_metrics(void)
     teardown(&f);
 
     // Every name, read back through a script that checks them.
-    setup(&f,
-          "function level(m)\n"
-          "  if m.queue_depth ~= 5 or m.running_seqs ~= 7 or m.requests ~= 12 then return 1 end\n"
-          "  if m.kv_used ~= 0.25 then return 2 end\n"
-          "  if m.replicas ~= 2 or m.healthy_replicas ~= 1 then return 3 end\n"
-          "  if m.queue_wait_p99_ms < 300 or m.queue_wait_p99_ms > 500 then return 4 end\n"
-          "  if m.ttft_p50_ms ~= m.queue_wait_p50_ms or m.front_rss_mb <= 0 then return 4 end\n"
-          "  if m.tokens_per_s ~= 0 or m.level == nil then return 4 end\n"
-          "  return 0\n"
-          "end\n",
-          0);
+    setup(
+        &f,
+        "function level(m)\n"
+        "  if m.queue_depth ~= 5 or m.running_seqs ~= 7 or m.requests ~= 12 then return 1 end\n"
+        "  if m.kv_used ~= 0.25 then return 2 end\n"
+        "  if m.replicas ~= 2 or m.healthy_replicas ~= 1 then return 3 end\n"
+        "  if m.queue_wait_p99_ms < 300 or m.queue_wait_p99_ms > 500 then return 4 end\n"
+        "  if m.ttft_p99_ms < 75 or m.ttft_p99_ms > 100 or m.front_rss_mb <= 0 then return 4 end\n"
+        "  if m.tokens_per_s ~= 0 or m.level == nil then return 4 end\n"
+        "  return 0\n"
+        "end\n",
+        0);
     sh_gauge_set(f.waiting, 5);
     sh_gauge_set(f.running, 7);
     sh_gauge_set(f.kv_used, 25);
     sh_gauge_set(f.paused[1], 1);
     sh__degrade_tick(f.d, 900); /* the window's start */
-    for (int i = 0; i < 10; i++)
-        sh_histogram_observe(f.ttft, 0.4);
+    for (int i = 0; i < 10; i++) {
+        sh_histogram_observe(f.qwait, 0.4);
+        sh_histogram_observe(f.ttft, 0.09);
+    }
     sh__degrade_tick(f.d, 1000);
     CHECK_INT_EQ(sh__degrade_level(f.d), 0);
     CHECK_UINT_EQ(counter_of(&f, "shoal_policy_errors_total", NULL), 0);
