@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/quant_k.h"
+
 static uint32_t f32_bits(float f)
 {
     uint32_t u;
@@ -102,7 +104,7 @@ bool sh__quant_supported(sh_dtype type)
     case SH_DTYPE_Q4_1:
         return true;
     default:
-        return false;
+        return sh__quant_k_supported(type);
     }
 }
 
@@ -211,8 +213,9 @@ sh_err sh__quant_row(sh_dtype type, const float *src, void *dst, int64_t n)
     case SH_DTYPE_Q4_1:
         quant_q4_1(src, dst, n / SH_QK4_1);
         break;
-    default:
-        return SH_EINVAL;
+    default: /* the K-quants (row_ok accepted the type) */
+        sh__quant_k_quantize(type, src, dst, n / SH_QK_K);
+        break;
     }
     return SH_OK;
 }
@@ -271,8 +274,9 @@ sh_err sh__dequant_row(sh_dtype type, const void *src, float *dst, int64_t n)
         }
         break;
     }
-    default:
-        return SH_EINVAL;
+    default: /* the K-quants (row_ok accepted the type) */
+        sh__quant_k_dequantize(type, src, dst, n / SH_QK_K);
+        break;
     }
     return SH_OK;
 }

@@ -24,7 +24,8 @@ uint16_t sh__quant_bf16_from_f32(float f);
 /* Exact widening of a bfloat16. */
 float sh__quant_f32_from_bf16(uint16_t h);
 
-/* True for the types sh__quant_row / sh__dequant_row handle: F32, F16, BF16, Q8_0, Q4_0, Q4_1. */
+/* True for the types sh__quant_row / sh__dequant_row handle: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+ * and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K (quant_k.h; 256-element blocks). */
 bool sh__quant_supported(sh_dtype type);
 
 /* Converts n floats from `src` to one row of `type` at `dst` (sh__dtype_row_bytes(type, n) bytes,
