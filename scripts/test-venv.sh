@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates (idempotently) the Python virtual environment the `shoal serve` integration tests use,
-# at .cache/venv under the repository root, with the official `openai` client in it. Only
-# tests/integration/test_serve_openai.py needs it; the other serve tests are stdlib-only.
+# at .cache/venv under the repository root, with the official `openai` client in it
+# (tests/integration/test_serve_openai.py; the other serve tests are stdlib-only) and the pinned
+# packages of tests/reference/requirements.txt (gguf, numpy), which the K-quant test
+# tests/unit/test_quant_k_gguf.py and the NumPy reference forward pass use.
 # Needs python3 with the venv module (Debian: python3-venv, installed by scripts/bootstrap.sh) and
 # PyPI reachable by pip. Usage: scripts/test-venv.sh [--quiet]
 set -euo pipefail
@@ -22,10 +24,17 @@ die() {
 
 command -v python3 >/dev/null 2>&1 || die "python3 not found (run scripts/bootstrap.sh)"
 
-# Already done? (the venv works and has the pinned client)
+reqs="$root/tests/reference/requirements.txt"
+
+# Already done? (the venv works and has the pinned client and the pinned reference packages)
 if [ -x "$py" ] && "$py" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" \
-    2>/dev/null; then
-    say "$venv already has openai $OPENAI_VERSION"
+    2>/dev/null && "$py" - "$reqs" 2>/dev/null <<'PY'; then
+import sys
+from importlib.metadata import version
+pins = [line.split("#")[0].strip() for line in open(sys.argv[1])]
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in pins if p)))
+PY
+    say "$venv already has openai $OPENAI_VERSION and the packages of $reqs"
     exit 0
 fi
 
@@ -53,3 +62,11 @@ fi
 
 "$py" -c "import openai; print('test-venv: openai', openai.__version__, 'ready')" ||
     die "openai installed but does not import"
+
+say "installing $reqs into $venv"
+if ! "$py" -m pip install "${pipq[@]}" --disable-pip-version-check --timeout 60 --retries 2 \
+    -r "$reqs"; then
+    die "pip could not install $reqs: is PyPI reachable (proxy settings)?"
+fi
+"$py" -c "import gguf, numpy; print('test-venv: gguf and numpy', numpy.__version__, 'ready')" ||
+    die "gguf and numpy installed but do not import"

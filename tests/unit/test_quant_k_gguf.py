@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Our K-quant scalar reference against an independent one: the PyPI `gguf` package's NumPy
+dequantizer (pinned in tests/reference/requirements.txt). Random blocks of bytes for Q2_K..Q6_K,
+with their fp16 scales made finite, are dequantized by kernels/cpu/quant_k.c (through
+quant_k_tool) and by gguf.quants.dequantize; the floats must be bit-identical. Where gguf can
+quantize a type, our quantizer's bytes are compared with its on random floats (gguf 0.19.0 has no
+K-quant quantizer, so that part reports itself as not run). With SH_GGML_LIB set to a built
+libggml-base.so (llama.cpp's, e.g. from the llama-cpp-python sdist; not needed by CI), our
+quantizer's bytes are also compared with ggml's quantize_row_*_K_ref on random floats, Q8_K
+included. Exit 77 (skip) only when numpy or gguf cannot be imported.
+Usage: test_quant_k_gguf.py QUANT_K_TOOL"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    from gguf import quants
+except ImportError as e:  # the only reason to skip
+    print(f"skip: python cannot import the reference ({e}); run scripts/test-venv.sh")
+    sys.exit(77)
+
+# Byte offsets of each type's fp16 fields within its block (ggml's block_q*_K layouts).
+HALF_FIELDS = {
+    "Q2_K": (80, 82),  # scales[16] qs[64] d dmin
+    "Q3_K": (108,),  # hmask[32] qs[64] scales[12] d
+    "Q4_K": (0, 2),  # d dmin scales[12] qs[128]
+    "Q5_K": (0, 2),  # d dmin scales[12] qh[32] qs[128]
+    "Q6_K": (208,),  # ql[128] qh[64] scales[16] d
+}
+N_BLOCKS = 2048
+failures = 0
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print("FAIL:", msg)
+
+
+def run_tool(tool, mode, name, data, tmp):
+    src, dst = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    subprocess.run([tool, mode, name, src, dst], check=True)
+    with open(dst, "rb") as f:
+        return f.read()
+
+
+def random_blocks(rng, name):
+    qtype = getattr(QT, name)
+    block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    assert block_elems == 256
+    raw = rng.integers(0, 256, size=(N_BLOCKS, block_bytes), dtype=np.uint8)
+    for off in HALF_FIELDS[name]:
+        h = raw[:, off : off + 2].copy().view("<u2").reshape(-1)
+        # Exponent 31 is infinity or NaN: flip its top bit (exponent 15, values around 1) so every
+        # scale is finite; zeros, subnormals and both signs stay in the mix.
+        bad = ((h >> 10) & 0x1F) == 0x1F
+        h[bad] ^= 0x4000
+        raw[:, off : off + 2] = h.view(np.uint8).reshape(N_BLOCKS, 2)
+    # A few blocks with a zero scale, as real files have.
+    raw[:8, HALF_FIELDS[name][0] : HALF_FIELDS[name][0] + 2] = 0
+    return qtype, raw
+
+
+def check_dequant(tool, rng, name, tmp):
+    qtype, raw = random_blocks(rng, name)
+    ref = quants.dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(-1)
+    ours = np.frombuffer(run_tool(tool, "deq", name, raw.tobytes(), tmp), dtype="<f4")
+    if ours.shape != ref.shape:
+        fail(f"{name}: {ours.size} floats from us, {ref.size} from gguf")
+        return
+    same = ours.view(np.uint32) == ref.view(np.uint32)
+    if not same.all():
+        i = int(np.flatnonzero(~same)[0])
+        fail(f"{name}: {int((~same).sum())} of {ref.size} floats differ; first at element {i} "
+             f"(block {i // 256}): ours {ours[i]!r} gguf {ref[i]!r}")
+    else:
+        print(f"ok: {name} dequantization of {N_BLOCKS} random blocks bit-identical to gguf "
+              f"{gguf_version()}")
+
+
+def check_quant(tool, rng, name, tmp):
+    qtype = getattr(QT, name)
+    x = (rng.standard_normal(256 * 64) * rng.uniform(0.01, 3.0)).astype(np.float32)
+    try:
+        ref = quants.quantize(x.reshape(64, 256), qtype)
+    except NotImplementedError:
+        print(f"not run: gguf {gguf_version()} cannot quantize {name}, so our quantizer's bytes "
+              "are not compared here")
+        return
+    ours = run_tool(tool, "q", name, x.tobytes(), tmp)
+    if ours != ref.tobytes():
+        fail(f"{name}: quantized bytes differ from gguf's")
+    else:
+        print(f"ok: {name} quantization byte-identical to gguf")
+
+
+def check_ggml(tool, rng, tmp, lib_path):
+    """Our quantizer against ggml's own reference, through ctypes (optional)."""
+    import ctypes
+
+    lib = ctypes.CDLL(lib_path)
+    for name in list(HALF_FIELDS) + ["Q8_K"]:
+        block_bytes = gguf.GGML_QUANT_SIZES[getattr(QT, name)][1]
+        nb = 1024
+        scale = 10.0 ** rng.uniform(-4, 3, size=(nb, 1))
+        shift = rng.uniform(-2, 2, size=(nb, 1)) * (rng.random((nb, 1)) < 0.25)
+        x = ((rng.standard_normal((nb, 256)) + shift) * scale).astype(np.float32).reshape(-1)
+        ref = np.zeros(nb * block_bytes, np.uint8)
+        fn = getattr(lib, f"quantize_row_{name[:2].lower()}_K_ref")
+        fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ref.ctypes.data), ctypes.c_int64(x.size))
+        ours = np.frombuffer(run_tool(tool, "q", name, x.tobytes(), tmp), np.uint8)
+        differ = (ours.reshape(nb, -1) != ref.reshape(nb, -1)).any(axis=1)
+        if differ.any():
+            fail(f"{name}: {int(differ.sum())} of {nb} blocks differ from ggml's quantize_row_ref")
+        else:
+            print(f"ok: {name} quantization of {nb} random blocks byte-identical to ggml's reference")
+
+
+def gguf_version():
+    try:
+        from importlib.metadata import version
+
+        return version("gguf")
+    except Exception:
+        return "?"
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__)
+        return 2
+    tool = sys.argv[1]
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    with tempfile.TemporaryDirectory(prefix="shoal-qk-") as tmp:
+        for name in HALF_FIELDS:
+            check_dequant(tool, rng, name, tmp)
+            check_quant(tool, rng, name, tmp)
+        if os.environ.get("SH_GGML_LIB"):
+            check_ggml(tool, rng, tmp, os.environ["SH_GGML_LIB"])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
