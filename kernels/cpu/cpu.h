@@ -10,6 +10,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_k.h"
 
 /* ---- worker pool --------------------------------------------------------------------------- */
 
@@ -194,6 +195,32 @@ void sh__cpu_act_transpose(const sh__cpu_act *act, int64_t t0, int64_t t1);
 
 /* Scalar reference pieces reused by the SIMD files for tails. */
 void sh__cpu_quant_act_ref(const float *x, int64_t n, int8_t *qs, float *d, float *s);
+
+/* ---- K-quant row dot products (ops_k_ref.c, ops_k_avx2.c) ---------------------------------- */
+
+/* A K-quant weight row (nb super-blocks of Q2_K..Q6_K) against an activation row quantized to
+ * Q8_K (nb blocks) computes in two steps. The integer part, per super-block b, fills
+ * ints[2b] = sum over sub-blocks j of sc_j * sum_i qw_i qa_i (qw with Q3_K's -4 and Q6_K's -32
+ * offsets applied, sc_j Q3_K's scale minus 32) and ints[2b + 1] = sum_j m_j * sum_i qa_i (the
+ * mins of Q2_K, Q4_K and Q5_K; 0 for the others). Integers are exact, so every ISA's integer
+ * kernel writes the same ints. The float part, sh__cpu_dot_k, is one function shared by every
+ * ISA: acc += da * (dw * ints[2b] - dmin * ints[2b + 1]) in block order, so every ISA's dot
+ * product is bit-identical to the reference's. The SIMD integer kernels may read a's bsums,
+ * which must be the sums of its qs (as sh__quant_row writes them); the reference reads qs only.
+ * All int32 sums stay below 2^31 for any codes and scales. Any thread. */
+typedef void (*sh__cpu_k_ints_fn)(const void *w, const sh_block_q8_k *a, int64_t nb, int32_t *ints);
+
+/* The integer kernel of `isa` (an SH_BACKEND_CPU_ISA_* value; AVX-512 uses the AVX2 kernels) for
+ * a weight type, or NULL when the type is not a K-quant weight. */
+sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type);
+
+/* The AVX2 integer kernels (ops_k_avx2.c), by type (NULL: not built for x86-64 or not there). */
+sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type);
+
+/* dot(weight row w of `type`, activation row a) over nb super-blocks through the integer kernel
+ * ints (see above): within float rounding, sum_k dequant(w)_k * dequant(a)_k. */
+float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const sh_block_q8_k *a,
+                    int64_t nb);
 
 /* ---- the non-matmul ops, on a row/element range (ops.c) ------------------------------------ */
 

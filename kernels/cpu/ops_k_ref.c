@@ -1,0 +1,220 @@
+/* K-quant row dot products against Q8_K activations: the scalar integer kernels (the reference
+ * the SIMD ones are tested against), the float part every ISA shares, and the dispatch. */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* Q4_K/Q5_K 6-bit scale and min of sub-block j (the layout of quant_k.c's get_scale_min). */
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q3_K's 6-bit scale j, still biased by 32 (quant_k.c's q3_scale). */
+static int scale_q3(const uint8_t *s, int j)
+{
+    int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+    return lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
+}
+
+/* sum_{i < n} q[i] * a[i] */
+static int32_t dot_i8(const int *q, const int8_t *a, int n)
+{
+    int32_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += q[i] * a[i];
+    return s;
+}
+
+static int32_t sum_i8(const int8_t *a, int n)
+{
+    int32_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i];
+    return s;
+}
+
+/* Each kernel below first unpacks a super-block's codes into q[256] in element order (the order
+ * of quant_k.c's dequantizers), then sums per sub-block. */
+
+static void ints_q2_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q2_k *w = wv;
+    int q[SH_QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    q[128 * h + 32 * j + l] = (w[b].qs[32 * h + l] >> (2 * j)) & 3;
+        int32_t si = 0, sm = 0;
+        for (int j = 0; j < 16; j++) {
+            si += (w[b].scales[j] & 0xF) * dot_i8(q + 16 * j, a[b].qs + 16 * j, 16);
+            sm += (w[b].scales[j] >> 4) * sum_i8(a[b].qs + 16 * j, 16);
+        }
+        ints[2 * b] = si;
+        ints[2 * b + 1] = sm;
+    }
+}
+
+static void ints_q3_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q3_k *w = wv;
+    int q[SH_QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++) {
+                    const int hi = (w[b].hmask[l] >> (4 * h + j)) & 1;
+                    q[128 * h + 32 * j + l] = ((w[b].qs[32 * h + l] >> (2 * j)) & 3) - (hi ? 0 : 4);
+                }
+        int32_t si = 0;
+        for (int j = 0; j < 16; j++)
+            si += (scale_q3(w[b].scales, j) - 32) * dot_i8(q + 16 * j, a[b].qs + 16 * j, 16);
+        ints[2 * b] = si;
+        ints[2 * b + 1] = 0;
+    }
+}
+
+static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q4_k *w = wv;
+    int q[SH_QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                q[64 * g + l] = w[b].qs[32 * g + l] & 0xF;
+                q[64 * g + 32 + l] = w[b].qs[32 * g + l] >> 4;
+            }
+        int32_t si = 0, sm = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            scale_min_k4(j, w[b].scales, &sc, &m);
+            si += sc * dot_i8(q + 32 * j, a[b].qs + 32 * j, 32);
+            sm += m * sum_i8(a[b].qs + 32 * j, 32);
+        }
+        ints[2 * b] = si;
+        ints[2 * b + 1] = sm;
+    }
+}
+
+static void ints_q5_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q5_k *w = wv;
+    int q[SH_QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t h = w[b].qh[l];
+                q[64 * g + l] = (w[b].qs[32 * g + l] & 0xF) + (((h >> (2 * g)) & 1) << 4);
+                q[64 * g + 32 + l] = (w[b].qs[32 * g + l] >> 4) + (((h >> (2 * g + 1)) & 1) << 4);
+            }
+        int32_t si = 0, sm = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            scale_min_k4(j, w[b].scales, &sc, &m);
+            si += sc * dot_i8(q + 32 * j, a[b].qs + 32 * j, 32);
+            sm += m * sum_i8(a[b].qs + 32 * j, 32);
+        }
+        ints[2 * b] = si;
+        ints[2 * b + 1] = sm;
+    }
+}
+
+static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q6_k *w = wv;
+    int q[SH_QK_K];
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
+            int *o = q + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                o[l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            }
+        }
+        int32_t si = 0;
+        for (int j = 0; j < 16; j++)
+            si += w[b].scales[j] * dot_i8(q + 16 * j, a[b].qs + 16 * j, 16);
+        ints[2 * b] = si;
+        ints[2 * b + 1] = 0;
+    }
+}
+
+/* Super-blocks per call of the integer kernel (the ints live on the stack). */
+#define K_CHUNK 16
+
+float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const sh_block_q8_k *a,
+                    int64_t nb)
+{
+    const size_t bsz = sh__dtype_row_bytes(type, SH_QK_K);
+    const uint8_t *wb = w;
+    int32_t buf[2 * K_CHUNK];
+    float acc = 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += K_CHUNK) {
+        const int64_t n = nb - b0 < K_CHUNK ? nb - b0 : K_CHUNK;
+        ints(wb + b0 * bsz, a + b0, n, buf);
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *blk = wb + (b0 + i) * bsz;
+            uint16_t dh = 0, mh = 0;
+            /* Where each type keeps d (and dmin), from the layouts in quant_k.h. */
+            switch (type) {
+            case SH_DTYPE_Q2_K:
+                memcpy(&dh, blk + offsetof(sh_block_q2_k, d), 2);
+                memcpy(&mh, blk + offsetof(sh_block_q2_k, dmin), 2);
+                break;
+            case SH_DTYPE_Q3_K:
+                memcpy(&dh, blk + offsetof(sh_block_q3_k, d), 2);
+                break;
+            case SH_DTYPE_Q4_K:
+            case SH_DTYPE_Q5_K:
+                memcpy(&dh, blk + offsetof(sh_block_q4_k, d), 2);
+                memcpy(&mh, blk + offsetof(sh_block_q4_k, dmin), 2);
+                break;
+            default:
+                memcpy(&dh, blk + offsetof(sh_block_q6_k, d), 2);
+                break;
+            }
+            const float dw = sh__quant_f32_from_fp16(dh), dm = sh__quant_f32_from_fp16(mh);
+            /* sum_k (dw sc_j qw_k - dm m_j)(da qa_k) = da (dw ints[0] - dm ints[1]) */
+            acc += a[b0 + i].d * (dw * (float)buf[2 * i] - dm * (float)buf[2 * i + 1]);
+        }
+    }
+    return acc;
+}
+
+static sh__cpu_k_ints_fn ints_ref(sh_dtype type)
+{
+    switch (type) {
+    case SH_DTYPE_Q2_K:
+        return ints_q2_k;
+    case SH_DTYPE_Q3_K:
+        return ints_q3_k;
+    case SH_DTYPE_Q4_K:
+        return ints_q4_k;
+    case SH_DTYPE_Q5_K:
+        return ints_q5_k;
+    case SH_DTYPE_Q6_K:
+        return ints_q6_k;
+    default:
+        return NULL;
+    }
+}
+
+sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type)
+{
+    if (isa == SH_BACKEND_CPU_ISA_AVX2 || isa == SH_BACKEND_CPU_ISA_AVX512) {
+        sh__cpu_k_ints_fn f = sh__cpu_k_ints_avx2(type);
+        if (f)
+            return f;
+    }
+    return ints_ref(type);
+}
