@@ -102,6 +102,8 @@ bool sh__quant_supported(sh_dtype type)
     case SH_DTYPE_Q8_0:
     case SH_DTYPE_Q4_0:
     case SH_DTYPE_Q4_1:
+    case SH_DTYPE_Q5_0:
+    case SH_DTYPE_Q5_1:
         return true;
     default:
         return sh__quant_k_supported(type);
@@ -184,6 +186,109 @@ static void quant_q4_1(const float *x, sh_block_q4_1 *y, int64_t nb)
     }
 }
 
+/* The fifth bits of a 32-element block travel as one little-endian uint32 (ggml memcpys it on
+ * little-endian hosts); writing the bytes keeps the layout on any host. */
+static void put_qh(uint8_t qh[4], uint32_t bits)
+{
+    for (int k = 0; k < 4; k++)
+        qh[k] = (uint8_t)(bits >> (8 * k));
+}
+
+static uint32_t get_qh(const uint8_t qh[4])
+{
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+}
+
+/* Q5_0: as Q4_0 with 32 levels: the signed extreme maps to -16 exactly, d = max / -16, and
+ * q = (int8_t)(x / d + 16.5) (round half up) clamped to 31, as quantize_row_q5_0_ref. */
+static void quant_q5_0(const float *x, sh_block_q5_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += SH_QK5_0) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < SH_QK5_0; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = sh__quant_fp16_from_f32(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < SH_QK5_0 / 2; j++) {
+            int q0 = (int8_t)(x[j] * id + 16.5f);
+            int q1 = (int8_t)(x[j + SH_QK5_0 / 2] * id + 16.5f);
+            q0 = q0 > 31 ? 31 : q0;
+            q1 = q1 > 31 ? 31 : q1;
+            y[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << j;
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + SH_QK5_0 / 2);
+        }
+        put_qh(y[i].qh, qh);
+    }
+}
+
+/* Q5_1: as Q4_1 with 32 levels: m = min, d = (max - min) / 31, q = (x - min) / d + 0.5
+ * truncated, as quantize_row_q5_1_ref. ggml does not clamp here (q cannot pass 31 but for a
+ * rounding ulp); we clamp to 31 as gguf's NumPy quantizer does, which changes no reachable byte. */
+static void quant_q5_1(const float *x, sh_block_q5_1 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += SH_QK5_1) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < SH_QK5_1; j++) {
+            if (x[j] < min)
+                min = x[j];
+            if (x[j] > max)
+                max = x[j];
+        }
+        const float d = (max - min) / 31.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = sh__quant_fp16_from_f32(d);
+        y[i].m = sh__quant_fp16_from_f32(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < SH_QK5_1 / 2; j++) {
+            int q0 = (uint8_t)((x[j] - min) * id + 0.5f);
+            int q1 = (uint8_t)((x[j + SH_QK5_1 / 2] - min) * id + 0.5f);
+            q0 = q0 > 31 ? 31 : q0;
+            q1 = q1 > 31 ? 31 : q1;
+            y[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << j;
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + SH_QK5_1 / 2);
+        }
+        put_qh(y[i].qh, qh);
+    }
+}
+
+/* dequantize_row_q5_0 / q5_1: q = low nibble | fifth bit << 4; Q5_0 centres it on 16. */
+static void dequant_q5_0(const sh_block_q5_0 *x, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += SH_QK5_0) {
+        const float d = sh__quant_f32_from_fp16(x[i].d);
+        const uint32_t qh = get_qh(x[i].qh);
+        for (int j = 0; j < SH_QK5_0 / 2; j++) {
+            const int q0 = (int)((x[i].qs[j] & 0x0f) | (((qh >> j) & 1) << 4)) - 16;
+            const int q1 = (int)((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            y[j] = (float)q0 * d;
+            y[j + SH_QK5_0 / 2] = (float)q1 * d;
+        }
+    }
+}
+
+static void dequant_q5_1(const sh_block_q5_1 *x, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += SH_QK5_1) {
+        const float d = sh__quant_f32_from_fp16(x[i].d);
+        const float m = sh__quant_f32_from_fp16(x[i].m);
+        const uint32_t qh = get_qh(x[i].qh);
+        for (int j = 0; j < SH_QK5_1 / 2; j++) {
+            const int q0 = (int)((x[i].qs[j] & 0x0f) | (((qh >> j) & 1) << 4));
+            const int q1 = (int)((x[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            y[j] = (float)q0 * d + m;
+            y[j + SH_QK5_1 / 2] = (float)q1 * d + m;
+        }
+    }
+}
+
 sh_err sh__quant_row(sh_dtype type, const float *src, void *dst, int64_t n)
 {
     if (!row_ok(type, n))
@@ -212,6 +317,12 @@ sh_err sh__quant_row(sh_dtype type, const float *src, void *dst, int64_t n)
         break;
     case SH_DTYPE_Q4_1:
         quant_q4_1(src, dst, n / SH_QK4_1);
+        break;
+    case SH_DTYPE_Q5_0:
+        quant_q5_0(src, dst, n / SH_QK5_0);
+        break;
+    case SH_DTYPE_Q5_1:
+        quant_q5_1(src, dst, n / SH_QK5_1);
         break;
     default: /* the K-quants (row_ok accepted the type) */
         sh__quant_k_quantize(type, src, dst, n / SH_QK_K);
@@ -274,6 +385,12 @@ sh_err sh__dequant_row(sh_dtype type, const void *src, float *dst, int64_t n)
         }
         break;
     }
+    case SH_DTYPE_Q5_0:
+        dequant_q5_0(src, dst, n / SH_QK5_0);
+        break;
+    case SH_DTYPE_Q5_1:
+        dequant_q5_1(src, dst, n / SH_QK5_1);
+        break;
     default: /* the K-quants (row_ok accepted the type) */
         sh__quant_k_dequantize(type, src, dst, n / SH_QK_K);
         break;

@@ -2,6 +2,8 @@
 # in C, and against the PyPI gguf package's NumPy dequantizer through quant_k_tool (Python from
 # scripts/test-venv.sh's venv via run_py.sh; exit 77, a skip, only when gguf cannot be imported).
 sh_test(test_quant_k SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_k.c LABELS unit TIMEOUT 60)
+# Q5_0 / Q5_1 (kernels/cpu/quant.c), compared with gguf by the same script below.
+sh_test(test_quant_q5 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_quant_q5.c LABELS unit TIMEOUT 60)
 
 if(NOT SH_FUZZ)
   add_executable(quant_k_tool ${CMAKE_CURRENT_LIST_DIR}/quant_k_tool.c)
