@@ -78,15 +78,15 @@ def leak(d):
             t_back, _ = wait_log(srv, r"node w1 came back [0-9.]+ s after it was lost \(a new "
                                  r"process\); replica 1 resumed", 30, off)
             time.sleep(1.0)
-        check(load, ref, len(load.threads))
+        across = check(load, ref, t_det, t_back)
         assert load.count() > n_at, "no request finished after the node came back"
         st, _, body = su.get(srv.url, "/admin/status")
         assert st == 200, (st, body[:300])
         kinds = [e["kind"] for e in json.loads(body).get("events", [])]
         assert "drain" in kinds and "resumed" in kinds, kinds
         su.log(f"note: w1 (budget {budget} MiB) drained and restarted; replica resumed "
-               f"{t_back - t_det:.2f} s after the drain; {len(load.results)} requests, all equal "
-               "to the undisturbed run")
+               f"{t_back - t_det:.2f} s after the drain; {len(load.results)} requests ({across} "
+               "across it), all equal to the undisturbed run")
     finally:
         if srv is not None:
             problems += stop_all(srv, nodes)

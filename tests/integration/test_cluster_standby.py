@@ -90,11 +90,12 @@ def replaced(d, name, preload, victim, then_restart_spare=False):
                 note += f"; the standby killed and restarted took its stages back " \
                         f"{t_back - t1:.2f} s after its kill"
             time.sleep(1.0)
-        check(load, ref, len(load.threads))
+        across = check(load, ref, t0, t_rep)
         assert load.count() > n_at, "no request finished after the promotion"
         sp = nodes["spare"].text()
         assert re.search(r"node spare promoted: serving stage [12]", sp), sp[-2000:]
-        su.log(f"note: {note}; {len(load.results)} requests, all equal to the undisturbed run")
+        su.log(f"note: {note}; {len(load.results)} requests ({across} across the first kill), "
+               "all equal to the undisturbed run")
         del nodes[victim]
     finally:
         problems += stop_all(srv, nodes)

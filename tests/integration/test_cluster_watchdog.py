@@ -61,6 +61,7 @@ class Load:
             streaming = n % 2 == 0
             n += N_CLIENTS
             text, err = None, None
+            t_start = time.monotonic()
             if streaming:
                 st = Stream(self.url, prompt, MAX_TOKENS)
                 st.run()
@@ -82,7 +83,7 @@ class Load:
                 except Exception as exc:  # noqa: BLE001
                     err = repr(exc)
             with self.lock:
-                self.results.append((prompt, streaming, text, err))
+                self.results.append((prompt, streaming, text, err, t_start, time.monotonic()))
 
     def __enter__(self):
         for t in self.threads:
@@ -111,10 +112,15 @@ def reference(url):
     return ref
 
 
-def check(load, ref, during):
-    bad = [(p, s, t, e) for p, s, t, e in load.results if e or t != ref[p]]
+def check(load, ref, t_down, t_up):
+    """Every request ended with the reference text, and at least one was sent before t_down (the
+    fault) and ended after t_up (the replica's resumption): it went through the recovery."""
+    bad = [r[:4] for r in load.results if r[3] or r[2] != ref[r[0]]]
     assert not bad, f"{len(bad)} of {len(load.results)} requests failed or differ: {bad[:3]!r}"
-    assert during > 0, "no request was in flight while the node was down: nothing was tested"
+    across = sum(1 for r in load.results if r[4] < t_down and r[5] > t_up)
+    assert across > 0, "no request was in flight across the fault and the recovery: nothing " \
+        "was tested"
+    return across
 
 
 def wait_log(srv, pattern, timeout, since=0):
@@ -173,15 +179,14 @@ def stopped(d):
             nodes["w1"].proc.send_signal(signal.SIGCONT)
             t_back, _ = wait_log(srv, r"node w1 came back [0-9.]+ s after it was lost \(the same "
                                  r"process\); replica 1 resumed", 10, off)
-            during = N_CLIENTS  # every client was blocked on a request while w1 was stopped
             time.sleep(1.0)
         assert load.count() > n_before, "no request finished after the node came back"
-        check(load, ref, during)
+        across = check(load, ref, t0, t_back)
         det = t_det - t0
         assert det < DETECT_WITHIN, f"detected {det:.3f} s after SIGSTOP (want < {DETECT_WITHIN})"
         su.log(f"note: SIGSTOP detected after {det * 1000:.0f} ms, replica resumed "
-               f"{t_back - t0 - 2.0:.2f} s after SIGCONT; {len(load.results)} requests, all "
-               "equal to the undisturbed run")
+               f"{t_back - t0 - 2.0:.2f} s after SIGCONT; {len(load.results)} requests ({across} "
+               "across the stop), all equal to the undisturbed run")
     finally:
         if nodes["w1"].proc.poll() is None:
             nodes["w1"].proc.send_signal(signal.SIGCONT)
@@ -204,10 +209,11 @@ def partitioned(d):
             t_back, _ = wait_log(srv, r"node w0 came back [0-9.]+ s after it was lost \(the same "
                                  r"process\); replica 1 resumed", 15, off)
             time.sleep(1.0)
-        check(load, ref, N_CLIENTS)
+        across = check(load, ref, t_det, t_back)
         assert load.count() > n_at, "no request finished after the partition healed"
         su.log(f"note: partition: replica resumed {t_back - t_det:.2f} s after the detection; "
-               f"{len(load.results)} requests, all equal to the undisturbed run")
+               f"{len(load.results)} requests ({across} across it), all equal to the undisturbed "
+               "run")
     finally:
         problems += stop_all(srv, nodes)
     assert not problems, "\n".join(problems)
@@ -231,12 +237,12 @@ def killed_restarted(d):
             t_back, _ = wait_log(srv, r"node w0 came back [0-9.]+ s after it was lost \(a new "
                                  r"process\); replica 1 resumed", 20, off)
             time.sleep(1.0)
-        check(load, ref, N_CLIENTS)
+        across = check(load, ref, t0, t_back)
         det = t_det - t0
         assert det < DETECT_WITHIN, f"detected {det:.3f} s after SIGKILL (want < {DETECT_WITHIN})"
         su.log(f"note: SIGKILL detected after {det * 1000:.0f} ms, replica resumed "
                f"{t_back - t0:.2f} s after the kill (restart included); {len(load.results)} "
-               "requests, all equal to the undisturbed run")
+               f"requests ({across} across it), all equal to the undisturbed run")
     finally:
         problems += stop_all(srv, nodes)
     assert not problems, "\n".join(problems)
