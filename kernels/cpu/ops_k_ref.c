@@ -81,6 +81,22 @@ static void ints_q3_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_
     }
 }
 
+/* The two integer sums of one Q4_K or Q5_K block whose unpacked codes are q: each 32-code
+ * sub-block's dot with the activations times its 6-bit scale, and the activations' sums times
+ * the sub-block's 6-bit minimum. */
+static void sums_k4(const int *q, const uint8_t *scales, const int8_t *aq, int32_t *ints)
+{
+    int32_t si = 0, sm = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, scales, &sc, &m);
+        si += sc * dot_i8(q + 32 * j, aq + 32 * j, 32);
+        sm += m * sum_i8(aq + 32 * j, 32);
+    }
+    ints[0] = si;
+    ints[1] = sm;
+}
+
 static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
 {
     const sh_block_q4_k *w = wv;
@@ -91,15 +107,7 @@ static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_
                 q[64 * g + l] = w[b].qs[32 * g + l] & 0xF;
                 q[64 * g + 32 + l] = w[b].qs[32 * g + l] >> 4;
             }
-        int32_t si = 0, sm = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            scale_min_k4(j, w[b].scales, &sc, &m);
-            si += sc * dot_i8(q + 32 * j, a[b].qs + 32 * j, 32);
-            sm += m * sum_i8(a[b].qs + 32 * j, 32);
-        }
-        ints[2 * b] = si;
-        ints[2 * b + 1] = sm;
+        sums_k4(q, w[b].scales, a[b].qs, ints + 2 * b);
     }
 }
 
@@ -114,15 +122,7 @@ static void ints_q5_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_
                 q[64 * g + l] = (w[b].qs[32 * g + l] & 0xF) + (((h >> (2 * g)) & 1) << 4);
                 q[64 * g + 32 + l] = (w[b].qs[32 * g + l] >> 4) + (((h >> (2 * g + 1)) & 1) << 4);
             }
-        int32_t si = 0, sm = 0;
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            scale_min_k4(j, w[b].scales, &sc, &m);
-            si += sc * dot_i8(q + 32 * j, a[b].qs + 32 * j, 32);
-            sm += m * sum_i8(a[b].qs + 32 * j, 32);
-        }
-        ints[2 * b] = si;
-        ints[2 * b + 1] = sm;
+        sums_k4(q, w[b].scales, a[b].qs, ints + 2 * b);
     }
 }
 

@@ -123,21 +123,30 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     return scale;
 }
 
+/* The element of an n-element group with the largest magnitude, the first of equals, sign kept,
+ * into *max; returns its magnitude. */
+static float signed_extreme(int n, const float *x, float *max)
+{
+    float amax = 0;
+    *max = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            *max = x[i];
+        }
+    }
+    return amax;
+}
+
 /* Symmetric group, L in [0, 2 nmax) meaning L - nmax, weights x^2 (ggml's make_q3_quants with
  * do_rmse): round on the grid that maps the signed extreme to -nmax, then up to 5 passes of
  * coordinate descent, each moving one quant to its best value for the least-squares scale of the
  * others when that raises sumlx^2 / suml2. Returns the scale. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    float max;
+    if (signed_extreme(n, x, &max) < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
@@ -186,15 +195,8 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
  * explains most of the weighted energy (largest sumlx^2 / suml2). Returns that scale. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    float max;
+    if (signed_extreme(n, x, &max) < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
