@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "base/auth.h"
+
 static const char page[] =
     "<!doctype html>\n"
     "<html lang='en'>\n"
@@ -306,17 +308,6 @@ const char *sh__admin_page_login_html(size_t *len)
     return login;
 }
 
-static int hex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 bool sh__admin_page_query_key(const char *query, char *out, size_t cap)
 {
     for (const char *p = query; p && *p;) {
@@ -329,12 +320,10 @@ bool sh__admin_page_query_key(const char *query, char *out, size_t cap)
                 if (c == '+') {
                     c = ' ';
                 } else if (c == '%') {
-                    if (i + 2 >= n)
+                    uint8_t byte;
+                    if (i + 2 >= n || !sh__auth_unhex(p + i + 1, 2, &byte, 1))
                         return false;
-                    int hi = hex(p[i + 1]), lo = hex(p[i + 2]);
-                    if (hi < 0 || lo < 0)
-                        return false;
-                    c = hi * 16 + lo;
+                    c = byte;
                     i += 2;
                 }
                 // A key is printable text; control bytes (CR, LF, NUL) never reach a header.
