@@ -126,6 +126,11 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     rc = sh__cluster_key_load(s->key_file, c, &s->key);
     if (rc)
         return rc;
+    // A promoted standby's stages would take ACT from nodes that never proved the key to it.
+    if (c->nodes[self].standby && s->key.set)
+        return sh__cmd_fail("%s: node '%s' is a standby: standby nodes do not work with a cluster "
+                            "key yet (docs/cluster.md, \"Standby nodes\")",
+                            script, name);
     // The model of this node's stages (sh__cluster_check made sure they share one); the other
     // replicas' models need not be on this node's disk: the plan only places their stages.
     const sh_config_replica *r = NULL;

@@ -233,6 +233,21 @@ def bad_key_file(d):
             ["cluster key (from --cluster-key-file)", "missing.key: cannot open"])
 
 
+def standby_with_key(d):
+    """Standby nodes do not work with a cluster key yet: the front and the standby refuse it."""
+    s = write_script(os.path.join(d, "sbkey.lua"), ["w0"], extra="  key_file = 'sb.key',\n")
+    with open(s) as f:
+        text = f.read()
+    spare = f"node {{ name = 'spare', listen = 'ipc://{d}/spare.sock', standby = true }}"
+    text = text.replace("  nodes = { ", "  nodes = { " + spare + ", ", 1)
+    with open(s, "w") as f:
+        f.write(text)
+    write_key(d, "sb.key", "the-cluster-key-of-the-standby-case")
+    want = ["sbkey.lua", "node 'spare' is a standby", "do not work with a cluster key yet"]
+    front(s, want)
+    node(s, "spare", want)
+
+
 def same_key_joins(d):
     k = write_key(d, "same.key", "both-sides-hold-this-very-key")
     # The split is by weight, resolved when the model is loaded (the script does not know the
@@ -347,6 +362,8 @@ def main():
         r.case("a wrong cluster key: refused on both sides", wrong_key, d)
         r.case("a cluster key on one side only, each way", key_one_side, d)
         r.case("a key file that is not one (a device, too short, missing)", bad_key_file, d)
+        r.case("a standby node with a cluster key: refused by the front and the node",
+               standby_with_key, d)
         r.case("control: the same key on every node joins and serves, split by weight",
                same_key_joins, d)
         r.case("a worker with a key drops a STEP from a node that has not proved it",
