@@ -103,9 +103,12 @@ typedef enum sh_matmul_act {
 /* A (fused) matmul: for each weight i, y[i](n_tok, n_out_i) = x'(n_tok, n_in) W[i](n_out_i,
  * n_in)^T, where x' = x, or x' = rmsnorm(x) * norm when `norm` is set (so the norm, the
  * activation quantization and up to three products share one pass over x).
- * - w[i]: type F32/F16/BF16/Q8_0/Q4_0/Q4_1, ne[0] = n_in, ne[1] = n_out_i, ne[2] = ne[3] = 1.
- * - Quantized weights are multiplied with the activations quantized per 32 elements to int8
- *   (relative error about 1e-2 of the row's scale); float weights use f32 arithmetic.
+ * - w[i]: type F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K, ne[0] = n_in
+ *   (a multiple of the type's block: 32, or 256 for the K-quants), ne[1] = n_out_i,
+ *   ne[2] = ne[3] = 1. The weights of one call may have different types.
+ * - Quantized weights are multiplied with the activations quantized to int8, per 32 elements
+ *   (Q8_0..Q5_1) or per 256 (Q8_K, for the K-quants) (relative error about 1e-2 of the row's
+ *   scale); float weights use f32 arithmetic.
  * - accumulate: y[i] += instead of = (fuses the residual add after wo / w_down). Not with
  *   SWIGLU. x must not overlap any y.
  * Decode is n_tok == 1 (a matvec); a batched step or a prefill chunk reads each weight once for

@@ -206,14 +206,13 @@ static sh_err cpu_host_fn(void *ctx, sh_backend_stream *s, void (*fn)(void *), v
 
 /* ---- op validation and enqueue ------------------------------------------------------------- */
 
-/* Block-quantized weights need whole 32-element blocks (the activations are quantized per
- * block); float weights (F32, F16, BF16) may have rows of any length. */
+/* Block-quantized weights need whole blocks (32 elements, 256 for the K-quants: the activations
+ * are quantized per block); float weights (F32, F16, BF16) may have rows of any length. */
 static bool weight_ok(const sh_tensor *w, int64_t n_in)
 {
-    const bool is_float =
-        w->type == SH_DTYPE_F32 || w->type == SH_DTYPE_F16 || w->type == SH_DTYPE_BF16;
+    const sh_dtype_info *info = sh__dtype_info(w->type);
     return w->data && w->ne[0] == n_in && w->ne[1] >= 1 && w->ne[2] == 1 && w->ne[3] == 1 &&
-           sh__cpu_mm_for(&sh__cpu_kernels_ref, w->type) && (is_float || n_in % SH_CPU_QK == 0);
+           sh__cpu_mm_for(&sh__cpu_kernels_ref, w->type) && info && n_in % info->block_elems == 0;
 }
 
 static sh_err cpu_matmul(void *ctx, sh_backend_stream *s, const sh_matmul_args *a)

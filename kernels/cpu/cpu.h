@@ -66,19 +66,23 @@ void sh__cpu_split(int64_t n, int64_t align, int tid, int nth, int64_t *lo, int6
 
 /* ---- activations and matmul ---------------------------------------------------------------- */
 
-/* Elements per activation quantization block (the weight block size of every quantized type we
- * compute with). */
+/* Elements per activation quantization block (the weight block size of the legacy quantized
+ * types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; the K-quants use 256-element super-blocks, SH_QK_K). */
 #define SH_CPU_QK 32
 
 /* Activations of a matmul prepared once for all weights: the f32 rows (normalized when the op
  * fuses RMSNorm) and their int8 quantization, per 32-element block j of token t:
  *   x[t*n_in + 32j + i] ~= d[t*nb + j] * qs[t*n_in + 32j + i],   s[t*nb + j] = d * sum_i qs,
- * with d = max|x| / 127 (ggml's Q8_0/Q8_1 rule). s carries Q4_0's -8 offset and Q4_1's min. */
+ * with d = max|x| / 127 (ggml's Q8_0/Q8_1 rule). s carries the -8 / -16 offsets of Q4_0 / Q5_0
+ * and the minimums of Q4_1 / Q5_1. K-quant weights read the rows quantized to Q8_K instead (qk,
+ * sh__quant_row's Q8_K: per 256 elements, bsums included); a fused matmul over both kinds of
+ * weight has both. */
 typedef struct sh__cpu_act {
-    const float *x;   // (n_tok, n_in)
-    const int8_t *qs; // (n_tok, n_in), only when some weight is quantized
-    const float *d;   // (n_tok, n_in / 32)
-    const float *s;   // (n_tok, n_in / 32)
+    const float *x;          // (n_tok, n_in)
+    const int8_t *qs;        // (n_tok, n_in), only when some weight is a 32-block quantized type
+    const float *d;          // (n_tok, n_in / 32)
+    const float *s;          // (n_tok, n_in / 32)
+    const sh_block_q8_k *qk; // (n_tok, n_in / 256), only when some weight is a K-quant
     /* The f32 rows transposed per tile of 16 tokens, xt[(t / 16) * n_in * 16 + k * 16 + t % 16]
      * = x[t * n_in + k] (lanes past n_tok zero): only for packed F16 weights and n_tok > 1, so
      * that a tile's 16 values of element k are one cache line. */
@@ -152,8 +156,10 @@ typedef struct sh__cpu_kernels {
     int32_t isa;
     /* Quantizes n (a multiple of 32) floats as described for sh__cpu_act. */
     void (*quant_act)(const float *x, int64_t n, int8_t *qs, float *d, float *s);
-    /* Matmul row kernels indexed by weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_1). */
-    sh__cpu_mm_fn mm_f32, mm_f16, mm_bf16, mm_q8_0, mm_q4_0, mm_q4_1;
+    /* Matmul row kernels by weight type. The K-quant ones (Q2_K..Q6_K) read sh__cpu_act.qk,
+     * the others of Q8_0..Q5_1 its qs, d and s. */
+    sh__cpu_mm_fn mm_f32, mm_f16, mm_bf16, mm_q8_0, mm_q4_0, mm_q4_1, mm_q5_0, mm_q5_1;
+    sh__cpu_mm_fn mm_q2_k, mm_q3_k, mm_q4_k, mm_q5_k, mm_q6_k;
     /* Optional (NULL: the ISA has none and weights stay in their file layout): row kernels on
      * packed weights (see SH_CPU_PACK_ROWS). For these, sh__cpu_mm.w is the packed data and
      * row_bytes the bytes of one 16-row group; r0 is a multiple of 16 or the kernel computes the
@@ -176,6 +182,11 @@ extern const sh__cpu_kernels sh__cpu_kernels_avx512;
 
 /* The ISA's row kernel for a weight type (NULL when unsupported). */
 sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type);
+
+/* Which activation form a weight type's kernels read: true for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+ * (qs/d/s per 32), resp. for Q2_K..Q6_K (qk per 256). */
+bool sh__cpu_type_q8(sh_dtype type);
+bool sh__cpu_type_k(sh_dtype type);
 
 /* The AVX-512 VNNI packed kernels (ops_avx512_packed.c). */
 void sh__cpu_avx512_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
@@ -221,6 +232,19 @@ sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type);
  * ints (see above): within float rounding, sum_k dequant(w)_k * dequant(a)_k. */
 float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const sh_block_q8_k *a,
                     int64_t nb);
+
+/* The K-quant matmul row kernels (sh__cpu_mm_fn) of each ISA: every output is sh__cpu_dot_k of
+ * the weight row and the token's Q8_K row through that ISA's integer kernel, so all ISAs give
+ * bit-identical results (ops_k_ref.c). */
+#define SH__CPU_MM_K_DECL(isa)                                                                     \
+    void sh__cpu_mm_##isa##_q2_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
+    void sh__cpu_mm_##isa##_q3_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
+    void sh__cpu_mm_##isa##_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
+    void sh__cpu_mm_##isa##_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
+    void sh__cpu_mm_##isa##_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+SH__CPU_MM_K_DECL(ref)
+SH__CPU_MM_K_DECL(avx2)
+SH__CPU_MM_K_DECL(avx512)
 
 /* ---- the non-matmul ops, on a row/element range (ops.c) ------------------------------------ */
 

@@ -31,7 +31,7 @@ static bool grow(sh__cpu_buf *b, size_t bytes)
 
 void sh__cpu_scratch_fini(sh__cpu_ctx *c)
 {
-    sh__cpu_buf *bufs[] = {&c->xn, &c->qs, &c->qd, &c->qsum, &c->xt, &c->rowmap, &c->tmp};
+    sh__cpu_buf *bufs[] = {&c->xn, &c->qs, &c->qd, &c->qsum, &c->qk, &c->xt, &c->rowmap, &c->tmp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]->p);
 }
@@ -51,11 +51,6 @@ static bool grow_tmp(sh__cpu_ctx *c, size_t floats)
 static float *thread_tmp(sh__cpu_ctx *c, int tid)
 {
     return (float *)c->tmp.p + tid * c->tmp_stride;
-}
-
-static bool is_quant(sh_dtype t)
-{
-    return t == SH_DTYPE_Q8_0 || t == SH_DTYPE_Q4_0 || t == SH_DTYPE_Q4_1;
 }
 
 /* ---- matmul -------------------------------------------------------------------------------- */
@@ -79,7 +74,7 @@ typedef struct mm_job {
     const sh_matmul_args *a;
     const void *const *packed; /* (n_w) packed copies or NULL */
     sh__cpu_act act;
-    int prep_norm, prep_quant, prep_xt;
+    int prep_norm, prep_quant, prep_qk, prep_xt;
 } mm_job;
 
 /* How one weight is read: its kernel, base pointer and stride. A packed weight's stride is one
@@ -124,6 +119,10 @@ static void mm_prep(const mm_job *j, int64_t t0, int64_t t1)
         for (int64_t t = t0; t < t1; t++)
             k->quant_act(j->act.x + t * n_in, n_in, (int8_t *)j->act.qs + t * n_in,
                          (float *)j->act.d + t * nb, (float *)j->act.s + t * nb);
+    if (j->prep_qk) /* the scalar Q8_K quantizer on every ISA: the same codes everywhere */
+        sh__quant_k_quantize(SH_DTYPE_Q8_K, j->act.x + t0 * n_in,
+                             (sh_block_q8_k *)j->act.qk + t0 * (n_in / SH_QK_K),
+                             (t1 - t0) * (n_in / SH_QK_K));
     if (j->prep_xt)
         sh__cpu_act_transpose(&j->act, t0, t1);
 }
@@ -138,7 +137,7 @@ static void mm_run(void *arg, int tid, int nth)
 
     /* Phase 0: normalize and/or quantize the input rows, by token chunks; every thread then
      * waits for all of them (each output row needs every token). */
-    if (j->prep_norm || j->prep_quant || j->prep_xt) {
+    if (j->prep_norm || j->prep_quant || j->prep_qk || j->prep_xt) {
         /* chunks of whole 16-token tiles (the transposition's unit) */
         const int64_t per = (sh__cpu_pool_chunk(pool, a->n_tok, 2) + 15) & ~(int64_t)15;
         while (sh__cpu_pool_claim(pool, 0, a->n_tok, per, &lo, &hi)) {
@@ -217,9 +216,13 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
     const int64_t n_in = a->w[0].ne[0], n_tok = a->n_tok, nb = n_in / SH_CPU_QK;
     mm_job j = {
         .c = c, .a = a, .packed = op->packed, .act = {.x = a->x, .n_in = n_in, .n_tok = n_tok}};
-    int any_q = 0;
-    for (int i = 0; i < a->n_w; i++)
-        any_q |= is_quant(a->w[i].type);
+    /* Each weight type reads one activation form (sh__cpu_type_q8 / _k); a fused matmul over
+     * weights of both kinds (a Q5_0 wq beside a Q4_K wv) prepares both. */
+    int any_q = 0, any_k = 0;
+    for (int i = 0; i < a->n_w; i++) {
+        any_q |= sh__cpu_type_q8(a->w[i].type);
+        any_k |= sh__cpu_type_k(a->w[i].type);
+    }
     const size_t nx = (size_t)(n_tok * n_in);
     if (a->norm) {
         if (!grow(&c->xn, nx * sizeof(float)))
@@ -236,6 +239,12 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
         j.act.s = c->qsum.p;
         j.prep_quant = 1;
     }
+    if (any_k) {
+        if (!grow(&c->qk, (size_t)(n_tok * (n_in / SH_QK_K)) * sizeof(sh_block_q8_k)))
+            return SH_ENOMEM;
+        j.act.qk = c->qk.p;
+        j.prep_qk = 1;
+    }
     if (a->act == SH_MATMUL_ACT_SWIGLU && !grow_tmp(c, (size_t)(2 * n_tok * SWIGLU_CHUNK)))
         return SH_ENOMEM;
     for (int i = 0; i < a->n_w && n_tok > 1; i++)
@@ -245,9 +254,10 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
             return SH_ENOMEM;
         j.act.xt = c->xt.p;
     }
-    if ((j.prep_norm || j.prep_quant || j.prep_xt) && n_tok * n_in <= PREP_INLINE_MAX) {
+    if ((j.prep_norm || j.prep_quant || j.prep_qk || j.prep_xt) &&
+        n_tok * n_in <= PREP_INLINE_MAX) {
         mm_prep(&j, 0, n_tok);
-        j.prep_norm = j.prep_quant = j.prep_xt = 0;
+        j.prep_norm = j.prep_quant = j.prep_qk = j.prep_xt = 0;
     }
     int64_t rows = 0;
     for (int i = 0; i < a->n_w; i++)

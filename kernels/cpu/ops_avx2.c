@@ -78,14 +78,33 @@ INL __m256i dot_u8s8(__m256i u, __m256i s)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-/* KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0. One weight row against nt tokens. */
+/* The 32 fifth bits of a Q5 block (qh, little-endian) as bytes 0x10 or 0 in element order. */
+INL __m256i q5_high(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    /* byte i of the result takes byte i / 8 of h, then tests bit i % 8 of it */
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                         2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), sel);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit),
+                            _mm256_set1_epi8(0x10));
+}
+
+/* KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = Q5_0, 4 = Q5_1. One weight row against nt tokens. */
 INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / 32;
     const size_t bsz = kind == 0   ? sizeof(sh_block_q4_0)
                        : kind == 1 ? sizeof(sh_block_q4_1)
-                                   : sizeof(sh_block_q8_0);
+                       : kind == 2 ? sizeof(sh_block_q8_0)
+                       : kind == 3 ? sizeof(sh_block_q5_0)
+                                   : sizeof(sh_block_q5_1);
+    /* Offsets of the min (Q4_1/Q5_1), the fifth bits (Q5) and the codes in a block. */
+    const int has_m = kind == 1 || kind == 4;
+    const size_t hoff = kind == 3 ? 2 : 4, qoff = kind == 3 ? 6 : kind == 4 ? 8 : has_m ? 4 : 2;
     const uint8_t *w = m->w + r * m->row_bytes;
     __m256 acc[TOK_TILE];
     float accs[TOK_TILE] = {0};
@@ -95,16 +114,18 @@ INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const 
         const uint8_t *wb = w + b * bsz;
         uint16_t dh, mh = 0;
         memcpy(&dh, wb, 2);
-        if (kind == 1)
+        if (has_m)
             memcpy(&mh, wb + 2, 2);
-        const float dw = _cvtsh_ss(dh), mw = kind == 1 ? _cvtsh_ss(mh) : dw;
+        const float dw = _cvtsh_ss(dh), mw = has_m ? _cvtsh_ss(mh) : dw;
         __m256i wq, wsign = _mm256_setzero_si256();
         if (kind == 2) {
             wsign = _mm256_loadu_si256((const void *)(wb + 2));
             wq = _mm256_sign_epi8(wsign, wsign); /* |w| */
         } else {
-            const __m128i v = _mm_loadu_si128((const void *)(wb + (kind ? 4 : 2)));
+            const __m128i v = _mm_loadu_si128((const void *)(wb + qoff));
             wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+            if (kind >= 3)
+                wq = _mm256_or_si256(wq, q5_high(wb + hoff));
         }
         for (int i = 0; i < nt; i++) {
             const int64_t t = t0 + i;
@@ -117,11 +138,11 @@ INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const 
                 accs[i] += mw * a->s[t * nb + b];
         }
     }
-    for (int i = 0; i < nt; i++) {
-        /* Q4_0: sum dw (da dot - 8 s); Q4_1: sum dw da dot + m s; Q8_0: sum dw da dot */
-        float v = hsum8(acc[i]) + (kind == 0 ? -8.0f * accs[i] : kind == 1 ? accs[i] : 0.0f);
-        store_out(m, t0 + i, r, v);
-    }
+    /* Q4_0/Q5_0: sum dw (da dot - 8 s) / (da dot - 16 s); Q4_1/Q5_1: sum dw da dot + m s;
+     * Q8_0: sum dw da dot */
+    const float c = kind == 0 ? -8.0f : kind == 3 ? -16.0f : has_m ? 1.0f : 0.0f;
+    for (int i = 0; i < nt; i++)
+        store_out(m, t0 + i, r, hsum8(acc[i]) + c * accs[i]);
 }
 
 INL __m256 load_w(const uint8_t *w, int64_t k, const int kind)
@@ -190,6 +211,8 @@ INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
 DEFINE_MM(mm_q4_0, q_tile, 0)
 DEFINE_MM(mm_q4_1, q_tile, 1)
 DEFINE_MM(mm_q8_0, q_tile, 2)
+DEFINE_MM(mm_q5_0, q_tile, 3)
+DEFINE_MM(mm_q5_1, q_tile, 4)
 DEFINE_MM(mm_f32, fp_tile, 0)
 DEFINE_MM(mm_f16, fp_tile, 1)
 DEFINE_MM(mm_bf16, fp_tile, 2)
@@ -228,6 +251,13 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .mm_q8_0 = mm_q8_0,
     .mm_q4_0 = mm_q4_0,
     .mm_q4_1 = mm_q4_1,
+    .mm_q5_0 = mm_q5_0,
+    .mm_q5_1 = mm_q5_1,
+    .mm_q2_k = sh__cpu_mm_avx2_q2_k,
+    .mm_q3_k = sh__cpu_mm_avx2_q3_k,
+    .mm_q4_k = sh__cpu_mm_avx2_q4_k,
+    .mm_q5_k = sh__cpu_mm_avx2_q5_k,
+    .mm_q6_k = sh__cpu_mm_avx2_q6_k,
     .dot = dot,
     .axpy = axpy,
     .sumsq = sumsq,

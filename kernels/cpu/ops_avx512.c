@@ -71,12 +71,20 @@ static void store_out(const sh__cpu_mm *m, int64_t t, int64_t r, float v)
     *y = m->accumulate ? *y + v : v;
 }
 
-/* One weight row against NT tokens (t0..t0+NT-1). KIND: 0 = Q4_0, 1 = Q4_1. */
+/* One weight row against NT tokens (t0..t0+NT-1). KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q5_0, 3 = Q5_1.
+ * A Q5 block's fifth bits are a 32-bit mask over its elements, so those of a block pair are one
+ * 64-bit mask in the element order of q4_pair: a masked move adds the 16s. */
 INL void q4_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / 32;
-    const size_t bsz = kind ? sizeof(sh_block_q4_1) : sizeof(sh_block_q4_0);
+    const int has_m = kind == 1 || kind == 3, q5 = kind >= 2;
+    const size_t bsz = kind == 0   ? sizeof(sh_block_q4_0)
+                       : kind == 1 ? sizeof(sh_block_q4_1)
+                       : kind == 2 ? sizeof(sh_block_q5_0)
+                                   : sizeof(sh_block_q5_1);
+    /* offsets of the fifth bits and of the codes */
+    const size_t hoff = has_m ? 4 : 2, qoff = hoff + (q5 ? 4 : 0);
     const uint8_t *w = m->w + r * m->row_bytes;
     __m512 acc[TOK_TILE], accs[TOK_TILE];
     for (int i = 0; i < nt; i++)
@@ -87,14 +95,20 @@ INL void q4_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
         uint16_t d0, d1, m0 = 0, m1 = 0;
         memcpy(&d0, w0, 2);
         memcpy(&d1, w1, 2);
-        if (kind) {
+        if (has_m) {
             memcpy(&m0, w0 + 2, 2);
             memcpy(&m1, w1 + 2, 2);
         }
-        const size_t qoff = kind ? 4 : 2;
-        const __m512i wq = q4_pair(w0 + qoff, w1 + qoff);
+        __m512i wq = q4_pair(w0 + qoff, w1 + qoff);
+        if (q5) {
+            uint32_t h0, h1;
+            memcpy(&h0, w0 + hoff, 4);
+            memcpy(&h1, w1 + hoff, 4);
+            wq = _mm512_or_si512(wq, _mm512_maskz_mov_epi8((__mmask64)h0 | (__mmask64)h1 << 32,
+                                                           _mm512_set1_epi8(16)));
+        }
         const __m512 dw = fp16_pair(d0, d1);
-        const __m512 mw = kind ? fp16_pair(m0, m1) : dw;
+        const __m512 mw = has_m ? fp16_pair(m0, m1) : dw;
         for (int i = 0; i < nt; i++) {
             const int64_t t = t0 + i;
             const __m512i aq = _mm512_loadu_si512(a->qs + t * a->n_in + b * 32);
@@ -107,23 +121,28 @@ INL void q4_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
     }
     for (int i = 0; i < nt; i++) {
         const int64_t t = t0 + i;
-        /* Q4_0: sum dw (da dot - 8 s); Q4_1: sum dw da dot + m s (see ops_ref.c) */
-        float v = hsum(acc[i]) + (kind ? hsum(accs[i]) * 0.125f : -hsum(accs[i]));
+        /* Q4_0/Q5_0: sum dw (da dot - 8 s) / (da dot - 16 s); Q4_1/Q5_1: sum dw da dot + m s
+         * (see ops_ref.c) */
+        float v = hsum(acc[i]) + (has_m ? hsum(accs[i]) * 0.125f : -hsum(accs[i]) * (q5 ? 2 : 1));
         for (int64_t bb = b; bb < nb; bb++) { /* odd block count: the last block, scalar */
             const uint8_t *wb = w + bb * bsz;
             uint16_t dh, mh = 0;
             memcpy(&dh, wb, 2);
-            if (kind)
+            if (has_m)
                 memcpy(&mh, wb + 2, 2);
-            const uint8_t *q = wb + (kind ? 4 : 2);
+            uint32_t qh = 0;
+            if (q5)
+                memcpy(&qh, wb + hoff, 4);
+            const uint8_t *q = wb + qoff;
             const int8_t *aq = a->qs + t * a->n_in + bb * 32;
             int dot = 0;
             for (int k = 0; k < 16; k++)
-                dot += (q[k] & 15) * aq[k] + (q[k] >> 4) * aq[k + 16];
+                dot += (int)((q[k] & 15) | ((qh >> k) & 1) << 4) * aq[k] +
+                       (int)((q[k] >> 4) | ((qh >> (k + 16)) & 1) << 4) * aq[k + 16];
             float dwf = _cvtsh_ss(dh);
             float da = a->d[t * nb + bb], sa = a->s[t * nb + bb];
-            v += kind ? dwf * da * (float)dot + _cvtsh_ss(mh) * sa
-                      : dwf * (da * (float)dot - 8.0f * sa);
+            v += has_m ? dwf * da * (float)dot + _cvtsh_ss(mh) * sa
+                       : dwf * (da * (float)dot - (q5 ? 16.0f : 8.0f) * sa);
         }
         store_out(m, t, r, v);
     }
@@ -252,6 +271,8 @@ INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const
 
 DEFINE_MM(mm_q4_0, q4_tile, 0)
 DEFINE_MM(mm_q4_1, q4_tile, 1)
+DEFINE_MM(mm_q5_0, q4_tile, 2)
+DEFINE_MM(mm_q5_1, q4_tile, 3)
 DEFINE_MM(mm_q8_0, q8_tile)
 DEFINE_MM(mm_f32, fp_tile, 0)
 DEFINE_MM(mm_f16, fp_tile, 1)
@@ -335,6 +356,13 @@ const sh__cpu_kernels sh__cpu_kernels_avx512 = {
     .mm_q8_0 = mm_q8_0,
     .mm_q4_0 = mm_q4_0,
     .mm_q4_1 = mm_q4_1,
+    .mm_q5_0 = mm_q5_0,
+    .mm_q5_1 = mm_q5_1,
+    .mm_q2_k = sh__cpu_mm_avx512_q2_k,
+    .mm_q3_k = sh__cpu_mm_avx512_q3_k,
+    .mm_q4_k = sh__cpu_mm_avx512_q4_k,
+    .mm_q5_k = sh__cpu_mm_avx512_q5_k,
+    .mm_q6_k = sh__cpu_mm_avx512_q6_k,
     .mmp_f16 = sh__cpu_avx512_mmp_f16,
     .mmp_q8_0 = sh__cpu_avx512_mmp_q8_0,
     .mmp_q4_0 = sh__cpu_avx512_mmp_q4_0,

@@ -209,6 +209,38 @@ static sh__cpu_k_ints_fn ints_ref(sh_dtype type)
     }
 }
 
+/* y[t, r] (=|+=) dot(row r, token t's Q8_K row) for rows [r0, r1), through `ints`. A matvec
+ * (decode) reads each weight row once; with several tokens the row stays in L1 while its tokens
+ * pass over it. */
+static void mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type, sh__cpu_k_ints_fn ints)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = m->w + (size_t)r * m->row_bytes;
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const float v = sh__cpu_dot_k(ints, type, w, a->qk + t * nb, nb);
+            float *y = m->y + t * m->ldy + r;
+            *y = m->accumulate ? *y + v : v;
+        }
+    }
+}
+
+#define DEFINE_MM_K(isa, ISA, t, T)                                                                \
+    void sh__cpu_mm_##isa##_##t(const sh__cpu_mm *m, int64_t r0, int64_t r1)                       \
+    {                                                                                              \
+        mm_k(m, r0, r1, SH_DTYPE_##T, sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_##ISA, SH_DTYPE_##T)); \
+    }
+#define DEFINE_MM_K_ISA(isa, ISA)                                                                  \
+    DEFINE_MM_K(isa, ISA, q2_k, Q2_K)                                                              \
+    DEFINE_MM_K(isa, ISA, q3_k, Q3_K)                                                              \
+    DEFINE_MM_K(isa, ISA, q4_k, Q4_K)                                                              \
+    DEFINE_MM_K(isa, ISA, q5_k, Q5_K)                                                              \
+    DEFINE_MM_K(isa, ISA, q6_k, Q6_K)
+DEFINE_MM_K_ISA(ref, SCALAR)
+DEFINE_MM_K_ISA(avx2, AVX2)
+DEFINE_MM_K_ISA(avx512, AVX512)
+
 sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type)
 {
     if (isa == SH_BACKEND_CPU_ISA_AVX2 || isa == SH_BACKEND_CPU_ISA_AVX512) {

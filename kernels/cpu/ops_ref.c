@@ -124,6 +124,57 @@ static void mm_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
     }
 }
 
+/* Element i of a Q5 block: its nibble plus the fifth bit, bit i of qh (little-endian). */
+static int q5(const uint8_t *qs, const uint8_t *qh, int i)
+{
+    return nib(qs, i) | ((qh[i / 8] >> (i % 8)) & 1) << 4;
+}
+
+static void mm_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    for (int64_t r = r0; r < r1; r++) {
+        const sh_block_q5_0 *w = (const sh_block_q5_0 *)(m->w + r * m->row_bytes);
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const int8_t *q = a->qs + t * a->n_in;
+            const float *d = a->d + t * nb, *s = a->s + t * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int dot = 0;
+                for (int i = 0; i < SH_CPU_QK; i++)
+                    dot += q5(w[b].qs, w[b].qh, i) * q[b * SH_CPU_QK + i];
+                /* sum_i dw (q_i - 16) da qa_i = dw (da sum q_i qa_i - 16 s) */
+                acc += sh__quant_f32_from_fp16(w[b].d) * (d[b] * (float)dot - 16.0f * s[b]);
+            }
+            store(m, t, r, acc);
+        }
+    }
+}
+
+static void mm_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    for (int64_t r = r0; r < r1; r++) {
+        const sh_block_q5_1 *w = (const sh_block_q5_1 *)(m->w + r * m->row_bytes);
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const int8_t *q = a->qs + t * a->n_in;
+            const float *d = a->d + t * nb, *s = a->s + t * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int dot = 0;
+                for (int i = 0; i < SH_CPU_QK; i++)
+                    dot += q5(w[b].qs, w[b].qh, i) * q[b * SH_CPU_QK + i];
+                /* sum_i (dw q_i + mw) da qa_i = dw da sum q_i qa_i + mw s */
+                acc += sh__quant_f32_from_fp16(w[b].d) * d[b] * (float)dot +
+                       sh__quant_f32_from_fp16(w[b].m) * s[b];
+            }
+            store(m, t, r, acc);
+        }
+    }
+}
+
 static float dot_ref(const float *a, const float *b, int64_t n)
 {
     float acc = 0.0f;
@@ -155,6 +206,13 @@ const sh__cpu_kernels sh__cpu_kernels_ref = {
     .mm_q8_0 = mm_q8_0,
     .mm_q4_0 = mm_q4_0,
     .mm_q4_1 = mm_q4_1,
+    .mm_q5_0 = mm_q5_0,
+    .mm_q5_1 = mm_q5_1,
+    .mm_q2_k = sh__cpu_mm_ref_q2_k,
+    .mm_q3_k = sh__cpu_mm_ref_q3_k,
+    .mm_q4_k = sh__cpu_mm_ref_q4_k,
+    .mm_q5_k = sh__cpu_mm_ref_q5_k,
+    .mm_q6_k = sh__cpu_mm_ref_q6_k,
     .dot = dot_ref,
     .axpy = axpy_ref,
     .sumsq = sumsq_ref,
@@ -176,7 +234,33 @@ sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mm_q4_0;
     case SH_DTYPE_Q4_1:
         return k->mm_q4_1;
+    case SH_DTYPE_Q5_0:
+        return k->mm_q5_0;
+    case SH_DTYPE_Q5_1:
+        return k->mm_q5_1;
+    case SH_DTYPE_Q2_K:
+        return k->mm_q2_k;
+    case SH_DTYPE_Q3_K:
+        return k->mm_q3_k;
+    case SH_DTYPE_Q4_K:
+        return k->mm_q4_k;
+    case SH_DTYPE_Q5_K:
+        return k->mm_q5_k;
+    case SH_DTYPE_Q6_K:
+        return k->mm_q6_k;
     default:
         return NULL;
     }
+}
+
+bool sh__cpu_type_q8(sh_dtype type)
+{
+    return type == SH_DTYPE_Q8_0 || type == SH_DTYPE_Q4_0 || type == SH_DTYPE_Q4_1 ||
+           type == SH_DTYPE_Q5_0 || type == SH_DTYPE_Q5_1;
+}
+
+bool sh__cpu_type_k(sh_dtype type)
+{
+    return type == SH_DTYPE_Q2_K || type == SH_DTYPE_Q3_K || type == SH_DTYPE_Q4_K ||
+           type == SH_DTYPE_Q5_K || type == SH_DTYPE_Q6_K;
 }

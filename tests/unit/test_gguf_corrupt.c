@@ -121,6 +121,24 @@ static void c_block(gb *b)
     static const uint64_t ne[1] = {33};
     one_tensor(b, 1, ne, 8, 0, 64);
 }
+/* The K-quants' 256-element super-blocks and the Q5 blocks: a row that is not whole blocks, and
+ * data one byte short of what the type and shape need (a Q6_K 256 x 2 is 420 bytes, a Q5_0 of 64
+ * elements 44). */
+static void c_block_k(gb *b)
+{
+    static const uint64_t ne[2] = {576, 2};
+    one_tensor(b, 2, ne, SH_DTYPE_Q4_K, 0, 64);
+}
+static void c_short_q6_k(gb *b)
+{
+    static const uint64_t ne[2] = {256, 2};
+    one_tensor(b, 2, ne, SH_DTYPE_Q6_K, 0, 419);
+}
+static void c_short_q5_0(gb *b)
+{
+    static const uint64_t ne[1] = {64};
+    one_tensor(b, 1, ne, SH_DTYPE_Q5_0, 0, 43);
+}
 static void c_misaligned(gb *b) { one_tensor(b, 1, NE4, 0, 4, 64); }
 static void c_past_end(gb *b) { one_tensor(b, 1, NE4, 0, 1024, 64); }
 static void c_end_past(gb *b) { one_tensor(b, 1, NE4, 0, 32, 40); }
@@ -216,6 +234,10 @@ static const struct crafted {
     {"tensor type 99", c_type99, SH_EUNSUPPORTED, "tensor 0 'w': unknown tensor type 99"},
     {"retired type 4", c_type_retired, SH_EUNSUPPORTED, "unknown tensor type 4"},
     {"block multiple", c_block, SH_EFORMAT, "ne[0] 33 is not a multiple of the Q8_0 block size 32"},
+    {"Q4_K block multiple", c_block_k, SH_EFORMAT,
+     "ne[0] 576 is not a multiple of the Q4_K block size 256"},
+    {"Q6_K short", c_short_q6_k, SH_EFORMAT, "'w': data [0, 420) beyond the data section (419"},
+    {"Q5_0 short", c_short_q5_0, SH_EFORMAT, "'w': data [0, 44) beyond the data section (43"},
     {"misaligned", c_misaligned, SH_EFORMAT, "'w': offset 4 is not a multiple of the alignment 32"},
     {"offset past end", c_past_end, SH_EFORMAT, "'w': data [1024, 1040) beyond the data section"},
     {"end past end", c_end_past, SH_EFORMAT, "data [32, 48) beyond the data section (40 bytes)"},
