@@ -59,6 +59,20 @@ int32_t sh__mkmodel_file_type(sh_dtype t)
         return 7;
     case SH_DTYPE_BF16:
         return 32;
+    case SH_DTYPE_Q5_0:
+        return 8;
+    case SH_DTYPE_Q5_1:
+        return 9;
+    case SH_DTYPE_Q2_K:
+        return 10;
+    case SH_DTYPE_Q3_K: /* the K files are one type throughout: the _S variants' numbers */
+        return 11;
+    case SH_DTYPE_Q4_K:
+        return 14;
+    case SH_DTYPE_Q5_K:
+        return 16;
+    case SH_DTYPE_Q6_K:
+        return 18;
     default:
         return -1;
     }
@@ -406,13 +420,18 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
     if (!(o->std > 0) || !isfinite(o->std))
         return sh__error_set(e, SH_EINVAL, "std %g must be positive", (double)o->std);
     if (sh__mkmodel_file_type(o->type) < 0)
-        return sh__error_set(e, SH_EINVAL, "type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1",
+        return sh__error_set(e, SH_EINVAL,
+                             "type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                             "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
                              sh__dtype_name(o->type));
+    /* Rows are whole blocks (256 elements for the K-quants): the first tensor whose rows are
+     * dim (token_embd) or ffn (ffn_down) long is named. */
     const sh_dtype_info *info = sh__dtype_info(o->type);
     if (s->dim % info->block_elems || s->ffn % info->block_elems)
-        return sh__error_set(e, SH_EINVAL,
-                             "%s needs dim (%lld) and ffn (%lld) to be multiples of %u", info->name,
-                             (long long)s->dim, (long long)s->ffn, info->block_elems);
+        return sh__error_set(
+            e, SH_EINVAL, "tensor '%s': %s needs dim (%lld) and ffn (%lld) to be multiples of %u",
+            s->dim % info->block_elems ? "token_embd.weight" : "blk.0.ffn_down.weight", info->name,
+            (long long)s->dim, (long long)s->ffn, info->block_elems);
     return SH_OK;
 }
 

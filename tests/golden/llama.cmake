@@ -15,3 +15,7 @@ sh_test(test_llama_noalloc SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_noalloc.
 # Sliding-window attention through the forward pass on synthetic mkmodel files.
 sh_test(test_llama_window SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_window.c LABELS golden
         TIMEOUT 60)
+# K-quant and Q5 weights (Q4_K, Q6_K and a mix of eight types) on synthetic mkmodel files against
+# the NumPy reference's logits and greedy ids.
+sh_test(test_llama_kquant SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_kquant.c LABELS golden
+        TIMEOUT 120)

@@ -415,8 +415,19 @@ static void test_errors(void)
     tiny_opts(&o, SH_DTYPE_F16);
     o.shape.vocab = 100;
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
-    tiny_opts(&o, SH_DTYPE_Q5_0);
+    tiny_opts(&o, SH_DTYPE_IQ4_NL);
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "IQ4_NL is not one of") != NULL);
+    /* K-quant rows are whole 256-element super-blocks: the first tensor that breaks it is named */
+    tiny_opts(&o, SH_DTYPE_Q4_K);
+    CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "tensor 'token_embd.weight': Q4_K needs dim (64)") != NULL);
+    o.shape.dim = 256;
+    CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "tensor 'blk.0.ffn_down.weight'") != NULL);
+    CHECK(strstr(e.msg, "multiples of 256") != NULL);
+    o.shape.ffn = 512;
+    CHECK_OK(sh__mkmodel_write(path, &o, NULL, &e));
     tiny_opts(&o, SH_DTYPE_F16);
     o.shape.n_layers = 0;
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
