@@ -125,6 +125,54 @@ typedef struct sh_matmul_args {
     bool accumulate;
 } sh_matmul_args;
 
+/* How a MoE router turns a token's logits over the experts into weights. */
+typedef enum sh_moe_gating {
+    SH_MOE_GATING_SOFTMAX = 0, /* p = softmax(logits) over all n_expert experts */
+} sh_moe_gating;
+
+/* A Mixture-of-Experts FFN (mixtral, qwen3moe, olmoe, qwen2moe): for each token t, the router
+ * picks the k experts with the largest logits[t] (ties: the lower index), weighs them
+ *   p = softmax(logits[t]);  w_j = p[e_j] (/ sum_j p[e_j] when norm_topk) (* w_scale when set),
+ * and computes
+ *   y[t] (=|+=) sum_j w_j down_e(silu(gate_e x[t]) * up_e x[t])  +  shared-expert term,
+ * the sum over the k chosen experts in the router's order (descending logit, ties: the lower
+ * index), then the shared term, then the add to y: one fixed order, so a token's result does not
+ * depend on the other tokens of the op, on batching or on the thread count.
+ * - Each expert's weights are read once per op for all the tokens routed to it (the tokens are
+ *   grouped per expert, not computed per token); an expert no token chose costs nothing.
+ * - Expert weights are 3-D GGUF tensors holding the n_local experts [expert0, expert0 + n_local)
+ *   of the router's n_expert (expert parallelism: a process may hold a slice; chosen experts it
+ *   does not hold contribute nothing here, another holder adds them):
+ *     gate, up (ne = dim, n_ff, n_local), down (ne = n_ff, dim, n_local); each F32/F16/BF16/
+ *     Q8_0/Q4_0/Q4_1, types may differ; quantized weights need dim and n_ff multiples of 32 and
+ *     are multiplied with int8-quantized activations, as the matmul does.
+ * - Optional shared expert (gate_sh.data NULL: none), applied to every token (qwen2moe):
+ *     gate_sh, up_sh (ne = dim, n_ff_sh), down_sh (ne = n_ff_sh, dim); its output is scaled by
+ *     sigmoid(x[t] . gate_inp_sh) when gate_inp_sh.data is set (ne = dim, 1), else by 1.
+ * - Outputs: y (accumulate: += , fusing the residual add); optional expert_tokens (n_expert):
+ *   the tokens routed to each expert by this op (load figures); optional expert_ids and
+ *   expert_w (n_tok, k): each token's chosen experts (global indices) and weights, in the
+ *   router's order.
+ * x must not overlap y; the arrays are borrowed until sync like every op's. */
+typedef struct sh_moe_args {
+    const float *x; // (n_tok, dim): the normalized FFN input
+    int64_t n_tok;
+    const float *logits; // (n_tok, n_expert): the router's output (ffn_gate_inp x)
+    int32_t n_expert;    /* router width: 0 means expert0 + n_local */
+    int32_t expert0;     /* first expert the tensors hold */
+    int32_t k;           /* experts per token, 1 .. n_expert */
+    sh_moe_gating gating;
+    bool norm_topk; /* divide the k weights by their sum (mixtral, qwen3moe; not olmoe, qwen2moe) */
+    float w_scale;  /* multiplies the weights; 0 or 1: none */
+    sh_tensor gate, up, down;
+    sh_tensor gate_sh, up_sh, down_sh, gate_inp_sh;
+    float *y; // (n_tok, dim)
+    bool accumulate;
+    int32_t *expert_tokens; // (n_expert) or NULL
+    int32_t *expert_ids;    // (n_tok, k) or NULL
+    float *expert_w;        // (n_tok, k) or NULL
+} sh_moe_args;
+
 /* ---- the interface ----------------------------------------------------------------------- */
 
 typedef struct sh_backend_stream sh_backend_stream; /* opaque, backend-defined */
@@ -211,6 +259,10 @@ typedef struct sh_backend_iface {
      * mapping may drop those pages (they refault from the file if anything reads them later).
      * False when absent. Any host thread. */
     bool (*weight_copied)(void *ctx, const sh_tensor *w);
+
+    /* Optional: a Mixture-of-Experts FFN (see sh_moe_args), routing included. SH_EINVAL for a bad
+     * shape, type or k. */
+    sh_err (*moe_ffn)(void *ctx, sh_backend_stream *s, const sh_moe_args *a);
 
     void (*destroy)(void *ctx);
 } sh_backend_iface;
@@ -476,6 +528,14 @@ static inline sh_err sh_backend_all_reduce(sh_backend *be, sh_backend_stream *s,
     if (!be->iface->all_reduce)
         return SH_EUNSUPPORTED;
     return be->iface->all_reduce(be->ctx, s, x, n);
+}
+
+/* Optional (SH_EUNSUPPORTED where absent): the MoE FFN of sh_moe_args. */
+static inline sh_err sh_backend_moe_ffn(sh_backend *be, sh_backend_stream *s, const sh_moe_args *a)
+{
+    if (!be->iface->moe_ffn)
+        return SH_EUNSUPPORTED;
+    return be->iface->moe_ffn(be->ctx, s, a);
 }
 
 #endif

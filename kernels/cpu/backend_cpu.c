@@ -357,6 +357,15 @@ static sh_err cpu_argmax(void *ctx, sh_backend_stream *s, const float *x, int64_
     return push(ctx, s, &op);
 }
 
+static sh_err cpu_moe_ffn(void *ctx, sh_backend_stream *s, const sh_moe_args *a)
+{
+    sh_err err = sh__cpu_moe_check(a);
+    if (err)
+        return err;
+    sh__cpu_op op = {.kind = SH__CPU_OP_MOE, .u.moe = *a};
+    return push(ctx, s, &op);
+}
+
 /* ---- creation ------------------------------------------------------------------------------ */
 
 static sh_err cpu_weight_prepare(void *ctx, const sh_tensor *w)
@@ -384,6 +393,7 @@ static void cpu_destroy(void *ctx)
     sh__cpu_pool_destroy(c->pool);
     sh__cpu_scratch_fini(c);
     sh__cpu_weights_fini(c);
+    sh__cpu_moe_fini(c);
     pthread_mutex_destroy(&c->pack_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv_work);
@@ -422,6 +432,7 @@ static const sh_backend_iface cpu_iface = {
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,
     .weight_copied = cpu_weight_copied,
+    .moe_ffn = cpu_moe_ffn,
     .destroy = cpu_destroy,
 };
 

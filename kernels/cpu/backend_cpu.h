@@ -21,6 +21,7 @@ typedef enum sh__cpu_op_kind {
     SH__CPU_OP_EMBED,
     SH__CPU_OP_SOFTMAX,
     SH__CPU_OP_ARGMAX,
+    SH__CPU_OP_MOE,
 } sh__cpu_op_kind;
 
 /* One queued op: its arguments by value (pointers inside are borrowed until sync). */
@@ -87,6 +88,7 @@ typedef struct sh__cpu_op {
             int64_t n_rows, n;
             float scale;
         } rows;
+        sh_moe_args moe;
     } u;
 } sh__cpu_op;
 
@@ -104,6 +106,9 @@ typedef struct sh__cpu_packed {
     void *packed;
     int32_t refs; /* prepares not yet released: contexts sharing a model share one copy */
 } sh__cpu_packed;
+
+/* The MoE op's scratch (moe.c), made on its first run. */
+typedef struct sh__cpu_moe_scratch sh__cpu_moe_scratch;
 
 typedef struct sh__cpu_ctx {
     sh_backend be; /* handed out to the caller; be.ctx points back here */
@@ -136,6 +141,8 @@ typedef struct sh__cpu_ctx {
     pthread_mutex_t pack_mu;
     sh__cpu_packed *packs;
     size_t pack_cap, pack_count;
+
+    sh__cpu_moe_scratch *moe; /* touched only by the leader's current op; NULL until a MoE op */
 } sh__cpu_ctx;
 
 /* Runs one op on the pool (called by the leader thread). Returns SH_ENOMEM when scratch could
@@ -151,5 +158,11 @@ void sh__cpu_weights_fini(sh__cpu_ctx *c);
 
 /* Frees the scratch buffers. */
 void sh__cpu_scratch_fini(sh__cpu_ctx *c);
+
+/* The MoE FFN (moe.c): check validates sh_moe_args at enqueue (SH_OK or SH_EINVAL); exec runs
+ * the op (leader; SH_ENOMEM when scratch could not grow); fini frees its scratch. */
+sh_err sh__cpu_moe_check(const sh_moe_args *a);
+sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op);
+void sh__cpu_moe_fini(sh__cpu_ctx *c);
 
 #endif

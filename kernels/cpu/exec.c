@@ -483,6 +483,8 @@ sh_err sh__cpu_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
         return SH_OK;
     case SH__CPU_OP_ATTN:
         return exec_attn(c, op);
+    case SH__CPU_OP_MOE:
+        return sh__cpu_moe_exec(c, op);
     default: {
         int64_t align, elems;
         const int64_t n = simple_units(op, &align, &elems);
