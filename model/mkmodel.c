@@ -13,10 +13,134 @@
 #include "model/gguf.h"
 
 static const sh_mkmodel_shape shapes[] = {
-    {"smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000.0f, 1e-5f, true, 0},
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, false, 0},
-    {"llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000.0f, 1e-5f, false, 0},
+    {.name = "smollm2-135m",
+     .n_layers = 30,
+     .dim = 576,
+     .ffn = 1536,
+     .n_heads = 9,
+     .n_kv_heads = 3,
+     .vocab = 49152,
+     .ctx = 8192,
+     .rope_base = 100000.0f,
+     .rms_eps = 1e-5f,
+     .tied = true},
+    {.name = "tinyllama-1.1b",
+     .n_layers = 22,
+     .dim = 2048,
+     .ffn = 5632,
+     .n_heads = 32,
+     .n_kv_heads = 4,
+     .vocab = 32000,
+     .ctx = 2048,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    /* Llama 3 8B's dimensions without its rope scaling (the 8192-token original). */
+    {.name = "llama3-8b",
+     .n_layers = 32,
+     .dim = 4096,
+     .ffn = 14336,
+     .n_heads = 32,
+     .n_kv_heads = 8,
+     .vocab = 128256,
+     .ctx = 8192,
+     .rope_base = 500000.0f,
+     .rms_eps = 1e-5f},
+    /* Llama 3.2 1B: Llama 3 rope scaling (factor 32 over 8192 positions) as rope_freqs. */
+    {.name = "llama3.2-1b",
+     .n_layers = 16,
+     .dim = 2048,
+     .ffn = 8192,
+     .n_heads = 32,
+     .n_kv_heads = 8,
+     .vocab = 128256,
+     .ctx = 131072,
+     .rope_base = 500000.0f,
+     .rms_eps = 1e-5f,
+     .tied = true,
+     .rope_scaling = SH_MKMODEL_ROPE_SCALING_LLAMA3,
+     .rope_factor = 32.0f,
+     .rope_orig_ctx = 8192},
+    /* Gemma 3 270M: 256-wide heads, one KV head, 5 local (512-token window) layers per global
+     * one, global rope base 1e6 and local 10000 (llama.cpp's default, not written). */
+    {.name = "gemma3-270m",
+     .arch = "gemma3",
+     .n_layers = 18,
+     .dim = 640,
+     .ffn = 2048,
+     .n_heads = 4,
+     .n_kv_heads = 1,
+     .head_dim = 256,
+     .vocab = 262144,
+     .ctx = 32768,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-6f,
+     .tied = true,
+     .sliding_window = 512},
+    {.name = "qwen3-0.6b",
+     .arch = "qwen3",
+     .n_layers = 28,
+     .dim = 1024,
+     .ffn = 3072,
+     .n_heads = 16,
+     .n_kv_heads = 8,
+     .head_dim = 128,
+     .vocab = 151936,
+     .ctx = 40960,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-6f,
+     .tied = true},
+    /* A small Qwen3-30B-A3B: 16 experts of width 256, 4 per token. */
+    {.name = "qwen3moe-tiny",
+     .arch = "qwen3moe",
+     .n_layers = 8,
+     .dim = 512,
+     .ffn = 1536,
+     .n_heads = 8,
+     .n_kv_heads = 4,
+     .head_dim = 64,
+     .vocab = 32000,
+     .ctx = 4096,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-6f,
+     .n_experts = 16,
+     .n_experts_used = 4,
+     .expert_ffn = 256},
+    /* Phi-3 mini 4k: fused QKV and gate/up; the converter writes its 2047 window, which
+     * llama.cpp ignores for phi3. */
+    {.name = "phi3-mini",
+     .arch = "phi3",
+     .n_layers = 32,
+     .dim = 3072,
+     .ffn = 8192,
+     .n_heads = 32,
+     .n_kv_heads = 32,
+     .vocab = 32064,
+     .ctx = 4096,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f,
+     .sliding_window = 2047,
+     .rope_orig_ctx = 4096},
+    /* A small Mixtral: llama with 8 experts, 2 per token. */
+    {.name = "mixtral-tiny",
+     .n_layers = 8,
+     .dim = 512,
+     .ffn = 1536,
+     .n_heads = 8,
+     .n_kv_heads = 2,
+     .vocab = 32000,
+     .ctx = 4096,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-5f,
+     .n_experts = 8,
+     .n_experts_used = 2},
 };
+
+const char *sh__mkmodel_arch(const sh_mkmodel_shape *s) { return s->arch ? s->arch : "llama"; }
+
+int64_t sh__mkmodel_head_dim(const sh_mkmodel_shape *s)
+{
+    return s->head_dim ? s->head_dim : s->n_heads ? s->dim / s->n_heads : 0;
+}
 
 const sh_mkmodel_shape *sh__mkmodel_shapes(size_t *n)
 {
@@ -142,6 +266,7 @@ static void normals(xoshiro *x, float *out, uint64_t n, float mean, float std)
 
 typedef struct gen_ctx {
     const sh_mkmodel_opts *o;
+    float rope_freqs[2048]; /* rope_freqs.weight (Llama 3 scaling): head_dim / 2 <= 2048 values */
 } gen_ctx;
 
 typedef struct gen_job {
@@ -270,20 +395,23 @@ static char *join(const char *a, const char *sep, const char *b)
 }
 
 /* A small but valid byte-level BPE vocabulary of n tokens: the 256 byte tokens (id = byte), then
- * merged tokens, then BOS and EOS. Merged tokens grow one letter at a time: level 2 is every
- * "Ġx" and "xy" (Ġ is the space byte, x and y in a..z), level k+1 appends a..z to each level-k
- * token in order. So every merge "left right" joins a shorter token and a single byte that both
- * exist already, and every token string has exactly one derivation. */
-static sh_err vocab_make(bpe_vocab *v, uint64_t n, sh_error *e)
+ * merged tokens, then the control tokens `specials` (BOS and EOS). Merged tokens grow one letter at
+ * a time: level 2 is every "Ġx" and "xy" (Ġ is the space byte, x and y in a..z), level k+1 appends
+ * a..z to each level-k token in order. So every merge "left right" joins a shorter token and a
+ * single byte that both exist already, and every token string has exactly one derivation. */
+static sh_err vocab_make(bpe_vocab *v, uint64_t n, const char *const *specials, uint64_t n_special,
+                         sh_error *e)
 {
     memset(v, 0, sizeof *v);
-    if (n < 258)
+    if (n < 256 + n_special)
         return sh__error_set(e, SH_EINVAL,
-                             "a generated vocabulary needs at least 258 tokens "
-                             "(256 bytes, BOS, EOS), got %llu",
+                             "a generated vocabulary needs at least %llu tokens "
+                             "(256 bytes and %llu control tokens), got %llu",
+                             (unsigned long long)(256 + n_special), (unsigned long long)n_special,
                              (unsigned long long)n);
     v->n = n;
-    v->n_merges = n - 258;
+    v->n_merges = n - 256 - n_special;
+    const uint64_t end = n - n_special; /* merged tokens are ids 256 .. end - 1 */
     v->tokens = calloc(n, sizeof *v->tokens);
     v->types = calloc(n, sizeof *v->types);
     v->merges = calloc(v->n_merges ? v->n_merges : 1, sizeof *v->merges);
@@ -299,8 +427,8 @@ static sh_err vocab_make(bpe_vocab *v, uint64_t n, sh_error *e)
     uint64_t id = 256, level_start = 0, level_end = 0;
     /* Level 2 prefixes: the space byte then a..z, as byte ids. */
     static const char firsts[] = " abcdefghijklmnopqrstuvwxyz";
-    for (size_t f = 0; firsts[f] && id < n - 2; f++) {
-        for (int s = 'a'; s <= 'z' && id < n - 2; s++) {
+    for (size_t f = 0; firsts[f] && id < end; f++) {
+        for (int s = 'a'; s <= 'z' && id < end; s++) {
             const char *left = v->tokens[(unsigned char)firsts[f]], *right = v->tokens[s];
             if (!(v->tokens[id] = join(left, "", right)) ||
                 !(v->merges[id - 256] = join(left, " ", right)))
@@ -310,9 +438,9 @@ static sh_err vocab_make(bpe_vocab *v, uint64_t n, sh_error *e)
     }
     level_start = 256;
     level_end = id;
-    while (id < n - 2) {
-        for (uint64_t p = level_start; p < level_end && id < n - 2; p++) {
-            for (int s = 'a'; s <= 'z' && id < n - 2; s++) {
+    while (id < end) {
+        for (uint64_t p = level_start; p < level_end && id < end; p++) {
+            for (int s = 'a'; s <= 'z' && id < end; s++) {
                 if (!(v->tokens[id] = join(v->tokens[p], "", v->tokens[s])) ||
                     !(v->merges[id - 256] = join(v->tokens[p], " ", v->tokens[s])))
                     goto oom;
@@ -322,10 +450,11 @@ static sh_err vocab_make(bpe_vocab *v, uint64_t n, sh_error *e)
         level_start = level_end;
         level_end = id;
     }
-    if (!(v->tokens[n - 2] = strdup("<|begin_of_text|>")) ||
-        !(v->tokens[n - 1] = strdup("<|end_of_text|>")))
-        goto oom;
-    v->types[n - 2] = v->types[n - 1] = 3; /* control */
+    for (uint64_t k = 0; k < n_special; k++) {
+        if (!(v->tokens[end + k] = strdup(specials[k])))
+            goto oom;
+        v->types[end + k] = 3; /* control */
+    }
     return SH_OK;
 oom:
     vocab_free(v);
@@ -334,10 +463,19 @@ oom:
                          (unsigned long long)n);
 }
 
-static sh_err set_generated_vocab(sh_gguf_writer *w, uint64_t n, sh_error *e)
+/* Phi-3 files carry SentencePiece's control tokens, and llama.cpp looks <unk>, <s>, </s> and
+ * <|endoftext|> up by name when general.name mentions phi3; the others get Llama 3's two. */
+static const char *const specials_llama3[] = {"<|begin_of_text|>", "<|end_of_text|>"};
+static const char *const specials_phi3[] = {"<unk>", "<s>", "</s>", "<|endoftext|>"};
+
+static sh_err set_generated_vocab(sh_gguf_writer *w, uint64_t n, bool phi3, sh_error *e)
 {
     bpe_vocab v;
-    sh_err err = vocab_make(&v, n, e);
+    const char *const *sp = phi3 ? specials_phi3 : specials_llama3;
+    const uint64_t n_sp = phi3 ? 4 : 2;
+    /* BOS <|begin_of_text|> / <s>, EOS <|end_of_text|> / <|endoftext|>. */
+    const uint64_t bos = n - n_sp + (phi3 ? 1 : 0), eos = n - 1;
+    sh_err err = vocab_make(&v, n, sp, n_sp, e);
     if (err)
         return err;
     if (!(err = sh__gguf_write_set_str(w, "tokenizer.ggml.model", "gpt2", e)) &&
@@ -348,8 +486,8 @@ static sh_err set_generated_vocab(sh_gguf_writer *w, uint64_t n, sh_error *e)
                                        e)) &&
         !(err = sh__gguf_write_set_arr_str(w, "tokenizer.ggml.merges",
                                            (const char *const *)v.merges, v.n_merges, e)) &&
-        !(err = sh__gguf_write_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)(n - 2), e)) &&
-        !(err = sh__gguf_write_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)(n - 1), e)))
+        !(err = sh__gguf_write_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos, e)) &&
+        !(err = sh__gguf_write_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos, e)))
         err = sh__gguf_write_set_bool(w, "tokenizer.ggml.add_bos_token", true, e);
     vocab_free(&v);
     return err;
@@ -388,8 +526,21 @@ static sh_err copy_vocab(sh_gguf_writer *w, const char *path, uint64_t *n_tokens
 
 /* ---- The model ----------------------------------------------------------------------------- */
 
+static bool arch_is(const sh_mkmodel_shape *s, const char *name)
+{
+    return strcmp(sh__mkmodel_arch(s), name) == 0;
+}
+
 static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, sh_error *e)
 {
+    static const char *const archs[] = {"llama", "gemma3", "qwen3", "qwen3moe", "phi3"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        known |= arch_is(s, archs[i]);
+    if (!known)
+        return sh__error_set(e, SH_EINVAL,
+                             "architecture '%s' is not one of llama, gemma3, qwen3, qwen3moe, phi3",
+                             sh__mkmodel_arch(s));
     struct {
         const char *name;
         int64_t v, max;
@@ -406,17 +557,42 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
         if (f[i].v < 1 || f[i].v > f[i].max)
             return sh__error_set(e, SH_EINVAL, "%s = %lld is outside 1..%lld", f[i].name,
                                  (long long)f[i].v, (long long)f[i].max);
-    if (s->dim % s->n_heads)
+    if (s->head_dim < 0 || s->head_dim > 4096 || s->n_experts < 0 || s->n_experts > 512 ||
+        s->expert_ffn < 0 || s->expert_ffn > (1 << 20) || s->swa_pattern < 0 ||
+        s->sliding_window < 0 || s->rope_orig_ctx < 0)
+        return sh__error_set(e, SH_EINVAL,
+                             "head-dim, experts (<= 512), expert-ffn, swa-pattern, "
+                             "sliding-window and rope-orig-ctx cannot be negative "
+                             "or that large");
+    if (!s->head_dim && s->dim % s->n_heads)
         return sh__error_set(e, SH_EINVAL, "dim %lld is not divisible by heads %lld",
                              (long long)s->dim, (long long)s->n_heads);
     if (s->n_heads % s->n_kv_heads)
         return sh__error_set(e, SH_EINVAL, "heads %lld is not divisible by kv-heads %lld",
                              (long long)s->n_heads, (long long)s->n_kv_heads);
-    if ((s->dim / s->n_heads) % 2)
+    const int64_t hd = sh__mkmodel_head_dim(s);
+    if (hd % 2)
         return sh__error_set(e, SH_EINVAL, "head dim %lld is odd (RoPE rotates pairs)",
-                             (long long)(s->dim / s->n_heads));
-    if (!(s->rope_base > 0) || !(s->rms_eps > 0))
+                             (long long)hd);
+    if (arch_is(s, "phi3") && hd * s->n_heads != s->dim)
+        return sh__error_set(e, SH_EINVAL,
+                             "phi3 needs head-dim x heads = dim (%lld x %lld != %lld)",
+                             (long long)hd, (long long)s->n_heads, (long long)s->dim);
+    const bool moe_arch = arch_is(s, "qwen3moe"), moe_ok = moe_arch || arch_is(s, "llama");
+    if (moe_arch && !s->n_experts)
+        return sh__error_set(e, SH_EINVAL, "qwen3moe needs --experts");
+    if (s->n_experts && !moe_ok)
+        return sh__error_set(e, SH_EINVAL, "%s has no experts (llama and qwen3moe do)",
+                             sh__mkmodel_arch(s));
+    if (s->n_experts && (s->n_experts_used < 1 || s->n_experts_used > s->n_experts))
+        return sh__error_set(e, SH_EINVAL, "experts-used %lld is outside 1..experts %lld",
+                             (long long)s->n_experts_used, (long long)s->n_experts);
+    if (!(s->rope_base > 0) || !(s->rms_eps > 0) || s->rope_base_swa < 0 || s->softcap < 0)
         return sh__error_set(e, SH_EINVAL, "rope base and rms eps must be positive");
+    if (s->rope_scaling != SH_MKMODEL_ROPE_SCALING_NONE && !(s->rope_factor > 0))
+        return sh__error_set(e, SH_EINVAL, "rope scaling needs a positive factor");
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LLAMA3 && !arch_is(s, "llama"))
+        return sh__error_set(e, SH_EINVAL, "llama3 rope scaling is for the llama architecture");
     if (!(o->std > 0) || !isfinite(o->std))
         return sh__error_set(e, SH_EINVAL, "std %g must be positive", (double)o->std);
     if (sh__mkmodel_file_type(o->type) < 0)
@@ -424,86 +600,218 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
                              "type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
                              "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
                              sh__dtype_name(o->type));
-    /* Rows are whole blocks (256 elements for the K-quants): the first tensor whose rows are
-     * dim (token_embd) or ffn (ffn_down) long is named. */
+    /* Rows are whole blocks (256 elements for the K-quants). Every matrix row (ne[0]) is dim,
+     * ffn, heads x head-dim or the expert ffn long; the first tensor that breaks it is named. */
     const sh_dtype_info *info = sh__dtype_info(o->type);
-    if (s->dim % info->block_elems || s->ffn % info->block_elems)
-        return sh__error_set(
-            e, SH_EINVAL, "tensor '%s': %s needs dim (%lld) and ffn (%lld) to be multiples of %u",
-            s->dim % info->block_elems ? "token_embd.weight" : "blk.0.ffn_down.weight", info->name,
-            (long long)s->dim, (long long)s->ffn, info->block_elems);
+    const int64_t eff = s->expert_ffn ? s->expert_ffn : s->ffn;
+    const int64_t be = info->block_elems;
+    const char *bad = s->dim % be                ? "token_embd.weight"
+                      : (hd * s->n_heads) % be   ? "blk.0.attn_output.weight"
+                      : s->n_experts && eff % be ? "blk.0.ffn_down_exps.weight"
+                      : s->ffn % be              ? "blk.0.ffn_down.weight"
+                                                 : NULL;
+    if (bad)
+        return sh__error_set(e, SH_EINVAL,
+                             "tensor '%s': %s needs dim (%lld), ffn (%lld), heads x head-dim "
+                             "(%lld) and the expert ffn (%lld) to be multiples of %u",
+                             bad, info->name, (long long)s->dim, (long long)s->ffn,
+                             (long long)(hd * s->n_heads), (long long)eff, info->block_elems);
     return SH_OK;
+}
+
+/* ARCH.suffix into buf. */
+static const char *akey(char *buf, size_t cap, const sh_mkmodel_shape *s, const char *suffix)
+{
+    snprintf(buf, cap, "%s.%s", sh__mkmodel_arch(s), suffix);
+    return buf;
 }
 
 static sh_err set_metadata(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh_mkmodel_shape *s,
                            sh_error *e)
 {
-    char name[128];
+    char name[128], k[96];
     snprintf(name, sizeof name, "shoal-mkmodel %s %s seed %llu", s->name, sh__dtype_name(o->type),
              (unsigned long long)o->seed);
+    const int64_t hd = sh__mkmodel_head_dim(s);
+    const bool llama = arch_is(s, "llama"), phi3 = arch_is(s, "phi3");
     sh_err err;
-    if ((err = sh__gguf_write_set_str(w, "general.architecture", "llama", e)) ||
+#define U32(suffix, v)                                                                             \
+    if ((err = sh__gguf_write_set_u32(w, akey(k, sizeof k, s, suffix), (uint32_t)(v), e)))         \
+    return err
+#define F32(suffix, v)                                                                             \
+    if ((err = sh__gguf_write_set_f32(w, akey(k, sizeof k, s, suffix), (v), e)))                   \
+    return err
+    if ((err = sh__gguf_write_set_str(w, "general.architecture", sh__mkmodel_arch(s), e)) ||
         (err = sh__gguf_write_set_str(w, "general.name", name, e)) ||
         (err = sh__gguf_write_set_u32(w, "general.file_type",
                                       (uint32_t)sh__mkmodel_file_type(o->type), e)) ||
-        (err = sh__gguf_write_set_u32(w, "general.quantization_version", 2, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.context_length", (uint32_t)s->ctx, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.embedding_length", (uint32_t)s->dim, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.block_count", (uint32_t)s->n_layers, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.feed_forward_length", (uint32_t)s->ffn, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.attention.head_count", (uint32_t)s->n_heads, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_kv_heads,
-                                      e)) ||
-        (err = sh__gguf_write_set_f32(w, "llama.rope.freq_base", s->rope_base, e)) ||
-        (err =
-             sh__gguf_write_set_f32(w, "llama.attention.layer_norm_rms_epsilon", s->rms_eps, e)) ||
-        (err = sh__gguf_write_set_u32(w, "llama.rope.dimension_count",
-                                      (uint32_t)(s->dim / s->n_heads), e)))
+        (err = sh__gguf_write_set_u32(w, "general.quantization_version", 2, e)))
         return err;
-    if (s->sliding_window > 0 && (err = sh__gguf_write_set_u32(w, "llama.attention.sliding_window",
-                                                               (uint32_t)s->sliding_window, e)))
-        return err;
-    return sh__gguf_write_set_u32(w, "llama.vocab_size", (uint32_t)s->vocab, e);
+    U32("context_length", s->ctx);
+    U32("embedding_length", s->dim);
+    U32("block_count", s->n_layers);
+    U32("feed_forward_length", s->ffn);
+    U32("attention.head_count", s->n_heads);
+    U32("attention.head_count_kv", s->n_kv_heads);
+    F32("rope.freq_base", s->rope_base);
+    F32("attention.layer_norm_rms_epsilon", s->rms_eps);
+    /* llama.cpp's converters write the rotated width for llama and phi3 and the head width
+     * (key/value length) where the config names one: always for gemma3 and qwen3. */
+    if (llama || phi3) {
+        U32("rope.dimension_count", hd);
+    }
+    if (!llama && !phi3) {
+        U32("attention.key_length", hd);
+        U32("attention.value_length", hd);
+    } else if (s->head_dim && s->head_dim * s->n_heads != s->dim) {
+        U32("attention.key_length", hd);
+        U32("attention.value_length", hd);
+    }
+    if (s->sliding_window > 0) {
+        U32("attention.sliding_window", s->sliding_window);
+    }
+    if (s->swa_pattern > 0) {
+        U32("attention.sliding_window_pattern", s->swa_pattern);
+    }
+    if (s->rope_base_swa > 0) {
+        F32("rope.freq_base_swa", s->rope_base_swa);
+    }
+    if (s->softcap > 0) {
+        F32("final_logit_softcapping", s->softcap);
+    }
+    const int64_t orig_ctx = s->rope_orig_ctx ? s->rope_orig_ctx : s->ctx;
+    if (phi3) {
+        U32("rope.scaling.original_context_length", orig_ctx);
+    }
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LINEAR ||
+        s->rope_scaling == SH_MKMODEL_ROPE_SCALING_YARN) {
+        bool yarn = s->rope_scaling == SH_MKMODEL_ROPE_SCALING_YARN;
+        if ((err = sh__gguf_write_set_str(w, akey(k, sizeof k, s, "rope.scaling.type"),
+                                          yarn ? "yarn" : "linear", e)))
+            return err;
+        F32("rope.scaling.factor", s->rope_factor);
+        if (yarn && !phi3) {
+            U32("rope.scaling.original_context_length", orig_ctx);
+        }
+    }
+    if (s->n_experts) {
+        U32("expert_count", s->n_experts);
+        U32("expert_used_count", s->n_experts_used);
+        /* Mixtral's feed_forward_length is the expert width; qwen3moe names it apart. */
+        if (!llama) {
+            U32("expert_feed_forward_length", s->expert_ffn ? s->expert_ffn : s->ffn);
+        }
+    }
+    if (llama) {
+        U32("vocab_size", s->vocab);
+    }
+#undef U32
+#undef F32
+    return SH_OK;
 }
 
-/* Adds the tensors in llama.cpp's naming; ne[0] is the input (contiguous) dimension. */
+/* Llama 3's rope_freqs.weight: the divisor of each frequency base^(-2i/hd), as llama.cpp's
+ * converter derives it from rope_scaling (factor, low_freq_factor 1, high_freq_factor 4,
+ * original_max_position_embeddings): wavelengths shorter than orig / 4 keep their frequency,
+ * longer than orig / 1 are divided by factor, and the band between is interpolated. */
+static void llama3_rope_freqs(const sh_mkmodel_shape *s, float *out)
+{
+    const int64_t hd = sh__mkmodel_head_dim(s);
+    const double lo = 1.0, hi = 4.0, factor = s->rope_factor;
+    const double orig = (double)(s->rope_orig_ctx ? s->rope_orig_ctx : 8192);
+    for (int64_t i = 0; i < hd / 2; i++) {
+        double freq = 1.0 / pow(s->rope_base, (double)(2 * i) / (double)hd);
+        double wavelen = 2.0 * 3.14159265358979323846 / freq;
+        if (wavelen < orig / hi) {
+            out[i] = 1.0f;
+        } else if (wavelen > orig / lo) {
+            out[i] = (float)factor;
+        } else {
+            double smooth = (orig / wavelen - lo) / (hi - lo);
+            out[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
+}
+
+/* Adds the tensors in llama.cpp's naming; ne[0] is the input (contiguous) dimension, expert
+ * tensors are (ne[0], ne[1], n_experts) with the expert index slowest. */
 static sh_err add_tensors(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh_mkmodel_shape *s,
                           gen_ctx *g, uint64_t *n_params, sh_error *e)
 {
     const uint64_t dim = (uint64_t)s->dim, ffn = (uint64_t)s->ffn, vocab = (uint64_t)s->vocab;
-    const uint64_t kv = (uint64_t)(s->dim / s->n_heads * s->n_kv_heads);
+    const uint64_t hd = (uint64_t)sh__mkmodel_head_dim(s);
+    const uint64_t qd = hd * (uint64_t)s->n_heads, kv = hd * (uint64_t)s->n_kv_heads;
+    const uint64_t nexp = (uint64_t)s->n_experts;
+    const uint64_t eff = s->expert_ffn ? (uint64_t)s->expert_ffn : ffn;
+    const bool gemma3 = arch_is(s, "gemma3"), phi3 = arch_is(s, "phi3");
+    const bool qk_norm = gemma3 || arch_is(s, "qwen3") || arch_is(s, "qwen3moe");
     sh_err err = SH_OK;
     *n_params = 0;
-#define ADD(name, type, nd, d0, d1)                                                                \
+#define ADD3(name, type, nd, d0, d1, d2)                                                           \
     do {                                                                                           \
-        uint64_t ne_[2] = {(d0), (d1)};                                                            \
+        uint64_t ne_[3] = {(d0), (d1), (d2)};                                                      \
         if ((err = sh__gguf_write_add_tensor(w, name, type, nd, ne_, fill_weights, g, e)))         \
             return err;                                                                            \
-        *n_params += ne_[0] * (nd == 2 ? ne_[1] : 1);                                              \
+        *n_params += ne_[0] * ne_[1] * ne_[2];                                                     \
     } while (0)
+#define ADD(name, type, nd, d0, d1) ADD3(name, type, nd, d0, d1, 1)
     ADD("token_embd.weight", o->type, 2, dim, vocab);
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LLAMA3) {
+        uint64_t ne[1] = {hd / 2};
+        llama3_rope_freqs(s, g->rope_freqs);
+        if ((err = sh__gguf_write_add_tensor_data(w, "rope_freqs.weight", SH_DTYPE_F32, 1, ne,
+                                                  g->rope_freqs, e)))
+            return err;
+        *n_params += hd / 2;
+    }
     for (int64_t l = 0; l < s->n_layers; l++) {
         char n[64];
-#define LAYER(suffix, type, nd, d0, d1)                                                            \
+#define LAYER3(suffix, type, nd, d0, d1, d2)                                                       \
     do {                                                                                           \
         snprintf(n, sizeof n, "blk.%lld.%s.weight", (long long)l, suffix);                         \
-        ADD(n, type, nd, d0, d1);                                                                  \
+        ADD3(n, type, nd, d0, d1, d2);                                                             \
     } while (0)
+#define LAYER(suffix, type, nd, d0, d1) LAYER3(suffix, type, nd, d0, d1, 1)
         LAYER("attn_norm", SH_DTYPE_F32, 1, dim, 1);
-        LAYER("attn_q", o->type, 2, dim, dim);
-        LAYER("attn_k", o->type, 2, dim, kv);
-        LAYER("attn_v", o->type, 2, dim, kv);
-        LAYER("attn_output", o->type, 2, dim, dim);
+        if (phi3) {
+            LAYER("attn_qkv", o->type, 2, dim, qd + 2 * kv);
+        } else {
+            LAYER("attn_q", o->type, 2, dim, qd);
+            LAYER("attn_k", o->type, 2, dim, kv);
+            LAYER("attn_v", o->type, 2, dim, kv);
+        }
+        if (qk_norm) {
+            LAYER("attn_q_norm", SH_DTYPE_F32, 1, hd, 1);
+            LAYER("attn_k_norm", SH_DTYPE_F32, 1, hd, 1);
+        }
+        LAYER("attn_output", o->type, 2, qd, dim);
+        if (gemma3)
+            LAYER("post_attention_norm", SH_DTYPE_F32, 1, dim, 1);
         LAYER("ffn_norm", SH_DTYPE_F32, 1, dim, 1);
-        LAYER("ffn_gate", o->type, 2, dim, ffn);
-        LAYER("ffn_up", o->type, 2, dim, ffn);
-        LAYER("ffn_down", o->type, 2, ffn, dim);
+        if (nexp) {
+            /* The router stays F32, as llama.cpp's converter and quantizer keep it. */
+            LAYER("ffn_gate_inp", SH_DTYPE_F32, 2, dim, nexp);
+            LAYER3("ffn_gate_exps", o->type, 3, dim, eff, nexp);
+            LAYER3("ffn_up_exps", o->type, 3, dim, eff, nexp);
+            LAYER3("ffn_down_exps", o->type, 3, eff, dim, nexp);
+        } else if (phi3) {
+            LAYER("ffn_up", o->type, 2, dim, 2 * ffn); /* gate rows, then up rows */
+            LAYER("ffn_down", o->type, 2, ffn, dim);
+        } else {
+            LAYER("ffn_gate", o->type, 2, dim, ffn);
+            LAYER("ffn_up", o->type, 2, dim, ffn);
+            LAYER("ffn_down", o->type, 2, ffn, dim);
+        }
+        if (gemma3)
+            LAYER("post_ffw_norm", SH_DTYPE_F32, 1, dim, 1);
 #undef LAYER
+#undef LAYER3
     }
     ADD("output_norm.weight", SH_DTYPE_F32, 1, dim, 1);
     if (!s->tied)
         ADD("output.weight", o->type, 2, dim, vocab);
 #undef ADD
+#undef ADD3
     return err;
 }
 
@@ -516,8 +824,8 @@ sh_err sh__mkmodel_write(const char *path, const sh_mkmodel_opts *o, sh_mkmodel_
     if (err)
         return err;
     /* The model's keys first, then the tokenizer's, as llama.cpp's converters order them. With
-     * vocab_from the file decides the vocabulary size; llama.vocab_size is then set again, which
-     * replaces the value in place. */
+     * vocab_from the file decides the vocabulary size; llama.vocab_size (only llama files have
+     * it) is then set again, which replaces the value in place. */
     if ((err = set_metadata(w, o, &s, e)))
         goto out;
     if (o->vocab_from) {
@@ -530,20 +838,30 @@ sh_err sh__mkmodel_write(const char *path, const sh_mkmodel_opts *o, sh_mkmodel_
             goto out;
         }
         s.vocab = count > (1u << 24) ? 0 : (int64_t)count; /* check_shape rejects 0 */
-        if ((err = sh__gguf_write_set_u32(w, "llama.vocab_size", (uint32_t)s.vocab, e)))
+        if (arch_is(&s, "llama") &&
+            (err = sh__gguf_write_set_u32(w, "llama.vocab_size", (uint32_t)s.vocab, e)))
             goto out;
     }
     if ((err = check_shape(o, &s, e)))
         goto out;
-    if (!o->vocab_from && (err = set_generated_vocab(w, (uint64_t)s.vocab, e)))
+    if (!o->vocab_from && (err = set_generated_vocab(w, (uint64_t)s.vocab, arch_is(&s, "phi3"), e)))
         goto out;
 
-    gen_ctx g = {o};
-    uint64_t n_params = 0;
-    if ((err = add_tensors(w, o, &s, &g, &n_params, e)))
+    gen_ctx *g = calloc(1, sizeof *g); /* lives until the file is written */
+    if (!g) {
+        err = sh__error_set(e, SH_ENOMEM, "out of memory");
         goto out;
+    }
+    g->o = o;
+    uint64_t n_params = 0;
+    if ((err = add_tensors(w, o, &s, g, &n_params, e))) {
+        free(g);
+        goto out;
+    }
     sh__gguf_write_set_progress(w, o->progress, o->progress_user);
-    if ((err = sh__gguf_write_file(w, path, e)))
+    err = sh__gguf_write_file(w, path, e);
+    free(g);
+    if (err)
         goto out;
     if (res) {
         res->n_params = n_params;

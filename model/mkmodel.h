@@ -1,5 +1,6 @@
-/* Synthetic Llama-architecture GGUF models: named shapes, seeded random weights in any of the
- * weight types, a generated or copied vocabulary. Used by `shoal mkmodel`, tests and benches. */
+/* Synthetic GGUF models (llama with or without Mixtral-style experts, gemma3, qwen3, qwen3moe,
+ * phi3): named shapes, seeded random weights in any of the weight types, a generated or copied
+ * vocabulary. Used by `shoal mkmodel`, tests and benches. */
 #ifndef SH_MODEL_MKMODEL_H
 #define SH_MODEL_MKMODEL_H
 
@@ -11,7 +12,18 @@
 #include "model/gguf_write.h"
 #include "shoal/err.h"
 
-/* The dimensions and hyperparameters of a Llama-family model. */
+/* Rope scaling written into the file, as llama.cpp's converter stores it. */
+typedef enum sh_mkmodel_rope_scaling {
+    SH_MKMODEL_ROPE_SCALING_NONE = 0,
+    SH_MKMODEL_ROPE_SCALING_LINEAR, /* rope.scaling.type linear + factor */
+    SH_MKMODEL_ROPE_SCALING_YARN,   /* rope.scaling.type yarn + factor + original context */
+    /* Llama 3: no scaling keys; a rope_freqs.weight tensor of per-frequency divisors computed
+     * from factor, low/high frequency factors 1 and 4 and the original context. */
+    SH_MKMODEL_ROPE_SCALING_LLAMA3,
+} sh_mkmodel_rope_scaling;
+
+/* The dimensions and hyperparameters of a model. Fields after sliding_window are zero for a
+ * plain dense llama. */
 typedef struct sh_mkmodel_shape {
     const char *name; /* "smollm2-135m", or "custom" */
     int64_t n_layers;
@@ -24,8 +36,27 @@ typedef struct sh_mkmodel_shape {
     float rope_base;
     float rms_eps;
     bool tied;              /* the output projection is token_embd (no output.weight) */
-    int64_t sliding_window; /* llama.attention.sliding_window when > 0 (Mistral-style) */
+    int64_t sliding_window; /* ARCH.attention.sliding_window when > 0 (Mistral, Gemma 3 local) */
+    const char *arch;       /* general.architecture: NULL or "llama", "gemma3", "qwen3",
+                               "qwen3moe", "phi3" */
+    int64_t head_dim;       /* ARCH.attention.key_length/value_length; 0: dim / n_heads */
+    int64_t n_experts;      /* routed experts per layer (ffn_*_exps); 0: a dense FFN */
+    int64_t n_experts_used; /* experts chosen per token */
+    int64_t expert_ffn;     /* each expert's FFN width; 0: ffn */
+    int64_t swa_pattern;    /* gemma3: every swa_pattern-th layer is global; 0: not written
+                               (llama.cpp's default, 6) */
+    float rope_base_swa;    /* gemma3 local layers' rope base; 0: not written (10000) */
+    float softcap;          /* ARCH.final_logit_softcapping; 0: not written */
+    sh_mkmodel_rope_scaling rope_scaling;
+    float rope_factor;     /* the context extension factor of rope_scaling */
+    int64_t rope_orig_ctx; /* the original context of YaRN / Llama 3 / phi3; 0: ctx */
 } sh_mkmodel_shape;
+
+/* The shape's architecture name ("llama" when shape->arch is NULL). */
+const char *sh__mkmodel_arch(const sh_mkmodel_shape *s);
+
+/* head_dim, or dim / n_heads when it is 0. */
+int64_t sh__mkmodel_head_dim(const sh_mkmodel_shape *s);
 
 /* The named shapes; *n receives their count. Static storage. */
 const sh_mkmodel_shape *sh__mkmodel_shapes(size_t *n);

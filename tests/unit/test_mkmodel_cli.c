@@ -67,6 +67,12 @@ static void test_bad_args(void)
         "--kv-heads 1 --vocab 300 --vocab-from /nonexistent.gguf", /* unreadable */
         "--shape custom --type F16 -o x.gguf --layers 1 --dim 64 --ffn 128 --heads 4 "
         "--kv-heads 1 --vocab-from tests/data/stories260K/stories260K.bin", /* not a GGUF */
+        "--shape qwen3-0.6b --type F16 -o x.gguf --arch gpt2",              /* unknown arch */
+        "--shape qwen3-0.6b --type F16 -o x.gguf --rope-scaling ntk",       /* unknown scaling */
+        "--shape smollm2-135m --type F16 -o x.gguf --rope-scaling llama3",  /* no factor */
+        "--shape smollm2-135m --type F16 -o x.gguf --experts 4 --experts-used 5", /* K > N */
+        "--shape phi3-mini --type F16 -o x.gguf --experts 4 --experts-used 2",    /* no MoE */
+        "--shape qwen3moe-tiny --type F16 -o x.gguf --experts 0",                 /* not positive */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[4096], err[4096];
@@ -152,9 +158,55 @@ static void test_tiny_model(void)
     unlink(p2);
 }
 
+/* Each architecture from the command line: the options reach the file. */
+static void test_archs(void)
+{
+    static const struct {
+        const char *args, *arch, *key;
+        uint32_t want;
+    } cases[] = {
+        {"--shape gemma3-270m --head-dim 32 --sliding-window 16 --swa-pattern 3", "gemma3",
+         "gemma3.attention.sliding_window_pattern", 3},
+        {"--shape qwen3-0.6b --head-dim 32", "qwen3", "qwen3.attention.key_length", 32},
+        {"--shape qwen3moe-tiny --experts 6 --experts-used 2 --expert-ffn 32", "qwen3moe",
+         "qwen3moe.expert_feed_forward_length", 32},
+        {"--shape mixtral-tiny --experts 4 --experts-used 2", "llama", "llama.expert_count", 4},
+        {"--shape phi3-mini", "phi3", "phi3.rope.dimension_count", 16},
+        {"--shape custom --arch qwen3 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64",
+         "qwen3", "qwen3.rope.scaling.original_context_length", 64},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024], out[4096], err[4096], path[256];
+        snprintf(path, sizeof path, "%s", tmp_path("arch.gguf"));
+        snprintf(args, sizeof args,
+                 "%s --type F16 -o '%s' --layers 2 --dim 64 --ffn 128 --heads 4 --kv-heads 2 "
+                 "--vocab 300 --ctx 128",
+                 cases[i].args, path);
+        int rc = run(args, out, sizeof out, err, sizeof err);
+        if (rc != 0) {
+            SH_FAIL_("mkmodel %s: exit %d: %s", cases[i].args, rc, err);
+            continue;
+        }
+        sh_gguf *g = NULL;
+        sh_error e = {0};
+        CHECK_OK(sh_gguf_open(path, NULL, &g, &e));
+        if (g) {
+            sh_str s;
+            uint32_t v = 0;
+            CHECK_OK(sh_gguf_get_str(g, "general.architecture", &s));
+            CHECK(sh_str_eq(s, cases[i].arch));
+            CHECK_OK(sh_gguf_get_u32(g, cases[i].key, &v));
+            CHECK_UINT_EQ(v, cases[i].want);
+        }
+        sh_gguf_close(g);
+        unlink(path);
+    }
+}
+
 static const sh_test_case tests[] = {
     {"bad_args", test_bad_args},
     {"tiny_model", test_tiny_model},
+    {"archs", test_archs},
     {NULL, NULL},
 };
 
