@@ -125,8 +125,12 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  *           Q8_0 codes are stored biased by +128 as u8 (dpbusd multiplies u8 by s8); the bias is
  *           removed with the activation block sums s: sum_i (q_i + 128) a_i = sum_i q_i a_i +
  *           128 s / da.
+ *           Q5_0/Q5_1 codes are packed as Q4's (their low four bits).
  *   d       then nb x 16 fp16 scales (32 bytes per block);
- *   m       then nb x 16 fp16 minimums (Q4_1 only);
+ *   m       then nb x 16 fp16 minimums (Q4_1 and Q5_1 only);
+ *   h       then, for Q5_0/Q5_1, nb x 8 64-bit masks (64 bytes per block): bit 4r + i of mask v
+ *           is the fifth bit of the element unpacked vector v holds in byte 4r + i (so the
+ *           kernel adds 16 to the codes under the mask: one k-register load per vector);
  *   padding to a multiple of 64 bytes.
  * The codes come first so that every code vector is 64-byte aligned (a vector that straddles two
  * cache lines costs two loads; interleaving the 32-byte scales with the codes did that to every
@@ -142,8 +146,8 @@ size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst);
 
 /* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
- * in the file layout (18, 20 or 34 bytes; for F16 the 32 halves, 64 bytes) to `blk`, so that an
- * embedding lookup can read a packed table whose file pages were dropped. */
+ * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes) to `blk`, so
+ * that an embedding lookup can read a packed table whose file pages were dropped. */
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[64]);
 
@@ -164,7 +168,7 @@ typedef struct sh__cpu_kernels {
      * packed weights (see SH_CPU_PACK_ROWS). For these, sh__cpu_mm.w is the packed data and
      * row_bytes the bytes of one 16-row group; r0 is a multiple of 16 or the kernel computes the
      * whole group and stores only rows [r0, r1). */
-    sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1;
+    sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
     float (*sumsq)(const float *x, int64_t n);
@@ -193,6 +197,8 @@ void sh__cpu_avx512_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx512_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The ISA's packed-weight kernel for a type (NULL when it has none). */
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);

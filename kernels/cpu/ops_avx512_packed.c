@@ -15,7 +15,7 @@
  * block-sum terms, plus the 8 unpacked code vectors and the scales, fit the 32 zmm registers. */
 #define NT 6
 
-enum { K_Q4_0, K_Q4_1, K_Q8_0 };
+enum { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_0, K_Q5_1 };
 
 /* Software prefetch distance of the matvecs, in bytes, into L2. One core's demand misses alone
  * reach only about half the read bandwidth of this machine type (the line-fill buffers cap the
@@ -37,7 +37,10 @@ INL __m512i bcast4(const int8_t *p)
  *   Q4_0: dw (da sum_i q_i a_i - 8 s)          (codes are nibbles, weight = dw (q - 8))
  *   Q4_1: dw da sum_i q_i a_i + m s            (weight = dw q + m)
  *   Q8_0: dw (da sum_i u_i a_i - 128 s)        (u = q + 128, stored biased)
- * so each output is sum_b dw da dot_b + c sum_b v s_b with (c, v) = (-8, dw), (1, m), (-128, dw):
+ *   Q5_0: dw (da sum_i q_i a_i - 16 s)         (q = nibble + 16 under the fifth-bit mask)
+ *   Q5_1: dw da sum_i q_i a_i + m s
+ * so each output is sum_b dw da dot_b + c sum_b v s_b with (c, v) = (-8, dw), (1, m), (-128, dw),
+ * (-16, dw), (1, m):
  * acc carries the first sum and acco the second, both 16 rows wide. */
 INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt,
               const int kind)
@@ -45,8 +48,11 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_CPU_QK, n_in = a->n_in;
     const size_t cb = kind == K_Q8_0 ? 512 : 256; /* code bytes per block */
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1, q5 = kind == K_Q5_0 || kind == K_Q5_1;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32; /* d, m (Q4_1) */
+    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32; /* d, m (Q4_1/Q5_1) */
+    const uint8_t *wh = wd + (size_t)nb * 32 * (has_m ? 2 : 1);          /* Q5 fifth bits */
+    const __m512i c16 = _mm512_set1_epi8(16);
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[NT], acco[NT];
     for (int i = 0; i < nt; i++)
@@ -58,13 +64,15 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
                 _mm_prefetch((const char *)wb + PF_DIST + o, PF_HINT);
             if (b % 2 == 0) { /* the scales: 64 bytes per two blocks, 1/8 of the codes' pace */
                 _mm_prefetch((const char *)(wd + b * 32) + PF_DIST / 8, PF_HINT);
-                if (kind == K_Q4_1)
+                if (has_m)
                     _mm_prefetch((const char *)(wm + b * 32) + PF_DIST / 8, PF_HINT);
             }
+            if (q5) /* the fifth bits: 64 bytes per block, 1/4 of the codes' pace */
+                _mm_prefetch((const char *)(wh + b * 64) + PF_DIST / 4, PF_HINT);
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
         const __m512 vw =
-            kind == K_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wm + b * 32))) : dw;
+            has_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wm + b * 32))) : dw;
         __m512i q[8];
         if (kind == K_Q8_0) {
             for (int j = 0; j < 8; j++)
@@ -75,6 +83,12 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
                 q[j] = _mm512_and_si512(z, low4);
                 q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
             }
+            if (q5)
+                for (int j = 0; j < 8; j++) {
+                    uint64_t hb;
+                    memcpy(&hb, wh + b * 64 + 8 * j, 8);
+                    q[j] = _mm512_mask_add_epi8(q[j], _cvtu64_mask64(hb), q[j], c16);
+                }
         }
         for (int i = 0; i < nt; i++) {
             const int8_t *ab = a->qs + (t0 + i) * n_in + b * SH_CPU_QK;
@@ -95,7 +109,7 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
             acco[i] = _mm512_fmadd_ps(vw, _mm512_set1_ps(a->s[ai]), acco[i]);
         }
     }
-    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q4_1 ? 1.0f : -128.0f;
+    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q5_0 ? -16.0f : has_m ? 1.0f : -128.0f;
     const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
     const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
     for (int i = 0; i < nt; i++) {
@@ -234,6 +248,16 @@ TGT void sh__cpu_avx512_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 TGT void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     sweep(m, r0, r1, K_Q8_0);
+}
+
+TGT void sh__cpu_avx512_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep(m, r0, r1, K_Q5_0);
+}
+
+TGT void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep(m, r0, r1, K_Q5_1);
 }
 
 #endif

@@ -9,6 +9,8 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
     switch (type) {
     case SH_DTYPE_Q4_0:
     case SH_DTYPE_Q4_1:
+    case SH_DTYPE_Q5_0:
+    case SH_DTYPE_Q5_1:
         return 256;
     case SH_DTYPE_Q8_0:
         return 512;
@@ -19,16 +21,46 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
     }
 }
 
-/* The scale vectors per block that follow the codes: d, and m for Q4_1. */
+/* The scale vectors per block that follow the codes: d, and m for Q4_1 and Q5_1. */
 static size_t scale_vectors(sh_dtype type)
 {
-    return type == SH_DTYPE_Q4_1 ? 2 : type == SH_DTYPE_F16 ? 0 : 1;
+    return type == SH_DTYPE_Q4_1 || type == SH_DTYPE_Q5_1 ? 2 : type == SH_DTYPE_F16 ? 0 : 1;
+}
+
+/* Bytes per block of the Q5 fifth-bit masks that follow the scales (0 for the other types). */
+static size_t high_bytes(sh_dtype type)
+{
+    return type == SH_DTYPE_Q5_0 || type == SH_DTYPE_Q5_1 ? 64 : 0;
 }
 
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
 {
     const size_t nb = (size_t)(n_in / SH_CPU_QK);
-    return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type)) + 63) & ~(size_t)63;
+    return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type) + high_bytes(type)) +
+            63) &
+           ~(size_t)63;
+}
+
+/* Where a source block keeps its codes, its fifth bits (Q5) and its size. */
+static void src_layout(sh_dtype type, size_t *sbb, size_t *qoff, size_t *hoff)
+{
+    switch (type) {
+    case SH_DTYPE_Q8_0:
+        *sbb = 34, *qoff = 2, *hoff = 0;
+        break;
+    case SH_DTYPE_Q4_1:
+        *sbb = 20, *qoff = 4, *hoff = 0;
+        break;
+    case SH_DTYPE_Q5_0:
+        *sbb = 22, *qoff = 6, *hoff = 2;
+        break;
+    case SH_DTYPE_Q5_1:
+        *sbb = 24, *qoff = 8, *hoff = 4;
+        break;
+    default: /* Q4_0 */
+        *sbb = 18, *qoff = 2, *hoff = 0;
+        break;
+    }
 }
 
 size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in)
@@ -54,17 +86,30 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
         }
         return;
     }
-    /* Source block: fp16 d, [fp16 m,] codes; its size, the codes' offset and length. */
-    const size_t sbb = type == SH_DTYPE_Q8_0 ? 34 : type == SH_DTYPE_Q4_1 ? 20 : 18;
-    const size_t qoff = type == SH_DTYPE_Q4_1 ? 4 : 2, qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16;
+    /* Source block: fp16 d, [fp16 m,] [qh,] codes. */
+    size_t sbb, qoff, hoff;
+    src_layout(type, &sbb, &qoff, &hoff);
+    const size_t qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16, sv = scale_vectors(type);
     for (int64_t row = 0; row < n_out; row++) {
         uint8_t *pg = out + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
         const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *sb = (const uint8_t *)src + (size_t)row * rb + (size_t)b * sbb;
             memcpy(pg + (size_t)nb * cb + (size_t)b * 32 + 2 * r, sb, 2); /* d */
-            if (type == SH_DTYPE_Q4_1)
+            if (sv == 2)
                 memcpy(pg + (size_t)nb * (cb + 32) + (size_t)b * 32 + 2 * r, sb + 2, 2); /* m */
+            if (high_bytes(type)) {
+                /* Mask v (8 bytes) has bit 4r + i set when element 4j + i (v = j < 4) or
+                 * 16 + 4j + i (v = 4 + j) of row r has its fifth bit: the 64 byte lanes of the
+                 * unpacked code vector v, so the kernel adds 16 under it. */
+                uint32_t qh;
+                memcpy(&qh, sb + hoff, 4);
+                uint8_t *hm = pg + (size_t)nb * (cb + 32 * sv) + (size_t)b * 64;
+                for (size_t v = 0; v < 8; v++) {
+                    const uint32_t nib = (qh >> (v < 4 ? 4 * v : 16 + 4 * (v - 4))) & 15u;
+                    hm[8 * v + r / 2] |= (uint8_t)(nib << (4 * (r % 2)));
+                }
+            }
             uint8_t *codes = pg + (size_t)b * cb;
             for (size_t j = 0; j < qbytes / 4; j++)
                 for (size_t i = 0; i < 4; i++) {
@@ -90,10 +135,21 @@ void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64
         return;
     }
     /* The same offsets as sh__cpu_pack, read instead of written. */
-    const size_t qoff = type == SH_DTYPE_Q4_1 ? 4 : 2, qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16;
+    size_t sbb, qoff, hoff;
+    src_layout(type, &sbb, &qoff, &hoff);
+    const size_t qbytes = type == SH_DTYPE_Q8_0 ? 32 : 16, sv = scale_vectors(type);
     memcpy(blk, pg + (size_t)nb * cb + (size_t)b * 32 + 2 * r, 2); /* d */
-    if (type == SH_DTYPE_Q4_1)
+    if (sv == 2)
         memcpy(blk + 2, pg + (size_t)nb * (cb + 32) + (size_t)b * 32 + 2 * r, 2); /* m */
+    if (high_bytes(type)) {
+        const uint8_t *hm = pg + (size_t)nb * (cb + 32 * sv) + (size_t)b * 64;
+        uint32_t qh = 0;
+        for (size_t v = 0; v < 8; v++) {
+            const uint32_t nib = (uint32_t)(hm[8 * v + r / 2] >> (4 * (r % 2))) & 15u;
+            qh |= nib << (v < 4 ? 4 * v : 16 + 4 * (v - 4));
+        }
+        memcpy(blk + hoff, &qh, 4);
+    }
     const uint8_t *codes = pg + (size_t)b * cb;
     for (size_t j = 0; j < qbytes / 4; j++)
         for (size_t i = 0; i < 4; i++) {
@@ -113,6 +169,10 @@ sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mmp_q4_0;
     case SH_DTYPE_Q4_1:
         return k->mmp_q4_1;
+    case SH_DTYPE_Q5_0:
+        return k->mmp_q5_0;
+    case SH_DTYPE_Q5_1:
+        return k->mmp_q5_1;
     default:
         return NULL;
     }

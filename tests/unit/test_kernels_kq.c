@@ -130,6 +130,20 @@ static void check_matmul(const sh_tensor *w, const float *deq, const float *x, i
         fill(y[i], (int64_t)ny, 1.0f); /* garbage the op must overwrite */
         CHECK_OK(sh_backend_matmul(be_of[i], st_of[i], w, x, n_tok, y[i]));
         CHECK_OK(sh_backend_sync(be_of[i], st_of[i]));
+        /* The weight prepared (repacked where the ISA has a packed kernel for its type) */
+        float *yp = malloc(ny * sizeof(float));
+        fill(yp, (int64_t)ny, 1.0f);
+        CHECK_OK(sh_backend_weight_prepare(be_of[i], w));
+        CHECK_OK(sh_backend_matmul(be_of[i], st_of[i], w, x, n_tok, yp));
+        CHECK_OK(sh_backend_sync(be_of[i], st_of[i]));
+        sh_backend_weight_release(be_of[i], w->data);
+        const double ep = worst_rel(yp, y[i], scale, (int64_t)ny);
+        seen_fast = ep > seen_fast ? ep : seen_fast;
+        if (!(ep <= TOL_FAST))
+            SH_FAIL_("%s %s %s n_in %lld n_out %lld n_tok %lld: prepared vs not %.3g", what,
+                     sh_backend_cpu_isa_name(isas[i]), sh__dtype_name(w->type), (long long)n_in,
+                     (long long)n_out, (long long)n_tok, ep);
+        free(yp);
         const double e = worst_rel(y[i], truth, scale, (int64_t)ny);
         seen_ref = e > seen_ref ? e : seen_ref;
         if (!(e <= TOL_REF))
@@ -310,19 +324,28 @@ static void test_embed(void)
     const int64_t n_tok = (int64_t)(sizeof ids / sizeof ids[0]);
     for (size_t ti = 0; ti < N_NEW; ti++) {
         wmat w = make_w(new_types[ti], n_vocab, dim);
-        for (int i = 0; i < n_isas; i++) {
+        for (int i = 0; i < 2 * n_isas; i++) {
+            /* each ISA twice: the table as it is, then prepared (a tied head: a packed table is
+             * read back block by block) */
+            sh_backend *be = be_of[i % n_isas];
+            sh_backend_stream *st = st_of[i % n_isas];
+            if (i >= n_isas)
+                CHECK_OK(sh_backend_weight_prepare(be, &w.t));
             float *y = malloc((size_t)(n_tok * dim) * sizeof(float));
             fill(y, n_tok * dim, 1.0f);
-            CHECK_OK(sh_backend_embed(be_of[i], st_of[i], &w.t, ids, n_tok, y));
-            CHECK_OK(sh_backend_sync(be_of[i], st_of[i]));
+            CHECK_OK(sh_backend_embed(be, st, &w.t, ids, n_tok, y));
+            CHECK_OK(sh_backend_sync(be, st));
+            if (i >= n_isas)
+                sh_backend_weight_release(be, w.t.data);
             for (int64_t t = 0; t < n_tok; t++) {
                 const int32_t id = ids[t];
                 for (int64_t k = 0; k < dim; k++) {
                     const float want = id < 0 || id >= n_vocab ? 0.0f : w.deq[id * dim + k];
                     if (y[t * dim + k] != want) {
-                        SH_FAIL_("%s %s id %d [%lld]: %.9g != %.9g",
-                                 sh_backend_cpu_isa_name(isas[i]), sh__dtype_name(new_types[ti]),
-                                 id, (long long)k, (double)y[t * dim + k], (double)want);
+                        SH_FAIL_("%s%s %s id %d [%lld]: %.9g != %.9g",
+                                 sh_backend_cpu_isa_name(isas[i % n_isas]),
+                                 i >= n_isas ? " prepared" : "", sh__dtype_name(new_types[ti]), id,
+                                 (long long)k, (double)y[t * dim + k], (double)want);
                         break;
                     }
                 }
