@@ -227,12 +227,15 @@ void sh__cpu_quant_act_ref(const float *x, int64_t n, int8_t *qs, float *d, floa
  * All int32 sums stay below 2^31 for any codes and scales. Any thread. */
 typedef void (*sh__cpu_k_ints_fn)(const void *w, const sh_block_q8_k *a, int64_t nb, int32_t *ints);
 
-/* The integer kernel of `isa` (an SH_BACKEND_CPU_ISA_* value; AVX-512 uses the AVX2 kernels) for
- * a weight type, or NULL when the type is not a K-quant weight. */
+/* The integer kernel of `isa` (an SH_BACKEND_CPU_ISA_* value; AVX-512 has its own for Q4_K and
+ * Q6_K and uses the AVX2 kernels for the others) for a weight type, or NULL when the type is not
+ * a K-quant weight. */
 sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type);
 
 /* The AVX2 integer kernels (ops_k_avx2.c), by type (NULL: not built for x86-64 or not there). */
 sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type);
+/* The AVX-512 F/BW ones (ops_k_avx512.c): Q4_K and Q6_K; NULL for the others, which use AVX2's. */
+sh__cpu_k_ints_fn sh__cpu_k_ints_avx512(sh_dtype type);
 
 /* dot(weight row w of `type`, activation row a) over nb super-blocks through the integer kernel
  * ints (see above): within float rounding, sum_k dequant(w)_k * dequant(a)_k. */

@@ -243,6 +243,11 @@ DEFINE_MM_K_ISA(avx512, AVX512)
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type)
 {
+    if (isa == SH_BACKEND_CPU_ISA_AVX512) {
+        sh__cpu_k_ints_fn f = sh__cpu_k_ints_avx512(type);
+        if (f)
+            return f;
+    }
     if (isa == SH_BACKEND_CPU_ISA_AVX2 || isa == SH_BACKEND_CPU_ISA_AVX512) {
         sh__cpu_k_ints_fn f = sh__cpu_k_ints_avx2(type);
         if (f)

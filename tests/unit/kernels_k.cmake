@@ -6,4 +6,8 @@ if(NOT SH_FUZZ)
   add_test(NAME test_kernels_k_avx2 COMMAND test_kernels_k avx2
            WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_kernels_k_avx2 PROPERTIES LABELS unit TIMEOUT 60 SKIP_RETURN_CODE 77)
+  add_test(NAME test_kernels_k_avx512 COMMAND test_kernels_k avx512
+           WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_kernels_k_avx512 PROPERTIES LABELS unit TIMEOUT 60
+                       SKIP_RETURN_CODE 77)
 endif()

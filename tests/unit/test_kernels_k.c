@@ -198,10 +198,23 @@ static void test_avx2(void)
         return;
     }
     check_fast(SH_BACKEND_CPU_ISA_AVX2, "avx2");
-    /* AVX-512 machines take the AVX2 kernels. */
-    if (sh__cpu_isa_detect() >= SH_BACKEND_CPU_ISA_AVX512)
-        CHECK(sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_AVX512, SH_DTYPE_Q6_K) ==
-              sh__cpu_k_ints_avx2(SH_DTYPE_Q6_K));
+}
+
+/* The AVX-512 table: its own Q4_K and Q6_K kernels, the AVX2 ones for Q2_K, Q3_K and Q5_K. */
+static void test_avx512(void)
+{
+    if (sh__cpu_isa_detect() < SH_BACKEND_CPU_ISA_AVX512 || !sh__cpu_k_ints_avx512(SH_DTYPE_Q4_K)) {
+        fprintf(stderr, "skip: this CPU (or build) has no AVX-512\n");
+        skipped = 1;
+        return;
+    }
+    CHECK(sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_AVX512, SH_DTYPE_Q4_K) ==
+          sh__cpu_k_ints_avx512(SH_DTYPE_Q4_K));
+    CHECK(sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_AVX512, SH_DTYPE_Q6_K) ==
+          sh__cpu_k_ints_avx512(SH_DTYPE_Q6_K));
+    CHECK(sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_AVX512, SH_DTYPE_Q5_K) ==
+          sh__cpu_k_ints_avx2(SH_DTYPE_Q5_K));
+    check_fast(SH_BACKEND_CPU_ISA_AVX512, "avx512");
 }
 
 /* The dispatch knows the five weight types and nothing else. */
@@ -225,6 +238,7 @@ static void test_ref(void)
 static const sh_test_case tests[] = {
     {"ref", test_ref},
     {"avx2", test_avx2},
+    {"avx512", test_avx512},
     {NULL, NULL},
 };
 
@@ -235,8 +249,9 @@ int main(int argc, char **argv)
         rng_state = strtoull(getenv("SH_TEST_SEED"), NULL, 0) | 1;
     printf("seed %llu (SH_TEST_SEED to repeat)\n", (unsigned long long)rng_state);
     int rc = sh_test_main(argc, argv, tests);
-    /* Only the AVX2 case can be skipped: 77 when it was and everything that ran passed. */
-    if (rc == 0 && skipped && argc > 1 && strcmp(argv[1], "avx2") == 0)
+    /* Only the SIMD cases can be skipped: 77 when one was and everything that ran passed. */
+    if (rc == 0 && skipped && argc > 1 &&
+        (strcmp(argv[1], "avx2") == 0 || strcmp(argv[1], "avx512") == 0))
         return SH_TEST_SKIP;
     return rc;
 }
