@@ -6,6 +6,7 @@
  * process exit code: 0 on success, 1 on a runtime failure, 2 on bad usage or bad input files. */
 int sh__cmd_inspect(int argc, char **argv);
 int sh__cmd_mkmodel(int argc, char **argv);
+int sh__cmd_quantize(int argc, char **argv);
 int sh__cmd_tokenize(int argc, char **argv);
 int sh__cmd_run(int argc, char **argv);
 int sh__cmd_serve(int argc, char **argv);

@@ -16,6 +16,8 @@ static const command commands[] = {
     {"tokenize", sh__cmd_tokenize, "encode text with a model's tokenizer, or decode ids"},
     {"run", sh__cmd_run, "generate text from a model"},
     {"mkmodel", sh__cmd_mkmodel, "write a GGUF with seeded random weights for a named shape"},
+    {"quantize", sh__cmd_quantize,
+     "convert a GGUF model's weights to another type (F16, Q8_0, Q4_K, ...)"},
     {"serve", sh__cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
     {"node", sh__cmd_node, "run one worker node of a cluster script (pipeline stages)"},
     {"cluster", sh__cmd_cluster,
