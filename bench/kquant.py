@@ -20,7 +20,7 @@ Prints one JSON object per line: bench_info, one line per engine and test, then 
 test a `ratio` line (shoal / llama.cpp, with Shoal's decode as a fraction of the read bandwidth
 bench_model measured in the same run); `--table` adds a Markdown table at the end.
 
-Usage: LLAMA_BIN=/path/to/llama.cpp/build/bin bench/kquant.py [--build build] [--threads 2]
+Usage: LLAMA_BIN=/path/to/llama.cpp/build/bin bench/kquant.py [--build build] [--threads "1 2"]
        [--rounds 2] [--reps 2] [--shapes "..."] [--types "..."] [--gemma PATH|none] [--table]
 llama.cpp is built by hand and never committed (tests/data/gemma3/README.md has the commands;
 targets llama-bench and llama-quantize).
@@ -73,7 +73,7 @@ def make_model(a, shape, typ):
     if os.path.isfile(path):
         return path, "shoal mkmodel"
     r = subprocess.run([a.shoal, "mkmodel", "--shape", shape, "--type", typ, "--seed", "1",
-                        "-o", path], capture_output=True, text=True)
+                        "-o", path], capture_output=True, text=True)  # mkmodel renames at the end
     if r.returncode == 0:
         return path, "shoal mkmodel"
     why = r.stderr.strip().splitlines()[-1:] or ["?"]
@@ -89,17 +89,18 @@ def make_model(a, shape, typ):
     if src is None:
         return None, why[0]
     log(f"kquant: making {qpath} with llama-quantize --pure {typ}")
-    r = subprocess.run([quantize, "--pure", src, qpath, typ, str(a.threads)],
-                       capture_output=True, text=True)
+    part = qpath + ".part"  # renamed when complete, so an interrupted run leaves no bad file
+    r = subprocess.run([quantize, "--pure", src, part, typ, "2"], capture_output=True, text=True)
     if r.returncode != 0:
         log(f"kquant: llama-quantize failed: {r.stderr.strip()[-400:]}")
         return None, "llama-quantize failed"
+    os.replace(part, qpath)
     return qpath, how
 
 
 def run_llama(a, path):
     """Best tokens/s over llama-bench's samples, {test: value}, or the error line."""
-    cmd = [os.path.join(a.llama_bin, "llama-bench"), "-m", path, "-t", str(a.threads),
+    cmd = [os.path.join(a.llama_bin, "llama-bench"), "-m", path, "-t", str(a.t),
            "-p", str(a.pp), "-n", str(a.tg), "-r", str(a.reps), "-o", "jsonl"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -117,7 +118,7 @@ def run_llama(a, path):
 def run_shoal(a, path):
     """Best tokens/s (bench_model takes the best of --reps), {test: value}, plus the read
     bandwidth and decode's fraction of it; or the error line."""
-    cmd = [os.path.join(a.build, "bench", "bench_model"), "-m", path, "-t", str(a.threads),
+    cmd = [os.path.join(a.build, "bench", "bench_model"), "-m", path, "-t", str(a.t),
            "--pp", str(a.pp), "--tg", str(a.tg), "--reps", str(a.reps)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -156,7 +157,7 @@ def bench_file(a, label, typ, path, how, rows):
                     best[eng]["read_gbs"] = res.get("read_gbs")
                     best[eng]["decode_gbs"] = res.get("decode_gbs")
     base = {"model": label, "type": typ, "file": os.path.relpath(path, ROOT), "made_by": how,
-            "threads": a.threads}
+            "threads": a.t}
     for eng in ("llama.cpp", "shoal"):
         if eng in errors:
             emit({**base, "engine": eng, "status": "unsupported", "error": errors[eng]})
@@ -164,7 +165,7 @@ def bench_file(a, label, typ, path, how, rows):
         for t in tests:
             emit({**base, "engine": eng, "name": t, "value": round(best[eng][t], 1),
                   "unit": "tok/s"})
-    row = {"model": label, "type": typ, "made_by": how}
+    row = {"model": label, "type": typ, "made_by": how, "threads": a.t}
     for t in tests:
         sh, ll = best["shoal"].get(t), best["llama.cpp"].get(t)
         line = {**base, "name": "ratio", "test": t, "shoal": sh, "llama.cpp": ll,
@@ -181,9 +182,9 @@ def bench_file(a, label, typ, path, how, rows):
 
 def table(a, rows):
     pp, tg = f"pp{a.pp}", f"tg{a.tg}"
-    print(f"\n| model | type | {pp} shoal | {pp} llama.cpp | ratio | {tg} shoal | {tg} llama.cpp "
+    print(f"\n| model | type | threads | {pp} shoal | {pp} llama.cpp | ratio | {tg} shoal | {tg} llama.cpp "
           f"| ratio | shoal decode / read bw |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def f(v, d=1):
         return "—" if v is None else f"{v:.{d}f}"
@@ -191,7 +192,7 @@ def table(a, rows):
     for r in rows:
         p, t = r[pp], r[tg]
         frac = t.get("shoal_read_fraction")
-        print(f"| {r['model']} | {r['type']} | {f(p['shoal'])} | {f(p['llama.cpp'])} | "
+        print(f"| {r['model']} | {r['type']} | {r['threads']} | {f(p['shoal'])} | {f(p['llama.cpp'])} | "
               f"{f(p['ratio'], 2)} | {f(t['shoal'])} | {f(t['llama.cpp'])} | {f(t['ratio'], 2)} | "
               f"{f(frac, 2) if frac else '—'} |")
     errs = {r["model"] + " " + r["type"]: r[tg].get("shoal_error") for r in rows
@@ -204,7 +205,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN"))
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", default="2", help="thread counts, e.g. \"1 2\" (each file at each)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--pp", type=int, default=512)
@@ -222,13 +223,14 @@ def main():
                 os.path.join(a.llama_bin, "llama-bench")):
         if not os.access(exe, os.X_OK):
             p.error(f"{exe} is missing (build it first)")
+    threads = [int(t) for t in a.threads.split()]
     known = mkmodel_shapes(a.shoal)
     shapes = a.shapes.split() if a.shapes else \
         ["smollm2-135m", "tinyllama-1.1b"] + [s for s in ("mixtral-tiny",) if s in known]
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     emit({"name": "bench_info", "commit": commit, "cpu": cpu_name(), "nproc": os.cpu_count(),
-          "threads": a.threads, "rounds": a.rounds, "reps": a.reps, "load": load(),
+          "threads": threads, "rounds": a.rounds, "reps": a.reps, "load": load(),
           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     rows = []
     for shape in shapes:
@@ -237,11 +239,13 @@ def main():
             if path is None:
                 emit({"model": shape, "type": typ, "status": "unavailable", "error": how})
                 continue
-            log(f"kquant: {shape} {typ} ({os.path.basename(path)}), load {load()}")
-            bench_file(a, shape, typ, path, how, rows)
+            for a.t in threads:
+                log(f"kquant: {shape} {typ} ({os.path.basename(path)}) -t {a.t}, load {load()}")
+                bench_file(a, shape, typ, path, how, rows)
     if a.gemma != "none" and os.path.isfile(a.gemma):
-        log(f"kquant: gemma3-270m Q4_K_M, load {load()}")
-        bench_file(a, "gemma3-270m", "Q4_K_M", os.path.abspath(a.gemma), "real file", rows)
+        for a.t in threads:
+            log(f"kquant: gemma3-270m Q4_K_M -t {a.t}, load {load()}")
+            bench_file(a, "gemma3-270m", "Q4_K_M", os.path.abspath(a.gemma), "real file", rows)
     emit({"name": "bench_end", "load": load(),
           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     if a.table:
