@@ -120,6 +120,23 @@ static const sh_mkmodel_shape shapes[] = {
      .rms_eps = 1e-5f,
      .sliding_window = 2047,
      .rope_orig_ctx = 4096},
+    /* A small Qwen1.5-MoE: qwen2 attention with Q/K/V biases, 8 routed experts (4 per token,
+     * weights not renormalised) and a sigmoid-gated shared expert. */
+    {.name = "qwen2moe-tiny",
+     .arch = "qwen2moe",
+     .n_layers = 8,
+     .dim = 512,
+     .ffn = 1024,
+     .n_heads = 8,
+     .n_kv_heads = 8,
+     .vocab = 32000,
+     .ctx = 4096,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-6f,
+     .n_experts = 8,
+     .n_experts_used = 4,
+     .expert_ffn = 256,
+     .shared_ffn = 1024},
     /* A small Mixtral: llama with 8 experts, 2 per token. */
     {.name = "mixtral-tiny",
      .n_layers = 8,
@@ -266,7 +283,8 @@ static void normals(xoshiro *x, float *out, uint64_t n, float mean, float std)
 
 typedef struct gen_ctx {
     const sh_mkmodel_opts *o;
-    float rope_freqs[2048]; /* rope_freqs.weight (Llama 3 scaling): head_dim / 2 <= 2048 values */
+    /* rope_freqs.weight (Llama 3) or phi3's rope_factors_long/short: head_dim / 2 <= 2048 each */
+    float rope_freqs[2048], rope_short[2048];
 } gen_ctx;
 
 typedef struct gen_job {
@@ -286,8 +304,11 @@ static void *gen_rows(void *arg)
         j->err = SH_ENOMEM;
         return NULL;
     }
-    /* 1-D tensors are the RMSNorm weights: near 1 so activations keep their scale. */
-    const float mean = t->n_dims == 1 ? 1.0f : 0.0f;
+    /* RMSNorm weights are near 1 so activations keep their scale; biases, the shared-expert gate
+     * and matrices are centred on 0. */
+    const size_t ln = strlen(t->name);
+    const bool norm = ln >= 11 && strcmp(t->name + ln - 11, "norm.weight") == 0;
+    const float mean = norm ? 1.0f : 0.0f;
     for (uint64_t r = 0; r < j->n_rows; r++) {
         xoshiro x;
         row_rng(&x, j->o->seed, t->index, j->row0 + r);
@@ -533,13 +554,14 @@ static bool arch_is(const sh_mkmodel_shape *s, const char *name)
 
 static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, sh_error *e)
 {
-    static const char *const archs[] = {"llama", "gemma3", "qwen3", "qwen3moe", "phi3"};
+    static const char *const archs[] = {"llama", "gemma3", "qwen3", "qwen3moe", "qwen2moe", "phi3"};
     bool known = false;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         known |= arch_is(s, archs[i]);
     if (!known)
         return sh__error_set(e, SH_EINVAL,
-                             "architecture '%s' is not one of llama, gemma3, qwen3, qwen3moe, phi3",
+                             "architecture '%s' is not one of llama, gemma3, qwen3, qwen3moe, "
+                             "qwen2moe, phi3",
                              sh__mkmodel_arch(s));
     struct {
         const char *name;
@@ -574,16 +596,20 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
     if (hd % 2)
         return sh__error_set(e, SH_EINVAL, "head dim %lld is odd (RoPE rotates pairs)",
                              (long long)hd);
-    if (arch_is(s, "phi3") && hd * s->n_heads != s->dim)
-        return sh__error_set(e, SH_EINVAL,
-                             "phi3 needs head-dim x heads = dim (%lld x %lld != %lld)",
-                             (long long)hd, (long long)s->n_heads, (long long)s->dim);
-    const bool moe_arch = arch_is(s, "qwen3moe"), moe_ok = moe_arch || arch_is(s, "llama");
+    if ((arch_is(s, "phi3") || arch_is(s, "qwen2moe")) && hd * s->n_heads != s->dim)
+        return sh__error_set(e, SH_EINVAL, "%s needs head-dim x heads = dim (%lld x %lld != %lld)",
+                             sh__mkmodel_arch(s), (long long)hd, (long long)s->n_heads,
+                             (long long)s->dim);
+    const bool moe_arch = arch_is(s, "qwen3moe") || arch_is(s, "qwen2moe");
+    const bool moe_ok = moe_arch || arch_is(s, "llama");
     if (moe_arch && !s->n_experts)
-        return sh__error_set(e, SH_EINVAL, "qwen3moe needs --experts");
+        return sh__error_set(e, SH_EINVAL, "%s needs --experts", sh__mkmodel_arch(s));
     if (s->n_experts && !moe_ok)
-        return sh__error_set(e, SH_EINVAL, "%s has no experts (llama and qwen3moe do)",
+        return sh__error_set(e, SH_EINVAL, "%s has no experts (llama, qwen3moe and qwen2moe do)",
                              sh__mkmodel_arch(s));
+    if (s->shared_ffn < 0 || s->shared_ffn > (1 << 20) ||
+        (s->shared_ffn && !arch_is(s, "qwen2moe")))
+        return sh__error_set(e, SH_EINVAL, "a shared expert (--shared-ffn) is for qwen2moe");
     if (s->n_experts && (s->n_experts_used < 1 || s->n_experts_used > s->n_experts))
         return sh__error_set(e, SH_EINVAL, "experts-used %lld is outside 1..experts %lld",
                              (long long)s->n_experts_used, (long long)s->n_experts);
@@ -593,6 +619,8 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
         return sh__error_set(e, SH_EINVAL, "rope scaling needs a positive factor");
     if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LLAMA3 && !arch_is(s, "llama"))
         return sh__error_set(e, SH_EINVAL, "llama3 rope scaling is for the llama architecture");
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LONGROPE && !arch_is(s, "phi3"))
+        return sh__error_set(e, SH_EINVAL, "longrope scaling is for the phi3 architecture");
     if (!(o->std > 0) || !isfinite(o->std))
         return sh__error_set(e, SH_EINVAL, "std %g must be positive", (double)o->std);
     if (sh__mkmodel_file_type(o->type) < 0)
@@ -609,6 +637,7 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
                       : (hd * s->n_heads) % be   ? "blk.0.attn_output.weight"
                       : s->n_experts && eff % be ? "blk.0.ffn_down_exps.weight"
                       : s->ffn % be              ? "blk.0.ffn_down.weight"
+                      : s->shared_ffn % be       ? "blk.0.ffn_down_shexp.weight"
                                                  : NULL;
     if (bad)
         return sh__error_set(e, SH_EINVAL,
@@ -701,6 +730,13 @@ static sh_err set_metadata(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh
         if (!llama) {
             U32("expert_feed_forward_length", s->expert_ffn ? s->expert_ffn : s->ffn);
         }
+        if (arch_is(s, "qwen2moe")) {
+            U32("expert_shared_feed_forward_length", s->shared_ffn ? s->shared_ffn : s->ffn);
+        }
+    }
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LONGROPE) {
+        double f = s->rope_factor > 1 ? s->rope_factor : 1.0;
+        F32("rope.scaling.attn_factor", (float)sqrt(1.0 + log(f) / log((double)orig_ctx)));
     }
     if (llama) {
         U32("vocab_size", s->vocab);
@@ -764,6 +800,24 @@ static sh_err add_tensors(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh_
             return err;
         *n_params += hd / 2;
     }
+    if (s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LONGROPE) {
+        /* Made-up but smooth factors: long ones ramp from 1 (fast dims) to factor (slow ones),
+         * short ones carry an eighth of that excess, as Phi-3's do in magnitude. */
+        uint64_t ne[1] = {hd / 2};
+        for (uint64_t i = 0; i < hd / 2; i++) {
+            double r = hd > 2 ? (double)i / (double)(hd / 2 - 1) : 0.0;
+            g->rope_freqs[i] = (float)(1.0 + (s->rope_factor - 1.0) * r);
+            g->rope_short[i] = (float)(1.0 + (s->rope_factor - 1.0) * r / 8.0);
+        }
+        if ((err = sh__gguf_write_add_tensor_data(w, "rope_factors_long.weight", SH_DTYPE_F32, 1,
+                                                  ne, g->rope_freqs, e)) ||
+            (err = sh__gguf_write_add_tensor_data(w, "rope_factors_short.weight", SH_DTYPE_F32, 1,
+                                                  ne, g->rope_short, e)))
+            return err;
+        *n_params += hd;
+    }
+    const bool qwen2moe = arch_is(s, "qwen2moe");
+    const uint64_t sff = s->shared_ffn ? (uint64_t)s->shared_ffn : ffn;
     for (int64_t l = 0; l < s->n_layers; l++) {
         char n[64];
 #define LAYER3(suffix, type, nd, d0, d1, d2)                                                       \
@@ -780,6 +834,13 @@ static sh_err add_tensors(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh_
             LAYER("attn_k", o->type, 2, dim, kv);
             LAYER("attn_v", o->type, 2, dim, kv);
         }
+        if (qwen2moe) { /* Q/K/V biases, F32 as every 1-D tensor */
+            static const char *const qkv[3] = {"q", "k", "v"};
+            for (int b = 0; b < 3; b++) {
+                snprintf(n, sizeof n, "blk.%lld.attn_%s.bias", (long long)l, qkv[b]);
+                ADD(n, SH_DTYPE_F32, 1, b ? kv : qd, 1);
+            }
+        }
         if (qk_norm) {
             LAYER("attn_q_norm", SH_DTYPE_F32, 1, hd, 1);
             LAYER("attn_k_norm", SH_DTYPE_F32, 1, hd, 1);
@@ -794,6 +855,12 @@ static sh_err add_tensors(sh_gguf_writer *w, const sh_mkmodel_opts *o, const sh_
             LAYER3("ffn_gate_exps", o->type, 3, dim, eff, nexp);
             LAYER3("ffn_up_exps", o->type, 3, dim, eff, nexp);
             LAYER3("ffn_down_exps", o->type, 3, eff, dim, nexp);
+            if (qwen2moe) { /* the shared expert and its sigmoid gate (one row, F32) */
+                LAYER("ffn_gate_inp_shexp", SH_DTYPE_F32, 1, dim, 1);
+                LAYER("ffn_gate_shexp", o->type, 2, dim, sff);
+                LAYER("ffn_up_shexp", o->type, 2, dim, sff);
+                LAYER("ffn_down_shexp", o->type, 2, sff, dim);
+            }
         } else if (phi3) {
             LAYER("ffn_up", o->type, 2, dim, 2 * ffn); /* gate rows, then up rows */
             LAYER("ffn_down", o->type, 2, ffn, dim);

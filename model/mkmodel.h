@@ -20,6 +20,10 @@ typedef enum sh_mkmodel_rope_scaling {
     /* Llama 3: no scaling keys; a rope_freqs.weight tensor of per-frequency divisors computed
      * from factor, low/high frequency factors 1 and 4 and the original context. */
     SH_MKMODEL_ROPE_SCALING_LLAMA3,
+    /* phi3 long context: rope_factors_short/long.weight tensors (a ramp from 1 to factor for the
+     * long ones, an eighth of its excess for the short ones) and rope.scaling.attn_factor
+     * sqrt(1 + ln factor / ln original context), as the converter writes Phi-3 128k files. */
+    SH_MKMODEL_ROPE_SCALING_LONGROPE,
 } sh_mkmodel_rope_scaling;
 
 /* The dimensions and hyperparameters of a model. Fields after sliding_window are zero for a
@@ -38,10 +42,11 @@ typedef struct sh_mkmodel_shape {
     bool tied;              /* the output projection is token_embd (no output.weight) */
     int64_t sliding_window; /* ARCH.attention.sliding_window when > 0 (Mistral, Gemma 3 local) */
     const char *arch;       /* general.architecture: NULL or "llama", "gemma3", "qwen3",
-                               "qwen3moe", "phi3" */
+                               "qwen3moe", "qwen2moe", "phi3" */
     int64_t head_dim;       /* ARCH.attention.key_length/value_length; 0: dim / n_heads */
     int64_t n_experts;      /* routed experts per layer (ffn_*_exps); 0: a dense FFN */
     int64_t n_experts_used; /* experts chosen per token */
+    int64_t shared_ffn;     /* qwen2moe: the shared expert's FFN width; 0: ffn */
     int64_t expert_ffn;     /* each expert's FFN width; 0: ffn */
     int64_t swa_pattern;    /* gemma3: every swa_pattern-th layer is global; 0: not written
                                (llama.cpp's default, 6) */

@@ -25,10 +25,15 @@ declare -A args=(
   [qwen3moe-tiny]="--shape qwen3moe-tiny $small --head-dim 32 --experts 8 --experts-used 2 \
 --expert-ffn 32"
   [mixtral-tiny]="--shape mixtral-tiny $small --experts 4 --experts-used 2 --ffn 64"
+  # Q/K/V biases, 8 experts of width 32 (2 per token, not renormalised), a shared expert of
+  # width 96 behind its sigmoid gate.
+  [qwen2moe-tiny]="--shape qwen2moe-tiny $small --experts 8 --experts-used 2 --expert-ffn 32 \
+--shared-ffn 96"
   [phi3-tiny]="--shape phi3-mini $small"
 )
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(gemma3-tiny qwen3-tiny qwen3moe-tiny mixtral-tiny phi3-tiny)
+[ ${#names[@]} -gt 0 ] || names=(gemma3-tiny qwen3-tiny qwen3moe-tiny mixtral-tiny qwen2moe-tiny
+  phi3-tiny)
 for n in "${names[@]}"; do
   [ -n "${args[$n]:-}" ] || { echo "error: unknown model $n" >&2; exit 2; }
   # shellcheck disable=SC2086

@@ -3,6 +3,7 @@
 continuations of text prompts, on a real model or a synthetic one from `shoal mkmodel`.
 
   vs_llamacpp.py --bin LLAMA_BIN_DIR MODEL.gguf [-n 16] [--tie 0.5] "prompt" ...
+  vs_llamacpp.py --json tests/data/gemma3/llamacpp_ref.json MODEL.gguf [-n 16]
 
 llama-tokenize gives the prompt ids, llama-simple (greedy) the continuation as text; the
 reference's greedy ids, detokenized with the file's vocabulary (SentencePiece or byte-level BPE),
@@ -56,15 +57,51 @@ def piece_bytes(tokens, model_kind, i):
         return s.encode()
 
 
+def check_json(a, m):
+    """Greedy ids against llama.cpp's recorded ones, up to its end of generation."""
+    import json
+
+    ref = json.load(open(a.json))
+    eog = set(ref.get("eog_ids", []))
+    bad = 0
+    for p in ref["prompts"]:
+        want = [st["id"] for st in p["steps"]][: a.n]
+        gen, logits, _ = run(m, p["prompt_ids"], len(want))
+        k = 0
+        while k < len(want) and gen[k] == want[k] and want[k] not in eog:
+            k += 1
+        if k == len(want) or want[k] in eog and gen[k] == want[k]:
+            print(f"AGREE  {k}/{len(want)}  {p['prompt']!r}")
+            continue
+        top = p["steps"][k]["top"]
+        gap = top[0][1] - top[1][1]
+        lg = logits[len(p["prompt_ids"]) - 1 + k]
+        t = np.argsort(-lg, kind="stable")[:2]
+        tie = gap < a.tie
+        bad += not tie
+        print(f"{'TIE   ' if tie else 'DIFFER'} at {k}/{len(want)} {p['prompt']!r}: llama.cpp "
+              f"{want[k]} (top-2 log-prob gap {gap:.3f}), reference {gen[k]} (top-2 logit gap "
+              f"{float(lg[t[0]] - lg[t[1]]):.3f})")
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True, help="llama.cpp build/bin")
+    ap.add_argument("--bin", help="llama.cpp build/bin")
+    ap.add_argument("--json", help="ids recorded from llama.cpp (tests/data/gemma3/*.json)")
     ap.add_argument("model")
-    ap.add_argument("prompts", nargs="+")
+    ap.add_argument("prompts", nargs="*")
     ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("--long-rope", action="store_true",
+                    help="use rope_factors_long (llama.cpp does when its context, padded to 256, "
+                    "exceeds rope.scaling.original_context_length)")
     ap.add_argument("--tie", type=float, default=0.5, help="near-tie logit margin")
-    a = ap.parse_args()
-    m = Model(a.model)
+    a = ap.parse_intermixed_args()
+    m = Model(a.model, long_rope=a.long_rope)
+    if a.json:
+        return check_json(a, m)
+    if not a.bin or not a.prompts:
+        ap.error("give --bin and prompts, or --json")
     tokens = [bytes(f.parts[i]).decode("utf-8", "replace")
               for f in [m.fields["tokenizer.ggml.tokens"]] for i in f.data]
     kind = m.fields["tokenizer.ggml.model"].contents()

@@ -248,6 +248,45 @@ static void test_mixtral(void)
     sh_gguf_close(g);
 }
 
+static void test_qwen2moe(void)
+{
+    sh_mkmodel_opts o;
+    small_opts(&o, "qwen2moe-tiny");
+    o.shape.n_experts = 4;
+    o.shape.n_experts_used = 2;
+    o.shape.expert_ffn = 32;
+    o.shape.shared_ffn = 96;
+    sh_gguf *g = write_and_open(&o, "qwen2moe.gguf", NULL);
+    if (!g)
+        return;
+    check_arch(g, "qwen2moe");
+    CHECK_UINT_EQ(get_u32(g, "qwen2moe.expert_count"), 4);
+    CHECK_UINT_EQ(get_u32(g, "qwen2moe.expert_used_count"), 2);
+    CHECK_UINT_EQ(get_u32(g, "qwen2moe.expert_feed_forward_length"), 32);
+    CHECK_UINT_EQ(get_u32(g, "qwen2moe.expert_shared_feed_forward_length"), 96);
+    /* embedding, output norm, output + per layer: 2 norms, q/k/v and their biases, o, router,
+     * 3 expert tensors, the shared expert's gate row and 3 matrices. */
+    CHECK_UINT_EQ(sh_gguf_n_tensors(g), 3 + 2 * 17);
+    check_tensor(g, "blk.0.attn_q.bias", SH_DTYPE_F32, 1, 64, 1, 1);
+    check_tensor(g, "blk.0.attn_k.bias", SH_DTYPE_F32, 1, 32, 1, 1);
+    check_tensor(g, "blk.0.attn_v.bias", SH_DTYPE_F32, 1, 32, 1, 1);
+    check_tensor(g, "blk.0.ffn_gate_inp_shexp.weight", SH_DTYPE_F32, 1, 64, 1, 1);
+    check_tensor(g, "blk.0.ffn_gate_shexp.weight", SH_DTYPE_F16, 2, 64, 96, 1);
+    check_tensor(g, "blk.0.ffn_up_shexp.weight", SH_DTYPE_F16, 2, 64, 96, 1);
+    check_tensor(g, "blk.0.ffn_down_shexp.weight", SH_DTYPE_F16, 2, 96, 64, 1);
+    check_tensor(g, "blk.0.ffn_down_exps.weight", SH_DTYPE_F16, 3, 32, 64, 4);
+    check_absent(g, "blk.0.attn_q_norm.weight");
+    /* Biases and the shared gate are centred on 0, norms on 1. */
+    const sh_gguf_tensor *t = sh_gguf_find_tensor(g, "blk.1.attn_q.bias");
+    if (t) {
+        double sum = 0;
+        for (int i = 0; i < 64; i++)
+            sum += ((const float *)t->data)[i];
+        CHECK(fabs(sum / 64) < 0.02);
+    }
+    sh_gguf_close(g);
+}
+
 static void test_phi3(void)
 {
     sh_mkmodel_opts o;
@@ -296,6 +335,7 @@ static void test_rope_scaling(void)
     check_arch(g, "llama");
     check_absent(g, "llama.rope.scaling.type");
     check_tensor(g, "rope_freqs.weight", SH_DTYPE_F32, 1, 8, 1, 1);
+    check_absent(g, "rope_factors_long.weight");
     const sh_gguf_tensor *t = sh_gguf_find_tensor(g, "rope_freqs.weight");
     static const double want[8] = {1.0, 1.29397583, 7.6673851, 8, 8, 8, 8, 8};
     for (int i = 0; t && i < 8; i++)
@@ -315,6 +355,32 @@ static void test_rope_scaling(void)
     CHECK_NEAR(get_f32(g, "qwen3.rope.scaling.factor"), 4, 0);
     CHECK_UINT_EQ(get_u32(g, "qwen3.rope.scaling.original_context_length"), 128);
     check_absent(g, "rope_freqs.weight");
+    sh_gguf_close(g);
+
+    /* Phi-3 long context: both factor tensors and the magnitude factor. */
+    small_opts(&o, "phi3-mini");
+    o.shape.rope_scaling = SH_MKMODEL_ROPE_SCALING_LONGROPE;
+    o.shape.rope_factor = 32.0f;
+    o.shape.rope_orig_ctx = 4096;
+    g = write_and_open(&o, "longrope.gguf", NULL);
+    if (!g)
+        return;
+    check_tensor(g, "rope_factors_long.weight", SH_DTYPE_F32, 1, 8, 1, 1);
+    check_tensor(g, "rope_factors_short.weight", SH_DTYPE_F32, 1, 8, 1, 1);
+    const sh_gguf_tensor *lt = sh_gguf_find_tensor(g, "rope_factors_long.weight");
+    const sh_gguf_tensor *st = sh_gguf_find_tensor(g, "rope_factors_short.weight");
+    if (lt && st) {
+        const float *l = lt->data, *sh = st->data;
+        CHECK_NEAR(l[0], 1.0, 0);
+        CHECK_NEAR(l[7], 32.0, 1e-5);
+        CHECK_NEAR(sh[7], 1.0 + 31.0 / 8, 1e-5);
+        for (int i = 1; i < 8; i++)
+            CHECK(l[i] > l[i - 1] && sh[i] > sh[i - 1] && sh[i] < l[i]);
+    }
+    /* Phi-3 128k's converter: sqrt(1 + ln(131072 / 4096) / ln 4096). */
+    CHECK_NEAR(get_f32(g, "phi3.rope.scaling.attn_factor"), sqrt(1.0 + log(32.0) / log(4096.0)),
+               1e-6);
+    check_absent(g, "phi3.rope.scaling.type");
     sh_gguf_close(g);
 }
 
@@ -339,6 +405,9 @@ static void test_named(void)
     s = sh__mkmodel_shape_find("mixtral-tiny");
     CHECK(s && strcmp(sh__mkmodel_arch(s), "llama") == 0 && s->n_experts == 8 &&
           s->n_experts_used == 2);
+    s = sh__mkmodel_shape_find("qwen2moe-tiny");
+    CHECK(s && strcmp(sh__mkmodel_arch(s), "qwen2moe") == 0 && s->n_experts == 8 &&
+          s->n_experts_used == 4 && s->shared_ffn == 1024);
     s = sh__mkmodel_shape_find("llama3.2-1b");
     CHECK(s && s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LLAMA3 && s->rope_factor == 32.0f &&
           s->rope_orig_ctx == 8192 && s->tied);
@@ -360,6 +429,9 @@ static void test_errors(void)
         {"qwen3-0.6b", "llama3 rope scaling", NULL},
         {"qwen3-0.6b", "not one of", NULL},
         {"qwen3-0.6b", "odd", NULL},
+        {"qwen3moe-tiny", "is for qwen2moe", NULL},
+        {"mixtral-tiny", "longrope scaling is for the phi3", NULL},
+        {"qwen2moe-tiny", "qwen2moe needs head-dim x heads", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         sh_mkmodel_opts o;
@@ -385,8 +457,18 @@ static void test_errors(void)
         case 5:
             o.shape.arch = "gpt2";
             break;
-        default:
+        case 6:
             o.shape.head_dim = 17;
+            break;
+        case 7:
+            o.shape.shared_ffn = 64;
+            break;
+        case 8:
+            o.shape.rope_scaling = SH_MKMODEL_ROPE_SCALING_LONGROPE;
+            o.shape.rope_factor = 4;
+            break;
+        default:
+            o.shape.head_dim = 32;
             break;
         }
         sh_error e = {0};
@@ -406,9 +488,16 @@ static void test_errors(void)
 }
 
 static const sh_test_case tests[] = {
-    {"gemma3", test_gemma3},   {"qwen3", test_qwen3},   {"qwen3moe", test_qwen3moe},
-    {"mixtral", test_mixtral}, {"phi3", test_phi3},     {"rope_scaling", test_rope_scaling},
-    {"named", test_named},     {"errors", test_errors}, {NULL, NULL},
+    {"gemma3", test_gemma3},
+    {"qwen3", test_qwen3},
+    {"qwen3moe", test_qwen3moe},
+    {"mixtral", test_mixtral},
+    {"qwen2moe", test_qwen2moe},
+    {"phi3", test_phi3},
+    {"rope_scaling", test_rope_scaling},
+    {"named", test_named},
+    {"errors", test_errors},
+    {NULL, NULL},
 };
 
 int main(int argc, char **argv)

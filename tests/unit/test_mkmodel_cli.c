@@ -172,6 +172,8 @@ static void test_archs(void)
          "qwen3moe.expert_feed_forward_length", 32},
         {"--shape mixtral-tiny --experts 4 --experts-used 2", "llama", "llama.expert_count", 4},
         {"--shape phi3-mini", "phi3", "phi3.rope.dimension_count", 16},
+        {"--shape qwen2moe-tiny --experts 4 --experts-used 2 --shared-ffn 96", "qwen2moe",
+         "qwen2moe.expert_shared_feed_forward_length", 96},
         {"--shape custom --arch qwen3 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64",
          "qwen3", "qwen3.rope.scaling.original_context_length", 64},
     };
