@@ -42,7 +42,7 @@ typedef struct sh_mkmodel_shape {
     bool tied;              /* the output projection is token_embd (no output.weight) */
     int64_t sliding_window; /* ARCH.attention.sliding_window when > 0 (Mistral, Gemma 3 local) */
     const char *arch;       /* general.architecture: NULL or "llama", "gemma3", "qwen3",
-                               "qwen3moe", "qwen2moe", "phi3" */
+                               "qwen3moe", "qwen2moe", "phi3", "olmoe" */
     int64_t head_dim;       /* ARCH.attention.key_length/value_length; 0: dim / n_heads */
     int64_t n_experts;      /* routed experts per layer (ffn_*_exps); 0: a dense FFN */
     int64_t n_experts_used; /* experts chosen per token */

@@ -30,10 +30,13 @@ declare -A args=(
   [qwen2moe-tiny]="--shape qwen2moe-tiny $small --experts 8 --experts-used 2 --expert-ffn 32 \
 --shared-ffn 96"
   [phi3-tiny]="--shape phi3-mini $small"
+  # one RMSNorm over all of Q / all of K (so no grouped-query attention), 8 experts of width 64,
+  # 2 per token, not renormalised
+  [olmoe-tiny]="--shape olmoe-tiny $small --kv-heads 4 --ffn 64 --experts 8 --experts-used 2"
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(gemma3-tiny qwen3-tiny qwen3moe-tiny mixtral-tiny qwen2moe-tiny
-  phi3-tiny)
+  phi3-tiny olmoe-tiny)
 for n in "${names[@]}"; do
   [ -n "${args[$n]:-}" ] || { echo "error: unknown model $n" >&2; exit 2; }
   # shellcheck disable=SC2086

@@ -5,7 +5,7 @@ Reads a GGUF with the `gguf` package, dequantizes every tensor to float32 with g
 dequantizer (ref_model.py), runs the model token by token with a plain KV cache (float32 weights
 and matmuls, float64 for norms, rope, softmax, the attention sums and the expert mix) and
 greedy-decodes. Architectures: llama/mistral (dense or Mixtral-style experts), qwen2, qwen2moe,
-qwen3, qwen3moe, gemma3, phi3. Nothing here shares code with the C implementation.
+qwen3, qwen3moe, gemma3, phi3, olmoe. Nothing here shares code with the C implementation.
 
 Usage:
   ref_forward.py MODEL.gguf --ids "1 2 3" [-n N] [--experts]   print greedy ids (and routing)
@@ -125,8 +125,13 @@ class Runner:
                 q += m.w(p + "attn_q.bias")
                 k += m.w(p + "attn_k.bias")
                 v += m.w(p + "attn_v.bias")
+            if m.has(p + "attn_q_norm.weight") and m.w(p + "attn_q_norm.weight").size == q.size:
+                # OLMoE: one RMSNorm over all of Q and one over all of K
+                q = rmsnorm(q, m.w(p + "attn_q_norm.weight"), m.eps)
+                k = rmsnorm(k, m.w(p + "attn_k_norm.weight"), m.eps)
             q, k = q.reshape(nh, hd), k.reshape(nkv, hd)
-            if m.has(p + "attn_q_norm.weight"):  # per-head RMSNorm before rope
+            if m.has(p + "attn_q_norm.weight") and m.w(p + "attn_q_norm.weight").size == hd:
+                # Qwen 3, Gemma 3: per-head RMSNorm before rope
                 q = rmsnorm_rows(q, m.w(p + "attn_q_norm.weight"), m.eps)
                 k = rmsnorm_rows(k, m.w(p + "attn_k_norm.weight"), m.eps)
             swa = m.is_swa[l]

@@ -2,7 +2,7 @@
 dequantized to float32 by the `gguf` package's own dequantizer.
 
 Architectures: llama (and mistral, with or without Mixtral-style experts), qwen2, qwen2moe,
-qwen3, qwen3moe, gemma3, phi3. Keys and tensor names are llama.cpp's (gguf-py constants.py);
+qwen3, qwen3moe, gemma3, phi3, olmoe. Keys and tensor names are llama.cpp's (gguf-py constants.py);
 what each key means follows llama.cpp's loader (src/llama-model.cpp, src/models/*.cpp).
 """
 import math
@@ -13,9 +13,9 @@ from gguf.quants import dequantize
 
 from ref_rope import RopeParams
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma3", "phi3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma3", "phi3", "olmoe")
 # llama.cpp's llama_model_rope_type: these rotate pairs (i, i + n/2), the others (2i, 2i+1).
-NEOX = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma3", "phi3")
+NEOX = ("qwen2", "qwen2moe", "qwen3", "qwen3moe", "gemma3", "phi3", "olmoe")
 
 
 class ModelError(Exception):
@@ -112,7 +112,7 @@ class Model:
                          p + "ffn_down_exps.weight"}
             else:
                 need |= {p + "ffn_up.weight", p + "ffn_down.weight"}
-            if self.arch in ("qwen3", "qwen3moe", "gemma3"):
+            if self.arch in ("qwen3", "qwen3moe", "gemma3", "olmoe"):
                 need |= {p + "attn_q_norm.weight", p + "attn_k_norm.weight"}
             if self.arch == "gemma3":
                 need |= {p + "post_attention_norm.weight", p + "post_ffw_norm.weight"}

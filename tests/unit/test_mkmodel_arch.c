@@ -287,6 +287,29 @@ static void test_qwen2moe(void)
     sh_gguf_close(g);
 }
 
+static void test_olmoe(void)
+{
+    sh_mkmodel_opts o;
+    small_opts(&o, "olmoe-tiny");
+    o.shape.n_kv_heads = 4;
+    o.shape.ffn = 96;
+    o.shape.n_experts = 4;
+    o.shape.n_experts_used = 2;
+    sh_gguf *g = write_and_open(&o, "olmoe.gguf", NULL);
+    if (!g)
+        return;
+    check_arch(g, "olmoe");
+    CHECK_UINT_EQ(get_u32(g, "olmoe.expert_count"), 4);
+    CHECK_UINT_EQ(get_u32(g, "olmoe.feed_forward_length"), 96); /* the expert width */
+    check_absent(g, "olmoe.expert_feed_forward_length");
+    CHECK_UINT_EQ(sh_gguf_n_tensors(g), 3 + 2 * 12);
+    /* QK-norm over the whole of Q and K, not per head. */
+    check_tensor(g, "blk.1.attn_q_norm.weight", SH_DTYPE_F32, 1, 64, 1, 1);
+    check_tensor(g, "blk.1.attn_k_norm.weight", SH_DTYPE_F32, 1, 64, 1, 1);
+    check_tensor(g, "blk.1.ffn_up_exps.weight", SH_DTYPE_F16, 3, 64, 96, 4);
+    sh_gguf_close(g);
+}
+
 static void test_phi3(void)
 {
     sh_mkmodel_opts o;
@@ -408,6 +431,9 @@ static void test_named(void)
     s = sh__mkmodel_shape_find("qwen2moe-tiny");
     CHECK(s && strcmp(sh__mkmodel_arch(s), "qwen2moe") == 0 && s->n_experts == 8 &&
           s->n_experts_used == 4 && s->shared_ffn == 1024);
+    s = sh__mkmodel_shape_find("olmoe-tiny");
+    CHECK(s && strcmp(sh__mkmodel_arch(s), "olmoe") == 0 && s->n_experts == 16 &&
+          s->n_experts_used == 4 && s->n_kv_heads == s->n_heads);
     s = sh__mkmodel_shape_find("llama3.2-1b");
     CHECK(s && s->rope_scaling == SH_MKMODEL_ROPE_SCALING_LLAMA3 && s->rope_factor == 32.0f &&
           s->rope_orig_ctx == 8192 && s->tied);
@@ -432,6 +458,7 @@ static void test_errors(void)
         {"qwen3moe-tiny", "is for qwen2moe", NULL},
         {"mixtral-tiny", "longrope scaling is for the phi3", NULL},
         {"qwen2moe-tiny", "qwen2moe needs head-dim x heads", NULL},
+        {"olmoe-tiny", "olmoe needs kv-heads = heads", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         sh_mkmodel_opts o;
@@ -467,9 +494,11 @@ static void test_errors(void)
             o.shape.rope_scaling = SH_MKMODEL_ROPE_SCALING_LONGROPE;
             o.shape.rope_factor = 4;
             break;
-        default:
+        case 9:
             o.shape.head_dim = 32;
             break;
+        default:
+            break; /* small_opts' 2 KV heads for 4 heads */
         }
         sh_error e = {0};
         CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
@@ -493,6 +522,7 @@ static const sh_test_case tests[] = {
     {"qwen3moe", test_qwen3moe},
     {"mixtral", test_mixtral},
     {"qwen2moe", test_qwen2moe},
+    {"olmoe", test_olmoe},
     {"phi3", test_phi3},
     {"rope_scaling", test_rope_scaling},
     {"named", test_named},

@@ -174,6 +174,8 @@ static void test_archs(void)
         {"--shape phi3-mini", "phi3", "phi3.rope.dimension_count", 16},
         {"--shape qwen2moe-tiny --experts 4 --experts-used 2 --shared-ffn 96", "qwen2moe",
          "qwen2moe.expert_shared_feed_forward_length", 96},
+        {"--shape custom --arch olmoe --kv-heads 4 --experts 4 --experts-used 1", "olmoe",
+         "olmoe.expert_used_count", 1},
         {"--shape custom --arch qwen3 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64",
          "qwen3", "qwen3.rope.scaling.original_context_length", 64},
     };
@@ -181,9 +183,9 @@ static void test_archs(void)
         char args[1024], out[4096], err[4096], path[256];
         snprintf(path, sizeof path, "%s", tmp_path("arch.gguf"));
         snprintf(args, sizeof args,
-                 "%s --type F16 -o '%s' --layers 2 --dim 64 --ffn 128 --heads 4 --kv-heads 2 "
-                 "--vocab 300 --ctx 128",
-                 cases[i].args, path);
+                 "--type F16 -o '%s' --layers 2 --dim 64 --ffn 128 --heads 4 --kv-heads 2 "
+                 "--vocab 300 --ctx 128 %s",
+                 path, cases[i].args);
         int rc = run(args, out, sizeof out, err, sizeof err);
         if (rc != 0) {
             SH_FAIL_("mkmodel %s: exit %d: %s", cases[i].args, rc, err);
