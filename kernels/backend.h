@@ -143,9 +143,10 @@ typedef enum sh_moe_gating {
  * - Expert weights are 3-D GGUF tensors holding the n_local experts [expert0, expert0 + n_local)
  *   of the router's n_expert (expert parallelism: a process may hold a slice; chosen experts it
  *   does not hold contribute nothing here, another holder adds them):
- *     gate, up (ne = dim, n_ff, n_local), down (ne = n_ff, dim, n_local); each F32/F16/BF16/
- *     Q8_0/Q4_0/Q4_1, types may differ; quantized weights need dim and n_ff multiples of 32 and
- *     are multiplied with int8-quantized activations, as the matmul does.
+ *     gate, up (ne = dim, n_ff, n_local), down (ne = n_ff, dim, n_local); each of a type the
+ *     matmul takes (types may differ), a quantized weight's input width a multiple of its block
+ *     (32, or 256 for the K-quants); quantized weights are multiplied with activations quantized
+ *     as the matmul quantizes them.
  * - Optional shared expert (gate_sh.data NULL: none), applied to every token (qwen2moe):
  *     gate_sh, up_sh (ne = dim, n_ff_sh), down_sh (ne = n_ff_sh, dim); its output is scaled by
  *     sigmoid(x[t] . gate_inp_sh) when gate_inp_sh.data is set (ne = dim, 1), else by 1.

@@ -33,10 +33,10 @@ typedef struct group {
 /* The scratch of the op, grown on demand by the leader and kept (a step's sizes repeat). */
 struct sh__cpu_moe_scratch {
     sh__cpu_buf ids, wts, mark, slot, rowtok, groups, gsh, cnt;
-    sh__cpu_buf xg, xq, xd, xs; /* gathered input rows (n_rows, dim) and their quantization */
-    sh__cpu_buf h, hq, hd, hs;  /* hidden rows (n_rows, n_ff of their group) */
-    sh__cpu_buf o;              /* each row's FFN output (n_rows, dim) */
-    sh__cpu_buf tmp;            /* per thread: gate/up chunk results, the combination row */
+    sh__cpu_buf xg, xq, xd, xs, xk; /* gathered input rows (n_rows, dim), their quantizations */
+    sh__cpu_buf h, hq, hd, hs, hk;  /* hidden rows (n_rows, n_ff of their group) */
+    sh__cpu_buf o;                  /* each row's FFN output (n_rows, dim) */
+    sh__cpu_buf tmp;                /* per thread: gate/up chunk results, the combination row */
     size_t tmp_stride;
 };
 
@@ -59,8 +59,8 @@ void sh__cpu_moe_fini(sh__cpu_ctx *c)
     sh__cpu_moe_scratch *m = c->moe;
     if (!m)
         return;
-    sh__cpu_buf *bufs[] = {&m->ids, &m->wts, &m->mark, &m->slot, &m->rowtok, &m->groups,
-                           &m->gsh, &m->xg,  &m->xq,   &m->xd,   &m->xs,     &m->h,
+    sh__cpu_buf *bufs[] = {&m->ids, &m->wts, &m->mark, &m->slot, &m->rowtok, &m->groups, &m->gsh,
+                           &m->xg,  &m->xq,  &m->xd,   &m->xs,   &m->xk,     &m->hk,     &m->h,
                            &m->hq,  &m->hd,  &m->hs,   &m->o,    &m->tmp,    &m->cnt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]->p);
@@ -73,18 +73,15 @@ static bool is_float(sh_dtype t)
     return t == SH_DTYPE_F32 || t == SH_DTYPE_F16 || t == SH_DTYPE_BF16;
 }
 
-static bool is_quant(sh_dtype t)
-{
-    return t == SH_DTYPE_Q8_0 || t == SH_DTYPE_Q4_0 || t == SH_DTYPE_Q4_1;
-}
-
 /* ---- argument check (enqueue) -------------------------------------------------------------- */
 
-/* A weight of `dims` dimensions (ne[dims..3] == 1 ... ne[2] free when dims == 3) whose rows the
- * row kernels take: n_in a multiple of 32 for the quantized types. */
+/* A weight (n_in, n_out, n_local) whose rows the row kernels take: n_in a multiple of 32 for
+ * the 32-block quantized types and of 256 for the K-quants. */
 static bool weight_ok(const sh_tensor *w, int64_t n_in, int64_t n_out, int64_t n_local)
 {
-    return w->data && (is_float(w->type) || (is_quant(w->type) && n_in % SH_CPU_QK == 0)) &&
+    const bool type_ok = is_float(w->type) || (sh__cpu_type_q8(w->type) && n_in % SH_CPU_QK == 0) ||
+                         (sh__cpu_type_k(w->type) && n_in % SH_QK_K == 0);
+    return w->data && type_ok && sh__cpu_mm_for(&sh__cpu_kernels_ref, w->type) &&
            w->ne[0] == n_in && w->ne[1] == n_out && w->ne[2] == n_local && w->ne[3] == 1;
 }
 
@@ -168,7 +165,8 @@ typedef struct moe_job {
     const group *g;
     int n_groups;
     int64_t dim, n_rows, n_exp_rows, k1; /* k1: slots per token (k, plus 1 with a shared expert) */
-    int quant_x, quant_h;
+    int quant_x, quant_h;                /* some weight reads the 32-block int8 form of x / h */
+    int kq_x, kq_h;                      /* some weight reads the Q8_K form */
     int64_t units_up, units_down;
     const float *gate_sh; /* the shared expert's gate row widened to f32, or NULL */
 } moe_job;
@@ -196,6 +194,8 @@ static sh__cpu_act x_act(const moe_job *j, const group *g)
         act.d = (const float *)m->xd.p + g->row0 * nb;
         act.s = (const float *)m->xs.p + g->row0 * nb;
     }
+    if (j->kq_x)
+        act.qk = (const sh_block_q8_k *)m->xk.p + g->row0 * (j->dim / SH_QK_K);
     return act;
 }
 
@@ -209,6 +209,8 @@ static sh__cpu_act h_act(const moe_job *j, const group *g)
         act.d = (const float *)m->hd.p + g->hoff / SH_CPU_QK;
         act.s = (const float *)m->hs.p + g->hoff / SH_CPU_QK;
     }
+    if (j->kq_h)
+        act.qk = (const sh_block_q8_k *)m->hk.p + g->hoff / SH_QK_K;
     return act;
 }
 
@@ -243,6 +245,9 @@ static void prep_x(const moe_job *j, int64_t r0, int64_t r1)
         if (j->quant_x)
             j->c->kern->quant_act(xr, dim, (int8_t *)m->xq.p + r * dim, (float *)m->xd.p + r * nb,
                                   (float *)m->xs.p + r * nb);
+        if (j->kq_x) /* the scalar Q8_K quantizer on every ISA, as the matmul does */
+            sh__quant_k_quantize(SH_DTYPE_Q8_K, xr, (sh_block_q8_k *)m->xk.p + r * (dim / SH_QK_K),
+                                 dim / SH_QK_K);
     }
 }
 
@@ -255,9 +260,14 @@ static void prep_h(const moe_job *j, int64_t r0, int64_t r1)
     for (int64_t r = r0; r < r1; r++) {
         const group *g = r < j->n_exp_rows ? &j->g[0] : sh;
         const int64_t n = g->n_ff, off = g->hoff + (r - g->row0) * n;
-        j->c->kern->quant_act((const float *)m->h.p + off, n, (int8_t *)m->hq.p + off,
-                              (float *)m->hd.p + off / SH_CPU_QK,
-                              (float *)m->hs.p + off / SH_CPU_QK);
+        const float *hr = (const float *)m->h.p + off;
+        if (j->quant_h)
+            j->c->kern->quant_act(hr, n, (int8_t *)m->hq.p + off,
+                                  (float *)m->hd.p + off / SH_CPU_QK,
+                                  (float *)m->hs.p + off / SH_CPU_QK);
+        if (j->kq_h)
+            sh__quant_k_quantize(SH_DTYPE_Q8_K, hr, (sh_block_q8_k *)m->hk.p + off / SH_QK_K,
+                                 n / SH_QK_K);
     }
 }
 
@@ -347,7 +357,7 @@ static void run_down(void *arg, int tid, int nth)
     moe_job *j = arg;
     sh__cpu_pool *pool = j->c->pool;
     int64_t lo, hi;
-    if (j->quant_h) {
+    if (j->quant_h || j->kq_h) {
         const int64_t per0 = sh__cpu_pool_chunk(pool, j->n_rows, 2);
         while (sh__cpu_pool_claim(pool, 0, j->n_rows, per0, &lo, &hi)) {
             prep_h(j, lo, hi);
@@ -501,8 +511,10 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
                  .units_up = units_up,
                  .units_down = units_down};
     for (int i = 0; i < n_groups; i++) {
-        j.quant_x |= is_quant(g[i].gate.type) || is_quant(g[i].up.type);
-        j.quant_h |= is_quant(g[i].down.type);
+        j.quant_x |= sh__cpu_type_q8(g[i].gate.type) || sh__cpu_type_q8(g[i].up.type);
+        j.kq_x |= sh__cpu_type_k(g[i].gate.type) || sh__cpu_type_k(g[i].up.type);
+        j.quant_h |= sh__cpu_type_q8(g[i].down.type);
+        j.kq_h |= sh__cpu_type_k(g[i].down.type);
     }
     if (shared && a->gate_inp_sh.data) {
         if (sh__dequant_row(a->gate_inp_sh.type, a->gate_inp_sh.data, m->gsh.p, dim) != SH_OK)
@@ -525,6 +537,10 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
         GROW(m->hd, nbh, float);
         GROW(m->hs, nbh, float);
     }
+    if (j.kq_x)
+        GROW(m->xk, xr / SH_QK_K, sh_block_q8_k);
+    if (j.kq_h)
+        GROW(m->hk, h_floats / SH_QK_K, sh_block_q8_k);
     size_t per_thread = (size_t)(2 * CHUNK * max_rows);
     per_thread = per_thread > (size_t)dim ? per_thread : (size_t)dim;
     per_thread = (per_thread + 15) & ~(size_t)15;

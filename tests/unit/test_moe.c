@@ -15,10 +15,7 @@ static void list_isas(void)
         isas[n_isas++] = i;
 }
 
-static bool quantized(sh_dtype t)
-{
-    return t == SH_DTYPE_Q8_0 || t == SH_DTYPE_Q4_0 || t == SH_DTYPE_Q4_1;
-}
+static bool quantized(sh_dtype t) { return sh__cpu_type_q8(t) || sh__cpu_type_k(t); }
 
 /* One MoE layer's weights (and their dequantized copies) plus a step's inputs. */
 typedef struct layer {
@@ -96,6 +93,18 @@ static sh_moe_args args_for(const layer *L, const float *x, const float *logits,
  * (sh__cpu_act); float weights see the row as is. */
 static void act_as_seen(sh_dtype wtype, const float *x, int64_t n, double *out)
 {
+    if (sh__cpu_type_k(wtype)) { /* the K-quants read the row as Q8_K, per 256 */
+        const size_t rb = sh__dtype_row_bytes(SH_DTYPE_Q8_K, (uint64_t)n);
+        void *q = malloc(rb);
+        float *f = malloc((size_t)n * sizeof(float));
+        CHECK_OK(sh__quant_row(SH_DTYPE_Q8_K, x, q, n));
+        CHECK_OK(sh__dequant_row(SH_DTYPE_Q8_K, q, f, n));
+        for (int64_t i = 0; i < n; i++)
+            out[i] = f[i];
+        free(q);
+        free(f);
+        return;
+    }
     if (!quantized(wtype)) {
         for (int64_t i = 0; i < n; i++)
             out[i] = x[i];
@@ -282,12 +291,21 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
     int32_t *ids = malloc((size_t)(n_tok * k) * sizeof(int32_t));
     int32_t *count = malloc((size_t)n_exp * sizeof(int32_t));
     const double tol = tol_for(L);
+    /* the reference over two slices of the experts, computed before any backend exists (their
+     * idle threads would spin against it) */
+    const bool slices = n_exp >= 2 && !L->shared;
+    const int64_t half = n_exp / 2 + (n_tok & 1);
     int32_t *pids = malloc((size_t)k * sizeof(int32_t));
     double *pw = malloc((size_t)k * sizeof(double));
-    double *py = malloc((size_t)dim * sizeof(double)), *ps = malloc((size_t)dim * sizeof(double));
+    double *py = malloc((size_t)(2 * n_tok * dim) * sizeof(double));
+    double *ps = malloc((size_t)(2 * n_tok * dim) * sizeof(double));
+    for (int part = 0; part < 2 && slices; part++)
+        for (int64_t t = 0; t < n_tok; t++)
+            ref_token(L, x + t * dim, lg + t * n_exp, part ? half : 0, part ? n_exp : half, pids,
+                      pw, py + (part * n_tok + t) * dim, ps + (part * n_tok + t) * dim);
     for (int ii = 0; ii < n_isas; ii++) {
-        sh_backend *be = make(isas[ii], 2), *be1 = make(isas[ii], 1), *be3 = make(isas[ii], 3);
-        if (!be || !be1 || !be3)
+        sh_backend *be = make(isas[ii], 2), *be1 = NULL, *be3 = NULL;
+        if (!be)
             goto next;
         const char *isa = sh_backend_cpu_isa_name(isas[ii]);
         sh_moe_args a = args_for(L, x, lg, 0, n_tok, y, 0, n_exp);
@@ -325,6 +343,8 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
         /* thread counts: bit-identical */
         int64_t at;
         sh_moe_args a1 = args_for(L, x, lg, 0, n_tok, y1, 0, n_exp);
+        if (!(be1 = make(isas[ii], 1)) || !(be3 = make(isas[ii], 3)))
+            goto next;
         CHECK_OK(run_op(be1, &a1));
         if (!bits_equal(y, y1, n_tok * dim, &at))
             SH_FAIL_("%s %s: 1 thread differs from 2 at %lld: %.9g vs %.9g", what, isa,
@@ -332,6 +352,9 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
         CHECK_OK(run_op(be3, &a1));
         if (!bits_equal(y, y1, n_tok * dim, &at))
             SH_FAIL_("%s %s: 3 threads differ from 2 at %lld", what, isa, (long long)at);
+        sh_backend_destroy(be1);
+        sh_backend_destroy(be3);
+        be1 = be3 = NULL;
 
         /* each token alone: bit-identical to its row in the batch */
         for (int64_t t = 0; t < n_tok; t++) {
@@ -356,24 +379,17 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
             }
 
         /* two expert slices (expert parallelism): each equals the reference over its experts */
-        if (n_exp >= 2 && !L->shared) {
-            const int64_t half = n_exp / 2 + (n_tok & 1);
-            for (int part = 0; part < 2; part++) {
-                const int64_t e0 = part ? half : 0, e1 = part ? n_exp : half;
-                sh_moe_args ap = args_for(L, x, lg, 0, n_tok, y1, e0, e1 - e0);
-                CHECK_OK(run_op(be, &ap));
-                for (int64_t t = 0; t < n_tok; t++) {
-                    ref_token(L, x + t * dim, lg + t * n_exp, e0, e1, pids, pw, py, ps);
-                    for (int64_t r = 0; r < dim; r++)
-                        if (!(fabs(y1[t * dim + r] - py[r]) <= tol * (ps[r] + 1e-30) + 1e-30)) {
-                            SH_FAIL_("%s %s: experts [%lld, %lld) token %lld: %.9g vs %.9g", what,
-                                     isa, (long long)e0, (long long)e1, (long long)t,
-                                     y1[t * dim + r], py[r]);
-                            t = n_tok;
-                            break;
-                        }
+        for (int part = 0; part < 2 && slices; part++) {
+            const int64_t e0 = part ? half : 0, e1 = part ? n_exp : half;
+            sh_moe_args ap = args_for(L, x, lg, 0, n_tok, y1, e0, e1 - e0);
+            CHECK_OK(run_op(be, &ap));
+            const double *pyp = py + part * n_tok * dim, *psp = ps + part * n_tok * dim;
+            for (int64_t i = 0; i < n_tok * dim; i++)
+                if (!(fabs(y1[i] - pyp[i]) <= tol * (psp[i] + 1e-30) + 1e-30)) {
+                    SH_FAIL_("%s %s: experts [%lld, %lld) token %lld: %.9g vs %.9g", what, isa,
+                             (long long)e0, (long long)e1, (long long)(i / dim), y1[i], pyp[i]);
+                    break;
                 }
-            }
         }
     next:
         sh_backend_destroy(be);
@@ -399,10 +415,13 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
     free(ps);
 }
 
-static const sh_dtype types[] = {SH_DTYPE_F32,  SH_DTYPE_F16,  SH_DTYPE_BF16,
-                                 SH_DTYPE_Q8_0, SH_DTYPE_Q4_0, SH_DTYPE_Q4_1};
+static const sh_dtype types[] = {SH_DTYPE_F32,  SH_DTYPE_F16,  SH_DTYPE_BF16, SH_DTYPE_Q8_0,
+                                 SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q5_0, SH_DTYPE_Q5_1,
+                                 SH_DTYPE_Q2_K, SH_DTYPE_Q3_K, SH_DTYPE_Q4_K, SH_DTYPE_Q5_K,
+                                 SH_DTYPE_Q6_K};
 
-/* Every weight type, k = 1, 2 and 8, ragged token counts 1..37, renormalized or not. */
+/* Every weight type the matmul takes, k = 1, 2 and 8, ragged token counts 1..37, renormalized
+ * or not. */
 static void test_vs_ref(void)
 {
     list_isas();
@@ -415,13 +434,24 @@ static void test_vs_ref(void)
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t c = 0; c < sizeof ek / sizeof ek[0]; c++)
             for (size_t tt = 0; tt < sizeof toks / sizeof toks[0]; tt++) {
-                /* every combination for F32 and Q4_0, a rotating subset for the others */
-                if (types[ti] != SH_DTYPE_F32 && types[ti] != SH_DTYPE_Q4_0 &&
-                    (c + tt + ti) % 3 != 0)
+                /* every combination for Q4_0, a rotating subset for the others (the whole
+                 * grid is too slow under the sanitizers) */
+                if (types[ti] != SH_DTYPE_Q4_0 &&
+                    (c + tt + ti) % (sh__cpu_type_k(types[ti]) ? 5 : 3) != 0)
                     continue;
-                const bool q = quantized(types[ti]);
-                layer L = {.dim = q ? 64 : 136,
-                           .n_ff = q ? 96 : 88,
+                /* the K-quant quantizer's searches are slow: at most 8 experts of those */
+                if (sh__cpu_type_k(types[ti]) && ek[c].n_exp > 8)
+                    continue;
+                /* widths: whole 32-blocks, whole 256-blocks for the K-quants; float rows past
+                 * 64 elements with ragged tails (the AVX-512 float kernels' four-accumulator
+                 * path starts at 64) */
+                const bool q = quantized(types[ti]), kq = sh__cpu_type_k(types[ti]);
+                layer L = {.dim = kq  ? 256
+                                  : q ? 64
+                                      : 72,
+                           .n_ff = kq  ? 256
+                                   : q ? 96
+                                       : 72,
                            .n_exp = ek[c].n_exp,
                            .k = ek[c].k,
                            .norm_topk = (c + tt) % 2 == 0,
@@ -457,6 +487,19 @@ static void test_mixed_shared(void)
             layer_make(&L, SH_DTYPE_Q4_0, SH_DTYPE_Q8_0, SH_DTYPE_F16);
             check_layer(&L, toks[tt], sg ? "mixed+shared(gated)" : "mixed+shared");
             layer_free(&L);
+            layer K = {.dim = 256,
+                       .n_ff = 256,
+                       .n_exp = 4,
+                       .k = 2,
+                       .n_ff_sh = 512,
+                       .shared = true,
+                       .shared_gate = sg,
+                       .norm_topk = true};
+            if (tt % 2 == 0) { /* 1 and 16 tokens: the K-quant quantizer is slow */
+                layer_make(&K, SH_DTYPE_Q4_K, SH_DTYPE_Q5_0, SH_DTYPE_Q6_K);
+                check_layer(&K, toks[tt], "Q4_K/Q5_0/Q6_K+shared");
+                layer_free(&K);
+            }
             layer M = {.dim = 48,
                        .n_ff = 40,
                        .n_exp = 5,
@@ -514,14 +557,15 @@ static void test_bad_args(void)
     BAD(b.y = NULL);
     BAD(b.gating = (sh_moe_gating)7);
     BAD(b.w_scale = NAN);
-    BAD(b.up.ne[1] = 64);             /* gate and up disagree */
-    BAD(b.down.ne[2] = 3);            /* expert counts disagree */
-    BAD(b.down.ne[0] = 64);           /* down's input is not n_ff */
-    BAD(b.gate.ne[3] = 2);            /* a 4-D tensor */
-    BAD(b.up.data = NULL);            /* a missing tensor */
-    BAD(b.gate.type = SH_DTYPE_Q5_0); /* a type the row kernels do not take */
-    BAD(b.n_expert = 3);              /* the router is narrower than the experts held */
-    BAD(b.expert0 = 1);               /* experts [1, 5) of a 4-wide router */
+    BAD(b.up.ne[1] = 64);               /* gate and up disagree */
+    BAD(b.down.ne[2] = 3);              /* expert counts disagree */
+    BAD(b.down.ne[0] = 64);             /* down's input is not n_ff */
+    BAD(b.gate.ne[3] = 2);              /* a 4-D tensor */
+    BAD(b.up.data = NULL);              /* a missing tensor */
+    BAD(b.gate.type = SH_DTYPE_IQ4_NL); /* a type the row kernels do not take */
+    BAD(b.gate.type = SH_DTYPE_Q4_K);   /* K-quants need 256-wide rows: dim is 64 */
+    BAD(b.n_expert = 3);                /* the router is narrower than the experts held */
+    BAD(b.expert0 = 1);                 /* experts [1, 5) of a 4-wide router */
     BAD(b.expert0 = -1);
     BAD(b.down_sh.ne[1] = 32); /* shared expert's output is not dim */
     BAD(b.up_sh.data = NULL);
