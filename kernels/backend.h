@@ -98,6 +98,9 @@ typedef enum sh_matmul_act {
     SH_MATMUL_ACT_NONE = 0, /* y[i] = x' W[i]^T for each weight (or += with accumulate) */
     SH_MATMUL_ACT_SWIGLU,   /* n_w == 2 (gate, up), same n_out: y[0] = silu(x'Wg^T) * (x'Wu^T);
                                y[1] is unused; silu(g) = g / (1 + exp(-g)) */
+    SH_MATMUL_ACT_GEGLU,    /* as SWIGLU (no accumulate either) with gelu(x'Wg^T) (Gemma), the tanh
+                               approximation
+                               gelu(g) = g / 2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3))) */
 } sh_matmul_act;
 
 /* A (fused) matmul: for each weight i, y[i](n_tok, n_out_i) = x'(n_tok, n_in) W[i](n_out_i,
@@ -232,6 +235,11 @@ typedef struct sh_backend_iface {
                       float scale);
     sh_err (*argmax)(void *ctx, sh_backend_stream *s, const float *x, int64_t n_rows, int64_t n,
                      int32_t *out);
+    /* Optional (Gemma): y = scale * x, and y = cap * tanh(x / cap) (logit soft-capping). */
+    sh_err (*scale)(void *ctx, sh_backend_stream *s, const float *x, int64_t n, float scale,
+                    float *y);
+    sh_err (*softcap)(void *ctx, sh_backend_stream *s, const float *x, int64_t n, float cap,
+                      float *y);
     /* Optional: sum `x` over the ranks of a communicator (tensor parallelism). NULL on the CPU. */
     sh_err (*all_reduce)(void *ctx, sh_backend_stream *s, float *x, int64_t n);
 
@@ -497,6 +505,26 @@ static inline sh_err sh_backend_argmax(sh_backend *be, sh_backend_stream *s, con
                                        int64_t n_rows, int64_t n, int32_t *out)
 {
     return be->iface->argmax(be->ctx, s, x, n_rows, n, out);
+}
+
+/* Optional (SH_EUNSUPPORTED where absent): y(n) = scale * x elementwise. y may equal x. */
+static inline sh_err sh_backend_scale(sh_backend *be, sh_backend_stream *s, const float *x,
+                                      int64_t n, float scale, float *y)
+{
+    if (!be->iface->scale)
+        return SH_EUNSUPPORTED;
+    return be->iface->scale(be->ctx, s, x, n, scale, y);
+}
+
+/* Optional (SH_EUNSUPPORTED where absent): y(n) = cap * tanh(x / cap) elementwise, cap > 0 (Gemma's
+ * logit soft-capping: values stay inside (-cap, cap), nearly unchanged where |x| << cap). y may
+ * equal x. */
+static inline sh_err sh_backend_softcap(sh_backend *be, sh_backend_stream *s, const float *x,
+                                        int64_t n, float cap, float *y)
+{
+    if (!be->iface->softcap)
+        return SH_EUNSUPPORTED;
+    return be->iface->softcap(be->ctx, s, x, n, cap, y);
 }
 
 /* Optional (SH_EUNSUPPORTED where absent; the weight then works as is, so a loader may ignore

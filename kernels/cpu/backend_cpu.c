@@ -2,6 +2,7 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -221,12 +222,12 @@ static sh_err cpu_matmul(void *ctx, sh_backend_stream *s, const sh_matmul_args *
         return SH_EINVAL;
     const int64_t n_in = a->w[0].ne[0];
     for (int i = 0; i < a->n_w; i++)
-        if (!weight_ok(&a->w[i], n_in) || (!a->y[i] && a->act != SH_MATMUL_ACT_SWIGLU))
+        if (!weight_ok(&a->w[i], n_in) || (!a->y[i] && a->act == SH_MATMUL_ACT_NONE))
             return SH_EINVAL;
-    if (a->act == SH_MATMUL_ACT_SWIGLU &&
-        (a->n_w != 2 || a->accumulate || !a->y[0] || a->w[0].ne[1] != a->w[1].ne[1]))
+    const bool glu = a->act == SH_MATMUL_ACT_SWIGLU || a->act == SH_MATMUL_ACT_GEGLU;
+    if (glu && (a->n_w != 2 || a->accumulate || !a->y[0] || a->w[0].ne[1] != a->w[1].ne[1]))
         return SH_EINVAL;
-    if (a->act != SH_MATMUL_ACT_NONE && a->act != SH_MATMUL_ACT_SWIGLU)
+    if (a->act != SH_MATMUL_ACT_NONE && !glu)
         return SH_EINVAL;
     sh__cpu_op op = {.kind = SH__CPU_OP_MATMUL, .u.mm = *a};
     for (int i = 0; i < a->n_w; i++)
@@ -357,6 +358,24 @@ static sh_err cpu_argmax(void *ctx, sh_backend_stream *s, const float *x, int64_
     return push(ctx, s, &op);
 }
 
+static sh_err cpu_scale(void *ctx, sh_backend_stream *s, const float *x, int64_t n, float scale,
+                        float *y)
+{
+    if (!x || !y || n < 1)
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_SCALE, .u.ew1 = {x, y, n, scale}};
+    return push(ctx, s, &op);
+}
+
+static sh_err cpu_softcap(void *ctx, sh_backend_stream *s, const float *x, int64_t n, float cap,
+                          float *y)
+{
+    if (!x || !y || n < 1 || !(cap > 0.0f) || !isfinite(cap))
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_SOFTCAP, .u.ew1 = {x, y, n, cap}};
+    return push(ctx, s, &op);
+}
+
 static sh_err cpu_moe_ffn(void *ctx, sh_backend_stream *s, const sh_moe_args *a)
 {
     sh_err err = sh__cpu_moe_check(a);
@@ -428,6 +447,8 @@ static const sh_backend_iface cpu_iface = {
     .embed = cpu_embed,
     .softmax = cpu_softmax,
     .argmax = cpu_argmax,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .all_reduce = NULL,
     .weight_prepare = cpu_weight_prepare,
     .weight_release = cpu_weight_release,

@@ -22,6 +22,8 @@ typedef enum sh__cpu_op_kind {
     SH__CPU_OP_SOFTMAX,
     SH__CPU_OP_ARGMAX,
     SH__CPU_OP_MOE,
+    SH__CPU_OP_SCALE,
+    SH__CPU_OP_SOFTCAP,
 } sh__cpu_op_kind;
 
 /* One queued op: its arguments by value (pointers inside are borrowed until sync). */
@@ -76,6 +78,12 @@ typedef struct sh__cpu_op {
             float *y;
             int64_t n;
         } ew;
+        struct {
+            const float *x;
+            float *y;
+            int64_t n;
+            float s; /* the scale, or the soft cap */
+        } ew1;
         struct {
             sh_tensor t;
             const int32_t *ids;

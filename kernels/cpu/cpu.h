@@ -265,6 +265,16 @@ void sh__cpu_rope_range(float *x, const int32_t *pos, int32_t n_heads, int32_t h
 float sh__cpu_silu(float g);
 void sh__cpu_swiglu_ref(const float *g, const float *u, float *y, int64_t n);
 
+/* Gemma's ops (ops_gemma.c). A gated activation y[i] = act(g[i]) * u[i] (y may equal g or u);
+ * sh__cpu_geglu_for picks the ISA's GEGLU (gelu, tanh approximation), whose SIMD paths agree
+ * with sh__cpu_geglu_ref within a few float roundings. The ranges are [i0, i1) of x and y. */
+typedef void (*sh__cpu_glu_fn)(const float *g, const float *u, float *y, int64_t n);
+float sh__cpu_gelu(float g);
+void sh__cpu_geglu_ref(const float *g, const float *u, float *y, int64_t n);
+sh__cpu_glu_fn sh__cpu_geglu_for(int32_t isa);
+void sh__cpu_scale_range(const float *x, float s, float *y, int64_t i0, int64_t i1);
+void sh__cpu_softcap_range(const float *x, float cap, float *y, int64_t i0, int64_t i1);
+
 /* Attention for work items [i0, i1) of (row, head) pairs; `rowseq` maps a row to its sequence;
  * scores is scratch for the longest context of the batch. (attn.c) */
 struct sh__cpu_attn {

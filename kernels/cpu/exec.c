@@ -73,6 +73,7 @@ typedef struct mm_job {
     sh__cpu_ctx *c;
     const sh_matmul_args *a;
     const void *const *packed; /* (n_w) packed copies or NULL */
+    sh__cpu_glu_fn glu;        /* the gated activation (SWIGLU, GEGLU), else NULL */
     sh__cpu_act act;
     int prep_norm, prep_quant, prep_qk, prep_xt;
 } mm_job;
@@ -148,7 +149,7 @@ static void mm_run(void *arg, int tid, int nth)
     }
 
     /* Phase 1: output rows, in chunks of SWIGLU_CHUNK / ROW_ALIGN (16) rows. */
-    if (a->act == SH_MATMUL_ACT_SWIGLU) {
+    if (j->glu) {
         const int64_t n_ff = a->w[0].ne[1];
         const wview vg = view_of(k, &a->w[0], j->packed[0]);
         const wview vu = view_of(k, &a->w[1], j->packed[1]);
@@ -185,8 +186,7 @@ static void mm_swiglu_range(mm_job *j, const wview *vg, const wview *vu, float *
         vg->fn(&mg, 0, len);
         vu->fn(&mu, 0, len);
         for (int64_t t = 0; t < a->n_tok; t++)
-            j->c->kern->swiglu(g + t * SWIGLU_CHUNK, u + t * SWIGLU_CHUNK, a->y[0] + t * n_ff + c0,
-                               len);
+            j->glu(g + t * SWIGLU_CHUNK, u + t * SWIGLU_CHUNK, a->y[0] + t * n_ff + c0, len);
     }
 }
 
@@ -245,7 +245,10 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
         j.act.qk = c->qk.p;
         j.prep_qk = 1;
     }
-    if (a->act == SH_MATMUL_ACT_SWIGLU && !grow_tmp(c, (size_t)(2 * n_tok * SWIGLU_CHUNK)))
+    j.glu = a->act == SH_MATMUL_ACT_SWIGLU  ? c->kern->swiglu
+            : a->act == SH_MATMUL_ACT_GEGLU ? sh__cpu_geglu_for(c->kern->isa)
+                                            : NULL;
+    if (j.glu && !grow_tmp(c, (size_t)(2 * n_tok * SWIGLU_CHUNK)))
         return SH_ENOMEM;
     for (int i = 0; i < a->n_w && n_tok > 1; i++)
         j.prep_xt |= a->w[i].type == SH_DTYPE_F16 && op->packed[i] != NULL;
@@ -376,6 +379,11 @@ static int64_t simple_units(const sh__cpu_op *op, int64_t *align, int64_t *elems
         *align = 64;
         *elems = op->u.ew.n;
         return op->u.ew.n;
+    case SH__CPU_OP_SCALE:
+    case SH__CPU_OP_SOFTCAP:
+        *align = 64;
+        *elems = op->u.ew1.n;
+        return op->u.ew1.n;
     case SH__CPU_OP_EMBED:
         *elems = op->u.embed.n_tok * op->u.embed.t.ne[0];
         return op->u.embed.n_tok;
@@ -408,6 +416,12 @@ static void simple_range(const sh__cpu_ctx *c, const sh__cpu_op *op, int64_t lo,
     case SH__CPU_OP_ADD:
         for (int64_t i = lo; i < hi; i++)
             op->u.ew.y[i] = op->u.ew.a[i] + op->u.ew.b[i];
+        break;
+    case SH__CPU_OP_SCALE:
+        sh__cpu_scale_range(op->u.ew1.x, op->u.ew1.s, op->u.ew1.y, lo, hi);
+        break;
+    case SH__CPU_OP_SOFTCAP:
+        sh__cpu_softcap_range(op->u.ew1.x, op->u.ew1.s, op->u.ew1.y, lo, hi);
         break;
     case SH__CPU_OP_EMBED: {
         const sh_tensor *t = &op->u.embed.t;

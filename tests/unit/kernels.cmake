@@ -5,3 +5,6 @@ sh_test(test_kernels_attn SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_attn.c 
 sh_test(test_pool SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_pool.c LABELS unit TIMEOUT 60)
 sh_test(test_kernels_packed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_packed.c LABELS unit
         TIMEOUT 120)
+# Gemma's ops: GEGLU (reference vs formula, SIMD vs reference, fused matmul), scale, soft-cap.
+sh_test(test_kernels_gemma SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_gemma.c LABELS unit
+        TIMEOUT 60)
