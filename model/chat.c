@@ -26,10 +26,21 @@ sh_chat_template sh_chat_detect(const char *tmpl, size_t len)
         return SH_CHAT_LLAMA3;
     if (find(tmpl, len, "<|im_start|>"))
         return SH_CHAT_CHATML;
+    if (find(tmpl, len, "<start_of_turn>"))
+        return SH_CHAT_GEMMA;
     if (find(tmpl, len, "[INST]"))
         return SH_CHAT_LLAMA2;
     if (find(tmpl, len, "<|user|>"))
         return SH_CHAT_ZEPHYR;
+    return SH_CHAT_CHATML;
+}
+
+sh_chat_template sh_chat_for_model(const char *tmpl, size_t len, const char *arch)
+{
+    if (tmpl && len)
+        return sh_chat_detect(tmpl, len);
+    if (arch && strcmp(arch, "gemma3") == 0)
+        return SH_CHAT_GEMMA;
     return SH_CHAT_CHATML;
 }
 
@@ -44,6 +55,8 @@ const char *sh_chat_name(sh_chat_template t)
         return "llama3";
     case SH_CHAT_ZEPHYR:
         return "zephyr";
+    case SH_CHAT_GEMMA:
+        return "gemma";
     }
     return "?";
 }
@@ -129,7 +142,7 @@ sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t 
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return sh__error_set(e, SH_EINVAL, "chat: message %zu has no role or content", i);
-    if (t < SH_CHAT_CHATML || t > SH_CHAT_ZEPHYR)
+    if (t < SH_CHAT_CHATML || t > SH_CHAT_GEMMA)
         return sh__error_set(e, SH_EINVAL, "chat: unknown template %d", (int)t);
     out o = {buf, cap, 0, spans, span_cap, 0, 0};
     bool has_sys = n > 0 && strcmp(msgs[0].role, "system") == 0;
@@ -168,6 +181,21 @@ sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t 
         }
         if (add_assistant)
             put(&o, "<|assistant|>\n");
+        break;
+    case SH_CHAT_GEMMA:
+        // No system role: the system prompt and a blank line open the first turn's text; the
+        // assistant is "model".
+        for (size_t i = i0; i < n; i++) {
+            const char *role = msgs[i].role;
+            put(&o, "<start_of_turn>");
+            put(&o, strcmp(role, "assistant") == 0 ? "model" : role);
+            put(&o, "\n");
+            if (i == i0 && sys)
+                put3(&o, "", sys, "\n\n");
+            put3(&o, "", msgs[i].content, "<end_of_turn>\n");
+        }
+        if (add_assistant)
+            put(&o, "<start_of_turn>model\n");
         break;
     case SH_CHAT_LLAMA2: {
         // The system prompt folds into the first user turn; every turn after the first opens

@@ -1,5 +1,5 @@
 /* Chat templates: the prompt formats of the model families we load (ChatML, Llama 2, Llama 3,
- * Zephyr), picked from the GGUF's tokenizer.chat_template text. */
+ * Zephyr, Gemma), picked from the GGUF's tokenizer.chat_template text. */
 #ifndef SH_MODEL_CHAT_H
 #define SH_MODEL_CHAT_H
 
@@ -14,6 +14,9 @@ typedef enum sh_chat_template {
     SH_CHAT_LLAMA2,     /* [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] */
     SH_CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
     SH_CHAT_ZEPHYR,     /* <|role|>\ncontent</s>\n (TinyLlama chat) */
+    SH_CHAT_GEMMA,      /* <start_of_turn>user\ncontent<end_of_turn>\n, the assistant's role named
+                           "model"; a system prompt opens the first turn, followed by a blank
+                           line (Gemma has no system role) */
 } sh_chat_template;
 
 typedef struct sh_chat_msg {
@@ -25,7 +28,12 @@ typedef struct sh_chat_msg {
  * or empty: ChatML, as llama.cpp does for models without one). Never fails. */
 sh_chat_template sh_chat_detect(const char *tmpl, size_t len);
 
-/* "chatml", "llama2", "llama3", "zephyr". */
+/* The template for a model: its file's template text when it has one (sh_chat_detect), else the
+ * native format of its architecture (`arch` from general.architecture; gemma3: Gemma's turns),
+ * else ChatML. Never fails. */
+sh_chat_template sh_chat_for_model(const char *tmpl, size_t len, const char *arch);
+
+/* "chatml", "llama2", "llama3", "zephyr", "gemma". */
 const char *sh_chat_name(sh_chat_template t);
 
 /* Copies into buf the default system prompt a template inserts when the conversation has none

@@ -1,5 +1,6 @@
-/* The Llama-family forward pass: a batch of sequences' tokens through a stage's layers, against
- * the backend interface, with a paged KV cache and workspace allocated once per context. */
+/* The Llama-family forward pass (llama, mistral, qwen2, qwen3, gemma3): a batch of sequences'
+ * tokens through a stage's layers, against the backend interface, with a paged KV cache and
+ * workspace allocated once per context. */
 #include "model/llama.h"
 
 #include <math.h>
@@ -15,14 +16,16 @@ struct sh_llama_ctx {
     sh_backend_stream *st;
     sh_llama_ctx_opts o;
     int32_t n_blocks;
-    sh_kv_cache *kv; // (n_layers); only [first, last) allocated
+    int32_t kv_window; /* sh_llama_kv_window: blocks before it may be released (-1) */
+    sh_kv_cache *kv;   // (n_layers); only [first, last) allocated
     // Workspace, backend buffers sized for max_tokens rows.
     float *x;      // (max_tokens, dim) the residual stream
     float *q;      // (max_tokens, n_heads * head_dim)
     float *k;      // (max_tokens, n_kv_heads * head_dim)
     float *v;      // (max_tokens, n_kv_heads * head_dim)
     float *att;    // (max_tokens, n_heads * head_dim) attention output
-    float *ff;     // (max_tokens, n_ff) silu(gate) * up
+    float *ff;     // (max_tokens, n_ff) act(gate) * up
+    float *y;      // (max_tokens, dim) a block's output before its post-norm (gemma3); else NULL
     float *xo;     // (max_logits, dim) the rows whose logits are wanted
     float *logits; // (max_logits, n_vocab)
     int32_t *ids;  // (max_tokens) token ids
@@ -113,6 +116,16 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     bool head = m->last == hp->n_layers;
     sh_err err = SH_OK;
     c->n_blocks = (o.kv_tokens + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    c->kv_window = sh_llama_kv_window(hp);
+    /* Gemma's embedding scale and logit soft-capping are optional backend ops. */
+    if ((hp->embd_scale != 1.0f && m->first == 0 && !be->iface->scale) ||
+        (hp->final_softcap > 0.0f && head && !be->iface->softcap)) {
+        free(c);
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "llama: the %s backend lacks the scale or "
+                             "softcap op that %s needs",
+                             be->iface->name, hp->arch);
+    }
     c->kv = calloc((size_t)hp->n_layers, sizeof *c->kv);
     c->h_ids = malloc(T * sizeof *c->h_ids);
     c->h_pos = malloc(T * sizeof *c->h_pos);
@@ -129,6 +142,8 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->v = alloc(c, T * kvd * f, &err, e);
     c->att = alloc(c, T * qd * f, &err, e);
     c->ff = alloc(c, T * (size_t)hp->n_ff * f, &err, e);
+    if (hp->post_norms)
+        c->y = alloc(c, T * hp->dim * f, &err, e);
     c->ids = alloc(c, T * sizeof(int32_t), &err, e);
     c->pos = alloc(c, T * sizeof(int32_t), &err, e);
     if (head) {
@@ -144,7 +159,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
         kc->n_blocks = c->n_blocks;
         kc->n_kv_heads = hp->n_kv_heads;
         kc->head_dim = hp->head_dim;
-        kc->window = hp->sliding_window;
+        kc->window = sh_llama_layer_slides(hp, l) ? hp->sliding_window : 0;
         kc->k = alloc(c, kv_bytes, &err, e);
         kc->v = alloc(c, kv_bytes, &err, e);
     }
@@ -182,7 +197,7 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
             sh_backend_buf_free(be, c->kv[l].k);
             sh_backend_buf_free(be, c->kv[l].v);
         }
-    void *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->ff, c->xo, c->logits, c->ids, c->pos};
+    void *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->ff, c->y, c->xo, c->logits, c->ids, c->pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         sh_backend_buf_free(be, bufs[i]);
     free(c->kv);
@@ -209,17 +224,17 @@ static sh_err prepare(sh_llama_ctx *c, const sh_llama_batch *b, int32_t *n_tok, 
             return sh__error_set(e, SH_EINVAL, "llama: step of more than %d tokens (sequence %d)",
                                  (int)c->o.max_tokens, (int)s);
         int64_t end = (int64_t)q->pos0 + q->n_tokens;
-        // Without a sliding window every position holds a block of the pool; with one, a
-        // sequence may run past the pool (its early blocks released), up to the context length.
+        // Without a sliding window every position holds a block of the pool; with one in every
+        // layer, a sequence may run past the pool (its early blocks released).
         int64_t limit =
-            m->hp.sliding_window > 0 ? (int64_t)1 << 30 : (int64_t)c->n_blocks * SH_KV_BLOCK_TOKENS;
+            c->kv_window > 0 ? (int64_t)1 << 30 : (int64_t)c->n_blocks * SH_KV_BLOCK_TOKENS;
         if (q->pos0 < 0 || end > limit || !q->blocks)
             return sh__error_set(e, SH_EINVAL, "llama: sequence %d positions [%d, %lld)", (int)s,
                                  (int)q->pos0, (long long)end);
         int32_t nb = (int32_t)((end + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS);
-        // With a sliding window, blocks wholly before the first row's window are never read and
-        // may have been released (-1).
-        int32_t w = m->hp.sliding_window, first = 0;
+        // With a sliding window in every layer, blocks wholly before the first row's window are
+        // never read and may have been released (-1).
+        int32_t w = c->kv_window, first = 0;
         if (w > 0 && q->pos0 - w + 1 > 0)
             first = (q->pos0 - w + 1) / SH_KV_BLOCK_TOKENS;
         for (int32_t j = 0; j < nb; j++)
@@ -271,10 +286,29 @@ static sh_err add_rows(sh_llama_ctx *c, float *x, const float *bias, int32_t n_t
         }                                                                                          \
     } while (0)
 
+/* x += out W^T, or with a post-norm (gemma3) x += rmsnorm(out W^T) * post_norm. */
+static sh_err project_add(sh_llama_ctx *c, const sh_tensor *w, const float *in,
+                          const float *post_norm, int32_t n_tok)
+{
+    const sh_llama_hparams *hp = &c->m->hp;
+    if (!post_norm)
+        return sh_backend_matmul_add(c->be, c->st, w, in, n_tok, c->x);
+    sh_err err;
+    int64_t n = (int64_t)n_tok * hp->dim;
+    if ((err = sh_backend_matmul(c->be, c->st, w, in, n_tok, c->y)) ||
+        (err =
+             sh_backend_rmsnorm(c->be, c->st, c->y, post_norm, hp->norm_eps, n_tok, hp->dim, c->y)))
+        return err;
+    return sh_backend_add(c->be, c->st, c->x, c->y, n, c->x);
+}
+
 /* One transformer block on rows x (n_tok, dim):
- *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T;  rotate q, k by position;
- *   store k, v; a = causal attention of q over the cache;  x += a Wo^T;
- *   h = rmsnorm(x) * ffn_norm;   x += (silu(h Wg^T) * (h Wu^T)) Wd^T. */
+ *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T;  [qk_norm: each head of q and
+ *   k RMS-normalized times q_norm / k_norm];  rotate q, k by position (the layer's RoPE base);
+ *   store k, v; a = causal attention of q over the cache (the layer's window);
+ *   x += a Wo^T  [post_norms: x += rmsnorm(a Wo^T) * post_attn_norm];
+ *   h = rmsnorm(x) * ffn_norm;   f = act(h Wg^T) * (h Wu^T)  (act silu, or gelu for gemma3);
+ *   x += f Wd^T  [post_norms: x += rmsnorm(f Wd^T) * post_ffn_norm]. */
 static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t n_tok,
                     const char **what)
 {
@@ -283,7 +317,7 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
     sh_backend *be = c->be;
     sh_backend_stream *st = c->st;
     int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
-    float scale = 1.0f / sqrtf((float)hp->head_dim); // softmax(q.k / sqrt(d))
+    float base = sh_llama_layer_slides(hp, l) ? hp->rope_base_swa : hp->rope_base;
     sh_err err;
     TRY("norm+qkv matmul", sh_backend_norm_qkv(be, st, c->x, L->attn_norm, hp->norm_eps, n_tok,
                                                &L->wq, &L->wk, &L->wv, c->q, c->k, c->v));
@@ -292,16 +326,30 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
         TRY("k bias", add_rows(c, c->k, L->bk, n_tok, kvd));
         TRY("v bias", add_rows(c, c->v, L->bv, n_tok, kvd));
     }
+    if (L->q_norm) { /* the heads are rows of head_dim */
+        TRY("q norm", sh_backend_rmsnorm(be, st, c->q, L->q_norm, hp->norm_eps,
+                                         (int64_t)n_tok * hp->n_heads, hp->head_dim, c->q));
+        TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps,
+                                         (int64_t)n_tok * hp->n_kv_heads, hp->head_dim, c->k));
+    }
     TRY("rope q", sh_backend_rope(be, st, c->q, c->pos, n_tok, hp->n_heads, hp->head_dim, hp->n_rot,
-                                  hp->rope_base, hp->rope_scale, hp->rope_mode));
+                                  base, hp->rope_scale, hp->rope_mode));
     TRY("rope k", sh_backend_rope(be, st, c->k, c->pos, n_tok, hp->n_kv_heads, hp->head_dim,
-                                  hp->n_rot, hp->rope_base, hp->rope_scale, hp->rope_mode));
+                                  hp->n_rot, base, hp->rope_scale, hp->rope_mode));
     TRY("kv store", sh_backend_kv_store(be, st, &c->kv[l], ab, c->k, c->v));
-    TRY("attention", sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, scale, c->att));
-    TRY("attn_output matmul", sh_backend_matmul_add(be, st, &L->wo, c->att, n_tok, c->x));
-    TRY("norm+gate/up matmul", sh_backend_norm_ffn_up(be, st, c->x, L->ffn_norm, hp->norm_eps,
-                                                      n_tok, &L->w_gate, &L->w_up, c->ff));
-    TRY("ffn_down matmul", sh_backend_matmul_add(be, st, &L->w_down, c->ff, n_tok, c->x));
+    TRY("attention",
+        sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, hp->attn_scale, c->att));
+    TRY("attn_output matmul", project_add(c, &L->wo, c->att, L->post_attn_norm, n_tok));
+    sh_matmul_args up = {.x = c->x,
+                         .n_tok = n_tok,
+                         .norm = L->ffn_norm,
+                         .norm_eps = hp->norm_eps,
+                         .n_w = 2,
+                         .w = {L->w_gate, L->w_up},
+                         .y = {c->ff, NULL},
+                         .act = hp->ffn_act};
+    TRY("norm+gate/up matmul", sh_backend_matmul_ex(be, st, &up));
+    TRY("ffn_down matmul", project_add(c, &L->w_down, c->ff, L->post_ffn_norm, n_tok));
     return SH_OK;
 }
 
@@ -327,6 +375,9 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
             goto fail;
         what = "embedding";
         if ((err = sh_backend_embed(be, st, &m->tok_embd, c->ids, n_tok, c->x)))
+            goto fail;
+        if (hp->embd_scale != 1.0f &&
+            (err = sh_backend_scale(be, st, c->x, (int64_t)n_tok * hp->dim, hp->embd_scale, c->x)))
             goto fail;
     } else if ((err = sh_backend_copy(be, st, c->x, b->hidden_in, (size_t)n_tok * row))) {
         goto fail;
@@ -359,6 +410,11 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
                             .w = {m->output},
                             .y = {c->logits}};
         if ((err = sh_backend_matmul_ex(be, st, &a)))
+            goto fail;
+        what = "logit soft-capping";
+        if (hp->final_softcap > 0.0f &&
+            (err = sh_backend_softcap(be, st, c->logits, (int64_t)n_out * hp->n_vocab,
+                                      hp->final_softcap, c->logits)))
             goto fail;
     }
     if ((err = sh_backend_sync(be, st)))

@@ -1,6 +1,6 @@
-/* The Llama-family model (llama, mistral-style, qwen2): weights from a GGUF or a llama2.c
- * checkpoint used in place, and a batched forward pass over a paged KV cache, written against
- * kernels/backend.h. */
+/* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3): weights from a GGUF or a
+ * llama2.c checkpoint used in place, and a batched forward pass over a paged KV cache, written
+ * against kernels/backend.h. */
 #ifndef SH_MODEL_LLAMA_H
 #define SH_MODEL_LLAMA_H
 
@@ -21,16 +21,38 @@ typedef struct sh_llama_hparams {
     int32_t head_dim;       /* <arch>.attention.key_length, else dim / n_heads */
     int32_t n_ff;           /* <arch>.feed_forward_length */
     int32_t n_ctx_train;    /* <arch>.context_length */
-    int32_t sliding_window; /* <arch>.attention.sliding_window: a query at p sees keys > p - w;
-                             * 0: every earlier key (the default) */
+    int32_t sliding_window; /* <arch>.attention.sliding_window: in a sliding layer (see
+                             * swa_period) a query at p sees keys > p - w; 0: every layer sees
+                             * every earlier key (the default) */
+    int32_t swa_period;     /* which layers slide when sliding_window > 0: 0, every layer
+                             * (Mistral); p, layer l when l % p < p - 1, the others global
+                             * (gemma3: <arch>.attention.sliding_window_pattern, default 6) */
     int32_t n_rot;          /* <arch>.rope.dimension_count, else head_dim */
     float rope_base;        /* <arch>.rope.freq_base, default 10000 */
+    float rope_base_swa;    /* RoPE base of the sliding layers: gemma3's <arch>.rope.freq_base_swa
+                             * (default 10000); rope_base for other architectures */
     float rope_scale;       /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
     float norm_eps;         /* <arch>.attention.layer_norm_rms_epsilon, default 1e-5 */
     sh_rope_mode rope_mode; /* NORMAL for llama (GGUF Q/K are permuted for it), NEOX for qwen2 */
     bool tied_embeddings;   /* no output.weight: the head is token_embd */
     bool qkv_bias;          /* qwen2's attn_{q,k,v}.bias */
+    bool qk_norm;           /* qwen3, gemma3: RMSNorm of each q and k head (attn_{q,k}_norm) */
+    bool post_norms;        /* gemma3: the attention and FFN outputs are RMS-normalized
+                             * (post_attention_norm, post_ffw_norm) before the residual adds */
+    sh_matmul_act ffn_act;  /* SH_MATMUL_ACT_SWIGLU, or GEGLU for gemma3 */
+    float embd_scale;       /* embedding rows are multiplied by this (gemma3: sqrt(dim)); 1 */
+    float attn_scale;       /* attention scores are scale * q.k: 1 / sqrt(head_dim) */
+    float final_softcap;    /* <arch>.final_logit_softcapping c: logits = c tanh(logits / c) */
 } sh_llama_hparams;
+
+/* Whether layer l attends through the sliding window (hp->sliding_window > 0 and l is one of the
+ * sliding layers of hp->swa_period). */
+bool sh_llama_layer_slides(const sh_llama_hparams *hp, int32_t l);
+
+/* The sliding window by which a sequence's early KV blocks may be released (the KV manager's
+ * window, sh_kv_cache.window of every layer): hp->sliding_window when every layer slides, 0 when
+ * some layer is global (gemma3's interleaved layers), since a global layer reads every position. */
+int32_t sh_llama_kv_window(const sh_llama_hparams *hp);
 
 /* One transformer block's weights. Matrices are views of (n_out, n_in) rows of their own type
  * (ne[0] = n_in), pointing into the file mapping; vectors are f32. */
@@ -47,6 +69,13 @@ typedef struct sh_llama_layer {
     sh_tensor w_gate;       // (n_ff, dim)
     sh_tensor w_up;         // (n_ff, dim)
     sh_tensor w_down;       // (dim, n_ff)
+
+    /* qwen3 and gemma3 (NULL for the others): the per-head RMSNorm of q and k (qk_norm), and
+     * gemma3's norms of the attention and FFN outputs (post_norms). */
+    const float *q_norm;         // (head_dim)
+    const float *k_norm;         // (head_dim)
+    const float *post_attn_norm; // (dim) post_attention_norm.weight
+    const float *post_ffn_norm;  // (dim) post_ffw_norm.weight
 } sh_llama_layer;
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
@@ -76,13 +105,13 @@ typedef struct sh_llama_load_opts {
     void *progress_arg;
 } sh_llama_load_opts;
 
-/* Loads a model from `path`: a GGUF (architectures llama, mistral, qwen2) or a llama2.c
- * checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no prefault).
- * Weights stay in the read-only mapping; nothing is copied (a context may copy and drop them,
- * sh_llama_ctx_opts.no_weight_prepare). Returns, with e filled and *out NULL:
- * SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly shaped tensor or key),
- * SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a non-f32 norm),
- * SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
+/* Loads a model from `path`: a GGUF (architectures llama, mistral, qwen2, qwen3, gemma3) or a
+ * llama2.c checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no
+ * prefault). Weights stay in the read-only mapping; nothing is copied (a context may copy and drop
+ * them, sh_llama_ctx_opts.no_weight_prepare). Returns, with e filled and *out NULL: SH_EIO (cannot
+ * open), SH_EFORMAT (a missing or wrongly shaped tensor or key), SH_EUNSUPPORTED (architecture, a
+ * weight type the backend ops lack, a non-f32 norm), SH_EINVAL (bad layer range), SH_ENOMEM. Any
+ * thread. The caller owns *out. */
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
 
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */

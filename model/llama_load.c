@@ -1,4 +1,5 @@
-/* Llama-family loading: hyperparameters and weight views from a GGUF or a llama2.c checkpoint. */
+/* Llama-family loading (llama, mistral, qwen2, qwen3, gemma3): hyperparameters and weight views
+ * from a GGUF or a llama2.c checkpoint. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,83 @@ static sh_err bind(const sh_gguf *g, const char *name, int64_t ne0, int64_t ne1,
     return SH_OK;
 }
 
+/* Gemma 3's layout of local (sliding-window) and global layers, <arch>.attention.
+ * sliding_window_pattern: a period p (layer l slides when l % p < p - 1), or one bool per layer,
+ * which must then follow such a period (the only layouts the KV manager and forward pass know).
+ * Absent: `dflt`. Sets hp->swa_period, or hp->sliding_window = 0 when no layer slides. */
+static sh_err load_swa_pattern(const sh_gguf *g, const char *arch, int32_t dflt,
+                               sh_llama_hparams *hp, sh_error *e)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const sh_gguf_value *v = sh_gguf_find(g, key);
+    int32_t p = dflt;
+    if (v && v->type == SH_GGUF_ARRAY) {
+        const sh_gguf_value *arr;
+        if (sh_gguf_get_arr(g, key, SH_GGUF_BOOL, &arr) || arr->v.arr.n != (uint64_t)hp->n_layers)
+            return sh__error_set(e, SH_EFORMAT, "metadata %s: want %d bools", key,
+                                 (int)hp->n_layers);
+        /* the smallest period giving the same layers (1: none slides, n_layers + 1: all do) */
+        for (p = 1; p <= hp->n_layers + 1; p++) {
+            bool same = true;
+            for (int32_t l = 0; l < hp->n_layers && same; l++)
+                same = (sh_gguf_arr_u64(arr, (uint64_t)l) != 0) == (l % p < p - 1);
+            if (same)
+                break;
+        }
+        if (p > hp->n_layers + 1)
+            return sh__error_set(e, SH_EUNSUPPORTED,
+                                 "metadata %s: sliding layers without a period (not supported)",
+                                 key);
+    } else if (v) {
+        sh_err err = sh_gguf_get_i32(g, key, &p);
+        if (err || p < 0)
+            return sh__error_set(e, SH_EFORMAT, "metadata %s: bad value", key);
+    }
+    if (p == 1) /* every layer global */
+        hp->sliding_window = 0;
+    hp->swa_period = p == 1 || p > hp->n_layers ? 0 : p; /* past n_layers: every layer slides */
+    return SH_OK;
+}
+
+/* The settings particular to qwen3 and gemma3 (llama, mistral and qwen2 keep the defaults). */
+static sh_err load_arch_extras(const sh_gguf *g, sh_llama_hparams *hp, sh_error *e)
+{
+    const char *a = hp->arch;
+    sh_err err;
+    if (strcmp(a, "qwen3") == 0) {
+        hp->qk_norm = true;
+        return SH_OK;
+    }
+    if (strcmp(a, "gemma3") != 0)
+        return SH_OK;
+    hp->qk_norm = true;
+    hp->post_norms = true;
+    hp->ffn_act = SH_MATMUL_ACT_GEGLU;
+    hp->embd_scale = sqrtf((float)hp->dim);
+    /* Gemma's query_pre_attn_scalar is head_dim except for the 27B model (62 layers), where it
+     * is dim / n_heads; GGUF does not store it, so the layer count tells them apart as
+     * llama.cpp does. */
+    if (hp->n_layers == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)(hp->dim / hp->n_heads));
+    if (hp->sliding_window > 0) {
+        if ((err = load_swa_pattern(g, a, 6, hp, e)) ||
+            (err = get_f32(g, a, "rope.freq_base_swa", &hp->rope_base_swa, 10000.0f, e)))
+            return err;
+    }
+    if ((err = get_f32(g, a, "final_logit_softcapping", &hp->final_softcap, 0.0f, e)))
+        return err;
+    char key[128];
+    float cap = 0.0f;
+    snprintf(key, sizeof key, "%s.attn_logit_softcapping", a);
+    if (sh_gguf_get_f32(g, key, &cap) == SH_OK && cap != 0.0f)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "metadata %s: attention soft-capping (Gemma 2) "
+                             "is not supported",
+                             key);
+    return SH_OK;
+}
+
 static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error *e)
 {
     sh_str arch;
@@ -93,9 +171,13 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
         return sh__error_set(e, SH_EUNSUPPORTED, "architecture name too long");
     memcpy(hp->arch, arch.ptr, arch.len);
     hp->arch[arch.len] = '\0';
-    bool neox = strcmp(hp->arch, "qwen2") == 0;
+    /* GGUF stores llama and mistral Q/K rows permuted for adjacent-pair RoPE; the others rotate
+     * halves (NEOX). */
+    bool neox = strcmp(hp->arch, "qwen2") == 0 || strcmp(hp->arch, "qwen3") == 0 ||
+                strcmp(hp->arch, "gemma3") == 0;
     if (!neox && strcmp(hp->arch, "llama") != 0 && strcmp(hp->arch, "mistral") != 0)
-        return sh__error_set(e, SH_EUNSUPPORTED, "architecture '%s' (llama, mistral, qwen2 only)",
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "architecture '%s' (llama, mistral, qwen2, qwen3, gemma3 only)",
                              hp->arch);
     const char *a = hp->arch;
     sh_err err;
@@ -128,7 +210,21 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return sh__error_set(e, SH_EFORMAT, "rope dimension %d with head size %d", (int)hp->n_rot,
                              (int)hp->head_dim);
+    int32_t v_len;
+    if ((err = get_i32(g, a, "attention.value_length", &v_len, hp->head_dim, false, e)))
+        return err;
+    if (v_len != hp->head_dim)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "metadata %s.attention.value_length: %d differs "
+                             "from the key length %d",
+                             a, (int)v_len, (int)hp->head_dim);
     hp->rope_mode = neox ? SH_ROPE_MODE_NEOX : SH_ROPE_MODE_NORMAL;
+    hp->rope_base_swa = hp->rope_base;
+    hp->ffn_act = SH_MATMUL_ACT_SWIGLU;
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if ((err = load_arch_extras(g, hp, e)))
+        return err;
     const sh_gguf_tensor *emb = sh_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return sh__error_set(e, SH_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -186,6 +282,14 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
         BIND_VEC(bq, "attn_q.bias", qd, !hp->qkv_bias);
         BIND_VEC(bk, "attn_k.bias", kvd, !hp->qkv_bias);
         BIND_VEC(bv, "attn_v.bias", kvd, !hp->qkv_bias);
+        if (hp->qk_norm) {
+            BIND_VEC(q_norm, "attn_q_norm.weight", hp->head_dim, false);
+            BIND_VEC(k_norm, "attn_k_norm.weight", hp->head_dim, false);
+        }
+        if (hp->post_norms) {
+            BIND_VEC(post_attn_norm, "post_attention_norm.weight", dim, false);
+            BIND_VEC(post_ffn_norm, "post_ffw_norm.weight", dim, false);
+        }
 #undef BIND
 #undef BIND_VEC
     }
@@ -244,10 +348,29 @@ static void llama2c_hparams(const sh_llama2c_config *cfg, sh_llama_hparams *hp)
     hp->rope_scale = 1.0f;
     hp->norm_eps = 1e-5f;
     hp->rope_mode = SH_ROPE_MODE_NORMAL;
+    hp->rope_base_swa = hp->rope_base;
+    hp->ffn_act = SH_MATMUL_ACT_SWIGLU;
+    hp->embd_scale = 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->tied_embeddings = cfg->shared_classifier;
 }
 
 /* ---- common ------------------------------------------------------------------------------ */
+
+bool sh_llama_layer_slides(const sh_llama_hparams *hp, int32_t l)
+{
+    if (hp->sliding_window <= 0)
+        return false;
+    return hp->swa_period == 0 || l % hp->swa_period < hp->swa_period - 1;
+}
+
+int32_t sh_llama_kv_window(const sh_llama_hparams *hp)
+{
+    for (int32_t l = 0; l < hp->n_layers; l++)
+        if (!sh_llama_layer_slides(hp, l))
+            return 0;
+    return hp->sliding_window;
+}
 
 static uint64_t tensor_bytes(const sh_tensor *t)
 {

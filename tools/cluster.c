@@ -208,7 +208,7 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
                             script, rp->block_bytes);
     rp->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
     rp->seq_blocks = (rp->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
-    if (rp->seq_blocks > rp->n_blocks && hp->sliding_window <= 0)
+    if (rp->seq_blocks > rp->n_blocks && sh_llama_kv_window(hp) <= 0)
         rp->seq_blocks = rp->n_blocks;
     return 0;
 }

@@ -29,7 +29,7 @@ typedef struct opts {
     int32_t n_gen, threads, top_k;
     float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     uint64_t seed;
-    bool chat, ids;
+    bool chat, ids, kv_f16;
 } opts;
 
 /* Everything one run holds; freed by close_all. */
@@ -55,7 +55,8 @@ static void usage(FILE *f)
             "usage: shoal run -m MODEL [-z TOKENIZER] [-p TEXT | --prompt-ids \"1 2 3\"] [-n N]\n"
             "                 [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
             "                 [--repeat-penalty R] [--presence-penalty P]\n"
-            "                 [--frequency-penalty F] [-t THREADS] [--chat] [--ids]\n\n"
+            "                 [--frequency-penalty F] [-t THREADS] [--chat] [--ids]\n"
+            "                 [--kv-f16]\n\n"
             "Generates text from a GGUF model, or a llama2.c .bin checkpoint with its\n"
             "tokenizer.bin (-z). Without a prompt it starts from the BOS token.\n\n"
             "  -m MODEL          model file (.gguf or llama2.c .bin)\n"
@@ -70,7 +71,9 @@ static void usage(FILE *f)
             "                    penalties over the last 64 tokens (default off)\n"
             "  -t THREADS        compute threads (default: all CPUs)\n"
             "  --chat            interactive chat with the model's chat template\n"
-            "  --ids             print generated token ids instead of text\n\n"
+            "  --ids             print generated token ids instead of text\n"
+            "  --kv-f16          keep the KV cache in F16 (as shoal serve and llama.cpp do by\n"
+            "                    default; here the default is F32)\n\n"
             "Prints one line `timings: ...` on stderr at the end.\n");
 }
 
@@ -93,6 +96,10 @@ static int parse(int argc, char **argv, opts *o)
         }
         if (!strcmp(a, "--ids")) {
             o->ids = true;
+            continue;
+        }
+        if (!strcmp(a, "--kv-f16")) {
+            o->kv_f16 = true;
             continue;
         }
         if (!sh__cmd_is_flag(" -m -z -p --prompt-ids -n -t --top-k --seed --temp --top-p --min-p "
@@ -212,7 +219,10 @@ static int load(run *r)
     if (cap > 4096)
         cap = 4096;
     r->kv_tokens = cap;
-    sh_llama_ctx_opts co = {.max_tokens = PREFILL_CHUNK, .max_seqs = 1, .kv_tokens = cap};
+    sh_llama_ctx_opts co = {.max_tokens = PREFILL_CHUNK,
+                            .max_seqs = 1,
+                            .kv_tokens = cap,
+                            .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
     if (sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &e))
         return sh__cmd_fail("%s", e.msg);
     int32_t nb = sh_llama_ctx_n_blocks(r->ctx);
@@ -443,7 +453,7 @@ static int chat(run *r)
         tmpl_text = st.ptr;
         tmpl_len = (size_t)st.len;
     }
-    sh_chat_template tmpl = sh_chat_detect(tmpl_text, tmpl_len);
+    sh_chat_template tmpl = sh_chat_for_model(tmpl_text, tmpl_len, r->m->hp.arch);
     char sys[512];
     bool has_sys = sh_chat_default_system(tmpl_text, tmpl_len, sys, sizeof sys);
     fprintf(stderr, "chat template: %s (empty line or end of input quits)\n", sh_chat_name(tmpl));

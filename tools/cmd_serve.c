@@ -674,7 +674,7 @@ static sh_chat_template model_chat(const sh_llama *m, char *sys, size_t cap, boo
         tmpl_len = (size_t)st.len;
     }
     *has_sys = sh_chat_default_system(tmpl, tmpl_len, sys, cap);
-    return sh_chat_detect(tmpl, tmpl_len);
+    return sh_chat_for_model(tmpl, tmpl_len, m->hp.arch);
 }
 
 /* A cluster front's other models: every model a replica serves besides the first replica's
@@ -1330,13 +1330,13 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         .cfg = {.n_blocks = (int32_t)n_blocks,
                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                 .max_seqs = max_seqs,
-                .window = hp->sliding_window,
+                .window = sh_llama_kv_window(hp),
                 .max_blocks_per_seq =
                     (n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1},
         .prefix_cache = !o->no_prefix_cache};
     // A table never holds more live blocks than the pool; with a sliding window its released
     // entries (-1) do not count, so a sequence may span more positions than the pool holds.
-    if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && hp->sliding_window <= 0)
+    if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && sh_llama_kv_window(hp) <= 0)
         ka.cfg.max_blocks_per_seq = ka.cfg.n_blocks;
     sh_stage_args sa = {.model = s->m,
                         .ctx = s->ctx,
@@ -1355,7 +1355,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                           .max_queue = o->max_queue,
                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                           .n_blocks = (int32_t)n_blocks,
-                          .seq_blocks = hp->sliding_window > 0 ? 0 : ka.cfg.max_blocks_per_seq,
+                          .seq_blocks = sh_llama_kv_window(hp) > 0 ? 0 : ka.cfg.max_blocks_per_seq,
                           .step_timeout_ms = plan || o->step_timeout_set ? o->step_timeout_ms : 0};
     // One kvmgr and one batcher per replica. The models served ("slots", in the order their
     // first replica comes in the script), each with a router in front of its replicas when it
@@ -1408,9 +1408,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             const sh_llama_hparams *rhp = &models[rp->model]->hp;
             ka.cfg.n_blocks = rp->n_blocks;
             ka.cfg.max_blocks_per_seq = rp->seq_blocks;
-            ka.cfg.window = rhp->sliding_window;
+            ka.cfg.window = sh_llama_kv_window(rhp);
             ba.n_blocks = rp->n_blocks;
-            ba.seq_blocks = rhp->sliding_window > 0 ? 0 : rp->seq_blocks;
+            ba.seq_blocks = sh_llama_kv_window(rhp) > 0 ? 0 : rp->seq_blocks;
             ba.stage = plan->stage_addr[rp->stage0]; /* STEP goes to the first stage's node */
             ba.max_inflight = rp->n_stages;
             ba.tok = toks[rp->model];

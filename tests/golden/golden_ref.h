@@ -74,7 +74,7 @@ static void compare_logits(const char *path, const char *prefix, double tol, boo
     if (!drv_open(&d, path, 2, 2 * MAX_IDS, 1, 256))
         return;
     int32_t V = d.m->hp.n_vocab;
-    static float last[1 << 17];
+    static float last[1 << 18]; /* Gemma 3: 262144 */
     for (int p = 0; p < n_gp; p++) {
         golden *g = &gp[p];
         int32_t seq[2 * MAX_IDS], n = 0;

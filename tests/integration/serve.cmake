@@ -28,3 +28,5 @@ sh_serve_test(test_serve_kvpressure ${_d}/run_py.sh ${_d}/test_serve_kvpressure.
 sh_serve_test(test_cluster_pipeline ${_d}/run_py.sh ${_d}/test_cluster_pipeline.py)
 sh_serve_test(test_cluster_failure ${_d}/run_py.sh ${_d}/test_cluster_failure.py)
 sh_serve_test(test_cluster_status ${_d}/run_py.sh ${_d}/test_cluster_status.py)
+# The real Gemma 3 270M through serve (skips without models/gemma3-270m-q4_k_m.gguf).
+sh_serve_test(test_serve_gemma3 ${_d}/run_py.sh ${_d}/test_serve_gemma3.py)

@@ -4,7 +4,8 @@ made by tests/reference/llamacpp_ref.c; see tests/data/gemma3/README.md).
 
 Two parts, chosen by the first argument:
   tokens  `shoal tokenize` of each prompt gives exactly llama.cpp's prompt ids (BOS included).
-  greedy  `shoal run --prompt-ids <llama.cpp's ids> -n 16 --ids -t 2`, greedy, for each prompt.
+  greedy  `shoal run --prompt-ids <llama.cpp's ids> -n 16 --ids -t 2 --kv-f16`, greedy, for each
+          prompt (an F16 KV cache, as llama.cpp's reference had).
           Accepted when the 16 tokens equal llama.cpp's, or when the first difference is at a
           near-tie: llama.cpp's top two log-probabilities at that step within 0.5 (issue 13's
           rule). After the first difference the sequences are conditioned on different text, so
@@ -12,8 +13,9 @@ Two parts, chosen by the first argument:
           printing it; that counts as choosing an EOG id there.
 
 Exit 77 (skipped) when the model is missing (scripts/get-model.sh gemma3-270m), and for `greedy`
-while `shoal run` refuses the gemma3 architecture ("architecture 'gemma3'"): support lands
-separately, and this test turns itself on when it does. Env: SH_SHOAL (binary), SH_SOURCE_DIR.
+while `shoal run` refuses the gemma3 architecture ("architecture 'gemma3'") or one of the file's
+tensor types ("type Q5_0 is not supported here"): support lands separately, and this test turns
+itself on when it does. Env: SH_SHOAL (binary), SH_SOURCE_DIR.
 """
 import hashlib
 import json
@@ -64,10 +66,15 @@ def part_greedy(ref):
     for p in ref["prompts"]:
         steps = p["steps"][:N_CHECK]
         want = [EOG if s["id"] in eog else s["id"] for s in steps]
+        # --kv-f16: llama.cpp made the reference with its default F16 KV cache (README), and
+        # this model's near-ties move with the cache's rounding as much as with the int8
+        # activations (an F32 cache here flips the boiling-point prompt's first token).
         r = shoal("run", "-m", MODEL, "--prompt-ids", " ".join(map(str, p["prompt_ids"])),
-                  "-n", str(N_CHECK), "--ids", "-t", "2")
-        if r.returncode == 2 and "architecture 'gemma3'" in r.stderr:
-            print(f"SKIP: shoal run does not support gemma3 yet: {r.stderr.strip()}")
+                  "-n", str(N_CHECK), "--ids", "-t", "2", "--kv-f16")
+        if r.returncode == 2 and ("architecture 'gemma3'" in r.stderr or
+                                  "is not supported here" in r.stderr):
+            print(f"SKIP: shoal run does not support gemma3 or this file's types yet: "
+                  f"{r.stderr.strip()}")
             sys.exit(77)
         if r.returncode != 0:
             failed += 1
