@@ -2,8 +2,8 @@
  * llama.cpp's llama-quantize wrote (sha256s in tests/data/quantize/llama_quantize.txt, made by
  * make_hashes.sh beside it; llama.cpp is not needed here), round trips through F32 against the
  * kernels' dequantization, requantizing, --keep, thread independence and kept metadata. The
- * seeded F32 models come from the `shoal mkmodel` binary (SH_SHOAL), with the commands recorded
- * in the data file. */
+ * seeded F32 models (llama, gemma3, phi3, MoE) come from the `shoal mkmodel` binary (SH_SHOAL),
+ * with the commands recorded in the data file's header. */
 #include <dirent.h>
 #include <mbedtls/sha256.h>
 #include <stdint.h>
@@ -160,8 +160,6 @@ static void ref_load(ref *r)
     CHECK(f != NULL);
     char line[512];
     while (f && fgets(line, sizeof line, f)) {
-        if (line[0] == '#')
-            continue;
         line[strcspn(line, "\n")] = 0;
         r->lines = realloc(r->lines, (r->n + 1) * sizeof *r->lines);
         r->lines[r->n++] = strdup(line);
@@ -261,18 +259,22 @@ static void digest(const char *path, char out[65])
     free_lines(l, n);
 }
 
-/* The models of make_hashes.sh, made with the same `shoal mkmodel` commands. */
-static const char *const mk_args[2] = {
-    "--shape custom --layers 2 --dim 256 --ffn 320 --heads 4 --kv-heads 2 --vocab 512 --type F32 "
-    "--seed 7",
-    "--shape custom --layers 1 --dim 80 --ffn 96 --heads 5 --kv-heads 1 --vocab 300 --type F32 "
-    "--seed 8",
-};
-
-static int make_model(int m, const char *out)
+/* Makes model `name` with the `shoal mkmodel` command the reference's header records for it
+ * ("# model NAME: shoal mkmodel ARGS"). */
+static int make_model(const ref *r, const char *name, const char *out)
 {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "# model %s: shoal mkmodel ", name);
+    const char *args = NULL;
+    for (size_t i = 0; i < r->n && !args; i++)
+        if (strncmp(r->lines[i], prefix, strlen(prefix)) == 0)
+            args = r->lines[i] + strlen(prefix);
+    if (!args) {
+        SH_FAIL_("no '%s' line in the reference", prefix);
+        return -1;
+    }
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' mkmodel %s -o '%s' >/dev/null", shoal, mk_args[m], out);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel %s -o '%s' >/dev/null", shoal, args, out);
     int st = system(cmd);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     if (rc != 0)
@@ -289,12 +291,14 @@ static void test_llama_hashes(void)
         const char *name = m ? "b" : "a";
         char in[512], prefix[64];
         snprintf(in, sizeof in, "%s", tmp_path(m ? "b.gguf" : "a.gguf"));
-        if (make_model(m, in))
+        if (make_model(&r, name, in))
             continue;
         /* The inputs first: if mkmodel's bytes changed, no quantized hash can match. */
         snprintf(prefix, sizeof prefix, "input %s ", name);
         if (check_tensors(&r, prefix, in)) {
-            SH_FAIL_("model %s: shoal mkmodel no longer writes the recorded weights", name);
+            SH_FAIL_("model %s: shoal mkmodel no longer writes the recorded weights; remake "
+                     "the reference with tests/data/quantize/make_hashes.sh",
+                     name);
             continue;
         }
         int bad = 0;
@@ -331,6 +335,49 @@ static void test_llama_hashes(void)
     ref_free(&r);
 }
 
+/* The other architectures' models: a digest of all tensors per type. */
+static void test_llama_arch_digests(void)
+{
+    ref r = {0};
+    ref_load(&r);
+    int n = 0, bad = 0;
+    for (size_t i = 0; i < r.n; i++) {
+        char name[16], want[80], got[65];
+        if (sscanf(r.lines[i], "input-digest %15s %79s", name, want) != 2)
+            continue;
+        char in[512];
+        snprintf(in, sizeof in, "%s/%s.gguf", dir, name);
+        if (make_model(&r, name, in))
+            continue;
+        digest(in, got);
+        if (strcmp(got, want) != 0) {
+            SH_FAIL_("model %s: shoal mkmodel no longer writes the recorded weights; remake the "
+                     "reference with tests/data/quantize/make_hashes.sh",
+                     name);
+            continue;
+        }
+        for (size_t j = 0; j < r.n; j++) {
+            char m[16], type[16];
+            if (sscanf(r.lines[j], "model-digest %15s %15s %79s", m, type, want) != 3 ||
+                strcmp(m, name) != 0)
+                continue;
+            if (quantize(in, tmp_path("arch.gguf"), type, 2, NULL, 0))
+                continue;
+            digest(tmp_path("arch.gguf"), got);
+            n++;
+            if (strcmp(got, want) != 0) {
+                SH_FAIL_("model %s -> %s: digest %s, llama-quantize %s", name, type, got, want);
+                bad++;
+            }
+        }
+        unlink(in);
+    }
+    CHECK_INT_EQ(n, 4 * N_TYPES);
+    fprintf(stderr, "  gemma3, phi3, llama MoE, qwen3moe: %d conversions, %d differ\n", n, bad);
+    unlink(tmp_path("arch.gguf"));
+    ref_free(&r);
+}
+
 /* ---- Round trips and options --------------------------------------------------------------- */
 
 static bool files_equal(const char *a, const char *b)
@@ -351,12 +398,24 @@ static bool files_equal(const char *a, const char *b)
     return eq;
 }
 
+/* Model a, made by test_llama_hashes or here when a case runs alone. */
+static int ensure_a(void)
+{
+    if (access(tmp_path("a.gguf"), F_OK) == 0)
+        return 0;
+    ref r = {0};
+    ref_load(&r);
+    int rc = make_model(&r, "a", tmp_path("a.gguf"));
+    ref_free(&r);
+    return rc;
+}
+
 /* Quantize to T, dequantize that to F32 with the tool: each tensor equals the kernels'
  * sh__dequant_row of the quantized one, bit for bit; quantizing the T file to T again rewrites
  * it byte for byte. Uses test_llama_hashes' a-T.gguf files, made here when run alone. */
 static void test_roundtrip(void)
 {
-    if (access(tmp_path("a.gguf"), F_OK) != 0 && make_model(0, tmp_path("a.gguf")))
+    if (ensure_a())
         return;
     for (size_t ti = 1; ti < N_TYPES; ti++) {
         char q[512], back[512], again[512];
@@ -448,7 +507,7 @@ static void check_same_metadata(const sh_gguf *a, const sh_gguf *b)
 /* --keep copies matching tensors; thread count does not change a byte; metadata is kept. */
 static void test_keep_threads_metadata(void)
 {
-    if (access(tmp_path("a.gguf"), F_OK) != 0 && make_model(0, tmp_path("a.gguf")))
+    if (ensure_a())
         return;
     const char *keep[] = {"blk.1.*", "output.weight"};
     if (quantize(tmp_path("a.gguf"), tmp_path("k1.gguf"), "Q4_K", 1, keep, 2) ||
@@ -575,9 +634,13 @@ static void test_refusals(void)
 }
 
 static const sh_test_case tests[] = {
-    {"rules", test_rules},         {"llama_hashes", test_llama_hashes},
-    {"roundtrip", test_roundtrip}, {"keep_threads_metadata", test_keep_threads_metadata},
-    {"refusals", test_refusals},   {NULL, NULL},
+    {"rules", test_rules},
+    {"llama_hashes", test_llama_hashes},
+    {"llama_arch_digests", test_llama_arch_digests},
+    {"roundtrip", test_roundtrip},
+    {"keep_threads_metadata", test_keep_threads_metadata},
+    {"refusals", test_refusals},
+    {NULL, NULL},
 };
 
 int main(int argc, char **argv)
