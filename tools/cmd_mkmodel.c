@@ -23,8 +23,17 @@ static void usage(FILE *f)
                "  --shape NAME       custom, or one of:");
     size_t n;
     const sh_mkmodel_shape *s = sh__mkmodel_shapes(&n);
-    for (size_t i = 0; i < n; i++)
+    /* The names wrapped at 80 columns, continuation lines under the description. */
+    size_t col = 37;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(s[i].name) + 1;
+        if (col + len > 80) {
+            fprintf(f, "\n                    ");
+            col = 20;
+        }
         fprintf(f, " %s", s[i].name);
+        col += len;
+    }
     fprintf(f, "\n"
                "  --type T           F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,\n"
                "                     Q4_K, Q5_K or Q6_K (the 2-D matrices; norms stay F32; the\n"
