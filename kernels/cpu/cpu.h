@@ -242,9 +242,20 @@ sh__cpu_k_ints_fn sh__cpu_k_ints_avx512(sh_dtype type);
 float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const sh_block_q8_k *a,
                     int64_t nb);
 
+/* Software prefetch distance of the K-quant matvecs, in bytes: as the packed kernels' (one core's
+ * demand misses alone reach about half the read bandwidth; see ops_avx512_packed.c). */
+#define SH_CPU_K_PF_DIST 8192
+
+/* y[t, r] (=|+=) sh__cpu_dot_k(ints, type, row r, token t's Q8_K row) for rows [r0, r1). A matvec
+ * (decode) reads each weight row once, prefetching SH_CPU_K_PF_DIST bytes ahead (rows are
+ * contiguous); with several tokens the row stays in L1 while its tokens pass over it. */
+void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
+                  sh__cpu_k_ints_fn ints);
+
 /* The K-quant matmul row kernels (sh__cpu_mm_fn) of each ISA: every output is sh__cpu_dot_k of
- * the weight row and the token's Q8_K row through that ISA's integer kernel, so all ISAs give
- * bit-identical results (ops_k_ref.c). */
+ * the weight row and the token's Q8_K row through that ISA's integer kernel, or the same float
+ * operations in the same order with the integer kernel inlined (AVX-512 Q4_K and Q6_K,
+ * ops_k_avx512.c), so all ISAs give bit-identical results. */
 #define SH__CPU_MM_K_DECL(isa)                                                                     \
     void sh__cpu_mm_##isa##_q2_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
     void sh__cpu_mm_##isa##_q3_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \

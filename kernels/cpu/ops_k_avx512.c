@@ -10,6 +10,13 @@
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* The float step must be sh__cpu_dot_k's, operation for operation: no contraction into FMAs
+ * (gcc does not contract in ISO C mode; clang needs telling, as in quant_k.c). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
 
 /* Q4_K/Q5_K scales and minimums of a block as 8 bytes each (sc_j, m_j in byte j): the 6-bit
  * fields of quant_k.c's get_scale_min, four sub-blocks per 32-bit word. */
@@ -46,9 +53,8 @@ static inline TGT __m512i join(const void *lo, const void *hi)
  * sub-blocks 4h and 4h + 2 (one per 256-bit half) and, shifted, sub-blocks 4h + 1 and 4h + 3; the
  * activations of each are two 32-byte runs. Scales are at most 63 and codes 15, so the maddubs
  * pairs (at most 2 * 15 * 128) and the madd products stay exact. */
-TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+INL void blk_q4_k(const sh_block_q4_k *w, const sh_block_q8_k *a, int32_t *ints)
 {
-    const sh_block_q4_k *w = wv;
     const __m512i m4 = _mm512_set1_epi8(0xF);
     /* word permutes of the 8 scales: words 0-15 take scale j, words 16-31 scale j + 2, for the
      * low and high nibbles (j = 4h, 4h + 1) of both halves */
@@ -57,35 +63,40 @@ TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
         for (int k = 0; k < 2; k++)
             idx[h][k] = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * h + k)),
                                            _mm256_set1_epi16((short)(4 * h + k + 2)), 1);
-    for (int64_t b = 0; b < nb; b++) {
-        uint64_t sc8, m8;
-        scale_min_k4(w[b].scales, &sc8, &m8);
-        const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
-        const __m512i scz = _mm512_castsi128_si512(sc16);
-        const int8_t *aq = a[b].qs;
-        __m512i acc = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(w[b].qs + 64 * h));
-            const __m512i lo = _mm512_and_si512(v, m4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            const __m512i a_lo = join(aq + 128 * h, aq + 128 * h + 64);
-            const __m512i a_hi = join(aq + 128 * h + 32, aq + 128 * h + 96);
-            const __m512i sv_lo = _mm512_permutexvar_epi16(idx[h][0], scz);
-            const __m512i sv_hi = _mm512_permutexvar_epi16(idx[h][1], scz);
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, a_lo), sv_lo));
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, a_hi), sv_hi));
-        }
-        /* minimums: sum_j m_j (bsums[2j] + bsums[2j + 1]) */
-        const __m256i bs = _mm256_loadu_si256((const __m256i *)a[b].bsums);
-        const __m256i pair = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
-        const __m256i mv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8));
-        const __m256i prod = _mm256_mullo_epi32(pair, mv);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(prod), _mm256_extracti128_si256(prod, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-        ints[2 * b] = _mm512_reduce_add_epi32(acc);
-        ints[2 * b + 1] = _mm_cvtsi128_si32(s4);
+    uint64_t sc8, m8;
+    scale_min_k4(w->scales, &sc8, &m8);
+    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
+    const __m512i scz = _mm512_castsi128_si512(sc16);
+    const int8_t *aq = a->qs;
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(w->qs + 64 * h));
+        const __m512i lo = _mm512_and_si512(v, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        const __m512i a_lo = join(aq + 128 * h, aq + 128 * h + 64);
+        const __m512i a_hi = join(aq + 128 * h + 32, aq + 128 * h + 96);
+        const __m512i sv_lo = _mm512_permutexvar_epi16(idx[h][0], scz);
+        const __m512i sv_hi = _mm512_permutexvar_epi16(idx[h][1], scz);
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, a_lo), sv_lo));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, a_hi), sv_hi));
     }
+    /* minimums: sum_j m_j (bsums[2j] + bsums[2j + 1]) */
+    const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+    const __m256i pair = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+    const __m256i mv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8));
+    const __m256i prod = _mm256_mullo_epi32(pair, mv);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(prod), _mm256_extracti128_si256(prod, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+    ints[0] = _mm512_reduce_add_epi32(acc);
+    ints[1] = _mm_cvtsi128_si32(s4);
+}
+
+TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q4_k *w = wv;
+    for (int64_t b = 0; b < nb; b++)
+        blk_q4_k(w + b, a + b, ints + 2 * b);
 }
 
 /* Q6_K: in half h, ql bytes 64h + l (l < 64) hold elements 128h + l (low nibble) and
@@ -95,41 +106,90 @@ TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
  * plus bits 4-5 are elements 128h + 64 .. 128h + 127, each with its activations contiguous. The
  * -32 offset as in the AVX2 kernel: maddubs(q, a) - maddubs(32, a), exact in int16. The 16-element
  * sub-blocks are the 128-bit lanes: scales 8h .. 8h + 3 and 8h + 4 .. 8h + 7. */
-TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+INL void blk_q6_k(const sh_block_q6_k *w, const sh_block_q8_k *a, int32_t *ints)
 {
-    const sh_block_q6_k *w = wv;
     const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
     const __m512i m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
     const __m512i lanes0 = LANES4(0), lanes4 = LANES4(4), lanes8 = LANES4(8), lanes12 = LANES4(12);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc = _mm512_cvtepi8_epi16(
-            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w[b].scales)));
-        const __m512i sc_h[2][2] = {
-            {_mm512_permutexvar_epi16(lanes0, sc), _mm512_permutexvar_epi16(lanes4, sc)},
-            {_mm512_permutexvar_epi16(lanes8, sc), _mm512_permutexvar_epi16(lanes12, sc)}};
-        __m512i acc = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i l = _mm512_loadu_si512((const void *)(w[b].ql + 64 * h));
-            const __m256i h32 = _mm256_loadu_si256((const __m256i *)(w[b].qh + 32 * h));
-            const __m512i hh =
-                _mm512_inserti64x4(_mm512_castsi256_si512(h32), _mm256_srli_epi16(h32, 2), 1);
-            /* 16-bit shifts; the masks drop what crossed from the neighbouring byte */
-            const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(hh, m3), 4));
-            const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                               _mm512_and_si512(hh, m30));
-            const __m512i aa = _mm512_loadu_si512((const void *)(a[b].qs + 128 * h));
-            const __m512i ab = _mm512_loadu_si512((const void *)(a[b].qs + 128 * h + 64));
-            const __m512i pa =
-                _mm512_sub_epi16(_mm512_maddubs_epi16(qa, aa), _mm512_maddubs_epi16(c32, aa));
-            const __m512i pb =
-                _mm512_sub_epi16(_mm512_maddubs_epi16(qb, ab), _mm512_maddubs_epi16(c32, ab));
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pa, sc_h[h][0]));
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pb, sc_h[h][1]));
-        }
-        ints[2 * b] = _mm512_reduce_add_epi32(acc);
-        ints[2 * b + 1] = 0;
+    const __m512i sc =
+        _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w->scales)));
+    const __m512i sc_h[2][2] = {
+        {_mm512_permutexvar_epi16(lanes0, sc), _mm512_permutexvar_epi16(lanes4, sc)},
+        {_mm512_permutexvar_epi16(lanes8, sc), _mm512_permutexvar_epi16(lanes12, sc)}};
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(w->ql + 64 * h));
+        const __m256i h32 = _mm256_loadu_si256((const __m256i *)(w->qh + 32 * h));
+        const __m512i hh =
+            _mm512_inserti64x4(_mm512_castsi256_si512(h32), _mm256_srli_epi16(h32, 2), 1);
+        /* 16-bit shifts; the masks drop what crossed from the neighbouring byte */
+        const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(hh, m3), 4));
+        const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_and_si512(hh, m30));
+        const __m512i aa = _mm512_loadu_si512((const void *)(a->qs + 128 * h));
+        const __m512i ab = _mm512_loadu_si512((const void *)(a->qs + 128 * h + 64));
+        const __m512i pa =
+            _mm512_sub_epi16(_mm512_maddubs_epi16(qa, aa), _mm512_maddubs_epi16(c32, aa));
+        const __m512i pb =
+            _mm512_sub_epi16(_mm512_maddubs_epi16(qb, ab), _mm512_maddubs_epi16(c32, ab));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pa, sc_h[h][0]));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pb, sc_h[h][1]));
     }
+    ints[0] = _mm512_reduce_add_epi32(acc);
+    ints[1] = 0;
+}
+
+TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_q6_k *w = wv;
+    for (int64_t b = 0; b < nb; b++)
+        blk_q6_k(w + b, a + b, ints + 2 * b);
+}
+
+/* The row kernels: per super-block the integers inline, then sh__cpu_dot_k's float step
+ * (acc += da (dw ints[0] - dm ints[1]) in block order, d and dmin widened exactly by F16C), so
+ * the outputs are bit-identical to every other ISA's. */
+INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = m->w + (size_t)r * m->row_bytes;
+        if (a->n_tok == 1)
+            for (size_t o = 0; o < m->row_bytes; o += 64)
+                _mm_prefetch((const char *)w + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const sh_block_q8_k *ab = a->qk + t * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t i[2];
+                float dw, dm;
+                if (q6) {
+                    const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
+                    blk_q6_k(wb, ab + b, i);
+                    dw = _cvtsh_ss(wb->d), dm = 0.0f;
+                } else {
+                    const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
+                    blk_q4_k(wb, ab + b, i);
+                    dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+                }
+                acc += ab[b].d * (dw * (float)i[0] - dm * (float)i[1]);
+            }
+            float *y = m->y + t * m->ldy + r;
+            *y = m->accumulate ? *y + acc : acc;
+        }
+    }
+}
+
+TGT void sh__cpu_mm_avx512_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    mm_rows(m, r0, r1, 0);
+}
+
+TGT void sh__cpu_mm_avx512_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    mm_rows(m, r0, r1, 1);
 }
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_avx512(sh_dtype type)
@@ -149,5 +209,17 @@ sh__cpu_k_ints_fn sh__cpu_k_ints_avx512(sh_dtype type)
 {
     (void)type;
     return NULL;
+}
+
+void sh__cpu_mm_avx512_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sh__cpu_mm_k(m, r0, r1, SH_DTYPE_Q4_K,
+                 sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_SCALAR, SH_DTYPE_Q4_K));
+}
+
+void sh__cpu_mm_avx512_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sh__cpu_mm_k(m, r0, r1, SH_DTYPE_Q6_K,
+                 sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_SCALAR, SH_DTYPE_Q6_K));
 }
 #endif

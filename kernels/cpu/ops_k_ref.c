@@ -152,10 +152,48 @@ static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_
 /* Super-blocks per call of the integer kernel (the ints live on the stack). */
 #define K_CHUNK 16
 
+/* binary16 -> binary32, exactly: normal numbers and zeros inline (the matvec converts two per
+ * super-block), the rest through the reference conversion. */
+static inline float f32_from_fp16(uint16_t h)
+{
+    const uint32_t e = (h >> 10) & 31u, sign = (uint32_t)(h >> 15) << 31;
+    uint32_t bits;
+    if (e != 0 && e != 31)
+        bits = sign | (e + 112u) << 23 | (uint32_t)(h & 1023u) << 13;
+    else if ((h & 0x7fffu) == 0)
+        bits = sign;
+    else
+        return sh__quant_f32_from_fp16(h);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const sh_block_q8_k *a,
                     int64_t nb)
 {
-    const size_t bsz = sh__dtype_row_bytes(type, SH_QK_K);
+    /* Where each type keeps d (and dmin; 0 where it has none), from the layouts in quant_k.h. */
+    size_t bsz, doff, moff = 0;
+    switch (type) {
+    case SH_DTYPE_Q2_K:
+        bsz = sizeof(sh_block_q2_k), doff = offsetof(sh_block_q2_k, d);
+        moff = offsetof(sh_block_q2_k, dmin);
+        break;
+    case SH_DTYPE_Q3_K:
+        bsz = sizeof(sh_block_q3_k), doff = offsetof(sh_block_q3_k, d);
+        break;
+    case SH_DTYPE_Q4_K:
+        bsz = sizeof(sh_block_q4_k), doff = offsetof(sh_block_q4_k, d);
+        moff = offsetof(sh_block_q4_k, dmin);
+        break;
+    case SH_DTYPE_Q5_K:
+        bsz = sizeof(sh_block_q5_k), doff = offsetof(sh_block_q5_k, d);
+        moff = offsetof(sh_block_q5_k, dmin);
+        break;
+    default:
+        bsz = sizeof(sh_block_q6_k), doff = offsetof(sh_block_q6_k, d);
+        break;
+    }
     const uint8_t *wb = w;
     int32_t buf[2 * K_CHUNK];
     float acc = 0.0f;
@@ -164,26 +202,11 @@ float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const 
         ints(wb + b0 * bsz, a + b0, n, buf);
         for (int64_t i = 0; i < n; i++) {
             const uint8_t *blk = wb + (b0 + i) * bsz;
-            uint16_t dh = 0, mh = 0;
-            /* Where each type keeps d (and dmin), from the layouts in quant_k.h. */
-            switch (type) {
-            case SH_DTYPE_Q2_K:
-                memcpy(&dh, blk + offsetof(sh_block_q2_k, d), 2);
-                memcpy(&mh, blk + offsetof(sh_block_q2_k, dmin), 2);
-                break;
-            case SH_DTYPE_Q3_K:
-                memcpy(&dh, blk + offsetof(sh_block_q3_k, d), 2);
-                break;
-            case SH_DTYPE_Q4_K:
-            case SH_DTYPE_Q5_K:
-                memcpy(&dh, blk + offsetof(sh_block_q4_k, d), 2);
-                memcpy(&mh, blk + offsetof(sh_block_q4_k, dmin), 2);
-                break;
-            default:
-                memcpy(&dh, blk + offsetof(sh_block_q6_k, d), 2);
-                break;
-            }
-            const float dw = sh__quant_f32_from_fp16(dh), dm = sh__quant_f32_from_fp16(mh);
+            uint16_t dh, mh = 0;
+            memcpy(&dh, blk + doff, 2);
+            if (moff)
+                memcpy(&mh, blk + moff, 2);
+            const float dw = f32_from_fp16(dh), dm = f32_from_fp16(mh);
             /* sum_k (dw sc_j qw_k - dm m_j)(da qa_k) = da (dw ints[0] - dm ints[1]) */
             acc += a[b0 + i].d * (dw * (float)buf[2 * i] - dm * (float)buf[2 * i + 1]);
         }
@@ -209,15 +232,16 @@ static sh__cpu_k_ints_fn ints_ref(sh_dtype type)
     }
 }
 
-/* y[t, r] (=|+=) dot(row r, token t's Q8_K row) for rows [r0, r1), through `ints`. A matvec
- * (decode) reads each weight row once; with several tokens the row stays in L1 while its tokens
- * pass over it. */
-static void mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type, sh__cpu_k_ints_fn ints)
+void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
+                  sh__cpu_k_ints_fn ints)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_QK_K;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = m->w + (size_t)r * m->row_bytes;
+        if (a->n_tok == 1) /* prefetch the bytes K_PF_DIST past this row's, into L2 */
+            for (size_t o = 0; o < m->row_bytes; o += 64)
+                __builtin_prefetch(w + SH_CPU_K_PF_DIST + o, 0, 2);
         for (int64_t t = 0; t < a->n_tok; t++) {
             const float v = sh__cpu_dot_k(ints, type, w, a->qk + t * nb, nb);
             float *y = m->y + t * m->ldy + r;
@@ -229,7 +253,8 @@ static void mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type, sh_
 #define DEFINE_MM_K(isa, ISA, t, T)                                                                \
     void sh__cpu_mm_##isa##_##t(const sh__cpu_mm *m, int64_t r0, int64_t r1)                       \
     {                                                                                              \
-        mm_k(m, r0, r1, SH_DTYPE_##T, sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_##ISA, SH_DTYPE_##T)); \
+        sh__cpu_mm_k(m, r0, r1, SH_DTYPE_##T,                                                      \
+                     sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_##ISA, SH_DTYPE_##T));                  \
     }
 #define DEFINE_MM_K_ISA(isa, ISA)                                                                  \
     DEFINE_MM_K(isa, ISA, q2_k, Q2_K)                                                              \
@@ -239,7 +264,10 @@ static void mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type, sh_
     DEFINE_MM_K(isa, ISA, q6_k, Q6_K)
 DEFINE_MM_K_ISA(ref, SCALAR)
 DEFINE_MM_K_ISA(avx2, AVX2)
-DEFINE_MM_K_ISA(avx512, AVX512)
+/* AVX-512's Q4_K and Q6_K row kernels are in ops_k_avx512.c (the integer kernel inlined). */
+DEFINE_MM_K(avx512, AVX512, q2_k, Q2_K)
+DEFINE_MM_K(avx512, AVX512, q3_k, Q3_K)
+DEFINE_MM_K(avx512, AVX512, q5_k, Q5_K)
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type)
 {
