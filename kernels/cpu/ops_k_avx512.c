@@ -53,43 +53,65 @@ static inline TGT __m512i join(const void *lo, const void *hi)
  * sub-blocks 4h and 4h + 2 (one per 256-bit half) and, shifted, sub-blocks 4h + 1 and 4h + 3; the
  * activations of each are two 32-byte runs. Scales are at most 63 and codes 15, so the maddubs
  * pairs (at most 2 * 15 * 128) and the madd products stay exact. */
-INL void blk_q4_k(const sh_block_q4_k *w, const sh_block_q8_k *a, int32_t *ints)
+/* A Q4_K block unpacked once for all the tokens of a tile: codes split into the low and high
+ * nibbles of each half, the sub-block scales spread for madd, the minimums as bytes. */
+typedef struct q4k_w {
+    __m512i lo[2], hi[2], sv_lo[2], sv_hi[2];
+    uint64_t m8;
+} q4k_w;
+
+INL void prep_q4_k(const sh_block_q4_k *w, q4k_w *p)
 {
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    /* word permutes of the 8 scales: words 0-15 take scale j, words 16-31 scale j + 2, for the
-     * low and high nibbles (j = 4h, 4h + 1) of both halves */
-    __m512i idx[2][2];
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < 2; k++)
-            idx[h][k] = _mm512_inserti64x4(_mm512_set1_epi16((short)(4 * h + k)),
-                                           _mm256_set1_epi16((short)(4 * h + k + 2)), 1);
-    uint64_t sc8, m8;
-    scale_min_k4(w->scales, &sc8, &m8);
-    const __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
-    const __m512i scz = _mm512_castsi128_si512(sc16);
+    uint64_t sc8;
+    scale_min_k4(w->scales, &sc8, &p->m8);
+    const __m512i scz =
+        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(w->qs + 64 * h));
+        p->lo[h] = _mm512_and_si512(v, m4);
+        p->hi[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        /* words 0-15 take scale j, words 16-31 scale j + 2, for j = 4h (low nibbles), 4h + 1 */
+        p->sv_lo[h] =
+            _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_set1_epi16((short)(4 * h)),
+                                                        _mm256_set1_epi16((short)(4 * h + 2)), 1),
+                                     scz);
+        p->sv_hi[h] =
+            _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_set1_epi16((short)(4 * h + 1)),
+                                                        _mm256_set1_epi16((short)(4 * h + 3)), 1),
+                                     scz);
+    }
+}
+
+INL void dot_q4_k(const q4k_w *p, const sh_block_q8_k *a, int32_t *ints)
+{
     const int8_t *aq = a->qs;
     __m512i acc = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(w->qs + 64 * h));
-        const __m512i lo = _mm512_and_si512(v, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         const __m512i a_lo = join(aq + 128 * h, aq + 128 * h + 64);
         const __m512i a_hi = join(aq + 128 * h + 32, aq + 128 * h + 96);
-        const __m512i sv_lo = _mm512_permutexvar_epi16(idx[h][0], scz);
-        const __m512i sv_hi = _mm512_permutexvar_epi16(idx[h][1], scz);
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, a_lo), sv_lo));
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, a_hi), sv_hi));
+        acc = _mm512_add_epi32(
+            acc, _mm512_madd_epi16(_mm512_maddubs_epi16(p->lo[h], a_lo), p->sv_lo[h]));
+        acc = _mm512_add_epi32(
+            acc, _mm512_madd_epi16(_mm512_maddubs_epi16(p->hi[h], a_hi), p->sv_hi[h]));
     }
     /* minimums: sum_j m_j (bsums[2j] + bsums[2j + 1]) */
     const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
     const __m256i pair = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
-    const __m256i mv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8));
+    const __m256i mv = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)p->m8));
     const __m256i prod = _mm256_mullo_epi32(pair, mv);
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(prod), _mm256_extracti128_si256(prod, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
     ints[0] = _mm512_reduce_add_epi32(acc);
     ints[1] = _mm_cvtsi128_si32(s4);
+}
+
+INL void blk_q4_k(const sh_block_q4_k *w, const sh_block_q8_k *a, int32_t *ints)
+{
+    q4k_w p;
+    prep_q4_k(w, &p);
+    dot_q4_k(&p, a, ints);
 }
 
 TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
@@ -106,38 +128,57 @@ TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
  * plus bits 4-5 are elements 128h + 64 .. 128h + 127, each with its activations contiguous. The
  * -32 offset as in the AVX2 kernel: maddubs(q, a) - maddubs(32, a), exact in int16. The 16-element
  * sub-blocks are the 128-bit lanes: scales 8h .. 8h + 3 and 8h + 4 .. 8h + 7. */
-INL void blk_q6_k(const sh_block_q6_k *w, const sh_block_q8_k *a, int32_t *ints)
+/* A Q6_K block unpacked once for a tile: the codes of each half in two vectors and the scales. */
+typedef struct q6k_w {
+    __m512i qa[2], qb[2], sc[2][2];
+} q6k_w;
+
+INL void prep_q6_k(const sh_block_q6_k *w, q6k_w *p)
 {
     const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
-    const __m512i m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
-    const __m512i lanes0 = LANES4(0), lanes4 = LANES4(4), lanes8 = LANES4(8), lanes12 = LANES4(12);
+    const __m512i m30 = _mm512_set1_epi8(0x30);
     const __m512i sc =
         _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w->scales)));
-    const __m512i sc_h[2][2] = {
-        {_mm512_permutexvar_epi16(lanes0, sc), _mm512_permutexvar_epi16(lanes4, sc)},
-        {_mm512_permutexvar_epi16(lanes8, sc), _mm512_permutexvar_epi16(lanes12, sc)}};
-    __m512i acc = _mm512_setzero_si512();
+    p->sc[0][0] = _mm512_permutexvar_epi16(LANES4(0), sc);
+    p->sc[0][1] = _mm512_permutexvar_epi16(LANES4(4), sc);
+    p->sc[1][0] = _mm512_permutexvar_epi16(LANES4(8), sc);
+    p->sc[1][1] = _mm512_permutexvar_epi16(LANES4(12), sc);
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512((const void *)(w->ql + 64 * h));
         const __m256i h32 = _mm256_loadu_si256((const __m256i *)(w->qh + 32 * h));
         const __m512i hh =
             _mm512_inserti64x4(_mm512_castsi256_si512(h32), _mm256_srli_epi16(h32, 2), 1);
         /* 16-bit shifts; the masks drop what crossed from the neighbouring byte */
-        const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                           _mm512_slli_epi16(_mm512_and_si512(hh, m3), 4));
-        const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                           _mm512_and_si512(hh, m30));
+        p->qa[h] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                   _mm512_slli_epi16(_mm512_and_si512(hh, m3), 4));
+        p->qb[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                   _mm512_and_si512(hh, m30));
+    }
+}
+
+INL void dot_q6_k(const q6k_w *p, const sh_block_q8_k *a, int32_t *ints)
+{
+    const __m512i c32 = _mm512_set1_epi8(32);
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
         const __m512i aa = _mm512_loadu_si512((const void *)(a->qs + 128 * h));
         const __m512i ab = _mm512_loadu_si512((const void *)(a->qs + 128 * h + 64));
         const __m512i pa =
-            _mm512_sub_epi16(_mm512_maddubs_epi16(qa, aa), _mm512_maddubs_epi16(c32, aa));
+            _mm512_sub_epi16(_mm512_maddubs_epi16(p->qa[h], aa), _mm512_maddubs_epi16(c32, aa));
         const __m512i pb =
-            _mm512_sub_epi16(_mm512_maddubs_epi16(qb, ab), _mm512_maddubs_epi16(c32, ab));
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pa, sc_h[h][0]));
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pb, sc_h[h][1]));
+            _mm512_sub_epi16(_mm512_maddubs_epi16(p->qb[h], ab), _mm512_maddubs_epi16(c32, ab));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pa, p->sc[h][0]));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pb, p->sc[h][1]));
     }
     ints[0] = _mm512_reduce_add_epi32(acc);
     ints[1] = 0;
+}
+
+INL void blk_q6_k(const sh_block_q6_k *w, const sh_block_q8_k *a, int32_t *ints)
+{
+    q6k_w p;
+    prep_q6_k(w, &p);
+    dot_q6_k(&p, a, ints);
 }
 
 TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
@@ -150,6 +191,9 @@ TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
 /* The row kernels: per super-block the integers inline, then sh__cpu_dot_k's float step
  * (acc += da (dw ints[0] - dm ints[1]) in block order, d and dmin widened exactly by F16C), so
  * the outputs are bit-identical to every other ISA's. */
+/* Tokens per tile of a batched matmul: each unpacked weight block serves this many tokens. */
+#define K_TILE 4
+
 INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
 {
     const sh__cpu_act *a = m->a;
@@ -159,25 +203,57 @@ INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
         if (a->n_tok == 1)
             for (size_t o = 0; o < m->row_bytes; o += 64)
                 _mm_prefetch((const char *)w + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
-        for (int64_t t = 0; t < a->n_tok; t++) {
-            const sh_block_q8_k *ab = a->qk + t * nb;
+        if (a->n_tok == 1) { /* a matvec: each block's vectors straight from unpack to use */
+            const sh_block_q8_k *ab = a->qk;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                int32_t i[2];
-                float dw, dm;
+                int32_t in[2];
+                float dw, dm = 0.0f;
                 if (q6) {
                     const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
-                    blk_q6_k(wb, ab + b, i);
-                    dw = _cvtsh_ss(wb->d), dm = 0.0f;
+                    blk_q6_k(wb, ab + b, in);
+                    dw = _cvtsh_ss(wb->d);
                 } else {
                     const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
-                    blk_q4_k(wb, ab + b, i);
+                    blk_q4_k(wb, ab + b, in);
                     dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
                 }
-                acc += ab[b].d * (dw * (float)i[0] - dm * (float)i[1]);
+                acc += ab[b].d * (dw * (float)in[0] - dm * (float)in[1]);
             }
-            float *y = m->y + t * m->ldy + r;
-            *y = m->accumulate ? *y + acc : acc;
+            m->y[r] = m->accumulate ? m->y[r] + acc : acc;
+            continue;
+        }
+        for (int64_t t0 = 0; t0 < a->n_tok; t0 += K_TILE) {
+            const int nt = a->n_tok - t0 < K_TILE ? (int)(a->n_tok - t0) : K_TILE;
+            float acc[K_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t b = 0; b < nb; b++) {
+                float dw, dm = 0.0f;
+                q4k_w p4;
+                q6k_w p6;
+                if (q6) {
+                    const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
+                    prep_q6_k(wb, &p6);
+                    dw = _cvtsh_ss(wb->d);
+                } else {
+                    const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
+                    prep_q4_k(wb, &p4);
+                    dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+                }
+                /* per token, sh__cpu_dot_k's float step in block order */
+                for (int i = 0; i < nt; i++) {
+                    const sh_block_q8_k *ab = a->qk + (t0 + i) * nb + b;
+                    int32_t in[2];
+                    if (q6)
+                        dot_q6_k(&p6, ab, in);
+                    else
+                        dot_q4_k(&p4, ab, in);
+                    acc[i] += ab->d * (dw * (float)in[0] - dm * (float)in[1]);
+                }
+            }
+            for (int i = 0; i < nt; i++) {
+                float *y = m->y + (t0 + i) * m->ldy + r;
+                *y = m->accumulate ? *y + acc[i] : acc[i];
+            }
         }
     }
 }
