@@ -18,7 +18,7 @@ sh_test(test_llama_window SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_window.c 
 # K-quant and Q5 weights (Q4_K, Q6_K and a mix of eight types) on synthetic mkmodel files against
 # the NumPy reference's logits and greedy ids.
 sh_test(test_llama_kquant SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_kquant.c LABELS golden
-        TIMEOUT 120)
+        TIMEOUT 300)
 # gemma3 and qwen3 on tiny mkmodel files against the NumPy reference; stages, batching, windows.
 sh_test(test_llama_arch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_arch.c LABELS golden
         TIMEOUT 120)
