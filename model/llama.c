@@ -30,6 +30,14 @@ struct sh_llama_ctx {
     float *logits; // (max_logits, n_vocab)
     int32_t *ids;  // (max_tokens) token ids
     int32_t *pos;  // (max_tokens) positions
+    // MoE layers only (hp.n_expert > 0; else NULL):
+    float *hn;               // (max_tokens, dim) the normalized FFN input the experts read
+    float *router;           // (max_tokens, n_expert) router logits
+    int32_t *moe_cnt;        // (n_layers, n_expert) tokens per expert in this step
+    int32_t *moe_ids;        // (n_layers, max_tokens, n_expert_used) chosen experts in this step
+    int32_t *h_moe_cnt;      // host copies of the two above
+    int32_t *h_moe_ids;      //
+    uint64_t *expert_tokens; // (n_layers, n_expert) totals since creation
     // Host-side step description, reused every call.
     int32_t *h_ids;    // (max_tokens)
     int32_t *h_pos;    // (max_tokens)
@@ -46,9 +54,13 @@ static sh_err each_matrix(const sh_llama *m,
     sh_err err = SH_OK;
     for (int32_t l = m->first; l < m->last && !err; l++) {
         const sh_llama_layer *L = &m->layers[l];
-        const sh_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        /* a MoE layer's router is an ordinary matmul; its experts are read by the MoE op in
+         * the file's layout, so they are not handed over (and their pages stay mapped) */
+        const sh_tensor *ws[] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
+                                 &L->w_gate, &L->w_up, &L->w_down, &L->ffn_gate_inp};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !err; i++)
-            err = fn(m, be, ws[i]);
+            if (ws[i]->data)
+                err = fn(m, be, ws[i]);
     }
     if (!err && m->last == m->hp.n_layers && m->output.data)
         err = fn(m, be, &m->output);
@@ -146,6 +158,19 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
         c->y = alloc(c, T * hp->dim * f, &err, e);
     c->ids = alloc(c, T * sizeof(int32_t), &err, e);
     c->pos = alloc(c, T * sizeof(int32_t), &err, e);
+    if (hp->n_expert > 0) {
+        const size_t ne = (size_t)hp->n_expert, nl = (size_t)hp->n_layers;
+        const size_t nid = nl * T * (size_t)hp->n_expert_used;
+        c->hn = alloc(c, T * hp->dim * f, &err, e);
+        c->router = alloc(c, T * ne * f, &err, e);
+        c->moe_cnt = alloc(c, nl * ne * sizeof(int32_t), &err, e);
+        c->moe_ids = alloc(c, nid * sizeof(int32_t), &err, e);
+        c->h_moe_cnt = calloc(nl * ne, sizeof(int32_t));
+        c->h_moe_ids = calloc(nid, sizeof(int32_t));
+        c->expert_tokens = calloc(nl * ne, sizeof(uint64_t));
+        if (!err && (!c->h_moe_cnt || !c->h_moe_ids || !c->expert_tokens))
+            err = sh__error_set(e, SH_ENOMEM, "llama: out of memory");
+    }
     if (head) {
         c->xo = alloc(c, (size_t)o.max_logits * hp->dim * f, &err, e);
         c->logits = alloc(c, (size_t)o.max_logits * hp->n_vocab * f, &err, e);
@@ -197,17 +222,37 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
             sh_backend_buf_free(be, c->kv[l].k);
             sh_backend_buf_free(be, c->kv[l].v);
         }
-    void *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->ff, c->y, c->xo, c->logits, c->ids, c->pos};
+    void *bufs[] = {c->x,      c->q,   c->k,   c->v,  c->att,    c->ff,      c->y,      c->xo,
+                    c->logits, c->ids, c->pos, c->hn, c->router, c->moe_cnt, c->moe_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         sh_backend_buf_free(be, bufs[i]);
     free(c->kv);
     free(c->h_ids);
     free(c->h_pos);
     free(c->seqs);
+    free(c->h_moe_cnt);
+    free(c->h_moe_ids);
+    free(c->expert_tokens);
     free(c);
 }
 
 int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c) { return c->n_blocks; }
+
+const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l)
+{
+    const sh_llama *m = c->m;
+    if (m->hp.n_expert <= 0 || l < m->first || l >= m->last)
+        return NULL;
+    return c->expert_tokens + (size_t)l * m->hp.n_expert;
+}
+
+const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l)
+{
+    const sh_llama *m = c->m;
+    if (m->hp.n_expert <= 0 || l < m->first || l >= m->last)
+        return NULL;
+    return c->h_moe_ids + (size_t)l * c->o.max_tokens * m->hp.n_expert_used;
+}
 
 /* Checks the batch and fills the host-side ids, positions and attention split. */
 static sh_err prepare(sh_llama_ctx *c, const sh_llama_batch *b, int32_t *n_tok, int32_t *n_out,
@@ -302,6 +347,45 @@ static sh_err project_add(sh_llama_ctx *c, const sh_tensor *w, const float *in,
     return sh_backend_add(c->be, c->st, c->x, c->y, n, c->x);
 }
 
+/* A MoE layer's FFN on rows x (n_tok, dim): h = rmsnorm(x) * ffn_norm, the router's logits
+ * h W_gate_inp^T, then x += the chosen experts' (and the shared expert's) outputs on h; the
+ * step's per-expert counts and choices are copied out for sh_llama_ctx_expert_*. */
+static sh_err moe_ffn(sh_llama_ctx *c, int32_t l, int32_t n_tok, const char **what)
+{
+    const sh_llama_hparams *hp = &c->m->hp;
+    const sh_llama_layer *L = &c->m->layers[l];
+    sh_backend *be = c->be;
+    sh_backend_stream *st = c->st;
+    const size_t ne = (size_t)hp->n_expert, k = (size_t)hp->n_expert_used;
+    int32_t *cnt = c->moe_cnt + (size_t)l * ne;
+    int32_t *ids = c->moe_ids + (size_t)l * c->o.max_tokens * k;
+    sh_err err;
+    TRY("ffn norm",
+        sh_backend_rmsnorm(be, st, c->x, L->ffn_norm, hp->norm_eps, n_tok, hp->dim, c->hn));
+    TRY("router matmul", sh_backend_matmul(be, st, &L->ffn_gate_inp, c->hn, n_tok, c->router));
+    sh_moe_args a = {.x = c->hn,
+                     .n_tok = n_tok,
+                     .logits = c->router,
+                     .k = hp->n_expert_used,
+                     .norm_topk = hp->expert_norm,
+                     .gate = L->gate_exps,
+                     .up = L->up_exps,
+                     .down = L->down_exps,
+                     .gate_sh = L->gate_shexp,
+                     .up_sh = L->up_shexp,
+                     .down_sh = L->down_shexp,
+                     .gate_inp_sh = L->gate_inp_shexp,
+                     .y = c->x,
+                     .accumulate = true,
+                     .expert_tokens = cnt,
+                     .expert_ids = ids};
+    TRY("moe ffn", sh_backend_moe_ffn(be, st, &a));
+    TRY("copy", sh_backend_copy(be, st, c->h_moe_cnt + (size_t)l * ne, cnt, ne * sizeof(int32_t)));
+    TRY("copy", sh_backend_copy(be, st, c->h_moe_ids + (size_t)l * c->o.max_tokens * k, ids,
+                                (size_t)n_tok * k * sizeof(int32_t)));
+    return SH_OK;
+}
+
 /* One transformer block on rows x (n_tok, dim):
  *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T;  [qk_norm: each head of q and
  *   k RMS-normalized times q_norm / k_norm];  rotate q, k by position (the layer's RoPE base);
@@ -340,6 +424,8 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
     TRY("attention",
         sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, hp->attn_scale, c->att));
     TRY("attn_output matmul", project_add(c, &L->wo, c->att, L->post_attn_norm, n_tok));
+    if (L->ffn_gate_inp.data)
+        return moe_ffn(c, l, n_tok, what);
     sh_matmul_args up = {.x = c->x,
                          .n_tok = n_tok,
                          .norm = L->ffn_norm,
@@ -419,6 +505,11 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     }
     if ((err = sh_backend_sync(be, st)))
         return sh__error_set(e, err, "llama: backend failed during the forward pass");
+    for (int32_t l = m->first; l < m->last && hp->n_expert > 0; l++)
+        for (int32_t x = 0; x < hp->n_expert; x++) {
+            const size_t i = (size_t)l * hp->n_expert + x;
+            c->expert_tokens[i] += (uint64_t)c->h_moe_cnt[i];
+        }
     out->n_tok = n_tok;
     if (m->last == hp->n_layers) {
         out->n_logits = n_out;

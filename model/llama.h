@@ -1,6 +1,6 @@
-/* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3): weights from a GGUF or a
- * llama2.c checkpoint used in place, and a batched forward pass over a paged KV cache, written
- * against kernels/backend.h. */
+/* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3, and the mixture-of-experts
+ * forms mixtral, qwen2moe, qwen3moe): weights from a GGUF or a llama2.c checkpoint used in place,
+ * and a batched forward pass over a paged KV cache, written against kernels/backend.h. */
 #ifndef SH_MODEL_LLAMA_H
 #define SH_MODEL_LLAMA_H
 
@@ -43,6 +43,13 @@ typedef struct sh_llama_hparams {
     float embd_scale;       /* embedding rows are multiplied by this (gemma3: sqrt(dim)); 1 */
     float attn_scale;       /* attention scores are scale * q.k: 1 / sqrt(head_dim) */
     float final_softcap;    /* <arch>.final_logit_softcapping c: logits = c tanh(logits / c) */
+    /* Mixture of experts (mixtral-style llama, qwen2moe, qwen3moe): every layer's FFN is
+     * n_expert experts of which the router picks n_expert_used per token (sh_moe_args). 0: dense */
+    int32_t n_expert;      /* <arch>.expert_count */
+    int32_t n_expert_used; /* <arch>.expert_used_count */
+    int32_t n_ff_exp;      /* <arch>.expert_feed_forward_length, else n_ff */
+    int32_t n_ff_shexp;    /* <arch>.expert_shared_feed_forward_length; 0: no shared expert */
+    bool expert_norm;      /* the chosen weights renormalised to sum 1 (not qwen2moe, olmoe) */
 } sh_llama_hparams;
 
 /* Whether layer l attends through the sliding window (hp->sliding_window > 0 and l is one of the
@@ -76,6 +83,16 @@ typedef struct sh_llama_layer {
     const float *k_norm;         // (head_dim)
     const float *post_attn_norm; // (dim) post_attention_norm.weight
     const float *post_ffn_norm;  // (dim) post_ffw_norm.weight
+
+    /* MoE layers (hp.n_expert > 0) instead of w_gate/w_up/w_down: */
+    sh_tensor ffn_gate_inp;   // (n_expert, dim) the router
+    sh_tensor gate_exps;      // (n_expert, n_ff_exp, dim)
+    sh_tensor up_exps;        // (n_expert, n_ff_exp, dim)
+    sh_tensor down_exps;      // (n_expert, dim, n_ff_exp)
+    sh_tensor gate_shexp;     // (n_ff_shexp, dim) or data NULL
+    sh_tensor up_shexp;       // (n_ff_shexp, dim)
+    sh_tensor down_shexp;     // (dim, n_ff_shexp)
+    sh_tensor gate_inp_shexp; // (dim): the shared expert scaled by sigmoid(x . this), or NULL
 } sh_llama_layer;
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
@@ -105,7 +122,8 @@ typedef struct sh_llama_load_opts {
     void *progress_arg;
 } sh_llama_load_opts;
 
-/* Loads a model from `path`: a GGUF (architectures llama, mistral, qwen2, qwen3, gemma3) or a
+/* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,
+ * qwen2moe, qwen3, qwen3moe, gemma3) or a
  * llama2.c checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no
  * prefault). Weights stay in the read-only mapping; nothing is copied (a context may copy and drop
  * them, sh_llama_ctx_opts.no_weight_prepare). Returns, with e filled and *out NULL: SH_EIO (cannot
@@ -176,6 +194,15 @@ typedef struct sh_llama_out {
     int32_t n_logits;    /* rows of logits: wanted sequences in batch order, or every row */
     const float *logits; // (n_logits, n_vocab) when this stage is the last; else NULL
 } sh_llama_out;
+
+/* MoE load figures of layer l (in the stage, hp.n_expert > 0; else NULL): n_expert counters of
+ * the tokens the router has sent to each expert since the context was created. Updated by
+ * sh_llama_forward; read them from the context's thread. */
+const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l);
+
+/* The experts layer l chose in the last sh_llama_forward: (n_tok, n_expert_used) global expert
+ * indices, each row in the router's order (for tests and traces); NULL where there are none. */
+const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l);
 
 /* Runs the stage's part of the forward pass for a batch and waits for it. The outputs point
  * into the context and stay valid until the next call. Borrowed arrays (tokens, block tables,

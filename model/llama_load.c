@@ -1,5 +1,5 @@
-/* Llama-family loading (llama, mistral, qwen2, qwen3, gemma3): hyperparameters and weight views
- * from a GGUF or a llama2.c checkpoint. */
+/* Llama-family loading (llama, mistral, qwen2, qwen3, gemma3, and the MoE forms through
+ * llama_moe.c): hyperparameters and weight views from a GGUF or a llama2.c checkpoint. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/llama2c.h"
+#include "model/llama_moe.h"
 
 /* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
 static bool matmul_type_ok(sh_dtype t)
@@ -129,7 +130,7 @@ static sh_err load_arch_extras(const sh_gguf *g, sh_llama_hparams *hp, sh_error 
 {
     const char *a = hp->arch;
     sh_err err;
-    if (strcmp(a, "qwen3") == 0) {
+    if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0) {
         hp->qk_norm = true;
         return SH_OK;
     }
@@ -174,10 +175,12 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
     /* GGUF stores llama and mistral Q/K rows permuted for adjacent-pair RoPE; the others rotate
      * halves (NEOX). */
     bool neox = strcmp(hp->arch, "qwen2") == 0 || strcmp(hp->arch, "qwen3") == 0 ||
-                strcmp(hp->arch, "gemma3") == 0;
+                strcmp(hp->arch, "gemma3") == 0 || strcmp(hp->arch, "qwen2moe") == 0 ||
+                strcmp(hp->arch, "qwen3moe") == 0;
     if (!neox && strcmp(hp->arch, "llama") != 0 && strcmp(hp->arch, "mistral") != 0)
         return sh__error_set(e, SH_EUNSUPPORTED,
-                             "architecture '%s' (llama, mistral, qwen2, qwen3, gemma3 only)",
+                             "architecture '%s' (llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, "
+                             "gemma3 only)",
                              hp->arch);
     const char *a = hp->arch;
     sh_err err;
@@ -192,7 +195,8 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
                        e)) ||
         (err = get_i32(g, a, "rope.dimension_count", &hp->n_rot, hp->head_dim, false, e)) ||
         (err = get_f32(g, a, "rope.freq_base", &hp->rope_base, 10000.0f, e)) ||
-        (err = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, 1e-5f, e)))
+        (err = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, 1e-5f, e)) ||
+        (err = sh__llama_moe_hparams(g, hp, e)))
         return err;
     hp->rope_scale = 1.0f;
     char key[128];
@@ -276,9 +280,14 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
         BIND(wv, "attn_v.weight", dim, kvd);
         BIND(wo, "attn_output.weight", qd, dim);
         BIND_VEC(ffn_norm, "ffn_norm.weight", dim, false);
-        BIND(w_gate, "ffn_gate.weight", dim, hp->n_ff);
-        BIND(w_up, "ffn_up.weight", dim, hp->n_ff);
-        BIND(w_down, "ffn_down.weight", hp->n_ff, dim);
+        if (hp->n_expert > 0) {
+            if ((err = sh__llama_moe_bind(g, hp, l, L, e)))
+                return err;
+        } else {
+            BIND(w_gate, "ffn_gate.weight", dim, hp->n_ff);
+            BIND(w_up, "ffn_up.weight", dim, hp->n_ff);
+            BIND(w_down, "ffn_down.weight", hp->n_ff, dim);
+        }
         BIND_VEC(bq, "attn_q.bias", qd, !hp->qkv_bias);
         BIND_VEC(bk, "attn_k.bias", kvd, !hp->qkv_bias);
         BIND_VEC(bv, "attn_v.bias", kvd, !hp->qkv_bias);
@@ -374,7 +383,9 @@ int32_t sh_llama_kv_window(const sh_llama_hparams *hp)
 
 static uint64_t tensor_bytes(const sh_tensor *t)
 {
-    return t->data ? sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (uint64_t)t->ne[1] : 0;
+    return t->data ? sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (uint64_t)t->ne[1] *
+                         (uint64_t)t->ne[2] * (uint64_t)t->ne[3]
+                   : 0;
 }
 
 uint64_t sh_llama_weight_bytes(const sh_llama *m)
@@ -386,7 +397,10 @@ uint64_t sh_llama_weight_bytes(const sh_llama *m)
         const sh_llama_layer *L = &m->layers[l];
         n += tensor_bytes(&L->wq) + tensor_bytes(&L->wk) + tensor_bytes(&L->wv) +
              tensor_bytes(&L->wo) + tensor_bytes(&L->w_gate) + tensor_bytes(&L->w_up) +
-             tensor_bytes(&L->w_down);
+             tensor_bytes(&L->w_down) + tensor_bytes(&L->ffn_gate_inp) +
+             tensor_bytes(&L->gate_exps) + tensor_bytes(&L->up_exps) + tensor_bytes(&L->down_exps) +
+             tensor_bytes(&L->gate_shexp) + tensor_bytes(&L->up_shexp) +
+             tensor_bytes(&L->down_shexp);
     }
     return n;
 }
@@ -414,7 +428,10 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
         touch(&m->output, &done, total, o);
     for (int32_t l = m->first; l < m->last; l++) {
         const sh_llama_layer *L = &m->layers[l];
-        const sh_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const sh_tensor *ts[] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,
+                                 &L->w_gate,    &L->w_up,      &L->w_down,    &L->ffn_gate_inp,
+                                 &L->gate_exps, &L->up_exps,   &L->down_exps, &L->gate_shexp,
+                                 &L->up_shexp,  &L->down_shexp};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             touch(ts[i], &done, total, o);
         if (o->progress)
