@@ -62,6 +62,10 @@ typedef struct stage_state {
     int32_t max_tok; /* rows one step may carry: the pool's positions (each new row takes one) */
     uint32_t link_dtype;            /* SH_PROTO_DTYPE_F32, _F16 or _I8: how ACT leaves this stage */
     sh_counter *m_bytes, *m_hidden; /* shoal_act_bytes_total, shoal_act_hidden_bytes_total */
+    /* MoE models: shoal_moe_expert_tokens_total of each (layer of the stage, expert), and the
+     * context's totals already added to them; NULL for a dense model. Worker thread. */
+    sh_counter **m_expert; // ((last - first) * n_expert)
+    uint64_t *expert_seen; // ((last - first) * n_expert)
 
     /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
     uv_mutex_t mu;
@@ -280,6 +284,25 @@ static void helper_main(void *arg)
     uv_mutex_unlock(&st->hmu);
 }
 
+/* Adds the experts' tokens of the step just run to shoal_moe_expert_tokens_total (the context
+ * counts since its creation; the counters get the difference). Worker thread. */
+static void expert_count(stage_state *st)
+{
+    if (!st->m_expert)
+        return;
+    const sh_llama *m = st->model;
+    const int32_t ne = m->hp.n_expert;
+    for (int32_t l = m->first; l < m->last; l++) {
+        const uint64_t *tot = sh_llama_ctx_expert_tokens(st->ctx, l);
+        for (int32_t x = 0; tot && x < ne; x++) {
+            const size_t i = (size_t)(l - m->first) * ne + x;
+            if (tot[x] != st->expert_seen[i] && st->m_expert[i])
+                sh_counter_add(st->m_expert[i], tot[x] - st->expert_seen[i]);
+            st->expert_seen[i] = tot[x];
+        }
+    }
+}
+
 /* Runs this stage's part of a decoded step: the forward pass over its layers (from the tokens on
  * the first stage, from hidden_in (rows, dim) on the others), then, on the last stage, sampling.
  * On SH_OK the last stage's d->seqs points into st->out and another stage's *hidden holds the
@@ -308,6 +331,7 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     sh_llama_out out;
     if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
         return err;
+    expert_count(st);
     if (!st->last) {
         *hidden = out.hidden;
         return SH_OK;
@@ -721,7 +745,37 @@ static void free_buffers(stage_state *st)
     free(st->hid);
     free(st->lnk);
     free(st->scl);
+    free(st->m_expert);
+    free(st->expert_seen);
     sh__buf_fini(&st->enc);
+}
+
+/* MoE models: one shoal_moe_expert_tokens_total series per (layer of the stage, expert), the
+ * per-expert load of the router (a stage reports only its own layers). Returns SH_ENOMEM. */
+static sh_err expert_metrics(stage_state *st)
+{
+    const sh_llama *m = st->model;
+    const size_t n = (size_t)(m->last - m->first) * (size_t)m->hp.n_expert;
+    st->m_expert = calloc(n, sizeof *st->m_expert);
+    st->expert_seen = calloc(n, sizeof *st->expert_seen);
+    if (!st->m_expert || !st->expert_seen)
+        return SH_ENOMEM;
+    sh_metrics *mx = sh_runtime_metrics(st->rt);
+    for (int32_t l = m->first; l < m->last; l++) {
+        const uint64_t *tot = sh_llama_ctx_expert_tokens(st->ctx, l);
+        for (int32_t x = 0; x < m->hp.n_expert; x++) {
+            const size_t i = (size_t)(l - m->first) * m->hp.n_expert + x;
+            char labels[64];
+            snprintf(labels, sizeof labels, "layer=\"%d\",expert=\"%d\"", (int)l, (int)x);
+            sh_err err = sh_metrics_counter(mx, "shoal_moe_expert_tokens_total",
+                                            "Tokens the MoE router sent to each expert of a layer.",
+                                            labels, &st->m_expert[i]);
+            if (err == SH_ENOMEM)
+                return err;
+            st->expert_seen[i] = tot ? tot[x] : 0; /* count from now on */
+        }
+    }
+    return SH_OK;
 }
 
 /* Loop thread. Sizes every buffer from the context and starts the worker. */
@@ -803,6 +857,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
         !st->samples || !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
+        goto fail;
+    if (a->model->hp.n_expert > 0 && (err = expert_metrics(st)))
         goto fail;
     err = SH_EIO;
     if (uv_mutex_init(&st->mu))
