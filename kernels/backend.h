@@ -90,6 +90,33 @@ typedef enum sh_rope_mode {
     SH_ROPE_MODE_NEOX = 2,
 } sh_rope_mode;
 
+/* How RoPE angles are scaled beyond the plain pos * base^(-2i/n_rot), as GGUF metadata asks
+ * (model/llama_load.c fills it; sh_rope_scaling_none() is "no scaling"). For pair i of n_rot/2:
+ *   extrap = pos * base^(-2i/n_rot) / freq_factors[i]      (freq_factors NULL: divisor 1)
+ *   interp = freq_scale * extrap                           (linear scaling: 1 / factor)
+ *   ext_factor == 0: angle = interp, magnitude m = attn_factor
+ *   else (YaRN): r = (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor,
+ *        angle = interp * (1 - r) + extrap * r, m = attn_factor * (1 + 0.1 ln(1 / freq_scale)),
+ *        where lo = max(0, floor(d(beta_fast))), hi = min(n_rot - 1, ceil(d(beta_slow))),
+ *        d(b) = n_rot ln(n_ctx_orig / (2 pi b)) / (2 ln base)
+ * and the pair becomes (x0 cos - x1 sin, x0 sin + x1 cos) * m. Llama 3's rope_freqs and Phi-3's
+ * rope_factors_short/long are freq_factors. */
+typedef struct sh_rope_scaling {
+    float freq_scale;  /* > 0; 1: none */
+    float ext_factor;  /* YaRN extrapolation mix in [0, 1]; 0: no YaRN */
+    float attn_factor; /* multiplies cos and sin; 1: none */
+    float beta_fast;   /* YaRN correction range, in rotations over n_ctx_orig */
+    float beta_slow;
+    int32_t n_ctx_orig;        /* YaRN: the context the model was trained on (> 0 when used) */
+    const float *freq_factors; /* n_rot / 2 divisors (> 0) or NULL; borrowed until sync */
+} sh_rope_scaling;
+
+static inline sh_rope_scaling sh_rope_scaling_none(void)
+{
+    sh_rope_scaling r = {1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 0, NULL};
+    return r;
+}
+
 /* Most weights one fused matmul applies to the same input (Q, K, V). */
 #define SH_MATMUL_MAX_W 3
 
@@ -219,7 +246,7 @@ typedef struct sh_backend_iface {
                       int64_t n_tok, int64_t n, float *y);
     sh_err (*rope)(void *ctx, sh_backend_stream *s, float *x, const int32_t *pos, int64_t n_tok,
                    int32_t n_heads, int32_t head_dim, int32_t n_rot, float freq_base,
-                   float freq_scale, sh_rope_mode mode);
+                   const sh_rope_scaling *scaling, sh_rope_mode mode);
     sh_err (*kv_store)(void *ctx, sh_backend_stream *s, const sh_kv_cache *cache,
                        const sh_attn_batch *b, const float *k, const float *v);
     sh_err (*attention)(void *ctx, sh_backend_stream *s, const sh_kv_cache *cache,
@@ -437,15 +464,28 @@ static inline sh_err sh_backend_rmsnorm(sh_backend *be, sh_backend_stream *s, co
 }
 
 /* Rotates x(n_tok, n_heads, head_dim) in place: in each head, the first n_rot dims (even,
- * <= head_dim) turn by angle pos[t] * freq_scale * freq_base^(-2i/n_rot) for pair i (see
- * sh_rope_mode for which elements pair up); dims past n_rot are left alone. pos (n_tok). */
+ * <= head_dim) turn by the angle of sh_rope_scaling for pair i at position pos[t] (see
+ * sh_rope_mode for which elements pair up); dims past n_rot are left alone. pos (n_tok).
+ * scaling is copied at enqueue (its freq_factors array is borrowed until sync); SH_EINVAL for
+ * freq_scale <= 0, ext_factor != 0 without n_ctx_orig > 0, or a non-finite parameter. */
+static inline sh_err sh_backend_rope_ext(sh_backend *be, sh_backend_stream *s, float *x,
+                                         const int32_t *pos, int64_t n_tok, int32_t n_heads,
+                                         int32_t head_dim, int32_t n_rot, float freq_base,
+                                         const sh_rope_scaling *scaling, sh_rope_mode mode)
+{
+    return be->iface->rope(be->ctx, s, x, pos, n_tok, n_heads, head_dim, n_rot, freq_base, scaling,
+                           mode);
+}
+
+/* sh_backend_rope_ext with linear scaling only: angle pos[t] * freq_scale * base^(-2i/n_rot). */
 static inline sh_err sh_backend_rope(sh_backend *be, sh_backend_stream *s, float *x,
                                      const int32_t *pos, int64_t n_tok, int32_t n_heads,
                                      int32_t head_dim, int32_t n_rot, float freq_base,
                                      float freq_scale, sh_rope_mode mode)
 {
-    return be->iface->rope(be->ctx, s, x, pos, n_tok, n_heads, head_dim, n_rot, freq_base,
-                           freq_scale, mode);
+    sh_rope_scaling r = sh_rope_scaling_none();
+    r.freq_scale = freq_scale;
+    return sh_backend_rope_ext(be, s, x, pos, n_tok, n_heads, head_dim, n_rot, freq_base, &r, mode);
 }
 
 /* Writes the step's new keys and values k, v (n_tok, n_kv_heads, head_dim) into their cache

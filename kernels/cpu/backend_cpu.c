@@ -246,15 +246,20 @@ static sh_err cpu_rmsnorm(void *ctx, sh_backend_stream *s, const float *x, const
 
 static sh_err cpu_rope(void *ctx, sh_backend_stream *s, float *x, const int32_t *pos, int64_t n_tok,
                        int32_t n_heads, int32_t head_dim, int32_t n_rot, float freq_base,
-                       float freq_scale, sh_rope_mode mode)
+                       const sh_rope_scaling *sc, sh_rope_mode mode)
 {
-    if (!x || !pos || n_tok < 1 || n_heads < 1 || n_rot < 2 || n_rot % 2 || n_rot > head_dim ||
-        n_rot > 1024 || !(freq_base > 0.0f) ||
+    if (!x || !pos || !sc || n_tok < 1 || n_heads < 1 || n_rot < 2 || n_rot % 2 ||
+        n_rot > head_dim || n_rot > 1024 || !(freq_base > 0.0f) || !isfinite(freq_base) ||
         (mode != SH_ROPE_MODE_NORMAL && mode != SH_ROPE_MODE_NEOX))
         return SH_EINVAL;
-    sh__cpu_op op = {
-        .kind = SH__CPU_OP_ROPE,
-        .u.rope = {x, pos, n_tok, n_heads, head_dim, n_rot, freq_base, freq_scale, mode}};
+    if (!(sc->freq_scale > 0.0f) || !isfinite(sc->freq_scale) || !isfinite(sc->attn_factor) ||
+        !isfinite(sc->ext_factor) ||
+        (sc->ext_factor != 0.0f &&
+         (sc->n_ctx_orig < 1 || !isfinite(sc->beta_fast) || !isfinite(sc->beta_slow) ||
+          !(sc->beta_fast > 0.0f) || !(sc->beta_slow > 0.0f))))
+        return SH_EINVAL;
+    sh__cpu_op op = {.kind = SH__CPU_OP_ROPE,
+                     .u.rope = {x, pos, n_tok, n_heads, head_dim, n_rot, freq_base, *sc, mode}};
     return push(ctx, s, &op);
 }
 

@@ -56,7 +56,8 @@ typedef struct sh__cpu_op {
             const int32_t *pos;
             int64_t n_tok;
             int32_t n_heads, head_dim, n_rot;
-            float base, scale;
+            float base;
+            sh_rope_scaling scale; /* by value: the caller's struct may not live until sync */
             sh_rope_mode mode;
         } rope;
         struct {

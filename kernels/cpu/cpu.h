@@ -271,7 +271,7 @@ SH__CPU_MM_K_DECL(avx512)
 void sh__cpu_rmsnorm_rows(const sh__cpu_kernels *k, const float *x, const float *w, float eps,
                           int64_t n, float *y, int64_t t0, int64_t t1);
 void sh__cpu_rope_range(float *x, const int32_t *pos, int32_t n_heads, int32_t head_dim,
-                        int32_t n_rot, float freq_base, float freq_scale, sh_rope_mode mode,
+                        int32_t n_rot, float freq_base, sh_rope_scaling scale, sh_rope_mode mode,
                         int64_t i0, int64_t i1);
 float sh__cpu_silu(float g);
 void sh__cpu_swiglu_ref(const float *g, const float *u, float *y, int64_t n);

@@ -295,6 +295,93 @@ static void test_attention_groups(void)
         }
 }
 
+/* Scaled RoPE (sh_rope_scaling) vs the formula written out here in double: per-pair frequency
+ * divisors (Llama 3, Phi-3 long rope), linear interpolation, and YaRN's ramp between the
+ * interpolated and extrapolated angles with its magnitude factor; both layouts, partial n_rot.
+ * Bad parameters are refused at enqueue. */
+static void test_rope_scaling(void)
+{
+    enum { T = 5, H = 2, D = 48 };
+    const int32_t pos[T] = {0, 3, 250, 4100, 65000};
+    float ff[D / 2];
+    for (int i = 0; i < D / 2; i++)
+        ff[i] = 1.0f + (float)((i * 7) % 11) * 0.9f; /* divisors 1 .. 10 */
+    for (int isa = SH_BACKEND_CPU_ISA_SCALAR; isa <= sh__cpu_isa_detect(); isa++)
+        for (int kind = 0; kind < 4; kind++) {
+            const sh_rope_mode m = kind & 1 ? SH_ROPE_MODE_NEOX : SH_ROPE_MODE_NORMAL;
+            const int n_rot = kind >= 2 ? 32 : D;
+            const double base = kind == 3 ? 500000.0 : 10000.0;
+            sh_rope_scaling sc = sh_rope_scaling_none();
+            sc.freq_factors = kind != 1 ? ff : NULL;
+            sc.freq_scale = kind == 0 ? 1.0f : 0.25f;
+            if (kind >= 1) { /* YaRN */
+                sc.ext_factor = kind == 2 ? 0.5f : 1.0f;
+                sc.attn_factor = 0.9f;
+                sc.beta_fast = 32.0f;
+                sc.beta_slow = 1.0f;
+                sc.n_ctx_orig = 4096;
+            }
+            sh_backend *be = make(isa, 2);
+            sh_backend_stream *s;
+            CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+            float x[T * H * D], x0[T * H * D];
+            fill(x, T * H * D, 1.0f);
+            memcpy(x0, x, sizeof x);
+            CHECK_OK(sh_backend_rope_ext(be, s, x, pos, T, H, D, n_rot, (float)base, &sc, m));
+            CHECK_OK(sh_backend_sync(be, s));
+            /* YaRN's correction range for this n_rot and base */
+            double lo = 0, hi = 0;
+            if (sc.ext_factor != 0.0f) {
+                double c = n_rot / (2.0 * log(base));
+                lo = floor(c * log(4096 / (32.0 * 2 * M_PI)));
+                hi = ceil(c * log(4096 / (1.0 * 2 * M_PI)));
+                lo = lo < 0 ? 0 : lo;
+                hi = hi > n_rot - 1 ? n_rot - 1 : hi;
+            }
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++) {
+                    const float *a = x0 + (t * H + h) * D;
+                    const float *b = x + (t * H + h) * D;
+                    for (int i = 0; i < n_rot / 2; i++) {
+                        double ex = pos[t] * pow(base, -2.0 * i / n_rot);
+                        if (sc.freq_factors)
+                            ex /= ff[i];
+                        double in = ex * sc.freq_scale, th = in, mag = sc.attn_factor;
+                        if (sc.ext_factor != 0.0f) {
+                            double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+                            y = y < 0 ? 0 : y > 1 ? 1 : y;
+                            double r = (1.0 - y) * sc.ext_factor;
+                            th = in * (1 - r) + ex * r;
+                            mag *= 1.0 + 0.1 * log(1.0 / sc.freq_scale);
+                        }
+                        int i0 = kind & 1 ? i : 2 * i, i1 = kind & 1 ? i + n_rot / 2 : 2 * i + 1;
+                        double e0 = (a[i0] * cos(th) - a[i1] * sin(th)) * mag;
+                        double e1 = (a[i0] * sin(th) + a[i1] * cos(th)) * mag;
+                        /* angles up to 65000 rad lose ~1e-11 relative in double */
+                        CHECK_NEAR(b[i0], e0, 3e-5);
+                        CHECK_NEAR(b[i1], e1, 3e-5);
+                    }
+                    for (int i = n_rot; i < D; i++)
+                        CHECK_NEAR(b[i], a[i], 0);
+                }
+            /* refused: no n_ctx_orig with YaRN, a zero or NaN freq_scale */
+            sh_rope_scaling bad = sc;
+            bad.ext_factor = 1.0f;
+            bad.n_ctx_orig = 0;
+            CHECK_INT_EQ(sh_backend_rope_ext(be, s, x, pos, T, H, D, n_rot, 1e4f, &bad, m),
+                         SH_EINVAL);
+            bad = sc;
+            bad.freq_scale = 0.0f;
+            CHECK_INT_EQ(sh_backend_rope_ext(be, s, x, pos, T, H, D, n_rot, 1e4f, &bad, m),
+                         SH_EINVAL);
+            bad.freq_scale = NAN;
+            CHECK_INT_EQ(sh_backend_rope_ext(be, s, x, pos, T, H, D, n_rot, 1e4f, &bad, m),
+                         SH_EINVAL);
+            sh_backend_stream_destroy(be, s);
+            sh_backend_destroy(be);
+        }
+}
+
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
@@ -302,6 +389,7 @@ int main(int argc, char **argv)
         {"attention_groups", test_attention_groups},
         {"attention_invalid", test_attention_invalid},
         {"rope", test_rope},
+        {"rope_scaling", test_rope_scaling},
         {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
