@@ -2,6 +2,7 @@
  * tokens through a stage's layers, against the backend interface, with a paged KV cache and
  * workspace allocated once per context. */
 #include "model/llama.h"
+#include "model/llama_rope.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -16,8 +17,9 @@ struct sh_llama_ctx {
     sh_backend_stream *st;
     sh_llama_ctx_opts o;
     int32_t n_blocks;
-    int32_t kv_window; /* sh_llama_kv_window: blocks before it may be released (-1) */
-    sh_kv_cache *kv;   // (n_layers); only [first, last) allocated
+    int32_t kv_window;    /* sh_llama_kv_window: blocks before it may be released (-1) */
+    sh_rope_scaling rope; /* the model's RoPE scaling for this context's size */
+    sh_kv_cache *kv;      // (n_layers); only [first, last) allocated
     // Workspace, backend buffers sized for max_tokens rows.
     float *x;      // (max_tokens, dim) the residual stream
     float *q;      // (max_tokens, n_heads * head_dim)
@@ -129,6 +131,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     sh_err err = SH_OK;
     c->n_blocks = (o.kv_tokens + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
     c->kv_window = sh_llama_kv_window(hp);
+    c->rope = sh__llama_rope_for_ctx(m, o.kv_tokens);
     /* Gemma's embedding scale and logit soft-capping are optional backend ops. */
     if ((hp->embd_scale != 1.0f && m->first == 0 && !be->iface->scale) ||
         (hp->final_softcap > 0.0f && head && !be->iface->softcap)) {
@@ -416,10 +419,15 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
         TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps,
                                          (int64_t)n_tok * hp->n_kv_heads, hp->head_dim, c->k));
     }
-    TRY("rope q", sh_backend_rope(be, st, c->q, c->pos, n_tok, hp->n_heads, hp->head_dim, hp->n_rot,
-                                  base, hp->rope_scale, hp->rope_mode));
-    TRY("rope k", sh_backend_rope(be, st, c->k, c->pos, n_tok, hp->n_kv_heads, hp->head_dim,
-                                  hp->n_rot, base, hp->rope_scale, hp->rope_mode));
+    /* gemma3's local layers rotate with their own base and no position interpolation, as
+     * llama.cpp and the reference do. */
+    sh_rope_scaling rope = c->rope;
+    if (strcmp(hp->arch, "gemma3") == 0 && sh_llama_layer_slides(hp, l))
+        rope.freq_scale = 1.0f;
+    TRY("rope q", sh_backend_rope_ext(be, st, c->q, c->pos, n_tok, hp->n_heads, hp->head_dim,
+                                      hp->n_rot, base, &rope, hp->rope_mode));
+    TRY("rope k", sh_backend_rope_ext(be, st, c->k, c->pos, n_tok, hp->n_kv_heads, hp->head_dim,
+                                      hp->n_rot, base, &rope, hp->rope_mode));
     TRY("kv store", sh_backend_kv_store(be, st, &c->kv[l], ab, c->k, c->v));
     TRY("attention",
         sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, hp->attn_scale, c->att));

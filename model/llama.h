@@ -31,8 +31,10 @@ typedef struct sh_llama_hparams {
     float rope_base;        /* <arch>.rope.freq_base, default 10000 */
     float rope_base_swa;    /* RoPE base of the sliding layers: gemma3's <arch>.rope.freq_base_swa
                              * (default 10000); rope_base for other architectures */
-    float rope_scale;       /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
-    float norm_eps;         /* <arch>.attention.layer_norm_rms_epsilon, default 1e-5 */
+    sh_rope_scaling rope_scaling; /* linear / YaRN scaling from <arch>.rope.scaling.* (see
+                                   * model/llama_rope.h); freq_factors NULL: the factor tensors
+                                   * are sh_llama.rope_freqs / rope_freqs_long */
+    float norm_eps;               /* <arch>.attention.layer_norm_rms_epsilon, default 1e-5 */
     sh_rope_mode rope_mode; /* NORMAL for llama (GGUF Q/K are permuted for it), NEOX for qwen2 */
     bool tied_embeddings;   /* no output.weight: the head is token_embd */
     bool qkv_bias;          /* qwen2's attn_{q,k,v}.bias */
@@ -105,6 +107,11 @@ typedef struct sh_llama {
     const float *out_norm;  // (dim); NULL unless last == n_layers
     sh_tensor output;       // (n_vocab, dim); data NULL unless last == n_layers
     sh_llama_layer *layers; // (n_layers); only [first, last) filled
+    /* Per-frequency RoPE divisors (n_rot / 2 floats in the file) or NULL: Llama 3's rope_freqs
+     * or Phi-3's rope_factors_short, and Phi-3's rope_factors_long (used when a context's KV
+     * capacity exceeds the original context, sh__llama_rope_for_ctx). */
+    const float *rope_freqs;
+    const float *rope_freqs_long;
     struct sh_gguf *gguf;   /* owned source when loaded from GGUF */
     struct sh_llama2c *l2c; /* owned source when loaded from a llama2.c .bin */
     /* The weights lie in a private read-only file mapping (sh_llama_load): a context whose

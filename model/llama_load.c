@@ -11,6 +11,7 @@
 #include "model/llama.h"
 #include "model/llama2c.h"
 #include "model/llama_moe.h"
+#include "model/llama_rope.h"
 
 /* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
 static bool matmul_type_ok(sh_dtype t)
@@ -125,11 +126,18 @@ static sh_err load_swa_pattern(const sh_gguf *g, const char *arch, int32_t dflt,
     return SH_OK;
 }
 
-/* The settings particular to qwen3 and gemma3 (llama, mistral and qwen2 keep the defaults). */
+/* The settings particular to phi3, qwen3 and gemma3 (llama, mistral and qwen2 keep the
+ * defaults). */
 static sh_err load_arch_extras(const sh_gguf *g, sh_llama_hparams *hp, sh_error *e)
 {
     const char *a = hp->arch;
     sh_err err;
+    if (strcmp(a, "phi3") == 0) {
+        /* phi3's converted files carry a sliding window without saying which layers use it;
+         * llama.cpp and the reference attend over the whole context, so do we. */
+        hp->sliding_window = 0;
+        return SH_OK;
+    }
     if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0) {
         hp->qk_norm = true;
         return SH_OK;
@@ -176,11 +184,11 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
      * halves (NEOX). */
     bool neox = strcmp(hp->arch, "qwen2") == 0 || strcmp(hp->arch, "qwen3") == 0 ||
                 strcmp(hp->arch, "gemma3") == 0 || strcmp(hp->arch, "qwen2moe") == 0 ||
-                strcmp(hp->arch, "qwen3moe") == 0;
+                strcmp(hp->arch, "qwen3moe") == 0 || strcmp(hp->arch, "phi3") == 0;
     if (!neox && strcmp(hp->arch, "llama") != 0 && strcmp(hp->arch, "mistral") != 0)
         return sh__error_set(e, SH_EUNSUPPORTED,
                              "architecture '%s' (llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, "
-                             "gemma3 only)",
+                             "gemma3, phi3 only)",
                              hp->arch);
     const char *a = hp->arch;
     sh_err err;
@@ -198,22 +206,14 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
         (err = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, 1e-5f, e)) ||
         (err = sh__llama_moe_hparams(g, hp, e)))
         return err;
-    hp->rope_scale = 1.0f;
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    sh_str st;
-    if (sh_gguf_get_str(g, key, &st) == SH_OK && sh_str_eq(st, "linear")) {
-        float f;
-        if ((err = get_f32(g, a, "rope.scaling.factor", &f, 1.0f, e)))
-            return err;
-        hp->rope_scale = 1.0f / f;
-    }
     if (hp->n_heads % hp->n_kv_heads != 0)
         return sh__error_set(e, SH_EFORMAT, "%d heads are not a multiple of %d KV heads",
                              (int)hp->n_heads, (int)hp->n_kv_heads);
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return sh__error_set(e, SH_EFORMAT, "rope dimension %d with head size %d", (int)hp->n_rot,
                              (int)hp->head_dim);
+    if ((err = sh__llama_rope_hparams(g, hp, e)))
+        return err;
     int32_t v_len;
     if ((err = get_i32(g, a, "attention.value_length", &v_len, hp->head_dim, false, e)))
         return err;
@@ -241,6 +241,15 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
     return SH_OK;
 }
 
+/* Rows [r0, r0 + n) of matrix t, pointing into t's data (row sizes are whole quant blocks). */
+static sh_tensor row_view(const sh_tensor *t, int64_t r0, int64_t n)
+{
+    sh_tensor v = *t;
+    v.ne[1] = n;
+    v.data = (uint8_t *)t->data + sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (uint64_t)r0;
+    return v;
+}
+
 static sh_err bind_gguf(sh_llama *m, sh_error *e)
 {
     const sh_gguf *g = m->gguf;
@@ -250,6 +259,11 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
     sh_err err;
     sh_tensor vec;
     bool head = m->last == hp->n_layers;
+    /* phi3 fuses Q, K, V into attn_qkv and the gate and up projections into ffn_up. */
+    bool fused_qkv = sh_gguf_find_tensor(g, "blk.0.attn_qkv.weight") != NULL;
+    bool fused_ffn = strcmp(hp->arch, "phi3") == 0;
+    if ((err = sh__llama_rope_bind(g, m, e)))
+        return err;
     if (m->first == 0 || (head && hp->tied_embeddings))
         if ((err = bind(g, "token_embd.weight", dim, hp->n_vocab, false, &m->tok_embd, e)))
             return err;
@@ -265,24 +279,39 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
     for (int32_t l = m->first; l < m->last; l++) {
         sh_llama_layer *L = &m->layers[l];
         char n[96];
-#define BIND(field, suffix, ne0, ne1)                                                              \
+#define BIND_TO(t, suffix, ne0, ne1)                                                               \
     snprintf(n, sizeof n, "blk.%d.%s", (int)l, suffix);                                            \
-    if ((err = bind(g, n, ne0, ne1, false, &L->field, e)))                                         \
+    if ((err = bind(g, n, ne0, ne1, false, &t, e)))                                                \
         return err;
+#define BIND(field, suffix, ne0, ne1) BIND_TO(L->field, suffix, ne0, ne1)
 #define BIND_VEC(field, suffix, ne0, optional)                                                     \
     snprintf(n, sizeof n, "blk.%d.%s", (int)l, suffix);                                            \
     if ((err = bind(g, n, ne0, 0, optional, &vec, e)))                                             \
         return err;                                                                                \
     L->field = vec.data;
         BIND_VEC(attn_norm, "attn_norm.weight", dim, false);
-        BIND(wq, "attn_q.weight", dim, qd);
-        BIND(wk, "attn_k.weight", dim, kvd);
-        BIND(wv, "attn_v.weight", dim, kvd);
+        if (fused_qkv) { /* phi3: one matrix of Q, K and V rows; views, no copy */
+            sh_tensor qkv;
+            BIND_TO(qkv, "attn_qkv.weight", dim, qd + 2 * kvd);
+            L->wq = row_view(&qkv, 0, qd);
+            L->wk = row_view(&qkv, qd, kvd);
+            L->wv = row_view(&qkv, qd + kvd, kvd);
+        } else {
+            BIND(wq, "attn_q.weight", dim, qd);
+            BIND(wk, "attn_k.weight", dim, kvd);
+            BIND(wv, "attn_v.weight", dim, kvd);
+        }
         BIND(wo, "attn_output.weight", qd, dim);
         BIND_VEC(ffn_norm, "ffn_norm.weight", dim, false);
         if (hp->n_expert > 0) {
             if ((err = sh__llama_moe_bind(g, hp, l, L, e)))
                 return err;
+        } else if (fused_ffn) { /* phi3: ffn_up is [gate; up], 2 n_ff rows */
+            sh_tensor gu;
+            BIND_TO(gu, "ffn_up.weight", dim, 2 * (int64_t)hp->n_ff);
+            L->w_gate = row_view(&gu, 0, hp->n_ff);
+            L->w_up = row_view(&gu, hp->n_ff, hp->n_ff);
+            BIND(w_down, "ffn_down.weight", hp->n_ff, dim);
         } else {
             BIND(w_gate, "ffn_gate.weight", dim, hp->n_ff);
             BIND(w_up, "ffn_up.weight", dim, hp->n_ff);
@@ -300,6 +329,7 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
             BIND_VEC(post_ffn_norm, "post_ffw_norm.weight", dim, false);
         }
 #undef BIND
+#undef BIND_TO
 #undef BIND_VEC
     }
     return SH_OK;
@@ -354,7 +384,7 @@ static void llama2c_hparams(const sh_llama2c_config *cfg, sh_llama_hparams *hp)
     hp->n_rot = cfg->head_size;
     // run.c's constants: theta 10000, eps 1e-5, RoPE on adjacent pairs (i, i+1).
     hp->rope_base = 10000.0f;
-    hp->rope_scale = 1.0f;
+    hp->rope_scaling = sh_rope_scaling_none();
     hp->norm_eps = 1e-5f;
     hp->rope_mode = SH_ROPE_MODE_NORMAL;
     hp->rope_base_swa = hp->rope_base;

@@ -33,15 +33,30 @@ declare -A args=(
   # one RMSNorm over all of Q / all of K (so no grouped-query attention), 8 experts of width 64,
   # 2 per token, not renormalised
   [olmoe-tiny]="--shape olmoe-tiny $small --kv-heads 4 --ffn 64 --experts 8 --experts-used 2"
+  # RoPE scaling (tests/golden/test_llama_rope.c): linear, YaRN over an original context of 64,
+  # Llama 3's rope_freqs (base 500000, factor 8, original context 64: the 8 frequencies are kept,
+  # blended and divided), Phi-3 long rope with an original context of 4096 (a 256-token context
+  # uses the short factors) and of 128 (it uses the long ones: the reference's --long-rope).
+  [llama-linear-tiny]="--shape smollm2-135m $small --rope-scaling linear --rope-factor 4"
+  [llama-yarn-tiny]="--shape smollm2-135m $small --rope-scaling yarn --rope-factor 4 \
+--rope-orig-ctx 64"
+  [llama3rope-tiny]="--shape llama3.2-1b $small --rope-scaling llama3 --rope-factor 8 \
+--rope-orig-ctx 64"
+  [phi3-longrope-tiny]="--shape phi3-mini $small --rope-scaling longrope --rope-factor 4"
+  [phi3-longrope128-tiny]="--shape phi3-mini $small --rope-scaling longrope --rope-factor 4 \
+--rope-orig-ctx 128"
 )
+declare -A ref_args=([phi3-longrope128-tiny]="--long-rope")
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(gemma3-tiny qwen3-tiny qwen3moe-tiny mixtral-tiny qwen2moe-tiny
-  phi3-tiny olmoe-tiny)
+  phi3-tiny olmoe-tiny llama-linear-tiny llama-yarn-tiny llama3rope-tiny phi3-longrope-tiny
+  phi3-longrope128-tiny)
 for n in "${names[@]}"; do
   [ -n "${args[$n]:-}" ] || { echo "error: unknown model $n" >&2; exit 2; }
   # shellcheck disable=SC2086
   "$shoal" mkmodel ${args[$n]} -o "$out/$n-$suffix.gguf"
-  "$py" tests/reference/ref_forward.py "$out/$n-$suffix.gguf" --golden "$out/$n-$suffix" \
-    -n 24 --topk 8 \
+  # shellcheck disable=SC2086
+  "$py" tests/reference/ref_forward.py "$out/$n-$suffix.gguf" ${ref_args[$n]:-} \
+    --golden "$out/$n-$suffix" -n 24 --topk 8 \
     --prompt a "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20" --prompt b "100"
 done
