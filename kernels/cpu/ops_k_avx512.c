@@ -1,7 +1,8 @@
-/* AVX-512 (F/BW) integer kernels of the Q4_K and Q6_K dot products (see sh__cpu_k_ints_fn in
- * cpu.h): the AVX2 kernels' maddubs + madd per sub-block, 64 codes per instruction, with the
- * sub-block scales spread over the 128-bit lanes by one word permute; the other K types keep the
- * AVX2 kernels. Per-function target attributes like ops_avx512.c. */
+/* AVX-512 (F/BW) Q4_K and Q6_K: the integer kernels of the dot products (see sh__cpu_k_ints_fn in
+ * cpu.h) and the matvec/matmul rows, which keep float sums in vector registers across blocks.
+ * The AVX2 kernels' maddubs + madd per sub-block, 64 codes per instruction, with the sub-block
+ * scales spread over the 128-bit lanes by one word permute; the other K types keep the AVX2
+ * kernels. Per-function target attributes like ops_avx512.c. */
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -11,12 +12,6 @@
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
-
-/* The float step must be sh__cpu_dot_k's, operation for operation: no contraction into FMAs
- * (gcc does not contract in ISO C mode; clang needs telling, as in quant_k.c). */
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#endif
 
 /* Q4_K/Q5_K scales and minimums of a block as 8 bytes each (sc_j, m_j in byte j): the 6-bit
  * fields of quant_k.c's get_scale_min, four sub-blocks per 32-bit word. */
@@ -188,11 +183,88 @@ TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
         blk_q6_k(w + b, a + b, ints + 2 * b);
 }
 
-/* The row kernels: per super-block the integers inline, then sh__cpu_dot_k's float step
- * (acc += da (dw ints[0] - dm ints[1]) in block order, d and dmin widened exactly by F16C), so
- * the outputs are bit-identical to every other ISA's. */
+/* The row kernels keep, per token, running float sums in vector registers across a row's
+ * blocks and reduce them once at the row's end (as fast as llama.cpp's, unlike sh__cpu_dot_k's
+ * per-block horizontal sums): each block adds da dw * (its 16 int32 lane sums) to one vector and
+ * da dm * (its 8 minimum products) to another. The outputs therefore differ from the scalar
+ * kernels' in rounding only (the integers are exact; tests/unit/test_kernels_kq.c bounds the
+ * difference), and a matvec and a batched token run the same operations, so batched outputs equal
+ * unbatched ones bit for bit and no output depends on the thread that computes it. */
 /* Tokens per tile of a batched matmul: each unpacked weight block serves this many tokens. */
 #define K_TILE 4
+
+/* Q4_K: the scale-weighted integer lanes and the minimum products (m_j (bsums[2j] +
+ * bsums[2j + 1]) in lane j) of one block against one token's activations. */
+INL void lanes_q4_k(const q4k_w *p, const sh_block_q8_k *a, __m512i *iv, __m256i *mv)
+{
+    const int8_t *aq = a->qs;
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i a_lo = join(aq + 128 * h, aq + 128 * h + 64);
+        const __m512i a_hi = join(aq + 128 * h + 32, aq + 128 * h + 96);
+        acc = _mm512_add_epi32(
+            acc, _mm512_madd_epi16(_mm512_maddubs_epi16(p->lo[h], a_lo), p->sv_lo[h]));
+        acc = _mm512_add_epi32(
+            acc, _mm512_madd_epi16(_mm512_maddubs_epi16(p->hi[h], a_hi), p->sv_hi[h]));
+    }
+    /* m_j in words 2j and 2j + 1: one madd gives m_j (bsums[2j] + bsums[2j + 1]) (the pair
+     * sums are at most 4096 in magnitude and the minimums 63, so the words stay exact) */
+    const __m128i m8 = _mm_cvtsi64_si128((long long)p->m8);
+    const __m256i mw = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    *mv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), mw);
+    *iv = acc;
+}
+
+INL __m512i lanes_q6_k(const q6k_w *p, const sh_block_q8_k *a)
+{
+    const __m512i c32 = _mm512_set1_epi8(32);
+    __m512i acc = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i aa = _mm512_loadu_si512((const void *)(a->qs + 128 * h));
+        const __m512i ab = _mm512_loadu_si512((const void *)(a->qs + 128 * h + 64));
+        const __m512i pa =
+            _mm512_sub_epi16(_mm512_maddubs_epi16(p->qa[h], aa), _mm512_maddubs_epi16(c32, aa));
+        const __m512i pb =
+            _mm512_sub_epi16(_mm512_maddubs_epi16(p->qb[h], ab), _mm512_maddubs_epi16(c32, ab));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pa, p->sc[h][0]));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(pb, p->sc[h][1]));
+    }
+    return acc;
+}
+
+/* One token's running sums: the scaled lanes and the scaled minimum products. */
+typedef struct kacc {
+    __m512 s;
+    __m256 m;
+} kacc;
+
+/* The block's contribution, the float step every token shares whether matvec or batched. */
+INL void add_q4_k(const q4k_w *p, const sh_block_q8_k *a, float dw, float dm, kacc *k)
+{
+    __m512i iv;
+    __m256i mv;
+    lanes_q4_k(p, a, &iv, &mv);
+    k->s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), _mm512_set1_ps(a->d * dw), k->s);
+    k->m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), _mm256_set1_ps(a->d * dm), k->m);
+}
+
+INL void add_q6_k(const q6k_w *p, const sh_block_q8_k *a, float dw, kacc *k)
+{
+    k->s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes_q6_k(p, a)), _mm512_set1_ps(a->d * dw), k->s);
+}
+
+/* The row's dot product from its sums, in one fixed order. */
+INL float finish(const kacc *k)
+{
+    const __m256 s8 =
+        _mm256_add_ps(_mm512_castps512_ps256(k->s),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(k->s), 1)));
+    __m256 d = _mm256_sub_ps(s8, k->m);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
 
 INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
 {
@@ -205,54 +277,51 @@ INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
                 _mm_prefetch((const char *)w + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
         if (a->n_tok == 1) { /* a matvec: each block's vectors straight from unpack to use */
             const sh_block_q8_k *ab = a->qk;
-            float acc = 0.0f;
+            kacc k = {_mm512_setzero_ps(), _mm256_setzero_ps()};
             for (int64_t b = 0; b < nb; b++) {
-                int32_t in[2];
-                float dw, dm = 0.0f;
                 if (q6) {
                     const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
-                    blk_q6_k(wb, ab + b, in);
-                    dw = _cvtsh_ss(wb->d);
+                    q6k_w p;
+                    prep_q6_k(wb, &p);
+                    add_q6_k(&p, ab + b, _cvtsh_ss(wb->d), &k);
                 } else {
                     const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
-                    blk_q4_k(wb, ab + b, in);
-                    dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+                    q4k_w p;
+                    prep_q4_k(wb, &p);
+                    add_q4_k(&p, ab + b, _cvtsh_ss(wb->d), _cvtsh_ss(wb->dmin), &k);
                 }
-                acc += ab[b].d * (dw * (float)in[0] - dm * (float)in[1]);
             }
-            m->y[r] = m->accumulate ? m->y[r] + acc : acc;
+            const float v = finish(&k);
+            m->y[r] = m->accumulate ? m->y[r] + v : v;
             continue;
         }
         for (int64_t t0 = 0; t0 < a->n_tok; t0 += K_TILE) {
             const int nt = a->n_tok - t0 < K_TILE ? (int)(a->n_tok - t0) : K_TILE;
-            float acc[K_TILE] = {0.0f, 0.0f, 0.0f, 0.0f};
+            kacc k[K_TILE];
+            for (int i = 0; i < K_TILE; i++)
+                k[i].s = _mm512_setzero_ps(), k[i].m = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
-                float dw, dm = 0.0f;
-                q4k_w p4;
-                q6k_w p6;
+                const sh_block_q8_k *ab = a->qk + t0 * nb + b;
                 if (q6) {
                     const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
-                    prep_q6_k(wb, &p6);
-                    dw = _cvtsh_ss(wb->d);
+                    q6k_w p;
+                    prep_q6_k(wb, &p);
+                    const float dw = _cvtsh_ss(wb->d);
+                    for (int i = 0; i < nt; i++)
+                        add_q6_k(&p, ab + i * nb, dw, &k[i]);
                 } else {
                     const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
-                    prep_q4_k(wb, &p4);
-                    dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
-                }
-                /* per token, sh__cpu_dot_k's float step in block order */
-                for (int i = 0; i < nt; i++) {
-                    const sh_block_q8_k *ab = a->qk + (t0 + i) * nb + b;
-                    int32_t in[2];
-                    if (q6)
-                        dot_q6_k(&p6, ab, in);
-                    else
-                        dot_q4_k(&p4, ab, in);
-                    acc[i] += ab->d * (dw * (float)in[0] - dm * (float)in[1]);
+                    q4k_w p;
+                    prep_q4_k(wb, &p);
+                    const float dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+                    for (int i = 0; i < nt; i++)
+                        add_q4_k(&p, ab + i * nb, dw, dm, &k[i]);
                 }
             }
             for (int i = 0; i < nt; i++) {
+                const float v = finish(&k[i]);
                 float *y = m->y + (t0 + i) * m->ldy + r;
-                *y = m->accumulate ? *y + acc[i] : acc[i];
+                *y = m->accumulate ? *y + v : v;
             }
         }
     }
