@@ -252,10 +252,12 @@ float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const 
 void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
                   sh__cpu_k_ints_fn ints);
 
-/* The K-quant matmul row kernels (sh__cpu_mm_fn) of each ISA: every output is sh__cpu_dot_k of
- * the weight row and the token's Q8_K row through that ISA's integer kernel, or the same float
- * operations in the same order with the integer kernel inlined (AVX-512 Q4_K and Q6_K,
- * ops_k_avx512.c), so all ISAs give bit-identical results. */
+/* The K-quant matmul row kernels (sh__cpu_mm_fn) of each ISA. The scalar ones give sh__cpu_dot_k
+ * of the weight row and the token's Q8_K row; the AVX2 (ops_k_avx2.c, also AVX-512's Q2_K, Q3_K,
+ * Q5_K) and AVX-512 Q4_K/Q6_K ones (ops_k_avx512.c) the same exact integers with float sums kept
+ * in vectors across blocks, so they differ from the scalar results in rounding only. Each output
+ * is a fixed sequence of operations: it does not depend on the thread count, and a batched token
+ * equals the same token alone. */
 #define SH__CPU_MM_K_DECL(isa)                                                                     \
     void sh__cpu_mm_##isa##_q2_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
     void sh__cpu_mm_##isa##_q3_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);                     \
@@ -264,7 +266,8 @@ void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
     void sh__cpu_mm_##isa##_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 SH__CPU_MM_K_DECL(ref)
 SH__CPU_MM_K_DECL(avx2)
-SH__CPU_MM_K_DECL(avx512)
+void sh__cpu_mm_avx512_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_mm_avx512_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* ---- the non-matmul ops, on a row/element range (ops.c) ------------------------------------ */
 

@@ -1,6 +1,10 @@
-/* AVX2 integer kernels of the K-quant dot products (see sh__cpu_k_ints_fn in cpu.h): per 32
- * weight codes one maddubs against the Q8_K codes and one madd with the sub-block scales, the
- * minimums from the activation's bsums; per-function target attributes like ops_avx2.c. */
+/* AVX2 K-quant dot products: per 32 weight codes one maddubs against the Q8_K codes and one madd
+ * with the sub-block scales, the minimums from the activation's bsums. The integer kernels (see
+ * sh__cpu_k_ints_fn in cpu.h) and the matvec/matmul rows, which keep float sums in vector
+ * registers across a row's blocks and reduce once per row; per-function target attributes like
+ * ops_avx2.c. */
+#include <string.h>
+
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -32,35 +36,35 @@ INL __m256i dot_scaled(__m256i u, __m256i a, __m256i sv)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), sv);
 }
 
-/* Q4_K/Q5_K scales and minimums (quant_k.c's get_scale_min). */
-static void scale_min_k4(const uint8_t *q, int *sc, int *m)
+/* Q4_K/Q5_K scales and minimums as 8 bytes each (sc_j, m_j in byte j): the 6-bit fields of
+ * quant_k.c's get_scale_min, four sub-blocks per 32-bit word. */
+static inline void scale_min_k4(const uint8_t *q, uint64_t *sc, uint64_t *m)
 {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
+    uint32_t w0, w1, w2;
+    memcpy(&w0, q, 4);
+    memcpy(&w1, q + 4, 4);
+    memcpy(&w2, q + 8, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4;
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4;
+    *sc = (uint64_t)sc_lo | (uint64_t)sc_hi << 32;
+    *m = (uint64_t)m_lo | (uint64_t)m_hi << 32;
 }
 
-/* sum_j m_j * (sum of the 32 activation codes of sub-block j), from the bsums of 16 each. */
-static int32_t mins_k4(const int *m, const int16_t *bsums)
-{
-    int32_t s = 0;
-    for (int j = 0; j < 8; j++)
-        s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-    return s;
-}
+/* A block's integer sums as vector lanes: iv's lanes add up to ints[0] of sh__cpu_k_ints_fn, mv's
+ * (the minimum products; zero where the type has none) to ints[1]. */
+typedef struct klanes {
+    __m256i iv, mv;
+} klanes;
 
 /* Q4_K and (HIGH) Q5_K: byte l of qs group g holds element 64g + l (low nibble) and 64g + 32 + l
- * (high nibble); Q5_K's fifth bits are bits 2g and 2g + 1 of qh[l]. */
-INL void ints_q45(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales,
-                  const sh_block_q8_k *a, int32_t *ints, const int high)
+ * (high nibble); Q5_K's fifth bits are bits 2g and 2g + 1 of qh[l]. The minimums: m_j in words
+ * 2j and 2j + 1, so one madd with the bsums gives m_j (bsums[2j] + bsums[2j + 1]) in lane j. */
+INL klanes lanes_q45(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales,
+                     const sh_block_q8_k *a, const int high)
 {
-    int sc[8], m[8];
-    scale_min_k4(scales, sc, m);
+    uint64_t sc8, m8;
+    scale_min_k4(scales, &sc8, &m8);
     const __m256i m4 = _mm256_set1_epi8(0xF), b16 = _mm256_set1_epi8(16);
     const __m256i vqh = high ? _mm256_loadu_si256((const void *)qh) : _mm256_setzero_si256();
     __m256i acc = _mm256_setzero_si256();
@@ -76,13 +80,25 @@ INL void ints_q45(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales,
             hi = _mm256_or_si256(
                 hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(vqh, bh), bh), b16));
         }
+        const short s0 = (short)((sc8 >> (16 * g)) & 0xFF);
+        const short s1 = (short)((sc8 >> (16 * g + 8)) & 0xFF);
         const __m256i a0 = _mm256_loadu_si256((const void *)(a->qs + 64 * g));
         const __m256i a1 = _mm256_loadu_si256((const void *)(a->qs + 64 * g + 32));
-        acc = _mm256_add_epi32(acc, dot_scaled(lo, a0, _mm256_set1_epi16((short)sc[2 * g])));
-        acc = _mm256_add_epi32(acc, dot_scaled(hi, a1, _mm256_set1_epi16((short)sc[2 * g + 1])));
+        acc = _mm256_add_epi32(acc, dot_scaled(lo, a0, _mm256_set1_epi16(s0)));
+        acc = _mm256_add_epi32(acc, dot_scaled(hi, a1, _mm256_set1_epi16(s1)));
     }
-    ints[0] = hsum8i(acc);
-    ints[1] = mins_k4(m, a->bsums);
+    const __m128i mb = _mm_cvtsi64_si128((long long)m8);
+    const __m256i mw = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb));
+    klanes k = {acc, _mm256_madd_epi16(_mm256_loadu_si256((const void *)a->bsums), mw)};
+    return k;
+}
+
+INL void ints_q45(const uint8_t *qs, const uint8_t *qh, const uint8_t *scales,
+                  const sh_block_q8_k *a, int32_t *ints, const int high)
+{
+    const klanes k = lanes_q45(qs, qh, scales, a, high);
+    ints[0] = hsum8i(k.iv);
+    ints[1] = hsum8i(k.mv);
 }
 
 TGT static void ints_q4_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
@@ -103,38 +119,44 @@ TGT static void ints_q5_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
  * byte 32 + l elements 128h + 32 + l and 128h + 96 + l; qh[l] bits 2k, 2k + 1 are the top two
  * bits of element 128h + 32k + l. The -32 offset: sum (q - 32) a = maddubs(q, a) - maddubs(32, a),
  * pairs within +-24320 so the int16 difference is exact. */
+INL klanes lanes_q6(const sh_block_q6_k *w, const sh_block_q8_k *a)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    const __m256i m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
+        const int8_t *sc = w->scales + 8 * h;
+        const __m256i l0 = _mm256_loadu_si256((const void *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const void *)(ql + 32));
+        const __m256i vh = _mm256_loadu_si256((const void *)qh);
+        __m256i q[4];
+        /* The shifts are 16-bit; the masks drop what crossed from the neighbouring byte. */
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(vh, m3), 4));
+        q[1] =
+            _mm256_or_si256(_mm256_and_si256(l1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(vh, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_and_si256(vh, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
+        for (int k = 0; k < 4; k++) {
+            const __m256i av = _mm256_loadu_si256((const void *)(a->qs + 128 * h + 32 * k));
+            const __m256i p =
+                _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], av), _mm256_maddubs_epi16(c32, av));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale2(sc[2 * k], sc[2 * k + 1])));
+        }
+    }
+    klanes r = {acc, _mm256_setzero_si256()};
+    return r;
+}
+
 TGT static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
 {
     const sh_block_q6_k *w = wv;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
-    const __m256i m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; b++) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = w[b].ql + 64 * h, *qh = w[b].qh + 32 * h;
-            const int8_t *sc = w[b].scales + 8 * h;
-            const __m256i l0 = _mm256_loadu_si256((const void *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const void *)(ql + 32));
-            const __m256i vh = _mm256_loadu_si256((const void *)qh);
-            __m256i q[4];
-            /* The shifts are 16-bit; the masks drop what crossed from the neighbouring byte. */
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(vh, m3), 4));
-            q[1] = _mm256_or_si256(
-                _mm256_and_si256(l1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(vh, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_and_si256(vh, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(vh, 2), m30));
-            for (int k = 0; k < 4; k++) {
-                const __m256i av = _mm256_loadu_si256((const void *)(a[b].qs + 128 * h + 32 * k));
-                const __m256i p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], av), _mm256_maddubs_epi16(c32, av));
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale2(sc[2 * k], sc[2 * k + 1])));
-            }
-        }
-        ints[2 * b] = hsum8i(acc);
+        ints[2 * b] = hsum8i(lanes_q6(w + b, a + b).iv);
         ints[2 * b + 1] = 0;
     }
 }
@@ -148,61 +170,157 @@ static int scale_q3(const uint8_t *s, int j)
 
 /* Q3_K: element 128h + 32j + l has low bits (qs[32h + l] >> 2j) & 3 and loses 4 when bit 4h + j
  * of hmask[l] is clear: sum (q2 - 4 [bit clear]) a = maddubs(q2, a) - maddubs(4 [clear], a). */
+INL klanes lanes_q3(const sh_block_q3_k *w, const sh_block_q8_k *a)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), c4 = _mm256_set1_epi8(4);
+    int sc[16];
+    for (int j = 0; j < 16; j++)
+        sc[j] = scale_q3(w->scales, j) - 32;
+    const __m256i vhm = _mm256_loadu_si256((const void *)w->hmask);
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i vq = _mm256_loadu_si256((const void *)(w->qs + 32 * h));
+        for (int j = 0; j < 4; j++) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(vq, 2 * j), m3);
+            const __m256i bit = _mm256_set1_epi8((char)(1u << (4 * h + j)));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(vhm, bit), bit);
+            const __m256i sub = _mm256_andnot_si256(set, c4);
+            const __m256i av = _mm256_loadu_si256((const void *)(a->qs + 128 * h + 32 * j));
+            const __m256i p =
+                _mm256_sub_epi16(_mm256_maddubs_epi16(q2, av), _mm256_maddubs_epi16(sub, av));
+            const int s = 8 * h + 2 * j;
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale2(sc[s], sc[s + 1])));
+        }
+    }
+    klanes r = {acc, _mm256_setzero_si256()};
+    return r;
+}
+
 TGT static void ints_q3_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
 {
     const sh_block_q3_k *w = wv;
-    const __m256i m3 = _mm256_set1_epi8(3), c4 = _mm256_set1_epi8(4);
     for (int64_t b = 0; b < nb; b++) {
-        int sc[16];
-        for (int j = 0; j < 16; j++)
-            sc[j] = scale_q3(w[b].scales, j) - 32;
-        const __m256i vhm = _mm256_loadu_si256((const void *)w[b].hmask);
-        __m256i acc = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i vq = _mm256_loadu_si256((const void *)(w[b].qs + 32 * h));
-            for (int j = 0; j < 4; j++) {
-                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(vq, 2 * j), m3);
-                const __m256i bit = _mm256_set1_epi8((char)(1u << (4 * h + j)));
-                const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(vhm, bit), bit);
-                const __m256i sub = _mm256_andnot_si256(set, c4);
-                const __m256i av = _mm256_loadu_si256((const void *)(a[b].qs + 128 * h + 32 * j));
-                const __m256i p =
-                    _mm256_sub_epi16(_mm256_maddubs_epi16(q2, av), _mm256_maddubs_epi16(sub, av));
-                const int s = 8 * h + 2 * j;
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale2(sc[s], sc[s + 1])));
-            }
-        }
-        ints[2 * b] = hsum8i(acc);
+        ints[2 * b] = hsum8i(lanes_q3(w + b, a + b).iv);
         ints[2 * b + 1] = 0;
     }
 }
 
 /* Q2_K: element 128h + 32j + l is (qs[32h + l] >> 2j) & 3 in sub-block 8h + 2j + l / 16, whose
  * scale is the low nibble of scales[] and minimum the high one. */
+INL klanes lanes_q2(const sh_block_q2_k *w, const sh_block_q8_k *a)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0xF);
+    const uint8_t *sc = w->scales;
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i vq = _mm256_loadu_si256((const void *)(w->qs + 32 * h));
+        for (int j = 0; j < 4; j++) {
+            const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(vq, 2 * j), m3);
+            const __m256i av = _mm256_loadu_si256((const void *)(a->qs + 128 * h + 32 * j));
+            const int s = 8 * h + 2 * j;
+            acc = _mm256_add_epi32(acc, dot_scaled(q2, av, scale2(sc[s] & 0xF, sc[s + 1] & 0xF)));
+        }
+    }
+    /* minimums: the high nibbles as words, one madd with the 16 bsums (|bsum| <= 2048) */
+    const __m128i s16 = _mm_loadu_si128((const void *)sc);
+    const __m256i mw =
+        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s16, 4), _mm256_castsi256_si128(m4)));
+    klanes r = {acc, _mm256_madd_epi16(_mm256_loadu_si256((const void *)a->bsums), mw)};
+    return r;
+}
+
 TGT static void ints_q2_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
 {
     const sh_block_q2_k *w = wv;
-    const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *sc = w[b].scales;
-        __m256i acc = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i vq = _mm256_loadu_si256((const void *)(w[b].qs + 32 * h));
-            for (int j = 0; j < 4; j++) {
-                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(vq, 2 * j), m3);
-                const __m256i av = _mm256_loadu_si256((const void *)(a[b].qs + 128 * h + 32 * j));
-                const int s = 8 * h + 2 * j;
-                acc =
-                    _mm256_add_epi32(acc, dot_scaled(q2, av, scale2(sc[s] & 0xF, sc[s + 1] & 0xF)));
-            }
-        }
-        int32_t sm = 0;
-        for (int j = 0; j < 16; j++)
-            sm += (sc[j] >> 4) * a[b].bsums[j];
-        ints[2 * b] = hsum8i(acc);
-        ints[2 * b + 1] = sm;
+        const klanes k = lanes_q2(w + b, a + b);
+        ints[2 * b] = hsum8i(k.iv);
+        ints[2 * b + 1] = hsum8i(k.mv);
     }
 }
+
+/* The row kernels: per token, each block adds da dw * (its integer lanes) to one float vector and
+ * da dmin * (its minimum lanes) to another; one reduction at the row's end. Outputs differ from
+ * sh__cpu_dot_k's in rounding only (tests/unit/test_kernels_kq.c bounds it), a batched token runs
+ * the matvec's operations (batched == unbatched bit for bit) and no output depends on the thread
+ * that computes it. */
+INL float hsum8f(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+INL float row_k(const uint8_t *w, const sh_block_q8_k *a, int64_t nb, const sh_dtype type)
+{
+    __m256 s = _mm256_setzero_ps(), mn = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        klanes k;
+        float dw, dm = 0.0f;
+        switch (type) {
+        case SH_DTYPE_Q2_K: {
+            const sh_block_q2_k *wb = (const sh_block_q2_k *)w + b;
+            k = lanes_q2(wb, a + b), dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+            break;
+        }
+        case SH_DTYPE_Q3_K: {
+            const sh_block_q3_k *wb = (const sh_block_q3_k *)w + b;
+            k = lanes_q3(wb, a + b), dw = _cvtsh_ss(wb->d);
+            break;
+        }
+        case SH_DTYPE_Q4_K: {
+            const sh_block_q4_k *wb = (const sh_block_q4_k *)w + b;
+            k = lanes_q45(wb->qs, NULL, wb->scales, a + b, 0);
+            dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+            break;
+        }
+        case SH_DTYPE_Q5_K: {
+            const sh_block_q5_k *wb = (const sh_block_q5_k *)w + b;
+            k = lanes_q45(wb->qs, wb->qh, wb->scales, a + b, 1);
+            dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+            break;
+        }
+        default: {
+            const sh_block_q6_k *wb = (const sh_block_q6_k *)w + b;
+            k = lanes_q6(wb, a + b), dw = _cvtsh_ss(wb->d);
+            break;
+        }
+        }
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.iv), _mm256_set1_ps(a[b].d * dw), s);
+        if (type == SH_DTYPE_Q2_K || type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K)
+            mn = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k.mv), _mm256_set1_ps(a[b].d * dm), mn);
+    }
+    return hsum8f(_mm256_sub_ps(s, mn));
+}
+
+INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const sh_dtype type)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = m->w + (size_t)r * m->row_bytes;
+        if (a->n_tok == 1) /* prefetch the bytes SH_CPU_K_PF_DIST past this row's, into L2 */
+            for (size_t o = 0; o < m->row_bytes; o += 64)
+                _mm_prefetch((const char *)w + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const float v = row_k(w, a->qk + t * nb, nb, type);
+            float *y = m->y + t * m->ldy + r;
+            *y = m->accumulate ? *y + v : v;
+        }
+    }
+}
+
+#define DEFINE_MM(t, T)                                                                            \
+    TGT void sh__cpu_mm_avx2_##t(const sh__cpu_mm *m, int64_t r0, int64_t r1)                      \
+    {                                                                                              \
+        mm_rows(m, r0, r1, SH_DTYPE_##T);                                                          \
+    }
+DEFINE_MM(q2_k, Q2_K)
+DEFINE_MM(q3_k, Q3_K)
+DEFINE_MM(q4_k, Q4_K)
+DEFINE_MM(q5_k, Q5_K)
+DEFINE_MM(q6_k, Q6_K)
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type)
 {
@@ -228,4 +346,16 @@ sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type)
     (void)type;
     return NULL;
 }
+
+#define DEFINE_MM(t, T)                                                                            \
+    void sh__cpu_mm_avx2_##t(const sh__cpu_mm *m, int64_t r0, int64_t r1)                          \
+    {                                                                                              \
+        sh__cpu_mm_k(m, r0, r1, SH_DTYPE_##T,                                                      \
+                     sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_SCALAR, SH_DTYPE_##T));                 \
+    }
+DEFINE_MM(q2_k, Q2_K)
+DEFINE_MM(q3_k, Q3_K)
+DEFINE_MM(q4_k, Q4_K)
+DEFINE_MM(q5_k, Q5_K)
+DEFINE_MM(q6_k, Q6_K)
 #endif

@@ -256,18 +256,13 @@ void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
         sh__cpu_mm_k(m, r0, r1, SH_DTYPE_##T,                                                      \
                      sh__cpu_k_ints_for(SH_BACKEND_CPU_ISA_##ISA, SH_DTYPE_##T));                  \
     }
-#define DEFINE_MM_K_ISA(isa, ISA)                                                                  \
-    DEFINE_MM_K(isa, ISA, q2_k, Q2_K)                                                              \
-    DEFINE_MM_K(isa, ISA, q3_k, Q3_K)                                                              \
-    DEFINE_MM_K(isa, ISA, q4_k, Q4_K)                                                              \
-    DEFINE_MM_K(isa, ISA, q5_k, Q5_K)                                                              \
-    DEFINE_MM_K(isa, ISA, q6_k, Q6_K)
-DEFINE_MM_K_ISA(ref, SCALAR)
-DEFINE_MM_K_ISA(avx2, AVX2)
-/* AVX-512's Q4_K and Q6_K row kernels are in ops_k_avx512.c (the integer kernel inlined). */
-DEFINE_MM_K(avx512, AVX512, q2_k, Q2_K)
-DEFINE_MM_K(avx512, AVX512, q3_k, Q3_K)
-DEFINE_MM_K(avx512, AVX512, q5_k, Q5_K)
+DEFINE_MM_K(ref, SCALAR, q2_k, Q2_K)
+DEFINE_MM_K(ref, SCALAR, q3_k, Q3_K)
+DEFINE_MM_K(ref, SCALAR, q4_k, Q4_K)
+DEFINE_MM_K(ref, SCALAR, q5_k, Q5_K)
+DEFINE_MM_K(ref, SCALAR, q6_k, Q6_K)
+/* The AVX2 row kernels are in ops_k_avx2.c (AVX-512 uses them for Q2_K, Q3_K and Q5_K), the
+ * AVX-512 Q4_K and Q6_K ones in ops_k_avx512.c. */
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_for(int32_t isa, sh_dtype type)
 {
