@@ -30,6 +30,9 @@ sh_chat_template sh_chat_detect(const char *tmpl, size_t len)
         return SH_CHAT_GEMMA;
     if (find(tmpl, len, "[INST]"))
         return SH_CHAT_LLAMA2;
+    if (find(tmpl, len, "<|end|>") &&
+        (find(tmpl, len, "<|user|>") || find(tmpl, len, "<|assistant|>")))
+        return SH_CHAT_PHI3; // Zephyr's role markers, with <|end|> closing each turn
     if (find(tmpl, len, "<|user|>"))
         return SH_CHAT_ZEPHYR;
     return SH_CHAT_CHATML;
@@ -57,6 +60,8 @@ const char *sh_chat_name(sh_chat_template t)
         return "zephyr";
     case SH_CHAT_GEMMA:
         return "gemma";
+    case SH_CHAT_PHI3:
+        return "phi3";
     }
     return "?";
 }
@@ -142,7 +147,7 @@ sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t 
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return sh__error_set(e, SH_EINVAL, "chat: message %zu has no role or content", i);
-    if (t < SH_CHAT_CHATML || t > SH_CHAT_GEMMA)
+    if (t < SH_CHAT_CHATML || t > SH_CHAT_PHI3)
         return sh__error_set(e, SH_EINVAL, "chat: unknown template %d", (int)t);
     out o = {buf, cap, 0, spans, span_cap, 0, 0};
     bool has_sys = n > 0 && strcmp(msgs[0].role, "system") == 0;
@@ -172,16 +177,19 @@ sh_err sh_chat_render_spans(sh_chat_template t, const sh_chat_msg *msgs, size_t 
             put(&o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     case SH_CHAT_ZEPHYR:
+    case SH_CHAT_PHI3: {
+        const char *end = t == SH_CHAT_PHI3 ? "<|end|>\n" : "</s>\n";
         if (sys)
-            put3(&o, "<|system|>\n", sys, "</s>\n");
+            put3(&o, "<|system|>\n", sys, end);
         for (size_t i = i0; i < n; i++) {
             put(&o, "<|");
             put(&o, msgs[i].role);
-            put3(&o, "|>\n", msgs[i].content, "</s>\n");
+            put3(&o, "|>\n", msgs[i].content, end);
         }
         if (add_assistant)
             put(&o, "<|assistant|>\n");
         break;
+    }
     case SH_CHAT_GEMMA:
         // No system role: the system prompt and a blank line open the first turn's text; the
         // assistant is "model".

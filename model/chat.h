@@ -1,5 +1,5 @@
 /* Chat templates: the prompt formats of the model families we load (ChatML, Llama 2, Llama 3,
- * Zephyr, Gemma), picked from the GGUF's tokenizer.chat_template text. */
+ * Zephyr, Gemma, Phi-3), picked from the GGUF's tokenizer.chat_template text. */
 #ifndef SH_MODEL_CHAT_H
 #define SH_MODEL_CHAT_H
 
@@ -17,6 +17,7 @@ typedef enum sh_chat_template {
     SH_CHAT_GEMMA,      /* <start_of_turn>user\ncontent<end_of_turn>\n, the assistant's role named
                            "model"; a system prompt opens the first turn, followed by a blank
                            line (Gemma has no system role) */
+    SH_CHAT_PHI3,       /* <|role|>\ncontent<|end|>\n (Phi-3) */
 } sh_chat_template;
 
 typedef struct sh_chat_msg {
@@ -33,7 +34,7 @@ sh_chat_template sh_chat_detect(const char *tmpl, size_t len);
  * else ChatML. Never fails. */
 sh_chat_template sh_chat_for_model(const char *tmpl, size_t len, const char *arch);
 
-/* "chatml", "llama2", "llama3", "zephyr", "gemma". */
+/* "chatml", "llama2", "llama3", "zephyr", "gemma", "phi3". */
 const char *sh_chat_name(sh_chat_template t);
 
 /* Copies into buf the default system prompt a template inserts when the conversation has none

@@ -1,6 +1,7 @@
-/* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3, and the mixture-of-experts
- * forms mixtral, qwen2moe, qwen3moe): weights from a GGUF or a llama2.c checkpoint used in place,
- * and a batched forward pass over a paged KV cache, written against kernels/backend.h. */
+/* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3, phi3, and the
+ * mixture-of-experts forms mixtral, qwen2moe, qwen3moe): weights from a GGUF or a llama2.c
+ * checkpoint used in place, and a batched forward pass over a paged KV cache, written against
+ * kernels/backend.h. */
 #ifndef SH_MODEL_LLAMA_H
 #define SH_MODEL_LLAMA_H
 

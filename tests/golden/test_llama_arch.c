@@ -1,14 +1,16 @@
-/* Golden tests of the gemma3 and qwen3 paths on the tiny seeded models of tests/data/golden
+/* Golden tests of the gemma3, qwen3 and phi3 paths on the tiny seeded models of tests/data/golden
  * (shoal mkmodel, F16 matrices widened exactly), against tests/reference/ref_forward.py's
  * logits: gemma3's scaled embedding, QK-norm, post-norms, GELU FFN, soft-capping and its local
  * (8-token window, RoPE base 1e4) and global (base 1e6) layers on prompts longer than the window;
- * qwen3's QK-norm. Also: a model split into pipeline stages gives the whole model's logits, two
- * sequences batched give each one's logits alone, and the KV blocks before a window stay
- * required while a global layer reads them. Usage: test_llama_arch [case]. */
+ * qwen3's QK-norm; phi3's fused Q/K/V and gate/up matrices read as row views. Also: a model
+ * split into pipeline stages gives the whole model's logits, two sequences batched give each
+ * one's logits alone, and the KV blocks before a window stay required while a global layer reads
+ * them. Usage: test_llama_arch [case]. */
 #include "golden_ref.h"
 
 #define GEMMA3 "tests/data/golden/gemma3-tiny-f16"
 #define QWEN3 "tests/data/golden/qwen3-tiny-f16"
+#define PHI3 "tests/data/golden/phi3-tiny-f16"
 
 static const char *model_path(const char *prefix)
 {
@@ -91,7 +93,32 @@ static void check_reference(const char *prefix)
     drv_close(&d);
 }
 
+static void test_phi3_hparams(void)
+{
+    sh_llama *m = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_llama_load(model_path(PHI3), NULL, &m, &e));
+    if (!m)
+        return;
+    const sh_llama_hparams *hp = &m->hp;
+    CHECK_STR_EQ(hp->arch, "phi3");
+    CHECK_INT_EQ(hp->rope_mode, SH_ROPE_MODE_NEOX);
+    CHECK(!hp->qk_norm && !hp->tied_embeddings);
+    CHECK_INT_EQ(hp->sliding_window, 0); /* the file's 2047 is ignored, as llama.cpp does */
+    // Q, K, V and gate, up are consecutive row ranges of one matrix each.
+    const sh_llama_layer *L = &m->layers[1];
+    size_t rb = sh__dtype_row_bytes(L->wq.type, (uint64_t)hp->dim);
+    CHECK_INT_EQ(L->wq.ne[1], 64);
+    CHECK_INT_EQ(L->wk.ne[1], 32);
+    CHECK((uint8_t *)L->wk.data == (uint8_t *)L->wq.data + 64 * rb);
+    CHECK((uint8_t *)L->wv.data == (uint8_t *)L->wk.data + 32 * rb);
+    CHECK_INT_EQ(L->w_gate.ne[1], hp->n_ff);
+    CHECK((uint8_t *)L->w_up.data == (uint8_t *)L->w_gate.data + (size_t)hp->n_ff * rb);
+    sh_llama_destroy(m);
+}
+
 static void test_gemma3_reference(void) { check_reference(GEMMA3); }
+static void test_phi3_reference(void) { check_reference(PHI3); }
 static void test_qwen3_reference(void) { check_reference(QWEN3); }
 
 /* Logits of all n rows of ids through the model loaded with layer ranges cut at `cuts` (stage
@@ -168,6 +195,7 @@ static void check_stages(const char *prefix, int32_t n_layers)
 
 static void test_gemma3_stages(void) { check_stages(GEMMA3, 3); }
 static void test_qwen3_stages(void) { check_stages(QWEN3, 2); }
+static void test_phi3_stages(void) { check_stages(PHI3, 2); }
 
 /* Two sequences of different lengths (one past the window) in one batch step, prefilled then
  * decoded together, give the logits each gives alone. */
@@ -248,6 +276,9 @@ static const sh_test_case tests[] = {
     {"qwen3_hparams", test_qwen3_hparams},
     {"qwen3_reference", test_qwen3_reference},
     {"qwen3_stages", test_qwen3_stages},
+    {"phi3_hparams", test_phi3_hparams},
+    {"phi3_reference", test_phi3_reference},
+    {"phi3_stages", test_phi3_stages},
     {NULL, NULL},
 };
 

@@ -1,10 +1,11 @@
-"""Broken gemma3 and qwen3 files through the real binary: `shoal run` and `shoal serve` must exit
+"""Broken gemma3, qwen3 and phi3 files through the real binary: `shoal run` and `shoal serve` must exit
 with code 2 and exactly one `error:` line naming the missing or bad tensor or key (never a crash,
 ASan clean in the Debug suite).
 
 The variants are written with the PyPI gguf package from the tiny golden models
-(tests/data/golden/{gemma3,qwen3}-tiny-f16.gguf): a tensor left out, a key left out, a QK-norm of
-the wrong length, Gemma 2's attention soft-capping, a sliding-window layout without a period.
+(tests/data/golden/{gemma3,qwen3,phi3}-tiny-f16.gguf): a tensor left out, a key left out, a
+QK-norm or fused FFN of the wrong size, Gemma 2's attention soft-capping, a sliding-window layout
+without a period, an unknown rope scaling type, LongRoPE factors of the wrong length.
 Exit 77 when the gguf package is missing (scripts/test-venv.sh installs it).
 Env: SH_SHOAL (the binary), SH_SOURCE_DIR (repository root).
 """
@@ -26,9 +27,10 @@ SHOAL = os.environ.get("SH_SHOAL") or os.path.join(ROOT, "build", "shoal")
 GOLDEN = os.path.join(ROOT, "tests", "data", "golden")
 
 
-def write_variant(src, dst, drop_key=None, drop_tensor=None, set_kv=None, cut_tensor=None):
+def write_variant(src, dst, drop_key=None, drop_tensor=None, set_kv=None, cut_tensor=None,
+                  add_tensor=None):
     """Copies src to dst without drop_key / drop_tensor, with set_kv = (key, value, type[, sub])
-    added, and with cut_tensor's first dimension halved."""
+    and add_tensor = (name, numpy array) added, and with cut_tensor's first dimension halved."""
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
@@ -48,6 +50,8 @@ def write_variant(src, dst, drop_key=None, drop_tensor=None, set_kv=None, cut_te
         if t.name == cut_tensor:
             data = data[..., : data.shape[-1] // 2]
         w.add_tensor(t.name, data)
+    if add_tensor:
+        w.add_tensor(*add_tensor)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -78,6 +82,16 @@ CASES = [
      "blk.0.attn_k_norm.weight"),
     ("qwen3 without its layer count", "qwen3", {"drop_key": "qwen3.block_count"},
      "qwen3.block_count"),
+    ("qwen3 with an unknown rope scaling type", "qwen3",
+     {"set_kv": ("qwen3.rope.scaling.type", "ntk-by-parts", gguf.GGUFValueType.STRING)},
+     "qwen3.rope.scaling.type"),
+    ("phi3 without a fused QKV", "phi3", {"drop_tensor": "blk.1.attn_qkv.weight"},
+     "blk.1.attn_qkv.weight"),
+    ("phi3 with a fused FFN of the wrong shape", "phi3", {"cut_tensor": "blk.0.ffn_up.weight"},
+     "blk.0.ffn_up.weight"),
+    ("phi3 with LongRoPE factors of the wrong length", "phi3",
+     {"add_tensor": ("rope_factors_long.weight", np.ones(5, dtype=np.float32))},
+     "rope_factors_long.weight"),
 ]
 
 
@@ -114,7 +128,7 @@ def main():
                 check(f"serve: {name}", [SHOAL, "serve", "-m", path, "--port", "0", "-t", "1"],
                       needle, failures)
         # The unchanged files run (so the refusals above are the variants' doing).
-        for base in ("gemma3", "qwen3"):
+        for base in ("gemma3", "qwen3", "phi3"):
             p = subprocess.run([SHOAL, "run", "-m", os.path.join(GOLDEN, f"{base}-tiny-f16.gguf"),
                                 "--prompt-ids", "1 2 3", "-n", "4", "--ids", "-t", "1"], cwd=ROOT,
                                capture_output=True, text=True, timeout=60)
