@@ -3,6 +3,12 @@
 #ifndef SH_TEST_GOLDEN_REF_H
 #define SH_TEST_GOLDEN_REF_H
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "llama_driver.h"
 
 enum { MAX_P = 4, MAX_IDS = 64, TOPK = 8 };
@@ -132,6 +138,67 @@ static void compare_logits(const char *path, const char *prefix, double tol, boo
         CHECK_INT_EQ(flips, 0);
     }
     drv_close(&d);
+}
+
+/* The whole golden check of a tiny model at `path` against `prefix`'s reference: logits along
+ * prompt + greedy continuation (teacher forcing) within 1e-5 of the largest reference logit, the
+ * same top-1 everywhere, and the reference's greedy ids (a 256-token context, as compare_logits
+ * uses). Static inline: not every test that includes this file uses it. */
+static inline void golden_check_reference(const char *path, const char *prefix)
+{
+    if (!parse_golden(prefix)) {
+        SH_FAIL_("cannot parse %s.txt", prefix);
+        return;
+    }
+    compare_logits(path, prefix, 1e-5, true, 0.0);
+    drv d;
+    if (!drv_open(&d, path, 1, 2 * MAX_IDS, 1, 256))
+        return;
+    for (int p = 0; p < n_gp; p++) {
+        int32_t gen[MAX_IDS];
+        CHECK_INT_EQ(drv_greedy(&d, gp[p].prompt, gp[p].n_prompt, gp[p].n_gen, gen), gp[p].n_gen);
+        for (int i = 0; i < gp[p].n_gen; i++)
+            if (gen[i] != gp[p].gen[i]) {
+                SH_FAIL_("%s %s: greedy id %d is %d, reference %d", prefix, gp[p].name, i,
+                         (int)gen[i], (int)gp[p].gen[i]);
+                break;
+            }
+    }
+    drv_close(&d);
+}
+
+/* A broken model file at `path`: the load fails with `code` and a message containing `needle`;
+ * and, when SH_SHOAL names the binary, `shoal run` on it prints exactly one `error:` line naming
+ * `needle` and exits 2. */
+static inline void golden_expect_load_fail(const char *path, sh_err code, const char *needle)
+{
+    sh_llama *m = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_llama_load(path, NULL, &m, &e), code);
+    CHECK(m == NULL);
+    if (!strstr(e.msg, needle))
+        SH_FAIL_("error '%s' does not name '%s'", e.msg, needle);
+    const char *shoal = getenv("SH_SHOAL");
+    if (!shoal)
+        return;
+    char cmd[2048], errf[600];
+    snprintf(errf, sizeof errf, "%s.err", path);
+    snprintf(cmd, sizeof cmd, "'%s' run -m '%s' -n 1 --prompt-ids 1 >/dev/null 2>'%s'", shoal, path,
+             errf);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+    FILE *f = fopen(errf, "r");
+    char line[1024] = "";
+    int lines = 0;
+    while (f && fgets(line, sizeof line, f))
+        lines++;
+    if (f)
+        fclose(f);
+    CHECK_INT_EQ(lines, 1);
+    fprintf(stderr, "shoal run: %s", line);
+    if (strncmp(line, "error:", 6) != 0 || !strstr(line, needle))
+        SH_FAIL_("shoal run said '%s', expected one error line naming '%s'", line, needle);
+    unlink(errf);
 }
 
 #endif

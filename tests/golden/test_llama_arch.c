@@ -2,7 +2,7 @@
  * (shoal mkmodel, F16 matrices widened exactly), against tests/reference/ref_forward.py's
  * logits: gemma3's scaled embedding, QK-norm, post-norms, GELU FFN, soft-capping and its local
  * (8-token window, RoPE base 1e4) and global (base 1e6) layers on prompts longer than the window;
- * qwen3's QK-norm; phi3's fused Q/K/V and gate/up matrices read as row views. Also: a model
+ * qwen3's QK-norm (phi3's views and reference: test_llama_rope). Also: a model
  * split into pipeline stages gives the whole model's logits, two sequences batched give each
  * one's logits alone, and the KV blocks before a window stay required while a global layer reads
  * them. Usage: test_llama_arch [case]. */
@@ -19,6 +19,11 @@ static const char *model_path(const char *prefix)
     char *b = buf[k++ & 1];
     snprintf(b, sizeof buf[0], "%s.gguf", sh_test_path(prefix));
     return b;
+}
+
+static void check_reference(const char *prefix)
+{
+    golden_check_reference(model_path(prefix), prefix);
 }
 
 static void test_gemma3_hparams(void)
@@ -68,57 +73,7 @@ static void test_qwen3_hparams(void)
     sh_llama_destroy(m);
 }
 
-/* Logits along prompt + greedy continuation (teacher forcing) within 1e-5 of the largest
- * reference logit, the same top-1 everywhere, and the reference's greedy ids. */
-static void check_reference(const char *prefix)
-{
-    if (!parse_golden(prefix)) {
-        SH_FAIL_("cannot parse %s.txt", prefix);
-        return;
-    }
-    compare_logits(model_path(prefix), prefix, 1e-5, true, 0.0);
-    drv d;
-    if (!drv_open(&d, model_path(prefix), 1, 2 * MAX_IDS, 1, 256))
-        return;
-    for (int p = 0; p < n_gp; p++) {
-        int32_t gen[MAX_IDS];
-        CHECK_INT_EQ(drv_greedy(&d, gp[p].prompt, gp[p].n_prompt, gp[p].n_gen, gen), gp[p].n_gen);
-        for (int i = 0; i < gp[p].n_gen; i++)
-            if (gen[i] != gp[p].gen[i]) {
-                SH_FAIL_("%s %s: greedy id %d is %d, reference %d", prefix, gp[p].name, i,
-                         (int)gen[i], (int)gp[p].gen[i]);
-                break;
-            }
-    }
-    drv_close(&d);
-}
-
-static void test_phi3_hparams(void)
-{
-    sh_llama *m = NULL;
-    sh_error e = {0};
-    CHECK_OK(sh_llama_load(model_path(PHI3), NULL, &m, &e));
-    if (!m)
-        return;
-    const sh_llama_hparams *hp = &m->hp;
-    CHECK_STR_EQ(hp->arch, "phi3");
-    CHECK_INT_EQ(hp->rope_mode, SH_ROPE_MODE_NEOX);
-    CHECK(!hp->qk_norm && !hp->tied_embeddings);
-    CHECK_INT_EQ(hp->sliding_window, 0); /* the file's 2047 is ignored, as llama.cpp does */
-    // Q, K, V and gate, up are consecutive row ranges of one matrix each.
-    const sh_llama_layer *L = &m->layers[1];
-    size_t rb = sh__dtype_row_bytes(L->wq.type, (uint64_t)hp->dim);
-    CHECK_INT_EQ(L->wq.ne[1], 64);
-    CHECK_INT_EQ(L->wk.ne[1], 32);
-    CHECK((uint8_t *)L->wk.data == (uint8_t *)L->wq.data + 64 * rb);
-    CHECK((uint8_t *)L->wv.data == (uint8_t *)L->wk.data + 32 * rb);
-    CHECK_INT_EQ(L->w_gate.ne[1], hp->n_ff);
-    CHECK((uint8_t *)L->w_up.data == (uint8_t *)L->w_gate.data + (size_t)hp->n_ff * rb);
-    sh_llama_destroy(m);
-}
-
 static void test_gemma3_reference(void) { check_reference(GEMMA3); }
-static void test_phi3_reference(void) { check_reference(PHI3); }
 static void test_qwen3_reference(void) { check_reference(QWEN3); }
 
 /* Logits of all n rows of ids through the model loaded with layer ranges cut at `cuts` (stage
@@ -276,8 +231,6 @@ static const sh_test_case tests[] = {
     {"qwen3_hparams", test_qwen3_hparams},
     {"qwen3_reference", test_qwen3_reference},
     {"qwen3_stages", test_qwen3_stages},
-    {"phi3_hparams", test_phi3_hparams},
-    {"phi3_reference", test_phi3_reference},
     {"phi3_stages", test_phi3_stages},
     {NULL, NULL},
 };

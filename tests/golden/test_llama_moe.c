@@ -340,6 +340,11 @@ static void test_stages(void)
 
 static char out_path[512];
 
+static void expect_fail(sh_err code, const char *needle)
+{
+    golden_expect_load_fail(out_path, code, needle);
+}
+
 /* Writes the mixtral model to out_path with key `key` set to `val` (or dropped when val < 0)
  * and tensor `drop` left out. */
 static bool write_variant(const char *key, int32_t val, const char *drop)
@@ -377,39 +382,6 @@ out:
     sh__gguf_write_destroy(w);
     sh_gguf_close(g);
     return ok;
-}
-
-/* The load fails with `code` and a message containing `needle`; `shoal run` on the file prints
- * one error line naming it and exits 2. */
-static void expect_fail(sh_err code, const char *needle)
-{
-    sh_llama *m = NULL;
-    sh_error e = {0};
-    CHECK_INT_EQ(sh_llama_load(out_path, NULL, &m, &e), code);
-    CHECK(m == NULL);
-    if (!strstr(e.msg, needle))
-        SH_FAIL_("error '%s' does not name '%s'", e.msg, needle);
-    const char *shoal = getenv("SH_SHOAL");
-    if (!shoal)
-        return;
-    char cmd[2048], errf[600];
-    snprintf(errf, sizeof errf, "%s.err", out_path);
-    snprintf(cmd, sizeof cmd, "'%s' run -m '%s' -n 1 --prompt-ids 1 >/dev/null 2>'%s'", shoal,
-             out_path, errf);
-    int st = system(cmd);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
-    FILE *f = fopen(errf, "r");
-    char line[1024] = "";
-    int lines = 0;
-    while (f && fgets(line, sizeof line, f))
-        lines++;
-    if (f)
-        fclose(f);
-    CHECK_INT_EQ(lines, 1);
-    fprintf(stderr, "shoal run: %s", line);
-    if (strncmp(line, "error:", 6) != 0 || !strstr(line, needle))
-        SH_FAIL_("shoal run said '%s', expected one error line naming '%s'", line, needle);
-    unlink(errf);
 }
 
 static void test_bad_files(void)

@@ -28,30 +28,9 @@ static const char *model_path(const char *prefix)
     return b;
 }
 
-/* Logits along prompt + greedy continuation (teacher forcing) within 1e-5 of the largest
- * reference logit, the same top-1 everywhere, and the reference's greedy ids (a 256-token
- * context, as compare_logits uses). */
 static void check_reference(const char *prefix)
 {
-    if (!parse_golden(prefix)) {
-        SH_FAIL_("cannot parse %s.txt", prefix);
-        return;
-    }
-    compare_logits(model_path(prefix), prefix, 1e-5, true, 0.0);
-    drv d;
-    if (!drv_open(&d, model_path(prefix), 1, 2 * MAX_IDS, 1, 256))
-        return;
-    for (int p = 0; p < n_gp; p++) {
-        int32_t gen[MAX_IDS];
-        CHECK_INT_EQ(drv_greedy(&d, gp[p].prompt, gp[p].n_prompt, gp[p].n_gen, gen), gp[p].n_gen);
-        for (int i = 0; i < gp[p].n_gen; i++)
-            if (gen[i] != gp[p].gen[i]) {
-                SH_FAIL_("%s %s: greedy id %d is %d, reference %d", prefix, gp[p].name, i,
-                         (int)gen[i], (int)gp[p].gen[i]);
-                break;
-            }
-    }
-    drv_close(&d);
+    golden_check_reference(model_path(prefix), prefix);
 }
 
 /* phi3's fused tensors are views of one matrix each: Q, K, V rows in order, gate then up. */
@@ -138,6 +117,11 @@ static void test_llama3_reference(void) { check_reference(LLAMA3); }
 
 static char out_path[512];
 
+static void expect_fail(sh_err code, const char *needle)
+{
+    golden_expect_load_fail(out_path, code, needle);
+}
+
 /* Writes model `src` to out_path with string key `key` set to `sval`, and tensor `tname` cut to
  * its first `keep` values (keep < 0: unchanged). */
 static bool write_variant(const char *src, const char *key, const char *sval, const char *tname,
@@ -175,39 +159,6 @@ out:
     sh__gguf_write_destroy(w);
     sh_gguf_close(g);
     return ok;
-}
-
-/* The load fails with `code` and a message containing `needle`; `shoal run` on the file prints
- * one error line naming it and exits 2. */
-static void expect_fail(sh_err code, const char *needle)
-{
-    sh_llama *m = NULL;
-    sh_error e = {0};
-    CHECK_INT_EQ(sh_llama_load(out_path, NULL, &m, &e), code);
-    CHECK(m == NULL);
-    if (!strstr(e.msg, needle))
-        SH_FAIL_("error '%s' does not name '%s'", e.msg, needle);
-    const char *shoal = getenv("SH_SHOAL");
-    if (!shoal)
-        return;
-    char cmd[2048], errf[600];
-    snprintf(errf, sizeof errf, "%s.err", out_path);
-    snprintf(cmd, sizeof cmd, "'%s' run -m '%s' -n 1 --prompt-ids 1 >/dev/null 2>'%s'", shoal,
-             out_path, errf);
-    int st = system(cmd);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
-    FILE *f = fopen(errf, "r");
-    char line[1024] = "";
-    int lines = 0;
-    while (f && fgets(line, sizeof line, f))
-        lines++;
-    if (f)
-        fclose(f);
-    CHECK_INT_EQ(lines, 1);
-    fprintf(stderr, "shoal run: %s", line);
-    if (strncmp(line, "error:", 6) != 0 || !strstr(line, needle))
-        SH_FAIL_("shoal run said '%s', expected one error line naming '%s'", line, needle);
-    unlink(errf);
 }
 
 static void test_bad_files(void)
