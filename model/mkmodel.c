@@ -3,12 +3,12 @@
 #include "model/mkmodel.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "kernels/cpu/quant.h"
 #include "model/gguf.h"
 #include "model/mkmodel_arch.h"
@@ -160,36 +160,19 @@ static void *gen_rows(void *arg)
     return NULL;
 }
 
-#define MAX_THREADS 64
-
 /* The writer's fill callback: splits the rows into contiguous ranges, one per thread. */
 static sh_err fill_weights(void *user, const sh_gguf_write_tensor *t, uint64_t row0,
                            uint64_t n_rows, void *dst, sh_error *e)
 {
     const gen_ctx *g = user;
-    int nt = g->o->n_threads < 1             ? 1
-             : g->o->n_threads > MAX_THREADS ? MAX_THREADS
-                                             : g->o->n_threads;
-    if ((uint64_t)nt > n_rows)
-        nt = (int)n_rows;
-    gen_job jobs[MAX_THREADS];
-    pthread_t th[MAX_THREADS];
-    bool started[MAX_THREADS] = {false};
+    int nt = sh__threads_count(g->o->n_threads, n_rows);
+    gen_job jobs[SH_THREADS_MAX];
     for (int i = 0; i < nt; i++) {
         uint64_t a = n_rows * (uint64_t)i / (uint64_t)nt,
                  b = n_rows * (uint64_t)(i + 1) / (uint64_t)nt;
         jobs[i] = (gen_job){g->o, t, row0 + a, b - a, (uint8_t *)dst + a * t->row_bytes, SH_OK};
     }
-    /* Thread 0's share runs here; a thread that cannot start has its share run here too. */
-    for (int i = 1; i < nt; i++)
-        started[i] = pthread_create(&th[i], NULL, gen_rows, &jobs[i]) == 0;
-    gen_rows(&jobs[0]);
-    for (int i = 1; i < nt; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            gen_rows(&jobs[i]);
-    }
+    sh__threads_run(nt, gen_rows, jobs, sizeof jobs[0]);
     for (int i = 0; i < nt; i++)
         if (jobs[i].err)
             return sh__error_set(e, jobs[i].err, "cannot generate rows: %s",

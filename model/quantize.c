@@ -3,7 +3,6 @@
 #include "model/quantize.h"
 
 #include <fnmatch.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,10 +11,9 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/threads.h"
 #include "kernels/cpu/quant.h"
 #include "model/gguf_write.h"
-
-#define MAX_THREADS 64
 
 /* ---- Which tensors, which type ------------------------------------------------------------ */
 
@@ -307,14 +305,8 @@ static sh_err copy_rows(const job_tensor *t, uint64_t row0, uint64_t n_rows, voi
 static sh_err convert(const conv_ctx *c, const job_tensor *t, const sh_gguf_write_tensor *wt,
                       uint64_t row0, uint64_t n_rows, void *dst, sh_error *e)
 {
-    int nt = c->o->n_threads < 1             ? 1
-             : c->o->n_threads > MAX_THREADS ? MAX_THREADS
-                                             : c->o->n_threads;
-    if ((uint64_t)nt > n_rows)
-        nt = (int)n_rows;
-    row_job jobs[MAX_THREADS];
-    pthread_t th[MAX_THREADS];
-    bool started[MAX_THREADS] = {false};
+    int nt = sh__threads_count(c->o->n_threads, n_rows);
+    row_job jobs[SH_THREADS_MAX];
     for (int i = 0; i < nt; i++) {
         uint64_t a = n_rows * (uint64_t)i / (uint64_t)nt,
                  b = n_rows * (uint64_t)(i + 1) / (uint64_t)nt;
@@ -322,16 +314,7 @@ static sh_err convert(const conv_ctx *c, const job_tensor *t, const sh_gguf_writ
                             b - a, wt->row_bytes, (uint8_t *)dst + a * wt->row_bytes,
                             SH_OK};
     }
-    /* Share 0 runs here, and so does the share of a thread that cannot start. */
-    for (int i = 1; i < nt; i++)
-        started[i] = pthread_create(&th[i], NULL, convert_rows, &jobs[i]) == 0;
-    convert_rows(&jobs[0]);
-    for (int i = 1; i < nt; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            convert_rows(&jobs[i]);
-    }
+    sh__threads_run(nt, convert_rows, jobs, sizeof jobs[0]);
     for (int i = 0; i < nt; i++)
         if (jobs[i].err)
             return sh__error_set(e, jobs[i].err, "cannot convert %s rows to %s: %s",
