@@ -1,8 +1,8 @@
 # Shoal against llama.cpp on the real Gemma 3 270M Q4_K_M file (tests/data/gemma3/, made by
 # tests/reference/llamacpp_ref.c): test_gemma3_tokens checks `shoal tokenize` on each prompt
 # against llama.cpp's ids; test_gemma3_ref checks 16 greedy tokens per prompt (equal, or first
-# diverging at a near-tie). Both skip (77) without the model (scripts/get-model.sh gemma3-270m);
-# test_gemma3_ref also skips while `shoal run` refuses the gemma3 architecture.
+# diverging at a near-tie). Both skip (77) only without the model (scripts/get-model.sh
+# gemma3-270m).
 if(SH_FUZZ)
   return() # a fuzzing build builds only the fuzz targets' dependencies
 endif()

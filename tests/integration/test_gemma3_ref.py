@@ -12,10 +12,8 @@ Two parts, chosen by the first argument:
           nothing later is compared. Shoal stops early at an end-of-generation token without
           printing it; that counts as choosing an EOG id there.
 
-Exit 77 (skipped) when the model is missing (scripts/get-model.sh gemma3-270m), and for `greedy`
-while `shoal run` refuses the gemma3 architecture ("architecture 'gemma3'") or one of the file's
-tensor types ("type Q5_0 is not supported here"): support lands separately, and this test turns
-itself on when it does. Env: SH_SHOAL (binary), SH_SOURCE_DIR.
+Exit 77 (skipped) only when the model is missing (scripts/get-model.sh gemma3-270m); a refusal
+by `shoal run` is a failure. Env: SH_SHOAL (binary), SH_SOURCE_DIR.
 """
 import hashlib
 import json
@@ -71,11 +69,6 @@ def part_greedy(ref):
         # activations (an F32 cache here flips the boiling-point prompt's first token).
         r = shoal("run", "-m", MODEL, "--prompt-ids", " ".join(map(str, p["prompt_ids"])),
                   "-n", str(N_CHECK), "--ids", "-t", "2", "--kv-f16")
-        if r.returncode == 2 and ("architecture 'gemma3'" in r.stderr or
-                                  "is not supported here" in r.stderr):
-            print(f"SKIP: shoal run does not support gemma3 or this file's types yet: "
-                  f"{r.stderr.strip()}")
-            sys.exit(77)
         if r.returncode != 0:
             failed += 1
             print(f"FAIL greedy {p['prompt']!r}: shoal run exit code {r.returncode}: {r.stderr.strip()[:400]}")
