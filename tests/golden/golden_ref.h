@@ -140,12 +140,24 @@ static void compare_logits(const char *path, const char *prefix, double tol, boo
     drv_close(&d);
 }
 
-/* The whole golden check of a tiny model at `path` against `prefix`'s reference: logits along
+/* The model file of a golden prefix: "<prefix>.gguf" under the source tree. Two calls' results
+ * may be live at once. */
+static inline const char *golden_model_path(const char *prefix)
+{
+    static char buf[2][512];
+    static int k;
+    char *b = buf[k++ & 1];
+    snprintf(b, sizeof buf[0], "%s.gguf", sh_test_path(prefix));
+    return b;
+}
+
+/* The whole golden check of the tiny model of `prefix` against its reference: logits along
  * prompt + greedy continuation (teacher forcing) within 1e-5 of the largest reference logit, the
  * same top-1 everywhere, and the reference's greedy ids (a 256-token context, as compare_logits
  * uses). Static inline: not every test that includes this file uses it. */
-static inline void golden_check_reference(const char *path, const char *prefix)
+static inline void golden_check_reference(const char *prefix)
 {
+    const char *path = golden_model_path(prefix);
     if (!parse_golden(prefix)) {
         SH_FAIL_("cannot parse %s.txt", prefix);
         return;

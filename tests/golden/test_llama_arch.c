@@ -12,25 +12,11 @@
 #define QWEN3 "tests/data/golden/qwen3-tiny-f16"
 #define PHI3 "tests/data/golden/phi3-tiny-f16"
 
-static const char *model_path(const char *prefix)
-{
-    static char buf[2][512];
-    static int k;
-    char *b = buf[k++ & 1];
-    snprintf(b, sizeof buf[0], "%s.gguf", sh_test_path(prefix));
-    return b;
-}
-
-static void check_reference(const char *prefix)
-{
-    golden_check_reference(model_path(prefix), prefix);
-}
-
 static void test_gemma3_hparams(void)
 {
     sh_llama *m = NULL;
     sh_error e = {0};
-    CHECK_OK(sh_llama_load(model_path(GEMMA3), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(GEMMA3), NULL, &m, &e));
     if (!m)
         return;
     const sh_llama_hparams *hp = &m->hp;
@@ -57,7 +43,7 @@ static void test_qwen3_hparams(void)
 {
     sh_llama *m = NULL;
     sh_error e = {0};
-    CHECK_OK(sh_llama_load(model_path(QWEN3), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(QWEN3), NULL, &m, &e));
     if (!m)
         return;
     const sh_llama_hparams *hp = &m->hp;
@@ -73,8 +59,8 @@ static void test_qwen3_hparams(void)
     sh_llama_destroy(m);
 }
 
-static void test_gemma3_reference(void) { check_reference(GEMMA3); }
-static void test_qwen3_reference(void) { check_reference(QWEN3); }
+static void test_gemma3_reference(void) { golden_check_reference(GEMMA3); }
+static void test_qwen3_reference(void) { golden_check_reference(QWEN3); }
 
 /* Logits of all n rows of ids through the model loaded with layer ranges cut at `cuts` (stage
  * k runs [cuts[k], cuts[k + 1])), the hidden state handed from stage to stage. */
@@ -128,7 +114,7 @@ static void check_stages(const char *prefix, int32_t n_layers)
         ids[i] = 1 + (i * 37) % 250;
     static float whole[40 * 512], split[40 * 512];
     const int32_t all[2] = {0, n_layers};
-    if (!staged_logits(model_path(prefix), all, 1, ids, 40, whole))
+    if (!staged_logits(golden_model_path(prefix), all, 1, ids, 40, whole))
         return;
     int32_t each[8];
     for (int32_t l = 0; l <= n_layers; l++)
@@ -137,7 +123,7 @@ static void check_stages(const char *prefix, int32_t n_layers)
     const int32_t *splits[2] = {each, uneven};
     const int n_splits[2] = {n_layers, 2};
     for (int s = 0; s < 2; s++) {
-        if (!staged_logits(model_path(prefix), splits[s], n_splits[s], ids, 40, split))
+        if (!staged_logits(golden_model_path(prefix), splits[s], n_splits[s], ids, 40, split))
             return;
         int bad = 0;
         for (int i = 0; i < 40 * 300; i++)
@@ -157,7 +143,7 @@ static void test_phi3_stages(void) { check_stages(PHI3, 2); }
 static void test_gemma3_batched(void)
 {
     drv d;
-    if (!drv_open(&d, model_path(GEMMA3), 2, 64, 2, 512))
+    if (!drv_open(&d, golden_model_path(GEMMA3), 2, 64, 2, 512))
         return;
     const int32_t V = d.m->hp.n_vocab, na = 21, nb = 6;
     int32_t a[21], b[6];
@@ -206,7 +192,7 @@ static void test_gemma3_batched(void)
 static void test_gemma3_blocks_kept(void)
 {
     drv d;
-    if (!drv_open(&d, model_path(GEMMA3), 1, 64, 1, 512))
+    if (!drv_open(&d, golden_model_path(GEMMA3), 1, 64, 1, 512))
         return;
     int32_t ids[40];
     for (int i = 0; i < 40; i++)

@@ -19,26 +19,12 @@
 #define YARN "tests/data/golden/llama-yarn-tiny-f16"
 #define LLAMA3 "tests/data/golden/llama3rope-tiny-f16"
 
-static const char *model_path(const char *prefix)
-{
-    static char buf[2][512];
-    static int k;
-    char *b = buf[k++ & 1];
-    snprintf(b, sizeof buf[0], "%s.gguf", sh_test_path(prefix));
-    return b;
-}
-
-static void check_reference(const char *prefix)
-{
-    golden_check_reference(model_path(prefix), prefix);
-}
-
 /* phi3's fused tensors are views of one matrix each: Q, K, V rows in order, gate then up. */
 static void test_phi3_hparams(void)
 {
     sh_llama *m = NULL;
     sh_error e = {0};
-    CHECK_OK(sh_llama_load(model_path(PHI3), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(PHI3), NULL, &m, &e));
     if (!m)
         return;
     const sh_llama_hparams *hp = &m->hp;
@@ -64,14 +50,14 @@ static void test_scaling_hparams(void)
 {
     sh_llama *m = NULL;
     sh_error e = {0};
-    CHECK_OK(sh_llama_load(model_path(LINEAR), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(LINEAR), NULL, &m, &e));
     if (m) {
         CHECK_NEAR(m->hp.rope_scaling.freq_scale, 0.25, 0);
         CHECK_NEAR(m->hp.rope_scaling.ext_factor, 0, 0);
         CHECK(!m->rope_freqs);
         sh_llama_destroy(m);
     }
-    CHECK_OK(sh_llama_load(model_path(YARN), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(YARN), NULL, &m, &e));
     if (m) {
         const sh_rope_scaling *r = &m->hp.rope_scaling;
         CHECK_NEAR(r->freq_scale, 0.25, 0);
@@ -81,7 +67,7 @@ static void test_scaling_hparams(void)
         CHECK_NEAR(r->attn_factor, 1.0, 1e-6);
         sh_llama_destroy(m);
     }
-    CHECK_OK(sh_llama_load(model_path(LLAMA3), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(LLAMA3), NULL, &m, &e));
     if (m) {
         CHECK(m->rope_freqs && !m->rope_freqs_long);
         CHECK_NEAR(m->hp.rope_scaling.freq_scale, 1, 0);
@@ -89,7 +75,7 @@ static void test_scaling_hparams(void)
         CHECK_NEAR(m->rope_freqs[m->hp.n_rot / 2 - 1], 8, 0); /* slow: divided by the factor */
         sh_llama_destroy(m);
     }
-    CHECK_OK(sh_llama_load(model_path(PHI3_SHORT), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(PHI3_SHORT), NULL, &m, &e));
     if (m) {
         CHECK(m->rope_freqs && m->rope_freqs_long && m->rope_freqs != m->rope_freqs_long);
         CHECK_INT_EQ(m->hp.rope_scaling.n_ctx_orig, 4096);
@@ -98,7 +84,7 @@ static void test_scaling_hparams(void)
         CHECK(sh__llama_rope_for_ctx(m, 4097).freq_factors == m->rope_freqs_long); /* 4352 */
         sh_llama_destroy(m);
     }
-    CHECK_OK(sh_llama_load(model_path(PHI3_LONG), NULL, &m, &e));
+    CHECK_OK(sh_llama_load(golden_model_path(PHI3_LONG), NULL, &m, &e));
     if (m) {
         CHECK_INT_EQ(m->hp.rope_scaling.n_ctx_orig, 128);
         CHECK(sh__llama_rope_for_ctx(m, 100).freq_factors == m->rope_freqs_long); /* 256 > 128 */
@@ -106,12 +92,12 @@ static void test_scaling_hparams(void)
     }
 }
 
-static void test_phi3_reference(void) { check_reference(PHI3); }
-static void test_phi3_longrope_short(void) { check_reference(PHI3_SHORT); }
-static void test_phi3_longrope_long(void) { check_reference(PHI3_LONG); }
-static void test_linear_reference(void) { check_reference(LINEAR); }
-static void test_yarn_reference(void) { check_reference(YARN); }
-static void test_llama3_reference(void) { check_reference(LLAMA3); }
+static void test_phi3_reference(void) { golden_check_reference(PHI3); }
+static void test_phi3_longrope_short(void) { golden_check_reference(PHI3_SHORT); }
+static void test_phi3_longrope_long(void) { golden_check_reference(PHI3_LONG); }
+static void test_linear_reference(void) { golden_check_reference(LINEAR); }
+static void test_yarn_reference(void) { golden_check_reference(YARN); }
+static void test_llama3_reference(void) { golden_check_reference(LLAMA3); }
 
 /* ---- bad files ----------------------------------------------------------------------------- */
 
@@ -131,7 +117,7 @@ static bool write_variant(const char *src, const char *key, const char *sval, co
     sh_gguf_writer *w = NULL;
     sh_error e = {0};
     bool ok = false;
-    if (sh_gguf_open(model_path(src), NULL, &g, &e) || sh__gguf_write_create(&w, &e))
+    if (sh_gguf_open(golden_model_path(src), NULL, &g, &e) || sh__gguf_write_create(&w, &e))
         goto out;
     for (uint64_t i = 0; i < sh_gguf_n_kv(g); i++) {
         const sh_gguf_kv *kv = sh_gguf_kv_at(g, i);
