@@ -27,7 +27,7 @@ static void usage(FILE *f)
         "Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K), and to F16 when 32 does not divide it\n"
         "either. Quantized inputs are dequantized first (requantizing), so any of these types\n"
         "converts to any other. Every metadata key is kept; general.file_type and\n"
-        "general.quantization_version are updated. See docs/models.md.\n"
+        "general.quantization_version are updated. See docs/quantize.md.\n"
         "\n"
         "  --type T           F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,\n"
         "                     Q5_K or Q6_K\n"
