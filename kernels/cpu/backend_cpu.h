@@ -107,6 +107,10 @@ typedef struct sh__cpu_buf {
     size_t cap;
 } sh__cpu_buf;
 
+/* Makes b at least `bytes` long, growing by a quarter more and 64-byte aligned (contents are not
+ * kept); false (b unchanged) when out of memory. Grow-only, so a steady workload allocates once. */
+bool sh__cpu_buf_grow(sh__cpu_buf *b, size_t bytes);
+
 /* A weight prepared by weight_prepare: the caller's data pointer and shape, and the copy. */
 typedef struct sh__cpu_packed {
     const void *data; /* NULL: free slot */

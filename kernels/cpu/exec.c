@@ -14,8 +14,7 @@
  * file-layout kernels' row groups). */
 #define ROW_ALIGN 16
 
-/* Makes b at least `bytes` long (contents are not kept). */
-static bool grow(sh__cpu_buf *b, size_t bytes)
+bool sh__cpu_buf_grow(sh__cpu_buf *b, size_t bytes)
 {
     if (b->cap >= bytes)
         return true;
@@ -42,7 +41,7 @@ static bool grow_tmp(sh__cpu_ctx *c, size_t floats)
     size_t stride = (floats + 15) & ~(size_t)15; /* 64-byte aligned per thread */
     if (stride <= c->tmp_stride)
         return true;
-    if (!grow(&c->tmp, stride * sizeof(float) * (size_t)sh__cpu_pool_size(c->pool)))
+    if (!sh__cpu_buf_grow(&c->tmp, stride * sizeof(float) * (size_t)sh__cpu_pool_size(c->pool)))
         return false;
     c->tmp_stride = stride;
     return true;
@@ -225,14 +224,15 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
     }
     const size_t nx = (size_t)(n_tok * n_in);
     if (a->norm) {
-        if (!grow(&c->xn, nx * sizeof(float)))
+        if (!sh__cpu_buf_grow(&c->xn, nx * sizeof(float)))
             return SH_ENOMEM;
         j.act.x = c->xn.p;
         j.prep_norm = 1;
     }
     if (any_q) {
-        if (!grow(&c->qs, nx) || !grow(&c->qd, (size_t)(n_tok * nb) * sizeof(float)) ||
-            !grow(&c->qsum, (size_t)(n_tok * nb) * sizeof(float)))
+        if (!sh__cpu_buf_grow(&c->qs, nx) ||
+            !sh__cpu_buf_grow(&c->qd, (size_t)(n_tok * nb) * sizeof(float)) ||
+            !sh__cpu_buf_grow(&c->qsum, (size_t)(n_tok * nb) * sizeof(float)))
             return SH_ENOMEM;
         j.act.qs = c->qs.p;
         j.act.d = c->qd.p;
@@ -240,7 +240,7 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
         j.prep_quant = 1;
     }
     if (any_k) {
-        if (!grow(&c->qk, (size_t)(n_tok * (n_in / SH_QK_K)) * sizeof(sh_block_q8_k)))
+        if (!sh__cpu_buf_grow(&c->qk, (size_t)(n_tok * (n_in / SH_QK_K)) * sizeof(sh_block_q8_k)))
             return SH_ENOMEM;
         j.act.qk = c->qk.p;
         j.prep_qk = 1;
@@ -253,7 +253,7 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
     for (int i = 0; i < a->n_w && n_tok > 1; i++)
         j.prep_xt |= a->w[i].type == SH_DTYPE_F16 && op->packed[i] != NULL;
     if (j.prep_xt) {
-        if (!grow(&c->xt, (size_t)((n_tok + 15) / 16 * 16 * n_in) * sizeof(float)))
+        if (!sh__cpu_buf_grow(&c->xt, (size_t)((n_tok + 15) / 16 * 16 * n_in) * sizeof(float)))
             return SH_ENOMEM;
         j.act.xt = c->xt.p;
     }
@@ -318,7 +318,7 @@ static sh_err exec_attn(sh__cpu_ctx *c, const sh__cpu_op *op)
     const int64_t cap = w > 0 ? span : (int64_t)op->u.attn.cache.n_blocks * SH_KV_BLOCK_TOKENS;
     max_ctx = cap > max_ctx ? cap : max_ctx;
     const int64_t max_items = sh__cpu_attn_max_items(rows, b->n_seqs, op->u.attn.n_heads);
-    if (!grow(&c->rowmap, (size_t)(2 * rows + 4 * max_items) * sizeof(int32_t)) ||
+    if (!sh__cpu_buf_grow(&c->rowmap, (size_t)(2 * rows + 4 * max_items) * sizeof(int32_t)) ||
         !grow_tmp(c, (size_t)(max_ctx + 2 * op->u.attn.cache.head_dim + 16)) ||
         !grow_tmp(c, sh__cpu_attn_scratch(max_ctx, op->u.attn.cache.head_dim)))
         return SH_ENOMEM;

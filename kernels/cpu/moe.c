@@ -40,20 +40,6 @@ struct sh__cpu_moe_scratch {
     size_t tmp_stride;
 };
 
-static bool grow(sh__cpu_buf *b, size_t bytes)
-{
-    if (b->cap >= bytes)
-        return true;
-    size_t cap = (bytes + bytes / 4 + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, cap);
-    if (!p)
-        return false;
-    free(b->p);
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
 void sh__cpu_moe_fini(sh__cpu_ctx *c)
 {
     sh__cpu_moe_scratch *m = c->moe;
@@ -396,7 +382,7 @@ static void run_combine(void *arg, int tid, int nth)
 
 #define GROW(buf, n, T)                                                                            \
     do {                                                                                           \
-        if (!grow(&(buf), (size_t)(n) * sizeof(T)))                                                \
+        if (!sh__cpu_buf_grow(&(buf), (size_t)(n) * sizeof(T)))                                    \
             return SH_ENOMEM;                                                                      \
     } while (0)
 
