@@ -1,6 +1,6 @@
-/* The Llama-family forward pass (llama, mistral, qwen2, qwen3, gemma3): a batch of sequences'
- * tokens through a stage's layers, against the backend interface, with a paged KV cache and
- * workspace allocated once per context. */
+/* The Llama-family forward pass (llama, mistral, qwen2, qwen3, gemma3, phi3 and the MoE forms): a
+ * batch of sequences' tokens through a stage's layers, against the backend interface, with a
+ * paged KV cache and workspace allocated once per context. */
 #include "model/llama.h"
 #include "model/llama_rope.h"
 
@@ -391,11 +391,11 @@ static sh_err moe_ffn(sh_llama_ctx *c, int32_t l, int32_t n_tok, const char **wh
 
 /* One transformer block on rows x (n_tok, dim):
  *   h = rmsnorm(x) * attn_norm;  q, k, v = h Wq^T, h Wk^T, h Wv^T;  [qk_norm: each head of q and
- *   k RMS-normalized times q_norm / k_norm];  rotate q, k by position (the layer's RoPE base);
- *   store k, v; a = causal attention of q over the cache (the layer's window);
- *   x += a Wo^T  [post_norms: x += rmsnorm(a Wo^T) * post_attn_norm];
- *   h = rmsnorm(x) * ffn_norm;   f = act(h Wg^T) * (h Wu^T)  (act silu, or gelu for gemma3);
- *   x += f Wd^T  [post_norms: x += rmsnorm(f Wd^T) * post_ffn_norm]. */
+ *   k RMS-normalized times q_norm / k_norm; olmoe: all of q and all of k, one norm each];  rotate
+ * q, k by position (the layer's RoPE base); store k, v; a = causal attention of q over the cache
+ * (the layer's window); x += a Wo^T  [post_norms: x += rmsnorm(a Wo^T) * post_attn_norm]; h =
+ * rmsnorm(x) * ffn_norm;   f = act(h Wg^T) * (h Wu^T)  (act silu, or gelu for gemma3); x += f Wd^T
+ * [post_norms: x += rmsnorm(f Wd^T) * post_ffn_norm]. */
 static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t n_tok,
                     const char **what)
 {
@@ -413,7 +413,10 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
         TRY("k bias", add_rows(c, c->k, L->bk, n_tok, kvd));
         TRY("v bias", add_rows(c, c->v, L->bv, n_tok, kvd));
     }
-    if (L->q_norm) { /* the heads are rows of head_dim */
+    if (L->q_norm && hp->qk_norm_full) { /* olmoe: each token's whole q and k are rows */
+        TRY("q norm", sh_backend_rmsnorm(be, st, c->q, L->q_norm, hp->norm_eps, n_tok, qd, c->q));
+        TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps, n_tok, kvd, c->k));
+    } else if (L->q_norm) { /* the heads are rows of head_dim */
         TRY("q norm", sh_backend_rmsnorm(be, st, c->q, L->q_norm, hp->norm_eps,
                                          (int64_t)n_tok * hp->n_heads, hp->head_dim, c->q));
         TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps,

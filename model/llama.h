@@ -1,5 +1,5 @@
 /* The Llama-family models (llama, mistral-style, qwen2, qwen3, gemma3, phi3, and the
- * mixture-of-experts forms mixtral, qwen2moe, qwen3moe): weights from a GGUF or a llama2.c
+ * mixture-of-experts forms mixtral, qwen2moe, qwen3moe, olmoe): weights from a GGUF or a llama2.c
  * checkpoint used in place, and a batched forward pass over a paged KV cache, written against
  * kernels/backend.h. */
 #ifndef SH_MODEL_LLAMA_H
@@ -40,13 +40,16 @@ typedef struct sh_llama_hparams {
     bool tied_embeddings;   /* no output.weight: the head is token_embd */
     bool qkv_bias;          /* qwen2's attn_{q,k,v}.bias */
     bool qk_norm;           /* qwen3, gemma3: RMSNorm of each q and k head (attn_{q,k}_norm) */
+    bool qk_norm_full;      /* olmoe (with qk_norm): one RMSNorm over all of q and one over all
+                             * of k, before the split into heads; the norms are n_heads *
+                             * head_dim and n_kv_heads * head_dim wide */
     bool post_norms;        /* gemma3: the attention and FFN outputs are RMS-normalized
                              * (post_attention_norm, post_ffw_norm) before the residual adds */
     sh_matmul_act ffn_act;  /* SH_MATMUL_ACT_SWIGLU, or GEGLU for gemma3 */
     float embd_scale;       /* embedding rows are multiplied by this (gemma3: sqrt(dim)); 1 */
     float attn_scale;       /* attention scores are scale * q.k: 1 / sqrt(head_dim) */
     float final_softcap;    /* <arch>.final_logit_softcapping c: logits = c tanh(logits / c) */
-    /* Mixture of experts (mixtral-style llama, qwen2moe, qwen3moe): every layer's FFN is
+    /* Mixture of experts (mixtral-style llama, qwen2moe, qwen3moe, olmoe): every layer's FFN is
      * n_expert experts of which the router picks n_expert_used per token (sh_moe_args). 0: dense */
     int32_t n_expert;      /* <arch>.expert_count */
     int32_t n_expert_used; /* <arch>.expert_used_count */
@@ -80,10 +83,10 @@ typedef struct sh_llama_layer {
     sh_tensor w_up;         // (n_ff, dim)
     sh_tensor w_down;       // (dim, n_ff)
 
-    /* qwen3 and gemma3 (NULL for the others): the per-head RMSNorm of q and k (qk_norm), and
+    /* qwen3, gemma3 and olmoe (NULL for the others): the RMSNorm of q and k (qk_norm), and
      * gemma3's norms of the attention and FFN outputs (post_norms). */
-    const float *q_norm;         // (head_dim)
-    const float *k_norm;         // (head_dim)
+    const float *q_norm;         // (head_dim), olmoe (qk_norm_full): (n_heads * head_dim)
+    const float *k_norm;         // (head_dim), olmoe (qk_norm_full): (n_kv_heads * head_dim)
     const float *post_attn_norm; // (dim) post_attention_norm.weight
     const float *post_ffn_norm;  // (dim) post_ffw_norm.weight
 
@@ -131,13 +134,12 @@ typedef struct sh_llama_load_opts {
 } sh_llama_load_opts;
 
 /* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,
- * qwen2moe, qwen3, qwen3moe, gemma3) or a
- * llama2.c checkpoint (told apart by the GGUF magic). opts may be NULL (the whole model, no
- * prefault). Weights stay in the read-only mapping; nothing is copied (a context may copy and drop
- * them, sh_llama_ctx_opts.no_weight_prepare). Returns, with e filled and *out NULL: SH_EIO (cannot
- * open), SH_EFORMAT (a missing or wrongly shaped tensor or key), SH_EUNSUPPORTED (architecture, a
- * weight type the backend ops lack, a non-f32 norm), SH_EINVAL (bad layer range), SH_ENOMEM. Any
- * thread. The caller owns *out. */
+ * qwen2moe, qwen3, qwen3moe, gemma3, phi3, olmoe) or a llama2.c checkpoint (told apart by the GGUF
+ * magic). opts may be NULL (the whole model, no prefault). Weights stay in the read-only mapping;
+ * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare).
+ * Returns, with e filled and *out NULL: SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly
+ * shaped tensor or key), SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a
+ * non-f32 norm), SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
 
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */

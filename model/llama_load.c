@@ -1,5 +1,6 @@
-/* Llama-family loading (llama, mistral, qwen2, qwen3, gemma3, and the MoE forms through
- * llama_moe.c): hyperparameters and weight views from a GGUF or a llama2.c checkpoint. */
+/* Llama-family loading (llama, mistral, qwen2, qwen3, gemma3, phi3, and the MoE forms mixtral,
+ * qwen2moe, qwen3moe, olmoe through llama_moe.c): hyperparameters and weight views from a GGUF or a
+ * llama2.c checkpoint. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,7 @@ static sh_err load_swa_pattern(const sh_gguf *g, const char *arch, int32_t dflt,
     return SH_OK;
 }
 
-/* The settings particular to phi3, qwen3 and gemma3 (llama, mistral and qwen2 keep the
+/* The settings particular to phi3, qwen3, olmoe and gemma3 (llama, mistral and qwen2 keep the
  * defaults). */
 static sh_err load_arch_extras(const sh_gguf *g, sh_llama_hparams *hp, sh_error *e)
 {
@@ -140,6 +141,12 @@ static sh_err load_arch_extras(const sh_gguf *g, sh_llama_hparams *hp, sh_error 
     }
     if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0) {
         hp->qk_norm = true;
+        return SH_OK;
+    }
+    if (strcmp(a, "olmoe") == 0) { /* one norm over all of q, one over all of k (llama.cpp) */
+        hp->qk_norm = hp->qk_norm_full = true;
+        if (hp->n_expert == 0)
+            return sh__error_set(e, SH_EFORMAT, "metadata olmoe.expert_count is missing");
         return SH_OK;
     }
     if (strcmp(a, "gemma3") != 0)
@@ -184,11 +191,12 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
      * halves (NEOX). */
     bool neox = strcmp(hp->arch, "qwen2") == 0 || strcmp(hp->arch, "qwen3") == 0 ||
                 strcmp(hp->arch, "gemma3") == 0 || strcmp(hp->arch, "qwen2moe") == 0 ||
-                strcmp(hp->arch, "qwen3moe") == 0 || strcmp(hp->arch, "phi3") == 0;
+                strcmp(hp->arch, "qwen3moe") == 0 || strcmp(hp->arch, "phi3") == 0 ||
+                strcmp(hp->arch, "olmoe") == 0;
     if (!neox && strcmp(hp->arch, "llama") != 0 && strcmp(hp->arch, "mistral") != 0)
         return sh__error_set(e, SH_EUNSUPPORTED,
                              "architecture '%s' (llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, "
-                             "gemma3, phi3 only)",
+                             "gemma3, phi3, olmoe only)",
                              hp->arch);
     const char *a = hp->arch;
     sh_err err;
@@ -320,9 +328,9 @@ static sh_err bind_gguf(sh_llama *m, sh_error *e)
         BIND_VEC(bq, "attn_q.bias", qd, !hp->qkv_bias);
         BIND_VEC(bk, "attn_k.bias", kvd, !hp->qkv_bias);
         BIND_VEC(bv, "attn_v.bias", kvd, !hp->qkv_bias);
-        if (hp->qk_norm) {
-            BIND_VEC(q_norm, "attn_q_norm.weight", hp->head_dim, false);
-            BIND_VEC(k_norm, "attn_k_norm.weight", hp->head_dim, false);
+        if (hp->qk_norm) { /* per head, or olmoe's over the whole of q and of k */
+            BIND_VEC(q_norm, "attn_q_norm.weight", hp->qk_norm_full ? qd : hp->head_dim, false);
+            BIND_VEC(k_norm, "attn_k_norm.weight", hp->qk_norm_full ? kvd : hp->head_dim, false);
         }
         if (hp->post_norms) {
             BIND_VEC(post_attn_norm, "post_attention_norm.weight", dim, false);

@@ -1,8 +1,8 @@
 /* Golden tests of the mixture-of-experts path (mixtral-style llama, qwen2moe with its shared
- * expert, qwen3moe) on the tiny seeded mkmodel files, against ref_forward.py: logits, greedy ids
- * and the experts every token is routed to; batched steps equal to each sequence alone; the
- * per-expert load counters; pipeline stages; files whose experts disagree with their metadata
- * refused naming the culprit. */
+ * expert, qwen3moe, olmoe with its QK-norm over all of q and k) on the tiny seeded mkmodel files,
+ * against ref_forward.py: logits, greedy ids and the experts every token is routed to; batched
+ * steps equal to each sequence alone; the per-expert load counters; pipeline stages; files whose
+ * experts disagree with their metadata refused naming the culprit. */
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +23,10 @@ static const moe_model models[] = {
      8, 2, 32, 96, false},
     {"tests/data/golden/qwen3moe-tiny-f16.gguf", "tests/data/golden/qwen3moe-tiny-f16", "qwen3moe",
      8, 2, 32, 0, true},
+    {"tests/data/golden/olmoe-tiny-f16.gguf", "tests/data/golden/olmoe-tiny-f16", "olmoe", 8, 2, 64,
+     0, false},
 };
+enum { OLMOE = 3 }; /* models[OLMOE] */
 #define N_MODELS ((int)(sizeof models / sizeof models[0]))
 
 static void test_hparams(void)
@@ -40,6 +43,8 @@ static void test_hparams(void)
         CHECK_INT_EQ(m->hp.n_ff_exp, models[i].n_ff_exp);
         CHECK_INT_EQ(m->hp.n_ff_shexp, models[i].n_ff_shexp);
         CHECK_INT_EQ(m->hp.expert_norm, models[i].norm);
+        CHECK_INT_EQ(m->hp.qk_norm_full, i == OLMOE);
+        CHECK_INT_EQ(m->hp.rope_mode, i == 0 ? SH_ROPE_MODE_NORMAL : SH_ROPE_MODE_NEOX);
         for (int32_t l = 0; l < m->hp.n_layers; l++) {
             const sh_llama_layer *L = &m->layers[l];
             CHECK(L->ffn_gate_inp.data && L->gate_exps.data && L->up_exps.data &&
@@ -345,15 +350,17 @@ static void expect_fail(sh_err code, const char *needle)
     golden_expect_load_fail(out_path, code, needle);
 }
 
-/* Writes the mixtral model to out_path with key `key` set to `val` (or dropped when val < 0)
- * and tensor `drop` left out. */
-static bool write_variant(const char *key, int32_t val, const char *drop)
+/* Writes models[src] to out_path with key `key` set to `val` (or dropped when val < 0) and
+ * tensor `drop` left out, or when `shrink` is set, that tensor's first dimension cut to
+ * `shrink` elements (its leading bytes). */
+static bool write_variant_of(int src, const char *key, int32_t val, const char *drop,
+                             uint64_t shrink)
 {
     sh_gguf *g = NULL;
     sh_gguf_writer *w = NULL;
     sh_error e = {0};
     bool ok = false;
-    if (sh_gguf_open(sh_test_path(models[0].path), NULL, &g, &e) || sh__gguf_write_create(&w, &e))
+    if (sh_gguf_open(sh_test_path(models[src].path), NULL, &g, &e) || sh__gguf_write_create(&w, &e))
         goto out;
     for (uint64_t i = 0; i < sh_gguf_n_kv(g); i++) {
         const sh_gguf_kv *kv = sh_gguf_kv_at(g, i);
@@ -370,9 +377,13 @@ static bool write_variant(const char *key, int32_t val, const char *drop)
         const sh_gguf_tensor *t = sh_gguf_tensor_at(g, i);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        if (drop && !strcmp(name, drop))
-            continue;
-        if (sh__gguf_write_add_tensor_data(w, name, t->type, t->n_dims, t->ne, t->data, &e))
+        uint64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (drop && !strcmp(name, drop)) {
+            if (!shrink)
+                continue;
+            ne[0] = shrink;
+        }
+        if (sh__gguf_write_add_tensor_data(w, name, t->type, t->n_dims, ne, t->data, &e))
             goto out;
     }
     ok = sh__gguf_write_file(w, out_path, &e) == SH_OK;
@@ -382,6 +393,11 @@ out:
     sh__gguf_write_destroy(w);
     sh_gguf_close(g);
     return ok;
+}
+
+static bool write_variant(const char *key, int32_t val, const char *drop)
+{
+    return write_variant_of(0, key, val, drop, 0);
 }
 
 static void test_bad_files(void)
@@ -401,6 +417,16 @@ static void test_bad_files(void)
         expect_fail(SH_EFORMAT, "blk.1.ffn_down_exps.weight");
     if (write_variant(NULL, 0, "blk.0.ffn_gate_inp.weight"))
         expect_fail(SH_EFORMAT, "blk.0.ffn_gate_inp.weight");
+    /* olmoe: experts without an expert count, a count the tensors disagree with, a missing
+     * QK-norm, a per-head QK-norm (llama.cpp's olmoe norms all of q and k) */
+    if (write_variant_of(OLMOE, "olmoe.expert_count", -1, NULL, 0))
+        expect_fail(SH_EFORMAT, "olmoe.expert_count");
+    if (write_variant_of(OLMOE, "olmoe.expert_count", 6, NULL, 0))
+        expect_fail(SH_EFORMAT, "blk.0.ffn_gate_inp.weight");
+    if (write_variant_of(OLMOE, NULL, 0, "blk.1.attn_k_norm.weight", 0))
+        expect_fail(SH_EFORMAT, "blk.1.attn_k_norm.weight");
+    if (write_variant_of(OLMOE, NULL, 0, "blk.0.attn_q_norm.weight", 16))
+        expect_fail(SH_EFORMAT, "blk.0.attn_q_norm.weight");
     unlink(out_path);
 }
 

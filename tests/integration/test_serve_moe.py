@@ -1,7 +1,7 @@
 """`shoal serve` on mixture-of-experts models, against real processes (stdlib only).
 
 The tiny seeded mkmodel files of tests/data/golden (mixtral-tiny: llama with 4 experts, 2 per
-token; qwen3moe-tiny: 8 experts, 2 per token) are served
+token; qwen3moe-tiny and olmoe-tiny: 8 experts, 2 per token) are served
 
 - by one process: 8 greedy completions sent all at once (batched steps, prefills beside decodes)
   equal each one sent alone (text, finish reason, token count, tokens); the stage's
@@ -27,7 +27,8 @@ from test_cluster_pipeline import Node, script  # noqa: E402
 
 GOLDEN = os.path.join(su.ROOT, "tests", "data", "golden")
 MODELS = [("mixtral-tiny", os.path.join(GOLDEN, "mixtral-tiny-f16.gguf"), 2, 4),
-          ("qwen3moe-tiny", os.path.join(GOLDEN, "qwen3moe-tiny-f16.gguf"), 2, 8)]
+          ("qwen3moe-tiny", os.path.join(GOLDEN, "qwen3moe-tiny-f16.gguf"), 2, 8),
+          ("olmoe-tiny", os.path.join(GOLDEN, "olmoe-tiny-f16.gguf"), 2, 8)]
 PROMPTS = [list(range(1, 21)), [100], [7, 8, 9, 250, 3], list(range(40, 80)), [299, 1, 299],
            [5] * 12, [17, 33, 250, 9, 140, 66, 5, 99], list(range(200, 230))]
 TOKENS = 24
