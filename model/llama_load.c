@@ -214,6 +214,13 @@ static sh_err load_gguf_hparams(const sh_gguf *g, sh_llama_hparams *hp, sh_error
         (err = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, 1e-5f, e)) ||
         (err = sh__llama_moe_hparams(g, hp, e)))
         return err;
+    /* Each layer has several tensors: a block count past the file's tensors is refused here,
+     * before the per-layer table is allocated (a few bytes of metadata must not ask for
+     * gigabytes). */
+    if ((uint64_t)hp->n_layers > sh_gguf_n_tensors(g))
+        return sh__error_set(e, SH_EFORMAT,
+                             "metadata %s.block_count: %d layers in a file of %llu tensors", a,
+                             (int)hp->n_layers, (unsigned long long)sh_gguf_n_tensors(g));
     if (hp->n_heads % hp->n_kv_heads != 0)
         return sh__error_set(e, SH_EFORMAT, "%d heads are not a multiple of %d KV heads",
                              (int)hp->n_heads, (int)hp->n_kv_heads);

@@ -1,10 +1,16 @@
-/* libFuzzer target for the GGUF reader: open arbitrary bytes and, when they open, touch every
- * value and every tensor's first and last byte. */
+/* libFuzzer target for the GGUF reader and the model loader on top of it: open arbitrary bytes
+ * and, when they open, touch every value and every tensor's first and last byte; then load them
+ * as a model (through a memfd, since the loader maps a path), which either fails with a message
+ * or binds weights that lie inside the file (every page of them is read). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model/gguf.h"
+#include "model/llama.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -32,6 +38,33 @@ static void walk_value(const sh_gguf_value *v)
                     (unsigned)(sh_gguf_arr_f64(v, i) != 0);
         }
     }
+}
+
+/* The loader's promise on any file the reader accepts: SH_OK with a model whose weights lie in
+ * the file (prefault reads a byte of every page of them), or an error with a message and no
+ * model. */
+static void load_model(const uint8_t *data, size_t size)
+{
+    static int fd = -1;
+    if (fd < 0 && (fd = memfd_create("fuzz_gguf", 0)) < 0)
+        return;
+    if (ftruncate(fd, 0) || pwrite(fd, data, size, 0) != (ssize_t)size)
+        return;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    sh_llama *m = NULL;
+    sh_error e = {0};
+    sh_llama_load_opts o = {.prefault = true};
+    if (sh_llama_load(path, &o, &m, &e) != SH_OK) {
+        if (!e.msg[0] || m)
+            __builtin_trap();
+        return;
+    }
+    const sh_llama_hparams *hp = &m->hp;
+    if (hp->n_layers < 1 || hp->dim < 1 || hp->n_vocab < 1 || hp->n_heads < 1 ||
+        hp->n_expert_used > hp->n_expert)
+        __builtin_trap();
+    sh_llama_destroy(m);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -74,5 +107,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     sh_gguf_close(g);
+    load_model(data, size);
     return 0;
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus for fuzz_gguf: small valid GGUF files covering every metadata type,
-nested arrays, several tensor types and alignments. Run from the repository root:
+nested arrays, several tensor types and alignments, one file per K-quant type (whole 256-element
+blocks), and two broken K-quant files (rows that are not whole blocks; data that runs past the
+end of the file). make_model_seeds.py adds the model seeds. Run from the repository root:
     python3 tests/fuzz/make_gguf_corpus.py tests/fuzz/corpus/gguf"""
 import struct
 import sys
@@ -69,6 +71,21 @@ def main(dst):
         kv('tokenizer.ggml.token_type', 9, arr(5, [struct.pack('<i', 1)] * 8)),
     ], [])
     files['empty.gguf'] = gguf([], [])
+    # K-quants: GGML type id and bytes per 256-element block (Q2_K .. Q6_K, and Q8_K).
+    kq = {'q2_k': (10, 84), 'q3_k': (11, 110), 'q4_k': (12, 144), 'q5_k': (13, 176),
+          'q6_k': (14, 210), 'q8_k': (15, 292)}
+    for name, (typ, bb) in kq.items():
+        files[f'kquant_{name}.gguf'] = gguf([
+            kv('general.architecture', 8, s('llama')),
+        ], [('blk.0.ffn_down.weight', [512, 2], typ, 4 * bb), ('output.weight', [256, 1], typ, bb),
+            ('output_norm.weight', [256], 0, 1024)])
+    # A Q5_K tensor of 300-element rows (not whole blocks); a Q6_K tensor of two rows whose file
+    # holds one row's bytes (its data runs past the end).
+    files['bad_q5_k_rows.gguf'] = gguf([kv('general.architecture', 8, s('llama'))],
+                                       [('blk.0.attn_q.weight', [300, 1], 13, 176)])
+    trunc = gguf([kv('general.architecture', 8, s('llama'))],
+                 [('blk.0.attn_k.weight', [256, 2], 14, 2 * 210)])
+    files['bad_q6_k_truncated.gguf'] = trunc[:-210]
     for name, blob in files.items():
         assert len(blob) < 8192
         with open(f'{dst}/{name}', 'wb') as f:
