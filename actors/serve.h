@@ -313,6 +313,46 @@ bool sh__gateway_ctl_drained(sh_gateway_ctl *ctl);
  * SH_ECLOSED (no gateway running: nothing changed), SH_ENOMEM. Any thread. */
 sh_err sh__gateway_ctl_set_keys(sh_gateway_ctl *ctl, const sh_openai_key *keys, int32_t n_keys);
 
+/* ---- sizing (actors/serve.c) -------------------------------------------------------------- */
+
+/* What a replica in one process is asked for (`shoal serve`'s flags, sh_engine_opts); zero
+ * fields take the defaults. */
+typedef struct sh_serve_size_opts {
+    int32_t n_ctx;       /* 0: the trained context, at most 8192 (at least 16) */
+    int32_t max_seqs;    /* 0: 64 */
+    int32_t step_tokens; /* 0: 4096 (at least max_seqs) */
+    int64_t kv_blocks;   /* 0: from kv_mem */
+    uint64_t kv_mem;     /* 0: sh__serve_default_kv_mem() */
+    bool kv_f32;         /* KV in F32 (default F16) */
+} sh_serve_size_opts;
+
+typedef struct sh_serve_size {
+    int32_t n_ctx, max_seqs, step_tokens;
+    int64_t n_blocks;         /* KV blocks of SH_KV_DEFAULT_BLOCK_TOKENS, 1 .. 2^22 */
+    uint64_t bytes_per_block; /* K and V of one block in every layer */
+} sh_serve_size;
+
+/* 1 GiB, or a quarter of the memory available now when that is less. Any thread. */
+uint64_t sh__serve_default_kv_mem(void);
+
+/* Fills *out for a model with hyper-parameters hp. SH_ENOMEM (e filled) when the KV budget holds
+ * no block. Pure; any thread. */
+sh_err sh__serve_size(const sh_llama_hparams *hp, const sh_serve_size_opts *o, sh_serve_size *out,
+                      sh_error *e);
+
+/* The block-table length of one sequence (sh_kv_config.max_blocks_per_seq) for n_ctx positions
+ * over a pool of n_blocks. */
+int32_t sh__serve_seq_blocks(const sh_llama_hparams *hp, int32_t n_ctx, int32_t n_blocks);
+
+/* A model's chat template (from its GGUF's tokenizer.chat_template, else its architecture's) and
+ * the template's default system prompt, written into sys (cap bytes); *has_sys says whether there
+ * is one. Any thread. */
+sh_chat_template sh__serve_model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys);
+
+/* The model's name as served when none is given: path's file name without directories and
+ * without .gguf, written into buf (cap bytes). */
+void sh__serve_base_name(const char *path, char *buf, size_t cap);
+
 /* The kinds' vtables (actors/kvmgr.c, stage.c, batcher.c, gateway.c). */
 extern const sh_actor_vtable sh__kvmgr_vtable;
 extern const sh_actor_vtable sh__stage_vtable;

@@ -32,7 +32,6 @@
 #include "tools/serve_degrade.h"
 
 #define DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
-#define DEFAULT_KV_MEM ((uint64_t)1 << 30)
 #define MAX_KEYS 1024
 #define MAX_KEY_FILE (1 << 20)
 #define KEY_ENV "SHOAL_API_KEY"
@@ -582,26 +581,6 @@ static void progress(float done, void *arg)
     fflush(stderr);
 }
 
-/* The KV budget when none is given: 1 GiB, or a quarter of the memory available now when that is
- * less (a small machine keeps room for the weights and everything else). */
-static uint64_t default_kv_mem(void)
-{
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
-    return quarter && quarter < DEFAULT_KV_MEM ? quarter : DEFAULT_KV_MEM;
-}
-
-/* The file's name without directories and without .gguf. */
-static void base_name(const char *path, char *buf, size_t cap)
-{
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
-    snprintf(buf, cap, "%s", b);
-    size_t l = strlen(buf);
-    if (l > 5 && !strcmp(buf + l - 5, ".gguf"))
-        buf[l - 5] = '\0';
-}
-
 /* Everything a serving process holds; freed by close_all. */
 typedef struct server {
     sh_llama *m;
@@ -660,21 +639,6 @@ static void close_all(server *s)
         sh_tokenizer_destroy(s->xtok[i]);
         sh_llama_destroy(s->xm[i]);
     }
-}
-
-/* A model's chat template (from its GGUF) and the template's default system prompt, written
- * into sys (cap bytes); *has_sys says whether there is one. */
-static sh_chat_template model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys)
-{
-    const char *tmpl = NULL;
-    size_t tmpl_len = 0;
-    sh_str st;
-    if (sh_gguf_get_str(m->gguf, "tokenizer.chat_template", &st) == SH_OK) {
-        tmpl = st.ptr;
-        tmpl_len = (size_t)st.len;
-    }
-    *has_sys = sh_chat_default_system(tmpl, tmpl_len, sys, cap);
-    return sh_chat_for_model(tmpl, tmpl_len, m->hp.arch);
 }
 
 /* A cluster front's other models: every model a replica serves besides the first replica's
@@ -1247,25 +1211,18 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     if (sh_tokenizer_create_gguf(s->m->gguf, &s->tok, &e))
         return sh__cmd_fail("%s: tokenizer: %s", o->model, e.msg);
     const sh_llama_hparams *hp = &s->m->hp;
-    int32_t n_ctx = o->ctx ? o->ctx : (hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192);
-    if (n_ctx < 16)
-        n_ctx = 16;
-    int32_t max_seqs = o->max_seqs ? o->max_seqs : 64;
-    int32_t step_tokens = o->step_tokens ? o->step_tokens : 4096;
-    if (step_tokens < max_seqs)
-        step_tokens = max_seqs;
-    // The KV pool: a block holds K and V of 16 positions in every layer.
-    uint64_t bytes_per_block = (uint64_t)2 * (uint64_t)hp->n_layers * (uint64_t)hp->n_kv_heads *
-                               (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS *
-                               (o->kv_f32 ? 4u : 2u);
-    int64_t n_blocks = o->kv_blocks;
-    if (!n_blocks)
-        n_blocks = (int64_t)((o->kv_mem ? o->kv_mem : default_kv_mem()) / bytes_per_block);
-    if (n_blocks < 1)
-        return sh__cmd_fail("the KV budget holds no block (one block takes %" PRIu64 " bytes)",
-                            bytes_per_block);
-    if (n_blocks > (1 << 22))
-        n_blocks = 1 << 22;
+    sh_serve_size_opts so = {.n_ctx = o->ctx,
+                             .max_seqs = o->max_seqs,
+                             .step_tokens = o->step_tokens,
+                             .kv_blocks = o->kv_blocks,
+                             .kv_mem = o->kv_mem,
+                             .kv_f32 = o->kv_f32};
+    sh_serve_size sz;
+    if (sh__serve_size(hp, &so, &sz, &e))
+        return sh__cmd_fail("%s", e.msg);
+    int32_t n_ctx = sz.n_ctx, max_seqs = sz.max_seqs, step_tokens = sz.step_tokens;
+    uint64_t bytes_per_block = sz.bytes_per_block;
+    int64_t n_blocks = sz.n_blocks;
     sh_runtime_opts ro = {
         .node_id = 1, .name = "serve", .n_loops = 2, .log_level = sh__cmd_log_level(o->log_level)};
     const sh_cluster_plan *plan = NULL;
@@ -1319,11 +1276,11 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
 
     // Chat template and its default system prompt.
     bool has_sys = false;
-    sh_chat_template chat = model_chat(s->m, s->system, sizeof s->system, &has_sys);
+    sh_chat_template chat = sh__serve_model_chat(s->m, s->system, sizeof s->system, &has_sys);
     if (o->model_name)
         snprintf(s->name, sizeof s->name, "%s", o->model_name);
     else
-        base_name(o->model, s->name, sizeof s->name);
+        sh__serve_base_name(o->model, s->name, sizeof s->name);
 
     sh_addr kv_addr, stage_addr = 0, batcher_addr, gw_addr;
     sh_kvmgr_args ka = {
@@ -1331,13 +1288,8 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                 .max_seqs = max_seqs,
                 .window = sh_llama_kv_window(hp),
-                .max_blocks_per_seq =
-                    (n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1},
+                .max_blocks_per_seq = sh__serve_seq_blocks(hp, n_ctx, (int32_t)n_blocks)},
         .prefix_cache = !o->no_prefix_cache};
-    // A table never holds more live blocks than the pool; with a sliding window its released
-    // entries (-1) do not count, so a sequence may span more positions than the pool holds.
-    if (ka.cfg.max_blocks_per_seq > ka.cfg.n_blocks && sh_llama_kv_window(hp) <= 0)
-        ka.cfg.max_blocks_per_seq = ka.cfg.n_blocks;
     sh_stage_args sa = {.model = s->m,
                         .ctx = s->ctx,
                         .max_seqs = max_seqs,
@@ -1482,7 +1434,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             const sh_llama *mm = models[mi];
             bool sys = false;
             char *buf = j == 0 ? s->system : s->xsystem[mi];
-            sh_chat_template ch = model_chat(mm, buf, sizeof s->system, &sys);
+            sh_chat_template ch = sh__serve_model_chat(mm, buf, sizeof s->system, &sys);
             gms[j] = (sh_gateway_model){.name = j == 0 ? s->name : o->cfg->models[mi].name,
                                         .batcher = target[j],
                                         .tok = toks[mi],

@@ -1,0 +1,81 @@
+/* How one replica is sized and what it is told about its model, shared by `shoal serve` and the
+ * embedding API (api/engine.c): the context, batch and KV pool defaults of actors/serve.h. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "actors/serve.h"
+#include "base/error.h"
+#include "model/gguf.h"
+
+/* The KV budget when none is given: 1 GiB, or a quarter of the memory available now when that is
+ * less (a small machine keeps room for the weights and everything else). */
+uint64_t sh__serve_default_kv_mem(void)
+{
+    const uint64_t def = (uint64_t)1 << 30;
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    uint64_t quarter = pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size / 4 : 0;
+    return quarter && quarter < def ? quarter : def;
+}
+
+sh_err sh__serve_size(const sh_llama_hparams *hp, const sh_serve_size_opts *o, sh_serve_size *out,
+                      sh_error *e)
+{
+    sh_serve_size s = {0};
+    s.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192);
+    if (s.n_ctx < 16)
+        s.n_ctx = 16;
+    s.max_seqs = o->max_seqs ? o->max_seqs : 64;
+    s.step_tokens = o->step_tokens ? o->step_tokens : 4096;
+    if (s.step_tokens < s.max_seqs)
+        s.step_tokens = s.max_seqs;
+    // The KV pool: a block holds K and V of 16 positions in every layer.
+    s.bytes_per_block = (uint64_t)2 * (uint64_t)hp->n_layers * (uint64_t)hp->n_kv_heads *
+                        (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * (o->kv_f32 ? 4u : 2u);
+    s.n_blocks = o->kv_blocks;
+    if (!s.n_blocks)
+        s.n_blocks =
+            (int64_t)((o->kv_mem ? o->kv_mem : sh__serve_default_kv_mem()) / s.bytes_per_block);
+    if (s.n_blocks < 1)
+        return sh__error_set(e, SH_ENOMEM,
+                             "the KV budget holds no block (one block takes %" PRIu64 " bytes)",
+                             s.bytes_per_block);
+    if (s.n_blocks > (1 << 22))
+        s.n_blocks = 1 << 22;
+    *out = s;
+    return SH_OK;
+}
+
+int32_t sh__serve_seq_blocks(const sh_llama_hparams *hp, int32_t n_ctx, int32_t n_blocks)
+{
+    int32_t per_seq = (n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
+    // A table never holds more live blocks than the pool; with a sliding window its released
+    // entries (-1) do not count, so a sequence may span more positions than the pool holds.
+    if (per_seq > n_blocks && sh_llama_kv_window(hp) <= 0)
+        per_seq = n_blocks;
+    return per_seq;
+}
+
+sh_chat_template sh__serve_model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys)
+{
+    const char *tmpl = NULL;
+    size_t tmpl_len = 0;
+    sh_str st;
+    if (m->gguf && sh_gguf_get_str(m->gguf, "tokenizer.chat_template", &st) == SH_OK) {
+        tmpl = st.ptr;
+        tmpl_len = (size_t)st.len;
+    }
+    *has_sys = sh_chat_default_system(tmpl, tmpl_len, sys, cap);
+    return sh_chat_for_model(tmpl, tmpl_len, m->hp.arch);
+}
+
+void sh__serve_base_name(const char *path, char *buf, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(buf, cap, "%s", b);
+    size_t l = strlen(buf);
+    if (l > 5 && !strcmp(buf + l - 5, ".gguf"))
+        buf[l - 5] = '\0';
+}
