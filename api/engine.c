@@ -1,0 +1,518 @@
+/* The embedding API of include/shoal.h: opening an engine (a model in this process, run by the
+ * kvmgr, stage and batcher actors of `shoal serve` on a runtime of its own, without the HTTP
+ * gateway), closing it, and what it tells about its model (tokenizer, chat template, info,
+ * metrics). Requests and sh_poll are in api/engine_req.c. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api/engine_int.h"
+#include "base/dtype.h"
+#include "base/error.h"
+#include "model/gguf.h"
+
+sh_engine_opts sh_engine_opts_default(void)
+{
+    sh_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = sizeof o;
+    return o;
+}
+
+sh_request_opts sh_request_opts_default(void)
+{
+    sh_request_opts r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.max_tokens = 256;
+    return r;
+}
+
+/* The runtime's log lines go to the host's callback (levels are the same numbers). */
+static void log_sink(void *ud, sh_log_level level, const char *line, size_t len)
+{
+    (void)len;
+    sh_engine *eng = ud;
+    if (eng->log)
+        eng->log(eng->log_user, (int)level, line);
+}
+
+/* Frees what open built so far (also the whole engine at close, after the runtime). */
+static void engine_free(sh_engine *eng)
+{
+    if (!eng)
+        return;
+    sh_fault_destroy(eng->fault); /* before the runtime: it is installed on it */
+    eng->fault = NULL;
+    sh_runtime_destroy(eng->rt); /* stops the actors: nothing uses the model after this */
+    eng->rt = NULL;
+    sh__engine_events_free(eng);
+    sh_llama_ctx_destroy(eng->ctx);
+    sh_backend_destroy(eng->be);
+    sh_tokenizer_destroy(eng->tok);
+    sh_llama_destroy(eng->m);
+    if (eng->efd >= 0)
+        close(eng->efd);
+    pthread_mutex_destroy(&eng->mu);
+    free(eng);
+}
+
+/* Copies the caller's options over the defaults: a program built against an older header passes
+ * a shorter struct. */
+static sh_err copy_opts(const sh_engine_opts *in, sh_engine_opts *o, sh_error *e)
+{
+    *o = sh_engine_opts_default();
+    if (in->struct_size == 0)
+        return sh__error_set(e, SH_EINVAL,
+                             "opts.struct_size is 0: initialise the options with "
+                             "sh_engine_opts_default()");
+    size_t n = in->struct_size < sizeof *o ? in->struct_size : sizeof *o;
+    memcpy(o, in, n);
+    o->struct_size = sizeof *o;
+    return SH_OK;
+}
+
+static sh_err check_opts(const sh_engine_opts *o, sh_error *e)
+{
+    if (!o->model_path == !o->cluster_script)
+        return sh__error_set(e, SH_EINVAL,
+                             o->model_path ? "opts: give model_path or cluster_script, not both"
+                                           : "opts: give model_path or cluster_script");
+    if (o->threads < 0 || o->threads > 256)
+        return sh__error_set(e, SH_EINVAL, "opts.threads = %d: must be 0 (one per core) to 256",
+                             (int)o->threads);
+    if (o->n_ctx < 0 || o->n_ctx > (1 << 20))
+        return sh__error_set(e, SH_EINVAL, "opts.n_ctx = %d: must be 0 (the model's) to %d",
+                             (int)o->n_ctx, 1 << 20);
+    if (o->max_seqs < 0 || o->max_seqs > 1024)
+        return sh__error_set(e, SH_EINVAL, "opts.max_seqs = %d: must be 0 (16) to 1024",
+                             (int)o->max_seqs);
+    if (o->max_queue < 0 || o->max_queue > (1 << 20))
+        return sh__error_set(e, SH_EINVAL, "opts.max_queue = %d: must be 0 (256) to %d",
+                             (int)o->max_queue, 1 << 20);
+    if (o->log_level < 0 || o->log_level > SH_LOG_LEVEL_TRACE)
+        return sh__error_set(e, SH_EINVAL, "opts.log_level = %d: must be 0 to %d",
+                             (int)o->log_level, SH_LOG_LEVEL_TRACE);
+    return SH_OK;
+}
+
+/* Compute threads: 0 means one per core, at most 8. */
+static int32_t compute_threads(int32_t asked)
+{
+    if (asked > 0)
+        return asked;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int32_t)n;
+}
+
+/* Loads the model and its tokenizer, sizes the KV pool within the budget and creates the compute
+ * context. */
+static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, sh_serve_size *sz, sh_error *e)
+{
+    struct stat sb;
+    if (stat(o->model_path, &sb) != 0)
+        return sh__error_set(e, errno == ENOENT ? SH_ENOTFOUND : SH_EIO, "%s: %s", o->model_path,
+                             strerror(errno));
+    sh_llama_load_opts lo = {.prefault = false};
+    sh_err rc = sh_llama_load(o->model_path, &lo, &eng->m, e);
+    if (rc)
+        return rc;
+    if (!eng->m->gguf)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "%s: the engine needs a GGUF model (its tokenizer is inside); "
+                             "llama2.c checkpoints are not supported",
+                             o->model_path);
+    if ((rc = sh_tokenizer_create_gguf(eng->m->gguf, &eng->tok, e)))
+        return rc;
+    const sh_llama_hparams *hp = &eng->m->hp;
+    eng->weight_bytes = sh_llama_weight_bytes(eng->m);
+    sh_serve_size_opts so = {
+        .n_ctx = o->n_ctx, .max_seqs = o->max_seqs ? o->max_seqs : 16, .kv_mem = o->kv_bytes};
+    if (o->memory_budget && !o->kv_bytes) {
+        // The KV default fits what the weights leave of the budget.
+        uint64_t left =
+            o->memory_budget > eng->weight_bytes ? o->memory_budget - eng->weight_bytes : 0;
+        uint64_t def = sh__serve_default_kv_mem();
+        so.kv_mem = left < def ? left : def;
+        if (so.kv_mem == 0)
+            return sh__error_set(e, SH_ENOMEM,
+                                 "%s: the model's weights take %" PRIu64
+                                 " bytes, more than the memory budget of %" PRIu64
+                                 " bytes, with no room left for the KV cache",
+                                 o->model_path, eng->weight_bytes, o->memory_budget);
+    }
+    if ((rc = sh__serve_size(hp, &so, sz, e)))
+        return rc;
+    eng->kv_bytes = (uint64_t)sz->n_blocks * sz->bytes_per_block;
+    if (o->memory_budget && eng->weight_bytes + eng->kv_bytes > o->memory_budget)
+        return sh__error_set(e, SH_ENOMEM,
+                             "%s: the model's weights (%" PRIu64
+                             " bytes) plus the KV cache (%" PRIu64
+                             " bytes) exceed the memory budget of %" PRIu64 " bytes",
+                             o->model_path, eng->weight_bytes, eng->kv_bytes, o->memory_budget);
+    sh_backend_cpu_opts bo = {.n_threads = compute_threads(o->threads)};
+    if ((rc = sh_backend_cpu_create(&bo, &eng->be, e)))
+        return rc;
+    sh_llama_ctx_opts co = {.max_tokens = sz->step_tokens,
+                            .max_seqs = sz->max_seqs,
+                            .max_logits = sz->max_seqs,
+                            .kv_tokens = (int32_t)(sz->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
+                            .kv_type = SH_DTYPE_F16};
+    if ((rc = sh_llama_ctx_create(eng->m, eng->be, &co, &eng->ctx, e)))
+        return rc;
+    sz->n_blocks = sh_llama_ctx_n_blocks(eng->ctx);
+    eng->n_blocks = sz->n_blocks;
+    eng->n_ctx = sz->n_ctx;
+    eng->max_seqs = sz->max_seqs;
+    eng->chat = sh__serve_model_chat(eng->m, eng->system, sizeof eng->system, &eng->has_system);
+    sh_str st;
+    eng->has_template = sh_gguf_get_str(eng->m->gguf, "tokenizer.chat_template", &st) == SH_OK ||
+                        !strcmp(hp->arch, "gemma3");
+    if (sh_gguf_get_str(eng->m->gguf, "general.name", &st) == SH_OK && st.len > 0)
+        snprintf(eng->name, sizeof eng->name, "%.*s", (int)st.len, st.ptr);
+    else
+        sh__serve_base_name(o->model_path, eng->name, sizeof eng->name);
+    return SH_OK;
+}
+
+/* Arguments of the actors: they must stay valid until each init has run, which happens before
+ * open returns (the api actor's init is the last to run on the one loop). */
+typedef struct spawn_args {
+    sh_kvmgr_args ka;
+    sh_stage_args sa;
+    sh_batcher_args ba;
+} spawn_args;
+
+static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, int32_t max_queue,
+                           spawn_args *a, sh_error *e)
+{
+    const sh_llama_hparams *hp = &eng->m->hp;
+    sh_err rc;
+    if ((rc = sh__serve_register(eng->rt, e)) ||
+        (rc = sh_runtime_register(eng->rt, &sh__engine_api_vtable, e)))
+        return rc;
+    int32_t seq_blocks = sh__serve_seq_blocks(hp, sz->n_ctx, (int32_t)sz->n_blocks);
+    a->ka = (sh_kvmgr_args){.cfg = {.n_blocks = (int32_t)sz->n_blocks,
+                                    .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                                    .max_seqs = sz->max_seqs,
+                                    .window = sh_llama_kv_window(hp),
+                                    .max_blocks_per_seq = seq_blocks},
+                            .prefix_cache = true};
+    a->sa = (sh_stage_args){.model = eng->m,
+                            .ctx = eng->ctx,
+                            .max_seqs = sz->max_seqs,
+                            .max_blocks_per_seq = seq_blocks};
+    sh_addr kv, stage;
+    if ((rc = sh_actor_spawn(eng->rt, "kvmgr", &a->ka, 0, &kv, e)) ||
+        (rc = sh_actor_spawn(eng->rt, "stage", &a->sa, 0, &stage, e)))
+        return rc;
+    a->ba = (sh_batcher_args){.kvmgr = kv,
+                              .stage = stage,
+                              .tok = eng->tok,
+                              .n_vocab = hp->n_vocab,
+                              .n_ctx = sz->n_ctx,
+                              .max_step_tokens = sz->step_tokens,
+                              .max_seqs = sz->max_seqs,
+                              .max_wait_ms = 0,
+                              .max_queue = max_queue,
+                              .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                              .n_blocks = (int32_t)sz->n_blocks,
+                              .seq_blocks = sh_llama_kv_window(hp) > 0 ? 0 : seq_blocks};
+    if ((rc = sh_actor_spawn(eng->rt, "batcher", &a->ba, 0, &eng->batcher, e)))
+        return rc;
+    return sh_actor_spawn(eng->rt, "api", eng, 0, &eng->self, e);
+}
+
+/* Waits until every actor spawned on the loop has run its init (the api actor's, last, sets
+ * started), so the spawn arguments on open's stack may go. */
+static sh_err wait_started(sh_engine *eng, sh_error *e)
+{
+    for (int i = 0; i < 60000; i++) {
+        if (atomic_load(&eng->started))
+            return SH_OK;
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return sh__error_set(e, SH_ETIMEDOUT, "the engine's actors did not start within 12 s");
+}
+
+sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err)
+{
+    sh_error local = {0}, *e = err ? err : &local;
+    *e = (sh_error){0};
+    if (out)
+        *out = NULL;
+    if (!opts || !out)
+        return sh__error_set(e, SH_EINVAL, "sh_engine_open: %s is NULL", opts ? "out" : "opts");
+    sh_engine_opts o;
+    sh_err rc = copy_opts(opts, &o, e);
+    if (!rc)
+        rc = check_opts(&o, e);
+    if (rc)
+        return rc;
+    if (o.cluster_script)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "%s: engines that front a cluster (cluster_script) are not "
+                             "implemented yet; open one on a model_path",
+                             o.cluster_script);
+    sh_engine *eng = calloc(1, sizeof *eng);
+    if (!eng)
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    eng->efd = -1;
+    eng->log = o.log;
+    eng->log_user = o.log_user;
+    pthread_mutex_init(&eng->mu, NULL);
+    atomic_init(&eng->busy, 0);
+    atomic_init(&eng->started, 0);
+    eng->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (eng->efd < 0) {
+        rc = sh__error_set(e, SH_EIO, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    sh_serve_size sz;
+    if ((rc = open_model(eng, &o, &sz, e)))
+        goto fail;
+    eng->limit = o.max_queue ? o.max_queue : 256;
+    sh_runtime_opts ro = {.node_id = 1,
+                          .name = "engine",
+                          .n_loops = 1,
+                          .log_level =
+                              o.log ? (sh_log_level)(o.log_level ? o.log_level : SH_LOG_LEVEL_WARN)
+                                    : SH_LOG_LEVEL_ERROR,
+                          .log_fn = log_sink,
+                          .log_ud = eng};
+    if ((rc = sh_runtime_create(&ro, &eng->rt, e)))
+        goto fail;
+    spawn_args a;
+    if ((rc = start_actors(eng, &sz, eng->limit, &a, e)) || (rc = wait_started(eng, e)))
+        goto fail;
+    *out = eng;
+    return SH_OK;
+fail:
+    engine_free(eng);
+    e->code = rc;
+    return rc;
+}
+
+sh_err sh_engine_close(sh_engine *eng)
+{
+    if (!eng)
+        return SH_OK;
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&eng->busy, &idle, 1))
+        return SH_EBUSY; /* inside a callback, or another thread polls */
+    pthread_mutex_lock(&eng->mu);
+    eng->closing = true; /* sh_submit answers SH_ECLOSED, sh_cancel sends nothing */
+    pthread_mutex_unlock(&eng->mu);
+    sh_fault_destroy(eng->fault);
+    eng->fault = NULL;
+    sh_runtime_destroy(eng->rt); /* no event is queued after this */
+    eng->rt = NULL;
+    sh__engine_events_free(eng);
+    sh__engine_fail_all(eng);
+    engine_free(eng);
+    return SH_OK;
+}
+
+/* ---- model, tokenizer, chat template ------------------------------------------------------ */
+
+sh_err sh_model_info_get(sh_engine *eng, sh_model_info *out)
+{
+    if (!eng || !out)
+        return SH_EINVAL;
+    memset(out, 0, sizeof *out);
+    const sh_llama *m = eng->m;
+    const sh_llama_hparams *hp = &m->hp;
+    snprintf(out->name, sizeof out->name, "%s", eng->name);
+    snprintf(out->arch, sizeof out->arch, "%s", hp->arch);
+    // The main weights' type: the first layer's attention query (embeddings are often kept
+    // apart in another type).
+    const sh_tensor *w = hp->n_layers > 0 ? &m->layers[0].wq : &m->tok_embd;
+    const char *tn = sh__dtype_name((uint32_t)w->type);
+    snprintf(out->weight_type, sizeof out->weight_type, "%s", tn ? tn : "?");
+    out->n_vocab = hp->n_vocab;
+    out->n_ctx = eng->n_ctx;
+    out->n_ctx_train = hp->n_ctx_train;
+    out->n_layers = hp->n_layers;
+    out->dim = hp->dim;
+    uint64_t n_params = 0;
+    for (uint64_t i = 0; i < sh_gguf_n_tensors(m->gguf); i++) {
+        const sh_gguf_tensor *t = sh_gguf_tensor_at(m->gguf, i);
+        uint64_t n = 1;
+        for (uint32_t d = 0; t && d < t->n_dims; d++)
+            n *= t->ne[d];
+        n_params += t ? n : 0;
+    }
+    out->n_params = n_params;
+    out->weight_bytes = eng->weight_bytes;
+    out->kv_bytes = eng->kv_bytes;
+    out->bos = sh_tokenizer_bos(eng->tok);
+    out->eos = sh_tokenizer_eos(eng->tok);
+    out->has_chat_template = eng->has_template;
+    return SH_OK;
+}
+
+sh_err sh_tokenize(sh_engine *eng, const char *text, size_t len, bool add_special,
+                   bool parse_special, int32_t *ids, int32_t cap, int32_t *n, sh_error *err)
+{
+    sh_error local = {0}, *e = err ? err : &local;
+    *e = (sh_error){0};
+    if (n)
+        *n = 0;
+    if (!eng || !n || (!text && len > 0) || cap < 0 || (cap > 0 && !ids))
+        return sh__error_set(e, SH_EINVAL, "sh_tokenize: %s",
+                             !eng      ? "eng is NULL"
+                             : !n      ? "n is NULL"
+                             : cap < 0 ? "cap is negative"
+                             : !ids    ? "ids is NULL with cap > 0"
+                                       : "text is NULL with len > 0");
+    if (!sh__engine_utf8_valid(text, len))
+        return sh__error_set(e, SH_EINVAL, "sh_tokenize: the text is not valid UTF-8");
+    sh_tokenize_opts o = {.flags = parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0};
+    if (add_special && sh_tokenizer_wants_bos(eng->tok) && sh_tokenizer_bos(eng->tok) >= 0)
+        o.flags |= SH_TOKENIZE_ADD_BOS;
+    int32_t *all = NULL;
+    size_t n_all = 0;
+    sh_err rc = sh_tokenizer_encode_opts(eng->tok, text ? text : "", len, &o, &all, &n_all, e);
+    if (rc)
+        return rc;
+    if (n_all > INT32_MAX) {
+        free(all);
+        return sh__error_set(e, SH_ERANGE, "sh_tokenize: more than 2^31 tokens");
+    }
+    size_t k = n_all < (size_t)cap ? n_all : (size_t)cap;
+    if (k)
+        memcpy(ids, all, k * sizeof *ids);
+    free(all);
+    *n = (int32_t)n_all;
+    if (n_all > (size_t)cap)
+        return sh__error_set(e, SH_ERANGE, "sh_tokenize: %zu ids, room for %d", n_all, (int)cap);
+    return SH_OK;
+}
+
+sh_err sh_detokenize(sh_engine *eng, const int32_t *ids, int32_t n, char *text, size_t cap,
+                     size_t *len, sh_error *err)
+{
+    sh_error local = {0}, *e = err ? err : &local;
+    *e = (sh_error){0};
+    if (len)
+        *len = 0;
+    if (!eng || !len || n < 0 || (n > 0 && !ids) || (cap > 0 && !text))
+        return sh__error_set(e, SH_EINVAL, "sh_detokenize: %s",
+                             !eng    ? "eng is NULL"
+                             : !len  ? "len is NULL"
+                             : n < 0 ? "n is negative"
+                             : !ids  ? "ids is NULL with n > 0"
+                                     : "text is NULL with cap > 0");
+    int32_t n_vocab = eng->m->hp.n_vocab;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
+            return sh__error_set(e, SH_EINVAL,
+                                 "sh_detokenize: ids[%d] = %d is outside the "
+                                 "vocabulary of %d",
+                                 (int)i, (int)ids[i], (int)n_vocab);
+    return sh_tokenizer_decode(eng->tok, ids, (size_t)n, 0, text, cap, len, e);
+}
+
+sh_err sh_chat_apply(sh_engine *eng, const sh_chat_message *messages, int32_t n, char *text,
+                     size_t cap, size_t *len, sh_error *err)
+{
+    sh_error local = {0}, *e = err ? err : &local;
+    *e = (sh_error){0};
+    if (len)
+        *len = 0;
+    if (!eng || !len || n < 1 || !messages || (cap > 0 && !text))
+        return sh__error_set(e, SH_EINVAL, "sh_chat_apply: %s",
+                             !eng        ? "eng is NULL"
+                             : !len      ? "len is NULL"
+                             : n < 1     ? "no messages"
+                             : !messages ? "messages is NULL"
+                                         : "text is NULL with cap > 0");
+    if (!eng->has_template)
+        return sh__error_set(e, SH_EUNSUPPORTED, "%s has no chat template", eng->name);
+    sh_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    if (!msgs)
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    sh_err rc = sh__engine_chat_msgs(messages, n, msgs, "sh_chat_apply", e);
+    if (!rc)
+        rc = sh_chat_render(eng->chat, msgs, (size_t)n, eng->has_system ? eng->system : NULL, true,
+                            text, cap, len, e);
+    free(msgs);
+    return rc;
+}
+
+/* ---- metrics ------------------------------------------------------------------------------ */
+
+typedef struct stats_visit {
+    sh_engine_stats *out;
+} stats_visit;
+
+static void stats_one(void *arg, const sh_metric_sample *s)
+{
+    sh_engine_stats *o = ((stats_visit *)arg)->out;
+    if (s->labels && s->labels[0])
+        return;
+    int32_t v = s->value > INT32_MAX ? INT32_MAX : s->value < 0 ? 0 : (int32_t)s->value;
+    if (!strcmp(s->name, "shoal_requests_running"))
+        o->running = v;
+    else if (!strcmp(s->name, "shoal_requests_waiting"))
+        o->queued = v;
+    else if (!strcmp(s->name, "shoal_kv_blocks_total"))
+        o->kv_blocks_total = v;
+    else if (!strcmp(s->name, "shoal_kv_blocks_used"))
+        o->kv_blocks_used = v;
+}
+
+sh_err sh_engine_stats_get(sh_engine *eng, sh_engine_stats *out)
+{
+    if (!eng || !out)
+        return SH_EINVAL;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&eng->mu);
+    out->pending = eng->pending;
+    out->requests_total = eng->requests_total;
+    out->tokens_generated_total = eng->tokens_total;
+    out->prompt_tokens_total = eng->prompt_tokens_total;
+    pthread_mutex_unlock(&eng->mu);
+    stats_visit v = {out};
+    if (eng->rt)
+        sh_metrics_foreach(sh_runtime_metrics(eng->rt), stats_one, &v);
+    return SH_OK;
+}
+
+sh_err sh_metrics_snapshot(sh_engine *eng, char *text, size_t cap, size_t *len)
+{
+    if (len)
+        *len = 0;
+    if (!eng || !len || (cap > 0 && !text))
+        return SH_EINVAL;
+    if (!eng->rt)
+        return SH_ECLOSED;
+    return sh_metrics_render(sh_runtime_metrics(eng->rt), text, cap, len);
+}
+
+/* ---- fault layer -------------------------------------------------------------------------- */
+
+struct sh_fault *sh_engine_fault(sh_engine *eng)
+{
+    if (!eng)
+        return NULL;
+    // Created on first use: it costs a timer thread, and a model run in this process sends
+    // nothing over the network.
+    pthread_mutex_lock(&eng->mu);
+    if (!eng->fault && eng->rt && !eng->closing) {
+        sh_fault_opts fo = {.seed = 1};
+        sh_error e = {0};
+        if (sh_fault_create(eng->rt, &fo, &eng->fault, &e))
+            eng->fault = NULL;
+    }
+    sh_fault *f = eng->fault;
+    pthread_mutex_unlock(&eng->mu);
+    return f;
+}

@@ -1,0 +1,96 @@
+/* The embedding engine's state (include/shoal.h), shared by api/engine.c (open, close, model,
+ * tokenizer, metrics) and api/engine_req.c (requests, the "api" actor, sh_poll). */
+#ifndef SH_API_ENGINE_INT_H
+#define SH_API_ENGINE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/serve.h"
+#include "kernels/backend.h"
+#include "shoal.h"
+#include "shoal/fault.h"
+#include "shoal/runtime.h"
+
+#define SH_API_BUCKETS 1024 /* request table buckets (chained; requests are few hundred) */
+
+/* One request submitted and not yet over. Owned by the table until its final callback. */
+typedef struct sh_api_req {
+    uint64_t id;
+    sh_callbacks cb;
+    void *user;
+    bool cancelling;
+    bool logprobs;           /* on_token carries log-probabilities */
+    int32_t n_prompt, n_gen; /* prompt tokens; tokens passed to on_token so far */
+    struct sh_api_req *next; /* bucket chain */
+} sh_api_req;
+
+/* One event for sh_poll: a TOKEN, DONE or FAIL the batcher sent, copied out of its message in
+ * one allocation (arrays first, then the text and its NUL). */
+typedef struct sh_api_ev {
+    struct sh_api_ev *next;
+    uint32_t type; /* SH_MSG_TOKEN, SH_MSG_DONE, SH_MSG_FAIL, or SH_MSG_CANCEL: sh_cancel's end */
+    uint64_t id;
+    int32_t index, n_ids, top_n;
+    int32_t *ids;     /* (n_ids) */
+    float *lp;        /* (n_ids) or NULL */
+    int32_t *top_ids; /* (n_ids * top_n) */
+    float *top_lp;    /* (n_ids * top_n) */
+    char *text;       /* text_len bytes and a NUL; the error message for FAIL */
+    size_t text_len;
+    sh_finish finish;
+    int32_t n_prompt, n_gen, n_cached;
+    sh_err code;
+} sh_api_ev;
+
+struct sh_engine {
+    /* Fixed from open to close. */
+    sh_llama *m;
+    sh_tokenizer *tok;
+    sh_backend *be;
+    sh_llama_ctx *ctx;
+    sh_runtime *rt;
+    sh_addr batcher, self; /* the batcher and the "api" actor */
+    sh_chat_template chat;
+    bool has_template, has_system;
+    char system[1024];
+    char name[128];
+    int32_t n_ctx, max_seqs, limit; /* limit: requests pending before SH_EBUSY */
+    int64_t n_blocks;
+    uint64_t kv_bytes, weight_bytes;
+    int efd; /* eventfd: readable while events are queued */
+    sh_engine_log_fn log;
+    void *log_user;
+
+    /* Under mu. */
+    pthread_mutex_t mu;
+    bool closing;
+    uint64_t next_id;
+    int32_t pending;
+    sh_api_req *table[SH_API_BUCKETS];
+    sh_api_ev *head, *tail;
+    uint64_t requests_total, tokens_total, prompt_tokens_total;
+    sh_fault *fault; /* created on first use */
+
+    /* Held by the thread inside sh_poll() or sh_engine_close(). */
+    atomic_int busy;
+    atomic_int started; /* the api actor's init ran (open waits for it) */
+};
+
+/* api/engine_req.c */
+extern const sh_actor_vtable sh__engine_api_vtable;
+/* Frees every queued event (close, after the runtime is gone). */
+void sh__engine_events_free(sh_engine *eng);
+/* Ends every request still in the table with on_error(SH_ECLOSED), on the calling thread. */
+void sh__engine_fail_all(sh_engine *eng);
+/* Checks n host messages (roles, UTF-8) and points msgs at them; SH_EINVAL naming what (fn
+ * prefixes the message). */
+sh_err sh__engine_chat_msgs(const sh_chat_message *in, int32_t n, sh_chat_msg *msgs, const char *fn,
+                            sh_error *e);
+/* Whether text[0, len) is valid UTF-8 (no overlong forms, surrogates or code points past
+ * U+10FFFF). */
+bool sh__engine_utf8_valid(const char *text, size_t len);
+
+#endif

@@ -1,0 +1,5 @@
+# The embedding API (include/shoal.h, api/): an engine on the tiny stories260K model, driven as a
+# host program would drive it. Greedy output against `shoal run`'s, concurrency, cancel, every
+# misuse of issue 14's acceptance, the memory budget, nothing written to stdout/stderr, and 100
+# open/submit/close cycles (leak-checked in the ASan suite).
+sh_test(test_engine SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine.c LABELS unit TIMEOUT 300)

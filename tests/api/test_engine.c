@@ -1,0 +1,715 @@
+/* The embedding API of include/shoal.h on the tiny real stories260K model (tests/data): the
+ * engine against `shoal run`, concurrent and cancelled requests, misuse, the memory budget,
+ * silence on stdout/stderr, and open/close cycles. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sh_test.h"
+#include "shoal.h"
+
+#define MODEL "tests/data/stories260K/stories260K.gguf"
+#define CHAT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
+#define MAX_IDS 512
+
+/* What the callbacks saw of one request. */
+typedef struct seen {
+    sh_engine *eng;
+    int32_t ids[MAX_IDS];
+    int32_t n_ids;
+    char text[4096];
+    size_t text_len;
+    int n_token_calls, n_done, n_error;
+    bool index_ok;
+    sh_done_info done;
+    sh_err code;
+    char msg[256];
+    /* re-entrancy probes */
+    bool cancel_at_first;
+    sh_err cancel_rc, cancel2_rc, poll_rc, close_rc, submit_rc;
+    uint64_t child;
+    struct seen *child_seen;
+} seen;
+
+static void on_token(void *user, uint64_t id, const sh_token_event *ev)
+{
+    (void)id;
+    seen *s = user;
+    if (ev->n_ids > 0 && ev->index != s->n_ids)
+        s->index_ok = false;
+    for (int32_t i = 0; i < ev->n_ids && s->n_ids < MAX_IDS; i++)
+        s->ids[s->n_ids++] = ev->ids[i];
+    if (s->text_len + ev->text_len < sizeof s->text) {
+        memcpy(s->text + s->text_len, ev->text, ev->text_len);
+        s->text_len += ev->text_len;
+        s->text[s->text_len] = '\0';
+    }
+    if (s->n_token_calls++ == 0 && s->cancel_at_first) {
+        s->poll_rc = sh_poll(s->eng, 0, NULL);
+        s->close_rc = sh_engine_close(s->eng);
+        s->cancel_rc = sh_cancel(s->eng, id, NULL);
+        s->cancel2_rc = sh_cancel(s->eng, id, NULL);
+        if (s->child_seen) {
+            sh_request_opts r = sh_request_opts_default();
+            r.prompt = "The dog";
+            r.max_tokens = 4;
+            sh_callbacks cb = {on_token, NULL, NULL};
+            extern void test_on_done(void *, uint64_t, const sh_done_info *);
+            extern void test_on_error(void *, uint64_t, sh_err, const char *);
+            cb.on_done = test_on_done;
+            cb.on_error = test_on_error;
+            s->submit_rc = sh_submit(s->eng, &r, &cb, s->child_seen, &s->child, NULL);
+        }
+    }
+}
+
+void test_on_done(void *user, uint64_t id, const sh_done_info *info);
+void test_on_done(void *user, uint64_t id, const sh_done_info *info)
+{
+    seen *s = user;
+    s->n_done++;
+    s->done = *info;
+    // The request is over: its id is unknown from now on.
+    s->cancel2_rc = sh_cancel(s->eng, id, NULL);
+}
+
+void test_on_error(void *user, uint64_t id, sh_err code, const char *msg);
+void test_on_error(void *user, uint64_t id, sh_err code, const char *msg)
+{
+    (void)id;
+    seen *s = user;
+    s->n_error++;
+    s->code = code;
+    snprintf(s->msg, sizeof s->msg, "%s", msg ? msg : "(null)");
+    if (s->eng) {
+        uint64_t x = 0;
+        sh_request_opts r = sh_request_opts_default();
+        r.prompt = "x";
+        sh_callbacks cb = {NULL, NULL, NULL};
+        s->submit_rc = sh_submit(s->eng, &r, &cb, NULL, &x, NULL);
+    }
+}
+
+static const sh_callbacks CB = {on_token, test_on_done, test_on_error};
+
+static bool have_model(void)
+{
+    FILE *f = fopen(sh_test_path(MODEL), "rb");
+    if (f)
+        fclose(f);
+    return f != NULL;
+}
+
+static sh_engine *open_tiny(int32_t threads, int32_t max_queue)
+{
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(MODEL);
+    o.threads = threads;
+    o.kv_bytes = 4u << 20;
+    o.max_queue = max_queue;
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    sh_err rc = sh_engine_open(&o, &eng, &e);
+    if (rc)
+        fprintf(stderr, "open: %s: %s\n", sh_strerror(rc), e.msg);
+    CHECK_OK(rc);
+    return eng;
+}
+
+static void init_seen(seen *s, sh_engine *eng)
+{
+    memset(s, 0, sizeof *s);
+    s->eng = eng;
+    s->index_ok = true;
+}
+
+/* Polls until every request of eng is over (or 30 s pass). */
+static void run_all(sh_engine *eng)
+{
+    for (int i = 0; i < 3000 && sh_pending(eng) > 0; i++)
+        CHECK_OK(sh_poll(eng, 10, NULL));
+    CHECK_INT_EQ(sh_pending(eng), 0);
+}
+
+static uint64_t submit_prompt(sh_engine *eng, const char *prompt, int32_t max_tokens, seen *s)
+{
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    uint64_t id = 0;
+    sh_error e = {0};
+    sh_err rc = sh_submit(eng, &r, &CB, s, &id, &e);
+    if (rc)
+        fprintf(stderr, "submit: %s\n", e.msg);
+    CHECK_OK(rc);
+    CHECK(id != 0);
+    return id;
+}
+
+/* `shoal run`'s greedy token ids for prompt (the real program, F16 KV as the engine). */
+static int32_t run_ids(const char *prompt, int32_t n, int32_t *ids)
+{
+    const char *shoal = getenv("SH_SHOAL");
+    if (!shoal)
+        return -1;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%s' run -m '%s' -p '%s' -n %d --temp 0 --ids -t 1 --kv-f16 2>/dev/null", shoal,
+             sh_test_path(MODEL), prompt, (int)n);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    int32_t k = 0;
+    int v;
+    while (k < MAX_IDS && fscanf(p, "%d", &v) == 1)
+        ids[k++] = v;
+    return pclose(p) == 0 ? k : -1;
+}
+
+static void test_greedy_matches_run(void)
+{
+    static const char *const prompts[] = {"Once upon a time", "The little cat"};
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    for (int i = 0; i < 2; i++) {
+        int32_t want[MAX_IDS];
+        int32_t n = run_ids(prompts[i], 40, want);
+        CHECK(n > 8);
+        seen s;
+        init_seen(&s, eng);
+        submit_prompt(eng, prompts[i], 40, &s);
+        run_all(eng);
+        CHECK_INT_EQ(s.n_done, 1);
+        CHECK_INT_EQ(s.n_error, 0);
+        CHECK(s.index_ok);
+        CHECK_INT_EQ(s.n_ids, n);
+        CHECK_INT_EQ(s.done.completion_tokens, n);
+        CHECK_INT_EQ(s.done.finish, n == 40 ? SH_FINISH_LENGTH : SH_FINISH_STOP);
+        for (int32_t k = 0; k < n && k < s.n_ids; k++)
+            if (s.ids[k] != want[k]) {
+                CHECK_INT_EQ(s.ids[k], want[k]);
+                break;
+            }
+        // The streamed text is the detokenized ids.
+        char text[4096];
+        size_t len = 0;
+        CHECK_OK(sh_detokenize(eng, s.ids, s.n_ids, text, sizeof text, &len, NULL));
+        CHECK_UINT_EQ(len, s.text_len);
+        CHECK(memcmp(text, s.text, len < s.text_len ? len : s.text_len) == 0);
+        CHECK_INT_EQ(s.cancel2_rc, SH_ENOTFOUND);
+    }
+    CHECK_OK(sh_engine_close(eng));
+}
+
+static void test_concurrent_equal_alone(void)
+{
+    static const char *const prompts[4] = {"Once upon a time", "The little cat", "Tim and Sue",
+                                           "One day, a big"};
+    sh_engine *eng = open_tiny(2, 0);
+    if (!eng)
+        return;
+    static seen alone[4], together[4];
+    for (int i = 0; i < 4; i++) {
+        init_seen(&alone[i], eng);
+        submit_prompt(eng, prompts[i], 48, &alone[i]);
+        run_all(eng);
+    }
+    for (int i = 0; i < 4; i++) {
+        init_seen(&together[i], eng);
+        submit_prompt(eng, prompts[i], 48, &together[i]);
+    }
+    CHECK_INT_EQ(sh_pending(eng), 4);
+    run_all(eng);
+    for (int i = 0; i < 4; i++) {
+        CHECK_INT_EQ(together[i].n_done, 1);
+        CHECK_INT_EQ(together[i].n_ids, alone[i].n_ids);
+        CHECK(memcmp(together[i].ids, alone[i].ids, (size_t)alone[i].n_ids * 4) == 0);
+        CHECK_STR_EQ(together[i].text, alone[i].text);
+    }
+    sh_engine_stats st;
+    CHECK_OK(sh_engine_stats_get(eng, &st));
+    CHECK_UINT_EQ(st.requests_total, 8);
+    CHECK_INT_EQ(st.pending, 0);
+    uint64_t toks = 0;
+    for (int i = 0; i < 4; i++)
+        toks += (uint64_t)(alone[i].n_ids + together[i].n_ids);
+    CHECK_UINT_EQ(st.tokens_generated_total, toks);
+    CHECK(st.kv_blocks_total > 0);
+    CHECK_OK(sh_engine_close(eng));
+}
+
+/* A callback cancels its own request (re-entrantly, twice), submits another, and finds sh_poll
+ * and sh_engine_close refused. */
+static void test_cancel_reentrant(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    seen s, child;
+    init_seen(&s, eng);
+    init_seen(&child, eng);
+    s.cancel_at_first = true;
+    s.child_seen = &child;
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once upon a time";
+    r.max_tokens = 400;
+    r.ignore_eos = true;
+    uint64_t id = 0;
+    CHECK_OK(sh_submit(eng, &r, &CB, &s, &id, NULL));
+    run_all(eng);
+    CHECK_INT_EQ(s.cancel_rc, SH_OK);
+    CHECK_INT_EQ(s.cancel2_rc, SH_ENOTFOUND); /* overwritten by on_done: the id is over */
+    CHECK_INT_EQ(s.poll_rc, SH_EBUSY);
+    CHECK_INT_EQ(s.close_rc, SH_EBUSY);
+    CHECK_INT_EQ(s.submit_rc, SH_OK);
+    CHECK_INT_EQ(s.n_done, 1);
+    CHECK_INT_EQ(s.n_error, 0);
+    CHECK_INT_EQ(s.done.finish, SH_FINISH_CANCEL);
+    CHECK(s.done.completion_tokens < 400);
+    CHECK_INT_EQ(child.n_done, 1);
+    CHECK(child.n_ids >= 1);
+    CHECK(s.child != 0 && s.child != id);
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_cancel(eng, id, &e), SH_ENOTFOUND);
+    CHECK(strstr(e.msg, "no request") != NULL);
+    CHECK_INT_EQ(sh_cancel(eng, 12345678, NULL), SH_ENOTFOUND);
+
+    // Cancel from the host, twice, before any token was polled.
+    init_seen(&s, eng);
+    CHECK_OK(sh_submit(eng, &r, &CB, &s, &id, NULL));
+    CHECK_OK(sh_cancel(eng, id, NULL));
+    CHECK_INT_EQ(sh_cancel(eng, id, &e), SH_ECANCELED);
+    run_all(eng);
+    CHECK_INT_EQ(s.n_done + s.n_error, 1);
+    CHECK_INT_EQ(s.done.finish, SH_FINISH_CANCEL);
+    CHECK_OK(sh_engine_close(eng));
+}
+
+static void *poll_thread(void *arg)
+{
+    sh_engine *eng = arg;
+    return (void *)(intptr_t)sh_poll(eng, 400, NULL);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void test_misuse(void)
+{
+    sh_error e = {0};
+    sh_engine *out = (sh_engine *)&e;
+    // Opening.
+    CHECK_INT_EQ(sh_engine_open(NULL, &out, &e), SH_EINVAL);
+    CHECK(out == NULL);
+    sh_engine_opts o = sh_engine_opts_default();
+    CHECK_INT_EQ(sh_engine_open(&o, NULL, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_engine_open(&o, &out, &e), SH_EINVAL); /* no model, no script */
+    CHECK(strstr(e.msg, "model_path") != NULL);
+    o.model_path = sh_test_path(MODEL);
+    o.cluster_script = "lua/cluster/x.lua";
+    CHECK_INT_EQ(sh_engine_open(&o, &out, &e), SH_EINVAL); /* both */
+    o.cluster_script = NULL;
+    o.threads = -1;
+    CHECK_INT_EQ(sh_engine_open(&o, &out, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "threads") != NULL);
+    o.threads = 1;
+    o.struct_size = 0;
+    CHECK_INT_EQ(sh_engine_open(&o, &out, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "struct_size") != NULL);
+    o = sh_engine_opts_default();
+    o.model_path = "tests/data/no-such-model.gguf";
+    CHECK(sh_engine_open(&o, &out, &e) != SH_OK);
+    CHECK(out == NULL);
+    CHECK(strstr(e.msg, "no-such-model") != NULL);
+    // NULL engines.
+    CHECK_INT_EQ(sh_engine_close(NULL), SH_OK);
+    CHECK_INT_EQ(sh_poll(NULL, 0, NULL), SH_EINVAL);
+    CHECK_INT_EQ(sh_fd(NULL), -1);
+    CHECK_INT_EQ(sh_pending(NULL), 0);
+    CHECK(sh_engine_fault(NULL) == NULL);
+    sh_model_info mi;
+    CHECK_INT_EQ(sh_model_info_get(NULL, &mi), SH_EINVAL);
+    uint64_t id = 7;
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once";
+    CHECK_INT_EQ(sh_submit(NULL, &r, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK_UINT_EQ(id, 0);
+    CHECK_INT_EQ(sh_cancel(NULL, 1, &e), SH_EINVAL);
+
+    sh_engine *eng = open_tiny(1, 2);
+    if (!eng)
+        return;
+    CHECK(sh_fd(eng) >= 0);
+    CHECK_INT_EQ(sh_submit(eng, NULL, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_submit(eng, &r, NULL, NULL, &id, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_submit(eng, &r, &CB, NULL, NULL, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_model_info_get(eng, NULL), SH_EINVAL);
+    // Prompt forms.
+    static const int32_t toks[] = {1, 400, 401};
+    static const sh_chat_message msgs[] = {{"user", "hi"}};
+    sh_request_opts bad = r;
+    bad.prompt_tokens = toks;
+    bad.n_prompt_tokens = 3;
+    CHECK_INT_EQ(sh_submit(eng, &bad, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "exactly one") != NULL);
+    bad = sh_request_opts_default();
+    CHECK_INT_EQ(sh_submit(eng, &bad, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "no prompt") != NULL);
+    bad.prompt_tokens = toks;
+    CHECK_INT_EQ(sh_submit(eng, &bad, &CB, NULL, &id, &e), SH_EINVAL); /* n_prompt_tokens 0 */
+    bad.n_prompt_tokens = 3;
+    int32_t oob[] = {1, 99999};
+    bad.prompt_tokens = oob;
+    bad.n_prompt_tokens = 2;
+    CHECK_INT_EQ(sh_submit(eng, &bad, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "vocabulary") != NULL);
+    bad = sh_request_opts_default();
+    bad.messages = msgs;
+    bad.n_messages = 1;
+    CHECK_INT_EQ(sh_submit(eng, &bad, &CB, NULL, &id, &e), SH_EINVAL); /* no template */
+    CHECK(strstr(e.msg, "chat template") != NULL);
+    // Ranges.
+#define BAD_FIELD(field, value, word)                                                              \
+    do {                                                                                           \
+        sh_request_opts rq_ = r;                                                                   \
+        rq_.field = value;                                                                         \
+        CHECK_INT_EQ(sh_submit(eng, &rq_, &CB, NULL, &id, &e), SH_EINVAL);                         \
+        CHECK(strstr(e.msg, word) != NULL);                                                        \
+        CHECK_UINT_EQ(id, 0);                                                                      \
+    } while (0)
+    BAD_FIELD(max_tokens, -1, "max_tokens");
+    BAD_FIELD(temperature, 2.5f, "temperature");
+    BAD_FIELD(temperature, NAN, "temperature");
+    BAD_FIELD(top_p, 1.5f, "top_p");
+    BAD_FIELD(top_k, -3, "top_k");
+    BAD_FIELD(min_p, -0.1f, "min_p");
+    BAD_FIELD(presence_penalty, 3.0f, "presence_penalty");
+    BAD_FIELD(priority, 300, "priority");
+    BAD_FIELD(top_logprobs, 21, "top_logprobs");
+    BAD_FIELD(n_stop, 5, "n_stop");
+    BAD_FIELD(struct_size, 0, "struct_size");
+    // Invalid UTF-8: in the prompt (a lone continuation byte, an overlong form, a surrogate, a
+    // cut sequence) and in a stop string.
+    static const char *const bad_utf8[] = {"abc\x80", "\xC0\xAF", "\xED\xA0\x80", "ok \xE2\x82"};
+    for (int i = 0; i < 4; i++)
+        BAD_FIELD(prompt, bad_utf8[i], "UTF-8");
+    const char *stops[] = {"\xFF"};
+    sh_request_opts bs = r;
+    bs.stop = stops;
+    bs.n_stop = 1;
+    CHECK_INT_EQ(sh_submit(eng, &bs, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "UTF-8") != NULL);
+    // A prompt longer than the context (512 positions).
+    static char longp[8192];
+    for (size_t i = 0; i + 1 < sizeof longp; i++)
+        longp[i] = "ab c"[i % 4];
+    BAD_FIELD(prompt, longp, "context");
+    CHECK_INT_EQ(sh_pending(eng), 0);
+
+    // The queue: max_queue 2.
+    seen s1, s2;
+    init_seen(&s1, eng);
+    init_seen(&s2, eng);
+    r.max_tokens = 8;
+    uint64_t id1 = 0, id2 = 0;
+    CHECK_OK(sh_submit(eng, &r, &CB, &s1, &id1, &e));
+    CHECK_OK(sh_submit(eng, &r, &CB, &s2, &id2, &e));
+    CHECK(id2 > id1);
+    CHECK_INT_EQ(sh_submit(eng, &r, &CB, NULL, &id, &e), SH_EBUSY);
+    CHECK(strstr(e.msg, "pending") != NULL);
+    // Polling from a second thread while one polls: refused, as is closing meanwhile.
+    run_all(eng);
+    pthread_t th;
+    pthread_create(&th, NULL, poll_thread, eng);
+    sleep_ms(100);
+    uint32_t ran = 99;
+    CHECK_INT_EQ(sh_poll(eng, 0, &ran), SH_EBUSY);
+    CHECK_UINT_EQ(ran, 0);
+    CHECK_INT_EQ(sh_engine_close(eng), SH_EBUSY);
+    void *trc = NULL;
+    pthread_join(th, &trc);
+    CHECK_INT_EQ((intptr_t)trc, SH_OK);
+    // Nothing due: sh_poll waits its timeout and runs nothing.
+    CHECK_OK(sh_poll(eng, 20, &ran));
+    CHECK_UINT_EQ(ran, 0);
+    CHECK_INT_EQ(s1.n_done, 1);
+    CHECK_INT_EQ(sh_cancel(eng, id1, &e), SH_ENOTFOUND); /* a handle after its request ended */
+    CHECK_OK(sh_engine_close(eng));
+}
+
+/* Closing with requests in flight: each ends with on_error(SH_ECLOSED) once, before close
+ * returns; a submit from that callback is refused. */
+static void test_close_in_flight(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    seen s[3];
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once upon a time";
+    r.max_tokens = 400;
+    r.ignore_eos = true;
+    for (int i = 0; i < 3; i++) {
+        init_seen(&s[i], eng);
+        uint64_t id;
+        CHECK_OK(sh_submit(eng, &r, &CB, &s[i], &id, NULL));
+    }
+    CHECK_OK(sh_poll(eng, 50, NULL)); /* some tokens, maybe */
+    CHECK_OK(sh_engine_close(eng));
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT_EQ(s[i].n_error, 1);
+        CHECK_INT_EQ(s[i].n_done, 0);
+        CHECK_INT_EQ(s[i].code, SH_ECLOSED);
+        CHECK_INT_EQ(s[i].submit_rc, SH_ECLOSED);
+    }
+}
+
+static void test_memory_budget(void)
+{
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(MODEL);
+    o.memory_budget = 100000; /* the weights alone take about 1 MB */
+    sh_engine *eng = (sh_engine *)&o;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_ENOMEM);
+    CHECK(eng == NULL);
+    CHECK(strstr(e.msg, "100000") != NULL && strstr(e.msg, "weights") != NULL);
+    // Weights and an explicit KV size over the budget: both figures named.
+    o.memory_budget = 2u << 20;
+    o.kv_bytes = 8u << 20;
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_ENOMEM);
+    CHECK(strstr(e.msg, "2097152") != NULL && strstr(e.msg, "KV") != NULL);
+    // Without a KV size the default fits what the weights leave.
+    o.kv_bytes = 0;
+    CHECK_OK(sh_engine_open(&o, &eng, &e));
+    if (!eng)
+        return;
+    sh_model_info mi;
+    CHECK_OK(sh_model_info_get(eng, &mi));
+    CHECK(mi.weight_bytes + mi.kv_bytes <= o.memory_budget);
+    CHECK(mi.kv_bytes > 0);
+    CHECK_INT_EQ(mi.n_vocab, 512);
+    CHECK_INT_EQ(mi.n_layers, 5);
+    CHECK_INT_EQ(mi.dim, 64);
+    CHECK_INT_EQ(mi.n_ctx, mi.n_ctx_train < 8192 ? mi.n_ctx_train : 8192);
+    CHECK_STR_EQ(mi.arch, "llama");
+    CHECK_STR_EQ(mi.weight_type, "F32");
+    CHECK(mi.n_params > 200000 && mi.n_params < 400000);
+    CHECK(!mi.has_chat_template);
+    CHECK_OK(sh_engine_close(eng));
+}
+
+static void test_tokenizer_and_metrics(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    sh_error e = {0};
+    const char *text = "Once upon a time";
+    int32_t n = 0, ids[64];
+    CHECK_INT_EQ(sh_tokenize(eng, text, strlen(text), true, false, NULL, 0, &n, &e), SH_ERANGE);
+    CHECK(n > 2);
+    int32_t need = n;
+    CHECK_OK(sh_tokenize(eng, text, strlen(text), true, false, ids, 64, &n, &e));
+    CHECK_INT_EQ(n, need);
+    sh_model_info mi;
+    CHECK_OK(sh_model_info_get(eng, &mi));
+    CHECK_INT_EQ(ids[0], mi.bos);
+    char out[256];
+    size_t len = 0;
+    CHECK_INT_EQ(sh_detokenize(eng, ids + 1, n - 1, out, 2, &len, &e), SH_ERANGE);
+    CHECK_OK(sh_detokenize(eng, ids + 1, n - 1, out, sizeof out, &len, &e));
+    CHECK(len >= strlen(text) && strstr(out, text) != NULL);
+    int32_t badid = 100000;
+    CHECK_INT_EQ(sh_detokenize(eng, &badid, 1, out, sizeof out, &len, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_tokenize(eng, "\xC3(", 2, false, false, ids, 64, &n, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_tokenize(eng, NULL, 3, false, false, ids, 64, &n, &e), SH_EINVAL);
+    static const sh_chat_message msgs[] = {{"user", "hi"}};
+    CHECK_INT_EQ(sh_chat_apply(eng, msgs, 1, out, sizeof out, &len, &e), SH_EUNSUPPORTED);
+
+    seen s;
+    init_seen(&s, eng);
+    submit_prompt(eng, text, 6, &s);
+    run_all(eng);
+    sh_engine_stats st;
+    CHECK_OK(sh_engine_stats_get(eng, &st));
+    CHECK_UINT_EQ(st.requests_total, 1);
+    CHECK_UINT_EQ(st.prompt_tokens_total, (uint64_t)need);
+    CHECK_UINT_EQ(st.tokens_generated_total, (uint64_t)s.n_ids);
+    static char m[1 << 16];
+    CHECK_INT_EQ(sh_metrics_snapshot(eng, m, 16, &len), SH_ERANGE);
+    CHECK(len > 16);
+    CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
+    CHECK(strstr(m, "shoal_kv_blocks_total") != NULL);
+    CHECK(strstr(m, "shoal_generation_tokens_total") != NULL);
+    struct sh_fault *f = sh_engine_fault(eng);
+    CHECK(f != NULL);
+    CHECK(sh_engine_fault(eng) == f);
+    CHECK_OK(sh_engine_close(eng));
+}
+
+/* The chat template of the default model (skipped without it). */
+static void test_chat(void)
+{
+    FILE *fp = fopen(sh_test_path(CHAT_MODEL), "rb");
+    if (!fp) {
+        fprintf(stderr, "  (chat: %s absent, not checked)\n", CHAT_MODEL);
+        return;
+    }
+    fclose(fp);
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(CHAT_MODEL);
+    o.kv_bytes = 8u << 20;
+    o.threads = 1;
+    sh_engine *eng = NULL;
+    CHECK_OK(sh_engine_open(&o, &eng, NULL));
+    if (!eng)
+        return;
+    static const sh_chat_message msgs[] = {{"system", "Be brief."}, {"user", "Say hi."}};
+    char out[1024];
+    size_t len = 0;
+    CHECK_OK(sh_chat_apply(eng, msgs, 2, out, sizeof out, &len, NULL));
+    CHECK_STR_EQ(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSay "
+                      "hi.<|im_end|>\n<|im_start|>assistant\n");
+    static const sh_chat_message badrole[] = {{"robot", "x"}};
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_chat_apply(eng, badrole, 1, out, sizeof out, &len, &e), SH_EINVAL);
+    seen s;
+    init_seen(&s, eng);
+    sh_request_opts r = sh_request_opts_default();
+    r.messages = msgs;
+    r.n_messages = 2;
+    r.max_tokens = 8;
+    uint64_t id;
+    CHECK_OK(sh_submit(eng, &r, &CB, &s, &id, &e));
+    static const sh_chat_message badutf[] = {{"user", "\xF5x"}};
+    r.messages = badutf;
+    r.n_messages = 1;
+    CHECK_INT_EQ(sh_submit(eng, &r, &CB, NULL, &id, &e), SH_EINVAL);
+    run_all(eng);
+    CHECK_INT_EQ(s.n_done, 1);
+    CHECK(s.n_ids >= 1);
+    int32_t n = 0;
+    CHECK_OK(sh_chat_apply(eng, msgs, 2, out, sizeof out, &len, NULL));
+    CHECK_INT_EQ(sh_tokenize(eng, out, len, false, true, NULL, 0, &n, NULL), SH_ERANGE);
+    CHECK_INT_EQ(s.done.prompt_tokens, n);
+    sh_model_info mi;
+    CHECK_OK(sh_model_info_get(eng, &mi));
+    CHECK(mi.has_chat_template);
+    CHECK_STR_EQ(mi.weight_type, "Q4_1");
+    CHECK_OK(sh_engine_close(eng));
+}
+
+/* Open, submit, poll to the end, close: 100 times (the ASan suite checks for leaks). */
+static void test_open_close_100(void)
+{
+    for (int i = 0; i < 100; i++) {
+        sh_engine *eng = open_tiny(1, 0);
+        if (!eng)
+            return;
+        seen s;
+        init_seen(&s, eng);
+        submit_prompt(eng, "Once upon a time", 2, &s);
+        if (i % 2 == 0)
+            run_all(eng); /* every other one closes with its request in flight */
+        CHECK_OK(sh_engine_close(eng));
+        CHECK_INT_EQ(s.n_done + s.n_error, 1);
+    }
+}
+
+static void count_line(void *user, int level, const char *line)
+{
+    (void)level;
+    if (line && line[0])
+        __atomic_add_fetch((int *)user, 1, __ATOMIC_RELAXED);
+}
+
+/* Nothing on stdout or stderr from open, requests, errors and close; log lines go to the log
+ * callback when one is given. */
+static void test_silent(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    char path[] = "/tmp/shoal-engine-silent-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    int save1 = dup(1), save2 = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = "tests/data/no-such-model.gguf";
+    sh_engine *eng = NULL;
+    sh_err bad = sh_engine_open(&o, &eng, NULL);
+    eng = open_tiny(1, 0);
+    seen s;
+    init_seen(&s, eng);
+    if (eng) {
+        submit_prompt(eng, "Once upon a time", 12, &s);
+        run_all(eng);
+        submit_prompt(eng, "Once upon a time", 300, &s);
+        sh_engine_close(eng);
+    }
+    int lines = 0;
+    o.model_path = sh_test_path(MODEL);
+    o.kv_bytes = 4u << 20;
+    o.log = count_line;
+    o.log_user = &lines;
+    o.log_level = SH_ENGINE_LOG_DEBUG;
+    eng = NULL;
+    sh_err good = sh_engine_open(&o, &eng, NULL);
+    sh_engine_close(eng);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(save1, 1);
+    dup2(save2, 2);
+    close(save1);
+    close(save2);
+    off_t size = lseek(fd, 0, SEEK_END);
+    close(fd);
+    unlink(path);
+    CHECK(bad != SH_OK);
+    CHECK_INT_EQ(good, SH_OK);
+    CHECK_INT_EQ(size, 0);
+    CHECK(lines > 0);
+}
+
+static void test_cluster_unsupported(void)
+{
+    sh_engine_opts o = sh_engine_opts_default();
+    o.cluster_script = "lua/cluster/local.lua";
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EUNSUPPORTED);
+    CHECK(eng == NULL);
+    CHECK(strstr(e.msg, "cluster_script") != NULL);
+}
+
+int main(int argc, char **argv)
+{
+    if (!have_model()) {
+        fprintf(stderr, "skipped: %s absent\n", MODEL);
+        return SH_TEST_SKIP;
+    }
+    static const sh_test_case tests[] = {{"greedy_matches_run", test_greedy_matches_run},
+                                         {"concurrent_equal_alone", test_concurrent_equal_alone},
+                                         {"cancel_reentrant", test_cancel_reentrant},
+                                         {"misuse", test_misuse},
+                                         {"close_in_flight", test_close_in_flight},
+                                         {"memory_budget", test_memory_budget},
+                                         {"tokenizer_and_metrics", test_tokenizer_and_metrics},
+                                         {"chat", test_chat},
+                                         {"open_close_100", test_open_close_100},
+                                         {"silent", test_silent},
+                                         {"cluster_unsupported", test_cluster_unsupported},
+                                         {NULL, NULL}};
+    return sh_test_main(argc, argv, tests);
+}
