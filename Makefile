@@ -13,8 +13,9 @@ PORT        ?= 8080
 FUZZ_SECONDS ?=
 SOAK_SECONDS ?= 120
 CMAKE_FLAGS ?=
+PREFIX      ?= /usr/local
 
-.PHONY: all bootstrap model model-gemma3 build run generate venv test test-fast test-asan test-fuzz soak format format-check clean
+.PHONY: all bootstrap model model-gemma3 build install run generate venv test test-fast test-asan test-fuzz soak format format-check clean
 
 all: build
 
@@ -32,6 +33,11 @@ model-gemma3: bootstrap
 build: bootstrap
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSH_WERROR=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Installs the headers, libshoal.so and libshoal.a, the shoal program, shoal.pc and the CMake
+# package under PREFIX (docs/install.md).
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The main job: serve the default model over the OpenAI API on HOST:PORT until Ctrl-C.
 run: model build
