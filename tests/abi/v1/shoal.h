@@ -1,0 +1,284 @@
+/* Shoal's public embedding API: run a model (or front a cluster) inside a host program and drive
+ * it from the host's own loop. Everything a host program may rely on is declared under include/;
+ * nothing else in the tree is API. docs/embedding.md is the tour; this header is the reference.
+ *
+ * C99, and C++ through extern "C". Every type is opaque or a plain struct of options.
+ *
+ * The model of use (DESIGN.md section 9):
+ *
+ *     sh_engine_opts o = sh_engine_opts_default();
+ *     o.model_path = "models/smollm2-135m-instruct-q4_1.gguf";
+ *     sh_engine *eng;
+ *     if (sh_engine_open(&o, &eng, &err)) ...;          // loads the model, starts its threads
+ *     sh_request_opts r = sh_request_opts_default();
+ *     r.prompt = "Once upon a time";
+ *     sh_callbacks cb = {on_token, on_done, on_error};
+ *     sh_submit(eng, &r, &cb, user, &id, &err);          // returns at once
+ *     while (running) sh_poll(eng, 16, NULL);           // callbacks run here, on this thread
+ *     sh_engine_close(eng);
+ *
+ * Threads. The library starts and joins its own threads (compute workers, the runtime's control
+ * loops). Callbacks run only inside sh_poll(), on the thread that called it; nothing else ever
+ * calls the host back, except the log callback (below). Unless a function says otherwise it may
+ * be called from any thread, including from inside a callback.
+ *
+ * What the library never does: install signal handlers, call exit() or abort() on anything a
+ * caller, a file or a peer can cause, write to stdout or stderr (it logs only through the log
+ * callback), or keep memory beyond sh_engine_close().
+ *
+ * Errors. Fallible functions return an sh_err (shoal/err.h: SH_OK is 0) and, where they take an
+ * `sh_error *err` (which may be NULL), fill it with the code and one line naming the offending
+ * argument or value. Misuse (NULL arguments, an unknown or finished request id, a call from the
+ * wrong place) gets SH_EINVAL, SH_ENOTFOUND or SH_EBUSY with a message, never a crash. */
+#ifndef SHOAL_H
+#define SHOAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/err.h"
+#include "shoal/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct below grows or a function changes meaning. Structs of options carry
+ * their own size (struct_size, set by the *_default() functions), so a program built against an
+ * older header keeps working with a newer library. */
+#define SH_API_VERSION 1
+
+typedef struct sh_engine sh_engine;
+
+/* ---- Logging ----------------------------------------------------------------------------- */
+
+/* Levels as in shoal/runtime.h's sh_log_level (1 error .. 5 trace). */
+#define SH_ENGINE_LOG_ERROR 1
+#define SH_ENGINE_LOG_WARN 2
+#define SH_ENGINE_LOG_INFO 3
+#define SH_ENGINE_LOG_DEBUG 4
+
+/* Receives one complete log line (NUL-terminated, no newline). Called from the library's own
+ * threads as well as the caller's: it must be thread-safe, quick, and must not call into the
+ * engine. */
+typedef void (*sh_engine_log_fn)(void *user, int level, const char *line);
+
+/* ---- Opening and closing an engine ------------------------------------------------------- */
+
+typedef struct sh_engine_opts {
+    uint32_t struct_size; /* sizeof(sh_engine_opts); set by sh_engine_opts_default() */
+    /* Exactly one of the two: */
+    const char *model_path;     /* a GGUF (or llama2.c) file: the model runs in this process */
+    const char *cluster_script; /* a Lua cluster script, as `shoal serve -c` takes it: the engine
+                                 * fronts the cluster it describes (docs/cluster.md) */
+    int32_t threads;            /* compute threads; 0: one per core, at most 8 */
+    uint64_t memory_budget;     /* bytes the engine may hold (weights, KV, buffers); 0: no limit.
+                                 * Open fails with SH_ENOMEM, naming both figures, when the model
+                                 * plus the KV cache would exceed it */
+    uint64_t kv_bytes;          /* KV cache memory; 0: the same default as `shoal serve` (within
+                                 * memory_budget when one is set) */
+    int32_t n_ctx;              /* positions per sequence; 0: the model's, capped as `shoal serve`
+                                 * caps it */
+    int32_t max_seqs;           /* sequences decoded together; 0: 16 */
+    int32_t max_queue;          /* requests waiting before sh_submit answers SH_EBUSY; 0: 256 */
+    sh_engine_log_fn log;       /* NULL: the library logs nothing */
+    void *log_user;
+    int32_t log_level; /* SH_ENGINE_LOG_*; 0: SH_ENGINE_LOG_WARN */
+} sh_engine_opts;
+
+/* The defaults: every field zero or NULL, struct_size set. Any thread; never fails. */
+sh_engine_opts sh_engine_opts_default(void);
+
+/* Opens an engine: loads the model (or connects to the cluster), starts the engine's threads and
+ * returns when it is ready to take requests. Blocks (loading a model takes seconds). Any thread.
+ * On success *out is the engine, owned by the caller until sh_engine_close(). On failure *out is
+ * NULL, nothing is left running or allocated, and err names the cause: SH_EINVAL (no model and
+ * no script, or both, a bad option), SH_EIO / SH_EFORMAT / SH_EUNSUPPORTED (the model file),
+ * SH_ELUA (the script), SH_ENOMEM (memory, or the memory budget). */
+sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err);
+
+/* Closes an engine: every request still in flight ends with its on_error callback (SH_ECLOSED),
+ * run once, on the calling thread, before this returns; then the engine's threads are joined and
+ * every byte it held is freed. Blocks until that is done. NULL is fine (SH_OK). Must not be
+ * called from inside a callback or while another thread is in sh_poll() on this engine: both
+ * answer SH_EBUSY and leave the engine open. */
+sh_err sh_engine_close(sh_engine *eng);
+
+/* ---- Requests ---------------------------------------------------------------------------- */
+
+typedef struct sh_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8 */
+} sh_chat_message;
+
+/* One request, with the fields of the OpenAI API. Exactly one of prompt, prompt_tokens and
+ * messages is given. The zero value of every sampling field means greedy decoding (temperature 0);
+ * set temperature (and the rest) to sample. Everything is borrowed for the sh_submit() call only
+ * (copied as needed). */
+typedef struct sh_request_opts {
+    uint32_t struct_size;         /* sizeof(sh_request_opts); set by sh_request_opts_default() */
+    const char *prompt;           /* a completion prompt, UTF-8 */
+    const int32_t *prompt_tokens; /* or a prompt as token ids */
+    int32_t n_prompt_tokens;
+    const sh_chat_message *messages; /* or a chat: the model's chat template is applied */
+    int32_t n_messages;
+    int32_t max_tokens;                        /* tokens to generate at most; 0: 256 */
+    float temperature;                         /* 0..2; 0: greedy */
+    float top_p;                               /* 0..1; 0: 1 (off) */
+    int32_t top_k;                             /* 0: off */
+    float min_p;                               /* 0..1; 0: off */
+    float presence_penalty, frequency_penalty; /* -2..2 */
+    float repeat_penalty;                      /* 0: 1 (off) */
+    const char *const *stop;                   /* stop strings, at most 4 */
+    int32_t n_stop;
+    uint64_t seed;        /* the sampler's seed: the same seed and request give the same text */
+    int32_t priority;     /* 0..255, lower runs first; 0 is the default class */
+    int32_t top_logprobs; /* 0..20 alternatives per token in on_token; 0: none */
+    bool logprobs;        /* on_token carries each token's log-probability */
+    bool ignore_eos;      /* generate max_tokens whatever the model says */
+    uint32_t timeout_ms;  /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
+} sh_request_opts;
+
+/* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. */
+sh_request_opts sh_request_opts_default(void);
+
+typedef enum sh_finish {
+    SH_FINISH_STOP = 0,     /* end of sequence or a stop string */
+    SH_FINISH_LENGTH = 1,   /* max_tokens or the context length */
+    SH_FINISH_CANCEL = 2,   /* sh_cancel() */
+    SH_FINISH_DEADLINE = 3, /* timeout_ms passed */
+} sh_finish;
+
+/* Newly generated tokens of one request. Every pointer is valid during the callback only. */
+typedef struct sh_token_event {
+    const char *text; /* the text they add (UTF-8, whole characters, stop strings withheld) */
+    size_t text_len;
+    const int32_t *ids; /* the token ids */
+    int32_t n_ids;
+    int32_t index;          /* ids[0] is the index-th generated token (from 0) */
+    const float *logprobs;  /* n_ids log-probabilities, or NULL unless logprobs was asked */
+    int32_t top_n;          /* alternatives per token (top_logprobs), 0 when not asked */
+    const int32_t *top_ids; /* n_ids * top_n, token-major */
+    const float *top_logprobs;
+} sh_token_event;
+
+typedef struct sh_done_info {
+    sh_finish finish;
+    int32_t prompt_tokens;     /* usage, as OpenAI counts it */
+    int32_t completion_tokens; /* tokens generated */
+    int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+} sh_done_info;
+
+/* A request's callbacks. They run inside sh_poll() on its thread. on_token may run any number of
+ * times; then exactly one of on_done and on_error runs, once, and the request is over: its id is
+ * unknown from then on. Each may be NULL. Callbacks may call sh_submit() and sh_cancel() (also
+ * for their own request); sh_poll() and sh_engine_close() from a callback answer SH_EBUSY. */
+typedef struct sh_callbacks {
+    void (*on_token)(void *user, uint64_t id, const sh_token_event *ev);
+    void (*on_done)(void *user, uint64_t id, const sh_done_info *info);
+    /* code: why (SH_EBUSY overloaded, SH_ECLOSED engine closed, SH_EIO a cluster node lost, ...);
+     * message: one line, valid during the callback. */
+    void (*on_error)(void *user, uint64_t id, sh_err code, const char *message);
+} sh_callbacks;
+
+/* Submits a request and returns at once with its id in *id (never 0; ids are not reused by an
+ * engine). cb is copied; user is passed back to every callback. Does not block. On failure no
+ * callback will run for it and *id is 0: SH_EINVAL (a NULL argument, no prompt or more than one,
+ * a value out of range, a prompt that is not valid UTF-8, a prompt longer than the context),
+ * SH_EBUSY (the queue is full), SH_ECLOSED (the engine is closing). */
+sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks *cb, void *user,
+                 uint64_t *id, sh_error *err);
+
+/* Asks a request to stop; it ends later with on_done (finish SH_FINISH_CANCEL) or, if it had
+ * already finished in the meantime, as it would have. Does not block. SH_ENOTFOUND: no such
+ * request (never submitted, or already over: its final callback has run); SH_ECANCELED: already
+ * being cancelled (a second sh_cancel). */
+sh_err sh_cancel(sh_engine *eng, uint64_t id, sh_error *err);
+
+/* ---- Driving the engine from the host's loop --------------------------------------------- */
+
+/* Runs the callbacks that are due, on the calling thread, waiting up to timeout_ms for the first
+ * one (0: do not wait; -1: wait until one is due). *ran (may be NULL) counts callbacks run.
+ * One thread at a time: a concurrent call from another thread, or a call from a callback,
+ * answers SH_EBUSY without running anything. */
+sh_err sh_poll(sh_engine *eng, int32_t timeout_ms, uint32_t *ran);
+
+/* A file descriptor that is readable while callbacks are due (for epoll, select, libuv's
+ * uv_poll): call sh_poll(eng, 0, NULL) when it is. Owned by the engine (do not close or read
+ * it); the same for the engine's life. -1 for a NULL engine. */
+int sh_fd(sh_engine *eng);
+
+/* Requests submitted and not yet over (their final callback has not run). */
+int32_t sh_pending(sh_engine *eng);
+
+/* ---- Model, tokenizer, chat template ----------------------------------------------------- */
+
+typedef struct sh_model_info {
+    char name[128];       /* general.name, or the file name */
+    char arch[32];        /* "llama", "gemma3", "qwen3", ... */
+    char weight_type[16]; /* the main weights' type: "Q4_1", "Q4_K", "F16", ... */
+    int32_t n_vocab;
+    int32_t n_ctx; /* positions per sequence this engine serves */
+    int32_t n_ctx_train;
+    int32_t n_layers;
+    int32_t dim;
+    uint64_t n_params;
+    uint64_t weight_bytes;  /* bytes of weights held (0 when fronting a cluster) */
+    uint64_t kv_bytes;      /* bytes of KV cache held (0 when fronting a cluster) */
+    int32_t bos, eos;       /* -1 when the model has none */
+    bool has_chat_template; /* a template is known for the model */
+} sh_model_info;
+
+sh_err sh_model_info_get(sh_engine *eng, sh_model_info *out);
+
+/* Tokenizes UTF-8 text. Writes at most cap ids to ids and the full count to *n (call with cap 0
+ * to size the buffer; SH_ERANGE when cap was too small, ids then holds the first cap).
+ * add_special: prepend BOS as the model does for a prompt; parse_special: special-token texts
+ * (<|im_end|>) become their tokens. SH_EINVAL: invalid UTF-8. */
+sh_err sh_tokenize(sh_engine *eng, const char *text, size_t len, bool add_special,
+                   bool parse_special, int32_t *ids, int32_t cap, int32_t *n, sh_error *err);
+
+/* Turns ids back into text: writes at most cap bytes (NUL-terminated when room allows) and the
+ * full length without the NUL to *len; SH_ERANGE when cap was too small. SH_EINVAL: an id out of
+ * the vocabulary. */
+sh_err sh_detokenize(sh_engine *eng, const int32_t *ids, int32_t n, char *text, size_t cap,
+                     size_t *len, sh_error *err);
+
+/* Applies the model's chat template to messages (with the assistant's turn opened), as a chat
+ * request would: output as sh_detokenize's. SH_EUNSUPPORTED: the model has no template. */
+sh_err sh_chat_apply(sh_engine *eng, const sh_chat_message *messages, int32_t n, char *text,
+                     size_t cap, size_t *len, sh_error *err);
+
+/* ---- Metrics ----------------------------------------------------------------------------- */
+
+typedef struct sh_engine_stats {
+    int32_t pending; /* requests not over */
+    int32_t running; /* sequences being decoded */
+    int32_t queued;  /* requests waiting */
+    uint64_t requests_total, tokens_generated_total, prompt_tokens_total;
+    int32_t kv_blocks_total, kv_blocks_used;
+} sh_engine_stats;
+
+sh_err sh_engine_stats_get(sh_engine *eng, sh_engine_stats *out);
+
+/* Every metric of the engine in Prometheus' text format (what `shoal serve` shows on /metrics).
+ * Output as sh_detokenize's. */
+sh_err sh_metrics_snapshot(sh_engine *eng, char *text, size_t cap, size_t *len);
+
+/* ---- Fault injection (for test harnesses) ------------------------------------------------ */
+
+struct sh_fault;
+
+/* The engine's fault layer (include/shoal/fault.h: sh_fault_rule_add, sh_fault_heal, ...),
+ * created with the engine. It acts on the messages this engine's runtime sends to other nodes,
+ * so it matters for an engine opened on a cluster script (a model run in this process sends
+ * nothing over the network). Owned by the engine: valid until sh_engine_close(), never destroyed
+ * by the caller. NULL for a NULL engine. */
+struct sh_fault *sh_engine_fault(sh_engine *eng);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
