@@ -2,9 +2,10 @@
 # libshoal.so exports the public API and nothing else: every defined dynamic symbol
 # (nm -D --defined-only) must be a function that include/shoal.h or include/shoal/*.h declares
 # (the list scripts/api-symbols.sh reads from the headers), so an internal sh__ function, a
-# misnamed helper or a dependency's symbol leaking out fails. Also checks the SONAME, that the
-# library needs no sh_ symbol from elsewhere, and that no declared function defined in libshoal.a
-# is missing from the .so (a version-script fault).
+# misnamed helper or a dependency's symbol leaking out fails. And the other way: every declared
+# function must be exported (missing from the .so while libshoal.a has it: a version-script
+# fault; missing from both: declared but never implemented). Also checks the SONAME and that the
+# library needs no sh_ symbol from elsewhere.
 # Env: SH_LIBSHOAL (the .so), SH_LIBSHOAL_A (the .a), SH_SONAME, SH_CC, SH_SOURCE_DIR.
 set -uo pipefail
 root="${SH_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
@@ -53,9 +54,8 @@ missing=$(comm -23 <(echo "$declared") <(echo "$exported"))
 hidden=$(comm -12 <(echo "$missing") <(echo "$in_archive"))
 [ -z "$hidden" ] || fail "defined in libshoal.a but not exported by libshoal.so:" $hidden
 unimpl=$(comm -23 <(echo "$missing") <(echo "$in_archive"))
-if [ -n "$unimpl" ]; then
-    echo "note lib_symbols: declared in include/ but defined nowhere yet:" $unimpl
-fi
+[ -z "$unimpl" ] || fail "declared in include/ but defined nowhere (a program using them does not link):" $unimpl
+[ -n "$missing" ] || echo "ok   lib_symbols: every declared function is exported"
 
 if [ $failed -ne 0 ]; then
     echo "lib_symbols: $failed check(s) failed"
