@@ -15,6 +15,7 @@
 #include "api/engine_int.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "lua/config.h"
 #include "model/gguf.h"
 
 sh_engine_opts sh_engine_opts_default(void)
@@ -111,9 +112,52 @@ static int32_t compute_threads(int32_t asked)
     return n < 1 ? 1 : n > 8 ? 8 : (int32_t)n;
 }
 
+/* What a cluster script adds to the options (its batcher and kv settings, its model's name);
+ * zero for a model path. */
+typedef struct script_settings {
+    int32_t step_tokens, max_wait_ms;
+    bool no_prefix_cache;
+    char name[128];
+} script_settings;
+
+/* A cluster script whose one replica runs in this process (one node, one stage, as `shoal serve
+ * -c` runs it without workers): its model becomes o->model_path (pointing into *cfg, which the
+ * caller frees after open), its settings fill ss where the options leave them at zero. Scripts
+ * with worker nodes are refused: fronting remote stages is not implemented in the engine. */
+static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_settings *ss,
+                          sh_error *e)
+{
+    sh_err rc = sh_config_load_file(o->cluster_script, NULL, cfg, e);
+    if (rc)
+        return rc;
+    const sh_cluster_config *c = *cfg;
+    if (sh_config_has_workers(c))
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "%s: the script puts stages on worker nodes; an engine runs only a "
+                             "script whose one replica runs in this process (one node, one "
+                             "stage) and cannot front a cluster of worker nodes yet",
+                             o->cluster_script);
+    if (c->kv.block_tokens && c->kv.block_tokens != SH_KV_DEFAULT_BLOCK_TOKENS)
+        return sh__error_set(e, SH_EINVAL,
+                             "%s: kv.block_tokens must be %d (the attention kernels' block)",
+                             o->cluster_script, SH_KV_DEFAULT_BLOCK_TOKENS);
+    const sh_config_model *m = &c->models[c->replicas[0].model];
+    o->model_path = m->path;
+    if (!o->max_seqs)
+        o->max_seqs = c->batcher.max_seqs;
+    if (!o->kv_bytes)
+        o->kv_bytes = c->kv.memory_bytes;
+    ss->step_tokens = c->batcher.max_step_tokens;
+    ss->max_wait_ms = c->batcher.max_wait_ms;
+    ss->no_prefix_cache = !c->kv.prefix_cache;
+    snprintf(ss->name, sizeof ss->name, "%s", m->name ? m->name : "");
+    return SH_OK;
+}
+
 /* Loads the model and its tokenizer, sizes the KV pool within the budget and creates the compute
  * context. */
-static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, sh_serve_size *sz, sh_error *e)
+static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_settings *ss,
+                         sh_serve_size *sz, sh_error *e)
 {
     struct stat sb;
     if (stat(o->model_path, &sb) != 0)
@@ -132,8 +176,10 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, sh_serve_size 
         return rc;
     const sh_llama_hparams *hp = &eng->m->hp;
     eng->weight_bytes = sh_llama_weight_bytes(eng->m);
-    sh_serve_size_opts so = {
-        .n_ctx = o->n_ctx, .max_seqs = o->max_seqs ? o->max_seqs : 16, .kv_mem = o->kv_bytes};
+    sh_serve_size_opts so = {.n_ctx = o->n_ctx,
+                             .max_seqs = o->max_seqs ? o->max_seqs : 16,
+                             .step_tokens = ss->step_tokens,
+                             .kv_mem = o->kv_bytes};
     if (o->memory_budget && !o->kv_bytes) {
         // The KV default fits what the weights leave of the budget.
         uint64_t left =
@@ -174,7 +220,9 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, sh_serve_size 
     sh_str st;
     eng->has_template = sh_gguf_get_str(eng->m->gguf, "tokenizer.chat_template", &st) == SH_OK ||
                         !strcmp(hp->arch, "gemma3");
-    if (sh_gguf_get_str(eng->m->gguf, "general.name", &st) == SH_OK && st.len > 0)
+    if (ss->name[0])
+        snprintf(eng->name, sizeof eng->name, "%s", ss->name);
+    else if (sh_gguf_get_str(eng->m->gguf, "general.name", &st) == SH_OK && st.len > 0)
         snprintf(eng->name, sizeof eng->name, "%.*s", (int)st.len, st.ptr);
     else
         sh__serve_base_name(o->model_path, eng->name, sizeof eng->name);
@@ -189,8 +237,8 @@ typedef struct spawn_args {
     sh_batcher_args ba;
 } spawn_args;
 
-static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, int32_t max_queue,
-                           spawn_args *a, sh_error *e)
+static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, const script_settings *ss,
+                           int32_t max_queue, spawn_args *a, sh_error *e)
 {
     const sh_llama_hparams *hp = &eng->m->hp;
     sh_err rc;
@@ -203,7 +251,7 @@ static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, int32_t max_
                                     .max_seqs = sz->max_seqs,
                                     .window = sh_llama_kv_window(hp),
                                     .max_blocks_per_seq = seq_blocks},
-                            .prefix_cache = true};
+                            .prefix_cache = !ss->no_prefix_cache};
     a->sa = (sh_stage_args){.model = eng->m,
                             .ctx = eng->ctx,
                             .max_seqs = sz->max_seqs,
@@ -219,7 +267,7 @@ static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, int32_t max_
                               .n_ctx = sz->n_ctx,
                               .max_step_tokens = sz->step_tokens,
                               .max_seqs = sz->max_seqs,
-                              .max_wait_ms = 0,
+                              .max_wait_ms = ss->max_wait_ms,
                               .max_queue = max_queue,
                               .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                               .n_blocks = (int32_t)sz->n_blocks,
@@ -256,14 +304,17 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         rc = check_opts(&o, e);
     if (rc)
         return rc;
-    if (o.cluster_script)
-        return sh__error_set(e, SH_EUNSUPPORTED,
-                             "%s: engines that front a cluster (cluster_script) are not "
-                             "implemented yet; open one on a model_path",
-                             o.cluster_script);
+    sh_cluster_config *cfg = NULL;
+    script_settings ss = {0};
+    if (o.cluster_script && (rc = open_script(&o, &cfg, &ss, e))) {
+        sh_config_destroy(cfg);
+        return rc;
+    }
     sh_engine *eng = calloc(1, sizeof *eng);
-    if (!eng)
+    if (!eng) {
+        sh_config_destroy(cfg);
         return sh__error_set(e, SH_ENOMEM, "out of memory");
+    }
     eng->efd = -1;
     eng->log = o.log;
     eng->log_user = o.log_user;
@@ -276,7 +327,7 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         goto fail;
     }
     sh_serve_size sz;
-    if ((rc = open_model(eng, &o, &sz, e)))
+    if ((rc = open_model(eng, &o, &ss, &sz, e)))
         goto fail;
     eng->limit = o.max_queue ? o.max_queue : 256;
     sh_runtime_opts ro = {.node_id = 1,
@@ -290,12 +341,14 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
     if ((rc = sh_runtime_create(&ro, &eng->rt, e)))
         goto fail;
     spawn_args a;
-    if ((rc = start_actors(eng, &sz, eng->limit, &a, e)) || (rc = wait_started(eng, e)))
+    if ((rc = start_actors(eng, &sz, &ss, eng->limit, &a, e)) || (rc = wait_started(eng, e)))
         goto fail;
+    sh_config_destroy(cfg);
     *out = eng;
     return SH_OK;
 fail:
     engine_free(eng);
+    sh_config_destroy(cfg);
     e->code = rc;
     return rc;
 }

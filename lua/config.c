@@ -906,6 +906,14 @@ int32_t sh_config_find_node(const sh_cluster_config *c, const char *name)
     return -1;
 }
 
+bool sh_config_has_workers(const sh_cluster_config *c)
+{
+    if (c->n_nodes > 1 || c->n_replicas != 1)
+        return true;
+    const sh_config_replica *r = &c->replicas[0];
+    return r->n_stages != 1 || r->stages[0].node != c->gateway.node;
+}
+
 void sh_config_destroy(sh_cluster_config *c)
 {
     if (!c)

@@ -167,6 +167,11 @@ sh_err sh_config_replica_layers(const sh_config_replica *r, int32_t n_layers, in
 /* Index of the node called `name`, or -1. */
 int32_t sh_config_find_node(const sh_cluster_config *c, const char *name);
 
+/* Whether the script runs its replica's stages on worker nodes (more than one node, more than one
+ * replica or stage, or the stage not on the gateway's node); false for the single-process
+ * topology that `shoal serve -c` and an embedded engine run themselves. Any thread. */
+bool sh_config_has_workers(const sh_cluster_config *c);
+
 /* Frees the config and everything it points to; accepts NULL. */
 void sh_config_destroy(sh_cluster_config *c);
 

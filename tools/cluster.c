@@ -18,14 +18,6 @@
 
 #define DEFAULT_STAGE_KV_MEM ((uint64_t)1 << 30)
 
-bool sh__cluster_has_workers(const sh_cluster_config *c)
-{
-    if (c->n_nodes > 1 || c->n_replicas != 1)
-        return true;
-    const sh_config_replica *r = &c->replicas[0];
-    return r->n_stages != 1 || r->stages[0].node != c->gateway.node;
-}
-
 static bool hosts_stage(const sh_cluster_config *c, int32_t node)
 {
     for (int32_t r = 0; r < c->n_replicas; r++)

@@ -55,10 +55,6 @@ typedef struct sh_cluster_plan {
     int32_t max_seqs, step_tokens;
 } sh_cluster_plan;
 
-/* Whether the script runs its replica's stages on worker nodes (more than one node, or the stage
- * not on the gateway's node); false for the single-process topology `shoal serve` runs itself. */
-bool sh__cluster_has_workers(const sh_cluster_config *c);
-
 /* Refuses what is not built yet with one error line naming it (returns 2): a worker node that
  * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor
  * parallelism, standby nodes, a stage on the gateway's node beside worker stages, inproc:// URLs,

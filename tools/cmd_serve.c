@@ -508,7 +508,7 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     o->cfg = c;
     // A script whose stages sit on worker nodes: this process is the front (gateway, batcher,
     // kvmgr) and what is not built yet is refused by name (tools/cluster.h).
-    if (sh__cluster_has_workers(c)) {
+    if (sh_config_has_workers(c)) {
         int rc = sh__cluster_check(c, o->config);
         if (rc)
             return rc;

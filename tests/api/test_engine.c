@@ -682,15 +682,74 @@ static void test_silent(void)
     CHECK(lines > 0);
 }
 
-static void test_cluster_unsupported(void)
+static void write_text(const char *path, const char *text)
 {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* A cluster script whose one replica runs in this process is served like a model path, with the
+ * script's model name and settings; one with worker nodes is refused (not implemented), as is a
+ * broken script. */
+static void test_cluster_script(void)
+{
+    char dir[] = "/tmp/shoal-engine-script-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], src[2048];
+    snprintf(path, sizeof path, "%s/c.lua", dir);
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'tiny-stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'local', listen = 'inproc://local' } },\n"
+             "  gateway = { node = 'local', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'local' }) } },\n"
+             "  batcher = { max_seqs = 4 },\n"
+             "  kv = { memory = '4MiB' },\n"
+             "}\n",
+             sh_test_path(MODEL));
+    write_text(path, src);
     sh_engine_opts o = sh_engine_opts_default();
-    o.cluster_script = "lua/cluster/local.lua";
+    o.cluster_script = path;
+    o.threads = 1;
     sh_engine *eng = NULL;
     sh_error e = {0};
+    CHECK_OK(sh_engine_open(&o, &eng, &e));
+    if (eng) {
+        sh_model_info mi;
+        CHECK_OK(sh_model_info_get(eng, &mi));
+        CHECK_STR_EQ(mi.name, "tiny-stories");
+        CHECK(mi.kv_bytes <= (4u << 20) && mi.kv_bytes > (3u << 20));
+        seen s;
+        init_seen(&s, eng);
+        submit_prompt(eng, "Once upon a time", 8, &s);
+        run_all(eng);
+        CHECK_INT_EQ(s.n_done, 1);
+        CHECK(s.n_ids >= 1);
+        CHECK_OK(sh_engine_close(eng));
+    }
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'a', listen = 'tcp://127.0.0.1:7301' },\n"
+             "            node { name = 'b', listen = 'tcp://127.0.0.1:7302' } },\n"
+             "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'b' }) } },\n"
+             "}\n",
+             sh_test_path(MODEL));
+    write_text(path, src);
+    eng = (sh_engine *)&o;
     CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EUNSUPPORTED);
     CHECK(eng == NULL);
-    CHECK(strstr(e.msg, "cluster_script") != NULL);
+    CHECK(strstr(e.msg, "worker nodes") != NULL);
+    write_text(path, "return cluster { nodes = 3 +\n");
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_ELUA);
+    CHECK(strstr(e.msg, "c.lua") != NULL);
+    unlink(path);
+    rmdir(dir);
 }
 
 int main(int argc, char **argv)
@@ -709,7 +768,7 @@ int main(int argc, char **argv)
                                          {"chat", test_chat},
                                          {"open_close_100", test_open_close_100},
                                          {"silent", test_silent},
-                                         {"cluster_unsupported", test_cluster_unsupported},
+                                         {"cluster_script", test_cluster_script},
                                          {NULL, NULL}};
     return sh_test_main(argc, argv, tests);
 }
