@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "actors/cluster.h"
 #include "tools/bench.h"
-#include "tools/cluster.h"
 #include "tools/cmd.h"
 #include "tools/cmd_chaos.h"
 #include "tools/cmd_util.h"
@@ -226,7 +226,7 @@ static int prepare(chaos *ch)
     sh_error e = {0};
     if (sh_config_load_file(o->cluster, NULL, &ch->c, &e))
         return sh__cmd_fail("%s", e.msg);
-    if (!o->attach && sh__cluster_check(ch->c, o->cluster))
+    if (!o->attach && sh__cmd_report(sh__cluster_check(ch->c, o->cluster, &e), &e))
         return 2; /* what `cluster up` would refuse, before anything starts */
     if (sh_scenario_load_file(o->scenario, NULL, &ch->sc, &e) ||
         sh_scenario_check(ch->sc, ch->c, &e))

@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "actors/cluster.h"
+#include "actors/cluster_key.h"
 #include "lua/config.h"
-#include "tools/cluster.h"
-#include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_cluster_policy.h"
@@ -647,12 +647,13 @@ static int cluster_up(int argc, char **argv)
             sh_config_destroy(c);
             return rc;
         }
-    int rc = sh__cluster_check(c, script);
+    sh_error ce = {0};
+    int rc = sh__cmd_report(sh__cluster_check(c, script, &ce), &ce);
     // A bad key stops the cluster before anything starts; a good one reaches every child (they
     // inherit the environment and run in this directory).
     sh_auth_key key;
     if (!rc)
-        rc = sh__cluster_key_load(key_file, c, &key);
+        rc = sh__cmd_report(sh__cluster_key_load(key_file, c, &key, &ce), &ce);
     if (!rc && key_file && setenv(SH_CLUSTER_KEY_ENV, key_file, 1) != 0)
         rc = sh__cmd_fail("setenv: %s", strerror(errno));
     if (rc) {

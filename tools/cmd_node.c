@@ -11,14 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "actors/cluster.h"
+#include "actors/cluster_key.h"
 #include "actors/hello.h"
 #include "actors/node_metrics.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "shoal/transport.h"
-#include "tools/cluster.h"
-#include "tools/cluster_key.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
@@ -116,14 +116,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     int32_t self = sh_config_find_node(c, name);
     if (self < 0)
         return sh__cmd_fail("%s: no node named '%s' in the script", script, name);
-    int rc = sh__cluster_check(c, script);
+    sh_error ce = {0};
+    int rc = sh__cmd_report(sh__cluster_check(c, script, &ce), &ce);
     if (rc)
         return rc;
     if (self == c->gateway.node)
         return sh__cmd_fail("%s: node '%s' is the gateway's node: run `shoal serve -c %s` there, "
                             "not `shoal node`",
                             script, name, script);
-    rc = sh__cluster_key_load(s->key_file, c, &s->key);
+    rc = sh__cmd_report(sh__cluster_key_load(s->key_file, c, &s->key, &ce), &ce);
     if (rc)
         return rc;
     // A promoted standby's stages would take ACT from nodes that never proved the key to it.
@@ -166,9 +167,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     else
         hps[r->model] = &probe->hp;
     if (!rc)
-        rc = sh__cluster_plan(c, script, hps, &plan);
+        rc = sh__cmd_report(sh__cluster_plan(c, script, hps, &plan, &ce), &ce);
     if (!rc)
-        rc = sh__cluster_model_ident(probe, cm->path, &s->self);
+        rc = sh__cmd_report(sh__cluster_model_ident(probe, cm->path, &s->self, &ce), &ce);
     sh_llama_destroy(probe);
     if (rc)
         return rc;
@@ -284,7 +285,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                  (int)i + 1, (uint64_t)addr, (uint64_t)plan.stage_addr[i]),
                     1);
     }
-    // The metrics reporter follows the stages (tools/cluster.h); it reports to the front.
+    // The metrics reporter follows the stages (actors/cluster.h); it reports to the front.
     sh_node_metrics_reporter_args ra = {
         .collector = sh_addr_make((uint32_t)plan.front + 1, SH_CLUSTER_METRICS_ACTOR)};
     if (sh_actor_spawn(s->rt, "node_metrics_reporter", &ra, 0, &addr, &e))
@@ -300,7 +301,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         return (
             sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),
             e.code == SH_EBUSY ? 2 : 1);
-    rc = sh__cluster_add_peers(&plan, self, s->tp);
+    rc = sh__cmd_report(sh__cluster_add_peers(&plan, self, s->tp, &e), &e);
     if (!rc && s->fault_path)
         rc = sh__cmd_fault_start_epoch(&s->fault, s->fault_path, s->fault_epoch, c, s->rt, s->tp);
     if (rc)

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "actors/actor_util.h"
+#include "actors/cluster.h"
+#include "actors/cluster_key.h"
 #include "actors/node_metrics.h"
 #include "actors/router.h"
 #include "actors/serve.h"
@@ -22,9 +24,7 @@
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
-#include "tools/cluster.h"
 #include "tools/cluster_events.h"
-#include "tools/cluster_key.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
@@ -507,9 +507,9 @@ static int apply_config(serve_opts *o, sh_cluster_config **cfg_out)
     *cfg_out = c;
     o->cfg = c;
     // A script whose stages sit on worker nodes: this process is the front (gateway, batcher,
-    // kvmgr) and what is not built yet is refused by name (tools/cluster.h).
+    // kvmgr) and what is not built yet is refused by name (actors/cluster.h).
     if (sh_config_has_workers(c)) {
-        int rc = sh__cluster_check(c, o->config);
+        int rc = sh__cmd_report(sh__cluster_check(c, o->config, &e), &e);
         if (rc)
             return rc;
         if (o->ctx || o->max_seqs || o->step_tokens || o->kv_mem || o->kv_blocks || o->kv_f16 ||
@@ -1239,15 +1239,19 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("out of memory"), 1);
         int rc = load_models(o->cfg, s, models, toks);
         if (!rc)
-            rc = sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key);
+            rc = sh__cmd_report(
+                sh__cluster_key_load(o->cluster_key_file, o->cfg, &s->front->key, &e), &e);
         for (int32_t i = 0; !rc && s->front->key.set && i < o->cfg->n_nodes; i++)
             if (o->cfg->nodes[i].standby)
                 rc = sh__cmd_fail("%s: node '%s' is a standby: standby nodes do not work with a "
                                   "cluster key yet (docs/cluster.md, \"Standby nodes\")",
                                   o->config, o->cfg->nodes[i].name);
-        if (!rc)
-            rc = sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
-                                         o->join_timeout_ms);
+        if (!rc) {
+            s->front->note = sh__cmd_note;
+            rc = sh__cmd_report(sh__cluster_front_start(s->front, o->cfg, o->config, models, s->rt,
+                                                        o->join_timeout_ms, &e),
+                                &e);
+        }
         if (!rc && o->fault_path)
             rc = sh__cmd_fault_start_epoch(&s->fault, o->fault_path, o->fault_epoch, o->cfg, s->rt,
                                            s->front->tp);

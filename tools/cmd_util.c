@@ -19,6 +19,20 @@ int sh__cmd_fail(const char *fmt, ...)
     return 2;
 }
 
+int sh__cmd_report(int rc, const sh_error *e)
+{
+    if (rc)
+        sh__cmd_fail("%s", e->msg);
+    return rc;
+}
+
+void sh__cmd_note(void *ud, const char *line)
+{
+    (void)ud;
+    fprintf(stderr, "shoal: %s\n", line);
+    fflush(stderr);
+}
+
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;

@@ -12,6 +12,13 @@
 /* Prints one `error: ...` line on stderr and returns 2, the exit code for bad usage or input. */
 int sh__cmd_fail(const char *fmt, ...) SH_PRINTF(1, 2);
 
+/* Prints e's line as sh__cmd_fail does when rc is not 0 (a library call that reports through an
+ * sh_error, e.g. actors/cluster.h); returns rc. */
+int sh__cmd_report(int rc, const sh_error *e);
+
+/* Prints a progress line of the library as "shoal: LINE" on stderr (an sh_cluster_note_fn). */
+void sh__cmd_note(void *ud, const char *line);
+
 /* Whole-string decimal parses within [lo, hi]; false (out untouched) for anything else. */
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);

@@ -17,7 +17,7 @@
 #include "kernels/backend.h"
 #include "model/llama.h"
 #include "shoal/runtime.h"
-#include "tools/cluster.h"
+#include "actors/cluster.h"
 
 typedef struct sh_standby_stage {
     int32_t stage; /* the plan's index */

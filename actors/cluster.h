@@ -1,8 +1,8 @@
 /* What `shoal node` and `shoal serve -c` share about a cluster script: the plan of one replica
  * whose pipeline stages sit on worker nodes (node ids, actor addresses, stage settings), and the
  * front's join of the workers (issue 11, docs/cluster.md). */
-#ifndef SH_TOOLS_CLUSTER_H
-#define SH_TOOLS_CLUSTER_H
+#ifndef SH_ACTORS_CLUSTER_H
+#define SH_ACTORS_CLUSTER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -55,13 +55,21 @@ typedef struct sh_cluster_plan {
     int32_t max_seqs, step_tokens;
 } sh_cluster_plan;
 
+/* Errors. Every function below that can refuse writes its one error line into e (never to stdout
+ * or stderr: this is library code; the shoal program prints it) and returns 2 (a refused script,
+ * model or peer) or 1 (an internal failure), 0 on success. */
+
+/* Receives one progress line of the front's join ("node w0 joined (...)"), without a newline.
+ * Called on the joining thread. */
+typedef void (*sh_cluster_note_fn)(void *ud, const char *line);
+
 /* Refuses what is not built yet with one error line naming it (returns 2): a worker node that
  * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor
  * parallelism, standby nodes, a stage on the gateway's node beside worker stages, inproc:// URLs,
  * tls+tcp:// on some nodes only or without tls_ca, tls_cert and tls_key, a node that hosts nothing,
  * more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the file in
  * messages. */
-int sh__cluster_check(const sh_cluster_config *c, const char *script);
+int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e);
 
 /* The TLS material of node `node` when the script's nodes listen on tls+tcp:// (its tls_cert and
  * tls_key, the cluster's tls_ca; sh__cluster_check made sure they are given), written into *out
@@ -76,7 +84,7 @@ const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node
  * without that model) is only placed: its stages' nodes and addresses, which follow from the script
  * alone; its layers and KV sizes stay 0. Returns 0, or 2 with an error line. */
 int sh__cluster_plan(const sh_cluster_config *c, const char *script,
-                     const sh_llama_hparams *const *hp, sh_cluster_plan *p);
+                     const sh_llama_hparams *const *hp, sh_cluster_plan *p, sh_error *e);
 
 /* The model file's identity (size and header hash); 2 with an error line for a non-GGUF model. */
 
@@ -87,25 +95,25 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
 
 /* The replica of stage i's successor in its pipeline, or SH_ADDR_NONE for a last stage. */
 sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i);
-int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id);
+int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id, sh_error *e);
 
 /* The address of node's metrics reporter, or SH_ADDR_NONE for a node without stages. */
 sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node);
 
 /* Adds every other node that hosts a stage or the gateway as a transport peer. Returns 0 or 2. */
-int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp);
+int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp, sh_error *e);
 
 /* The front's join: greets every worker node through a hello actor spawned on rt (rt must have
- * its transport and peers) and waits until each has answered, printing "shoal: node NAME joined
- * (...)" per node. A worker that fails the cluster key (`key`, may be NULL: none; a wrong key, or
- * a key on one side only) or whose identity differs from `self` is refused with an error naming
- * it and what differs. `peers` (at least c->n_nodes entries), `self` and `key` must outlive rt:
- * the actor keeps them. Returns 0 when all joined, 2 on a refusal or when timeout_ms passes (the
- * error names the nodes still missing, each with its link's last error from tp when tp is not
- * NULL), 1 when the actor cannot be spawned. Not from a loop thread. */
+ * its transport and peers) and waits until each has answered, passing "node NAME joined
+ * (...)" per node to note (may be NULL). A worker that fails the cluster key (`key`, may be NULL:
+ * none; a wrong key, or a key on one side only) or whose identity differs from `self` is refused
+ * with an error naming it and what differs. `peers` (at least c->n_nodes entries), `self` and `key`
+ * must outlive rt: the actor keeps them. Returns 0 when all joined, 2 on a refusal or when
+ * timeout_ms passes (the error names the nodes still missing, each with its link's last error from
+ * tp when tp is not NULL), 1 when the actor cannot be spawned. Not from a loop thread. */
 int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
                      sh_hello_peer *peers, uint32_t timeout_ms, const sh_auth_key *key,
-                     sh_transport *tp);
+                     sh_transport *tp, sh_cluster_note_fn note, void *note_ud, sh_error *e);
 
 /* The front's side of a cluster: its plan, its identity, the workers' answers and its transport.
  * Lives until after the runtime is destroyed (the hello actor reads self and peers). */
@@ -113,7 +121,9 @@ typedef struct sh_cluster_front {
     sh_cluster_plan plan;
     sh_hello_ident self;
     sh_hello_peer peers[256];
-    sh_auth_key key; /* the cluster key: set (or left zeroed: none) before the start */
+    sh_auth_key key;         /* the cluster key: set (or left zeroed: none) before the start */
+    sh_cluster_note_fn note; /* the join's progress lines (set before the start; NULL: none) */
+    void *note_ud;
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
     bool lost[256];    /* per node: judged lost (the watchdog's death, until it is back) */
@@ -140,9 +150,10 @@ typedef struct sh_cluster_front {
  * replica serves; the front loads only what it needs for hyper-parameters and the tokenizer),
  * listens on the gateway node's URL, dials every worker and joins them (sh__cluster_join), then
  * notes each worker link's connection count (the watchdog's base_ups). Returns 0, 2 (bad script,
- * mismatch, timeout: one error line printed) or 1. Not from a loop thread. */
+ * mismatch, timeout: the error line in e) or 1. Not from a loop thread. */
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
-                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms);
+                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms,
+                            sh_error *e);
 
 /* Greets a lost worker node again once its link is up on a new connection (the process was
  * restarted): a fresh hello actor for that node, up to timeout_ms for its answer, then the join's

@@ -1,22 +1,38 @@
 /* The cluster plan and the front's join, shared by `shoal node` and `shoal serve -c`
- * (tools/cluster.h). */
+ * (actors/cluster.h). */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "actors/actor_util.h"
+#include "actors/cluster.h"
+#include "actors/cluster_key.h"
 #include "actors/kvmgr_core.h"
 #include "actors/node_metrics.h"
+#include "base/error.h"
 #include "base/version.h"
 #include "model/gguf.h"
 #include "runtime/proto.h"
 #include "shoal/version.h"
-#include "tools/cluster.h"
-#include "tools/cluster_key.h"
-#include "tools/cmd_util.h"
 
 #define DEFAULT_STAGE_KV_MEM ((uint64_t)1 << 30)
+
+/* The module's one error line goes into e (this is library code: it prints nothing); returns 2,
+ * the exit status of a refused script or peer that callers pass on. */
+static int fail(sh_error *e, const char *fmt, ...) SH_PRINTF(2, 3);
+static int fail(sh_error *e, const char *fmt, ...)
+{
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+        e->code = SH_EINVAL;
+    }
+    return 2;
+}
 
 static bool hosts_stage(const sh_cluster_config *c, int32_t node)
 {
@@ -29,7 +45,7 @@ static bool hosts_stage(const sh_cluster_config *c, int32_t node)
 
 /* tls+tcp://: every node or none (one transport configuration dials every peer), a CA, and a
  * certificate and key per node. */
-static int check_tls(const sh_cluster_config *c, const char *script)
+static int check_tls(const sh_cluster_config *c, const char *script, sh_error *e)
 {
     int32_t tls = -1, plain = -1;
     for (int32_t i = 0; i < c->n_nodes; i++)
@@ -38,19 +54,21 @@ static int check_tls(const sh_cluster_config *c, const char *script)
         return 0;
     const sh_config_node *t = &c->nodes[tls];
     if (plain >= 0)
-        return sh__cmd_fail("%s: node '%s' listens on %s and node '%s' on %s: with TLS, every "
-                            "node must listen on tls+tcp://",
-                            script, t->name, t->listen, c->nodes[plain].name,
-                            c->nodes[plain].listen);
+        return fail(e,
+                    "%s: node '%s' listens on %s and node '%s' on %s: with TLS, every "
+                    "node must listen on tls+tcp://",
+                    script, t->name, t->listen, c->nodes[plain].name, c->nodes[plain].listen);
     if (!c->tls_ca)
-        return sh__cmd_fail("%s: node '%s' listens on %s: tls+tcp:// needs cluster.tls_ca, the "
-                            "CA that signs every node's certificate",
-                            script, t->name, t->listen);
+        return fail(e,
+                    "%s: node '%s' listens on %s: tls+tcp:// needs cluster.tls_ca, the "
+                    "CA that signs every node's certificate",
+                    script, t->name, t->listen);
     for (int32_t i = 0; i < c->n_nodes; i++)
         if (!c->nodes[i].tls_cert || !c->nodes[i].tls_key)
-            return sh__cmd_fail("%s: node '%s' listens on %s: give it tls_cert and tls_key (its "
-                                "certificate and private key, PEM, signed by cluster.tls_ca)",
-                                script, c->nodes[i].name, c->nodes[i].listen);
+            return fail(e,
+                        "%s: node '%s' listens on %s: give it tls_cert and tls_key (its "
+                        "certificate and private key, PEM, signed by cluster.tls_ca)",
+                        script, c->nodes[i].name, c->nodes[i].listen);
     return 0;
 }
 
@@ -65,12 +83,12 @@ const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node
     return out;
 }
 
-int sh__cluster_check(const sh_cluster_config *c, const char *script)
+int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e)
 {
     const char *later = "not implemented yet (see docs/cluster.md)";
     if (c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
-        return sh__cmd_fail("%s: %d replicas; at most %d are supported", script, (int)c->n_replicas,
-                            SH_CLUSTER_MAX_REPLICAS);
+        return fail(e, "%s: %d replicas; at most %d are supported", script, (int)c->n_replicas,
+                    SH_CLUSTER_MAX_REPLICAS);
     int32_t total = 0;
     for (int32_t k = 0; k < c->n_replicas; k++) {
         const sh_config_replica *r = &c->replicas[k];
@@ -82,7 +100,8 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
                 int32_t node = r->stages[s].node;
                 for (int32_t t = 0; t < c->replicas[j].n_stages; t++)
                     if (c->replicas[j].stages[t].node == node)
-                        return sh__cmd_fail(
+                        return fail(
+                            e,
                             "%s: node '%s' holds stages of replica %d (model '%s') and replica %d "
                             "(model '%s'): a worker node serves one model; give each model's "
                             "stages their own nodes",
@@ -92,46 +111,50 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script)
             }
         }
         if (r->tp != 1)
-            return sh__cmd_fail("%s: replica %d: tp = %d: tensor parallelism is %s", script,
-                                (int)k + 1, (int)r->tp, later);
+            return fail(e, "%s: replica %d: tp = %d: tensor parallelism is %s", script, (int)k + 1,
+                        (int)r->tp, later);
         total += r->n_stages;
     }
     if (total > SH_CLUSTER_MAX_STAGES)
-        return sh__cmd_fail("%s: %d stages in all; at most %d are supported", script, (int)total,
-                            SH_CLUSTER_MAX_STAGES);
+        return fail(e, "%s: %d stages in all; at most %d are supported", script, (int)total,
+                    SH_CLUSTER_MAX_STAGES);
     for (int32_t i = 0; i < c->n_nodes; i++) {
         const sh_config_node *n = &c->nodes[i];
         if (n->standby && i == c->gateway.node)
-            return sh__cmd_fail("%s: node '%s' is the gateway's node and cannot be a standby",
-                                script, n->name);
+            return fail(e, "%s: node '%s' is the gateway's node and cannot be a standby", script,
+                        n->name);
         if (n->standby && n->preload) {
             int32_t of = sh_config_find_node(c, n->preload);
             if (of < 0 || c->nodes[of].standby || !hosts_stage(c, of))
-                return sh__cmd_fail("%s: node '%s': preload = '%s' must name a node that hosts "
-                                    "stages",
-                                    script, n->name, n->preload);
+                return fail(e,
+                            "%s: node '%s': preload = '%s' must name a node that hosts "
+                            "stages",
+                            script, n->name, n->preload);
         }
         if (!strncmp(n->listen, "inproc://", 9))
-            return sh__cmd_fail("%s: node '%s' listens on %s: inproc:// only reaches inside one "
-                                "process; give worker nodes ipc:// or tcp:// URLs",
-                                script, n->name, n->listen);
+            return fail(e,
+                        "%s: node '%s' listens on %s: inproc:// only reaches inside one "
+                        "process; give worker nodes ipc:// or tcp:// URLs",
+                        script, n->name, n->listen);
         if (i != c->gateway.node && !n->standby && !hosts_stage(c, i))
-            return sh__cmd_fail("%s: node '%s' hosts nothing (no stage and not the gateway's "
-                                "node); remove it or give it a stage",
-                                script, n->name);
+            return fail(e,
+                        "%s: node '%s' hosts nothing (no stage and not the gateway's "
+                        "node); remove it or give it a stage",
+                        script, n->name);
     }
     if (hosts_stage(c, c->gateway.node))
-        return sh__cmd_fail("%s: node '%s' runs the gateway and a stage: with worker nodes, the "
-                            "gateway's node runs only the gateway, batcher and kvmgr (a stage "
-                            "there is %s)",
-                            script, c->nodes[c->gateway.node].name, later);
-    return check_tls(c, script);
+        return fail(e,
+                    "%s: node '%s' runs the gateway and a stage: with worker nodes, the "
+                    "gateway's node runs only the gateway, batcher and kvmgr (a stage "
+                    "there is %s)",
+                    script, c->nodes[c->gateway.node].name, later);
+    return check_tls(c, script, e);
 }
 
 /* Plans replica k's stages from stage index p->n_stages on; per_node counts the stages already
  * placed on each node (their actor ids follow). */
 static int plan_replica(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
-                        int32_t k, uint32_t *per_node, sh_cluster_plan *p)
+                        int32_t k, uint32_t *per_node, sh_cluster_plan *p, sh_error *e)
 {
     const sh_config_replica *r = &c->replicas[k];
     sh_cluster_replica_plan *rp = &p->rep[k];
@@ -160,11 +183,11 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     // Ranges the script did not know (the layer count came with the model) are resolved here,
     // evenly or by pipeline()'s weights, by the loader's rule (lua/config.h).
     int32_t firsts[SH_CLUSTER_MAX_STAGES], lasts[SH_CLUSTER_MAX_STAGES];
-    sh_error e = {0};
+    sh_error le = {0};
     if (r->n_stages > hp->n_layers || r->n_stages > SH_CLUSTER_MAX_STAGES ||
-        sh_config_replica_layers(r, hp->n_layers, firsts, lasts, &e))
-        return sh__cmd_fail("%s: %s%d stages for a model of %d layers", script, who,
-                            (int)r->n_stages, (int)hp->n_layers);
+        sh_config_replica_layers(r, hp->n_layers, firsts, lasts, &le))
+        return fail(e, "%s: %s%d stages for a model of %d layers", script, who, (int)r->n_stages,
+                    (int)hp->n_layers);
     int32_t widest = 0;
     for (int32_t i = 0; i < r->n_stages; i++) {
         const sh_config_stage *s = &r->stages[i];
@@ -172,11 +195,12 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
         int32_t g = rp->stage0 + i;
         int32_t expect = i ? p->last[g - 1] : 0;
         if (first != expect || last <= first || last > hp->n_layers)
-            return sh__cmd_fail("%s: %sstage %d on node '%s' holds layers [%d, %d): the stages "
-                                "must cover layers [0, %d) of the model in order, without gap or "
-                                "overlap (this one should start at layer %d)",
-                                script, who, (int)i + 1, c->nodes[s->node].name, (int)first,
-                                (int)last, (int)hp->n_layers, (int)expect);
+            return fail(e,
+                        "%s: %sstage %d on node '%s' holds layers [%d, %d): the stages "
+                        "must cover layers [0, %d) of the model in order, without gap or "
+                        "overlap (this one should start at layer %d)",
+                        script, who, (int)i + 1, c->nodes[s->node].name, (int)first, (int)last,
+                        (int)hp->n_layers, (int)expect);
         p->first[g] = first;
         p->last[g] = last;
         p->stage_node[g] = s->node;
@@ -188,16 +212,17 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     }
     p->n_stages += r->n_stages;
     if (p->last[p->n_stages - 1] != hp->n_layers)
-        return sh__cmd_fail("%s: %sthe stages end at layer %d but the model has %d layers", script,
-                            who, (int)p->last[p->n_stages - 1], (int)hp->n_layers);
+        return fail(e, "%s: %sthe stages end at layer %d but the model has %d layers", script, who,
+                    (int)p->last[p->n_stages - 1], (int)hp->n_layers);
     rp->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
                       (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 2u; /* F16 K, V */
     uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
     uint64_t nb = mem / rp->block_bytes;
     if (nb < 1)
-        return sh__cmd_fail("%s: kv.memory holds no KV block (one block of the largest stage "
-                            "takes %" PRIu64 " bytes)",
-                            script, rp->block_bytes);
+        return fail(e,
+                    "%s: kv.memory holds no KV block (one block of the largest stage "
+                    "takes %" PRIu64 " bytes)",
+                    script, rp->block_bytes);
     rp->n_blocks = nb > (1u << 22) ? (1 << 22) : (int32_t)nb;
     rp->seq_blocks = (rp->n_ctx + SH_KV_DEFAULT_BLOCK_TOKENS - 1) / SH_KV_DEFAULT_BLOCK_TOKENS + 1;
     if (rp->seq_blocks > rp->n_blocks && sh_llama_kv_window(hp) <= 0)
@@ -206,7 +231,7 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
 }
 
 int sh__cluster_plan(const sh_cluster_config *c, const char *script,
-                     const sh_llama_hparams *const *hp, sh_cluster_plan *p)
+                     const sh_llama_hparams *const *hp, sh_cluster_plan *p, sh_error *e)
 {
     memset(p, 0, sizeof *p);
     p->c = c;
@@ -216,14 +241,14 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script,
     if (p->step_tokens < p->max_seqs)
         p->step_tokens = p->max_seqs;
     if (c->n_replicas < 1 || c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
-        return sh__cmd_fail("%s: %d replicas; 1 to %d are supported", script, (int)c->n_replicas,
-                            SH_CLUSTER_MAX_REPLICAS);
+        return fail(e, "%s: %d replicas; 1 to %d are supported", script, (int)c->n_replicas,
+                    SH_CLUSTER_MAX_REPLICAS);
     uint32_t per_node[256] = {0};
     p->n_replicas = c->n_replicas;
     for (int32_t k = 0; k < c->n_replicas; k++) {
         if (p->n_stages + c->replicas[k].n_stages > SH_CLUSTER_MAX_STAGES)
-            return sh__cmd_fail("%s: more than %d stages in all", script, SH_CLUSTER_MAX_STAGES);
-        int rc = plan_replica(c, script, hp[c->replicas[k].model], k, per_node, p);
+            return fail(e, "%s: more than %d stages in all", script, SH_CLUSTER_MAX_STAGES);
+        int rc = plan_replica(c, script, hp[c->replicas[k].model], k, per_node, p, e);
         if (rc)
             return rc;
     }
@@ -259,10 +284,10 @@ sh_addr sh__cluster_next_stage(const sh_cluster_plan *p, int32_t i)
                : 0;
 }
 
-int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id)
+int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident *id, sh_error *e)
 {
     if (!m->gguf)
-        return sh__cmd_fail("%s: cluster nodes need a GGUF model", path);
+        return fail(e, "%s: cluster nodes need a GGUF model", path);
     id->model_size = sh_gguf_file_size(m->gguf);
     id->model_hash = sh_gguf_header_hash(m->gguf);
     snprintf(id->version, sizeof id->version, "%s", sh__version_build());
@@ -270,15 +295,15 @@ int sh__cluster_model_ident(const sh_llama *m, const char *path, sh_hello_ident 
     return 0;
 }
 
-int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp)
+int sh__cluster_add_peers(const sh_cluster_plan *p, int32_t self, sh_transport *tp, sh_error *e)
 {
     const sh_cluster_config *c = p->c;
     for (int32_t i = 0; i < c->n_nodes; i++) {
         if (i == self)
             continue;
-        sh_error e = {0};
-        if (sh_transport_peer_add(tp, (uint32_t)i + 1, c->nodes[i].listen, &e))
-            return sh__cmd_fail("node '%s' (%s): %s", c->nodes[i].name, c->nodes[i].listen, e.msg);
+        sh_error le = {0};
+        if (sh_transport_peer_add(tp, (uint32_t)i + 1, c->nodes[i].listen, &le))
+            return fail(e, "node '%s' (%s): %s", c->nodes[i].name, c->nodes[i].listen, le.msg);
     }
     return 0;
 }
@@ -385,7 +410,7 @@ static const char *key_refusal(const sh_hello_peer *p, const char *name, char *b
 
 int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_ident *self,
                      sh_hello_peer *peers, uint32_t timeout_ms, const sh_auth_key *key,
-                     sh_transport *tp)
+                     sh_transport *tp, sh_cluster_note_fn note, void *note_ud, sh_error *e)
 {
     const sh_cluster_config *c = p->c;
     int32_t n = 0, node_of[256];
@@ -397,14 +422,17 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
         node_of[n++] = i;
     }
     sh_hello_args ha = {.self = self, .peers = peers, .n_peers = n, .retry_ms = 500, .key = key};
-    sh_error e = {0};
+    sh_error le = {0};
     sh_addr addr;
-    if (sh_runtime_register(rt, &sh__hello_vtable, &e) ||
-        sh_actor_spawn(rt, "hello", &ha, 0, &addr, &e))
-        return (sh__cmd_fail("hello: %s", e.msg), 1);
-    fprintf(stderr, "shoal: waiting for %d worker node%s to join (up to %.0f s)\n", (int)n,
-            n == 1 ? "" : "s", timeout_ms / 1000.0);
-    fflush(stderr);
+    if (sh_runtime_register(rt, &sh__hello_vtable, &le) ||
+        sh_actor_spawn(rt, "hello", &ha, 0, &addr, &le))
+        return (fail(e, "hello: %s", le.msg), 1);
+    char line[512];
+    if (note) {
+        snprintf(line, sizeof line, "waiting for %d worker node%s to join (up to %.0f s)", (int)n,
+                 n == 1 ? "" : "s", timeout_ms / 1000.0);
+        note(note_ud, line);
+    }
     bool seen[256] = {false};
     int32_t joined = 0;
     uint64_t deadline = mono_ms() + timeout_ms;
@@ -418,14 +446,16 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
             char diff[1024];
             const char *refusal = key_refusal(&peers[k], nd->name, diff, sizeof diff);
             if (refusal)
-                return sh__cmd_fail("node '%s' (%s) refused: %s", nd->name, nd->listen, refusal);
+                return fail(e, "node '%s' (%s) refused: %s", nd->name, nd->listen, refusal);
             compare(p, node_of[k], self, &peers[k].got, diff, sizeof diff);
             if (diff[0])
-                return sh__cmd_fail("node '%s' (%s) refused: %s", nd->name, nd->listen, diff);
-            fprintf(stderr, "shoal: node %s joined (%s, %d stage%s, %d/%d)\n", nd->name, nd->listen,
-                    (int)peers[k].got.n_stages, peers[k].got.n_stages == 1 ? "" : "s", (int)joined,
-                    (int)n);
-            fflush(stderr);
+                return fail(e, "node '%s' (%s) refused: %s", nd->name, nd->listen, diff);
+            if (note) {
+                snprintf(line, sizeof line, "node %s joined (%s, %d stage%s, %d/%d)", nd->name,
+                         nd->listen, (int)peers[k].got.n_stages,
+                         peers[k].got.n_stages == 1 ? "" : "s", (int)joined, (int)n);
+                note(note_ud, line);
+            }
         }
         if (joined == n)
             break;
@@ -451,9 +481,10 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
                          c->nodes[node_of[k]].name, url, why ? " [" : "", why ? why : "",
                          why ? "]" : "");
             }
-            return sh__cmd_fail("%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
-                                "node -c SCRIPT --name NAME` running for each?)",
-                                (int)(n - joined), (int)n, timeout_ms / 1000.0, missing);
+            return fail(e,
+                        "%d of %d worker nodes did not join within %.1f s: %s (is `shoal "
+                        "node -c SCRIPT --name NAME` running for each?)",
+                        (int)(n - joined), (int)n, timeout_ms / 1000.0, missing);
         }
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
@@ -473,7 +504,7 @@ sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node)
 }
 
 /* The front's metrics collector (SH_CLUSTER_METRICS_ACTOR); every worker node reports to it. */
-static int start_metrics(sh_cluster_front *f, sh_runtime *rt)
+static int start_metrics(sh_cluster_front *f, sh_runtime *rt, sh_error *e)
 {
     const sh_cluster_plan *p = &f->plan;
     sh_node_metrics_peer peers[256];
@@ -483,40 +514,39 @@ static int start_metrics(sh_cluster_front *f, sh_runtime *rt)
         if (i != p->front && from)
             peers[n++] = (sh_node_metrics_peer){p->c->nodes[i].name, from};
     }
-    sh_error e = {0};
+    sh_error le = {0};
     sh_addr addr = 0;
     if (sh__node_metrics_create(peers, n, &f->metrics))
-        return (sh__cmd_fail("metrics: out of memory, or a node name of 64 bytes or more"), 1);
+        return (fail(e, "metrics: out of memory, or a node name of 64 bytes or more"), 1);
     sh_node_metrics_collector_args ca = {.nm = f->metrics};
-    if (sh_actor_spawn(rt, "node_metrics_collector", &ca, 0, &addr, &e))
-        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (sh_actor_spawn(rt, "node_metrics_collector", &ca, 0, &addr, &le))
+        return (fail(e, "spawn: %s", le.msg), 1);
     if (addr != sh_addr_make((uint32_t)p->front + 1, SH_CLUSTER_METRICS_ACTOR))
-        return (
-            sh__cmd_fail("internal: the metrics collector got address %" PRIu64, (uint64_t)addr),
-            1);
+        return (fail(e, "internal: the metrics collector got address %" PRIu64, (uint64_t)addr), 1);
     return 0;
 }
 
 int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, const char *script,
-                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms)
+                            const sh_llama *const *models, sh_runtime *rt, uint32_t timeout_ms,
+                            sh_error *e)
 {
     const sh_llama_hparams *hps[SH_CLUSTER_MAX_REPLICAS];
     if (c->n_models > SH_CLUSTER_MAX_REPLICAS)
-        return sh__cmd_fail("%s: %d models; at most %d are supported", script, (int)c->n_models,
-                            SH_CLUSTER_MAX_REPLICAS);
+        return fail(e, "%s: %d models; at most %d are supported", script, (int)c->n_models,
+                    SH_CLUSTER_MAX_REPLICAS);
     for (int32_t i = 0; i < c->n_models; i++)
         hps[i] = models[i] ? &models[i]->hp : NULL;
     for (int32_t k = 0; k < c->n_replicas; k++)
         if (!models[c->replicas[k].model])
-            return (sh__cmd_fail("internal: model %d of replica %d not loaded",
-                                 (int)c->replicas[k].model, (int)k + 1),
+            return (fail(e, "internal: model %d of replica %d not loaded",
+                         (int)c->replicas[k].model, (int)k + 1),
                     1);
-    int rc = sh__cluster_plan(c, script, hps, &f->plan);
+    int rc = sh__cluster_plan(c, script, hps, &f->plan, e);
     // Each replica's workers must hold its model's file: its identity goes into the plan. Last
     // to first, so that the front's own identity is the first replica's model's.
     for (int32_t k = f->plan.n_replicas - 1; !rc && k >= 0; k--) {
         int32_t mi = c->replicas[k].model;
-        rc = sh__cluster_model_ident(models[mi], c->models[mi].path, &f->self);
+        rc = sh__cluster_model_ident(models[mi], c->models[mi].path, &f->self, e);
         f->plan.rep[k].model_size = f->self.model_size;
         f->plan.rep[k].model_hash = f->self.model_hash;
     }
@@ -525,20 +555,21 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     const sh_config_node *me = &c->nodes[c->gateway.node];
     snprintf(f->self.node, sizeof f->self.node, "%s", me->name);
     sh__cluster_ident_settings(&f->plan, c->gateway.node, &f->self);
-    sh_error e = {0};
+    sh_error le = {0};
     // The collector first: its actor id must not depend on what the transport spawns.
-    if ((rc = start_metrics(f, rt)) != 0)
+    if ((rc = start_metrics(f, rt, e)) != 0)
         return rc;
     sh_transport_tls tls;
     sh_transport_opts to = {.listen_url = me->listen,
                             .reconnect_max_ms = 250,
                             .tls = sh__cluster_tls(c, c->gateway.node, &tls)};
-    if (sh_transport_create(rt, &to, &f->tp, &e))
-        return (sh__cmd_fail("node '%s': cannot listen on %s: %s", me->name, me->listen, e.msg),
-                e.code == SH_EBUSY ? 2 : 1);
-    rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp);
+    if (sh_transport_create(rt, &to, &f->tp, &le))
+        return (fail(e, "node '%s': cannot listen on %s: %s", me->name, me->listen, le.msg),
+                le.code == SH_EBUSY ? 2 : 1);
+    rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp, e);
     if (!rc)
-        rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms, &f->key, f->tp);
+        rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms, &f->key, f->tp, f->note,
+                              f->note_ud, e);
     // Every worker answered HELLO, so its link is up; a later change of its connection count
     // means it went away (the watchdog's base_ups).
     for (int32_t i = 0; !rc && i < c->n_nodes && i < 256; i++) {

@@ -1,11 +1,12 @@
-/* Where a cluster node's key comes from (tools/cluster_key.h). */
-#include "tools/cluster_key.h"
+/* Where a cluster node's key comes from (actors/cluster_key.h). */
+#include "actors/cluster_key.h"
 
 #include <stdlib.h>
 
-#include "tools/cmd_util.h"
+#include "base/error.h"
 
-int sh__cluster_key_load(const char *flag, const sh_cluster_config *c, sh_auth_key *key)
+int sh__cluster_key_load(const char *flag, const sh_cluster_config *c, sh_auth_key *key,
+                         sh_error *e)
 {
     const char *env = getenv(SH_CLUSTER_KEY_ENV);
     const char *path = NULL, *from = NULL;
@@ -23,8 +24,10 @@ int sh__cluster_key_load(const char *flag, const sh_cluster_config *c, sh_auth_k
         *key = (sh_auth_key){0};
         return 0;
     }
-    sh_error e = {0};
-    if (sh__auth_key_load(path, key, &e))
-        return sh__cmd_fail("cluster key (from %s): %s", from, e.msg);
+    sh_error le = {0};
+    if (sh__auth_key_load(path, key, &le)) {
+        sh__error_set(e, le.code, "cluster key (from %s): %s", from, le.msg);
+        return 2;
+    }
     return 0;
 }
