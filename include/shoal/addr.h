@@ -4,6 +4,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* An actor's address (DESIGN.md section 2): the node id in the high 32 bits, the actor id in the
  * low 32 bits. Addresses are values; they are compared with == and travel in every frame's
  * envelope as a msgpack unsigned integer. Zero is never a valid address (node 0, actor 0), so a
@@ -23,5 +27,9 @@ static inline uint32_t sh_addr_node(sh_addr a) { return (uint32_t)(a >> 32); }
 
 /* The actor id of an address, unique within its node. */
 static inline uint32_t sh_addr_actor(sh_addr a) { return (uint32_t)(a & 0xffffffffu); }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

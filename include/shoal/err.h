@@ -4,6 +4,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Every fallible function returns one of these. SH_OK is zero so `if (err)` tests for failure. */
 typedef enum sh_err {
     SH_OK = 0,
@@ -33,5 +37,9 @@ typedef struct sh_error {
     sh_err code;
     char msg[320];
 } sh_error;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

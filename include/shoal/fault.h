@@ -8,6 +8,10 @@
 #include "shoal/err.h"
 #include "shoal/runtime.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* A fault layer sits in one runtime's send path as its filter hook (DESIGN.md section 2) and
  * wraps the transport's send_frame. It sees every message leaving the node for another node
  * (local messages pass untouched) and applies the rules whose link matches: link = this node ->
@@ -127,5 +131,9 @@ sh_err sh_fault_agent_spawn(sh_fault *f, int loop, sh_addr *addr, sh_error *e);
  * lose them). Accepts NULL. Call before destroying the transport and the runtime, and not from
  * one of the runtime's loop threads. */
 void sh_fault_destroy(sh_fault *f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

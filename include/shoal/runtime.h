@@ -10,6 +10,10 @@
 #include "shoal/addr.h"
 #include "shoal/err.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* A runtime (DESIGN.md section 2) is one node: N control loops (libuv, one thread each), the
  * actors pinned to them, a registry from sh_addr to actor, a pool of message buffers, a stall
  * watchdog thread, a logger and a metrics registry. Nothing is process-global: several runtimes
@@ -440,5 +444,9 @@ sh_err sh_metrics_render_with(sh_metrics *m, const sh_metric_sample *extra, size
  * prefix). Any thread. */
 sh_err sh_metrics_labels_add(const char *labels, size_t len, const char *name, const char *value,
                              char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,6 +8,10 @@
 #include "shoal/err.h"
 #include "shoal/runtime.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* A transport connects one sh_runtime to other nodes (DESIGN.md sections 2 and 10).
  *
  * Sockets. The node listens on one URL with an NNG pull0 socket: every peer's frames arrive
@@ -181,5 +185,9 @@ void sh_transport_close(sh_transport *tp);
  * thread can be inside a send of the runtime any more: the runtime may still hold the old
  * hooks for a sender already past its hook lookup. */
 void sh_transport_destroy(sh_transport *tp);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -2,6 +2,10 @@
 #ifndef SHOAL_VERSION_H
 #define SHOAL_VERSION_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define SH_VERSION_MAJOR 0
 #define SH_VERSION_MINOR 1
 #define SH_VERSION_PATCH 0
@@ -14,5 +18,9 @@
 /* The library's version string at run time ("MAJOR.MINOR.PATCH"); may differ from the header
  * a program was compiled against. Any thread. */
 const char *sh_version(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
