@@ -4,10 +4,11 @@
 set -euo pipefail
 
 # Build and runtime libraries, the toolchain, Python for the model fetch, clang for the fuzzers,
-# headless Chromium for the status page's browser test (tests/integration/test_status_page.py).
+# headless Chromium for the status page's browser test (tests/integration/test_status_page.py),
+# the lua5.4 interpreter for the Lua module's test (api/lua/) and examples/lua-host/.
 packages=(
     build-essential cmake pkg-config git ca-certificates openssl
-    libuv1-dev libnng-dev libmbedtls-dev libmsgpack-dev liblua5.4-dev libpcre2-dev
+    libuv1-dev libnng-dev libmbedtls-dev libmsgpack-dev liblua5.4-dev lua5.4 libpcre2-dev
     libjansson-dev libhttp-parser-dev curl iproute2
     python3 python3-pip python3-venv
     clang libclang-rt-14-dev clang-format

@@ -1,0 +1,187 @@
+-- Test of the Lua module `shoal` against the real stories260K model, run by the system lua5.4
+-- (ctest test_lua_module; LUA_CPATH points at the built shoal.so).
+-- Usage: lua5.4 test_shoal_lua.lua MODEL.gguf EXPECTED_IDS.txt
+local shoal = require "shoal"
+
+local model, expected_path = arg[1], arg[2]
+assert(model and expected_path, "usage: test_shoal_lua.lua MODEL EXPECTED_IDS")
+
+local failures = 0
+local function check(cond, what, ...)
+  if not cond then
+    failures = failures + 1
+    io.stderr:write("FAIL: ", what, " ", table.concat({ ... }, " "), "\n")
+  end
+end
+local function eq(got, want, what)
+  check(got == want, what, "got", tostring(got), "want", tostring(want))
+end
+
+-- Greedy ids llama2.c's run.c generated from BOS (tests/data/stories260K/README).
+local expected = {}
+for w in io.open(expected_path):read("a"):gmatch("%d+") do expected[#expected + 1] = tonumber(w) end
+assert(#expected >= 32, "expected ids file too short")
+
+-- Misuse raises; failures reported by the library return nil, message, code.
+eq(pcall(shoal.open, "not a table"), false, "open with a string raises")
+local ok, msg = pcall(shoal.open, { model = model, modle = 1 })
+check(not ok and msg:find("unknown option 'modle'"), "open: unknown key named", tostring(msg))
+local e0, m0, c0 = shoal.open { model = "/nonexistent/model.gguf", threads = 1 }
+eq(e0, nil, "open of a missing file fails")
+check(type(m0) == "string" and #m0 > 0, "open failure has a message", tostring(m0))
+check(c0 == "ENOTFOUND" or c0 == "EIO", "open failure code", tostring(c0))
+local e1, _, c1 = shoal.open { threads = 1 }
+eq(e1, nil, "open with neither model nor cluster fails")
+eq(c1, "EINVAL", "no model: code")
+
+local eng = assert(shoal.open { model = model, threads = 1 })
+check(tostring(eng):find("open"), "tostring", tostring(eng))
+check(type(shoal.version) == "string", "shoal.version")
+
+-- info, tokenize, detokenize.
+local info = assert(eng:info())
+eq(info.n_vocab, 512, "info.n_vocab")
+eq(info.n_layers, 5, "info.n_layers")
+eq(info.dim, 64, "info.dim")
+eq(info.bos, 1, "info.bos")
+local ids = assert(eng:tokenize("Once upon a time", true))
+eq(ids[1], 1, "tokenize adds BOS")
+check(#ids >= 3, "tokenize count", #ids)
+local text = assert(eng:detokenize({ table.unpack(ids, 2) }))
+check(text:find("Once upon a time", 1, true), "detokenize round trip", text)
+local bad, bmsg, bcode = eng:tokenize("bad \xff utf8")
+eq(bad, nil, "tokenize of invalid UTF-8 fails")
+eq(bcode, "EINVAL", "invalid UTF-8 code")
+check(type(bmsg) == "string", "invalid UTF-8 message")
+check(type(eng:fd()) == "number" and eng:fd() >= 0, "fd", tostring(eng:fd()))
+eq(eng:pending(), 0, "nothing pending at start")
+
+-- Poll until fn() is true, at most `seconds`.
+local function poll_until(fn, seconds)
+  local deadline = os.time() + seconds
+  while not fn() do
+    assert(eng:poll(50))
+    if os.time() > deadline then return false end
+  end
+  return true
+end
+
+-- 1. Greedy from BOS equals llama2.c's ids; streamed text equals the detokenized ids.
+local got, streamed, done_info, nfinal = {}, {}, nil, 0
+local id = assert(eng:submit({ prompt_tokens = { 1 }, max_tokens = 32, ignore_eos = true }, {
+  token = function(t, tids, rid)
+    streamed[#streamed + 1] = t
+    for _, v in ipairs(tids) do got[#got + 1] = v end
+  end,
+  done = function(inf, rid) done_info = inf; nfinal = nfinal + 1 end,
+  error = function(code, m) nfinal = nfinal + 1; check(false, "greedy run error", code, m) end,
+}))
+check(math.type(id) == "integer" and id ~= 0, "submit returns an id", tostring(id))
+eq(eng:pending(), 1, "one pending")
+check(poll_until(function() return nfinal > 0 end, 60), "greedy run finished in 60 s")
+eq(nfinal, 1, "exactly one final callback")
+eq(#got, 32, "32 tokens generated")
+local same = true
+for i = 1, 32 do if got[i] ~= expected[i] then same = false end end
+check(same, "greedy ids equal llama2.c's", table.concat(got, " "))
+eq(done_info and done_info.finish, "length", "finish reason")
+eq(done_info and done_info.completion_tokens, 32, "usage.completion_tokens")
+eq(table.concat(streamed), assert(eng:detokenize(got)), "streamed text == detokenize(ids)")
+eq(eng:pending(), 0, "nothing pending after done")
+local c_ok, _, c_code = eng:cancel(id)
+eq(c_ok, nil, "cancel of a finished request fails")
+eq(c_code, "ENOTFOUND", "cancel finished: code")
+
+-- 2. Cancel: once is fine, twice is ECANCELED, and the request ends with finish "cancel"
+-- (or as it would have, if it ended first).
+local cfin, cdone = nil, 0
+local cid = assert(eng:submit({ prompt = "Once upon a time", max_tokens = 400, ignore_eos = true },
+  { done = function(inf) cfin = inf.finish; cdone = cdone + 1 end,
+    error = function(code, m) cdone = cdone + 1; check(false, "cancel run error", code, m) end }))
+assert(eng:cancel(cid))
+local c2, _, c2code = eng:cancel(cid)
+eq(c2, nil, "second cancel fails")
+eq(c2code, "ECANCELED", "second cancel code")
+check(poll_until(function() return cdone > 0 end, 60), "cancelled request ended")
+eq(cdone, 1, "cancelled request: one final callback")
+-- The header allows "as it would have" when it ended before the cancel took effect; 400 tokens
+-- cannot all be generated before the cancel here, so "cancel" is what must come.
+eq(cfin, "cancel", "cancelled finish reason")
+
+-- 3. Re-entrant calls from a callback: submit works, poll and close answer EBUSY.
+local chain_done, inner_poll_code, inner_close_code = 0, nil, nil
+local function chained(n)
+  return {
+    done = function()
+      chain_done = chain_done + 1
+      local _, _, pc = eng:poll(0)
+      inner_poll_code = pc
+      local _, _, cc = eng:close()
+      inner_close_code = cc
+      if n > 1 then assert(eng:submit({ prompt = "The cat", max_tokens = 4 }, chained(n - 1))) end
+    end,
+    error = function(code, m) check(false, "chained error", code, m) end,
+  }
+end
+assert(eng:submit({ prompt = "The cat", max_tokens = 4 }, chained(3)))
+check(poll_until(function() return chain_done == 3 end, 60), "three chained requests finished")
+eq(inner_poll_code, "EBUSY", "poll from a callback")
+eq(inner_close_code, "EBUSY", "close from a callback")
+
+-- 4. An error raised by a Lua callback comes out of poll, after the C call returned.
+local raised = false
+assert(eng:submit({ prompt = "The dog", max_tokens = 2 }, {
+  done = function() error("boom from done") end }))
+local deadline = os.time() + 60
+while eng:pending() > 0 and os.time() <= deadline do
+  local pok, perr = pcall(eng.poll, eng, 50)
+  if not pok then
+    raised = true
+    check(tostring(perr):find("boom from done"), "callback error text", tostring(perr))
+  end
+end
+check(raised, "callback error re-raised by poll")
+
+-- 5. Bad requests: misuse raises, bad values return nil, msg, code and run no callback.
+check(not pcall(eng.submit, eng, { prompt = "x", max_tokns = 3 }, {}), "unknown request key raises")
+check(not pcall(eng.submit, eng, { prompt = 5 }, {}), "non-string prompt raises")
+check(not pcall(eng.submit, eng, { prompt = "x" }, { token = 3 }), "non-function callback raises")
+local r, rmsg, rcode = eng:submit({ prompt = "bad \xc3\x28 utf8" }, {})
+eq(r, nil, "invalid UTF-8 prompt refused")
+eq(rcode, "EINVAL", "invalid UTF-8 prompt code")
+r, rmsg, rcode = eng:submit({ max_tokens = 3 }, {})
+eq(r, nil, "no prompt refused")
+eq(rcode, "EINVAL", "no prompt code")
+check(type(rmsg) == "string" and #rmsg > 0, "no prompt message")
+eq(eng:pending(), 0, "refused requests are not pending")
+
+-- 6. Close with requests in flight: each gets its error callback (ECLOSED) once, during close.
+local closed_codes = {}
+for i = 1, 3 do
+  assert(eng:submit({ prompt = "Once upon a time", max_tokens = 400, ignore_eos = true }, {
+    done = function() check(false, "in-flight request finished instead of ECLOSED") end,
+    error = function(code) closed_codes[#closed_codes + 1] = code end }))
+end
+assert(eng:close())
+eq(#closed_codes, 3, "three error callbacks on close")
+for _, c in ipairs(closed_codes) do eq(c, "ECLOSED", "close error code") end
+assert(eng:close()) -- closing twice is fine
+check(not pcall(eng.submit, eng, { prompt = "x" }, {}), "submit after close raises")
+check(not pcall(eng.poll, eng, 0), "poll after close raises")
+
+-- 7. <close> variables and __gc close the engine too.
+do
+  local e2 <close> = assert(shoal.open { model = model, threads = 1 })
+  assert(e2:submit({ prompt = "Hi", max_tokens = 100 }, {}))
+end
+local e3 = assert(shoal.open { model = model, threads = 1 })
+assert(e3:submit({ prompt = "Hi", max_tokens = 100 }, { error = function() end }))
+e3 = nil
+collectgarbage()
+collectgarbage()
+
+if failures > 0 then
+  io.stderr:write(failures, " check(s) failed\n")
+  os.exit(1)
+end
+print("test_shoal_lua: all checks passed")
