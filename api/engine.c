@@ -36,7 +36,7 @@ sh_request_opts sh_request_opts_default(void)
 }
 
 /* The runtime's log lines go to the host's callback (levels are the same numbers). */
-static void log_sink(void *ud, sh_log_level level, const char *line, size_t len)
+void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len)
 {
     (void)len;
     sh_engine *eng = ud;
@@ -51,8 +51,10 @@ static void engine_free(sh_engine *eng)
         return;
     sh_fault_destroy(eng->fault); /* before the runtime: it is installed on it */
     eng->fault = NULL;
-    sh_runtime_destroy(eng->rt); /* stops the actors: nothing uses the model after this */
+    sh__engine_front_close(eng, false); /* the transport stops before the runtime */
+    sh_runtime_destroy(eng->rt);        /* stops the actors: nothing uses the model after this */
     eng->rt = NULL;
+    sh__engine_front_close(eng, true);
     sh__engine_events_free(eng);
     sh_llama_ctx_destroy(eng->ctx);
     sh_backend_destroy(eng->be);
@@ -117,13 +119,14 @@ static int32_t compute_threads(int32_t asked)
 typedef struct script_settings {
     int32_t step_tokens, max_wait_ms;
     bool no_prefix_cache;
+    bool front; /* the script has worker nodes: this engine is their front */
     char name[128];
 } script_settings;
 
 /* A cluster script whose one replica runs in this process (one node, one stage, as `shoal serve
  * -c` runs it without workers): its model becomes o->model_path (pointing into *cfg, which the
- * caller frees after open), its settings fill ss where the options leave them at zero. Scripts
- * with worker nodes are refused: fronting remote stages is not implemented in the engine. */
+ * caller frees after open), its settings fill ss where the options leave them at zero. A script
+ * with worker nodes sets ss->front (the engine is their front, api/engine_front.c). */
 static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_settings *ss,
                           sh_error *e)
 {
@@ -131,17 +134,14 @@ static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_set
     if (rc)
         return rc;
     const sh_cluster_config *c = *cfg;
-    if (sh_config_has_workers(c))
-        return sh__error_set(e, SH_EUNSUPPORTED,
-                             "%s: the script puts stages on worker nodes; an engine runs only a "
-                             "script whose one replica runs in this process (one node, one "
-                             "stage) and cannot front a cluster of worker nodes yet",
-                             o->cluster_script);
+    const sh_config_model *m = &c->models[c->replicas[0].model];
+    snprintf(ss->name, sizeof ss->name, "%s", m->name ? m->name : "");
+    if ((ss->front = sh_config_has_workers(c)))
+        return SH_OK; /* api/engine_front.c */
     if (c->kv.block_tokens && c->kv.block_tokens != SH_KV_DEFAULT_BLOCK_TOKENS)
         return sh__error_set(e, SH_EINVAL,
                              "%s: kv.block_tokens must be %d (the attention kernels' block)",
                              o->cluster_script, SH_KV_DEFAULT_BLOCK_TOKENS);
-    const sh_config_model *m = &c->models[c->replicas[0].model];
     o->model_path = m->path;
     if (!o->max_seqs)
         o->max_seqs = c->batcher.max_seqs;
@@ -150,7 +150,6 @@ static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_set
     ss->step_tokens = c->batcher.max_step_tokens;
     ss->max_wait_ms = c->batcher.max_wait_ms;
     ss->no_prefix_cache = !c->kv.prefix_cache;
-    snprintf(ss->name, sizeof ss->name, "%s", m->name ? m->name : "");
     return SH_OK;
 }
 
@@ -216,17 +215,23 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
     eng->n_blocks = sz->n_blocks;
     eng->n_ctx = sz->n_ctx;
     eng->max_seqs = sz->max_seqs;
+    return SH_OK;
+}
+
+/* The model's chat template, default system prompt and name (the script's, else the file's
+ * general.name, else the file name). */
+static void model_meta(sh_engine *eng, const char *path, const char *name)
+{
     eng->chat = sh__serve_model_chat(eng->m, eng->system, sizeof eng->system, &eng->has_system);
     sh_str st;
     eng->has_template = sh_gguf_get_str(eng->m->gguf, "tokenizer.chat_template", &st) == SH_OK ||
-                        !strcmp(hp->arch, "gemma3");
-    if (ss->name[0])
-        snprintf(eng->name, sizeof eng->name, "%s", ss->name);
+                        !strcmp(eng->m->hp.arch, "gemma3");
+    if (name && name[0])
+        snprintf(eng->name, sizeof eng->name, "%s", name);
     else if (sh_gguf_get_str(eng->m->gguf, "general.name", &st) == SH_OK && st.len > 0)
         snprintf(eng->name, sizeof eng->name, "%.*s", (int)st.len, st.ptr);
     else
-        sh__serve_base_name(o->model_path, eng->name, sizeof eng->name);
-    return SH_OK;
+        sh__serve_base_name(path, eng->name, sizeof eng->name);
 }
 
 /* Arguments of the actors: they must stay valid until each init has run, which happens before
@@ -279,7 +284,7 @@ static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, const script
 
 /* Waits until every actor spawned on the loop has run its init (the api actor's, last, sets
  * started), so the spawn arguments on open's stack may go. */
-static sh_err wait_started(sh_engine *eng, sh_error *e)
+sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e)
 {
     for (int i = 0; i < 60000; i++) {
         if (atomic_load(&eng->started))
@@ -326,9 +331,18 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         rc = sh__error_set(e, SH_EIO, "eventfd: %s", strerror(errno));
         goto fail;
     }
+    if (ss.front) {
+        if ((rc = sh__engine_front_open(eng, &o, o.cluster_script, cfg, e)))
+            goto fail;
+        model_meta(eng, cfg->models[cfg->replicas[0].model].path, ss.name);
+        sh_config_destroy(cfg);
+        *out = eng;
+        return SH_OK;
+    }
     sh_serve_size sz;
     if ((rc = open_model(eng, &o, &ss, &sz, e)))
         goto fail;
+    model_meta(eng, o.model_path, ss.name);
     eng->limit = o.max_queue ? o.max_queue : 256;
     sh_runtime_opts ro = {.node_id = 1,
                           .name = "engine",
@@ -336,12 +350,13 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
                           .log_level =
                               o.log ? (sh_log_level)(o.log_level ? o.log_level : SH_LOG_LEVEL_WARN)
                                     : SH_LOG_LEVEL_ERROR,
-                          .log_fn = log_sink,
+                          .log_fn = sh__engine_log_sink,
                           .log_ud = eng};
     if ((rc = sh_runtime_create(&ro, &eng->rt, e)))
         goto fail;
     spawn_args a;
-    if ((rc = start_actors(eng, &sz, &ss, eng->limit, &a, e)) || (rc = wait_started(eng, e)))
+    if ((rc = start_actors(eng, &sz, &ss, eng->limit, &a, e)) ||
+        (rc = sh__engine_wait_started(eng, e)))
         goto fail;
     sh_config_destroy(cfg);
     *out = eng;
@@ -365,6 +380,7 @@ sh_err sh_engine_close(sh_engine *eng)
     pthread_mutex_unlock(&eng->mu);
     sh_fault_destroy(eng->fault);
     eng->fault = NULL;
+    sh__engine_front_close(eng, false);
     sh_runtime_destroy(eng->rt); /* no event is queued after this */
     eng->rt = NULL;
     sh__engine_events_free(eng);
@@ -561,6 +577,11 @@ struct sh_fault *sh_engine_fault(sh_engine *eng)
     pthread_mutex_lock(&eng->mu);
     if (!eng->fault && eng->rt && !eng->closing) {
         sh_fault_opts fo = {.seed = 1};
+        sh_transport_hooks next;
+        if (eng->front && eng->front->tp) { /* wrap the transport's hooks: remote sends */
+            sh_transport_hooks_get(eng->front->tp, &next);
+            fo.next = &next;
+        }
         sh_error e = {0};
         if (sh_fault_create(eng->rt, &fo, &eng->fault, &e))
             eng->fault = NULL;

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/cluster.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "shoal.h"
@@ -63,6 +64,9 @@ struct sh_engine {
     int efd; /* eventfd: readable while events are queued */
     sh_engine_log_fn log;
     void *log_user;
+    /* An engine that fronts worker nodes (api/engine_front.c); NULL for a model run here. */
+    sh_cluster_front *front;
+    struct sh_engine_front_args *front_args; /* its actors' spawn arguments */
 
     /* Under mu. */
     pthread_mutex_t mu;
@@ -78,6 +82,19 @@ struct sh_engine {
     atomic_int busy;
     atomic_int started; /* the api actor's init ran (open waits for it) */
 };
+
+/* api/engine_front.c: opens the front of a cluster script with worker nodes: joins them and
+ * spawns a kvmgr and batcher per replica (a router before several) and the api actor, on eng->rt
+ * (created here, node id gateway.node + 1). The script is cfg, loaded from `script`. Returns
+ * SH_OK, or an error with e filled (what it built is freed by the engine's free). */
+sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char *script,
+                             const sh_cluster_config *cfg, sh_error *e);
+/* Stops the front's transport (before the runtime goes) and, with after set, frees it (after). */
+void sh__engine_front_close(sh_engine *eng, bool after);
+
+/* api/engine.c */
+void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len);
+sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e);
 
 /* api/engine_req.c */
 extern const sh_actor_vtable sh__engine_api_vtable;

@@ -1,10 +1,13 @@
 /* The embedding API of include/shoal.h on the tiny real stories260K model (tests/data): the
  * engine against `shoal run`, concurrent and cancelled requests, misuse, the memory budget,
  * silence on stdout/stderr, and open/close cycles. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -731,24 +734,119 @@ static void test_cluster_script(void)
         CHECK(s.n_ids >= 1);
         CHECK_OK(sh_engine_close(eng));
     }
+    // A worker script the cluster check refuses (a stage on the front's node beside a worker's).
     snprintf(src, sizeof src,
              "local m = model { path = '%s', name = 'stories' }\n"
              "return cluster {\n"
-             "  nodes = { node { name = 'a', listen = 'tcp://127.0.0.1:7301' },\n"
-             "            node { name = 'b', listen = 'tcp://127.0.0.1:7302' } },\n"
+             "  nodes = { node { name = 'a', listen = 'ipc://%s/a' },\n"
+             "            node { name = 'b', listen = 'ipc://%s/b' } },\n"
              "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
-             "  replicas = { replica { model = m, stages = pipeline(m, { 'b' }) } },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'a', 'b' }) } },\n"
              "}\n",
-             sh_test_path(MODEL));
+             sh_test_path(MODEL), dir, dir);
     write_text(path, src);
     eng = (sh_engine *)&o;
-    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EUNSUPPORTED);
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
     CHECK(eng == NULL);
-    CHECK(strstr(e.msg, "worker nodes") != NULL);
+    CHECK(strstr(e.msg, "runs the gateway and a stage") != NULL);
     write_text(path, "return cluster { nodes = 3 +\n");
+    eng = (sh_engine *)&o;
     CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_ELUA);
+    CHECK(eng == NULL);
     CHECK(strstr(e.msg, "c.lua") != NULL);
     unlink(path);
+    rmdir(dir);
+}
+
+/* The front of a real cluster: two `shoal node` worker processes hold the model's two halves
+ * (ipc:// links); the engine joins them and its greedy output equals the model run here. */
+static void test_cluster_front(void)
+{
+    const char *shoal = getenv("SH_SHOAL");
+    if (!shoal) {
+        fprintf(stderr, "  (cluster_front: SH_SHOAL unset, not checked)\n");
+        return;
+    }
+    // The same request on the model run in this process first.
+    sh_engine *local = open_tiny(1, 0);
+    if (!local)
+        return;
+    seen want;
+    init_seen(&want, local);
+    submit_prompt(local, "Once upon a time", 24, &want);
+    run_all(local);
+    CHECK_OK(sh_engine_close(local));
+
+    char dir[] = "/tmp/shoal-engine-front-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], src[2048];
+    snprintf(path, sizeof path, "%s/c.lua", dir);
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'front', listen = 'ipc://%s/front' },\n"
+             "            node { name = 'w0', listen = 'ipc://%s/w0' },\n"
+             "            node { name = 'w1', listen = 'ipc://%s/w1' } },\n"
+             "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) } },\n"
+             "  batcher = { max_seqs = 4 },\n"
+             "  kv = { memory = '4MiB' },\n"
+             "}\n",
+             sh_test_path(MODEL), dir, dir, dir);
+    write_text(path, src);
+    pid_t workers[2];
+    for (int i = 0; i < 2; i++) {
+        workers[i] = fork();
+        if (workers[i] == 0) {
+            int null = open("/dev/null", O_WRONLY);
+            dup2(null, 1);
+            dup2(null, 2);
+            execl(shoal, shoal, "node", "-c", path, "--name", i ? "w1" : "w0", "-t", "1",
+                  (char *)NULL);
+            _exit(127);
+        }
+        CHECK(workers[i] > 0);
+    }
+    sh_engine_opts o = sh_engine_opts_default();
+    o.cluster_script = path;
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    sh_err rc = sh_engine_open(&o, &eng, &e);
+    if (rc)
+        fprintf(stderr, "open: %s\n", e.msg);
+    CHECK_OK(rc);
+    if (eng) {
+        sh_model_info mi;
+        CHECK_OK(sh_model_info_get(eng, &mi));
+        CHECK_STR_EQ(mi.name, "stories");
+        CHECK_UINT_EQ(mi.weight_bytes, 0);
+        CHECK_INT_EQ(mi.n_layers, 5);
+        seen s;
+        init_seen(&s, eng);
+        submit_prompt(eng, "Once upon a time", 24, &s);
+        run_all(eng);
+        CHECK_INT_EQ(s.n_done, 1);
+        CHECK_INT_EQ(s.n_ids, want.n_ids);
+        CHECK(memcmp(s.ids, want.ids, (size_t)want.n_ids * 4) == 0);
+        CHECK_STR_EQ(s.text, want.text);
+        struct sh_fault *f = sh_engine_fault(eng);
+        CHECK(f != NULL);
+        CHECK_OK(sh_engine_close(eng));
+    }
+    for (int i = 0; i < 2; i++) {
+        if (workers[i] <= 0)
+            continue;
+        kill(workers[i], SIGTERM);
+        int st = 0;
+        waitpid(workers[i], &st, 0);
+    }
+    unlink(path);
+    char sock[160];
+    static const char *const names[] = {"front", "w0", "w1"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(sock, sizeof sock, "%s/%s", dir, names[i]);
+        unlink(sock);
+    }
     rmdir(dir);
 }
 
@@ -769,6 +867,7 @@ int main(int argc, char **argv)
                                          {"open_close_100", test_open_close_100},
                                          {"silent", test_silent},
                                          {"cluster_script", test_cluster_script},
+                                         {"cluster_front", test_cluster_front},
                                          {NULL, NULL}};
     return sh_test_main(argc, argv, tests);
 }

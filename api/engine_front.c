@@ -1,0 +1,189 @@
+/* The embedding API's engine on a cluster script with worker nodes (include/shoal.h,
+ * docs/cluster.md): this process is the front, as `shoal serve -c` is without its HTTP gateway.
+ * It loads each model's hyper-parameters and tokenizer, joins the workers (actors/cluster.h),
+ * and runs a kvmgr and a batcher per replica, with a router before several, on its own runtime.
+ * There is no watchdog here: a worker that dies fails the steps sent to it (after the step
+ * timeout and retries), and its requests end with on_error. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/actor_util.h"
+#include "actors/cluster_key.h"
+#include "actors/router.h"
+#include "api/engine_int.h"
+#include "base/error.h"
+#include "model/gguf.h"
+
+#define JOIN_TIMEOUT_MS 60000 /* as shoal serve -c */
+#define STEP_TIMEOUT_MS 30000
+
+/* Spawn arguments: they must stay valid until each actor's init ran; kept with the engine. */
+typedef struct sh_engine_front_args {
+    sh_kvmgr_args ka[SH_CLUSTER_MAX_REPLICAS];
+    sh_batcher_args ba[SH_CLUSTER_MAX_REPLICAS];
+    sh_router_args ra;
+    int32_t ids[SH_CLUSTER_MAX_REPLICAS];
+    char labels[SH_CLUSTER_MAX_REPLICAS][32];
+} sh_engine_front_args;
+
+/* The join's progress lines go to the log. */
+static void front_note(void *ud, const char *line)
+{
+    sh_engine *eng = ud;
+    if (eng->log)
+        eng->log(eng->log_user, SH_ENGINE_LOG_INFO, line);
+}
+
+/* cluster.c's 0/1/2 with its line in e, as an sh_err. */
+static sh_err front_err(int rc, sh_error *e)
+{
+    if (!rc)
+        return SH_OK;
+    if (!e->code)
+        e->code = rc == 2 ? SH_EINVAL : SH_EIO;
+    return e->code;
+}
+
+sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char *script,
+                             const sh_cluster_config *c, sh_error *e)
+{
+    sh_err rc;
+    if ((rc = front_err(sh__cluster_check(c, script, e), e)))
+        return rc;
+    // The engine's requests carry no model name: every replica must serve one model.
+    int32_t mi = c->replicas[0].model;
+    for (int32_t k = 1; k < c->n_replicas; k++)
+        if (c->replicas[k].model != mi)
+            return sh__error_set(e, SH_EUNSUPPORTED,
+                                 "%s: the replicas serve several models; an engine serves one "
+                                 "(its requests name no model)",
+                                 script);
+    // The front maps only what it reads: hyper-parameters and the tokenizer.
+    sh_llama_load_opts lo = {.last = 1};
+    const char *path = c->models[mi].path;
+    if ((rc = sh_llama_load(path, &lo, &eng->m, e)))
+        return rc;
+    if (!eng->m->gguf)
+        return sh__error_set(e, SH_EUNSUPPORTED, "%s: a cluster needs a GGUF model", path);
+    if ((rc = sh_tokenizer_create_gguf(eng->m->gguf, &eng->tok, e)))
+        return rc;
+    if (!(eng->front = calloc(1, sizeof *eng->front)) ||
+        !(eng->front_args = calloc(1, sizeof *eng->front_args)))
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    sh_cluster_front *f = eng->front;
+    if ((rc = front_err(sh__cluster_key_load(NULL, c, &f->key, e), e)))
+        return rc;
+    for (int32_t i = 0; f->key.set && i < c->n_nodes; i++)
+        if (c->nodes[i].standby)
+            return sh__error_set(e, SH_EUNSUPPORTED,
+                                 "%s: node '%s' is a standby: standby nodes do not work with a "
+                                 "cluster key yet",
+                                 script, c->nodes[i].name);
+    sh_runtime_opts ro = {
+        .node_id = (uint32_t)c->gateway.node + 1,
+        .name = c->nodes[c->gateway.node].name,
+        .n_loops = 2,
+        .log_level = o->log ? (sh_log_level)(o->log_level ? o->log_level : SH_LOG_LEVEL_WARN)
+                            : SH_LOG_LEVEL_ERROR,
+        .log_fn = sh__engine_log_sink,
+        .log_ud = eng};
+    if ((rc = sh_runtime_create(&ro, &eng->rt, e)) || (rc = sh__serve_register(eng->rt, e)) ||
+        (rc = sh_runtime_register(eng->rt, &sh__engine_api_vtable, e)))
+        return rc;
+    const sh_llama *models[SH_CLUSTER_MAX_REPLICAS] = {NULL};
+    if (c->n_models > SH_CLUSTER_MAX_REPLICAS)
+        return sh__error_set(e, SH_EUNSUPPORTED, "%s: %d models; at most %d are supported", script,
+                             (int)c->n_models, SH_CLUSTER_MAX_REPLICAS);
+    models[mi] = eng->m;
+    f->note = front_note;
+    f->note_ud = eng;
+    if ((rc = front_err(sh__cluster_front_start(f, c, script, models, eng->rt, JOIN_TIMEOUT_MS, e),
+                        e)))
+        return rc;
+    const sh_cluster_plan *plan = &f->plan;
+    const sh_llama_hparams *hp = &eng->m->hp;
+    sh_engine_front_args *a = eng->front_args;
+    int32_t n_rep = plan->n_replicas;
+    eng->n_ctx = plan->rep[0].n_ctx;
+    eng->max_seqs = plan->max_seqs;
+    eng->limit = o->max_queue ? o->max_queue : 256;
+    sh_addr router = 0, batchers[SH_CLUSTER_MAX_REPLICAS];
+    if (n_rep > 1) {
+        // The router first, so the batchers report to it from the start; it learns their
+        // addresses from one CONTROL (REROUTE) before any request.
+        for (int32_t k = 0; k < n_rep; k++)
+            a->ids[k] = k;
+        a->ra = (sh_router_args){.n_replicas = n_rep,
+                                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                                 .down = f->down,
+                                 .ids = a->ids};
+        if ((rc = sh_runtime_register(eng->rt, &sh__router_vtable, e)) ||
+            (rc = sh_actor_spawn(eng->rt, "router", &a->ra, 0, &router, e)))
+            return rc;
+    }
+    for (int32_t k = 0; k < n_rep; k++) {
+        const sh_cluster_replica_plan *rp = &plan->rep[k];
+        int32_t window = sh_llama_kv_window(hp);
+        a->ka[k] = (sh_kvmgr_args){.cfg = {.n_blocks = rp->n_blocks,
+                                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                                           .max_seqs = plan->max_seqs,
+                                           .window = window,
+                                           .max_blocks_per_seq = rp->seq_blocks},
+                                   .prefix_cache = c->kv.prefix_cache};
+        a->ba[k] = (sh_batcher_args){.stage = plan->stage_addr[rp->stage0],
+                                     .tok = eng->tok,
+                                     .n_vocab = hp->n_vocab,
+                                     .n_ctx = rp->n_ctx,
+                                     .max_step_tokens = plan->step_tokens,
+                                     .max_seqs = plan->max_seqs,
+                                     .max_wait_ms = c->batcher.max_wait_ms,
+                                     .max_queue = eng->limit,
+                                     .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
+                                     .n_blocks = rp->n_blocks,
+                                     .seq_blocks = window > 0 ? 0 : rp->seq_blocks,
+                                     .step_timeout_ms = STEP_TIMEOUT_MS,
+                                     .max_inflight = rp->n_stages,
+                                     .router = router,
+                                     .report_ms = router ? 250 : 0};
+        if (n_rep > 1) {
+            snprintf(a->labels[k], sizeof a->labels[k], "replica=\"%d\"", (int)k);
+            a->ka[k].metric_labels = a->labels[k];
+            a->ba[k].metric_labels = a->labels[k];
+        }
+        if ((rc = sh_actor_spawn(eng->rt, "kvmgr", &a->ka[k], 1, &a->ba[k].kvmgr, e)) ||
+            (rc = sh_actor_spawn(eng->rt, "batcher", &a->ba[k], 1, &batchers[k], e)))
+            return rc;
+        eng->n_blocks += rp->n_blocks;
+    }
+    eng->batcher = batchers[0];
+    if (router) {
+        uint64_t targets[SH_CLUSTER_MAX_REPLICAS];
+        for (int32_t k = 0; k < n_rep; k++)
+            targets[k] = batchers[k];
+        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE,
+                                .targets = {targets, (uint32_t)n_rep}};
+        if ((rc = sh__act_send(eng->rt, router, router, SH_MSG_CONTROL, 0, &ctl, e)))
+            return rc;
+        eng->batcher = router;
+    }
+    // Weights and KV live on the workers (sh_model_info says 0 for both).
+    eng->weight_bytes = eng->kv_bytes = 0;
+    if ((rc = sh_actor_spawn(eng->rt, "api", eng, 0, &eng->self, e)))
+        return rc;
+    return sh__engine_wait_started(eng, e);
+}
+
+void sh__engine_front_close(sh_engine *eng, bool after)
+{
+    if (!eng->front)
+        return;
+    if (!after) {
+        sh__cluster_front_close(eng->front);
+        return;
+    }
+    sh__cluster_front_destroy(eng->front);
+    free(eng->front);
+    eng->front = NULL;
+    free(eng->front_args);
+    eng->front_args = NULL;
+}
