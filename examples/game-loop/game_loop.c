@@ -16,16 +16,24 @@
  *
  * Usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] [--work-ms W]
  *                  [--inflight K] [--max-tokens T] [--min-lines N] [--quiet]
- * (--min-lines N: keep ticking past --seconds, at most 120 s more, until N lines finished.) */
+ *                  [--engine-nice N] [--game-nice N] [--rt]
+ * (--min-lines N: keep ticking past --seconds, at most 120 s more, until N lines finished.
+ * --engine-nice N: the engine's threads at nice N, --game-nice N: the game thread at nice N
+ * (negative values need privileges); --rt: the game thread alone under SCHED_FIFO (needs
+ * CAP_SYS_NICE). Linux only, for machines where other processes compete for the cores.) */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <shoal.h>
 
@@ -191,6 +199,31 @@ static void print_row(const char *name, int64_t *v, size_t n)
            pct_ms(v, n, 100));
 }
 
+/* Linux: sets the nice value of every thread of this process but the calling (main) one, that
+ * is of the engine's threads, so that on a busy machine the game thread wins the CPU over them
+ * (--engine-nice). On Linux setpriority(PRIO_PROCESS, tid) acts on one thread. Returns how many
+ * threads were changed, -1 where /proc/self/task does not exist. */
+static int renice_engine_threads(int nice_value)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        long tid = atol(de->d_name);
+        if (tid <= 0 || tid == (long)getpid())
+            continue;
+        if (setpriority(PRIO_PROCESS, (id_t)tid, nice_value) == 0)
+            n++;
+        else
+            fprintf(stderr, "game_loop: setpriority(thread %ld, %d): %s\n", tid, nice_value,
+                    strerror(errno));
+    }
+    closedir(d);
+    return n;
+}
+
 /* Linux: every thread of this process with the CPU seconds it used (from /proc/self/task), so a
  * run shows how many threads the engine really runs and which of them burn CPU. Elsewhere it
  * prints nothing. */
@@ -231,7 +264,8 @@ static void report_threads(double elapsed)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] "
-               "[--work-ms W] [--inflight K] [--max-tokens T] [--min-lines N] [--quiet]\n");
+               "[--work-ms W] [--inflight K] [--max-tokens T] [--min-lines N] [--engine-nice N] "
+               "[--game-nice N] [--rt] [--quiet]\n");
 }
 
 int main(int argc, char **argv)
@@ -240,6 +274,7 @@ int main(int argc, char **argv)
     double seconds = 10.0, work_ms = 4.0;
     int threads = 1, generate = 1, max_inflight = 1, max_tokens = 48, quiet = 0;
     long min_lines = 0;
+    int engine_nice = 0, game_nice = 0, set_engine_nice = 0, set_game_nice = 0, rt = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -264,6 +299,16 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--min-lines") == 0 && v) {
             min_lines = atol(v);
             i++;
+        } else if (strcmp(a, "--engine-nice") == 0 && v) {
+            engine_nice = atoi(v);
+            set_engine_nice = 1;
+            i++;
+        } else if (strcmp(a, "--game-nice") == 0 && v) {
+            game_nice = atoi(v);
+            set_game_nice = 1;
+            i++;
+        } else if (strcmp(a, "--rt") == 0) {
+            rt = 1;
         } else if (strcmp(a, "--no-generate") == 0) {
             generate = 0;
         } else if (strcmp(a, "--quiet") == 0) {
@@ -304,6 +349,33 @@ int main(int argc, char **argv)
            "tick at 60 Hz for %.0f s\n",
            model, (double)(now_ns(CLOCK_MONOTONIC) - t_open) / 1e9, threads,
            generate ? "generating NPC lines" : "not generating", work_ms, seconds);
+    if (set_engine_nice) {
+        int n = renice_engine_threads(engine_nice);
+        printf("game_loop: engine threads at nice %d: %d thread(s)\n", engine_nice, n);
+    }
+    if (set_game_nice) {
+        /* The main thread's id is the process id; a negative value needs CAP_SYS_NICE. */
+        if (setpriority(PRIO_PROCESS, (id_t)getpid(), game_nice) != 0) {
+            fprintf(stderr, "game_loop: setpriority(game thread, %d): %s\n", game_nice,
+                    strerror(errno));
+            sh_engine_close(g.eng);
+            return 1;
+        }
+        printf("game_loop: game thread at nice %d\n", game_nice);
+    }
+    if (rt) {
+        /* SCHED_FIFO for the game thread only (Linux: pid 0 is the calling thread); the engine's
+         * threads, started by the open, keep the normal policy. Needs CAP_SYS_NICE. */
+        struct sched_param sp;
+        memset(&sp, 0, sizeof sp);
+        sp.sched_priority = 10;
+        if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) {
+            fprintf(stderr, "game_loop: SCHED_FIFO for the game thread: %s\n", strerror(errno));
+            sh_engine_close(g.eng);
+            return 1;
+        }
+        printf("game_loop: game thread SCHED_FIFO priority 10\n");
+    }
     fflush(stdout);
 
     /* --min-lines: go on past --seconds (at most 120 s more) until that many lines finished. */
