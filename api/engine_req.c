@@ -368,8 +368,6 @@ sh_err sh_cancel(sh_engine *eng, uint64_t id, sh_error *err)
         }
     }
     pthread_mutex_unlock(&eng->mu);
-    if (!rc)
-        ev_signal(eng);
     return rc;
 }
 
@@ -444,7 +442,8 @@ static sh_api_ev *ev_new(uint32_t type, uint64_t id, int32_t n, bool lp, int32_t
     return ev;
 }
 
-/* Appends ev to the queue. Under mu. */
+/* Appends ev to the queue and makes sh_fd readable. Under mu: drain() reads the eventfd and
+ * takes the queue under it too, so the descriptor is readable exactly while events are queued. */
 static void ev_queue(sh_engine *eng, sh_api_ev *ev)
 {
     if (eng->tail)
@@ -452,6 +451,7 @@ static void ev_queue(sh_engine *eng, sh_api_ev *ev)
     else
         eng->head = ev;
     eng->tail = ev;
+    ev_signal(eng);
 }
 
 /* Makes sh_fd readable. */
@@ -471,7 +471,6 @@ static void ev_push(sh_engine *eng, sh_api_ev *ev, int32_t n_tokens)
     ev_queue(eng, ev);
     eng->tokens_total += (uint64_t)n_tokens;
     pthread_mutex_unlock(&eng->mu);
-    ev_signal(eng);
 }
 
 static sh_api_ev *ev_from_token(const sh_proto_token *t)
@@ -606,9 +605,9 @@ static uint32_t dispatch(sh_engine *eng, sh_api_ev *ev)
 static uint32_t drain(sh_engine *eng)
 {
     uint64_t cnt;
+    pthread_mutex_lock(&eng->mu);
     while (read(eng->efd, &cnt, sizeof cnt) < 0 && errno == EINTR)
         ;
-    pthread_mutex_lock(&eng->mu);
     sh_api_ev *ev = eng->head;
     eng->head = eng->tail = NULL;
     pthread_mutex_unlock(&eng->mu);

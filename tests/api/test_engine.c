@@ -2,6 +2,7 @@
  * engine against `shoal run`, concurrent and cancelled requests, misuse, the memory budget,
  * silence on stdout/stderr, and open/close cycles. */
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -129,10 +130,11 @@ static void init_seen(seen *s, sh_engine *eng)
     s->index_ok = true;
 }
 
-/* Polls until every request of eng is over (or 30 s pass). */
+/* Polls until every request of eng is over (or 120 s pass: sanitizer builds on a loaded machine
+ * are slow). */
 static void run_all(sh_engine *eng)
 {
-    for (int i = 0; i < 3000 && sh_pending(eng) > 0; i++)
+    for (int i = 0; i < 12000 && sh_pending(eng) > 0; i++)
         CHECK_OK(sh_poll(eng, 10, NULL));
     CHECK_INT_EQ(sh_pending(eng), 0);
 }
@@ -589,7 +591,7 @@ static void test_chat(void)
     sh_request_opts r = sh_request_opts_default();
     r.messages = msgs;
     r.n_messages = 2;
-    r.max_tokens = 8;
+    r.max_tokens = 2;
     uint64_t id;
     CHECK_OK(sh_submit(eng, &r, &CB, &s, &id, &e));
     static const sh_chat_message badutf[] = {{"user", "\xF5x"}};
@@ -850,6 +852,159 @@ static void test_cluster_front(void)
     rmdir(dir);
 }
 
+/* What a token event carried beyond ids and text (logprobs), for test_request_options. */
+typedef struct lp_seen {
+    seen s;
+    int n_lp, n_top, top_n;
+    bool lp_ok;
+} lp_seen;
+
+static void on_token_lp(void *user, uint64_t id, const sh_token_event *ev)
+{
+    lp_seen *l = user;
+    on_token(&l->s, id, ev);
+    if (ev->n_ids == 0)
+        return;
+    if (ev->logprobs) {
+        l->n_lp += ev->n_ids;
+        for (int32_t i = 0; i < ev->n_ids; i++)
+            if (!(ev->logprobs[i] <= 0.0f))
+                l->lp_ok = false;
+    }
+    if (ev->top_n) {
+        l->top_n = ev->top_n;
+        l->n_top += ev->n_ids;
+        // The first alternative is the most likely token; greedy picked it.
+        if (!ev->top_ids || ev->top_ids[0] != ev->ids[0] || !ev->top_logprobs ||
+            ev->top_logprobs[0] < ev->top_logprobs[ev->top_n - 1])
+            l->lp_ok = false;
+    }
+}
+
+static void on_done_lp(void *user, uint64_t id, const sh_done_info *info)
+{
+    test_on_done(&((lp_seen *)user)->s, id, info);
+}
+
+static void on_error_lp(void *user, uint64_t id, sh_err code, const char *msg)
+{
+    test_on_error(&((lp_seen *)user)->s, id, code, msg);
+}
+
+/* The request fields beyond the prompt: logprobs and their alternatives, stop strings (the text
+ * ends before them), a timeout (finish DEADLINE), seeded sampling (the same seed, the same
+ * text) and the priority field. */
+static void test_request_options(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    static const sh_callbacks lcb = {on_token_lp, on_done_lp, on_error_lp};
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once upon a time";
+    r.max_tokens = 12;
+    lp_seen plain, lp;
+    memset(&plain, 0, sizeof plain);
+    memset(&lp, 0, sizeof lp);
+    init_seen(&plain.s, eng);
+    init_seen(&lp.s, eng);
+    plain.lp_ok = lp.lp_ok = true;
+    uint64_t id;
+    CHECK_OK(sh_submit(eng, &r, &lcb, &plain, &id, NULL));
+    r.logprobs = true;
+    r.top_logprobs = 3;
+    r.priority = 7;
+    CHECK_OK(sh_submit(eng, &r, &lcb, &lp, &id, NULL));
+    run_all(eng);
+    CHECK_INT_EQ(plain.n_lp + plain.n_top, 0);
+    CHECK_INT_EQ(lp.n_lp, lp.s.n_ids);
+    CHECK_INT_EQ(lp.n_top, lp.s.n_ids);
+    CHECK_INT_EQ(lp.top_n, 3);
+    CHECK(lp.lp_ok);
+    CHECK_STR_EQ(lp.s.text, plain.s.text);
+
+    // A stop string from the middle of the greedy text: the text ends just before it.
+    const char *cut = plain.s.text_len > 8 ? strchr(plain.s.text + 4, ' ') : NULL;
+    CHECK(cut != NULL);
+    if (cut) {
+        char stop[8];
+        snprintf(stop, sizeof stop, "%.4s", cut);
+        const char *stops[] = {stop};
+        sh_request_opts rs = sh_request_opts_default();
+        rs.prompt = r.prompt;
+        rs.max_tokens = 12;
+        rs.stop = stops;
+        rs.n_stop = 1;
+        seen s;
+        init_seen(&s, eng);
+        CHECK_OK(sh_submit(eng, &rs, &CB, &s, &id, NULL));
+        run_all(eng);
+        CHECK_INT_EQ(s.done.finish, SH_FINISH_STOP);
+        CHECK_UINT_EQ(s.text_len, (size_t)(cut - plain.s.text));
+        CHECK(strncmp(s.text, plain.s.text, s.text_len) == 0);
+    }
+
+    // A timeout ends a long request with finish DEADLINE.
+    sh_request_opts rt = sh_request_opts_default();
+    rt.prompt = r.prompt;
+    rt.max_tokens = 2000;
+    rt.ignore_eos = true;
+    rt.timeout_ms = 30;
+    seen st;
+    init_seen(&st, eng);
+    CHECK_OK(sh_submit(eng, &rt, &CB, &st, &id, NULL));
+    run_all(eng);
+    CHECK_INT_EQ(st.n_done, 1);
+    CHECK_INT_EQ(st.done.finish, SH_FINISH_DEADLINE);
+    CHECK(st.done.completion_tokens < 2000);
+
+    // Sampling: one seed gives one text; the default (seed 0) is a seed like any other.
+    seen a, b;
+    init_seen(&a, eng);
+    init_seen(&b, eng);
+    sh_request_opts rr = sh_request_opts_default();
+    rr.prompt = r.prompt;
+    rr.max_tokens = 24;
+    rr.temperature = 1.0f;
+    rr.top_k = 40;
+    rr.seed = 1234;
+    CHECK_OK(sh_submit(eng, &rr, &CB, &a, &id, NULL));
+    CHECK_OK(sh_submit(eng, &rr, &CB, &b, &id, NULL));
+    run_all(eng);
+    CHECK_INT_EQ(a.n_ids, b.n_ids);
+    CHECK(memcmp(a.ids, b.ids, (size_t)a.n_ids * 4) == 0);
+    CHECK_OK(sh_engine_close(eng));
+}
+
+/* sh_fd is readable while callbacks are due, and only then (a host's epoll or select loop). */
+static void test_fd_readable(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    int fd = sh_fd(eng);
+    CHECK(fd >= 0);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    CHECK_INT_EQ(poll(&p, 1, 0), 0); /* nothing due */
+    seen s;
+    init_seen(&s, eng);
+    submit_prompt(eng, "Once upon a time", 6, &s);
+    int32_t rounds = 0;
+    while (sh_pending(eng) > 0 && rounds < 1000) {
+        int n = poll(&p, 1, 5000);
+        CHECK_INT_EQ(n, 1);
+        if (n != 1)
+            break;
+        uint32_t ran = 0;
+        CHECK_OK(sh_poll(eng, 0, &ran));
+        rounds++;
+    }
+    CHECK_INT_EQ(s.n_done, 1);
+    CHECK(rounds >= 1);
+    CHECK_INT_EQ(poll(&p, 1, 0), 0); /* drained */
+    CHECK_OK(sh_engine_close(eng));
+}
+
 int main(int argc, char **argv)
 {
     if (!have_model()) {
@@ -860,6 +1015,8 @@ int main(int argc, char **argv)
                                          {"concurrent_equal_alone", test_concurrent_equal_alone},
                                          {"cancel_reentrant", test_cancel_reentrant},
                                          {"misuse", test_misuse},
+                                         {"request_options", test_request_options},
+                                         {"fd_readable", test_fd_readable},
                                          {"close_in_flight", test_close_in_flight},
                                          {"memory_budget", test_memory_budget},
                                          {"tokenizer_and_metrics", test_tokenizer_and_metrics},
