@@ -343,7 +343,8 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
     if ((rc = open_model(eng, &o, &ss, &sz, e)))
         goto fail;
     model_meta(eng, o.model_path, ss.name);
-    eng->limit = o.max_queue ? o.max_queue : 256;
+    // max_queue counts requests waiting: the batcher runs max_seqs of the pending ones.
+    eng->limit = (o.max_queue ? o.max_queue : 256) + sz.max_seqs;
     sh_runtime_opts ro = {.node_id = 1,
                           .name = "engine",
                           .n_loops = 1,

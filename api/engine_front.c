@@ -106,7 +106,8 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     int32_t n_rep = plan->n_replicas;
     eng->n_ctx = plan->rep[0].n_ctx;
     eng->max_seqs = plan->max_seqs;
-    eng->limit = o->max_queue ? o->max_queue : 256;
+    // max_queue counts requests waiting: each replica's batcher runs max_seqs of the pending.
+    eng->limit = (o->max_queue ? o->max_queue : 256) + plan->max_seqs * n_rep;
     sh_addr router = 0, batchers[SH_CLUSTER_MAX_REPLICAS];
     if (n_rep > 1) {
         // The router first, so the batchers report to it from the start; it learns their

@@ -58,7 +58,8 @@ struct sh_engine {
     bool has_template, has_system;
     char system[1024];
     char name[128];
-    int32_t n_ctx, max_seqs, limit; /* limit: requests pending before SH_EBUSY */
+    int32_t n_ctx, max_seqs;
+    int32_t limit; /* requests pending before SH_EBUSY: max_queue waiting plus those running */
     int64_t n_blocks;
     uint64_t kv_bytes, weight_bytes;
     int efd; /* eventfd: readable while events are queued */

@@ -305,7 +305,9 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     if (eng->closing)
         rc = sh__error_set(e, SH_ECLOSED, "sh_submit: the engine is closing");
     else if (eng->pending >= eng->limit)
-        rc = sh__error_set(e, SH_EBUSY, "sh_submit: %d requests are pending (max_queue %d)",
+        rc = sh__error_set(e, SH_EBUSY,
+                           "sh_submit: %d requests are pending: max_seqs running and max_queue "
+                           "waiting (%d in all)",
                            (int)eng->pending, (int)eng->limit);
     if (!rc) {
         q->id = ++eng->next_id;

@@ -107,13 +107,14 @@ static bool have_model(void)
     return f != NULL;
 }
 
-static sh_engine *open_tiny(int32_t threads, int32_t max_queue)
+static sh_engine *open_tiny_seqs(int32_t threads, int32_t max_queue, int32_t max_seqs)
 {
     sh_engine_opts o = sh_engine_opts_default();
     o.model_path = sh_test_path(MODEL);
     o.threads = threads;
     o.kv_bytes = 4u << 20;
     o.max_queue = max_queue;
+    o.max_seqs = max_seqs;
     sh_engine *eng = NULL;
     sh_error e = {0};
     sh_err rc = sh_engine_open(&o, &eng, &e);
@@ -121,6 +122,11 @@ static sh_engine *open_tiny(int32_t threads, int32_t max_queue)
         fprintf(stderr, "open: %s: %s\n", sh_strerror(rc), e.msg);
     CHECK_OK(rc);
     return eng;
+}
+
+static sh_engine *open_tiny(int32_t threads, int32_t max_queue)
+{
+    return open_tiny_seqs(threads, max_queue, 0);
 }
 
 static void init_seen(seen *s, sh_engine *eng)
@@ -348,7 +354,7 @@ static void test_misuse(void)
     CHECK_UINT_EQ(id, 0);
     CHECK_INT_EQ(sh_cancel(NULL, 1, &e), SH_EINVAL);
 
-    sh_engine *eng = open_tiny(1, 2);
+    sh_engine *eng = open_tiny_seqs(1, 2, 1);
     if (!eng)
         return;
     CHECK(sh_fd(eng) >= 0);
@@ -418,15 +424,17 @@ static void test_misuse(void)
     BAD_FIELD(prompt, longp, "context");
     CHECK_INT_EQ(sh_pending(eng), 0);
 
-    // The queue: max_queue 2.
-    seen s1, s2;
+    // The queue: max_seqs 1 running and max_queue 2 waiting.
+    seen s1, s2, s3;
     init_seen(&s1, eng);
     init_seen(&s2, eng);
+    init_seen(&s3, eng);
     r.max_tokens = 8;
-    uint64_t id1 = 0, id2 = 0;
+    uint64_t id1 = 0, id2 = 0, id3 = 0;
     CHECK_OK(sh_submit(eng, &r, &CB, &s1, &id1, &e));
     CHECK_OK(sh_submit(eng, &r, &CB, &s2, &id2, &e));
-    CHECK(id2 > id1);
+    CHECK_OK(sh_submit(eng, &r, &CB, &s3, &id3, &e));
+    CHECK(id2 > id1 && id3 > id2);
     CHECK_INT_EQ(sh_submit(eng, &r, &CB, NULL, &id, &e), SH_EBUSY);
     CHECK(strstr(e.msg, "pending") != NULL);
     // Polling from a second thread while one polls: refused, as is closing meanwhile.
