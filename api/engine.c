@@ -525,18 +525,17 @@ typedef struct stats_visit {
 
 static void stats_one(void *arg, const sh_metric_sample *s)
 {
+    // Summed over their labels: a front with several replicas labels each one's series.
     sh_engine_stats *o = ((stats_visit *)arg)->out;
-    if (s->labels && s->labels[0])
-        return;
-    int32_t v = s->value > INT32_MAX ? INT32_MAX : s->value < 0 ? 0 : (int32_t)s->value;
+    int32_t v = s->value > INT32_MAX / 2 ? INT32_MAX / 2 : s->value < 0 ? 0 : (int32_t)s->value;
     if (!strcmp(s->name, "shoal_requests_running"))
-        o->running = v;
+        o->running += v;
     else if (!strcmp(s->name, "shoal_requests_waiting"))
-        o->queued = v;
+        o->queued += v;
     else if (!strcmp(s->name, "shoal_kv_blocks_total"))
-        o->kv_blocks_total = v;
+        o->kv_blocks_total += v;
     else if (!strcmp(s->name, "shoal_kv_blocks_used"))
-        o->kv_blocks_used = v;
+        o->kv_blocks_used += v;
 }
 
 sh_err sh_engine_stats_get(sh_engine *eng, sh_engine_stats *out)

@@ -839,6 +839,10 @@ static void test_cluster_front(void)
         CHECK_INT_EQ(s.n_ids, want.n_ids);
         CHECK(memcmp(s.ids, want.ids, (size_t)want.n_ids * 4) == 0);
         CHECK_STR_EQ(s.text, want.text);
+        sh_engine_stats st;
+        CHECK_OK(sh_engine_stats_get(eng, &st));
+        CHECK(st.kv_blocks_total > 0);
+        CHECK_UINT_EQ(st.tokens_generated_total, (uint64_t)s.n_ids);
         struct sh_fault *f = sh_engine_fault(eng);
         CHECK(f != NULL);
         CHECK_OK(sh_engine_close(eng));
