@@ -396,6 +396,7 @@ int main(int argc, char **argv)
     }
     int64_t work_ns = (int64_t)(work_ms * 1e6);
     long missed = 0, poll_errors = 0;
+    int64_t poll_max = 0, submit_max = 0; /* the longest sh_poll(eng, 0) and submit */
     int64_t start = now_ns(CLOCK_MONOTONIC) + TICK_NS;
     int64_t t_begin = start;
     size_t k;
@@ -412,8 +413,15 @@ int main(int argc, char **argv)
         int64_t te = now_ns(CLOCK_MONOTONIC);
         if (sh_poll(g.eng, 0, NULL) != SH_OK)
             poll_errors++;
-        if (generate && g.inflight < g.max_inflight)
+        int64_t tp = now_ns(CLOCK_MONOTONIC);
+        if (tp - te > poll_max)
+            poll_max = tp - te;
+        if (generate && g.inflight < g.max_inflight) {
             ask_npc(&g);
+            int64_t ts_end = now_ns(CLOCK_MONOTONIC);
+            if (ts_end - tp > submit_max)
+                submit_max = ts_end - tp;
+        }
 
         int64_t t1 = now_ns(CLOCK_MONOTONIC);
         engine[k] = t1 - te;
@@ -440,6 +448,8 @@ int main(int argc, char **argv)
     print_row("late", late, n_ticks);
     print_row("overrun", over, n_ticks);
     print_row("engine", engine, n_ticks);
+    printf("longest sh_poll(eng, 0) %.3f ms, longest submit %.3f ms\n", (double)poll_max / 1e6,
+           (double)submit_max / 1e6);
     printf("overrun_p99_ms %.3f\n", pct_ms(over, n_ticks, 99));
     free(tick);
     free(late);
