@@ -486,6 +486,22 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
         o->progress(1.0f, o->progress_arg);
 }
 
+/* Weights are read in place as floats, halves and quant blocks: every tensor's data must start
+ * 4-byte aligned in the mapping (the file's data alignment, general.alignment, is a power of two
+ * that GGUF allows down to 1; writers use 32). */
+static sh_err check_tensor_alignment(const sh_gguf *g, sh_error *e)
+{
+    for (uint64_t i = 0; i < sh_gguf_n_tensors(g); i++) {
+        const sh_gguf_tensor *t = sh_gguf_tensor_at(g, i);
+        if ((uintptr_t)t->data % 4 != 0)
+            return sh__error_set(e, SH_EFORMAT,
+                                 "tensor '%.*s': its data is not 4-byte aligned (general.alignment "
+                                 "below 4)",
+                                 (int)t->name.len, t->name.ptr);
+    }
+    return SH_OK;
+}
+
 /* Opens a file that is not GGUF as a llama2.c checkpoint. When that fails on the format, the
  * file is most likely neither (a text file, another format): say both, then the llama2.c reader's
  * reason without its copy of the path. */
@@ -531,7 +547,8 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
         return err;
     }
     if (gguf) {
-        if ((err = load_gguf_hparams(m->gguf, &m->hp, e)))
+        if ((err = check_tensor_alignment(m->gguf, e)) ||
+            (err = load_gguf_hparams(m->gguf, &m->hp, e)))
             goto fail;
     } else {
         llama2c_hparams(&m->l2c->cfg, &m->hp);

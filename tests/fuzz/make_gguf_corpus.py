@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpus for fuzz_gguf: small valid GGUF files covering every metadata type,
 nested arrays, several tensor types and alignments, one file per K-quant type (whole 256-element
-blocks), and two broken K-quant files (rows that are not whole blocks; data that runs past the
-end of the file). make_model_seeds.py adds the model seeds. Run from the repository root:
+blocks), two broken K-quant files (rows that are not whole blocks; data that runs past the end
+of the file) and F32 data that general.alignment 2 leaves misaligned. make_model_seeds.py adds the model seeds. Run from the repository root:
     python3 tests/fuzz/make_gguf_corpus.py tests/fuzz/corpus/gguf"""
 import struct
 import sys
@@ -86,6 +86,14 @@ def main(dst):
     trunc = gguf([kv('general.architecture', 8, s('llama'))],
                  [('blk.0.attn_k.weight', [256, 2], 14, 2 * 210)])
     files['bad_q6_k_truncated.gguf'] = trunc[:-210]
+    # general.alignment 2 with the data section 2 bytes past a multiple of 4: F32 weights that
+    # are not 4-byte aligned (the name's length pads the header to that).
+    for pad in range(4):
+        blob = gguf([kv('general.architecture', 8, s('llama')), kv('general.alignment', 4, u32(2))],
+                    [('token_embd' + '_' * pad + '.weight', [8, 4], 0, 128)], align=2)
+        if (len(blob) - 128) % 4 == 2:
+            files['bad_alignment.gguf'] = blob
+            break
     for name, blob in files.items():
         assert len(blob) < 8192
         with open(f'{dst}/{name}', 'wb') as f:

@@ -91,6 +91,7 @@ static void test_broken_seeds(void)
         {"bad_block_count.gguf", SH_EFORMAT, "llama.block_count"},
         {"bad_q5_k_rows.gguf", SH_EFORMAT, "blk.0.attn_q.weight"},
         {"bad_q6_k_truncated.gguf", SH_EFORMAT, "blk.0.attn_k.weight"},
+        {"bad_alignment.gguf", SH_EFORMAT, "token_embd__.weight"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         golden_expect_load_fail(seed(bad[i].file), bad[i].code, bad[i].needle);
