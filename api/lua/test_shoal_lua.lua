@@ -155,6 +155,32 @@ eq(rcode, "EINVAL", "no prompt code")
 check(type(rmsg) == "string" and #rmsg > 0, "no prompt message")
 eq(eng:pending(), 0, "refused requests are not pending")
 
+-- 5b. logprobs, a stop list, stats, metrics; chat_apply on a model without a template.
+local nlp, lp_ok = 0, true
+local lid = assert(eng:submit({ prompt = "Once upon a time", max_tokens = 6, logprobs = true,
+  stop = { "zzzz", "qqqq" } }, {
+  token = function(_, tids, _, lps)
+    nlp = nlp + 1
+    if not lps or #lps ~= #tids then lp_ok = false end
+    for _, v in ipairs(lps or {}) do if v > 0 then lp_ok = false end end
+  end }))
+check(poll_until(function() return eng:pending() == 0 end, 60), "logprobs request finished", lid)
+check(nlp > 0 and lp_ok, "token callbacks carry one log-probability <= 0 per id", nlp)
+local st = assert(eng:stats())
+check(st.requests_total >= 6 and st.tokens_generated_total >= 32, "stats totals",
+  st.requests_total, st.tokens_generated_total)
+eq(st.pending, 0, "stats.pending")
+local mt = assert(eng:metrics())
+check(mt:find("# TYPE", 1, true), "metrics is Prometheus text")
+local ca, _, cacode = eng:chat_apply({ { role = "user", content = "Hi" } })
+if info.has_chat_template then
+  check(type(ca) == "string" and ca:find("Hi", 1, true), "chat_apply", tostring(ca))
+else
+  eq(cacode, "EUNSUPPORTED", "chat_apply without a template")
+end
+eq(shoal.strerror("EBUSY"), "busy", "shoal.strerror")
+check(not pcall(shoal.strerror, "NOPE"), "strerror of an unknown name raises")
+
 -- 6. Close with requests in flight: each gets its error callback (ECLOSED) once, during close.
 local closed_codes = {}
 for i = 1, 3 do
