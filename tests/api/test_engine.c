@@ -768,25 +768,12 @@ static void test_cluster_script(void)
     rmdir(dir);
 }
 
-/* The front of a real cluster: two `shoal node` worker processes hold the model's two halves
- * (ipc:// links); the engine joins them and its greedy output equals the model run here. */
-static void test_cluster_front(void)
+/* Runs the workers w0 and w1 of a script (replicas: its replicas{} text) as real `shoal node`
+ * processes, opens an engine on it (the front, over ipc://), submits n requests of want's prompt
+ * and checks that each one's greedy output equals want's. */
+static void front_run(const char *replicas, int n, const seen *want)
 {
     const char *shoal = getenv("SH_SHOAL");
-    if (!shoal) {
-        fprintf(stderr, "  (cluster_front: SH_SHOAL unset, not checked)\n");
-        return;
-    }
-    // The same request on the model run in this process first.
-    sh_engine *local = open_tiny(1, 0);
-    if (!local)
-        return;
-    seen want;
-    init_seen(&want, local);
-    submit_prompt(local, "Once upon a time", 24, &want);
-    run_all(local);
-    CHECK_OK(sh_engine_close(local));
-
     char dir[] = "/tmp/shoal-engine-front-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char path[128], src[2048];
@@ -798,11 +785,11 @@ static void test_cluster_front(void)
              "            node { name = 'w0', listen = 'ipc://%s/w0' },\n"
              "            node { name = 'w1', listen = 'ipc://%s/w1' } },\n"
              "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
-             "  replicas = { replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) } },\n"
+             "  replicas = { %s },\n"
              "  batcher = { max_seqs = 4 },\n"
              "  kv = { memory = '4MiB' },\n"
              "}\n",
-             sh_test_path(MODEL), dir, dir, dir);
+             sh_test_path(MODEL), dir, dir, dir, replicas);
     write_text(path, src);
     pid_t workers[2];
     for (int i = 0; i < 2; i++) {
@@ -831,18 +818,24 @@ static void test_cluster_front(void)
         CHECK_STR_EQ(mi.name, "stories");
         CHECK_UINT_EQ(mi.weight_bytes, 0);
         CHECK_INT_EQ(mi.n_layers, 5);
-        seen s;
-        init_seen(&s, eng);
-        submit_prompt(eng, "Once upon a time", 24, &s);
+        static seen s[4];
+        for (int i = 0; i < n; i++) {
+            init_seen(&s[i], eng);
+            submit_prompt(eng, "Once upon a time", 24, &s[i]);
+        }
         run_all(eng);
-        CHECK_INT_EQ(s.n_done, 1);
-        CHECK_INT_EQ(s.n_ids, want.n_ids);
-        CHECK(memcmp(s.ids, want.ids, (size_t)want.n_ids * 4) == 0);
-        CHECK_STR_EQ(s.text, want.text);
+        uint64_t toks = 0;
+        for (int i = 0; i < n; i++) {
+            CHECK_INT_EQ(s[i].n_done, 1);
+            CHECK_INT_EQ(s[i].n_ids, want->n_ids);
+            CHECK(memcmp(s[i].ids, want->ids, (size_t)want->n_ids * 4) == 0);
+            CHECK_STR_EQ(s[i].text, want->text);
+            toks += (uint64_t)s[i].n_ids;
+        }
         sh_engine_stats st;
         CHECK_OK(sh_engine_stats_get(eng, &st));
         CHECK(st.kv_blocks_total > 0);
-        CHECK_UINT_EQ(st.tokens_generated_total, (uint64_t)s.n_ids);
+        CHECK_UINT_EQ(st.tokens_generated_total, toks);
         struct sh_fault *f = sh_engine_fault(eng);
         CHECK(f != NULL);
         CHECK_OK(sh_engine_close(eng));
@@ -862,6 +855,29 @@ static void test_cluster_front(void)
         unlink(sock);
     }
     rmdir(dir);
+}
+
+/* The front of a real cluster: `shoal node` worker processes hold the model (its two halves in a
+ * pipeline; or a whole replica each, behind the front's router), and the engine's greedy output
+ * equals the model run in this process. */
+static void test_cluster_front(void)
+{
+    if (!getenv("SH_SHOAL")) {
+        fprintf(stderr, "  (cluster_front: SH_SHOAL unset, not checked)\n");
+        return;
+    }
+    sh_engine *local = open_tiny(1, 0);
+    if (!local)
+        return;
+    seen want;
+    init_seen(&want, local);
+    submit_prompt(local, "Once upon a time", 24, &want);
+    run_all(local);
+    CHECK_OK(sh_engine_close(local));
+    front_run("replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) }", 2, &want);
+    front_run("replica { model = m, stages = pipeline(m, { 'w0' }) }, "
+              "replica { model = m, stages = pipeline(m, { 'w1' }) }",
+              4, &want);
 }
 
 /* What a token event carried beyond ids and text (logprobs), for test_request_options. */
