@@ -8,7 +8,8 @@
 # default model is missing, so nothing ran.
 # Usage: scripts/check-examples.sh [BUILD] [EXAMPLE...]   (EXAMPLE: a folder name under examples/)
 # Env: SHOAL_MODEL (default models/smollm2-135m-instruct-q4_1.gguf), CC, CXX,
-#      SH_EXAMPLE_TIMEOUT (seconds each check.sh may run; default 120).
+#      SH_EXAMPLE_TIMEOUT (seconds each check.sh may run; default 120), SH_SAN_FLAGS (set by
+#      ctest in a sanitizer build: skip).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd) || { echo "error: no build folder ${1:-$root/build}" >&2; exit 2; }
@@ -19,6 +20,13 @@ model=${SHOAL_MODEL:-$root/models/smollm2-135m-instruct-q4_1.gguf}
 limit=${SH_EXAMPLE_TIMEOUT:-120}
 cflags="-std=c99 -O2 -Wall -Wextra -Werror"
 cxxflags="-std=c++17 -O2 -Wall -Wextra -Werror"
+
+# A sanitizer build's library needs the sanitizer runtime in every program that loads it; the
+# examples are built as users build them, without it.
+if [ -n "${SH_SAN_FLAGS:-}" ]; then
+    echo "SKIP: $build is a sanitizer build ($SH_SAN_FLAGS): examples are checked on a plain build"
+    exit 77
+fi
 
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
