@@ -67,6 +67,8 @@ install(TARGETS shoal_shared EXPORT ShoalTargets
 install(TARGETS shoal_core ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS shoal RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 if(TARGET shoal_lua)
+  # The module finds the libshoal.so installed two folders up, wherever the prefix is.
+  set_target_properties(shoal_lua PROPERTIES INSTALL_RPATH "$ORIGIN/../..")
   install(TARGETS shoal_lua LIBRARY DESTINATION ${SH_LUA_MODULE_DIR})
 endif()
 
