@@ -5,9 +5,9 @@
 
 #include <stdint.h>
 
+#include "actors/cluster.h"
 #include "actors/watchdog.h"
 #include "shoal/runtime.h"
-#include "actors/cluster.h"
 #include "tools/cluster_events.h"
 
 /* What the document is built from. Filled by `shoal serve` before the gateway is spawned; must

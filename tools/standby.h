@@ -12,12 +12,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/cluster.h"
 #include "actors/hello.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
 #include "shoal/runtime.h"
-#include "actors/cluster.h"
 
 typedef struct sh_standby_stage {
     int32_t stage; /* the plan's index */
