@@ -6,8 +6,8 @@
  *   1. on clean links, recording every answer;
  *   2. with faults injected through the engine's fault layer (sh_engine_fault(), include/
  *      shoal/fault.h): messages from this front to the workers dropped with probability --drop
- *      and delayed --delay-ms with probability 0.5; the workers run a scenario dropping the same
- *      share of their own messages (`shoal node --fault-scenario`).
+ *      (0.1) and delayed --delay-ms (20) with probability 0.5; the workers run a scenario
+ *      dropping --worker-drop (0.02) of their own messages (`shoal node --fault-scenario`).
  *
  * Asserted: every submitted id gets exactly one final callback (none lost, none doubled); with
  * the batcher's retries every request finishes (on_done, never on_error) with the clean run's
@@ -15,8 +15,13 @@
  * nothing). Exit 0 when all hold, 1 otherwise, 2 on bad usage, 77 when the library cannot open
  * an engine on a cluster script (reported as such, not as a pass).
  *
+ * A lost STEP, ACT or STEP_DONE makes the batcher send the step again; a step that fails every
+ * try within the step timeout (30 s) ends its requests with an error (SH_ETIMEDOUT), which this
+ * harness counts as a failure: at 20% drops on every link that happened (a step needs three
+ * messages through, 0.8^3 = 0.51 a try), so the defaults stay where retries recover.
+ *
  * Usage: fault_harness --shoal PATH/bin/shoal -m MODEL [--requests N] [--max-tokens T]
- *                      [--drop P] [--delay-ms D] [--seed S] [--keep DIR] */
+ *                      [--drop P] [--worker-drop P] [--delay-ms D] [--seed S] [--keep DIR] */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -143,6 +148,10 @@ static int run_requests(sh_engine *eng, run *rn, int n, int max_tokens, double l
 static pid_t start_node(const char *shoal, const char *script, const char *name,
                         const char *scenario, const char *log)
 {
+    /* Flushed first, or a child would write the parent's buffered lines again when it
+     * redirects its stdout. */
+    fflush(stdout);
+    fflush(stderr);
     pid_t pid = fork();
     if (pid != 0)
         return pid; /* the parent, or -1 */
@@ -184,8 +193,8 @@ static int write_file(const char *path, const char *text)
 int main(int argc, char **argv)
 {
     const char *shoal = NULL, *model = getenv("SHOAL_MODEL"), *keep = NULL;
-    int n_req = 6, max_tokens = 12;
-    double drop = 0.05;
+    int n_req = 8, max_tokens = 16;
+    double drop = 0.1, worker_drop = 0.02;
     int delay_ms = 20;
     unsigned long long seed = 7;
     for (int i = 1; i < argc; i++) {
@@ -204,6 +213,8 @@ int main(int argc, char **argv)
             max_tokens = atoi(v);
         else if (strcmp(argv[i], "--drop") == 0)
             drop = atof(v);
+        else if (strcmp(argv[i], "--worker-drop") == 0)
+            worker_drop = atof(v);
         else if (strcmp(argv[i], "--delay-ms") == 0)
             delay_ms = atoi(v);
         else if (strcmp(argv[i], "--seed") == 0)
@@ -217,9 +228,10 @@ int main(int argc, char **argv)
         i++;
     }
     if (!shoal || !model || model[0] != '/' || n_req < 1 || n_req > MAX_REQ || max_tokens < 1 ||
-        drop < 0 || drop > 0.5 || delay_ms < 0) {
+        drop < 0 || drop > 0.5 || worker_drop < 0 || worker_drop > 0.5 || delay_ms < 0) {
         fprintf(stderr, "usage: fault_harness --shoal PATH/bin/shoal -m /ABSOLUTE/MODEL.gguf "
-                        "[--requests 1-64] [--max-tokens T] [--drop 0-0.5] [--delay-ms D] "
+                        "[--requests 1-64] [--max-tokens T] [--drop 0-0.5] [--worker-drop 0-0.5] "
+                        "[--delay-ms D] "
                         "[--seed S] [--keep DIR]\n");
         return 2;
     }
@@ -249,7 +261,7 @@ int main(int argc, char **argv)
              model, dir, dir, dir, 20000 + (int)(getpid() % 20000));
     snprintf(scenario, sizeof scenario, "%s/workers.lua", dir);
     char scen[256];
-    snprintf(scen, sizeof scen, "at(0, drop { link = \"*\", p = %g })\n", drop);
+    snprintf(scen, sizeof scen, "at(0, drop { link = \"*\", p = %g })\n", worker_drop);
     if (write_file(path, text) || write_file(scenario, scen))
         return 1;
 
