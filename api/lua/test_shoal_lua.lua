@@ -5,6 +5,7 @@ local shoal = require "shoal"
 
 local model, expected_path = arg[1], arg[2]
 assert(model and expected_path, "usage: test_shoal_lua.lua MODEL EXPECTED_IDS")
+if model:sub(1, 1) ~= "/" then model = os.getenv("PWD") .. "/" .. model end
 
 local failures = 0
 local function check(cond, what, ...)
@@ -195,7 +196,50 @@ assert(eng:close()) -- closing twice is fine
 check(not pcall(eng.submit, eng, { prompt = "x" }, {}), "submit after close raises")
 check(not pcall(eng.poll, eng, 0), "poll after close raises")
 
--- 7. <close> variables and __gc close the engine too.
+-- 7. An engine on a cluster script whose one replica runs in this process gives the same
+-- greedy ids as the model path; a script that does not load returns nil, message, "ELUA".
+local script = os.tmpname()
+local f = assert(io.open(script, "w"))
+f:write(([[
+local m = model { path = "%s", name = "stories" }
+return cluster {
+  nodes = { node { name = "solo", listen = "ipc:///tmp/shoal-lua-test-%d.sock" } },
+  gateway = { node = "solo", http = "127.0.0.1:8080" },
+  replicas = { replica { model = m, stages = pipeline(m, { "solo" }) } },
+}
+]]):format(model, os.time()))
+f:close()
+local ce, cmsg = shoal.open { cluster = script, threads = 1 }
+check(ce, "open on a one-process cluster script", tostring(cmsg))
+if ce then
+  local cgot, cfinal = {}, 0
+  assert(ce:submit({ prompt_tokens = { 1 }, max_tokens = 16, ignore_eos = true }, {
+    token = function(_, tids) for _, v in ipairs(tids) do cgot[#cgot + 1] = v end end,
+    done = function() cfinal = cfinal + 1 end,
+    error = function(code, m) cfinal = cfinal + 1; check(false, "cluster engine error", code, m) end }))
+  local deadline2 = os.time() + 60
+  while cfinal == 0 and os.time() <= deadline2 do assert(ce:poll(50)) end
+  local csame = #cgot == 16
+  for i = 1, 16 do if cgot[i] ~= expected[i] then csame = false end end
+  check(csame, "cluster-script engine: greedy ids equal llama2.c's", table.concat(cgot, " "))
+  assert(ce:close())
+end
+os.remove(script)
+-- A script that is not Lua: ELUA; one with a wrong value: refused, naming the script's line.
+local bad_script = os.tmpname()
+for _, case in ipairs({ { "return cluster {\n", "ELUA" }, { "return cluster { nodes = 3 }\n", nil } }) do
+  f = assert(io.open(bad_script, "w"))
+  f:write(case[1])
+  f:close()
+  local be, bmsg2, bcode2 = shoal.open { cluster = bad_script }
+  eq(be, nil, "a broken cluster script is refused")
+  if case[2] then eq(bcode2, case[2], "broken script code") end
+  check(type(bmsg2) == "string" and bmsg2:find(bad_script, 1, true), "the message names the script",
+    tostring(bmsg2))
+end
+os.remove(bad_script)
+
+-- 8. <close> variables and __gc close the engine too.
 do
   local e2 <close> = assert(shoal.open { model = model, threads = 1 })
   assert(e2:submit({ prompt = "Hi", max_tokens = 100 }, {}))
