@@ -294,8 +294,182 @@ INL float row_k(const uint8_t *w, const sh_block_q8_k *a, int64_t nb, const sh_d
     return hsum8f(_mm256_sub_ps(s, mn));
 }
 
+/* Q4_K and Q6_K rows take their own path, which unpacks each weight block once for a tile of up
+ * to K_TILE tokens (a matvec is a tile of one) and spreads the sub-block scales with byte shuffles
+ * instead of one broadcast per scale. Every token of a tile runs the same operations as it would
+ * alone, so batched outputs still equal unbatched ones bit for bit. */
+#define K_TILE 4
+
+/* Byte-shuffle patterns: K4_PICK[j] puts int16 word j of each 128-bit lane in every word of the
+ * vector; K6_PICK[k] word 2k in every word of the low lane and word 2k + 1 in the high lane. Kept
+ * in memory (one shuffle with a memory operand each) rather than rebuilt per row. */
+#define PICK_(j) (0x0100 + 0x0202 * (j))
+#define PICK8_(j) PICK_(j), PICK_(j), PICK_(j), PICK_(j), PICK_(j), PICK_(j), PICK_(j), PICK_(j)
+static const _Alignas(32) uint16_t K4_PICK[8][16] = {
+    {PICK8_(0), PICK8_(0)}, {PICK8_(1), PICK8_(1)}, {PICK8_(2), PICK8_(2)}, {PICK8_(3), PICK8_(3)},
+    {PICK8_(4), PICK8_(4)}, {PICK8_(5), PICK8_(5)}, {PICK8_(6), PICK8_(6)}, {PICK8_(7), PICK8_(7)}};
+static const _Alignas(32) uint16_t K6_PICK[4][16] = {
+    {PICK8_(0), PICK8_(1)}, {PICK8_(2), PICK8_(3)}, {PICK8_(4), PICK8_(5)}, {PICK8_(6), PICK8_(7)}};
+
+INL __m256i pick(const uint16_t *pattern) { return _mm256_load_si256((const __m256i *)pattern); }
+
+/* One Q4_K block against nt tokens' Q8_K blocks (a, a + nb, ...): adds da dw * (scaled integer
+ * lanes) to s[t] and da dmin * (minimum products) to mn[t]. The integer lanes are lanes_q45's. */
+INL void q4k_block(const sh_block_q4_k *w, const sh_block_q8_k *a, int64_t nb, const int nt,
+                   __m256 *s, __m256 *mn)
+{
+    uint64_t sc8, m8;
+    scale_min_k4(w->scales, &sc8, &m8);
+    /* the eight scales as words, in both 128-bit lanes */
+    const __m256i scv =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8)));
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256i acc[K_TILE];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 4; g++) {
+        const __m256i q = _mm256_loadu_si256((const void *)(w->qs + 32 * g));
+        const __m256i lo = _mm256_and_si256(q, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i sl = _mm256_shuffle_epi8(scv, pick(K4_PICK[2 * g]));
+        const __m256i sh = _mm256_shuffle_epi8(scv, pick(K4_PICK[2 * g + 1]));
+        for (int t = 0; t < nt; t++) {
+            const int8_t *aq = a[t * nb].qs + 64 * g;
+            acc[t] =
+                _mm256_add_epi32(acc[t], dot_scaled(lo, _mm256_loadu_si256((const void *)aq), sl));
+            acc[t] = _mm256_add_epi32(
+                acc[t], dot_scaled(hi, _mm256_loadu_si256((const void *)(aq + 32)), sh));
+        }
+    }
+    const __m128i mb = _mm_cvtsi64_si128((long long)m8);
+    const __m256i mw = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb));
+    const float dw = _cvtsh_ss(w->d), dm = _cvtsh_ss(w->dmin);
+    for (int t = 0; t < nt; t++) {
+        const sh_block_q8_k *at = a + t * nb;
+        const __m256i mv = _mm256_madd_epi16(_mm256_loadu_si256((const void *)at->bsums), mw);
+        s[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), _mm256_set1_ps(at->d * dw), s[t]);
+        mn[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mv), _mm256_set1_ps(at->d * dm), mn[t]);
+    }
+}
+
+/* One Q6_K block against nt tokens' Q8_K blocks: adds da dw * (integer lanes) to s[t]. The codes
+ * as lanes_q6 builds them, but without the -32 offset in the products: it is taken off once per
+ * block as 32 * sum_j sc_j bsums[j] (Q6_K's sub-blocks are the 16-element runs the bsums sum),
+ * one madd instead of a maddubs and a subtraction per 32 codes. Exact in int32. */
+INL void q6k_block(const sh_block_q6_k *w, const sh_block_q8_k *a, int64_t nb, const int nt,
+                   __m256 *s)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    const __m256i m30 = _mm256_set1_epi8(0x30);
+    /* the 16 scales as words; each half's 8 in both 128-bit lanes */
+    const __m256i scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)w->scales));
+    const __m256i sc_half[2] = {_mm256_permute4x64_epi64(scw, 0x44),
+                                _mm256_permute4x64_epi64(scw, 0xEE)};
+    __m256i acc[K_TILE];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i sch = sc_half[h];
+        const uint8_t *ql = w->ql + 64 * h, *qh = w->qh + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const void *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const void *)(ql + 32));
+        const __m256i vh = _mm256_loadu_si256((const void *)qh);
+        const __m256i vh2 = _mm256_srli_epi16(vh, 2);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(vh, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(vh2, m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_and_si256(vh, m30));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_and_si256(vh2, m30));
+        for (int k = 0; k < 4; k++) {
+            const __m256i sv = _mm256_shuffle_epi8(sch, pick(K6_PICK[k]));
+            for (int t = 0; t < nt; t++)
+                acc[t] = _mm256_add_epi32(
+                    acc[t],
+                    dot_scaled(q[k],
+                               _mm256_loadu_si256((const void *)(a[t * nb].qs + 128 * h + 32 * k)),
+                               sv));
+        }
+    }
+    const float dw = _cvtsh_ss(w->d);
+    for (int t = 0; t < nt; t++) {
+        const sh_block_q8_k *at = a + t * nb;
+        const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const void *)at->bsums), scw);
+        const __m256i iv = _mm256_sub_epi32(acc[t], _mm256_slli_epi32(off, 5));
+        s[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), _mm256_set1_ps(at->d * dw), s[t]);
+    }
+}
+
+/* Rows [r0, r1) of a Q4_K (q6 = 0) or Q6_K weight against tokens [t0, t0 + nt). */
+INL void tile_q46(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int q6)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    const uint8_t *w = m->w + (size_t)r * m->row_bytes;
+    const sh_block_q8_k *ab = a->qk + t0 * nb;
+    __m256 s[K_TILE], mn[K_TILE];
+    for (int t = 0; t < nt; t++)
+        s[t] = _mm256_setzero_ps(), mn[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (nt == 1) { /* a matvec: the lines SH_CPU_K_PF_DIST past this block's, into L2 (each
+                        * block's first line plus one per 64 bytes leaves no line out) */
+            const char *pf = (const char *)w +
+                             (size_t)b * (q6 ? sizeof(sh_block_q6_k) : sizeof(sh_block_q4_k)) +
+                             SH_CPU_K_PF_DIST;
+            _mm_prefetch(pf, _MM_HINT_T1);
+            _mm_prefetch(pf + 64, _MM_HINT_T1);
+            _mm_prefetch(pf + 128, _MM_HINT_T1);
+            if (q6)
+                _mm_prefetch(pf + 192, _MM_HINT_T1);
+        }
+        if (q6)
+            q6k_block((const sh_block_q6_k *)w + b, ab + b, nb, nt, s);
+        else
+            q4k_block((const sh_block_q4_k *)w + b, ab + b, nb, nt, s, mn);
+    }
+    for (int t = 0; t < nt; t++) {
+        const float v = hsum8f(q6 ? s[t] : _mm256_sub_ps(s[t], mn[t]));
+        float *y = m->y + (t0 + t) * m->ldy + r;
+        *y = m->accumulate ? *y + v : v;
+    }
+}
+
+INL void mm_rows_q46(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int q6)
+{
+    const int64_t n_tok = m->a->n_tok;
+    for (int64_t r = r0; r < r1; r++) {
+        if (n_tok == 1) {
+            tile_q46(m, r, 0, 1, q6);
+            continue;
+        }
+        int64_t t0 = 0;
+        for (; t0 + K_TILE <= n_tok; t0 += K_TILE)
+            tile_q46(m, r, t0, K_TILE, q6);
+        switch (n_tok - t0) {
+        case 3:
+            tile_q46(m, r, t0, 3, q6);
+            break;
+        case 2:
+            tile_q46(m, r, t0, 2, q6);
+            break;
+        case 1:
+            tile_q46(m, r, t0, 1, q6);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
 INL void mm_rows(const sh__cpu_mm *m, int64_t r0, int64_t r1, const sh_dtype type)
 {
+    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q6_K) {
+        mm_rows_q46(m, r0, r1, type == SH_DTYPE_Q6_K);
+        return;
+    }
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_QK_K;
     for (int64_t r = r0; r < r1; r++) {
