@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -15,22 +16,40 @@
 /* Ops waiting in the queue; an enqueue into a full queue waits for room. A decode step of a
  * 30-layer model is about 250 ops, so a whole step fits. */
 #define RING_CAP 2048
-/* Waits for the next op (leader) or for completion (host) poll this many times before sleeping
- * on a condition variable: the first PAUSE_ITERS with a pause, the rest with sched_yield, which
- * returns at once on an idle core but hands the core over when the machine is oversubscribed
- * (a spinning host would otherwise keep the leader it waits for off the core for a time slice). */
+/* Waits for the next op (leader) or for completion (host) poll at most this many times, and for
+ * at most SPIN_NS, before sleeping on a condition variable: the first PAUSE_ITERS with a pause,
+ * the rest with sched_yield, which returns at once on an idle core but hands the core over when
+ * the machine is oversubscribed (a spinning host would otherwise keep the leader it waits for off
+ * the core for a time slice). The time bound matters for a host waiting on a whole decode step
+ * (milliseconds): without it the host made ~2000 sched_yield calls per step, 5-20% of a -t 1
+ * run's profile and a second core kept busy; a wake-up from the condition variable costs tens of
+ * microseconds once per step instead. */
 #define SPIN_ITERS 2000
 #define PAUSE_ITERS 32
+#define SPIN_NS 200000
 
-static void backoff(int i)
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One step of a wait that began at *t0 (0: not read yet); false when the wait should sleep. */
+static bool backoff(int i, uint64_t *t0)
 {
     if (i < PAUSE_ITERS) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
-    } else {
-        sched_yield();
+        return true;
     }
+    if (i == PAUSE_ITERS)
+        *t0 = now_ns();
+    else if ((i & 7) == 0 && now_ns() - *t0 > SPIN_NS)
+        return false;
+    sched_yield();
+    return true;
 }
 
 struct sh_backend_stream {
@@ -75,10 +94,12 @@ static void *leader_main(void *arg)
     sh__cpu_ctx *c = arg;
     for (;;) {
         /* Spin briefly for the next op so a step's ops run back to back without a wake-up. */
+        uint64_t t0 = 0;
         for (int i = 0; i < SPIN_ITERS; i++) {
             if (atomic_load_explicit(&c->tail_pub, memory_order_acquire) != c->head)
                 break;
-            backoff(i);
+            if (!backoff(i, &t0))
+                break;
         }
         pthread_mutex_lock(&c->mu);
         while (c->head == c->tail && !c->stop) {
@@ -102,8 +123,11 @@ static void *leader_main(void *arg)
         }
         /* Ops finish in ticket order, so `completed` is a high-water mark. */
         atomic_store_explicit(&c->completed, op.ticket, memory_order_seq_cst);
-        if (atomic_load_explicit(&c->waiters, memory_order_seq_cst) > 0) {
+        if (atomic_load_explicit(&c->waiters, memory_order_seq_cst) > 0 &&
+            op.ticket >= atomic_load_explicit(&c->wake_at, memory_order_seq_cst)) {
+            /* every blocked host wakes and re-arms wake_at if its ticket is still ahead */
             pthread_mutex_lock(&c->done_mu);
+            atomic_store_explicit(&c->wake_at, UINT64_MAX, memory_order_seq_cst);
             pthread_cond_broadcast(&c->done_cv);
             pthread_mutex_unlock(&c->done_mu);
         }
@@ -114,15 +138,25 @@ static void *leader_main(void *arg)
 /* Blocks until the op with `ticket` has run (spinning first: a decode step is short). */
 static void wait_ticket(sh__cpu_ctx *c, uint64_t ticket)
 {
+    uint64_t t0 = 0;
     for (int i = 0; i < SPIN_ITERS; i++) {
         if (atomic_load_explicit(&c->completed, memory_order_acquire) >= ticket)
             return;
-        backoff(i);
+        if (!backoff(i, &t0))
+            break;
     }
     pthread_mutex_lock(&c->done_mu);
     atomic_fetch_add_explicit(&c->waiters, 1, memory_order_seq_cst);
-    while (atomic_load_explicit(&c->completed, memory_order_seq_cst) < ticket)
+    /* Arm wake_at before reading completed (both seq_cst, as the leader's store of completed
+     * and its loads of waiters and wake_at): either this host sees the op done or the leader
+     * sees it waiting and wakes it, under done_mu, after it has gone to sleep. */
+    for (;;) {
+        if (ticket < atomic_load_explicit(&c->wake_at, memory_order_seq_cst))
+            atomic_store_explicit(&c->wake_at, ticket, memory_order_seq_cst);
+        if (atomic_load_explicit(&c->completed, memory_order_seq_cst) >= ticket)
+            break;
         pthread_cond_wait(&c->done_cv, &c->done_mu);
+    }
     atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_seq_cst);
     pthread_mutex_unlock(&c->done_mu);
 }
@@ -493,6 +527,7 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     pthread_mutex_init(&c->done_mu, NULL);
     pthread_mutex_init(&c->pack_mu, NULL);
     pthread_cond_init(&c->done_cv, NULL);
+    atomic_store(&c->wake_at, UINT64_MAX);
     sh_err err = sh__cpu_pool_create(n, &c->pool, e);
     if (!err && pthread_create(&c->leader, NULL, leader_main, c) != 0)
         err = sh__error_set(e, SH_ENOMEM, "cpu backend: cannot start the queue thread");

@@ -138,9 +138,12 @@ typedef struct sh__cpu_ctx {
     int leader_sleeping, stop, leader_started;
     pthread_t leader;
 
-    /* Completion: the ticket of the last op run, and host threads blocked waiting on it. */
+    /* Completion: the ticket of the last op run, and host threads blocked waiting on it;
+     * wake_at is the lowest ticket a blocked host waits for (UINT64_MAX: none), so the leader
+     * wakes them once, when that op is done, not after every op. */
     _Atomic uint64_t completed;
     _Atomic int waiters;
+    _Atomic uint64_t wake_at;
     pthread_mutex_t done_mu;
     pthread_cond_t done_cv;
 
