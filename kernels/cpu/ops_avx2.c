@@ -112,6 +112,8 @@ INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const 
         acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * bsz;
+        if (nt == 1 && m->a->n_tok == 1) /* a matvec: the line SH_CPU_K_PF_DIST ahead, into L2 */
+            _mm_prefetch((const char *)wb + SH_CPU_K_PF_DIST, _MM_HINT_T1);
         uint16_t dh, mh = 0;
         memcpy(&dh, wb, 2);
         if (has_m)
