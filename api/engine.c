@@ -18,23 +18,6 @@
 #include "lua/config.h"
 #include "model/gguf.h"
 
-sh_engine_opts sh_engine_opts_default(void)
-{
-    sh_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.struct_size = sizeof o;
-    return o;
-}
-
-sh_request_opts sh_request_opts_default(void)
-{
-    sh_request_opts r;
-    memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.max_tokens = 256;
-    return r;
-}
-
 /* The runtime's log lines go to the host's callback (levels are the same numbers). */
 void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len)
 {

@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "shoal/err.h"
 #include "shoal/version.h"
@@ -87,8 +88,16 @@ typedef struct sh_engine_opts {
     int32_t log_level; /* SH_ENGINE_LOG_*; 0: SH_ENGINE_LOG_WARN */
 } sh_engine_opts;
 
-/* The defaults: every field zero or NULL, struct_size set. Any thread; never fails. */
-sh_engine_opts sh_engine_opts_default(void);
+/* The defaults: every field zero or NULL, struct_size set. Any thread; never fails. Inline, so
+ * that struct_size is the size this program was compiled with: a library built against a later
+ * header (with a larger struct) reads only those bytes and takes its defaults for the rest. */
+static inline sh_engine_opts sh_engine_opts_default(void)
+{
+    sh_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.struct_size = (uint32_t)sizeof o;
+    return o;
+}
 
 /* Opens an engine: loads the model (or connects to the cluster), starts the engine's threads and
  * returns when it is ready to take requests. Blocks (loading a model takes seconds). Any thread.
@@ -140,8 +149,16 @@ typedef struct sh_request_opts {
     uint32_t timeout_ms;  /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
 } sh_request_opts;
 
-/* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. */
-sh_request_opts sh_request_opts_default(void);
+/* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the
+ * reason sh_engine_opts_default() is. */
+static inline sh_request_opts sh_request_opts_default(void)
+{
+    sh_request_opts r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = (uint32_t)sizeof r;
+    r.max_tokens = 256;
+    return r;
+}
 
 typedef enum sh_finish {
     SH_FINISH_STOP = 0,     /* end of sequence or a stop string */
