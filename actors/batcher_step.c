@@ -130,7 +130,8 @@ static bool step_resend(batcher *b, flight *f, uint64_t now_us)
         if (f->order[i])
             sh__batcher_plan_seq_fill(b, f->order[i], &b->step_seqs[n++]);
     uint64_t id = ++b->step_no;
-    sh_proto_step st = {.step = id, .seqs = {b->step_seqs, n}, .epoch = b->epoch};
+    sh_proto_step st = {
+        .step = id, .seqs = {b->step_seqs, n}, .epoch = b->epoch, .retry_of = f->tries[0]};
     sh_error e = {0};
     if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), b->a.stage, SH_MSG_STEP, 0,
                      &st, &e)) {

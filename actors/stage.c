@@ -39,6 +39,19 @@ typedef struct smp_slot {
     float top_lp[SH_SAMPLER_MAX_LOGPROBS];
 } smp_slot;
 
+/* A kept STEP or ACT and when it reached the stage (monotonic microseconds). */
+typedef struct queued {
+    sh_msg *m;
+    uint64_t us;
+} queued;
+
+/* A step this stage answered or forwarded (its first try's id) and when: a retry of it that had
+ * arrived before then is dropped (its answer is on its way). */
+typedef struct done_step {
+    uint64_t root, us;
+} done_step;
+#define STAGE_DONE_RING 64
+
 /* A step this stage forwarded as ACT: where its STEP_DONE goes if the ACT bounces. */
 typedef struct sent_step {
     uint64_t step, trace;
@@ -70,7 +83,7 @@ typedef struct stage_state {
     /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
     uv_mutex_t mu;
     uv_cond_t cv;
-    sh_msg **q; // (q_cap)
+    queued *q; // (q_cap)
     uint32_t q_cap, q_head, q_len;
     bool stopping;
     uv_thread_t thread;
@@ -103,6 +116,9 @@ typedef struct stage_state {
     sh_buf enc;
     sent_step sent[STAGE_SENT_RING];
     uint32_t n_sent;
+    done_step done[STAGE_DONE_RING];
+    uint32_t n_done;
+    sh_counter *m_retry_dropped; /* shoal_stage_retries_dropped_total */
 
     /* The sampling helper: samples the upper part of a big step's sequences while the worker
      * samples the lower part (samplers are per sequence, so the two never share one). hmu guards
@@ -599,9 +615,26 @@ static void act_bounced(stage_state *st, const sh_msg *m)
     }
 }
 
+/* Whether a STEP that arrived at arrived_us is a retry of a step this stage answered (or
+ * forwarded) after that: the batcher sent it only because the first try was slow, and the
+ * answer it waits for is on its way, so running it again would only delay the steps behind it.
+ * A retry sent after the answer was lost arrives after it and runs. Worker thread. */
+static bool retry_answered(const stage_state *st, const sh_proto_step *s, uint64_t arrived_us)
+{
+    if (!s->retry_of)
+        return false;
+    uint32_t n = st->n_done < STAGE_DONE_RING ? st->n_done : STAGE_DONE_RING;
+    for (uint32_t i = 0; i < n; i++) {
+        const done_step *d = &st->done[(st->n_done - 1 - i) % STAGE_DONE_RING];
+        if (d->root == s->retry_of)
+            return d->us > arrived_us;
+    }
+    return false;
+}
+
 /* Decodes and runs one kept STEP or ACT: a middle stage forwards ACT, the last (or any stage
  * failing) answers STEP_DONE to the STEP's sender or the ACT's reply_to. Worker thread. */
-static void step_answer(stage_state *st, const sh_msg *m)
+static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
 {
     uint64_t t0 = sh__act_mono_us();
     const sh_msg_hdr *h = sh_msg_header(m);
@@ -642,6 +675,13 @@ static void step_answer(stage_state *st, const sh_msg *m)
                        st->epoch);
         return;
     }
+    if (s && !is_act && retry_answered(st, s, arrived_us)) {
+        if (st->m_retry_dropped)
+            sh_counter_add(st->m_retry_dropped, 1);
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stage_retry_dropped",
+                       "step=%" PRIu64 " retry_of=%" PRIu64, s->step, s->retry_of);
+        return;
+    }
     if (s) {
         st->epoch = s->epoch;
         d.step = s->step;
@@ -656,8 +696,12 @@ static void step_answer(stage_state *st, const sh_msg *m)
     }
     d.compute_us = prior_us + (sh__act_mono_us() - t0);
     /* An empty step has no rows to forward: any stage answers it at once. */
-    if (!err && !st->last && s->seqs.n > 0 &&
-        !(err = act_forward(st, h, s, hidden, reply, d.compute_us, &e)))
+    if (!err && !st->last && s->seqs.n > 0)
+        err = act_forward(st, h, s, hidden, reply, d.compute_us, &e);
+    if (!err && !is_act) /* answered or forwarded: remembered for its retries */
+        st->done[st->n_done++ % STAGE_DONE_RING] =
+            (done_step){.root = s->retry_of ? s->retry_of : s->step, .us = sh__act_mono_us()};
+    if (!err && !st->last && s->seqs.n > 0)
         return;
     done_send(st, reply, h->trace_id, &d, err, &e);
 }
@@ -672,12 +716,12 @@ static void worker_main(void *arg)
             uv_cond_wait(&st->cv, &st->mu);
         if (st->stopping)
             break;
-        sh_msg *m = st->q[st->q_head];
+        queued qe = st->q[st->q_head];
         st->q_head = (st->q_head + 1) % st->q_cap;
         st->q_len--;
         uv_mutex_unlock(&st->mu);
-        step_answer(st, m);
-        sh_msg_free(m);
+        step_answer(st, qe.m, qe.us);
+        sh_msg_free(qe.m);
         uv_mutex_lock(&st->mu);
     }
     uv_mutex_unlock(&st->mu);
@@ -685,11 +729,11 @@ static void worker_main(void *arg)
 
 /* Appends m to the queue, doubling the ring when it is full. Caller holds mu. Returns SH_ENOMEM
  * (nothing queued) when the ring cannot grow. */
-static sh_err queue_push(stage_state *st, sh_msg *m)
+static sh_err queue_push(stage_state *st, sh_msg *m, uint64_t us)
 {
     if (st->q_len == st->q_cap) {
         uint32_t cap = st->q_cap * 2;
-        sh_msg **q = malloc((size_t)cap * sizeof *q);
+        queued *q = malloc((size_t)cap * sizeof *q);
         if (!q)
             return SH_ENOMEM;
         for (uint32_t i = 0; i < st->q_len; i++)
@@ -699,7 +743,7 @@ static sh_err queue_push(stage_state *st, sh_msg *m)
         st->q_cap = cap;
         st->q_head = 0;
     }
-    st->q[(st->q_head + st->q_len) % st->q_cap] = m;
+    st->q[(st->q_head + st->q_len) % st->q_cap] = (queued){m, us};
     st->q_len++;
     return SH_OK;
 }
@@ -807,6 +851,11 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->self = sh_actor_self(ctx);
     st->link_dtype = a->link_dtype;
     st->auth = a->auth;
+    if (a->model->first == 0)
+        sh_metrics_counter(sh_runtime_metrics(st->rt), "shoal_stage_retries_dropped_total",
+                           "Retried steps a first stage dropped because it had answered an "
+                           "earlier try after the retry arrived.",
+                           NULL, &st->m_retry_dropped);
     if (!last) {
         /* One series per link, named by the receiving stage's first layer. */
         static const char *const names[] = {"f32", "f16", "int8"};
@@ -942,7 +991,7 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         !sh__hello_auth_allows(st->auth, st->rt, h->src, sh__msg_type_name(type)))
         return SH_MSG_FATE_DONE;
     uv_mutex_lock(&st->mu);
-    sh_err err = queue_push(st, m);
+    sh_err err = queue_push(st, m, sh__act_mono_us());
     if (!err)
         uv_cond_signal(&st->cv);
     uv_mutex_unlock(&st->mu);
@@ -965,7 +1014,7 @@ static void stage_stop(sh_actor_ctx *ctx, void *state)
     uv_thread_join(&st->thread);
     helper_stop(st);
     for (; st->q_len > 0; st->q_len--) {
-        sh_msg_free(st->q[st->q_head]);
+        sh_msg_free(st->q[st->q_head].m);
         st->q_head = (st->q_head + 1) % st->q_cap;
     }
     uv_cond_destroy(&st->cv);

@@ -236,12 +236,15 @@
 /* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. epoch: the batcher's epoch,
  * raised at every PAUSE (never lower than any earlier one, also across a restarted front); a
  * stage drops a STEP or ACT of an epoch older than one it has seen, so a step abandoned at a
- * pause never runs after the resume. */
+ * pause never runs after the resume. retry_of: set on a retry (a try sent again because its
+ * answer was late), the step id of the first try; a first stage that answered (or forwarded) an
+ * earlier try after this one arrived drops it unanswered, since that answer is on its way. */
 #define SH_PROTO_FIELDS_step(F, S)                                                                 \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
-    F(S, epoch, "ep", U64, _, OPT, 0, 0)
+    F(S, epoch, "ep", U64, _, OPT, 0, 0)                                                           \
+    F(S, retry_of, "rof", U64, _, OPT, 0, 0) /* a retry: the step id of its first try (0: none) */
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
  * in sequence order, as F32, F16 or I8 (the script's link_dtype, docs/cluster.md). I8 rows are

@@ -257,6 +257,7 @@ static struct {
     long pause_alloc_nth; /* at which KV_ALLOC (through the kv link) to send PAUSE (0: never) */
     long n_allocs;
     bool drop_late;       /* keep the dropped STEP and forward it right after its retry */
+    bool slow_first;      /* ... right BEFORE its retry instead (a slow first try) */
     bool drop_retries;    /* drop its retries too (a stage that never answers it) */
     sh_msg *held;         /* that STEP, until then */
     long dup_every;       /* forward every dup_every-th STEP twice (0: none) */
@@ -322,6 +323,13 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
             atomic_fetch_add(&lk.retried, 1);
             if (lk.drop_retries)
                 return SH_MSG_FATE_DONE;
+            if (lk.held && lk.slow_first) {
+                link_forward(ctx, st, lk.held); /* the slow try, still unanswered */
+                link_forward(ctx, st, msg);
+                sh_msg_free(lk.held);
+                lk.held = NULL;
+                return SH_MSG_FATE_DONE;
+            }
             if (lk.held) {
                 link_forward(ctx, st, msg);
                 link_forward(ctx, st, lk.held); /* the lost try, late */
@@ -864,9 +872,12 @@ static void check_all_equal(void)
 }
 
 /* Two steps in flight, retries on; the link drops the 24th STEP (late: holds it and forwards it
- * right after its retry). The step is sent again and every stream ends with the reference's
- * tokens; with the late try both answers come and one is ignored. */
-static void run_retry(bool late)
+ * right after its retry; slow: right before it, so the first stage still runs the first try when
+ * the retry arrives). The step is sent again and every stream ends with the reference's tokens;
+ * with the late try both answers come and one is ignored; with the slow one the first stage
+ * answers the first try and drops the retry (shoal_stage_retries_dropped_total), which a stage
+ * under a long step would otherwise run again for nothing. */
+static void run_retry(bool late, bool slow)
 {
     if (!make_ref())
         return;
@@ -874,7 +885,8 @@ static void run_retry(bool late)
     atomic_store(&lk.dropped, 0);
     atomic_store(&lk.retried, 0);
     lk.drop_nth = 24;
-    lk.drop_late = late;
+    lk.drop_late = late || slow;
+    lk.slow_first = slow;
     lk.n_steps = 0;
     lk.first_seq = 0;
     lk.n_seqs = 0;
@@ -889,27 +901,38 @@ static void run_retry(bool late)
     CHECK(atomic_load(&lk.retried) >= 1);
     check_all_equal();
     // On a loaded machine another step may be slow enough to be sent again too: every try but
-    // the dropped one (when not late) answers, and all answers of a step but one are ignored.
+    // the dropped one (when not late) and those the first stage dropped answers, and all answers
+    // of a step but one are ignored.
     double retries = metric(&g, "shoal_step_retries_total");
-    for (int i = 0; i < 100 && metric(&g, "shoal_step_answers_ignored_total") < retries - 1 + late;
+    const int held = late || slow;
+    for (int i = 0;
+         i < 100 && metric(&g, "shoal_step_answers_ignored_total") <
+                        retries - 1 + held - metric(&g, "shoal_stage_retries_dropped_total");
          i++)
         usleep(10000);
     double ignored = metric(&g, "shoal_step_answers_ignored_total");
+    double dropped = metric(&g, "shoal_stage_retries_dropped_total");
     CHECK(retries >= 1);
-    CHECK_NEAR(ignored, retries - 1 + late, 0);
+    CHECK_NEAR(ignored, retries - 1 + held - dropped, 0);
+    if (slow)
+        CHECK(dropped >= 1);
     CHECK(took < 15000); /* well before the step timeout */
     fprintf(stderr,
             "%s: dropped step %llu (%u sequences) retried; %.0f retries, %.0f answers "
-            "ignored, %llu ms\n",
-            late ? "late" : "lost", (unsigned long long)lk.dropped_step, lk.n_seqs, retries,
-            ignored, (unsigned long long)took);
+            "ignored, %.0f retries dropped by the stage, %llu ms\n",
+            slow   ? "slow"
+            : late ? "late"
+                   : "lost",
+            (unsigned long long)lk.dropped_step, lk.n_seqs, retries, ignored, dropped,
+            (unsigned long long)took);
 out:
     rig_stop(&g);
     lk.drop_nth = 0;
     lk.drop_late = false;
+    lk.slow_first = false;
 }
 
-static void test_retry_lost_step(void) { run_retry(false); }
+static void test_retry_lost_step(void) { run_retry(false, false); }
 
 /* A step lost on every try (2 retries allowed): its requests fail with 503 naming the step and
  * its 3 tries, well before the step timeout; the other group's end with the reference's tokens. */
@@ -971,7 +994,8 @@ out:
     lk.drop_nth = 0;
     lk.drop_retries = false;
 }
-static void test_retry_late_step(void) { run_retry(true); }
+static void test_retry_late_step(void) { run_retry(true, false); }
+static void test_retry_slow_step(void) { run_retry(false, true); }
 
 /* Every third STEP is delivered twice: both stages run it twice (the second run rewrites the
  * same KV rows) and the batcher ignores the second STEP_DONE; the outputs are the reference's and
@@ -996,10 +1020,13 @@ static void test_duplicate_steps(void)
     // again because it was slow (a loaded machine): none is lost here.
     double retries = metric(&g, "shoal_step_retries_total");
     for (int i = 0;
-         i < 100 && metric(&g, "shoal_step_answers_ignored_total") < (double)dups + retries; i++)
+         i < 100 && metric(&g, "shoal_step_answers_ignored_total") <
+                        (double)dups + retries - metric(&g, "shoal_stage_retries_dropped_total");
+         i++)
         usleep(10000); /* the last duplicate's answer may still be on its way */
     double ignored = metric(&g, "shoal_step_answers_ignored_total");
-    CHECK_NEAR(ignored, (double)dups + retries, 0);
+    CHECK_NEAR(ignored, (double)dups + retries - metric(&g, "shoal_stage_retries_dropped_total"),
+               0);
     fprintf(stderr, "duplicates: %ld STEPs delivered twice, %.0f answers ignored, %.0f retries\n",
             dups, ignored, retries);
 out:
@@ -1202,6 +1229,7 @@ int main(int argc, char **argv)
                                          {"retry_lost_step", test_retry_lost_step},
                                          {"retries_exhausted", test_retries_exhausted},
                                          {"retry_late_step", test_retry_late_step},
+                                         {"retry_slow_step", test_retry_slow_step},
                                          {"duplicate_steps", test_duplicate_steps},
                                          {"seeded_steps_twice", test_seeded_steps_twice},
                                          {"pause_resume_late", test_pause_resume_late},
