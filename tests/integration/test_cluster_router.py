@@ -30,6 +30,10 @@ import serve_util as su  # noqa: E402
 from test_cluster_pipeline import Node  # noqa: E402
 
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
+# A one-layer, 8-wide llama with a 32000-token SentencePiece vocabulary and a 4096 context: the
+# prefix-affinity case needs 1k-token prompts, which the default model prefills at only ~50
+# tokens/s per core on AVX2-only machines (a step of one document took over 30 s under load).
+TINY = os.path.join(su.ROOT, "tests", "data", "tiny-random", "llama-2-tiny-random.gguf")
 
 
 def write(path, text):
@@ -262,8 +266,9 @@ def hit_ratio(c):
 
 def affinity_run(d, name, extra, rounds):
     # Each replica's pool holds two documents' prefixes and a request, not three documents.
-    path = two_replicas(d, name, su.MODEL, batcher="max_seqs = 4, max_step_tokens = 1024",
-                        kv="56MiB")
+    # 183 blocks of 16 tokens (64 bytes of KV per token) against ~1.2k-token documents.
+    path = two_replicas(d, name, TINY, batcher="max_seqs = 4, max_step_tokens = 1024",
+                        kv="187KiB")
     c = Cluster(path, front_args=extra)
     problems = []
     try:
@@ -280,6 +285,9 @@ def affinity_run(d, name, extra, rounds):
         ratio = hit_ratio(c)
         aff = c.metric("shoal_router_affinity_hits_total")
         return ratio, aff
+    except Exception as ex:
+        problems.append(f"{type(ex).__name__}: {ex}")
+        raise
     finally:
         problems += c.close()
         assert not problems, "\n".join(problems)
