@@ -16,12 +16,17 @@
  *
  * Usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] [--work-ms W]
  *                  [--inflight K] [--max-tokens T] [--min-lines N] [--quiet]
- *                  [--engine-nice N] [--game-nice N] [--rt]
+ *                  [--engine-nice N] [--game-nice N] [--rt] [--no-pin]
  * (--min-lines N: keep ticking past --seconds, at most 120 s more, until N lines finished.
  * --engine-nice N: the engine's threads at nice N, --game-nice N: the game thread at nice N
  * (negative values need privileges); --rt: the game thread alone under SCHED_FIFO (needs
- * CAP_SYS_NICE). Linux only, for machines where other processes compete for the cores.) */
-#define _POSIX_C_SOURCE 200809L
+ * CAP_SYS_NICE). Linux only, for machines where other processes compete for the cores.
+ * By default, with 2 CPUs or more, the engine's threads run on every CPU but the last and the
+ * game thread alone on the last, so the scheduler never puts the compute thread on the game
+ * thread's CPU (no privileges needed; Linux); --no-pin leaves placement to the scheduler.) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
+#endif
 
 #include <dirent.h>
 #include <errno.h>
@@ -224,6 +229,25 @@ static int renice_engine_threads(int nice_value)
     return n;
 }
 
+/* Linux: restricts the calling thread to CPUs [first, last]. Threads it starts afterwards inherit
+ * the mask: that is how the engine's threads, started by sh_engine_open(), stay off the game
+ * thread's CPU (--pin). Returns 0 or -1 with errno. */
+static int pin_self(int first, int last)
+{
+#ifdef __linux__
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c = first; c <= last; c++)
+        CPU_SET(c, &set);
+    return sched_setaffinity(0, sizeof set, &set);
+#else
+    (void)first;
+    (void)last;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 /* Linux: every thread of this process with the CPU seconds it used (from /proc/self/task), so a
  * run shows how many threads the engine really runs and which of them burn CPU. Elsewhere it
  * prints nothing. */
@@ -265,7 +289,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] "
                "[--work-ms W] [--inflight K] [--max-tokens T] [--min-lines N] [--engine-nice N] "
-               "[--game-nice N] [--rt] [--quiet]\n");
+               "[--game-nice N] [--rt] [--no-pin] [--quiet]\n");
 }
 
 int main(int argc, char **argv)
@@ -274,7 +298,7 @@ int main(int argc, char **argv)
     double seconds = 10.0, work_ms = 4.0;
     int threads = 1, generate = 1, max_inflight = 1, max_tokens = 48, quiet = 0;
     long min_lines = 0;
-    int engine_nice = 0, game_nice = 0, set_engine_nice = 0, set_game_nice = 0, rt = 0;
+    int engine_nice = 0, game_nice = 0, set_engine_nice = 0, set_game_nice = 0, rt = 0, pin = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -309,6 +333,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--rt") == 0) {
             rt = 1;
+        } else if (strcmp(a, "--no-pin") == 0) {
+            pin = 0;
         } else if (strcmp(a, "--no-generate") == 0) {
             generate = 0;
         } else if (strcmp(a, "--quiet") == 0) {
@@ -340,10 +366,27 @@ int main(int argc, char **argv)
     o.model_path = model;
     o.threads = threads;
     sh_error err;
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (pin && n_cpu < 2)
+        pin = 0; /* one CPU: nothing to keep apart */
+    if (pin && pin_self(0, (int)n_cpu - 2) != 0) {
+        fprintf(stderr, "game_loop: sched_setaffinity: %s (--no-pin runs without)\n",
+                strerror(errno));
+        return 1;
+    }
     int64_t t_open = now_ns(CLOCK_MONOTONIC);
     if (sh_engine_open(&o, &g.eng, &err) != SH_OK) {
         fprintf(stderr, "game_loop: cannot open %s: %s\n", model, err.msg);
         return 1;
+    }
+    if (pin) {
+        if (pin_self((int)n_cpu - 1, (int)n_cpu - 1) != 0) {
+            fprintf(stderr, "game_loop: sched_setaffinity: %s\n", strerror(errno));
+            sh_engine_close(g.eng);
+            return 1;
+        }
+        printf("game_loop: engine threads on CPUs 0-%ld, the game thread on CPU %ld\n", n_cpu - 2,
+               n_cpu - 1);
     }
     printf("game_loop: %s loaded in %.2f s; %d compute thread(s); %s; %.1f ms of work per "
            "tick at 60 Hz for %.0f s\n",
