@@ -706,8 +706,9 @@ static void write_text(const char *path, const char *text)
 }
 
 /* A cluster script whose one replica runs in this process is served like a model path, with the
- * script's model name and settings; one with worker nodes is refused (not implemented), as is a
- * broken script. */
+ * script's model name and settings; a script the cluster check refuses (a stage on the front's
+ * node beside a worker's) gets SH_EINVAL and a broken one SH_ELUA. Scripts with worker nodes are
+ * served as a front: test_cluster_front. */
 static void test_cluster_script(void)
 {
     char dir[] = "/tmp/shoal-engine-script-XXXXXX";
