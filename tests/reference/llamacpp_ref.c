@@ -14,10 +14,11 @@
  * PROMPTS.txt holds one prompt per line; the two characters backslash-n in a line stand for a
  * newline (so code prompts fit on one line) and backslash-backslash for a backslash. Tokenization
  * is llama.cpp's own with add_special (BOS where the vocabulary asks for it) and without parsing
- * special tokens in the text. The prompt is fed as one batch, then one token per step; the chosen
- * token is the argmax of the logits (lowest id on an exact tie, as a greedy sampler that scans
- * upwards). A step that picks an end-of-generation token is recorded and ends that prompt, as a
- * greedy generator stops there. */
+ * special tokens in the text, unless --special is given: then control-token text such as Gemma's
+ * <start_of_turn> becomes its id (chat-formatted prompts; the JSON's "parse_special" says which).
+ * The prompt is fed as one batch, then one token per step; the chosen token is the argmax of the
+ * logits (lowest id on an exact tie, as a greedy sampler that scans upwards). A step that picks an
+ * end-of-generation token is recorded and ends that prompt, as a greedy generator stops there. */
 #include "llama.h"
 
 #include <math.h>
@@ -31,7 +32,7 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: llamacpp_ref -m MODEL.gguf -f PROMPTS.txt [-n N_PREDICT] [-t THREADS] "
-                    "[-c N_CTX]\n");
+                    "[-c N_CTX] [--special]\n");
 }
 
 /* Writes s[0, n) as a JSON string; bytes that do not form valid UTF-8 become U+FFFD so that any
@@ -100,13 +101,13 @@ static void piece(FILE *f, const struct llama_vocab *vocab, llama_token id)
 /* One prompt: tokenize, feed, decode greedily; writes the prompt's JSON object. Returns 0, or 1
  * after printing an error. */
 static int run_prompt(struct llama_context *ctx, const struct llama_vocab *vocab, const char *text,
-                      int n_predict, double *lp, FILE *out)
+                      int n_predict, bool special, double *lp, FILE *out)
 {
     int32_t n_vocab = llama_vocab_n_tokens(vocab);
-    int32_t need = -llama_tokenize(vocab, text, (int32_t)strlen(text), NULL, 0, true, false);
+    int32_t need = -llama_tokenize(vocab, text, (int32_t)strlen(text), NULL, 0, true, special);
     llama_token *ids = malloc((size_t)(need > 0 ? need : 1) * sizeof *ids);
     if (!ids ||
-        llama_tokenize(vocab, text, (int32_t)strlen(text), ids, need, true, false) != need) {
+        llama_tokenize(vocab, text, (int32_t)strlen(text), ids, need, true, special) != need) {
         fprintf(stderr, "error: could not tokenize prompt '%s'\n", text);
         free(ids);
         return 1;
@@ -178,6 +179,7 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *prompts_path = NULL;
     int n_predict = 24, threads = 2, n_ctx = 512;
+    bool special = false;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "-m"))
             model_path = argv[++i];
@@ -189,6 +191,8 @@ int main(int argc, char **argv)
             threads = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "-c"))
             n_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--special"))
+            special = true;
         else {
             usage();
             return 2;
@@ -241,9 +245,9 @@ int main(int argc, char **argv)
     json_str(out, sys, strlen(sys));
     fprintf(out,
             ",\n \"n_vocab\": %d, \"n_predict\": %d, \"threads\": %d, \"n_ctx\": %d, \"top_n\": %d,"
-            "\n \"bos_id\": %d, \"add_bos\": %s,\n \"eog_ids\": [",
+            "\n \"bos_id\": %d, \"add_bos\": %s, \"parse_special\": %s,\n \"eog_ids\": [",
             n_vocab, n_predict, threads, n_ctx, TOP_N, llama_vocab_bos(vocab),
-            llama_vocab_get_add_bos(vocab) ? "true" : "false");
+            llama_vocab_get_add_bos(vocab) ? "true" : "false", special ? "true" : "false");
     for (int32_t i = 0, k = 0; i < n_vocab; i++)
         if (llama_vocab_is_eog(vocab, i))
             fprintf(out, k++ ? ", %d" : "%d", i);
@@ -258,7 +262,7 @@ int main(int argc, char **argv)
         unescape(line);
         if (n++)
             fputs(",\n", out);
-        rc = run_prompt(ctx, vocab, line, n_predict, lp, out);
+        rc = run_prompt(ctx, vocab, line, n_predict, special, lp, out);
     }
     fputs("\n ]}\n", out);
     fclose(pf);
