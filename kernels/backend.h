@@ -274,7 +274,10 @@ typedef struct sh_backend_iface {
      * backend with AVX-512 VNNI repacks Q4_0 / Q4_1 / Q8_0 matrices into a copy with 16 rows
      * interleaved per block (kernels/cpu/cpu.h, SH_CPU_PACK_ROWS); it does nothing for other
      * types or ISAs. Later matmuls whose w[i] has the same data pointer, type and shape read the
-     * copy, and so does an embed whose table is that weight (a tied output head); anything else
+     * copy, and so does an embed whose table is that weight (a tied output head). w may be a
+     * stack of ne[2] matrices (a MoE layer's experts; the CPU backend packs quantized ones
+     * expert by expert): a moe_ffn whose gate/up/down has the same data pointer, type and
+     * shape reads that copy (as for the 2-D shared expert's weights); anything else
      * keeps reading w->data, which must stay valid and unchanged until weight_release or destroy
      * (its pages may be dropped from a file mapping when weight_copied says so: they refault).
      * Memory: the copy is about the size of the weight (so a prepared model holds its weights twice

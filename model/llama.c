@@ -56,13 +56,20 @@ static sh_err each_matrix(const sh_llama *m,
     sh_err err = SH_OK;
     for (int32_t l = m->first; l < m->last && !err; l++) {
         const sh_llama_layer *L = &m->layers[l];
-        /* a MoE layer's router is an ordinary matmul; its experts are read by the MoE op in
-         * the file's layout, so they are not handed over (and their pages stay mapped) */
         const sh_tensor *ws[] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
                                  &L->w_gate, &L->w_up, &L->w_down, &L->ffn_gate_inp};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !err; i++)
             if (ws[i]->data)
                 err = fn(m, be, ws[i]);
+        /* A MoE layer's router is an ordinary matmul (above). Its experts (3-D stacks, and the
+         * shared expert) are read by the MoE op, which reads float experts in the file layout
+         * whatever was prepared (a token's sums must not depend on the tokens beside it), so only
+         * quantized experts are handed over. */
+        const sh_tensor *xs[] = {&L->gate_exps,  &L->up_exps,  &L->down_exps,
+                                 &L->gate_shexp, &L->up_shexp, &L->down_shexp};
+        for (size_t i = 0; i < sizeof xs / sizeof xs[0] && !err; i++)
+            if (xs[i]->data && sh__dtype_info(xs[i]->type)->block_elems > 1)
+                err = fn(m, be, xs[i]);
     }
     if (!err && m->last == m->hp.n_layers && m->output.data)
         err = fn(m, be, &m->output);
@@ -78,7 +85,8 @@ static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
     if (err == SH_EUNSUPPORTED)
         return SH_OK; /* a backend without it reads w as it is */
     if (!err && m->file_mapped && sh_backend_weight_copied(be, w))
-        sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1]);
+        sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1] *
+                                   (size_t)w->ne[2]);
     return err;
 }
 

@@ -421,6 +421,9 @@ static sh_err cpu_moe_ffn(void *ctx, sh_backend_stream *s, const sh_moe_args *a)
     if (err)
         return err;
     sh__cpu_op op = {.kind = SH__CPU_OP_MOE, .u.moe = *a};
+    const sh_tensor *ws[] = {&a->gate, &a->up, &a->down, &a->gate_sh, &a->up_sh, &a->down_sh};
+    for (int i = 0; i < SH__CPU_OP_PACKED; i++)
+        op.packed[i] = ws[i]->data ? sh__cpu_weights_lookup(ctx, ws[i]) : NULL;
     return push(ctx, s, &op);
 }
 

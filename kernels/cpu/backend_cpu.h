@@ -26,14 +26,19 @@ typedef enum sh__cpu_op_kind {
     SH__CPU_OP_SOFTCAP,
 } sh__cpu_op_kind;
 
+/* Packed-copy pointers an op carries: a matmul's weights, or a MoE op's six. */
+#define SH__CPU_OP_PACKED 6
+_Static_assert(SH__CPU_OP_PACKED >= SH_MATMUL_MAX_W, "a matmul's weights fit");
+
 /* One queued op: its arguments by value (pointers inside are borrowed until sync). */
 typedef struct sh__cpu_op {
     sh__cpu_op_kind kind;
     sh_backend_stream *stream;
     uint64_t ticket;
     /* Matmul: the packed copy of each weight, or NULL (looked up at enqueue); embed: packed[0],
-     * the table's packed copy when it is a prepared weight (a tied output head). */
-    const void *packed[SH_MATMUL_MAX_W];
+     * the table's packed copy when it is a prepared weight (a tied output head); MoE: those of
+     * gate, up, down, gate_sh, up_sh, down_sh. */
+    const void *packed[SH__CPU_OP_PACKED];
     union {
         struct {
             void *dst;
@@ -111,11 +116,12 @@ typedef struct sh__cpu_buf {
  * kept); false (b unchanged) when out of memory. Grow-only, so a steady workload allocates once. */
 bool sh__cpu_buf_grow(sh__cpu_buf *b, size_t bytes);
 
-/* A weight prepared by weight_prepare: the caller's data pointer and shape, and the copy. */
+/* A weight prepared by weight_prepare: the caller's data pointer and shape, and the copy (n_mat
+ * matrices of n_out x n_in: MoE experts are a stack, every other weight one matrix). */
 typedef struct sh__cpu_packed {
     const void *data; /* NULL: free slot */
     sh_dtype type;
-    int64_t n_in, n_out;
+    int64_t n_in, n_out, n_mat;
     void *packed;
     int32_t refs; /* prepares not yet released: contexts sharing a model share one copy */
 } sh__cpu_packed;
@@ -166,10 +172,13 @@ typedef struct sh__cpu_ctx {
 sh_err sh__cpu_exec(sh__cpu_ctx *c, const sh__cpu_op *op);
 
 /* Prepared weights (weights.c): prepare/release as in sh_backend_iface; lookup returns the
- * packed copy of a matmul weight or NULL; fini frees them all. */
+ * packed copy of a weight with w's data pointer, type and shape (ne[2] included), or NULL; fini
+ * frees them all. A stack of ne[2] matrices (MoE experts) is packed matrix by matrix, matrix m
+ * at m * sh__cpu_weights_mat_bytes(type, ne[1], ne[0]) bytes from the copy's start. */
 sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w);
 void sh__cpu_weights_release(sh__cpu_ctx *c, const void *data);
 const void *sh__cpu_weights_lookup(sh__cpu_ctx *c, const sh_tensor *w);
+size_t sh__cpu_weights_mat_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
 void sh__cpu_weights_fini(sh__cpu_ctx *c);
 
 /* Frees the scratch buffers. */

@@ -19,10 +19,23 @@
 /* Router widths above this are refused (the per-token marks live in scratch). */
 #define MAX_EXPERTS 65536
 
+_Static_assert(CHUNK % SH_CPU_PACK_ROWS == 0 && DOWN_CHUNK % SH_CPU_PACK_ROWS == 0,
+               "work units are whole row groups of the packed kernels");
+
+/* How a group reads one weight: the packed kernel on its matrix of the prepared copy (stride:
+ * the bytes of a 16-row group), or the file layout's row kernel (stride: the bytes of a row). */
+typedef struct wref {
+    sh_dtype type;
+    sh__cpu_mm_fn fn;
+    const uint8_t *w;
+    size_t stride;
+    bool packed;
+} wref;
+
 /* One group of gathered rows and the FFN applied to it: a local expert chosen by at least one
  * token, or the shared expert (every token, always last). */
 typedef struct group {
-    sh_tensor gate, up, down; /* 2-D views: this expert's slice of the 3-D tensors */
+    wref gate, up, down; /* this expert's matrices of the 3-D tensors */
     int64_t n_ff;
     int64_t row0, rows; /* gathered rows [row0, row0 + rows), tokens in ascending order */
     int64_t hoff;       /* offset of its first h row in floats (rows of n_ff) */
@@ -133,13 +146,40 @@ static void route_token(const sh_moe_args *a, int64_t n_expert, const float *l, 
     }
 }
 
-/* The slice of expert e (local index) of a 3-D expert tensor, as a 2-D weight. */
-static sh_tensor expert_view(const sh_tensor *t, int64_t e)
+static bool is_quantized(sh_dtype t) { return sh__cpu_type_q8(t) || sh__cpu_type_k(t); }
+
+/* The row kernel for a weight type. The AVX-512 float kernels compute a lone token with four
+ * accumulators and tiles of tokens with one each, so a token's sum would round differently
+ * alone than inside its group; the AVX2 float kernels treat every token of a tile alike, so
+ * float experts use those there and a token's result does not depend on the group it is in. */
+static sh__cpu_mm_fn kernel_for(const sh__cpu_kernels *k, sh_dtype type)
 {
+    if (is_float(type) && k->isa == SH_BACKEND_CPU_ISA_AVX512)
+        return sh__cpu_mm_for(&sh__cpu_kernels_avx2, type);
+    return sh__cpu_mm_for(k, type);
+}
+
+/* Expert e (local index) of a 3-D expert tensor t, whose prepared copy is `packed` (or NULL).
+ * Quantized experts read the copy when there is one (the packed kernels compute each token's
+ * sums in the same order whatever the tile, as the file-layout ones do); float experts stay on
+ * the file layout (see kernel_for). */
+static wref expert_ref(const sh__cpu_kernels *k, const sh_tensor *t, const void *packed, int64_t e)
+{
+    const sh__cpu_mm_fn pfn = packed && is_quantized(t->type) ? sh__cpu_mmp_for(k, t->type) : NULL;
+    if (pfn)
+        return (wref){t->type, pfn,
+                      (const uint8_t *)packed +
+                          (size_t)e * sh__cpu_weights_mat_bytes(t->type, t->ne[1], t->ne[0]),
+                      sh__cpu_pack_group_bytes(t->type, t->ne[0]), true};
     const size_t rb = sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]);
-    sh_tensor v = {
-        t->type, {t->ne[0], t->ne[1], 1, 1}, (uint8_t *)t->data + (size_t)e * rb * t->ne[1]};
-    return v;
+    return (wref){t->type, kernel_for(k, t->type),
+                  (const uint8_t *)t->data + (size_t)e * rb * (size_t)t->ne[1], rb, false};
+}
+
+/* The weight's rows from r0 on (r0 a multiple of SH_CPU_PACK_ROWS when packed). */
+static const uint8_t *rows_from(const wref *w, int64_t r0)
+{
+    return w->w + (size_t)(w->packed ? r0 / SH_CPU_PACK_ROWS : r0) * w->stride;
 }
 
 /* ---- the job --------------------------------------------------------------------------- */
@@ -156,17 +196,6 @@ typedef struct moe_job {
     int64_t units_up, units_down;
     const float *gate_sh; /* the shared expert's gate row widened to f32, or NULL */
 } moe_job;
-
-/* The row kernel for a weight type. The AVX-512 float kernels compute a lone token with four
- * accumulators and tiles of tokens with one each, so a token's sum would round differently
- * alone than inside its group; the AVX2 float kernels treat every token of a tile alike, so
- * float experts use those there and a token's result does not depend on the group it is in. */
-static sh__cpu_mm_fn kernel_for(const sh__cpu_kernels *k, sh_dtype type)
-{
-    if (is_float(type) && k->isa == SH_BACKEND_CPU_ISA_AVX512)
-        return sh__cpu_mm_for(&sh__cpu_kernels_avx2, type);
-    return sh__cpu_mm_for(k, type);
-}
 
 /* The activation view of a group's gathered input rows. */
 static sh__cpu_act x_act(const moe_job *j, const group *g)
@@ -265,12 +294,10 @@ static void unit_up(const moe_job *j, int64_t u, float *tmp)
     const int64_t len = g->n_ff - c0 < CHUNK ? g->n_ff - c0 : CHUNK;
     const sh__cpu_act act = x_act(j, g);
     float *gt = tmp, *ut = tmp + g->rows * CHUNK;
-    const size_t rbg = sh__dtype_row_bytes(g->gate.type, (uint64_t)j->dim);
-    const size_t rbu = sh__dtype_row_bytes(g->up.type, (uint64_t)j->dim);
-    sh__cpu_mm mg = {&act, (const uint8_t *)g->gate.data + (size_t)c0 * rbg, rbg, gt, CHUNK, 0};
-    sh__cpu_mm mu = {&act, (const uint8_t *)g->up.data + (size_t)c0 * rbu, rbu, ut, CHUNK, 0};
-    kernel_for(j->c->kern, g->gate.type)(&mg, 0, len);
-    kernel_for(j->c->kern, g->up.type)(&mu, 0, len);
+    sh__cpu_mm mg = {&act, rows_from(&g->gate, c0), g->gate.stride, gt, CHUNK, 0};
+    sh__cpu_mm mu = {&act, rows_from(&g->up, c0), g->up.stride, ut, CHUNK, 0};
+    g->gate.fn(&mg, 0, len);
+    g->up.fn(&mu, 0, len);
     float *h = (float *)j->m->h.p + g->hoff + c0;
     for (int64_t t = 0; t < g->rows; t++)
         j->c->kern->swiglu(gt + t * CHUNK, ut + t * CHUNK, h + t * g->n_ff, len);
@@ -283,9 +310,9 @@ static void units_down(const moe_job *j, const group *g, int64_t u0, int64_t u1)
     const int64_t r0 = (u0 - g->unit0_down) * DOWN_CHUNK;
     int64_t r1 = (u1 - g->unit0_down) * DOWN_CHUNK;
     r1 = r1 < j->dim ? r1 : j->dim;
-    const size_t rb = sh__dtype_row_bytes(g->down.type, (uint64_t)g->n_ff);
-    sh__cpu_mm md = {&act, g->down.data, rb, (float *)j->m->o.p + g->row0 * j->dim, j->dim, 0};
-    kernel_for(j->c->kern, g->down.type)(&md, r0, r1);
+    sh__cpu_mm md = {&act,   g->down.w, g->down.stride, (float *)j->m->o.p + g->row0 * j->dim,
+                     j->dim, 0};
+    g->down.fn(&md, r0, r1);
 }
 
 /* Token t's output: its slots' rows weighted in router order, then the shared expert's, then
@@ -432,9 +459,9 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
         if (!cnt[e])
             continue;
         gidx[e] = n_groups;
-        g[n_groups++] = (group){expert_view(&a->gate, e),
-                                expert_view(&a->up, e),
-                                expert_view(&a->down, e),
+        g[n_groups++] = (group){expert_ref(c->kern, &a->gate, op->packed[0], e),
+                                expert_ref(c->kern, &a->up, op->packed[1], e),
+                                expert_ref(c->kern, &a->down, op->packed[2], e),
                                 n_ff,
                                 rows,
                                 cnt[e],
@@ -452,8 +479,15 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
         max_rows = g[i].rows > max_rows ? g[i].rows : max_rows;
     if (shared) {
         const int64_t n_ff_sh = a->gate_sh.ne[1];
-        g[n_groups++] = (group){a->gate_sh, a->up_sh, a->down_sh, n_ff_sh,   rows,
-                                n_tok,      hoff,     units_up,   units_down};
+        g[n_groups++] = (group){expert_ref(c->kern, &a->gate_sh, op->packed[3], 0),
+                                expert_ref(c->kern, &a->up_sh, op->packed[4], 0),
+                                expert_ref(c->kern, &a->down_sh, op->packed[5], 0),
+                                n_ff_sh,
+                                rows,
+                                n_tok,
+                                hoff,
+                                units_up,
+                                units_down};
         rows += n_tok;
         hoff += n_tok * n_ff_sh;
         units_up += (n_ff_sh + CHUNK - 1) / CHUNK;

@@ -64,29 +64,50 @@ static void *pack_alloc(size_t bytes)
     return p;
 }
 
+size_t sh__cpu_weights_mat_bytes(sh_dtype type, int64_t n_out, int64_t n_in)
+{
+    return (sh__cpu_pack_bytes(type, n_out, n_in) + 63) & ~(size_t)63;
+}
+
+static bool is_float(sh_dtype t)
+{
+    return t == SH_DTYPE_F32 || t == SH_DTYPE_F16 || t == SH_DTYPE_BF16;
+}
+
 sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w)
 {
-    if (!w || !w->data || w->ne[0] < 1 || w->ne[1] < 1 || w->ne[2] != 1 || w->ne[3] != 1)
+    if (!w || !w->data || w->ne[0] < 1 || w->ne[1] < 1 || w->ne[2] < 1 || w->ne[3] != 1)
         return SH_EINVAL;
     if (w->ne[0] % SH_CPU_QK)
         return SH_OK; /* rows that are not whole blocks (float weights) are read as they are */
     if (!sh__cpu_mmp_for(c->kern, w->type))
         return SH_OK; /* this ISA reads the file layout */
-    const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    /* A stack of matrices (MoE experts) is read by the MoE op only, which keeps float experts in
+     * the file layout (moe.c: kernel_for), so a copy of those would only cost memory. */
+    if (w->ne[2] > 1 && is_float(w->type))
+        return SH_OK;
+    const int64_t n_in = w->ne[0], n_out = w->ne[1], n_mat = w->ne[2];
     /* Already prepared with this shape (another context over the same model): share it. */
     pthread_mutex_lock(&c->pack_mu);
     sh__cpu_packed *have = find(c, w->data);
-    if (have && have->type == w->type && have->n_in == n_in && have->n_out == n_out) {
+    if (have && have->type == w->type && have->n_in == n_in && have->n_out == n_out &&
+        have->n_mat == n_mat) {
         have->refs++;
         pthread_mutex_unlock(&c->pack_mu);
         return SH_OK;
     }
     pthread_mutex_unlock(&c->pack_mu);
-    void *p = pack_alloc((sh__cpu_pack_bytes(w->type, n_out, n_in) + 63) & ~(size_t)63);
+    /* Matrix m of the stack is packed on its own at m * mat_bytes (a 64-byte multiple), so each
+     * expert is one ordinary packed weight for the kernels. */
+    const size_t mat = sh__cpu_weights_mat_bytes(w->type, n_out, n_in);
+    const size_t src = sh__dtype_row_bytes(w->type, (uint64_t)n_in) * (size_t)n_out;
+    void *p = pack_alloc(mat * (size_t)n_mat);
     if (!p)
         return SH_ENOMEM;
-    sh__cpu_pack(w->type, w->data, n_out, n_in, p);
-    sh__cpu_packed e = {w->data, w->type, n_in, n_out, p, 1};
+    for (int64_t m = 0; m < n_mat; m++)
+        sh__cpu_pack(w->type, (const uint8_t *)w->data + (size_t)m * src, n_out, n_in,
+                     (uint8_t *)p + (size_t)m * mat);
+    sh__cpu_packed e = {w->data, w->type, n_in, n_out, n_mat, p, 1};
     sh_err err = SH_OK;
     pthread_mutex_lock(&c->pack_mu);
     sh__cpu_packed *old = find(c, w->data);
@@ -130,7 +151,8 @@ const void *sh__cpu_weights_lookup(sh__cpu_ctx *c, const sh_tensor *w)
     const void *p = NULL;
     pthread_mutex_lock(&c->pack_mu);
     const sh__cpu_packed *e = find(c, w->data);
-    if (e && e->type == w->type && e->n_in == w->ne[0] && e->n_out == w->ne[1])
+    if (e && e->type == w->type && e->n_in == w->ne[0] && e->n_out == w->ne[1] &&
+        e->n_mat == w->ne[2])
         p = e->packed;
     pthread_mutex_unlock(&c->pack_mu);
     return p;

@@ -2,8 +2,9 @@
  * its own, the file mapping's pages of them are gone from the process (checked page by page in
  * /proc/self/pagemap, after a prefault made them all resident), while the model still computes
  * the same logits as one whose weights are read in place. Synthetic Q4_0 models from mkmodel,
- * with a tied output head (whose table the embedding then reads from the packed copy) and an
- * untied one (whose embedding table is read in place and keeps its pages). */
+ * with a tied output head (whose table the embedding then reads from the packed copy), an
+ * untied one (whose embedding table is read in place and keeps its pages), and a Mixtral-style
+ * one whose 3-D expert stacks the MoE op reads from their packed copies. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -19,10 +20,10 @@ enum { VOCAB = 1000, DIM = 256, N_TOK = 7 };
 static char dir[64];
 static bool no_copy; /* the CPU's kernels read the file layout: nothing to test */
 
-static const char *write_model(const char *name, bool tied)
+static const char *write_model(const char *name, bool tied, bool moe)
 {
-    static char path[2][128];
-    char *p = path[tied];
+    static char path[3][128];
+    char *p = path[moe ? 2 : tied];
     snprintf(p, sizeof path[0], "%s/%s", dir, name);
     sh_mkmodel_opts o;
     sh__mkmodel_opts_init(&o);
@@ -34,6 +35,10 @@ static const char *write_model(const char *name, bool tied)
     o.shape.vocab = VOCAB;
     o.shape.ctx = 256;
     o.shape.tied = tied;
+    if (moe) {
+        o.shape.n_experts = 4;
+        o.shape.n_experts_used = 2;
+    }
     o.type = SH_DTYPE_Q4_0;
     o.seed = 11;
     o.std = 0.1f;
@@ -48,7 +53,8 @@ static void resident(const sh_tensor *t, size_t *present, size_t *pages)
 {
     *present = *pages = 0;
     long ps = sysconf(_SC_PAGESIZE);
-    size_t bytes = sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (size_t)t->ne[1];
+    size_t bytes =
+        sh__dtype_row_bytes(t->type, (uint64_t)t->ne[0]) * (size_t)t->ne[1] * (size_t)t->ne[2];
     uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)ps - 1) / (uintptr_t)ps;
     uintptr_t hi = ((uintptr_t)t->data + bytes) / (uintptr_t)ps;
     int fd = open("/proc/self/pagemap", O_RDONLY);
@@ -84,9 +90,12 @@ static void logits_of(const sh_llama *m, sh_backend *be, bool prepare, float *ou
     sh_llama_ctx_destroy(ctx);
 }
 
-static void check_model(bool tied)
+static void check_model(bool tied, bool moe)
 {
-    const char *path = write_model(tied ? "tied.gguf" : "untied.gguf", tied);
+    const char *path = write_model(moe    ? "moe.gguf"
+                                   : tied ? "tied.gguf"
+                                          : "untied.gguf",
+                                   tied, moe);
     sh_error e = {0};
     sh_llama *m = NULL;
     sh_llama_load_opts lo = {.prefault = true};
@@ -98,8 +107,14 @@ static void check_model(bool tied)
     if (!m || !be || !ref)
         goto out;
     const sh_llama_layer *L = &m->layers[1];
-    const sh_tensor *mats[] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
-                               &L->w_gate, &L->w_up, &L->w_down, &m->output};
+    const sh_tensor *mats[] = {&L->wq,
+                               &L->wk,
+                               &L->wv,
+                               &L->wo,
+                               moe ? &L->gate_exps : &L->w_gate,
+                               moe ? &L->up_exps : &L->w_up,
+                               moe ? &L->down_exps : &L->w_down,
+                               &m->output};
     size_t present, pages;
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) { /* the prefault mapped them all */
         resident(mats[i], &present, &pages);
@@ -159,8 +174,9 @@ out:
     sh_llama_destroy(m);
 }
 
-static void test_tied(void) { check_model(true); }
-static void test_untied(void) { check_model(false); }
+static void test_tied(void) { check_model(true, false); }
+static void test_untied(void) { check_model(false, false); }
+static void test_moe(void) { check_model(false, true); }
 
 int main(int argc, char **argv)
 {
@@ -170,7 +186,7 @@ int main(int argc, char **argv)
         return 1;
     }
     static const sh_test_case tests[] = {
-        {"tied", test_tied}, {"untied", test_untied}, {NULL, NULL}};
+        {"tied", test_tied}, {"untied", test_untied}, {"moe", test_moe}, {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     if (rc == 0 && no_copy)
         rc = SH_TEST_SKIP;

@@ -1,18 +1,27 @@
 /* Unit tests of the CPU backend's MoE FFN (kernels/cpu/moe.c): routing and outputs against a
- * plain double-precision loop on fresh random data, on every ISA; a token's result alone equal
- * bit for bit to its result in a batch; thread counts; expert slices; bad arguments. */
+ * plain double-precision loop on fresh random data, on every ISA and with the experts prepared
+ * (packed per expert where the ISA has packed kernels); a token's result alone equal bit for bit
+ * to its result in a batch; thread counts; expert slices; bad arguments. */
 #include <stdint.h>
 #include <time.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels_test_util.h"
 
-static int isas[3], n_isas;
+/* The backends each layer runs on: every ISA with the weights as they are, then the best ISA
+ * with the weights prepared (sh_backend_weight_prepare; the others have no packed kernels). */
+static int isas[4], n_isas;
+static bool prep[4];
 static void list_isas(void)
 {
     n_isas = 0;
-    for (int i = SH_BACKEND_CPU_ISA_SCALAR; i <= sh__cpu_isa_detect(); i++)
+    for (int i = SH_BACKEND_CPU_ISA_SCALAR; i <= sh__cpu_isa_detect(); i++) {
+        prep[n_isas] = false;
         isas[n_isas++] = i;
+    }
+    prep[n_isas] = true;
+    isas[n_isas] = isas[n_isas - 1];
+    n_isas++;
 }
 
 static bool quantized(sh_dtype t) { return sh__cpu_type_q8(t) || sh__cpu_type_k(t); }
@@ -41,6 +50,23 @@ static void layer_make(layer *L, sh_dtype tg, sh_dtype tu, sh_dtype td)
         if (L->shared_gate)
             L->ginp = make_w(SH_DTYPE_F32, 1, L->dim);
     }
+}
+
+/* A backend of variant ii (see list_isas) with `threads` threads, the layer's experts prepared
+ * when the variant says so. */
+static sh_backend *make_for(const layer *L, int ii, int threads)
+{
+    sh_backend *be = make(isas[ii], threads);
+    if (!be || !prep[ii])
+        return be;
+    const wmat *w[] = {&L->gate, &L->up, &L->down, &L->gate_sh, &L->up_sh, &L->down_sh};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (w[i]->t.data)
+            CHECK_OK(sh_backend_weight_prepare(be, &w[i]->t));
+    /* quantized 32-block experts get a packed copy on AVX-512 (the MoE op then reads it) */
+    if (isas[ii] == SH_BACKEND_CPU_ISA_AVX512 && sh__cpu_type_q8(L->gate.t.type))
+        CHECK(sh_backend_weight_copied(be, &L->gate.t));
+    return be;
 }
 
 static void layer_free(layer *L)
@@ -304,10 +330,12 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
             ref_token(L, x + t * dim, lg + t * n_exp, part ? half : 0, part ? n_exp : half, pids,
                       pw, py + (part * n_tok + t) * dim, ps + (part * n_tok + t) * dim);
     for (int ii = 0; ii < n_isas; ii++) {
-        sh_backend *be = make(isas[ii], 2), *be1 = NULL, *be3 = NULL;
+        sh_backend *be = make_for(L, ii, 2), *be1 = NULL, *be3 = NULL;
         if (!be)
             goto next;
-        const char *isa = sh_backend_cpu_isa_name(isas[ii]);
+        char isa[32];
+        snprintf(isa, sizeof isa, "%s%s", sh_backend_cpu_isa_name(isas[ii]),
+                 prep[ii] ? " prepared" : "");
         sh_moe_args a = args_for(L, x, lg, 0, n_tok, y, 0, n_exp);
         a.expert_ids = ids;
         a.expert_w = w;
@@ -343,7 +371,7 @@ static void check_layer(layer *L, int64_t n_tok, const char *what)
         /* thread counts: bit-identical */
         int64_t at;
         sh_moe_args a1 = args_for(L, x, lg, 0, n_tok, y1, 0, n_exp);
-        if (!(be1 = make(isas[ii], 1)) || !(be3 = make(isas[ii], 3)))
+        if (!(be1 = make_for(L, ii, 1)) || !(be3 = make_for(L, ii, 3)))
             goto next;
         CHECK_OK(run_op(be1, &a1));
         if (!bits_equal(y, y1, n_tok * dim, &at))
