@@ -137,19 +137,34 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * other block and made the Q4_0 matvec a third slower in cache).
  * F16 (float arithmetic, no activation codes): block b is 32 steps e of 16 fp16, the element
  * 32b + e of rows 16g .. 16g + 15 (1024 bytes).
+ * Q6_K (256-element super-blocks, nb = n_in / 256; weight = d sc_s (q - 32), q 6 bits, sc_s the
+ * signed 8-bit scale of sub-block s, elements 16s .. 16s + 15): per super-block
+ * SH_CPU_PACK_Q6K_BLOCK bytes, 16 units of SH_CPU_PACK_Q6K_UNIT bytes (one per sub-block s)
+ * followed by the scales, then after all super-blocks nb x 16 fp16 d (32 bytes per super-block).
+ * Unit s is three 64-byte vectors whose lane r (4 bytes) belongs to row r: byte i of lane r of
+ * vector 0 holds the low four bits of element 16s + i (low nibble) and 16s + 4 + i (high nibble),
+ * of vector 1 those of 16s + 8 + i and 16s + 12 + i, and of vector 2 the top two bits of
+ * elements 16s + 4v + i at bits 2v (v < 4). Unpacked, code vector v pairs with activation bytes
+ * 16s + 4v .. 16s + 4v + 3 of the super-block. The scales are 16 x 16 bytes: byte 16s + r is
+ * row r's sc_s (so the 16 rows' scales of a sub-block are one 128-bit load). A unit plus its share
+ * of the scales and d is 210 bytes per row, as in the file.
  * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
  * group. */
-size_t sh__cpu_pack_code_bytes(sh_dtype type); /* per block; 0: the type has no packed layout */
+#define SH_CPU_PACK_Q6K_UNIT 192
+#define SH_CPU_PACK_Q6K_BLOCK (16 * SH_CPU_PACK_Q6K_UNIT + 256)
+/* Per block (Q6_K: per super-block, codes and scales); 0: the type has no packed layout. */
+size_t sh__cpu_pack_code_bytes(sh_dtype type);
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);
 size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
 /* Writes the packed copy of the weight src (n_out rows of sh__dtype_row_bytes each) to dst. */
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst);
 
 /* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
- * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes) to `blk`, so
- * that an embedding lookup can read a packed table whose file pages were dropped. */
+ * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes; for Q6_K
+ * super-block b, 210 bytes) to `blk`, so that an embedding lookup can read a packed table whose
+ * file pages were dropped. */
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
-                          uint8_t blk[64]);
+                          uint8_t blk[256]);
 
 /* Attention work (defined with the attention functions below). */
 typedef struct sh__cpu_attn sh__cpu_attn;
@@ -169,6 +184,7 @@ typedef struct sh__cpu_kernels {
      * row_bytes the bytes of one 16-row group; r0 is a multiple of 16 or the kernel computes the
      * whole group and stores only rows [r0, r1). */
     sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
+    sh__cpu_mm_fn mmp_q6_k;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
     float (*sumsq)(const float *x, int64_t n);
@@ -199,6 +215,10 @@ void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* Q6_K (ops_q6k_avx512_packed.c): reads sh__cpu_act.qk. Exact integers per super-block and row,
+ * then one float multiply-add per super-block in block order, the same for a matvec and any
+ * token of a tile, so outputs do not depend on the batch or the row split. */
+void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The ISA's packed-weight kernel for a type (NULL when it has none). */
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);

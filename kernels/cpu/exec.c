@@ -433,10 +433,11 @@ static void simple_range(const sh__cpu_ctx *c, const sh__cpu_op *op, int64_t lo,
             if (id < 0 || id >= t->ne[1]) {
                 memset(y, 0, (size_t)dim * sizeof(float));
             } else if (op->packed[0]) { /* one block at a time back to the file layout */
-                uint8_t blk[64];
-                for (int64_t b = 0; b < dim / SH_CPU_QK; b++) {
+                const int64_t bk = sh__cpu_type_k(t->type) ? SH_QK_K : SH_CPU_QK;
+                uint8_t blk[256];
+                for (int64_t b = 0; b < dim / bk; b++) {
                     sh__cpu_unpack_block(t->type, op->packed[0], dim, id, b, blk);
-                    sh__dequant_row(t->type, blk, y + b * SH_CPU_QK, SH_CPU_QK);
+                    sh__dequant_row(t->type, blk, y + b * bk, bk);
                 }
             } else
                 sh__dequant_row(t->type, (const uint8_t *)t->data + (size_t)id * rb, y, dim);

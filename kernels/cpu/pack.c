@@ -16,6 +16,8 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
         return 512;
     case SH_DTYPE_F16:
         return 32 * 16 * 2;
+    case SH_DTYPE_Q6_K:
+        return SH_CPU_PACK_Q6K_BLOCK;
     default:
         return 0;
     }
@@ -35,6 +37,8 @@ static size_t high_bytes(sh_dtype type)
 
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
 {
+    if (type == SH_DTYPE_Q6_K) /* codes and scales per super-block, then the 16 rows' d */
+        return ((size_t)(n_in / SH_QK_K) * (SH_CPU_PACK_Q6K_BLOCK + 32) + 63) & ~(size_t)63;
     const size_t nb = (size_t)(n_in / SH_CPU_QK);
     return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type) + high_bytes(type)) +
             63) &
@@ -69,6 +73,80 @@ size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in)
     return (size_t)groups * sh__cpu_pack_group_bytes(type, n_in);
 }
 
+/* ---- Q6_K (layout at SH_CPU_PACK_Q6K_BLOCK in cpu.h) ---- */
+
+/* The 6-bit code (0..63) of element e of a Q6_K block: in half h = e / 128 with l = e % 128,
+ * the low (l < 64) or high nibble of ql[64h + l % 64] and bits 2 (l / 32) .. of qh[32h + l % 32]
+ * (quant_k.c's dequant_q6_k). */
+static unsigned q6k_get(const sh_block_q6_k *blk, int e)
+{
+    const int h = e / 128, l = e % 128;
+    const unsigned nib = (unsigned)(blk->ql[64 * h + l % 64] >> (l < 64 ? 0 : 4)) & 15u;
+    const unsigned hi = (unsigned)(blk->qh[32 * h + l % 32] >> (2 * (l / 32))) & 3u;
+    return nib | hi << 4;
+}
+
+static void q6k_set(sh_block_q6_k *blk, int e, unsigned q)
+{
+    const int h = e / 128, l = e % 128;
+    blk->ql[64 * h + l % 64] |= (uint8_t)((q & 15u) << (l < 64 ? 0 : 4));
+    blk->qh[32 * h + l % 32] |= (uint8_t)((q >> 4) << (2 * (l / 32)));
+}
+
+/* Where the packed bits of element 16s + 4v + i (v, i < 4) of row r live in its super-block's
+ * unit s: the nibble in byte 4r + i of plane v / 2, low half for even v; the top two bits in
+ * byte 4r + i of the third plane at bit 2v. */
+static void pack_q6_k(const void *src, int64_t n_out, int64_t n_in, uint8_t *out)
+{
+    const int64_t nb = n_in / SH_QK_K;
+    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q6_K, n_in);
+    for (int64_t row = 0; row < n_out; row++) {
+        uint8_t *pg = out + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
+        const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
+        for (int64_t b = 0; b < nb; b++) {
+            const sh_block_q6_k *sb = (const sh_block_q6_k *)src + row * nb + b;
+            uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+            uint8_t q[SH_QK_K];
+            for (int e = 0; e < SH_QK_K; e++)
+                q[e] = (uint8_t)q6k_get(sb, e);
+            for (size_t s = 0; s < 16; s++) {
+                uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT;
+                for (size_t v = 0; v < 4; v++)
+                    for (size_t i = 0; i < 4; i++) {
+                        const unsigned c = q[16 * s + 4 * v + i];
+                        u[64 * (v / 2) + 4 * r + i] |= (uint8_t)((c & 15u) << (4 * (v % 2)));
+                        u[128 + 4 * r + i] |= (uint8_t)((c >> 4) << (2 * v));
+                    }
+                pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r] = (uint8_t)sb->scales[s];
+            }
+            memcpy(pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, &sb->d, 2);
+        }
+    }
+}
+
+static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b, uint8_t *blk)
+{
+    const int64_t nb = n_in / SH_QK_K;
+    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q6_K, n_in);
+    const uint8_t *pg = (const uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
+    const uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+    const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
+    sh_block_q6_k out;
+    memset(&out, 0, sizeof out);
+    for (size_t s = 0; s < 16; s++) {
+        const uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT;
+        for (size_t v = 0; v < 4; v++)
+            for (size_t i = 0; i < 4; i++) {
+                const unsigned nib = (unsigned)(u[64 * (v / 2) + 4 * r + i] >> (4 * (v % 2))) & 15u;
+                const unsigned hi = (unsigned)(u[128 + 4 * r + i] >> (2 * v)) & 3u;
+                q6k_set(&out, (int)(16 * s + 4 * v + i), nib | hi << 4);
+            }
+        out.scales[s] = (int8_t)pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r];
+    }
+    memcpy(&out.d, pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, 2);
+    memcpy(blk, &out, sizeof out);
+}
+
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst)
 {
     const int64_t nb = n_in / SH_CPU_QK;
@@ -76,6 +154,10 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
     const size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
     uint8_t *out = dst;
     memset(out, 0, sh__cpu_pack_bytes(type, n_out, n_in)); /* padding rows: zero scales, codes */
+    if (type == SH_DTYPE_Q6_K) {
+        pack_q6_k(src, n_out, n_in, out);
+        return;
+    }
     if (type == SH_DTYPE_F16) {
         /* element k of row 16g + r at group g, index 16k + r */
         for (int64_t row = 0; row < n_out; row++) {
@@ -122,8 +204,12 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
 }
 
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
-                          uint8_t blk[64])
+                          uint8_t blk[256])
 {
+    if (type == SH_DTYPE_Q6_K) {
+        unpack_q6_k(packed, n_in, row, b, blk);
+        return;
+    }
     const int64_t nb = n_in / SH_CPU_QK;
     const size_t gb = sh__cpu_pack_group_bytes(type, n_in), cb = sh__cpu_pack_code_bytes(type);
     const uint8_t *pg = (const uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
@@ -173,6 +259,8 @@ sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mmp_q5_0;
     case SH_DTYPE_Q5_1:
         return k->mmp_q5_1;
+    case SH_DTYPE_Q6_K:
+        return k->mmp_q6_k;
     default:
         return NULL;
     }

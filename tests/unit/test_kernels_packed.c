@@ -312,16 +312,203 @@ static void test_swiglu_range(void)
     }
 }
 
+/* ---- Q6_K ---- */
+
+/* The Q6_K layout: element (r, k) read back through the layout documented at
+ * SH_CPU_PACK_Q6K_BLOCK gives the file's value, padding rows are zero, and sh__cpu_unpack_block
+ * gives back every file block byte for byte. */
+static void test_q6k_layout(void)
+{
+    const int64_t n_out = 21, n_in = 512, nb = n_in / SH_QK_K;
+    wmat w = make_w(SH_DTYPE_Q6_K, n_out, n_in);
+    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q6_K, n_in);
+    CHECK(gb % 64 == 0);
+    CHECK(gb <= (size_t)nb * 16 * sizeof(sh_block_q6_k) + 63);
+    uint8_t *p = malloc(sh__cpu_pack_bytes(SH_DTYPE_Q6_K, n_out, n_in));
+    sh__cpu_pack(SH_DTYPE_Q6_K, w.t.data, n_out, n_in, p);
+    for (int64_t r = 0; r < 32; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *pg = p + (size_t)(r / 16) * gb;
+            const uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+            const int64_t l = r % 16;
+            uint16_t d;
+            memcpy(&d, pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * l, 2);
+            if (r >= n_out) {
+                CHECK_INT_EQ(d, 0);
+                continue;
+            }
+            for (int e = 0; e < SH_QK_K; e++) {
+                const int s = e / 16, v = (e % 16) / 4, i = e % 4;
+                const uint8_t *u = pb + (size_t)s * SH_CPU_PACK_Q6K_UNIT;
+                const int nib = (u[64 * (v / 2) + 4 * l + i] >> (4 * (v % 2))) & 15;
+                const int hi = (u[128 + 4 * l + i] >> (2 * v)) & 3;
+                const int sc = (int8_t)pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + l];
+                const float want = w.deq[r * n_in + b * SH_QK_K + e];
+                const float v6 =
+                    sh__quant_f32_from_fp16(d) * (float)sc * (float)((nib | hi << 4) - 32);
+                if (v6 != want) {
+                    SH_FAIL_("row %lld block %lld element %d: %g vs %g", (long long)r, (long long)b,
+                             e, v6, want);
+                    r = 32;
+                    break;
+                }
+            }
+            uint8_t blk[256];
+            sh__cpu_unpack_block(SH_DTYPE_Q6_K, p, n_in, r, b, blk);
+            const uint8_t *file =
+                (const uint8_t *)w.t.data + (size_t)(r * nb + b) * sizeof(sh_block_q6_k);
+            CHECK(memcmp(blk, file, sizeof(sh_block_q6_k)) == 0);
+        }
+    free(p);
+    free_w(&w);
+}
+
+/* The packed Q6_K kernel itself (AVX-512 VNNI machines only) against the scalar kernel on the
+ * file layout, on the same Q8_K activations: within 2e-6 of sum_k |w||x| (the integers are exact
+ * in both; the float steps differ in order and rounding only). Ragged row counts and row
+ * sub-ranges (a start inside a group: the kernel stores only [r0, r1)), accumulate on and off,
+ * token counts around the tile of 8 and past the 1 MiB token block. Every token's output must
+ * equal, bit for bit, the matvec of that token alone. */
+static void test_q6k_kernel(void)
+{
+    if (sh__cpu_isa_detect() < SH_BACKEND_CPU_ISA_AVX512)
+        return;
+    const int64_t n_ins[] = {256, 768, 2048};
+    const int64_t n_outs[] = {1, 16, 37};
+    const int64_t n_toks[] = {1, 2, 8, 9, 17};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t bo = 0; bo < 3; bo++)
+            for (size_t c = 0; c < 5; c++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int64_t n_in = n_ins[a], n_out = n_outs[bo], n_tok = n_toks[c];
+                    const int64_t nb = n_in / SH_QK_K;
+                    wmat w = make_w(SH_DTYPE_Q6_K, n_out, n_in);
+                    uint8_t *p = malloc(sh__cpu_pack_bytes(SH_DTYPE_Q6_K, n_out, n_in));
+                    sh__cpu_pack(SH_DTYPE_Q6_K, w.t.data, n_out, n_in, p);
+                    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+                    sh_block_q8_k *qk = malloc((size_t)(n_tok * nb) * sizeof *qk);
+                    fill(x, n_tok * n_in, 1.0f);
+                    x[0] = 3.0f;
+                    sh__quant_k_quantize(SH_DTYPE_Q8_K, x, qk, n_tok * nb);
+                    const size_t ny = (size_t)(n_tok * n_out);
+                    float *y0 = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
+                    float *ry = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
+                    fill(y0, (int64_t)ny, 1.0f);
+                    memcpy(y, y0, ny * sizeof(float));
+                    memcpy(ry, y0, ny * sizeof(float));
+                    memcpy(y1, y0, ny * sizeof(float));
+                    sh__cpu_act act = {.x = x, .qk = qk, .n_in = n_in, .n_tok = n_tok};
+                    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q6_K, n_in);
+                    sh__cpu_mm mp = {&act, p, gb, y, n_out, acc};
+                    sh__cpu_mm mr = {
+                        &act, w.t.data, sh__dtype_row_bytes(SH_DTYPE_Q6_K, (uint64_t)n_in),
+                        ry,   n_out,    acc};
+                    /* rows in three calls: [0, 5), [5, 21), [21, n_out) where they exist */
+                    const int64_t cuts[] = {0, 5, 21, n_out};
+                    for (int k = 0; k < 3; k++) {
+                        const int64_t lo = cuts[k] < n_out ? cuts[k] : n_out;
+                        const int64_t hi = cuts[k + 1] < n_out ? cuts[k + 1] : n_out;
+                        if (lo < hi) {
+                            sh__cpu_avx512_mmp_q6_k(&mp, lo, hi);
+                            sh__cpu_mm_ref_q6_k(&mr, lo, hi);
+                        }
+                    }
+                    /* each token alone */
+                    for (int64_t t = 0; t < n_tok; t++) {
+                        sh__cpu_act a1 = {
+                            .x = x + t * n_in, .qk = qk + t * nb, .n_in = n_in, .n_tok = 1};
+                        sh__cpu_mm m1 = {&a1, p, gb, y1 + t * n_out, n_out, acc};
+                        sh__cpu_avx512_mmp_q6_k(&m1, 0, n_out);
+                    }
+                    CHECK(memcmp(y, y1, ny * sizeof(float)) == 0);
+                    double worst = 0;
+                    for (int64_t t = 0; t < n_tok; t++)
+                        for (int64_t r = 0; r < n_out; r++) {
+                            double sa = 0;
+                            for (int64_t k = 0; k < n_in; k++)
+                                sa += fabs((double)w.deq[r * n_in + k] * x[t * n_in + k]);
+                            const double e =
+                                fabs((double)y[t * n_out + r] - ry[t * n_out + r]) / sa;
+                            if (!(e <= worst))
+                                worst = e;
+                        }
+                    if (!(worst <= 2e-6))
+                        SH_FAIL_("q6_k n_in %lld n_out %lld n_tok %lld acc %d: %.3g",
+                                 (long long)n_in, (long long)n_out, (long long)n_tok, acc, worst);
+                    free(p);
+                    free(x);
+                    free(qk);
+                    free(y0);
+                    free(y);
+                    free(ry);
+                    free(y1);
+                    free_w(&w);
+                }
+}
+
+/* Through the backend: a prepared Q6_K weight (packed on AVX-512 VNNI) against the scalar
+ * backend, with tokens past the kernel's 1 MiB token block (2048 wide: 1 MiB is 448 tokens of
+ * Q8_K, so 460 tokens make two blocks), 1 and 3 threads identical; and an embedding lookup in
+ * the prepared table gives the file's rows bit for bit. */
+static void test_q6k_backend(void)
+{
+    const int64_t n_in = 2048, n_out = 35, n_tok = 460;
+    wmat w = make_w(SH_DTYPE_Q6_K, n_out, n_in);
+    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+    fill(x, n_tok * n_in, 1.0f);
+    float *ry = malloc((size_t)(n_tok * n_out) * sizeof(float));
+    float *y[2];
+    sh_backend *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *rs;
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    CHECK_OK(sh_backend_matmul(ref, rs, &w.t, x, n_tok, ry));
+    CHECK_OK(sh_backend_sync(ref, rs));
+    for (int n = 0; n < 2; n++) {
+        y[n] = malloc((size_t)(n_tok * n_out) * sizeof(float));
+        sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, n ? 3 : 1);
+        sh_backend_stream *s;
+        CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+        CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+        CHECK_OK(sh_backend_matmul(be, s, &w.t, x, n_tok, y[n]));
+        const int32_t ids[] = {0, 15, 16, 34, -1, 35, 7};
+        float *e = malloc(7 * (size_t)n_in * sizeof(float));
+        CHECK_OK(sh_backend_embed(be, s, &w.t, ids, 7, e));
+        CHECK_OK(sh_backend_sync(be, s));
+        for (int t = 0; t < 7; t++)
+            for (int64_t k = 0; k < n_in; k++) {
+                const float want = ids[t] < 0 || ids[t] >= n_out ? 0.0f : w.deq[ids[t] * n_in + k];
+                if (e[t * n_in + k] != want) {
+                    SH_FAIL_("embed id %d element %lld: %g vs %g", (int)ids[t], (long long)k,
+                             e[t * n_in + k], want);
+                    t = 7;
+                    break;
+                }
+            }
+        free(e);
+        sh_backend_weight_release(be, w.t.data);
+        sh_backend_stream_destroy(be, s);
+        sh_backend_destroy(be);
+    }
+    CHECK(memcmp(y[0], y[1], (size_t)(n_tok * n_out) * sizeof(float)) == 0);
+    for (int64_t i = 0; i < n_tok * n_out; i++)
+        CHECK_NEAR(y[0][i], ry[i], 1e-4 * (1 + fabs(ry[i])));
+    free(y[0]);
+    free(y[1]);
+    free(ry);
+    free(x);
+    free_w(&w);
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(ref);
+}
+
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"pack_layout", test_pack_layout},
-        {"packed_vs_ref", test_packed_vs_ref},
-        {"packed_fused", test_packed_fused},
-        {"prepare_release", test_prepare_release},
-        {"swiglu_range", test_swiglu_range},
-        {"packed_embed", test_packed_embed},
-        {NULL, NULL},
+        {"pack_layout", test_pack_layout},   {"packed_vs_ref", test_packed_vs_ref},
+        {"packed_fused", test_packed_fused}, {"prepare_release", test_prepare_release},
+        {"swiglu_range", test_swiglu_range}, {"packed_embed", test_packed_embed},
+        {"q6k_layout", test_q6k_layout},     {"q6k_kernel", test_q6k_kernel},
+        {"q6k_backend", test_q6k_backend},   {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }
