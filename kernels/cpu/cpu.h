@@ -148,11 +148,23 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * 16s + 4v .. 16s + 4v + 3 of the super-block. The scales are 16 x 16 bytes: byte 16s + r is
  * row r's sc_s (so the 16 rows' scales of a sub-block are one 128-bit load). A unit plus its share
  * of the scales and d is 210 bytes per row, as in the file.
+ * Q4_K (256-element super-blocks, nb = n_in / 256): super-block b of the group is
+ * SH_CPU_PACK_Q4K_BYTES (2304) bytes at b * 2304, the same bytes as the 16 rows' file blocks:
+ *   codes   32 vectors of 64 bytes: vector v, lane r holds qs[4v .. 4v + 3] of row r. So vectors
+ *           8p .. 8p + 7 are the qs bytes of sub-blocks 2p (low nibbles) and 2p + 1 (high), and
+ *           vector 8p + i pairs with activation bytes 64p + 4i .. (low) and 64p + 32 + 4i ..
+ *           (high);
+ *   scales  at 2048, 3 vectors: vector k, lane r holds bytes 4k .. 4k + 3 of row r's 12 packed
+ *           6-bit scales and mins, as in the file (the kernel decodes 16 rows at once);
+ *   d, dmin at SH_CPU_PACK_Q4K_D (2240): the 16 rows' fp16 d, then (at 2272) their fp16 dmin.
+ * Every piece is whole cache lines, so the super-blocks need no padding.
  * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
  * group. */
 #define SH_CPU_PACK_Q6K_UNIT 192
 #define SH_CPU_PACK_Q6K_BLOCK (16 * SH_CPU_PACK_Q6K_UNIT + 256)
-/* Per block (Q6_K: per super-block, codes and scales); 0: the type has no packed layout. */
+#define SH_CPU_PACK_Q4K_BYTES 2304
+#define SH_CPU_PACK_Q4K_D 2240
+/* Per block (Q6_K, Q4_K: per super-block, codes and scales); 0: no packed layout. */
 size_t sh__cpu_pack_code_bytes(sh_dtype type);
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);
 size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
@@ -161,8 +173,8 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
 
 /* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
  * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes; for Q6_K
- * super-block b, 210 bytes) to `blk`, so that an embedding lookup can read a packed table whose
- * file pages were dropped. */
+ * and Q4_K super-block b, 210 and 144 bytes) to `blk`, so that an embedding lookup can read a
+ * packed table whose file pages were dropped. */
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[256]);
 
@@ -185,6 +197,7 @@ typedef struct sh__cpu_kernels {
      * whole group and stores only rows [r0, r1). */
     sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
     sh__cpu_mm_fn mmp_q6_k;
+    sh__cpu_mm_fn mmp_q4_k;
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
     float (*sumsq)(const float *x, int64_t n);
@@ -219,6 +232,9 @@ void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * then one float multiply-add per super-block in block order, the same for a matvec and any
  * token of a tile, so outputs do not depend on the batch or the row split. */
 void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* Q4_K (ops_q4k_avx512_packed.c): reads sh__cpu_act.qk; as Q6_K's, exact integers per super-block
+ * and row and one float multiply-add each for d and dmin per super-block in block order. */
+void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The ISA's packed-weight kernel for a type (NULL when it has none). */
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);

@@ -370,6 +370,7 @@ const sh__cpu_kernels sh__cpu_kernels_avx512 = {
     .mmp_q5_0 = sh__cpu_avx512_mmp_q5_0,
     .mmp_q5_1 = sh__cpu_avx512_mmp_q5_1,
     .mmp_q6_k = sh__cpu_avx512_mmp_q6_k,
+    .mmp_q4_k = sh__cpu_avx512_mmp_q4_k,
     .dot = dot,
     .axpy = axpy,
     .sumsq = sumsq,

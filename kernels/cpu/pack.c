@@ -1,5 +1,6 @@
 /* Load-time repacking of quantized weights into the 16-row interleaved layout of the CPU
  * backend's packed kernels (the layout is described at SH_CPU_PACK_ROWS in cpu.h). */
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -18,6 +19,8 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
         return 32 * 16 * 2;
     case SH_DTYPE_Q6_K:
         return SH_CPU_PACK_Q6K_BLOCK;
+    case SH_DTYPE_Q4_K:
+        return SH_CPU_PACK_Q4K_BYTES;
     default:
         return 0;
     }
@@ -39,6 +42,8 @@ size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
 {
     if (type == SH_DTYPE_Q6_K) /* codes and scales per super-block, then the 16 rows' d */
         return ((size_t)(n_in / SH_QK_K) * (SH_CPU_PACK_Q6K_BLOCK + 32) + 63) & ~(size_t)63;
+    if (type == SH_DTYPE_Q4_K)
+        return (size_t)(n_in / SH_QK_K) * SH_CPU_PACK_Q4K_BYTES;
     const size_t nb = (size_t)(n_in / SH_CPU_QK);
     return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type) + high_bytes(type)) +
             63) &
@@ -147,6 +152,27 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
     memcpy(blk, &out, sizeof out);
 }
 
+/* ---- Q4_K (layout at SH_CPU_PACK_ROWS in cpu.h) ---- */
+
+/* Super-block b of row r (r < 16) of a group to or from its place in the packed group pg;
+ * `to_packed` chooses the direction, so that both share the offsets. */
+static void q4k_block(uint8_t *pg, size_t r, int64_t b, uint8_t *blk, bool to_packed)
+{
+    /* 32 code vectors of 4 qs bytes per row, 3 scale vectors of 4 of the 12 scale bytes per row,
+     * then the d and dmin halves */
+    uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
+    const size_t qs = offsetof(sh_block_q4_k, qs), sc = offsetof(sh_block_q4_k, scales);
+    for (size_t v = 0; v < 35; v++) {
+        uint8_t *p = pb + 64 * v + 4 * r, *f = blk + (v < 32 ? qs + 4 * v : sc + 4 * (v - 32));
+        memcpy(to_packed ? p : f, to_packed ? f : p, 4);
+    }
+    uint8_t *pd = pb + SH_CPU_PACK_Q4K_D + 2 * r, *pm = pd + 32;
+    memcpy(to_packed ? pd : blk + offsetof(sh_block_q4_k, d),
+           to_packed ? blk + offsetof(sh_block_q4_k, d) : pd, 2);
+    memcpy(to_packed ? pm : blk + offsetof(sh_block_q4_k, dmin),
+           to_packed ? blk + offsetof(sh_block_q4_k, dmin) : pm, 2);
+}
+
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst)
 {
     const int64_t nb = n_in / SH_CPU_QK;
@@ -154,6 +180,14 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
     const size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
     uint8_t *out = dst;
     memset(out, 0, sh__cpu_pack_bytes(type, n_out, n_in)); /* padding rows: zero scales, codes */
+    if (type == SH_DTYPE_Q4_K) {
+        for (int64_t row = 0; row < n_out; row++)
+            for (int64_t b = 0; b < n_in / SH_QK_K; b++)
+                q4k_block(
+                    out + (size_t)(row / SH_CPU_PACK_ROWS) * gb, (size_t)(row % SH_CPU_PACK_ROWS),
+                    b, (uint8_t *)src + (size_t)row * rb + (size_t)b * sizeof(sh_block_q4_k), true);
+        return;
+    }
     if (type == SH_DTYPE_Q6_K) {
         pack_q6_k(src, n_out, n_in, out);
         return;
@@ -206,6 +240,12 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[256])
 {
+    if (type == SH_DTYPE_Q4_K) {
+        const size_t gb = sh__cpu_pack_group_bytes(type, n_in);
+        q4k_block((uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
+                  (size_t)(row % SH_CPU_PACK_ROWS), b, blk, false);
+        return;
+    }
     if (type == SH_DTYPE_Q6_K) {
         unpack_q6_k(packed, n_in, row, b, blk);
         return;
@@ -261,6 +301,8 @@ sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mmp_q5_1;
     case SH_DTYPE_Q6_K:
         return k->mmp_q6_k;
+    case SH_DTYPE_Q4_K:
+        return k->mmp_q4_k;
     default:
         return NULL;
     }

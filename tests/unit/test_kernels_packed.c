@@ -283,6 +283,215 @@ static void test_packed_embed(void)
     sh_backend_destroy(be);
 }
 
+/* ---- Q4_K (256-element super-blocks, packed for the AVX-512 VNNI kernel) ------------------- */
+
+/* Packing a Q4_K weight and unpacking every super-block of every row gives the file's bytes back
+ * (padding rows: zeros); the documented layout holds byte for byte; the packed size is the
+ * file's plus the padding rows. */
+static void test_q4k_pack_roundtrip(void)
+{
+    const int64_t n_out = 21, n_in = 768, nb = n_in / 256;
+    wmat w = make_w(SH_DTYPE_Q4_K, n_out, n_in);
+    const size_t rb = sh__dtype_row_bytes(SH_DTYPE_Q4_K, (uint64_t)n_in);
+    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q4_K, n_in);
+    CHECK_INT_EQ(gb, 16 * rb);
+    CHECK_INT_EQ(sh__cpu_pack_bytes(SH_DTYPE_Q4_K, n_out, n_in), 2 * gb);
+    uint8_t *p = malloc(2 * gb);
+    memset(p, 0xa5, 2 * gb); /* the packer must write every byte */
+    sh__cpu_pack(SH_DTYPE_Q4_K, w.t.data, n_out, n_in, p);
+    for (int64_t r = 0; r < 32; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            _Alignas(16) uint8_t blk[256], want[sizeof(sh_block_q4_k)];
+            sh__cpu_unpack_block(SH_DTYPE_Q4_K, p, n_in, r, b, blk);
+            if (r < n_out)
+                memcpy(want, (const uint8_t *)w.t.data + (size_t)r * rb + (size_t)b * sizeof want,
+                       sizeof want);
+            else
+                memset(want, 0, sizeof want);
+            if (memcmp(blk, want, sizeof want) != 0)
+                SH_FAIL_("Q4_K row %lld block %lld: unpacked bytes differ", (long long)r,
+                         (long long)b);
+            const sh_block_q4_k *k = (const sh_block_q4_k *)want;
+            const uint8_t *pb = p + (size_t)(r / 16) * gb + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
+            const int64_t l = r % 16;
+            for (int i = 0; i < 128; i++)
+                CHECK_INT_EQ(pb[64 * (i / 4) + 4 * l + i % 4], k->qs[i]);
+            for (int i = 0; i < 12; i++)
+                CHECK_INT_EQ(pb[2048 + 64 * (i / 4) + 4 * l + i % 4], k->scales[i]);
+            uint16_t d, dm;
+            memcpy(&d, pb + SH_CPU_PACK_Q4K_D + 2 * l, 2);
+            memcpy(&dm, pb + SH_CPU_PACK_Q4K_D + 32 + 2 * l, 2);
+            CHECK_INT_EQ(d, k->d);
+            CHECK_INT_EQ(dm, k->dmin);
+        }
+    free(p);
+    free_w(&w);
+}
+
+/* The packed Q4_K kernel called directly against the scalar reference kernel on the file layout,
+ * with the same Q8_K activations: within 2e-5 of sum_k |w||x| (the integers are exact; only the
+ * float order differs). Ragged row counts (padding rows, masked stores), token counts around the
+ * 4-token tile (1, 2, 4, 5, 17), accumulate on and off, row sub-ranges starting inside a group
+ * (rows outside the range untouched), and every token of a batch bit-identical to the same token
+ * alone (the matvec path). */
+static void test_q4k_kernel(void)
+{
+    if (sh__cpu_isa_detect() < SH_BACKEND_CPU_ISA_AVX512) {
+        fprintf(stderr, "q4k_kernel: no AVX-512 VNNI here, nothing to test\n");
+        return;
+    }
+    const int64_t n_ins[] = {256, 768, 2816};
+    const int64_t n_outs[] = {1, 7, 16, 33, 50};
+    const int64_t n_toks[] = {1, 2, 4, 5, 17};
+    for (size_t ai = 0; ai < 3; ai++)
+        for (size_t bi = 0; bi < 5; bi++)
+            for (size_t ci = 0; ci < 5; ci++) {
+                const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
+                const int64_t nb = n_in / 256;
+                wmat w = make_w(SH_DTYPE_Q4_K, n_out, n_in);
+                const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q4_K, n_in);
+                const size_t pbytes = sh__cpu_pack_bytes(SH_DTYPE_Q4_K, n_out, n_in);
+                uint8_t *p = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
+                sh__cpu_pack(SH_DTYPE_Q4_K, w.t.data, n_out, n_in, p);
+                float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+                fill(x, n_tok * n_in, 1.0f);
+                x[0] = 3.0f;
+                sh_block_q8_k *qk = malloc((size_t)(n_tok * nb) * sizeof *qk);
+                sh__quant_k_quantize(SH_DTYPE_Q8_K, x, qk, n_tok * nb);
+                const size_t ny = (size_t)(n_tok * n_out);
+                float *yr = malloc(ny * sizeof(float)), *y0 = malloc(ny * sizeof(float));
+                float *y = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float));
+                fill(y0, (int64_t)ny, 1.0f);
+                const sh__cpu_act act = {.x = x, .qk = qk, .n_in = n_in, .n_tok = n_tok};
+                sh__cpu_mm mr = {&act, w.t.data, sh__dtype_row_bytes(SH_DTYPE_Q4_K, (uint64_t)n_in),
+                                 yr,   n_out,    0};
+                sh__cpu_mm_ref_q4_k(&mr, 0, n_out);
+                /* row ranges: all; from the second group; inside the first two groups */
+                const int64_t ranges[3][2] = {
+                    {0, n_out}, {16, n_out}, {3, n_out < 20 ? n_out : 20}};
+                for (int ri = 0; ri < 3; ri++)
+                    for (int accum = 0; accum < 2; accum++) {
+                        const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
+                        if (r0 >= r1 || (ri > 0 && accum == 0))
+                            continue;
+                        memcpy(y, y0, ny * sizeof(float));
+                        sh__cpu_mm m = {&act, p, gb, y, n_out, accum};
+                        sh__cpu_avx512_mmp_q4_k(&m, r0, r1);
+                        double worst = 0;
+                        for (int64_t t = 0; t < n_tok; t++)
+                            for (int64_t r = 0; r < n_out; r++) {
+                                const size_t i = (size_t)(t * n_out + r);
+                                if (r < r0 || r >= r1) {
+                                    CHECK(y[i] == y0[i]);
+                                    continue;
+                                }
+                                double sa = 0;
+                                for (int64_t k = 0; k < n_in; k++)
+                                    sa += fabs((double)w.deq[r * n_in + k] * x[t * n_in + k]);
+                                const double want = (double)yr[i] + (accum ? y0[i] : 0.0);
+                                const double e =
+                                    fabs(y[i] - want) / (sa + (accum ? fabs(y0[i]) : 0));
+                                if (!(e <= worst))
+                                    worst = e;
+                            }
+                        if (!(worst <= 2e-5))
+                            SH_FAIL_("packed Q4_K n_in %lld n_out %lld n_tok %lld rows "
+                                     "[%lld, %lld) accumulate %d: %.3g",
+                                     (long long)n_in, (long long)n_out, (long long)n_tok,
+                                     (long long)r0, (long long)r1, accum, worst);
+                    }
+                /* each token alone (a matvec) gives the batch's bits */
+                sh__cpu_mm m = {&act, p, gb, y, n_out, 0};
+                sh__cpu_avx512_mmp_q4_k(&m, 0, n_out);
+                for (int64_t t = 0; t < n_tok; t++) {
+                    const sh__cpu_act one = {
+                        .x = x + t * n_in, .qk = qk + t * nb, .n_in = n_in, .n_tok = 1};
+                    sh__cpu_mm m1 = {&one, p, gb, y1, n_out, 0};
+                    sh__cpu_avx512_mmp_q4_k(&m1, 0, n_out);
+                    if (memcmp(y1, y + t * n_out, (size_t)n_out * sizeof(float)) != 0)
+                        SH_FAIL_("packed Q4_K n_in %lld n_out %lld: token %lld of %lld alone "
+                                 "differs from its batch",
+                                 (long long)n_in, (long long)n_out, (long long)t, (long long)n_tok);
+                }
+                free(p);
+                free(x);
+                free(qk);
+                free(yr);
+                free(y0);
+                free(y);
+                free(y1);
+                free_w(&w);
+            }
+}
+
+/* Through the backend: a prepared Q4_K weight (packed on AVX-512 VNNI, the file layout elsewhere)
+ * against the scalar backend, plain and with the residual add, with 1, 2 and 3 threads giving the
+ * same bits; and an embedding lookup in the prepared table (a tied head) bitwise equal to the
+ * file's rows, with the file's bytes scribbled over. */
+static void test_q4k_backend(void)
+{
+    const int64_t n_in = 512, n_out = 70, n_tok = 7;
+    wmat w = make_w(SH_DTYPE_Q4_K, n_out, n_in);
+    float x[7 * 512], ry[7 * 70], y0[7 * 70], y[3][7 * 70], ya[3][7 * 70];
+    fill(x, n_tok * n_in, 1.0f);
+    fill(y0, n_tok * n_out, 1.0f);
+    sh_backend *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *rs;
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    CHECK_OK(sh_backend_matmul(ref, rs, &w.t, x, n_tok, ry));
+    CHECK_OK(sh_backend_sync(ref, rs));
+    for (int n = 1; n <= 3; n++) {
+        sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, n);
+        sh_backend_stream *s;
+        CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+        CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+        memcpy(ya[n - 1], y0, sizeof y0);
+        CHECK_OK(sh_backend_matmul(be, s, &w.t, x, n_tok, y[n - 1]));
+        CHECK_OK(sh_backend_matmul_add(be, s, &w.t, x, n_tok, ya[n - 1]));
+        CHECK_OK(sh_backend_sync(be, s));
+        sh_backend_weight_release(be, w.t.data);
+        sh_backend_stream_destroy(be, s);
+        sh_backend_destroy(be);
+        for (int j = 0; j < n_tok * n_out; j++) {
+            CHECK_NEAR(y[n - 1][j], ry[j], 1e-4 * (1 + fabs(ry[j])));
+            CHECK_NEAR(ya[n - 1][j], y0[j] + ry[j], 1e-4 * (1 + fabs(ry[j])));
+        }
+    }
+    for (int n = 1; n < 3; n++) {
+        CHECK(memcmp(y[0], y[n], sizeof y[0]) == 0);
+        CHECK(memcmp(ya[0], ya[n], sizeof ya[0]) == 0);
+    }
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(ref);
+
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 2);
+    sh_backend_stream *s;
+    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+    CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+    if (sh_backend_weight_copied(be, &w.t))
+        memset(w.t.data, 0x5a, sh__dtype_row_bytes(SH_DTYPE_Q4_K, (uint64_t)n_in) * n_out);
+    const int32_t ids[] = {0, 1, 15, 16, 17, 69, 3, -1, 70, 40};
+    const int64_t n_ids = sizeof ids / sizeof ids[0];
+    float *e = malloc((size_t)(n_ids * n_in) * sizeof(float));
+    CHECK_OK(sh_backend_embed(be, s, &w.t, ids, n_ids, e));
+    CHECK_OK(sh_backend_sync(be, s));
+    for (int64_t t = 0; t < n_ids; t++)
+        for (int64_t k = 0; k < n_in; k++) {
+            const float want = ids[t] < 0 || ids[t] >= n_out ? 0.0f : w.deq[ids[t] * n_in + k];
+            if (e[t * n_in + k] != want) {
+                SH_FAIL_("Q4_K id %d element %lld: %g vs %g", (int)ids[t], (long long)k,
+                         e[t * n_in + k], want);
+                t = n_ids;
+                break;
+            }
+        }
+    free(e);
+    sh_backend_weight_release(be, w.t.data);
+    sh_backend_stream_destroy(be, s);
+    sh_backend_destroy(be);
+    free_w(&w);
+}
+
 /* The vectorized SwiGLU (its exp approximation) against the double formula over the whole
  * range that matters, plus the ends where exp over- or underflows; odd lengths for the tail. */
 static void test_swiglu_range(void)
@@ -504,11 +713,19 @@ static void test_q6k_backend(void)
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"pack_layout", test_pack_layout},   {"packed_vs_ref", test_packed_vs_ref},
-        {"packed_fused", test_packed_fused}, {"prepare_release", test_prepare_release},
-        {"swiglu_range", test_swiglu_range}, {"packed_embed", test_packed_embed},
-        {"q6k_layout", test_q6k_layout},     {"q6k_kernel", test_q6k_kernel},
-        {"q6k_backend", test_q6k_backend},   {NULL, NULL},
+        {"pack_layout", test_pack_layout},
+        {"packed_vs_ref", test_packed_vs_ref},
+        {"packed_fused", test_packed_fused},
+        {"prepare_release", test_prepare_release},
+        {"swiglu_range", test_swiglu_range},
+        {"packed_embed", test_packed_embed},
+        {"q6k_layout", test_q6k_layout},
+        {"q6k_kernel", test_q6k_kernel},
+        {"q6k_backend", test_q6k_backend},
+        {"q4k_pack_roundtrip", test_q4k_pack_roundtrip},
+        {"q4k_kernel", test_q4k_kernel},
+        {"q4k_backend", test_q4k_backend},
+        {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }

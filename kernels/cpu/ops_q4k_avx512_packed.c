@@ -1,0 +1,211 @@
+/* AVX-512 VNNI matmul kernel on packed Q4_K weights (16 rows interleaved per super-block, see
+ * SH_CPU_PACK_ROWS in cpu.h): one dpbusd per 64 multiply-adds with the 16 rows in the lanes, a
+ * decode matvec that streams the weights with software prefetch, and prefill tiles of up to NT
+ * tokens that unpack each weight vector once per tile. */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* Tokens per register tile: an int32 and a float accumulator per token beside the 8 unpacked code
+ * vectors and the masks (the decoded scales are read from the stack, as memory operands). */
+#define NT 4
+_Static_assert(NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail switch)");
+
+/* A super-block's scales for the 16 rows of a group, decoded once for all tokens of a tile.
+ * Sub-block j's codes are the low nibbles (j even) or the high nibbles kept in place, i.e. 16 times
+ * the code (j odd; masking with 0xF0 saves the shift). So that both kinds sum into one int32
+ * accumulator as 16 * sum_j sc_j dot_j, the even sub-blocks' scales are stored times 16.
+ * Bounds (|a| <= 128, codes <= 15, sc <= 63): 16 sc_j dot_j <= 16 * 63 * 32 * 15 * 128 < 2^26,
+ * eight of them < 2^29. The minimum pairs (m_j, m_j) as int16 meet the activations' 16-element
+ * sums (bsums 2j, 2j + 1, each |.| <= 2048) in one dpwssd: sum_j m_j (b_2j + b_2j+1) < 2^21. */
+typedef struct q4k_scales {
+    __m512i sc[8]; /* int32 per row: 16 sc_j (j even) or sc_j (j odd) */
+    __m512i mp[8]; /* int16 pairs per row: (m_j, m_j) */
+    __m512 d, dmin;
+} q4k_scales;
+
+/* The byte shuffle that moves byte k of each 32-bit lane to its low byte (pair = 0) or to both of
+ * its 16-bit halves (pair = 1), zeroing the rest. */
+INL __m512i pick_ctrl(int k, int pair)
+{
+    const int z = 0x80;
+    const __m128i c = pair ? _mm_setr_epi8((char)k, z, (char)k, z, (char)(4 + k), z, (char)(4 + k),
+                                           z, (char)(8 + k), z, (char)(8 + k), z, (char)(12 + k), z,
+                                           (char)(12 + k), z)
+                           : _mm_setr_epi8((char)k, z, z, z, (char)(4 + k), z, z, z, (char)(8 + k),
+                                           z, z, z, (char)(12 + k), z, z, z);
+    return _mm512_broadcast_i32x4(c);
+}
+
+INL void decode_scales(const uint8_t *pb, q4k_scales *s)
+{
+    const __m512i v0 = _mm512_loadu_si512((const void *)(pb + 2048));
+    const __m512i v1 = _mm512_loadu_si512((const void *)(pb + 2112));
+    const __m512i v2 = _mm512_loadu_si512((const void *)(pb + 2176));
+    const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
+    const __m512i t2 = _mm512_set1_epi8(0x30);
+    /* quant_k.c's get_scale_min for 16 rows, four sub-blocks per 32-bit lane: j < 4 are the low
+     * six bits of bytes j (sc) and 4 + j (m); j >= 4 the low (sc) or high (m) nibble of byte
+     * j + 4 with the top two bits of byte j - 4 (sc) or j (m) above it. The 32-bit shifts carry
+     * bits across bytes only into the masked-off positions. */
+    const __m512i sc_lo = _mm512_and_si512(v0, m6), m_lo = _mm512_and_si512(v1, m6);
+    const __m512i sc_hi =
+        _mm512_or_si512(_mm512_and_si512(v2, m4), _mm512_and_si512(_mm512_srli_epi32(v0, 2), t2));
+    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 4), m4),
+                                         _mm512_and_si512(_mm512_srli_epi32(v1, 2), t2));
+    for (int k = 0; k < 4; k++) {
+        const __m512i c1 = pick_ctrl(k, 0), c2 = pick_ctrl(k, 1);
+        const __m512i a = _mm512_shuffle_epi8(sc_lo, c1), b = _mm512_shuffle_epi8(sc_hi, c1);
+        s->sc[k] = k % 2 ? a : _mm512_slli_epi32(a, 4);
+        s->sc[4 + k] = k % 2 ? b : _mm512_slli_epi32(b, 4);
+        s->mp[k] = _mm512_shuffle_epi8(m_lo, c2);
+        s->mp[4 + k] = _mm512_shuffle_epi8(m_hi, c2);
+    }
+    s->d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_Q4K_D)));
+    s->dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_Q4K_D + 32)));
+}
+
+INL __m512i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Rows [16g, 16g + 16) against tokens t0 .. t0 + nt - 1, stored for rows [r0, r1). Per super-block
+ * b, token t and row r (q codes, a the token's Q8_K codes with scale da and 16-element sums
+ * bsums):
+ *   16 isum = sum_j 16 sc_j sum_{i in j} q_i a_i   (int32, exact, as ordered in q4k_scales)
+ *   msum = sum_j m_j (bsums_2j + bsums_2j+1)       (int32, exact)
+ *   acc += float(16 isum) * (d * da / 16);  acc -= float(msum) * (dmin * da)
+ * in super-block order. Every token runs the same operations whatever nt is, so a token's output
+ * does not depend on its tile (nor on the rows' split across threads). */
+INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
+    __m512 acc[8];
+    for (int i = 0; i < nt; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = w + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
+        if (nt == 1) /* a matvec streams the weights once: keep more misses in flight (L2) */
+            for (int o = 0; o < SH_CPU_PACK_Q4K_BYTES; o += 64)
+                _mm_prefetch((const char *)pb + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
+        q4k_scales s;
+        decode_scales(pb, &s);
+        const sh_block_q8_k *ab[8];
+        __m512i ia[8];
+        for (int i = 0; i < nt; i++) {
+            ab[i] = a->qk + (t0 + i) * nb + b;
+            ia[i] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 8; j++) {
+            /* sub-block j: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7 */
+            const uint8_t *pv = pb + 64 * 8 * (j / 2);
+            const __m512i mask = j % 2 ? hi4 : lo4;
+            __m512i q[8];
+            for (int v = 0; v < 8; v++)
+                q[v] = _mm512_and_si512(_mm512_loadu_si512((const void *)(pv + 64 * v)), mask);
+            for (int i = 0; i < nt; i++) {
+                const int8_t *aq = ab[i]->qs + 32 * j;
+                /* two chains of four (a token alone would otherwise wait on the dpbusd latency
+                 * eight times per sub-block) */
+                __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
+                __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(aq + 4));
+                d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(aq + 8));
+                d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(aq + 12));
+                d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(aq + 16));
+                d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(aq + 20));
+                d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(aq + 24));
+                d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(aq + 28));
+                ia[i] =
+                    _mm512_add_epi32(ia[i], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), s.sc[j]));
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            const int16_t *bs = ab[i]->bsums;
+            __m512i ms = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s.mp[0], bcast4(bs));
+            __m512i ms1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s.mp[1], bcast4(bs + 2));
+            for (int k = 2; k < 8; k += 2) {
+                ms = _mm512_dpwssd_epi32(ms, s.mp[k], bcast4(bs + 2 * k));
+                ms1 = _mm512_dpwssd_epi32(ms1, s.mp[k + 1], bcast4(bs + 2 * k + 2));
+            }
+            const float da = ab[i]->d;
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]),
+                                     _mm512_mul_ps(s.d, _mm512_set1_ps(da * 0.0625f)), acc[i]);
+            acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ms, ms1)),
+                                      _mm512_mul_ps(s.dmin, _mm512_set1_ps(da)), acc[i]);
+        }
+    }
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    for (int i = 0; i < nt; i++) {
+        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
+        __m512 v = acc[i];
+        if (m->accumulate)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+        _mm512_mask_storeu_ps(y, k, v);
+    }
+}
+
+/* Activation bytes of a token block: the tokens whose Q8_K rows stay in L2 while every row group
+ * of the chunk passes over them. */
+#define TOK_BLOCK_BYTES (1 << 20)
+
+/* Token blocks outermost, then row groups, then token tiles (as the other packed kernels): a
+ * group's packed super-blocks (nb * 2304 bytes) stay in L1/L2 while the block's tiles pass over
+ * them. */
+TGT void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
+    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
+    tb = tb < NT ? NT : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+            int64_t t = t0;
+            for (; t + NT <= t1; t += NT)
+                tile(m, g, r0, r1, t, NT);
+            /* the tail: each tile size a compile-time constant */
+            switch (t1 - t) {
+            case 7:
+                tile(m, g, r0, r1, t, 7);
+                break;
+            case 6:
+                tile(m, g, r0, r1, t, 6);
+                break;
+            case 5:
+                tile(m, g, r0, r1, t, 5);
+                break;
+            case 4:
+                tile(m, g, r0, r1, t, 4);
+                break;
+            case 3:
+                tile(m, g, r0, r1, t, 3);
+                break;
+            case 2:
+                tile(m, g, r0, r1, t, 2);
+                break;
+            case 1:
+                tile(m, g, r0, r1, t, 1);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+#else
+typedef int sh__cpu_q4k_packed_unused; /* not x86-64: the table never names the kernel */
+#endif
