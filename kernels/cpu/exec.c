@@ -10,6 +10,9 @@
 /* Output rows per fused-SwiGLU chunk: the gate and up results of a chunk sit in the thread's
  * scratch (2 * n_tok * CHUNK floats) before they are combined. */
 #define SWIGLU_CHUNK 16
+/* The same for one token (a decode step): longer, so that each kernel call spans enough 16-row
+ * groups for the packed matvec's side-by-side streams (ops_avx512_packed.c, MV_STREAMS). */
+#define SWIGLU_MV_CHUNK 512
 /* Row alignment of the work chunks: whole 16-row groups of the packed kernels (and of the
  * file-layout kernels' row groups). */
 #define ROW_ALIGN 16
@@ -152,7 +155,8 @@ static void mm_run(void *arg, int tid, int nth)
         const int64_t n_ff = a->w[0].ne[1];
         const wview vg = view_of(k, &a->w[0], j->packed[0]);
         const wview vu = view_of(k, &a->w[1], j->packed[1]);
-        float *g = thread_tmp(j->c, tid), *u = g + a->n_tok * SWIGLU_CHUNK;
+        float *g = thread_tmp(j->c, tid);
+        float *u = g + (a->n_tok == 1 ? SWIGLU_MV_CHUNK : a->n_tok * SWIGLU_CHUNK);
         const int64_t units = (n_ff + SWIGLU_CHUNK - 1) / SWIGLU_CHUNK;
         const int64_t per = sh__cpu_pool_chunk(pool, units, CHUNKS_PER_THREAD);
         while (sh__cpu_pool_claim(pool, 1, units, per, &lo, &hi))
@@ -172,20 +176,20 @@ static void mm_run(void *arg, int tid, int nth)
 }
 
 /* Gate and up rows [lo, hi) (lo a multiple of SWIGLU_CHUNK) with SwiGLU, via the thread's
- * scratch g, u (SWIGLU_CHUNK rows x n_tok each). */
+ * scratch g, u (step rows x n_tok each: SWIGLU_CHUNK, or SWIGLU_MV_CHUNK for one token). */
 static void mm_swiglu_range(mm_job *j, const wview *vg, const wview *vu, float *g, float *u,
                             int64_t lo, int64_t hi)
 {
     const sh_matmul_args *a = j->a;
-    const int64_t n_ff = a->w[0].ne[1];
-    for (int64_t c0 = lo; c0 < hi; c0 += SWIGLU_CHUNK) {
-        int64_t len = hi - c0 < SWIGLU_CHUNK ? hi - c0 : SWIGLU_CHUNK;
-        sh__cpu_mm mg = {&j->act, view_at(vg, c0), vg->stride, g, SWIGLU_CHUNK, 0};
-        sh__cpu_mm mu = {&j->act, view_at(vu, c0), vu->stride, u, SWIGLU_CHUNK, 0};
+    const int64_t n_ff = a->w[0].ne[1], step = a->n_tok == 1 ? SWIGLU_MV_CHUNK : SWIGLU_CHUNK;
+    for (int64_t c0 = lo; c0 < hi; c0 += step) {
+        int64_t len = hi - c0 < step ? hi - c0 : step;
+        sh__cpu_mm mg = {&j->act, view_at(vg, c0), vg->stride, g, step, 0};
+        sh__cpu_mm mu = {&j->act, view_at(vu, c0), vu->stride, u, step, 0};
         vg->fn(&mg, 0, len);
         vu->fn(&mu, 0, len);
         for (int64_t t = 0; t < a->n_tok; t++)
-            j->glu(g + t * SWIGLU_CHUNK, u + t * SWIGLU_CHUNK, a->y[0] + t * n_ff + c0, len);
+            j->glu(g + t * step, u + t * step, a->y[0] + t * n_ff + c0, len);
     }
 }
 
@@ -248,7 +252,8 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
     j.glu = a->act == SH_MATMUL_ACT_SWIGLU  ? c->kern->swiglu
             : a->act == SH_MATMUL_ACT_GEGLU ? sh__cpu_geglu_for(c->kern->isa)
                                             : NULL;
-    if (j.glu && !grow_tmp(c, (size_t)(2 * n_tok * SWIGLU_CHUNK)))
+    if (j.glu &&
+        !grow_tmp(c, (size_t)(n_tok == 1 ? 2 * SWIGLU_MV_CHUNK : 2 * n_tok * SWIGLU_CHUNK)))
         return SH_ENOMEM;
     for (int i = 0; i < a->n_w && n_tok > 1; i++)
         j.prep_xt |= a->w[i].type == SH_DTYPE_F16 && op->packed[i] != NULL;

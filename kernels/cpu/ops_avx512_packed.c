@@ -17,11 +17,19 @@
 
 enum { K_Q4_0, K_Q4_1, K_Q8_0, K_Q5_0, K_Q5_1 };
 
-/* Software prefetch distance of the matvecs, in bytes, into L2. One core's demand misses alone
- * reach only about half the read bandwidth of this machine type (the line-fill buffers cap the
- * misses in flight); prefetching 4-8 KiB ahead measured 1.3-2x faster on 1 thread (tinyllama
- * shapes; 1 KiB, 16 KiB and the L3 hint worse, the L1 hint no better). */
-#define PF_DIST 8192
+/* The decode matvec (one token) walks MV_STREAMS row-group ranges side by side, one group of each
+ * at a time, block by block, and software-prefetches each stream MV_PF_DIST bytes ahead into L2.
+ * One core streaming a single sequential run reaches only part of the read bandwidth (few misses
+ * in flight: the fill buffers, and an L2 streamer that runs ahead of one run within a 4 KiB
+ * page); several independent runs keep more lines in flight. Gemma 3 270M's 262144 x 640 Q8_0
+ * head, 1 thread, variants alternated in one process on a loaded 2-vCPU Sapphire Rapids VM, mean
+ * of 12 rounds: one stream 8 KiB ahead (the kernel before) 7.3 GB/s, 8 streams 1 KiB ahead 9.8;
+ * in other runs 2 and 4 streams fell in between, 16 streams and 512 B or 1.5 KiB ahead were no
+ * better, 8 streams without software prefetch lost 10-20% on the 2048 x 640 Q5_0 matrices. Each
+ * group's sums run the same instructions as in the prefill tiles, so a token's result does not
+ * depend on the path (test_kernels_packed: matvec_streams). */
+#define MV_STREAMS 8
+#define MV_PF_DIST 1024
 #define PF_HINT _MM_HINT_T1
 
 INL __m512i bcast4(const int8_t *p)
@@ -29,6 +37,97 @@ INL __m512i bcast4(const int8_t *p)
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
+}
+
+/* Block b of a packed 16-row group w (nb blocks per row) unpacked: q[j] pairs with activation
+ * bytes 4j .. 4j + 3 of the block (see cpu.h); dw holds the 16 rows' scales and vw the factor of
+ * the block-sum term (dw, or the minimums of Q4_1/Q5_1). */
+INL void unpack(const uint8_t *w, int64_t nb, int64_t b, const int kind, __m512i q[8], __m512 *dw,
+                __m512 *vw)
+{
+    const size_t cb = kind == K_Q8_0 ? 512 : 256; /* code bytes per block */
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1, q5 = kind == K_Q5_0 || kind == K_Q5_1;
+    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32; /* d, m (Q4_1/Q5_1) */
+    const uint8_t *wh = wd + (size_t)nb * 32 * (has_m ? 2 : 1);          /* Q5 fifth bits */
+    const uint8_t *wb = w + (size_t)b * cb;
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
+    *vw = has_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wm + b * 32))) : *dw;
+    if (kind == K_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            q[j] = _mm512_loadu_si512((const void *)(wb + 64 * j));
+        return;
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    for (int j = 0; j < 4; j++) {
+        const __m512i z = _mm512_loadu_si512((const void *)(wb + 64 * j));
+        q[j] = _mm512_and_si512(z, low4);
+        q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+    }
+    if (q5) {
+        const __m512i c16 = _mm512_set1_epi8(16);
+        for (int j = 0; j < 8; j++) {
+            uint64_t hb;
+            memcpy(&hb, wh + b * 64 + 8 * j, 8);
+            q[j] = _mm512_mask_add_epi8(q[j], _cvtu64_mask64(hb), q[j], c16);
+        }
+    }
+}
+
+/* Software prefetches for block b of group w, dist bytes ahead in each of its parts. */
+INL void prefetch(const uint8_t *w, int64_t nb, int64_t b, const int kind, size_t dist)
+{
+    const size_t cb = kind == K_Q8_0 ? 512 : 256;
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1, q5 = kind == K_Q5_0 || kind == K_Q5_1;
+    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32;
+    const uint8_t *wh = wd + (size_t)nb * 32 * (has_m ? 2 : 1);
+    for (size_t o = 0; o < cb; o += 64)
+        _mm_prefetch((const char *)(w + (size_t)b * cb) + dist + o, PF_HINT);
+    if (b % 2 == 0) { /* the scales: 64 bytes per two blocks, 1/8 of the codes' pace */
+        _mm_prefetch((const char *)(wd + b * 32) + dist / 8, PF_HINT);
+        if (has_m)
+            _mm_prefetch((const char *)(wm + b * 32) + dist / 8, PF_HINT);
+    }
+    if (q5) /* the fifth bits: 64 bytes per block, 1/4 of the codes' pace */
+        _mm_prefetch((const char *)(wh + b * 64) + dist / 4, PF_HINT);
+}
+
+/* Token t's products with unpacked block b, added to acc (the scaled code sums) and acco (the
+ * block-sum term); see tile. */
+INL void dot(const sh__cpu_act *a, int64_t t, int64_t b, const __m512i q[8], __m512 dw, __m512 vw,
+             __m512 *acc, __m512 *acco)
+{
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    const int8_t *ab = a->qs + t * a->n_in + b * SH_CPU_QK;
+    __m512i d0, d1;
+    /* Two dependency chains of four dpbusd each (one token alone would otherwise wait on the
+     * dpbusd latency eight times per block). */
+    d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(ab));
+    d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(ab + 4));
+    d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(ab + 8));
+    d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(ab + 12));
+    d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(ab + 16));
+    d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(ab + 20));
+    d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(ab + 24));
+    d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(ab + 28));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+    *acc = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a->d[t * nb + b])), *acc);
+    *acco = _mm512_fmadd_ps(vw, _mm512_set1_ps(a->s[t * nb + b]), *acco);
+}
+
+/* Token t's outputs of group g, the rows in [r0, r1): acc + c acco (c: the offset of tile's
+ * formula). */
+INL void store(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t, const int kind,
+               __m512 acc, __m512 acco)
+{
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
+    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q5_0 ? -16.0f : has_m ? 1.0f : -128.0f;
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    float *y = m->y + t * m->ldy + 16 * g;
+    __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(c), acco, acc);
+    if (m->accumulate)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+    _mm512_mask_storeu_ps(y, k, v);
 }
 
 /* Rows [16g, 16g + 16) of the packed weight against tokens t0 .. t0 + nt - 1, stored for the
@@ -45,80 +144,54 @@ INL __m512i bcast4(const int8_t *p)
 INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt,
               const int kind)
 {
-    const sh__cpu_act *a = m->a;
-    const int64_t nb = a->n_in / SH_CPU_QK, n_in = a->n_in;
-    const size_t cb = kind == K_Q8_0 ? 512 : 256; /* code bytes per block */
-    const int has_m = kind == K_Q4_1 || kind == K_Q5_1, q5 = kind == K_Q5_0 || kind == K_Q5_1;
+    const int64_t nb = m->a->n_in / SH_CPU_QK;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    const uint8_t *wd = w + (size_t)nb * cb, *wm = wd + (size_t)nb * 32; /* d, m (Q4_1/Q5_1) */
-    const uint8_t *wh = wd + (size_t)nb * 32 * (has_m ? 2 : 1);          /* Q5 fifth bits */
-    const __m512i c16 = _mm512_set1_epi8(16);
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     __m512 acc[NT], acco[NT];
     for (int i = 0; i < nt; i++)
         acc[i] = acco[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * cb;
-        if (nt == 1) { /* a matvec streams the weights once: keep more misses in flight */
-            for (size_t o = 0; o < cb; o += 64)
-                _mm_prefetch((const char *)wb + PF_DIST + o, PF_HINT);
-            if (b % 2 == 0) { /* the scales: 64 bytes per two blocks, 1/8 of the codes' pace */
-                _mm_prefetch((const char *)(wd + b * 32) + PF_DIST / 8, PF_HINT);
-                if (has_m)
-                    _mm_prefetch((const char *)(wm + b * 32) + PF_DIST / 8, PF_HINT);
-            }
-            if (q5) /* the fifth bits: 64 bytes per block, 1/4 of the codes' pace */
-                _mm_prefetch((const char *)(wh + b * 64) + PF_DIST / 4, PF_HINT);
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
-        const __m512 vw =
-            has_m ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wm + b * 32))) : dw;
         __m512i q[8];
-        if (kind == K_Q8_0) {
-            for (int j = 0; j < 8; j++)
-                q[j] = _mm512_loadu_si512((const void *)(wb + 64 * j));
-        } else {
-            for (int j = 0; j < 4; j++) {
-                const __m512i z = _mm512_loadu_si512((const void *)(wb + 64 * j));
-                q[j] = _mm512_and_si512(z, low4);
-                q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-            }
-            if (q5)
-                for (int j = 0; j < 8; j++) {
-                    uint64_t hb;
-                    memcpy(&hb, wh + b * 64 + 8 * j, 8);
-                    q[j] = _mm512_mask_add_epi8(q[j], _cvtu64_mask64(hb), q[j], c16);
-                }
-        }
-        for (int i = 0; i < nt; i++) {
-            const int8_t *ab = a->qs + (t0 + i) * n_in + b * SH_CPU_QK;
-            __m512i d0, d1;
-            /* Two dependency chains of four dpbusd each (one token alone would otherwise wait on
-             * the dpbusd latency eight times per block). */
-            d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(ab));
-            d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(ab + 4));
-            d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(ab + 8));
-            d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(ab + 12));
-            d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(ab + 16));
-            d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(ab + 20));
-            d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(ab + 24));
-            d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(ab + 28));
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
-            const int64_t ai = (t0 + i) * nb + b;
-            acc[i] = _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a->d[ai])), acc[i]);
-            acco[i] = _mm512_fmadd_ps(vw, _mm512_set1_ps(a->s[ai]), acco[i]);
-        }
+        __m512 dw, vw;
+        unpack(w, nb, b, kind, q, &dw, &vw);
+        for (int i = 0; i < nt; i++)
+            dot(m->a, t0 + i, b, q, dw, vw, &acc[i], &acco[i]);
     }
-    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q5_0 ? -16.0f : has_m ? 1.0f : -128.0f;
-    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
-    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int i = 0; i < nt; i++) {
-        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
-        __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(c), acco[i], acc[i]);
-        if (m->accumulate)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
-        _mm512_mask_storeu_ps(y, k, v);
+    for (int i = 0; i < nt; i++)
+        store(m, g, r0, r1, t0 + i, kind, acc[i], acco[i]);
+}
+
+/* The matvec of groups g0 + k * step (k < ns) side by side: block b of each in turn. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1, const int kind)
+{
+    const int64_t nb = m->a->n_in / SH_CPU_QK;
+    const uint8_t *w[MV_STREAMS];
+    __m512 acc[MV_STREAMS], acco[MV_STREAMS];
+    for (int k = 0; k < ns; k++) {
+        w[k] = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+        acc[k] = acco[k] = _mm512_setzero_ps();
     }
+    for (int64_t b = 0; b < nb; b++)
+        for (int k = 0; k < ns; k++) {
+            __m512i q[8];
+            __m512 dw, vw;
+            prefetch(w[k], nb, b, kind, MV_PF_DIST);
+            unpack(w[k], nb, b, kind, q, &dw, &vw);
+            dot(m->a, 0, b, q, dw, vw, &acc[k], &acco[k]);
+        }
+    for (int k = 0; k < ns; k++)
+        store(m, g0 + k * step, r0, r1, 0, kind, acc[k], acco[k]);
+}
+
+/* One token: the groups of [r0, r1) in MV_STREAMS equal ranges walked side by side (see
+ * MV_STREAMS), the groups left over one at a time. */
+INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
+{
+    const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+    for (int64_t i = 0; i < part; i++)
+        mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1, kind);
+    for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+        mv_groups(m, g, 0, 1, r0, r1, kind);
 }
 
 /* Activation bytes of a token block: the tokens whose codes stay in L2 while every row group
@@ -133,6 +206,10 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
 INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
 {
     const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        matvec(m, r0, r1, kind);
+        return;
+    }
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT * NT;
     tb = tb < NT ? NT : tb;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
@@ -169,6 +246,9 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
  * one conversion per 16 weights for all nt tokens. One token alone splits the sum over the
  * elements into four accumulators to cover the FMA latency. */
 #define NTF 16
+/* Prefetch distance of the F16 matvec (one stream): 8 KiB ahead measured 1.3-2x faster than no
+ * prefetch on the quantized kernels' single-stream form (tinyllama shapes, 1 thread). */
+#define F16_PF_DIST 8192
 
 INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
 {
@@ -181,8 +261,8 @@ INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_
     if (nt == 1) {
         const float *x = a->x + t0 * n_in;
         for (int64_t k = 0; k < n_in; k += 4) {
-            _mm_prefetch((const char *)(w + 16 * k) + PF_DIST, _MM_HINT_T1);
-            _mm_prefetch((const char *)(w + 16 * k) + PF_DIST + 64, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + 16 * k) + F16_PF_DIST, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + 16 * k) + F16_PF_DIST + 64, _MM_HINT_T1);
             for (int u = 0; u < 4; u++)
                 acc[u] = _mm512_fmadd_ps(
                     _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * (k + u)))),

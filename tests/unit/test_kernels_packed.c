@@ -138,6 +138,70 @@ static void test_packed_fused(void)
     sh_backend_destroy(ref);
 }
 
+/* The decode matvec (one token: several row-group ranges walked side by side, see MV_STREAMS in
+ * ops_avx512_packed.c) against the prefill tiles: each token alone gives the bits of its row in
+ * a batch, with and without the residual add, and through the fused gate/up with SwiGLU (whose
+ * one-token chunks are longer), on 1 to 3 threads, for every packed quantized type; row counts
+ * where the streams' ranges leave groups over and end in a padded group. */
+static void test_matvec_streams(void)
+{
+    static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_Q5_0,
+                                     SH_DTYPE_Q5_1};
+    const int64_t n_in = 96, n_tok = 5, n_outs[] = {100, 261, 1000};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
+            const int64_t n_out = n_outs[oi];
+            wmat w = make_w(types[ti], n_out, n_in), wu = make_w(types[ti], n_out, n_in);
+            float norm[96];
+            fill(norm, n_in, 1.0f);
+            float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+            float *y0 = malloc((size_t)(n_tok * n_out) * sizeof(float));
+            float *yb = malloc((size_t)(n_tok * n_out) * sizeof(float));
+            float *y1 = malloc((size_t)(n_tok * n_out) * sizeof(float));
+            fill(x, n_tok * n_in, 1.0f);
+            fill(y0, n_tok * n_out, 1.0f);
+            for (int n = 1; n <= 3; n++) {
+                sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, n);
+                sh_backend_stream *s;
+                CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+                CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+                CHECK_OK(sh_backend_weight_prepare(be, &wu.t));
+                for (int add = 0; add < 3; add++) { /* 2: the fused gate/up */
+                    memcpy(yb, y0, (size_t)(n_tok * n_out) * sizeof(float));
+                    memcpy(y1, y0, (size_t)(n_tok * n_out) * sizeof(float));
+                    for (int64_t t = -1; t < n_tok; t++) { /* -1: the batch */
+                        const int64_t t0 = t < 0 ? 0 : t, nt = t < 0 ? n_tok : 1;
+                        const float *xt = x + t0 * n_in;
+                        float *yt = (t < 0 ? yb : y1) + t0 * n_out;
+                        if (add == 2)
+                            CHECK_OK(sh_backend_norm_ffn_up(be, s, xt, norm, 1e-5f, nt, &w.t, &wu.t,
+                                                            yt));
+                        else if (add)
+                            CHECK_OK(sh_backend_matmul_add(be, s, &w.t, xt, nt, yt));
+                        else
+                            CHECK_OK(sh_backend_matmul(be, s, &w.t, xt, nt, yt));
+                    }
+                    CHECK_OK(sh_backend_sync(be, s));
+                    if (memcmp(yb, y1, (size_t)(n_tok * n_out) * sizeof(float)) != 0)
+                        SH_FAIL_("%s n_out %lld, %d threads%s: a token alone differs from its "
+                                 "row in the batch",
+                                 sh__dtype_name(types[ti]), (long long)n_out, n,
+                                 add == 2 ? ", gate/up"
+                                 : add    ? ", residual add"
+                                          : "");
+                }
+                sh_backend_stream_destroy(be, s);
+                sh_backend_destroy(be);
+            }
+            free(x);
+            free(y0);
+            free(yb);
+            free(y1);
+            free_w(&w);
+            free_w(&wu);
+        }
+}
+
 /* Bookkeeping: many weights (the table grows), re-preparing, releasing some, a view of the same
  * data with another shape (must not use the copy), types without a packed form, bad tensors. */
 static void test_prepare_release(void)
@@ -716,6 +780,7 @@ int main(int argc, char **argv)
         {"pack_layout", test_pack_layout},
         {"packed_vs_ref", test_packed_vs_ref},
         {"packed_fused", test_packed_fused},
+        {"matvec_streams", test_matvec_streams},
         {"prepare_release", test_prepare_release},
         {"swiglu_range", test_swiglu_range},
         {"packed_embed", test_packed_embed},
