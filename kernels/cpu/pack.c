@@ -80,52 +80,68 @@ size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in)
 
 /* ---- Q6_K (layout at SH_CPU_PACK_Q6K_BLOCK in cpu.h) ---- */
 
-/* The 6-bit code (0..63) of element e of a Q6_K block: in half h = e / 128 with l = e % 128,
- * the low (l < 64) or high nibble of ql[64h + l % 64] and bits 2 (l / 32) .. of qh[32h + l % 32]
- * (quant_k.c's dequant_q6_k). */
-static unsigned q6k_get(const sh_block_q6_k *blk, int e)
+/* The 6-bit codes (0..63) of a Q6_K block in element order: in half h, byte l < 32 of ql and
+ * byte l + 32 hold elements 128h + l and + 32 in their low nibbles and + 64 and + 96 in their
+ * high ones, with the top two bits at bits 0, 2, 4, 6 of qh byte 32h + l (quant_k.c's
+ * dequant_q6_k). */
+static void q6k_codes(const sh_block_q6_k *x, uint8_t q[SH_QK_K])
 {
-    const int h = e / 128, l = e % 128;
-    const unsigned nib = (unsigned)(blk->ql[64 * h + l % 64] >> (l < 64 ? 0 : 4)) & 15u;
-    const unsigned hi = (unsigned)(blk->qh[32 * h + l % 32] >> (2 * (l / 32))) & 3u;
-    return nib | hi << 4;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        uint8_t *o = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+            o[l + 32] = (uint8_t)((ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4);
+            o[l + 64] = (uint8_t)(ql[l] >> 4 | (qh[l] >> 4 & 3) << 4);
+            o[l + 96] = (uint8_t)(ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4);
+        }
+    }
 }
 
-static void q6k_set(sh_block_q6_k *blk, int e, unsigned q)
+/* The inverse of q6k_codes (the codes' bits of a block; scales and d untouched). */
+static void q6k_put(const uint8_t q[SH_QK_K], sh_block_q6_k *x)
 {
-    const int h = e / 128, l = e % 128;
-    blk->ql[64 * h + l % 64] |= (uint8_t)((q & 15u) << (l < 64 ? 0 : 4));
-    blk->qh[32 * h + l % 32] |= (uint8_t)((q >> 4) << (2 * (l / 32)));
+    for (int h = 0; h < 2; h++) {
+        uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        const uint8_t *c = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            ql[l] = (uint8_t)((c[l] & 15) | (c[l + 64] & 15) << 4);
+            ql[l + 32] = (uint8_t)((c[l + 32] & 15) | (c[l + 96] & 15) << 4);
+            qh[l] = (uint8_t)(c[l] >> 4 | (c[l + 32] >> 4) << 2 | (c[l + 64] >> 4) << 4 |
+                              (c[l + 96] >> 4) << 6);
+        }
+    }
 }
 
-/* Where the packed bits of element 16s + 4v + i (v, i < 4) of row r live in its super-block's
- * unit s: the nibble in byte 4r + i of plane v / 2, low half for even v; the top two bits in
- * byte 4r + i of the third plane at bit 2v. */
+/* Super-block b of a group, one row at a time in the group's order so that the group's packed
+ * bytes stay in cache: element 16s + 4v + i (v, i < 4) of row r has its nibble in byte 4r + i
+ * of plane v / 2 of unit s (low half for even v) and its top two bits in byte 4r + i of the
+ * unit's third plane at bit 2v. */
 static void pack_q6_k(const void *src, int64_t n_out, int64_t n_in, uint8_t *out)
 {
     const int64_t nb = n_in / SH_QK_K;
     const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q6_K, n_in);
-    for (int64_t row = 0; row < n_out; row++) {
-        uint8_t *pg = out + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
-        const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
-        for (int64_t b = 0; b < nb; b++) {
-            const sh_block_q6_k *sb = (const sh_block_q6_k *)src + row * nb + b;
-            uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
-            uint8_t q[SH_QK_K];
-            for (int e = 0; e < SH_QK_K; e++)
-                q[e] = (uint8_t)q6k_get(sb, e);
-            for (size_t s = 0; s < 16; s++) {
-                uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT;
-                for (size_t v = 0; v < 4; v++)
+    for (int64_t g0 = 0; g0 < n_out; g0 += SH_CPU_PACK_ROWS) {
+        uint8_t *pg = out + (size_t)(g0 / SH_CPU_PACK_ROWS) * gb;
+        for (int64_t b = 0; b < nb; b++)
+            for (size_t r = 0; r < SH_CPU_PACK_ROWS && g0 + (int64_t)r < n_out; r++) {
+                const sh_block_q6_k *sb = (const sh_block_q6_k *)src + (g0 + (int64_t)r) * nb + b;
+                uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+                uint8_t q[SH_QK_K];
+                q6k_codes(sb, q);
+                for (size_t s = 0; s < 16; s++) {
+                    uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
+                    const uint8_t *c = q + 16 * s;
                     for (size_t i = 0; i < 4; i++) {
-                        const unsigned c = q[16 * s + 4 * v + i];
-                        u[64 * (v / 2) + 4 * r + i] |= (uint8_t)((c & 15u) << (4 * (v % 2)));
-                        u[128 + 4 * r + i] |= (uint8_t)((c >> 4) << (2 * v));
+                        u[i] = (uint8_t)((c[i] & 15) | (c[4 + i] & 15) << 4);
+                        u[64 + i] = (uint8_t)((c[8 + i] & 15) | (c[12 + i] & 15) << 4);
+                        u[128 + i] = (uint8_t)(c[i] >> 4 | (c[4 + i] >> 4) << 2 |
+                                               (c[8 + i] >> 4) << 4 | (c[12 + i] >> 4) << 6);
                     }
-                pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r] = (uint8_t)sb->scales[s];
+                    pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r] = (uint8_t)sb->scales[s];
+                }
+                memcpy(pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, &sb->d, 2);
             }
-            memcpy(pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, &sb->d, 2);
-        }
     }
 }
 
@@ -137,17 +153,19 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
     const uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
     const size_t r = (size_t)(row % SH_CPU_PACK_ROWS);
     sh_block_q6_k out;
-    memset(&out, 0, sizeof out);
+    uint8_t q[SH_QK_K];
     for (size_t s = 0; s < 16; s++) {
-        const uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT;
-        for (size_t v = 0; v < 4; v++)
-            for (size_t i = 0; i < 4; i++) {
-                const unsigned nib = (unsigned)(u[64 * (v / 2) + 4 * r + i] >> (4 * (v % 2))) & 15u;
-                const unsigned hi = (unsigned)(u[128 + 4 * r + i] >> (2 * v)) & 3u;
-                q6k_set(&out, (int)(16 * s + 4 * v + i), nib | hi << 4);
-            }
+        const uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
+        uint8_t *c = q + 16 * s;
+        for (size_t i = 0; i < 4; i++) {
+            c[i] = (uint8_t)((u[i] & 15) | (u[128 + i] & 3) << 4);
+            c[4 + i] = (uint8_t)(u[i] >> 4 | (u[128 + i] >> 2 & 3) << 4);
+            c[8 + i] = (uint8_t)((u[64 + i] & 15) | (u[128 + i] >> 4 & 3) << 4);
+            c[12 + i] = (uint8_t)(u[64 + i] >> 4 | (u[128 + i] >> 6) << 4);
+        }
         out.scales[s] = (int8_t)pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r];
     }
+    q6k_put(q, &out);
     memcpy(&out.d, pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, 2);
     memcpy(blk, &out, sizeof out);
 }
