@@ -228,9 +228,10 @@ void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
-/* Q6_K (ops_q6k_avx512_packed.c): reads sh__cpu_act.qk. Exact integers per super-block and row,
- * then one float multiply-add per super-block in block order, the same for a matvec and any
- * token of a tile, so outputs do not depend on the batch or the row split. */
+/* Q6_K (ops_q6k_avx512_packed.c): reads sh__cpu_act.qk. Exact integer sums per sub-block, scaled
+ * and summed per super-block in float, then one float multiply-add per super-block in block
+ * order, the same for a matvec and any token of a tile, so outputs do not depend on the batch or
+ * the row split. */
 void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 /* Q4_K (ops_q4k_avx512_packed.c): reads sh__cpu_act.qk; as Q6_K's, exact integers per super-block
  * and row and one float multiply-add each for d and dmin per super-block in block order. */

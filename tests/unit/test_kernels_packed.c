@@ -637,18 +637,20 @@ static void test_q6k_layout(void)
 }
 
 /* The packed Q6_K kernel itself (AVX-512 VNNI machines only) against the scalar kernel on the
- * file layout, on the same Q8_K activations: within 2e-6 of sum_k |w||x| (the integers are exact
- * in both; the float steps differ in order and rounding only). Ragged row counts and row
- * sub-ranges (a start inside a group: the kernel stores only [r0, r1)), accumulate on and off,
- * token counts around the tile of 8 and past the 1 MiB token block. Every token's output must
- * equal, bit for bit, the matvec of that token alone. */
+ * file layout, on the same Q8_K activations: within 2e-6 of sum_k |w||x| (the sub-block integers
+ * are exact in both; the float steps differ in order and rounding only). Ragged row counts and
+ * row sub-ranges (a start inside a group: the kernel stores only [r0, r1)), accumulate on and
+ * off, token counts around the tile of 16 and its power-of-two tails (31 = 16 + 8 + 4 + 2 + 1).
+ * Every token's output must equal, bit for bit, the matvec of that token alone. The last case is
+ * the extreme one: every code 0 (weight -32 d sc), every scale -128 and every activation code
+ * +-127, so each super-block's sum reaches 2^27, past float's exact integers. */
 static void test_q6k_kernel(void)
 {
     if (sh__cpu_isa_detect() < SH_BACKEND_CPU_ISA_AVX512)
         return;
     const int64_t n_ins[] = {256, 768, 2048};
     const int64_t n_outs[] = {1, 16, 37};
-    const int64_t n_toks[] = {1, 2, 8, 9, 17};
+    const int64_t n_toks[] = {1, 2, 16, 17, 31};
     for (size_t a = 0; a < 3; a++)
         for (size_t bo = 0; bo < 3; bo++)
             for (size_t c = 0; c < 5; c++)
@@ -656,12 +658,25 @@ static void test_q6k_kernel(void)
                     const int64_t n_in = n_ins[a], n_out = n_outs[bo], n_tok = n_toks[c];
                     const int64_t nb = n_in / SH_QK_K;
                     wmat w = make_w(SH_DTYPE_Q6_K, n_out, n_in);
+                    const int extreme = a == 2 && bo == 2 && c == 4;
+                    if (extreme)
+                        for (int64_t i = 0; i < n_out * nb; i++) {
+                            sh_block_q6_k *blk = (sh_block_q6_k *)w.t.data + i;
+                            memset(blk->ql, 0, sizeof blk->ql);
+                            memset(blk->qh, 0, sizeof blk->qh);
+                            memset(blk->scales, 0x80, sizeof blk->scales);
+                            CHECK_OK(
+                                sh__dequant_row(SH_DTYPE_Q6_K, blk, w.deq + i * SH_QK_K, SH_QK_K));
+                        }
                     uint8_t *p = malloc(sh__cpu_pack_bytes(SH_DTYPE_Q6_K, n_out, n_in));
                     sh__cpu_pack(SH_DTYPE_Q6_K, w.t.data, n_out, n_in, p);
                     float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
                     sh_block_q8_k *qk = malloc((size_t)(n_tok * nb) * sizeof *qk);
                     fill(x, n_tok * n_in, 1.0f);
                     x[0] = 3.0f;
+                    if (extreme)
+                        for (int64_t i = 0; i < n_tok * n_in; i++)
+                            x[i] = (i / n_in) % 2 ? 1.0f : -1.0f;
                     sh__quant_k_quantize(SH_DTYPE_Q8_K, x, qk, n_tok * nb);
                     const size_t ny = (size_t)(n_tok * n_out);
                     float *y0 = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
