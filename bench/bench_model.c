@@ -166,6 +166,18 @@ int main(int argc, char **argv)
     }
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     double weight_gb = (double)sh_llama_weight_bytes(m) / 1e9;
+    /* A decode step reads every weight once except a MoE layer's experts, of which a token uses
+     * n_expert_used of n_expert (equal sizes): step_gb is what one step reads. */
+    double step_gb = weight_gb;
+    for (int32_t l = 0; l < m->hp.n_layers && m->hp.n_expert > 0; l++) {
+        const sh_tensor *xs[] = {&m->layers[l].gate_exps, &m->layers[l].up_exps,
+                                 &m->layers[l].down_exps};
+        for (int i = 0; i < 3; i++)
+            if (xs[i]->data)
+                step_gb -= (double)sh__dtype_row_bytes(xs[i]->type, (uint64_t)xs[i]->ne[0]) *
+                           (double)xs[i]->ne[1] * (double)xs[i]->ne[2] / 1e9 *
+                           (1.0 - (double)m->hp.n_expert_used / m->hp.n_expert);
+    }
     int32_t n_blocks = (kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
     int32_t *blocks = malloc((size_t)n_blocks * sizeof *blocks);
     int32_t *tokens = malloc((size_t)max_pp * sizeof *tokens);
@@ -213,11 +225,12 @@ int main(int argc, char **argv)
             double tps = tg[k] / (now_s() - t0);
             best = tps > best ? tps : best;
         }
-        double gbs = weight_gb * best;
+        double gbs = step_gb * best;
         printf("{\"name\":\"tg%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
-               "\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"decode_gbs\":%.2f,"
+               "\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"step_gb\":%.4f,\"decode_gbs\":%.2f,"
                "\"read_fraction\":%.3f}\n",
-               tg[k], name, best, threads, reps, weight_gb, gbs, read_gbs > 0 ? gbs / read_gbs : 0);
+               tg[k], name, best, threads, reps, weight_gb, step_gb, gbs,
+               read_gbs > 0 ? gbs / read_gbs : 0);
         fflush(stdout);
     }
     if (rc)
