@@ -97,9 +97,6 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
         acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *pb = w + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-        if (nt == 1) /* a matvec streams the weights once: keep more misses in flight (L2) */
-            for (int o = 0; o < SH_CPU_PACK_Q4K_BYTES; o += 64)
-                _mm_prefetch((const char *)pb + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
         q4k_scales s;
         decode_scales(pb, &s);
         const sh_block_q8_k *ab[8];
@@ -108,9 +105,21 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
             ab[i] = a->qk + (t0 + i) * nb + b;
             ia[i] = _mm512_setzero_si512();
         }
+        /* unrolled: GCC otherwise keeps j as a loop counter with a branch on its parity and the
+         * scales indexed through memory (a third slower in cache) */
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             /* sub-block j: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7 */
             const uint8_t *pv = pb + 64 * 8 * (j / 2);
+            if (nt == 1) { /* a matvec streams the weights once: keep more misses in flight (L2),
+                            * spread over the block's work: lines 4j .. 4j + 3, and the 4 lines
+                            * of scales and d in the first four sub-blocks */
+                const char *pf = (const char *)pb + SH_CPU_K_PF_DIST;
+                for (int l = 0; l < 4; l++)
+                    _mm_prefetch(pf + 64 * (4 * j + l), _MM_HINT_T1);
+                if (j < 4)
+                    _mm_prefetch(pf + 2048 + 64 * j, _MM_HINT_T1);
+            }
             const __m512i mask = j % 2 ? hi4 : lo4;
             __m512i q[8];
             for (int v = 0; v < 8; v++)
