@@ -31,9 +31,9 @@ INL __m512i bcast4(const int8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* Rows [16g, 16g + 16) against tokens t0 .. t0 + nt - 1, stored for the rows in [r0, r1). Per
- * super-block b, row r, token t (q codes 0..63, a the token's Q8_K codes, sc_s the row's
- * sub-block scales):
+/* The pieces of a group's sums, shared by the tiles and the matvec so that a token's sums run the
+ * same instructions either way. Per super-block b, row r, token t (q codes 0..63, a the token's
+ * Q8_K codes, sc_s the row's sub-block scales):
  *   D_s = sum_{i in s} q_i a_i - 32 bsum_s,   S = sum_s sc_s D_s,   y += (d_r da) S.
  * D_s is exact in int32 (|q - 32| <= 32 and |a| <= 128: |D_s| <= 2^16); the -32 offset does not
  * depend on the row, so it is each sub-block dpbusd chain's starting value. S is summed in float
@@ -41,89 +41,167 @@ INL __m512i bcast4(const int8_t *p)
  * 2^24 (only activations and scales near their extremes in most sub-blocks pass it, by at most a
  * factor 8; an addition past it rounds by at most 2^-24 of the sum). The float multiply-add saves a
  * third of the per sub-block work of vpmulld + add (it measured 1.11x the tile's throughput).
- * Everything runs in a fixed order per token, whatever nt is, so a token's output is the same in a
- * matvec and in any tile and does not depend on the row split. */
+ * Everything runs in a fixed order per token, so a token's output is the same in a matvec and in
+ * any tile and does not depend on the row split. */
+
+/* -32 bsum_s of a token's super-block, the starting values of its sub-block chains. */
+INL void offsets(const sh_block_q8_k *ab, int32_t off[16])
+{
+    const __m512i bs = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const void *)ab->bsums));
+    _mm512_store_si512((void *)off,
+                       _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bs, 5)));
+}
+
+/* Unit s of the packed super-block at wb: its four code vectors and the 16 rows' scales. */
+INL void unpack(const uint8_t *wb, int s, __m512i c[4], __m512 *sc)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const uint8_t *u = wb + s * SH_CPU_PACK_Q6K_UNIT;
+    const __m512i z0 = _mm512_loadu_si512((const void *)u);
+    const __m512i z1 = _mm512_loadu_si512((const void *)(u + 64));
+    const __m512i h = _mm512_loadu_si512((const void *)(u + 128));
+    /* code vector v: its nibble, with its two top bits moved to bits 4-5 (16-bit shifts; the
+     * masks drop what crossed from the neighbouring byte) */
+    c[0] = SEL(z0, _mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m0f);
+    c[1] = SEL(_mm512_srli_epi16(z0, 4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m0f);
+    c[2] = SEL(z1, _mm512_and_si512(h, m30), m0f);
+    c[3] = SEL(_mm512_srli_epi16(z1, 4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m0f);
+    *sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128((const void *)(wb + 16 * SH_CPU_PACK_Q6K_UNIT + 16 * s))));
+}
+
+/* S += sc_s D_s for one token (aq: its codes of sub-block s, off: -32 bsum_s). */
+INL __m512 dot(const __m512i c[4], __m512 sc, const int8_t *aq, int32_t off, __m512 ssum)
+{
+    __m512i d = _mm512_set1_epi32(off);
+    d = _mm512_dpbusd_epi32(d, c[0], bcast4(aq));
+    d = _mm512_dpbusd_epi32(d, c[1], bcast4(aq + 4));
+    d = _mm512_dpbusd_epi32(d, c[2], bcast4(aq + 8));
+    d = _mm512_dpbusd_epi32(d, c[3], bcast4(aq + 12));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, ssum);
+}
+
+/* acc + (d_r da) S for super-block b (wd: the group's d). */
+INL __m512 scale_add(const uint8_t *wd, int64_t b, float da, __m512 ssum, __m512 acc)
+{
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
+    return _mm512_fmadd_ps(ssum, _mm512_mul_ps(dw, _mm512_set1_ps(da)), acc);
+}
+
+/* Stores (or adds) a token's 16 row sums of group g, rows [r0, r1) only. */
+INL void store(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t, __m512 v)
+{
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    float *y = m->y + t * m->ldy + 16 * g;
+    if (m->accumulate)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+    _mm512_mask_storeu_ps(y, k, v);
+}
+
+/* Rows [16g, 16g + 16) against tokens t0 .. t0 + nt - 1. */
 INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_QK_K;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
     const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
-    const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     float acc[NT][16] __attribute__((aligned(64)));
     for (int i = 0; i < nt; i++)
         _mm512_store_ps(acc[i], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
         const sh_block_q8_k *ab = a->qk + t0 * nb + b;
-        /* -32 bsum_s of each token, the starting values of its sub-block chains */
         int32_t off[NT][16] __attribute__((aligned(64)));
         __m512 ssum[NT];
         for (int i = 0; i < nt; i++) {
-            const __m512i bs =
-                _mm512_cvtepi16_epi32(_mm256_loadu_si256((const void *)ab[i * nb].bsums));
-            _mm512_store_si512((void *)off[i],
-                               _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bs, 5)));
+            offsets(ab + i * nb, off[i]);
             ssum[i] = _mm512_setzero_ps();
         }
         for (int s = 0; s < 16; s++) {
-            const uint8_t *u = wb + s * SH_CPU_PACK_Q6K_UNIT;
-            if (nt == 1) { /* a matvec streams the weights once: keep more misses in flight */
-                for (int o = 0; o < SH_CPU_PACK_Q6K_UNIT; o += 64)
-                    _mm_prefetch((const char *)u + SH_CPU_K_PF_DIST + o, _MM_HINT_T1);
-                if (s < 4) /* the scales, 256 bytes per super-block */
-                    _mm_prefetch((const char *)wb + 16 * SH_CPU_PACK_Q6K_UNIT + SH_CPU_K_PF_DIST +
-                                     64 * s,
-                                 _MM_HINT_T1);
-            }
-            const __m512i z0 = _mm512_loadu_si512((const void *)u);
-            const __m512i z1 = _mm512_loadu_si512((const void *)(u + 64));
-            const __m512i h = _mm512_loadu_si512((const void *)(u + 128));
-            /* code vector v: its nibble, with its two top bits moved to bits 4-5 (16-bit shifts;
-             * the masks drop what crossed from the neighbouring byte) */
-            const __m512i c0 = SEL(z0, _mm512_and_si512(_mm512_slli_epi16(h, 4), m30), m0f);
-            const __m512i c1 =
-                SEL(_mm512_srli_epi16(z0, 4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m0f);
-            const __m512i c2 = SEL(z1, _mm512_and_si512(h, m30), m0f);
-            const __m512i c3 =
-                SEL(_mm512_srli_epi16(z1, 4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m0f);
-            const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128((const void *)(wb + 16 * SH_CPU_PACK_Q6K_UNIT + 16 * s))));
-            for (int i = 0; i < nt; i++) {
-                const int8_t *aq = ab[i * nb].qs + 16 * s;
-                __m512i d = _mm512_set1_epi32(off[i][s]);
-                d = _mm512_dpbusd_epi32(d, c0, bcast4(aq));
-                d = _mm512_dpbusd_epi32(d, c1, bcast4(aq + 4));
-                d = _mm512_dpbusd_epi32(d, c2, bcast4(aq + 8));
-                d = _mm512_dpbusd_epi32(d, c3, bcast4(aq + 12));
-                ssum[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, ssum[i]);
-            }
+            __m512i c[4];
+            __m512 sc;
+            unpack(wb, s, c, &sc);
+            for (int i = 0; i < nt; i++)
+                ssum[i] = dot(c, sc, ab[i * nb].qs + 16 * s, off[i][s], ssum[i]);
         }
-        if (nt == 1 && b % 2 == 0) /* the d: 64 bytes per two super-blocks */
-            _mm_prefetch((const char *)(wd + b * 32) + 128, _MM_HINT_T1);
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wd + b * 32)));
         for (int i = 0; i < nt; i++)
-            _mm512_store_ps(acc[i], _mm512_fmadd_ps(ssum[i],
-                                                    _mm512_mul_ps(dw, _mm512_set1_ps(ab[i * nb].d)),
-                                                    _mm512_load_ps(acc[i])));
+            _mm512_store_ps(acc[i],
+                            scale_add(wd, b, ab[i * nb].d, ssum[i], _mm512_load_ps(acc[i])));
     }
-    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
-    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int i = 0; i < nt; i++) {
-        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
-        __m512 v = _mm512_load_ps(acc[i]);
-        if (m->accumulate)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
-        _mm512_mask_storeu_ps(y, k, v);
-    }
+    for (int i = 0; i < nt; i++)
+        store(m, g, r0, r1, t0 + i, _mm512_load_ps(acc[i]));
 }
 
-/* Token blocks outermost, then row groups, then token tiles: a group's packed super-blocks stay
- * in L1/L2 while the block's tiles pass over them, and the block's activations stay in L2 across
- * the groups (as the other packed kernels do). */
+/* The decode matvec walks MV_STREAMS row-group ranges side by side, super-block by super-block,
+ * prefetching each stream MV_PF_DIST bytes ahead into L2, as the other packed kernels' matvec
+ * does (ops_avx512_packed.c: one core's single sequential run keeps too few misses in flight).
+ * A Q6_K super-block is 3328 bytes per group, so one super-block ahead is the stream's next
+ * visit. 65536 x 2048 (115 MB, past the L3), 1 thread, variants alternated in one process, 40
+ * rounds, twice each, on a loaded 2-vCPU VM (load 3.5-4.5): one stream 8 KiB ahead (the kernel
+ * before) best 9.3/9.6/8.7/9.2 GB/s, 8 streams one super-block ahead 10.2/9.8/8.7/10.5; 1 KiB
+ * ahead, two super-blocks ahead and 16 streams fell in between. */
+#ifndef MV_STREAMS
+#define MV_STREAMS 8
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST SH_CPU_PACK_Q6K_BLOCK
+#endif
+
+/* The matvec of groups g0 + k * step (k < ns) side by side: super-block b of each in turn. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1)
+{
+    const int64_t nb = m->a->n_in / SH_QK_K;
+    const uint8_t *w[MV_STREAMS];
+    __m512 acc[MV_STREAMS];
+    for (int k = 0; k < ns; k++) {
+        w[k] = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+        acc[k] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const sh_block_q8_k *ab = m->a->qk + b;
+        int32_t off[16] __attribute__((aligned(64)));
+        offsets(ab, off);
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+            const uint8_t *wd = w[k] + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+            __m512 ssum = _mm512_setzero_ps();
+            for (int s = 0; s < 16; s++) {
+                const char *u = (const char *)wb + s * SH_CPU_PACK_Q6K_UNIT;
+                for (int o = 0; o < SH_CPU_PACK_Q6K_UNIT; o += 64)
+                    _mm_prefetch(u + MV_PF_DIST + o, _MM_HINT_T1);
+                if (s < 4) /* the scales, 256 bytes per super-block */
+                    _mm_prefetch((const char *)wb + 16 * SH_CPU_PACK_Q6K_UNIT + MV_PF_DIST + 64 * s,
+                                 _MM_HINT_T1);
+                __m512i c[4];
+                __m512 sc;
+                unpack(wb, s, c, &sc);
+                ssum = dot(c, sc, ab->qs + 16 * s, off[s], ssum);
+            }
+            if (b % 2 == 0) /* the d: 64 bytes per two super-blocks */
+                _mm_prefetch((const char *)(wd + b * 32) + 128, _MM_HINT_T1);
+            acc[k] = scale_add(wd, b, ab->d, ssum, acc[k]);
+        }
+    }
+    for (int k = 0; k < ns; k++)
+        store(m, g0 + k * step, r0, r1, 0, acc[k]);
+}
+
+/* A matvec as above; otherwise token blocks outermost, then row groups, then token tiles: a group's
+ * packed super-blocks stay in L1/L2 while the block's tiles pass over them, and the block's
+ * activations stay in L2 across the groups (as the other packed kernels do). */
 TGT void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) { /* the groups in MV_STREAMS equal ranges, then the rest one at a time */
+        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+        for (int64_t i = 0; i < part; i++)
+            mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv_groups(m, g, 0, 1, r0, r1);
+        return;
+    }
     const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
     int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
     tb = tb < NT ? NT : tb;
