@@ -10,6 +10,10 @@
 /* Output rows of the gate/up products per work unit: their results for a group's tokens sit in
  * the thread's scratch (2 * rows * CHUNK floats) before the SwiGLU writes them to h. */
 #define CHUNK 16
+/* The same for an op of one token (a decode step): longer, so that each kernel call spans enough
+ * 16-row groups for the packed matvec's side-by-side streams (ops_avx512_packed.c, MV_STREAMS).
+ * A row's value does not depend on the chunk it is computed in. */
+#define UP_MV_CHUNK 256
 /* Output rows of the down product per work unit. */
 #define DOWN_CHUNK 16
 /* Work units per thread handed out by the pool's counters (see exec.c for why chunks). */
@@ -19,7 +23,8 @@
 /* Router widths above this are refused (the per-token marks live in scratch). */
 #define MAX_EXPERTS 65536
 
-_Static_assert(CHUNK % SH_CPU_PACK_ROWS == 0 && DOWN_CHUNK % SH_CPU_PACK_ROWS == 0,
+_Static_assert(CHUNK % SH_CPU_PACK_ROWS == 0 && UP_MV_CHUNK % SH_CPU_PACK_ROWS == 0 &&
+                   DOWN_CHUNK % SH_CPU_PACK_ROWS == 0,
                "work units are whole row groups of the packed kernels");
 
 /* How a group reads one weight: the packed kernel on its matrix of the prepared copy (stride:
@@ -39,7 +44,7 @@ typedef struct group {
     int64_t n_ff;
     int64_t row0, rows; /* gathered rows [row0, row0 + rows), tokens in ascending order */
     int64_t hoff;       /* offset of its first h row in floats (rows of n_ff) */
-    int64_t unit0_up;   /* first gate/up work unit (CHUNK rows of n_ff each) */
+    int64_t unit0_up;   /* first gate/up work unit (up_chunk rows of n_ff each) */
     int64_t unit0_down; /* first down work unit (DOWN_CHUNK rows of dim each) */
 } group;
 
@@ -194,6 +199,7 @@ typedef struct moe_job {
     int quant_x, quant_h;                /* some weight reads the 32-block int8 form of x / h */
     int kq_x, kq_h;                      /* some weight reads the Q8_K form */
     int64_t units_up, units_down;
+    int64_t up_chunk;     /* rows of a gate/up work unit: CHUNK, or UP_MV_CHUNK for one token */
     const float *gate_sh; /* the shared expert's gate row widened to f32, or NULL */
 } moe_job;
 
@@ -286,21 +292,21 @@ static void prep_h(const moe_job *j, int64_t r0, int64_t r1)
     }
 }
 
-/* Gate/up unit u: CHUNK rows of n_ff for every token of its group, then SwiGLU into h. */
+/* Gate/up unit u: up_chunk rows of n_ff for every token of its group, then SwiGLU into h. */
 static void unit_up(const moe_job *j, int64_t u, float *tmp)
 {
     const group *g = group_of(j, u, 0);
-    const int64_t c0 = (u - g->unit0_up) * CHUNK;
-    const int64_t len = g->n_ff - c0 < CHUNK ? g->n_ff - c0 : CHUNK;
+    const int64_t uc = j->up_chunk, c0 = (u - g->unit0_up) * uc;
+    const int64_t len = g->n_ff - c0 < uc ? g->n_ff - c0 : uc;
     const sh__cpu_act act = x_act(j, g);
-    float *gt = tmp, *ut = tmp + g->rows * CHUNK;
-    sh__cpu_mm mg = {&act, rows_from(&g->gate, c0), g->gate.stride, gt, CHUNK, 0};
-    sh__cpu_mm mu = {&act, rows_from(&g->up, c0), g->up.stride, ut, CHUNK, 0};
+    float *gt = tmp, *ut = tmp + g->rows * uc;
+    sh__cpu_mm mg = {&act, rows_from(&g->gate, c0), g->gate.stride, gt, uc, 0};
+    sh__cpu_mm mu = {&act, rows_from(&g->up, c0), g->up.stride, ut, uc, 0};
     g->gate.fn(&mg, 0, len);
     g->up.fn(&mu, 0, len);
     float *h = (float *)j->m->h.p + g->hoff + c0;
     for (int64_t t = 0; t < g->rows; t++)
-        j->c->kern->swiglu(gt + t * CHUNK, ut + t * CHUNK, h + t * g->n_ff, len);
+        j->c->kern->swiglu(gt + t * uc, ut + t * uc, h + t * g->n_ff, len);
 }
 
 /* Down units [u0, u1) of one group: DOWN_CHUNK rows of dim each, into o. */
@@ -454,6 +460,7 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
     int n_groups = 0;
     int64_t rows = 0, hoff = 0, units_up = 0, units_down = 0;
     const int64_t down_units = (dim + DOWN_CHUNK - 1) / DOWN_CHUNK;
+    const int64_t up_chunk = n_tok == 1 ? UP_MV_CHUNK : CHUNK;
     for (int64_t e = 0; e < n_local; e++) {
         gidx[e] = -1;
         if (!cnt[e])
@@ -470,7 +477,7 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
                                 units_down};
         rows += cnt[e];
         hoff += cnt[e] * n_ff;
-        units_up += (n_ff + CHUNK - 1) / CHUNK;
+        units_up += (n_ff + up_chunk - 1) / up_chunk;
         units_down += down_units;
     }
     const int64_t n_exp_rows = rows;
@@ -490,7 +497,7 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
                                 units_down};
         rows += n_tok;
         hoff += n_tok * n_ff_sh;
-        units_up += (n_ff_sh + CHUNK - 1) / CHUNK;
+        units_up += (n_ff_sh + up_chunk - 1) / up_chunk;
         units_down += down_units;
         max_rows = n_tok > max_rows ? n_tok : max_rows;
     }
@@ -529,6 +536,7 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
                  .n_exp_rows = n_exp_rows,
                  .k1 = k1,
                  .units_up = units_up,
+                 .up_chunk = up_chunk,
                  .units_down = units_down};
     for (int i = 0; i < n_groups; i++) {
         j.quant_x |= sh__cpu_type_q8(g[i].gate.type) || sh__cpu_type_q8(g[i].up.type);
@@ -561,7 +569,7 @@ sh_err sh__cpu_moe_exec(sh__cpu_ctx *c, const sh__cpu_op *op)
         GROW(m->xk, xr / SH_QK_K, sh_block_q8_k);
     if (j.kq_h)
         GROW(m->hk, h_floats / SH_QK_K, sh_block_q8_k);
-    size_t per_thread = (size_t)(2 * CHUNK * max_rows);
+    size_t per_thread = (size_t)(2 * up_chunk * max_rows);
     per_thread = per_thread > (size_t)dim ? per_thread : (size_t)dim;
     per_thread = (per_thread + 15) & ~(size_t)15;
     if (per_thread > m->tmp_stride) {
