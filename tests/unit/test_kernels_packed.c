@@ -145,8 +145,8 @@ static void test_packed_fused(void)
  * quantized type; row counts where the streams' ranges leave groups over and end padded. */
 static void test_matvec_streams(void)
 {
-    static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0,
-                                     SH_DTYPE_Q5_0, SH_DTYPE_Q5_1, SH_DTYPE_Q6_K};
+    static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_Q5_0,
+                                     SH_DTYPE_Q5_1, SH_DTYPE_Q6_K, SH_DTYPE_Q4_K};
     const int64_t n_tok = 5, n_outs[] = {100, 261, 1000};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
