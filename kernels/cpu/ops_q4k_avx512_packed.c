@@ -36,7 +36,7 @@ typedef struct q4k_scales {
  * its 16-bit halves (pair = 1), zeroing the rest. */
 INL __m512i pick_ctrl(int k, int pair)
 {
-    const int z = 0x80;
+    const char z = (char)-128; /* 0x80: the shuffle writes zero */
     const __m128i c = pair ? _mm_setr_epi8((char)k, z, (char)k, z, (char)(4 + k), z, (char)(4 + k),
                                            z, (char)(8 + k), z, (char)(8 + k), z, (char)(12 + k), z,
                                            (char)(12 + k), z)
