@@ -392,12 +392,12 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
     const sh_dtype_info *info = sh__dtype_info(o->type);
     const int64_t eff = s->expert_ffn ? s->expert_ffn : s->ffn;
     const int64_t be = info->block_elems;
-    const char *bad = s->dim % be                ? "token_embd.weight"
-                      : (hd * s->n_heads) % be   ? "blk.0.attn_output.weight"
-                      : s->n_experts && eff % be ? "blk.0.ffn_down_exps.weight"
-                      : s->ffn % be              ? "blk.0.ffn_down.weight"
-                      : s->shared_ffn % be       ? "blk.0.ffn_down_shexp.weight"
-                                                 : NULL;
+    const char *bad = s->dim % be                    ? "token_embd.weight"
+                      : (hd * s->n_heads) % be       ? "blk.0.attn_output.weight"
+                      : s->n_experts && eff % be     ? "blk.0.ffn_down_exps.weight"
+                      : !s->n_experts && s->ffn % be ? "blk.0.ffn_down.weight"
+                      : s->shared_ffn % be           ? "blk.0.ffn_down_shexp.weight"
+                                                     : NULL;
     if (bad)
         return sh__error_set(e, SH_EINVAL,
                              "tensor '%s': %s needs dim (%lld), ffn (%lld), heads x head-dim "

@@ -290,7 +290,10 @@ sh_err sh__mkmodel_arch_metadata(sh_gguf_writer *w, const sh_mkmodel_shape *s, s
     U32("context_length", s->ctx);
     U32("embedding_length", s->dim);
     U32("block_count", s->n_layers);
-    U32("feed_forward_length", s->ffn);
+    /* A Mixtral-style llama or an OLMoE file has no other FFN: its feed_forward_length is the
+     * experts' width (--expert-ffn where given), as llama.cpp reads it. */
+    const bool ffn_is_expert = s->n_experts && (llama || arch_is(s, "olmoe"));
+    U32("feed_forward_length", ffn_is_expert && s->expert_ffn ? s->expert_ffn : s->ffn);
     U32("attention.head_count", s->n_heads);
     U32("attention.head_count_kv", s->n_kv_heads);
     F32("rope.freq_base", s->rope_base);

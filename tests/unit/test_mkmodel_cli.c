@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "model/llama.h"
 #include "sh_test.h"
 
 static char dir[] = "/tmp/sh_test_mkcliXXXXXX";
@@ -158,7 +159,8 @@ static void test_tiny_model(void)
     unlink(p2);
 }
 
-/* Each architecture from the command line: the options reach the file. */
+/* Each architecture from the command line: the options reach the file, and the model loader
+ * takes it. */
 static void test_archs(void)
 {
     static const struct {
@@ -176,6 +178,11 @@ static void test_archs(void)
          "qwen2moe.expert_shared_feed_forward_length", 96},
         {"--shape custom --arch olmoe --kv-heads 4 --experts 4 --experts-used 1", "olmoe",
          "olmoe.expert_used_count", 1},
+        /* Mixtral-style llama and OLMoE files have no other FFN width: --expert-ffn is theirs. */
+        {"--shape custom --experts 4 --experts-used 2 --expert-ffn 96", "llama",
+         "llama.feed_forward_length", 96},
+        {"--shape custom --arch olmoe --kv-heads 4 --experts 4 --experts-used 2 --expert-ffn 96",
+         "olmoe", "olmoe.feed_forward_length", 96},
         {"--shape custom --arch qwen3 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64",
          "qwen3", "qwen3.rope.scaling.original_context_length", 64},
     };
@@ -203,6 +210,11 @@ static void test_archs(void)
             CHECK_UINT_EQ(v, cases[i].want);
         }
         sh_gguf_close(g);
+        sh_llama *m = NULL;
+        sh_error le = {0};
+        if (sh_llama_load(path, NULL, &m, &le) != SH_OK)
+            SH_FAIL_("mkmodel %s: the loader refuses the file: %s", cases[i].args, le.msg);
+        sh_llama_destroy(m);
         unlink(path);
     }
 }
