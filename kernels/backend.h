@@ -271,21 +271,21 @@ typedef struct sh_backend_iface {
     sh_err (*all_reduce)(void *ctx, sh_backend_stream *s, float *x, int64_t n);
 
     /* Optional: prepares weight w for this backend's fastest matmul kernels, once at load. The CPU
-     * backend with AVX-512 VNNI repacks Q4_0 / Q4_1 / Q8_0 matrices into a copy with 16 rows
-     * interleaved per block (kernels/cpu/cpu.h, SH_CPU_PACK_ROWS); it does nothing for other
-     * types or ISAs. Later matmuls whose w[i] has the same data pointer, type and shape read the
-     * copy, and so does an embed whose table is that weight (a tied output head). w may be a
-     * stack of ne[2] matrices (a MoE layer's experts; the CPU backend packs quantized ones
-     * expert by expert): a moe_ffn whose gate/up/down has the same data pointer, type and
-     * shape reads that copy (as for the 2-D shared expert's weights); anything else
-     * keeps reading w->data, which must stay valid and unchanged until weight_release or destroy
-     * (its pages may be dropped from a file mapping when weight_copied says so: they refault).
-     * Memory: the copy is about the size of the weight (so a prepared model holds its weights twice
-     * unless the caller drops its own pages, as model/llama.c does through weight_copied),
-     * allocated here and owned by the backend. Preparing the same weight (data, type, shape)
-     * again takes a reference to the existing copy; each prepare needs one release. Not a stream
-     * op: call it while no enqueued op reads the weight, from any host thread. Returns SH_OK
-     * (also when there is nothing to do), SH_EINVAL (bad tensor), SH_ENOMEM (the weight stays
+     * backend with AVX-512 VNNI repacks Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / F16 / Q4_K / Q6_K
+     * matrices into a copy with 16 rows interleaved per block or super-block (kernels/cpu/cpu.h,
+     * SH_CPU_PACK_ROWS); it does nothing for other types or ISAs. Later matmuls whose w[i] has the
+     * same data pointer, type and shape read the copy, and so does an embed whose table is that
+     * weight (a tied output head). w may be a stack of ne[2] matrices (a MoE layer's experts; the
+     * CPU backend packs quantized ones expert by expert): a moe_ffn whose gate/up/down has the same
+     * data pointer, type and shape reads that copy (as for the 2-D shared expert's weights);
+     * anything else keeps reading w->data, which must stay valid and unchanged until weight_release
+     * or destroy (its pages may be dropped from a file mapping when weight_copied says so: they
+     * refault). Memory: the copy is about the size of the weight (so a prepared model holds its
+     * weights twice unless the caller drops its own pages, as model/llama.c does through
+     * weight_copied), allocated here and owned by the backend. Preparing the same weight (data,
+     * type, shape) again takes a reference to the existing copy; each prepare needs one release.
+     * Not a stream op: call it while no enqueued op reads the weight, from any host thread. Returns
+     * SH_OK (also when there is nothing to do), SH_EINVAL (bad tensor), SH_ENOMEM (the weight stays
      * usable, unprepared). */
     sh_err (*weight_prepare)(void *ctx, const sh_tensor *w);
     /* Optional: drops one reference to the prepared copy of the weight whose data pointer is
