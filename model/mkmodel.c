@@ -392,18 +392,26 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
     const sh_dtype_info *info = sh__dtype_info(o->type);
     const int64_t eff = s->expert_ffn ? s->expert_ffn : s->ffn;
     const int64_t be = info->block_elems;
-    const char *bad = s->dim % be                    ? "token_embd.weight"
-                      : (hd * s->n_heads) % be       ? "blk.0.attn_output.weight"
-                      : s->n_experts && eff % be     ? "blk.0.ffn_down_exps.weight"
-                      : !s->n_experts && s->ffn % be ? "blk.0.ffn_down.weight"
-                      : s->shared_ffn % be           ? "blk.0.ffn_down_shexp.weight"
-                                                     : NULL;
-    if (bad)
-        return sh__error_set(e, SH_EINVAL,
-                             "tensor '%s': %s needs dim (%lld), ffn (%lld), heads x head-dim "
-                             "(%lld) and the expert ffn (%lld) to be multiples of %u",
-                             bad, info->name, (long long)s->dim, (long long)s->ffn,
-                             (long long)(hd * s->n_heads), (long long)eff, info->block_elems);
+    const struct {
+        bool broken;
+        const char *tensor, *what;
+        int64_t v;
+    } dims[] = {
+        {s->dim % be != 0, "token_embd.weight", "dim", s->dim},
+        {(hd * s->n_heads) % be != 0, "blk.0.attn_output.weight", "heads x head-dim",
+         hd * s->n_heads},
+        {s->n_experts && eff % be, "blk.0.ffn_down_exps.weight", "the expert ffn", eff},
+        {!s->n_experts && s->ffn % be, "blk.0.ffn_down.weight", "ffn", s->ffn},
+        {s->shared_ffn % be != 0, "blk.0.ffn_down_shexp.weight", "the shared expert ffn",
+         s->shared_ffn},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].broken)
+            return sh__error_set(e, SH_EINVAL,
+                                 "tensor '%s': %s rows are whole blocks of %u, and %s (%lld) is "
+                                 "not a multiple of %u",
+                                 dims[i].tensor, info->name, info->block_elems, dims[i].what,
+                                 (long long)dims[i].v, info->block_elems);
     return SH_OK;
 }
 

@@ -406,7 +406,7 @@ static void test_errors(void)
     o.shape.n_heads = 3;
     o.shape.n_kv_heads = 1;
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
-    CHECK(strstr(e.msg, "multiples of 32") != NULL);
+    CHECK(strstr(e.msg, "not a multiple of 32") != NULL);
     tiny_opts(&o, SH_DTYPE_F16);
     o.shape.dim = 48; /* fine for a plain type */
     o.shape.n_heads = 3;
@@ -421,11 +421,13 @@ static void test_errors(void)
     /* K-quant rows are whole 256-element super-blocks: the first tensor that breaks it is named */
     tiny_opts(&o, SH_DTYPE_Q4_K);
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
-    CHECK(strstr(e.msg, "tensor 'token_embd.weight': Q4_K needs dim (64)") != NULL);
+    CHECK(strstr(e.msg,
+                 "tensor 'token_embd.weight': Q4_K rows are whole blocks of 256, and dim (64)") !=
+          NULL);
     o.shape.dim = 256;
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
     CHECK(strstr(e.msg, "tensor 'blk.0.ffn_down.weight'") != NULL);
-    CHECK(strstr(e.msg, "multiples of 256") != NULL);
+    CHECK(strstr(e.msg, "ffn (128) is not a multiple of 256") != NULL);
     o.shape.ffn = 512;
     CHECK_OK(sh__mkmodel_write(path, &o, NULL, &e));
     tiny_opts(&o, SH_DTYPE_F16);
