@@ -2,6 +2,7 @@
  * matmul throughput and the per-op overhead of the queue and pool, one JSON object per line.
  * Usage: bench_kernels [--quick] [--bw-mib N] [--only bw|op|attn|mv|pp] [--layout file|packed|both]
  * [--threads N] (default: 1 then 2) [--isa N] (SH_BACKEND_CPU_ISA_*; default the best)
+ * [--types "Q4_K Q6_K ..."] (the matvec/matmul weight types; default Q4_0 Q4_1 Q8_0 F16)
  * (packed: quantized weights prepared with sh_backend_weight_prepare). */
 #include <math.h>
 #include <stdio.h>
@@ -158,7 +159,9 @@ static const shape shapes[] = {
     {"smollm2-135m", 49152, 576},   {"tinyllama-1.1b", 2048, 2048}, {"tinyllama-1.1b", 5632, 2048},
     {"tinyllama-1.1b", 2048, 5632},
 };
-static const sh_dtype mtypes[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_F16};
+/* The weight types of the matvec/matmul sweeps (--types replaces them). */
+static sh_dtype mtypes[16] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_F16};
+static size_t n_mtypes = 4;
 
 static uint64_t rng = 88172645463325252ull;
 static float frand(void)
@@ -196,8 +199,10 @@ static void bench_mm(sh_backend *be, sh_backend_stream *st, int threads, int64_t
                      double budget_s, int quick, int packed)
 {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (size_t ti = 0; ti < sizeof mtypes / sizeof mtypes[0]; ti++) {
+        for (size_t ti = 0; ti < n_mtypes; ti++) {
             const shape *s = &shapes[si];
+            if (s->n_in % sh__dtype_info(mtypes[ti])->block_elems)
+                continue; /* rows of whole blocks only (576 is no K-quant row) */
             if (n_tok > 1 && s->n_out == 49152)
                 continue; /* the logits matmul runs once per step, not per prefill token */
             size_t bytes;
@@ -384,13 +389,31 @@ int main(int argc, char **argv)
             isa = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             th_lo = th_hi = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
+            n_mtypes = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            for (char *sv = NULL, *tok = strtok_r(buf, " ,", &sv); tok;
+                 tok = strtok_r(NULL, " ,", &sv)) {
+                uint32_t t = 0;
+                while (t < SH_DTYPE_COUNT_ &&
+                       (!sh__dtype_info(t) || strcmp(sh__dtype_info(t)->name, tok) != 0))
+                    t++;
+                if (t == SH_DTYPE_COUNT_ || n_mtypes == sizeof mtypes / sizeof mtypes[0] ||
+                    !sh__quant_supported((sh_dtype)t)) {
+                    fprintf(stderr,
+                            "bench_kernels: --types: '%s' is not a weight type it can make\n", tok);
+                    return 2;
+                }
+                mtypes[n_mtypes++] = (sh_dtype)t;
+            }
+        } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
             i++;
             layout = !strcmp(argv[i], "file") ? 0 : !strcmp(argv[i], "packed") ? 1 : 2;
         } else {
             fprintf(stderr,
                     "usage: %s [--quick] [--bw-mib N] [--only bw|op|attn|mv|pp] "
-                    "[--layout file|packed|both] [--threads N] [--isa 1|2|3]\n",
+                    "[--layout file|packed|both] [--threads N] [--isa 1|2|3] [--types \"T ...\"]\n",
                     argv[0]);
             return 2;
         }
