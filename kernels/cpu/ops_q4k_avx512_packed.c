@@ -80,20 +80,74 @@ INL __m512i bcast4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
-/* Rows [16g, 16g + 16) against tokens t0 .. t0 + nt - 1, stored for rows [r0, r1). Per super-block
- * b, token t and row r (q codes, a the token's Q8_K codes with scale da and 16-element sums
- * bsums):
+/* The pieces of a group's sums, shared by the tiles and the matvec so that a token's sums run the
+ * same instructions either way. Per super-block b, token t and row r (q codes, a the token's Q8_K
+ * codes with scale da and 16-element sums bsums):
  *   16 isum = sum_j 16 sc_j sum_{i in j} q_i a_i   (int32, exact, as ordered in q4k_scales)
  *   msum = sum_j m_j (bsums_2j + bsums_2j+1)       (int32, exact)
  *   acc += float(16 isum) * (d * da / 16);  acc -= float(msum) * (dmin * da)
- * in super-block order. Every token runs the same operations whatever nt is, so a token's output
- * does not depend on its tile (nor on the rows' split across threads). */
+ * in super-block order, so a token's output does not depend on its tile, on the row split or on
+ * whether a matvec computed it. */
+
+/* Sub-block j's 8 code vectors: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7.
+ */
+INL void codes(const uint8_t *pb, int j, __m512i q[8])
+{
+    const __m512i mask = _mm512_set1_epi8(j % 2 ? (char)0xf0 : 0x0f);
+    const uint8_t *pv = pb + 64 * 8 * (j / 2);
+    for (int v = 0; v < 8; v++)
+        q[v] = _mm512_and_si512(_mm512_loadu_si512((const void *)(pv + 64 * v)), mask);
+}
+
+/* ia + 16 sc_j (or sc_j) times sub-block j's dot products with the token's codes aq (two chains
+ * of four: a token alone would otherwise wait on the dpbusd latency eight times per sub-block). */
+INL __m512i sub_dot(const __m512i q[8], const int8_t *aq, __m512i sc, __m512i ia)
+{
+    __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
+    __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(aq + 4));
+    d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(aq + 8));
+    d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(aq + 12));
+    d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(aq + 16));
+    d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(aq + 20));
+    d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(aq + 24));
+    d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(aq + 28));
+    return _mm512_add_epi32(ia, _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sc));
+}
+
+/* acc plus the super-block's term for one token: its scaled integer sum ia less the minimums. */
+INL __m512 finish(const q4k_scales *s, const sh_block_q8_k *ab, __m512i ia, __m512 acc)
+{
+    const int16_t *bs = ab->bsums;
+    __m512i ms = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s->mp[0], bcast4(bs));
+    __m512i ms1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s->mp[1], bcast4(bs + 2));
+    for (int k = 2; k < 8; k += 2) {
+        ms = _mm512_dpwssd_epi32(ms, s->mp[k], bcast4(bs + 2 * k));
+        ms1 = _mm512_dpwssd_epi32(ms1, s->mp[k + 1], bcast4(bs + 2 * k + 2));
+    }
+    const float da = ab->d;
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_mul_ps(s->d, _mm512_set1_ps(da * 0.0625f)),
+                          acc);
+    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ms, ms1)),
+                            _mm512_mul_ps(s->dmin, _mm512_set1_ps(da)), acc);
+}
+
+/* Stores (or adds) a token's 16 row sums of group g, rows [r0, r1) only. */
+INL void store(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t, __m512 v)
+{
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    float *y = m->y + t * m->ldy + 16 * g;
+    if (m->accumulate)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+    _mm512_mask_storeu_ps(y, k, v);
+}
+
+/* Rows [16g, 16g + 16) against tokens t0 .. t0 + nt - 1, stored for rows [r0, r1). */
 INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_QK_K;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
     __m512 acc[8];
     for (int i = 0; i < nt; i++)
         acc[i] = _mm512_setzero_ps();
@@ -111,73 +165,96 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
          * scales indexed through memory (a third slower in cache) */
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
-            /* sub-block j: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7 */
-            const uint8_t *pv = pb + 64 * 8 * (j / 2);
-            if (nt == 1) { /* a matvec streams the weights once: keep more misses in flight (L2),
-                            * spread over the block's work: lines 4j .. 4j + 3, and the 4 lines
-                            * of scales and d in the first four sub-blocks */
-                const char *pf = (const char *)pb + SH_CPU_K_PF_DIST;
-                for (int l = 0; l < 4; l++)
-                    _mm_prefetch(pf + 64 * (4 * j + l), _MM_HINT_T1);
-                if (j < 4)
-                    _mm_prefetch(pf + 2048 + 64 * j, _MM_HINT_T1);
-            }
-            const __m512i mask = j % 2 ? hi4 : lo4;
             __m512i q[8];
-            for (int v = 0; v < 8; v++)
-                q[v] = _mm512_and_si512(_mm512_loadu_si512((const void *)(pv + 64 * v)), mask);
-            for (int i = 0; i < nt; i++) {
-                const int8_t *aq = ab[i]->qs + 32 * j;
-                /* two chains of four (a token alone would otherwise wait on the dpbusd latency
-                 * eight times per sub-block) */
-                __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
-                __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(aq + 4));
-                d0 = _mm512_dpbusd_epi32(d0, q[2], bcast4(aq + 8));
-                d1 = _mm512_dpbusd_epi32(d1, q[3], bcast4(aq + 12));
-                d0 = _mm512_dpbusd_epi32(d0, q[4], bcast4(aq + 16));
-                d1 = _mm512_dpbusd_epi32(d1, q[5], bcast4(aq + 20));
-                d0 = _mm512_dpbusd_epi32(d0, q[6], bcast4(aq + 24));
-                d1 = _mm512_dpbusd_epi32(d1, q[7], bcast4(aq + 28));
-                ia[i] =
-                    _mm512_add_epi32(ia[i], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), s.sc[j]));
+            codes(pb, j, q);
+            for (int i = 0; i < nt; i++)
+                ia[i] = sub_dot(q, ab[i]->qs + 32 * j, s.sc[j], ia[i]);
+        }
+        for (int i = 0; i < nt; i++)
+            acc[i] = finish(&s, ab[i], ia[i], acc[i]);
+    }
+    for (int i = 0; i < nt; i++)
+        store(m, g, r0, r1, t0 + i, acc[i]);
+}
+
+/* The decode matvec walks MV_STREAMS row-group ranges side by side, a sub-block pair (512 bytes of
+ * codes) of each in turn, each stream software-prefetched MV_PF_DIST bytes ahead into L2, as the
+ * Q4_0..Q8_0 packed matvec does (ops_avx512_packed.c: one core's single sequential run keeps too
+ * few misses in flight). Measured on the kernel alone (~400 MB of copies of one weight, 1 thread,
+ * variants alternated in one process, quiet 2-vCPU Sapphire Rapids VM, mean of 6 rounds):
+ * tinyllama's 2048 x 5632 and 5632 x 2048, one group at a time (the kernel before) 9.5 / 10.0
+ * GB/s, 4 streams by sub-block pairs 1 KiB ahead 11.2 / 11.7; whole super-blocks per stream
+ * (2, 4, 8, 16 streams), one sub-block per stream, 2, 6 or 8 streams and 512 B or one
+ * super-block ahead were no better, and no prefetch or every other line much worse (8.4, 7.3). */
+#ifndef MV_STREAMS
+#define MV_STREAMS 4
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST 1024
+#endif
+
+/* The matvec of groups g0 + k * step (k < ns) side by side: per super-block, each group's scales,
+ * then sub-blocks 2jj and 2jj + 1 of each group in turn. A token's sums run as in tile. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1)
+{
+    const int64_t nb = m->a->n_in / SH_QK_K;
+    const uint8_t *w[MV_STREAMS];
+    __m512 acc[MV_STREAMS];
+    for (int k = 0; k < ns; k++) {
+        w[k] = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+        acc[k] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const sh_block_q8_k *ab = m->a->qk + b;
+        q4k_scales s[MV_STREAMS];
+        __m512i ia[MV_STREAMS];
+        for (int k = 0; k < ns; k++) {
+            decode_scales(w[k] + (size_t)b * SH_CPU_PACK_Q4K_BYTES, &s[k]);
+            ia[k] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int jj = 0; jj < 4; jj++) {
+#pragma GCC unroll 16
+            for (int k = 0; k < ns; k++) {
+                const uint8_t *pb = w[k] + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
+                /* 8 lines of codes and one of the scales and d, MV_PF_DIST ahead */
+                const char *pf = (const char *)pb + 512 * jj + MV_PF_DIST;
+                for (int l = 0; l < 8; l++)
+                    _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+                _mm_prefetch((const char *)pb + 2048 + 64 * jj + MV_PF_DIST, _MM_HINT_T1);
+                __m512i q[8];
+                codes(pb, 2 * jj, q);
+                ia[k] = sub_dot(q, ab->qs + 64 * jj, s[k].sc[2 * jj], ia[k]);
+                codes(pb, 2 * jj + 1, q);
+                ia[k] = sub_dot(q, ab->qs + 64 * jj + 32, s[k].sc[2 * jj + 1], ia[k]);
             }
         }
-        for (int i = 0; i < nt; i++) {
-            const int16_t *bs = ab[i]->bsums;
-            __m512i ms = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s.mp[0], bcast4(bs));
-            __m512i ms1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(), s.mp[1], bcast4(bs + 2));
-            for (int k = 2; k < 8; k += 2) {
-                ms = _mm512_dpwssd_epi32(ms, s.mp[k], bcast4(bs + 2 * k));
-                ms1 = _mm512_dpwssd_epi32(ms1, s.mp[k + 1], bcast4(bs + 2 * k + 2));
-            }
-            const float da = ab[i]->d;
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[i]),
-                                     _mm512_mul_ps(s.d, _mm512_set1_ps(da * 0.0625f)), acc[i]);
-            acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ms, ms1)),
-                                      _mm512_mul_ps(s.dmin, _mm512_set1_ps(da)), acc[i]);
-        }
+        for (int k = 0; k < ns; k++)
+            acc[k] = finish(&s[k], ab, ia[k], acc[k]);
     }
-    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
-    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int i = 0; i < nt; i++) {
-        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
-        __m512 v = acc[i];
-        if (m->accumulate)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
-        _mm512_mask_storeu_ps(y, k, v);
-    }
+    for (int k = 0; k < ns; k++)
+        store(m, g0 + k * step, r0, r1, 0, acc[k]);
 }
 
 /* Activation bytes of a token block: the tokens whose Q8_K rows stay in L2 while every row group
  * of the chunk passes over them. */
 #define TOK_BLOCK_BYTES (1 << 20)
 
-/* Token blocks outermost, then row groups, then token tiles (as the other packed kernels): a
- * group's packed super-blocks (nb * 2304 bytes) stay in L1/L2 while the block's tiles pass over
- * them. */
+/* A matvec as above; otherwise token blocks outermost, then row groups, then token tiles (as the
+ * other packed kernels): a group's packed super-blocks (nb * 2304 bytes) stay in L1/L2 while the
+ * block's tiles pass over them. */
 TGT void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) { /* the groups in MV_STREAMS equal ranges, then the rest one at a time */
+        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+        for (int64_t i = 0; i < part; i++)
+            mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv_groups(m, g, 0, 1, r0, r1);
+        return;
+    }
     const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
     int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
     tb = tb < NT ? NT : tb;
