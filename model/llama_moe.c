@@ -12,7 +12,7 @@ static bool type_ok(sh_dtype t)
     return t == SH_DTYPE_F32 || t == SH_DTYPE_F16 || t == SH_DTYPE_BF16 || t == SH_DTYPE_Q8_0 ||
            t == SH_DTYPE_Q4_0 || t == SH_DTYPE_Q4_1 || t == SH_DTYPE_Q5_0 || t == SH_DTYPE_Q5_1 ||
            t == SH_DTYPE_Q2_K || t == SH_DTYPE_Q3_K || t == SH_DTYPE_Q4_K || t == SH_DTYPE_Q5_K ||
-           t == SH_DTYPE_Q6_K;
+           t == SH_DTYPE_Q6_K || t == SH_DTYPE_IQ4_NL || t == SH_DTYPE_IQ4_XS;
 }
 
 /* An integer key <arch>.<key>: *out = dflt when absent; present values must be >= min. */

@@ -133,6 +133,9 @@ static sh_dtype fallback(sh_dtype target, uint64_t ne0, bool *fell)
     case SH_DTYPE_Q6_K:
         t = SH_DTYPE_Q8_0;
         break;
+    case SH_DTYPE_IQ4_XS:
+        t = SH_DTYPE_IQ4_NL;
+        break;
     default: /* a 32-block type has no smaller block to fall back to */
         break;
     }
@@ -191,6 +194,10 @@ int32_t sh__quantize_file_type(sh_dtype t)
         return 17;
     case SH_DTYPE_Q6_K:
         return 18;
+    case SH_DTYPE_IQ4_NL:
+        return 25;
+    case SH_DTYPE_IQ4_XS:
+        return 30;
     case SH_DTYPE_BF16:
         return 32;
     default:

@@ -32,20 +32,21 @@ typedef enum sh_quantize_why {
  *     routing tables, small conv and RWKV/vision tensors);
  *   - every other tensor (token_embd.weight and output.weight included) gets `target`, except a
  *     block type whose block does not divide the row length ne[0]: Q2_K and Q3_K fall back to
- *     Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, and when that block (32) does not divide
- *     ne[0] either, or the target is itself a 32-block type, to F16.
+ *     Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL, and when that block
+ *     (32) does not divide ne[0] either, or the target is itself a 32-block type, to F16.
  * Pure function; any thread. */
 sh_dtype sh__quantize_plan_tensor(const char *arch, const char *name, uint32_t n_dims,
                                   const uint64_t *ne, sh_dtype cur, sh_dtype target,
                                   const char *const *keep, size_t n_keep, sh_quantize_why *why);
 
 /* True for the types `shoal quantize --type` accepts: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
+ * Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. */
 bool sh__quantize_target_ok(sh_dtype t);
 
 /* The general.file_type (llama_ftype) llama-quantize writes for target type t given by its
  * plain name: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q2_K 10, Q3_K 12
- * (its "Q3_K" is Q3_K_M), Q4_K 15 (Q4_K_M), Q5_K 17 (Q5_K_M), Q6_K 18, BF16 32; -1 for others. */
+ * (its "Q3_K" is Q3_K_M), Q4_K 15 (Q4_K_M), Q5_K 17 (Q5_K_M), Q6_K 18, IQ4_NL 25, IQ4_XS 30,
+ * BF16 32; -1 for others. */
 int32_t sh__quantize_file_type(sh_dtype t);
 
 /* What a progress callback is told as each tensor starts. */

@@ -23,14 +23,15 @@ static void usage(FILE *f)
         "Rewrites a GGUF model with its weight matrices in type T, as llama.cpp's\n"
         "`llama-quantize --pure IN OUT T` does, byte for byte on the tensor data: 1-D tensors,\n"
         "norms and a few small tensors keep their type; token_embd and output are converted\n"
-        "too; a K type whose 256-element block does not divide a row falls back to Q4_0 (Q2_K,\n"
-        "Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K) or Q8_0 (Q6_K), and to F16 when 32 does not divide it\n"
-        "either. Quantized inputs are dequantized first (requantizing), so any of these types\n"
+        "too; a type whose 256-element block does not divide a row falls back to Q4_0 (Q2_K,\n"
+        "Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K), Q8_0 (Q6_K) or IQ4_NL (IQ4_XS), and to F16 when 32\n"
+        "does not divide it either (a 32-block type goes straight to F16). Quantized inputs are "
+        "dequantized first (requantizing), so any of these types\n"
         "converts to any other. Every metadata key is kept; general.file_type and\n"
         "general.quantization_version are updated. See docs/quantize.md.\n"
         "\n"
         "  --type T           F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,\n"
-        "                     Q5_K or Q6_K\n"
+        "                     Q5_K, Q6_K, IQ4_NL or IQ4_XS\n"
         "  --keep PATTERN     leave tensors whose name matches this glob as they are\n"
         "                     (repeatable; e.g. --keep 'token_embd.weight' --keep '*.ffn_down.*')\n"
         "  -t, --threads N    conversion threads (default: the CPUs online; output does not\n"
@@ -149,7 +150,7 @@ int sh__cmd_quantize(int argc, char **argv)
         return bad("--type is required");
     if (!sh__dtype_parse(type_name, &o.type) || !sh__quantize_target_ok(o.type))
         return bad("--type '%s' is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                   "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+                   "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
                    type_name);
     o.keep = keep;
     o.n_keep = n_keep;

@@ -191,6 +191,9 @@ typedef struct sh__cpu_kernels {
      * the others of Q8_0..Q5_1 its qs, d and s. */
     sh__cpu_mm_fn mm_f32, mm_f16, mm_bf16, mm_q8_0, mm_q4_0, mm_q4_1, mm_q5_0, mm_q5_1;
     sh__cpu_mm_fn mm_q2_k, mm_q3_k, mm_q4_k, mm_q5_k, mm_q6_k;
+    /* IQ4_NL reads qs and d like Q8_0 (its codes are grid values, no offset); IQ4_XS reads qk
+     * like the K-quants (its integer kernel is one of sh__cpu_k_ints_fn's). */
+    sh__cpu_mm_fn mm_iq4_nl, mm_iq4_xs;
     /* Optional (NULL: the ISA has none and weights stay in their file layout): row kernels on
      * packed weights (see SH_CPU_PACK_ROWS). For these, sh__cpu_mm.w is the packed data and
      * row_bytes the bytes of one 16-row group; r0 is a multiple of 16 or the kernel computes the
@@ -216,8 +219,8 @@ extern const sh__cpu_kernels sh__cpu_kernels_avx512;
 /* The ISA's row kernel for a weight type (NULL when unsupported). */
 sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type);
 
-/* Which activation form a weight type's kernels read: true for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
- * (qs/d/s per 32), resp. for Q2_K..Q6_K (qk per 256). */
+/* Which activation form a weight type's kernels read: true for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * IQ4_NL (qs/d/s per 32), resp. for Q2_K..Q6_K, IQ4_XS (qk per 256). */
 bool sh__cpu_type_q8(sh_dtype type);
 bool sh__cpu_type_k(sh_dtype type);
 
@@ -252,10 +255,11 @@ void sh__cpu_quant_act_ref(const float *x, int64_t n, int8_t *qs, float *d, floa
 
 /* ---- K-quant row dot products (ops_k_ref.c, ops_k_avx2.c) ---------------------------------- */
 
-/* A K-quant weight row (nb super-blocks of Q2_K..Q6_K) against an activation row quantized to
- * Q8_K (nb blocks) computes in two steps. The integer part, per super-block b, fills
+/* A K-quant weight row (nb super-blocks of Q2_K..Q6_K or IQ4_XS) against an activation row
+ * quantized to Q8_K (nb blocks) computes in two steps. The integer part, per super-block b, fills
  * ints[2b] = sum over sub-blocks j of sc_j * sum_i qw_i qa_i (qw with Q3_K's -4 and Q6_K's -32
- * offsets applied, sc_j Q3_K's scale minus 32) and ints[2b + 1] = sum_j m_j * sum_i qa_i (the
+ * offsets applied, IQ4_XS's codes as their grid values; sc_j Q3_K's and IQ4_XS's scale minus 32)
+ * and ints[2b + 1] = sum_j m_j * sum_i qa_i (the
  * mins of Q2_K, Q4_K and Q5_K; 0 for the others). Integers are exact, so every ISA's integer
  * kernel writes the same ints. The float part, sh__cpu_dot_k, is one function shared by every
  * ISA: acc += da * (dw * ints[2b] - dmin * ints[2b + 1]) in block order, so every ISA's dot
@@ -303,6 +307,8 @@ void sh__cpu_mm_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, sh_dtype type,
     void sh__cpu_mm_##isa##_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 SH__CPU_MM_K_DECL(ref)
 SH__CPU_MM_K_DECL(avx2)
+void sh__cpu_mm_ref_iq4_xs(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_mm_avx2_iq4_xs(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_mm_avx512_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_mm_avx512_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 

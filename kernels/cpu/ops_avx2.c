@@ -92,7 +92,15 @@ INL __m256i q5_high(const uint8_t *qh)
                             _mm256_set1_epi8(0x10));
 }
 
-/* KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = Q5_0, 4 = Q5_1. One weight row against nt tokens. */
+/* The IQ4 grid (SH_IQ4_VALUES) in both 128-bit lanes, for a vpshufb lookup of 4-bit codes. */
+INL __m256i iq4_grid(void)
+{
+    const __m128i g = _mm_loadu_si128((const void *)SH_IQ4_VALUES);
+    return _mm256_set_m128i(g, g);
+}
+
+/* KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = Q5_0, 4 = Q5_1, 5 = IQ4_NL (Q4_0's nibbles looked up in
+ * the grid, then Q8_0's signed path). One weight row against nt tokens. */
 INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
@@ -101,7 +109,9 @@ INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const 
                        : kind == 1 ? sizeof(sh_block_q4_1)
                        : kind == 2 ? sizeof(sh_block_q8_0)
                        : kind == 3 ? sizeof(sh_block_q5_0)
-                                   : sizeof(sh_block_q5_1);
+                       : kind == 4 ? sizeof(sh_block_q5_1)
+                                   : sizeof(sh_block_iq4_nl);
+    const int sgn = kind == 2 || kind == 5; /* signed codes: |w| against a * sign(w) */
     /* Offsets of the min (Q4_1/Q5_1), the fifth bits (Q5) and the codes in a block. */
     const int has_m = kind == 1 || kind == 4;
     const size_t hoff = kind == 3 ? 2 : 4, qoff = kind == 3 ? 6 : kind == 4 ? 8 : has_m ? 4 : 2;
@@ -126,22 +136,26 @@ INL void q_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const 
         } else {
             const __m128i v = _mm_loadu_si128((const void *)(wb + qoff));
             wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
-            if (kind >= 3)
+            if (kind == 3 || kind == 4)
                 wq = _mm256_or_si256(wq, q5_high(wb + hoff));
+            if (kind == 5) {
+                wsign = _mm256_shuffle_epi8(iq4_grid(), wq);
+                wq = _mm256_sign_epi8(wsign, wsign);
+            }
         }
         for (int i = 0; i < nt; i++) {
             const int64_t t = t0 + i;
             __m256i aq = _mm256_loadu_si256((const void *)(a->qs + t * a->n_in + b * 32));
-            if (kind == 2)
+            if (sgn)
                 aq = _mm256_sign_epi8(aq, wsign); /* a * sign(w), so |w| * that = w * a */
             const __m256 dotf = _mm256_cvtepi32_ps(dot_u8s8(wq, aq));
             acc[i] = _mm256_fmadd_ps(dotf, _mm256_set1_ps(dw * a->d[t * nb + b]), acc[i]);
-            if (kind != 2)
+            if (!sgn)
                 accs[i] += mw * a->s[t * nb + b];
         }
     }
     /* Q4_0/Q5_0: sum dw (da dot - 8 s) / (da dot - 16 s); Q4_1/Q5_1: sum dw da dot + m s;
-     * Q8_0: sum dw da dot */
+     * Q8_0, IQ4_NL: sum dw da dot */
     const float c = kind == 0 ? -8.0f : kind == 3 ? -16.0f : has_m ? 1.0f : 0.0f;
     for (int i = 0; i < nt; i++)
         store_out(m, t0 + i, r, hsum8(acc[i]) + c * accs[i]);
@@ -215,6 +229,7 @@ DEFINE_MM(mm_q4_1, q_tile, 1)
 DEFINE_MM(mm_q8_0, q_tile, 2)
 DEFINE_MM(mm_q5_0, q_tile, 3)
 DEFINE_MM(mm_q5_1, q_tile, 4)
+DEFINE_MM(mm_iq4_nl, q_tile, 5)
 DEFINE_MM(mm_f32, fp_tile, 0)
 DEFINE_MM(mm_f16, fp_tile, 1)
 DEFINE_MM(mm_bf16, fp_tile, 2)
@@ -260,6 +275,8 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .mm_q4_k = sh__cpu_mm_avx2_q4_k,
     .mm_q5_k = sh__cpu_mm_avx2_q5_k,
     .mm_q6_k = sh__cpu_mm_avx2_q6_k,
+    .mm_iq4_nl = mm_iq4_nl,
+    .mm_iq4_xs = sh__cpu_mm_avx2_iq4_xs,
     .dot = dot,
     .axpy = axpy,
     .sumsq = sumsq,

@@ -189,6 +189,48 @@ INL void q8_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt)
     }
 }
 
+/* IQ4_NL: a block pair's nibbles (q4_pair's element order) looked up in the grid SH_IQ4_VALUES
+ * with one vpshufb (the grid in each 128-bit lane), then Q8_0's path: |w| against the activation
+ * negated where w < 0. */
+INL void iq4nl_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / 32;
+    const sh_block_iq4_nl *w = (const sh_block_iq4_nl *)(m->w + r * m->row_bytes);
+    const __m512i grid = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)SH_IQ4_VALUES));
+    __m512 acc[TOK_TILE];
+    for (int i = 0; i < nt; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const __m512i wq = _mm512_shuffle_epi8(grid, q4_pair(w[b].qs, w[b + 1].qs));
+        const __mmask64 neg = _mm512_movepi8_mask(wq);
+        const __m512i wabs = _mm512_abs_epi8(wq);
+        const __m512 dw = fp16_pair(w[b].d, w[b + 1].d);
+        for (int i = 0; i < nt; i++) {
+            const int64_t t = t0 + i;
+            __m512i aq = _mm512_loadu_si512(a->qs + t * a->n_in + b * 32);
+            aq = _mm512_mask_sub_epi8(aq, neg, _mm512_setzero_si512(), aq);
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, aq);
+            const __m512 sc = _mm512_mul_ps(dw, pair_bcast(load_pair(a->d + t * nb + b)));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i]);
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        const int64_t t = t0 + i;
+        float v = hsum(acc[i]);
+        for (int64_t bb = b; bb < nb; bb++) { /* odd block count: the last block, scalar */
+            const int8_t *aq = a->qs + t * a->n_in + bb * 32;
+            int dot = 0;
+            for (int k = 0; k < 16; k++)
+                dot += SH_IQ4_VALUES[w[bb].qs[k] & 15] * aq[k] +
+                       SH_IQ4_VALUES[w[bb].qs[k] >> 4] * aq[k + 16];
+            v += _cvtsh_ss(w[bb].d) * a->d[t * nb + bb] * (float)dot;
+        }
+        store_out(m, t, r, v);
+    }
+}
+
 /* Float weights: 16 elements per step, widened from the stored type. KIND: 0 f32, 1 f16, 2 bf16. */
 INL __m512 load_w(const uint8_t *w, int64_t k, const int kind)
 {
@@ -274,6 +316,7 @@ DEFINE_MM(mm_q4_1, q4_tile, 1)
 DEFINE_MM(mm_q5_0, q4_tile, 2)
 DEFINE_MM(mm_q5_1, q4_tile, 3)
 DEFINE_MM(mm_q8_0, q8_tile)
+DEFINE_MM(mm_iq4_nl, iq4nl_tile)
 DEFINE_MM(mm_f32, fp_tile, 0)
 DEFINE_MM(mm_f16, fp_tile, 1)
 DEFINE_MM(mm_bf16, fp_tile, 2)
@@ -363,6 +406,8 @@ const sh__cpu_kernels sh__cpu_kernels_avx512 = {
     .mm_q4_k = sh__cpu_mm_avx512_q4_k,
     .mm_q5_k = sh__cpu_mm_avx2_q5_k,
     .mm_q6_k = sh__cpu_mm_avx512_q6_k,
+    .mm_iq4_nl = mm_iq4_nl,
+    .mm_iq4_xs = sh__cpu_mm_avx2_iq4_xs, /* the AVX2 row kernel and integer kernel */
     .mmp_f16 = sh__cpu_avx512_mmp_f16,
     .mmp_q8_0 = sh__cpu_avx512_mmp_q8_0,
     .mmp_q4_0 = sh__cpu_avx512_mmp_q4_0,

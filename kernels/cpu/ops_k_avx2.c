@@ -244,6 +244,38 @@ TGT static void ints_q2_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
  * sh__cpu_dot_k's in rounding only (tests/unit/test_kernels_kq.c bounds it), a batched token runs
  * the matvec's operations (batched == unbatched bit for bit) and no output depends on the thread
  * that computes it. */
+/* IQ4_XS: sub-block j's 16 code bytes split into 32 nibbles in element order (low nibbles then
+ * high), looked up in the grid SH_IQ4_VALUES with one vpshufb, then multiplied as signed bytes:
+ * maddubs(|a|, w * sign(a)). |a| read as unsigned is exact for a = -128 too, and w is in
+ * [-127, 113], so the pairs reach 2 * 128 * 127 < 2^15 and never saturate. The 6-bit scales
+ * minus 32 in the madd. */
+INL klanes lanes_iq4xs(const sh_block_iq4_xs *w, const sh_block_q8_k *a)
+{
+    const __m128i g = _mm_loadu_si128((const void *)SH_IQ4_VALUES);
+    const __m256i grid = _mm256_set_m128i(g, g), m4 = _mm256_set1_epi8(0xF);
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m128i v = _mm_loadu_si128((const void *)(w->qs + 16 * j));
+        const __m256i q = _mm256_shuffle_epi8(
+            grid, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4));
+        const __m256i aq = _mm256_loadu_si256((const void *)(a->qs + 32 * j));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(aq), _mm256_sign_epi8(q, aq));
+        acc = _mm256_add_epi32(
+            acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)sh__iq4_xs_scale(w, j))));
+    }
+    klanes k = {acc, _mm256_setzero_si256()};
+    return k;
+}
+
+TGT static void ints_iq4_xs(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_iq4_xs *w = wv;
+    for (int64_t b = 0; b < nb; b++) {
+        ints[2 * b] = hsum8i(lanes_iq4xs(w + b, a + b).iv);
+        ints[2 * b + 1] = 0;
+    }
+}
+
 INL float hsum8f(__m256 v)
 {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -279,6 +311,11 @@ INL float row_k(const uint8_t *w, const sh_block_q8_k *a, int64_t nb, const sh_d
             const sh_block_q5_k *wb = (const sh_block_q5_k *)w + b;
             k = lanes_q45(wb->qs, wb->qh, wb->scales, a + b, 1);
             dw = _cvtsh_ss(wb->d), dm = _cvtsh_ss(wb->dmin);
+            break;
+        }
+        case SH_DTYPE_IQ4_XS: {
+            const sh_block_iq4_xs *wb = (const sh_block_iq4_xs *)w + b;
+            k = lanes_iq4xs(wb, a + b), dw = _cvtsh_ss(wb->d);
             break;
         }
         default: {
@@ -495,6 +532,7 @@ DEFINE_MM(q3_k, Q3_K)
 DEFINE_MM(q4_k, Q4_K)
 DEFINE_MM(q5_k, Q5_K)
 DEFINE_MM(q6_k, Q6_K)
+DEFINE_MM(iq4_xs, IQ4_XS)
 
 sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type)
 {
@@ -509,6 +547,8 @@ sh__cpu_k_ints_fn sh__cpu_k_ints_avx2(sh_dtype type)
         return ints_q5_k;
     case SH_DTYPE_Q6_K:
         return ints_q6_k;
+    case SH_DTYPE_IQ4_XS:
+        return ints_iq4_xs;
     default:
         return NULL;
     }
@@ -532,4 +572,5 @@ DEFINE_MM(q3_k, Q3_K)
 DEFINE_MM(q4_k, Q4_K)
 DEFINE_MM(q5_k, Q5_K)
 DEFINE_MM(q6_k, Q6_K)
+DEFINE_MM(iq4_xs, IQ4_XS)
 #endif

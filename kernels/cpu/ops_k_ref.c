@@ -149,6 +149,27 @@ static void ints_q6_k(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_
     }
 }
 
+/* IQ4_XS: eight 32-element sub-blocks, the codes' grid values times the activations, each
+ * sub-block's sum times its 6-bit scale minus 32 (no minimums). */
+static void ints_iq4_xs(const void *wv, const sh_block_q8_k *a, int64_t nb, int32_t *ints)
+{
+    const sh_block_iq4_xs *w = wv;
+    int q[32];
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t si = 0;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = w[b].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                q[l] = SH_IQ4_VALUES[qs[l] & 0xF];
+                q[l + 16] = SH_IQ4_VALUES[qs[l] >> 4];
+            }
+            si += sh__iq4_xs_scale(w + b, j) * dot_i8(q, a[b].qs + 32 * j, 32);
+        }
+        ints[2 * b] = si;
+        ints[2 * b + 1] = 0;
+    }
+}
+
 /* Super-blocks per call of the integer kernel (the ints live on the stack). */
 #define K_CHUNK 16
 
@@ -190,6 +211,9 @@ float sh__cpu_dot_k(sh__cpu_k_ints_fn ints, sh_dtype type, const void *w, const 
         bsz = sizeof(sh_block_q5_k), doff = offsetof(sh_block_q5_k, d);
         moff = offsetof(sh_block_q5_k, dmin);
         break;
+    case SH_DTYPE_IQ4_XS:
+        bsz = sizeof(sh_block_iq4_xs), doff = offsetof(sh_block_iq4_xs, d);
+        break;
     default:
         bsz = sizeof(sh_block_q6_k), doff = offsetof(sh_block_q6_k, d);
         break;
@@ -227,6 +251,8 @@ static sh__cpu_k_ints_fn ints_ref(sh_dtype type)
         return ints_q5_k;
     case SH_DTYPE_Q6_K:
         return ints_q6_k;
+    case SH_DTYPE_IQ4_XS:
+        return ints_iq4_xs;
     default:
         return NULL;
     }
@@ -261,6 +287,7 @@ DEFINE_MM_K(ref, SCALAR, q3_k, Q3_K)
 DEFINE_MM_K(ref, SCALAR, q4_k, Q4_K)
 DEFINE_MM_K(ref, SCALAR, q5_k, Q5_K)
 DEFINE_MM_K(ref, SCALAR, q6_k, Q6_K)
+DEFINE_MM_K(ref, SCALAR, iq4_xs, IQ4_XS)
 /* The AVX2 row kernels are in ops_k_avx2.c (AVX-512 uses them for Q2_K, Q3_K and Q5_K), the
  * AVX-512 Q4_K and Q6_K ones in ops_k_avx512.c. */
 

@@ -175,6 +175,29 @@ static void mm_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
     }
 }
 
+/* IQ4_NL: the codes index the grid SH_IQ4_VALUES, so the block is Q8_0 with int8 values looked
+ * up: sum_i dw g(n_i) da qa_i = dw da sum_i g(n_i) qa_i. */
+static void mm_iq4_nl(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    for (int64_t r = r0; r < r1; r++) {
+        const sh_block_iq4_nl *w = (const sh_block_iq4_nl *)(m->w + r * m->row_bytes);
+        for (int64_t t = 0; t < a->n_tok; t++) {
+            const int8_t *q = a->qs + t * a->n_in;
+            const float *d = a->d + t * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int dot = 0;
+                for (int i = 0; i < SH_CPU_QK; i++)
+                    dot += SH_IQ4_VALUES[nib(w[b].qs, i)] * q[b * SH_CPU_QK + i];
+                acc += sh__quant_f32_from_fp16(w[b].d) * d[b] * (float)dot;
+            }
+            store(m, t, r, acc);
+        }
+    }
+}
+
 static float dot_ref(const float *a, const float *b, int64_t n)
 {
     float acc = 0.0f;
@@ -213,6 +236,8 @@ const sh__cpu_kernels sh__cpu_kernels_ref = {
     .mm_q4_k = sh__cpu_mm_ref_q4_k,
     .mm_q5_k = sh__cpu_mm_ref_q5_k,
     .mm_q6_k = sh__cpu_mm_ref_q6_k,
+    .mm_iq4_nl = mm_iq4_nl,
+    .mm_iq4_xs = sh__cpu_mm_ref_iq4_xs,
     .dot = dot_ref,
     .axpy = axpy_ref,
     .sumsq = sumsq_ref,
@@ -248,6 +273,10 @@ sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mm_q5_k;
     case SH_DTYPE_Q6_K:
         return k->mm_q6_k;
+    case SH_DTYPE_IQ4_NL:
+        return k->mm_iq4_nl;
+    case SH_DTYPE_IQ4_XS:
+        return k->mm_iq4_xs;
     default:
         return NULL;
     }
@@ -256,11 +285,11 @@ sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type)
 bool sh__cpu_type_q8(sh_dtype type)
 {
     return type == SH_DTYPE_Q8_0 || type == SH_DTYPE_Q4_0 || type == SH_DTYPE_Q4_1 ||
-           type == SH_DTYPE_Q5_0 || type == SH_DTYPE_Q5_1;
+           type == SH_DTYPE_Q5_0 || type == SH_DTYPE_Q5_1 || type == SH_DTYPE_IQ4_NL;
 }
 
 bool sh__cpu_type_k(sh_dtype type)
 {
     return type == SH_DTYPE_Q2_K || type == SH_DTYPE_Q3_K || type == SH_DTYPE_Q4_K ||
-           type == SH_DTYPE_Q5_K || type == SH_DTYPE_Q6_K;
+           type == SH_DTYPE_Q5_K || type == SH_DTYPE_Q6_K || type == SH_DTYPE_IQ4_XS;
 }

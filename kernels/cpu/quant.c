@@ -104,6 +104,8 @@ bool sh__quant_supported(sh_dtype type)
     case SH_DTYPE_Q4_1:
     case SH_DTYPE_Q5_0:
     case SH_DTYPE_Q5_1:
+    case SH_DTYPE_IQ4_NL:
+    case SH_DTYPE_IQ4_XS:
         return true;
     default:
         return sh__quant_k_supported(type);
@@ -324,6 +326,12 @@ sh_err sh__quant_row(sh_dtype type, const float *src, void *dst, int64_t n)
     case SH_DTYPE_Q5_1:
         quant_q5_1(src, dst, n / SH_QK5_1);
         break;
+    case SH_DTYPE_IQ4_NL:
+        sh__quant_iq4_nl_quantize(src, dst, n / SH_QK_IQ4_NL);
+        break;
+    case SH_DTYPE_IQ4_XS:
+        sh__quant_iq4_xs_quantize(src, dst, n / SH_QK_K);
+        break;
     default: /* the K-quants (row_ok accepted the type) */
         sh__quant_k_quantize(type, src, dst, n / SH_QK_K);
         break;
@@ -390,6 +398,12 @@ sh_err sh__dequant_row(sh_dtype type, const void *src, float *dst, int64_t n)
         break;
     case SH_DTYPE_Q5_1:
         dequant_q5_1(src, dst, n / SH_QK5_1);
+        break;
+    case SH_DTYPE_IQ4_NL:
+        sh__quant_iq4_nl_dequantize(src, dst, n / SH_QK_IQ4_NL);
+        break;
+    case SH_DTYPE_IQ4_XS:
+        sh__quant_iq4_xs_dequantize(src, dst, n / SH_QK_K);
         break;
     default: /* the K-quants (row_ok accepted the type) */
         sh__quant_k_dequantize(type, src, dst, n / SH_QK_K);

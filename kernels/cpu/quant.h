@@ -44,8 +44,8 @@ _Static_assert(sizeof(sh_block_q5_0) == 22, "block_q5_0 is 22 bytes");
 _Static_assert(sizeof(sh_block_q5_1) == 24, "block_q5_1 is 24 bytes");
 
 /* True for the types sh__quant_row / sh__dequant_row handle: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q5_0, Q5_1, and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K (quant_k.h; 256-element
- * blocks). */
+ * Q5_0, Q5_1, the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K (quant_k.h; 256-element
+ * blocks), IQ4_NL (32) and IQ4_XS (256; quant_iq4.c). */
 bool sh__quant_supported(sh_dtype type);
 
 /* Converts n floats from `src` to one row of `type` at `dst` (sh__dtype_row_bytes(type, n) bytes,

@@ -56,12 +56,36 @@ typedef struct sh_block_q8_k {
     int16_t bsums[SH_QK_K / 16]; /* sum of each 16 quants, for the K dot products' min terms */
 } sh_block_q8_k;
 
+/* ggml's 4-bit non-linear types: each 4-bit code indexes SH_IQ4_VALUES (the int8 grid
+ * kvalues_iq4nl, denser near zero). IQ4_NL is a block of 32 like Q4_0 (element j < 16 in the low
+ * nibble of qs[j], element j + 16 in its high nibble), value = d * grid[code]. IQ4_XS is a
+ * 256-element super-block of eight such 32-element sub-blocks (the same nibble order within each
+ * sub-block's 16 bytes), sub-block j scaled by d * (ls_j - 32), ls_j 6 bits: the low nibble
+ * in scales_l[j / 2] (at bit 4 (j % 2)) and the top two bits at bit 2j of scales_h. */
+#define SH_QK_IQ4_NL 32
+typedef struct sh_block_iq4_nl {
+    uint16_t d;                   /* scale (fp16) */
+    uint8_t qs[SH_QK_IQ4_NL / 2]; /* codes */
+} sh_block_iq4_nl;
+
+typedef struct sh_block_iq4_xs {
+    uint16_t d;              /* super-block scale (fp16) */
+    uint16_t scales_h;       /* top 2 bits of the eight 6-bit sub-block scales */
+    uint8_t scales_l[4];     /* low 4 bits of the scales */
+    uint8_t qs[SH_QK_K / 2]; /* codes, 16 bytes per 32-element sub-block */
+} sh_block_iq4_xs;
+
+/* The sixteen values the IQ4 codes stand for (ggml's kvalues_iq4nl). */
+extern const int8_t SH_IQ4_VALUES[16];
+
 _Static_assert(sizeof(sh_block_q2_k) == 84, "q2_K block");
 _Static_assert(sizeof(sh_block_q3_k) == 110, "q3_K block");
 _Static_assert(sizeof(sh_block_q4_k) == 144, "q4_K block");
 _Static_assert(sizeof(sh_block_q5_k) == 176, "q5_K block");
 _Static_assert(sizeof(sh_block_q6_k) == 210, "q6_K block");
 _Static_assert(sizeof(sh_block_q8_k) == 292, "q8_K block");
+_Static_assert(sizeof(sh_block_iq4_nl) == 18, "iq4_nl block");
+_Static_assert(sizeof(sh_block_iq4_xs) == 136, "iq4_xs block");
 
 /* True for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K. */
 bool sh__quant_k_supported(sh_dtype type);
@@ -74,5 +98,25 @@ void sh__quant_k_quantize(sh_dtype type, const float *src, void *dst, int64_t nb
 /* The inverse: nb super-blocks at `src` widened to nb * 256 floats at `dst`, with exactly the
  * float operations of ggml's dequantize_row_*_K (so the results are bit-identical). */
 void sh__quant_k_dequantize(sh_dtype type, const void *src, float *dst, int64_t nb);
+
+/* IQ4_NL (nb blocks of 32) and IQ4_XS (nb super-blocks of 256) from floats, byte-identical to
+ * what llama.cpp's llama-quantize writes without an importance matrix: ggml's quantize_iq4_nl /
+ * quantize_iq4_xs with weights x^2 and the 7-step scale search. (ggml's quantize_row_iq4_nl_ref
+ * skips that search; llama-quantize does not, and the files are what matter.) src and dst must
+ * not overlap. Any thread. (quant_iq4.c) */
+void sh__quant_iq4_nl_quantize(const float *src, sh_block_iq4_nl *dst, int64_t nb);
+void sh__quant_iq4_xs_quantize(const float *src, sh_block_iq4_xs *dst, int64_t nb);
+
+/* The inverses, with the float operations of ggml's dequantize_row_iq4_nl / _xs (bit-identical
+ * to ggml and to the gguf package's NumPy dequantizer). */
+void sh__quant_iq4_nl_dequantize(const sh_block_iq4_nl *src, float *dst, int64_t nb);
+void sh__quant_iq4_xs_dequantize(const sh_block_iq4_xs *src, float *dst, int64_t nb);
+
+/* IQ4_XS sub-block j's 6-bit scale minus 32. */
+static inline int sh__iq4_xs_scale(const sh_block_iq4_xs *b, int j)
+{
+    return (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4)) -
+           32;
+}
 
 #endif

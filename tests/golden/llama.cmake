@@ -19,6 +19,10 @@ sh_test(test_llama_window SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_window.c 
 # the NumPy reference's logits and greedy ids.
 sh_test(test_llama_kquant SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_kquant.c LABELS golden
         TIMEOUT 300)
+# IQ4_NL and IQ4_XS: a seeded mkmodel file quantized to each, against its dequantized F32 copy
+# (logits and greedy ids).
+sh_test(test_llama_iq4 SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_iq4.c LABELS golden
+        TIMEOUT 120)
 # gemma3 and qwen3 on tiny mkmodel files against the NumPy reference; stages, batching, windows.
 sh_test(test_llama_arch SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_arch.c LABELS golden
         TIMEOUT 120)

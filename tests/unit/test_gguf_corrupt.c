@@ -139,6 +139,18 @@ static void c_short_q5_0(gb *b)
     static const uint64_t ne[1] = {64};
     one_tensor(b, 1, ne, SH_DTYPE_Q5_0, 0, 43);
 }
+/* IQ4_XS's 256-element super-blocks and IQ4_NL's 32-element blocks (an IQ4_NL 256 x 2 is 288
+ * bytes). */
+static void c_block_iq4_xs(gb *b)
+{
+    static const uint64_t ne[2] = {320, 2};
+    one_tensor(b, 2, ne, SH_DTYPE_IQ4_XS, 0, 64);
+}
+static void c_short_iq4_nl(gb *b)
+{
+    static const uint64_t ne[2] = {256, 2};
+    one_tensor(b, 2, ne, SH_DTYPE_IQ4_NL, 0, 287);
+}
 static void c_misaligned(gb *b) { one_tensor(b, 1, NE4, 0, 4, 64); }
 static void c_past_end(gb *b) { one_tensor(b, 1, NE4, 0, 1024, 64); }
 static void c_end_past(gb *b) { one_tensor(b, 1, NE4, 0, 32, 40); }
@@ -238,6 +250,9 @@ static const struct crafted {
      "ne[0] 576 is not a multiple of the Q4_K block size 256"},
     {"Q6_K short", c_short_q6_k, SH_EFORMAT, "'w': data [0, 420) beyond the data section (419"},
     {"Q5_0 short", c_short_q5_0, SH_EFORMAT, "'w': data [0, 44) beyond the data section (43"},
+    {"IQ4_XS block multiple", c_block_iq4_xs, SH_EFORMAT,
+     "ne[0] 320 is not a multiple of the IQ4_XS block size 256"},
+    {"IQ4_NL short", c_short_iq4_nl, SH_EFORMAT, "'w': data [0, 288) beyond the data section (287"},
     {"misaligned", c_misaligned, SH_EFORMAT, "'w': offset 4 is not a multiple of the alignment 32"},
     {"offset past end", c_past_end, SH_EFORMAT, "'w': data [1024, 1040) beyond the data section"},
     {"end past end", c_end_past, SH_EFORMAT, "data [32, 48) beyond the data section (40 bytes)"},

@@ -25,10 +25,10 @@ static uint64_t rng_next(void)
 /* Uniform in (-1, 1), never exactly zero. */
 static float rng_sym(void) { return ((float)((rng_next() >> 40) + 1) / 16777217.0f) * 2.0f - 1.0f; }
 
-static const sh_dtype types[] = {SH_DTYPE_Q4_K, SH_DTYPE_Q6_K, SH_DTYPE_Q5_K, SH_DTYPE_Q3_K,
-                                 SH_DTYPE_Q2_K};
-static const char *const type_names[] = {"Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K"};
-#define N_TYPES 5
+static const sh_dtype types[] = {SH_DTYPE_Q4_K, SH_DTYPE_Q6_K, SH_DTYPE_Q5_K,
+                                 SH_DTYPE_Q3_K, SH_DTYPE_Q2_K, SH_DTYPE_IQ4_XS};
+static const char *const type_names[] = {"Q4_K", "Q6_K", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS"};
+#define N_TYPES 6
 
 /* Row lengths: one super-block up to a large row, and lengths that end in a partial chunk of the
  * float part (16 super-blocks). */
@@ -77,6 +77,9 @@ static void make_w(sh_dtype type, int64_t n, uint8_t *w, int mode)
         case SH_DTYPE_Q5_K:
             memcpy(blk + offsetof(sh_block_q4_k, d), &d, 2);
             memcpy(blk + offsetof(sh_block_q4_k, dmin), &dm, 2);
+            break;
+        case SH_DTYPE_IQ4_XS:
+            memcpy(blk + offsetof(sh_block_iq4_xs, d), &d, 2);
             break;
         default:
             memcpy(blk + offsetof(sh_block_q6_k, d), &d, 2);

@@ -1,7 +1,7 @@
-/* Unit tests of the CPU backend's matmul and embed for Q5_0, Q5_1 and the K-quants Q2_K..Q6_K:
- * every ISA against a float reference built from the scalar dequantization of the weights and of
- * the scalar-quantized activations, fused and mixed-type forms, thread counts, and the real
- * tensors of the Gemma 3 270M Q4_K_M file when it is present. */
+/* Unit tests of the CPU backend's matmul and embed for Q5_0, Q5_1, the K-quants Q2_K..Q6_K,
+ * IQ4_NL and IQ4_XS: every ISA against a float reference built from the scalar dequantization of
+ * the weights and of the scalar-quantized activations, fused and mixed-type forms, thread counts,
+ * and the real tensors of the Gemma 3 270M Q4_K_M file when it is present. */
 #include <stdint.h>
 #include <time.h>
 
@@ -9,8 +9,9 @@
 #include "kernels_test_util.h"
 #include "model/gguf.h"
 
-static const sh_dtype new_types[] = {SH_DTYPE_Q5_0, SH_DTYPE_Q5_1, SH_DTYPE_Q2_K, SH_DTYPE_Q3_K,
-                                     SH_DTYPE_Q4_K, SH_DTYPE_Q5_K, SH_DTYPE_Q6_K};
+static const sh_dtype new_types[] = {SH_DTYPE_Q5_0, SH_DTYPE_Q5_1,   SH_DTYPE_Q2_K,
+                                     SH_DTYPE_Q3_K, SH_DTYPE_Q4_K,   SH_DTYPE_Q5_K,
+                                     SH_DTYPE_Q6_K, SH_DTYPE_IQ4_NL, SH_DTYPE_IQ4_XS};
 #define N_NEW (sizeof new_types / sizeof new_types[0])
 
 /* The ISAs this machine runs, scalar first. */
@@ -273,13 +274,15 @@ static void test_fused(void)
     const int64_t n_in = 512;
     const sh_dtype qkv[][3] = {{SH_DTYPE_Q5_0, SH_DTYPE_Q4_K, SH_DTYPE_Q8_0},
                                {SH_DTYPE_Q6_K, SH_DTYPE_Q5_1, SH_DTYPE_Q2_K},
-                               {SH_DTYPE_Q3_K, SH_DTYPE_Q5_K, SH_DTYPE_F16}};
+                               {SH_DTYPE_Q3_K, SH_DTYPE_Q5_K, SH_DTYPE_F16},
+                               {SH_DTYPE_IQ4_NL, SH_DTYPE_IQ4_XS, SH_DTYPE_Q4_0}};
     const sh_dtype ffn[][2] = {{SH_DTYPE_Q4_K, SH_DTYPE_Q6_K},
                                {SH_DTYPE_Q5_0, SH_DTYPE_Q5_K},
-                               {SH_DTYPE_Q2_K, SH_DTYPE_Q4_1}};
+                               {SH_DTYPE_Q2_K, SH_DTYPE_Q4_1},
+                               {SH_DTYPE_IQ4_XS, SH_DTYPE_IQ4_NL}};
     const int64_t n_toks[] = {1, 5};
     for (int i = 0; i < n_isas; i++)
-        for (size_t c = 0; c < 3; c++)
+        for (size_t c = 0; c < 4; c++)
             for (size_t tk = 0; tk < 2; tk++) {
                 sh_backend *be = be_of[i];
                 sh_backend_stream *s = st_of[i];

@@ -318,8 +318,8 @@ static void test_errors(void)
     uint8_t q[512];
     CHECK_INT_EQ(sh__quant_row(SH_DTYPE_Q4_0, x, q, 33), SH_EINVAL);
     CHECK_INT_EQ(sh__quant_row(SH_DTYPE_Q8_0, x, q, 16), SH_EINVAL);
-    CHECK_INT_EQ(sh__quant_row(SH_DTYPE_IQ4_NL, x, q, 32), SH_EINVAL);
-    CHECK_INT_EQ(sh__quant_row(SH_DTYPE_IQ4_XS, x, q, 256), SH_EINVAL);
+    CHECK_INT_EQ(sh__quant_row(SH_DTYPE_Q8_1, x, q, 32), SH_EINVAL);
+    CHECK_INT_EQ(sh__quant_row(SH_DTYPE_IQ3_S, x, q, 256), SH_EINVAL);
     CHECK_INT_EQ(sh__quant_row((sh_dtype)99, x, q, 32), SH_EINVAL);
     CHECK_INT_EQ(sh__quant_row(SH_DTYPE_F16, x, q, -1), SH_EINVAL);
     CHECK_INT_EQ(sh__dequant_row(SH_DTYPE_Q4_1, q, x, 31), SH_EINVAL);

@@ -171,7 +171,7 @@ static void test_ragged(void)
         CHECK_INT_EQ(sh__quant_row(ty, x, q, 0), SH_OK);
         CHECK_INT_EQ(sh__dequant_row(ty, q, y, 0), SH_OK);
     }
-    CHECK(!sh__quant_supported(SH_DTYPE_IQ4_XS));
+    CHECK(!sh__quant_supported(SH_DTYPE_IQ3_S));
 }
 
 /* All-zero input gives all-zero blocks and exact zeros back; a constant block comes back within

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Our K-quant and Q5_0/Q5_1 scalar reference against an independent one: the PyPI `gguf`
+"""Our K-quant, Q5_0/Q5_1 and IQ4_NL/IQ4_XS scalar reference against an independent one: the PyPI `gguf`
 package's NumPy dequantizer (pinned in tests/reference/requirements.txt). Random blocks of bytes
-for Q2_K..Q6_K, Q5_0 and Q5_1, with their fp16 scales made finite, are dequantized by
+for Q2_K..Q6_K, Q5_0, Q5_1, IQ4_NL and IQ4_XS, with their fp16 scales made finite, are dequantized by
 kernels/cpu/quant_k.c / quant.c (through quant_k_tool) and by gguf.quants.dequantize; the floats
 must be bit-identical. Where gguf can quantize a type, our quantizer's bytes are compared with its
 on random floats (gguf 0.19.0 quantizes Q5_0 and Q5_1 but has no K-quant quantizer, so for the
-K types that part reports itself as not run). With SH_GGML_LIB set to a built libggml-base.so
-(llama.cpp's, e.g. from the llama-cpp-python sdist; not needed by CI), our quantizer's bytes are
-also compared with ggml's quantize_row_*_ref on random floats, Q8_K included. The seed is
+K and IQ4 types that part reports itself as not run). With SH_GGML_LIB set to a built
+libggml-base.so (llama.cpp's, e.g. from the llama-cpp-python sdist; not needed by CI), our
+quantizer's bytes are also compared with ggml's quantize_row_*_ref on random floats, Q8_K
+included, and for IQ4_NL / IQ4_XS with ggml's quantize_iq4_nl / quantize_iq4_xs without an
+importance matrix (what llama-quantize runs; ggml's quantize_row_iq4_nl_ref skips the scale
+search). The seed is
 printed; SH_TEST_SEED repeats a run. Exit 77 (skip) only when numpy or gguf cannot be imported.
 Usage: test_quant_k_gguf.py QUANT_K_TOOL"""
 import os
@@ -33,6 +36,8 @@ HALF_FIELDS = {
     "Q6_K": (208,),  # ql[128] qh[64] scales[16] d
     "Q5_0": (0,),  # d qh[4] qs[16] (blocks of 32)
     "Q5_1": (0, 2),  # d m qh[4] qs[16]
+    "IQ4_NL": (0,),  # d qs[16] (blocks of 32)
+    "IQ4_XS": (0,),  # d scales_h scales_l[4] qs[128]
 }
 N_ELEMS = 2048 * 256  # per type: 2048 K-quant blocks, 16384 blocks of 32
 failures = 0
@@ -135,8 +140,14 @@ def check_ggml(tool, rng, tmp, lib_path):
         x = random_floats(rng, 1024).reshape(-1)
         nb = x.size // block_elems
         ref = np.zeros(nb * block_bytes, np.uint8)
-        fn = getattr(lib, f"quantize_row_{name[:2].lower()}{name[2:]}_ref")
-        fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ref.ctypes.data), ctypes.c_int64(x.size))
+        if name.startswith("IQ4"):  # llama-quantize's entry point: rows of 256, no imatrix
+            fn = getattr(lib, f"quantize_{name.lower()}")
+            fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ref.ctypes.data),
+               ctypes.c_int64(x.size // 256), ctypes.c_int64(256), ctypes.c_void_p(None))
+        else:
+            fn = getattr(lib, f"quantize_row_{name[:2].lower()}{name[2:]}_ref")
+            fn(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(ref.ctypes.data),
+               ctypes.c_int64(x.size))
         ours = np.frombuffer(run_tool(tool, "q", name, x.tobytes(), tmp), np.uint8)
         differ = (ours.reshape(nb, -1) != ref.reshape(nb, -1)).any(axis=1)
         if differ.any():

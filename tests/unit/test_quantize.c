@@ -19,8 +19,9 @@
 static char dir[] = "/tmp/sh_test_quantXXXXXX";
 static const char *shoal;
 
-static const char *const all_types[] = {"F32",  "F16",  "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
-                                        "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+static const char *const all_types[] = {"F32",  "F16",  "BF16", "Q8_0",   "Q4_0",
+                                        "Q4_1", "Q5_0", "Q5_1", "Q2_K",   "Q3_K",
+                                        "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
 static const char *tmp_path(const char *name)
@@ -96,11 +97,13 @@ static void test_rules(void)
         uint64_t ne0;
         sh_dtype want;
     } fb[] = {
-        {SH_DTYPE_Q2_K, 320, SH_DTYPE_Q4_0},  {SH_DTYPE_Q3_K, 320, SH_DTYPE_Q4_0},
-        {SH_DTYPE_Q4_K, 320, SH_DTYPE_Q5_0},  {SH_DTYPE_Q5_K, 320, SH_DTYPE_Q5_1},
-        {SH_DTYPE_Q6_K, 576, SH_DTYPE_Q8_0},  {SH_DTYPE_Q4_K, 80, SH_DTYPE_F16},
-        {SH_DTYPE_Q4_0, 80, SH_DTYPE_F16},    {SH_DTYPE_Q8_0, 48, SH_DTYPE_F16},
-        {SH_DTYPE_Q6_K, 1536, SH_DTYPE_Q6_K}, {SH_DTYPE_BF16, 80, SH_DTYPE_BF16},
+        {SH_DTYPE_Q2_K, 320, SH_DTYPE_Q4_0},     {SH_DTYPE_Q3_K, 320, SH_DTYPE_Q4_0},
+        {SH_DTYPE_Q4_K, 320, SH_DTYPE_Q5_0},     {SH_DTYPE_Q5_K, 320, SH_DTYPE_Q5_1},
+        {SH_DTYPE_Q6_K, 576, SH_DTYPE_Q8_0},     {SH_DTYPE_Q4_K, 80, SH_DTYPE_F16},
+        {SH_DTYPE_Q4_0, 80, SH_DTYPE_F16},       {SH_DTYPE_Q8_0, 48, SH_DTYPE_F16},
+        {SH_DTYPE_Q6_K, 1536, SH_DTYPE_Q6_K},    {SH_DTYPE_BF16, 80, SH_DTYPE_BF16},
+        {SH_DTYPE_IQ4_XS, 320, SH_DTYPE_IQ4_NL}, {SH_DTYPE_IQ4_XS, 80, SH_DTYPE_F16},
+        {SH_DTYPE_IQ4_NL, 96, SH_DTYPE_IQ4_NL},  {SH_DTYPE_IQ4_NL, 80, SH_DTYPE_F16},
     };
     for (size_t i = 0; i < sizeof fb / sizeof fb[0]; i++) {
         sh_dtype got = plan("blk.0.ffn_down.weight", 2, fb[i].ne0, 64, 1, F32, fb[i].target, &w);
@@ -129,8 +132,10 @@ static void test_rules(void)
     CHECK_INT_EQ(sh__quantize_file_type(SH_DTYPE_Q4_K), 15);
     CHECK_INT_EQ(sh__quantize_file_type(SH_DTYPE_Q5_1), 9);
     CHECK_INT_EQ(sh__quantize_file_type(SH_DTYPE_BF16), 32);
+    CHECK_INT_EQ(sh__quantize_file_type(SH_DTYPE_IQ4_NL), 25);
+    CHECK_INT_EQ(sh__quantize_file_type(SH_DTYPE_IQ4_XS), 30);
     CHECK(!sh__quantize_target_ok(SH_DTYPE_Q8_K));
-    CHECK(!sh__quantize_target_ok(SH_DTYPE_IQ4_NL));
+    CHECK(!sh__quantize_target_ok(SH_DTYPE_IQ3_S));
 }
 
 /* ---- Hashes -------------------------------------------------------------------------------- */
@@ -591,16 +596,16 @@ static void test_refusals(void)
     sh_error e = {0};
     write_odd(tmp_path("split2.gguf"), 2, SH_DTYPE_F32);
     write_odd(tmp_path("split1.gguf"), 1, SH_DTYPE_F32);
-    write_odd(tmp_path("iq4.gguf"), 1, SH_DTYPE_IQ4_NL);
+    write_odd(tmp_path("iq3.gguf"), 1, SH_DTYPE_IQ3_S);
     int files = count_dir();
     CHECK_INT_EQ(sh__quantize_file(tmp_path("split2.gguf"), tmp_path("o.gguf"), &o, NULL, &e),
                  SH_EUNSUPPORTED);
     fprintf(stderr, "  (expected) %s\n", e.msg);
     CHECK(strstr(e.msg, "split.count") != NULL);
-    CHECK_INT_EQ(sh__quantize_file(tmp_path("iq4.gguf"), tmp_path("o.gguf"), &o, NULL, &e),
+    CHECK_INT_EQ(sh__quantize_file(tmp_path("iq3.gguf"), tmp_path("o.gguf"), &o, NULL, &e),
                  SH_EUNSUPPORTED);
     fprintf(stderr, "  (expected) %s\n", e.msg);
-    CHECK(strstr(e.msg, "blk.0.attn_q.weight") && strstr(e.msg, "IQ4_NL"));
+    CHECK(strstr(e.msg, "blk.0.attn_q.weight") && strstr(e.msg, "IQ3_S"));
     CHECK_INT_EQ(sh__quantize_file(tmp_path("split1.gguf"), tmp_path("split1.gguf"), &o, NULL, &e),
                  SH_EINVAL);
     fprintf(stderr, "  (expected) %s\n", e.msg);
@@ -608,18 +613,18 @@ static void test_refusals(void)
     CHECK_INT_EQ(sh__quantize_file(tmp_path("split1.gguf"), tmp_path("o.gguf"), &o, NULL, &e),
                  SH_EINVAL);
     CHECK_INT_EQ(count_dir(), files);
-    /* Kept, the IQ4_NL tensor is copied; a one-part split file loses its split keys. */
+    /* Kept, the IQ3_S tensor is copied; a one-part split file loses its split keys. */
     o.type = SH_DTYPE_Q4_K;
     const char *keep[] = {"*attn_q*"};
     o.keep = keep;
     o.n_keep = 1;
-    CHECK_OK(sh__quantize_file(tmp_path("iq4.gguf"), tmp_path("o.gguf"), &o, NULL, &e));
+    CHECK_OK(sh__quantize_file(tmp_path("iq3.gguf"), tmp_path("o.gguf"), &o, NULL, &e));
     o.n_keep = 0;
     CHECK_OK(sh__quantize_file(tmp_path("split1.gguf"), tmp_path("o1.gguf"), &o, NULL, &e));
     sh_gguf *g = NULL;
     CHECK_OK(sh_gguf_open(tmp_path("o.gguf"), NULL, &g, &e));
     if (g) {
-        CHECK_INT_EQ(sh_gguf_tensor_at(g, 0)->type, SH_DTYPE_IQ4_NL);
+        CHECK_INT_EQ(sh_gguf_tensor_at(g, 0)->type, SH_DTYPE_IQ3_S);
         CHECK(sh_gguf_find(g, "split.count") == NULL && sh_gguf_find(g, "split.no") == NULL);
     }
     sh_gguf_close(g);
@@ -628,7 +633,7 @@ static void test_refusals(void)
     if (g)
         CHECK_INT_EQ(sh_gguf_tensor_at(g, 0)->type, SH_DTYPE_Q4_K);
     sh_gguf_close(g);
-    const char *names[] = {"split2.gguf", "split1.gguf", "iq4.gguf", "o.gguf", "o1.gguf"};
+    const char *names[] = {"split2.gguf", "split1.gguf", "iq3.gguf", "o.gguf", "o1.gguf"};
     for (size_t i = 0; i < 5; i++)
         unlink(tmp_path(names[i]));
 }

@@ -75,7 +75,8 @@ static sh_err fill_zero(void *user, const sh_gguf_write_tensor *t, uint64_t row0
     return SH_OK;
 }
 
-/* The input files of the bad cases: a model, a truncated copy, one with an IQ4_NL matrix. */
+/* The input files of the bad cases: a model, a truncated copy, one with an IQ3_S matrix, one
+ * whose IQ4_NL matrix has a byte less than its shape needs. */
 static void make_inputs(void)
 {
     char out[4096], err[4096], args[1024];
@@ -100,10 +101,21 @@ static void make_inputs(void)
     uint64_t ne[2] = {256, 4};
     CHECK_OK(sh__gguf_write_create(&w, &e));
     CHECK_OK(sh__gguf_write_set_str(w, "general.architecture", "llama", &e));
-    CHECK_OK(sh__gguf_write_add_tensor(w, "blk.0.ffn_up.weight", SH_DTYPE_IQ4_NL, 2, ne, fill_zero,
+    CHECK_OK(sh__gguf_write_add_tensor(w, "blk.0.ffn_up.weight", SH_DTYPE_IQ3_S, 2, ne, fill_zero,
                                        NULL, &e));
     CHECK_OK(sh__gguf_write_file(w, tmp_path("iq4.gguf"), &e));
     sh__gguf_write_destroy(w);
+    /* 4 rows of 256 IQ4_NL elements are 576 bytes, the end of the file (no padding after). */
+    w = NULL;
+    CHECK_OK(sh__gguf_write_create(&w, &e));
+    CHECK_OK(sh__gguf_write_set_str(w, "general.architecture", "llama", &e));
+    CHECK_OK(sh__gguf_write_add_tensor(w, "blk.0.attn_k.weight", SH_DTYPE_IQ4_NL, 2, ne, fill_zero,
+                                       NULL, &e));
+    CHECK_OK(sh__gguf_write_file(w, tmp_path("iq4short.gguf"), &e));
+    sh__gguf_write_destroy(w);
+    struct stat sst;
+    CHECK(stat(tmp_path("iq4short.gguf"), &sst) == 0);
+    CHECK_INT_EQ(truncate(tmp_path("iq4short.gguf"), sst.st_size - 1), 0);
     CHECK_INT_EQ(symlink(tmp_path("a.gguf"), tmp_path("link.gguf")), 0);
     CHECK_INT_EQ(mkdir(tmp_path("adir"), 0755), 0);
 }
@@ -111,13 +123,14 @@ static void make_inputs(void)
 static void test_bad(void)
 {
     make_inputs();
-    char a[512], trunc[512], iq4[512], link[512], o[512], adir[512];
+    char a[512], trunc[512], iq4[512], link[512], o[512], adir[512], short4[512];
     snprintf(a, sizeof a, "%s", tmp_path("a.gguf"));
     snprintf(trunc, sizeof trunc, "%s", tmp_path("trunc.gguf"));
     snprintf(iq4, sizeof iq4, "%s", tmp_path("iq4.gguf"));
     snprintf(link, sizeof link, "%s", tmp_path("link.gguf"));
     snprintf(o, sizeof o, "%s", tmp_path("o.gguf"));
     snprintf(adir, sizeof adir, "%s", tmp_path("adir"));
+    snprintf(short4, sizeof short4, "%s", tmp_path("iq4short.gguf"));
     struct {
         char args[1200];
         const char *want; /* a word the error line must contain */
@@ -126,7 +139,7 @@ static void test_bad(void)
         {"", "--type is required"},
         {"", "Q9_9"},
         {"", "Q8_K"},
-        {"", "IQ4_NL"},
+        {"", "IQ3_S"},
         {"", "--threads"},
         {"", "--bogus"},
         {"", "--keep needs"},
@@ -139,6 +152,7 @@ static void test_bad(void)
         {"", "/nonexistent-dir/"},
         {"", "adir"},
         {"", "blk.0.ffn_up.weight"},
+        {"", "blk.0.attn_k.weight"},
     };
     size_t k = 0;
 #define CASE(...) snprintf(cases[k++].args, sizeof cases[0].args, __VA_ARGS__)
@@ -146,7 +160,7 @@ static void test_bad(void)
     CASE("'%s' '%s'", a, o);
     CASE("'%s' '%s' --type Q9_9", a, o);
     CASE("'%s' '%s' --type Q8_K", a, o);
-    CASE("'%s' '%s' --type IQ4_NL", a, o);
+    CASE("'%s' '%s' --type IQ3_S", a, o);
     CASE("'%s' '%s' --type Q4_0 --threads 0", a, o);
     CASE("'%s' '%s' --type Q4_0 --bogus 1", a, o);
     CASE("'%s' '%s' --type Q4_0 --keep", a, o);
@@ -159,6 +173,7 @@ static void test_bad(void)
     CASE("'%s' /nonexistent-dir/o.gguf --type Q4_0", a);
     CASE("'%s' '%s' --type Q4_0", a, adir);
     CASE("'%s' '%s' --type Q4_K", iq4, o);
+    CASE("'%s' '%s' --type IQ4_XS", short4, o);
 #undef CASE
     int files = count_dir();
     for (size_t i = 0; i < k; i++) {
@@ -173,6 +188,18 @@ static void test_bad(void)
         if (count_dir() != files || access(o, F_OK) == 0)
             SH_FAIL_("quantize %s left a file behind", cases[i].args);
     }
+    /* `shoal run` refuses the short IQ4_NL matrix the same way. */
+    {
+        char args[1200], out[4096], err[4096];
+        snprintf(args, sizeof args, "-m '%s' -p hi -n 1 -t 1", short4);
+        int rc = run("run", args, out, sizeof out, err, sizeof err);
+        if (rc != 2 || count_lines(err) != 1 || strncmp(err, "error: ", 7) != 0 ||
+            !strstr(err, "blk.0.attn_k.weight"))
+            SH_FAIL_("run %s: exit %d, want 2 and one error line naming the tensor; stderr:\n%s",
+                     args, rc, err);
+        else
+            fprintf(stderr, "  (expected) %s", err);
+    }
     /* The symlink still points at an intact input. */
     struct stat st;
     CHECK(lstat(link, &st) == 0 && S_ISLNK(st.st_mode));
@@ -184,8 +211,9 @@ static void test_bad(void)
 }
 
 /* `shoal run` computes with every type quantize writes. */
-static const char *const types[] = {"F32",  "F16",  "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
-                                    "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+static const char *const types[] = {"F32",  "F16",  "BF16", "Q8_0",   "Q4_0",
+                                    "Q4_1", "Q5_0", "Q5_1", "Q2_K",   "Q3_K",
+                                    "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
 
 static void quantize_and_run(const char *type)
 {

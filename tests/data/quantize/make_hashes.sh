@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates llama_quantize.txt, the reference for tests/unit/test_quantize.c: the sha256 of
 # every tensor that llama.cpp's `llama-quantize --pure` writes for two seeded `shoal mkmodel` F32
-# models and each of the 13 types, and one digest per requantization (llama-quantize
+# models and each of the 15 types, and one digest per requantization (llama-quantize
 # --allow-requantize --pure from its own output of each type to each type), and a digest per type
 # for four models of other architectures (gemma3, phi3, llama MoE, qwen3moe). llama.cpp is not
 # needed to run the test, only to remake this file:
@@ -14,7 +14,7 @@ PYTHON=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K"
+types="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS"
 # The models, exactly as test_quantize.c makes them through sh__mkmodel_write: "a" has rows of
 # 256 (K blocks fit) and ffn_down rows of 320 (K types fall back to 32-element blocks); "b" has
 # rows of 80 and 96 (80: every block type falls back to F16; 96: K types fall back).
