@@ -133,22 +133,24 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
         store(m, g, r0, r1, t0 + i, _mm512_load_ps(acc[i]));
 }
 
-/* The decode matvec walks MV_STREAMS row-group ranges side by side, super-block by super-block,
- * prefetching each stream MV_PF_DIST bytes ahead into L2, as the other packed kernels' matvec
- * does (ops_avx512_packed.c: one core's single sequential run keeps too few misses in flight).
- * A Q6_K super-block is 3328 bytes per group, so one super-block ahead is the stream's next
- * visit. 65536 x 2048 (115 MB, past the L3), 1 thread, variants alternated in one process, 40
- * rounds, twice each, on a loaded 2-vCPU VM (load 3.5-4.5): one stream 8 KiB ahead (the kernel
- * before) best 9.3/9.6/8.7/9.2 GB/s, 8 streams one super-block ahead 10.2/9.8/8.7/10.5; 1 KiB
- * ahead, two super-blocks ahead and 16 streams fell in between. */
+/* The decode matvec walks MV_STREAMS row-group ranges side by side, a quarter super-block (four
+ * units, 768 bytes of codes) of each in turn, each stream software-prefetched MV_PF_DIST bytes
+ * ahead into L2, as the other packed kernels' matvec does (ops_avx512_packed.c: one core's single
+ * sequential run keeps too few misses in flight). The kernel alone (~400 MB of copies of one
+ * weight, 1 thread, variants alternated in one process, mean of 12 rounds with a compile on the
+ * other vCPU): tinyllama's 2048 x 5632 / 5632 x 2048 / 2048 x 2048, 8 streams by whole
+ * super-blocks one super-block ahead (the kernel before) 9.3 / 7.9 / 8.4 GB/s, 4 streams by
+ * quarters 1 KiB ahead 9.5 / 8.6 / 9.8; 2 and 8 streams, 2 KiB and one super-block ahead were no
+ * better. */
 #ifndef MV_STREAMS
-#define MV_STREAMS 8
+#define MV_STREAMS 4
 #endif
 #ifndef MV_PF_DIST
-#define MV_PF_DIST SH_CPU_PACK_Q6K_BLOCK
+#define MV_PF_DIST 1024
 #endif
 
-/* The matvec of groups g0 + k * step (k < ns) side by side: super-block b of each in turn. */
+/* The matvec of groups g0 + k * step (k < ns) side by side: per super-block, units 4qq .. 4qq + 3
+ * of each group in turn. A token's sums run as in tile. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -163,25 +165,33 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         const sh_block_q8_k *ab = m->a->qk + b;
         int32_t off[16] __attribute__((aligned(64)));
         offsets(ab, off);
-        for (int k = 0; k < ns; k++) {
-            const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
-            const uint8_t *wd = w[k] + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
-            __m512 ssum = _mm512_setzero_ps();
-            for (int s = 0; s < 16; s++) {
-                const char *u = (const char *)wb + s * SH_CPU_PACK_Q6K_UNIT;
-                for (int o = 0; o < SH_CPU_PACK_Q6K_UNIT; o += 64)
-                    _mm_prefetch(u + MV_PF_DIST + o, _MM_HINT_T1);
-                if (s < 4) /* the scales, 256 bytes per super-block */
-                    _mm_prefetch((const char *)wb + 16 * SH_CPU_PACK_Q6K_UNIT + MV_PF_DIST + 64 * s,
-                                 _MM_HINT_T1);
-                __m512i c[4];
-                __m512 sc;
-                unpack(wb, s, c, &sc);
-                ssum = dot(c, sc, ab->qs + 16 * s, off[s], ssum);
+        __m512 ssum[MV_STREAMS];
+        for (int k = 0; k < ns; k++)
+            ssum[k] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int qq = 0; qq < 4; qq++) {
+#pragma GCC unroll 16
+            for (int k = 0; k < ns; k++) {
+                const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+                /* 12 lines of codes and one of the scales, MV_PF_DIST ahead */
+                const char *pf = (const char *)wb + 4 * SH_CPU_PACK_Q6K_UNIT * qq + MV_PF_DIST;
+                for (int l = 0; l < 12; l++)
+                    _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+                _mm_prefetch((const char *)wb + 16 * SH_CPU_PACK_Q6K_UNIT + 64 * qq + MV_PF_DIST,
+                             _MM_HINT_T1);
+                for (int s = 4 * qq; s < 4 * qq + 4; s++) {
+                    __m512i c[4];
+                    __m512 sc;
+                    unpack(wb, s, c, &sc);
+                    ssum[k] = dot(c, sc, ab->qs + 16 * s, off[s], ssum[k]);
+                }
             }
+        }
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *wd = w[k] + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
             if (b % 2 == 0) /* the d: 64 bytes per two super-blocks */
                 _mm_prefetch((const char *)(wd + b * 32) + 128, _MM_HINT_T1);
-            acc[k] = scale_add(wd, b, ab->d, ssum, acc[k]);
+            acc[k] = scale_add(wd, b, ab->d, ssum[k], acc[k]);
         }
     }
     for (int k = 0; k < ns; k++)
