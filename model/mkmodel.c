@@ -53,6 +53,10 @@ int32_t sh__mkmodel_file_type(sh_dtype t)
         return 16;
     case SH_DTYPE_Q6_K:
         return 18;
+    case SH_DTYPE_IQ4_NL:
+        return 25;
+    case SH_DTYPE_IQ4_XS:
+        return 30;
     default:
         return -1;
     }
@@ -385,7 +389,7 @@ static sh_err check_shape(const sh_mkmodel_opts *o, const sh_mkmodel_shape *s, s
     if (sh__mkmodel_file_type(o->type) < 0)
         return sh__error_set(e, SH_EINVAL,
                              "type %s is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
-                             "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K",
+                             "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
                              sh__dtype_name(o->type));
     /* Rows are whole blocks (256 elements for the K-quants). Every matrix row (ne[0]) is dim,
      * ffn, heads x head-dim or the expert ffn long; the first tensor that breaks it is named. */

@@ -71,8 +71,8 @@ const sh_mkmodel_shape *sh__mkmodel_shape_find(const char *name);
 
 typedef struct sh_mkmodel_opts {
     sh_mkmodel_shape shape; /* resolved: every field set (vocab may be 0 with vocab_from) */
-    sh_dtype
-        type; /* of the 2-D matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K */
+    sh_dtype type; /* of the 2-D matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K,
+                      IQ4_NL, IQ4_XS */
     uint64_t seed;
     float std;              /* of the normal weights; norms are 1 + N(0, std) */
     const char *vocab_from; /* copy every tokenizer.* key from this GGUF; NULL: generate */

@@ -36,8 +36,9 @@ static void usage(FILE *f)
     }
     fprintf(f, "\n"
                "  --type T           F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,\n"
-               "                     Q4_K, Q5_K or Q6_K (the 2-D matrices; norms stay F32; the\n"
-               "                     K types need dim and ffn multiples of 256)\n"
+               "                     Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS (the 2-D matrices; norms\n"
+               "                     stay F32; the K types and IQ4_XS need dim and ffn\n"
+               "                     multiples of 256)\n"
                "  -o, --output FILE  where to write (via a temporary file, renamed at the end)\n"
                "  --seed N           random seed (default 1)\n"
                "  --std X            weight standard deviation (default 0.02)\n"
@@ -244,7 +245,7 @@ int sh__cmd_mkmodel(int argc, char **argv)
         return bad("-o OUT.gguf is required");
     if (!sh__dtype_parse(type_name, &o.type) || sh__mkmodel_file_type(o.type) < 0)
         return bad("--type '%s' is not one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, "
-                   "Q3_K, Q4_K, Q5_K, Q6_K",
+                   "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS",
                    type_name);
     if (strcmp(shape_name, "custom") != 0) {
         const sh_mkmodel_shape *s = sh__mkmodel_shape_find(shape_name);

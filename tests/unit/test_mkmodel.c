@@ -415,9 +415,15 @@ static void test_errors(void)
     tiny_opts(&o, SH_DTYPE_F16);
     o.shape.vocab = 100;
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
-    tiny_opts(&o, SH_DTYPE_IQ4_NL);
+    tiny_opts(&o, SH_DTYPE_IQ3_S);
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
-    CHECK(strstr(e.msg, "IQ4_NL is not one of") != NULL);
+    CHECK(strstr(e.msg, "IQ3_S is not one of") != NULL);
+    /* IQ4_XS: 256-element blocks like the K types; IQ4_NL: 32 */
+    tiny_opts(&o, SH_DTYPE_IQ4_XS);
+    CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "IQ4_XS rows are whole blocks of 256") != NULL);
+    tiny_opts(&o, SH_DTYPE_IQ4_NL);
+    CHECK_OK(sh__mkmodel_write(path, &o, NULL, &e));
     /* K-quant rows are whole 256-element super-blocks: the first tensor that breaks it is named */
     tiny_opts(&o, SH_DTYPE_Q4_K);
     CHECK_INT_EQ(sh__mkmodel_write(path, &o, NULL, &e), SH_EINVAL);

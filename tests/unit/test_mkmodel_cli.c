@@ -53,7 +53,7 @@ static void test_bad_args(void)
         "",
         "--shape smollm2-135m --type F16",                       /* no -o */
         "--shape nope --type F16 -o x.gguf",                     /* unknown shape */
-        "--shape smollm2-135m --type IQ4_NL -o x.gguf",          /* unsupported type */
+        "--shape smollm2-135m --type IQ3_S -o x.gguf",           /* unsupported type */
         "--shape smollm2-135m --type Q4_K -o x.gguf",            /* 576 % 256 */
         "--shape smollm2-135m --type F16 -o x.gguf --bogus 1",   /* unknown flag */
         "--shape smollm2-135m --type F16 -o x.gguf --seed",      /* missing value */
