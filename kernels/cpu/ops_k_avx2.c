@@ -239,11 +239,6 @@ TGT static void ints_q2_k(const void *wv, const sh_block_q8_k *a, int64_t nb, in
     }
 }
 
-/* The row kernels: per token, each block adds da dw * (its integer lanes) to one float vector and
- * da dmin * (its minimum lanes) to another; one reduction at the row's end. Outputs differ from
- * sh__cpu_dot_k's in rounding only (tests/unit/test_kernels_kq.c bounds it), a batched token runs
- * the matvec's operations (batched == unbatched bit for bit) and no output depends on the thread
- * that computes it. */
 /* IQ4_XS: sub-block j's 16 code bytes split into 32 nibbles in element order (low nibbles then
  * high), looked up in the grid SH_IQ4_VALUES with one vpshufb, then multiplied as signed bytes:
  * maddubs(|a|, w * sign(a)). |a| read as unsigned is exact for a = -128 too, and w is in
@@ -276,6 +271,11 @@ TGT static void ints_iq4_xs(const void *wv, const sh_block_q8_k *a, int64_t nb, 
     }
 }
 
+/* The row kernels: per token, each block adds da dw * (its integer lanes) to one float vector and
+ * da dmin * (its minimum lanes) to another; one reduction at the row's end. Outputs differ from
+ * sh__cpu_dot_k's in rounding only (tests/unit/test_kernels_kq.c bounds it), a batched token runs
+ * the matvec's operations (batched == unbatched bit for bit) and no output depends on the thread
+ * that computes it. */
 INL float hsum8f(__m256 v)
 {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

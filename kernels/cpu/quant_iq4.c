@@ -20,20 +20,8 @@
 const int8_t SH_IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                   1,    13,   25,  38,  53,  69,  89,  113};
 
-/* ggml's threshold below which a group's largest magnitude counts as zero. */
-#define GROUP_MAX_EPS 1e-15f
-
 /* Trial scales on each side of the first one. */
 #define IQ4_NTRY 7
-
-/* Round half to even by the 1.5 * 2^23 trick, for |f| < 2^22 (see quant_k.c). */
-static int round_nearest(float f)
-{
-    float v = f + 12582912.0f;
-    int32_t i;
-    memcpy(&i, &v, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 /* The grid index whose value is nearest to x; a tie goes to the upper value, outside the grid to
  * its ends. The differences are taken in float, as ggml's best_index_int8 takes them. */
@@ -65,7 +53,7 @@ static float fit_group(const float *x, uint8_t *L)
             max = x[j];
         }
     }
-    if (amax < GROUP_MAX_EPS)
+    if (amax < SH_QUANT_GROUP_MAX_EPS)
         return 0.0f;
     /* First scale: the signed extreme lands on the grid's -127 end (its widest side). */
     float d = -max / v[0];
@@ -143,7 +131,7 @@ void sh__quant_iq4_xs_quantize(const float *src, sh_block_iq4_xs *dst, int64_t n
         y->scales_h = 0;
         memset(y->scales_l, 0, sizeof y->scales_l);
         for (int j = 0; j < 8; j++) {
-            int l = round_nearest(id * scales[j]);
+            int l = sh__quant_nearest_int(id * scales[j]);
             l = l < -32 ? -32 : l > 31 ? 31 : l;
             const float dl = d * l;
             const float idl = dl ? 1 / dl : 0.0f;

@@ -20,23 +20,8 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-/* ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this quantizes to zeros. */
-#define GROUP_MAX_EPS 1e-15f
-
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
-
-/* Round to nearest, ties to even, for |f| <= 2^22 - 1: adding 1.5 * 2^23 leaves the rounded
- * integer in the low 22 bits of the mantissa (ggml's nearest_int; lrintf agrees in range but the
- * trick is what ggml computes, so it is what we compute). Out of range it returns garbage, not
- * undefined behaviour; the callers' arguments are bounded by construction. */
-static int nearest_int(float f)
-{
-    float v = f + 12582912.0f;
-    int32_t i;
-    memcpy(&i, &v, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 static float h2f(uint16_t h) { return sh__quant_f32_from_fp16(h); }
 static uint16_t f2h(float f) { return sh__quant_fp16_from_f32(f); }
@@ -75,7 +60,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
     float scale = 1 / iscale;
     float best_error = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest_int(iscale * (x[i] - min));
+        int l = sh__quant_nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)imax(0, imin(nmax, l));
         float diff = scale * L[i] + min - x[i];
         diff = use_mad ? fabsf(diff) : diff * diff;
@@ -89,7 +74,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
         iscale = (rmin + rdelta * is + nmax) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
         for (int i = 0; i < n; i++) {
-            int l = nearest_int(iscale * (x[i] - min));
+            int l = sh__quant_nearest_int(iscale * (x[i] - min));
             l = imax(0, imin(nmax, l));
             Laux[i] = (uint8_t)l;
             float w = weights[i];
@@ -146,14 +131,14 @@ static float signed_extreme(int n, const float *x, float *max)
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
     float max;
-    if (signed_extreme(n, x, &max) < GROUP_MAX_EPS) {
+    if (signed_extreme(n, x, &max) < SH_QUANT_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest_int(iscale * x[i]);
+        int l = sh__quant_nearest_int(iscale * x[i]);
         l = imax(-nmax, imin(nmax - 1, l));
         L[i] = (int8_t)l;
         float w = x[i] * x[i];
@@ -167,7 +152,7 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
             float slx = sumlx - w * x[i] * L[i];
             if (slx > 0) {
                 float sl2 = suml2 - w * L[i] * L[i];
-                int new_l = nearest_int(x[i] * sl2 / slx);
+                int new_l = sh__quant_nearest_int(x[i] * sl2 / slx);
                 new_l = imax(-nmax, imin(nmax - 1, new_l));
                 if (new_l != L[i]) {
                     slx += w * x[i] * new_l;
@@ -196,14 +181,14 @@ static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
 {
     float max;
-    if (signed_extreme(n, x, &max) < GROUP_MAX_EPS) {
+    if (signed_extreme(n, x, &max) < SH_QUANT_GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        int l = nearest_int(iscale * x[i]);
+        int l = sh__quant_nearest_int(iscale * x[i]);
         l = imax(-nmax, imin(nmax - 1, l));
         L[i] = (int8_t)(l + nmax);
         float w = x[i] * x[i];
@@ -218,7 +203,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
         iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
-            int l = nearest_int(iscale * x[i]);
+            int l = sh__quant_nearest_int(iscale * x[i]);
             l = imax(-nmax, imin(nmax - 1, l));
             float w = x[i] * x[i];
             sumlx += w * x[i] * l;
@@ -226,7 +211,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L)
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
-                int l = nearest_int(iscale * x[i]);
+                int l = sh__quant_nearest_int(iscale * x[i]);
                 L[i] = (int8_t)(nmax + imax(-nmax, imin(nmax - 1, l)));
             }
             scale = sumlx / suml2;
@@ -307,7 +292,7 @@ static void quant_q2_k(const float *x, sh_block_q2_k *y)
     if (max_scale > 0) {
         float iscale = q4scale / max_scale;
         for (int j = 0; j < SH_QK_K / 16; j++)
-            y->scales[j] = (uint8_t)nearest_int(iscale * scales[j]);
+            y->scales[j] = (uint8_t)sh__quant_nearest_int(iscale * scales[j]);
         y->d = f2h(max_scale / q4scale);
     } else {
         memset(y->scales, 0, sizeof y->scales);
@@ -316,7 +301,7 @@ static void quant_q2_k(const float *x, sh_block_q2_k *y)
     if (max_min > 0) {
         float iscale = q4scale / max_min;
         for (int j = 0; j < SH_QK_K / 16; j++)
-            y->scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+            y->scales[j] |= (uint8_t)(sh__quant_nearest_int(iscale * mins[j]) << 4);
         y->dmin = f2h(max_min / q4scale);
     } else {
         y->dmin = f2h(0.0f);
@@ -327,7 +312,7 @@ static void quant_q2_k(const float *x, sh_block_q2_k *y)
             continue; /* the group keeps make_qkx2_quants' quants, as in ggml */
         const float dm = h2f(y->dmin) * (y->scales[j] >> 4);
         for (int ii = 0; ii < 16; ii++) {
-            int l = nearest_int((x[16 * j + ii] + dm) / d);
+            int l = sh__quant_nearest_int((x[16 * j + ii] + dm) / d);
             L[16 * j + ii] = (uint8_t)imax(0, imin(3, l));
         }
     }
@@ -355,7 +340,7 @@ static void quant_q3_k(const float *x, sh_block_q3_k *y)
     if (max_scale) {
         float iscale = -32.0f / max_scale;
         for (int j = 0; j < SH_QK_K / 16; j++) {
-            int8_t l = (int8_t)nearest_int(iscale * scales[j]);
+            int8_t l = (int8_t)sh__quant_nearest_int(iscale * scales[j]);
             l = (int8_t)(imax(-32, imin(31, l)) + 32);
             if (j < 8)
                 y->scales[j] = (uint8_t)(l & 0xF);
@@ -374,7 +359,7 @@ static void quant_q3_k(const float *x, sh_block_q3_k *y)
         if (!d)
             continue;
         for (int ii = 0; ii < 16; ii++) {
-            int l = nearest_int(x[16 * j + ii] / d);
+            int l = sh__quant_nearest_int(x[16 * j + ii] / d);
             L[16 * j + ii] = (int8_t)(imax(-4, imin(3, l)) + 4);
         }
     }
@@ -418,8 +403,8 @@ static void quant_qk_asym(const float *x, int nmax, float rmin, int nstep, uint8
     float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
     for (int j = 0; j < SH_QK_K / 32; j++) {
-        uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
-        uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+        uint8_t ls = (uint8_t)sh__quant_nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)sh__quant_nearest_int(inv_min * mins[j]);
         ls = ls < 63 ? ls : 63;
         lm = lm < 63 ? lm : 63;
         put_scale_min(j, scales12, ls, lm);
@@ -434,7 +419,7 @@ static void quant_qk_asym(const float *x, int nmax, float rmin, int nstep, uint8
             continue;
         const float dm = h2f(*dmin) * m;
         for (int ii = 0; ii < 32; ii++) {
-            int l = nearest_int((x[32 * j + ii] + dm) / d);
+            int l = sh__quant_nearest_int((x[32 * j + ii] + dm) / d);
             L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
         }
     }
@@ -491,20 +476,20 @@ static void quant_q6_k(const float *x, sh_block_q6_k *y)
             max_scale = scale;
         }
     }
-    if (max_abs_scale < GROUP_MAX_EPS) {
+    if (max_abs_scale < SH_QUANT_GROUP_MAX_EPS) {
         memset(y, 0, sizeof *y);
         return;
     }
     float iscale = -128.0f / max_scale;
     y->d = f2h(1 / iscale);
     for (int ib = 0; ib < SH_QK_K / 16; ib++)
-        y->scales[ib] = (int8_t)imin(127, nearest_int(iscale * scales[ib]));
+        y->scales[ib] = (int8_t)imin(127, sh__quant_nearest_int(iscale * scales[ib]));
     for (int j = 0; j < SH_QK_K / 16; j++) {
         float d = h2f(y->d) * y->scales[j];
         if (!d)
             continue;
         for (int ii = 0; ii < 16; ii++) {
-            int l = nearest_int(x[16 * j + ii] / d);
+            int l = sh__quant_nearest_int(x[16 * j + ii] / d);
             L[16 * j + ii] = (int8_t)(imax(-32, imin(31, l)) + 32);
         }
     }
@@ -541,7 +526,7 @@ static void quant_q8_k(const float *x, sh_block_q8_k *y)
     }
     const float iscale = -127.0f / max;
     for (int j = 0; j < SH_QK_K; j++)
-        y->qs[j] = (int8_t)imin(127, nearest_int(iscale * x[j]));
+        y->qs[j] = (int8_t)imin(127, sh__quant_nearest_int(iscale * x[j]));
     for (int j = 0; j < SH_QK_K / 16; j++) {
         int sum = 0;
         for (int ii = 0; ii < 16; ii++)

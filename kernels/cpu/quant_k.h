@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/dtype.h"
 
@@ -86,6 +87,22 @@ _Static_assert(sizeof(sh_block_q6_k) == 210, "q6_K block");
 _Static_assert(sizeof(sh_block_q8_k) == 292, "q8_K block");
 _Static_assert(sizeof(sh_block_iq4_nl) == 18, "iq4_nl block");
 _Static_assert(sizeof(sh_block_iq4_xs) == 136, "iq4_xs block");
+
+/* ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this quantizes to zeros (the
+ * K-quant and IQ4 quantizers). */
+#define SH_QUANT_GROUP_MAX_EPS 1e-15f
+
+/* Round to nearest, ties to even, for |f| <= 2^22 - 1: adding 1.5 * 2^23 leaves the rounded
+ * integer in the low 22 bits of the mantissa (ggml's nearest_int; lrintf agrees in range but the
+ * trick is what ggml computes, so it is what we compute). Out of range it returns garbage, not
+ * undefined behaviour; the callers' arguments are bounded by construction. */
+static inline int sh__quant_nearest_int(float f)
+{
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
 
 /* True for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and Q8_K. */
 bool sh__quant_k_supported(sh_dtype type);
