@@ -184,8 +184,10 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
  * variants alternated in one process, quiet 2-vCPU Sapphire Rapids VM, mean of 6 rounds):
  * tinyllama's 2048 x 5632 and 5632 x 2048, one group at a time (the kernel before) 9.5 / 10.0
  * GB/s, 4 streams by sub-block pairs 1 KiB ahead 11.2 / 11.7; whole super-blocks per stream
- * (2, 4, 8, 16 streams), one sub-block per stream, 2, 6 or 8 streams and 512 B or one
- * super-block ahead were no better, and no prefetch or every other line much worse (8.4, 7.3). */
+ * (2, 4, 8, 16 streams) no better than the kernel before; one sub-block per stream, 2, 3, 6 or 8
+ * streams and 512 B or one super-block ahead within the noise of this choice (one-sub-block
+ * steps a super-block ahead came out a few percent either side of it); no prefetch or every
+ * other line much worse (8.4, 7.3). */
 #ifndef MV_STREAMS
 #define MV_STREAMS 4
 #endif

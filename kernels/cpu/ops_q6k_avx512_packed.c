@@ -140,8 +140,8 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
  * weight, 1 thread, variants alternated in one process, mean of 12 rounds with a compile on the
  * other vCPU): tinyllama's 2048 x 5632 / 5632 x 2048 / 2048 x 2048, 8 streams by whole
  * super-blocks one super-block ahead (the kernel before) 9.3 / 7.9 / 8.4 GB/s, 4 streams by
- * quarters 1 KiB ahead 9.5 / 8.6 / 9.8; 2 and 8 streams, 2 KiB and one super-block ahead were no
- * better. */
+ * quarters 1 KiB ahead 9.5 / 8.6 / 9.8; 2 streams came out alike (9.0 / 8.7 / 9.8), 8 streams,
+ * 2 KiB and one super-block ahead lower in a shorter run. */
 #ifndef MV_STREAMS
 #define MV_STREAMS 4
 #endif
