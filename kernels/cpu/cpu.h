@@ -139,8 +139,11 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * 32b + e of rows 16g .. 16g + 15 (1024 bytes).
  * Q6_K (256-element super-blocks, nb = n_in / 256; weight = d sc_s (q - 32), q 6 bits, sc_s the
  * signed 8-bit scale of sub-block s, elements 16s .. 16s + 15): per super-block
- * SH_CPU_PACK_Q6K_BLOCK bytes, 16 units of SH_CPU_PACK_Q6K_UNIT bytes (one per sub-block s)
- * followed by the scales, then after all super-blocks nb x 16 fp16 d (32 bytes per super-block).
+ * SH_CPU_PACK_Q6K_BLOCK bytes, the scales (at SH_CPU_PACK_Q6K_SC, 0) followed by 16 units of
+ * SH_CPU_PACK_Q6K_UNIT bytes (one per sub-block s, from SH_CPU_PACK_Q6K_UNITS, 256), then after
+ * all super-blocks nb x 16 fp16 d (32 bytes per super-block). The scales come first so that a
+ * super-block is read in one ascending walk (the decode matvec's prefetch and the hardware
+ * prefetchers follow that best).
  * Unit s is three 64-byte vectors whose lane r (4 bytes) belongs to row r: byte i of lane r of
  * vector 0 holds the low four bits of element 16s + i (low nibble) and 16s + 4 + i (high nibble),
  * of vector 1 those of 16s + 8 + i and 16s + 12 + i, and of vector 2 the top two bits of
@@ -149,21 +152,28 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * row r's sc_s (so the 16 rows' scales of a sub-block are one 128-bit load). A unit plus its share
  * of the scales and d is 210 bytes per row, as in the file.
  * Q4_K (256-element super-blocks, nb = n_in / 256): super-block b of the group is
- * SH_CPU_PACK_Q4K_BYTES (2304) bytes at b * 2304, the same bytes as the 16 rows' file blocks:
- *   codes   32 vectors of 64 bytes: vector v, lane r holds qs[4v .. 4v + 3] of row r. So vectors
- *           8p .. 8p + 7 are the qs bytes of sub-blocks 2p (low nibbles) and 2p + 1 (high), and
- *           vector 8p + i pairs with activation bytes 64p + 4i .. (low) and 64p + 32 + 4i ..
- *           (high);
- *   scales  at 2048, 3 vectors: vector k, lane r holds bytes 4k .. 4k + 3 of row r's 12 packed
- *           6-bit scales and mins, as in the file (the kernel decodes 16 rows at once);
- *   d, dmin at SH_CPU_PACK_Q4K_D (2240): the 16 rows' fp16 d, then (at 2272) their fp16 dmin.
+ * SH_CPU_PACK_Q4K_BYTES (2304) bytes at b * 2304, the same bytes as the 16 rows' file blocks, in
+ * the order the kernel reads them (one ascending walk per super-block, which the decode matvec's
+ * prefetch and the hardware prefetchers follow best):
+ *   scales  at SH_CPU_PACK_Q4K_SC (0), 3 vectors: vector k, lane r holds bytes 4k .. 4k + 3 of row
+ *           r's 12 packed 6-bit scales and mins, as in the file (the kernel decodes 16 rows at
+ *           once);
+ *   d, dmin at SH_CPU_PACK_Q4K_D (192): the 16 rows' fp16 d, then (at 224) their fp16 dmin;
+ *   codes   at SH_CPU_PACK_Q4K_CODES (256), 32 vectors of 64 bytes: vector v, lane r holds
+ *           qs[4v .. 4v + 3] of row r. So vectors 8p .. 8p + 7 are the qs bytes of sub-blocks 2p
+ *           (low nibbles) and 2p + 1 (high), and vector 8p + i pairs with activation bytes
+ *           64p + 4i .. (low) and 64p + 32 + 4i .. (high).
  * Every piece is whole cache lines, so the super-blocks need no padding.
  * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
  * group. */
 #define SH_CPU_PACK_Q6K_UNIT 192
+#define SH_CPU_PACK_Q6K_SC 0
+#define SH_CPU_PACK_Q6K_UNITS 256
 #define SH_CPU_PACK_Q6K_BLOCK (16 * SH_CPU_PACK_Q6K_UNIT + 256)
 #define SH_CPU_PACK_Q4K_BYTES 2304
-#define SH_CPU_PACK_Q4K_D 2240
+#define SH_CPU_PACK_Q4K_SC 0
+#define SH_CPU_PACK_Q4K_D 192
+#define SH_CPU_PACK_Q4K_CODES 256
 /* Per block (Q6_K, Q4_K: per super-block, codes and scales); 0: no packed layout. */
 size_t sh__cpu_pack_code_bytes(sh_dtype type);
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);

@@ -47,9 +47,9 @@ INL __m512i pick_ctrl(int k, int pair)
 
 INL void decode_scales(const uint8_t *pb, q4k_scales *s)
 {
-    const __m512i v0 = _mm512_loadu_si512((const void *)(pb + 2048));
-    const __m512i v1 = _mm512_loadu_si512((const void *)(pb + 2112));
-    const __m512i v2 = _mm512_loadu_si512((const void *)(pb + 2176));
+    const __m512i v0 = _mm512_loadu_si512((const void *)(pb + SH_CPU_PACK_Q4K_SC));
+    const __m512i v1 = _mm512_loadu_si512((const void *)(pb + SH_CPU_PACK_Q4K_SC + 64));
+    const __m512i v2 = _mm512_loadu_si512((const void *)(pb + SH_CPU_PACK_Q4K_SC + 128));
     const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
     const __m512i t2 = _mm512_set1_epi8(0x30);
     /* quant_k.c's get_scale_min for 16 rows, four sub-blocks per 32-bit lane: j < 4 are the low
@@ -89,14 +89,45 @@ INL __m512i bcast4(const void *p)
  * in super-block order, so a token's output does not depend on its tile, on the row split or on
  * whether a matvec computed it. */
 
-/* Sub-block j's 8 code vectors: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7.
- */
-INL void codes(const uint8_t *pb, int j, __m512i q[8])
+/* The decode matvec walks MV_STREAMS row-group ranges side by side, a sub-block pair (512 bytes of
+ * codes) of each in turn, and prefetches each line it reads MV_PF_DIST bytes ahead into L1, one
+ * prefetch before each load of a code vector (the Q4_0..Q8_0 packed matvec, ops_avx512_packed.c,
+ * also streams side by side: one core's single sequential run keeps too few misses in flight).
+ * With the scales first in a super-block (cpu.h), the stream is one ascending walk and the
+ * prefetches cover every line once: the 4 lines of scales and d ahead of sub-block pair jj by
+ * line jj, the codes line by line.
+ * Measured on the kernel alone (~400 MB of copies of one weight in huge pages, 1 thread, variants
+ * alternated in one process with an 8-stream read of the same memory as bench_model's probe,
+ * 2-vCPU Sapphire Rapids VM, mean of 8 rounds in one run), as a fraction of that read, on
+ * tinyllama's 5632 x 2048 / 2048 x 5632 / 2048 x 2048:
+ *   the scales after the codes, a pair's 9 prefetches T1 (to L2) up front   0.75 / 0.75 / 0.73
+ *   the same with T0                                                        0.79 / 0.78 / 0.76
+ *   T0 prefetches spread over the loads                                     0.80 / 0.81 / 0.78
+ *   the scales first, T0 spread (this kernel)                               0.84 / 0.83 / 0.79
+ *   the scales first, T1 spread                                             0.79 / 0.80 / 0.76
+ * (an earlier series with the scales after the codes: one group at a time with an 8 KiB prefetch
+ * ahead 9.5 / 10.0 GB/s, 4 streams by sub-block pairs 11.2 / 11.7; whole super-blocks per stream,
+ * 2 to 16 streams, no better; no prefetch much worse). With the scales first, 512 .. 2048 bytes
+ * ahead and 3 streams were within noise of this choice in a shorter run, 6 streams worse. */
+#ifndef MV_STREAMS
+#define MV_STREAMS 4
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST 1024
+#endif
+
+/* Sub-block j's 8 code vectors: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7;
+ * with `prefetch`, each load goes with a prefetch of the line MV_PF_DIST bytes past it (the
+ * matvec's). */
+INL void codes(const uint8_t *pb, int j, __m512i q[8], const int prefetch)
 {
     const __m512i mask = _mm512_set1_epi8(j % 2 ? (char)0xf0 : 0x0f);
-    const uint8_t *pv = pb + 64 * 8 * (j / 2);
-    for (int v = 0; v < 8; v++)
+    const uint8_t *pv = pb + SH_CPU_PACK_Q4K_CODES + 64 * 8 * (j / 2);
+    for (int v = 0; v < 8; v++) {
+        if (prefetch)
+            _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, _MM_HINT_T0);
         q[v] = _mm512_and_si512(_mm512_loadu_si512((const void *)(pv + 64 * v)), mask);
+    }
 }
 
 /* ia + 16 sc_j (or sc_j) times sub-block j's dot products with the token's codes aq (two chains
@@ -166,7 +197,7 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             __m512i q[8];
-            codes(pb, j, q);
+            codes(pb, j, q, 0);
             for (int i = 0; i < nt; i++)
                 ia[i] = sub_dot(q, ab[i]->qs + 32 * j, s.sc[j], ia[i]);
         }
@@ -176,24 +207,6 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
     for (int i = 0; i < nt; i++)
         store(m, g, r0, r1, t0 + i, acc[i]);
 }
-
-/* The decode matvec walks MV_STREAMS row-group ranges side by side, a sub-block pair (512 bytes of
- * codes) of each in turn, each stream software-prefetched MV_PF_DIST bytes ahead into L2, as the
- * Q4_0..Q8_0 packed matvec does (ops_avx512_packed.c: one core's single sequential run keeps too
- * few misses in flight). Measured on the kernel alone (~400 MB of copies of one weight, 1 thread,
- * variants alternated in one process, quiet 2-vCPU Sapphire Rapids VM, mean of 6 rounds):
- * tinyllama's 2048 x 5632 and 5632 x 2048, one group at a time (the kernel before) 9.5 / 10.0
- * GB/s, 4 streams by sub-block pairs 1 KiB ahead 11.2 / 11.7; whole super-blocks per stream
- * (2, 4, 8, 16 streams) no better than the kernel before; one sub-block per stream, 2, 3, 6 or 8
- * streams and 512 B or one super-block ahead within the noise of this choice (one-sub-block
- * steps a super-block ahead came out a few percent either side of it); no prefetch or every
- * other line much worse (8.4, 7.3). */
-#ifndef MV_STREAMS
-#define MV_STREAMS 4
-#endif
-#ifndef MV_PF_DIST
-#define MV_PF_DIST 1024
-#endif
 
 /* The matvec of groups g0 + k * step (k < ns) side by side: per super-block, each group's scales,
  * then sub-blocks 2jj and 2jj + 1 of each group in turn. A token's sums run as in tile. */
@@ -220,15 +233,13 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
 #pragma GCC unroll 16
             for (int k = 0; k < ns; k++) {
                 const uint8_t *pb = w[k] + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-                /* 8 lines of codes and one of the scales and d, MV_PF_DIST ahead */
-                const char *pf = (const char *)pb + 512 * jj + MV_PF_DIST;
-                for (int l = 0; l < 8; l++)
-                    _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
-                _mm_prefetch((const char *)pb + 2048 + 64 * jj + MV_PF_DIST, _MM_HINT_T1);
+                /* the pair's 8 lines of codes and line jj of the scales and d, MV_PF_DIST ahead */
+                _mm_prefetch((const char *)pb + SH_CPU_PACK_Q4K_SC + 64 * jj + MV_PF_DIST,
+                             _MM_HINT_T0);
                 __m512i q[8];
-                codes(pb, 2 * jj, q);
+                codes(pb, 2 * jj, q, 1);
                 ia[k] = sub_dot(q, ab->qs + 64 * jj, s[k].sc[2 * jj], ia[k]);
-                codes(pb, 2 * jj + 1, q);
+                codes(pb, 2 * jj + 1, q, 0);
                 ia[k] = sub_dot(q, ab->qs + 64 * jj + 32, s[k].sc[2 * jj + 1], ia[k]);
             }
         }

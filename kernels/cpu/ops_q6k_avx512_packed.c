@@ -56,7 +56,7 @@ INL void offsets(const sh_block_q8_k *ab, int32_t off[16])
 INL void unpack(const uint8_t *wb, int s, __m512i c[4], __m512 *sc)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const uint8_t *u = wb + s * SH_CPU_PACK_Q6K_UNIT;
+    const uint8_t *u = wb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT;
     const __m512i z0 = _mm512_loadu_si512((const void *)u);
     const __m512i z1 = _mm512_loadu_si512((const void *)(u + 64));
     const __m512i h = _mm512_loadu_si512((const void *)(u + 128));
@@ -66,8 +66,8 @@ INL void unpack(const uint8_t *wb, int s, __m512i c[4], __m512 *sc)
     c[1] = SEL(_mm512_srli_epi16(z0, 4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30), m0f);
     c[2] = SEL(z1, _mm512_and_si512(h, m30), m0f);
     c[3] = SEL(_mm512_srli_epi16(z1, 4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30), m0f);
-    *sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128((const void *)(wb + 16 * SH_CPU_PACK_Q6K_UNIT + 16 * s))));
+    *sc = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(wb + SH_CPU_PACK_Q6K_SC + 16 * s))));
 }
 
 /* S += sc_s D_s for one token (aq: its codes of sub-block s, off: -32 bsum_s). */
@@ -141,7 +141,12 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
  * other vCPU): tinyllama's 2048 x 5632 / 5632 x 2048 / 2048 x 2048, 8 streams by whole
  * super-blocks one super-block ahead (the kernel before) 9.3 / 7.9 / 8.4 GB/s, 4 streams by
  * quarters 1 KiB ahead 9.5 / 8.6 / 9.8; 2 streams came out alike (9.0 / 8.7 / 9.8), 8 streams,
- * 2 KiB and one super-block ahead lower in a shorter run. */
+ * 2 KiB and one super-block ahead lower in a shorter run. Then the scales moved from after the
+ * units to before them (cpu.h), so that a super-block is one ascending walk: measured the same way
+ * (huge pages, mean of 8 rounds) as a fraction of an 8-stream read of the same memory
+ * (bench_model's probe), 0.81 / 0.79 / 0.83 -> 0.87 / 0.83 / 0.85 on 5632 x 2048 / 2048 x 5632 /
+ * 2048 x 2048; T0 prefetches, or spreading them over the unit loads as the Q4_K matvec does, came
+ * out within noise of that. */
 #ifndef MV_STREAMS
 #define MV_STREAMS 4
 #endif
@@ -174,10 +179,11 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
             for (int k = 0; k < ns; k++) {
                 const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
                 /* 12 lines of codes and one of the scales, MV_PF_DIST ahead */
-                const char *pf = (const char *)wb + 4 * SH_CPU_PACK_Q6K_UNIT * qq + MV_PF_DIST;
+                const char *pf = (const char *)wb + SH_CPU_PACK_Q6K_UNITS +
+                                 4 * SH_CPU_PACK_Q6K_UNIT * qq + MV_PF_DIST;
                 for (int l = 0; l < 12; l++)
                     _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
-                _mm_prefetch((const char *)wb + 16 * SH_CPU_PACK_Q6K_UNIT + 64 * qq + MV_PF_DIST,
+                _mm_prefetch((const char *)wb + SH_CPU_PACK_Q6K_SC + 64 * qq + MV_PF_DIST,
                              _MM_HINT_T1);
                 for (int s = 4 * qq; s < 4 * qq + 4; s++) {
                     __m512i c[4];

@@ -130,7 +130,7 @@ static void pack_q6_k(const void *src, int64_t n_out, int64_t n_in, uint8_t *out
                 uint8_t q[SH_QK_K];
                 q6k_codes(sb, q);
                 for (size_t s = 0; s < 16; s++) {
-                    uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
+                    uint8_t *u = pb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
                     const uint8_t *c = q + 16 * s;
                     for (size_t i = 0; i < 4; i++) {
                         u[i] = (uint8_t)((c[i] & 15) | (c[4 + i] & 15) << 4);
@@ -138,7 +138,7 @@ static void pack_q6_k(const void *src, int64_t n_out, int64_t n_in, uint8_t *out
                         u[128 + i] = (uint8_t)(c[i] >> 4 | (c[4 + i] >> 4) << 2 |
                                                (c[8 + i] >> 4) << 4 | (c[12 + i] >> 4) << 6);
                     }
-                    pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r] = (uint8_t)sb->scales[s];
+                    pb[SH_CPU_PACK_Q6K_SC + 16 * s + r] = (uint8_t)sb->scales[s];
                 }
                 memcpy(pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, &sb->d, 2);
             }
@@ -155,7 +155,7 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
     sh_block_q6_k out;
     uint8_t q[SH_QK_K];
     for (size_t s = 0; s < 16; s++) {
-        const uint8_t *u = pb + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
+        const uint8_t *u = pb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT + 4 * r;
         uint8_t *c = q + 16 * s;
         for (size_t i = 0; i < 4; i++) {
             c[i] = (uint8_t)((u[i] & 15) | (u[128 + i] & 3) << 4);
@@ -163,7 +163,7 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
             c[8 + i] = (uint8_t)((u[64 + i] & 15) | (u[128 + i] >> 4 & 3) << 4);
             c[12 + i] = (uint8_t)(u[64 + i] >> 4 | (u[128 + i] >> 6) << 4);
         }
-        out.scales[s] = (int8_t)pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + r];
+        out.scales[s] = (int8_t)pb[SH_CPU_PACK_Q6K_SC + 16 * s + r];
     }
     q6k_put(q, &out);
     memcpy(&out.d, pg + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK + (size_t)b * 32 + 2 * r, 2);
@@ -176,12 +176,15 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
  * `to_packed` chooses the direction, so that both share the offsets. */
 static void q4k_block(uint8_t *pg, size_t r, int64_t b, uint8_t *blk, bool to_packed)
 {
-    /* 32 code vectors of 4 qs bytes per row, 3 scale vectors of 4 of the 12 scale bytes per row,
-     * then the d and dmin halves */
+    /* 3 scale vectors of 4 of the 12 scale bytes per row, the d and dmin halves, then 32 code
+     * vectors of 4 qs bytes per row */
     uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
     const size_t qs = offsetof(sh_block_q4_k, qs), sc = offsetof(sh_block_q4_k, scales);
     for (size_t v = 0; v < 35; v++) {
-        uint8_t *p = pb + 64 * v + 4 * r, *f = blk + (v < 32 ? qs + 4 * v : sc + 4 * (v - 32));
+        uint8_t *p =
+            pb + (v < 32 ? SH_CPU_PACK_Q4K_CODES + 64 * v : SH_CPU_PACK_Q4K_SC + 64 * (v - 32)) +
+            4 * r;
+        uint8_t *f = blk + (v < 32 ? qs + 4 * v : sc + 4 * (v - 32));
         memcpy(to_packed ? p : f, to_packed ? f : p, 4);
     }
     uint8_t *pd = pb + SH_CPU_PACK_Q4K_D + 2 * r, *pm = pd + 32;

@@ -379,9 +379,9 @@ static void test_q4k_pack_roundtrip(void)
             const uint8_t *pb = p + (size_t)(r / 16) * gb + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
             const int64_t l = r % 16;
             for (int i = 0; i < 128; i++)
-                CHECK_INT_EQ(pb[64 * (i / 4) + 4 * l + i % 4], k->qs[i]);
+                CHECK_INT_EQ(pb[SH_CPU_PACK_Q4K_CODES + 64 * (i / 4) + 4 * l + i % 4], k->qs[i]);
             for (int i = 0; i < 12; i++)
-                CHECK_INT_EQ(pb[2048 + 64 * (i / 4) + 4 * l + i % 4], k->scales[i]);
+                CHECK_INT_EQ(pb[SH_CPU_PACK_Q4K_SC + 64 * (i / 4) + 4 * l + i % 4], k->scales[i]);
             uint16_t d, dm;
             memcpy(&d, pb + SH_CPU_PACK_Q4K_D + 2 * l, 2);
             memcpy(&dm, pb + SH_CPU_PACK_Q4K_D + 32 + 2 * l, 2);
@@ -612,10 +612,10 @@ static void test_q6k_layout(void)
             }
             for (int e = 0; e < SH_QK_K; e++) {
                 const int s = e / 16, v = (e % 16) / 4, i = e % 4;
-                const uint8_t *u = pb + (size_t)s * SH_CPU_PACK_Q6K_UNIT;
+                const uint8_t *u = pb + SH_CPU_PACK_Q6K_UNITS + (size_t)s * SH_CPU_PACK_Q6K_UNIT;
                 const int nib = (u[64 * (v / 2) + 4 * l + i] >> (4 * (v % 2))) & 15;
                 const int hi = (u[128 + 4 * l + i] >> (2 * v)) & 3;
-                const int sc = (int8_t)pb[16 * SH_CPU_PACK_Q6K_UNIT + 16 * s + l];
+                const int sc = (int8_t)pb[SH_CPU_PACK_Q6K_SC + 16 * s + l];
                 const float want = w.deq[r * n_in + b * SH_QK_K + e];
                 const float v6 =
                     sh__quant_f32_from_fp16(d) * (float)sc * (float)((nib | hi << 4) - 32);
