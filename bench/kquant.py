@@ -17,8 +17,9 @@ Shoal's side reports `unsupported` with its error line while it cannot load a fi
 architecture still being added), and llama.cpp's figures are printed regardless.
 
 Prints one JSON object per line: bench_info, one line per engine and test, then per model and
-test a `ratio` line (shoal / llama.cpp, with Shoal's decode as a fraction of the read bandwidth
-bench_model measured in the same run); `--table` adds a Markdown table at the end.
+test a `ratio` line (shoal / llama.cpp, with Shoal's best decode as a fraction of the highest
+read bandwidth bench_model's probe measured over that file's rounds; each round's figures go to
+stderr); `--table` adds a Markdown table at the end.
 
 Usage: LLAMA_BIN=/path/to/llama.cpp/build/bin bench/kquant.py [--build build] [--threads "1 2"]
        [--rounds 2] [--reps 2] [--shapes "..."] [--types "..."] [--gemma PATH|none] [--table]
@@ -149,13 +150,19 @@ def bench_file(a, label, typ, path, how, rows):
             if res is None:
                 errors[eng] = info
                 continue
+            if eng == "shoal":
+                log(f"kquant:   round {rnd + 1}: tg{a.tg} {res.get(f'tg{a.tg}')} tok/s, "
+                    f"{res.get('decode_gbs')} GB/s against a read probe of {res.get('read_gbs')} GB/s")
             for k, v in res.items():
                 if k in tests:
                     best[eng][k] = max(best[eng].get(k, 0), v)
-                elif k == "read_fraction" and res.get(f"tg{a.tg}", 0) >= best[eng].get(f"tg{a.tg}", 0):
-                    best[eng]["read_fraction"] = v  # the fraction of the best decode round
-                    best[eng]["read_gbs"] = res.get("read_gbs")
-                    best[eng]["decode_gbs"] = res.get("decode_gbs")
+                elif k in ("read_gbs", "decode_gbs"):
+                    best[eng][k] = max(best[eng].get(k, 0), v)
+    # The read fraction is the best decode's bytes per second over the highest probe of any round
+    # of this file: a probe that a burst of load pulled down in one round does not flatter it.
+    if best["shoal"].get("read_gbs") and best["shoal"].get("decode_gbs"):
+        best["shoal"]["read_fraction"] = round(
+            best["shoal"]["decode_gbs"] / best["shoal"]["read_gbs"], 3)
     base = {"model": label, "type": typ, "file": os.path.relpath(path, ROOT), "made_by": how,
             "threads": a.t}
     for eng in ("llama.cpp", "shoal"):

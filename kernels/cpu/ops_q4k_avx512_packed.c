@@ -89,45 +89,45 @@ INL __m512i bcast4(const void *p)
  * in super-block order, so a token's output does not depend on its tile, on the row split or on
  * whether a matvec computed it. */
 
-/* The decode matvec walks MV_STREAMS row-group ranges side by side, a sub-block pair (512 bytes of
- * codes) of each in turn, and prefetches each line it reads MV_PF_DIST bytes ahead into L1, one
- * prefetch before each load of a code vector (the Q4_0..Q8_0 packed matvec, ops_avx512_packed.c,
- * also streams side by side: one core's single sequential run keeps too few misses in flight).
- * With the scales first in a super-block (cpu.h), the stream is one ascending walk and the
- * prefetches cover every line once: the 4 lines of scales and d ahead of sub-block pair jj by
- * line jj, the codes line by line.
+/* The decode matvec walks MV_STREAMS row-group ranges side by side, one 64-byte line of codes of
+ * each in turn, and prefetches each line it reads MV_PF_DIST bytes ahead into L1, one prefetch
+ * before each load (one core's single sequential run keeps too few misses in flight; the
+ * Q4_0..Q8_0 packed matvec, ops_avx512_packed.c, streams side by side too). With the scales
+ * first in a super-block (cpu.h), each range is one ascending walk and the prefetches cover every
+ * line once: the 4 lines of scales and d ahead of sub-block pair jj by line jj, the codes line by
+ * line.
  * Measured on the kernel alone (~400 MB of copies of one weight in huge pages, 1 thread, variants
  * alternated in one process with an 8-stream read of the same memory as bench_model's probe,
  * 2-vCPU Sapphire Rapids VM, mean of 8 rounds in one run), as a fraction of that read, on
- * tinyllama's 5632 x 2048 / 2048 x 5632 / 2048 x 2048:
+ * tinyllama's 5632 x 2048 / 2048 x 5632 / 2048 x 2048, 4 ranges by sub-block pairs (512 bytes):
  *   the scales after the codes, a pair's 9 prefetches T1 (to L2) up front   0.75 / 0.75 / 0.73
  *   the same with T0                                                        0.79 / 0.78 / 0.76
  *   T0 prefetches spread over the loads                                     0.80 / 0.81 / 0.78
- *   the scales first, T0 spread (this kernel)                               0.84 / 0.83 / 0.79
+ *   the scales first, T0 spread                                             0.84 / 0.83 / 0.79
  *   the scales first, T1 spread                                             0.79 / 0.80 / 0.76
- * (an earlier series with the scales after the codes: one group at a time with an 8 KiB prefetch
- * ahead 9.5 / 10.0 GB/s, 4 streams by sub-block pairs 11.2 / 11.7; whole super-blocks per stream,
- * 2 to 16 streams, no better; no prefetch much worse). With the scales first, 512 .. 2048 bytes
- * ahead and 3 streams were within noise of this choice in a shorter run, 6 streams worse. */
+ * and then by single lines (mean of 6 rounds, another run): the 4 ranges by pairs above 0.75 /
+ * 0.82 / 0.81; by lines, 2 ranges 0.75 / 0.78 / 0.77, 4 ranges 0.78 / 0.87 / 0.83, 8 ranges (this
+ * kernel) 0.89 / 0.93 / 0.90. In a third run 8 ranges 0.96 / 0.94 / 0.91, 6 ranges 0.92 / 0.88 /
+ * 0.87, 12 ranges 0.95 / 0.89 / 0.88, 512 bytes or 2 KiB ahead at 8 ranges within 0.03 of 1 KiB.
+ * (An earlier series with the scales after the codes: one group at a time with an 8 KiB prefetch
+ * ahead 9.5 / 10.0 GB/s, 4 ranges by pairs 11.2 / 11.7; whole super-blocks per range, 2 to 16
+ * ranges, no better; no prefetch much worse.) */
 #ifndef MV_STREAMS
-#define MV_STREAMS 4
+#define MV_STREAMS 8
 #endif
+_Static_assert(MV_STREAMS >= 4, "the matvec's remainder runs 4 streams");
 #ifndef MV_PF_DIST
 #define MV_PF_DIST 1024
 #endif
 
-/* Sub-block j's 8 code vectors: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7;
- * with `prefetch`, each load goes with a prefetch of the line MV_PF_DIST bytes past it (the
- * matvec's). */
-INL void codes(const uint8_t *pb, int j, __m512i q[8], const int prefetch)
+/* Sub-block j's 8 code vectors: the low (j even) or high (j odd) nibbles of vectors 8(j/2) .. +7.
+ */
+INL void codes(const uint8_t *pb, int j, __m512i q[8])
 {
     const __m512i mask = _mm512_set1_epi8(j % 2 ? (char)0xf0 : 0x0f);
     const uint8_t *pv = pb + SH_CPU_PACK_Q4K_CODES + 64 * 8 * (j / 2);
-    for (int v = 0; v < 8; v++) {
-        if (prefetch)
-            _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, _MM_HINT_T0);
+    for (int v = 0; v < 8; v++)
         q[v] = _mm512_and_si512(_mm512_loadu_si512((const void *)(pv + 64 * v)), mask);
-    }
 }
 
 /* ia + 16 sc_j (or sc_j) times sub-block j's dot products with the token's codes aq (two chains
@@ -197,7 +197,7 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             __m512i q[8];
-            codes(pb, j, q, 0);
+            codes(pb, j, q);
             for (int i = 0; i < nt; i++)
                 ia[i] = sub_dot(q, ab[i]->qs + 32 * j, s.sc[j], ia[i]);
         }
@@ -209,11 +209,16 @@ INL void tile(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0
 }
 
 /* The matvec of groups g0 + k * step (k < ns) side by side: per super-block, each group's scales,
- * then sub-blocks 2jj and 2jj + 1 of each group in turn. A token's sums run as in tile. */
+ * then per sub-block pair jj line v (v < 8) of its codes in every group in turn, each load after a
+ * prefetch of the line MV_PF_DIST bytes past it. A line's low and high nibbles meet the same
+ * activation bytes in every group, so the line's two broadcasts serve all ns groups. A token's
+ * integer sums are tile's in another order: exact int32 arithmetic, so the same values, and
+ * finish turns them into the same floats. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
     const int64_t nb = m->a->n_in / SH_QK_K;
+    const __m512i m_lo = _mm512_set1_epi8(0x0f), m_hi = _mm512_set1_epi8((char)0xf0);
     const uint8_t *w[MV_STREAMS];
     __m512 acc[MV_STREAMS];
     for (int k = 0; k < ns; k++) {
@@ -222,26 +227,39 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
     }
     for (int64_t b = 0; b < nb; b++) {
         const sh_block_q8_k *ab = m->a->qk + b;
+        const size_t ob = (size_t)b * SH_CPU_PACK_Q4K_BYTES;
         q4k_scales s[MV_STREAMS];
         __m512i ia[MV_STREAMS];
         for (int k = 0; k < ns; k++) {
-            decode_scales(w[k] + (size_t)b * SH_CPU_PACK_Q4K_BYTES, &s[k]);
+            decode_scales(w[k] + ob, &s[k]);
             ia[k] = _mm512_setzero_si512();
         }
 #pragma GCC unroll 4
         for (int jj = 0; jj < 4; jj++) {
-#pragma GCC unroll 16
+            __m512i lo[MV_STREAMS], hi[MV_STREAMS]; /* sub-blocks 2jj and 2jj + 1 */
             for (int k = 0; k < ns; k++) {
-                const uint8_t *pb = w[k] + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-                /* the pair's 8 lines of codes and line jj of the scales and d, MV_PF_DIST ahead */
-                _mm_prefetch((const char *)pb + SH_CPU_PACK_Q4K_SC + 64 * jj + MV_PF_DIST,
+                /* line jj of the scales and d (the codes' lines are prefetched as they load) */
+                _mm_prefetch((const char *)w[k] + ob + SH_CPU_PACK_Q4K_SC + 64 * jj + MV_PF_DIST,
                              _MM_HINT_T0);
-                __m512i q[8];
-                codes(pb, 2 * jj, q, 1);
-                ia[k] = sub_dot(q, ab->qs + 64 * jj, s[k].sc[2 * jj], ia[k]);
-                codes(pb, 2 * jj + 1, q, 0);
-                ia[k] = sub_dot(q, ab->qs + 64 * jj + 32, s[k].sc[2 * jj + 1], ia[k]);
+                lo[k] = hi[k] = _mm512_setzero_si512();
             }
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                const __m512i alo = bcast4(ab->qs + 64 * jj + 4 * v);
+                const __m512i ahi = bcast4(ab->qs + 64 * jj + 32 + 4 * v);
+#pragma GCC unroll 16
+                for (int k = 0; k < ns; k++) {
+                    const uint8_t *pv = w[k] + ob + SH_CPU_PACK_Q4K_CODES + 512 * jj + 64 * v;
+                    _mm_prefetch((const char *)pv + MV_PF_DIST, _MM_HINT_T0);
+                    const __m512i x = _mm512_loadu_si512((const void *)pv);
+                    lo[k] = _mm512_dpbusd_epi32(lo[k], _mm512_and_si512(x, m_lo), alo);
+                    hi[k] = _mm512_dpbusd_epi32(hi[k], _mm512_and_si512(x, m_hi), ahi);
+                }
+            }
+            for (int k = 0; k < ns; k++)
+                ia[k] = _mm512_add_epi32(
+                    ia[k], _mm512_add_epi32(_mm512_mullo_epi32(lo[k], s[k].sc[2 * jj]),
+                                            _mm512_mullo_epi32(hi[k], s[k].sc[2 * jj + 1])));
         }
         for (int k = 0; k < ns; k++)
             acc[k] = finish(&s[k], ab, ia[k], acc[k]);
@@ -260,11 +278,16 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
 TGT void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
-    if (n_tok == 1) { /* the groups in MV_STREAMS equal ranges, then the rest one at a time */
-        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+    if (n_tok == 1) { /* the groups in MV_STREAMS equal ranges, the rest in 4, then singly */
+        const int64_t g1 = (r1 + 15) / 16;
+        int64_t g = r0 / 16, part = (g1 - g) / MV_STREAMS;
         for (int64_t i = 0; i < part; i++)
-            mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
-        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv_groups(m, g + i, part, MV_STREAMS, r0, r1);
+        g += MV_STREAMS * part;
+        part = (g1 - g) / 4;
+        for (int64_t i = 0; i < part; i++)
+            mv_groups(m, g + i, part, 4, r0, r1);
+        for (g += 4 * part; g < g1; g++)
             mv_groups(m, g, 0, 1, r0, r1);
         return;
     }
