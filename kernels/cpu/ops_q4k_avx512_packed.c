@@ -80,14 +80,14 @@ INL __m512i bcast4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
-/* The pieces of a group's sums, shared by the tiles and the matvec so that a token's sums run the
- * same instructions either way. Per super-block b, token t and row r (q codes, a the token's Q8_K
+/* The pieces of a group's sums. Per super-block b, token t and row r (q codes, a the token's Q8_K
  * codes with scale da and 16-element sums bsums):
  *   16 isum = sum_j 16 sc_j sum_{i in j} q_i a_i   (int32, exact, as ordered in q4k_scales)
  *   msum = sum_j m_j (bsums_2j + bsums_2j+1)       (int32, exact)
  *   acc += float(16 isum) * (d * da / 16);  acc -= float(msum) * (dmin * da)
- * in super-block order, so a token's output does not depend on its tile, on the row split or on
- * whether a matvec computed it. */
+ * in super-block order. The tiles and the matvec share decode_scales, finish and store; the matvec
+ * forms isum in its own order (mv_groups), which in exact int32 is the same value. So a token's
+ * output does not depend on its tile, on the row split or on whether a matvec computed it. */
 
 /* The decode matvec walks MV_STREAMS row-group ranges side by side, one 64-byte line of codes of
  * each in turn, and prefetches each line it reads MV_PF_DIST bytes ahead into L1, one prefetch
@@ -108,7 +108,7 @@ INL __m512i bcast4(const void *p)
  * and then by single lines (mean of 6 rounds, another run): the 4 ranges by pairs above 0.75 /
  * 0.82 / 0.81; by lines, 2 ranges 0.75 / 0.78 / 0.77, 4 ranges 0.78 / 0.87 / 0.83, 8 ranges (this
  * kernel) 0.89 / 0.93 / 0.90. In a third run 8 ranges 0.96 / 0.94 / 0.91, 6 ranges 0.92 / 0.88 /
- * 0.87, 12 ranges 0.95 / 0.89 / 0.88, 512 bytes or 2 KiB ahead at 8 ranges within 0.03 of 1 KiB.
+ * 0.87, 12 ranges 0.95 / 0.89 / 0.88, 512 bytes or 2 KiB ahead at 8 ranges within 0.04 of 1 KiB.
  * (An earlier series with the scales after the codes: one group at a time with an 8 KiB prefetch
  * ahead 9.5 / 10.0 GB/s, 4 ranges by pairs 11.2 / 11.7; whole super-blocks per range, 2 to 16
  * ranges, no better; no prefetch much worse.) */
