@@ -3,6 +3,7 @@
  * result line, with the read bandwidth measured in the same run so decode can be judged against
  * the machine's ceiling (weight bytes per token / time per token). */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,18 +102,27 @@ static double read_bandwidth(int threads, double *one, double *eight)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
-                    "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, "
-                    "2 threads\n");
+    fprintf(stderr,
+            "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
+            "                   [--kv f32|f16] [--ctx N] [--no-bw]\n"
+            "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, 2 threads,\n"
+            "  F32 KV; --ctx N: the tg runs decode after an N-token context (filled once), so\n"
+            "  attention over the cache counts; --no-bw skips the read-bandwidth probe.\n"
+            "  SHOAL_ISA=scalar|avx2|avx512 caps the kernels (the first line names them).\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *path = NULL;
-    int threads = 2, reps = 3, n_pp = 0, n_tg = 0;
+    int threads = 2, reps = 3, n_pp = 0, n_tg = 0, ctx_len = 0;
+    bool kv_f16 = false, probe = true;
     int pp[8], tg[8];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-bw")) {
+            probe = false;
+            continue;
+        }
         if (!v) {
             usage();
             return 2;
@@ -127,6 +137,10 @@ int main(int argc, char **argv)
             pp[n_pp++] = atoi(v);
         else if (!strcmp(a, "--tg") && n_tg < 8 && atoi(v) >= 1)
             tg[n_tg++] = atoi(v);
+        else if (!strcmp(a, "--ctx") && atoi(v) >= 0)
+            ctx_len = atoi(v);
+        else if (!strcmp(a, "--kv") && (!strcmp(v, "f16") || !strcmp(v, "f32")))
+            kv_f16 = !strcmp(v, "f16");
         else {
             usage();
             return 2;
@@ -154,8 +168,13 @@ int main(int argc, char **argv)
     sh_llama_ctx *ctx = NULL;
     sh_llama_load_opts lo = {.prefault = true};
     sh_backend_cpu_opts bo = {.n_threads = threads};
-    int32_t kv = max_pp + max_tg + 16;
-    sh_llama_ctx_opts co = {.max_tokens = max_pp, .max_seqs = 1, .kv_tokens = kv};
+    /* the context for --ctx is filled in chunks of at most 512 tokens */
+    const int chunk = max_pp > 512 ? max_pp : 512;
+    int32_t kv = (max_pp > ctx_len ? max_pp : ctx_len) + max_tg + 16;
+    sh_llama_ctx_opts co = {.max_tokens = chunk,
+                            .max_seqs = 1,
+                            .kv_tokens = kv,
+                            .kv_type = kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
     if (sh_llama_load(path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e) ||
         sh_llama_ctx_create(m, be, &co, &ctx, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);
@@ -180,18 +199,22 @@ int main(int argc, char **argv)
     }
     int32_t n_blocks = (kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
     int32_t *blocks = malloc((size_t)n_blocks * sizeof *blocks);
-    int32_t *tokens = malloc((size_t)max_pp * sizeof *tokens);
+    const int n_tokens = max_pp > ctx_len ? max_pp : ctx_len;
+    int32_t *tokens = malloc((size_t)n_tokens * sizeof *tokens);
     for (int32_t i = 0; i < n_blocks; i++)
         blocks[i] = i;
     uint32_t s = 12345;
-    for (int i = 0; i < max_pp; i++) {
+    for (int i = 0; i < n_tokens; i++) {
         s = s * 1664525u + 1013904223u;
         tokens[i] = (int32_t)(s % (uint32_t)m->hp.n_vocab);
     }
     int rc = 0;
     sh_llama_out o;
-    double bw_one, bw_eight;
-    double read_gbs = read_bandwidth(threads, &bw_one, &bw_eight);
+    char kern[160];
+    sh_backend_cpu_describe(be, kern, sizeof kern);
+    printf("{\"name\":\"kernels\",\"value\":\"%s\",\"kv\":\"%s\"}\n", kern, kv_f16 ? "f16" : "f32");
+    double bw_one = 0, bw_eight = 0;
+    double read_gbs = probe ? read_bandwidth(threads, &bw_one, &bw_eight) : 0;
     printf("{\"name\":\"read_bandwidth\",\"value\":%.2f,\"unit\":\"GB/s\",\"threads\":%d,"
            "\"one_stream\":%.2f,\"eight_streams\":%.2f}\n",
            read_gbs, threads, bw_one, bw_eight);
@@ -211,13 +234,20 @@ int main(int argc, char **argv)
                pp[k], name, best, threads, reps);
         fflush(stdout);
     }
+    /* the decode context: filled once; each tg run overwrites the positions after it */
+    for (int p = 0; p < ctx_len && !rc; p += chunk) {
+        const int n = ctx_len - p < chunk ? ctx_len - p : chunk;
+        sh_llama_seq seq = {tokens + p, n, p, blocks, true};
+        sh_llama_batch b = {1, &seq, false, NULL};
+        rc = sh_llama_forward(ctx, &b, &o, &e);
+    }
     for (int k = 0; k < n_tg && !rc; k++) {
         double best = 0;
         for (int r = 0; r < reps && !rc; r++) {
             int32_t tok = tokens[0];
             double t0 = now_s();
             for (int i = 0; i < tg[k] && !rc; i++) {
-                sh_llama_seq seq = {&tok, 1, i, blocks, true};
+                sh_llama_seq seq = {&tok, 1, ctx_len + i, blocks, true};
                 sh_llama_batch b = {1, &seq, false, NULL};
                 rc = sh_llama_forward(ctx, &b, &o, &e);
                 tok = (tok * 31 + 7) % m->hp.n_vocab; /* any token: speed does not depend on it */
@@ -227,9 +257,10 @@ int main(int argc, char **argv)
         }
         double gbs = step_gb * best;
         printf("{\"name\":\"tg%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
-               "\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"step_gb\":%.4f,\"decode_gbs\":%.2f,"
+               "\"ctx\":%d,\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"step_gb\":%.4f,\"decode_"
+               "gbs\":%.2f,"
                "\"read_fraction\":%.3f}\n",
-               tg[k], name, best, threads, reps, weight_gb, step_gb, gbs,
+               tg[k], name, best, ctx_len, threads, reps, weight_gb, step_gb, gbs,
                read_gbs > 0 ? gbs / read_gbs : 0);
         fflush(stdout);
     }

@@ -330,14 +330,24 @@ enum {
 };
 
 /* Creates the CPU backend: a persistent pool of n_threads threads that runs every stream's ops
- * (the threads spin briefly between ops, then sleep). opts may be NULL (defaults). The caller
- * owns *out. Errors: SH_EINVAL (bad option), SH_ENOMEM, SH_EUNSUPPORTED (isa). Any thread. */
+ * (the threads spin briefly between ops, then sleep). opts may be NULL (defaults). With isa 0
+ * (auto) the environment variable SHOAL_ISA, when set to scalar, avx2 or avx512, caps the ISA
+ * picked (a value above what the CPU has leaves the best; "auto" or empty: no cap), so that one
+ * machine can run and measure its lesser paths. The caller owns *out. Errors: SH_EINVAL (bad
+ * option, or a SHOAL_ISA value that is none of those), SH_ENOMEM, SH_EUNSUPPORTED (isa). Any
+ * thread. */
 sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, sh_error *e);
 
 /* The instruction set the CPU backend's kernels use (an SH_BACKEND_CPU_ISA_* value), and its
  * name ("avx512-vnni"). For tests, benchmarks and logs. */
 int32_t sh_backend_cpu_isa(const sh_backend *be);
 const char *sh_backend_cpu_isa_name(int32_t isa);
+/* Parses "auto", "scalar", "avx2", "avx512" or "avx512-vnni" into an SH_BACKEND_CPU_ISA_* value
+ * (auto is 0); SH_EINVAL for anything else, *isa untouched. */
+sh_err sh_backend_cpu_isa_parse(const char *name, int32_t *isa);
+/* One line for logs saying which kernels the backend picked (ISA, whether SHOAL_ISA capped it,
+ * the attention kernel, threads), written as snprintf does; -1 when be is not a CPU backend. */
+int sh_backend_cpu_describe(const sh_backend *be, char *buf, size_t n);
 
 /* Destroys any backend (its streams and events must be destroyed first); accepts NULL. */
 static inline void sh_backend_destroy(sh_backend *be)

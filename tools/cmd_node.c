@@ -179,6 +179,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_backend_cpu_opts bo = {.n_threads = threads};
     if (sh_backend_cpu_create(&bo, &s->be, &e))
         return (sh__cmd_fail("backend: %s", e.msg), 1);
+    char kern[160];
+    sh_backend_cpu_describe(s->be, kern, sizeof kern);
+    fprintf(stderr, "shoal: node %s: cpu: %s\n", name, kern);
     int32_t mine[SH_CLUSTER_MAX_STAGES];
     int32_t n_mine = 0;
     for (int32_t i = 0; i < plan.n_stages; i++) {

@@ -1266,6 +1266,9 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         sh_backend_cpu_opts bo = {.n_threads = o->threads};
         if (sh_backend_cpu_create(&bo, &s->be, &e))
             return (sh__cmd_fail("backend: %s", e.msg), 1);
+        char kern[160];
+        sh_backend_cpu_describe(s->be, kern, sizeof kern);
+        fprintf(stderr, "shoal: cpu: %s\n", kern);
         sh_llama_ctx_opts co = {.max_tokens = step_tokens,
                                 .max_seqs = max_seqs,
                                 .max_logits = max_seqs,

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -511,8 +512,22 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     if (isa > best)
         return sh__error_set(e, SH_EUNSUPPORTED, "cpu backend: this CPU lacks %s",
                              sh_backend_cpu_isa_name(isa));
-    if (isa == SH_BACKEND_CPU_ISA_AUTO)
+    bool capped = false;
+    if (isa == SH_BACKEND_CPU_ISA_AUTO) {
+        /* SHOAL_ISA caps what AUTO picks, so that any machine can measure and test its lesser
+         * paths (an AVX-512 machine running the AVX2 kernels) without a rebuild. */
+        const char *env = getenv("SHOAL_ISA");
+        int32_t cap = SH_BACKEND_CPU_ISA_AUTO;
+        if (env && *env && sh_backend_cpu_isa_parse(env, &cap) != SH_OK)
+            return sh__error_set(e, SH_EINVAL,
+                                 "cpu backend: SHOAL_ISA=%s: expected scalar, avx2, avx512 or auto",
+                                 env);
         isa = best;
+        if (cap != SH_BACKEND_CPU_ISA_AUTO && cap < best) {
+            isa = cap;
+            capped = true;
+        }
+    }
 
     sh__cpu_ctx *c = calloc(1, sizeof *c);
     if (!c || !(c->ring = calloc(RING_CAP, sizeof *c->ring))) {
@@ -524,6 +539,8 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     c->kern = isa == SH_BACKEND_CPU_ISA_AVX512 ? &sh__cpu_kernels_avx512
               : isa == SH_BACKEND_CPU_ISA_AVX2 ? &sh__cpu_kernels_avx2
                                                : &sh__cpu_kernels_ref;
+    c->best_isa = best;
+    c->isa_capped = capped;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_space, NULL);
@@ -563,6 +580,41 @@ const char *sh_backend_cpu_isa_name(int32_t isa)
     default:
         return "auto";
     }
+}
+
+sh_err sh_backend_cpu_isa_parse(const char *name, int32_t *isa)
+{
+    static const struct {
+        const char *name;
+        int32_t isa;
+    } names[] = {{"auto", SH_BACKEND_CPU_ISA_AUTO},
+                 {"scalar", SH_BACKEND_CPU_ISA_SCALAR},
+                 {"avx2", SH_BACKEND_CPU_ISA_AVX2},
+                 {"avx512", SH_BACKEND_CPU_ISA_AVX512},
+                 {"avx512-vnni", SH_BACKEND_CPU_ISA_AVX512}};
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i].name)) {
+            *isa = names[i].isa;
+            return SH_OK;
+        }
+    return SH_EINVAL;
+}
+
+int sh_backend_cpu_describe(const sh_backend *be, char *buf, size_t n)
+{
+    if (!be || be->iface != &cpu_iface || !buf || !n)
+        return -1;
+    const sh__cpu_ctx *c = be->ctx;
+    const int32_t isa = c->kern->isa;
+    return snprintf(buf, n, "%s kernels%s%s%s, %s attention, %d thread%s",
+                    sh_backend_cpu_isa_name(isa),
+                    isa == SH_BACKEND_CPU_ISA_AVX512 ? " (AVX-512 F/BW/VL + VNNI, F16C)"
+                    : isa == SH_BACKEND_CPU_ISA_AVX2 ? " (AVX2 + FMA + F16C)"
+                                                     : "",
+                    c->isa_capped ? " capped by SHOAL_ISA; the CPU has " : "",
+                    c->isa_capped ? sh_backend_cpu_isa_name(c->best_isa) : "",
+                    c->kern->attn_group ? "grouped" : "per-head", sh__cpu_pool_size(c->pool),
+                    sh__cpu_pool_size(c->pool) == 1 ? "" : "s");
 }
 
 /* F16C (CPUID leaf 1, ECX bit 29), asked of cpuid directly: clang's __builtin_cpu_supports does

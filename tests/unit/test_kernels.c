@@ -1,6 +1,8 @@
 /* Unit tests of the CPU backend's matmul family and row-wise ops: every fast path against the
  * scalar reference (and the reference against dequantized f32 maths) on fresh random inputs. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels_test_util.h"
@@ -319,6 +321,7 @@ static void test_invalid_args(void)
 /* The fast path is what runs here: report the ISA; on an AVX-512 VNNI CPU it must be chosen. */
 static void test_isa_selected(void)
 {
+    unsetenv("SHOAL_ISA"); /* this test is about what AUTO picks uncapped */
     sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 1);
     int32_t isa = sh_backend_cpu_isa(be);
     fprintf(stderr, "cpu backend ISA: %s\n", sh_backend_cpu_isa_name(isa));
@@ -332,16 +335,51 @@ static void test_isa_selected(void)
     sh_backend_destroy(be);
 }
 
+/* SHOAL_ISA caps what AUTO picks (never above the CPU's best), leaves an explicit isa alone, and
+ * a value it does not know fails creation with a message naming it. */
+static void test_isa_override(void)
+{
+    static const char *names[] = {"scalar", "avx2", "avx512"};
+    const int32_t best = sh__cpu_isa_detect();
+    for (int32_t cap = SH_BACKEND_CPU_ISA_SCALAR; cap <= SH_BACKEND_CPU_ISA_AVX512; cap++) {
+        setenv("SHOAL_ISA", names[cap - 1], 1);
+        sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 1);
+        CHECK_INT_EQ(sh_backend_cpu_isa(be), cap < best ? cap : best);
+        char line[160];
+        CHECK(sh_backend_cpu_describe(be, line, sizeof line) > 0);
+        CHECK(strstr(line, sh_backend_cpu_isa_name(cap < best ? cap : best)) == line);
+        CHECK((strstr(line, "capped by SHOAL_ISA") != NULL) == (cap < best));
+        sh_backend_destroy(be);
+        be = make(SH_BACKEND_CPU_ISA_SCALAR, 1); /* explicit: not capped, not raised */
+        CHECK_INT_EQ(sh_backend_cpu_isa(be), SH_BACKEND_CPU_ISA_SCALAR);
+        sh_backend_destroy(be);
+    }
+    setenv("SHOAL_ISA", "auto", 1);
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 1);
+    CHECK_INT_EQ(sh_backend_cpu_isa(be), best);
+    sh_backend_destroy(be);
+    setenv("SHOAL_ISA", "avx3", 1);
+    sh_error e = {0};
+    sh_backend_cpu_opts o = {.n_threads = 1};
+    be = NULL;
+    CHECK_INT_EQ(sh_backend_cpu_create(&o, &be, &e), SH_EINVAL);
+    CHECK(be == NULL);
+    CHECK(strstr(e.msg, "SHOAL_ISA=avx3") != NULL);
+    int32_t isa = -1;
+    CHECK_INT_EQ(sh_backend_cpu_isa_parse("AVX2", &isa), SH_EINVAL);
+    CHECK_INT_EQ(isa, -1);
+    CHECK_INT_EQ(sh_backend_cpu_isa_parse("avx512-vnni", &isa), SH_OK);
+    CHECK_INT_EQ(isa, SH_BACKEND_CPU_ISA_AVX512);
+    unsetenv("SHOAL_ISA");
+}
+
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"matmul_vs_ref", test_matmul_vs_ref},
-        {"matmul_fused", test_matmul_fused},
-        {"threads_identical", test_threads_identical},
-        {"rowwise_ops", test_rowwise_ops},
-        {"invalid_args", test_invalid_args},
-        {"isa_selected", test_isa_selected},
-        {NULL, NULL},
+        {"matmul_vs_ref", test_matmul_vs_ref},         {"matmul_fused", test_matmul_fused},
+        {"threads_identical", test_threads_identical}, {"rowwise_ops", test_rowwise_ops},
+        {"invalid_args", test_invalid_args},           {"isa_selected", test_isa_selected},
+        {"isa_override", test_isa_override},           {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }
