@@ -315,60 +315,78 @@ static void bench_op_overhead(sh_backend *be, sh_backend_stream *st, int threads
     free(w);
 }
 
-/* Attention of a 512-token prefill (one sequence, causal) and of one decode row at position
- * 511, smollm2-135m and tinyllama-1.1b heads (9/3 and 32/4, head_dim 64), F32 and F16 caches. */
+/* Attention at context lengths 512, 4096 and 16384: a 512-row prefill chunk ending at the
+ * context (the last chunk of a chunked prefill; at 512 the whole prompt) and one decode row at
+ * its last position, smollm2-135m and tinyllama-1.1b heads (9/3 and 32/4, head_dim 64; at 16k
+ * smollm2's only), F32 and F16 caches. Names keep the 512 results' old names. */
 static void bench_attn(sh_backend *be, sh_backend_stream *st, int threads)
 {
-    enum { T = 512, HD = 64 };
+    enum { CHUNK = 512, HD = 64 };
     static const int32_t heads[2][2] = {{9, 3}, {32, 4}};
     static const char *names[2] = {"smollm2-135m", "tinyllama-1.1b"};
-    for (int mi = 0; mi < 2; mi++)
-        for (int f16 = 0; f16 < 2; f16++) {
-            const int32_t nh = heads[mi][0], nkv = heads[mi][1];
-            const size_t esz = f16 ? 2 : 4, pool = (size_t)T * nkv * HD * esz;
-            sh_kv_cache c = {.type = f16 ? SH_DTYPE_F16 : SH_DTYPE_F32,
-                             .n_blocks = T / SH_KV_BLOCK_TOKENS,
-                             .n_kv_heads = nkv,
-                             .head_dim = HD,
-                             .k = malloc(pool),
-                             .v = malloc(pool)};
-            int32_t blocks[T / SH_KV_BLOCK_TOKENS];
-            for (int i = 0; i < T / SH_KV_BLOCK_TOKENS; i++)
-                blocks[i] = i;
-            float *q = malloc((size_t)T * nh * HD * sizeof(float));
-            float *kv = malloc((size_t)T * nkv * HD * sizeof(float));
-            float *out = malloc((size_t)T * nh * HD * sizeof(float));
-            for (int64_t i = 0; i < (int64_t)T * nh * HD; i++)
-                q[i] = frand();
-            for (int64_t i = 0; i < (int64_t)T * nkv * HD; i++)
-                kv[i] = frand();
-            sh_attn_seq all = {T, 0, blocks};
-            sh_attn_batch b = {1, &all};
-            sh_backend_kv_store(be, st, &c, &b, kv, kv);
-            for (int decode = 0; decode < 2; decode++) {
-                sh_attn_seq one = {1, T - 1, blocks};
-                sh_attn_batch bd = {1, &one};
-                double times[5];
-                for (int r = 0; r < 5; r++) {
-                    const int reps = decode ? 50 : 1;
-                    double t0 = now();
-                    for (int i = 0; i < reps; i++)
-                        sh_backend_attention(be, st, &c, decode ? &bd : &b, q, nh, 0.125f, out);
-                    sh_backend_sync(be, st);
-                    times[r] = (now() - t0) / reps;
+    static const int32_t ctxs[3] = {512, 4096, 16384};
+    for (int ci = 0; ci < 3; ci++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int f16 = 0; f16 < 2; f16++) {
+                const int32_t T = ctxs[ci], nh = heads[mi][0], nkv = heads[mi][1];
+                if (T > 4096 && mi > 0)
+                    continue;
+                const size_t esz = f16 ? 2 : 4, pool = (size_t)T * nkv * HD * esz;
+                sh_kv_cache c = {.type = f16 ? SH_DTYPE_F16 : SH_DTYPE_F32,
+                                 .n_blocks = T / SH_KV_BLOCK_TOKENS,
+                                 .n_kv_heads = nkv,
+                                 .head_dim = HD,
+                                 .k = malloc(pool),
+                                 .v = malloc(pool)};
+                int32_t *blocks = malloc((size_t)(T / SH_KV_BLOCK_TOKENS) * sizeof *blocks);
+                for (int i = 0; i < T / SH_KV_BLOCK_TOKENS; i++)
+                    blocks[i] = i;
+                float *q = malloc((size_t)CHUNK * nh * HD * sizeof(float));
+                float *kv = malloc((size_t)T * nkv * HD * sizeof(float));
+                float *out = malloc((size_t)CHUNK * nh * HD * sizeof(float));
+                for (int64_t i = 0; i < (int64_t)CHUNK * nh * HD; i++)
+                    q[i] = frand();
+                for (int64_t i = 0; i < (int64_t)T * nkv * HD; i++)
+                    kv[i] = frand();
+                sh_attn_seq all = {T, 0, blocks};
+                sh_attn_batch ball = {1, &all};
+                sh_backend_kv_store(be, st, &c, &ball, kv, kv);
+                sh_backend_sync(be, st);
+                sh_attn_seq last = {CHUNK, T - CHUNK, blocks};
+                sh_attn_batch b = {1, &last};
+                for (int decode = 0; decode < 2; decode++) {
+                    sh_attn_seq one = {1, T - 1, blocks};
+                    sh_attn_batch bd = {1, &one};
+                    double times[5];
+                    const int rounds = T > 4096 && !decode ? 3 : 5;
+                    for (int r = 0; r < rounds; r++) {
+                        const int reps = decode ? 50 : 1;
+                        double t0 = now();
+                        for (int i = 0; i < reps; i++)
+                            sh_backend_attention(be, st, &c, decode ? &bd : &b, q, nh, 0.125f, out);
+                        sh_backend_sync(be, st);
+                        times[r] = (now() - t0) / reps;
+                    }
+                    char name[64];
+                    if (T == CHUNK)
+                        snprintf(name, sizeof name, "%s",
+                                 decode ? "attn_decode_pos511" : "attn_prefill512");
+                    else
+                        snprintf(name, sizeof name, "%s%d",
+                                 decode ? "attn_decode_ctx" : "attn_prefill512_ctx", (int)T);
+                    printf("{\"name\":\"%s\",\"value\":%.1f,\"unit\":\"us\",\"model\":\"%s\","
+                           "\"kv\":\"%s\",\"threads\":%d}\n",
+                           name, median(times, rounds) * 1e6, names[mi], f16 ? "F16" : "F32",
+                           threads);
+                    fflush(stdout);
                 }
-                printf("{\"name\":\"%s\",\"value\":%.1f,\"unit\":\"us\",\"model\":\"%s\","
-                       "\"kv\":\"%s\",\"threads\":%d}\n",
-                       decode ? "attn_decode_pos511" : "attn_prefill512", median(times, 5) * 1e6,
-                       names[mi], f16 ? "F16" : "F32", threads);
-                fflush(stdout);
+                free(blocks);
+                free(q);
+                free(kv);
+                free(out);
+                free(c.k);
+                free(c.v);
             }
-            free(q);
-            free(kv);
-            free(out);
-            free(c.k);
-            free(c.v);
-        }
 }
 
 int main(int argc, char **argv)

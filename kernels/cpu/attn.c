@@ -41,55 +41,39 @@ void sh__cpu_kv_store_rows(const sh_kv_cache *c, const sh_attn_seq *seqs, int32_
     }
 }
 
-/* Widens an F16 cache row into tmp; an F32 row is used in place. */
-static const float *load(const sh_kv_cache *c, const void *src, float *tmp)
-{
-    if (c->type != SH_DTYPE_F16)
-        return src;
-    const uint16_t *s = src;
-    for (int32_t i = 0; i < c->head_dim; i++)
-        tmp[i] = sh__quant_f32_from_fp16(s[i]);
-    return tmp;
-}
+/* The scalar instantiation of the tiled kernel: one lane per "vector", plain float arithmetic
+ * (the reference the SIMD paths are tested against). */
+#define ATT_FN sh__cpu_ref_attn_range
+#define ATT_TGT
+#define VL 1
+#define ATT_LP 4
+#define ATT_NV 4
+#define vec float
+#define VZERO() 0.0f
+#define VLOAD(p) (*(p))
+#define VSTORE(p, v) (*(p) = (v))
+#define VSET1(x) (x)
+#define VADD(a, b) ((a) + (b))
+#define VSUB(a, b) ((a) - (b))
+#define VMUL(a, b) ((a) * (b))
+#define VMAX(a, b) ((a) > (b) ? (a) : (b))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VEXPN(x) expf(x)
+#define VNINF0(x) ((x) == -INFINITY ? 0.0f : (x))
+#define ivec int32_t
+#define VILOAD(p) (*(p))
+#define VMASK(s, lo, hi, t) ((t) < (lo) || (t) > (hi) ? -INFINITY : (s))
+#define WIDEN(dst, src, n)                                                                         \
+    do {                                                                                           \
+        for (int32_t d_ = 0; d_ < (n); d_++)                                                       \
+            (dst)[d_] = sh__quant_f32_from_fp16((src)[d_]);                                        \
+    } while (0)
+#include "kernels/cpu/attn_tiled.h"
 
-/* Work item i is (row = i / n_heads, head = i % n_heads). scores holds one row's attention
- * weights (its context, or its window: keys t0.. are stored from scores[0]); acc is head_dim floats
- * of output plus head_dim of F16 widening. */
-void sh__cpu_attn_range(const sh__cpu_kernels *k, const sh__cpu_attn *a, int64_t i0, int64_t i1,
-                        float *scores, float *acc)
+/* The tiled kernel's scratch: QT, the tile's weights, m / l / alpha and two tiles of widened
+ * rows; independent of the context. */
+size_t sh__cpu_attn_scratch(int32_t head_dim)
 {
-    const sh_kv_cache *c = &a->cache;
-    const int32_t hd = c->head_dim, group = a->n_heads / c->n_kv_heads;
-    float *tmp = acc + hd;
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t row = i / a->n_heads;
-        int32_t h = (int32_t)(i % a->n_heads), kh = h / group;
-        const int32_t *blocks = a->seqs[a->row_seq[row]].blocks;
-        const int64_t n_ctx = (int64_t)a->row_pos[row] + 1; /* causal: positions 0..p */
-        /* a sliding window starts at p - window + 1 */
-        const int64_t t0 = c->window > 0 && n_ctx > c->window ? n_ctx - c->window : 0;
-        const float *q = a->q + (row * a->n_heads + h) * hd;
-        /* scores_t = scale * q . K_t, then a max-subtracted softmax */
-        float mx = -INFINITY;
-        for (int64_t t = t0; t < n_ctx; t++) {
-            const float *kt = load(c, slot(c, c->k, blocks, t, kh), tmp);
-            float sc = scores[t - t0] = a->scale * k->dot(q, kt, hd);
-            mx = sc > mx ? sc : mx;
-        }
-        float sum = 0.0f;
-        for (int64_t t = t0; t < n_ctx; t++) {
-            scores[t - t0] = expf(scores[t - t0] - mx);
-            sum += scores[t - t0];
-        }
-        /* out = sum_t (e_t / sum) V_t */
-        memset(acc, 0, (size_t)hd * sizeof(float));
-        for (int64_t t = t0; t < n_ctx; t++) {
-            const float *vt = load(c, slot(c, c->v, blocks, t, kh), tmp);
-            k->axpy(scores[t - t0], vt, acc, hd);
-        }
-        float *out = a->out + (row * a->n_heads + h) * hd;
-        const float inv = 1.0f / sum;
-        for (int32_t d = 0; d < hd; d++)
-            out[d] = acc[d] * inv;
-    }
+    return (size_t)(16 * (int64_t)head_dim + 16 * SH_CPU_ATTN_TILE + 48 +
+                    2 * (int64_t)SH_CPU_ATTN_TILE * head_dim + 16);
 }

@@ -216,9 +216,8 @@ typedef struct sh__cpu_kernels {
     float (*sumsq)(const float *x, int64_t n);
     /* y[i] = silu(g[i]) * u[i], silu(g) = g / (1 + exp(-g)); y may equal g or u. */
     void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
-    /* Optional (NULL: sh__cpu_attn_range over (row, head) items): attention over the work items
-     * [i0, i1) of a->items; scratch holds sh__cpu_attn_scratch(longest context, head_dim)
-     * floats. */
+    /* Tiled online-softmax attention (attn_tiled.h) over the work items [i0, i1) of a->items;
+     * scratch holds sh__cpu_attn_scratch(head_dim) floats, whatever the context. */
     void (*attn_group)(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
 } sh__cpu_kernels;
 
@@ -342,8 +341,8 @@ sh__cpu_glu_fn sh__cpu_geglu_for(int32_t isa);
 void sh__cpu_scale_range(const float *x, float s, float *y, int64_t i0, int64_t i1);
 void sh__cpu_softcap_range(const float *x, float cap, float *y, int64_t i0, int64_t i1);
 
-/* Attention for work items [i0, i1) of (row, head) pairs; `rowseq` maps a row to its sequence;
- * scores is scratch for the longest context of the batch. (attn.c) */
+/* An attention op as the kernels see it: the cache, the batch's sequences, per row its sequence
+ * and position, and the work items. (attn.c, attn_tiled.h) */
 struct sh__cpu_attn {
     sh_kv_cache cache;
     const sh_attn_seq *seqs;
@@ -359,16 +358,19 @@ struct sh__cpu_attn {
     const int32_t *items;
 };
 
-/* (row, head) pairs one grouped-attention item computes side by side (one per vector lane). */
+/* (row, head) pairs one attention item computes side by side (one per vector lane). */
 #define SH_CPU_ATTN_LANES 16
+/* Keys per tile of the online softmax; tiles start at multiples of it (absolute positions). */
+#define SH_CPU_ATTN_TILE 32
 
-void sh__cpu_attn_range(const sh__cpu_kernels *k, const sh__cpu_attn *a, int64_t i0, int64_t i1,
-                        float *scores, float *acc);
-/* The grouped AVX-512 attention (attn_avx512.c), its scratch size in floats, and the item table
- * of a batch: writes up to sh__cpu_attn_max_items entries to items (4 int32 each) and returns
- * their count. */
+/* The tiled attention of each ISA (attn.c, attn_avx2.c, attn_avx512.c; see attn_tiled.h), the
+ * scratch one thread needs in floats (independent of the context), and the item table of a
+ * batch: writes up to sh__cpu_attn_max_items entries to items (4 int32 each) and returns their
+ * count. */
+void sh__cpu_ref_attn_range(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
+void sh__cpu_avx2_attn_range(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
 void sh__cpu_avx512_attn_range(const sh__cpu_attn *a, int64_t i0, int64_t i1, float *scratch);
-size_t sh__cpu_attn_scratch(int64_t max_ctx, int32_t head_dim);
+size_t sh__cpu_attn_scratch(int32_t head_dim);
 int64_t sh__cpu_attn_max_items(int64_t n_rows, int32_t n_seqs, int32_t n_heads);
 int64_t sh__cpu_attn_items(const sh_attn_seq *seqs, int32_t n_seqs, int32_t n_heads,
                            int32_t n_kv_heads, int32_t *items);

@@ -289,17 +289,9 @@ static void attn_run(void *arg, int tid, int nth)
 {
     attn_job *j = arg;
     int64_t lo, hi;
-    if (j->c->kern->attn_group) {
-        const int64_t per = sh__cpu_pool_chunk(j->c->pool, j->items, CHUNKS_PER_THREAD);
-        while (sh__cpu_pool_claim(j->c->pool, 0, j->items, per, &lo, &hi))
-            j->c->kern->attn_group(&j->a, lo, hi, thread_tmp(j->c, tid));
-        return;
-    }
-    float *scores = thread_tmp(j->c, tid);
-    float *acc = scores + j->c->tmp_stride - 2 * (size_t)j->a.cache.head_dim;
     const int64_t per = sh__cpu_pool_chunk(j->c->pool, j->items, CHUNKS_PER_THREAD);
     while (sh__cpu_pool_claim(j->c->pool, 0, j->items, per, &lo, &hi))
-        sh__cpu_attn_range(j->c->kern, &j->a, lo, hi, scores, acc);
+        j->c->kern->attn_group(&j->a, lo, hi, thread_tmp(j->c, tid));
     (void)nth;
 }
 
@@ -307,25 +299,11 @@ static sh_err exec_attn(sh__cpu_ctx *c, const sh__cpu_op *op)
 {
     const sh_attn_batch *b = &op->u.attn.b;
     const int64_t rows = op->u.attn.n_rows;
-    int64_t max_ctx = 0;
-    for (int32_t s = 0; s < b->n_seqs; s++) {
-        int64_t ctx = (int64_t)b->seqs[s].pos0 + b->seqs[s].n_rows;
-        max_ctx = ctx > max_ctx ? ctx : max_ctx;
-    }
-    /* Size the per-thread scratch for the whole cache, not this step's context, so it is
-     * allocated on the first call and never grows as sequences lengthen (no allocation per
-     * decoded token). With a sliding window an item reads at most the window plus its own rows
-     * (the kernels store keys from the window's start), however long the sequence. */
-    const int32_t w = op->u.attn.cache.window;
-    const int64_t span = (int64_t)w + SH_CPU_ATTN_LANES;
-    if (w > 0 && max_ctx > span)
-        max_ctx = span;
-    const int64_t cap = w > 0 ? span : (int64_t)op->u.attn.cache.n_blocks * SH_KV_BLOCK_TOKENS;
-    max_ctx = cap > max_ctx ? cap : max_ctx;
+    /* The tiled kernel's scratch depends on the head size only, so it is allocated on the first
+     * call and never grows as sequences lengthen (no allocation per decoded token). */
     const int64_t max_items = sh__cpu_attn_max_items(rows, b->n_seqs, op->u.attn.n_heads);
     if (!sh__cpu_buf_grow(&c->rowmap, (size_t)(2 * rows + 4 * max_items) * sizeof(int32_t)) ||
-        !grow_tmp(c, (size_t)(max_ctx + 2 * op->u.attn.cache.head_dim + 16)) ||
-        !grow_tmp(c, sh__cpu_attn_scratch(max_ctx, op->u.attn.cache.head_dim)))
+        !grow_tmp(c, sh__cpu_attn_scratch(op->u.attn.cache.head_dim)))
         return SH_ENOMEM;
     int32_t *row_seq = c->rowmap.p, *row_pos = row_seq + rows;
     for (int32_t s = 0, r = 0; s < b->n_seqs; s++)
@@ -333,12 +311,10 @@ static sh_err exec_attn(sh__cpu_ctx *c, const sh__cpu_op *op)
             row_seq[r] = s;
             row_pos[r] = b->seqs[s].pos0 + i;
         }
-    /* The grouped kernel's items follow the rows (see sh__cpu_attn_items). */
+    /* The items follow the rows (see sh__cpu_attn_items). */
     int32_t *items = row_pos + rows;
-    const int64_t n_items = c->kern->attn_group
-                                ? sh__cpu_attn_items(b->seqs, b->n_seqs, op->u.attn.n_heads,
-                                                     op->u.attn.cache.n_kv_heads, items)
-                                : rows * op->u.attn.n_heads;
+    const int64_t n_items = sh__cpu_attn_items(b->seqs, b->n_seqs, op->u.attn.n_heads,
+                                               op->u.attn.cache.n_kv_heads, items);
     attn_job j = {.c = c,
                   .a = {op->u.attn.cache, b->seqs, row_seq, row_pos, op->u.attn.q, op->u.attn.out,
                         op->u.attn.n_heads, op->u.attn.scale, items},

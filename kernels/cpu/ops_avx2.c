@@ -281,6 +281,7 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .axpy = axpy,
     .sumsq = sumsq,
     .swiglu = sh__cpu_swiglu_ref,
+    .attn_group = sh__cpu_avx2_attn_range,
 };
 
 #else

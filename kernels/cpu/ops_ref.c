@@ -242,6 +242,7 @@ const sh__cpu_kernels sh__cpu_kernels_ref = {
     .axpy = axpy_ref,
     .sumsq = sumsq_ref,
     .swiglu = sh__cpu_swiglu_ref,
+    .attn_group = sh__cpu_ref_attn_range,
 };
 
 sh__cpu_mm_fn sh__cpu_mm_for(const sh__cpu_kernels *k, sh_dtype type)

@@ -8,3 +8,15 @@ sh_test(test_kernels_packed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_packe
 # Gemma's ops: GEGLU (reference vs formula, SIMD vs reference, fused matmul), scale, soft-cap.
 sh_test(test_kernels_gemma SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_gemma.c LABELS unit
         TIMEOUT 60)
+# The tiled online-softmax attention of each ISA against a dense reference, and bitwise equal
+# however rows are cut into calls (kernels/cpu/attn_tiled.h); an ISA the CPU lacks skips (77).
+sh_test(test_attn_tiled SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_attn_tiled.c ARGS scalar LABELS unit
+        TIMEOUT 300)
+if(NOT SH_FUZZ)
+  foreach(isa avx2 avx512)
+    add_test(NAME test_attn_tiled_${isa} COMMAND test_attn_tiled ${isa}
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+    set_tests_properties(test_attn_tiled_${isa} PROPERTIES LABELS unit TIMEOUT 300
+                         SKIP_RETURN_CODE 77)
+  endforeach()
+endif()
