@@ -327,13 +327,19 @@ enum {
     SH_BACKEND_CPU_ISA_SCALAR = 1, /* the plain reference kernels */
     SH_BACKEND_CPU_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C */
     SH_BACKEND_CPU_ISA_AVX512 = 3, /* AVX-512 F/BW/VL + VNNI */
+    /* AVX-512 VNNI plus AMX-INT8 tiles for the multi-token products of packed Q4_0, Q4_1, Q5_0,
+     * Q5_1 and Q8_0 weights (bitwise equal to VNNI's), where cpuid reports AMX and the OS grants
+     * the tile state (Linux arch_prctl). Only when asked for (this value, or SHOAL_ISA=amx with
+     * auto): auto never picks it, as it is not yet faster than VNNI. */
+    SH_BACKEND_CPU_ISA_AMX = 4,
 };
 
 /* Creates the CPU backend: a persistent pool of n_threads threads that runs every stream's ops
  * (the threads spin briefly between ops, then sleep). opts may be NULL (defaults). With isa 0
  * (auto) the environment variable SHOAL_ISA, when set to scalar, avx2 or avx512, caps the ISA
  * picked (a value above what the CPU has leaves the best; "auto" or empty: no cap), so that one
- * machine can run and measure its lesser paths. The caller owns *out. Errors: SH_EINVAL (bad
+ * machine can run and measure its lesser paths; SHOAL_ISA=amx opts in to AMX where it is usable
+ * (else the best). The caller owns *out. Errors: SH_EINVAL (bad
  * option, or a SHOAL_ISA value that is none of those), SH_ENOMEM, SH_EUNSUPPORTED (isa). Any
  * thread. */
 sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, sh_error *e);
@@ -342,8 +348,8 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
  * name ("avx512-vnni"). For tests, benchmarks and logs. */
 int32_t sh_backend_cpu_isa(const sh_backend *be);
 const char *sh_backend_cpu_isa_name(int32_t isa);
-/* Parses "auto", "scalar", "avx2", "avx512" or "avx512-vnni" into an SH_BACKEND_CPU_ISA_* value
- * (auto is 0); SH_EINVAL for anything else, *isa untouched. */
+/* Parses "auto", "scalar", "avx2", "avx512", "avx512-vnni" or "amx" into an SH_BACKEND_CPU_ISA_*
+ * value (auto is 0); SH_EINVAL for anything else, *isa untouched. */
 sh_err sh_backend_cpu_isa_parse(const char *name, int32_t *isa);
 /* One line for logs saying which kernels the backend picked (ISA, whether SHOAL_ISA capped it,
  * the attention kernel, threads), written as snprintf does; -1 when be is not a CPU backend. */

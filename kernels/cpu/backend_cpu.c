@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -507,9 +508,9 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     if (n < 1 || n > 1024)
         return sh__error_set(e, SH_EINVAL, "cpu backend: bad n_threads %d", n);
     int32_t best = sh__cpu_isa_detect(), isa = isa_from_opts(opts);
-    if (isa < SH_BACKEND_CPU_ISA_AUTO || isa > SH_BACKEND_CPU_ISA_AVX512)
+    if (isa < SH_BACKEND_CPU_ISA_AUTO || isa > SH_BACKEND_CPU_ISA_AMX)
         return sh__error_set(e, SH_EINVAL, "cpu backend: bad isa %d", isa);
-    if (isa > best)
+    if (isa == SH_BACKEND_CPU_ISA_AMX ? !sh__cpu_amx_usable() : isa > best)
         return sh__error_set(e, SH_EUNSUPPORTED, "cpu backend: this CPU lacks %s",
                              sh_backend_cpu_isa_name(isa));
     bool capped = false;
@@ -520,10 +521,16 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
         int32_t cap = SH_BACKEND_CPU_ISA_AUTO;
         if (env && *env && sh_backend_cpu_isa_parse(env, &cap) != SH_OK)
             return sh__error_set(e, SH_EINVAL,
-                                 "cpu backend: SHOAL_ISA=%s: expected scalar, avx2, avx512 or auto",
+                                 "cpu backend: SHOAL_ISA=%s: expected scalar, avx2, avx512, amx "
+                                 "or auto",
                                  env);
         isa = best;
-        if (cap != SH_BACKEND_CPU_ISA_AUTO && cap < best) {
+        if (cap == SH_BACKEND_CPU_ISA_AMX) {
+            /* not a cap but an opt-in: AMX is never picked by itself yet (its prefill is at
+             * parity with VNNI's on the machines measured, bench/README.md) */
+            if (sh__cpu_amx_usable())
+                isa = cap;
+        } else if (cap != SH_BACKEND_CPU_ISA_AUTO && cap < best) {
             isa = cap;
             capped = true;
         }
@@ -536,9 +543,20 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     }
     c->be.iface = &cpu_iface;
     c->be.ctx = c;
-    c->kern = isa == SH_BACKEND_CPU_ISA_AVX512 ? &sh__cpu_kernels_avx512
+    c->kern = isa >= SH_BACKEND_CPU_ISA_AVX512 ? &sh__cpu_kernels_avx512
               : isa == SH_BACKEND_CPU_ISA_AVX2 ? &sh__cpu_kernels_avx2
                                                : &sh__cpu_kernels_ref;
+    if (isa == SH_BACKEND_CPU_ISA_AMX) {
+        /* AVX-512's table (its isa field stays AVX512: the kernels are AVX-512's but for the
+         * multi-token products of the packed 32-block types) */
+        c->kern_amx = sh__cpu_kernels_avx512;
+        c->kern_amx.mmp_q4_0 = sh__cpu_amx_mmp_q4_0;
+        c->kern_amx.mmp_q4_1 = sh__cpu_amx_mmp_q4_1;
+        c->kern_amx.mmp_q8_0 = sh__cpu_amx_mmp_q8_0;
+        c->kern_amx.mmp_q5_0 = sh__cpu_amx_mmp_q5_0;
+        c->kern_amx.mmp_q5_1 = sh__cpu_amx_mmp_q5_1;
+        c->kern = &c->kern_amx;
+    }
     c->best_isa = best;
     c->isa_capped = capped;
     pthread_mutex_init(&c->mu, NULL);
@@ -565,7 +583,8 @@ int32_t sh_backend_cpu_isa(const sh_backend *be)
 {
     if (!be || be->iface != &cpu_iface)
         return 0;
-    return ((const sh__cpu_ctx *)be->ctx)->kern->isa;
+    const sh__cpu_ctx *c = be->ctx;
+    return c->kern == &c->kern_amx ? SH_BACKEND_CPU_ISA_AMX : c->kern->isa;
 }
 
 const char *sh_backend_cpu_isa_name(int32_t isa)
@@ -577,6 +596,8 @@ const char *sh_backend_cpu_isa_name(int32_t isa)
         return "avx2";
     case SH_BACKEND_CPU_ISA_AVX512:
         return "avx512-vnni";
+    case SH_BACKEND_CPU_ISA_AMX:
+        return "amx";
     default:
         return "auto";
     }
@@ -587,11 +608,9 @@ sh_err sh_backend_cpu_isa_parse(const char *name, int32_t *isa)
     static const struct {
         const char *name;
         int32_t isa;
-    } names[] = {{"auto", SH_BACKEND_CPU_ISA_AUTO},
-                 {"scalar", SH_BACKEND_CPU_ISA_SCALAR},
-                 {"avx2", SH_BACKEND_CPU_ISA_AVX2},
-                 {"avx512", SH_BACKEND_CPU_ISA_AVX512},
-                 {"avx512-vnni", SH_BACKEND_CPU_ISA_AVX512}};
+    } names[] = {{"auto", SH_BACKEND_CPU_ISA_AUTO},          {"scalar", SH_BACKEND_CPU_ISA_SCALAR},
+                 {"avx2", SH_BACKEND_CPU_ISA_AVX2},          {"avx512", SH_BACKEND_CPU_ISA_AVX512},
+                 {"avx512-vnni", SH_BACKEND_CPU_ISA_AVX512}, {"amx", SH_BACKEND_CPU_ISA_AMX}};
     for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(name, names[i].name)) {
             *isa = names[i].isa;
@@ -605,16 +624,16 @@ int sh_backend_cpu_describe(const sh_backend *be, char *buf, size_t n)
     if (!be || be->iface != &cpu_iface || !buf || !n)
         return -1;
     const sh__cpu_ctx *c = be->ctx;
-    const int32_t isa = c->kern->isa;
-    return snprintf(buf, n, "%s kernels%s%s%s, %s attention, %d thread%s",
+    const int32_t isa = sh_backend_cpu_isa(be);
+    return snprintf(buf, n, "%s kernels%s%s%s, tiled online-softmax attention, %d thread%s",
                     sh_backend_cpu_isa_name(isa),
-                    isa == SH_BACKEND_CPU_ISA_AVX512 ? " (AVX-512 F/BW/VL + VNNI, F16C)"
-                    : isa == SH_BACKEND_CPU_ISA_AVX2 ? " (AVX2 + FMA + F16C)"
-                                                     : "",
+                    isa == SH_BACKEND_CPU_ISA_AMX ? " (AVX-512 VNNI + AMX-INT8 tiles for prefill)"
+                    : isa == SH_BACKEND_CPU_ISA_AVX512 ? " (AVX-512 F/BW/VL + VNNI, F16C)"
+                    : isa == SH_BACKEND_CPU_ISA_AVX2   ? " (AVX2 + FMA + F16C)"
+                                                       : "",
                     c->isa_capped ? " capped by SHOAL_ISA; the CPU has " : "",
                     c->isa_capped ? sh_backend_cpu_isa_name(c->best_isa) : "",
-                    c->kern->attn_group ? "grouped" : "per-head", sh__cpu_pool_size(c->pool),
-                    sh__cpu_pool_size(c->pool) == 1 ? "" : "s");
+                    sh__cpu_pool_size(c->pool), sh__cpu_pool_size(c->pool) == 1 ? "" : "s");
 }
 
 /* F16C (CPUID leaf 1, ECX bit 29), asked of cpuid directly: clang's __builtin_cpu_supports does
@@ -631,6 +650,33 @@ static bool cpu_has_f16c(void)
 #endif
 }
 
+/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and Linux's permission to use the
+ * tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18), which a process
+ * must ask for once before its first tile instruction (without it that instruction faults). */
+static bool amx_ask(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u))
+        return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+#else
+    return false;
+#endif
+}
+
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static bool amx_granted;
+static void amx_init(void) { amx_granted = amx_ask(); }
+
+bool sh__cpu_amx_usable(void)
+{
+    if (sh__cpu_isa_detect() < SH_BACKEND_CPU_ISA_AVX512)
+        return false;
+    pthread_once(&amx_once, amx_init);
+    return amx_granted;
+}
+
 int32_t sh__cpu_isa_detect(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -638,8 +684,9 @@ int32_t sh__cpu_isa_detect(void)
     bool f16c = cpu_has_f16c();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-        __builtin_cpu_supports("fma") && f16c)
+        __builtin_cpu_supports("fma") && f16c) {
         return SH_BACKEND_CPU_ISA_AVX512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         return SH_BACKEND_CPU_ISA_AVX2;
 #endif

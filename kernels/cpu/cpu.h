@@ -249,11 +249,23 @@ void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * and row and one float multiply-add each for d and dmin per super-block in block order. */
 void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
+/* The AMX-INT8 forms of the packed kernels (ops_avx512_packed.c): 16-token tiles through AMX
+ * tile products, fewer tokens through the VNNI tiles; bitwise equal to the VNNI kernels. Only
+ * on a CPU with AMX whose OS granted the tile state (sh__cpu_amx_usable). */
+void sh__cpu_amx_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_amx_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_amx_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_amx_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_amx_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+
 /* The ISA's packed-weight kernel for a type (NULL when it has none). */
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);
 
-/* Best ISA this CPU runs (cpuid), an SH_BACKEND_CPU_ISA_* value. */
+/* Best ISA this CPU runs (cpuid), an SH_BACKEND_CPU_ISA_* value up to AVX512: what AUTO picks.
+ * AMX is asked for explicitly (SH_BACKEND_CPU_ISA_AMX or SHOAL_ISA=amx); sh__cpu_amx_usable says
+ * whether the CPU has AMX-INT8 and the OS granted the tile state (asked once per process). */
 int32_t sh__cpu_isa_detect(void);
+bool sh__cpu_amx_usable(void);
 
 /* Fills act->xt for tokens [t0, t1) (t0 a multiple of 16; the lanes of the last tile past
  * n_tok are zeroed). */

@@ -202,6 +202,119 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
         mv_groups(m, g, 0, 1, r0, r1, kind);
 }
 
+/* AMX (Sapphire Rapids and later): the integer sums of 16 tokens x 16 rows x one 32-element
+ * block in one tile instruction. The packed codes are already the layout of AMX's second operand
+ * (vector j, lane r: the 4 codes of row r that pair with activation bytes 4j .. 4j + 3, i.e. an
+ * 8 x 64-byte tile of K/4 rows), and the activation codes of 16 tokens, one row each at a stride
+ * of n_in bytes, are the first: TDPBSUD (s8 activations x u8 codes) gives C[t][r] = sum_i a_i
+ * u_i, exactly the integer dpbusd sums for that (token, row). The float work per block and token
+ * is then the VNNI tile's own (dot, store), in the same order, so an AMX output is bitwise the
+ * VNNI kernel's: a token's result does not depend on the path or the batch. Two C tiles
+ * alternate so that block b's tile product runs while block b - 1 is scaled. */
+#define AMX_TGT                                                                                    \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,"       \
+                          "f16c")))
+
+/* The tile configuration (LDTILECFG's 64-byte layout): tiles 0 and 1 the C accumulators (16 x
+ * 16 int32), 2 and 3 the activations (16 tokens x 32 bytes), 4 and 5 the codes (8 x 64). */
+typedef struct amx_cfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_cfg;
+
+static AMX_TGT void amx_config(void)
+{
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 6; i++) {
+        cfg.colsb[i] = i == 2 || i == 3 ? 32 : 64;
+        cfg.rows[i] = i == 4 || i == 5 ? 8 : 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+static inline __attribute__((always_inline)) AMX_TGT void
+amx_scale(const sh__cpu_act *a, int64_t t0, int64_t b, const int32_t *c, __m512 dw, __m512 *acc)
+{
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    for (int i = 0; i < 16; i++) {
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * i)));
+        acc[i] =
+            _mm512_fmadd_ps(f, _mm512_mul_ps(dw, _mm512_set1_ps(a->d[(t0 + i) * nb + b])), acc[i]);
+    }
+}
+
+/* Rows [16g, 16g + 16) against tokens t0 .. t0 + 15 (see the comment above; the formulas are
+ * tile's). The tile configuration must be loaded (amx_config). Not inlined: sweep, which calls
+ * it, is also compiled for the VNNI entry points, whose target has no AMX. */
+static __attribute__((noinline)) AMX_TGT void amx_tile(const sh__cpu_mm *m, int64_t g, int64_t r0,
+                                                       int64_t r1, int64_t t0, const int kind)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    const int8_t *qa = a->qs + t0 * a->n_in;
+    _Alignas(64) uint8_t codes[2][512];
+    _Alignas(64) int32_t cs[16 * 16];
+    __m512 acc[16], dws[3];
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps();
+    /* Iteration b stores block b - 2's products (C tile b % 2, computed an iteration ago), starts
+     * block b's into that tile, then scales block b - 2 while the tile unit works: the vector
+     * work never waits on a tile product it has just issued. Tile numbers must be constants, so
+     * the two parities are spelled out. */
+    for (int64_t b = 0; b < nb + 2; b++) {
+        const int p = (int)(b & 1);
+        if (b >= 2) {
+            if (p == 0)
+                _tile_stored(0, cs, 64);
+            else
+                _tile_stored(1, cs, 64);
+        }
+        if (b < nb) {
+            __m512i q[8];
+            __m512 vw;
+            unpack(w, nb, b, kind, q, &dws[b % 3], &vw);
+            const uint8_t *cb = w + (size_t)b * 512; /* Q8_0: the packed codes as they are */
+            if (kind != K_Q8_0) {
+                for (int j = 0; j < 8; j++)
+                    _mm512_store_si512((void *)(codes[p] + 64 * j), q[j]);
+                cb = codes[p];
+            }
+            if (p == 0) {
+                _tile_loadd(2, qa + b * SH_CPU_QK, a->n_in);
+                _tile_loadd(4, cb, 64);
+                _tile_zero(0);
+                _tile_dpbsud(0, 2, 4);
+            } else {
+                _tile_loadd(3, qa + b * SH_CPU_QK, a->n_in);
+                _tile_loadd(5, cb, 64);
+                _tile_zero(1);
+                _tile_dpbsud(1, 3, 5);
+            }
+        }
+        if (b >= 2)
+            amx_scale(a, t0, b - 2, cs, dws[(b - 2) % 3], acc);
+    }
+    /* the block-sum terms, per token in block order as tile's dot adds them (blocks outer, so
+     * each block's factors widen once for the 16 tokens) */
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
+    const uint8_t *wd = w + (size_t)nb * (kind == K_Q8_0 ? 512 : 256);
+    const uint8_t *wv = has_m ? wd + (size_t)nb * 32 : wd;
+    __m512 acco[16];
+    for (int i = 0; i < 16; i++)
+        acco[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 vw = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(wv + b * 32)));
+        for (int i = 0; i < 16; i++)
+            acco[i] = _mm512_fmadd_ps(vw, _mm512_set1_ps(a->s[(t0 + i) * nb + b]), acco[i]);
+    }
+    for (int i = 0; i < 16; i++)
+        store(m, g, r0, r1, t0 + i, kind, acc[i], acco[i]);
+}
+
 /* Activation bytes of a token block: the tokens whose codes stay in L2 while every row group
  * of the chunk passes over them. */
 #define TOK_BLOCK_BYTES (1 << 20)
@@ -211,19 +324,22 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
  * activation codes stay in L2 across the groups. Weights are read once per token block (once
  * per matmul unless n_tok * n_in passes 1 MiB, e.g. a 512-token prefill through a 5632-wide
  * FFN). */
-INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
+INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind, const int amx)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
         matvec(m, r0, r1, kind);
         return;
     }
-    int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT * NT;
-    tb = tb < NT ? NT : tb;
+    int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / 48 * 48; /* a multiple of NT and of 16 */
+    tb = tb < 48 ? 48 : tb;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
         const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
         for (int64_t g = r0 / 16; g * 16 < r1; g++) {
             int64_t t = t0;
+            if (amx)
+                for (; t + 16 <= t1; t += 16)
+                    amx_tile(m, g, r0, r1, t, kind);
             for (; t + NT <= t1; t += NT)
                 tile(m, g, r0, r1, t, NT, kind);
             switch (t1 - t) {
@@ -325,27 +441,47 @@ TGT void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 
 TGT void sh__cpu_avx512_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    sweep(m, r0, r1, K_Q4_0);
+    sweep(m, r0, r1, K_Q4_0, 0);
 }
 
 TGT void sh__cpu_avx512_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    sweep(m, r0, r1, K_Q4_1);
+    sweep(m, r0, r1, K_Q4_1, 0);
 }
 
 TGT void sh__cpu_avx512_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    sweep(m, r0, r1, K_Q8_0);
+    sweep(m, r0, r1, K_Q8_0, 0);
 }
 
 TGT void sh__cpu_avx512_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    sweep(m, r0, r1, K_Q5_0);
+    sweep(m, r0, r1, K_Q5_0, 0);
 }
 
 TGT void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    sweep(m, r0, r1, K_Q5_1);
+    sweep(m, r0, r1, K_Q5_1, 0);
 }
+
+/* The AMX forms: 16-token tiles through amx_tile, the tokens left over (and decode) through the
+ * VNNI tiles; tile state is configured per call and released after it, so a pool thread holds
+ * none between ops. */
+#define AMX_ENTRY(name, kind)                                                                      \
+    AMX_TGT void name(const sh__cpu_mm *m, int64_t r0, int64_t r1)                                 \
+    {                                                                                              \
+        if (m->a->n_tok < 16) {                                                                    \
+            sweep(m, r0, r1, kind, 0);                                                             \
+            return;                                                                                \
+        }                                                                                          \
+        amx_config();                                                                              \
+        sweep(m, r0, r1, kind, 1);                                                                 \
+        _tile_release();                                                                           \
+    }
+AMX_ENTRY(sh__cpu_amx_mmp_q4_0, K_Q4_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q4_1, K_Q4_1)
+AMX_ENTRY(sh__cpu_amx_mmp_q8_0, K_Q8_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q5_0, K_Q5_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q5_1, K_Q5_1)
 
 #endif

@@ -20,3 +20,10 @@ if(NOT SH_FUZZ)
                          SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# The AMX-INT8 forms of the packed kernels: bitwise equal to the VNNI forms, and through the
+# backend against the scalar reference; skipped (77) without AMX or the OS's tile permission.
+sh_test(test_kernels_amx SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_amx.c LABELS unit
+        TIMEOUT 300)
+if(NOT SH_FUZZ)
+  set_tests_properties(test_kernels_amx PROPERTIES SKIP_RETURN_CODE 77)
+endif()

@@ -10,8 +10,8 @@
 
 /* The backends each layer runs on: every ISA with the weights as they are, then the best ISA
  * with the weights prepared (sh_backend_weight_prepare; the others have no packed kernels). */
-static int isas[4], n_isas;
-static bool prep[4];
+static int isas[5], n_isas; /* scalar, avx2, avx512, amx, the best prepared */
+static bool prep[5];
 static void list_isas(void)
 {
     n_isas = 0;
@@ -64,7 +64,7 @@ static sh_backend *make_for(const layer *L, int ii, int threads)
         if (w[i]->t.data)
             CHECK_OK(sh_backend_weight_prepare(be, &w[i]->t));
     /* quantized 32-block experts get a packed copy on AVX-512 (the MoE op then reads it) */
-    if (isas[ii] == SH_BACKEND_CPU_ISA_AVX512 && sh__cpu_type_q8(L->gate.t.type))
+    if (isas[ii] >= SH_BACKEND_CPU_ISA_AVX512 && sh__cpu_type_q8(L->gate.t.type))
         CHECK(sh_backend_weight_copied(be, &L->gate.t));
     return be;
 }
