@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "lua/sandbox.h"
+#include "shoal/fault.h"
 
 #define DEF_MEMORY ((size_t)64 << 20)
 #define DEF_TIME_MS 2000
@@ -208,12 +209,15 @@ static int link_action(lua_State *L, sh_fault_kind kind)
     lua_settop(L, 1);
     sh_fault_event *ev = new_event(L, kind);
     set_link(L, ev, what, where);
+    // The bounds are the fault layer's own (sh_fault_rule_add): a rule it would refuse is refused
+    // here, before anything runs, rather than dropped by every node at its time.
     if (kind == SH_FAULT_DELAY)
-        ev->ms = get_num(L, "ms", 0, 0, 3.6e6, false, what, where);
+        ev->ms = get_num(L, "ms", 0, 0, SH_FAULT_DELAY_MAX_MS, false, what, where);
     else
         ev->p = get_num(L, "p", 1, 0, 1, false, what, where);
     if (kind == SH_FAULT_CORRUPT)
-        ev->bytes = (int32_t)sh__lua_get_int_range(L, 1, "bytes", 1, 1, 65536, what, where);
+        ev->bytes =
+            (int32_t)sh__lua_get_int_range(L, 1, "bytes", 1, 1, SH_FAULT_FLIPS_MAX, what, where);
     ev->lasting_s = get_num(L, "lasting", INFINITY, 0, INFINITY, true, what, where);
     if (isinf(ev->lasting_s))
         ev->lasting_s = 0;

@@ -166,7 +166,7 @@ sh_err sh__fault_rule_check(const sh_fault_rule *r, sh_error *e)
     if (r->action == SH_FAULT_ACTION_CORRUPT && (r->bytes < 1 || r->bytes > SH_FAULT_FLIPS_MAX))
         return sh__error_set(e, SH_EINVAL, "fault: corrupt bytes=%u is not in 1..%d",
                              (unsigned)r->bytes, SH_FAULT_FLIPS_MAX);
-    if (r->action == SH_FAULT_ACTION_DELAY && r->delay_ms > 600000)
+    if (r->action == SH_FAULT_ACTION_DELAY && r->delay_ms > SH_FAULT_DELAY_MAX_MS)
         return sh__error_set(e, SH_EINVAL, "fault: delay %u ms is over 10 minutes",
                              (unsigned)r->delay_ms);
     if (r->type > 255)

@@ -38,8 +38,9 @@ typedef enum sh_fault_action {
     SH_FAULT_ACTION_PARTITION = 4, /* drop everything between set A (from) and set B (to) */
 } sh_fault_action;
 
-#define SH_FAULT_SET_MAX 16   /* nodes in one rule's from / to set */
-#define SH_FAULT_FLIPS_MAX 16 /* bytes one corruption flips at most */
+#define SH_FAULT_SET_MAX 16          /* nodes in one rule's from / to set */
+#define SH_FAULT_FLIPS_MAX 16        /* bytes one corruption flips at most */
+#define SH_FAULT_DELAY_MAX_MS 600000 /* longest DELAY (10 minutes) */
 
 typedef struct sh_fault_rule {
     sh_fault_action action;
@@ -48,7 +49,7 @@ typedef struct sh_fault_rule {
     uint32_t to[SH_FAULT_SET_MAX]; /* receiving nodes; n_to 0 = any */
     uint32_t n_to;
     double p;          /* probability per message, 0..1 (partition ignores it) */
-    uint32_t delay_ms; /* DELAY */
+    uint32_t delay_ms; /* DELAY: 0..SH_FAULT_DELAY_MAX_MS */
     uint32_t bytes;    /* CORRUPT: 1..SH_FAULT_FLIPS_MAX */
     double lasting_s;  /* the rule expires this long after it was added; <= 0: never */
     uint32_t type;     /* only messages of this type (SH_MSG_*, runtime/msg.h); 0: any */

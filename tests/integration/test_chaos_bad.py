@@ -1,6 +1,7 @@
 """`shoal chaos` refuses bad input before anything starts (issue 12): a scenario naming an unknown
 node or with a bad argument (file:line), a stall of one actor, a cluster script `cluster up`
-would refuse, bad flags; each exits 2 with one error line and starts no process. Also
+would refuse, arguments past the fault layer's limits (corrupt bytes = 1000, a delay over 10
+minutes: issue 25), bad flags; each exits 2 with one error line and starts no process. Also
 `shoal node --fault-epoch` and `shoal cluster up --fault-epoch` refuse a bad epoch, and --help
 exits 0."""
 
@@ -37,6 +38,13 @@ def main():
         ("at(1, stall { actor = 'w0/stage', ms = 100 })\n",
          "sc.lua:1: stall: shoal chaos stalls whole nodes"),
         ("at(1, kill 'w0'\n", "sc.lua"),
+        # Arguments past the fault layer's own limits (SH_FAULT_FLIPS_MAX, SH_FAULT_DELAY_MAX_MS):
+        # every node would drop the rule at its time and the run would pass with no fault.
+        ("at(1, corrupt { link = 'w0->w1', bytes = 1000 })\n",
+         "sc.lua:1: corrupt: field 'bytes' must be within 1..16, got 1000"),
+        ("at(1, corrupt { bytes = 17 })\n", "sc.lua:1: corrupt: field 'bytes' must be within 1..16"),
+        ("at(1, delay { link = 'w0->w1', ms = 700000 })\n",
+         "sc.lua:1: delay: field 'ms' must be >= 0 and <= 600000, got 700000"),
     ]
     for src, want in cases:
         sc = os.path.join(d, "sc.lua")

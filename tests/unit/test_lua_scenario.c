@@ -99,7 +99,10 @@ static const struct bad_case {
     {"at(1, drop { link = 'a->b', from = 'a' })", "either link or from/to"},
     {"at(1, drop { from = 'a b' })", "not a node name"},
     {"at(1, corrupt { link = '*' })", "missing required field 'bytes'"},
-    {"at(1, corrupt { link = '*', bytes = 0 })", "field 'bytes' must be within 1..65536"},
+    {"at(1, corrupt { link = '*', bytes = 0 })", "field 'bytes' must be within 1..16"},
+    /* The fault layer's own limits (issue 25): a rule it would refuse is refused at load. */
+    {"at(1, corrupt { link = '*', bytes = 1000 })", "field 'bytes' must be within 1..16, got 1000"},
+    {"at(1, delay { link = '*', ms = 600001 })", "field 'ms' must be >= 0 and <= 600000"},
     {"at(1, stall { actor = 'w0', ms = 0 })", "field 'ms' must be > 0"},
     {"at(1, partition { a = 'x' })", "missing required field 'b'"},
     {"at(1, drop { p = 0.5, lasting = 0 })", "field 'lasting' must be > 0"},
