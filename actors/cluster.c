@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/version.h"
 #include "model/gguf.h"
+#include "runtime/peers.h"
 #include "runtime/proto.h"
 #include "shoal/version.h"
 
@@ -563,6 +564,9 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     sh_transport_opts to = {.listen_url = me->listen,
                             .reconnect_max_ms = 250,
                             .tls = sh__cluster_tls(c, c->gateway.node, &tls)};
+    // A worker's frames act only as the node their connection proved in HELLO (runtime/peers.h):
+    // the answers to the join's greetings bind each worker's connection.
+    sh__peers_enforce(rt);
     if (sh_transport_create(rt, &to, &f->tp, &le))
         return (fail(e, "node '%s': cannot listen on %s: %s", me->name, me->listen, le.msg),
                 le.code == SH_EBUSY ? 2 : 1);
@@ -621,6 +625,11 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
             moved[n] = i, stages[n++] = (uint64_t)i;
     if (!n)
         return (snprintf(msg, cap, "node %s holds no stage", p->c->nodes[dead].name), 2);
+    // A greeting first: a standby that restarted has not seen this node's connection prove
+    // itself yet, and drops anything else that arrives on it (runtime/peers.h).
+    int grc = greet(f, rt, sb, timeout_ms < 3000 ? timeout_ms : 3000, msg, cap);
+    if (grc == 2)
+        return grc;
     sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PROMOTE, .targets = {stages, (uint32_t)n}};
     sh_error e = {0};
     if (sh__act_send(rt, as, sh_addr_make((uint32_t)sb + 1, SH_CLUSTER_HELLO_ACTOR), SH_MSG_CONTROL,

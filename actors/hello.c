@@ -2,17 +2,21 @@
  * each has answered, and runs the cluster key's challenge-response (actors/hello.h). */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "actors/actor_util.h"
 #include "actors/hello.h"
 #include "runtime/msg.h"
+#include "runtime/peers.h"
 #include "runtime/proto.h"
 
 #define HELLO_ARENA (16 * 1024)
 #define PENDING 16        /* challenges this node answered and may still see a proof for */
 #define LOG_EVERY_MS 5000 /* one refusal line per node per this long */
+#define TICK_MS 50        /* how often new outgoing connections are looked for (greet_links) */
+#define LINK_WAIT_MS 2000 /* an unanswered link greeting delays the front's answer this long */
 
 /* A challenge this node answered: the greeting node's nonce and name, and ours. */
 typedef struct pending_challenge {
@@ -29,6 +33,12 @@ typedef struct hello_state {
     pending_challenge pend[PENDING];
     uint32_t pend_next;
     uint64_t next_log_ms[SH_HELLO_MAX_NODES]; /* refusal lines, by node id */
+    /* greet_links: the greeting over each node's current outgoing connection, by node id
+     * (SH_HELLO_MAX_NODES), and the link's up count it was started for. */
+    sh_hello_peer *links;
+    uint32_t *links_ups;
+    uint64_t *links_since_ms;
+    uint64_t next_greet_ms;
 } hello_state;
 
 static uint64_t mono_ms(void)
@@ -145,6 +155,16 @@ static void log_refusal(sh_actor_ctx *ctx, hello_state *s, uint32_t node, const 
                    "from=\"%s\" reason=\"%s\"", name, reason);
 }
 
+/* The connection m arrived on proved `node` (runtime/peers.h): its frames may now act as it. */
+static void bind_conn(sh_actor_ctx *ctx, const sh_msg *m, uint32_t node)
+{
+    uint64_t conn = sh__msg_conn(m);
+    if (conn && !sh__peers_bind(sh_actor_runtime(ctx), conn, node))
+        sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_WARN, "hello_bind_refused",
+                       "node=%u reason=\"its connection already proved another node\"",
+                       (unsigned)node);
+}
+
 static void mark(hello_state *s, uint32_t node)
 {
     if (s->a.auth && node < SH_HELLO_MAX_NODES)
@@ -196,6 +216,37 @@ static void greet(sh_actor_ctx *ctx, hello_state *s)
     }
 }
 
+/* greet_links: starts a greeting over each outgoing connection that came up since the last look
+ * (so that the node at its end binds it to this node: runtime/peers.h), and asks again, every
+ * retry_ms, those that have not answered. The front is left out: it binds this node's
+ * connection from the answers to its own greetings. */
+static void greet_links(sh_actor_ctx *ctx, hello_state *s, bool retry)
+{
+    sh_runtime *rt = sh_actor_runtime(ctx);
+    sh_addr me = sh_actor_self(ctx);
+    uint64_t now = mono_ms();
+    for (uint32_t n = 1; n < SH_HELLO_MAX_NODES; n++) {
+        if (n == sh_addr_node(me) || n == s->a.front)
+            continue;
+        bool up = false;
+        uint32_t ups = sh__peers_link_ups(rt, n, &up);
+        sh_hello_peer *p = &s->links[n];
+        if (up && ups != s->links_ups[n]) {
+            memset(p, 0, sizeof *p);
+            p->addr = sh_addr_make(n, sh_addr_actor(me));
+            if (s->keyed && sh__auth_random(p->nonce, SH_AUTH_NONCE_LEN, NULL) != SH_OK)
+                continue; /* tried again at the next tick */
+            s->links_ups[n] = ups;
+            s->links_since_ms[n] = now;
+            send_to(ctx, s, p);
+        } else if (retry && up && s->links_ups[n] &&
+                   !atomic_load_explicit(&p->answered, memory_order_relaxed) &&
+                   !(p->phase == 1 && p->pending != SH_HELLO_AUTHED)) {
+            send_to(ctx, s, p);
+        }
+    }
+}
+
 static sh_err hello_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
     hello_state *s = state;
@@ -211,21 +262,45 @@ static sh_err hello_init(sh_actor_ctx *ctx, void *state, void *arg)
     sh_err rc = sh__act_decoder_init(&s->dec, HELLO_ARENA);
     if (rc)
         return rc;
-    if (s->a.n_peers > 0) {
-        greet(ctx, s);
-        rc = sh_actor_timer_start(ctx, s->a.retry_ms, s->a.retry_ms, 1, &s->timer);
+    if (s->a.greet_links) {
+        s->links = calloc(SH_HELLO_MAX_NODES, sizeof *s->links);
+        s->links_ups = calloc(SH_HELLO_MAX_NODES, sizeof *s->links_ups);
+        s->links_since_ms = calloc(SH_HELLO_MAX_NODES, sizeof *s->links_since_ms);
+        if (!s->links || !s->links_ups || !s->links_since_ms) {
+            free(s->links);
+            free(s->links_ups);
+            free(s->links_since_ms);
+            sh__act_decoder_fini(&s->dec);
+            return SH_ENOMEM;
+        }
     }
+    if (s->a.n_peers > 0)
+        greet(ctx, s);
+    s->next_greet_ms = mono_ms() + s->a.retry_ms;
+    if (s->links)
+        rc = sh_actor_timer_start(ctx, TICK_MS, TICK_MS, 1, &s->timer);
+    else if (s->a.n_peers > 0)
+        rc = sh_actor_timer_start(ctx, s->a.retry_ms, s->a.retry_ms, 1, &s->timer);
     return rc;
 }
 
 static void hello_timer(sh_actor_ctx *ctx, void *state, uint64_t tag)
 {
     (void)tag;
-    greet(ctx, state);
+    hello_state *s = state;
+    uint64_t now = mono_ms();
+    bool retry = !s->links || now >= s->next_greet_ms;
+    if (retry) {
+        s->next_greet_ms = now + s->a.retry_ms;
+        greet(ctx, s);
+    }
+    if (s->links)
+        greet_links(ctx, s, retry);
 }
 
 /* An answer to one of our requests (the greeting's or the proof's). */
-static void on_answer(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p, const sh_proto_hello *b)
+static void on_answer(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p, const sh_msg *m,
+                      const sh_proto_hello *b)
 {
     if (atomic_load_explicit(&p->answered, memory_order_relaxed))
         return;
@@ -240,6 +315,8 @@ static void on_answer(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p, const
     }
     from_body(b, &p->got);
     if (!s->keyed) {
+        if (!b->keyed) /* an open cluster: the answer's connection is the node it answers for */
+            bind_conn(ctx, m, sh_addr_node(p->addr));
         finish(s, p, b->keyed ? SH_HELLO_SELF_UNKEYED : SH_HELLO_OPEN);
         return;
     }
@@ -260,6 +337,8 @@ static void on_answer(sh_actor_ctx *ctx, hello_state *s, sh_hello_peer *p, const
         ok = false;
     p->pending = ok ? SH_HELLO_AUTHED : SH_HELLO_WRONG_KEY;
     p->phase = 1;
+    if (ok) /* its proof over our fresh nonce came on this connection */
+        bind_conn(ctx, m, sh_addr_node(p->addr));
     if (!ok)
         log_refusal(ctx, s, sh_addr_node(p->addr), p->got.node, "wrong cluster key");
     p->session = 0;
@@ -295,6 +374,7 @@ static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const
                 sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello_authenticated",
                                "from=%s node=%u", claimed, (unsigned)node);
             mark(s, node);
+            bind_conn(ctx, m, node);
         } else {
             log_refusal(ctx, s, node, claimed,
                         !s->keyed ? "it sent a key proof and this node has no cluster key"
@@ -307,11 +387,29 @@ static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const
     // A node that greets peers of its own (a worker proving the key to the node its ACT comes
     // from) answers only once they all answered: the front's join then means the whole
     // pipeline is authenticated. The greeting node asks again.
-    for (int32_t i = 0; i < s->a.n_peers; i++)
-        if (!atomic_load_explicit(&s->a.peers[i].answered, memory_order_relaxed)) {
+    // A worker delays only its front's greeting (the join's meaning above); the greetings of
+    // other nodes are answered at once, so that no two nodes wait on each other. Its greetings over
+    // new outgoing connections (greet_links) count too, while they are young.
+    if (!s->a.front || node == s->a.front) {
+        bool wait = false;
+        for (int32_t i = 0; i < s->a.n_peers && !wait; i++)
+            wait = !atomic_load_explicit(&s->a.peers[i].answered, memory_order_relaxed);
+        uint64_t now = mono_ms();
+        for (uint32_t n = 1; s->links && n < SH_HELLO_MAX_NODES && !wait; n++) {
+            bool up = false;
+            (void)sh__peers_link_ups(sh_actor_runtime(ctx), n, &up);
+            wait = s->links_ups[n] && up && n != node &&
+                   !atomic_load_explicit(&s->links[n].answered, memory_order_relaxed) &&
+                   now < s->links_since_ms[n] + LINK_WAIT_MS;
+        }
+        if (wait) {
             greet(ctx, s);
             return;
         }
+    }
+    // An open cluster: the greeting's connection is the node it names (nothing is proved).
+    if (!s->keyed && !b->keyed)
+        bind_conn(ctx, m, node);
     sh_runtime_log(sh_actor_runtime(ctx), SH_LOG_LEVEL_INFO, "hello", "from=%s version=%.*s",
                    claimed, (int)b->version.len, b->version.ptr);
     if (s->keyed && !b->keyed) {
@@ -402,6 +500,12 @@ static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
                 !atomic_load_explicit(&p->answered, memory_order_relaxed))
                 finish(s, p, p->pending);
         }
+        for (uint32_t n = 1; s->links && h->session && n < SH_HELLO_MAX_NODES; n++) {
+            sh_hello_peer *p = &s->links[n];
+            if (h->session == p->session && p->phase == 1 && p->pending != SH_HELLO_AUTHED &&
+                !atomic_load_explicit(&p->answered, memory_order_relaxed))
+                finish(s, p, p->pending);
+        }
         return SH_MSG_FATE_DONE;
     }
     if (h->type == SH_MSG_PING) {
@@ -423,9 +527,15 @@ static sh_msg_fate hello_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     for (int32_t i = 0; i < s->a.n_peers; i++) {
         sh_hello_peer *p = &s->a.peers[i];
         if (h->session && h->session == p->session && h->src == p->addr) {
-            on_answer(ctx, s, p, &body.hello);
+            on_answer(ctx, s, p, m, &body.hello);
             return SH_MSG_FATE_DONE;
         }
+    }
+    uint32_t from = sh_addr_node(h->src);
+    if (s->links && h->session && from < SH_HELLO_MAX_NODES && s->links_ups[from] &&
+        h->session == s->links[from].session && h->src == s->links[from].addr) {
+        on_answer(ctx, s, &s->links[from], m, &body.hello);
+        return SH_MSG_FATE_DONE;
     }
     if (!h->session)
         return SH_MSG_FATE_DONE; /* a late or stray answer */
@@ -438,6 +548,9 @@ static void hello_stop(sh_actor_ctx *ctx, void *state)
     (void)ctx;
     hello_state *s = state;
     sh__act_decoder_fini(&s->dec);
+    free(s->links);
+    free(s->links_ups);
+    free(s->links_since_ms);
 }
 
 const sh_actor_vtable sh__hello_vtable = {

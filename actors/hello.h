@@ -84,8 +84,13 @@ bool sh__hello_auth_allows(sh_hello_auth *a, sh_runtime *rt, sh_addr src, const 
  * The greeting node sends its proof even when the answer's proof was wrong, so that the other
  * side logs the refusal too; verdict says how it ended. An answering node with a key refuses a
  * greeting without one, and logs each refusal (event=hello_refused, once per 5 s per node).
- * A node with peers of its own answers a greeting (phase 0) only once each of its peers has
- * answered, so that a front that joined a worker knows the worker's own greetings are done.
+ * A node with peers of its own answers its front's greeting (phase 0; any greeting when `front`
+ * is 0) only once each of its peers has answered, so that a front that joined a worker knows the
+ * worker's own greetings are done; other nodes' greetings are answered at once.
+ * Connections (issue 25, runtime/peers.h): the connection a HELLO arrived on is bound to its
+ * node when it proves it: with a key, the greeting node's proof (phase 1) and the answering
+ * node's proof in its answer; without one, the greeting or answer itself. Frames that claim a
+ * node their connection did not prove are refused by the runtime before any actor sees them.
  * args, self, peers, key and auth are borrowed and must outlive the actor. */
 typedef struct sh_hello_args {
     const sh_hello_ident *self;
@@ -106,6 +111,11 @@ typedef struct sh_hello_args {
      * loading runs elsewhere); the front then reads their addresses from HELLO. */
     void (*on_promote)(void *user, const int32_t *stages, int32_t n);
     void *promote_user;
+    /* A worker's (issue 25): greet every node (but the front) over each outgoing connection as it
+     * comes up (runtime/peers.h's link counts), so that the node at its end binds that connection
+     * to this one before it carries anything else; a greeting of the front is answered only once
+     * those young greetings (under 2 s) answered too. */
+    bool greet_links;
 } sh_hello_args;
 
 extern const sh_actor_vtable sh__hello_vtable;

@@ -418,6 +418,16 @@ static sh_err deliver(sh_runtime *rt, sh_msg *m, sh_error *e)
         }
         return err;
     }
+    /* The peer gate: a frame acts only as the node its connection proved in HELLO. A refused
+     * frame is dropped unanswered (its src is what it lied about). */
+    if (!sh__peers_allows(rt, m->conn, sh_addr_node(m->env.hdr.src), m->env.hdr.type)) {
+        sh_msg_type type = m->env.hdr.type;
+        if (owned)
+            sh__mailbox_msg_disown(m);
+        sh__mailbox_msg_release(m);
+        return sh__error_set(e, SH_EPROTO, "deliver: %s frame refused by the peer gate",
+                             sh__msg_type_name(type));
+    }
     m->flags |= SH__MSG_NOFILTER; /* faults were injected on the sending node */
     err = sh__actor_route(rt, m, e);
     if (err) {
@@ -430,6 +440,18 @@ static sh_err deliver(sh_runtime *rt, sh_msg *m, sh_error *e)
 
 sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_error *e)
 {
+    return sh__transport_deliver_conn(rt, 0, frame, len, e);
+}
+
+sh_err sh_transport_deliver_owned(sh_runtime *rt, uint8_t *frame, size_t len,
+                                  const sh_frame_owner *owner, sh_error *e)
+{
+    return sh__transport_deliver_owned_conn(rt, 0, frame, len, owner, e);
+}
+
+sh_err sh__transport_deliver_conn(sh_runtime *rt, uint64_t conn, const void *frame, size_t len,
+                                  sh_error *e)
+{
     if (atomic_load(&rt->closing))
         return sh__error_set(e, SH_ECLOSED, "deliver: runtime is shutting down");
     sh_msg *m = sh__mailbox_msg_alloc(rt, len);
@@ -437,11 +459,12 @@ sh_err sh_transport_deliver(sh_runtime *rt, const void *frame, size_t len, sh_er
         return sh__error_set(e, SH_ENOMEM, "deliver: out of memory for %zu bytes", len);
     memcpy(m->data, frame, len);
     m->len = len;
+    m->conn = conn;
     return deliver(rt, m, e);
 }
 
-sh_err sh_transport_deliver_owned(sh_runtime *rt, uint8_t *frame, size_t len,
-                                  const sh_frame_owner *owner, sh_error *e)
+sh_err sh__transport_deliver_owned_conn(sh_runtime *rt, uint64_t conn, uint8_t *frame, size_t len,
+                                        const sh_frame_owner *owner, sh_error *e)
 {
     if (!owner || !owner->release || (!frame && len))
         return sh__error_set(e, SH_EINVAL, "deliver: NULL frame or owner");
@@ -450,6 +473,7 @@ sh_err sh_transport_deliver_owned(sh_runtime *rt, uint8_t *frame, size_t len,
     sh_msg *m = sh__mailbox_msg_wrap(rt, frame, len, owner);
     if (!m)
         return sh__error_set(e, SH_ENOMEM, "deliver: out of memory");
+    m->conn = conn;
     return deliver(rt, m, e);
 }
 

@@ -11,6 +11,7 @@
 #include "runtime/log.h"
 #include "runtime/mailbox.h"
 #include "runtime/msg.h"
+#include "runtime/peers.h"
 #include "runtime/registry.h"
 #include "runtime/session.h"
 #include "runtime/timer.h"
@@ -39,6 +40,7 @@ struct sh_msg {
     uint32_t flags;
     struct sh_msg *pool_next; /* free list link while pooled */
     sh_frame_owner owner;     /* with SH__MSG_OWNED: who frees data */
+    uint64_t conn; /* the inbound connection a remote frame arrived on (0: local or unknown) */
 };
 
 /* Actor lifecycle. Transitions: INIT -> RUNNING -> STOPPING -> STOPPED, or INIT -> STOPPING.
@@ -161,6 +163,7 @@ struct sh_runtime {
             *pool_hits, *pool_misses, *dropped, *rejected, *corrupt;
         sh_gauge *actors;
     } m;
+    sh__peers peers; /* the peer gate (runtime/peers.h) */
 };
 
 /* Allocation through the runtime: counted in allocs_live. sh__rt_free accepts NULL. */

@@ -80,6 +80,9 @@ static sh_err register_metrics(sh_runtime *rt)
         if (err)
             return err;
     }
+    sh_err err = sh__peers_metrics(rt, lab);
+    if (err)
+        return err;
     return sh_metrics_gauge(rt->metrics, "shoal_actors", "Live actors.", lab, &rt->m.actors);
 }
 
@@ -116,6 +119,7 @@ static void teardown(sh_runtime *rt)
     uv_cond_destroy(&rt->life_cv);
     uv_mutex_destroy(&rt->wd_mu);
     uv_cond_destroy(&rt->wd_cv);
+    sh__peers_fini(&rt->peers);
     free(rt);
 }
 
@@ -133,7 +137,7 @@ sh_err sh_runtime_create(const sh_runtime_opts *opts, sh_runtime **out, sh_error
     /* The synchronisation objects first, so that teardown can always destroy them. */
     if (uv_mutex_init(&rt->kinds_mu) || uv_mutex_init(&rt->pool_mu) ||
         uv_mutex_init(&rt->hooks_mu) || uv_mutex_init(&rt->life_mu) || uv_cond_init(&rt->life_cv) ||
-        uv_mutex_init(&rt->wd_mu) || uv_cond_init(&rt->wd_cv)) {
+        uv_mutex_init(&rt->wd_mu) || uv_cond_init(&rt->wd_cv) || sh__peers_init(&rt->peers)) {
         free(rt); /* pthread objects need no destruction on Linux when their init failed */
         return sh__error_set(e, SH_EIO, "runtime: mutex or condition init failed");
     }

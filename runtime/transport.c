@@ -17,6 +17,7 @@
 #include "runtime/bufpool.h"
 #include "runtime/mailbox.h"
 #include "runtime/msg.h"
+#include "runtime/peers.h"
 #include "runtime/transport.h"
 #include "runtime/transport_endpoint.h"
 #include "runtime/transport_stream.h"
@@ -321,15 +322,30 @@ static void pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
             p->info.state = SH_LINK_STATE_UP;
             p->info.ups++;
         }
+        sh__peers_link_state(p->tp->rt, p->node, true); /* each new pipe greets again */
     } else if (ev == NNG_PIPE_EV_REM_POST && p->pipes > 0) {
-        if (--p->pipes == 0)
+        if (--p->pipes == 0) {
             p->info.state = SH_LINK_STATE_DOWN;
+            sh__peers_link_state(p->tp->rt, p->node, false);
+        }
     }
     p->info.last_activity_ms = mono_ms();
     uv_mutex_unlock(&p->mu);
 }
 
 /* ---- Receiving -------------------------------------------------------------------------- */
+
+/* The peer gate's id of a received pipe: NNG's pipe id with the top bit set, apart from the stream
+ * engine's connection ids. */
+static uint64_t pipe_conn(nng_pipe pipe) { return (1ull << 63) | (uint64_t)nng_pipe_id(pipe); }
+
+/* A pipe of the listening socket closed: what it proved goes with it. */
+static void lpipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    sh_transport *tp = arg;
+    if (ev == NNG_PIPE_EV_REM_POST)
+        sh__peers_unbind(tp->rt, pipe_conn(pipe));
+}
 
 /* A received frame the runtime refused: when it is another protocol version's, that becomes the
  * sender's link's last error, where the front's join and `shoal cluster status` read it (the
@@ -370,7 +386,8 @@ static void recv_cb(void *arg)
         if (len <= SH__MAILBOX_SMALL_FRAME) {
             /* A small frame is copied into a pooled block and NNG's buffer freed here, on the
              * thread that allocated it: cheaper than a cross-thread free later. */
-            err = sh_transport_deliver(tp->rt, nng_msg_body(m), len, &e);
+            err = sh__transport_deliver_conn(tp->rt, pipe_conn(nng_msg_get_pipe(m)),
+                                             nng_msg_body(m), len, &e);
             if (err == SH_EPROTO)
                 note_foreign(tp, nng_msg_body(m), len);
             nng_msg_free(m);
@@ -378,7 +395,8 @@ static void recv_cb(void *arg)
             /* Zero-copy: the runtime decodes the frame in the nng_msg and frees it through the
              * pool when the message is done. */
             sh_frame_owner owner = sh__bufpool_owner(tp->pool, m);
-            err = sh_transport_deliver_owned(tp->rt, nng_msg_body(m), len, &owner, &e);
+            err = sh__transport_deliver_owned_conn(tp->rt, pipe_conn(nng_msg_get_pipe(m)),
+                                                   nng_msg_body(m), len, &owner, &e);
             if (err == SH_EPROTO)
                 note_foreign(tp, nng_msg_body(m), len);
             if (err) /* the runtime did not take it */
@@ -411,6 +429,7 @@ static sh_err listen_start(sh_transport *tp, const char *url, sh_error *e)
         return sh__transport_nng_error(e, rv, "open pull socket for", url);
     /* A peer cannot make us allocate more than max_frame for one message. */
     if ((rv = nng_socket_set_size(tp->lsock, NNG_OPT_RECVMAXSZ, tp->max_frame)) == 0 &&
+        (rv = nng_pipe_notify(tp->lsock, NNG_PIPE_EV_REM_POST, lpipe_cb, tp)) == 0 &&
         (rv = nng_listener_create(&tp->listener, tp->lsock, url)) == 0 &&
         (!sh__transport_is_tls(url) ||
          (rv = nng_listener_set_ptr(tp->listener, NNG_OPT_TLS_CONFIG, tp->tls_server)) == 0) &&

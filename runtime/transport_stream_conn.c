@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "runtime/internal.h"
+#include "runtime/peers.h"
 #include "runtime/transport_stream_int.h"
 
 /* Writes what the kernel takes of the queued frames, from the head (caller holds l->mu and the
@@ -84,6 +85,9 @@ static void on_conn_closed(uv_handle_t *h)
 
 static void conn_io(uv_poll_t *h, int status, int events);
 
+/* Ids of accepted connections, unique in the process (NNG's pipes use the top bit). */
+static _Atomic uint64_t next_conn_id;
+
 void sh__stream_conn_events(conn *c, int events)
 {
     if (c->closing || c->events == events)
@@ -144,6 +148,7 @@ void sh__stream_conn_close(conn *c, sh_err code, const char *what, int err)
         if (l->up) {
             l->info.state = SH_LINK_STATE_DOWN;
             l->info.last_activity_ms = mono_ms();
+            sh__peers_link_state(x->rt, l->node, false);
         }
         l->up = false;
         l->want_write = false;
@@ -166,6 +171,7 @@ void sh__stream_conn_close(conn *c, sh_err code, const char *what, int err)
         l->backoff = l->backoff * 2 > x->o.rc_max ? x->o.rc_max : l->backoff * 2;
         kick(x); /* schedule the redial */
     } else {
+        sh__peers_unbind(x->rt, c->id);
         if (c->paused)
             x->paused_conns--;
         if (c->prev)
@@ -217,12 +223,12 @@ static void note_foreign(sh__stream *x, const uint8_t *frame, size_t len)
 }
 
 /* Hands one received frame to the runtime. */
-static void deliver(sh__stream *x, const uint8_t *frame, size_t len)
+static void deliver(sh__stream *x, const conn *c, const uint8_t *frame, size_t len)
 {
     atomic_fetch_add_explicit(&x->frames_recv, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&x->bytes_recv, len, memory_order_relaxed);
     sh_error e;
-    sh_err err = sh_transport_deliver(x->rt, frame, len, &e);
+    sh_err err = sh__transport_deliver_conn(x->rt, c->id, frame, len, &e);
     if (err == SH_EPROTO)
         note_foreign(x, frame, len);
     if (err == SH_EFORMAT || err == SH_EPROTO)
@@ -234,7 +240,8 @@ static void deliver_big(sh__stream *x, conn *c)
     atomic_fetch_add_explicit(&x->frames_recv, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&x->bytes_recv, c->big_len, memory_order_relaxed);
     sh_error e;
-    sh_err err = sh_transport_deliver_owned(x->rt, c->big, c->big_len, &c->big_owner, &e);
+    sh_err err =
+        sh__transport_deliver_owned_conn(x->rt, c->id, c->big, c->big_len, &c->big_owner, &e);
     if (err == SH_EPROTO)
         note_foreign(x, c->big, c->big_len);
     if (err) { /* the runtime did not take it */
@@ -262,7 +269,7 @@ static bool parse(conn *c)
         if (len <= RBUF_LEN - H) {
             if (have < len)
                 break;
-            deliver(x, p + H, (size_t)len);
+            deliver(x, c, p + H, (size_t)len);
             c->rpos += H + (size_t)len;
             continue;
         }
@@ -361,6 +368,7 @@ static void dialled_read(conn *c)
         l->info.state = SH_LINK_STATE_UP;
         l->info.ups++;
         l->info.last_activity_ms = mono_ms();
+        sh__peers_link_state(c->x->rt, l->node, true);
         l->want_write = l->n > 0;
         bool want = l->want_write;
         uv_mutex_unlock(&l->mu);
@@ -507,6 +515,7 @@ void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events)
             continue;
         }
         c->state = C_HS;
+        c->id = atomic_fetch_add(&next_conn_id, 1) + 1;
         c->next = x->accepted;
         if (x->accepted)
             x->accepted->prev = c;

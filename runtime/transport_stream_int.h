@@ -70,6 +70,7 @@ typedef struct conn {
     uint8_t *big;
     size_t big_len, big_got;
     sh_frame_owner big_owner;
+    uint64_t id; /* accepted: the id the peer gate binds (runtime/peers.h), never 0 */
 } conn;
 
 struct sh__stream_link {

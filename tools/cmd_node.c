@@ -18,6 +18,7 @@
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
+#include "runtime/peers.h"
 #include "shoal/transport.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
@@ -262,7 +263,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                         .on_shutdown = on_shutdown,
                         .shutdown_user = s,
                         .on_promote = standby ? sh__standby_promote : NULL,
-                        .promote_user = &s->sb};
+                        .promote_user = &s->sb,
+                        .greet_links = true};
     s->sb.rt = s->rt;
     sh_addr addr = 0;
     if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
@@ -300,6 +302,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_transport_opts to = {.listen_url = c->nodes[self].listen,
                             .reconnect_max_ms = 250,
                             .tls = sh__cluster_tls(c, self, &tls)};
+    // Every frame from another node acts only as the node its connection proved in HELLO
+    // (runtime/peers.h): the front's greeting binds its connection, and each worker greets this
+    // one over its own (greet_links).
+    sh__peers_enforce(s->rt);
     if (sh_transport_create(s->rt, &to, &s->tp, &e))
         return (
             sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),

@@ -10,7 +10,8 @@ and SHOAL_TEST_PROTO_VERSION, docs/cluster.md); a wrong cluster key; a key on on
 way; a key file that is not one (node, serve and cluster up); as the control that shows these
 refusals are about the key, the same key on every node joins and serves (with a split by weight
 resolved at load); and a STEP sent straight
-to a keyed worker's socket by a process that never proved the key is dropped and logged. A node
+to a worker's socket by a process whose connection proved no node in HELLO is dropped and
+logged (event=frame_refused, with a key and without: issue 25). A node
 named twice, a split with a gap, a different model file and a worker that never starts are
 tested in test_cluster_pipeline.py.
 """
@@ -330,18 +331,20 @@ def unauthenticated_step(d):
     w = Worker(s, "w0", "--cluster-key-file", k).wait_ready()
     try:
         rogue_step(sock, claimed_front, stage)
-        w.wait_log("event=auth_refused")
-        line = next(ln for ln in w.text().splitlines() if "event=auth_refused" in ln)
-        assert "'front' (node 1)" in line and "what=STEP" in line, line
+        w.wait_log("event=frame_refused")
+        line = next(ln for ln in w.text().splitlines() if "event=frame_refused" in ln)
+        assert "reason=unproved" in line and "claimed_node=1" in line and "what=STEP" in line, \
+            line
+        assert "stage_step_failed" not in w.text(), w.text()[-1500:]
     finally:
         w.stop()
-    # Control: the same frame reaches the stage of a worker without a key (which then fails to
-    # decode its empty body), so the refusal above is the key's doing.
+    # Without a key the frame is refused too (issue 25): its connection greeted as no node, and
+    # a frame acts only as the node its own connection named in HELLO; it never reaches the stage.
     w = Worker(s, "w0").wait_ready()
     try:
         rogue_step(sock, claimed_front, stage)
-        w.wait_log("event=stage_step_failed")
-        assert "auth_refused" not in w.text(), w.text()[-1500:]
+        w.wait_log("event=frame_refused")
+        assert "stage_step_failed" not in w.text(), w.text()[-1500:]
     finally:
         w.stop()
 
@@ -366,7 +369,7 @@ def main():
                standby_with_key, d)
         r.case("control: the same key on every node joins and serves, split by weight",
                same_key_joins, d)
-        r.case("a worker with a key drops a STEP from a node that has not proved it",
+        r.case("a worker drops a STEP from a connection that proved no node (keyed or open)",
                unauthenticated_step, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
