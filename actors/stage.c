@@ -16,6 +16,7 @@
 #include "model/sampler.h"
 #include "runtime/mpack_write.h"
 #include "runtime/msg.h"
+#include "runtime/peers.h"
 #include "runtime/proto.h"
 
 #define STAGE_ARENA_BYTES (4u << 20) /* decoded step_seq entries, bias lists, stop strings */
@@ -632,6 +633,22 @@ static bool retry_answered(const stage_state *st, const sh_proto_step *s, uint64
     return false;
 }
 
+/* Whether STEP or ACT s (from h->src) may raise the stage's epoch: the epoch is the id of the
+ * first step after its batcher's pause or start, so a legitimate one never exceeds the step's own
+ * id, and step ids count from the batcher's clock (Unix ms << 16), so none lies more than a day
+ * ahead of this node's. A STEP comes from the front's batcher (control_node) when one is known;
+ * an ACT's sender is the previous stage, which checked the STEP. Anything else would let one
+ * frame make the stage drop every real step as stale (issue 25). */
+static bool epoch_allowed(const stage_state *st, const sh_msg_hdr *h, const sh_proto_step *s,
+                          bool is_act)
+{
+    if (!is_act && st->control_node && sh_addr_node(h->src) != st->control_node)
+        return false;
+    const uint64_t day_ms = 86400000ull;
+    uint64_t horizon = (sh__act_unix_ms() + day_ms) << 16;
+    return s->epoch <= s->step && s->step <= horizon;
+}
+
 /* Decodes and runs one kept STEP or ACT: a middle stage forwards ACT, the last (or any stage
  * failing) answers STEP_DONE to the STEP's sender or the ACT's reply_to. Worker thread. */
 static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
@@ -665,6 +682,10 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         if (b.act.reply_to != SH_ADDR_NONE)
             reply = b.act.reply_to;
         prior_us = b.act.compute_us;
+    }
+    if (s && s->epoch > st->epoch && !epoch_allowed(st, h, s, is_act)) {
+        sh__peers_refuse(st->rt, SH__PEERS_EPOCH, sh_addr_node(h->src), sh__msg_type_name(h->type));
+        return;
     }
     if (s && s->epoch < st->epoch) {
         // Abandoned at its batcher's pause: the sequences it holds run again from the resume

@@ -528,7 +528,8 @@ static void test_decode_no_alloc(void)
 }
 
 /* Epochs: a STEP of an epoch older than one the stage has seen is dropped unanswered (it was
- * abandoned at its batcher's pause); the same epoch or a newer one runs. */
+ * abandoned at its batcher's pause); the same epoch or a newer one runs. A batcher's epoch is the
+ * id of its first step after a pause, so it never exceeds the step's own id. */
 static void test_stale_epoch(void)
 {
     fixture f;
@@ -538,36 +539,65 @@ static void test_stale_epoch(void)
                            .blocks = {E.blocks[0], SEQ_BLOCKS},
                            .sample = true,
                            .sampling = greedy()};
-    send_step_epoch(&f, 1, &q, 1, 5);
+    send_step_epoch(&f, 11, &q, 1, 5);
     const rec *r = wait_rec(&f, 0);
     if (r) {
-        CHECK_UINT_EQ(r->step, 1);
+        CHECK_UINT_EQ(r->step, 11);
     }
     q.seq = 10;
-    send_step_epoch(&f, 2, &q, 1, 4); /* older: dropped */
+    send_step_epoch(&f, 12, &q, 1, 4); /* older: dropped */
     q.seq = 11;
-    send_step_epoch(&f, 3, &q, 1, 5); /* the same epoch: runs */
+    send_step_epoch(&f, 13, &q, 1, 5); /* the same epoch: runs */
     r = wait_rec(&f, 1);
     if (r) {
-        CHECK_UINT_EQ(r->step, 3);
+        CHECK_UINT_EQ(r->step, 13);
     }
     q.seq = 12;
-    send_step_epoch(&f, 4, &q, 1, 6); /* newer: runs, and 5 is old from now on */
+    send_step_epoch(&f, 14, &q, 1, 6); /* newer: runs, and 5 is old from now on */
     r = wait_rec(&f, 2);
     if (r) {
-        CHECK_UINT_EQ(r->step, 4);
+        CHECK_UINT_EQ(r->step, 14);
     }
     q.seq = 13;
-    send_step_epoch(&f, 5, &q, 1, 5);
+    send_step_epoch(&f, 15, &q, 1, 5);
     struct timespec ts = {0, 300 * 1000000};
     nanosleep(&ts, NULL);
-    CHECK_INT_EQ(atomic_load(&f.sh.n), 3); /* steps 2 and 5 were never answered */
+    CHECK_INT_EQ(atomic_load(&f.sh.n), 3); /* steps 12 and 15 were never answered */
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
+/* Issue 25: a STEP whose epoch no batcher could have sent (2^64-1, over its own step id, or with a
+ * step id beyond the batcher's clock) is refused and does not raise the stage's epoch: the steps
+ * after it still run. */
+static void test_forged_epoch(void)
+{
+    fixture f;
+    fx_start(&f);
+    sh_proto_step_seq q = {.seq = 20,
+                           .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+                           .blocks = {E.blocks[0], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step_epoch(&f, UINT64_MAX, &q, 1, UINT64_MAX); /* a step id far past the clock */
+    q.seq = 21;
+    send_step_epoch(&f, 30, &q, 1, UINT64_MAX); /* an epoch over its step id */
+    q.seq = 22;
+    send_step_epoch(&f, 31, &q, 1, 0);
+    const rec *r = wait_rec(&f, 0);
+    if (r) {
+        CHECK_UINT_EQ(r->step, 31);
+    }
+    struct timespec ts = {0, 300 * 1000000};
+    nanosleep(&ts, NULL);
+    CHECK_INT_EQ(atomic_load(&f.sh.n), 1); /* the forged two were never answered */
     CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
     rt_finish(&f.t);
 }
 
 static const sh_test_case tests[] = {
     {"stale_epoch", test_stale_epoch},
+    {"forged_epoch", test_forged_epoch},
     {"batched_equals_alone", test_batched_equals_alone},
     {"decode_no_alloc", test_decode_no_alloc},
     {"stop_with_queue", test_stop_with_queue},
