@@ -626,10 +626,17 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
     if (!n)
         return (snprintf(msg, cap, "node %s holds no stage", p->c->nodes[dead].name), 2);
     // A greeting first: a standby that restarted has not seen this node's connection prove
-    // itself yet, and drops anything else that arrives on it (runtime/peers.h).
+    // itself yet, and drops anything else that arrives on it (runtime/peers.h). The greeting must
+    // reach the process this promotion is for: a standby that died (and maybe came back as a new
+    // process, on a new connection) meanwhile fails the promotion as before.
+    sh_transport_link l0 = {0}, l1 = {0};
+    (void)sh_transport_link_get(f->tp, (uint32_t)sb + 1, &l0);
     int grc = greet(f, rt, sb, timeout_ms < 3000 ? timeout_ms : 3000, msg, cap);
     if (grc == 2)
         return grc;
+    (void)sh_transport_link_get(f->tp, (uint32_t)sb + 1, &l1);
+    if ((sb_health && atomic_load(sb_health) == 2 /* SH_WATCHDOG_DEAD */) || l1.ups != l0.ups)
+        return (snprintf(msg, cap, "standby %s died during its promotion", nd->name), 1);
     sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_PROMOTE, .targets = {stages, (uint32_t)n}};
     sh_error e = {0};
     if (sh__act_send(rt, as, sh_addr_make((uint32_t)sb + 1, SH_CLUSTER_HELLO_ACTOR), SH_MSG_CONTROL,

@@ -39,6 +39,7 @@ typedef struct hello_state {
     uint32_t *links_ups;
     uint64_t *links_since_ms;
     uint64_t next_greet_ms;
+    uint64_t front_wait_ms; /* when the front's greeting first waited on sources; 0: none */
 } hello_state;
 
 static uint64_t mono_ms(void)
@@ -402,10 +403,17 @@ static void on_request(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m, const
                    !atomic_load_explicit(&s->links[n].answered, memory_order_relaxed) &&
                    now < s->links_since_ms[n] + LINK_WAIT_MS;
         }
+        for (int32_t i = 0; s->a.front && i < s->a.n_sources && !wait; i++) {
+            if (!s->front_wait_ms)
+                s->front_wait_ms = now;
+            wait = !sh__peers_node_bound(sh_actor_runtime(ctx), s->a.sources[i]) &&
+                   now < s->front_wait_ms + LINK_WAIT_MS;
+        }
         if (wait) {
             greet(ctx, s);
             return;
         }
+        s->front_wait_ms = 0;
     }
     // An open cluster: the greeting's connection is the node it names (nothing is proved).
     if (!s->keyed && !b->keyed)

@@ -116,6 +116,12 @@ typedef struct sh_hello_args {
      * to this one before it carries anything else; a greeting of the front is answered only once
      * those young greetings (under 2 s) answered too. */
     bool greet_links;
+    /* A worker's: the nodes that send its stages ACT (the previous stages' nodes). Its front's
+     * greeting is answered only once a connection from each of them proved its node (they greet
+     * it: greet_links), or 2 s after the front's first greeting, so that the first ACT of a
+     * joined cluster never comes on a connection that proved nothing yet. */
+    const uint32_t *sources;
+    int32_t n_sources;
 } sh_hello_args;
 
 extern const sh_actor_vtable sh__hello_vtable;

@@ -98,6 +98,17 @@ void sh__peers_unbind(sh_runtime *rt, uint64_t conn)
     uv_mutex_unlock(&p->mu);
 }
 
+bool sh__peers_node_bound(sh_runtime *rt, uint32_t node)
+{
+    sh__peers *p = &rt->peers;
+    bool found = false;
+    uv_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < p->n_bound && !found; i++)
+        found = p->bound[i].node == node;
+    uv_mutex_unlock(&p->mu);
+    return found;
+}
+
 uint32_t sh__peers_node(sh_runtime *rt, uint64_t conn)
 {
     sh__peers *p = &rt->peers;

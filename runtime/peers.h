@@ -70,6 +70,9 @@ bool sh__peers_bind(sh_runtime *rt, uint64_t conn, uint32_t node);
 /* Forgets `conn` (its connection closed). */
 void sh__peers_unbind(sh_runtime *rt, uint64_t conn);
 
+/* Whether some inbound connection proved `node` now. */
+bool sh__peers_node_bound(sh_runtime *rt, uint32_t node);
+
 /* The node `conn` proved; 0 when none. */
 uint32_t sh__peers_node(sh_runtime *rt, uint64_t conn);
 

@@ -66,6 +66,8 @@ typedef struct node_state {
     sh_hello_auth auth;                         /* which nodes proved the key */
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
     sh_hello_peer peers[SH_CLUSTER_MAX_STAGES]; /* with a key: the nodes whose ACT comes here */
+    uint32_t sources[SH_CLUSTER_MAX_STAGES];    /* node ids whose ACT comes here */
+    int32_t n_sources;
     sh_hello_ident self;
     /* The front's watchdog asked for a restart (over its memory budget): why, then the flag
      * (release) and a SIGTERM to this process's sigwait. */
@@ -244,6 +246,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     s->auth.names = s->names;
     s->auth.n_names = SH_HELLO_MAX_NODES;
     int32_t n_peers = 0;
+    for (int32_t k = 0; k < n_mine; k++) {
+        int32_t i = mine[k];
+        int32_t prev = i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1] : -1;
+        bool skip = prev < 0 || prev == self;
+        for (int32_t j = 0; !skip && j < s->n_sources; j++)
+            skip = s->sources[j] == (uint32_t)prev + 1;
+        if (!skip)
+            s->sources[s->n_sources++] = (uint32_t)prev + 1;
+    }
     for (int32_t k = 0; keyed && k < n_mine; k++) {
         int32_t i = mine[k];
         int32_t prev = i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1] : -1;
@@ -264,7 +275,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                         .shutdown_user = s,
                         .on_promote = standby ? sh__standby_promote : NULL,
                         .promote_user = &s->sb,
-                        .greet_links = true};
+                        .greet_links = true,
+                        .sources = s->sources,
+                        .n_sources = s->n_sources};
     s->sb.rt = s->rt;
     sh_addr addr = 0;
     if (sh_actor_spawn(s->rt, "hello", &ha, 0, &addr, &e))
