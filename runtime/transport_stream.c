@@ -181,6 +181,9 @@ void sh__stream_service(sh__stream *x)
         else if (now + PAUSE_TICK_MS < next)
             next = now + PAUSE_TICK_MS;
     }
+    uint64_t pre = sh__stream_conn_preauth(x, now);
+    if (pre < next)
+        next = pre;
     if (x->accept_resume && now >= x->accept_resume) {
         x->accept_resume = 0;
         uv_poll_start(&x->lpoll, UV_READABLE, sh__stream_conn_on_listen);

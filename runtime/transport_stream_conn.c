@@ -252,6 +252,17 @@ static void deliver_big(sh__stream *x, conn *c)
     c->big = NULL;
 }
 
+/* True while accepted connection c has proved no node and the peer gate is on (cached once it
+ * has). */
+static bool unproved(conn *c)
+{
+    if (c->proved)
+        return false;
+    if (!sh__peers_enforced(c->x->rt) || sh__peers_node(c->x->rt, c->id))
+        c->proved = true;
+    return !c->proved;
+}
+
 /* Parses whole frames out of c->rbuf. Returns false when c was closed. */
 static bool parse(conn *c)
 {
@@ -272,6 +283,15 @@ static bool parse(conn *c)
             deliver(x, c, p + H, (size_t)len);
             c->rpos += H + (size_t)len;
             continue;
+        }
+        if (unproved(c)) {
+            /* Over the HELLO budget before proving a node: no buffer is taken for it (and none
+             * counts toward pause_bytes, which would stop every link); its head waits in rbuf
+             * until the connection proves a node (a HELLO just delivered may still be on its way
+             * to the hello actor) or its deadline closes it. */
+            c->held = true;
+            sh__stream_conn_events(c, 0);
+            break;
         }
         uint8_t *b = sh__stream_buf_get(x, (size_t)len, true, &c->big_owner);
         if (!b) {
@@ -304,6 +324,8 @@ static void accepted_read(conn *c)
             return;
         c->state = C_UP;
     }
+    if (c->held)
+        return;
     if (!c->rbuf && !(c->rbuf = malloc(RBUF_LEN))) {
         sh__stream_conn_close(c, SH_ENOMEM, NULL, 0);
         return;
@@ -344,6 +366,10 @@ static void accepted_read(conn *c)
             c->rlen += (size_t)r;
             if (!parse(c))
                 return;
+            if (c->held) {
+                sh__stream_service(c->x); /* arms the tick that looks at it again */
+                return;
+            }
         }
     }
 }
@@ -481,6 +507,55 @@ void sh__stream_conn_dial(sh__stream_link *l)
     sh__stream_conn_events(c, UV_WRITABLE);
 }
 
+/* Makes room for one more connection that has not proved a node: at the cap, the oldest such
+ * connection is closed (so that a flood of idle connections cannot keep new peers out). */
+static void preauth_cap(sh__stream *x)
+{
+    uint32_t n = 0;
+    conn *oldest = NULL;
+    for (conn *c = x->accepted; c; c = c->next)
+        if (!c->closing && unproved(c)) {
+            n++;
+            if (!oldest || c->born_ms <= oldest->born_ms)
+                oldest = c;
+        }
+    if (n >= PREAUTH_MAX_CONNS && oldest) {
+        sh__peers_refuse(x->rt, SH__PEERS_PREAUTH_CAP, 0, "connection");
+        sh__stream_conn_close(oldest, SH_EBUSY, NULL, 0);
+    }
+}
+
+uint64_t sh__stream_conn_preauth(sh__stream *x, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    conn *c = x->accepted;
+    while (c) {
+        conn *nx = c->next; /* c may leave the list */
+        if (c->closing || !unproved(c)) {
+            if (c->held && !c->closing) { /* proved since: read its large frame now */
+                c->held = false;
+                if (parse(c) && !c->held)
+                    sh__stream_conn_events(c, c->paused ? 0 : UV_READABLE);
+            }
+            c = nx;
+            continue;
+        }
+        uint64_t due = c->born_ms + PREAUTH_DEADLINE_MS;
+        if (now >= due) {
+            sh__peers_refuse(x->rt, c->held ? SH__PEERS_PREAUTH_FRAME : SH__PEERS_PREAUTH_SLOW, 0,
+                             "connection");
+            sh__stream_conn_close(c, SH_ETIMEDOUT, NULL, 0);
+        } else {
+            if (c->held && now + PREAUTH_HOLD_TICK_MS < due)
+                due = now + PREAUTH_HOLD_TICK_MS;
+            if (due < next)
+                next = due;
+        }
+        c = nx;
+    }
+    return next;
+}
+
 /* Accepts every pending connection on the listener. */
 void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events)
 {
@@ -499,6 +574,8 @@ void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events)
                 uv_poll_stop(&x->lpoll);
                 x->accept_resume = mono_ms() + ACCEPT_PAUSE_MS;
                 sh__stream_service(x);
+            } else if (sh__peers_enforced(x->rt)) {
+                sh__stream_service(x); /* arms the tick for the new connections' deadlines */
             }
             return;
         }
@@ -516,6 +593,8 @@ void sh__stream_conn_on_listen(uv_poll_t *h, int status, int events)
         }
         c->state = C_HS;
         c->id = atomic_fetch_add(&next_conn_id, 1) + 1;
+        c->born_ms = mono_ms();
+        preauth_cap(x);
         c->next = x->accepted;
         if (x->accepted)
             x->accepted->prev = c;

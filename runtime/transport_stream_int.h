@@ -34,6 +34,13 @@
 /* While frames wait, the loop looks for expired ones this often. */
 #define EXPIRE_TICK_MS 50u
 #define POOL_BUFS 16u
+/* Connections that have not proved a node in HELLO (runtime/peers.h), while the peer gate is on:
+ * a frame over the small buffer (any HELLO fits) is not read until the connection proves a node,
+ * which it must do within PREAUTH_DEADLINE_MS of being accepted; the listener holds at most
+ * PREAUTH_MAX_CONNS of them (a new one closes the oldest). */
+#define PREAUTH_DEADLINE_MS 5000u
+#define PREAUTH_MAX_CONNS 64u
+#define PREAUTH_HOLD_TICK_MS 10u
 /* How long accepting pauses when the process is out of descriptors. */
 #define ACCEPT_PAUSE_MS 100u
 
@@ -70,7 +77,10 @@ typedef struct conn {
     uint8_t *big;
     size_t big_len, big_got;
     sh_frame_owner big_owner;
-    uint64_t id; /* accepted: the id the peer gate binds (runtime/peers.h), never 0 */
+    uint64_t id;      /* accepted: the id the peer gate binds (runtime/peers.h), never 0 */
+    uint64_t born_ms; /* accepted: when */
+    bool proved;      /* accepted: it proved a node (or the gate is off): no budget applies */
+    bool held; /* accepted, unproved: a large frame's head waits in rbuf until it proves a node */
 } conn;
 
 struct sh__stream_link {
@@ -199,5 +209,10 @@ bool sh__stream_conn_full(sh__stream *x);
 
 /* Reads the paused accepted connections again. */
 void sh__stream_conn_resume(sh__stream *x);
+
+/* The budgets of accepted connections that have not proved a node (PREAUTH_*): closes those
+ * past their deadline, reads again the held ones that proved one since. Returns when to look
+ * again (UINT64_MAX: nothing to watch). */
+uint64_t sh__stream_conn_preauth(sh__stream *x, uint64_t now);
 
 #endif

@@ -15,3 +15,10 @@ add_test(NAME test_cluster_forged
 set_tests_properties(test_cluster_forged PROPERTIES LABELS integration TIMEOUT 300
                      SKIP_RETURN_CODE 77
                      ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>;SH_TEST_FORGE=$<TARGET_FILE:shoal_test_forge>")
+# Connections that never prove a node: half frames and idle connections (test_cluster_preauth.py).
+add_test(NAME test_cluster_preauth
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_preauth.py
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_cluster_preauth PROPERTIES LABELS integration TIMEOUT 300
+                     SKIP_RETURN_CODE 77
+                     ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
