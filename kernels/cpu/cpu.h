@@ -249,6 +249,11 @@ void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * and row and one float multiply-add each for d and dmin per super-block in block order. */
 void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
+/* The AVX2 packed kernels (ops_avx2_packed.c), Q4_0 and Q4_1: 8 of a group's 16 rows per
+ * register, vpmaddubsw pair sums; a token's result is the same alone and in any tile. */
+void sh__cpu_avx2_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx2_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+
 /* The AMX-INT8 forms of the packed kernels (ops_avx512_packed.c): 16-token tiles through AMX
  * tile products, fewer tokens through the VNNI tiles; bitwise equal to the VNNI kernels. Only
  * on a CPU with AMX whose OS granted the tile state (sh__cpu_amx_usable). */

@@ -282,6 +282,8 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .sumsq = sumsq,
     .swiglu = sh__cpu_swiglu_ref,
     .attn_group = sh__cpu_avx2_attn_range,
+    .mmp_q4_0 = sh__cpu_avx2_mmp_q4_0,
+    .mmp_q4_1 = sh__cpu_avx2_mmp_q4_1,
 };
 
 #else

@@ -86,6 +86,12 @@ sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w)
      * the file layout (moe.c: kernel_for), so a copy of those would only cost memory. */
     if (w->ne[2] > 1 && is_float(w->type))
         return SH_OK;
+    /* AVX2's packed kernels are for 2-D weights only for now: with Mixture-of-Experts stacks
+     * packed, test_llama_weights' synthetic MoE model gave logits 1% away from the file layout's
+     * on 3 seeds of 4, while test_moe's op-level comparison of the same kernels passes; until that
+     * is understood, expert stacks stay in the file layout on AVX2. */
+    if (w->ne[2] > 1 && c->kern->isa == SH_BACKEND_CPU_ISA_AVX2)
+        return SH_OK;
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_mat = w->ne[2];
     /* Already prepared with this shape (another context over the same model): share it. */
     pthread_mutex_lock(&c->pack_mu);

@@ -27,3 +27,7 @@ sh_test(test_kernels_amx SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_amx.c LA
 if(NOT SH_FUZZ)
   set_tests_properties(test_kernels_amx PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The AVX2 packed Q4_0/Q4_1 kernels against the scalar reference, matvec and tiles bitwise alike;
+# skipped (77) without AVX2.
+sh_test(test_kernels_avx2_packed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_kernels_avx2_packed.c
+        LABELS unit TIMEOUT 300)

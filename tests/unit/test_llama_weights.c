@@ -137,6 +137,9 @@ static void check_model(bool tied, bool moe)
         goto out;
     }
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        /* (on AVX2 an MoE layer's expert stacks are read in place, not copied: weights.c) */
+        if (moe && i >= 4 && i < 7 && !sh_backend_weight_copied(be, mats[i]))
+            continue;
         resident(mats[i], &present, &pages);
         if (present)
             SH_FAIL_("%s model, matrix %zu: %zu of %zu pages of the file still resident after "

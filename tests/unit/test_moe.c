@@ -10,8 +10,8 @@
 
 /* The backends each layer runs on: every ISA with the weights as they are, then the best ISA
  * with the weights prepared (sh_backend_weight_prepare; the others have no packed kernels). */
-static int isas[5], n_isas; /* scalar, avx2, avx512, amx, the best prepared */
-static bool prep[5];
+static int isas[6], n_isas; /* scalar, avx2, avx512, then avx2 and avx512 prepared */
+static bool prep[6];
 static void list_isas(void)
 {
     n_isas = 0;
@@ -19,9 +19,10 @@ static void list_isas(void)
         prep[n_isas] = false;
         isas[n_isas++] = i;
     }
-    prep[n_isas] = true;
-    isas[n_isas] = isas[n_isas - 1];
-    n_isas++;
+    for (int i = SH_BACKEND_CPU_ISA_AVX2; i <= sh__cpu_isa_detect(); i++) {
+        prep[n_isas] = true;
+        isas[n_isas++] = i;
+    }
 }
 
 static bool quantized(sh_dtype t) { return sh__cpu_type_q8(t) || sh__cpu_type_k(t); }
@@ -63,7 +64,8 @@ static sh_backend *make_for(const layer *L, int ii, int threads)
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         if (w[i]->t.data)
             CHECK_OK(sh_backend_weight_prepare(be, &w[i]->t));
-    /* quantized 32-block experts get a packed copy on AVX-512 (the MoE op then reads it) */
+    /* quantized 32-block experts get a packed copy on AVX-512 (the MoE op then reads it); on
+     * AVX2 expert stacks stay in the file layout (weights.c) */
     if (isas[ii] >= SH_BACKEND_CPU_ISA_AVX512 && sh__cpu_type_q8(L->gate.t.type))
         CHECK(sh_backend_weight_copied(be, &L->gate.t));
     return be;
