@@ -184,7 +184,11 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
                              " bytes) plus the KV cache (%" PRIu64
                              " bytes) exceed the memory budget of %" PRIu64 " bytes",
                              o->model_path, eng->weight_bytes, eng->kv_bytes, o->memory_budget);
-    sh_backend_cpu_opts bo = {.n_threads = compute_threads(o->threads)};
+    sh_backend_cpu_opts bo = {.n_threads = compute_threads(o->threads),
+                              .cpu_mask = o->cpu_mask,
+                              .sched = o->sched,
+                              .nice = o->nice,
+                              .no_spin = o->no_spin};
     if ((rc = sh_backend_cpu_create(&bo, &eng->be, e)))
         return rc;
     sh_llama_ctx_opts co = {.max_tokens = sz->step_tokens,

@@ -123,7 +123,7 @@ static void bench_bw(int64_t mib, int reps)
     static const double bytes_per[3] = {2, 3, 1}; /* arrays touched (read + written) */
     for (int threads = 1; threads <= 2; threads++) {
         sh__cpu_pool *pool;
-        if (sh__cpu_pool_create(threads, &pool, NULL))
+        if (sh__cpu_pool_create(threads, NULL, &pool, NULL))
             break;
         for (int kind = 0; kind < 3; kind++) {
             bw_job j = {.pool = pool, .a = a, .b = b, .c = c, .n = n, .kind = kind};

@@ -105,7 +105,7 @@ static double read_bw(int threads)
     for (int64_t i = 0; i < n; i++)
         a[i] = (float)(i & 7);
     sh__cpu_pool *pool;
-    if (sh__cpu_pool_create(threads, &pool, NULL)) {
+    if (sh__cpu_pool_create(threads, NULL, &pool, NULL)) {
         free(a);
         return 0;
     }

@@ -86,7 +86,18 @@ typedef struct sh_engine_opts {
     sh_engine_log_fn log;       /* NULL: the library logs nothing */
     void *log_user;
     int32_t log_level; /* SH_ENGINE_LOG_*; 0: SH_ENGINE_LOG_WARN */
+    /* Sharing the CPU with the host (a game loop, a server's own threads), for a model run in
+     * this process; Linux applies them to every compute thread, elsewhere they are ignored: */
+    uint64_t cpu_mask; /* bit i: compute threads may run on CPU i (i < 64); 0: anywhere the
+                        * opening thread may */
+    int32_t sched;     /* SH_ENGINE_SCHED_*: 0 normal, 1 batch (SCHED_BATCH), 2 idle (SCHED_IDLE:
+                        * the engine computes only when the host's threads leave a CPU free) */
+    int32_t nice;      /* 0..19 added to the compute threads' niceness */
+    int32_t no_spin;   /* nonzero: compute threads sleep at once between ops instead of spinning
+                        * 10-100 us (each op then costs a wake-up; the host keeps its CPU) */
 } sh_engine_opts;
+
+enum { SH_ENGINE_SCHED_NORMAL = 0, SH_ENGINE_SCHED_BATCH = 1, SH_ENGINE_SCHED_IDLE = 2 };
 
 /* The defaults: every field zero or NULL, struct_size set. Any thread; never fails. Inline, so
  * that struct_size is the size this program was compiled with: a library built against a later

@@ -320,7 +320,21 @@ typedef struct sh_backend_cpu_opts {
      * (tests force the scalar reference; a value above what the CPU supports is SH_EUNSUPPORTED).
      */
     int32_t isa;
+    /* Where and how the compute threads (the pool and its queue thread) run, for hosts that
+     * share the CPU with the engine (a game loop): each thread applies them to itself when it
+     * starts (Linux; elsewhere they are ignored). */
+    uint64_t cpu_mask; /* bit i: the threads may run on CPU i (i < 64); 0: as the creator may */
+    int32_t sched;     /* SH_BACKEND_CPU_SCHED_*: 0 normal, 1 batch, 2 idle */
+    int32_t nice;      /* 0..19 added to the threads' niceness; 0: unchanged */
+    int32_t no_spin;   /* nonzero: a thread waiting for work sleeps at once instead of spinning
+                        * 10-100 us between ops (costs a wake-up per op, spares the host's CPU) */
 } sh_backend_cpu_opts;
+
+enum {
+    SH_BACKEND_CPU_SCHED_NORMAL = 0,
+    SH_BACKEND_CPU_SCHED_BATCH = 1, /* SCHED_BATCH: treated as CPU-bound, preempts less */
+    SH_BACKEND_CPU_SCHED_IDLE = 2,  /* SCHED_IDLE: runs only when nothing else wants the CPU */
+};
 
 enum {
     SH_BACKEND_CPU_ISA_AUTO = 0,
@@ -335,12 +349,13 @@ enum {
 };
 
 /* Creates the CPU backend: a persistent pool of n_threads threads that runs every stream's ops
- * (the threads spin briefly between ops, then sleep). opts may be NULL (defaults). With isa 0
- * (auto) the environment variable SHOAL_ISA, when set to scalar, avx2 or avx512, caps the ISA
- * picked (a value above what the CPU has leaves the best; "auto" or empty: no cap), so that one
- * machine can run and measure its lesser paths; SHOAL_ISA=amx opts in to AMX where it is usable
+ * (the threads spin briefly between ops, then sleep; see no_spin). opts may be NULL (defaults).
+ * With isa 0 (auto) the environment variable SHOAL_ISA, when set to scalar, avx2 or avx512, caps
+ * the ISA picked (a value above what the CPU has leaves the best; "auto" or empty: no cap), so that
+ * one machine can run and measure its lesser paths; SHOAL_ISA=amx opts in to AMX where it is usable
  * (else the best). The caller owns *out. Errors: SH_EINVAL (bad
- * option, or a SHOAL_ISA value that is none of those), SH_ENOMEM, SH_EUNSUPPORTED (isa). Any
+ * option (a sched, nice or cpu_mask out of range, or a mask with no online CPU), or a SHOAL_ISA
+ * value that is none of those), SH_ENOMEM, SH_EUNSUPPORTED (isa). Any
  * thread. */
 sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, sh_error *e);
 

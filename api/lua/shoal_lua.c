@@ -157,12 +157,13 @@ static void opt_string(lua_State *L, int idx, const char *key, const char **out)
 
 /* ---- shoal.open ------------------------------------------------------------------------- */
 
-static const char *const open_keys[] = {"model",         "cluster",   "threads",
-                                        "memory_budget", "kv_bytes",  "n_ctx",
-                                        "max_seqs",      "max_queue", NULL};
+static const char *const open_keys[] = {
+    "model",     "cluster",  "threads", "memory_budget", "kv_bytes", "n_ctx", "max_seqs",
+    "max_queue", "cpu_mask", "sched",   "nice",          "no_spin",  NULL};
 
 /* shoal.open{model=PATH | cluster=SCRIPT, threads=, memory_budget=, kv_bytes=, n_ctx=,
- * max_seqs=, max_queue=} -> engine | nil, msg, code. Blocks while the model loads. */
+ * max_seqs=, max_queue=, cpu_mask=, sched="normal"|"batch"|"idle", nice=, no_spin=} -> engine |
+ * nil, msg, code. Blocks while the model loads. */
 static int l_open(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -176,6 +177,23 @@ static int l_open(lua_State *L)
     opt_i32(L, 1, "n_ctx", &o.n_ctx);
     opt_i32(L, 1, "max_seqs", &o.max_seqs);
     opt_i32(L, 1, "max_queue", &o.max_queue);
+    opt_u64(L, 1, "cpu_mask", &o.cpu_mask);
+    opt_i32(L, 1, "nice", &o.nice);
+    bool no_spin = false;
+    opt_bool(L, 1, "no_spin", &no_spin);
+    o.no_spin = no_spin;
+    const char *sched = NULL;
+    opt_string(L, 1, "sched", &sched);
+    if (sched) {
+        if (!strcmp(sched, "normal"))
+            o.sched = SH_ENGINE_SCHED_NORMAL;
+        else if (!strcmp(sched, "batch"))
+            o.sched = SH_ENGINE_SCHED_BATCH;
+        else if (!strcmp(sched, "idle"))
+            o.sched = SH_ENGINE_SCHED_IDLE;
+        else
+            return luaL_error(L, "shoal: option 'sched' is '%s': normal, batch or idle", sched);
+    }
 
     /* The userdata first, so that a failed allocation raises before the engine exists. */
     lengine *e = (lengine *)lua_newuserdatauv(L, sizeof *e, 1);

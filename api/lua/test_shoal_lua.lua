@@ -35,6 +35,15 @@ local e1, _, c1 = shoal.open { threads = 1 }
 eq(e1, nil, "open with neither model nor cluster fails")
 eq(c1, "EINVAL", "no model: code")
 
+-- thread placement for hosts that share the CPU: a bad policy raises; an out-of-range nice is
+-- the library's SH_EINVAL; a placed engine opens and closes
+local okp, pmsg = pcall(shoal.open, { model = model, threads = 1, sched = "fifo" })
+check(not okp and pmsg:find("normal, batch or idle"), "open: bad sched named", tostring(pmsg))
+local en, _, cn = shoal.open { model = model, threads = 1, nice = 20 }
+check(en == nil and cn == "EINVAL", "open: nice 20 refused", tostring(cn))
+local ep = assert(shoal.open { model = model, threads = 1, sched = "idle", nice = 2,
+  no_spin = true, cpu_mask = 1 })
+ep:close()
 local eng = assert(shoal.open { model = model, threads = 1 })
 check(tostring(eng):find("open"), "tostring", tostring(eng))
 check(type(shoal.version) == "string", "shoal.version")

@@ -16,14 +16,20 @@
  *
  * Usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] [--work-ms W]
  *                  [--inflight K] [--max-tokens T] [--min-lines N] [--quiet]
- *                  [--engine-nice N] [--game-nice N] [--rt] [--no-pin]
+ *                  [--engine-nice N] [--game-nice N] [--rt] [--no-pin] [--engine-idle]
+ *                  [--engine-cpus MASK]
  * (--min-lines N: keep ticking past --seconds, at most 120 s more, until N lines finished.
  * --engine-nice N: the engine's threads at nice N, --game-nice N: the game thread at nice N
  * (negative values need privileges); --rt: the game thread alone under SCHED_FIFO (needs
  * CAP_SYS_NICE). Linux only, for machines where other processes compete for the cores.
  * By default, with 2 CPUs or more, the engine's threads run on every CPU but the last and the
  * game thread alone on the last, so the scheduler never puts the compute thread on the game
- * thread's CPU (no privileges needed; Linux); --no-pin leaves placement to the scheduler.) */
+ * thread's CPU (no privileges needed; Linux); --no-pin leaves placement to the scheduler.
+ * --engine-idle: no split; instead the engine's own options put its compute threads under
+ * SCHED_IDLE and stop them spinning between ops (sh_engine_opts.sched, .no_spin), so the game
+ * thread, under the normal policy, wins its CPU back; --engine-cpus MASK: no split by the
+ * example; the engine's own option keeps its compute threads on the CPUs of MASK (bit i: CPU i),
+ * while the game thread stays free to run anywhere.) */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
 #endif
@@ -289,7 +295,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: game_loop -m MODEL [--seconds S] [--threads N] [--no-generate] "
                "[--work-ms W] [--inflight K] [--max-tokens T] [--min-lines N] [--engine-nice N] "
-               "[--game-nice N] [--rt] [--no-pin] [--quiet]\n");
+               "[--game-nice N] [--rt] [--no-pin] [--engine-idle] [--engine-cpus MASK] "
+               "[--quiet]\n");
 }
 
 int main(int argc, char **argv)
@@ -299,6 +306,8 @@ int main(int argc, char **argv)
     int threads = 1, generate = 1, max_inflight = 1, max_tokens = 48, quiet = 0;
     long min_lines = 0;
     int engine_nice = 0, game_nice = 0, set_engine_nice = 0, set_game_nice = 0, rt = 0, pin = 1;
+    int engine_idle = 0;
+    unsigned long long engine_cpus = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -335,6 +344,13 @@ int main(int argc, char **argv)
             rt = 1;
         } else if (strcmp(a, "--no-pin") == 0) {
             pin = 0;
+        } else if (strcmp(a, "--engine-cpus") == 0 && v) {
+            engine_cpus = strtoull(v, NULL, 0);
+            pin = 0; /* the engine's options replace the split */
+            i++;
+        } else if (strcmp(a, "--engine-idle") == 0) {
+            engine_idle = 1;
+            pin = 0; /* the engine's options replace the split */
         } else if (strcmp(a, "--no-generate") == 0) {
             generate = 0;
         } else if (strcmp(a, "--quiet") == 0) {
@@ -365,6 +381,11 @@ int main(int argc, char **argv)
     sh_engine_opts o = sh_engine_opts_default();
     o.model_path = model;
     o.threads = threads;
+    if (engine_idle) {
+        o.sched = SH_ENGINE_SCHED_IDLE;
+        o.no_spin = 1;
+    }
+    o.cpu_mask = engine_cpus;
     sh_error err;
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (pin && n_cpu < 2)

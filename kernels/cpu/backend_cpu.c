@@ -94,10 +94,12 @@ static sh_err push(sh__cpu_ctx *c, sh_backend_stream *s, sh__cpu_op *op)
 static void *leader_main(void *arg)
 {
     sh__cpu_ctx *c = arg;
+    (void)sh__cpu_thread_apply(&c->topts); /* validated by sh_backend_cpu_create */
+    atomic_store_explicit(&c->leader_placed, 1, memory_order_release);
     for (;;) {
         /* Spin briefly for the next op so a step's ops run back to back without a wake-up. */
         uint64_t t0 = 0;
-        for (int i = 0; i < SPIN_ITERS; i++) {
+        for (int i = 0; i < (c->topts.no_spin ? 0 : SPIN_ITERS); i++) {
             if (atomic_load_explicit(&c->tail_pub, memory_order_acquire) != c->head)
                 break;
             if (!backoff(i, &t0))
@@ -501,12 +503,59 @@ static const sh_backend_iface cpu_iface = {
     .destroy = cpu_destroy,
 };
 
+/* Tries the placement on a short-lived thread, so that what the OS refuses (an affinity to
+ * CPUs this process may not use) is an error of sh_backend_cpu_create. */
+static void *probe_main(void *arg)
+{
+    const sh__cpu_thread_opts *t = arg;
+    return (void *)(intptr_t)sh__cpu_thread_apply(t);
+}
+
+static sh_err probe_thread_opts(const sh__cpu_thread_opts *t)
+{
+    pthread_t th;
+    void *rv = NULL;
+    if (pthread_create(&th, NULL, probe_main, (void *)t) != 0)
+        return SH_ENOMEM;
+    pthread_join(th, &rv);
+    return rv ? SH_EINVAL : SH_OK;
+}
+
 sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, sh_error *e)
 {
     *out = NULL;
     int32_t n = opts && opts->n_threads ? opts->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1 || n > 1024)
         return sh__error_set(e, SH_EINVAL, "cpu backend: bad n_threads %d", n);
+    sh__cpu_thread_opts topts = {0};
+    if (opts) {
+        topts = (sh__cpu_thread_opts){opts->cpu_mask, opts->sched, opts->nice, opts->no_spin};
+        if (opts->sched < SH_BACKEND_CPU_SCHED_NORMAL || opts->sched > SH_BACKEND_CPU_SCHED_IDLE)
+            return sh__error_set(e, SH_EINVAL,
+                                 "cpu backend: bad sched %d (0 normal, 1 batch, "
+                                 "2 idle)",
+                                 (int)opts->sched);
+        if (opts->nice < 0 || opts->nice > 19)
+            return sh__error_set(e, SH_EINVAL, "cpu backend: nice %d: must be 0 to 19",
+                                 (int)opts->nice);
+        const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+        if (opts->cpu_mask && n_cpu > 0 && n_cpu < 64 &&
+            !(opts->cpu_mask & (((uint64_t)1 << n_cpu) - 1)))
+            return sh__error_set(e, SH_EINVAL,
+                                 "cpu backend: cpu_mask 0x%llx names none of the %ld online CPUs",
+                                 (unsigned long long)opts->cpu_mask, n_cpu);
+        /* Settings the OS refuses fail here, on the creating thread, not silently later; the
+         * creator's own settings are put back afterwards. */
+        if (topts.cpu_mask || topts.sched || topts.nice) {
+            sh_err rc = probe_thread_opts(&topts);
+            if (rc)
+                return sh__error_set(e, rc,
+                                     "cpu backend: the OS refused the thread placement "
+                                     "(cpu_mask 0x%llx, sched %d, nice %d)",
+                                     (unsigned long long)topts.cpu_mask, (int)topts.sched,
+                                     (int)topts.nice);
+        }
+    }
     int32_t best = sh__cpu_isa_detect(), isa = isa_from_opts(opts);
     if (isa < SH_BACKEND_CPU_ISA_AUTO || isa > SH_BACKEND_CPU_ISA_AMX)
         return sh__error_set(e, SH_EINVAL, "cpu backend: bad isa %d", isa);
@@ -566,11 +615,15 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
     pthread_mutex_init(&c->pack_mu, NULL);
     pthread_cond_init(&c->done_cv, NULL);
     atomic_store(&c->wake_at, UINT64_MAX);
-    sh_err err = sh__cpu_pool_create(n, &c->pool, e);
+    c->topts = topts;
+    sh_err err = sh__cpu_pool_create(n, &topts, &c->pool, e);
     if (!err && pthread_create(&c->leader, NULL, leader_main, c) != 0)
         err = sh__error_set(e, SH_ENOMEM, "cpu backend: cannot start the queue thread");
-    else if (!err)
+    else if (!err) {
         c->leader_started = 1;
+        while (!atomic_load_explicit(&c->leader_placed, memory_order_acquire))
+            sched_yield(); /* the queue thread runs under its placement before create returns */
+    }
     if (err) {
         cpu_destroy(c);
         return err;

@@ -132,9 +132,11 @@ typedef struct sh__cpu_moe_scratch sh__cpu_moe_scratch;
 typedef struct sh__cpu_ctx {
     sh_backend be; /* handed out to the caller; be.ctx points back here */
     const sh__cpu_kernels *kern;
-    sh__cpu_kernels kern_amx; /* with SH_BACKEND_CPU_ISA_AMX: AVX-512's table, AMX products */
-    int32_t best_isa;         /* what the CPU has (sh__cpu_isa_detect) */
-    bool isa_capped;          /* kern is below best_isa because SHOAL_ISA said so */
+    sh__cpu_thread_opts topts; /* the threads' placement (sh_backend_cpu_opts) */
+    _Atomic int leader_placed; /* the queue thread has applied topts */
+    sh__cpu_kernels kern_amx;  /* with SH_BACKEND_CPU_ISA_AMX: AVX-512's table, AMX products */
+    int32_t best_isa;          /* what the CPU has (sh__cpu_isa_detect) */
+    bool isa_capped;           /* kern is below best_isa because SHOAL_ISA said so */
     sh__cpu_pool *pool;
 
     /* The op queue: ring[head % CAP .. tail % CAP), guarded by mu. tail_pub mirrors tail for

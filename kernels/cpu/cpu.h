@@ -30,8 +30,19 @@ typedef struct sh__cpu_pool sh__cpu_pool;
  * count. */
 typedef void (*sh__cpu_job_fn)(void *arg, int tid, int nth);
 
-/* Starts the n - 1 helper threads; the leader is the calling thread of sh__cpu_pool_run. */
-sh_err sh__cpu_pool_create(int n, sh__cpu_pool **out, sh_error *e);
+/* Placement of the backend's threads (sh_backend_cpu_opts' cpu_mask, sched, nice, no_spin). */
+typedef struct sh__cpu_thread_opts {
+    uint64_t cpu_mask;
+    int32_t sched, nice, no_spin;
+} sh__cpu_thread_opts;
+
+/* Applies *t to the calling thread (Linux: affinity, policy, niceness); 0, or an errno value
+ * for the first setting the OS refused. */
+int sh__cpu_thread_apply(const sh__cpu_thread_opts *t);
+
+/* Starts the n - 1 helper threads; the leader is the calling thread of sh__cpu_pool_run. t may
+ * be NULL (defaults); each helper applies it to itself first. */
+sh_err sh__cpu_pool_create(int n, const sh__cpu_thread_opts *t, sh__cpu_pool **out, sh_error *e);
 void sh__cpu_pool_destroy(sh__cpu_pool *p); /* accepts NULL; no job may be running */
 int sh__cpu_pool_size(const sh__cpu_pool *p);
 

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,6 +41,8 @@ struct sh__cpu_pool {
     sh__cpu_job_fn fn;
     void *arg;
     _Atomic int stop;
+    sh__cpu_thread_opts topts; /* applied by each helper as it starts; no_spin: wait by futex */
+    _Atomic int placed;        /* helpers that have applied topts (create waits for all) */
     /* Job hand-off. `gen` counts published jobs; the futex word is its low 32 bits. */
     _Alignas(64) _Atomic uint32_t gen;
     _Atomic int sleepers; /* helpers inside futex_wait on gen (the leader wakes only if > 0) */
@@ -69,7 +72,7 @@ static inline void cpu_relax(void)
 /* Waits until *addr != old; spins first, then sleeps. Returns the new value. */
 static uint32_t wait_change(sh__cpu_pool *p, _Atomic uint32_t *addr, uint32_t old)
 {
-    for (int i = 0; i < SPIN_ITERS; i++) {
+    for (int i = 0; i < (p->topts.no_spin ? 0 : SPIN_ITERS); i++) {
         uint32_t v = atomic_load_explicit(addr, memory_order_acquire);
         if (v != old)
             return v;
@@ -109,6 +112,8 @@ static void *worker_main(void *arg)
     worker *w = arg;
     sh__cpu_pool *p = w->pool;
     uint32_t seen = 0;
+    (void)sh__cpu_thread_apply(&p->topts); /* checked by the backend on its own thread first */
+    atomic_fetch_add_explicit(&p->placed, 1, memory_order_release);
     for (;;) {
         seen = wait_change(p, &p->gen, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
@@ -123,7 +128,41 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-sh_err sh__cpu_pool_create(int n, sh__cpu_pool **out, sh_error *e)
+int sh__cpu_thread_apply(const sh__cpu_thread_opts *t)
+{
+    if (!t)
+        return 0;
+#ifdef __linux__
+    const pid_t tid = (pid_t)syscall(SYS_gettid);
+    if (t->cpu_mask) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int c = 0; c < 64; c++)
+            if (t->cpu_mask >> c & 1)
+                CPU_SET(c, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0)
+            return errno;
+    }
+    if (t->sched) {
+        struct sched_param sp = {0};
+        if (sched_setscheduler(0, t->sched == 1 ? SCHED_BATCH : SCHED_IDLE, &sp) != 0)
+            return errno;
+    }
+    if (t->nice) {
+        /* Linux keeps a niceness per thread: PRIO_PROCESS with a thread id sets that thread's */
+        errno = 0;
+        const int cur = getpriority(PRIO_PROCESS, (id_t)tid);
+        if (errno)
+            return errno;
+        const int want = cur + t->nice > 19 ? 19 : cur + t->nice;
+        if (setpriority(PRIO_PROCESS, (id_t)tid, want) != 0)
+            return errno;
+    }
+#endif
+    return 0;
+}
+
+sh_err sh__cpu_pool_create(int n, const sh__cpu_thread_opts *t, sh__cpu_pool **out, sh_error *e)
 {
     *out = NULL;
     if (n < 1 || n > 1024)
@@ -136,6 +175,8 @@ sh_err sh__cpu_pool_create(int n, sh__cpu_pool **out, sh_error *e)
         return sh__error_set(e, SH_ENOMEM, "cpu pool: out of memory");
     }
     p->n = n;
+    if (t)
+        p->topts = *t;
     for (int i = 1; i < n; i++) {
         p->workers[i].pool = p;
         p->workers[i].tid = i;
@@ -146,6 +187,9 @@ sh_err sh__cpu_pool_create(int n, sh__cpu_pool **out, sh_error *e)
             return sh__error_set(e, SH_ENOMEM, "cpu pool: pthread_create failed (%d)", rc);
         }
     }
+    /* Each helper runs under its placement before the pool is handed out (startup only). */
+    while (atomic_load_explicit(&p->placed, memory_order_acquire) < n - 1)
+        sched_yield();
     *out = p;
     return SH_OK;
 }

@@ -1,8 +1,12 @@
 /* Unit tests of the CPU backend's matmul family and row-wise ops: every fast path against the
  * scalar reference (and the reference against dequantized f32 maths) on fresh random inputs. */
+#include <dirent.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kernels/cpu/cpu.h"
 #include "kernels_test_util.h"
@@ -377,13 +381,93 @@ static void test_isa_override(void)
     unsetenv("SHOAL_ISA");
 }
 
+/* The threads' placement: with cpu_mask CPU 0, SCHED_IDLE, nice +3 and no spinning, the pool's
+ * helper and the queue thread (the threads the backend started) run under those settings, and
+ * the backend still computes; out-of-range values are refused. */
+static void test_thread_placement(void)
+{
+#ifdef __linux__
+    int before[64], n_before = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n_before < 64)
+        if (de->d_name[0] != '.')
+            before[n_before++] = atoi(de->d_name);
+    if (d)
+        closedir(d);
+    errno = 0;
+    const int base_nice = getpriority(PRIO_PROCESS, 0);
+    sh_backend_cpu_opts o = {
+        .n_threads = 2, .cpu_mask = 1, .sched = SH_BACKEND_CPU_SCHED_IDLE, .nice = 3, .no_spin = 1};
+    sh_backend *be = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_backend_cpu_create(&o, &be, &e));
+    if (!be)
+        return;
+    int placed = 0;
+    d = opendir("/proc/self/task");
+    while (d && (de = readdir(d))) {
+        const int tid = atoi(de->d_name);
+        bool old = de->d_name[0] == '.';
+        for (int i = 0; i < n_before && !old; i++)
+            old = before[i] == tid;
+        if (old)
+            continue;
+        cpu_set_t set;
+        CHECK(sched_getaffinity(tid, sizeof set, &set) == 0);
+        CHECK_INT_EQ(CPU_COUNT(&set), 1);
+        CHECK(CPU_ISSET(0, &set));
+        CHECK_INT_EQ(sched_getscheduler(tid), SCHED_IDLE);
+        CHECK_INT_EQ(getpriority(PRIO_PROCESS, (id_t)tid), base_nice + 3 > 19 ? 19 : base_nice + 3);
+        placed++;
+    }
+    if (d)
+        closedir(d);
+    CHECK_INT_EQ(placed, 2); /* the pool's helper and the queue thread */
+    /* the creating thread keeps its own settings */
+    CHECK_INT_EQ(sched_getscheduler(0), SCHED_OTHER);
+    wmat w = make_w(SH_DTYPE_Q4_0, 64, 128);
+    float x[2 * 128], y[2 * 64], ry[2 * 64];
+    fill(x, 2 * 128, 1.0f);
+    sh_backend *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
+    sh_backend_stream *s, *rs;
+    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+    CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
+    CHECK_OK(sh_backend_matmul(be, s, &w.t, x, 2, y));
+    CHECK_OK(sh_backend_matmul(ref, rs, &w.t, x, 2, ry));
+    CHECK_OK(sh_backend_sync(be, s));
+    CHECK_OK(sh_backend_sync(ref, rs));
+    for (int i = 0; i < 2 * 64; i++)
+        CHECK_NEAR(y[i], ry[i], 1e-3);
+    sh_backend_stream_destroy(be, s);
+    sh_backend_stream_destroy(ref, rs);
+    sh_backend_destroy(be);
+    sh_backend_destroy(ref);
+    free_w(&w);
+    const sh_backend_cpu_opts bad[] = {{.n_threads = 1, .sched = 3},
+                                       {.n_threads = 1, .nice = 20},
+                                       {.n_threads = 1, .nice = -1},
+                                       {.n_threads = 1, .cpu_mask = (uint64_t)1 << 63}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        be = NULL;
+        CHECK_INT_EQ(sh_backend_cpu_create(&bad[i], &be, &e), SH_EINVAL);
+        CHECK(be == NULL);
+    }
+#endif
+}
+
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"matmul_vs_ref", test_matmul_vs_ref},         {"matmul_fused", test_matmul_fused},
-        {"threads_identical", test_threads_identical}, {"rowwise_ops", test_rowwise_ops},
-        {"invalid_args", test_invalid_args},           {"isa_selected", test_isa_selected},
-        {"isa_override", test_isa_override},           {NULL, NULL},
+        {"matmul_vs_ref", test_matmul_vs_ref},
+        {"matmul_fused", test_matmul_fused},
+        {"threads_identical", test_threads_identical},
+        {"rowwise_ops", test_rowwise_ops},
+        {"invalid_args", test_invalid_args},
+        {"isa_selected", test_isa_selected},
+        {"isa_override", test_isa_override},
+        {"thread_placement", test_thread_placement},
+        {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }

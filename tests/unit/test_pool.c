@@ -73,7 +73,7 @@ static void test_pool_runs(void)
         s.n = n;
         s.n_units = 1000;
         s.slow_tid = n - 1;
-        CHECK_OK(sh__cpu_pool_create(n, &s.pool, NULL));
+        CHECK_OK(sh__cpu_pool_create(n, NULL, &s.pool, NULL));
         CHECK_INT_EQ(sh__cpu_pool_size(s.pool), n);
         const int runs = 2000;
         for (s.run = 0; s.run < runs; s.run++) {
