@@ -544,8 +544,8 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
             return sh__error_set(e, SH_EINVAL,
                                  "cpu backend: cpu_mask 0x%llx names none of the %ld online CPUs",
                                  (unsigned long long)opts->cpu_mask, n_cpu);
-        /* Settings the OS refuses fail here, on the creating thread, not silently later; the
-         * creator's own settings are put back afterwards. */
+        /* Settings the OS refuses fail here (tried on a short-lived thread, so the caller's
+         * own thread keeps its settings), not silently in the pool's threads later. */
         if (topts.cpu_mask || topts.sched || topts.nice) {
             sh_err rc = probe_thread_opts(&topts);
             if (rc)
