@@ -3,6 +3,7 @@
 #ifndef SH_TESTS_KERNELS_TEST_UTIL_H
 #define SH_TESTS_KERNELS_TEST_UTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -67,6 +68,25 @@ static inline wmat make_w(sh_dtype type, int64_t n_out, int64_t n_in)
     }
     free(row);
     return w;
+}
+
+/* The worst |y - ry| / sum_k |w||x| over the n_tok x n_out outputs (token-major) of a product
+ * with w against the reference ry on the same codes: only the float summation order may differ,
+ * so fast paths are held to about 2e-5 of it. */
+static inline double worst_rel_err(const wmat *w, const float *x, const float *y, const float *ry,
+                                   int64_t n_tok, int64_t n_out, int64_t n_in)
+{
+    double worst = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double sa = 0;
+            for (int64_t k = 0; k < n_in; k++)
+                sa += fabs((double)w->deq[r * n_in + k] * x[t * n_in + k]);
+            const double e = fabs((double)y[t * n_out + r] - ry[t * n_out + r]) / sa;
+            if (!(e <= worst)) /* a NaN sticks */
+                worst = e;
+        }
+    return worst;
 }
 
 static inline void free_w(wmat *w)

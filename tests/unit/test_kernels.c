@@ -12,7 +12,7 @@
 #include "kernels_test_util.h"
 
 /* The ISAs this machine runs, best last. */
-static int isas[4], n_isas; /* scalar, avx2, avx512, amx */
+static int isas[3], n_isas;
 static void list_isas(void)
 {
     n_isas = 0;
@@ -48,8 +48,8 @@ static bool quantized(sh_dtype t)
 static void test_matmul_vs_ref(void)
 {
     list_isas();
-    sh_backend *be[4];
-    sh_backend_stream *st[4];
+    sh_backend *be[3];
+    sh_backend_stream *st[3];
     for (int i = 0; i < n_isas; i++) {
         be[i] = make(isas[i], 2);
         CHECK(be[i] != NULL);
@@ -72,7 +72,7 @@ static void test_matmul_vs_ref(void)
                     float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
                     fill(x, n_tok * n_in, 1.0f);
                     x[0] = 3.0f; /* one outlier block scale */
-                    float *y[4] = {NULL, NULL, NULL, NULL},
+                    float *y[3] = {NULL, NULL, NULL},
                           *truth = malloc((size_t)(n_tok * n_out) * sizeof(float));
                     double *scale = malloc((size_t)(n_tok * n_out) * sizeof(double));
                     double *bound = malloc((size_t)(n_tok * n_out) * sizeof(double));
@@ -332,7 +332,7 @@ static void test_isa_selected(void)
     CHECK_INT_EQ(isa, sh__cpu_isa_detect());
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
-        CHECK(isa >= SH_BACKEND_CPU_ISA_AVX512); /* AMX where the OS grants it */
+        CHECK_INT_EQ(isa, SH_BACKEND_CPU_ISA_AVX512);
     else if (__builtin_cpu_supports("avx2"))
         CHECK(isa >= SH_BACKEND_CPU_ISA_AVX2);
 #endif

@@ -116,16 +116,7 @@ static void test_amx_backend(void)
         CHECK_OK(sh_backend_matmul(ref, rs, &w.t, x, n_tok, ry));
         CHECK_OK(sh_backend_sync(be, s));
         CHECK_OK(sh_backend_sync(ref, rs));
-        double worst = 0;
-        for (int64_t t = 0; t < n_tok; t++)
-            for (int64_t r = 0; r < n_out; r++) {
-                double sa = 0;
-                for (int64_t k = 0; k < n_in; k++)
-                    sa += fabs((double)w.deq[r * n_in + k] * x[t * n_in + k]);
-                const double e = fabs((double)y[t * n_out + r] - ry[t * n_out + r]) / sa;
-                if (!(e <= worst))
-                    worst = e;
-            }
+        const double worst = worst_rel_err(&w, x, y, ry, n_tok, n_out, n_in);
         if (!(worst <= 2e-5))
             SH_FAIL_("amx backend %s: %.3g", sh__dtype_name(types[ti]), worst);
         sh_backend_weight_release(be, w.t.data);

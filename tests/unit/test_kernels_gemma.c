@@ -8,7 +8,7 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels_test_util.h"
 
-static int isas[4], n_isas; /* scalar, avx2, avx512, amx */
+static int isas[3], n_isas;
 static void list_isas(void)
 {
     n_isas = 0;

@@ -15,7 +15,7 @@ static const sh_dtype new_types[] = {SH_DTYPE_Q5_0, SH_DTYPE_Q5_1,   SH_DTYPE_Q2
 #define N_NEW (sizeof new_types / sizeof new_types[0])
 
 /* The ISAs this machine runs, scalar first. */
-static int isas[4], n_isas; /* scalar, avx2, avx512, amx */
+static int isas[3], n_isas;
 static void list_isas(void)
 {
     n_isas = 0;
@@ -92,8 +92,8 @@ static double worst_rel(const float *a, const float *b, const double *scale, int
 /* The worst errors seen, printed so that the margins stay visible. */
 static double seen_ref, seen_fast;
 
-static sh_backend *be_of[4];
-static sh_backend_stream *st_of[4];
+static sh_backend *be_of[3];
+static sh_backend_stream *st_of[3];
 
 static bool open_backends(int threads)
 {
@@ -123,7 +123,7 @@ static void check_matmul(const sh_tensor *w, const float *deq, const float *x, i
 {
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
     const size_t ny = (size_t)(n_tok * n_out);
-    float *truth = malloc(ny * sizeof(float)), *y[4] = {NULL, NULL, NULL, NULL};
+    float *truth = malloc(ny * sizeof(float)), *y[3] = {NULL, NULL, NULL};
     double *scale = malloc(ny * sizeof(double));
     reference(w->type, deq, n_out, n_in, x, n_tok, truth, scale);
     for (int i = 0; i < n_isas; i++) {
