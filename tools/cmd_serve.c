@@ -1390,9 +1390,12 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
         s->batcher[k] = batchers[k];
     }
-    if (sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, degrade_extra, s,
-                                 &s->deg) ||
-        start_watchdog(o, s, n_rep))
+    /* A policy that cannot start is bad input: exit 2, as the help says. */
+    int prc = sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, degrade_extra, s,
+                                       &s->deg);
+    if (prc)
+        return prc;
+    if (start_watchdog(o, s, n_rep))
         return 1;
     // Each model's requests go to its router, or to its only replica's batcher.
     sh_addr target[SH_CLUSTER_MAX_REPLICAS];

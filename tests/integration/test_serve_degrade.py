@@ -79,7 +79,7 @@ def refused_at_start(*args, want):
     p = subprocess.run([su.shoal_binary(), "serve", "-m", su.MODEL, "--port", "0", *args],
                        cwd=su.ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                        timeout=120)
-    assert p.returncode != 0, f"{args}: started (exit {p.returncode})"
+    assert p.returncode == 2, f"{args}: exit {p.returncode}, not 2 (bad input)"
     assert want in p.stderr, f"{args}: no {want!r} in: {p.stderr[-600:]}"
 
 
@@ -102,6 +102,9 @@ def main():
     write(os.path.join(d, "broken.lua"), "function level(m)\n  return (\nend\n")
     r.case("broken policy refused", refused_at_start, "--policy", os.path.join(d, "broken.lua"),
            want="broken.lua:3")
+    write(os.path.join(d, "throws.lua"), "-- fails when it runs\nlocal x = nil + 1\n")
+    r.case("policy that fails at start refused", refused_at_start, "--policy",
+           os.path.join(d, "throws.lua"), want="throws.lua:2")
 
     write(pol, "function level(m) return 0 end\n")
     srv = su.start("--policy", pol, "--policy-hold", str(HOLD), "--degrade-max-tokens", "4",
