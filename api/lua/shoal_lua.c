@@ -68,6 +68,19 @@ static lengine *check_open(lua_State *L, int idx)
 
 /* ---- Reading option tables ------------------------------------------------------------- */
 
+/* The string at idx (which must be one) as a C string: one holding a NUL byte raises, since
+ * everything past it would be dropped without a word ("m.gguf\0.txt" would open m.gguf, a
+ * prompt would be cut). `what` names it in the message. */
+static const char *c_string(lua_State *L, int idx, const char *what)
+{
+    size_t len;
+    const char *s = lua_tolstring(L, idx, &len);
+    size_t at = strlen(s);
+    if (at != len)
+        luaL_error(L, "shoal: %s holds a NUL byte (at byte %d of %d)", what, (int)at, (int)len);
+    return s;
+}
+
 /* Every key of the table at idx must be one of `known` (NULL-terminated): a typo is an error,
  * not a silently ignored option. */
 static void check_keys(lua_State *L, int idx, const char *what, const char *const *known)
@@ -77,7 +90,7 @@ static void check_keys(lua_State *L, int idx, const char *what, const char *cons
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             luaL_error(L, "shoal: %s: keys must be strings", what);
-        const char *k = lua_tostring(L, -1);
+        const char *k = c_string(L, -1, "an option's name");
         int ok = 0;
         for (const char *const *p = known; *p; p++)
             if (strcmp(*p, k) == 0)
@@ -150,7 +163,9 @@ static void opt_string(lua_State *L, int idx, const char *key, const char **out)
     if (t != LUA_TNIL) {
         if (t != LUA_TSTRING)
             luaL_error(L, "shoal: option '%s' must be a string, not %s", key, lua_typename(L, t));
-        *out = lua_tostring(L, -1);
+        const char *what = lua_pushfstring(L, "option '%s'", key);
+        *out = c_string(L, -2, what);
+        lua_pop(L, 1);
     }
     lua_pop(L, 1);
 }
@@ -457,7 +472,7 @@ static int l_submit(lua_State *L)
     const char *stops[MAX_STOP];
     t = lua_getfield(L, 2, "stop");
     if (t == LUA_TSTRING) {
-        stops[0] = lua_tostring(L, -1);
+        stops[0] = c_string(L, -1, "option 'stop'");
         r.stop = stops;
         r.n_stop = 1;
     } else if (t == LUA_TTABLE) {
@@ -468,7 +483,7 @@ static int l_submit(lua_State *L)
         for (lua_Integer i = 1; i <= n; i++) {
             if (lua_rawgeti(L, st, i) != LUA_TSTRING)
                 luaL_error(L, "shoal: stop[%I] must be a string", i);
-            stops[i - 1] = lua_tostring(L, -1);
+            stops[i - 1] = c_string(L, -1, "a stop string");
             lua_pop(L, 1);
         }
         r.stop = stops;
@@ -816,7 +831,8 @@ static int l_tostring(lua_State *L)
 /* shoal.strerror(code-name) -> text. */
 static int l_strerror(lua_State *L)
 {
-    const char *name = luaL_checkstring(L, 1);
+    luaL_checktype(L, 1, LUA_TSTRING);
+    const char *name = c_string(L, 1, "the error code name");
     for (int i = 0; i < SH_ERR_COUNT_; i++)
         if (strcmp(err_names[i], name) == 0) {
             lua_pushstring(L, sh_strerror((sh_err)i));

@@ -27,6 +27,9 @@ assert(#expected >= 32, "expected ids file too short")
 eq(pcall(shoal.open, "not a table"), false, "open with a string raises")
 local ok, msg = pcall(shoal.open, { model = model, modle = 1 })
 check(not ok and msg:find("unknown option 'modle'"), "open: unknown key named", tostring(msg))
+ok, msg = pcall(shoal.open, { model = model .. "\0.txt" })
+check(not ok and msg:find("option 'model' holds a NUL byte", 1, true), "open: model path with NUL raises",
+  tostring(msg))
 local e0, m0, c0 = shoal.open { model = "/nonexistent/model.gguf", threads = 1 }
 eq(e0, nil, "open of a missing file fails")
 check(type(m0) == "string" and #m0 > 0, "open failure has a message", tostring(m0))
@@ -155,6 +158,14 @@ check(raised, "callback error re-raised by poll")
 -- 5. Bad requests: misuse raises, bad values return nil, msg, code and run no callback.
 check(not pcall(eng.submit, eng, { prompt = "x", max_tokns = 3 }, {}), "unknown request key raises")
 check(not pcall(eng.submit, eng, { prompt = 5 }, {}), "non-string prompt raises")
+-- A NUL byte would cut a C string without a word: every string that becomes one raises.
+local nok, nmsg = pcall(eng.submit, eng, { prompt = "Once\0 upon" }, {})
+check(not nok and nmsg:find("option 'prompt' holds a NUL byte", 1, true), "prompt with NUL raises", tostring(nmsg))
+check(not pcall(eng.submit, eng, { prompt = "x", stop = "a\0b" }, {}), "stop with NUL raises")
+check(not pcall(eng.submit, eng, { prompt = "x", stop = { "ok", "a\0" } }, {}), "stop list with NUL raises")
+check(not pcall(eng.submit, eng, { messages = { { role = "user", content = "hi\0there" } } }, {}),
+  "message content with NUL raises")
+check(not pcall(eng.submit, eng, { ["prompt\0x"] = "x" }, {}), "option name with NUL raises")
 check(not pcall(eng.submit, eng, { prompt = "x" }, { token = 3 }), "non-function callback raises")
 local r, rmsg, rcode = eng:submit({ prompt = "bad \xc3\x28 utf8" }, {})
 eq(r, nil, "invalid UTF-8 prompt refused")
