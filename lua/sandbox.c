@@ -58,6 +58,8 @@ static bool alloc_late(sh__lua_box *b)
  * the script ends with a memory error that sh__lua_call reports as the time limit. (The hook's
  * own time error does not starve the state: unwinding it calls the message handler, which needs
  * memory.) */
+static void box_hook(lua_State *L, lua_Debug *ar);
+
 static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     sh__lua_box *b = ud;
@@ -65,6 +67,8 @@ static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     if (nsize == 0) {
         free(ptr);
         b->used -= old;
+        if (b->near && b->used <= b->limit / 2)
+            b->near = false;
         return NULL;
     }
     if (nsize > old) {
@@ -77,7 +81,22 @@ static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
     void *p = realloc(ptr, nsize);
     if (p)
         b->used = b->used - old + nsize;
+    /* Past half the limit during an evaluation: the hook looks at the very next instruction, so
+     * that a memory error a few instructions later can name its line (a doubling string crosses
+     * half and then fails within one loop turn, between two regular hook calls). lua_sethook
+     * only writes the state's hook fields, which is safe from here. */
+    if (p && !b->near && b->deadline_ns && b->used > b->limit / 2) {
+        b->near = b->hook_fast = true;
+        lua_sethook(b->L, box_hook, LUA_MASKCOUNT, 1);
+    }
     return p;
+}
+
+/* Records where the running script is (the function the hook fired in) into b->where. */
+static void note_where(sh__lua_box *b, lua_State *L, lua_Debug *ar)
+{
+    if (lua_getinfo(L, "Sl", ar) && ar->currentline > 0)
+        snprintf(b->where, sizeof b->where, "%s:%d", ar->short_src, ar->currentline);
 }
 
 /* Raised every HOOK_EVERY instructions once the deadline has passed; it keeps firing, so a script
@@ -85,6 +104,12 @@ static void *box_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 static void box_hook(lua_State *L, lua_Debug *ar)
 {
     sh__lua_box *b = sh__lua_box_of(L);
+    if (b->hook_fast) { /* asked by the allocator for one look: back to the usual pace */
+        b->hook_fast = false;
+        lua_sethook(b->L, box_hook, LUA_MASKCOUNT, HOOK_EVERY);
+    }
+    if (b->used > b->limit / 2)
+        note_where(b, L, ar);
     if (b->deadline_ns == 0 || now_ns() < b->deadline_ns)
         return;
     /* The allocator's clock is off while the message is made: were it to see the deadline now,
@@ -287,6 +312,11 @@ static int sb_rep(lua_State *L)
         lua_pushliteral(L, "");
         return 1;
     }
+    /* One allocation that cannot fit: the memory error it is about to raise names this line. */
+    sh__lua_box *b = sh__lua_box_of(L);
+    double want = ((double)l + (double)lsep) * (double)n;
+    if (want > (double)(b->limit - (b->used < b->limit ? b->used : b->limit)))
+        sh__lua_where(L, b->where, sizeof b->where);
     return call_original(L);
 }
 
@@ -498,6 +528,8 @@ sh_err sh__lua_call(sh__lua_box *b, int nargs, int nresults, sh_error *e)
     b->hit = SH__LUA_HIT_NONE;
     b->starved = false;
     b->fail_code = SH_OK;
+    b->where[0] = '\0';
+    b->near = b->hook_fast = false;
     b->deadline_ns = now_ns() + (int64_t)b->time_ms * 1000000;
     lua_sethook(L, box_hook, LUA_MASKCOUNT, HOOK_EVERY);
     int st = lua_pcall(L, nargs, nresults, base);
@@ -507,6 +539,7 @@ sh_err sh__lua_call(sh__lua_box *b, int nargs, int nresults, sh_error *e)
     if (st == LUA_OK)
         return SH_OK;
     const char *msg = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "error";
+    const char *where = b->where[0] ? b->where : b->name;
     sh_err code;
     if (b->hit == SH__LUA_HIT_TIME) {
         /* A handler that failed after the deadline replaces the hook's message, and a growth
@@ -514,11 +547,11 @@ sh_err sh__lua_call(sh__lua_box *b, int nargs, int nresults, sh_error *e)
         if (strstr(msg, "time limit"))
             code = sh__error_set(e, SH_ETIMEDOUT, "%s", msg);
         else
-            code = sh__error_set(e, SH_ETIMEDOUT, "%s: time limit of %d ms exceeded", b->name,
+            code = sh__error_set(e, SH_ETIMEDOUT, "%s: time limit of %d ms exceeded", where,
                                  (int)b->time_ms);
     } else if (st == LUA_ERRMEM) {
-        code = sh__error_set(e, SH_ENOMEM, "%s: memory limit of %zu bytes exceeded", b->name,
-                             b->limit);
+        code =
+            sh__error_set(e, SH_ENOMEM, "%s: memory limit of %zu bytes exceeded", where, b->limit);
     } else if (b->fail_code != SH_OK) {
         code = sh__error_set(e, b->fail_code, "%s", msg);
     } else {

@@ -26,6 +26,12 @@ typedef struct sh__lua_box {
     uint32_t n_growths;  /* allocations that grew, counted to pace the allocator's clock reads */
     sh_err fail_code;    /* set by sh__lua_fail: a validation error, reported without traceback */
     char name[128];      /* the script's name for messages without a line */
+    /* Where the script was last seen while it held more than half its memory limit ("f.lua:12"),
+     * for the memory error, which Lua raises with no line; "" if nowhere yet this evaluation.
+     * near: the state crossed half its limit and the hook is asked to look at the next
+     * instruction (its count set to 1 once). */
+    char where[160];
+    bool near, hook_fast;
     sh_lua_log_fn log;
     void *log_ud;
     void *host; /* the script kind's builder (cluster, scenario), reachable from C functions */

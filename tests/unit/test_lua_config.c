@@ -630,7 +630,7 @@ static void test_limits(void)
         sh_cluster_config *c = NULL;
         sh_error e = {0};
         sh_err err = load_str(hogs[i], &mem_lim, &c, &e);
-        if (err != SH_ENOMEM || !strstr(e.msg, "bad.lua: memory limit of 4194304 bytes"))
+        if (err != SH_ENOMEM || !strstr(e.msg, "bad.lua:1: memory limit of 4194304 bytes"))
             SH_FAIL_("hog %zu: %s \"%s\"", i, sh_strerror(err), e.msg);
     }
     /* Allocation-heavy loops stop on time too. Near the memory limit each new string makes Lua

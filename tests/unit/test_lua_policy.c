@@ -117,7 +117,7 @@ static void test_limits(void)
         CHECK(strstr(e.msg, "pol.lua:4: time limit of 30 ms exceeded") != NULL);
         CHECK(dt < 0.5);
         CHECK_INT_EQ(sh_policy_level_pairs(p, hog, 1, &level, &e), SH_ENOMEM);
-        CHECK(strstr(e.msg, "pol.lua: memory limit of 2097152 bytes exceeded") != NULL);
+        CHECK(strstr(e.msg, "pol.lua:5: memory limit of 2097152 bytes exceeded") != NULL);
         /* The host and the state carry on: the next good call works. */
         CHECK_INT_EQ(level_of(p, 0), (3 + 3 * round + 2) % 5);
     }
