@@ -6,7 +6,11 @@
  * single quotes only, so the C strings below need few escapes; edit them in place. */
 #include "actors/admin_page.h"
 
+#include <mbedtls/base64.h>
+#include <mbedtls/md.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/auth.h"
@@ -99,7 +103,8 @@ static const char page[] =
     "  const e = ns ? document.createElementNS('http://www.w3.org/2000/svg', tag)\n"
     "    : document.createElement(tag);\n"
     "  for (const [k, v] of Object.entries(attrs || {}))\n"
-    "    if (k !== 'svg' && v !== null && v !== undefined) e.setAttribute(k, v);\n"
+    "    if (k === 'style') e.style.cssText = v; /* CSSOM: the CSP allows no style attribute */\n"
+    "    else if (k !== 'svg' && v !== null && v !== undefined) e.setAttribute(k, v);\n"
     "  for (const c of kids)\n"
     "    e.append(c instanceof Node ? c : document.createTextNode(c === null ? '-' : String(c)));\n"
     "  return e;\n"
@@ -295,6 +300,61 @@ static const char login[] =
     "</form>\n"
     "</body>\n"
     "</html>\n";
+
+/* The Content-Security-Policy of each document: nothing may load or run but its own inline
+ * blocks (allowed by their SHA-256, computed here once from the text above, so an edit of the
+ * page cannot leave a stale hash), its fetches to this server, and no framing at all. */
+static char page_csp[512], login_csp[384];
+static pthread_once_t csp_once = PTHREAD_ONCE_INIT;
+
+/* Appends " 'sha256-<base64>'" of the text between each `open` tag and the next `close` tag of
+ * doc to out. */
+static void add_hashes(char *out, size_t cap, const char *doc, const char *open, const char *close)
+{
+    const mbedtls_md_info_t *md = mbedtls_md_info_from_type(MBEDTLS_MD_SHA256);
+    for (const char *p = strstr(doc, open); p; p = strstr(p, open)) {
+        p += strlen(open);
+        const char *end = strstr(p, close);
+        if (!end)
+            break;
+        unsigned char h[32], b64[48];
+        size_t n = 0;
+        if (md && mbedtls_md(md, (const unsigned char *)p, (size_t)(end - p), h) == 0 &&
+            mbedtls_base64_encode(b64, sizeof b64, &n, h, sizeof h) == 0) {
+            size_t used = strlen(out);
+            snprintf(out + used, cap - used, " 'sha256-%.*s'", (int)n, (const char *)b64);
+        }
+        p = end;
+    }
+}
+
+static void make_csp(void)
+{
+    char script[128] = "", style[128] = "", lstyle[128] = "";
+    add_hashes(script, sizeof script, page, "<script>", "</script>");
+    add_hashes(style, sizeof style, page, "<style>", "</style>");
+    add_hashes(lstyle, sizeof lstyle, login, "<style>", "</style>");
+    snprintf(page_csp, sizeof page_csp,
+             "default-src 'none'; script-src%s; style-src%s; connect-src 'self'; img-src 'self'; "
+             "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+             script, style);
+    snprintf(login_csp, sizeof login_csp,
+             "default-src 'none'; style-src%s; base-uri 'none'; form-action 'self'; "
+             "frame-ancestors 'none'",
+             lstyle);
+}
+
+const char *sh__admin_page_csp(void)
+{
+    pthread_once(&csp_once, make_csp);
+    return page_csp;
+}
+
+const char *sh__admin_page_login_csp(void)
+{
+    pthread_once(&csp_once, make_csp);
+    return login_csp;
+}
 
 const char *sh__admin_page_html(size_t *len)
 {

@@ -19,6 +19,12 @@ const char *sh__admin_page_login_html(size_t *len);
  * percent-decoded ('+' is a space) into out (cap bytes with the NUL). Returns false when there is
  * none, it is empty, a %-escape is malformed, it decodes to a control byte, or it does not fit;
  * out is then undefined. Any thread. */
+/* The Content-Security-Policy header values for the page and for the login form: only their own
+ * inline script and style (by SHA-256), fetches to this server, no framing (frame-ancestors
+ * 'none'). Static strings. Any thread. */
+const char *sh__admin_page_csp(void);
+const char *sh__admin_page_login_csp(void);
+
 bool sh__admin_page_query_key(const char *query, char *out, size_t cap);
 
 #endif

@@ -274,13 +274,11 @@ static bool degrade(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t
 }
 
 /* POST /admin/policy/reload: the policy script read again; a broken one keeps the old (422 with
- * its error). Behind the API keys when keys are set. */
+ * its error). When keys are set it needs an admin key (403 for any other valid key). */
 static void policy_reload(gateway *g, sh_http_req *req)
 {
-    int32_t prio;
     sh_openai_error err;
-    if (sh_openai_auth_check(g->keys, g->n_keys, sh_http_req_header(req, "Authorization"), 0, &prio,
-                             &err)) {
+    if (sh_openai_auth_admin(g->keys, g->n_keys, sh_http_req_header(req, "Authorization"), &err)) {
         respond_error(g, req, &err);
         return;
     }
@@ -777,6 +775,9 @@ static void serve_admin_page(gateway *g, sh_http_req *req)
             sh_counter_add(g->m_http_errors, 1);
             const char *login = sh__admin_page_login_html(&len);
             sh_http_req_add_header(req, "Cache-Control", "no-store");
+            sh_http_req_add_header(req, "Content-Security-Policy", sh__admin_page_login_csp());
+            sh_http_req_add_header(req, "X-Frame-Options", "DENY");
+            sh_http_req_add_header(req, "X-Content-Type-Options", "nosniff");
             sh_http_respond(req, 401, "text/html; charset=utf-8", login, len);
             return;
         }
@@ -784,6 +785,9 @@ static void serve_admin_page(gateway *g, sh_http_req *req)
     const char *page = sh__admin_page_html(&len);
     sh_http_req_add_header(req, "Cache-Control", "no-store");
     sh_http_req_add_header(req, "Referrer-Policy", "no-referrer");
+    sh_http_req_add_header(req, "Content-Security-Policy", sh__admin_page_csp());
+    sh_http_req_add_header(req, "X-Frame-Options", "DENY");
+    sh_http_req_add_header(req, "X-Content-Type-Options", "nosniff");
     sh_http_respond(req, 200, "text/html; charset=utf-8", page, len);
 }
 

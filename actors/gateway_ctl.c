@@ -44,7 +44,7 @@ sh_openai_key *sh__gateway_ctl_keys_copy(const sh_openai_key *keys, int32_t n)
     for (int32_t i = 0; i < n; i++) {
         size_t l = strlen(keys[i].key) + 1;
         memcpy(p, keys[i].key, l);
-        out[i] = (sh_openai_key){p, keys[i].priority};
+        out[i] = (sh_openai_key){p, keys[i].priority, keys[i].admin};
         p += l;
     }
     return out;

@@ -227,6 +227,7 @@ void sh_openai_stopper_flush(sh_openai_stopper *s, const char **out, size_t *out
 typedef struct sh_openai_key {
     const char *key;  /* the secret */
     int32_t priority; /* the priority class of requests with this key */
+    bool admin;       /* may also change the server (POST /admin/policy/reload) */
 } sh_openai_key;
 
 /* Checks an Authorization header value ("Bearer <key>", NULL when absent) against keys, in time
@@ -235,5 +236,11 @@ typedef struct sh_openai_key {
  * error (code "invalid_api_key"). */
 sh_err sh_openai_auth_check(const sh_openai_key *keys, int32_t n_keys, const char *authorization,
                             int32_t default_priority, int32_t *priority, sh_openai_error *err);
+
+/* The same check for a route that changes the server (POST under /admin/): with keys set, the key
+ * must also be an admin key, else SH_EINVAL with a 403 error (code "admin_key_required"); with
+ * n_keys 0 authentication is off and SH_OK. */
+sh_err sh_openai_auth_admin(const sh_openai_key *keys, int32_t n_keys, const char *authorization,
+                            sh_openai_error *err);
 
 #endif

@@ -171,3 +171,30 @@ sh_err sh_openai_auth_check(const sh_openai_key *keys, int32_t n_keys, const cha
     *priority = keys[found].priority;
     return SH_OK;
 }
+
+sh_err sh_openai_auth_admin(const sh_openai_key *keys, int32_t n_keys, const char *authorization,
+                            sh_openai_error *err)
+{
+    int32_t prio;
+    sh_err rc = sh_openai_auth_check(keys, n_keys, authorization, 0, &prio, err);
+    if (rc != SH_OK || n_keys <= 0)
+        return rc;
+    /* The key matched; find it again (the check's constant time only guards the comparison of
+     * an unknown token, and this one is known to be valid). */
+    const char *tok = authorization + 7;
+    while (*tok == ' ')
+        tok++;
+    size_t tl = strlen(tok);
+    while (tl > 0 && (tok[tl - 1] == ' ' || tok[tl - 1] == '\t'))
+        tl--;
+    bool admin = false;
+    for (int32_t i = 0; i < n_keys; i++)
+        admin |= keys[i].admin && ct_equal(tok, tl, keys[i].key ? keys[i].key : "");
+    if (!admin) {
+        sh_openai_error_set(err, 403, "admin_key_required", NULL,
+                            "This route changes the server and needs an admin API key (given "
+                            "to the server as KEY:PRIORITY:admin); this key is not one.");
+        return SH_EINVAL;
+    }
+    return SH_OK;
+}

@@ -284,8 +284,12 @@ static int prepare(chaos *ch)
     } else if (o->pid_dir || o->epoch_file) {
         return sh__cmd_fail("--pid-dir and --epoch-file go with --attach");
     }
-    if (!o->api_key && ch->c->gateway.n_api_keys > 0)
-        o->api_key = ch->c->gateway.api_keys[0];
+    if (!o->api_key && ch->c->gateway.n_api_keys > 0) {
+        const char *k0 = ch->c->gateway.api_keys[0]; /* KEY[:P][:admin], as shoal serve reads it */
+        if (!(o->script_key = sh__cmd_key_bare(k0, strlen(k0))))
+            return sh__cmd_fail("out of memory");
+        o->api_key = o->script_key;
+    }
     if (o->duration_s < 0) {
         double end = 0;
         for (size_t i = 0; i < ch->sc->n_events; i++) {
@@ -659,6 +663,7 @@ int sh__cmd_chaos(int argc, char **argv)
         close(ch.logfd);
     free(ch.acts);
     free(ch.marks.v);
+    free(ch.o.script_key);
     sh_scenario_destroy(ch.sc);
     sh_config_destroy(ch.c);
     return rc;

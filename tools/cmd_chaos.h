@@ -13,6 +13,8 @@
 typedef struct sh__chaos_opts {
     const char *scenario, *cluster, *attach, *bin, *pid_dir, *epoch_file, *log_path, *api_key;
     const char *threads;
+    char
+        *script_key; /* the cluster script's first key as a client sends it (api_key points here) */
     int64_t requests;
     int32_t concurrency, max_tokens, prompts, prompt_words;
     uint64_t seed;

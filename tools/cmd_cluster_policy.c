@@ -25,8 +25,9 @@ static void usage(FILE *f)
                "same). A script that does not load or fails its trial call is refused and the\n"
                "old one stays in force.\n\n"
                "  URL            the server's HTTP address (default " DEFAULT_URL ")\n"
-               "  --api-key KEY  the bearer key when the server requires keys (default: the\n"
-               "                 first key of " KEY_ENV ", without its :PRIORITY)\n"
+               "  --api-key KEY  the bearer key when the server requires keys, an admin key\n"
+               "                 (default: the first key of " KEY_ENV ", without its\n"
+               "                 :PRIORITY and :admin)\n"
                "  --timeout S    seconds to connect and read the answer (default 10)\n\n"
                "Exit status: 0 reloaded, 1 the new script was refused (its error is printed),\n"
                "2 bad usage, the server not reachable, or the key refused.\n");
@@ -69,19 +70,6 @@ static int parse_url(const char *url, char *host, size_t cap, char *port)
     if (*p && strcmp(p, "/"))
         return sh__cmd_fail("%s: give the server's address only (http://HOST:PORT)", url);
     return 0;
-}
-
-static char *env_key(void)
-{
-    const char *v = getenv(KEY_ENV);
-    if (!v || !*v)
-        return NULL;
-    size_t n = strcspn(v, ",");
-    char *k = strndup(v, n);
-    char *colon = k ? strrchr(k, ':') : NULL;
-    if (colon)
-        *colon = '\0';
-    return k;
 }
 
 /* Sends the request and reads the whole answer (the server closes after it). Returns the HTTP
@@ -200,7 +188,7 @@ int sh__cmd_cluster_policy(int argc, char **argv)
     char host[256], port[8], err[512];
     if (parse_url(url, host, sizeof host, port))
         return 2;
-    char *ekey = key ? NULL : env_key();
+    char *ekey = key ? NULL : sh__cmd_env_key();
     char *body = NULL;
     int status = post(host, port, key ? key : ekey, timeout_s, &body, err, sizeof err);
     free(ekey);

@@ -34,7 +34,7 @@ static void usage(FILE *f)
                "  URL            the server's HTTP address (default " DEFAULT_URL "; the port\n"
                "                 defaults to 8080, the scheme to http://)\n"
                "  --api-key KEY  the bearer key when the server requires keys (default: the\n"
-               "                 first key of " KEY_ENV ", without its :PRIORITY)\n"
+               "                 first key of " KEY_ENV ", without :PRIORITY, :admin)\n"
                "  --json         print the server's JSON document as it came\n"
                "  --timeout S    seconds to connect and read the answer (default 10)\n\n"
                "Exit status: 0, 2 when the server cannot be reached or refuses the key (one\n"
@@ -455,24 +455,6 @@ static int print_doc(const target *t, const json_t *doc)
 
 /* ---- the command -------------------------------------------------------------------------- */
 
-/* The first key of SHOAL_API_KEY (KEY[:P] items separated by commas), without its priority. */
-static char *env_key(void)
-{
-    const char *env = getenv(KEY_ENV);
-    if (!env)
-        return NULL;
-    while (*env == ' ' || *env == ',')
-        env++;
-    size_t n = strcspn(env, ",");
-    while (n && (env[n - 1] == ' ' || env[n - 1] == '\t'))
-        n--;
-    char *k = n ? strndup(env, n) : NULL;
-    char *colon = k ? strrchr(k, ':') : NULL;
-    if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
-        *colon = '\0';
-    return k;
-}
-
 /* The error message of an OpenAI-shaped error body, or "". */
 static const char *error_message(const json_t *doc)
 {
@@ -513,7 +495,7 @@ int sh__cmd_cluster_status(int argc, char **argv)
     target t;
     if (parse_url(url ? url : DEFAULT_URL, &t))
         return 2;
-    char *ekey = key ? NULL : env_key();
+    char *ekey = key ? NULL : sh__cmd_env_key();
     if (ekey)
         key = ekey;
     if (key && key[strcspn(key, "\r\n")]) {

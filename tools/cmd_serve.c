@@ -113,12 +113,14 @@ static void usage(FILE *f)
             "                      finish_reason \"timeout\" (default: none)\n"
             "  --drain-timeout S   on SIGTERM/SIGINT, how long requests in flight may finish\n"
             "                      (default 30; a second signal stops at once)\n"
-            "  --api-key KEY[:P]   require this bearer key (repeatable); P is its priority\n"
-            "                      class, 0-255 (lower runs first; default 0). Visible to\n"
+            "  --api-key KEY[:P][:admin]  require this bearer key (repeatable); P is its\n"
+            "                      priority class, 0-255 (lower runs first; default 0);\n"
+            "                      :admin lets it change the server too (POST /admin/*,\n"
+            "                      which any other key is refused with 403). Visible to\n"
             "                      other users in ps: prefer --api-key-file or " KEY_ENV "\n"
-            "  --api-key-file PATH  keys, one KEY[:P] per line (# comments and blank lines\n"
-            "                      skipped); re-read on SIGHUP\n"
-            "  env " KEY_ENV "   keys, KEY[:P] separated by commas\n"
+            "  --api-key-file PATH  keys, one KEY[:P][:admin] per line (# comments and blank\n"
+            "                      lines skipped); re-read on SIGHUP\n"
+            "  env " KEY_ENV "   keys, KEY[:P][:admin] separated by commas\n"
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
             "  --fault-scenario F  with -c: apply fault scenario F to the links leaving the\n"
             "                      front, times counted from the end of the join (testing)\n"
@@ -179,9 +181,11 @@ static bool parse_bytes(const char *s, uint64_t *out)
     return true;
 }
 
-/* Adds KEY or KEY:PRIORITY from `what` (a flag, the environment, FILE:LINE; named in errors,
- * which never print the key). A ':' suffix must be a priority 0-255: "k:abc" is refused, not
- * taken as the key "k:abc" (a key containing ':' is written with its priority, "a:b:0"). */
+/* Adds KEY, KEY:PRIORITY, KEY:admin or KEY:PRIORITY:admin from `what` (a flag, the environment,
+ * FILE:LINE; named in errors, which never print the key). A final ":admin" makes an admin key
+ * (the POST routes under /admin/ too). A ':' suffix must then be a priority 0-255: "k:abc" is
+ * refused, not taken as the key "k:abc" (a key containing ':' is written with its priority,
+ * "a:b:0"). */
 static int add_key(serve_opts *o, const char *v, const char *what)
 {
     if (o->n_keys == MAX_KEYS)
@@ -190,7 +194,13 @@ static int add_key(serve_opts *o, const char *v, const char *what)
     if (!k)
         return sh__cmd_fail("out of memory");
     int64_t prio = 0;
+    bool admin = false;
     char *colon = strrchr(k, ':');
+    if (colon && !strcmp(colon + 1, "admin")) {
+        admin = true;
+        *colon = '\0';
+        colon = strrchr(k, ':');
+    }
     if (colon) {
         bool digits = colon[1] != '\0';
         for (const char *p = colon + 1; *p; p++)
@@ -198,9 +208,9 @@ static int add_key(serve_opts *o, const char *v, const char *what)
         if (!digits || !sh__cmd_parse_i64(colon + 1, 0, 255, &prio)) {
             free(k);
             return sh__cmd_fail("%s: the text after the last ':' of an API key must be its "
-                                "priority, a whole number from 0 to 255; write KEY or "
-                                "KEY:PRIORITY (a key that contains ':' needs a priority after "
-                                "it, e.g. KEY:0)",
+                                "priority, a whole number from 0 to 255, or 'admin'; write "
+                                "KEY, KEY:PRIORITY or KEY:PRIORITY:admin (a key that contains "
+                                "':' needs a priority after it, e.g. KEY:0)",
                                 what);
         }
         *colon = '\0';
@@ -214,7 +224,7 @@ static int add_key(serve_opts *o, const char *v, const char *what)
         return sh__cmd_fail("%s: %s", what, why);
     }
     o->key_mem[o->n_keys] = k;
-    o->keys[o->n_keys++] = (sh_openai_key){k, (int32_t)prio};
+    o->keys[o->n_keys++] = (sh_openai_key){k, (int32_t)prio, admin};
     return 0;
 }
 

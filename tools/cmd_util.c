@@ -33,6 +33,32 @@ void sh__cmd_note(void *ud, const char *line)
     fflush(stderr);
 }
 
+char *sh__cmd_key_bare(const char *item, size_t n)
+{
+    char *k = n ? strndup(item, n) : NULL;
+    char *colon = k ? strrchr(k, ':') : NULL;
+    if (colon && !strcmp(colon + 1, "admin")) {
+        *colon = '\0';
+        colon = strrchr(k, ':');
+    }
+    if (colon && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1))
+        *colon = '\0';
+    return k;
+}
+
+char *sh__cmd_env_key(void)
+{
+    const char *env = getenv("SHOAL_API_KEY");
+    if (!env)
+        return NULL;
+    while (*env == ' ' || *env == ',')
+        env++;
+    size_t n = strcspn(env, ",");
+    while (n && (env[n - 1] == ' ' || env[n - 1] == '\t'))
+        n--;
+    return sh__cmd_key_bare(env, n);
+}
+
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;

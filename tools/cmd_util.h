@@ -20,6 +20,16 @@ int sh__cmd_report(int rc, const sh_error *e);
 void sh__cmd_note(void *ud, const char *line);
 
 /* Whole-string decimal parses within [lo, hi]; false (out untouched) for anything else. */
+/* A key as a client sends it: the first n bytes of item (KEY[:P][:admin], as the server reads
+ * keys) without a final ":admin" and then a numeric ":P", malloc'd (NULL when n is 0 or out of
+ * memory). */
+char *sh__cmd_key_bare(const char *item, size_t n);
+
+/* The first key of SHOAL_API_KEY (KEY[:P][:admin] items separated by commas, blanks around an
+ * item ignored) as sh__cmd_key_bare gives it; NULL when the variable is unset or holds none.
+ * For the client commands that send one key. */
+char *sh__cmd_env_key(void);
+
 bool sh__cmd_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool sh__cmd_parse_f64(const char *s, double lo, double hi, double *out);
 bool sh__cmd_parse_f32(const char *s, float lo, float hi, float *out);

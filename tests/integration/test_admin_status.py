@@ -18,8 +18,11 @@ Cases:
   the watchdog's heartbeat figures (round trip, RSS) for every worker.
 """
 
+import base64
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -110,14 +113,36 @@ def check_shape(doc):
         assert e["node"] is None or e["node"] in names, e
 
 
+def check_csp(hdrs, text):
+    """The document's Content-Security-Policy allows exactly its own inline blocks, by SHA-256
+    of their text, no other script or style source, fetches to its own origin only, and no
+    framing; no inline style attribute or handler is left for the policy to block."""
+    csp = hdrs.get("content-security-policy", "")
+    assert hdrs.get("x-frame-options") == "DENY", hdrs
+    assert hdrs.get("x-content-type-options") == "nosniff", hdrs
+    rules = {r.split()[0]: r.split()[1:] for r in csp.split(";") if r.strip()}
+    assert rules.get("default-src") == ["'none'"], csp
+    assert rules.get("frame-ancestors") == ["'none'"], csp
+    assert "unsafe-inline" not in csp and "unsafe-eval" not in csp, csp
+    for tag, directive in (("script", "script-src"), ("style", "style-src")):
+        blocks = re.findall(f"<{tag}>(.*?)</{tag}>", text, re.S)
+        want = ["'sha256-" + base64.b64encode(hashlib.sha256(b.encode()).digest()).decode() + "'"
+                for b in blocks]
+        assert rules.get(directive, []) == want, (directive, rules.get(directive), want)
+    assert not re.search(r"\sstyle=|\son[a-z]+=", text), "an inline attribute the CSP blocks"
+
+
 def check_page(url, path="/admin/", key=None):
-    """The page: 200, HTML, self-contained (no URL it would fetch but /admin/status)."""
+    """The page: 200, HTML, self-contained (no URL it would fetch but /admin/status), with a
+    CSP that allows only its own inline blocks."""
     q = "?key=" + urllib.parse.quote(key, safe="") if key else ""
     st, hdrs, body = su.get(url, path + q, timeout=10)
     assert st == 200, f"GET {path}{q}: {st} {body[:300]!r}"
     assert hdrs.get("content-type", "").startswith("text/html"), hdrs
     assert hdrs.get("cache-control") == "no-store", hdrs
     text = body.decode()
+    check_csp(hdrs, text)
+    assert "connect-src 'self'" in hdrs["content-security-policy"], hdrs
     assert text.startswith("<!doctype html>") and "<svg id='topo'" in text, text[:200]
     low = text.lower()
     for bad in ("http://", "https://", "<link", "src=", "@import", "url(http"):
@@ -183,6 +208,7 @@ def keys_and_drain():
         st, hdrs, body = su.get(srv.url, "/admin/")
         assert st == 401 and hdrs.get("content-type", "").startswith("text/html"), (st, hdrs)
         assert b"<form" in body and b"name='key'" in body, body[:300]
+        check_csp(hdrs, body.decode())
         st, _, _ = su.get(srv.url, "/admin/?key=wrong")
         assert st == 401, st
         st, _, _ = su.get(srv.url, "/admin/?key=" + KEY)  # '+' unescaped is a space: wrong

@@ -8,8 +8,10 @@ a policy script the test rewrites and reloads, so each level is reached on purpo
 - hysteresis: after the policy drops to 0 the level stays until --policy-hold has passed;
 - bad policies (an error, an endless loop, a string, an out-of-range level, each only after a
   few good answers) keep the level in force and are logged once each, not at every tick;
-- reloads: POST /admin/policy/reload (needs a key; a broken script answers 422 with file:line
-  and the old one stays in force), SIGHUP, and `shoal cluster policy reload URL`;
+- reloads: POST /admin/policy/reload (needs an admin key, KEY:P:admin: 401 without a key, 403
+  with another valid one; a broken script answers 422 with file:line and the old one stays in
+  force), SIGHUP, and `shoal cluster policy reload URL` (the admin key from SHOAL_API_KEY; exit
+  2 with another key);
 - without --policy the route answers 409 and /metrics has no level; --policy default serves.
 
 The load-driven ladder over a cluster (fallback model included) is test_cluster_degrade.py.
@@ -28,6 +30,8 @@ import serve_util as su  # noqa: E402
 
 HOLD = 1.5
 KEY_HI, KEY_LO = "k-gold", "k-free"  # priority 0 and 5
+KEY_ADMIN = "k-ops"  # priority 0, an admin key
+AUTH_ADMIN = {"Authorization": f"Bearer {KEY_ADMIN}"}
 AUTH_HI = {"Authorization": f"Bearer {KEY_HI}"}
 AUTH_LO = {"Authorization": f"Bearer {KEY_LO}"}
 
@@ -54,8 +58,14 @@ def wait_level(url, want, timeout=5.0):
         time.sleep(0.05)
 
 
-def reload(url, headers=AUTH_HI):
+def reload(url, headers=AUTH_ADMIN):
     return su.post_json(url, "/admin/policy/reload", b"", headers=headers)
+
+
+def policy_reload_cli(url, env_key):
+    return subprocess.run([su.shoal_binary(), "cluster", "policy", "reload", url], cwd=su.ROOT,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, SHOAL_API_KEY=env_key))
 
 
 def set_policy(srv, path, body):
@@ -109,7 +119,7 @@ def main():
     write(pol, "function level(m) return 0 end\n")
     srv = su.start("--policy", pol, "--policy-hold", str(HOLD), "--degrade-max-tokens", "4",
                    "--shed-priority", "3", "--api-key", f"{KEY_HI}:0", "--api-key",
-                   f"{KEY_LO}:5", "--max-seqs", "8")
+                   f"{KEY_LO}:5", "--api-key", f"{KEY_ADMIN}:0:admin", "--max-seqs", "8")
     r.srv = srv
     problems = []
     try:
@@ -222,6 +232,9 @@ def main():
         def reloads():
             st, parsed, raw = reload(url, headers={})
             su.check_error(st, parsed, raw, 401, "invalid_api_key", "reload without a key")
+            for who in (AUTH_HI, AUTH_LO):  # valid keys, but not admin keys
+                st, parsed, raw = reload(url, headers=who)
+                su.check_error(st, parsed, raw, 403, "admin_key_required", "reload, no admin key")
             st, _, _ = su.request(url, "GET", "/admin/policy/reload", None, AUTH_HI)
             assert st == 405, st
             write(pol, "function level(m)\n  return 1 +\nend\n")
@@ -243,18 +256,17 @@ def main():
                 assert time.monotonic() < deadline, srv.log_tail(5)
                 time.sleep(0.05)
             wait_level(url, 1, timeout=HOLD + 3)
-            # The command line client.
+            # The command line client: another key is refused (403, exit 2); the admin key is
+            # taken from SHOAL_API_KEY without its priority and role.
             write(pol, "function level(m) return 2 end\n")
-            p = subprocess.run([su.shoal_binary(), "cluster", "policy", "reload", url],
-                               cwd=su.ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=30, env=dict(os.environ, SHOAL_API_KEY=KEY_HI))
+            p = policy_reload_cli(url, f"{KEY_HI}:0")
+            assert p.returncode == 2 and "403" in p.stderr, (p.returncode, p.stderr)
+            p = policy_reload_cli(url, f"{KEY_ADMIN}:0:admin")
             assert p.returncode == 0, f"exit {p.returncode}: {p.stdout} {p.stderr}"
             assert "reloaded" in p.stdout, p.stdout
             wait_level(url, 2)
             write(pol, "function level(m) return nil + 1 end\n")
-            p = subprocess.run([su.shoal_binary(), "cluster", "policy", "reload", url],
-                               cwd=su.ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=30, env=dict(os.environ, SHOAL_API_KEY=KEY_HI))
+            p = policy_reload_cli(url, f"{KEY_ADMIN}:0:admin")
             assert p.returncode != 0 and "policy.lua:1" in p.stderr, (p.returncode, p.stderr)
             text = su.metrics_with(url, AUTH_HI)
             assert su.metric(text, "shoal_policy_reloads_total", result="error") >= 3, text

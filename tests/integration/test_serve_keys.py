@@ -4,8 +4,8 @@
    priority that is not a number), `--api-key k:256`, a key file with such a line (named by
    file:line, the key not printed), an empty key file; `--max-body 1000` and `--port 70000` name
    the allowed range.
-2. Keys from --api-key-file (comments, blank lines, priorities) and from SHOAL_API_KEY (comma
-   separated) all work, others get 401, none is on the command line; /health stays open;
+2. Keys from --api-key-file (comments, blank lines, priorities, an admin key) and from
+   SHOAL_API_KEY (comma separated) all work, others get 401, none is on the command line; /health stays open;
    /metrics needs a key.
 3. --metrics-public: /metrics without a key, completions still need one.
 """
@@ -61,6 +61,8 @@ def run_refusals(r, tmp):
     r.case("--api-key k:abc is refused, saying KEY:PRIORITY",
            refused, ["--api-key", "k:abc"], ["--api-key", "KEY:PRIORITY", "0 to 255"])
     r.case("--api-key k:256 is refused", refused, ["--api-key", "k:256"], ["0 to 255"])
+    r.case("--api-key k:abc:admin is refused", refused, ["--api-key", "k:abc:admin"],
+           ["KEY:PRIORITY:admin", "0 to 255"])
     r.case("--api-key-file with a bad priority: file:line, no key printed",
            refused, ["--api-key-file", bad], [f"{bad}:4", "KEY:PRIORITY"], secret="secret-one")
     r.case("--api-key-file without keys is refused", refused, ["--api-key-file", empty],
@@ -85,7 +87,8 @@ def run_refusals(r, tmp):
 def run_keys(r, tmp):
     path = os.path.join(tmp, "keys")
     with open(path, "w") as f:
-        f.write("# production keys\n\nfile-key-1\n  file-key-2:5  \n# old: revoked-key\n")
+        f.write("# production keys\n\nfile-key-1\n  file-key-2:5  \n# old: revoked-key\n"
+                "ops-key:2:admin\n")
     os.chmod(path, 0o600)
     env = {"SHOAL_API_KEY": "env-key-1, env-key-2:1"}
     with su.server("--api-key-file", path, runner=r, env=env) as srv:
@@ -95,9 +98,9 @@ def run_keys(r, tmp):
             return status
 
         def every_key_works():
-            for k in ("file-key-1", "file-key-2", "env-key-1", "env-key-2"):
+            for k in ("file-key-1", "file-key-2", "env-key-1", "env-key-2", "ops-key"):
                 assert auth(k) == 200, f"key {k}: {auth(k)}"
-            for k in ("revoked-key", "file-key-2:5", "nope", None):
+            for k in ("revoked-key", "file-key-2:5", "ops-key:2:admin", "ops-key:2", "nope", None):
                 assert auth(k) == 401, f"key {k}: {auth(k)}"
 
         def priority_key_completes():

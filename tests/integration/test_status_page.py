@@ -248,11 +248,21 @@ def page_case(d, chromium, art):
     try:
         url = c.wait_for("'cluster: up' line", c.ups, 90)[0]
         b = Browser(chromium, d)
+        # Every document records what its Content-Security-Policy blocked (this script is the
+        # browser's, not the page's, so the policy does not apply to it).
+        b.call("Page.enable")
+        b.call("Page.addScriptToEvaluateOnNewDocument", source=(
+            "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+            "(e) => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));"))
         b.goto(url + "/admin/")
+        assert b.eval("window.__csp") == [], f"the login form broke its CSP: {b.eval('window.__csp')}"
         assert b.eval("!!document.querySelector('form#login input[name=key]')"), \
             b.eval("document.documentElement.outerHTML.slice(0, 500)")
         b.goto(url + "/admin/?key=" + urllib.parse.quote(KEY, safe=""))
         s = wait_shown(b, "every node alive", all_alive, 30)
+        assert b.eval("window.__csp") == [], f"the page broke its CSP: {b.eval('window.__csp')}"
+        # The replica's KV bar is drawn (its width is set through the CSSOM, which the CSP allows).
+        assert b.eval("document.querySelector('#replicas span.bar i').style.width").endswith("%")
         origin = url.rstrip("/")
         foreign = [r for r in s["resources"] if not r.startswith(origin + "/")]
         assert not foreign, f"the page fetched from elsewhere: {foreign}"

@@ -547,7 +547,7 @@ static void test_models_health(void)
 
 static void test_auth(void)
 {
-    sh_openai_key keys[2] = {{"sk-alpha", 0}, {"sk-beta-long", 5}};
+    sh_openai_key keys[2] = {{"sk-alpha", 0, false}, {"sk-beta-long", 5, false}};
     sh_openai_error e;
     int32_t prio = -7;
     CHECK_OK(sh_openai_auth_check(NULL, 0, NULL, 2, &prio, &e));
@@ -572,6 +572,28 @@ static void test_auth(void)
     }
 }
 
+/* The routes that change the server: an admin key passes, another valid key gets 403, an
+ * unknown or missing one 401; with no keys everything passes. */
+static void test_auth_admin(void)
+{
+    sh_openai_key keys[3] = {{"sk-alpha", 0, false}, {"sk-ops", 3, true}, {"sk-ops2", 0, false}};
+    sh_openai_error e;
+    CHECK_OK(sh_openai_auth_admin(NULL, 0, NULL, &e));
+    CHECK_OK(sh_openai_auth_admin(keys, 3, "Bearer sk-ops", &e));
+    CHECK_OK(sh_openai_auth_admin(keys, 3, "Bearer  sk-ops \t", &e));
+    const char *not_admin[] = {"Bearer sk-alpha", "Bearer sk-ops2"};
+    for (size_t i = 0; i < 2; i++) {
+        CHECK_INT_EQ(sh_openai_auth_admin(keys, 3, not_admin[i], &e), SH_EINVAL);
+        CHECK_INT_EQ(e.status, 403);
+        CHECK_STR_EQ(e.code, "admin_key_required");
+    }
+    const char *bad[] = {NULL, "Bearer sk-op", "Bearer sk-opsx", "sk-ops"};
+    for (size_t i = 0; i < 4; i++) {
+        CHECK_INT_EQ(sh_openai_auth_admin(keys, 3, bad[i], &e), SH_EINVAL);
+        CHECK_INT_EQ(e.status, 401);
+    }
+}
+
 static const sh_test_case tests[] = {
     {"prompt_rules", test_prompt_rules},
     {"completion_every_field", test_completion_every_field},
@@ -583,6 +605,7 @@ static const sh_test_case tests[] = {
     {"chunks", test_chunks},
     {"models_health", test_models_health},
     {"auth", test_auth},
+    {"auth_admin", test_auth_admin},
     {NULL, NULL},
 };
 
