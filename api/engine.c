@@ -282,6 +282,60 @@ sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e)
     return sh__error_set(e, SH_ETIMEDOUT, "the engine's actors did not start within 12 s");
 }
 
+/* The engines open in this process, so that a call on a closed (or never opened) handle answers
+ * SH_EINVAL instead of touching freed memory. A handful at most: a list under a lock. A handle
+ * whose address a later engine reuses refers to that engine; calls that race with the close of
+ * their own engine stay the caller's error (shoal.h). */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static sh_engine **live;
+static size_t n_live, cap_live;
+
+static sh_err live_add(sh_engine *eng, sh_error *e)
+{
+    pthread_mutex_lock(&live_mu);
+    if (n_live == cap_live) {
+        size_t cap = cap_live ? 2 * cap_live : 8;
+        sh_engine **p = realloc(live, cap * sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&live_mu);
+            return sh__error_set(e, SH_ENOMEM, "out of memory");
+        }
+        live = p;
+        cap_live = cap;
+    }
+    live[n_live++] = eng;
+    pthread_mutex_unlock(&live_mu);
+    return SH_OK;
+}
+
+static void live_remove(sh_engine *eng)
+{
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < n_live; i++)
+        if (live[i] == eng) {
+            live[i] = live[--n_live];
+            break;
+        }
+    if (!n_live) { /* nothing open: nothing kept (a leak check at exit sees no list) */
+        free(live);
+        live = NULL;
+        cap_live = 0;
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+bool sh__engine_live(const sh_engine *eng)
+{
+    bool found = false;
+    if (!eng)
+        return false;
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < n_live && !found; i++)
+        found = live[i] == eng;
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
 sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err)
 {
     sh_error local = {0}, *e = err ? err : &local;
@@ -323,6 +377,8 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
             goto fail;
         model_meta(eng, cfg->models[cfg->replicas[0].model].path, ss.name);
         sh_config_destroy(cfg);
+        if ((rc = live_add(eng, e)))
+            goto fail;
         *out = eng;
         return SH_OK;
     }
@@ -344,7 +400,7 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         goto fail;
     spawn_args a;
     if ((rc = start_actors(eng, &sz, &ss, eng->limit, &a, e)) ||
-        (rc = sh__engine_wait_started(eng, e)))
+        (rc = sh__engine_wait_started(eng, e)) || (rc = live_add(eng, e)))
         goto fail;
     sh_config_destroy(cfg);
     *out = eng;
@@ -360,6 +416,8 @@ sh_err sh_engine_close(sh_engine *eng)
 {
     if (!eng)
         return SH_OK;
+    if (!sh__engine_live(eng))
+        return SH_EINVAL; /* closed already, or never opened */
     int idle = 0;
     if (!atomic_compare_exchange_strong(&eng->busy, &idle, 1))
         return SH_EBUSY; /* inside a callback, or another thread polls */
@@ -373,6 +431,7 @@ sh_err sh_engine_close(sh_engine *eng)
     eng->rt = NULL;
     sh__engine_events_free(eng);
     sh__engine_fail_all(eng);
+    live_remove(eng); /* after the callbacks, which may still call in (SH_ECLOSED) */
     engine_free(eng);
     return SH_OK;
 }
@@ -381,7 +440,7 @@ sh_err sh_engine_close(sh_engine *eng)
 
 sh_err sh_model_info_get(sh_engine *eng, sh_model_info *out)
 {
-    if (!eng || !out)
+    if (!sh__engine_live(eng) || !out)
         return SH_EINVAL;
     memset(out, 0, sizeof *out);
     const sh_llama *m = eng->m;
@@ -422,13 +481,13 @@ sh_err sh_tokenize(sh_engine *eng, const char *text, size_t len, bool add_specia
     *e = (sh_error){0};
     if (n)
         *n = 0;
-    if (!eng || !n || (!text && len > 0) || cap < 0 || (cap > 0 && !ids))
+    if (!sh__engine_live(eng) || !n || (!text && len > 0) || cap < 0 || (cap > 0 && !ids))
         return sh__error_set(e, SH_EINVAL, "sh_tokenize: %s",
-                             !eng      ? "eng is NULL"
-                             : !n      ? "n is NULL"
-                             : cap < 0 ? "cap is negative"
-                             : !ids    ? "ids is NULL with cap > 0"
-                                       : "text is NULL with len > 0");
+                             !sh__engine_live(eng) ? "eng is not an open engine (NULL or closed)"
+                             : !n                  ? "n is NULL"
+                             : cap < 0             ? "cap is negative"
+                             : !ids                ? "ids is NULL with cap > 0"
+                                                   : "text is NULL with len > 0");
     if (!sh__engine_utf8_valid(text, len))
         return sh__error_set(e, SH_EINVAL, "sh_tokenize: the text is not valid UTF-8");
     sh_tokenize_opts o = {.flags = parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0};
@@ -460,13 +519,13 @@ sh_err sh_detokenize(sh_engine *eng, const int32_t *ids, int32_t n, char *text, 
     *e = (sh_error){0};
     if (len)
         *len = 0;
-    if (!eng || !len || n < 0 || (n > 0 && !ids) || (cap > 0 && !text))
+    if (!sh__engine_live(eng) || !len || n < 0 || (n > 0 && !ids) || (cap > 0 && !text))
         return sh__error_set(e, SH_EINVAL, "sh_detokenize: %s",
-                             !eng    ? "eng is NULL"
-                             : !len  ? "len is NULL"
-                             : n < 0 ? "n is negative"
-                             : !ids  ? "ids is NULL with n > 0"
-                                     : "text is NULL with cap > 0");
+                             !sh__engine_live(eng) ? "eng is not an open engine (NULL or closed)"
+                             : !len                ? "len is NULL"
+                             : n < 0               ? "n is negative"
+                             : !ids                ? "ids is NULL with n > 0"
+                                                   : "text is NULL with cap > 0");
     int32_t n_vocab = eng->m->hp.n_vocab;
     for (int32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= n_vocab)
@@ -484,13 +543,13 @@ sh_err sh_chat_apply(sh_engine *eng, const sh_chat_message *messages, int32_t n,
     *e = (sh_error){0};
     if (len)
         *len = 0;
-    if (!eng || !len || n < 1 || !messages || (cap > 0 && !text))
+    if (!sh__engine_live(eng) || !len || n < 1 || !messages || (cap > 0 && !text))
         return sh__error_set(e, SH_EINVAL, "sh_chat_apply: %s",
-                             !eng        ? "eng is NULL"
-                             : !len      ? "len is NULL"
-                             : n < 1     ? "no messages"
-                             : !messages ? "messages is NULL"
-                                         : "text is NULL with cap > 0");
+                             !sh__engine_live(eng) ? "eng is not an open engine (NULL or closed)"
+                             : !len                ? "len is NULL"
+                             : n < 1               ? "no messages"
+                             : !messages           ? "messages is NULL"
+                                                   : "text is NULL with cap > 0");
     if (!eng->has_template)
         return sh__error_set(e, SH_EUNSUPPORTED, "%s has no chat template", eng->name);
     sh_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
@@ -527,7 +586,7 @@ static void stats_one(void *arg, const sh_metric_sample *s)
 
 sh_err sh_engine_stats_get(sh_engine *eng, sh_engine_stats *out)
 {
-    if (!eng || !out)
+    if (!sh__engine_live(eng) || !out)
         return SH_EINVAL;
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&eng->mu);
@@ -546,7 +605,7 @@ sh_err sh_metrics_snapshot(sh_engine *eng, char *text, size_t cap, size_t *len)
 {
     if (len)
         *len = 0;
-    if (!eng || !len || (cap > 0 && !text))
+    if (!sh__engine_live(eng) || !len || (cap > 0 && !text))
         return SH_EINVAL;
     if (!eng->rt)
         return SH_ECLOSED;
@@ -557,7 +616,7 @@ sh_err sh_metrics_snapshot(sh_engine *eng, char *text, size_t cap, size_t *len)
 
 struct sh_fault *sh_engine_fault(sh_engine *eng)
 {
-    if (!eng)
+    if (!sh__engine_live(eng))
         return NULL;
     // Created on first use: it costs a timer thread, and a model run in this process sends
     // nothing over the network.

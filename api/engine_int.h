@@ -97,6 +97,10 @@ void sh__engine_front_close(sh_engine *eng, bool after);
 void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len);
 sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e);
 
+/* True when eng is an engine that sh_engine_open returned and sh_engine_close has not finished
+ * closing (false for NULL). Any thread. */
+bool sh__engine_live(const sh_engine *eng);
+
 /* api/engine_req.c */
 extern const sh_actor_vtable sh__engine_api_vtable;
 /* Frees every queued event (close, after the runtime is gone). */

@@ -247,6 +247,8 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     *e = (sh_error){0};
     if (id)
         *id = 0;
+    if (eng && !sh__engine_live(eng))
+        return sh__error_set(e, SH_EINVAL, "sh_submit: eng is not an open engine (closed)");
     if (!eng || !req || !cb || !id)
         return sh__error_set(e, SH_EINVAL, "sh_submit: %s is NULL",
                              !eng   ? "eng"
@@ -335,8 +337,8 @@ sh_err sh_cancel(sh_engine *eng, uint64_t id, sh_error *err)
 {
     sh_error local = {0}, *e = err ? err : &local;
     *e = (sh_error){0};
-    if (!eng)
-        return sh__error_set(e, SH_EINVAL, "sh_cancel: eng is NULL");
+    if (!sh__engine_live(eng))
+        return sh__error_set(e, SH_EINVAL, "sh_cancel: eng is not an open engine (NULL or closed)");
     sh_err rc = SH_OK;
     pthread_mutex_lock(&eng->mu);
     sh_api_req *q = *slot(eng, id);
@@ -375,7 +377,7 @@ sh_err sh_cancel(sh_engine *eng, uint64_t id, sh_error *err)
 
 int32_t sh_pending(sh_engine *eng)
 {
-    if (!eng)
+    if (!sh__engine_live(eng))
         return 0;
     pthread_mutex_lock(&eng->mu);
     int32_t n = eng->pending;
@@ -383,7 +385,7 @@ int32_t sh_pending(sh_engine *eng)
     return n;
 }
 
-int sh_fd(sh_engine *eng) { return eng ? eng->efd : -1; }
+int sh_fd(sh_engine *eng) { return sh__engine_live(eng) ? eng->efd : -1; }
 
 /* ---- the "api" actor: messages from the batcher become events ----------------------------- */
 
@@ -634,7 +636,7 @@ sh_err sh_poll(sh_engine *eng, int32_t timeout_ms, uint32_t *ran)
 {
     if (ran)
         *ran = 0;
-    if (!eng)
+    if (!sh__engine_live(eng))
         return SH_EINVAL;
     int idle = 0;
     if (!atomic_compare_exchange_strong(&eng->busy, &idle, 1))

@@ -122,7 +122,9 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
  * run once, on the calling thread, before this returns; then the engine's threads are joined and
  * every byte it held is freed. Blocks until that is done. NULL is fine (SH_OK). Must not be
  * called from inside a callback or while another thread is in sh_poll() on this engine: both
- * answer SH_EBUSY and leave the engine open. */
+ * answer SH_EBUSY and leave the engine open. Afterwards the handle is refused by every call:
+ * SH_EINVAL (sh_fd -1, sh_pending 0, sh_engine_fault NULL), a second close included, as long as
+ * no later engine was opened at the same address; no call may race with its engine's close. */
 sh_err sh_engine_close(sh_engine *eng);
 
 /* ---- Requests ---------------------------------------------------------------------------- */

@@ -484,6 +484,44 @@ static void test_close_in_flight(void)
     }
 }
 
+/* A closed handle is refused by every call, a second close included, without touching the
+ * freed engine (ASan would report a use after free); a pointer that never was an engine too. */
+static void test_closed_handle(void)
+{
+    sh_engine *eng = open_tiny(1, 0);
+    if (!eng)
+        return;
+    CHECK_OK(sh_engine_close(eng));
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once";
+    uint64_t id = 7;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_submit(eng, &r, &CB, NULL, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "not an open engine") != NULL);
+    CHECK(id == 0);
+    CHECK_INT_EQ(sh_cancel(eng, 1, &e), SH_EINVAL);
+    CHECK_INT_EQ(sh_poll(eng, 0, NULL), SH_EINVAL);
+    CHECK_INT_EQ(sh_fd(eng), -1);
+    CHECK_INT_EQ(sh_pending(eng), 0);
+    sh_model_info mi;
+    CHECK_INT_EQ(sh_model_info_get(eng, &mi), SH_EINVAL);
+    int32_t ids[8], n = 0;
+    CHECK_INT_EQ(sh_tokenize(eng, "Once", 4, true, false, ids, 8, &n, &e), SH_EINVAL);
+    char text[64];
+    size_t len = 0;
+    CHECK_INT_EQ(sh_detokenize(eng, ids, 0, text, sizeof text, &len, &e), SH_EINVAL);
+    sh_chat_message m = {"user", "hi"};
+    CHECK_INT_EQ(sh_chat_apply(eng, &m, 1, text, sizeof text, &len, &e), SH_EINVAL);
+    sh_engine_stats st;
+    CHECK_INT_EQ(sh_engine_stats_get(eng, &st), SH_EINVAL);
+    CHECK_INT_EQ(sh_metrics_snapshot(eng, text, sizeof text, &len), SH_EINVAL);
+    CHECK(sh_engine_fault(eng) == NULL);
+    CHECK_INT_EQ(sh_engine_close(eng), SH_EINVAL);
+    int not_an_engine = 0;
+    CHECK_INT_EQ(sh_poll((sh_engine *)&not_an_engine, 0, NULL), SH_EINVAL);
+    CHECK_INT_EQ(sh_engine_close((sh_engine *)&not_an_engine), SH_EINVAL);
+}
+
 static void test_memory_budget(void)
 {
     sh_engine_opts o = sh_engine_opts_default();
@@ -1047,6 +1085,7 @@ int main(int argc, char **argv)
                                          {"request_options", test_request_options},
                                          {"fd_readable", test_fd_readable},
                                          {"close_in_flight", test_close_in_flight},
+                                         {"closed_handle", test_closed_handle},
                                          {"memory_budget", test_memory_budget},
                                          {"tokenizer_and_metrics", test_tokenizer_and_metrics},
                                          {"chat", test_chat},
