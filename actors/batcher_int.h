@@ -10,9 +10,9 @@
 #include <stdint.h>
 
 #include "actors/actor_util.h"
-#include "actors/openai.h"
 #include "actors/serve.h"
 #include "model/tokenizer.h"
+#include "net/openai.h"
 
 #define TIMER_FORM 1
 #define TIMER_DEADLINE 2

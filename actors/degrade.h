@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/openai.h"
 #include "lua/config.h"
+#include "net/openai.h"
 #include "shoal/runtime.h"
 
 typedef struct sh_degrade sh_degrade;
@@ -46,7 +46,7 @@ typedef struct sh_degrade_opts {
     sh_runtime *rt;
     /* Optional: called (on the ticking thread, or the reloading one for "policy") for each level
      * change ("level", msg "0 -> 2: queue_depth=9 ...") and each reload ("policy"), for the
-     * front's event ring (tools/cluster_events.h). */
+     * front's event ring (actors/cluster_events.h). */
     void (*note)(void *user, const char *kind, const char *msg);
     void *note_user;
     /* Optional: more metrics for level(m), written into out (at most cap) on the ticking thread

@@ -1,6 +1,6 @@
 /* The gateway: the OpenAI-compatible HTTP API in front of a replica's batcher.
  *
- * It runs the HTTP/1.1 server of actors/http.h on its own loop (so every HTTP callback runs on
+ * It runs the HTTP/1.1 server of net/http.h on its own loop (so every HTTP callback runs on
  * the gateway's thread, beside its vtable members), validates and tokenizes each request, sends
  * one SUBMIT to the batcher, and turns the TOKEN / DONE / FAIL messages that come back into
  * server-sent events or a single JSON response. It keeps each request until it is finished, and
@@ -8,7 +8,7 @@
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
  * GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/ (when the
- * process gave providers). Errors are OpenAI-shaped JSON (actors/openai.h).
+ * process gave providers). Errors are OpenAI-shaped JSON (net/openai.h).
  *
  * Tokenization off the loop is in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
  * the three files share is in gateway_int.h.
@@ -24,12 +24,12 @@
 
 #include <jansson.h>
 
-#include "actors/admin_page.h"
 #include "actors/degrade.h"
 #include "actors/gateway_int.h"
 #include "actors/node_metrics.h"
 #include "base/error.h"
 #include "model/sampler.h"
+#include "net/admin_page.h"
 #include "runtime/actor_uv.h"
 
 #define PENALTY_WINDOW 64
@@ -755,7 +755,7 @@ void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *c
 
 /* ---- routing ------------------------------------------------------------------------------ */
 
-/* GET /admin/: the status page (actors/admin_page.h). With keys set it needs one like the other
+/* GET /admin/: the status page (net/admin_page.h). With keys set it needs one like the other
  * admin routes, from ?key= (a browser's address bar sends no header; the page's script then
  * sends it as a bearer key) or the Authorization header; without one it answers 401 with a form
  * that asks for it. */

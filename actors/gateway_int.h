@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #include "actors/actor_util.h"
-#include "actors/http.h"
 #include "actors/serve.h"
 #include "base/error.h"
+#include "net/http.h"
 
 typedef struct gw_choice gw_choice; /* one choice's progress (gateway.c) */
 

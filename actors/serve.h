@@ -16,10 +16,10 @@
 #include <stdint.h>
 
 #include "actors/kvmgr_core.h"
-#include "actors/openai.h"
 #include "model/chat.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "net/openai.h"
 #include "shoal/runtime.h"
 
 /* ---- kvmgr ------------------------------------------------------------------------------ */
@@ -265,7 +265,7 @@ typedef struct sh_gateway_args {
     /* Optional: GET /admin/status answers 200 with the JSON document this returns (a superset
      * of cluster_json's with health, degradation level and the last events;
      * tools/cluster_status.h), and GET /admin/ with the status page that draws it
-     * (actors/admin_page.h). Called like cluster_json, with cluster_user. Behind the API keys
+     * (net/admin_page.h). Called like cluster_json, with cluster_user. Behind the API keys
      * when keys are set (the page also takes the key as ?key=); answered while draining too.
      * NULL: both are 404. */
     char *(*status_json)(void *user);

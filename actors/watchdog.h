@@ -91,7 +91,7 @@ typedef struct sh_watchdog_args {
     void (*tick)(void *user, uint64_t now_ms);
     void *tick_user;
     /* Called on the actor's loop thread for each event (may be NULL); kind as in
-     * tools/cluster_events.h, node and replica -1 when not about one. */
+     * actors/cluster_events.h, node and replica -1 when not about one. */
     void (*note)(void *user, const char *kind, int32_t node, int32_t replica, const char *msg);
     void *note_user;
 } sh_watchdog_args;

@@ -6,9 +6,9 @@
 #include <stdint.h>
 
 #include "actors/cluster.h"
+#include "actors/cluster_events.h"
 #include "actors/watchdog.h"
 #include "shoal/runtime.h"
-#include "tools/cluster_events.h"
 
 /* What the document is built from. Filled by `shoal serve` before the gateway is spawned; must
  * outlive the runtime (the gateway's callback reads it). The metric pointers are looked up on
@@ -60,7 +60,7 @@ typedef struct sh_cluster_status_src {
 char *sh__cluster_status_json(void *user);
 
 /* The gateway's status_json callback: GET /admin/status, what the status page (GET /admin/,
- * actors/admin_page.h) draws. The same contract as sh__cluster_status_json(); the document is
+ * net/admin_page.h) draws. The same contract as sh__cluster_status_json(); the document is
  * a superset of /admin/cluster's ("object": "shoal.status"), with:
  *
  *   "time_unix_ms": the server's wall clock, "health_source": "watchdog" (a node's health is the
@@ -80,7 +80,7 @@ char *sh__cluster_status_json(void *user);
  *   routing) | "down" (out of routing, not paused), "load" and "weight" (the router's, null with
  *   one replica);
  *   "events_total": events ever logged, "events": the last (at most 32), oldest first, each
- *   {"seq", "unix_ms", "kind" (tools/cluster_events.h), "node": name or null, "replica": k or
+ *   {"seq", "unix_ms", "kind" (actors/cluster_events.h), "node": name or null, "replica": k or
  *   null, "msg"}. */
 char *sh__cluster_status_full_json(void *user);
 

@@ -44,7 +44,7 @@ typedef struct sh__chaos_req {
 /* One line of the cluster's history: from GET /admin/status's events or its log lines. */
 typedef struct sh__chaos_mark {
     double t;      /* seconds from the epoch */
-    char kind[16]; /* "dead", "resumed", ... as tools/cluster_events.h, or "exited" (supervisor) */
+    char kind[16]; /* "dead", "resumed", ... as actors/cluster_events.h, or "exited" (supervisor) */
     char node[64]; /* "" when none */
     int32_t replica;
     char msg[160];

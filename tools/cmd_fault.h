@@ -9,7 +9,7 @@
 #include <uv.h>
 
 #include "lua/config.h"
-#include "lua/fault_scenario.h"
+#include "runtime/fault_scenario.h"
 #include "shoal/runtime.h"
 #include "shoal/transport.h"
 

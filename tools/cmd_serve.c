@@ -14,6 +14,7 @@
 
 #include "actors/actor_util.h"
 #include "actors/cluster.h"
+#include "actors/cluster_events.h"
 #include "actors/cluster_key.h"
 #include "actors/node_metrics.h"
 #include "actors/router.h"
@@ -24,7 +25,6 @@
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
-#include "tools/cluster_events.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"

@@ -5,8 +5,11 @@
 #   model/    knows base/ and kernels/ (no runtime, no actors, no Lua)
 #   runtime/  knows base/ (no model, no kernels, no Lua: the runtime knows no LLM)
 #   lua/      knows base/ and the public shoal/ headers
+#   net/      the HTTP server, the OpenAI codec, the status page: knows base/ only
+#   actors/   the actor kinds: every layer above (base, runtime, model, kernels, lua, net), never
+#             api/ or tools/
 #   api/      knows every layer above but tools/ (the shoal program uses api/, not the reverse)
-#   actors/, tools/ sit on top and may include any layer; nothing below includes them.
+#   tools/    sits on top and may include any layer; nothing below includes it.
 # Prints each offending include with its file and line; "N passed, N failed" at the end.
 set -u
 src=${SH_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -18,12 +21,14 @@ allowed() { # DIR -> the top folders its files may include (besides their own an
   model) echo "base kernels" ;;
   runtime) echo "base" ;;
   lua) echo "base" ;;
-  api) echo "base kernels model runtime lua actors api" ;;
+  net) echo "base" ;;
+  actors) echo "base kernels model runtime lua net" ;;
+  api) echo "base kernels model runtime lua net actors api" ;;
   *) echo "*" ;;
   esac
 }
 pass=0 fail=0
-for dir in base kernels model runtime lua api; do
+for dir in base kernels model runtime lua net actors api; do
   ok=$(allowed $dir)
   bad=0
   while IFS=: read -r file line inc; do

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "actors/http.h"
+#include "net/http.h"
 #include "sh_test.h"
 #include "shoal/err.h"
 

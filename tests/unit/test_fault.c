@@ -2,7 +2,7 @@
 #include <pthread.h>
 
 #include "lua/config.h"
-#include "lua/fault_scenario.h"
+#include "runtime/fault_scenario.h"
 #include "runtime/msg.h"
 #include "shoal/fault.h"
 #include "test_runtime_util.h"

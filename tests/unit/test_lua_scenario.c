@@ -3,7 +3,7 @@
 #include <time.h>
 
 #include "lua/config.h"
-#include "lua/fault_scenario.h"
+#include "runtime/fault_scenario.h"
 #include "sh_test.h"
 #include "shoal.h"
 

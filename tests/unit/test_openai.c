@@ -1,7 +1,7 @@
 /* OpenAI request parsing (every field, a corpus of bad requests), response builders, API keys. */
 #include <jansson.h>
 
-#include "actors/openai.h"
+#include "net/openai.h"
 #include "sh_test.h"
 #include "shoal/err.h"
 

@@ -1,5 +1,5 @@
 /* The stop-string streamer: matches split across pieces, overlapping prefixes, UTF-8, flushing. */
-#include "actors/openai.h"
+#include "net/openai.h"
 #include "sh_test.h"
 #include "shoal/err.h"
 

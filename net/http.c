@@ -8,7 +8,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 
-#include "actors/http_internal.h"
+#include "net/http_internal.h"
 
 /* How long a closing connection keeps reading (and discarding) after its last response, so that
  * unread request bytes do not turn the close into a reset that destroys the response. */

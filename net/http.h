@@ -1,6 +1,6 @@
 /* A small HTTP/1.1 server on a caller's libuv loop: keep-alive, pipelining, limits, streaming. */
-#ifndef SH_ACTORS_HTTP_H
-#define SH_ACTORS_HTTP_H
+#ifndef SH_NET_HTTP_H
+#define SH_NET_HTTP_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,10 +1,10 @@
 /* Internal structures shared by the HTTP server's connection code and its response writer. */
-#ifndef SH_ACTORS_HTTP_INTERNAL_H
-#define SH_ACTORS_HTTP_INTERNAL_H
+#ifndef SH_NET_HTTP_INTERNAL_H
+#define SH_NET_HTTP_INTERNAL_H
 
 #include <http_parser.h>
 
-#include "actors/http.h"
+#include "net/http.h"
 
 /* Bytes of pipelined input buffered while a request is being answered before reading stops. */
 #define SH_HTTP_PIPELINE_CAP (64 * 1024)

@@ -1,5 +1,5 @@
-/* The front's ring of fault and recovery events (tools/cluster_events.h). */
-#include "tools/cluster_events.h"
+/* The front's ring of fault and recovery events (actors/cluster_events.h). */
+#include "actors/cluster_events.h"
 
 #include <stdarg.h>
 #include <stdio.h>

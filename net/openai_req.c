@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/openai.h"
+#include "net/openai.h"
 
 sh_err sh_openai_error_set(sh_openai_error *e, int status, const char *code, const char *param,
                            const char *fmt, ...)

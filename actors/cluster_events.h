@@ -1,8 +1,8 @@
 /* The front's log of faults and recoveries: a small ring of timestamped events that the watchdog,
  * the recovery code and the degradation ladder write and GET /admin/status (and `shoal chaos`,
  * which measures detection and recovery times from it) read. */
-#ifndef SH_TOOLS_CLUSTER_EVENTS_H
-#define SH_TOOLS_CLUSTER_EVENTS_H
+#ifndef SH_ACTORS_CLUSTER_EVENTS_H
+#define SH_ACTORS_CLUSTER_EVENTS_H
 
 #include <pthread.h>
 #include <stddef.h>

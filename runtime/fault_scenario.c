@@ -8,7 +8,7 @@
 #include <uv.h>
 
 #include "base/error.h"
-#include "lua/fault_scenario.h"
+#include "runtime/fault_scenario.h"
 
 struct sh_fault_runner {
     sh_fault_event *events; /* (n) */

@@ -1,10 +1,11 @@
-/* Runs a fault scenario (lua/config.h events) against fault layers (shoal/fault.h) and host
- * callbacks: the bridge between the scenario language and the runtime's fault layer, kept in lua/
- * so that the runtime knows nothing of scripts. */
-#ifndef SH_LUA_FAULT_SCENARIO_H
-#define SH_LUA_FAULT_SCENARIO_H
+/* Runs a fault scenario (the events of base/fault_event.h, which the Lua loader of lua/config.h
+ * fills from a script) against fault layers (shoal/fault.h) and host callbacks. It touches no Lua:
+ * the runtime knows the events as data, never the scripts. */
+#ifndef SH_RUNTIME_FAULT_SCENARIO_H
+#define SH_RUNTIME_FAULT_SCENARIO_H
 
-#include "lua/config.h"
+#include "base/fault_event.h"
+#include "shoal/err.h"
 #include "shoal/fault.h"
 
 /* What the host provides for the process-level actions and for names. Called on the runner's

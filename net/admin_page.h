@@ -1,8 +1,8 @@
 /* The status page: the HTML document the gateway serves at GET /admin/, compiled into the
  * binary (no external assets). It draws GET /admin/status (tools/cluster_status.h) and refreshes
  * itself every 500 ms (docs/cluster.md, "The status page"). */
-#ifndef SH_ACTORS_ADMIN_PAGE_H
-#define SH_ACTORS_ADMIN_PAGE_H
+#ifndef SH_NET_ADMIN_PAGE_H
+#define SH_NET_ADMIN_PAGE_H
 
 #include <stdbool.h>
 #include <stddef.h>

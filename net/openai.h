@@ -1,7 +1,7 @@
 /* OpenAI API layer: request parsing and validation, response and SSE chunk builders, stop
  * strings over a token stream, and bearer API keys. Pure functions, no I/O; any thread. */
-#ifndef SH_ACTORS_OPENAI_H
-#define SH_ACTORS_OPENAI_H
+#ifndef SH_NET_OPENAI_H
+#define SH_NET_OPENAI_H
 
 #include <stdbool.h>
 #include <stddef.h>

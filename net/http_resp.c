@@ -5,7 +5,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "actors/http_internal.h"
+#include "net/http_internal.h"
 
 const char *sh_http_status_text(int status)
 {

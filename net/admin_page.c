@@ -1,10 +1,10 @@
-/* The status page the gateway serves at GET /admin/ (actors/admin_page.h): one HTML document
+/* The status page the gateway serves at GET /admin/ (net/admin_page.h): one HTML document
  * with its CSS and script inline, no external assets, so it works with no network but the
  * server's. The script polls GET /admin/status every 500 ms and draws the cluster's topology
  * (nodes and links coloured by health), its replicas' load, the degradation level and the last
  * faults and recoveries; the document's layout is in tools/cluster_status.h. The markup uses
  * single quotes only, so the C strings below need few escapes; edit them in place. */
-#include "actors/admin_page.h"
+#include "net/admin_page.h"
 
 #include <mbedtls/base64.h>
 #include <mbedtls/md.h>

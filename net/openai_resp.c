@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/openai.h"
+#include "net/openai.h"
 
 /* Length of the valid UTF-8 sequence at p (1..4), or 0 when p does not start one. */
 static size_t utf8_seq(const unsigned char *p, size_t left)

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "actors/openai.h"
+#include "net/openai.h"
 
 sh_err sh_openai_stopper_init(sh_openai_stopper *s, const char *const *stops, int n)
 {
