@@ -4,6 +4,7 @@
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
 FUZZ_BUILD  ?= build-fuzz
+TSAN_BUILD  ?= build-tsan
 JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL       ?= models/smollm2-135m-instruct-q4_1.gguf
 PROMPT      ?= Once upon a time, a little fox
@@ -15,7 +16,7 @@ SOAK_SECONDS ?= 120
 CMAKE_FLAGS ?=
 PREFIX      ?= /usr/local
 
-.PHONY: all bootstrap model model-gemma3 build install run generate venv test test-fast test-asan test-fuzz soak format format-check clean
+.PHONY: all bootstrap model model-gemma3 build install run generate venv test test-fast test-asan test-fuzz test-tsan soak format format-check clean
 
 all: build
 
@@ -71,6 +72,23 @@ test-asan: bootstrap
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSH_WERROR=ON -DSH_ASAN=ON -DSH_UBSAN=ON -DSH_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
+
+# ThreadSanitizer over the tests that run the cluster's threads together (fronts, workers,
+# watchdog, router, recovery, the embedding engine and its cluster front); not in CI (about 25
+# minutes on 2 cores). Every report goes to $(TSAN_BUILD)/tsan-reports/ (the shoal processes the
+# Python tests start included); any report fails the target. The heavy-compute pipeline tests
+# (test_stage_pipeline, test_cluster_pipeline) are left out: under TSan they outrun their
+# timeouts, and their threads are the same as test_cluster_failure's.
+TSAN_TESTS ?= test_engine|test_chaos_kill_(decode|standby)|test_cluster_(router|watchdog|failure|standby|up|degrade|status|metrics|forged|preauth|lossy|leak|hosts|tls|models|bad)|test_admin_status
+test-tsan: bootstrap model
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSH_WERROR=ON -DSH_TSAN=ON -DSH_CUDA=OFF
+	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	rm -rf $(TSAN_BUILD)/tsan-reports && mkdir -p $(TSAN_BUILD)/tsan-reports
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="log_path=$(abspath $(TSAN_BUILD))/tsan-reports/report second_deadlock_stack=1" \
+		ctest --output-on-failure -R '$(TSAN_TESTS)'; rc=$$?; \
+		n=$$(ls tsan-reports | wc -l); \
+		if [ $$n -gt 0 ]; then echo "test-tsan: $$n report file(s) in $(TSAN_BUILD)/tsan-reports:"; head -40 tsan-reports/*; exit 1; fi; \
+		echo "test-tsan: no ThreadSanitizer report"; exit $$rc
 
 test-fuzz: bootstrap
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DSH_FUZZ=ON -DSH_CUDA=OFF -DSH_WERROR=ON -DSH_FUZZ_SECONDS=$(FUZZ_SECONDS)

@@ -709,7 +709,7 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
     // Its connection count now, so that a later loss is noticed again.
     if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) == SH_OK)
         f->ups[node] = l.ups;
-    f->lost[node] = false;
+    __atomic_store_n(&f->lost[node], false, __ATOMIC_RELEASE); /* the status page reads it */
     return 0;
 }
 

@@ -148,7 +148,7 @@ static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n
                             const char *model, json_t *stages)
 {
     const struct sh_cluster_status_rep *r = &s->rep[k];
-    bool healthy = !(s->front && s->front->down[k]);
+    bool healthy = !(s->front && __atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE));
     json_t *router = json_null();
     if (n_rep > 1)
         router = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I}", "load", gauge(r->load), "weight",

@@ -794,7 +794,7 @@ static void node_back(server *s, int32_t i, const char *how)
     const sh_cluster_plan *p = &s->front->plan;
     const sh_config_node *nd = &p->c->nodes[i];
     double after = (double)(mono_ms() - s->rec[i].since_ms) / 1000.0;
-    s->front->lost[i] = false;
+    __atomic_store_n(&s->front->lost[i], false, __ATOMIC_RELEASE); /* the status reads it */
     if (p->c->nodes[i].standby && !strcmp(how, "restarted"))
         s->spent[i] = false; /* a fresh standby process: it can be promoted again */
     if (!strcmp(how, "restarted"))
@@ -987,7 +987,7 @@ static bool standby_back(serve_opts *o, server *s, int32_t i)
     }
     f->ups[i] = l.ups;
     atomic_store_explicit(&s->watch.node[i].base_ups, l.ups, memory_order_release);
-    f->lost[i] = false;
+    __atomic_store_n(&f->lost[i], false, __ATOMIC_RELEASE);
     return true;
 }
 
@@ -998,7 +998,7 @@ static int32_t next_death(server *s)
         uint64_t d = atomic_load_explicit(&s->watch.node[i].deaths, memory_order_acquire);
         if (d != s->seen_deaths[i]) {
             s->seen_deaths[i] = d;
-            s->front->lost[i] = true;
+            __atomic_store_n(&s->front->lost[i], true, __ATOMIC_RELEASE);
             return i;
         }
     }
