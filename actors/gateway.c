@@ -28,6 +28,7 @@
 #include "actors/gateway_int.h"
 #include "actors/node_metrics.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "model/sampler.h"
 #include "net/admin_page.h"
 #include "runtime/actor_uv.h"
@@ -803,8 +804,14 @@ static void on_http(sh_http_req *req, void *user)
     if (!strcmp(path, "/health")) {
         if (!get)
             goto bad_method;
-        char *body = sh_openai_health_json(g->draining ? "draining" : "ok", NULL);
-        respond_json(req, g->draining ? 503 : 200, body);
+        // A model file truncated under this process (base/file.h's guard): every step fails, so
+        // take the server out of rotation.
+        bool damaged = sh__file_damaged(NULL, 0);
+        char *body = sh_openai_health_json(damaged       ? "model_file_damaged"
+                                           : g->draining ? "draining"
+                                                         : "ok",
+                                           NULL);
+        respond_json(req, damaged || g->draining ? 503 : 200, body);
         return;
     }
     bool is_metrics = !strcmp(path, "/metrics");

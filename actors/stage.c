@@ -12,6 +12,7 @@
 #include "actors/hello.h"
 #include "actors/serve.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "kernels/cpu/quant.h"
 #include "model/sampler.h"
 #include "runtime/mpack_write.h"
@@ -348,6 +349,14 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     sh_llama_out out;
     if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
         return err;
+    /* A model file truncated under the mapping reads as zeros from then on (the program's SIGBUS
+     * guard, base/file.h): this step and every later one are wrong, so fail them. */
+    char bad[200];
+    if (sh__file_damaged(bad, sizeof bad))
+        return sh__error_set(e, SH_EIO,
+                             "the model file %s was truncated while it was served (its missing "
+                             "pages read as zeros): restart the server with the whole file",
+                             bad);
     expert_count(st);
     if (!st->last) {
         *hidden = out.hidden;

@@ -3,12 +3,101 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
+
+/* The mappings sh__file_map made, for the SIGBUS guard: a fault inside one (its file was
+ * truncated under us) is answered with zero pages instead of killing the process. Slots are
+ * claimed by compare-and-swap and read by the handler without a lock. */
+#define GUARD_MAX 64
+static struct guard_slot {
+    _Atomic uintptr_t lo, hi; /* [lo, hi) of the mapping; lo 0: free */
+    char path[200];           /* written before lo is published */
+} guards[GUARD_MAX];
+static atomic_int guard_hits;  /* faults answered with zero pages */
+static atomic_int guard_first; /* slot + 1 of the first mapping that faulted, or 0 */
+static long guard_page;
+
+static void guard_add(const void *p, size_t n, const char *path)
+{
+    for (int i = 0; i < GUARD_MAX; i++) {
+        uintptr_t zero = 0;
+        /* claim with a placeholder, fill in, then publish the range */
+        if (atomic_compare_exchange_strong(&guards[i].lo, &zero, (uintptr_t)1)) {
+            snprintf(guards[i].path, sizeof guards[i].path, "%s", path);
+            atomic_store(&guards[i].hi, (uintptr_t)p + n);
+            atomic_store(&guards[i].lo, (uintptr_t)p);
+            return;
+        }
+    }
+    /* more than GUARD_MAX live mappings: this one is not guarded (a truncation kills) */
+}
+
+static void guard_remove(const void *p)
+{
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (atomic_load(&guards[i].lo) == (uintptr_t)p) {
+            atomic_store(&guards[i].hi, 0);
+            atomic_store(&guards[i].lo, 0);
+            return;
+        }
+}
+
+/* Async-signal-safe: atomics, mmap, write. Inside a guarded mapping the pages from the faulting
+ * one to the mapping's end become anonymous zero pages and the faulting access runs again; a
+ * fault anywhere else gets the default action (the process dies, as without the guard). */
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    uintptr_t a = (uintptr_t)si->si_addr, pg = (uintptr_t)guard_page;
+    for (int i = 0; pg && i < GUARD_MAX; i++) {
+        uintptr_t lo = atomic_load(&guards[i].lo), hi = atomic_load(&guards[i].hi);
+        if (lo > 1 && a >= lo && a < hi) {
+            uintptr_t from = a & ~(pg - 1), to = (hi + pg - 1) & ~(pg - 1);
+            if (mmap((void *)from, to - from, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                     -1, 0) == MAP_FAILED)
+                break;
+            int expect = 0;
+            atomic_compare_exchange_strong(&guard_first, &expect, i + 1);
+            if (atomic_fetch_add(&guard_hits, 1) == 0) {
+                static const char msg[] = "shoal: a model file was truncated while mapped: its "
+                                          "missing pages read as zeros; every step fails now\n";
+                ssize_t w = write(2, msg, sizeof msg - 1);
+                (void)w;
+            }
+            return;
+        }
+    }
+    signal(sig, SIG_DFL); /* not ours: the access faults again, with the default action */
+}
+
+sh_err sh__file_guard_install(void)
+{
+    guard_page = sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return guard_page > 0 && sigaction(SIGBUS, &sa, NULL) == 0 ? SH_OK : SH_EIO;
+}
+
+bool sh__file_damaged(char *path, size_t cap)
+{
+    int first = atomic_load(&guard_first);
+    if (!first)
+        return false;
+    if (path && cap)
+        snprintf(path, cap, "%s", guards[first - 1].path);
+    return true;
+}
 
 static const char *kind_of(mode_t mode)
 {
@@ -127,13 +216,16 @@ sh_err sh__file_map(const char *path, int populate, sh_file_map *out, sh_error *
         return sh__error_set(e, SH_EIO, "%s: cannot mmap: %s", path, strerror(saved));
     out->data = p;
     out->size = (size_t)size;
+    guard_add(p, (size_t)size, path);
     return SH_OK;
 }
 
 void sh__file_unmap(sh_file_map *m)
 {
-    if (m && m->data)
+    if (m && m->data) {
+        guard_remove(m->data);
         munmap((void *)m->data, m->size);
+    }
     if (m)
         memset(m, 0, sizeof *m);
 }

@@ -3,6 +3,7 @@
 #ifndef SH_BASE_FILE_H
 #define SH_BASE_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,5 +43,18 @@ void sh__file_drop(const void *p, size_t n);
 
 /* Unmaps; accepts a zeroed map. Leaves *m zeroed. */
 void sh__file_unmap(sh_file_map *m);
+
+/* The SIGBUS guard, for programs (never the library, which installs no signal handler): a file
+ * mapped by sh__file_map that is truncated while mapped makes the next read of a page past its
+ * new end raise SIGBUS, which kills the process by default. With the guard installed, such a
+ * fault turns the rest of that mapping into zero pages (the read goes on with zeros), writes one
+ * line to stderr, and sh__file_damaged() answers true from then on, so that the reader can fail
+ * its work with an error instead. A SIGBUS anywhere else keeps the default action. SH_EIO when
+ * sigaction fails. Call once, early, from the main thread. */
+sh_err sh__file_guard_install(void);
+
+/* True once a guarded mapping faulted (see above); path (cap bytes, may be NULL) gets the first
+ * such file's path. Any thread; cheap (one atomic load). */
+bool sh__file_damaged(char *path, size_t cap);
 
 #endif

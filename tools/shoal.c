@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "shoal.h"
 #include "tools/cmd.h"
 
@@ -44,6 +45,10 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
+    /* A model file truncated while mapped reads as zeros and fails the work that reads it, with
+     * an error, instead of killing the process with SIGBUS (base/file.h). */
+    if (sh__file_guard_install() != SH_OK)
+        fprintf(stderr, "shoal: warning: no SIGBUS guard (sigaction failed)\n");
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
