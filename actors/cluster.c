@@ -519,8 +519,10 @@ static int start_metrics(sh_cluster_front *f, sh_runtime *rt, sh_error *e)
     sh_addr addr = 0;
     if (sh__node_metrics_create(peers, n, &f->metrics))
         return (fail(e, "metrics: out of memory, or a node name of 64 bytes or more"), 1);
-    sh_node_metrics_collector_args ca = {.nm = f->metrics};
-    if (sh_actor_spawn(rt, "node_metrics_collector", &ca, 0, &addr, &le))
+    /* The args live in f: the collector's init runs on the loop thread after this returns
+     * (sh_actor_spawn's contract; a local here was read after its frame was reused). */
+    f->collector_args = (sh_node_metrics_collector_args){.nm = f->metrics};
+    if (sh_actor_spawn(rt, "node_metrics_collector", &f->collector_args, 0, &addr, &le))
         return (fail(e, "spawn: %s", le.msg), 1);
     if (addr != sh_addr_make((uint32_t)p->front + 1, SH_CLUSTER_METRICS_ACTOR))
         return (fail(e, "internal: the metrics collector got address %" PRIu64, (uint64_t)addr), 1);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "actors/hello.h"
+#include "actors/node_metrics.h"
 #include "lua/config.h"
 #include "model/llama.h"
 #include "shoal/runtime.h"
@@ -126,8 +127,9 @@ typedef struct sh_cluster_front {
     void *note_ud;
     sh_transport *tp;
     uint64_t ups[256]; /* per node: its link's connection count when the join completed */
-    bool lost[256];    /* per node: judged lost (the watchdog's death, until it is back); written
-                        * and read with __atomic_* (the front's main thread, the gateway's) */
+    sh_node_metrics_collector_args collector_args; /* read by the collector's init, later */
+    bool lost[256]; /* per node: judged lost (the watchdog's death, until it is back); written
+                     * and read with __atomic_* (the front's main thread, the gateway's) */
     /* sh__cluster_front_rejoin's greetings, per node (a hello actor keeps pointers to them). */
     sh_hello_peer rejoin[256];
     sh_hello_args rejoin_args[256];

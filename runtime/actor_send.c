@@ -14,17 +14,30 @@
 
 static const uint8_t empty_map = 0x80;
 
+/* A sender's use of the transport hooks, from loading the pointer to the last call through it
+ * (the grace period of sh_transport_set, runtime/internal.h). */
+static int hooks_enter(sh_runtime *rt)
+{
+    int side = (int)(atomic_load(&rt->hook_gen) & 1);
+    atomic_fetch_add(&rt->hook_users[side], 1);
+    return side;
+}
+
+static void hooks_leave(sh_runtime *rt, int side) { atomic_fetch_sub(&rt->hook_users[side], 1); }
+
 /* A large frame for another node is built straight in a buffer the transport can send without
  * copying (an nng_msg body), when the installed hooks offer one. NULL: use the runtime's own. */
 static sh_msg *remote_alloc(sh_runtime *rt, const sh_msg_hdr *h, size_t cap)
 {
     if (cap <= SH__MAILBOX_SMALL_FRAME || sh_addr_node(h->dst) == rt->node_id)
         return NULL;
+    int side = hooks_enter(rt);
     const sh_transport_hooks *hooks = atomic_load_explicit(&rt->hooks, memory_order_acquire);
-    if (!hooks || !hooks->frame_alloc || !hooks->send_owned)
-        return NULL;
     sh_frame_owner owner = {0};
-    uint8_t *data = hooks->frame_alloc(hooks->ctx, sh_addr_node(h->dst), cap, &owner);
+    uint8_t *data = hooks && hooks->frame_alloc && hooks->send_owned
+                        ? hooks->frame_alloc(hooks->ctx, sh_addr_node(h->dst), cap, &owner)
+                        : NULL;
+    hooks_leave(rt, side);
     if (!data)
         return NULL;
     sh_msg *m = sh__mailbox_msg_wrap(rt, data, 0, &owner);
@@ -201,6 +214,8 @@ static sh_err seal(sh_msg *m, sh_error *e)
     return SH_OK;
 }
 
+static sh_err route(sh_runtime *rt, sh_msg *m, sh_error *e);
+
 sh_err sh__actor_route(sh_runtime *rt, sh_msg *m, sh_error *e)
 {
     if (atomic_load_explicit(&rt->closing, memory_order_relaxed))
@@ -210,6 +225,16 @@ sh_err sh__actor_route(sh_runtime *rt, sh_msg *m, sh_error *e)
         if (err)
             return err;
     }
+    int side = hooks_enter(rt);
+    sh_err err = route(rt, m, e);
+    hooks_leave(rt, side);
+    return err;
+}
+
+/* The message through the hooks (filter, then a remote node's transport) or to a local actor;
+ * inside hooks_enter/leave. */
+static sh_err route(sh_runtime *rt, sh_msg *m, sh_error *e)
+{
     const sh_transport_hooks *hooks = atomic_load_explicit(&rt->hooks, memory_order_acquire);
     if (hooks && hooks->filter && !(m->flags & SH__MSG_NOFILTER)) {
         sh_send_verdict v = hooks->filter(hooks->ctx, m);

@@ -141,11 +141,16 @@ struct sh_runtime {
     uint64_t big_bytes;
 
     /* Transport hooks: every installed set is kept until destroy so that a sender never reads
-     * a freed set (installs are rare). */
+     * a freed set (installs are rare). A sender counts itself in hook_users[hook_gen & 1] while
+     * it uses the hooks (sh__hooks_enter/leave); sh_transport_set flips hook_gen and waits for
+     * the old side to empty, so that when it returns no sender still runs a replaced hook and
+     * its owner (a fault layer, a transport) may free the hook's context. */
     _Atomic(sh_transport_hooks *) hooks;
     sh_transport_hooks *hooks_old[16];
     uint32_t n_hooks_old;
     uv_mutex_t hooks_mu;
+    _Atomic uint64_t hook_gen;
+    _Atomic int hook_users[2];
 
     /* Waiting for actors to finish (destroy). */
     uv_mutex_t life_mu;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "runtime/internal.h"
@@ -261,6 +262,13 @@ sh_err sh_transport_set(sh_runtime *rt, const sh_transport_hooks *hooks)
     sh_transport_hooks *old = atomic_exchange(&rt->hooks, copy);
     if (old)
         rt->hooks_old[rt->n_hooks_old++] = old;
+    /* Grace period: senders that may have loaded the old set counted themselves on the side
+     * that was current before this flip; wait until that side is empty (runtime/internal.h). */
+    int side = (int)(atomic_fetch_add(&rt->hook_gen, 1) & 1);
+    while (atomic_load(&rt->hook_users[side]) > 0) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
     uv_mutex_unlock(&rt->hooks_mu);
     return SH_OK;
 }

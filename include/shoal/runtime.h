@@ -320,7 +320,9 @@ typedef struct sh_transport_hooks {
 } sh_transport_hooks;
 
 /* Installs (copies) hooks, or removes them with NULL. Call before traffic flows, from any
- * thread; concurrent senders see the old or the new set, never a mix. Returns SH_ENOMEM. */
+ * thread but never from inside a hook; concurrent senders see the old or the new set, never a
+ * mix. Returns once no sender is still inside the replaced set's calls, so that its ctx may be
+ * freed then. Returns SH_ENOMEM. */
 sh_err sh_transport_set(sh_runtime *rt, const sh_transport_hooks *hooks);
 
 /* A frame received from another node, sealed by the sender's runtime (runtime/msg.h): copied
