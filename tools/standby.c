@@ -2,6 +2,7 @@
 #include "tools/standby.h"
 
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -173,7 +174,13 @@ void sh__standby_promote(void *user, const int32_t *stages, int32_t n)
                     name, (int)stages[k] + 1);
             return;
         }
+    int open = 0;
+    if (!atomic_compare_exchange_strong(&sb->gate, &open, 1)) {
+        fprintf(stderr, "shoal: node %s: promotion refused: the node is stopping\n", name);
+        return;
+    }
     if (atomic_exchange(&sb->busy, 1)) {
+        atomic_store(&sb->gate, 0);
         fprintf(stderr,
                 "shoal: node %s: a promotion is already running; the new request waits "
                 "for the front to ask again\n",
@@ -191,13 +198,22 @@ void sh__standby_promote(void *user, const int32_t *stages, int32_t n)
     if (pthread_create(&sb->thread, NULL, promote_main, sb)) {
         fprintf(stderr, "shoal: node %s: promotion failed: cannot start a thread\n", name);
         atomic_store(&sb->busy, 0);
+        atomic_store(&sb->gate, 0);
         return;
     }
     sb->started = true;
+    atomic_store(&sb->gate, 0);
 }
 
 void sh__standby_join(sh_standby *sb)
 {
+    /* Close the gate (waiting out a start in progress on hello's loop thread): after this no
+     * promotion starts, and `started` says whether one did. */
+    for (int open = 0; !atomic_compare_exchange_weak(&sb->gate, &open, 2); open = 0) {
+        if (open == 2)
+            break;
+        sched_yield();
+    }
     if (sb->started)
         pthread_join(sb->thread, NULL);
     sb->started = false;

@@ -40,7 +40,9 @@ typedef struct sh_standby {
     int32_t n;
     sh_standby_stage st[SH_CLUSTER_MAX_STAGES];
     pthread_t thread;
-    bool started;
+    bool started;    /* thread is to be joined; written and read only while holding gate */
+    atomic_int gate; /* 0 open, 1 a promotion is being started (hello's loop thread), 2 closed
+                        by sh__standby_join: no promotion starts any more */
     atomic_int busy; /* a promotion runs */
     int32_t want[SH_CLUSTER_MAX_STAGES];
     int32_t n_want;
