@@ -264,6 +264,10 @@ void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * register, vpmaddubsw pair sums; a token's result is the same alone and in any tile. */
 void sh__cpu_avx2_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx2_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* Q4_K (ops_q4k_avx2_packed.c): reads sh__cpu_act.qk; exact integers per super-block and row, then
+ * one float multiply-add each for d and dmin per super-block in block order, the same for a matvec
+ * and any token of a tile (so outputs do not depend on the batch or the row split). */
+void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The AMX-INT8 forms of the packed kernels (ops_avx512_packed.c): 16-token tiles through AMX
  * tile products, fewer tokens through the VNNI tiles; bitwise equal to the VNNI kernels. Only

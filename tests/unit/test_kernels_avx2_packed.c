@@ -1,8 +1,9 @@
-/* The AVX2 kernels on packed Q4_0 and Q4_1 weights (ops_avx2_packed.c), called directly on a
- * packed copy, against the scalar reference on the file layout (within 2e-5 of sum_k |w||x|;
- * only the float order differs), every token bitwise equal to the same token alone (the matvec),
- * rows outside the range untouched; and through an AVX2 backend with prepared weights. Exit 77
- * without AVX2. */
+/* The AVX2 kernels on packed Q4_0, Q4_1 (ops_avx2_packed.c) and Q4_K weights
+ * (ops_q4k_avx2_packed.c), called directly on a packed copy, against the scalar reference on the
+ * file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every token bitwise
+ * equal to the same token alone (the matvec), rows outside the range untouched; Q4_K at the
+ * extremes of its 16-bit sums; and through an AVX2 backend with prepared weights. Exit 77 without
+ * AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,14 +13,18 @@
 #define KT_SEED 0xa4093822299f31d0ull
 #include "kernels_test_util.h"
 
-static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1};
-static const sh__cpu_mm_fn packed_fn[] = {sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1};
+#define N_TYPES 3
+static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q4_K};
+static const sh__cpu_mm_fn packed_fn[N_TYPES] = {sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1,
+                                                 sh__cpu_avx2_mmp_q4_k};
 
-/* Activation codes of n_tok rows as the backend makes them (the scalar rule). */
+/* Activation codes of n_tok rows as the backend makes them (the scalar rule): the 32-element
+ * blocks, and the Q8_K rows when n_in is a multiple of 256. */
 typedef struct acts {
     sh__cpu_act a;
     float *x, *d, *s;
     int8_t *qs;
+    sh_block_q8_k *qk;
 } acts;
 
 static acts make_acts(int64_t n_tok, int64_t n_in, const float *x0)
@@ -35,7 +40,13 @@ static acts make_acts(int64_t n_tok, int64_t n_in, const float *x0)
         fill(r.x, n_tok * n_in, 1.0f);
     for (int64_t t = 0; t < n_tok; t++)
         sh__cpu_quant_act_ref(r.x + t * n_in, n_in, r.qs + t * n_in, r.d + t * nb, r.s + t * nb);
-    r.a = (sh__cpu_act){.x = r.x, .qs = r.qs, .d = r.d, .s = r.s, .n_in = n_in, .n_tok = n_tok};
+    r.qk = NULL;
+    if (n_in % SH_QK_K == 0) {
+        r.qk = malloc((size_t)(n_tok * (n_in / SH_QK_K)) * sizeof *r.qk);
+        sh__quant_k_quantize(SH_DTYPE_Q8_K, r.x, r.qk, n_tok * (n_in / SH_QK_K));
+    }
+    r.a = (sh__cpu_act){
+        .x = r.x, .qs = r.qs, .d = r.d, .s = r.s, .qk = r.qk, .n_in = n_in, .n_tok = n_tok};
     return r;
 }
 
@@ -45,22 +56,26 @@ static void free_acts(acts *r)
     free(r->d);
     free(r->s);
     free(r->qs);
+    free(r->qk);
 }
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the 3-token tile (1, 2, 3, 4, 17) and one past the 1 MiB token block (n_in 16384, 70
- * tokens), accumulate on and off. */
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5; 1, 2, 3, 4, 17 tokens) and one past the 1 MiB
+ * token block (n_in 16384, 70 tokens), accumulate on and off. Q4_K only where n_in is whole
+ * super-blocks. */
 static void test_vs_ref(void)
 {
     const int64_t n_ins[] = {32, 576, 2048, 16384};
     const int64_t n_outs[] = {1, 7, 16, 33, 70};
     const int64_t n_toks[] = {1, 2, 3, 4, 17, 70};
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ai = 0; ai < 4; ai++)
             for (size_t bi = 0; bi < 5; bi++)
                 for (size_t ci = 0; ci < 6; ci++) {
                     const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
                     if ((n_tok == 70) != (n_in == 16384 && n_out == 33))
+                        continue;
+                    if (sh__cpu_type_k(types[ti]) && n_in % SH_QK_K)
                         continue;
                     wmat w = make_w(types[ti], n_out, n_in);
                     const size_t gb = sh__cpu_pack_group_bytes(types[ti], n_in);
@@ -135,7 +150,63 @@ static void test_vs_ref(void)
                 }
 }
 
-/* An AVX2 backend prepares (packs) Q4_0 and Q4_1 weights and its matmuls read the copy: a
+/* Q4_K at the edge of the kernel's 16-bit sums: every code 15, every scale and minimum 63, and
+ * activations whose Q8_K codes are all -127 (a constant row quantizes to -127 whatever its sign,
+ * quant_k.c), so each sub-block's eight pair sums add to -30480 per 16-bit lane; random rows
+ * beside them. Against the scalar reference (2e-5 of sum_k |w||x|) and every token alone equal to
+ * its tile. */
+static void test_q4k_extreme(void)
+{
+    const int64_t n_in = 1024, n_out = 40, n_tok = 9, nb = n_in / SH_QK_K;
+    wmat w = make_w(SH_DTYPE_Q4_K, n_out, n_in);
+    for (int64_t r = 0; r < n_out; r += 2) /* every other row at the extreme */
+        for (int64_t b = 0; b < nb; b++) {
+            sh_block_q4_k *blk = (sh_block_q4_k *)w.t.data + r * nb + b;
+            memset(blk->scales, 0xff, sizeof blk->scales);
+            memset(blk->qs, 0xff, sizeof blk->qs);
+            blk->d = sh__quant_fp16_from_f32(0.01f);
+            blk->dmin = sh__quant_fp16_from_f32(0.02f);
+            CHECK_OK(sh__dequant_row(SH_DTYPE_Q4_K, blk, w.deq + r * n_in + b * SH_QK_K, SH_QK_K));
+        }
+    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+    fill(x, n_tok * n_in, 1.0f);
+    for (int64_t t = 0; t < n_tok; t += 2) /* every other token constant: codes all -127 */
+        for (int64_t k = 0; k < n_in; k++)
+            x[t * n_in + k] = t % 4 ? 0.5f : -0.75f;
+    acts A = make_acts(n_tok, n_in, x);
+    CHECK_INT_EQ(A.qk[0].qs[5], -127);
+    const size_t gb = sh__cpu_pack_group_bytes(SH_DTYPE_Q4_K, n_in);
+    uint8_t *p = aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_Q4_K, n_out, n_in) + 63) & ~63ull);
+    sh__cpu_pack(SH_DTYPE_Q4_K, w.t.data, n_out, n_in, p);
+    const size_t ny = (size_t)(n_tok * n_out);
+    float *y = malloc(ny * sizeof(float)), *yr = malloc(ny * sizeof(float));
+    float *y1 = malloc((size_t)n_out * sizeof(float));
+    sh__cpu_mm mr = {&A.a, w.t.data, sh__dtype_row_bytes(SH_DTYPE_Q4_K, (uint64_t)n_in),
+                     yr,   n_out,    0};
+    sh__cpu_mm_ref_q4_k(&mr, 0, n_out);
+    sh__cpu_mm mp = {&A.a, p, gb, y, n_out, 0};
+    sh__cpu_avx2_mmp_q4_k(&mp, 0, n_out);
+    const double worst = worst_rel_err(&w, A.x, y, yr, n_tok, n_out, n_in);
+    if (!(worst <= 2e-5))
+        SH_FAIL_("Q4_K extremes: %.3g", worst);
+    for (int64_t t = 0; t < n_tok; t++) {
+        acts one = make_acts(1, n_in, A.x + t * n_in);
+        sh__cpu_mm m1 = {&one.a, p, gb, y1, n_out, 0};
+        sh__cpu_avx2_mmp_q4_k(&m1, 0, n_out);
+        if (memcmp(y1, y + t * n_out, (size_t)n_out * sizeof(float)))
+            SH_FAIL_("Q4_K extremes: token %lld alone differs", (long long)t);
+        free_acts(&one);
+    }
+    free(p);
+    free(x);
+    free(y);
+    free(yr);
+    free(y1);
+    free_acts(&A);
+    free_w(&w);
+}
+
+/* An AVX2 backend prepares (packs) Q4_0, Q4_1 and Q4_K weights and its matmuls read the copy: a
  * 40-token prefill and a decode row on 2 threads against the scalar reference. */
 static void test_backend(void)
 {
@@ -143,9 +214,9 @@ static void test_backend(void)
     sh_backend_stream *s, *rs;
     CHECK_OK(sh_backend_stream_create(be, &s, NULL));
     CHECK_OK(sh_backend_stream_create(ref, &rs, NULL));
-    const int64_t n_in = 576, n_out = 77;
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < N_TYPES; ti++)
         for (int64_t n_tok = 1; n_tok <= 40; n_tok += 39) {
+            const int64_t n_in = sh__cpu_type_k(types[ti]) ? 768 : 576, n_out = 77;
             wmat w = make_w(types[ti], n_out, n_in);
             CHECK_OK(sh_backend_weight_prepare(be, &w.t));
             CHECK(sh_backend_weight_copied(be, &w.t));
@@ -181,6 +252,7 @@ int main(int argc, char **argv)
     }
     static const sh_test_case tests[] = {
         {"vs_ref", test_vs_ref},
+        {"q4k_extreme", test_q4k_extreme},
         {"backend", test_backend},
         {NULL, NULL},
     };

@@ -1,0 +1,302 @@
+/* AVX2 matmul kernel on packed Q4_K weights (the 16-row interleave of SH_CPU_PACK_ROWS in cpu.h,
+ * the copy the AVX-512 kernel reads): a 256-bit register holds 8 of a group's 16 rows (half h is
+ * bytes 32h .. 32h + 31 of each 64-byte vector of the super-block), vpmaddubsw pair sums against a
+ * broadcast 4-byte slice of the token's Q8_K codes, one vpmaddwd per sub-block that widens them
+ * and applies the 6-bit scale, the minimums from the Q8_K block sums; prefill tiles of NT tokens
+ * that unpack each code vector once, and a decode matvec that walks several row groups side by
+ * side with software prefetch (as ops_avx2_packed.c does for Q4_0 / Q4_1). */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* Tokens per tile. The loop over a sub-block's 8 code vectors keeps, per token, a 16-bit and a
+ * 32-bit accumulator in registers beside the code vector, the broadcast and the nibble mask, so
+ * the tile is bounded by the 16 YMM registers; the tile's share of the unpacking (a shift and two
+ * ands per vector) and of the scale decoding shrinks as 1 / NT. On a 2048 x 2048 weight, 30
+ * tokens, best of 300 alternated calls (1 thread, shared 2-vCPU Sapphire Rapids VM): 5 and 6
+ * alike (72 GMAC/s; 6 spills two of its 16-bit sums), 4 2% and 3 6% slower. */
+#ifndef NT
+#define NT 5
+#endif
+_Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail)");
+/* The decode matvec walks MV_STREAMS row groups side by side (several independent runs keep more
+ * reads in flight than one; see ops_q4k_avx512_packed.c) and prefetches each line it will read
+ * MV_PF_DIST bytes ahead. */
+#ifndef MV_STREAMS
+#define MV_STREAMS 4
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST 1024
+#endif
+/* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
+#define TOK_BLOCK_BYTES (1 << 20)
+
+/* The scales of one half (8 rows) of a super-block, decoded once for all tokens of a tile: per row
+ * lane, sub-block j's scale as the int16 pair (sc_j, sc_j), so that one vpmaddwd of the 16-bit
+ * pair sums gives sc_j times the row's 32-element dot product, and the minimum m_j likewise (one
+ * vpmaddwd with the broadcast pair of block sums (bsums_2j, bsums_2j+1) gives
+ * m_j (bsums_2j + bsums_2j+1)). */
+typedef struct q4k_half {
+    __m256i sc[8], mp[8];
+    __m256 d, dmin;
+} q4k_half;
+
+/* The byte shuffle that puts byte k of each 32-bit lane in both of its 16-bit halves (zero
+ * high bytes). */
+INL __m256i pair_ctrl(int k)
+{
+    const char z = (char)-128; /* 0x80: the shuffle writes zero */
+    return _mm256_broadcastsi128_si256(
+        _mm_setr_epi8((char)k, z, (char)k, z, (char)(4 + k), z, (char)(4 + k), z, (char)(8 + k), z,
+                      (char)(8 + k), z, (char)(12 + k), z, (char)(12 + k), z));
+}
+
+/* quant_k.c's get_scale_min for 8 rows, four sub-blocks per 32-bit lane (as the AVX-512 kernel):
+ * j < 4 are the low six bits of bytes j (sc) and 4 + j (m); j >= 4 the low (sc) or high (m)
+ * nibble of byte j + 4 with the top two bits of byte j - 4 (sc) or j (m) above it. The 32-bit
+ * shifts carry bits across bytes only into masked-off positions. */
+INL void decode_half(const uint8_t *pb, int h, q4k_half *s)
+{
+    const uint8_t *ps = pb + SH_CPU_PACK_Q4K_SC + 32 * h;
+    const __m256i v0 = _mm256_loadu_si256((const void *)ps);
+    const __m256i v1 = _mm256_loadu_si256((const void *)(ps + 64));
+    const __m256i v2 = _mm256_loadu_si256((const void *)(ps + 128));
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f);
+    const __m256i t2 = _mm256_set1_epi8(0x30);
+    const __m256i sc_lo = _mm256_and_si256(v0, m6), m_lo = _mm256_and_si256(v1, m6);
+    const __m256i sc_hi =
+        _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), t2));
+    const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(v1, 2), t2));
+    for (int k = 0; k < 4; k++) {
+        const __m256i c = pair_ctrl(k);
+        s->sc[k] = _mm256_shuffle_epi8(sc_lo, c);
+        s->sc[4 + k] = _mm256_shuffle_epi8(sc_hi, c);
+        s->mp[k] = _mm256_shuffle_epi8(m_lo, c);
+        s->mp[4 + k] = _mm256_shuffle_epi8(m_hi, c);
+    }
+    const uint8_t *pd = pb + SH_CPU_PACK_Q4K_D + 16 * h;
+    s->d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)pd));
+    s->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(pd + 32)));
+}
+
+/* s += p in 16-bit lanes, and an empty asm that makes v a register value at this point. Written
+ * so because GCC (12) otherwise moves each token's vpmaddubsw products ahead of their sums,
+ * holding them all at once and spilling most of them to the stack (with a plain add and only the
+ * empty asm on s, it kept the sums but added a register copy per product). */
+#define ADD16(s, p) __asm__("vpaddw %1, %0, %0" : "+x"(s) : "x"(p))
+#define PIN(v) __asm__("" : "+x"(v))
+
+INL __m256i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* One super-block (at pb) of half h against tokens ab[0 .. nt - 1] (their Q8_K blocks), added to
+ * acc[i]. Per row and token (q the 4-bit codes, a the Q8_K codes with scale da and 16-element
+ * sums bsums):
+ *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact)
+ *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
+ *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
+ * A sub-block's 16-bit sums add 8 vpmaddubsw pairs, each at most 2 * 15 * 128 in magnitude, so at
+ * most 30720: no saturation. isum < 8 * 63 * 32 * 15 * 128 < 2^25 and |msum| < 2^21. The float
+ * steps are the same for a token alone and in any tile, and the integers are exact in any order,
+ * so a token's output does not depend on its tile, the row split or the matvec.
+ * With pf set (the matvec, half 0), each code line and the header line of a sub-block pair is
+ * prefetched MV_PF_DIST bytes ahead as the pair's low sub-block reads it. */
+INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
+                 __m256 *acc, const int pf)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    q4k_half s;
+    decode_half(pb, h, &s);
+    __m256i ia[NT];
+    for (int i = 0; i < nt; i++)
+        ia[i] = _mm256_setzero_si256();
+        /* unrolled so that j's parity and the scale index are constants */
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *pv = pb + SH_CPU_PACK_Q4K_CODES + 512 * (j / 2) + 32 * h;
+        if (pf && j % 2 == 0)
+            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, _MM_HINT_T0);
+        __m256i s16[NT];
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            if (pf && j % 2 == 0)
+                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, _MM_HINT_T0);
+            const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * v));
+            const __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
+            for (int i = 0; i < nt; i++) {
+                const __m256i p = _mm256_maddubs_epi16(q, bcast4(ab[i]->qs + 32 * j + 4 * v));
+                if (v)
+                    ADD16(s16[i], p);
+                else
+                    s16[i] = p;
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(s16[i], s.sc[j]));
+            PIN(ia[i]);
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        const int16_t *bs = ab[i]->bsums;
+        __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
+        __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
+        for (int k = 2; k < 8; k += 2) {
+            ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
+            ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
+        }
+        const __m256 da = _mm256_set1_ps(ab[i]->d);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]), _mm256_mul_ps(s.d, da), acc[i]);
+        acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
+                                  _mm256_mul_ps(s.dmin, da), acc[i]);
+    }
+}
+
+/* Stores (or adds) acc for token t, rows 16g + 8h + r inside [r0, r1) only. */
+INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
+                    __m256 acc)
+{
+    const int64_t base = 16 * g + 8 * h;
+    int32_t lanes[8];
+    for (int r = 0; r < 8; r++)
+        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
+    const __m256i k = _mm256_loadu_si256((const void *)lanes);
+    float *y = m->y + t * m->ldy + base;
+    if (m->accumulate)
+        acc = _mm256_add_ps(acc, _mm256_maskload_ps(y, k));
+    _mm256_maskstore_ps(y, k, acc);
+}
+
+/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, super-block by super-block. */
+INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
+                   const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    __m256 acc[NT];
+    const sh_block_q8_k *ab[NT];
+    for (int i = 0; i < nt; i++) {
+        acc[i] = _mm256_setzero_ps();
+        ab[i] = a->qk + (t0 + i) * nb;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        sb_half(w + (size_t)b * SH_CPU_PACK_Q4K_BYTES, h, ab, nt, acc, 0);
+        for (int i = 0; i < nt; i++)
+            ab[i]++;
+    }
+    for (int i = 0; i < nt; i++)
+        store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+}
+
+/* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
+ * each (row, token) sees tile_half's operations in tile_half's order. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1)
+{
+    const int64_t nb = m->a->n_in / SH_QK_K;
+    __m256 acc[MV_STREAMS][2];
+    for (int k = 0; k < ns; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const sh_block_q8_k *ab = m->a->qk + b;
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *pb =
+                m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
+            sb_half(pb, 0, &ab, 1, &acc[k][0], 1);
+            sb_half(pb, 1, &ab, 1, &acc[k][1], 0);
+        }
+    }
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+}
+
+INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+    for (int64_t i = 0; i < part; i++)
+        mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+    for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+        mv_groups(m, g, 0, 1, r0, r1);
+}
+
+/* A matvec as above; otherwise token blocks outermost (their Q8_K rows stay in L2), then row
+ * groups and halves, then token tiles (a group's packed super-blocks, nb * 2304 bytes, stay in
+ * L1/L2 while the block's tiles pass over them). */
+TGT void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        matvec(m, r0, r1);
+        return;
+    }
+    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
+    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
+    tb = tb < NT ? NT : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                int64_t t = t0;
+                for (; t + NT <= t1; t += NT)
+                    tile_half(m, g, h, r0, r1, t, NT);
+                /* the tail: each tile size a compile-time constant */
+                switch (t1 - t) {
+#if NT > 7
+                case 7:
+                    tile_half(m, g, h, r0, r1, t, 7);
+                    break;
+#endif
+#if NT > 6
+                case 6:
+                    tile_half(m, g, h, r0, r1, t, 6);
+                    break;
+#endif
+#if NT > 5
+                case 5:
+                    tile_half(m, g, h, r0, r1, t, 5);
+                    break;
+#endif
+#if NT > 4
+                case 4:
+                    tile_half(m, g, h, r0, r1, t, 4);
+                    break;
+#endif
+#if NT > 3
+                case 3:
+                    tile_half(m, g, h, r0, r1, t, 3);
+                    break;
+#endif
+#if NT > 2
+                case 2:
+                    tile_half(m, g, h, r0, r1, t, 2);
+                    break;
+#endif
+#if NT > 1
+                case 1:
+                    tile_half(m, g, h, r0, r1, t, 1);
+                    break;
+#endif
+                default:
+                    break;
+                }
+            }
+    }
+}
+
+#else
+typedef int sh__cpu_q4k_avx2_packed_unused; /* not x86-64: the table never names the kernel */
+#endif
