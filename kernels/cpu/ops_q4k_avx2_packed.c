@@ -25,14 +25,23 @@
 #define NT 5
 #endif
 _Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail)");
-/* The decode matvec walks MV_STREAMS row groups side by side (several independent runs keep more
- * reads in flight than one; see ops_q4k_avx512_packed.c) and prefetches each line it will read
- * MV_PF_DIST bytes ahead. */
+/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
+ * prefetches each line it will read MV_PF_DIST bytes ahead into L2. Measured on the kernel alone
+ * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
+ * alternated in one process, best of 6-8 sweeps, shared 2-vCPU Sapphire Rapids VM whose load
+ * varied 2x between runs), as a fraction of the file layout's rate in the same run: 4 streams
+ * with T0 prefetches 1 KiB ahead (the Q4_0 kernel's) 0.75-0.88, 4 KiB ahead 0.86-0.90; T1 (to L2)
+ * 8 KiB ahead 0.88-1.07; at T1 8 KiB, 8 streams 0.91-0.98, 1 stream 1.0-1.2, 2 streams 0.93-1.44
+ * (4 runs: 1.29, 1.44, 0.97, 1.02, where 1 stream had 1.01, 1.10, 1.04, 1.02). In cache (one
+ * 2048 x 2048 copy) the packed matvec is 1.35-1.45x the file layout's. */
 #ifndef MV_STREAMS
-#define MV_STREAMS 4
+#define MV_STREAMS 2
 #endif
 #ifndef MV_PF_DIST
-#define MV_PF_DIST 1024
+#define MV_PF_DIST 8192
+#endif
+#ifndef MV_PF_HINT
+#define MV_PF_HINT _MM_HINT_T1
 #endif
 /* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
 #define TOK_BLOCK_BYTES (1 << 20)
@@ -110,8 +119,9 @@ INL __m256i bcast4(const void *p)
  * most 30720: no saturation. isum < 8 * 63 * 32 * 15 * 128 < 2^25 and |msum| < 2^21. The float
  * steps are the same for a token alone and in any tile, and the integers are exact in any order,
  * so a token's output does not depend on its tile, the row split or the matvec.
- * With pf set (the matvec, half 0), each code line and the header line of a sub-block pair is
- * prefetched MV_PF_DIST bytes ahead as the pair's low sub-block reads it. */
+ * With pf set (the matvec, half 0), the line MV_PF_DIST bytes past each code line and past the
+ * header line of a sub-block pair is prefetched as the pair's low sub-block reads it (each line
+ * of the super-block once). */
 INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
                  __m256 *acc, const int pf)
 {
@@ -119,19 +129,20 @@ INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab,
     q4k_half s;
     decode_half(pb, h, &s);
     __m256i ia[NT];
-    for (int i = 0; i < nt; i++)
+    for (int i = 0; i < nt; i++) {
         ia[i] = _mm256_setzero_si256();
-        /* unrolled so that j's parity and the scale index are constants */
+    }
+    /* unrolled so that j's parity and the scale index are constants */
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const uint8_t *pv = pb + SH_CPU_PACK_Q4K_CODES + 512 * (j / 2) + 32 * h;
         if (pf && j % 2 == 0)
-            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, _MM_HINT_T0);
+            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, MV_PF_HINT);
         __m256i s16[NT];
 #pragma GCC unroll 8
         for (int v = 0; v < 8; v++) {
             if (pf && j % 2 == 0)
-                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, MV_PF_HINT);
             const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * v));
             const __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
             for (int i = 0; i < nt; i++) {
