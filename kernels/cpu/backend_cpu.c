@@ -575,8 +575,8 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
                                  env);
         isa = best;
         if (cap == SH_BACKEND_CPU_ISA_AMX) {
-            /* not a cap but an opt-in: AMX is never picked by itself yet (its prefill is at
-             * parity with VNNI's on the machines measured, bench/README.md) */
+            /* not a cap but an opt-in: AMX is never picked by itself (its prefill computes in
+             * BF16, so its results are not the VNNI kernels'; docs/serving.md) */
             if (sh__cpu_amx_usable())
                 isa = cap;
         } else if (cap != SH_BACKEND_CPU_ISA_AUTO && cap < best) {
@@ -604,6 +604,7 @@ sh_err sh_backend_cpu_create(const sh_backend_cpu_opts *opts, sh_backend **out, 
         c->kern_amx.mmp_q8_0 = sh__cpu_amx_mmp_q8_0;
         c->kern_amx.mmp_q5_0 = sh__cpu_amx_mmp_q5_0;
         c->kern_amx.mmp_q5_1 = sh__cpu_amx_mmp_q5_1;
+        c->kern_amx.act_bf16 = sh__cpu_amx_act_bf16; /* prefill in BF16 (cpu.h) */
         c->kern = &c->kern_amx;
     }
     c->best_isa = best;
@@ -680,7 +681,7 @@ int sh_backend_cpu_describe(const sh_backend *be, char *buf, size_t n)
     const int32_t isa = sh_backend_cpu_isa(be);
     return snprintf(buf, n, "%s kernels%s%s%s, tiled online-softmax attention, %d thread%s",
                     sh_backend_cpu_isa_name(isa),
-                    isa == SH_BACKEND_CPU_ISA_AMX ? " (AVX-512 VNNI + AMX-INT8 tiles for prefill)"
+                    isa == SH_BACKEND_CPU_ISA_AMX ? " (AVX-512 VNNI + AMX-BF16 tiles for prefill)"
                     : isa == SH_BACKEND_CPU_ISA_AVX512 ? " (AVX-512 F/BW/VL + VNNI, F16C)"
                     : isa == SH_BACKEND_CPU_ISA_AVX2   ? " (AVX2 + FMA + F16C)"
                                                        : "",
@@ -703,14 +704,18 @@ static bool cpu_has_f16c(void)
 #endif
 }
 
-/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and Linux's permission to use the
+/* AMX-TILE, AMX-INT8 and AMX-BF16 (CPUID leaf 7, EDX bits 24, 25 and 22) with AVX512-BF16
+ * (leaf 7 subleaf 1, EAX bit 5), and Linux's permission to use the
  * tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18), which a process
  * must ask for once before its first tile instruction (without it that instruction faults). */
 static bool amx_ask(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u))
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u) ||
+        !((d >> 22) & 1u))
+        return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1u))
         return false;
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
 #else

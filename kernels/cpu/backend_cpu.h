@@ -160,7 +160,7 @@ typedef struct sh__cpu_ctx {
 
     /* Scratch, touched only by the leader's current op: the prepared activations of a matmul,
      * the attention row maps, and per-thread work areas (tmp_stride floats each). */
-    sh__cpu_buf xn, qs, qd, qsum, qk, xt, rowmap, tmp;
+    sh__cpu_buf xn, qs, qd, qsum, qk, xt, xb, rowmap, tmp;
     size_t tmp_stride;
 
     /* Prepared weights: an open-addressing table keyed by data pointer (pack_cap a power of two,

@@ -98,6 +98,12 @@ typedef struct sh__cpu_act {
      * = x[t * n_in + k] (lanes past n_tok zero): only for packed F16 weights and n_tok > 1, so
      * that a tile's 16 values of element k are one cache line. */
     const float *xt; // (ceil(n_tok / 16), n_in, 16)
+    /* The f32 rows rounded to bf16 (round to nearest even) in AMX A-tile order, per tile of 16
+     * tokens and 32-element step: xb[((t / 16) * (n_in / 32) + k / 32) * 512 + (t % 16) * 32 +
+     * k % 32] = bf16(x[t * n_in + k]) (rows past n_tok zero), so one step of a tile is 1 KiB
+     * contiguous. Only where the kernel table has act_bf16 (the AMX level) and n_tok >=
+     * SH_CPU_BF16_MIN_TOK; the packed 32-block kernels then compute every token in BF16. */
+    const uint16_t *xb; // (ceil(n_tok / 16), n_in / 32, 16, 32)
     int64_t n_in;
     int64_t n_tok;
 } sh__cpu_act;
@@ -222,6 +228,11 @@ typedef struct sh__cpu_kernels {
     sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
     sh__cpu_mm_fn mmp_q6_k;
     sh__cpu_mm_fn mmp_q4_k;
+    /* Optional (NULL: none): fills act->xb for tokens [t0, t1) (t0 a multiple of 16; the rows
+     * of the last tile past n_tok are zeroed). Set at the AMX level only: its packed Q8_0, Q4_0,
+     * Q4_1, Q5_0 and Q5_1 kernels then run in BF16 for calls of SH_CPU_BF16_MIN_TOK tokens or
+     * more. */
+    void (*act_bf16)(const sh__cpu_act *act, int64_t t0, int64_t t1);
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n); /* y += a x */
     float (*sumsq)(const float *x, int64_t n);
@@ -269,21 +280,30 @@ void sh__cpu_avx2_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * and any token of a tile (so outputs do not depend on the batch or the row split). */
 void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
-/* The AMX-INT8 forms of the packed kernels (ops_avx512_packed.c): 16-token tiles through AMX
- * tile products, fewer tokens through the VNNI tiles; bitwise equal to the VNNI kernels. Only
- * on a CPU with AMX whose OS granted the tile state (sh__cpu_amx_usable). */
+/* The AMX forms of the packed kernels (ops_avx512_packed.c). With sh__cpu_act.xb set, every
+ * token in BF16 (AMX-BF16 tile products on weights dequantized to bf16, fp32 sums): not equal to
+ * the VNNI kernels, but a token's result does not depend on the call's other tokens or the row
+ * range. Without xb, 16-token tiles through AMX-INT8 tile products and fewer tokens through the
+ * VNNI tiles, bitwise equal to the VNNI kernels. Only on a CPU with AMX whose OS granted the tile
+ * state (sh__cpu_amx_usable). */
 void sh__cpu_amx_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_amx_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_amx_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_amx_mmp_q5_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_amx_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* The AMX level's act_bf16 (see sh__cpu_kernels). */
+void sh__cpu_amx_act_bf16(const sh__cpu_act *act, int64_t t0, int64_t t1);
+/* Fewest tokens of a matmul that the AMX level computes in BF16 (fewer: AMX-INT8 / VNNI, as
+ * decode). */
+#define SH_CPU_BF16_MIN_TOK 16
 
 /* The ISA's packed-weight kernel for a type (NULL when it has none). */
 sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type);
 
 /* Best ISA this CPU runs (cpuid), an SH_BACKEND_CPU_ISA_* value up to AVX512: what AUTO picks.
  * AMX is asked for explicitly (SH_BACKEND_CPU_ISA_AMX or SHOAL_ISA=amx); sh__cpu_amx_usable says
- * whether the CPU has AMX-INT8 and the OS granted the tile state (asked once per process). */
+ * whether the CPU has AMX-INT8 and AMX-BF16 and the OS granted the tile state (asked once per
+ * process). */
 int32_t sh__cpu_isa_detect(void);
 bool sh__cpu_amx_usable(void);
 

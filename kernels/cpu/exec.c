@@ -33,7 +33,8 @@ bool sh__cpu_buf_grow(sh__cpu_buf *b, size_t bytes)
 
 void sh__cpu_scratch_fini(sh__cpu_ctx *c)
 {
-    sh__cpu_buf *bufs[] = {&c->xn, &c->qs, &c->qd, &c->qsum, &c->qk, &c->xt, &c->rowmap, &c->tmp};
+    sh__cpu_buf *bufs[] = {&c->xn, &c->qs, &c->qd,     &c->qsum, &c->qk,
+                           &c->xt, &c->xb, &c->rowmap, &c->tmp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]->p);
 }
@@ -77,7 +78,7 @@ typedef struct mm_job {
     const void *const *packed; /* (n_w) packed copies or NULL */
     sh__cpu_glu_fn glu;        /* the gated activation (SWIGLU, GEGLU), else NULL */
     sh__cpu_act act;
-    int prep_norm, prep_quant, prep_qk, prep_xt;
+    int prep_norm, prep_quant, prep_qk, prep_xt, prep_xb;
 } mm_job;
 
 /* How one weight is read: its kernel, base pointer and stride. A packed weight's stride is one
@@ -128,6 +129,8 @@ static void mm_prep(const mm_job *j, int64_t t0, int64_t t1)
                              (t1 - t0) * (n_in / SH_QK_K));
     if (j->prep_xt)
         sh__cpu_act_transpose(&j->act, t0, t1);
+    if (j->prep_xb)
+        k->act_bf16(&j->act, t0, t1);
 }
 
 static void mm_run(void *arg, int tid, int nth)
@@ -140,7 +143,7 @@ static void mm_run(void *arg, int tid, int nth)
 
     /* Phase 0: normalize and/or quantize the input rows, by token chunks; every thread then
      * waits for all of them (each output row needs every token). */
-    if (j->prep_norm || j->prep_quant || j->prep_qk || j->prep_xt) {
+    if (j->prep_norm || j->prep_quant || j->prep_qk || j->prep_xt || j->prep_xb) {
         /* chunks of whole 16-token tiles (the transposition's unit) */
         const int64_t per = (sh__cpu_pool_chunk(pool, a->n_tok, 2) + 15) & ~(int64_t)15;
         while (sh__cpu_pool_claim(pool, 0, a->n_tok, per, &lo, &hi)) {
@@ -262,10 +265,20 @@ static sh_err exec_matmul(sh__cpu_ctx *c, const sh__cpu_op *op)
             return SH_ENOMEM;
         j.act.xt = c->xt.p;
     }
-    if ((j.prep_norm || j.prep_quant || j.prep_qk || j.prep_xt) &&
+    /* The AMX level's bf16 activations, for a prefill through packed 32-block weights (their
+     * kernels then compute in BF16; the int8 codes are still made, for any other weight of the
+     * op and as the kernels' fallback when their panel memory cannot be had). */
+    for (int i = 0; i < a->n_w && c->kern->act_bf16 && n_tok >= SH_CPU_BF16_MIN_TOK; i++)
+        j.prep_xb |= sh__cpu_type_q8(a->w[i].type) && op->packed[i] != NULL;
+    if (j.prep_xb) {
+        if (!sh__cpu_buf_grow(&c->xb, (size_t)((n_tok + 15) / 16 * 16 * n_in) * sizeof(uint16_t)))
+            return SH_ENOMEM;
+        j.act.xb = c->xb.p;
+    }
+    if ((j.prep_norm || j.prep_quant || j.prep_qk || j.prep_xt || j.prep_xb) &&
         n_tok * n_in <= PREP_INLINE_MAX) {
         mm_prep(&j, 0, n_tok);
-        j.prep_norm = j.prep_quant = j.prep_qk = j.prep_xt = 0;
+        j.prep_norm = j.prep_quant = j.prep_qk = j.prep_xt = j.prep_xb = 0;
     }
     int64_t rows = 0;
     for (int i = 0; i < a->n_w; i++)

@@ -1,6 +1,8 @@
 /* AVX-512 VNNI matmul kernels on packed quantized weights (16 rows interleaved, see
  * SH_CPU_PACK_ROWS in cpu.h): decode matvecs near the memory bandwidth and register-blocked
  * prefill tiles (16 rows x up to NT tokens) that read each unpacked weight block once per tile. */
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -315,6 +317,226 @@ static __attribute__((noinline)) AMX_TGT void amx_tile(const sh__cpu_mm *m, int6
         store(m, g, r0, r1, t0 + i, kind, acc[i], acco[i]);
 }
 
+/* AMX-BF16 (the AMX level's prefill when sh__cpu_act.xb is set): the weights of a pair of row
+ * groups are dequantized once per token block into a bf16 panel in the layout of AMX's second
+ * operand (per 32-element step s and group, 1 KiB: tile row p, column r holds elements 2p and
+ * 2p + 1 of row r's block s), the activations arrive as bf16 A tiles (xb, converted once per
+ * matmul), and TDPBF16PS runs over the whole K with fp32 sums in the C tiles: 2 x 2 C tiles
+ * (32 tokens x 32 rows) with 2 A and 2 B tiles, one tile load per tile product. There is no
+ * per-block scaling: the scales are inside the dequantized weights (dw (q + c), or dw q + m,
+ * exact in fp32 and then rounded to bf16 like the activations). So a result differs from the
+ * INT8 kernels' (bf16 keeps 8 significant bits: each product carries a relative error up to
+ * about 2^-8, where the int8 activation codes carry up to 1/254 of their block's maximum), but
+ * every token of a call runs the same instructions: C zeroed, one tile product per step in step
+ * order, then y = C or y + C; so a token's result does not depend on which tile, token block or
+ * row range it falls in, on the other tokens of the call or on the thread count. */
+#define AMXB_TGT                                                                                   \
+    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,"     \
+                          "avx2,fma,f16c")))
+#define AMXB_INL static inline __attribute__((always_inline)) AMXB_TGT
+
+/* bf16 activation bytes of a token block: the tokens whose A tiles stay in L2 while every row
+ * group pair of the call passes over them (the panel is dequantized once per block). */
+#define AMXB_TOK_BLOCK_BYTES (1 << 20)
+
+AMXB_TGT void sh__cpu_amx_act_bf16(const sh__cpu_act *act, int64_t t0, int64_t t1)
+{
+    const int64_t n_in = act->n_in, ns = n_in / SH_CPU_QK;
+    uint16_t *xb = (uint16_t *)act->xb;
+    for (int64_t tile = t0 / 16; tile * 16 < t1; tile++)
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t t = tile * 16 + l;
+            uint16_t *dst = xb + tile * ns * 512 + l * 32;
+            if (t < t0 || t >= t1) {
+                if (t >= act->n_tok) /* padding rows of the last tile */
+                    for (int64_t s = 0; s < ns; s++)
+                        _mm512_store_si512((void *)(dst + s * 512), _mm512_setzero_si512());
+                continue;
+            }
+            const float *x = act->x + t * n_in;
+            for (int64_t s = 0; s < ns; s++) {
+                const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 32 * s + 16),
+                                                       _mm512_loadu_ps(x + 32 * s));
+                _mm512_store_si512((void *)(dst + s * 512), (__m512i)v);
+            }
+        }
+}
+
+/* Block b of group w as 1 KiB of B tile (see above). unpack's vector j holds, per row lane, the
+ * codes of elements 4j .. 4j + 3: its bytes 0-1 make tile row 2j, bytes 2-3 row 2j + 1. */
+AMXB_INL void amxb_deq(const uint8_t *w, int64_t nb, int64_t b, const int kind, uint16_t *dst)
+{
+    __m512i q[8];
+    __m512 dw, vw;
+    unpack(w, nb, b, kind, q, &dw, &vw);
+    const int has_m = kind == K_Q4_1 || kind == K_Q5_1;
+    const float c = kind == K_Q4_0 ? -8.0f : kind == K_Q5_0 ? -16.0f : -128.0f;
+    /* dw (q + c) = fma(q, dw, c dw): c dw is exact (c a power of two) and so is the result (at
+     * most 8 + 11 significant bits); dw q + m rounds once, as the scalar dequantization does */
+    const __m512 off = has_m ? vw : _mm512_mul_ps(dw, _mm512_set1_ps(c));
+    const __m512i m8 = _mm512_set1_epi32(0xff);
+    /* word 2r from the first source's lane r, word 2r + 1 from the second's */
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int j = 0; j < 8; j++) {
+        const __m512i v = q[j];
+        const __m512 w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, m8)), dw, off);
+        const __m512 w1 = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8), m8)), dw, off);
+        const __m512 w2 = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 16), m8)), dw, off);
+        const __m512 w3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 24)), dw, off);
+        _mm512_store_si512((void *)(dst + 64 * j),
+                           _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(w1, w0)));
+        _mm512_store_si512((void *)(dst + 64 * j + 32),
+                           _mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(w3, w2)));
+    }
+}
+
+/* Tiles 0-3 the C tiles (16 tokens x 16 fp32), 4-5 the A tiles (16 tokens x 32 bf16), 6-7 the B
+ * tiles (16 pairs x 16 rows x 2 bf16): all 16 rows of 64 bytes. */
+static AMXB_TGT void amxb_config(void)
+{
+    amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* A C tile of tokens t0 .. t0 + 15 x rows 16g .. 16g + 15 (stored at c) into y: the tokens
+ * below n_tok and the rows in [r0, r1), y + C when accumulating. */
+AMXB_INL void amxb_out(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0,
+                       const float *c)
+{
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 k = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    const int64_t nt = m->a->n_tok - t0 < 16 ? m->a->n_tok - t0 : 16;
+    for (int64_t i = 0; i < nt; i++) {
+        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
+        __m512 v = _mm512_load_ps(c + 16 * i);
+        if (m->accumulate)
+            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, y));
+        _mm512_mask_storeu_ps(y, k, v);
+    }
+}
+
+/* C tile tn (tokens from t0, rows of group g) into y: straight from the tile where all of it
+ * lands there unchanged, else through cbuf. */
+#define AMXB_STORE(tn, g, t0)                                                                      \
+    do {                                                                                           \
+        if (!m->accumulate && (t0) + 16 <= m->a->n_tok && 16 * (g) >= r0 && 16 * (g) + 16 <= r1)   \
+            _tile_stored(tn, m->y + (t0)*m->ldy + 16 * (g), m->ldy * (int64_t)sizeof(float));      \
+        else {                                                                                     \
+            _tile_stored(tn, cbuf, 64);                                                            \
+            amxb_out(m, g, r0, r1, t0, cbuf);                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Token tiles T (and T + 1 when ntt is 2) against group g (and g + 1 when ng is 2), whose panel
+ * is pan (steps of ng KiB). */
+AMXB_INL void amxb_tiles(const sh__cpu_mm *m, const uint16_t *pan, const int ng, int64_t g,
+                         int64_t r0, int64_t r1, int64_t T, const int ntt)
+{
+    const int64_t ns = m->a->n_in / SH_CPU_QK;
+    const uint16_t *x0 = m->a->xb + T * ns * 512, *x1 = x0 + ns * 512;
+    _Alignas(64) float cbuf[256];
+    _tile_zero(0);
+    if (ng == 2)
+        _tile_zero(1);
+    if (ntt == 2)
+        _tile_zero(2);
+    if (ng == 2 && ntt == 2)
+        _tile_zero(3);
+    for (int64_t s = 0; s < ns; s++) {
+        const uint16_t *b = pan + s * ng * 512;
+        _tile_loadd(4, x0 + s * 512, 64);
+        _tile_loadd(6, b, 64);
+        if (ng == 2)
+            _tile_loadd(7, b + 512, 64);
+        if (ntt == 2)
+            _tile_loadd(5, x1 + s * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (ng == 2)
+            _tile_dpbf16ps(1, 4, 7);
+        if (ntt == 2)
+            _tile_dpbf16ps(2, 5, 6);
+        if (ng == 2 && ntt == 2)
+            _tile_dpbf16ps(3, 5, 7);
+    }
+    AMXB_STORE(0, g, 16 * T);
+    if (ng == 2)
+        AMXB_STORE(1, g + 1, 16 * T);
+    if (ntt == 2)
+        AMXB_STORE(2, g, 16 * T + 16);
+    if (ng == 2 && ntt == 2)
+        AMXB_STORE(3, g + 1, 16 * T + 16);
+}
+
+/* Per-thread panel memory, kept between calls (freed when the thread exits). */
+static pthread_key_t amxb_key;
+static pthread_once_t amxb_once = PTHREAD_ONCE_INIT;
+static _Thread_local uint16_t *amxb_pan;
+static _Thread_local size_t amxb_cap;
+static void amxb_key_init(void) { (void)pthread_key_create(&amxb_key, free); }
+
+static uint16_t *amxb_panel(size_t bytes)
+{
+    if (amxb_cap >= bytes)
+        return amxb_pan;
+    pthread_once(&amxb_once, amxb_key_init);
+    void *p = aligned_alloc(64, bytes);
+    if (!p)
+        return NULL;
+    free(amxb_pan);
+    amxb_pan = p;
+    amxb_cap = bytes;
+    (void)pthread_setspecific(amxb_key, p);
+    return p;
+}
+
+/* Token blocks of whole tile pairs outermost, then row group pairs (the panel dequantized once
+ * per pair and block), then token tile pairs. False (nothing written) when the panel memory
+ * cannot be had. */
+static __attribute__((noinline)) AMXB_TGT bool amxb_sweep(const sh__cpu_mm *m, int64_t r0,
+                                                          int64_t r1, const int kind)
+{
+    const int64_t n_in = m->a->n_in, ns = n_in / SH_CPU_QK, ntile = (m->a->n_tok + 15) / 16;
+    uint16_t *pan = amxb_panel((size_t)ns * 2048);
+    if (!pan)
+        return false;
+    int64_t tbt = AMXB_TOK_BLOCK_BYTES / (n_in * 32) / 2 * 2; /* tiles per block, even */
+    tbt = tbt < 2 ? 2 : tbt;
+    amxb_config();
+    const int64_t g1 = (r1 + 15) / 16;
+    for (int64_t tt0 = 0; tt0 < ntile; tt0 += tbt) {
+        const int64_t tt1 = tt0 + tbt < ntile ? tt0 + tbt : ntile;
+        for (int64_t g = r0 / 16; g < g1; g += 2) {
+            const int ng = g + 1 < g1 ? 2 : 1;
+            for (int64_t s = 0; s < ns; s++)
+                for (int i = 0; i < ng; i++)
+                    amxb_deq(m->w + (size_t)(g + i) * m->row_bytes, ns, s, kind,
+                             pan + (s * ng + i) * 512);
+            for (int64_t T = tt0; T < tt1; T += 2) {
+                if (T + 1 < tt1) {
+                    if (ng == 2)
+                        amxb_tiles(m, pan, 2, g, r0, r1, T, 2);
+                    else
+                        amxb_tiles(m, pan, 1, g, r0, r1, T, 2);
+                } else if (ng == 2)
+                    amxb_tiles(m, pan, 2, g, r0, r1, T, 1);
+                else
+                    amxb_tiles(m, pan, 1, g, r0, r1, T, 1);
+            }
+        }
+    }
+    _tile_release();
+    return true;
+}
+
 /* Activation bytes of a token block: the tokens whose codes stay in L2 while every row group
  * of the chunk passes over them. */
 #define TOK_BLOCK_BYTES (1 << 20)
@@ -464,12 +686,15 @@ TGT void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
     sweep(m, r0, r1, K_Q5_1, 0);
 }
 
-/* The AMX forms: 16-token tiles through amx_tile, the tokens left over (and decode) through the
- * VNNI tiles; tile state is configured per call and released after it, so a pool thread holds
- * none between ops. */
+/* The AMX forms: with xb every token through amxb_sweep (BF16); without, 16-token tiles
+ * through amx_tile (INT8) and the tokens left over (and decode) through the VNNI tiles. Tile
+ * state is configured per call and released after it, so a pool thread holds none between
+ * ops. */
 #define AMX_ENTRY(name, kind)                                                                      \
     AMX_TGT void name(const sh__cpu_mm *m, int64_t r0, int64_t r1)                                 \
     {                                                                                              \
+        if (m->a->xb && amxb_sweep(m, r0, r1, kind))                                               \
+            return;                                                                                \
         if (m->a->n_tok < 16) {                                                                    \
             sweep(m, r0, r1, kind, 0);                                                             \
             return;                                                                                \
