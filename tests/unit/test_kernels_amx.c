@@ -98,30 +98,6 @@ static void test_amx_equals_vnni(void)
                 }
 }
 
-/* bf16 of f (round to nearest even, as VCVTNE2PS2BF16 for the normal numbers of these tests),
- * back as a float. */
-static float bf16_round(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Bounds of the BF16 form on an output y (t, r), with S = sum_k |w_k x_k|:
- *  - against the double sum of the bf16-rounded products bf16(w_k) bf16(x_k): only the fp32
- *    accumulation differs (a product of two bf16 values is exact in fp32), so the tolerance
- *    of the other fast paths, 2e-5 S (the worst case K 2^-24 S is 2.4e-4 at K 4096, but the
- *    rounding errors of K random terms add up as sqrt(K) 2^-24 S, under 4e-6);
- *  - against the exact product (f32 weights and activations, double sums): each of w and x
- *    rounded to bf16 (8 significant bits) is off by at most 2^-9 of itself, a product by
- *    2^-8 + 2^-18 of itself, so |y - exact| <= (2^-8 + 2^-18) S plus the accumulation's 2e-5 S.
- *    The first check pins the arithmetic (a dropped or misplaced block moves y by far more than
- *    2e-5 S); the second states the accuracy that callers get. */
-#define BF16_TOL_SAME 2e-5
-#define BF16_TOL_EXACT (1.0 / 256 + 1.0 / 262144 + 2e-5)
-
 typedef struct bf16_act {
     sh__cpu_act act;
     uint16_t *xb;
@@ -135,31 +111,6 @@ static bf16_act bf16_act_make(const float *x, int64_t n_in, int64_t n_tok)
     b.act.xb = b.xb;
     sh__cpu_amx_act_bf16(&b.act, 0, n_tok);
     return b;
-}
-
-/* The worst |y - ref| / S of rows [r0, r1), where ref is y0 (when accumulating) plus the double
- * sum over k of f(w) f(x) with f the identity or bf16_round. */
-static double bf16_worst(const wmat *w, const float *x, const float *y0, const float *y,
-                         int64_t n_tok, int64_t n_out, int64_t n_in, int64_t r0, int64_t r1,
-                         int accum, int rounded)
-{
-    double worst = 0;
-    for (int64_t t = 0; t < n_tok; t++)
-        for (int64_t r = r0; r < r1; r++) {
-            double sum = 0, sa = 0;
-            for (int64_t k = 0; k < n_in; k++) {
-                const float wk = w->deq[r * n_in + k], xk = x[t * n_in + k];
-                const double p =
-                    rounded ? (double)bf16_round(wk) * bf16_round(xk) : (double)wk * xk;
-                sum += p;
-                sa += fabs((double)wk * xk);
-            }
-            const double ref = (accum ? (double)y0[t * n_out + r] : 0.0) + sum;
-            const double e = fabs((double)y[t * n_out + r] - ref) / sa;
-            if (!(e <= worst))
-                worst = e;
-        }
-    return worst;
 }
 
 /* The BF16 form on the shapes of test_amx_equals_vnni, plus calls of fewer than 16 tokens (1, 5:
