@@ -581,7 +581,7 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     for (int32_t i = 0; !rc && i < c->n_nodes && i < 256; i++) {
         sh_transport_link l;
         if (i != c->gateway.node && sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) == SH_OK)
-            f->ups[i] = l.state == SH_LINK_STATE_UP ? l.ups : 0;
+            __atomic_store_n(&f->ups[i], l.state == SH_LINK_STATE_UP ? l.ups : 0, __ATOMIC_RELEASE);
     }
     return rc;
 }
@@ -692,7 +692,7 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
     const sh_config_node *nd = &f->plan.c->nodes[node];
     sh_transport_link l;
     if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) != SH_OK ||
-        l.state != SH_LINK_STATE_UP || l.ups == f->ups[node])
+        l.state != SH_LINK_STATE_UP || l.ups == __atomic_load_n(&f->ups[node], __ATOMIC_ACQUIRE))
         return 1; /* not back yet */
     int rc = greet(f, rt, node, timeout_ms, msg, cap);
     if (rc)
@@ -710,7 +710,7 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
                 2);
     // Its connection count now, so that a later loss is noticed again.
     if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) == SH_OK)
-        f->ups[node] = l.ups;
+        __atomic_store_n(&f->ups[node], l.ups, __ATOMIC_RELEASE);
     __atomic_store_n(&f->lost[node], false, __ATOMIC_RELEASE); /* the status page reads it */
     return 0;
 }

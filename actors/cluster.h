@@ -126,7 +126,8 @@ typedef struct sh_cluster_front {
     sh_cluster_note_fn note; /* the join's progress lines (set before the start; NULL: none) */
     void *note_ud;
     sh_transport *tp;
-    uint64_t ups[256]; /* per node: its link's connection count when the join completed */
+    uint64_t ups[256]; /* per node: its link's connection count when the join completed; __atomic_*
+                        * like lost[] (the gateway's status reads it) */
     sh_node_metrics_collector_args collector_args; /* read by the collector's init, later */
     bool lost[256]; /* per node: judged lost (the watchdog's death, until it is back); written
                      * and read with __atomic_* (the front's main thread, the gateway's) */

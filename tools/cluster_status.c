@@ -121,7 +121,8 @@ static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer, int
         ascii(last_error, sizeof last_error, l.last_error);
         sent = (json_int_t)l.sent;
         queued = (json_int_t)l.queue_msgs;
-        lost = i < 256 && f->ups[i] && (l.state != SH_LINK_STATE_UP || l.ups != f->ups[i]);
+        uint64_t joined_ups = i < 256 ? __atomic_load_n(&f->ups[i], __ATOMIC_ACQUIRE) : 0;
+        lost = joined_ups && (l.state != SH_LINK_STATE_UP || l.ups != joined_ups);
         // Up on the connection the join (or the last rejoin) greeted: alive. Up on a newer one
         // (the process restarted) or never joined: joining until the front greets it.
         if (l.state == SH_LINK_STATE_DOWN)

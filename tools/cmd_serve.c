@@ -978,14 +978,14 @@ static bool standby_back(serve_opts *o, server *s, int32_t i)
     sh_transport_link l;
     if (!f->plan.c->nodes[i].standby ||
         sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK || l.state != SH_LINK_STATE_UP ||
-        l.ups == f->ups[i])
+        l.ups == __atomic_load_n(&f->ups[i], __ATOMIC_ACQUIRE))
         return false;
     s->rec[i].waiting = false; /* its replicas wait for nothing else here */
     if (!promote_to(o, s, i, i)) {
         s->rec[i].waiting = true;
         return false;
     }
-    f->ups[i] = l.ups;
+    __atomic_store_n(&f->ups[i], l.ups, __ATOMIC_RELEASE);
     atomic_store_explicit(&s->watch.node[i].base_ups, l.ups, memory_order_release);
     __atomic_store_n(&f->lost[i], false, __ATOMIC_RELEASE);
     return true;
