@@ -279,6 +279,10 @@ void sh__cpu_avx2_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * one float multiply-add each for d and dmin per super-block in block order, the same for a matvec
  * and any token of a tile (so outputs do not depend on the batch or the row split). */
 void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* Q6_K (ops_q6k_avx2_packed.c): reads sh__cpu_act.qk; exact integer sums per super-block and row
+ * (vpmaddwd scales the pair sums), one float multiply-add per super-block in block order, so a
+ * token's result is the same alone and in any tile. */
+void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The AMX forms of the packed kernels (ops_avx512_packed.c). With sh__cpu_act.xb set, every
  * token in BF16 (AMX-BF16 tile products on weights dequantized to bf16, fp32 sums): not equal to

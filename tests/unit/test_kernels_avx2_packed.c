@@ -1,9 +1,9 @@
-/* The AVX2 kernels on packed Q4_0, Q4_1 (ops_avx2_packed.c) and Q4_K weights
- * (ops_q4k_avx2_packed.c), called directly on a packed copy, against the scalar reference on the
- * file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every token bitwise
- * equal to the same token alone (the matvec), rows outside the range untouched; Q4_K at the
- * extremes of its 16-bit sums; and through an AVX2 backend with prepared weights. Exit 77 without
- * AVX2. */
+/* The AVX2 kernels on packed Q4_0, Q4_1 (ops_avx2_packed.c), Q4_K (ops_q4k_avx2_packed.c) and
+ * Q6_K (ops_q6k_avx2_packed.c) weights, called directly on a packed copy, against the scalar
+ * reference on the file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every
+ * token bitwise equal to the same token alone (the matvec), rows outside the range untouched; Q4_K
+ * and Q6_K at the extremes of their integer sums; and through an AVX2 backend with prepared
+ * weights. Exit 77 without AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,10 +13,10 @@
 #define KT_SEED 0xa4093822299f31d0ull
 #include "kernels_test_util.h"
 
-#define N_TYPES 3
-static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q4_K};
+#define N_TYPES 4
+static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q4_K, SH_DTYPE_Q6_K};
 static const sh__cpu_mm_fn packed_fn[N_TYPES] = {sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1,
-                                                 sh__cpu_avx2_mmp_q4_k};
+                                                 sh__cpu_avx2_mmp_q4_k, sh__cpu_avx2_mmp_q6_k};
 
 /* Activation codes of n_tok rows as the backend makes them (the scalar rule): the 32-element
  * blocks, and the Q8_K rows when n_in is a multiple of 256. */
@@ -59,30 +59,51 @@ static void free_acts(acts *r)
     free(r->qk);
 }
 
+/* Every Q6_K code 0 (weight -32 d sc), every scale -128, activations +-1 (codes +-127): each
+ * super-block's integer sum is at its extreme, 2^27 (test_kernels_packed's worst case). */
+static void make_extreme_q6k(wmat *w, int64_t n_out, int64_t n_in, float *x, int64_t n_tok)
+{
+    for (int64_t i = 0; i < n_out * (n_in / SH_QK_K); i++) {
+        sh_block_q6_k *blk = (sh_block_q6_k *)w->t.data + i;
+        memset(blk->ql, 0, sizeof blk->ql);
+        memset(blk->qh, 0, sizeof blk->qh);
+        memset(blk->scales, 0x80, sizeof blk->scales);
+        CHECK_OK(sh__dequant_row(SH_DTYPE_Q6_K, blk, w->deq + i * SH_QK_K, SH_QK_K));
+    }
+    for (int64_t i = 0; i < n_tok * n_in; i++)
+        x[i] = (i / n_in) % 2 ? 1.0f : -1.0f;
+}
+
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5; 1, 2, 3, 4, 17 tokens) and one past the 1 MiB
- * token block (n_in 16384, 70 tokens), accumulate on and off. Q4_K only where n_in is whole
- * super-blocks. */
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q6_K: 8 with tails of 4, 2 and 1: 1, 2, 3, 4,
+ * 7, 17) and one past the 1 MiB token block (n_in 16384, 70 tokens), accumulate on and off; the
+ * K-quants only where n_in is whole super-blocks, Q6_K also at its integer extreme (n_in 2048,
+ * 70 rows). */
 static void test_vs_ref(void)
 {
-    const int64_t n_ins[] = {32, 576, 2048, 16384};
+    const int64_t n_ins[] = {32, 256, 576, 2048, 16384};
     const int64_t n_outs[] = {1, 7, 16, 33, 70};
-    const int64_t n_toks[] = {1, 2, 3, 4, 17, 70};
+    const int64_t n_toks[] = {1, 2, 3, 4, 7, 17, 70};
     for (size_t ti = 0; ti < N_TYPES; ti++)
-        for (size_t ai = 0; ai < 4; ai++)
+        for (size_t ai = 0; ai < 5; ai++)
             for (size_t bi = 0; bi < 5; bi++)
-                for (size_t ci = 0; ci < 6; ci++) {
+                for (size_t ci = 0; ci < 7; ci++) {
                     const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
                     if ((n_tok == 70) != (n_in == 16384 && n_out == 33))
                         continue;
+                    const int kq = types[ti] == SH_DTYPE_Q6_K;
                     if (sh__cpu_type_k(types[ti]) && n_in % SH_QK_K)
                         continue;
                     wmat w = make_w(types[ti], n_out, n_in);
+                    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+                    fill(x, n_tok * n_in, 1.0f);
+                    if (kq && n_in == 2048 && n_out == 70)
+                        make_extreme_q6k(&w, n_out, n_in, x, n_tok);
                     const size_t gb = sh__cpu_pack_group_bytes(types[ti], n_in);
                     const size_t pbytes = sh__cpu_pack_bytes(types[ti], n_out, n_in);
                     uint8_t *p = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
                     sh__cpu_pack(types[ti], w.t.data, n_out, n_in, p);
-                    acts A = make_acts(n_tok, n_in, NULL);
+                    acts A = make_acts(n_tok, n_in, x);
                     const size_t ny = (size_t)(n_tok * n_out);
                     float *y0 = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
                     float *yr = malloc(ny * sizeof(float)), *y1 = malloc((size_t)n_out * 4);
@@ -145,6 +166,7 @@ static void test_vs_ref(void)
                     free(y);
                     free(yr);
                     free(y1);
+                    free(x);
                     free_acts(&A);
                     free_w(&w);
                 }
@@ -206,8 +228,8 @@ static void test_q4k_extreme(void)
     free_w(&w);
 }
 
-/* An AVX2 backend prepares (packs) Q4_0, Q4_1 and Q4_K weights and its matmuls read the copy: a
- * 40-token prefill and a decode row on 2 threads against the scalar reference. */
+/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q4_K and Q6_K weights and its matmuls read the
+ * copy: a 40-token prefill and a decode row on 2 threads against the scalar reference. */
 static void test_backend(void)
 {
     sh_backend *be = make(SH_BACKEND_CPU_ISA_AVX2, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);

@@ -1,0 +1,272 @@
+/* AVX2 matmul on packed Q6_K weights (the 16-row layout at SH_CPU_PACK_Q6K_BLOCK in cpu.h, the one
+ * copy the AVX-512 kernel reads): a 256-bit register holds 8 of a group's 16 rows (half h is bytes
+ * 32h .. 32h + 31 of each 64-byte vector of a unit), so the dot products of 8 rows against a
+ * broadcast 4-byte slice of the activation need no horizontal sums, and one unpacked unit serves a
+ * tile of tokens. For CPUs without AVX-512: vpmaddubsw makes 16-bit pair sums, and one vpmaddwd
+ * with the rows' sub-block scales both widens and scales them, so the sums stay integers to the
+ * end of a super-block. */
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* Tokens per tile: the four unpacked code vectors, the scales and one integer sum per token nearly
+ * fill the 16 YMM registers (the float sums, touched once per super-block, live in memory; GCC
+ * keeps a few of the rest on the stack). On the 2-vCPU Sapphire Rapids VM with the AVX2 path
+ * (2048 x 2048 and 2048 x 5632, 120 tokens, one thread, best of several alternated runs on a shared
+ * machine) 8 tokens came out ahead of 6, 5 and 4 (4: about 10% slower), and llvm-mca's Zen 3 and
+ * Skylake models agree (cycles per token and unit falling from 4 to 8 tokens). */
+#ifndef NT
+#define NT 8
+#endif
+/* The decode matvec walks MV_STREAMS row groups side by side with software prefetch MV_PF_DIST
+ * bytes ahead (several independent runs keep more reads in flight than one; see
+ * ops_avx512_packed.c). One super-block ahead: at 1024 bytes (the Q4 kernels' distance) the
+ * matvec from DRAM ran 0.76-0.85x the file-layout kernel's speed on the VM, at 2048 0.89-0.97x, at
+ * one super-block 0.89-1.14x (alternated runs, ~400 MB of copies of a 2048 x 5632 weight; the
+ * machine was shared, so only the ordering is trustworthy). */
+#ifndef MV_STREAMS
+#define MV_STREAMS 4
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST SH_CPU_PACK_Q6K_BLOCK
+#endif
+#ifndef MV_PF_HINT
+#define MV_PF_HINT _MM_HINT_T0
+#endif
+/* Activation bytes (Q8_K) of a token block: its codes stay in L2 while every row group passes. */
+#define TOK_BLOCK_BYTES (1 << 20)
+
+INL __m256i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The arithmetic, per super-block b, row r, token t (q the 6-bit codes 0..63, a the token's Q8_K
+ * codes, sc_s the row's signed sub-block scales, bsum_s the sums of a over sub-block s):
+ *   I = sum_s sc_s sum_{i in s} q_i a_i - 32 sum_s sc_s bsum_s,   y += (d_r da) I.
+ * vpmaddubsw pairs q_i a_i + q_j a_j reach 2 * 63 * 128 = 16128 in magnitude, so two of them add
+ * in int16 without saturating (32256); vpmaddwd with sc_s in both words of a row's lane widens
+ * and scales the two such sums of a unit. I is exact in int32: the products reach
+ * 16 * 128 * 16 * 63 * 128 < 2^29 and the offset 32 * 16 * 128 * 2048 = 2^27. It is converted to
+ * float once per super-block and added by one FMA in block order. Integers do not depend on the
+ * order in which they are summed, and the float steps are the same for a token in the matvec and
+ * in any tile, so a token's output does not depend on the batch or the row split. */
+
+/* Half h of unit s of the packed super-block wb: c[v], lane r, byte i is the code of element
+ * 16s + 4v + i of row 8h + r (its nibble, with its top two bits moved to bits 4-5; the shifts are
+ * 16-bit and the masks drop what crossed from the neighbouring byte); sc holds row 8h + r's sc_s
+ * in both 16-bit words of lane r. */
+INL void unpack_half(const uint8_t *wb, int s, int h, __m256i c[4], __m256i *sc)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *u = wb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT + 32 * h;
+    const __m256i z0 = _mm256_loadu_si256((const void *)u);
+    const __m256i z1 = _mm256_loadu_si256((const void *)(u + 64));
+    const __m256i hb = _mm256_loadu_si256((const void *)(u + 128));
+    c[0] =
+        _mm256_or_si256(_mm256_and_si256(z0, m0f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    c[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z0, 4), m0f),
+                           _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    c[2] = _mm256_or_si256(_mm256_and_si256(z1, m0f), _mm256_and_si256(hb, m30));
+    c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z1, 4), m0f),
+                           _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+    const __m128i b = _mm_loadl_epi64((const void *)(wb + SH_CPU_PACK_Q6K_SC + 16 * s + 8 * h));
+    *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
+}
+
+/* sc_s sum_{i in s} q_i a_i of the 8 rows for one token (aq: its codes of sub-block s). */
+INL __m256i dot_unit(const __m256i c[4], __m256i sc, const int8_t *aq)
+{
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], bcast4(aq)),
+                                         _mm256_maddubs_epi16(c[1], bcast4(aq + 4)));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], bcast4(aq + 8)),
+                                         _mm256_maddubs_epi16(c[3], bcast4(aq + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(s01, sc), _mm256_madd_epi16(s23, sc));
+}
+
+/* The scales of sub-blocks 2j and 2j + 1 of rows 8h .. 8h + 7 as int16 pairs, lane r holding row
+ * 8h + r's (sc_2j, sc_2j+1): one vpmaddwd with a token's (bsum_2j, bsum_2j+1) gives both terms of
+ * its offset. */
+INL __m256i scale_pair(const uint8_t *wb, int j, int h)
+{
+    const uint8_t *p = wb + SH_CPU_PACK_Q6K_SC + 32 * j + 8 * h;
+    const __m128i lo = _mm_loadl_epi64((const void *)p),
+                  hi = _mm_loadl_epi64((const void *)(p + 16));
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi));
+}
+
+/* -32 sum_s sc_s bsum_s of rows 8h .. 8h + 7 for nt tokens' blocks ab[0], ab[stride], ...: the
+ * starting values of their sums I. */
+INL void offsets_half(const uint8_t *wb, int h, const sh_block_q8_k *ab, int64_t stride,
+                      const int nt, __m256i *iacc)
+{
+    __m256i o[NT];
+    for (int i = 0; i < nt; i++)
+        o[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i p = scale_pair(wb, j, h);
+        for (int i = 0; i < nt; i++)
+            o[i] =
+                _mm256_add_epi32(o[i], _mm256_madd_epi16(p, bcast4(ab[i * stride].bsums + 2 * j)));
+    }
+    for (int i = 0; i < nt; i++)
+        iacc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o[i], 5));
+}
+
+/* acc + (d_r da) I for super-block b of half h (wd: the group's d). */
+INL __m256 scale_add(const uint8_t *wd, int64_t b, int h, float da, __m256i iacc, __m256 acc)
+{
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(wd + b * 32 + 16 * h)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
+}
+
+/* Stores (or adds) v for token t, rows 16g + 8h + r inside [r0, r1). */
+INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
+                    __m256 v)
+{
+    const int64_t base = 16 * g + 8 * h;
+    int32_t lanes[8];
+    for (int r = 0; r < 8; r++)
+        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
+    const __m256i k = _mm256_loadu_si256((const void *)lanes);
+    float *y = m->y + t * m->ldy + base;
+    if (m->accumulate)
+        v = _mm256_add_ps(v, _mm256_maskload_ps(y, k));
+    _mm256_maskstore_ps(y, k, v);
+}
+
+/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1. */
+INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
+                   const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+    const sh_block_q8_k *at = a->qk + t0 * nb;
+    float acc[NT][8] __attribute__((aligned(32)));
+    for (int i = 0; i < nt; i++)
+        _mm256_store_ps(acc[i], _mm256_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+        const sh_block_q8_k *ab = at + b;
+        __m256i iacc[NT];
+        offsets_half(wb, h, ab, nb, nt, iacc);
+        for (int s = 0; s < 16; s++) {
+            __m256i c[4], sc;
+            unpack_half(wb, s, h, c, &sc);
+            for (int i = 0; i < nt; i++)
+                iacc[i] = _mm256_add_epi32(iacc[i], dot_unit(c, sc, ab[i * nb].qs + 16 * s));
+        }
+        for (int i = 0; i < nt; i++)
+            _mm256_store_ps(acc[i],
+                            scale_add(wd, b, h, ab[i * nb].d, iacc[i], _mm256_load_ps(acc[i])));
+    }
+    for (int i = 0; i < nt; i++)
+        store_half(m, g, h, r0, r1, t0 + i, _mm256_load_ps(acc[i]));
+}
+
+/* One token, groups g0 + k step (k < ns) side by side, a super-block of each in turn, both halves
+ * unit by unit (one ascending walk of the super-block); each (row, token) gets tile_half's float
+ * steps in tile_half's order. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1)
+{
+    const int64_t nb = m->a->n_in / SH_QK_K;
+    const uint8_t *w[MV_STREAMS];
+    __m256 acc[MV_STREAMS][2];
+    for (int k = 0; k < ns; k++) {
+        w[k] = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const sh_block_q8_k *ab = m->a->qk + b;
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+            const uint8_t *wd = w[k] + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+            if (b % 2 == 0) /* the d: 64 bytes per two super-blocks */
+                _mm_prefetch((const char *)(wd + b * 32) + 128, MV_PF_HINT);
+            __m256i iacc[2];
+            offsets_half(wb, 0, ab, 0, 1, iacc);
+            offsets_half(wb, 1, ab, 0, 1, iacc + 1);
+            for (int qq = 0; qq < 4; qq++) {
+                /* a quarter of the super-block's 52 lines, MV_PF_DIST ahead */
+                const char *pf = (const char *)wb + 13 * 64 * qq + MV_PF_DIST;
+                for (int l = 0; l < 13; l++)
+                    _mm_prefetch(pf + 64 * l, MV_PF_HINT);
+                for (int s = 4 * qq; s < 4 * qq + 4; s++)
+                    for (int h = 0; h < 2; h++) {
+                        __m256i c[4], sc;
+                        unpack_half(wb, s, h, c, &sc);
+                        iacc[h] = _mm256_add_epi32(iacc[h], dot_unit(c, sc, ab->qs + 16 * s));
+                    }
+            }
+            for (int h = 0; h < 2; h++)
+                acc[k][h] = scale_add(wd, b, h, ab->d, iacc[h], acc[k][h]);
+        }
+    }
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+}
+
+/* The tokens [t, t1) of a token block in tiles of NT, the tail in power-of-two tiles so that each
+ * tile size is a compile-time constant. */
+INL void tiles(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t, int64_t t1)
+{
+    for (; t + NT <= t1; t += NT)
+        tile_half(m, g, h, r0, r1, t, NT);
+#if NT > 4
+    if (t1 - t >= 4) {
+        tile_half(m, g, h, r0, r1, t, 4);
+        t += 4;
+    }
+#endif
+#if NT > 2
+    if (t1 - t >= 2) {
+        tile_half(m, g, h, r0, r1, t, 2);
+        t += 2;
+    }
+#endif
+    if (t1 - t >= 1)
+        tile_half(m, g, h, r0, r1, t, 1);
+}
+
+/* A matvec as in the other packed kernels (MV_STREAMS equal ranges of groups, then the rest one at
+ * a time); otherwise token blocks outermost (their codes stay in L2), then row groups and halves,
+ * then token tiles (a half's packed super-blocks stay in L1/L2 while the block's tiles pass over
+ * them). */
+TGT void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+        for (int64_t i = 0; i < part; i++)
+            mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv_groups(m, g, 0, 1, r0, r1);
+        return;
+    }
+    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
+    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
+    tb = tb < NT ? NT : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                tiles(m, g, h, r0, r1, t0, t1);
+            }
+    }
+}
+
+#endif
