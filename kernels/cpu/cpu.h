@@ -271,10 +271,15 @@ void sh__cpu_avx512_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * and row and one float multiply-add each for d and dmin per super-block in block order. */
 void sh__cpu_avx512_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
-/* The AVX2 packed kernels (ops_avx2_packed.c), Q4_0 and Q4_1: 8 of a group's 16 rows per
- * register, vpmaddubsw pair sums; a token's result is the same alone and in any tile. */
+/* The AVX2 packed kernels (ops_avx2_packed.c), Q4_0, Q4_1 and Q8_0: 8 of a group's 16 rows per
+ * register, vpmaddubsw pair sums (Q8_0: |q| against a * sign(q), exact integer block sums); a
+ * token's result is the same alone and in any tile. */
 void sh__cpu_avx2_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 void sh__cpu_avx2_mmp_q4_1(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* F16 (reads sh__cpu_act.xt when n_tok > 1): one FMA chain per (row, token) over the elements in
+ * order, alone or in a tile. */
+void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 /* Q4_K (ops_q4k_avx2_packed.c): reads sh__cpu_act.qk; exact integers per super-block and row, then
  * one float multiply-add each for d and dmin per super-block in block order, the same for a matvec
  * and any token of a tile (so outputs do not depend on the batch or the row split). */

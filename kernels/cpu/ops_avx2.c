@@ -284,6 +284,8 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .attn_group = sh__cpu_avx2_attn_range,
     .mmp_q4_0 = sh__cpu_avx2_mmp_q4_0,
     .mmp_q4_1 = sh__cpu_avx2_mmp_q4_1,
+    .mmp_q8_0 = sh__cpu_avx2_mmp_q8_0,
+    .mmp_f16 = sh__cpu_avx2_mmp_f16,
     .mmp_q4_k = sh__cpu_avx2_mmp_q4_k,
     .mmp_q6_k = sh__cpu_avx2_mmp_q6_k,
 };

@@ -1,10 +1,11 @@
-/* AVX2 matmul kernels on packed Q4_0 and Q4_1 weights (the 16-row interleave of SH_CPU_PACK_ROWS
- * in cpu.h, the one copy the AVX-512 kernels read): a 256-bit register holds 8 of a group's 16
- * rows (half h is bytes 32h .. 32h + 31 of each 64-byte code vector), so the dot products of 8
- * rows against a broadcast 4-byte slice of the activation need no horizontal sums, and one
- * unpacked block serves a tile of tokens. For CPUs without AVX-512 (AMD Zen 2/3, Intel client
- * parts): there is no dpbusd, so vpmaddubsw makes 16-bit pair sums and a vpmaddwd with ones
- * widens them once per block. */
+/* AVX2 matmul kernels on packed Q4_0, Q4_1, Q8_0 and F16 weights (the 16-row interleave of
+ * SH_CPU_PACK_ROWS in cpu.h, the one copy the AVX-512 kernels read): a 256-bit register holds 8
+ * of a group's 16 rows (half h is bytes 32h .. 32h + 31 of each 64-byte code vector), so the dot
+ * products of 8 rows against a broadcast 4-byte slice of the activation need no horizontal sums,
+ * and one unpacked block serves a tile of tokens. For CPUs without AVX-512 (AMD Zen 2/3, Intel
+ * client parts): there is no dpbusd, so vpmaddubsw makes 16-bit pair sums and a vpmaddwd with
+ * ones widens them (Q4: once per block; Q8_0, whose signed codes need the sign trick: every
+ * step). */
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
@@ -196,6 +197,304 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
                     tile_half(m, g, h, r0, r1, t, 1, kind);
             }
     }
+}
+
+/* ---- Q8_0 ---- */
+
+/* Tokens per Q8_0 tile: one int32 accumulator per token beside a step's two code registers, the
+ * broadcast and the temporaries (the float accumulators live across the block, spilled once per
+ * block). 6 measured at least as fast as 4, 5, 7 and 8 (within this VM's noise).
+ * The other exact form, the nibble split of the stored q + 128 (u = 16 hi + lo: two vpmaddubsw
+ * chains that may add in int16, and the -128 s correction of the AVX-512 kernel), needs 16
+ * code registers per block and a float correction; measured no faster, so not kept. */
+#define NT8 6
+
+/* sum_i q_i a_i of 8 rows (lanes) over one block, exact. The codes q are signed and AVX2 has no
+ * dpbusd, so vpmaddubsw gets |q| as its unsigned operand and a * sign(q) as its signed one
+ * (|a| <= 127, sh__cpu_quant_act_ref; |q| <= 128): a pair sum is at most 2 * 128 * 127 = 32512,
+ * which fits int16 but two do not, so every step widens with vpmaddwd. One step: the 4-byte
+ * slice 4k .. 4k + 3 of the block against the rows' codes w (signed) and aw = |w|. */
+INL __m256i q8_step(const int8_t *ab, int k, __m256i w, __m256i aw)
+{
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(ab + 4 * k), w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Step k of half h of block b of a packed Q8_0 group: the signed codes (the stored bytes are
+ * q + 128) and their absolute values. */
+INL void q8_codes(const uint8_t *w, int64_t b, int h, int k, __m256i *q, __m256i *aq)
+{
+    const __m256i z = _mm256_loadu_si256((const void *)(w + (size_t)b * 512 + 64 * k + 32 * h));
+    *q = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
+    *aq = _mm256_sign_epi8(*q, *q);
+}
+
+/* Stores acc for token t, rows 16g + 8h + r inside [r0, r1). */
+INL void store8(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
+                __m256 acc)
+{
+    const int64_t base = 16 * g + 8 * h;
+    int32_t lanes[8];
+    for (int r = 0; r < 8; r++)
+        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
+    const __m256i k = _mm256_loadu_si256((const void *)lanes);
+    float *y = m->y + t * m->ldy + base;
+    __m256 v = acc;
+    if (m->accumulate)
+        v = _mm256_add_ps(v, _mm256_maskload_ps(y, k));
+    _mm256_maskstore_ps(y, k, v);
+}
+
+/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1: acc = sum_b (dw da) dot_b in block
+ * order, dot_b the exact integer sum of the block. Steps outermost inside a block, so that only
+ * one step's codes are live and the tile can hold NT8 tokens; the integer sum of a token is the
+ * same whatever the order of its exact int32 additions. */
+INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
+                    const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    const uint8_t *wd = w + (size_t)nb * 512;
+    const int8_t *qa = a->qs + t0 * a->n_in;
+    __m256 acc[NT8];
+#pragma GCC unroll 16
+    for (int i = 0; i < nt; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i s[NT8], q, aq;
+        q8_codes(w, b, h, 0, &q, &aq);
+#pragma GCC unroll 16
+        for (int i = 0; i < nt; i++)
+            s[i] = q8_step(qa + i * a->n_in + b * SH_CPU_QK, 0, q, aq);
+#pragma GCC unroll 8
+        for (int k = 1; k < 8; k++) {
+            q8_codes(w, b, h, k, &q, &aq);
+#pragma GCC unroll 16
+            for (int i = 0; i < nt; i++)
+                s[i] = _mm256_add_epi32(s[i], q8_step(qa + i * a->n_in + b * SH_CPU_QK, k, q, aq));
+        }
+        const __m256 dw = half_f16(wd, b, h);
+#pragma GCC unroll 16
+        for (int i = 0; i < nt; i++)
+            acc[i] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+                                _mm256_mul_ps(dw, _mm256_set1_ps(a->d[(t0 + i) * nb + b])), acc[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < nt; i++)
+        store8(m, g, h, r0, r1, t0 + i, acc[i]);
+}
+
+/* One token, groups g0 + k step (k < ns) side by side, block by block, both halves; each
+ * (row, token) sees tile8_half's operations on the same values in the same order. */
+INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                    int64_t r1)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    __m256 acc[MV_STREAMS][2];
+    for (int k = 0; k < ns; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int8_t *ab = a->qs + b * SH_CPU_QK;
+        const __m256 da = _mm256_set1_ps(a->d[b]);
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *w = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+            const uint8_t *wd = w + (size_t)nb * 512;
+            /* as far ahead in blocks as the Q4 matvec (a Q8_0 block is twice the bytes) */
+            for (size_t o = 0; o < 512; o += 64)
+                _mm_prefetch((const char *)(w + (size_t)b * 512) + 2 * MV_PF_DIST + o, _MM_HINT_T0);
+            if (b % 2 == 0)
+                _mm_prefetch((const char *)(wd + b * 32) + MV_PF_DIST / 8, _MM_HINT_T0);
+            for (int h = 0; h < 2; h++) {
+                __m256i q, aq;
+                q8_codes(w, b, h, 0, &q, &aq);
+                __m256i s = q8_step(ab, 0, q, aq);
+                for (int j = 1; j < 8; j++) {
+                    q8_codes(w, b, h, j, &q, &aq);
+                    s = _mm256_add_epi32(s, q8_step(ab, j, q, aq));
+                }
+                acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                                            _mm256_mul_ps(half_f16(wd, b, h), da), acc[k][h]);
+            }
+        }
+    }
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            store8(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+}
+
+TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+        for (int64_t i = 0; i < part; i++)
+            mv8_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv8_groups(m, g, 0, 1, r0, r1);
+        return;
+    }
+    int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT8 * NT8;
+    tb = tb < NT8 ? NT8 : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                int64_t t = t0;
+                for (; t + NT8 <= t1; t += NT8)
+                    tile8_half(m, g, h, r0, r1, t, NT8);
+                /* the tail: one tile of a compile-time size below NT8 */
+                switch (t1 - t) {
+                case 1:
+                    tile8_half(m, g, h, r0, r1, t, 1);
+                    break;
+                case 2:
+                    tile8_half(m, g, h, r0, r1, t, 2 < NT8 ? 2 : 1);
+                    break;
+                case 3:
+                    tile8_half(m, g, h, r0, r1, t, 3 < NT8 ? 3 : 1);
+                    break;
+                case 4:
+                    tile8_half(m, g, h, r0, r1, t, 4 < NT8 ? 4 : 1);
+                    break;
+                case 5:
+                    tile8_half(m, g, h, r0, r1, t, 5 < NT8 ? 5 : 1);
+                    break;
+                case 6:
+                    tile8_half(m, g, h, r0, r1, t, 6 < NT8 ? 6 : 1);
+                    break;
+                default:
+                    break;
+                }
+            }
+    }
+}
+
+/* ---- F16 ---- */
+
+/* F16 (packed block b: 32 steps e of the 16 rows' fp16 element 32b + e, cpu.h): half h of step k
+ * is 8 fp16 that widen to one register, so acc[t] (8 rows) += w[k] * x[t][k] with x[t][k]
+ * broadcast from the transposed activations (sh__cpu_act.xt): one conversion per NTF tokens and
+ * no horizontal sums. Each (row, token) is one FMA chain over k in order, in a tile and in the
+ * matvec alike, so a token's result does not depend on the batch. Tokens per tile: NTF
+ * accumulators, the weights and the broadcast fit the 16 registers; two tiles per 16-token tile
+ * of xt. */
+#define NTF 8
+/* The F16 matvec walks MV_STREAMS groups side by side (8 independent chains cover the FMA
+ * latency) with software prefetch F16_PF_DIST bytes ahead in each. */
+#define F16_PF_DIST 4096
+/* Bytes of xt per token block (see sh__cpu_avx2_mmp_f16). */
+#define F16_TOK_BLOCK_BYTES (1 << 20)
+
+INL __m256 f16_half(const uint16_t *w, int64_t k, int h)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const void *)(w + 16 * k + 8 * h)));
+}
+
+/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, which lie in one 16-token tile of
+ * xt. */
+INL void tile_f16_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
+                       const int nt)
+{
+    const int64_t n_in = m->a->n_in;
+    const uint16_t *w = (const uint16_t *)(m->w + (size_t)g * m->row_bytes);
+    const float *xt = m->a->xt + (t0 / 16) * n_in * 16 + t0 % 16;
+    __m256 acc[NTF];
+#pragma GCC unroll 16
+    for (int i = 0; i < nt; i++)
+        acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_in; k++) {
+        const __m256 wv = f16_half(w, k, h);
+#pragma GCC unroll 16
+        for (int i = 0; i < nt; i++)
+            acc[i] = _mm256_fmadd_ps(wv, _mm256_broadcast_ss(xt + k * 16 + i), acc[i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < nt; i++)
+        store8(m, g, h, r0, r1, t0 + i, acc[i]);
+}
+
+/* One token (from x: a matvec has no xt), groups g0 + j step (j < ns) side by side, both
+ * halves: the chains of tile_f16_half. */
+INL void mv_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                       int64_t r1)
+{
+    const int64_t n_in = m->a->n_in;
+    const float *x = m->a->x;
+    __m256 acc[MV_STREAMS][2];
+    for (int j = 0; j < ns; j++)
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_in; k++) {
+        const __m256 xv = _mm256_broadcast_ss(x + k);
+        for (int j = 0; j < ns; j++) {
+            const uint16_t *w = (const uint16_t *)(m->w + (size_t)(g0 + j * step) * m->row_bytes);
+            if (k % 2 == 0)
+                _mm_prefetch((const char *)(w + 16 * k) + F16_PF_DIST, _MM_HINT_T0);
+            acc[j][0] = _mm256_fmadd_ps(f16_half(w, k, 0), xv, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(f16_half(w, k, 1), xv, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < ns; j++)
+        for (int h = 0; h < 2; h++)
+            store8(m, g0 + j * step, h, r0, r1, 0, acc[j][h]);
+}
+
+TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
+        for (int64_t i = 0; i < part; i++)
+            mv_f16_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
+        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
+            mv_f16_groups(m, g, 0, 1, r0, r1);
+        return;
+    }
+    /* Token blocks of F16_TOK_BLOCK_BYTES of xt outermost (they stay in L2 while the groups
+     * pass; each group's weights are read once per block), then groups, halves and tiles. */
+    int64_t tb = F16_TOK_BLOCK_BYTES / (m->a->n_in * 4) / 16 * 16;
+    tb = tb < 16 ? 16 : tb;
+    for (int64_t tb0 = 0; tb0 < n_tok; tb0 += tb)
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                for (int64_t t16 = tb0; t16 < n_tok && t16 < tb0 + tb; t16 += 16) {
+                    const int64_t t1 = t16 + 16 < n_tok ? t16 + 16 : n_tok;
+                    int64_t t = t16;
+                    for (; t + NTF <= t1; t += NTF)
+                        tile_f16_half(m, g, h, r0, r1, t, NTF);
+                    switch (t1 - t) { /* the tail: one tile of a compile-time size */
+                    case 1:
+                        tile_f16_half(m, g, h, r0, r1, t, 1);
+                        break;
+                    case 2:
+                        tile_f16_half(m, g, h, r0, r1, t, 2);
+                        break;
+                    case 3:
+                        tile_f16_half(m, g, h, r0, r1, t, 3);
+                        break;
+                    case 4:
+                        tile_f16_half(m, g, h, r0, r1, t, 4);
+                        break;
+                    case 5:
+                        tile_f16_half(m, g, h, r0, r1, t, 5);
+                        break;
+                    case 6:
+                        tile_f16_half(m, g, h, r0, r1, t, 6);
+                        break;
+                    case 7:
+                        tile_f16_half(m, g, h, r0, r1, t, 7);
+                        break;
+                    default:
+                        break;
+                    }
+                }
+            }
 }
 
 TGT void sh__cpu_avx2_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)

@@ -1,9 +1,9 @@
-/* The AVX2 kernels on packed Q4_0, Q4_1 (ops_avx2_packed.c), Q4_K (ops_q4k_avx2_packed.c) and
- * Q6_K (ops_q6k_avx2_packed.c) weights, called directly on a packed copy, against the scalar
- * reference on the file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every
- * token bitwise equal to the same token alone (the matvec), rows outside the range untouched; Q4_K
- * and Q6_K at the extremes of their integer sums; and through an AVX2 backend with prepared
- * weights. Exit 77 without AVX2. */
+/* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0 and F16 (ops_avx2_packed.c), Q4_K
+ * (ops_q4k_avx2_packed.c) and Q6_K (ops_q6k_avx2_packed.c) weights, called directly on a packed
+ * copy, against the scalar reference on the file layout (within 2e-5 of sum_k |w||x|; only the
+ * float order differs), every token bitwise equal to the same token alone (the matvec), rows
+ * outside the range untouched; Q8_0, Q4_K and Q6_K at the extremes of their integer sums; and
+ * through an AVX2 backend with prepared weights. Exit 77 without AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,16 +13,19 @@
 #define KT_SEED 0xa4093822299f31d0ull
 #include "kernels_test_util.h"
 
-#define N_TYPES 4
-static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q4_K, SH_DTYPE_Q6_K};
+#define N_TYPES 6
+static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0,
+                                        SH_DTYPE_F16,  SH_DTYPE_Q4_K, SH_DTYPE_Q6_K};
 static const sh__cpu_mm_fn packed_fn[N_TYPES] = {sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1,
+                                                 sh__cpu_avx2_mmp_q8_0, sh__cpu_avx2_mmp_f16,
                                                  sh__cpu_avx2_mmp_q4_k, sh__cpu_avx2_mmp_q6_k};
 
 /* Activation codes of n_tok rows as the backend makes them (the scalar rule): the 32-element
- * blocks, and the Q8_K rows when n_in is a multiple of 256. */
+ * blocks, the Q8_K rows when n_in is a multiple of 256, and the rows transposed per 16-token tile
+ * (xt, read by packed F16 when n_tok > 1). */
 typedef struct acts {
     sh__cpu_act a;
-    float *x, *d, *s;
+    float *x, *d, *s, *xt;
     int8_t *qs;
     sh_block_q8_k *qk;
 } acts;
@@ -33,7 +36,8 @@ static acts make_acts(int64_t n_tok, int64_t n_in, const float *x0)
     acts r = {.x = malloc((size_t)(n_tok * n_in) * sizeof(float)),
               .d = malloc((size_t)(n_tok * nb) * sizeof(float)),
               .s = malloc((size_t)(n_tok * nb) * sizeof(float)),
-              .qs = malloc((size_t)(n_tok * n_in))};
+              .qs = malloc((size_t)(n_tok * n_in)),
+              .xt = malloc((size_t)((n_tok + 15) / 16 * 16 * n_in) * sizeof(float))};
     if (x0)
         memcpy(r.x, x0, (size_t)(n_tok * n_in) * sizeof(float));
     else
@@ -45,8 +49,15 @@ static acts make_acts(int64_t n_tok, int64_t n_in, const float *x0)
         r.qk = malloc((size_t)(n_tok * (n_in / SH_QK_K)) * sizeof *r.qk);
         sh__quant_k_quantize(SH_DTYPE_Q8_K, r.x, r.qk, n_tok * (n_in / SH_QK_K));
     }
-    r.a = (sh__cpu_act){
-        .x = r.x, .qs = r.qs, .d = r.d, .s = r.s, .qk = r.qk, .n_in = n_in, .n_tok = n_tok};
+    r.a = (sh__cpu_act){.x = r.x,
+                        .qs = r.qs,
+                        .d = r.d,
+                        .s = r.s,
+                        .qk = r.qk,
+                        .xt = r.xt,
+                        .n_in = n_in,
+                        .n_tok = n_tok};
+    sh__cpu_act_transpose(&r.a, 0, n_tok);
     return r;
 }
 
@@ -57,6 +68,7 @@ static void free_acts(acts *r)
     free(r->s);
     free(r->qs);
     free(r->qk);
+    free(r->xt);
 }
 
 /* Every Q6_K code 0 (weight -32 d sc), every scale -128, activations +-1 (codes +-127): each
@@ -75,19 +87,19 @@ static void make_extreme_q6k(wmat *w, int64_t n_out, int64_t n_in, float *x, int
 }
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q6_K: 8 with tails of 4, 2 and 1: 1, 2, 3, 4,
- * 7, 17) and one past the 1 MiB token block (n_in 16384, 70 tokens), accumulate on and off; the
- * K-quants only where n_in is whole super-blocks, Q6_K also at its integer extreme (n_in 2048,
- * 70 rows). */
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q8_0: 6, Q6_K: 8 with tails of 4, 2 and 1, F16:
+ * 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1 MiB token block (n_in
+ * 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is whole super-blocks,
+ * Q6_K also at its integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
 {
     const int64_t n_ins[] = {32, 256, 576, 2048, 16384};
     const int64_t n_outs[] = {1, 7, 16, 33, 70};
-    const int64_t n_toks[] = {1, 2, 3, 4, 7, 17, 70};
+    const int64_t n_toks[] = {1, 2, 3, 4, 7, 13, 17, 70};
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ai = 0; ai < 5; ai++)
             for (size_t bi = 0; bi < 5; bi++)
-                for (size_t ci = 0; ci < 7; ci++) {
+                for (size_t ci = 0; ci < 8; ci++) {
                     const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
                     if ((n_tok == 70) != (n_in == 16384 && n_out == 33))
                         continue;
@@ -228,8 +240,62 @@ static void test_q4k_extreme(void)
     free_w(&w);
 }
 
-/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q4_K and Q6_K weights and its matmuls read the
- * copy: a 40-token prefill and a decode row on 2 threads against the scalar reference. */
+/* Q8_0 at the ends of its range: codes -128 and 127 against activation codes +-127 of either
+ * sign, where a vpmaddubsw pair sum of |q| and a * sign(q) reaches 2 * 128 * 127 (a saturating
+ * kernel would be off by thousands), on both paths (matvec and 2-token tiles). */
+static void test_q8_extremes(void)
+{
+    const int64_t n_in = 256, n_out = 32, nb = n_in / 32;
+    const size_t rb = sh__dtype_row_bytes(SH_DTYPE_Q8_0, (uint64_t)n_in);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    float *deq = malloc((size_t)(n_out * n_in) * sizeof(float));
+    for (int64_t r = 0; r < n_out; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = w + (size_t)r * rb + (size_t)b * 34;
+            const uint16_t one = 0x3c00; /* fp16 1.0 */
+            memcpy(blk, &one, 2);
+            for (int i = 0; i < 32; i++) {
+                /* row pattern: all -128, all 127, alternating, or varying with the element */
+                const int k = (int)(r % 4);
+                const int8_t q = k == 0   ? -128
+                                 : k == 1 ? 127
+                                 : k == 2 ? (i % 2 ? 127 : -128)
+                                          : (int8_t)((i * 37 + (int)b * 11 + (int)r) % 256 - 128);
+                blk[2 + i] = (uint8_t)q;
+                deq[r * n_in + 32 * b + i] = (float)q;
+            }
+        }
+    for (int64_t n_tok = 1; n_tok <= 2; n_tok++) {
+        float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < n_in; k++) /* +-1: codes +-127; token 1 flips the signs */
+                x[t * n_in + k] = ((k / 2 + t) % 2 ? 1.0f : -1.0f);
+        acts A = make_acts(n_tok, n_in, x);
+        uint8_t *p = aligned_alloc(64, sh__cpu_pack_bytes(SH_DTYPE_Q8_0, n_out, n_in));
+        sh__cpu_pack(SH_DTYPE_Q8_0, w, n_out, n_in, p);
+        float *y = malloc((size_t)(n_tok * n_out) * sizeof(float));
+        float *yr = malloc((size_t)(n_tok * n_out) * sizeof(float));
+        sh__cpu_mm mr = {&A.a, w, rb, yr, n_out, 0};
+        sh__cpu_mm_for(&sh__cpu_kernels_ref, SH_DTYPE_Q8_0)(&mr, 0, n_out);
+        sh__cpu_mm mp = {&A.a, p, sh__cpu_pack_group_bytes(SH_DTYPE_Q8_0, n_in), y, n_out, 0};
+        sh__cpu_avx2_mmp_q8_0(&mp, 0, n_out);
+        const wmat wm = {{SH_DTYPE_Q8_0, {n_in, n_out, 1, 1}, w}, deq};
+        const double worst = worst_rel_err(&wm, x, y, yr, n_tok, n_out, n_in);
+        if (!(worst <= 2e-5))
+            SH_FAIL_("Q8_0 extremes n_tok %lld: %.3g (y[0] %g, ref %g)", (long long)n_tok, worst,
+                     (double)y[0], (double)yr[0]);
+        free(y);
+        free(yr);
+        free(p);
+        free(x);
+        free_acts(&A);
+    }
+    free(w);
+    free(deq);
+}
+
+/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q8_0, F16, Q4_K and Q6_K weights and its matmuls
+ * read the copy: a 40-token prefill and a decode row on 2 threads against the scalar reference. */
 static void test_backend(void)
 {
     sh_backend *be = make(SH_BACKEND_CPU_ISA_AVX2, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
@@ -275,6 +341,7 @@ int main(int argc, char **argv)
     static const sh_test_case tests[] = {
         {"vs_ref", test_vs_ref},
         {"q4k_extreme", test_q4k_extreme},
+        {"q8_extremes", test_q8_extremes},
         {"backend", test_backend},
         {NULL, NULL},
     };
