@@ -8,6 +8,7 @@
  * step). */
 #include <string.h>
 
+#include "kernels/cpu/avx2_store.h"
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -76,16 +77,7 @@ INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
                     const int kind, __m256 acc, __m256 acco)
 {
     const float c = kind == K_Q4_0 ? -8.0f : 1.0f;
-    const int64_t base = 16 * g + 8 * h;
-    int32_t lanes[8];
-    for (int r = 0; r < 8; r++)
-        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
-    const __m256i k = _mm256_loadu_si256((const void *)lanes);
-    float *y = m->y + t * m->ldy + base;
-    __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(c), acco, acc);
-    if (m->accumulate)
-        v = _mm256_add_ps(v, _mm256_maskload_ps(y, k));
-    _mm256_maskstore_ps(y, k, v);
+    sh__avx2_store_half(m, g, h, r0, r1, t, _mm256_fmadd_ps(_mm256_set1_ps(c), acco, acc));
 }
 
 /* Rows of group g, half h, against tokens t0 .. t0 + nt - 1. Per block b, token t (da, s: the
@@ -229,22 +221,6 @@ INL void q8_codes(const uint8_t *w, int64_t b, int h, int k, __m256i *q, __m256i
     *aq = _mm256_sign_epi8(*q, *q);
 }
 
-/* Stores acc for token t, rows 16g + 8h + r inside [r0, r1). */
-INL void store8(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
-                __m256 acc)
-{
-    const int64_t base = 16 * g + 8 * h;
-    int32_t lanes[8];
-    for (int r = 0; r < 8; r++)
-        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
-    const __m256i k = _mm256_loadu_si256((const void *)lanes);
-    float *y = m->y + t * m->ldy + base;
-    __m256 v = acc;
-    if (m->accumulate)
-        v = _mm256_add_ps(v, _mm256_maskload_ps(y, k));
-    _mm256_maskstore_ps(y, k, v);
-}
-
 /* Rows of group g, half h, against tokens t0 .. t0 + nt - 1: acc = sum_b (dw da) dot_b in block
  * order, dot_b the exact integer sum of the block. Steps outermost inside a block, so that only
  * one step's codes are live and the tile can hold NT8 tokens; the integer sum of a token is the
@@ -283,7 +259,7 @@ INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
     }
 #pragma GCC unroll 16
     for (int i = 0; i < nt; i++)
-        store8(m, g, h, r0, r1, t0 + i, acc[i]);
+        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, block by block, both halves; each
@@ -322,7 +298,7 @@ INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns,
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)
-            store8(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+            sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
 TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
@@ -415,7 +391,7 @@ INL void tile_f16_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_
     }
 #pragma GCC unroll 16
     for (int i = 0; i < nt; i++)
-        store8(m, g, h, r0, r1, t0 + i, acc[i]);
+        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
 }
 
 /* One token (from x: a matvec has no xt), groups g0 + j step (j < ns) side by side, both
@@ -440,7 +416,7 @@ INL void mv_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int 
     }
     for (int j = 0; j < ns; j++)
         for (int h = 0; h < 2; h++)
-            store8(m, g0 + j * step, h, r0, r1, 0, acc[j][h]);
+            sh__avx2_store_half(m, g0 + j * step, h, r0, r1, 0, acc[j][h]);
 }
 
 TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)

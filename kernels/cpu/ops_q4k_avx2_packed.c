@@ -7,6 +7,7 @@
  * side with software prefetch (as ops_avx2_packed.c does for Q4_0 / Q4_1). */
 #include <string.h>
 
+#include "kernels/cpu/avx2_store.h"
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -173,21 +174,6 @@ INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab,
     }
 }
 
-/* Stores (or adds) acc for token t, rows 16g + 8h + r inside [r0, r1) only. */
-INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
-                    __m256 acc)
-{
-    const int64_t base = 16 * g + 8 * h;
-    int32_t lanes[8];
-    for (int r = 0; r < 8; r++)
-        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
-    const __m256i k = _mm256_loadu_si256((const void *)lanes);
-    float *y = m->y + t * m->ldy + base;
-    if (m->accumulate)
-        acc = _mm256_add_ps(acc, _mm256_maskload_ps(y, k));
-    _mm256_maskstore_ps(y, k, acc);
-}
-
 /* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, super-block by super-block. */
 INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
                    const int nt)
@@ -207,7 +193,7 @@ INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1
             ab[i]++;
     }
     for (int i = 0; i < nt; i++)
-        store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
@@ -230,7 +216,7 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)
-            store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+            sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
 INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)

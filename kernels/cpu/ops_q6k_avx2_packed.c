@@ -7,6 +7,7 @@
  * end of a super-block. */
 #include <string.h>
 
+#include "kernels/cpu/avx2_store.h"
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -128,21 +129,6 @@ INL __m256 scale_add(const uint8_t *wd, int64_t b, int h, float da, __m256i iacc
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
 }
 
-/* Stores (or adds) v for token t, rows 16g + 8h + r inside [r0, r1). */
-INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t,
-                    __m256 v)
-{
-    const int64_t base = 16 * g + 8 * h;
-    int32_t lanes[8];
-    for (int r = 0; r < 8; r++)
-        lanes[r] = base + r >= r0 && base + r < r1 ? -1 : 0;
-    const __m256i k = _mm256_loadu_si256((const void *)lanes);
-    float *y = m->y + t * m->ldy + base;
-    if (m->accumulate)
-        v = _mm256_add_ps(v, _mm256_maskload_ps(y, k));
-    _mm256_maskstore_ps(y, k, v);
-}
-
 /* Rows of group g, half h, against tokens t0 .. t0 + nt - 1. */
 INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
                    const int nt)
@@ -171,7 +157,7 @@ INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1
                             scale_add(wd, b, h, ab[i * nb].d, iacc[i], _mm256_load_ps(acc[i])));
     }
     for (int i = 0; i < nt; i++)
-        store_half(m, g, h, r0, r1, t0 + i, _mm256_load_ps(acc[i]));
+        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, _mm256_load_ps(acc[i]));
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, a super-block of each in turn, both halves
@@ -215,7 +201,7 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)
-            store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+            sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
 /* The tokens [t, t1) of a token block in tiles of NT, the tail in power-of-two tiles so that each
