@@ -336,6 +336,14 @@ bool sh__engine_live(const sh_engine *eng)
     return found;
 }
 
+void sh__engine_thread_start(void *ud)
+{
+    /* The backend's create already tried these settings on a thread of its own and failed the
+     * open if the OS refused one (a cluster front has no backend: its settings were checked by
+     * check_opts' ranges only, and a refusal here leaves the thread as it was). */
+    (void)sh__cpu_thread_apply(&((sh_engine *)ud)->place);
+}
+
 sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err)
 {
     sh_error local = {0}, *e = err ? err : &local;
@@ -364,6 +372,7 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
     eng->efd = -1;
     eng->log = o.log;
     eng->log_user = o.log_user;
+    eng->place = (sh__cpu_thread_opts){.cpu_mask = o.cpu_mask, .sched = o.sched, .nice = o.nice};
     pthread_mutex_init(&eng->mu, NULL);
     atomic_init(&eng->busy, 0);
     atomic_init(&eng->started, 0);
@@ -395,7 +404,9 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
                               o.log ? (sh_log_level)(o.log_level ? o.log_level : SH_LOG_LEVEL_WARN)
                                     : SH_LOG_LEVEL_ERROR,
                           .log_fn = sh__engine_log_sink,
-                          .log_ud = eng};
+                          .log_ud = eng,
+                          .thread_start = sh__engine_thread_start,
+                          .thread_start_ud = eng};
     if ((rc = sh_runtime_create(&ro, &eng->rt, e)))
         goto fail;
     spawn_args a;

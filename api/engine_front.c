@@ -86,7 +86,9 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
         .log_level = o->log ? (sh_log_level)(o->log_level ? o->log_level : SH_LOG_LEVEL_WARN)
                             : SH_LOG_LEVEL_ERROR,
         .log_fn = sh__engine_log_sink,
-        .log_ud = eng};
+        .log_ud = eng,
+        .thread_start = sh__engine_thread_start,
+        .thread_start_ud = eng};
     if ((rc = sh_runtime_create(&ro, &eng->rt, e)) || (rc = sh__serve_register(eng->rt, e)) ||
         (rc = sh_runtime_register(eng->rt, &sh__engine_api_vtable, e)))
         return rc;

@@ -11,6 +11,7 @@
 #include "actors/cluster.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
 #include "shoal.h"
 #include "shoal/fault.h"
 #include "shoal/runtime.h"
@@ -65,6 +66,9 @@ struct sh_engine {
     int efd; /* eventfd: readable while events are queued */
     sh_engine_log_fn log;
     void *log_user;
+    /* The placement options (cpu_mask, sched, nice) every runtime thread applies first
+     * (sh__engine_thread_start), as the CPU backend's threads do. */
+    sh__cpu_thread_opts place;
     /* An engine that fronts worker nodes (api/engine_front.c); NULL for a model run here. */
     sh_cluster_front *front;
     struct sh_engine_front_args *front_args; /* its actors' spawn arguments */
@@ -96,6 +100,10 @@ void sh__engine_front_close(sh_engine *eng, bool after);
 /* api/engine.c */
 void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len);
 sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e);
+
+/* sh_runtime_opts.thread_start of the engine's runtimes (ud: the engine): places the thread as
+ * eng->place says. */
+void sh__engine_thread_start(void *ud);
 
 /* True when eng is an engine that sh_engine_open returned and sh_engine_close has not finished
  * closing (false for NULL). Any thread. */

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "runtime/fault_agent.h"
+#include "runtime/internal.h"
 #include "runtime/msg.h"
 #include "shoal/fault.h"
 
@@ -358,6 +359,8 @@ static held heap_pop(sh_fault *f)
 static void timer_main(void *arg)
 {
     sh_fault *f = arg;
+    if (f->rt->thread_start)
+        f->rt->thread_start(f->rt->thread_start_ud);
     uv_mutex_lock(&f->mu);
     while (!f->stop) {
         if (f->n_held == 0) {

@@ -113,6 +113,8 @@ struct sh_runtime {
     uint64_t stall_ns;
     uint32_t late_grace_ms;
     sh_runtime_stats *final_stats;
+    void (*thread_start)(void *ud); /* sh_runtime_opts' hook, run first on each thread */
+    void *thread_start_ud;
     sh__log log;
     struct sh__loop *loops;
 

@@ -196,6 +196,8 @@ sh_err sh__loop_init(sh_runtime *rt, struct sh__loop *l, uint32_t index, sh_erro
 static void loop_main(void *arg)
 {
     struct sh__loop *l = arg;
+    if (l->rt->thread_start)
+        l->rt->thread_start(l->rt->thread_start_ud);
     uv_run(&l->uv, UV_RUN_DEFAULT);
 }
 

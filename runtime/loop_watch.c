@@ -31,6 +31,8 @@ static void check(sh_runtime *rt)
 static void watch_main(void *arg)
 {
     sh_runtime *rt = arg;
+    if (rt->thread_start)
+        rt->thread_start(rt->thread_start_ud);
     uint64_t period = rt->stall_ns / 4;
     if (period < 1000000u)
         period = 1000000u;

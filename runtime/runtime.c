@@ -149,6 +149,8 @@ sh_err sh_runtime_create(const sh_runtime_opts *opts, sh_runtime **out, sh_error
     rt->stall_ns = (uint64_t)(opts->stall_ms ? opts->stall_ms : 1000) * 1000000u;
     rt->late_grace_ms = opts->late_grace_ms ? opts->late_grace_ms : 60000;
     rt->final_stats = opts->final_stats;
+    rt->thread_start = opts->thread_start;
+    rt->thread_start_ud = opts->thread_start_ud;
     atomic_store(&rt->next_session, 0);
     char name[64];
     if (opts->name)

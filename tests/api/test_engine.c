@@ -1,9 +1,11 @@
 /* The embedding API of include/shoal.h on the tiny real stories260K model (tests/data): the
  * engine against `shoal run`, concurrent and cancelled requests, misuse, the memory budget,
  * silence on stdout/stderr, and open/close cycles. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,6 +522,68 @@ static void test_closed_handle(void)
     int not_an_engine = 0;
     CHECK_INT_EQ(sh_poll((sh_engine *)&not_an_engine, 0, NULL), SH_EINVAL);
     CHECK_INT_EQ(sh_engine_close((sh_engine *)&not_an_engine), SH_EINVAL);
+}
+
+/* The placement options reach every thread the engine starts: the CPU backend's pool and queue
+ * threads and the runtime's loop and watchdog threads (a host that keeps its own thread off the
+ * engine's CPUs needs all of them there, not only the compute threads). Linux only. */
+static void test_thread_placement(void)
+{
+#ifdef __linux__
+    int before[128], n_before = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *de;
+    while (d && (de = readdir(d)) && n_before < 128)
+        if (de->d_name[0] != '.')
+            before[n_before++] = atoi(de->d_name);
+    if (d)
+        closedir(d);
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(MODEL);
+    o.threads = 2;
+    o.kv_bytes = 4u << 20;
+    o.cpu_mask = 1;
+    o.sched = SH_ENGINE_SCHED_IDLE;
+    o.no_spin = 1;
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_engine_open(&o, &eng, &e));
+    if (!eng)
+        return;
+    int placed = 0;
+    d = opendir("/proc/self/task");
+    while (d && (de = readdir(d))) {
+        const int tid = atoi(de->d_name);
+        bool old = de->d_name[0] == '.';
+        for (int i = 0; i < n_before && !old; i++)
+            old = before[i] == tid;
+        if (old)
+            continue;
+        cpu_set_t set;
+        CHECK(sched_getaffinity(tid, sizeof set, &set) == 0);
+        if (CPU_COUNT(&set) != 1 || !CPU_ISSET(0, &set) || sched_getscheduler(tid) != SCHED_IDLE)
+            SH_FAIL_("engine thread %d: %d CPUs, policy %d (want CPU 0 only, SCHED_IDLE)", tid,
+                     CPU_COUNT(&set), sched_getscheduler(tid));
+        placed++;
+    }
+    if (d)
+        closedir(d);
+    /* pool helper, queue thread, the runtime's loop and its watchdog */
+    CHECK(placed >= 4);
+    CHECK_INT_EQ(sched_getscheduler(0), SCHED_OTHER); /* the host's thread is left alone */
+    /* and it still generates */
+    seen s;
+    init_seen(&s, eng);
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once upon a time";
+    r.max_tokens = 8;
+    uint64_t id;
+    CHECK_OK(sh_submit(eng, &r, &CB, &s, &id, NULL));
+    for (int i = 0; i < 500 && !s.n_done && !s.n_error; i++)
+        CHECK_OK(sh_poll(eng, 20, NULL));
+    CHECK_INT_EQ(s.n_done, 1);
+    CHECK_OK(sh_engine_close(eng));
+#endif
 }
 
 static void test_memory_budget(void)
@@ -1086,6 +1150,7 @@ int main(int argc, char **argv)
                                          {"fd_readable", test_fd_readable},
                                          {"close_in_flight", test_close_in_flight},
                                          {"closed_handle", test_closed_handle},
+                                         {"thread_placement", test_thread_placement},
                                          {"memory_budget", test_memory_budget},
                                          {"tokenizer_and_metrics", test_tokenizer_and_metrics},
                                          {"chat", test_chat},
