@@ -595,12 +595,27 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind, cons
 
 /* F16: packed block b of group g is 32 steps of 16 fp16 (element 32b + e of the 16 rows), so
  * acc[t] (16 rows) += w[e] * x[t][32b + e] with x broadcast from memory: no horizontal sums and
- * one conversion per 16 weights for all nt tokens. One token alone splits the sum over the
- * elements into four accumulators to cover the FMA latency. */
+ * one conversion per 16 weights for all nt tokens. Every (row, token) is one FMA chain over the
+ * elements in order, in a tile of any size and in the one-token matvec alike, so a token's result
+ * does not depend on the batch (the matvec covers the FMA latency with several row groups' chains
+ * side by side, not by splitting one sum). */
 #define NTF 16
-/* Prefetch distance of the F16 matvec (one stream): 8 KiB ahead measured 1.3-2x faster than no
- * prefetch on the quantized kernels' single-stream form (tinyllama shapes, 1 thread). */
+/* Prefetch distance of the F16 matvec: 8 KiB ahead measured 1.3-2x faster than no prefetch on the
+ * quantized kernels' single-stream form (tinyllama shapes, 1 thread). */
 #define F16_PF_DIST 8192
+/* Row groups the one-token matvec walks side by side (independent FMA chains). */
+#define F16_MV_GROUPS 4
+
+/* Stores (or adds) acc as token t's rows of group g inside [r0, r1). */
+INL void store_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t, __m512 acc)
+{
+    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
+    const __mmask16 km = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+    float *y = m->y + t * m->ldy + 16 * g;
+    if (m->accumulate)
+        acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(km, y));
+    _mm512_mask_storeu_ps(y, km, acc);
+}
 
 INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt)
 {
@@ -610,42 +625,55 @@ INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_
     __m512 acc[NTF];
     for (int i = 0; i < NTF; i++)
         acc[i] = _mm512_setzero_ps();
-    if (nt == 1) {
-        const float *x = a->x + t0 * n_in;
-        for (int64_t k = 0; k < n_in; k += 4) {
-            _mm_prefetch((const char *)(w + 16 * k) + F16_PF_DIST, _MM_HINT_T1);
-            _mm_prefetch((const char *)(w + 16 * k) + F16_PF_DIST + 64, _MM_HINT_T1);
-            for (int u = 0; u < 4; u++)
-                acc[u] = _mm512_fmadd_ps(
-                    _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * (k + u)))),
-                    _mm512_set1_ps(x[k + u]), acc[u]);
-        }
-        acc[0] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    } else {
-        /* the tile's tokens lie in one 16-token tile of xt (NTF 16 tiles start at multiples of
-         * 16; the tail tiles 8, 4, 2, 1 stay inside the last one), lanes from t0 % 16 */
-        const float *xt = a->xt + (t0 / 16) * n_in * 16 + t0 % 16;
-        for (int64_t k = 0; k < n_in; k++) {
-            const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * k)));
-            for (int i = 0; i < nt; i++)
-                acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xt[k * 16 + i]), acc[i]);
+    /* the tile's tokens lie in one 16-token tile of xt (NTF 16 tiles start at multiples of 16;
+     * the tail tiles 8, 4, 2, 1 stay inside the last one), lanes from t0 % 16 */
+    const float *xt = a->xt + (t0 / 16) * n_in * 16 + t0 % 16;
+    for (int64_t k = 0; k < n_in; k++) {
+        const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w + 16 * k)));
+        for (int i = 0; i < nt; i++)
+            acc[i] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xt[k * 16 + i]), acc[i]);
+    }
+    for (int i = 0; i < nt; i++)
+        store_f16(m, g, r0, r1, t0 + i, acc[i]);
+}
+
+/* One token (n_tok 1, read from x), row groups g0 .. g0 + ng - 1 side by side. */
+INL void mv_f16(const sh__cpu_mm *m, int64_t g0, const int ng, int64_t r0, int64_t r1)
+{
+    const float *x = m->a->x;
+    const int64_t n_in = m->a->n_in;
+    const uint16_t *w[F16_MV_GROUPS];
+    __m512 acc[F16_MV_GROUPS];
+    for (int j = 0; j < ng; j++) {
+        w[j] = (const uint16_t *)(m->w + (size_t)(g0 + j) * m->row_bytes);
+        acc[j] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < n_in; k++) {
+        const __m512 xv = _mm512_set1_ps(x[k]);
+        for (int j = 0; j < ng; j++) {
+            if ((k & 3) == 0) /* 4 steps of 32 bytes: two cache lines */
+                for (int c = 0; c < 128; c += 64)
+                    _mm_prefetch((const char *)(w[j] + 16 * k) + F16_PF_DIST + c, _MM_HINT_T1);
+            acc[j] = _mm512_fmadd_ps(
+                _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(w[j] + 16 * k))), xv, acc[j]);
         }
     }
-    const int64_t lo = r0 > 16 * g ? r0 - 16 * g : 0, hi = r1 < 16 * g + 16 ? r1 - 16 * g : 16;
-    const __mmask16 km = (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-    for (int i = 0; i < nt; i++) {
-        float *y = m->y + (t0 + i) * m->ldy + 16 * g;
-        __m512 v = acc[i];
-        if (m->accumulate)
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(km, y));
-        _mm512_mask_storeu_ps(y, km, v);
-    }
+    for (int j = 0; j < ng; j++)
+        store_f16(m, g0 + j, r0, r1, 0, acc[j]);
 }
 
 TGT void sh__cpu_avx512_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    const int64_t n_tok = m->a->n_tok;
-    for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+    const int64_t n_tok = m->a->n_tok, g1 = (r1 + 15) / 16;
+    if (n_tok == 1) {
+        int64_t g = r0 / 16;
+        for (; g + F16_MV_GROUPS <= g1; g += F16_MV_GROUPS)
+            mv_f16(m, g, F16_MV_GROUPS, r0, r1);
+        for (; g < g1; g++)
+            mv_f16(m, g, 1, r0, r1);
+        return;
+    }
+    for (int64_t g = r0 / 16; g < g1; g++) {
         int64_t t = 0;
         for (; t + NTF <= n_tok; t += NTF)
             tile_f16(m, g, r0, r1, t, NTF);

@@ -140,11 +140,11 @@ static void test_packed_fused(void)
  * ops_avx512_packed.c and ops_q6k_avx512_packed.c) against the prefill tiles: each token alone
  * gives the bits of its row in a batch, with and without the residual add, and through the fused
  * gate/up with SwiGLU (whose one-token chunks are longer), on 1 to 3 threads, for every packed
- * quantized type; row counts where the streams' ranges leave groups over and end padded. */
+ * type (F16 too); row counts where the streams' ranges leave groups over and end padded. */
 static void test_matvec_streams(void)
 {
     static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0, SH_DTYPE_Q5_0,
-                                     SH_DTYPE_Q5_1, SH_DTYPE_Q6_K, SH_DTYPE_Q4_K};
+                                     SH_DTYPE_Q5_1, SH_DTYPE_Q6_K, SH_DTYPE_Q4_K, SH_DTYPE_F16};
     const int64_t n_tok = 5, n_outs[] = {100, 261, 1000};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
