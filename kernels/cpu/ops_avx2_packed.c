@@ -156,11 +156,7 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
 
 INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
 {
-    const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
-    for (int64_t i = 0; i < part; i++)
-        mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1, kind);
-    for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
-        mv_groups(m, g, 0, 1, r0, r1, kind);
+    SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1, kind);
 }
 
 /* Token blocks outermost (their codes stay in L2), then row groups and halves, then token tiles
@@ -305,11 +301,7 @@ TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
-        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
-        for (int64_t i = 0; i < part; i++)
-            mv8_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
-        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
-            mv8_groups(m, g, 0, 1, r0, r1);
+        SH_AVX2_MATVEC(mv8_groups, MV_STREAMS, m, r0, r1);
         return;
     }
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT8 * NT8;
@@ -423,11 +415,7 @@ TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
-        const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
-        for (int64_t i = 0; i < part; i++)
-            mv_f16_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
-        for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
-            mv_f16_groups(m, g, 0, 1, r0, r1);
+        SH_AVX2_MATVEC(mv_f16_groups, MV_STREAMS, m, r0, r1);
         return;
     }
     /* Token blocks of F16_TOK_BLOCK_BYTES of xt outermost (they stay in L2 while the groups

@@ -221,11 +221,7 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
 
 INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / MV_STREAMS;
-    for (int64_t i = 0; i < part; i++)
-        mv_groups(m, g0 + i, part, MV_STREAMS, r0, r1);
-    for (int64_t g = g0 + MV_STREAMS * part; g < g1; g++)
-        mv_groups(m, g, 0, 1, r0, r1);
+    SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1);
 }
 
 /* A matvec as above; otherwise token blocks outermost (their Q8_K rows stay in L2), then row
