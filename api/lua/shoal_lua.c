@@ -70,14 +70,18 @@ static lengine *check_open(lua_State *L, int idx)
 
 /* The string at idx (which must be one) as a C string: one holding a NUL byte raises, since
  * everything past it would be dropped without a word ("m.gguf\0.txt" would open m.gguf, a
- * prompt would be cut). `what` names it in the message. */
-static const char *c_string(lua_State *L, int idx, const char *what)
+ * prompt would be cut). The message names option `key`, or `what` when key is NULL. */
+static const char *c_string(lua_State *L, int idx, const char *what, const char *key)
 {
     size_t len;
     const char *s = lua_tolstring(L, idx, &len);
     size_t at = strlen(s);
-    if (at != len)
+    if (at != len) {
+        if (key)
+            luaL_error(L, "shoal: option '%s' holds a NUL byte (at byte %d of %d)", key, (int)at,
+                       (int)len);
         luaL_error(L, "shoal: %s holds a NUL byte (at byte %d of %d)", what, (int)at, (int)len);
+    }
     return s;
 }
 
@@ -90,7 +94,7 @@ static void check_keys(lua_State *L, int idx, const char *what, const char *cons
         lua_pop(L, 1);
         if (lua_type(L, -1) != LUA_TSTRING)
             luaL_error(L, "shoal: %s: keys must be strings", what);
-        const char *k = c_string(L, -1, "an option's name");
+        const char *k = c_string(L, -1, "an option's name", NULL);
         int ok = 0;
         for (const char *const *p = known; *p; p++)
             if (strcmp(*p, k) == 0)
@@ -163,9 +167,7 @@ static void opt_string(lua_State *L, int idx, const char *key, const char **out)
     if (t != LUA_TNIL) {
         if (t != LUA_TSTRING)
             luaL_error(L, "shoal: option '%s' must be a string, not %s", key, lua_typename(L, t));
-        const char *what = lua_pushfstring(L, "option '%s'", key);
-        *out = c_string(L, -2, what);
-        lua_pop(L, 1);
+        *out = c_string(L, -1, NULL, key);
     }
     lua_pop(L, 1);
 }
@@ -472,7 +474,7 @@ static int l_submit(lua_State *L)
     const char *stops[MAX_STOP];
     t = lua_getfield(L, 2, "stop");
     if (t == LUA_TSTRING) {
-        stops[0] = c_string(L, -1, "option 'stop'");
+        stops[0] = c_string(L, -1, NULL, "stop");
         r.stop = stops;
         r.n_stop = 1;
     } else if (t == LUA_TTABLE) {
@@ -483,7 +485,7 @@ static int l_submit(lua_State *L)
         for (lua_Integer i = 1; i <= n; i++) {
             if (lua_rawgeti(L, st, i) != LUA_TSTRING)
                 luaL_error(L, "shoal: stop[%I] must be a string", i);
-            stops[i - 1] = c_string(L, -1, "a stop string");
+            stops[i - 1] = c_string(L, -1, "a stop string", NULL);
             lua_pop(L, 1);
         }
         r.stop = stops;
@@ -832,7 +834,7 @@ static int l_tostring(lua_State *L)
 static int l_strerror(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TSTRING);
-    const char *name = c_string(L, 1, "the error code name");
+    const char *name = c_string(L, 1, "the error code name", NULL);
     for (int i = 0; i < SH_ERR_COUNT_; i++)
         if (strcmp(err_names[i], name) == 0) {
             lua_pushstring(L, sh_strerror((sh_err)i));
