@@ -74,8 +74,8 @@ test-asan: bootstrap
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -L unit
 
 # ThreadSanitizer over the tests that run the cluster's threads together (fronts, workers,
-# watchdog, router, recovery, the embedding engine and its cluster front); not in CI (about 25
-# minutes on 2 cores). Every report goes to $(TSAN_BUILD)/tsan-reports/ (the shoal processes the
+# watchdog, router, recovery, the embedding engine and its cluster front); not in CI (roughly
+# 15-20 minutes on 2 cores, from its build's and its tests' times here; not timed as one run). Every report goes to $(TSAN_BUILD)/tsan-reports/ (the shoal processes the
 # Python tests start included); any report fails the target. Left out because they outrun their
 # timeouts under TSan (their threads are those of the tests kept): test_stage_pipeline,
 # test_cluster_pipeline, test_cluster_models, test_cluster_degrade.
