@@ -359,8 +359,6 @@ static held heap_pop(sh_fault *f)
 static void timer_main(void *arg)
 {
     sh_fault *f = arg;
-    if (f->rt->thread_start)
-        f->rt->thread_start(f->rt->thread_start_ud);
     uv_mutex_lock(&f->mu);
     while (!f->stop) {
         if (f->n_held == 0) {
@@ -538,7 +536,7 @@ sh_err sh_fault_create(sh_runtime *rt, const sh_fault_opts *opts, sh_fault **out
     }
     uv_mutex_init(&f->mu);
     uv_cond_init(&f->cv);
-    int rv = uv_thread_create(&f->thread, timer_main, f);
+    int rv = sh__rt_thread_create(rt, &f->thread, timer_main, f);
     f->hooks = (sh_transport_hooks){.ctx = f,
                                     .send_frame = forward,
                                     .filter = filter,

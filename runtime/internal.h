@@ -183,6 +183,11 @@ void sh__rt_adopted(sh_runtime *rt);
 /* Nanoseconds on uv_hrtime()'s monotonic clock. */
 uint64_t sh__rt_now(void);
 
+/* Starts a thread of the runtime: it runs the thread_start hook (the engine's placement) first,
+ * then fn(arg). Returns once the hook has run, so that no thread of the runtime is ever seen
+ * running outside its placement. uv_thread_create's result. */
+int sh__rt_thread_create(sh_runtime *rt, uv_thread_t *t, void (*fn)(void *), void *arg);
+
 /* Loops (loop.c). */
 sh_err sh__loop_init(sh_runtime *rt, struct sh__loop *l, uint32_t index, sh_error *e);
 sh_err sh__loop_start(struct sh__loop *l, sh_error *e);

@@ -196,14 +196,12 @@ sh_err sh__loop_init(sh_runtime *rt, struct sh__loop *l, uint32_t index, sh_erro
 static void loop_main(void *arg)
 {
     struct sh__loop *l = arg;
-    if (l->rt->thread_start)
-        l->rt->thread_start(l->rt->thread_start_ud);
     uv_run(&l->uv, UV_RUN_DEFAULT);
 }
 
 sh_err sh__loop_start(struct sh__loop *l, sh_error *e)
 {
-    int rc = uv_thread_create(&l->thread, loop_main, l);
+    int rc = sh__rt_thread_create(l->rt, &l->thread, loop_main, l);
     if (rc)
         return sh__error_set(e, SH_EIO, "loop %u: uv_thread_create: %s", (unsigned)l->index,
                              uv_strerror(rc));

@@ -31,8 +31,6 @@ static void check(sh_runtime *rt)
 static void watch_main(void *arg)
 {
     sh_runtime *rt = arg;
-    if (rt->thread_start)
-        rt->thread_start(rt->thread_start_ud);
     uint64_t period = rt->stall_ns / 4;
     if (period < 1000000u)
         period = 1000000u;
@@ -52,7 +50,7 @@ static void watch_main(void *arg)
 
 sh_err sh__loop_watch_start(sh_runtime *rt, sh_error *e)
 {
-    int rc = uv_thread_create(&rt->wd_thread, watch_main, rt);
+    int rc = sh__rt_thread_create(rt, &rt->wd_thread, watch_main, rt);
     if (rc)
         return sh__error_set(e, SH_EIO, "watchdog: uv_thread_create: %s", uv_strerror(rc));
     rt->wd_ok = true;

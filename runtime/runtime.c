@@ -190,6 +190,51 @@ sh_err sh_runtime_create(const sh_runtime_opts *opts, sh_runtime **out, sh_error
     return SH_OK;
 }
 
+typedef struct {
+    sh_runtime *rt;
+    void (*fn)(void *);
+    void *arg;
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    bool placed;
+} thread_begin;
+
+static void thread_trampoline(void *p)
+{
+    thread_begin *b = p;
+    sh_runtime *rt = b->rt;
+    void (*fn)(void *) = b->fn;
+    void *arg = b->arg;
+    if (rt->thread_start)
+        rt->thread_start(rt->thread_start_ud);
+    uv_mutex_lock(&b->mu);
+    b->placed = true; /* b lives on the creator's stack: not touched after this */
+    uv_cond_signal(&b->cv);
+    uv_mutex_unlock(&b->mu);
+    fn(arg);
+}
+
+int sh__rt_thread_create(sh_runtime *rt, uv_thread_t *t, void (*fn)(void *), void *arg)
+{
+    thread_begin b = {.rt = rt, .fn = fn, .arg = arg};
+    if (uv_mutex_init(&b.mu))
+        return UV_ENOMEM;
+    if (uv_cond_init(&b.cv)) {
+        uv_mutex_destroy(&b.mu);
+        return UV_ENOMEM;
+    }
+    int rc = uv_thread_create(t, thread_trampoline, &b);
+    if (!rc) {
+        uv_mutex_lock(&b.mu);
+        while (!b.placed)
+            uv_cond_wait(&b.cv, &b.mu);
+        uv_mutex_unlock(&b.mu);
+    }
+    uv_cond_destroy(&b.cv);
+    uv_mutex_destroy(&b.mu);
+    return rc;
+}
+
 void sh_runtime_destroy(sh_runtime *rt)
 {
     if (!rt)
