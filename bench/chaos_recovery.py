@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Recovery figures of issue 12 (detection, first token after a stage death with a hot standby,
 with a cold restart), on real processes: a 2-stage pipeline of a model (default: the default
-model) over ipc://, workers `shoal node -t 1`, the front `shoal serve -c` with its watchdog
+model) over ipc://, workers `shoal node -t 1` (--threads T for another -t), the front `shoal serve -c` with its watchdog
 (heartbeats every 100 ms, dead after 3 misses or a broken link).
 
 Cases (each repeated --reps times; one JSON line per rep, then a summary table):
@@ -32,9 +32,10 @@ Every stream's text is compared with an undisturbed run's (greedy).
 Usage (from the repository root):
   bench/chaos_recovery.py [--bin build/shoal] [--model PATH] [--cases stop,hot,cold]
                           [--reps N] [--stop-reps N] [--streams N] [--tokens N] [--kill-after N]
-                          [--commit C] [--tmp DIR] [--keep]
+                          [--commit C] [--tmp DIR] [--keep] [--threads T] [--hog N]
 Defaults: 30 SIGSTOP reps, 20 hot and 20 cold reps of 8 streams x 64 tokens (about 5 minutes on
-the 2-vCPU VM).
+the 2-vCPU VM). Issue 25's loaded figures: --threads equal to the machine's cores and --hog 1
+(a busy-loop process beside the cluster for the whole run).
 """
 
 import argparse
@@ -173,7 +174,7 @@ class ClusterUp:
         os.makedirs(self.pid_dir, exist_ok=True)
         logf = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [a.bin, "cluster", "up", script, "-t", "1", "--pid-dir", self.pid_dir, "--",
+            [a.bin, "cluster", "up", script, "-t", str(a.threads), "--pid-dir", self.pid_dir, "--",
              "--port", "0"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
             start_new_session=True)
         logf.close()
@@ -215,7 +216,7 @@ class Manual:
 
     def _start(self, a, script, workers):
         for name in workers:
-            self._spawn(name, [a.bin, "node", "-c", script, "--name", name, "-t", "1"])
+            self._spawn(name, [a.bin, "node", "-c", script, "--name", name, "-t", str(a.threads)])
         for name in workers:
             wait_for(f"node {name} serving", lambda n=name: "serving" in read(self.logs[n]),
                      180, lambda n=name: read(self.logs[n]))
@@ -416,11 +417,25 @@ def main():
     ap.add_argument("--tmp", default="/tmp", help="where the per-run dirs go (short paths)")
     ap.add_argument("--keep", action="store_true", help="keep the logs")
     ap.add_argument("--commit", help="the commit the binary was built from (default: HEAD)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="each node's -t (issue 25 asks for the machine's cores)")
+    ap.add_argument("--hog", type=int, default=0,
+                    help="busy-loop processes run beside the cluster for the whole run")
     a = ap.parse_args()
     a.bin, a.model = os.path.abspath(a.bin), os.path.abspath(a.model)
     a.commit = a.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True).stdout.strip()
     cases = a.cases.split(",")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.hog)]
+    try:
+        return run_cases(a, cases)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def run_cases(a, cases):
     t_begin = time.monotonic()
     rows = {"stop": [], "hot": [], "cold": []}
     if "stop" in cases:
@@ -433,7 +448,8 @@ def main():
 
     kills = rows["hot"] + rows["cold"]
     print(f"\ncommit {a.commit}, model {os.path.basename(a.model)}, {a.streams} streams x "
-          f"{a.tokens} tokens, kill after {a.kill_after}; {time.monotonic() - t_begin:.0f} s")
+          f"{a.tokens} tokens, kill after {a.kill_after}, nodes at -t {a.threads}, {a.hog} CPU "
+          f"hog(s); {time.monotonic() - t_begin:.0f} s")
     print("| figure | n | p50 s | p99 s | max s | target | |")
     print("|---|---|---|---|---|---|---|")
     print(summary("detection, SIGSTOP (heartbeats)", [r["detect_s"] for r in rows["stop"]], 0.4))
