@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Recovery figures of issue 12 (detection, first token after a stage death with a hot standby,
 with a cold restart), on real processes: a 2-stage pipeline of a model (default: the default
-model) over ipc://, workers `shoal node -t 1` (--threads T for another -t), the front `shoal serve -c` with its watchdog
-(heartbeats every 100 ms, dead after 3 misses or a broken link).
+model) over ipc://, workers `shoal node -t 1` (--threads T for another -t), the front
+`shoal serve -c` with its watchdog (heartbeats every 100 ms, dead after 3 misses or a broken
+link).
 
 Cases (each repeated --reps times; one JSON line per rep, then a summary table):
 
