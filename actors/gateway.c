@@ -26,7 +26,6 @@
 
 #include "actors/degrade.h"
 #include "actors/gateway_int.h"
-#include "actors/node_metrics.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "model/sampler.h"
@@ -1046,19 +1045,3 @@ const sh_actor_vtable sh__gateway_vtable = {
     .handle = gateway_handle,
     .stop = gateway_stop,
 };
-
-sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
-{
-    const sh_actor_vtable *kinds[] = {&sh__kvmgr_vtable,
-                                      &sh__stage_vtable,
-                                      &sh__batcher_vtable,
-                                      &sh__gateway_vtable,
-                                      &sh__node_metrics_collector_vtable,
-                                      &sh__node_metrics_reporter_vtable};
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        sh_err err = sh_runtime_register(rt, kinds[i], e);
-        if (err)
-            return err;
-    }
-    return SH_OK;
-}

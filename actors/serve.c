@@ -1,10 +1,12 @@
 /* How one replica is sized and what it is told about its model, shared by `shoal serve` and the
- * embedding API (api/engine.c): the context, batch and KV pool defaults of actors/serve.h. */
+ * embedding API (api/engine.c): the context, batch and KV pool defaults of actors/serve.h; and
+ * the registration of the serving kinds. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "actors/node_metrics.h"
 #include "actors/serve.h"
 #include "base/error.h"
 #include "model/gguf.h"
@@ -78,4 +80,20 @@ void sh__serve_base_name(const char *path, char *buf, size_t cap)
     size_t l = strlen(buf);
     if (l > 5 && !strcmp(buf + l - 5, ".gguf"))
         buf[l - 5] = '\0';
+}
+
+sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
+{
+    const sh_actor_vtable *kinds[] = {&sh__kvmgr_vtable,
+                                      &sh__stage_vtable,
+                                      &sh__batcher_vtable,
+                                      &sh__gateway_vtable,
+                                      &sh__node_metrics_collector_vtable,
+                                      &sh__node_metrics_reporter_vtable};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        sh_err err = sh_runtime_register(rt, kinds[i], e);
+        if (err)
+            return err;
+    }
+    return SH_OK;
 }

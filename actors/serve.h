@@ -359,7 +359,8 @@ extern const sh_actor_vtable sh__stage_vtable;
 extern const sh_actor_vtable sh__batcher_vtable;
 extern const sh_actor_vtable sh__gateway_vtable;
 
-/* Registers the four kinds with rt. Returns as sh_runtime_register(). */
+/* Registers the four kinds with rt, and the per-node metrics collector and reporter
+ * (actors/node_metrics.h). Returns as sh_runtime_register(). Defined in actors/serve.c. */
 sh_err sh__serve_register(sh_runtime *rt, sh_error *e);
 
 #endif
