@@ -166,7 +166,7 @@ typedef struct sh_batcher_args {
     int32_t max_step_tokens; /* token budget per step (default 4096) */
     int32_t max_seqs;        /* running sequences (default 64) */
     int32_t max_wait_ms;     /* wait to form a batch when idle (default 50) */
-    int32_t max_queue;       /* waiting requests before SUBMIT is refused with 429 (default 1024) */
+    int32_t max_queue;       /* requests held, running and waiting, before SUBMIT gets 429 (1024) */
     int32_t block_tokens;    /* KV block size (16) */
     int32_t n_blocks;        /* blocks in the KV pool (admission control) */
     int32_t seq_blocks;      /* KV blocks one sequence can hold at once: the pool, or its block

@@ -27,22 +27,43 @@ void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t 
         eng->log(eng->log_user, (int)level, line);
 }
 
-/* Frees what open built so far (also the whole engine at close, after the runtime). */
+/* The engine's part of the teardown: the fault layer (before the transport closes). */
+static void stop_fault(void *ud)
+{
+    sh_engine *eng = ud;
+    sh_fault_destroy(eng->fault); /* before the runtime: it is installed on it */
+    eng->fault = NULL;
+}
+
+static void live_remove(sh_engine *eng);
+
+/* The runtime is gone (no event is queued after it) and the model still lives: every request
+ * left ends with on_error(SH_ECLOSED), whose callbacks may still call in (they get SH_ECLOSED or
+ * ask about the model); then the handle stops being live. */
+static void end_requests(void *ud)
+{
+    sh_engine *eng = ud;
+    sh__engine_events_free(eng);
+    sh__engine_fail_all(eng);
+    live_remove(eng);
+}
+
+/* Frees what open built so far, or the whole engine at close (actors/replica.h says the order). */
 static void engine_free(sh_engine *eng)
 {
     if (!eng)
         return;
-    sh_fault_destroy(eng->fault); /* before the runtime: it is installed on it */
-    eng->fault = NULL;
-    sh__engine_front_close(eng, false); /* the transport stops before the runtime */
-    sh_runtime_destroy(eng->rt);        /* stops the actors: nothing uses the model after this */
-    eng->rt = NULL;
-    sh__engine_front_close(eng, true);
-    sh__engine_events_free(eng);
-    sh_llama_ctx_destroy(eng->ctx);
-    sh_backend_destroy(eng->be);
-    sh_tokenizer_destroy(eng->tok);
-    sh_llama_destroy(eng->m);
+    sh__replica_teardown(&(sh_replica_owned){.stop_faults = stop_fault,
+                                             .faults_ud = eng,
+                                             .front = &eng->front,
+                                             .rt = &eng->rt,
+                                             .set = &eng->replicas,
+                                             .after_runtime = end_requests,
+                                             .after_ud = eng,
+                                             .ctx = &eng->ctx,
+                                             .be = &eng->be,
+                                             .tok = &eng->tok,
+                                             .m = &eng->m});
     if (eng->efd >= 0)
         close(eng->efd);
     pthread_mutex_destroy(&eng->mu);
@@ -221,56 +242,33 @@ static void model_meta(sh_engine *eng, const char *path, const char *name)
         sh__serve_base_name(path, eng->name, sizeof eng->name);
 }
 
-/* Arguments of the actors: they must stay valid until each init has run, which happens before
- * open returns (the api actor's init is the last to run on the one loop). */
-typedef struct spawn_args {
-    sh_kvmgr_args ka;
-    sh_stage_args sa;
-    sh_batcher_args ba;
-} spawn_args;
-
+/* The replica (actors/replica.h: kvmgr, stage and batcher on the one loop) and the engine's "api"
+ * actor. */
 static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, const script_settings *ss,
-                           int32_t max_queue, spawn_args *a, sh_error *e)
+                           int32_t max_queue, sh_error *e)
 {
-    const sh_llama_hparams *hp = &eng->m->hp;
     sh_err rc;
     if ((rc = sh__serve_register(eng->rt, e)) ||
         (rc = sh_runtime_register(eng->rt, &sh__engine_api_vtable, e)))
         return rc;
-    int32_t seq_blocks = sh__serve_seq_blocks(hp, sz->n_ctx, (int32_t)sz->n_blocks);
-    a->ka = (sh_kvmgr_args){.cfg = {.n_blocks = (int32_t)sz->n_blocks,
-                                    .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                                    .max_seqs = sz->max_seqs,
-                                    .window = sh_llama_kv_window(hp),
-                                    .max_blocks_per_seq = seq_blocks},
-                            .prefix_cache = !ss->no_prefix_cache};
-    a->sa = (sh_stage_args){.model = eng->m,
-                            .ctx = eng->ctx,
-                            .max_seqs = sz->max_seqs,
-                            .max_blocks_per_seq = seq_blocks};
-    sh_addr kv, stage;
-    if ((rc = sh_actor_spawn(eng->rt, "kvmgr", &a->ka, 0, &kv, e)) ||
-        (rc = sh_actor_spawn(eng->rt, "stage", &a->sa, 0, &stage, e)))
+    sh_replica_opts ro = {.model = eng->m,
+                          .ctx = eng->ctx,
+                          .tok = eng->tok,
+                          .n_ctx = sz->n_ctx,
+                          .max_seqs = sz->max_seqs,
+                          .step_tokens = sz->step_tokens,
+                          .n_blocks = sz->n_blocks,
+                          .max_wait_ms = ss->max_wait_ms,
+                          .max_queue = max_queue,
+                          .no_prefix_cache = ss->no_prefix_cache};
+    if ((rc = sh__replica_start(eng->rt, &ro, &eng->replicas, e)))
         return rc;
-    a->ba = (sh_batcher_args){.kvmgr = kv,
-                              .stage = stage,
-                              .tok = eng->tok,
-                              .n_vocab = hp->n_vocab,
-                              .n_ctx = sz->n_ctx,
-                              .max_step_tokens = sz->step_tokens,
-                              .max_seqs = sz->max_seqs,
-                              .max_wait_ms = ss->max_wait_ms,
-                              .max_queue = max_queue,
-                              .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                              .n_blocks = (int32_t)sz->n_blocks,
-                              .seq_blocks = sh_llama_kv_window(hp) > 0 ? 0 : seq_blocks};
-    if ((rc = sh_actor_spawn(eng->rt, "batcher", &a->ba, 0, &eng->batcher, e)))
-        return rc;
+    eng->batcher = eng->replicas->target[0];
     return sh_actor_spawn(eng->rt, "api", eng, 0, &eng->self, e);
 }
 
 /* Waits until every actor spawned on the loop has run its init (the api actor's, last, sets
- * started), so the spawn arguments on open's stack may go. */
+ * started), so the engine is ready when open returns. */
 sh_err sh__engine_wait_started(sh_engine *eng, sh_error *e)
 {
     for (int i = 0; i < 60000; i++) {
@@ -396,7 +394,8 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         goto fail;
     model_meta(eng, o.model_path, ss.name);
     // max_queue counts requests waiting: the batcher runs max_seqs of the pending ones.
-    eng->limit = (o.max_queue ? o.max_queue : 256) + sz.max_seqs;
+    int32_t max_queue = o.max_queue ? o.max_queue : SH_REPLICA_MAX_QUEUE;
+    eng->limit = max_queue + sz.max_seqs;
     sh_runtime_opts ro = {.node_id = 1,
                           .name = "engine",
                           .n_loops = 1,
@@ -409,8 +408,7 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
                           .thread_start_ud = eng};
     if ((rc = sh_runtime_create(&ro, &eng->rt, e)))
         goto fail;
-    spawn_args a;
-    if ((rc = start_actors(eng, &sz, &ss, eng->limit, &a, e)) ||
+    if ((rc = start_actors(eng, &sz, &ss, max_queue, e)) ||
         (rc = sh__engine_wait_started(eng, e)) || (rc = live_add(eng, e)))
         goto fail;
     sh_config_destroy(cfg);
@@ -435,14 +433,6 @@ sh_err sh_engine_close(sh_engine *eng)
     pthread_mutex_lock(&eng->mu);
     eng->closing = true; /* sh_submit answers SH_ECLOSED, sh_cancel sends nothing */
     pthread_mutex_unlock(&eng->mu);
-    sh_fault_destroy(eng->fault);
-    eng->fault = NULL;
-    sh__engine_front_close(eng, false);
-    sh_runtime_destroy(eng->rt); /* no event is queued after this */
-    eng->rt = NULL;
-    sh__engine_events_free(eng);
-    sh__engine_fail_all(eng);
-    live_remove(eng); /* after the callbacks, which may still call in (SH_ECLOSED) */
     engine_free(eng);
     return SH_OK;
 }

@@ -1,30 +1,17 @@
 /* The embedding API's engine on a cluster script with worker nodes (include/shoal.h,
  * docs/cluster.md): this process is the front, as `shoal serve -c` is without its HTTP gateway.
  * It loads each model's hyper-parameters and tokenizer, joins the workers (actors/cluster.h),
- * and runs a kvmgr and a batcher per replica, with a router before several, on its own runtime.
+ * and runs a kvmgr and a batcher per replica, with a router before several (actors/replica.h), on
+ * its own runtime.
  * There is no watchdog here: a worker that dies fails the steps sent to it (after the step
  * timeout and retries), and its requests end with on_error. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/actor_util.h"
 #include "actors/cluster_key.h"
-#include "actors/router.h"
 #include "api/engine_int.h"
 #include "base/error.h"
 #include "model/gguf.h"
-
-#define JOIN_TIMEOUT_MS 60000 /* as shoal serve -c */
-#define STEP_TIMEOUT_MS 30000
-
-/* Spawn arguments: they must stay valid until each actor's init ran; kept with the engine. */
-typedef struct sh_engine_front_args {
-    sh_kvmgr_args ka[SH_CLUSTER_MAX_REPLICAS];
-    sh_batcher_args ba[SH_CLUSTER_MAX_REPLICAS];
-    sh_router_args ra;
-    int32_t ids[SH_CLUSTER_MAX_REPLICAS];
-    char labels[SH_CLUSTER_MAX_REPLICAS][32];
-} sh_engine_front_args;
 
 /* The join's progress lines go to the log. */
 static void front_note(void *ud, const char *line)
@@ -67,8 +54,7 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
         return sh__error_set(e, SH_EUNSUPPORTED, "%s: a cluster needs a GGUF model", path);
     if ((rc = sh_tokenizer_create_gguf(eng->m->gguf, &eng->tok, e)))
         return rc;
-    if (!(eng->front = calloc(1, sizeof *eng->front)) ||
-        !(eng->front_args = calloc(1, sizeof *eng->front_args)))
+    if (!(eng->front = calloc(1, sizeof *eng->front)))
         return sh__error_set(e, SH_ENOMEM, "out of memory");
     sh_cluster_front *f = eng->front;
     if ((rc = front_err(sh__cluster_key_load(NULL, c, &f->key, e), e)))
@@ -99,94 +85,36 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     models[mi] = eng->m;
     f->note = front_note;
     f->note_ud = eng;
-    if ((rc = front_err(sh__cluster_front_start(f, c, script, models, eng->rt, JOIN_TIMEOUT_MS, e),
-                        e)))
+    if ((rc = front_err(
+             sh__cluster_front_start(f, c, script, models, eng->rt, SH_REPLICA_JOIN_TIMEOUT_MS, e),
+             e)))
         return rc;
     const sh_cluster_plan *plan = &f->plan;
-    const sh_llama_hparams *hp = &eng->m->hp;
-    sh_engine_front_args *a = eng->front_args;
     int32_t n_rep = plan->n_replicas;
     eng->n_ctx = plan->rep[0].n_ctx;
     eng->max_seqs = plan->max_seqs;
     // max_queue counts requests waiting: each replica's batcher runs max_seqs of the pending.
-    eng->limit = (o->max_queue ? o->max_queue : 256) + plan->max_seqs * n_rep;
-    sh_addr router = 0, batchers[SH_CLUSTER_MAX_REPLICAS];
-    if (n_rep > 1) {
-        // The router first, so the batchers report to it from the start; it learns their
-        // addresses from one CONTROL (REROUTE) before any request.
-        for (int32_t k = 0; k < n_rep; k++)
-            a->ids[k] = k;
-        a->ra = (sh_router_args){.n_replicas = n_rep,
-                                 .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                                 .down = f->down,
-                                 .ids = a->ids};
-        if ((rc = sh_runtime_register(eng->rt, &sh__router_vtable, e)) ||
-            (rc = sh_actor_spawn(eng->rt, "router", &a->ra, 0, &router, e)))
-            return rc;
-    }
-    for (int32_t k = 0; k < n_rep; k++) {
-        const sh_cluster_replica_plan *rp = &plan->rep[k];
-        int32_t window = sh_llama_kv_window(hp);
-        a->ka[k] = (sh_kvmgr_args){.cfg = {.n_blocks = rp->n_blocks,
-                                           .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                                           .max_seqs = plan->max_seqs,
-                                           .window = window,
-                                           .max_blocks_per_seq = rp->seq_blocks},
-                                   .prefix_cache = c->kv.prefix_cache};
-        a->ba[k] = (sh_batcher_args){.stage = plan->stage_addr[rp->stage0],
-                                     .tok = eng->tok,
-                                     .n_vocab = hp->n_vocab,
-                                     .n_ctx = rp->n_ctx,
-                                     .max_step_tokens = plan->step_tokens,
-                                     .max_seqs = plan->max_seqs,
-                                     .max_wait_ms = c->batcher.max_wait_ms,
-                                     .max_queue = eng->limit,
-                                     .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                                     .n_blocks = rp->n_blocks,
-                                     .seq_blocks = window > 0 ? 0 : rp->seq_blocks,
-                                     .step_timeout_ms = STEP_TIMEOUT_MS,
-                                     .max_inflight = rp->n_stages,
-                                     .router = router,
-                                     .report_ms = router ? 250 : 0};
-        if (n_rep > 1) {
-            snprintf(a->labels[k], sizeof a->labels[k], "replica=\"%d\"", (int)k);
-            a->ka[k].metric_labels = a->labels[k];
-            a->ba[k].metric_labels = a->labels[k];
-        }
-        if ((rc = sh_actor_spawn(eng->rt, "kvmgr", &a->ka[k], 1, &a->ba[k].kvmgr, e)) ||
-            (rc = sh_actor_spawn(eng->rt, "batcher", &a->ba[k], 1, &batchers[k], e)))
-            return rc;
-        eng->n_blocks += rp->n_blocks;
-    }
-    eng->batcher = batchers[0];
-    if (router) {
-        uint64_t targets[SH_CLUSTER_MAX_REPLICAS];
-        for (int32_t k = 0; k < n_rep; k++)
-            targets[k] = batchers[k];
-        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE,
-                                .targets = {targets, (uint32_t)n_rep}};
-        if ((rc = sh__act_send(eng->rt, router, router, SH_MSG_CONTROL, 0, &ctl, e)))
-            return rc;
-        eng->batcher = router;
-    }
+    int32_t max_queue = o->max_queue ? o->max_queue : SH_REPLICA_MAX_QUEUE;
+    eng->limit = max_queue + plan->max_seqs * n_rep;
+    for (int32_t k = 0; k < n_rep; k++)
+        eng->n_blocks += plan->rep[k].n_blocks;
+    const sh_tokenizer *toks[SH_CLUSTER_MAX_REPLICAS] = {NULL};
+    toks[mi] = eng->tok;
+    // Every waiting request may sit on one replica (prefix affinity) while the others' running
+    // slots are free: each replica lets wait what the engine's limit lets through.
+    sh_replica_opts rep = {.front = f,
+                           .models = models,
+                           .toks = toks,
+                           .max_wait_ms = c->batcher.max_wait_ms,
+                           .max_queue = max_queue + plan->max_seqs * (n_rep - 1),
+                           .no_prefix_cache = !c->kv.prefix_cache,
+                           .loop = 1};
+    if ((rc = sh__replica_start(eng->rt, &rep, &eng->replicas, e)))
+        return rc;
+    eng->batcher = eng->replicas->target[0];
     // Weights and KV live on the workers (sh_model_info says 0 for both).
     eng->weight_bytes = eng->kv_bytes = 0;
     if ((rc = sh_actor_spawn(eng->rt, "api", eng, 0, &eng->self, e)))
         return rc;
     return sh__engine_wait_started(eng, e);
-}
-
-void sh__engine_front_close(sh_engine *eng, bool after)
-{
-    if (!eng->front)
-        return;
-    if (!after) {
-        sh__cluster_front_close(eng->front);
-        return;
-    }
-    sh__cluster_front_destroy(eng->front);
-    free(eng->front);
-    eng->front = NULL;
-    free(eng->front_args);
-    eng->front_args = NULL;
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "actors/cluster.h"
+#include "actors/replica.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
@@ -71,7 +72,7 @@ struct sh_engine {
     sh__cpu_thread_opts place;
     /* An engine that fronts worker nodes (api/engine_front.c); NULL for a model run here. */
     sh_cluster_front *front;
-    struct sh_engine_front_args *front_args; /* its actors' spawn arguments */
+    sh_replica_set *replicas; /* what serves its requests (actors/replica.h) */
 
     /* Under mu. */
     pthread_mutex_t mu;
@@ -89,13 +90,12 @@ struct sh_engine {
 };
 
 /* api/engine_front.c: opens the front of a cluster script with worker nodes: joins them and
- * spawns a kvmgr and batcher per replica (a router before several) and the api actor, on eng->rt
- * (created here, node id gateway.node + 1). The script is cfg, loaded from `script`. Returns
- * SH_OK, or an error with e filled (what it built is freed by the engine's free). */
+ * spawns a kvmgr and batcher per replica (a router before several; actors/replica.h) and the api
+ * actor, on eng->rt (created here, node id gateway.node + 1). The script is cfg, loaded from
+ * `script`. Returns SH_OK, or an error with e filled (what it built is freed by the engine's
+ * free, sh__replica_teardown). */
 sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char *script,
                              const sh_cluster_config *cfg, sh_error *e);
-/* Stops the front's transport (before the runtime goes) and, with after set, frees it (after). */
-void sh__engine_front_close(sh_engine *eng, bool after);
 
 /* api/engine.c */
 void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t len);

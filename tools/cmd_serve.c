@@ -17,7 +17,7 @@
 #include "actors/cluster_events.h"
 #include "actors/cluster_key.h"
 #include "actors/node_metrics.h"
-#include "actors/router.h"
+#include "actors/replica.h"
 #include "actors/serve.h"
 #include "actors/watchdog.h"
 #include "base/error.h"
@@ -97,7 +97,8 @@ static void usage(FILE *f)
             "  --max-seqs N        sequences per step (default 64)\n"
             "  --step-tokens N     token budget per step (default 4096)\n"
             "  --max-wait-ms N     wait to form a batch when idle (default 50)\n"
-            "  --max-queue N       requests queued before 429 (default 1024)\n"
+            "  --max-queue N       requests waiting beyond those running before 429\n"
+            "                      (per replica; default 1024)\n"
             "  --max-tokens N      largest max_tokens a request may ask for (default: --ctx)\n"
             "  --max-n N           largest n (choices per request; default 8)\n"
             "  --max-body BYTES    largest request body (default 2M; a full 8k-token prompt\n"
@@ -355,8 +356,8 @@ static int parse(int argc, char **argv, serve_opts *o)
     o->port = 8080;
     o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
     o->drain_timeout_ms = 30000;
-    o->join_timeout_ms = 60000;
-    o->step_timeout_ms = 30000;
+    o->join_timeout_ms = SH_REPLICA_JOIN_TIMEOUT_MS;
+    o->max_queue = 1024; /* requests waiting per replica beyond those running (actors/replica.h) */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -601,6 +602,7 @@ typedef struct server {
     sh_gateway_ctl *ctl;          /* drain and key reloads from the signal thread */
     sh_degrade *deg;              /* the degradation ladder (--policy), or NULL */
     sh_cluster_front *front;      /* -c with worker nodes */
+    sh_replica_set *replicas;     /* the kvmgrs, batchers, routers (and stage) serving */
     sh_cmd_fault fault;           /* --fault-scenario on the front's links */
     sh_cluster_status_src status; /* GET /admin/cluster reads it on the gateway's thread */
     char name[256];
@@ -630,25 +632,33 @@ typedef struct server {
     sh_cluster_events events;          /* faults and recoveries, for /admin/status */
 } server;
 
-static void close_all(server *s)
+static void stop_fault(void *ud) { sh__cmd_fault_stop(ud); }
+
+/* The runtime is gone: what the gateway and the watchdog's ladder used. */
+static void free_serving(void *ud)
 {
-    sh__cmd_fault_stop(&s->fault); /* before the transport closes */
-    if (s->front)
-        sh__cluster_front_close(s->front);
-    sh_runtime_destroy(s->rt); /* stops the actors first: nothing uses the model after it */
-    if (s->front)
-        sh__cluster_front_destroy(s->front);
-    free(s->front);
+    server *s = ud;
     sh__gateway_ctl_destroy(s->ctl);
     sh__degrade_destroy(s->deg);
-    sh_llama_ctx_destroy(s->ctx);
-    sh_backend_destroy(s->be);
-    sh_tokenizer_destroy(s->tok);
-    sh_llama_destroy(s->m);
-    for (int32_t i = 0; i < SH_CLUSTER_MAX_REPLICAS; i++) {
-        sh_tokenizer_destroy(s->xtok[i]);
-        sh_llama_destroy(s->xm[i]);
-    }
+}
+
+/* Everything, in the order of actors/replica.h. */
+static void close_all(server *s)
+{
+    sh__replica_teardown(&(sh_replica_owned){.stop_faults = stop_fault,
+                                             .faults_ud = &s->fault,
+                                             .front = &s->front,
+                                             .rt = &s->rt,
+                                             .set = &s->replicas,
+                                             .after_runtime = free_serving,
+                                             .after_ud = s,
+                                             .ctx = &s->ctx,
+                                             .be = &s->be,
+                                             .tok = &s->tok,
+                                             .m = &s->m,
+                                             .more_tok = s->xtok,
+                                             .more_m = s->xm,
+                                             .n_more = SH_CLUSTER_MAX_REPLICAS});
 }
 
 /* A cluster front's other models: every model a replica serves besides the first replica's
@@ -1299,107 +1309,37 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     else
         sh__serve_base_name(o->model, s->name, sizeof s->name);
 
-    sh_addr kv_addr, stage_addr = 0, batcher_addr, gw_addr;
-    sh_kvmgr_args ka = {
-        .cfg = {.n_blocks = (int32_t)n_blocks,
-                .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                .max_seqs = max_seqs,
-                .window = sh_llama_kv_window(hp),
-                .max_blocks_per_seq = sh__serve_seq_blocks(hp, n_ctx, (int32_t)n_blocks)},
-        .prefix_cache = !o->no_prefix_cache};
-    sh_stage_args sa = {.model = s->m,
-                        .ctx = s->ctx,
-                        .max_seqs = max_seqs,
-                        .max_blocks_per_seq = ka.cfg.max_blocks_per_seq};
-    if (!plan && sh_actor_spawn(s->rt, "stage", &sa, 1, &stage_addr, &e))
+    // One kvmgr and one batcher per replica (in one process, with its stage), a router before
+    // the replicas of each model that has several (actors/replica.h).
+    sh_replica_opts rep = {.front = s->front,
+                           .models = models,
+                           .toks = toks,
+                           .model = s->m,
+                           .ctx = s->ctx,
+                           .tok = s->tok,
+                           .n_ctx = n_ctx,
+                           .max_seqs = max_seqs,
+                           .step_tokens = step_tokens,
+                           .n_blocks = n_blocks,
+                           .max_wait_ms = o->max_wait_ms,
+                           .max_queue = o->max_queue,
+                           .no_prefix_cache = o->no_prefix_cache,
+                           .step_timeout_ms = !o->step_timeout_set ? 0 /* the default */
+                                              : o->step_timeout_ms ? o->step_timeout_ms
+                                                                   : SH_REPLICA_STEP_TIMEOUT_NONE,
+                           .router_refresh_ms = o->router_refresh_ms,
+                           .redispatch_ms = o->redispatch_ms,
+                           .affinity_slack = o->affinity_slack,
+                           .loop = 1};
+    if (sh__replica_start(s->rt, &rep, &s->replicas, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
-    sh_batcher_args ba = {.kvmgr = 0,
-                          .stage = stage_addr,
-                          .tok = s->tok,
-                          .n_vocab = hp->n_vocab,
-                          .n_ctx = n_ctx,
-                          .max_step_tokens = step_tokens,
-                          .max_seqs = max_seqs,
-                          .max_wait_ms = o->max_wait_ms,
-                          .max_queue = o->max_queue,
-                          .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                          .n_blocks = (int32_t)n_blocks,
-                          .seq_blocks = sh_llama_kv_window(hp) > 0 ? 0 : ka.cfg.max_blocks_per_seq,
-                          .step_timeout_ms = plan || o->step_timeout_set ? o->step_timeout_ms : 0};
-    // One kvmgr and one batcher per replica. The models served ("slots", in the order their
-    // first replica comes in the script), each with a router in front of its replicas when it
-    // has several or when there are several models (a router answers for a model whose replicas
-    // all lost a node).
-    int32_t n_rep = plan ? plan->n_replicas : 1;
-    int32_t n_slots = 0, slot_model[SH_CLUSTER_MAX_REPLICAS], slot_of[SH_CLUSTER_MAX_REPLICAS];
-    int32_t slot_n[SH_CLUSTER_MAX_REPLICAS] = {0};
-    int32_t slot_ids[SH_CLUSTER_MAX_REPLICAS][SH_CLUSTER_MAX_REPLICAS];
-    for (int32_t k = 0; k < n_rep; k++) {
-        int32_t mi = plan ? plan->rep[k].model : 0, j = 0;
-        while (j < n_slots && slot_model[j] != mi)
-            j++;
-        if (j == n_slots)
-            slot_model[n_slots++] = mi;
-        slot_of[k] = j;
-        slot_ids[j][slot_n[j]++] = k;
-    }
-    sh_addr batchers[SH_CLUSTER_MAX_REPLICAS];
-    char labels[SH_CLUSTER_MAX_REPLICAS][32];
-    sh_addr routers[SH_CLUSTER_MAX_REPLICAS] = {0};
-    // Spawn arguments must stay valid until each actor's init has run on its loop: one set per
-    // replica, all living as long as this function.
-    sh_kvmgr_args kas[SH_CLUSTER_MAX_REPLICAS];
-    sh_batcher_args bas[SH_CLUSTER_MAX_REPLICAS];
-    sh_router_args ras[SH_CLUSTER_MAX_REPLICAS];
-    bool registered = false;
-    for (int32_t j = 0; j < n_slots; j++) {
-        if (slot_n[j] < 2 && n_slots < 2)
-            continue;
-        // The router first, so that the batchers report to it from the start; it learns their
-        // addresses from one CONTROL (REROUTE) once they are spawned, before any request.
-        ras[j] = (sh_router_args){.n_replicas = slot_n[j],
-                                  .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
-                                  .weight_refresh_ms = o->router_refresh_ms,
-                                  .redispatch_ms = o->redispatch_ms,
-                                  .affinity_slack = o->affinity_slack,
-                                  .down = s->front->down,
-                                  .ids = slot_ids[j]};
-        if ((!registered && sh_runtime_register(s->rt, &sh__router_vtable, &e)) ||
-            sh_actor_spawn(s->rt, "router", &ras[j], 0, &routers[j], &e))
-            return (sh__cmd_fail("spawn: %s", e.msg), 1);
-        registered = true;
-    }
-    for (int32_t k = 0; k < n_rep; k++) {
-        ba.router = routers[slot_of[k]];
-        ba.report_ms = ba.router ? 250 : 0;
-        if (plan) {
-            const sh_cluster_replica_plan *rp = &plan->rep[k];
-            const sh_llama_hparams *rhp = &models[rp->model]->hp;
-            ka.cfg.n_blocks = rp->n_blocks;
-            ka.cfg.max_blocks_per_seq = rp->seq_blocks;
-            ka.cfg.window = sh_llama_kv_window(rhp);
-            ba.n_blocks = rp->n_blocks;
-            ba.seq_blocks = sh_llama_kv_window(rhp) > 0 ? 0 : rp->seq_blocks;
-            ba.stage = plan->stage_addr[rp->stage0]; /* STEP goes to the first stage's node */
-            ba.max_inflight = rp->n_stages;
-            ba.tok = toks[rp->model];
-            ba.n_vocab = rhp->n_vocab;
-            ba.n_ctx = rp->n_ctx;
-        }
-        if (n_rep > 1) {
-            snprintf(labels[k], sizeof labels[k], "replica=\"%d\"", (int)k);
-            ka.metric_labels = labels[k];
-            ba.metric_labels = labels[k];
-        }
-        kas[k] = ka;
-        if (sh_actor_spawn(s->rt, "kvmgr", &kas[k], 1, &kv_addr, &e))
-            return (sh__cmd_fail("spawn: %s", e.msg), 1);
-        ba.kvmgr = kv_addr;
-        bas[k] = ba;
-        if (sh_actor_spawn(s->rt, "batcher", &bas[k], 1, &batchers[k], &e))
-            return (sh__cmd_fail("spawn: %s", e.msg), 1);
-        s->batcher[k] = batchers[k];
-    }
+    // The models served ("slots", in the order their first replica comes in the script).
+    const sh_replica_set *rs = s->replicas;
+    int32_t n_rep = rs->n_replicas, n_slots = rs->n_models;
+    const int32_t *slot_model = rs->model, *slot_n = rs->n_of;
+    const sh_addr *target = rs->target; /* each model's router, or its only replica's batcher */
+    for (int32_t k = 0; k < n_rep; k++)
+        s->batcher[k] = rs->batcher[k];
     /* A policy that cannot start is bad input: exit 2, as the help says. */
     int prc = sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, degrade_extra, s,
                                        &s->deg);
@@ -1407,22 +1347,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
         return prc;
     if (start_watchdog(o, s, n_rep))
         return 1;
-    // Each model's requests go to its router, or to its only replica's batcher.
-    sh_addr target[SH_CLUSTER_MAX_REPLICAS];
-    for (int32_t j = 0; j < n_slots; j++) {
-        target[j] = batchers[slot_ids[j][0]];
-        if (!routers[j])
-            continue;
-        uint64_t targets[SH_CLUSTER_MAX_REPLICAS];
-        for (int32_t i = 0; i < slot_n[j]; i++)
-            targets[i] = batchers[slot_ids[j][i]];
-        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE,
-                                .targets = {targets, (uint32_t)slot_n[j]}};
-        if (sh__act_send(s->rt, routers[j], routers[j], SH_MSG_CONTROL, 0, &ctl, &e))
-            return (sh__cmd_fail("router: %s", e.msg), 1);
-        target[j] = routers[j];
-    }
-    batcher_addr = target[0];
+    sh_addr batcher_addr = target[0], gw_addr;
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
                           .tok = s->tok,
@@ -1461,7 +1386,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                                         .chat = ch,
                                         .default_system = sys ? buf : NULL,
                                         .n_vocab = mm->hp.n_vocab,
-                                        .n_ctx = plan->rep[slot_ids[j][0]].n_ctx};
+                                        .n_ctx = plan->rep[rs->ids[j][0]].n_ctx};
         }
         ga.models = gms;
         ga.n_models = n_slots;
@@ -1515,7 +1440,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
     for (int32_t j = 1; j < n_slots; j++) {
-        const sh_cluster_replica_plan *rp = &plan->rep[slot_ids[j][0]];
+        const sh_cluster_replica_plan *rp = &plan->rep[rs->ids[j][0]];
         fprintf(stderr, "shoal: model %s (%d layers, context %d), %d replica%s\n",
                 o->cfg->models[slot_model[j]].name, (int)rp->n_layers, (int)rp->n_ctx,
                 (int)slot_n[j], slot_n[j] == 1 ? "" : "s");

@@ -10,7 +10,8 @@
 #             api/ or tools/
 #   api/      knows every layer above but tools/ (the shoal program uses api/, not the reverse)
 #   tools/    sits on top and may include any layer; nothing below includes it.
-# Prints each offending include with its file and line; "N passed, N failed" at the end.
+# Prints each offending include with its file and line; "N passed, N failed" at the end. Also
+# checks that replicas are assembled in one place (below).
 set -u
 src=${SH_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 cd "$src" || exit 1
@@ -46,5 +47,22 @@ for dir in base kernels model runtime lua net actors api; do
     fail=$((fail + 1))
   fi
 done
+# One replica builder (actors/replica.c, CONVENTIONS.md "Modules"): a kvmgr, batcher or router
+# spawned by kind name anywhere else in the library or the program is a second copy of the replica
+# assembly. Tests assemble replicas by hand on purpose and are not scanned; the spawn may wrap
+# over lines (grep -z reads each file whole).
+spawn='sh_actor_spawn\(\s*[^,;()]*,\s*"(kvmgr|batcher|router)"'
+copies=$(grep -rlPz --include='*.c' --include='*.h' "$spawn" base kernels model runtime lua net \
+  actors api tools examples bench 2>/dev/null | grep -v '^actors/replica\.c$')
+if [ -z "$copies" ] && grep -qPz "$spawn" actors/replica.c; then
+  echo "ok   kvmgr, batcher and router are spawned only by actors/replica.c"
+  pass=$((pass + 1))
+else
+  for f in $copies; do
+    echo "FAIL $f spawns a kvmgr, batcher or router: build replicas with actors/replica.h"
+  done
+  [ -z "$copies" ] && echo "FAIL actors/replica.c spawns no kvmgr, batcher or router (the check is stale)"
+  fail=$((fail + 1))
+fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
