@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "runtime/actor_uv.h"
+#include "runtime/transport_driver.h"
 #include "runtime/transport_stream_int.h"
 
 /* ---- Buffers ---------------------------------------------------------------------------- */
@@ -479,3 +480,90 @@ void sh__stream_destroy(sh__stream *x)
     uv_mutex_destroy(&x->mu);
     free(x);
 }
+
+/* ---- The link driver (runtime/transport_driver.h) --------------------------------------- */
+
+static bool drv_handles(const char *url) { return sh__endpoint_handles(url); }
+
+static sh_err drv_create(sh_runtime *rt, const sh__transport_driver_opts *o, void **ctx,
+                         sh_error *e)
+{
+    sh__stream_opts so = {.listen_url = o->listen_url,
+                          .q_msgs = o->q_msgs,
+                          .q_bytes = o->q_bytes,
+                          .max_frame = o->max_frame,
+                          .rc_min = o->rc_min,
+                          .rc_max = o->rc_max,
+                          .send_to = o->send_to,
+                          .loop = o->loop,
+                          .recycle_max_bytes = o->recycle_max_bytes,
+                          .pause_msgs = o->pause_msgs,
+                          .pause_bytes = o->pause_bytes};
+    sh__stream *x = NULL;
+    sh_err err = sh__stream_create(rt, &so, &x, e);
+    if (!err)
+        *ctx = x;
+    return err;
+}
+
+static const char *drv_listen_url(void *ctx) { return sh__stream_listen_url(ctx); }
+
+static sh_err drv_link_add(void *ctx, uint32_t node, const char *url, void **link, sh_error *e)
+{
+    sh__stream_link *l = NULL;
+    sh_err err = sh__stream_link_add(ctx, node, url, &l, e);
+    if (!err)
+        *link = l;
+    return err;
+}
+
+static sh_err drv_send(void *ctx, void *link, uint8_t *frame, size_t len,
+                       const sh_frame_owner *owner, sh_error *e)
+{
+    (void)ctx;
+    return sh__stream_link_send(link, frame, len, owner, e);
+}
+
+static uint8_t *drv_frame_alloc(void *ctx, size_t cap, sh_frame_owner *owner)
+{
+    return sh__stream_frame_alloc(ctx, cap, owner);
+}
+
+static void drv_link_note(void *ctx, void *link, sh_err code, const char *text)
+{
+    (void)ctx;
+    sh__stream_link_note(link, code, text);
+}
+
+static void drv_link_snapshot(void *ctx, void *link, sh_transport_link *out)
+{
+    (void)ctx;
+    sh__stream_link_snapshot(link, out);
+}
+
+static void drv_link_close(void *ctx, void *link)
+{
+    (void)ctx;
+    sh__stream_link_close(link);
+}
+
+static void drv_stats_add(void *ctx, sh_transport_stats *st) { sh__stream_stats_add(ctx, st); }
+static void drv_close(void *ctx) { sh__stream_close(ctx); }
+static void drv_destroy(void *ctx) { sh__stream_destroy(ctx); }
+
+/* Links live in the engine until sh__stream_destroy (no link_free). */
+const sh__transport_driver sh__stream_driver = {
+    .name = "stream",
+    .handles = drv_handles,
+    .create = drv_create,
+    .listen_url = drv_listen_url,
+    .link_add = drv_link_add,
+    .send = drv_send,
+    .frame_alloc = drv_frame_alloc,
+    .link_note = drv_link_note,
+    .link_snapshot = drv_link_snapshot,
+    .link_close = drv_link_close,
+    .stats_add = drv_stats_add,
+    .close = drv_close,
+    .destroy = drv_destroy,
+};
