@@ -48,6 +48,24 @@ typedef struct nlink {
  * relays activations neither allocates nor zeroes (NNG zeroes every new message) per frame. */
 #define POOL_MSGS 16u
 
+/* Pipes of the listener that have not proved a node in HELLO (runtime/peers.h), while the peer
+ * gate is on, get the stream engine's budgets (transport_stream_int.h) as far as NNG allows: each
+ * must prove one within PREAUTH_DEADLINE_MS of being added, the listener holds at most
+ * PREAUTH_MAX_PIPES of them (a new one closes the oldest), and a frame over PREAUTH_FRAME_MAX from
+ * one is dropped before the runtime decodes it. NNG reads a message whole before handing it over
+ * and its receive limit (NNG_OPT_RECVMAXSZ) is set per socket or listener, not per pipe, so such a
+ * frame is still read (up to max_frame) before it is dropped. Not on inproc://, which only this
+ * process can reach. */
+#define PREAUTH_DEADLINE_MS 5000u
+#define PREAUTH_MAX_PIPES 64u
+#define PREAUTH_FRAME_MAX ((size_t)64 << 10)
+
+/* A listener pipe that has not proved a node: its NNG id and when it was added. */
+typedef struct unproved {
+    uint32_t pipe;
+    uint64_t born_ms;
+} unproved;
+
 struct tnng {
     sh_runtime *rt;
     sh__bufpool *pool; /* of nng_msgs */
@@ -58,6 +76,12 @@ struct tnng {
     nng_listener listener;
     bool listening;
     nng_aio *raio;
+    bool preauth;   /* the listener applies the PREAUTH_* budgets (not inproc://) */
+    uv_mutex_t pmu; /* pend, n_pend, ticking */
+    unproved pend[PREAUTH_MAX_PIPES]; /* (n_pend) oldest first */
+    uint32_t n_pend;
+    bool ticking;  /* `tick` is armed for the oldest's deadline */
+    nng_aio *tick; /* sleeps until the oldest unproved pipe's deadline */
     _Atomic int closed;
     _Atomic uint64_t frames_sent, bytes_sent, frames_recv, bytes_recv, rejected, busy, expired;
 };
@@ -256,12 +280,105 @@ static void pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
  * engine's connection ids. */
 static uint64_t pipe_conn(nng_pipe pipe) { return (1ull << 63) | (uint64_t)nng_pipe_id(pipe); }
 
-/* A pipe of the listening socket closed: what it proved goes with it. */
+/* True while listener pipe `pipe` has proved no node and the gate applies the budgets to it. */
+static bool pipe_unproved(tnng *d, nng_pipe pipe)
+{
+    return d->preauth && sh__peers_enforced(d->rt) && !sh__peers_node(d->rt, pipe_conn(pipe));
+}
+
+/* Drops entry i of the unproved pipes (caller holds d->pmu). */
+static void pend_remove_locked(tnng *d, uint32_t i)
+{
+    memmove(&d->pend[i], &d->pend[i + 1], (d->n_pend - i - 1) * sizeof d->pend[0]);
+    d->n_pend--;
+}
+
+/* Forgets the pipes that proved a node since (caller holds d->pmu). */
+static void pend_prune_locked(tnng *d)
+{
+    for (uint32_t i = 0; i < d->n_pend;) {
+        nng_pipe p = {.id = d->pend[i].pipe};
+        if (sh__peers_node(d->rt, pipe_conn(p)))
+            pend_remove_locked(d, i);
+        else
+            i++;
+    }
+}
+
+/* Closes the unproved pipes past their deadline and sleeps until the next one's, on an NNG
+ * thread. */
+static void tick_cb(void *arg)
+{
+    tnng *d = arg;
+    int rv = nng_aio_result(d->tick);
+    uint32_t late[PREAUTH_MAX_PIPES], n_late = 0;
+    uint64_t now = mono_ms(), wait = 0;
+    uv_mutex_lock(&d->pmu);
+    if (rv != NNG_ECANCELED && rv != NNG_ECLOSED && !atomic_load(&d->closed)) {
+        pend_prune_locked(d);
+        while (d->n_pend > 0 && d->pend[0].born_ms + PREAUTH_DEADLINE_MS <= now) {
+            late[n_late++] = d->pend[0].pipe;
+            pend_remove_locked(d, 0);
+        }
+        if (d->n_pend > 0)
+            wait = d->pend[0].born_ms + PREAUTH_DEADLINE_MS - now;
+    }
+    d->ticking = wait > 0;
+    uv_mutex_unlock(&d->pmu);
+    for (uint32_t i = 0; i < n_late; i++) {
+        sh__peers_refuse(d->rt, SH__PEERS_PREAUTH_SLOW, 0, "connection");
+        nng_pipe_close((nng_pipe){.id = late[i]});
+    }
+    if (wait > 0)
+        nng_sleep_aio((nng_duration)wait, d->tick);
+}
+
+/* A new listener pipe that has not proved a node: at the cap the oldest such pipe is closed (so
+ * that a flood of idle connections cannot keep new peers out), and its deadline is watched. */
+static void preauth_add(tnng *d, nng_pipe pipe)
+{
+    uint64_t now = mono_ms();
+    uint32_t evict = 0;
+    bool arm = false;
+    uv_mutex_lock(&d->pmu);
+    pend_prune_locked(d);
+    if (d->n_pend == PREAUTH_MAX_PIPES) {
+        evict = d->pend[0].pipe;
+        pend_remove_locked(d, 0);
+    }
+    d->pend[d->n_pend++] = (unproved){.pipe = (uint32_t)nng_pipe_id(pipe), .born_ms = now};
+    if (!d->ticking && !atomic_load(&d->closed))
+        arm = d->ticking = true;
+    uint64_t due = d->pend[0].born_ms + PREAUTH_DEADLINE_MS;
+    uv_mutex_unlock(&d->pmu);
+    if (evict) {
+        sh__peers_refuse(d->rt, SH__PEERS_PREAUTH_CAP, 0, "connection");
+        nng_pipe_close((nng_pipe){.id = evict});
+    }
+    if (arm)
+        nng_sleep_aio((nng_duration)(due > now ? due - now : 1), d->tick);
+}
+
+/* A pipe of the listening socket came or went: one that has not proved a node is budgeted;
+ * what a closed one proved goes with it. */
 static void lpipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     tnng *d = arg;
-    if (ev == NNG_PIPE_EV_REM_POST)
-        sh__peers_unbind(d->rt, pipe_conn(pipe));
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        if (pipe_unproved(d, pipe))
+            preauth_add(d, pipe);
+        return;
+    }
+    if (ev != NNG_PIPE_EV_REM_POST)
+        return;
+    sh__peers_unbind(d->rt, pipe_conn(pipe));
+    uv_mutex_lock(&d->pmu);
+    for (uint32_t i = 0; i < d->n_pend; i++)
+        if (d->pend[i].pipe == (uint32_t)nng_pipe_id(pipe)) {
+            pend_remove_locked(d, i);
+            break;
+        }
+    uv_mutex_unlock(&d->pmu);
 }
 
 static void recv_cb(void *arg)
@@ -278,7 +395,13 @@ static void recv_cb(void *arg)
         atomic_fetch_add_explicit(&d->bytes_recv, len, memory_order_relaxed);
         sh_error e;
         sh_err err;
-        if (len <= SH__MAILBOX_SMALL_FRAME) {
+        if (len > PREAUTH_FRAME_MAX && pipe_unproved(d, nng_msg_get_pipe(m))) {
+            /* Over the HELLO budget before proving a node: dropped here, so it never becomes a
+             * message the runtime holds (pause_msgs) or decodes; the pipe's deadline stands. */
+            sh__peers_refuse(d->rt, SH__PEERS_PREAUTH_FRAME, 0, "frame");
+            nng_msg_free(m);
+            err = SH_OK;
+        } else if (len <= SH__MAILBOX_SMALL_FRAME) {
             /* A small frame is copied into a pooled block and NNG's buffer freed here, on the
              * thread that allocated it: cheaper than a cross-thread free later. */
             err = sh__transport_deliver_conn(d->rt, pipe_conn(nng_msg_get_pipe(m)), nng_msg_body(m),
@@ -330,8 +453,11 @@ static sh_err listen_start(tnng *d, const char *url, sh_error *e)
     int rv = nng_pull0_open(&d->lsock);
     if (rv)
         return sh__transport_nng_error(e, rv, "open pull socket for", url);
+    d->preauth = strncmp(url, "inproc://", 9) != 0;
     /* A peer cannot make us allocate more than max_frame for one message. */
     if ((rv = nng_socket_set_size(d->lsock, NNG_OPT_RECVMAXSZ, d->o.max_frame)) == 0 &&
+        (rv = nng_aio_alloc(&d->tick, tick_cb, d)) == 0 &&
+        (rv = nng_pipe_notify(d->lsock, NNG_PIPE_EV_ADD_POST, lpipe_cb, d)) == 0 &&
         (rv = nng_pipe_notify(d->lsock, NNG_PIPE_EV_REM_POST, lpipe_cb, d)) == 0 &&
         (rv = nng_listener_create(&d->listener, d->lsock, url)) == 0 &&
         (!sh__transport_is_tls(url) ||
@@ -369,6 +495,7 @@ static sh_err drv_create(sh_runtime *rt, const sh__transport_driver_opts *o, voi
         free(d);
         return sh__error_set(e, SH_ENOMEM, "transport: out of memory");
     }
+    uv_mutex_init(&d->pmu);
     sh_err err = SH_OK;
     if (o->tls)
         err = sh__transport_tls_configs(o->tls, &d->tls_server, &d->tls_client, e);
@@ -510,7 +637,8 @@ static void drv_close(void *ctx)
         return;
     if (d->listening) {
         nng_aio_stop(d->raio); /* waits for a delivery in progress */
-        nng_close(d->lsock);
+        nng_close(d->lsock);   /* no pipe event after this */
+        nng_aio_stop(d->tick);
     }
     /* Kept buffers go now; buffers still lent to the runtime are freed when it releases them. */
     sh__bufpool_close(d->pool);
@@ -524,11 +652,14 @@ static void drv_destroy(void *ctx)
     drv_close(d);
     if (d->raio)
         nng_aio_free(d->raio);
+    if (d->tick)
+        nng_aio_free(d->tick);
     if (d->tls_server)
         nng_tls_config_free(d->tls_server);
     if (d->tls_client)
         nng_tls_config_free(d->tls_client);
     sh__bufpool_unref(d->pool);
+    uv_mutex_destroy(&d->pmu);
     free(d);
 }
 

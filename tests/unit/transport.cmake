@@ -10,3 +10,5 @@ sh_test(test_transport_stream SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_s
         TIMEOUT 120)
 sh_test(test_fault_transport SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_fault_transport.c LABELS unit
         TIMEOUT 120)
+sh_test(test_transport_preauth SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_transport_preauth.c
+        LABELS unit TIMEOUT 120)
