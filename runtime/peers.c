@@ -19,8 +19,8 @@ static const char *const reason_names[SH__PEERS_REASON_COUNT_] = {
 static const char *const reason_text[SH__PEERS_REASON_COUNT_] = {
     [SH__PEERS_UNPROVED] = "its connection has proved no node in HELLO",
     [SH__PEERS_SRC_MISMATCH] = "its src names another node than its connection proved in HELLO",
-    [SH__PEERS_PREAUTH_FRAME] = "a connection that has not proved a node announced a frame over "
-                                "the HELLO budget: closed",
+    [SH__PEERS_PREAUTH_FRAME] = "a connection that has not proved a node sent a frame over the "
+                                "HELLO budget: not delivered",
     [SH__PEERS_PREAUTH_CAP] = "the listener holds its cap of connections that have not proved a "
                               "node: closed",
     [SH__PEERS_PREAUTH_SLOW] = "a connection proved no node within the handshake deadline: closed",
