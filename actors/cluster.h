@@ -130,7 +130,7 @@ typedef struct sh_cluster_front {
                         * like lost[] (the gateway's status reads it) */
     sh_node_metrics_collector_args collector_args; /* read by the collector's init, later */
     bool lost[256]; /* per node: judged lost (the watchdog's death, until it is back); written
-                     * and read with __atomic_* (the front's main thread, the gateway's) */
+                     * and read with __atomic_* (the supervisor's thread, the gateway's) */
     /* sh__cluster_front_rejoin's greetings, per node (a hello actor keeps pointers to them). */
     sh_hello_peer rejoin[256];
     sh_hello_args rejoin_args[256];

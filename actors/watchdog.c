@@ -128,12 +128,26 @@ static void pause_replicas(sh_actor_ctx *ctx, watchdog *w, int32_t i)
     }
 }
 
-/* Marks node i dead (why) and pauses its replicas. */
+/* Tells the supervisor (when there is one) that node i died (why) or answers again (why NULL). */
+static void tell(sh_actor_ctx *ctx, watchdog *w, int32_t i, const char *why)
+{
+    if (!w->a.supervisor)
+        return;
+    sh_proto_control c = {
+        .op = why ? SH_PROTO_CONTROL_OP_NODE_DEAD : SH_PROTO_CONTROL_OP_NODE_ALIVE, .level = i};
+    if (why)
+        c.arg = (sh_strv){why, (uint32_t)strlen(why)};
+    sh_error e = {0};
+    if (sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), w->a.supervisor, SH_MSG_CONTROL, 0,
+                     &c, &e))
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "watchdog_tell_failed", "node=\"%s\" err=\"%s\"",
+                     name_of(w, i), e.msg);
+}
+
+/* Marks node i dead (why), pauses its replicas and tells the supervisor. */
 static void kill_node(sh_actor_ctx *ctx, watchdog *w, int32_t i, uint64_t now, const char *why)
 {
     sh_watchdog_node *n = &w->a.view->node[i];
-    // The event first: the front's main thread, once it sees the death counted, reads its
-    // reason from the event ring.
     sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "node_dead", "node=\"%s\" why=\"%s\"", name_of(w, i), why);
     note(w, "dead", i, -1, "node %s was lost: %s", name_of(w, i), why);
     atomic_store_explicit(&n->dead_ms, now, memory_order_relaxed);
@@ -141,6 +155,7 @@ static void kill_node(sh_actor_ctx *ctx, watchdog *w, int32_t i, uint64_t now, c
     atomic_store_explicit(&n->health, SH_WATCHDOG_DEAD, memory_order_release);
     atomic_fetch_add_explicit(&n->deaths, 1, memory_order_release);
     pause_replicas(ctx, w, i);
+    tell(ctx, w, i, why);
 }
 
 /* Node i holds more memory than its budget: drain it (its replicas pause, as for a death) and
@@ -188,6 +203,7 @@ static void judge(sh_actor_ctx *ctx, watchdog *w)
             atomic_store_explicit(&n->health, SH_WATCHDOG_ALIVE, memory_order_release);
             note(w, "alive", i, -1, "node %s answers heartbeats again after %.2f s", name_of(w, i),
                  (double)(now - atomic_load_explicit(&n->dead_ms, memory_order_relaxed)) / 1000.0);
+            tell(ctx, w, i, NULL);
         } else if (!dead && h == SH_WATCHDOG_UNWATCHED && w->last_seq[i]) {
             atomic_store_explicit(&n->health, SH_WATCHDOG_ALIVE, memory_order_release);
         }

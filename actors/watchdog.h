@@ -1,11 +1,13 @@
 /* The watchdog actor of a cluster front (DESIGN.md sections 4 and 8, issue 12): heartbeats every
  * worker node, judges a node dead after `dead_after` missed beats or at once when its link
  * breaks or reconnects, pauses the replicas with a stage there and takes them out of routing, and
- * ticks the degradation ladder. Bringing a dead node back (greeting a restarted process, resuming
- * the paused replicas by recompute) is the front's main thread's work: it reads the view below.
+ * ticks the degradation ladder. Bringing a dead node back (a standby in its place, greeting a
+ * restarted process, resuming the paused replicas by recompute) is the front's supervisor's work
+ * (actors/supervisor.h, which spawns it): the watchdog tells it of each death and return.
  *
  *   front: watchdog --PING every heartbeat_ms--> worker: hello --PONG (RSS)--> front: watchdog
  *   front: watchdog --CONTROL PAUSE--> batcher (of each replica on a dead node)
+ *   front: watchdog --CONTROL NODE_DEAD (why) / NODE_ALIVE--> front: supervisor
  *
  * The worker's hello actor answers PING (actors/hello.c) on its node's first loop, which runs
  * no model work, so a long prefill on the stage's loop never delays a heartbeat. */
@@ -28,8 +30,8 @@ typedef enum sh_watchdog_health {
     SH_WATCHDOG_DEAD = 2,      /* missed dead_after beats, or its link broke or reconnected */
 } sh_watchdog_health;
 
-/* What the watchdog knows of one node. The actor writes every field but base_ups; the front's
- * main thread writes base_ups; anyone may read (atomics, relaxed except health: release/acquire,
+/* What the watchdog knows of one node. The actor writes every field but base_ups; the supervisor's
+ * thread writes base_ups; anyone may read (atomics, relaxed except health: release/acquire,
  * so a reader that sees ALIVE sees the figures that made it so). */
 typedef struct sh_watchdog_node {
     _Atomic int32_t health;        /* sh_watchdog_health */
@@ -63,11 +65,12 @@ typedef struct sh_watchdog_view {
  * stall of the watchdog's own loop or process blames no node). Spawn it on a loop of its own:
  * its timing should not depend on the gateway's work. On the transition to dead it sets down[k]
  * (release) and sends CONTROL PAUSE to batchers[k] for every replica k with a stage on it whose
- * down[k] was clear, and calls note("dead", ...) and note("paused", ...). A dead node becomes alive
- * again when its link is up with base_ups connections and a PONG sent after the death comes back
- * (note "alive"); resuming its replicas is the caller's (clear down[k], send RESUME). PONGs from an
- * unknown address or stale seq are ignored. Everything borrowed must outlive the actor.
- * Memory: see budget below. */
+ * down[k] was clear, calls note("dead", ...) and note("paused", ...), and sends `supervisor`
+ * CONTROL NODE_DEAD (level: the node, arg: why). A dead node becomes alive again when its link is
+ * up with base_ups connections and a PONG sent after the death comes back (note "alive", CONTROL
+ * NODE_ALIVE); resuming its replicas is the supervisor's (clear down[k], send RESUME). PONGs from
+ * an unknown address or stale seq are ignored. Everything borrowed must outlive the actor. Memory:
+ * see budget below. */
 typedef struct sh_watchdog_args {
     sh_watchdog_view *view;
     sh_transport *tp;         /* link states; NULL: heartbeats only */
@@ -86,6 +89,7 @@ typedef struct sh_watchdog_args {
     const bool *replica_on;  /* (n_replicas * view->n_nodes): [k * n_nodes + i] */
     const sh_addr *batchers; /* (n_replicas) */
     int *down;               /* (n_replicas): the router's veto, set atomically */
+    sh_addr supervisor;      /* told of deaths and returns (0: nobody) */
     /* Called on the actor's loop thread every heartbeat_ms (may be NULL): the degradation
      * ladder's evaluation. now_ms is CLOCK_MONOTONIC. Must not block for long. */
     void (*tick)(void *user, uint64_t now_ms);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "actors/supervisor.h"
 #include "api/engine_int.h"
 #include "base/dtype.h"
 #include "base/error.h"
@@ -27,10 +28,12 @@ void sh__engine_log_sink(void *ud, sh_log_level level, const char *line, size_t 
         eng->log(eng->log_user, (int)level, line);
 }
 
-/* The engine's part of the teardown: the fault layer (before the transport closes). */
+/* The engine's part of the teardown before the transport closes: a cluster front's supervisor
+ * (its recovery step in flight uses the transport and the runtime), then the fault layer. */
 static void stop_fault(void *ud)
 {
     sh_engine *eng = ud;
+    sh__supervisor_stop(eng->sup);
     sh_fault_destroy(eng->fault); /* before the runtime: it is installed on it */
     eng->fault = NULL;
 }
@@ -64,6 +67,8 @@ static void engine_free(sh_engine *eng)
                                              .be = &eng->be,
                                              .tok = &eng->tok,
                                              .m = &eng->m});
+    sh__supervisor_destroy(eng->sup);  /* stopped above, before the transport closed */
+    sh_config_destroy(eng->front_cfg); /* the front's plan pointed into it */
     if (eng->efd >= 0)
         close(eng->efd);
     pthread_mutex_destroy(&eng->mu);
@@ -383,9 +388,9 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         if ((rc = sh__engine_front_open(eng, &o, o.cluster_script, cfg, e)))
             goto fail;
         model_meta(eng, cfg->models[cfg->replicas[0].model].path, ss.name);
-        sh_config_destroy(cfg);
         if ((rc = live_add(eng, e)))
             goto fail;
+        eng->front_cfg = cfg; /* the front's plan points into it; freed after the runtime */
         *out = eng;
         return SH_OK;
     }

@@ -2,16 +2,20 @@
  * docs/cluster.md): this process is the front, as `shoal serve -c` is without its HTTP gateway.
  * It loads each model's hyper-parameters and tokenizer, joins the workers (actors/cluster.h),
  * and runs a kvmgr and a batcher per replica, with a router before several (actors/replica.h), on
- * its own runtime.
- * There is no watchdog here: a worker that dies fails the steps sent to it (after the step
- * timeout and retries), and its requests end with on_error. */
+ * its own runtime. Its watchdog and supervisor (actors/supervisor.h) recover from a lost worker as
+ * `shoal serve -c` does: a standby takes its place, or its replicas wait up to 30 s for it to come
+ * back (or restart) and resume by recompute, or leave routing; when nothing is left, every open
+ * request ends with on_error (SH_EIO) and sh_submit refuses new ones. Their lines go to the log. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "actors/cluster_key.h"
+#include "actors/supervisor.h"
 #include "api/engine_int.h"
 #include "base/error.h"
 #include "model/gguf.h"
+
+#define RECOVER_MS 30000 /* as shoal serve -c's --recover-timeout default */
 
 /* The join's progress lines go to the log. */
 static void front_note(void *ud, const char *line)
@@ -19,6 +23,22 @@ static void front_note(void *ud, const char *line)
     sh_engine *eng = ud;
     if (eng->log)
         eng->log(eng->log_user, SH_ENGINE_LOG_INFO, line);
+}
+
+/* The supervisor's lines (a promotion, a wait, a replica resumed or removed) go to the log. */
+static void sup_note(void *ud, bool error, const char *line)
+{
+    sh_engine *eng = ud;
+    if (eng->log)
+        eng->log(eng->log_user, error ? SH_ENGINE_LOG_ERROR : SH_ENGINE_LOG_WARN, line);
+}
+
+/* The front must stop: its requests end with on_error (SH_EIO). Supervisor's thread. */
+static void sup_stop(void *ud, const char *what)
+{
+    sh_engine *eng = ud;
+    sup_note(eng, true, what);
+    sh__engine_front_failed(eng, what);
 }
 
 /* cluster.c's 0/1/2 with its line in e, as an sh_err. */
@@ -68,7 +88,7 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     sh_runtime_opts ro = {
         .node_id = (uint32_t)c->gateway.node + 1,
         .name = c->nodes[c->gateway.node].name,
-        .n_loops = 2,
+        .n_loops = 3, /* the third for the watchdog alone */
         .log_level = o->log ? (sh_log_level)(o->log_level ? o->log_level : SH_LOG_LEVEL_WARN)
                             : SH_LOG_LEVEL_ERROR,
         .log_fn = sh__engine_log_sink,
@@ -112,6 +132,16 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     if ((rc = sh__replica_start(eng->rt, &rep, &eng->replicas, e)))
         return rc;
     eng->batcher = eng->replicas->target[0];
+    sh_supervisor_args sa = {.front = f,
+                             .batchers = eng->replicas->batcher,
+                             .recover_ms = RECOVER_MS,
+                             .note = sup_note,
+                             .note_user = eng,
+                             .on_stop = sup_stop,
+                             .on_stop_user = eng};
+    if ((rc = sh__supervisor_create(&sa, &eng->sup, e)) ||
+        (rc = sh__supervisor_start(eng->sup, eng->rt, 2, e)))
+        return rc;
     // Weights and KV live on the workers (sh_model_info says 0 for both).
     eng->weight_bytes = eng->kv_bytes = 0;
     if ((rc = sh_actor_spawn(eng->rt, "api", eng, 0, &eng->self, e)))

@@ -72,7 +72,9 @@ struct sh_engine {
     sh__cpu_thread_opts place;
     /* An engine that fronts worker nodes (api/engine_front.c); NULL for a model run here. */
     sh_cluster_front *front;
-    sh_replica_set *replicas; /* what serves its requests (actors/replica.h) */
+    sh_replica_set *replicas;     /* what serves its requests (actors/replica.h) */
+    struct sh_supervisor *sup;    /* its watchdog and recovery (actors/supervisor.h) */
+    sh_cluster_config *front_cfg; /* its script, which front->plan points into */
 
     /* Under mu. */
     pthread_mutex_t mu;
@@ -82,7 +84,8 @@ struct sh_engine {
     sh_api_req *table[SH_API_BUCKETS];
     sh_api_ev *head, *tail;
     uint64_t requests_total, tokens_total, prompt_tokens_total;
-    sh_fault *fault; /* created on first use */
+    sh_fault *fault;  /* created on first use */
+    char failed[640]; /* a cluster front that must stop: why (empty: serving) */
 
     /* Held by the thread inside sh_poll() or sh_engine_close(). */
     atomic_int busy;
@@ -113,6 +116,9 @@ bool sh__engine_live(const sh_engine *eng);
 extern const sh_actor_vtable sh__engine_api_vtable;
 /* Frees every queued event (close, after the runtime is gone). */
 void sh__engine_events_free(sh_engine *eng);
+/* A cluster front lost its workers for good (what: why): every request in the table ends with
+ * on_error(SH_EIO), queued for sh_poll, and sh_submit refuses new ones. Any thread. */
+void sh__engine_front_failed(sh_engine *eng, const char *what);
 /* Ends every request still in the table with on_error(SH_ECLOSED), on the calling thread. */
 void sh__engine_fail_all(sh_engine *eng);
 /* Checks n host messages (roles, UTF-8) and points msgs at them; SH_EINVAL naming what (fn

@@ -306,6 +306,8 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     pthread_mutex_lock(&eng->mu);
     if (eng->closing)
         rc = sh__error_set(e, SH_ECLOSED, "sh_submit: the engine is closing");
+    else if (eng->failed[0])
+        rc = sh__error_set(e, SH_EIO, "sh_submit: the cluster cannot serve: %s", eng->failed);
     else if (eng->pending >= eng->limit)
         rc = sh__error_set(e, SH_EBUSY,
                            "sh_submit: %d requests are pending: max_seqs running and max_queue "
@@ -663,6 +665,31 @@ sh_err sh_poll(sh_engine *eng, int32_t timeout_ms, uint32_t *ran)
     if (ran)
         *ran = n;
     return SH_OK;
+}
+
+/* ---- a cluster front's fail-stop ---------------------------------------------------------- */
+
+void sh__engine_front_failed(sh_engine *eng, const char *what)
+{
+    char msg[768];
+    int n = snprintf(msg, sizeof msg,
+                     "%s: the cluster cannot continue (a stage node was lost and not replaced); "
+                     "restart it",
+                     what);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+    pthread_mutex_lock(&eng->mu);
+    snprintf(eng->failed, sizeof eng->failed, "%s", what[0] ? what : "a worker node was lost");
+    // A FAIL per request, after the events queued before it; a DONE or FAIL the batcher queued
+    // earlier ends the request first and this one is then dropped (dispatch).
+    for (int i = 0; i < SH_API_BUCKETS; i++)
+        for (sh_api_req *q = eng->table[i]; q; q = q->next) {
+            sh_api_ev *ev = ev_new(SH_MSG_FAIL, q->id, 0, false, 0, msg, len);
+            if (!ev)
+                continue; /* out of memory: it ends at close (SH_ECLOSED) */
+            ev->code = SH_EIO;
+            ev_queue(eng, ev);
+        }
+    pthread_mutex_unlock(&eng->mu);
 }
 
 /* ---- close ---------------------------------------------------------------------------------- */

@@ -216,7 +216,8 @@ typedef struct sh_callbacks {
  * engine). cb is copied; user is passed back to every callback. Does not block. On failure no
  * callback will run for it and *id is 0: SH_EINVAL (a NULL argument, no prompt or more than one,
  * a value out of range, a prompt that is not valid UTF-8, a prompt longer than the context),
- * SH_EBUSY (the queue is full), SH_ECLOSED (the engine is closing). */
+ * SH_EBUSY (the queue is full), SH_ECLOSED (the engine is closing), SH_EIO (a cluster front that
+ * lost its worker nodes for good: its open requests ended with on_error SH_EIO; close it). */
 sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks *cb, void *user,
                  uint64_t *id, sh_error *err);
 

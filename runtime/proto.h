@@ -119,6 +119,10 @@ typedef enum sh_proto_control_op {
     /* a standby node's hello actor: take over the plan's stages listed in targets (their
      * indices), then answer HELLO with their new addresses */
     SH_PROTO_CONTROL_OP_PROMOTE = 6,
+    /* the front's watchdog to its supervisor (actors/supervisor.h), within the process only:
+     * node `level` (the script's index) was judged dead (arg: why), or answers again */
+    SH_PROTO_CONTROL_OP_NODE_DEAD = 7,
+    SH_PROTO_CONTROL_OP_NODE_ALIVE = 8,
 } sh_proto_control_op;
 
 typedef enum sh_proto_fault_action {

@@ -324,8 +324,8 @@
 
 /* CONTROL: op is an sh_proto_control_op; targets are the new addresses of a reroute. */
 #define SH_PROTO_FIELDS_control(F, S)                                                              \
-    F(S, op, "op", U8, _, REQ, 0, 6)                                                               \
-    F(S, level, "lvl", I32, _, OPT, 0, 0) /* degradation level */                                  \
+    F(S, op, "op", U8, _, REQ, 0, 8)                                                               \
+    F(S, level, "lvl", I32, _, OPT, 0, 0) /* degradation level; NODE_*: node */                    \
     F(S, targets, "to", U64S, _, OPT, 0, 1024)                                                     \
     F(S, arg, "arg", STR, _, OPT, 0, SH_PROTO_MAX_MSG)
 

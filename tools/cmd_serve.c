@@ -19,7 +19,7 @@
 #include "actors/node_metrics.h"
 #include "actors/replica.h"
 #include "actors/serve.h"
-#include "actors/watchdog.h"
+#include "actors/supervisor.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "kernels/backend.h"
@@ -612,32 +612,27 @@ typedef struct server {
     sh_llama *xm[SH_CLUSTER_MAX_REPLICAS];
     sh_tokenizer *xtok[SH_CLUSTER_MAX_REPLICAS];
     char xsystem[SH_CLUSTER_MAX_REPLICAS][1024];
-    sh_addr batcher[SH_CLUSTER_MAX_REPLICAS]; /* each replica's, for PAUSE / RESUME */
-    /* Worker nodes lost and awaited (--recover-timeout), by script index. */
-    struct {
-        bool waiting;
-        uint64_t since_ms, deadline_ms;
-    } rec[256];
-    /* The watchdog (actors/watchdog.h) and what it is spawned with; the front's main thread
-     * reads its view to bring dead nodes back (worker_lost, check_awaited). */
-    sh_watchdog_view watch;
-    sh_watchdog_args wa;
-    bool watch_on[SH_WATCHDOG_MAX_NODES];
-    sh_addr pong_from[SH_WATCHDOG_MAX_NODES];
-    const char *names[SH_WATCHDOG_MAX_NODES];
-    uint64_t budget[SH_WATCHDOG_MAX_NODES]; /* node{ memory_budget } */
-    bool replica_on[SH_WATCHDOG_MAX_REPLICAS * SH_WATCHDOG_MAX_NODES];
-    uint64_t seen_deaths[SH_WATCHDOG_MAX_NODES]; /* view deaths already handled */
-    bool spent[SH_WATCHDOG_MAX_NODES]; /* a standby promoted (or failed to be): not used again */
-    sh_cluster_events events;          /* faults and recoveries, for /admin/status */
+    sh_addr batcher[SH_CLUSTER_MAX_REPLICAS]; /* each replica's */
+    /* The watchdog and, with worker nodes, the recovery from their loss (actors/supervisor.h). */
+    sh_supervisor *sup;
+    sh_cluster_events events; /* faults and recoveries, for /admin/status */
 } server;
 
-static void stop_fault(void *ud) { sh__cmd_fault_stop(ud); }
+/* Before the transport closes: the supervisor's recovery step in flight (it uses the transport
+ * and the runtime), then the fault layers. */
+static void stop_faults(void *ud)
+{
+    server *s = ud;
+    sh__supervisor_stop(s->sup);
+    sh__cmd_fault_stop(&s->fault);
+}
 
 /* The runtime is gone: what the gateway and the watchdog's ladder used. */
 static void free_serving(void *ud)
 {
     server *s = ud;
+    sh__supervisor_destroy(s->sup); /* stopped before the transport closed */
+    s->sup = NULL;
     sh__gateway_ctl_destroy(s->ctl);
     sh__degrade_destroy(s->deg);
 }
@@ -645,8 +640,8 @@ static void free_serving(void *ud)
 /* Everything, in the order of actors/replica.h. */
 static void close_all(server *s)
 {
-    sh__replica_teardown(&(sh_replica_owned){.stop_faults = stop_fault,
-                                             .faults_ud = &s->fault,
+    sh__replica_teardown(&(sh_replica_owned){.stop_faults = stop_faults,
+                                             .faults_ud = s,
                                              .front = &s->front,
                                              .rt = &s->rt,
                                              .set = &s->replicas,
@@ -720,9 +715,8 @@ static uint64_t mono_ms(void)
 
 /* A cluster front that lost a worker node (`what` names it): one error line, then every open
  * request ends at once with an error (the gateway's fail-stop) and the process exits with
- * SH_CLUSTER_EXIT_LOST. Recovery (recomputing the requests on a restarted or standby node) is not
- * built: a restarted worker's KV pool is empty while this kvmgr believes it full, so going on
- * would give wrong tokens. */
+ * SH_CLUSTER_EXIT_LOST. The supervisor decided it (actors/supervisor.h): no standby took the
+ * node's place, and it did not come back within --recover-timeout or none was given. */
 static int stop_lost(server *s, const char *what)
 {
     sh__cmd_fail("%s: this replica cannot continue; stopping", what);
@@ -735,334 +729,6 @@ static int stop_lost(server *s, const char *what)
         nanosleep(&ts, NULL);
     }
     return SH_CLUSTER_EXIT_LOST;
-}
-
-/* Sends replica k's batcher CONTROL op (PAUSE or RESUME), as itself. */
-static void control_replica(server *s, int32_t k, uint8_t op)
-{
-    sh_proto_control c = {.op = op};
-    sh_error e = {0};
-    if (sh__act_send(s->rt, s->batcher[k], s->batcher[k], SH_MSG_CONTROL, 0, &c, &e))
-        fprintf(stderr, "shoal: replica %d: control: %s\n", (int)k + 1, e.msg);
-}
-
-/* Whether replica k still waits for one of its nodes. */
-static bool replica_waits(const server *s, int32_t k)
-{
-    const sh_cluster_plan *p = &s->front->plan;
-    for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++)
-        if (s->rec[i].waiting && sh__cluster_replica_on(p, k, i))
-            return true;
-    return false;
-}
-
-/* What the watchdog said when it judged node i dead: "node NAME (URL) was lost: WHY", into
- * what. */
-static void death_text(server *s, int32_t node, char *what, size_t cap)
-{
-    static sh_cluster_event ev[SH_CLUSTER_EVENTS_MAX]; /* the main thread's only */
-    size_t n = sh__cluster_events_copy(&s->events, 0, ev, SH_CLUSTER_EVENTS_MAX, NULL);
-    const sh_config_node *nd = &s->front->plan.c->nodes[node];
-    const char *why = "it stopped answering";
-    for (size_t j = n; j-- > 0;) {
-        const char *p = strstr(ev[j].msg, " was lost: ");
-        if (ev[j].node == node && !strcmp(ev[j].kind, "dead") && p) {
-            why = p + strlen(" was lost: ");
-            break;
-        }
-    }
-    snprintf(what, cap, "node %s (%s) was lost: %s", nd->name, nd->listen, why);
-}
-
-/* A lost node with --recover-timeout: the watchdog already paused every replica with a stage
- * there (its steps in flight are abandoned, its sequences go back to its queue keeping their
- * tokens, its KV is forgotten) and took it out of routing; wait for the node to come back. */
-static void await_node(serve_opts *o, server *s, int32_t node, const char *what)
-{
-    const sh_cluster_plan *p = &s->front->plan;
-    uint64_t now = mono_ms();
-    s->rec[node].waiting = true;
-    s->rec[node].since_ms = now;
-    s->rec[node].deadline_ms = now + o->recover_ms;
-    for (int32_t k = 0; k < p->n_replicas; k++) {
-        if (!sh__cluster_replica_on(p, k, node))
-            continue;
-        if (!__atomic_exchange_n(&s->front->down[k], 1, __ATOMIC_ACQ_REL))
-            control_replica(s, k, SH_PROTO_CONTROL_OP_PAUSE); /* not paused by the watchdog */
-        fprintf(stderr,
-                "shoal: %s: replica %d paused; waiting up to %.1f s for the node to come back "
-                "(--recover-timeout), then its requests resume by recompute\n",
-                what, (int)k + 1, o->recover_ms / 1000.0);
-    }
-    fflush(stderr);
-}
-
-/* Resumes the replicas of node i that wait for no other node, after it came back (how: "came
- * back" for a node that answers heartbeats again, "restarted" for a new process). */
-static void node_back(server *s, int32_t i, const char *how)
-{
-    const sh_cluster_plan *p = &s->front->plan;
-    const sh_config_node *nd = &p->c->nodes[i];
-    double after = (double)(mono_ms() - s->rec[i].since_ms) / 1000.0;
-    __atomic_store_n(&s->front->lost[i], false, __ATOMIC_RELEASE); /* the status reads it */
-    if (p->c->nodes[i].standby && !strcmp(how, "restarted"))
-        s->spent[i] = false; /* a fresh standby process: it can be promoted again */
-    if (!strcmp(how, "restarted"))
-        sh__cluster_events_add(&s->events, "restarted", i, -1,
-                               "node %s rejoined as a new process %.2f s after it was lost",
-                               nd->name, after);
-    for (int32_t k = 0; k < p->n_replicas; k++) {
-        if (!sh__cluster_replica_on(p, k, i) || replica_waits(s, k))
-            continue;
-        control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
-        __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
-        sh__cluster_events_add(&s->events, "resumed", i, k,
-                               "replica %d resumed %.2f s after node %s was lost (its sequences "
-                               "are recomputed)",
-                               (int)k + 1, after, nd->name);
-        fprintf(stderr,
-                "shoal: node %s came back %.1f s after it was lost (%s); replica %d resumed "
-                "(its sequences are recomputed)\n",
-                nd->name, after, !strcmp(how, "restarted") ? "a new process" : "the same process",
-                (int)k + 1);
-    }
-    fflush(stderr);
-}
-
-/* Brings awaited nodes back: one that answers heartbeats again on the same connection (it was
- * stopped, or cut off) is back at once; one whose link came up on a new connection (restarted)
- * is greeted first. Resumes the replicas that have all their nodes again. Returns true when the
- * front must stop: a node refused on its return, or not back in time, while no replica is left
- * (with one replica: at once). */
-static bool standby_back(serve_opts *o, server *s, int32_t i);
-
-static bool check_awaited(serve_opts *o, server *s, char *what, size_t cap)
-{
-    const sh_cluster_plan *p = &s->front->plan;
-    for (int32_t i = 0; i < p->c->n_nodes && i < 256; i++) {
-        if (!s->rec[i].waiting)
-            continue;
-        const sh_config_node *nd = &p->c->nodes[i];
-        if (atomic_load_explicit(&s->watch.node[i].health, memory_order_acquire) ==
-            SH_WATCHDOG_ALIVE) {
-            s->rec[i].waiting = false;
-            node_back(s, i, "came back");
-            continue;
-        }
-        if (standby_back(o, s, i))
-            continue;
-        uint64_t now = mono_ms();
-        uint64_t left = s->rec[i].deadline_ms > now ? s->rec[i].deadline_ms - now : 0;
-        int rc = left ? sh__cluster_front_rejoin(s->front, s->rt, i,
-                                                 left < 3000 ? (uint32_t)left : 3000, what, cap)
-                      : 1;
-        if (rc == 1 && mono_ms() < s->rec[i].deadline_ms)
-            continue;
-        s->rec[i].waiting = false;
-        if (rc == 0) {
-            // The new process is the one to trust now: the watchdog judges it by its heartbeats.
-            atomic_store_explicit(&s->watch.node[i].base_ups, s->front->ups[i],
-                                  memory_order_release);
-            node_back(s, i, "restarted");
-            continue;
-        }
-        if (rc == 1)
-            snprintf(what, cap, "node %s (%s) did not come back within %.1f s (--recover-timeout)",
-                     nd->name, nd->listen,
-                     (double)(s->rec[i].deadline_ms - s->rec[i].since_ms) / 1000.0);
-        for (int32_t k = 0; k < p->n_replicas; k++)
-            if (sh__cluster_replica_on(p, k, i)) {
-                __atomic_store_n(&s->front->down[k], 2, __ATOMIC_RELEASE); /* for good */
-                sh__cluster_events_add(&s->events, "removed", i, k, "replica %d: %s", (int)k + 1,
-                                       what);
-            }
-        int32_t up = 0;
-        for (int32_t k = 0; k < p->n_replicas; k++)
-            up += !__atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE);
-        if (p->n_replicas == 1 || up == 0)
-            return true;
-        sh__cmd_fail("%s: its replicas stay out of routing", what);
-        fflush(stderr);
-    }
-    return false;
-}
-
-/* Moves node dead's stages to standby sb (sh__cluster_front_promote; dead == sb: a restarted
- * standby takes its stages back), reroutes the stage before each moved one (or the batcher, for
- * a first stage) to its new address and resumes the replicas that wait for no other node.
- * Returns whether it was done. */
-static bool promote_to(serve_opts *o, server *s, int32_t dead, int32_t sb)
-{
-    sh_cluster_plan *p = &s->front->plan;
-    const sh_config_node *nodes = p->c->nodes;
-    int32_t k0 = -1;
-    for (int32_t k = 0; k < p->n_replicas && k0 < 0; k++)
-        if (sh__cluster_replica_on(p, k, dead))
-            k0 = k;
-    if (k0 < 0)
-        return false;
-    const char *dn = nodes[dead].name, *sn = nodes[sb].name;
-    if (dead != sb)
-        fprintf(stderr, "shoal: promoting standby %s in place of node %s\n", sn, dn);
-    fflush(stderr);
-    uint64_t t0 = mono_ms();
-    int32_t moved[SH_CLUSTER_MAX_STAGES], n = 0;
-    char why[512];
-    uint32_t wait_ms = o->recover_ms ? o->recover_ms : 30000;
-    int rc = sh__cluster_front_promote(s->front, s->rt, s->batcher[k0], dead, sb, wait_ms,
-                                       dead == sb ? NULL : &s->watch.node[sb].health, moved, &n,
-                                       why, sizeof why);
-    if (rc) {
-        sh__cluster_events_add(&s->events, "fault", sb, -1, "promotion of %s failed: %s", sn, why);
-        fprintf(stderr, "shoal: promotion of standby %s failed: %s\n", sn, why);
-        fflush(stderr);
-        return false;
-    }
-    for (int32_t j = 0; j < n; j++) {
-        int32_t i = moved[j], k = p->stage_replica[i];
-        uint64_t t = p->stage_addr[i];
-        sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE, .targets = {&t, 1}};
-        if (i != p->rep[k].stage0 && p->stage_node[i - 1] == sb)
-            continue; /* moved along: the standby wired it */
-        sh_addr at = i == p->rep[k].stage0 ? s->batcher[k] : p->stage_addr[i - 1];
-        sh_error e = {0};
-        if (sh__act_send(s->rt, s->batcher[k], at, SH_MSG_CONTROL, 0, &ctl, &e))
-            fprintf(stderr, "shoal: reroute to standby %s: %s\n", sn, e.msg);
-    }
-    int32_t nn = p->c->n_nodes;
-    for (int32_t k = 0; k < p->n_replicas; k++) {
-        __atomic_store_n(&s->replica_on[k * nn + dead], sh__cluster_replica_on(p, k, dead),
-                         __ATOMIC_RELEASE);
-        __atomic_store_n(&s->replica_on[k * nn + sb], sh__cluster_replica_on(p, k, sb),
-                         __ATOMIC_RELEASE);
-    }
-    double took = (double)(mono_ms() - t0) / 1000.0;
-    sh__cluster_events_add(&s->events, "promoted", sb, k0,
-                           "standby %s took over node %s's %d stage%s in %.2f s", sn, dn, (int)n,
-                           n == 1 ? "" : "s", took);
-    for (int32_t k = 0; k < p->n_replicas; k++) {
-        if (!sh__cluster_replica_on(p, k, sb) || replica_waits(s, k))
-            continue;
-        control_replica(s, k, SH_PROTO_CONTROL_OP_RESUME);
-        __atomic_store_n(&s->front->down[k], 0, __ATOMIC_RELEASE);
-        sh__cluster_events_add(&s->events, "resumed", sb, k,
-                               "replica %d resumed on standby %s (its sequences are recomputed)",
-                               (int)k + 1, sn);
-        fprintf(stderr,
-                "shoal: node %s was replaced by standby %s in %.2f s; replica %d resumed (its "
-                "sequences are recomputed)\n",
-                dn, sn, took, (int)k + 1);
-    }
-    fflush(stderr);
-    return true;
-}
-
-/* Replaces dead node `dead` with a live standby (one that preloads its stages first), when there
- * is one (promote_to). Returns false when none could: the caller then waits for the node. */
-static bool promote(serve_opts *o, server *s, int32_t dead)
-{
-    const sh_cluster_config *c = s->front->plan.c;
-    int32_t sb = -1;
-    for (int32_t i = 0; i < c->n_nodes; i++) {
-        if (!c->nodes[i].standby || s->spent[i] || i == dead ||
-            atomic_load(&s->watch.node[i].health) != SH_WATCHDOG_ALIVE)
-            continue;
-        if (sb < 0 || (c->nodes[i].preload && !strcmp(c->nodes[i].preload, c->nodes[dead].name)))
-            sb = i;
-    }
-    if (sb < 0)
-        return false;
-    s->spent[sb] = true;
-    if (promote_to(o, s, dead, sb))
-        return true;
-    fprintf(stderr, "shoal: waiting for node %s instead\n", c->nodes[dead].name);
-    return false;
-}
-
-/* A standby that held promoted stages came back as a new process (its link is up on a new
- * connection): it takes the same stages again (promote_to with dead == sb). Returns whether it
- * did; false leaves the node to the usual rejoin (which refuses it: it holds nothing). */
-static bool standby_back(serve_opts *o, server *s, int32_t i)
-{
-    sh_cluster_front *f = s->front;
-    sh_transport_link l;
-    if (!f->plan.c->nodes[i].standby ||
-        sh_transport_link_get(f->tp, (uint32_t)i + 1, &l) != SH_OK || l.state != SH_LINK_STATE_UP ||
-        l.ups == __atomic_load_n(&f->ups[i], __ATOMIC_ACQUIRE))
-        return false;
-    s->rec[i].waiting = false; /* its replicas wait for nothing else here */
-    if (!promote_to(o, s, i, i)) {
-        s->rec[i].waiting = true;
-        return false;
-    }
-    __atomic_store_n(&f->ups[i], l.ups, __ATOMIC_RELEASE);
-    atomic_store_explicit(&s->watch.node[i].base_ups, l.ups, memory_order_release);
-    __atomic_store_n(&f->lost[i], false, __ATOMIC_RELEASE);
-    return true;
-}
-
-/* The next node the watchdog judged dead since the last call, or -1; marks it lost. */
-static int32_t next_death(server *s)
-{
-    for (int32_t i = 0; i < s->watch.n_nodes; i++) {
-        uint64_t d = atomic_load_explicit(&s->watch.node[i].deaths, memory_order_acquire);
-        if (d != s->seen_deaths[i]) {
-            s->seen_deaths[i] = d;
-            __atomic_store_n(&s->front->lost[i], true, __ATOMIC_RELEASE);
-            return i;
-        }
-    }
-    return -1;
-}
-
-/* Whether this cluster front must stop because it lost worker nodes (the watchdog judges them:
- * missed heartbeats, a broken or reconnected link). With --recover-timeout a lost node's
- * replicas pause until it is back (await_node, check_awaited). Without: with one replica, any
- * lost worker; with several, once every replica lost a stage node. A replica that lost one is
- * out of routing (the router moves or ends its requests and sends it nothing new) with one error
- * line. Writes what happened last into what. */
-static bool worker_lost(serve_opts *o, server *s, char *what, size_t cap)
-{
-    if (!s->front)
-        return false;
-    const sh_cluster_plan *p = &s->front->plan;
-    int32_t node;
-    while ((node = next_death(s)) >= 0) {
-        death_text(s, node, what, cap);
-        if (s->rec[node].waiting)
-            continue; /* died again while awaited: its deadline stands */
-        bool holds = false;
-        for (int32_t k = 0; k < p->n_replicas; k++)
-            holds |= sh__cluster_replica_on(p, k, node);
-        if (!holds && !p->c->nodes[node].standby)
-            continue; /* replaced by a standby before: nothing waits for it */
-        if (holds && promote(o, s, node))
-            continue;
-        if (o->recover_ms && node < 256) {
-            await_node(o, s, node, what);
-            continue;
-        }
-        if (p->n_replicas == 1)
-            return true;
-        int32_t up = 0;
-        for (int32_t k = 0; k < p->n_replicas; k++) {
-            if (sh__cluster_replica_on(p, k, node) &&
-                __atomic_exchange_n(&s->front->down[k], 2, __ATOMIC_ACQ_REL) != 2) {
-                sh__cluster_events_add(&s->events, "removed", node, k,
-                                       "replica %d leaves routing: %s", (int)k + 1, what);
-                sh__cmd_fail("%s: replica %d stops (its requests move to another replica or end "
-                             "with an error; without --recover-timeout it does not come back)",
-                             what, (int)k + 1);
-                fflush(stderr);
-            }
-            up += !__atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE);
-        }
-        if (up == 0) {
-            snprintf(what, cap, "every replica lost a stage node");
-            return true;
-        }
-    }
-    return check_awaited(o, s, what, cap);
 }
 
 /* The graceful stop after SIGTERM/SIGINT `sig`: the gateway drains (see sh_gateway_ctl) until
@@ -1090,7 +756,8 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
             return 0;
-        } else if (!sh__gateway_ctl_drained(ctl) && worker_lost(o, s, what, sizeof what)) {
+        } else if (!sh__gateway_ctl_drained(ctl) &&
+                   sh__supervisor_failed(s->sup, what, sizeof what)) {
             return stop_lost(s, what);
         } else if (mono_ms() > backstop) {
             fprintf(stderr, "shoal: the gateway did not finish draining; stopping\n");
@@ -1101,9 +768,9 @@ static int drain(serve_opts *o, server *s, const sigset_t *sigs, int sig)
     return 0;
 }
 
-/* Serves until SIGTERM/SIGINT (SIGHUP reloads the keys), then drains. A cluster front also reads
- * its worker links' state every 100 ms and stops at once when a worker node is lost. Returns
- * run's status: 0, or SH_CLUSTER_EXIT_LOST. */
+/* Serves until SIGTERM/SIGINT (SIGHUP reloads the keys), then drains. A cluster front also asks
+ * its supervisor every 20 ms whether it must stop (a worker node lost for good) and then stops at
+ * once. Returns run's status: 0, or SH_CLUSTER_EXIT_LOST. */
 static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
 {
     char what[768];
@@ -1116,17 +783,9 @@ static int serve_until_stopped(serve_opts *o, server *s, const sigset_t *sigs)
             sh__serve_degrade_reload(s->deg);
         } else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
-        else if (worker_lost(o, s, what, sizeof what))
+        else if (sh__supervisor_failed(s->sup, what, sizeof what))
             return stop_lost(s, what);
     }
-}
-
-/* The watchdog's note callback: the event goes into the ring and, for a death, its reason is
- * what the main thread later prints. Runs on the watchdog's loop thread. */
-static void watch_note(void *user, const char *kind, int32_t node, int32_t replica, const char *msg)
-{
-    server *s = user;
-    sh__cluster_events_add(&s->events, kind, node, replica, "%s", msg);
 }
 
 /* The degradation ladder's events ("level", "policy") into the ring. Any thread. */
@@ -1143,8 +802,9 @@ static size_t degrade_extra(void *user, sh_policy_metric *out, size_t cap)
     server *s = user;
     int32_t dead = 0;
     uint64_t rss = 0;
-    for (int32_t i = 0; i < s->watch.n_nodes; i++) {
-        const sh_watchdog_node *nd = &s->watch.node[i];
+    const sh_watchdog_view *v = sh__supervisor_view(s->sup);
+    for (int32_t i = 0; i < v->n_nodes; i++) {
+        const sh_watchdog_node *nd = &v->node[i];
         dead += atomic_load_explicit(&nd->health, memory_order_acquire) == SH_WATCHDOG_DEAD;
         uint64_t r = atomic_load_explicit(&nd->rss_bytes, memory_order_relaxed);
         rss = r > rss ? r : rss;
@@ -1156,53 +816,41 @@ static size_t degrade_extra(void *user, sh_policy_metric *out, size_t cap)
     return 2;
 }
 
-/* Spawns the watchdog: with worker nodes it heartbeats each (through its hello actor) and pauses
- * the replicas of a dead one; in every mode it ticks the degradation ladder. Returns 0, or 1
- * after an error line. */
-static int start_watchdog(serve_opts *o, server *s, int32_t n_rep)
+/* The supervisor's lines to the operator, as "shoal: ..." or "error: ..." on stderr. */
+static void sup_note(void *user, bool error, const char *line)
+{
+    (void)user;
+    if (error)
+        sh__cmd_fail("%s", line);
+    else
+        fprintf(stderr, "shoal: %s\n", line);
+    fflush(stderr);
+}
+
+/* The degradation ladder's tick (--policy), every heartbeat_ms on the watchdog's loop: s->deg is
+ * set before the watchdog starts. */
+static void degrade_tick(void *user, uint64_t now_ms)
+{
+    server *s = user;
+    if (s->deg)
+        sh__degrade_tick_cb(s->deg, now_ms);
+}
+
+/* Creates the supervisor (the watchdog's view is read by the status page and the policy from
+ * now on). With worker nodes it recovers from their loss (actors/supervisor.h); in every mode its
+ * watchdog ticks the degradation ladder. Returns 0, or 1 after an error line. */
+static int create_supervisor(serve_opts *o, server *s)
 {
     sh_error e = {0};
-    s->wa = (sh_watchdog_args){.view = &s->watch, .note = watch_note, .note_user = s};
-    if (s->deg) { /* every heartbeat_ms, on the watchdog's loop */
-        s->wa.tick = sh__degrade_tick_cb;
-        s->wa.tick_user = s->deg;
-    }
-    if (s->front) {
-        const sh_cluster_plan *p = &s->front->plan;
-        const sh_cluster_config *c = p->c;
-        if (c->n_nodes > SH_WATCHDOG_MAX_NODES || n_rep > SH_WATCHDOG_MAX_REPLICAS)
-            return (sh__cmd_fail("the watchdog watches at most %d nodes and %d replicas",
-                                 SH_WATCHDOG_MAX_NODES, SH_WATCHDOG_MAX_REPLICAS),
-                    1);
-        s->watch.n_nodes = c->n_nodes;
-        for (int32_t i = 0; i < c->n_nodes; i++) {
-            s->names[i] = c->nodes[i].name;
-            s->budget[i] = c->nodes[i].memory_budget;
-            s->pong_from[i] = sh_addr_make((uint32_t)i + 1, SH_CLUSTER_HELLO_ACTOR);
-            // Every worker that hosts a stage, and every standby; not the front (itself).
-            s->watch_on[i] = c->nodes[i].standby;
-            for (int32_t k = 0; k < n_rep; k++)
-                if ((s->replica_on[k * c->n_nodes + i] = sh__cluster_replica_on(p, k, i)))
-                    s->watch_on[i] = i != c->gateway.node;
-            atomic_store(&s->watch.node[i].base_ups, s->front->ups[i]);
-        }
-        s->wa.tp = s->front->tp;
-        s->wa.watch = s->watch_on;
-        s->wa.pong_from = s->pong_from;
-        s->wa.names = s->names;
-        s->wa.budget = s->budget;
-        s->wa.n_replicas = n_rep;
-        s->wa.replica_on = s->replica_on;
-        s->wa.batchers = s->batcher;
-        s->wa.down = s->front->down;
-        s->wa.heartbeat_ms = (uint32_t)c->watchdog.heartbeat_ms;
-        s->wa.dead_after = (uint32_t)c->watchdog.dead_after;
-    }
-    (void)o;
-    sh_addr addr;
-    if (sh_runtime_register(s->rt, &sh__watchdog_vtable, &e) ||
-        sh_actor_spawn(s->rt, "watchdog", &s->wa, s->front ? 2 : 0, &addr, &e))
-        return (sh__cmd_fail("watchdog: %s", e.msg), 1);
+    sh_supervisor_args a = {.front = s->front,
+                            .batchers = s->batcher,
+                            .recover_ms = o->recover_ms,
+                            .events = &s->events,
+                            .note = sup_note,
+                            .tick = degrade_tick,
+                            .tick_user = s};
+    if (sh__supervisor_create(&a, &s->sup, &e))
+        return (sh__cmd_fail("%s", e.msg), 1);
     return 0;
 }
 
@@ -1340,13 +988,15 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
     const sh_addr *target = rs->target; /* each model's router, or its only replica's batcher */
     for (int32_t k = 0; k < n_rep; k++)
         s->batcher[k] = rs->batcher[k];
+    if (create_supervisor(o, s))
+        return 1;
     /* A policy that cannot start is bad input: exit 2, as the help says. */
     int prc = sh__serve_degrade_create(&o->deg, o->cfg, s->rt, degrade_note, s, degrade_extra, s,
                                        &s->deg);
     if (prc)
         return prc;
-    if (start_watchdog(o, s, n_rep))
-        return 1;
+    if (sh__supervisor_start(s->sup, s->rt, plan ? 2 : 0, &e))
+        return (sh__cmd_fail("watchdog: %s", e.msg), 1);
     sh_addr batcher_addr = target[0], gw_addr;
     int bound = 0;
     sh_gateway_args ga = {.batcher = batcher_addr,
@@ -1400,7 +1050,7 @@ static int run(serve_opts *o, server *s, const sigset_t *sigs)
                                         .model = s->name,
                                         .n_layers = hp->n_layers,
                                         .events = &s->events,
-                                        .watch = &s->watch};
+                                        .watch = sh__supervisor_view(s->sup)};
     if (o->cfg && !o->cluster)
         s->status.node = o->cfg->nodes[o->cfg->gateway.node].name;
     ga.cluster_json = sh__cluster_status_json;

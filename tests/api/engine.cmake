@@ -3,3 +3,7 @@
 # misuse of issue 14's acceptance, the memory budget, nothing written to stdout/stderr, and 100
 # open/submit/close cycles (leak-checked in the ASan suite).
 sh_test(test_engine SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine.c LABELS unit TIMEOUT 300)
+# The engine fronting real `shoal node` workers, one killed mid-generation: its supervisor
+# promotes a standby or waits for the restarted node (every output equals the undisturbed run's),
+# or fails stop after its 30 s wait (about 35 s in all).
+sh_test(test_engine_failover SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_failover.c LABELS integration TIMEOUT 300)

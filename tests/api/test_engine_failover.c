@@ -1,0 +1,308 @@
+/* The embedding engine as the front of a real cluster that loses a worker (issue 25): `shoal node`
+ * worker processes hold the model's two pipeline stages, one is killed with SIGKILL while requests
+ * generate, and the engine's supervisor recovers as `shoal serve -c` does: a standby takes the
+ * dead node's place, or the node restarted rejoins: no request is lost and every greedy output
+ * equals the undisturbed run's. When nothing replaces it, every request ends with on_error
+ * (SH_EIO) after the 30 s wait and new ones are refused. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sh_test.h"
+#include "shoal.h"
+
+#define MODEL "tests/data/stories260K/stories260K.gguf"
+#define N_REQ 4
+#define MAX_TOKENS 96
+#define MAX_IDS 512
+#define RUN_ALL_POLLS 12000 /* 10 ms each: 120 s, past the front's 30 s wait for a lost node */
+
+typedef struct seen {
+    int32_t ids[MAX_IDS];
+    int32_t n_ids;
+    int n_done, n_error;
+    sh_err code;
+    char msg[256];
+} seen;
+
+static void on_token(void *user, uint64_t id, const sh_token_event *ev)
+{
+    (void)id;
+    seen *s = user;
+    for (int32_t i = 0; i < ev->n_ids && s->n_ids < MAX_IDS; i++)
+        s->ids[s->n_ids++] = ev->ids[i];
+}
+
+static void on_done(void *user, uint64_t id, const sh_done_info *info)
+{
+    (void)id;
+    (void)info;
+    ((seen *)user)->n_done++;
+}
+
+static void on_error(void *user, uint64_t id, sh_err code, const char *msg)
+{
+    (void)id;
+    seen *s = user;
+    s->n_error++;
+    s->code = code;
+    snprintf(s->msg, sizeof s->msg, "%s", msg);
+}
+
+static const sh_callbacks CB = {on_token, on_done, on_error};
+
+/* The engine's log lines, kept to find the supervisor's (any thread writes them). */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char log_text[1 << 16];
+static size_t log_len;
+
+static void log_line(void *user, int level, const char *line)
+{
+    (void)user;
+    (void)level;
+    pthread_mutex_lock(&log_mu);
+    int n = snprintf(log_text + log_len, sizeof log_text - log_len, "%s\n", line);
+    if (n > 0 && log_len + (size_t)n < sizeof log_text)
+        log_len += (size_t)n;
+    pthread_mutex_unlock(&log_mu);
+}
+
+static bool log_has(const char *what)
+{
+    pthread_mutex_lock(&log_mu);
+    bool has = strstr(log_text, what) != NULL;
+    pthread_mutex_unlock(&log_mu);
+    return has;
+}
+
+static void submit(sh_engine *eng, seen *s)
+{
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = "Once upon a time";
+    r.max_tokens = MAX_TOKENS;
+    uint64_t id = 0;
+    sh_error e = {0};
+    sh_err rc = sh_submit(eng, &r, &CB, s, &id, &e);
+    if (rc)
+        fprintf(stderr, "submit: %s\n", e.msg);
+    CHECK_OK(rc);
+}
+
+/* Polls until every request of eng is over (or 120 s pass). */
+static void run_all(sh_engine *eng)
+{
+    for (int i = 0; i < RUN_ALL_POLLS && sh_pending(eng) > 0; i++)
+        CHECK_OK(sh_poll(eng, 10, NULL));
+    CHECK_INT_EQ(sh_pending(eng), 0);
+}
+
+/* The undisturbed run: the model in this process. */
+static bool reference(seen *want)
+{
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(MODEL);
+    o.threads = 1;
+    sh_engine *eng = NULL;
+    CHECK_OK(sh_engine_open(&o, &eng, NULL));
+    if (!eng)
+        return false;
+    memset(want, 0, sizeof *want);
+    submit(eng, want);
+    run_all(eng);
+    CHECK_OK(sh_engine_close(eng));
+    CHECK_INT_EQ(want->n_done, 1);
+    CHECK(want->n_ids > 8);
+    return want->n_done == 1 && want->n_ids > 8;
+}
+
+static pid_t start_node(const char *path, const char *name)
+{
+    const char *shoal = getenv("SH_SHOAL");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(shoal, shoal, "node", "-c", path, "--name", name, "-t", "1", (char *)NULL);
+        _exit(127);
+    }
+    CHECK(pid > 0);
+    return pid;
+}
+
+static void stop_node(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The nodes front, w0 and w1 (the pipeline's two stages) and, with standby, a hot standby
+ * "spare" preloading w1's stage. Workers are started, the engine opened on the script; once the
+ * first tokens came, w1 is killed with SIGKILL (and with restart, started again); every request
+ * must then end with on_done and the reference's tokens, and the log must say how it recovered
+ * (`expect`). With want NULL, nothing replaces w1: after the 30 s wait every request must end
+ * with on_error SH_EIO and a new one be refused with SH_EIO. */
+static void failover(const seen *want, bool standby, bool restart, const char *expect)
+{
+    char dir[] = "/tmp/shoal-engine-failover-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], src[2048];
+    snprintf(path, sizeof path, "%s/c.lua", dir);
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'front', listen = 'ipc://%s/front' },\n"
+             "            node { name = 'w0', listen = 'ipc://%s/w0' },\n"
+             "            node { name = 'w1', listen = 'ipc://%s/w1' }%s%s%s },\n"
+             "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) } },\n"
+             "  batcher = { max_seqs = 4 },\n"
+             "  kv = { memory = '4MiB' },\n"
+             "}\n",
+             sh_test_path(MODEL), dir, dir, dir,
+             standby ? ",\n            node { name = 'spare', listen = 'ipc://" : "",
+             standby ? dir : "", standby ? "/spare', standby = true, preload = 'w1' }" : "");
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs(src, f);
+    fclose(f);
+    pid_t w0 = start_node(path, "w0"), w1 = start_node(path, "w1");
+    pid_t spare = standby ? start_node(path, "spare") : 0;
+    pthread_mutex_lock(&log_mu);
+    log_len = 0;
+    log_text[0] = '\0';
+    pthread_mutex_unlock(&log_mu);
+    sh_engine_opts o = sh_engine_opts_default();
+    o.cluster_script = path;
+    o.log = log_line;
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    sh_err rc = sh_engine_open(&o, &eng, &e);
+    if (rc)
+        fprintf(stderr, "open: %s\n", e.msg);
+    CHECK_OK(rc);
+    if (eng) {
+        static seen s[N_REQ];
+        for (int i = 0; i < N_REQ; i++) {
+            memset(&s[i], 0, sizeof s[i]);
+            submit(eng, &s[i]);
+        }
+        // The kill comes while every request still generates: after the first tokens.
+        int got = 0;
+        for (int i = 0; i < 3000 && !got; i++) {
+            CHECK_OK(sh_poll(eng, 10, NULL));
+            for (int j = 0; j < N_REQ; j++)
+                got |= s[j].n_ids > 0;
+        }
+        CHECK(got);
+        int over = 0;
+        for (int j = 0; j < N_REQ; j++)
+            over += s[j].n_done + s[j].n_error;
+        CHECK_INT_EQ(over, 0); /* else the kill tests nothing */
+        kill(w1, SIGKILL);
+        int st = 0;
+        waitpid(w1, &st, 0);
+        w1 = 0;
+        if (restart) {
+            sleep_ms(300); /* judged dead first: the new process is another one */
+            w1 = start_node(path, "w1");
+        }
+        run_all(eng);
+        for (int j = 0; !want && j < N_REQ; j++) {
+            CHECK_INT_EQ(s[j].n_done, 0);
+            CHECK_INT_EQ(s[j].n_error, 1);
+            CHECK_INT_EQ(s[j].code, SH_EIO);
+            CHECK(strstr(s[j].msg, "node w1") != NULL);
+        }
+        if (!want) {
+            sh_request_opts r = sh_request_opts_default();
+            r.prompt = "Once upon a time";
+            uint64_t id = 0;
+            sh_error e2 = {0};
+            CHECK_INT_EQ(sh_submit(eng, &r, &CB, &s[0], &id, &e2), SH_EIO);
+            CHECK(strstr(e2.msg, "did not come back") != NULL);
+        }
+        for (int j = 0; want && j < N_REQ; j++) {
+            if (s[j].n_error)
+                fprintf(stderr, "request %d: error %d: %s\n", j, (int)s[j].code, s[j].msg);
+            CHECK_INT_EQ(s[j].n_done, 1);
+            CHECK_INT_EQ(s[j].n_ids, want->n_ids);
+            CHECK(memcmp(s[j].ids, want->ids, (size_t)want->n_ids * 4) == 0);
+        }
+        if (!log_has(expect)) {
+            pthread_mutex_lock(&log_mu);
+            fprintf(stderr, "log lacks \"%s\":\n%s", expect, log_text);
+            pthread_mutex_unlock(&log_mu);
+        }
+        CHECK(log_has(expect));
+        CHECK_OK(sh_engine_close(eng));
+    }
+    stop_node(w0);
+    stop_node(w1);
+    stop_node(spare);
+    unlink(path);
+    static const char *const names[] = {"front", "w0", "w1", "spare"};
+    for (int i = 0; i < 4; i++) {
+        char sock[160];
+        snprintf(sock, sizeof sock, "%s/%s", dir, names[i]);
+        unlink(sock);
+    }
+    rmdir(dir);
+}
+
+/* A hot standby replaces the killed last stage's node. */
+static void test_standby(void)
+{
+    seen want;
+    if (reference(&want))
+        failover(&want, true, false, "node w1 was replaced by standby spare in");
+}
+
+/* Nothing replaces the killed node: the front fails stop after the 30 s wait. */
+static void test_fail_stop(void)
+{
+    failover(NULL, false, false, "did not come back within 30.0 s");
+}
+
+/* Without a standby the replica waits for the node; restarted, it rejoins as a new process. */
+static void test_rejoin(void)
+{
+    seen want;
+    if (reference(&want))
+        failover(&want, false, true, "node w1 came back");
+}
+
+int main(int argc, char **argv)
+{
+    FILE *f = fopen(sh_test_path(MODEL), "rb");
+    if (!f || !getenv("SH_SHOAL")) {
+        if (f)
+            fclose(f);
+        fprintf(stderr, "skipped: %s absent or SH_SHOAL unset\n", MODEL);
+        return SH_TEST_SKIP;
+    }
+    fclose(f);
+    signal(SIGPIPE, SIG_IGN);
+    static const sh_test_case tests[] = {{"standby", test_standby},
+                                         {"rejoin", test_rejoin},
+                                         {"fail_stop", test_fail_stop},
+                                         {NULL, NULL}};
+    return sh_test_main(argc, argv, tests);
+}
