@@ -1,0 +1,552 @@
+/* `shoal serve`'s command line (tools/serve_opts.h): the flags, the script's settings they meet,
+ * and the API keys. */
+#include "tools/serve_opts.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "actors/cluster.h"
+#include "actors/cluster_key.h"
+#include "actors/replica.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "tools/cmd_fault.h"
+#include "tools/cmd_util.h"
+
+#define MAX_KEY_FILE (1 << 20)
+#define KEY_ENV "SHOAL_API_KEY"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: shoal serve [-m MODEL | -c CLUSTER.lua] [--host H] [--port P] [options]\n\n"
+            "Serves a model over an OpenAI-compatible HTTP API (POST /v1/completions,\n"
+            "POST /v1/chat/completions, GET /v1/models, /health, /metrics) with continuous\n"
+            "batching and a paged KV cache, on the CPU. GET /admin/cluster describes its\n"
+            "nodes, stages and load (`shoal cluster status` prints it).\n\n"
+            "  -m MODEL            GGUF model (default " SH_SERVE_DEFAULT_MODEL ")\n"
+            "  -c CLUSTER.lua      read model, listen address, batcher and KV settings from a\n"
+            "                      cluster script (one node; see lua/examples/single-node.lua);\n"
+            "                      its relative model paths are relative to the script\n"
+            "  --host H            address to listen on (default 127.0.0.1, or the script's)\n"
+            "  --port P            port (default 8080, or the script's; 0 picks a free one)\n"
+            "  -t THREADS          compute threads (default: all CPUs)\n"
+            "  --model-name NAME   the model id clients name (default: file name without .gguf)\n"
+            "  --ctx N             context window per sequence (default: the model's, max 8192)\n"
+            "  --kv-mem BYTES      KV cache memory budget, e.g. 512M, 2G (default 1G, or a\n"
+            "                      quarter of the available memory when that is less)\n"
+            "  --kv-blocks N       KV cache size in 16-token blocks (overrides --kv-mem)\n"
+            "  --kv-f16            keep the KV cache in F16 (the default: half the memory)\n"
+            "  --kv-f32            keep the KV cache in F32\n"
+            "  --no-prefix-cache   do not reuse the KV of shared prompt prefixes\n"
+            "  --max-seqs N        sequences per step (default 64)\n"
+            "  --step-tokens N     token budget per step (default 4096)\n"
+            "  --max-wait-ms N     wait to form a batch when idle (default 50)\n"
+            "  --max-queue N       requests waiting beyond those running before 429\n"
+            "                      (per replica; default 1024)\n"
+            "  --max-tokens N      largest max_tokens a request may ask for (default: --ctx)\n"
+            "  --max-n N           largest n (choices per request; default 8)\n"
+            "  --max-body BYTES    largest request body (default 2M; a full 8k-token prompt\n"
+            "                      as JSON is under 100K)\n"
+            "  --max-conns N       open connections (default 1024); at the limit the\n"
+            "                      longest-idle connection is closed for a new one\n"
+            "  --max-conns-per-ip N  open connections per client address (default: no limit)\n"
+            "  --header-timeout-ms N  time a new connection has, from accept, to send its\n"
+            "                      request headers (default 10000)\n"
+            "  --idle-timeout-ms N  keep-alive wait for a connection's next request\n"
+            "                      (default 60000)\n"
+            "  --request-timeout S  a request still generating after S seconds ends with\n"
+            "                      finish_reason \"timeout\" (default: none)\n"
+            "  --drain-timeout S   on SIGTERM/SIGINT, how long requests in flight may finish\n"
+            "                      (default 30; a second signal stops at once)\n"
+            "  --api-key KEY[:P][:admin]  require this bearer key (repeatable); P is its\n"
+            "                      priority class, 0-255 (lower runs first; default 0);\n"
+            "                      :admin lets it change the server too (POST /admin/*,\n"
+            "                      which any other key is refused with 403). Visible to\n"
+            "                      other users in ps: prefer --api-key-file or " KEY_ENV "\n"
+            "  --api-key-file PATH  keys, one KEY[:P][:admin] per line (# comments and blank\n"
+            "                      lines skipped); re-read on SIGHUP\n"
+            "  env " KEY_ENV "   keys, KEY[:P][:admin] separated by commas\n"
+            "  --metrics-public    serve /metrics without a key even when keys are required\n"
+            "  --fault-scenario F  with -c: apply fault scenario F to the links leaving the\n"
+            "                      front, times counted from the end of the join (testing)\n"
+            "  --fault-epoch E     with --fault-scenario: its times from E (UNIX_MS, or @FILE\n"
+            "                      holding it; waits for the file; docs/chaos.md)\n"
+            "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
+            "                      worker to join (default 60; see docs/cluster.md)\n"
+            "  --cluster-key-file FILE  with -c and worker nodes: the cluster key the\n"
+            "                      workers must prove in HELLO (else " SH_CLUSTER_KEY_ENV ",\n"
+            "                      else the script's cluster.key_file; none: open)\n"
+            "  --step-timeout S    a batched step not answered within S seconds fails its\n"
+            "                      requests with 503 (default: 30 with worker nodes, else\n"
+            "                      none; 0: none)\n"
+            "  --router-refresh S  with several replicas: how often the router re-weighs them\n"
+            "                      from their measured throughput (default 5)\n"
+            "  --redispatch-after S  move a request still queued on one replica after S\n"
+            "                      seconds to another with room (default 0.5; 0: never)\n"
+            "  --affinity-slack N  prefer the replica that holds a prompt's prefix while its\n"
+            "                      load is within N estimated tokens of the least loaded\n"
+            "                      (default 4096); --no-affinity: never\n"
+            "  --recover-timeout S  with worker nodes: when one is lost, pause its replica and\n"
+            "                      wait up to S seconds for it to come back (stopped, cut off,\n"
+            "                      or restarted, e.g. by `shoal cluster up`), then resume every\n"
+            "                      request by recompute (default 30; 0: fail stop at once,\n"
+            "                      exit 3)\n");
+    sh__serve_degrade_usage(f);
+    fprintf(f, "  --log-level L       error, warn, info, debug (default info)\n\n"
+               "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
+               "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
+               "the --policy script.\n"
+               "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
+               "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
+               "ended with an error; restart the cluster).\n");
+}
+
+/* "512M", "2G", "1048576" */
+static bool parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return false;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end || v * mul > 1e15)
+        return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+/* Adds KEY, KEY:PRIORITY, KEY:admin or KEY:PRIORITY:admin from `what` (a flag, the environment,
+ * FILE:LINE; named in errors, which never print the key). A final ":admin" makes an admin key
+ * (the POST routes under /admin/ too). A ':' suffix must then be a priority 0-255: "k:abc" is
+ * refused, not taken as the key "k:abc" (a key containing ':' is written with its priority,
+ * "a:b:0"). */
+static int add_key(sh_serve_opts *o, const char *v, const char *what)
+{
+    if (o->n_keys == SH_SERVE_MAX_KEYS)
+        return sh__cmd_fail("%s: at most %d API keys", what, SH_SERVE_MAX_KEYS);
+    char *k = strdup(v);
+    if (!k)
+        return sh__cmd_fail("out of memory");
+    int64_t prio = 0;
+    bool admin = false;
+    char *colon = strrchr(k, ':');
+    if (colon && !strcmp(colon + 1, "admin")) {
+        admin = true;
+        *colon = '\0';
+        colon = strrchr(k, ':');
+    }
+    if (colon) {
+        bool digits = colon[1] != '\0';
+        for (const char *p = colon + 1; *p; p++)
+            digits = digits && *p >= '0' && *p <= '9';
+        if (!digits || !sh__cmd_parse_i64(colon + 1, 0, 255, &prio)) {
+            free(k);
+            return sh__cmd_fail("%s: the text after the last ':' of an API key must be its "
+                                "priority, a whole number from 0 to 255, or 'admin'; write "
+                                "KEY, KEY:PRIORITY or KEY:PRIORITY:admin (a key that contains "
+                                "':' needs a priority after it, e.g. KEY:0)",
+                                what);
+        }
+        *colon = '\0';
+    }
+    const char *why = !*k ? "an API key is empty" : NULL;
+    for (const char *p = k; *p && !why; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f)
+            why = "an API key contains a space or control character";
+    if (why) {
+        free(k);
+        return sh__cmd_fail("%s: %s", what, why);
+    }
+    o->key_mem[o->n_keys] = k;
+    o->keys[o->n_keys++] = (sh_openai_key){k, (int32_t)prio, admin};
+    return 0;
+}
+
+/* Trims blanks (and a CR) from both ends of s in place. */
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t l = strlen(s);
+    while (l && (s[l - 1] == ' ' || s[l - 1] == '\t' || s[l - 1] == '\r' || s[l - 1] == '\n'))
+        s[--l] = '\0';
+    return s;
+}
+
+/* Keys from the environment variable: KEY[:P] items separated by commas. */
+static int add_env_keys(sh_serve_opts *o)
+{
+    const char *env = getenv(KEY_ENV);
+    if (!env || !*env)
+        return 0;
+    char *buf = strdup(env);
+    if (!buf)
+        return sh__cmd_fail("out of memory");
+    int rc = 0, item = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && !rc;
+         tok = strtok_r(NULL, ",", &save)) {
+        char what[64];
+        snprintf(what, sizeof what, KEY_ENV " (item %d)", ++item);
+        char *t = trim(tok);
+        if (*t)
+            rc = add_key(o, t, what);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Reads the key file into keys[n_fixed_keys...] (replacing what the file gave before). Every
+ * line is KEY or KEY:PRIORITY; blank lines and lines starting with '#' are skipped. A file that
+ * cannot be read, has a bad line or holds no key is an error, and the keys stay as they were. */
+int sh__serve_opts_load_key_file(sh_serve_opts *o)
+{
+    // The file layer refuses a FIFO or a device before opening it, so a key file cannot hang us.
+    int fd = -1;
+    uint64_t size = 0;
+    sh_error fe = {0};
+    if (sh__file_open(o->key_file, &fd, &size, &fe))
+        return sh__cmd_fail("--api-key-file %s", fe.msg);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return sh__cmd_fail("--api-key-file %s: %s", o->key_file, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
+        fprintf(stderr,
+                "shoal: warning: --api-key-file %s can be read by other users (chmod 600 "
+                "it)\n",
+                o->key_file);
+    char *buf = malloc(MAX_KEY_FILE + 1);
+    size_t n = buf ? fread(buf, 1, MAX_KEY_FILE + 1, f) : 0;
+    bool err = buf && ferror(f);
+    fclose(f);
+    if (!buf)
+        return sh__cmd_fail("out of memory");
+    if (err || n > MAX_KEY_FILE) {
+        free(buf);
+        return sh__cmd_fail("--api-key-file %s: %s", o->key_file,
+                            err ? "read error" : "larger than 1 MiB");
+    }
+    buf[n] = '\0';
+    // Parse into the tail of the list; on failure the old tail is put back.
+    int32_t old_n = o->n_keys;
+    sh_openai_key old_keys[SH_SERVE_MAX_KEYS];
+    char *old_mem[SH_SERVE_MAX_KEYS];
+    int32_t n_old = old_n - o->n_fixed_keys;
+    memcpy(old_keys, o->keys + o->n_fixed_keys, (size_t)n_old * sizeof *old_keys);
+    memcpy(old_mem, o->key_mem + o->n_fixed_keys, (size_t)n_old * sizeof *old_mem);
+    o->n_keys = o->n_fixed_keys;
+    int rc = 0, line = 0;
+    for (char *p = buf, *nl; p && !rc; p = nl) {
+        nl = strchr(p, '\n');
+        if (nl)
+            *nl++ = '\0';
+        line++;
+        char *t = trim(p);
+        if (!*t || *t == '#')
+            continue;
+        char what[300];
+        snprintf(what, sizeof what, "--api-key-file %.200s:%d", o->key_file, line);
+        rc = add_key(o, t, what);
+    }
+    free(buf);
+    if (!rc && o->n_keys == o->n_fixed_keys)
+        rc = sh__cmd_fail("--api-key-file %s: no key in it (one KEY or KEY:PRIORITY per line)",
+                          o->key_file);
+    if (rc) {
+        for (int32_t i = o->n_fixed_keys; i < o->n_keys; i++)
+            free(o->key_mem[i]);
+        memcpy(o->keys + o->n_fixed_keys, old_keys, (size_t)n_old * sizeof *old_keys);
+        memcpy(o->key_mem + o->n_fixed_keys, old_mem, (size_t)n_old * sizeof *old_mem);
+        o->n_keys = old_n;
+        return rc;
+    }
+    for (int32_t i = 0; i < n_old; i++)
+        free(old_mem[i]);
+    return 0;
+}
+
+/* Parses a whole number for flag `a` in [lo, hi]; on failure *want says what was expected. */
+static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, size_t cap)
+{
+    snprintf(want, cap, "a whole number from %" PRId64 " to %" PRId64, lo, hi);
+    return sh__cmd_parse_i64(v, lo, hi, n);
+}
+
+/* The options that take a value, each between spaces. */
+#define VALUE_FLAGS                                                                                \
+    " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
+    "--max-wait-ms --max-queue --max-tokens --max-n --max-body --max-conns --header-timeout-ms "   \
+    "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
+    "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
+    "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
+    "--fault-epoch "
+
+/* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
+int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
+{
+    o->port = 8080;
+    o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
+    o->drain_timeout_ms = 30000;
+    o->join_timeout_ms = SH_REPLICA_JOIN_TIMEOUT_MS;
+    o->max_queue = 1024; /* requests waiting per replica beyond those running (actors/replica.h) */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = true;
+            continue;
+        }
+        if (!strcmp(a, "--kv-f16") || !strcmp(a, "--kv-f32")) {
+            o->kv_f32 = !strcmp(a, "--kv-f32"); /* the last one given wins */
+            o->kv_f16 = !o->kv_f32;
+            continue;
+        }
+        if (!strcmp(a, "--metrics-public")) {
+            o->metrics_public = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-affinity")) {
+            o->affinity_slack = -1;
+            continue;
+        }
+        int dr = sh__serve_degrade_flag(&o->deg, argc, argv, &i);
+        if (dr != 1) {
+            if (dr)
+                return 2;
+            continue;
+        }
+        if (!sh__cmd_is_flag(VALUE_FLAGS, a))
+            return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
+        if (i + 1 >= argc)
+            return sh__cmd_fail("option '%s' needs a value (see shoal serve --help)", a);
+        const char *v = argv[++i];
+        int64_t n = 0;
+        bool ok = true;
+        char want[160] = "";
+        if (!strcmp(a, "-m"))
+            o->model = v;
+        else if (!strcmp(a, "-c"))
+            o->config = v;
+        else if (!strcmp(a, "--host"))
+            o->host = v;
+        else if (!strcmp(a, "--port"))
+            ok = num(v, 0, 65535, &n, want, sizeof want) &&
+                 ((o->port = (int)n), (o->port_set = true));
+        else if (!strcmp(a, "-t"))
+            ok = num(v, 1, 1024, &n, want, sizeof want) && ((o->threads = (int32_t)n), true);
+        else if (!strcmp(a, "--model-name"))
+            o->model_name = v;
+        else if (!strcmp(a, "--ctx"))
+            ok = num(v, 16, 1 << 20, &n, want, sizeof want) && ((o->ctx = (int32_t)n), true);
+        else if (!strcmp(a, "--kv-mem")) {
+            snprintf(want, sizeof want, "a size above 0 like 512M or 2G (suffixes K, M, G)");
+            ok = parse_bytes(v, &o->kv_mem) && o->kv_mem > 0;
+        } else if (!strcmp(a, "--kv-blocks"))
+            ok = num(v, 1, 1 << 24, &o->kv_blocks, want, sizeof want);
+        else if (!strcmp(a, "--max-seqs"))
+            ok = num(v, 1, 1024, &n, want, sizeof want) && ((o->max_seqs = (int32_t)n), true);
+        else if (!strcmp(a, "--step-tokens"))
+            ok = num(v, 16, 65536, &n, want, sizeof want) && ((o->step_tokens = (int32_t)n), true);
+        else if (!strcmp(a, "--max-wait-ms"))
+            ok = num(v, 1, 10000, &n, want, sizeof want) && ((o->max_wait_ms = (int32_t)n), true);
+        else if (!strcmp(a, "--max-queue"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_queue = (int32_t)n), true);
+        else if (!strcmp(a, "--max-tokens"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_tokens = (int32_t)n), true);
+        else if (!strcmp(a, "--max-n"))
+            ok = num(v, 1, 128, &n, want, sizeof want) && ((o->max_n = (int32_t)n), true);
+        else if (!strcmp(a, "--max-body")) {
+            snprintf(want, sizeof want,
+                     "a size from 1K (1024 bytes) to 1G, like 65536, 512K or 2M (suffixes K, M, "
+                     "G)");
+            ok = parse_bytes(v, &o->max_body) && o->max_body >= 1024 && o->max_body <= (1u << 30);
+        } else if (!strcmp(a, "--max-conns"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_conns = (uint32_t)n), true);
+        else if (!strcmp(a, "--max-conns-per-ip"))
+            ok = num(v, 1, 1 << 20, &n, want, sizeof want) &&
+                 ((o->max_conns_per_ip = (uint32_t)n), true);
+        else if (!strcmp(a, "--header-timeout-ms"))
+            ok = num(v, 100, 3600000, &n, want, sizeof want) &&
+                 ((o->header_timeout_ms = (uint32_t)n), true);
+        else if (!strcmp(a, "--idle-timeout-ms"))
+            ok = num(v, 100, 86400000, &n, want, sizeof want) &&
+                 ((o->idle_timeout_ms = (uint32_t)n), true);
+        else if (!strcmp(a, "--request-timeout"))
+            ok = num(v, 1, 86400, &n, want, sizeof want) &&
+                 ((o->request_timeout_ms = (uint32_t)n * 1000), true);
+        else if (!strcmp(a, "--drain-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed, e.g. 0.5)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--cluster-key-file")) {
+            o->cluster_key_file = v;
+        } else if (!strcmp(a, "--fault-scenario")) {
+            o->fault_path = v;
+        } else if (!strcmp(a, "--fault-epoch")) {
+            if (sh__cmd_fault_epoch_check(v))
+                return 2;
+            o->fault_epoch = v;
+        } else if (!strcmp(a, "--join-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0.1 to 3600 (decimals allowed)");
+            ok = sh__cmd_parse_f64(v, 0.1, 3600, &d) &&
+                 ((o->join_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
+        } else if (!strcmp(a, "--step-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->step_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true) &&
+                 (o->step_timeout_set = true);
+        } else if (!strcmp(a, "--router-refresh") || !strcmp(a, "--redispatch-after")) {
+            double d = 0;
+            bool re = !strcmp(a, "--router-refresh");
+            snprintf(want, sizeof want, "seconds from %s to 3600 (decimals allowed%s)",
+                     re ? "0.1" : "0", re ? "" : "; 0: never");
+            ok = sh__cmd_parse_f64(v, re ? 0.1 : 0, 3600, &d);
+            uint32_t ms = (uint32_t)(d * 1000.0 + 0.5);
+            if (ok && re)
+                o->router_refresh_ms = ms;
+            else if (ok)
+                o->redispatch_ms = ms ? ms : UINT32_MAX;
+        } else if (!strcmp(a, "--recover-timeout")) {
+            double d = 0;
+            snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
+            ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
+                 ((o->recover_ms = (uint32_t)(d * 1000.0 + 0.5)), (o->recover_set = true));
+        } else if (!strcmp(a, "--affinity-slack")) {
+            double d = 0;
+            snprintf(want, sizeof want, "load units from 1 to 1e9");
+            ok = sh__cmd_parse_f64(v, 1, 1e9, &d) && ((o->affinity_slack = d), true);
+        } else if (!strcmp(a, "--api-key")) {
+            if (add_key(o, v, "--api-key"))
+                return 2;
+        } else if (!strcmp(a, "--api-key-file"))
+            o->key_file = v;
+        else if (!strcmp(a, "--log-level"))
+            o->log_level = v;
+        else
+            return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
+        if (!ok)
+            return sh__cmd_fail("bad value '%s' for %s: want %s", v, a,
+                                *want ? want : "see shoal serve --help");
+    }
+    if (o->model && o->config)
+        return sh__cmd_fail("give -m MODEL or -c CLUSTER.lua, not both");
+    return 0;
+}
+
+/* Takes the settings of a one-node cluster script; flags given on the command line win. */
+static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
+{
+    sh_error e = {0};
+    sh_cluster_config *c = NULL;
+    if (sh_config_load_file(o->config, NULL, &c, &e))
+        return sh__cmd_fail("%s", e.msg);
+    *cfg_out = c;
+    o->cfg = c;
+    // A script whose stages sit on worker nodes: this process is the front (gateway, batcher,
+    // kvmgr) and what is not built yet is refused by name (actors/cluster.h).
+    if (sh_config_has_workers(c)) {
+        int rc = sh__cmd_report(sh__cluster_check(c, o->config, &e), &e);
+        if (rc)
+            return rc;
+        if (o->ctx || o->max_seqs || o->step_tokens || o->kv_mem || o->kv_blocks || o->kv_f16 ||
+            o->kv_f32)
+            return sh__cmd_fail("%s: with worker nodes the stage settings come from the script "
+                                "(batcher, kv); drop --ctx, --max-seqs, --step-tokens, "
+                                "--kv-mem, --kv-blocks, --kv-f16 and --kv-f32",
+                                o->config);
+        o->cluster = true;
+    }
+    const sh_config_model *m = &c->models[c->replicas[0].model];
+    o->model = m->path;
+    for (int32_t k = 1; k < c->n_replicas; k++)
+        if (c->replicas[k].model != c->replicas[0].model && o->model_name)
+            return sh__cmd_fail("%s: --model-name renames the one model served; this script "
+                                "serves several (each by its model{ name = ... })",
+                                o->config);
+    if (!o->model_name)
+        o->model_name = m->name;
+    // gateway.http gives the host and the port; --host and --port each replace only their part.
+    if (c->gateway.http && (!o->host || !o->port_set)) {
+        const char *colon = strrchr(c->gateway.http, ':');
+        int64_t port;
+        if (!colon || !sh__cmd_parse_i64(colon + 1, 0, 65535, &port) ||
+            (size_t)(colon - c->gateway.http) >= sizeof o->host_buf)
+            return sh__cmd_fail("%s: gateway.http '%s' is not HOST:PORT", o->config,
+                                c->gateway.http);
+        if (!o->host) {
+            memcpy(o->host_buf, c->gateway.http, (size_t)(colon - c->gateway.http));
+            o->host_buf[colon - c->gateway.http] = '\0';
+            if (o->host_buf[0] == '[') { /* [::1]:8080 */
+                size_t l = strlen(o->host_buf);
+                memmove(o->host_buf, o->host_buf + 1, l);
+                if (l >= 2 && o->host_buf[l - 2] == ']')
+                    o->host_buf[l - 2] = '\0';
+            }
+            o->host = o->host_buf;
+        }
+        if (!o->port_set)
+            o->port = (int)port;
+    }
+    for (int32_t i = 0; i < c->gateway.n_api_keys; i++)
+        if (add_key(o, c->gateway.api_keys[i], "gateway.api_keys in the cluster script"))
+            return 2;
+    if (!o->step_tokens)
+        o->step_tokens = c->batcher.max_step_tokens;
+    if (!o->max_seqs)
+        o->max_seqs = c->batcher.max_seqs;
+    if (!o->max_wait_ms)
+        o->max_wait_ms = c->batcher.max_wait_ms;
+    if (!c->kv.prefix_cache)
+        o->no_prefix_cache = true;
+    if (!o->kv_mem && c->kv.memory_bytes)
+        o->kv_mem = c->kv.memory_bytes;
+    if (c->kv.block_tokens && c->kv.block_tokens != SH_KV_DEFAULT_BLOCK_TOKENS)
+        return sh__cmd_fail("%s: kv.block_tokens must be %d (the attention kernels' block)",
+                            o->config, SH_KV_DEFAULT_BLOCK_TOKENS);
+    return 0;
+}
+
+int sh__serve_opts_finish(sh_serve_opts *o, sh_cluster_config **cfg)
+{
+    int rc = o->config ? apply_config(o, cfg) : 0;
+    if (rc == 0)
+        rc = add_env_keys(o);
+    o->n_fixed_keys = o->n_keys;
+    if (rc == 0 && o->key_file)
+        rc = sh__serve_opts_load_key_file(o);
+    if (rc == 0 && !o->model)
+        o->model = SH_SERVE_DEFAULT_MODEL;
+    return rc;
+}
+
+void sh__serve_opts_free(sh_serve_opts *o)
+{
+    for (int32_t i = 0; i < o->n_keys; i++)
+        free(o->key_mem[i]);
+    o->n_keys = 0;
+}
