@@ -60,6 +60,11 @@ struct sh_supervisor {
 
 static uint64_t mono_ms(void) { return sh__act_mono_us() / 1000; }
 
+static const char *recover_what(const sh_supervisor *s)
+{
+    return s->a.recover_what ? s->a.recover_what : "the recovery wait";
+}
+
 static void note(sh_supervisor *s, bool error, const char *fmt, ...) SH_PRINTF(3, 4);
 static void note(sh_supervisor *s, bool error, const char *fmt, ...)
 {
@@ -111,8 +116,8 @@ static void await_node(sh_supervisor *s, int32_t node, const char *what)
             control_replica(s, k, SH_PROTO_CONTROL_OP_PAUSE); /* not paused by the watchdog */
         note(s, false,
              "%s: replica %d paused; waiting up to %.1f s for the node to come back "
-             "(--recover-timeout), then its requests resume by recompute",
-             what, (int)k + 1, s->a.recover_ms / 1000.0);
+             "(%s), then its requests resume by recompute",
+             what, (int)k + 1, s->a.recover_ms / 1000.0, recover_what(s));
     }
 }
 
@@ -303,9 +308,9 @@ static bool check_awaited(sh_supervisor *s, char *what, size_t cap)
             continue;
         }
         if (rc == 1)
-            snprintf(what, cap, "node %s (%s) did not come back within %.1f s (--recover-timeout)",
-                     nd->name, nd->listen,
-                     (double)(s->rec[i].deadline_ms - s->rec[i].since_ms) / 1000.0);
+            snprintf(what, cap, "node %s (%s) did not come back within %.1f s (%s)", nd->name,
+                     nd->listen, (double)(s->rec[i].deadline_ms - s->rec[i].since_ms) / 1000.0,
+                     recover_what(s));
         for (int32_t k = 0; k < p->n_replicas; k++)
             if (sh__cluster_replica_on(p, k, i)) {
                 __atomic_store_n(&s->a.front->down[k], 2, __ATOMIC_RELEASE); /* for good */
@@ -353,8 +358,8 @@ static bool node_dead(sh_supervisor *s, int32_t node, const char *why, char *wha
                                    (int)k + 1, what);
             note(s, true,
                  "%s: replica %d stops (its requests move to another replica or end with an "
-                 "error; without --recover-timeout it does not come back)",
-                 what, (int)k + 1);
+                 "error; without %s it does not come back)",
+                 what, (int)k + 1, recover_what(s));
         }
     }
     if (replicas_up(s) == 0) {

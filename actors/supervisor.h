@@ -34,6 +34,9 @@ typedef struct sh_supervisor_args {
     sh_cluster_front *front;
     const sh_addr *batchers; /* (front->plan.n_replicas) each replica's batcher; copied */
     uint32_t recover_ms; /* how long a lost node's replicas wait for it (0: none; fail at once) */
+    /* What sets recover_ms, as the lines name it ("--recover-timeout"); NULL: "the recovery
+     * wait". */
+    const char *recover_what;
     sh_cluster_events *events; /* the front's event ring (may be NULL); borrowed */
     /* One line for the operator, without a newline ("promoting standby s0 in place of node w0"),
      * error set for a failure; on the supervisor's thread or a loop thread. May be NULL. */

@@ -135,6 +135,7 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     sh_supervisor_args sa = {.front = f,
                              .batchers = eng->replicas->batcher,
                              .recover_ms = RECOVER_MS,
+                             .recover_what = "the engine's wait for a lost worker",
                              .note = sup_note,
                              .note_user = eng,
                              .on_stop = sup_stop,

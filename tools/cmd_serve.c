@@ -292,6 +292,7 @@ static int create_supervisor(sh_serve_opts *o, server *s)
     sh_supervisor_args a = {.front = s->front,
                             .batchers = s->batcher,
                             .recover_ms = o->recover_ms,
+                            .recover_what = "--recover-timeout",
                             .events = &s->events,
                             .note = sup_note,
                             .tick = degrade_tick,
