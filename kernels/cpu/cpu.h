@@ -181,6 +181,18 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  *           (low nibbles) and 2p + 1 (high), and vector 8p + i pairs with activation bytes
  *           64p + 4i .. (low) and 64p + 32 + 4i .. (high).
  * Every piece is whole cache lines, so the super-blocks need no padding.
+ * Q5_K (Q4_K's super-block plus qh, the fifth bit of each code: element 64p + l of the file block,
+ * l < 32, has it at bit 2p of qh[l], element 64p + 32 + l at bit 2p + 1): super-block b is
+ * SH_CPU_PACK_Q5K_BYTES (2816) bytes at b * 2816, Q4_K's scales and d, dmin at the same offsets,
+ * then
+ *   qh      at SH_CPU_PACK_Q5K_QH (256), 8 vectors: vector v, lane r holds qh[4v .. 4v + 3] of
+ *           row r, so byte i of lane r holds at bit j the fifth bit of element 4v + i of
+ *           sub-block j (j < 8): the element that code vector 8 (j / 2) + v holds in its low
+ *           (j even) or high nibble, byte 4r + i;
+ *   codes   at SH_CPU_PACK_Q5K_CODES (768), Q4_K's 32 code vectors of the low four bits.
+ * IQ4_NL (32-element blocks of an fp16 d and 16 bytes of 4-bit indices into the grid
+ * SH_IQ4_VALUES, element i in the low nibble of byte i and 16 + i in the high one, as Q4_0): packed
+ * exactly as Q4_0 (codes, then d), the indices in place of the codes.
  * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
  * group. */
 #define SH_CPU_PACK_Q6K_UNIT 192
@@ -191,7 +203,10 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 #define SH_CPU_PACK_Q4K_SC 0
 #define SH_CPU_PACK_Q4K_D 192
 #define SH_CPU_PACK_Q4K_CODES 256
-/* Per block (Q6_K, Q4_K: per super-block, codes and scales); 0: no packed layout. */
+#define SH_CPU_PACK_Q5K_BYTES 2816
+#define SH_CPU_PACK_Q5K_QH 256
+#define SH_CPU_PACK_Q5K_CODES 768
+/* Per block (Q6_K, Q4_K, Q5_K: per super-block, codes and scales); 0: no packed layout. */
 size_t sh__cpu_pack_code_bytes(sh_dtype type);
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);
 size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
@@ -199,9 +214,9 @@ size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst);
 
 /* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
- * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes; for Q6_K
- * and Q4_K super-block b, 210 and 144 bytes) to `blk`, so that an embedding lookup can read a
- * packed table whose file pages were dropped. */
+ * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes; for Q6_K,
+ * Q4_K and Q5_K super-block b, 210, 144 and 176 bytes) to `blk`, so that an embedding lookup can
+ * read a packed table whose file pages were dropped. */
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[256]);
 
@@ -228,6 +243,9 @@ typedef struct sh__cpu_kernels {
     sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
     sh__cpu_mm_fn mmp_q6_k;
     sh__cpu_mm_fn mmp_q4_k;
+    /* Q5_K and IQ4_NL: AVX2 only (the AVX-512 table reads their file layout, so does not pack
+     * them: weights.c packs a type only where its table has the mmp kernel). */
+    sh__cpu_mm_fn mmp_q5_k, mmp_iq4_nl;
     /* Optional (NULL: none): fills act->xb for tokens [t0, t1) (t0 a multiple of 16; the rows
      * of the last tile past n_tok are zeroed). Set at the AMX level only: its packed Q8_0, Q4_0,
      * Q4_1, Q5_0 and Q5_1 kernels then run in BF16 for calls of SH_CPU_BF16_MIN_TOK tokens or
@@ -288,6 +306,13 @@ void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * (vpmaddwd scales the pair sums), one float multiply-add per super-block in block order, so a
  * token's result is the same alone and in any tile. */
 void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* Q5_K (ops_q5k_avx2_packed.c): Q4_K's kernel with the fifth bit merged into each code; the same
+ * exact integers per super-block and row and the same float steps, so a token's result is the
+ * same alone and in any tile. */
+void sh__cpu_avx2_mmp_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* IQ4_NL (ops_avx2_packed.c): Q8_0's kernel on codes looked up in the grid (vpshufb), exact
+ * integer block sums; a token's result is the same alone and in any tile. */
+void sh__cpu_avx2_mmp_iq4_nl(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The AMX forms of the packed kernels (ops_avx512_packed.c). With sh__cpu_act.xb set, every
  * token in BF16 (AMX-BF16 tile products on weights dequantized to bf16, fp32 sums): not equal to

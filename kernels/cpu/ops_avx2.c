@@ -288,6 +288,8 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .mmp_f16 = sh__cpu_avx2_mmp_f16,
     .mmp_q4_k = sh__cpu_avx2_mmp_q4_k,
     .mmp_q6_k = sh__cpu_avx2_mmp_q6_k,
+    .mmp_q5_k = sh__cpu_avx2_mmp_q5_k,
+    .mmp_iq4_nl = sh__cpu_avx2_mmp_iq4_nl,
 };
 
 #else

@@ -1,11 +1,11 @@
-/* AVX2 matmul kernels on packed Q4_0, Q4_1, Q8_0 and F16 weights (the 16-row interleave of
+/* AVX2 matmul kernels on packed Q4_0, Q4_1, Q8_0, IQ4_NL and F16 weights (the 16-row interleave of
  * SH_CPU_PACK_ROWS in cpu.h, the one copy the AVX-512 kernels read): a 256-bit register holds 8
  * of a group's 16 rows (half h is bytes 32h .. 32h + 31 of each 64-byte code vector), so the dot
  * products of 8 rows against a broadcast 4-byte slice of the activation need no horizontal sums,
  * and one unpacked block serves a tile of tokens. For CPUs without AVX-512 (AMD Zen 2/3, Intel
  * client parts): there is no dpbusd, so vpmaddubsw makes 16-bit pair sums and a vpmaddwd with
- * ones widens them (Q4: once per block; Q8_0, whose signed codes need the sign trick: every
- * step). */
+ * ones widens them (Q4: once per block; Q8_0 and IQ4_NL, whose signed codes need the sign trick:
+ * every step). */
 #include <string.h>
 
 #include "kernels/cpu/avx2_store.h"
@@ -208,13 +208,36 @@ INL __m256i q8_step(const int8_t *ab, int k, __m256i w, __m256i aw)
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* Step k of half h of block b of a packed Q8_0 group: the signed codes (the stored bytes are
- * q + 128) and their absolute values. */
-INL void q8_codes(const uint8_t *w, int64_t b, int h, int k, __m256i *q, __m256i *aq)
+enum { K_Q8_0, K_IQ4_NL };
+
+/* Code bytes per packed block: Q8_0's 8 vectors of 64, IQ4_NL's 4 (Q4_0's nibbles). */
+#define CODE_BYTES(kind) ((kind) == K_Q8_0 ? 512 : 256)
+
+/* The IQ4 grid (SH_IQ4_VALUES) in both 128-bit lanes, for a vpshufb lookup of 4-bit codes. */
+INL __m256i iq4_grid(void)
 {
-    const __m256i z = _mm256_loadu_si256((const void *)(w + (size_t)b * 512 + 64 * k + 32 * h));
-    *q = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
-    *aq = _mm256_sign_epi8(*q, *q);
+    const __m128i g = _mm_loadu_si128((const void *)SH_IQ4_VALUES);
+    return _mm256_set_m128i(g, g);
+}
+
+/* Step k of half h of block b of a packed Q8_0 or IQ4_NL group: the signed codes and their
+ * absolute values. Q8_0 stores q + 128; IQ4_NL stores Q4_0's nibbles (step k < 4 the low ones
+ * of vector k, else the high ones of vector k - 4), looked up in the grid (vpshufb; |grid| <= 127).
+ */
+INL void q8_codes(const uint8_t *w, int64_t b, int h, int k, const int kind, __m256i *q,
+                  __m256i *aq)
+{
+    if (kind == K_Q8_0) {
+        const __m256i z = _mm256_loadu_si256((const void *)(w + (size_t)b * 512 + 64 * k + 32 * h));
+        *q = _mm256_xor_si256(z, _mm256_set1_epi8((char)0x80));
+        *aq = _mm256_sign_epi8(*q, *q);
+        return;
+    }
+    const __m256i z =
+        _mm256_loadu_si256((const void *)(w + (size_t)b * 256 + 64 * (k % 4) + 32 * h));
+    const __m256i n = _mm256_and_si256(k < 4 ? z : _mm256_srli_epi16(z, 4), _mm256_set1_epi8(0x0f));
+    *q = _mm256_shuffle_epi8(iq4_grid(), n);
+    *aq = _mm256_abs_epi8(*q);
 }
 
 /* Rows of group g, half h, against tokens t0 .. t0 + nt - 1: acc = sum_b (dw da) dot_b in block
@@ -222,12 +245,12 @@ INL void q8_codes(const uint8_t *w, int64_t b, int h, int k, __m256i *q, __m256i
  * one step's codes are live and the tile can hold NT8 tokens; the integer sum of a token is the
  * same whatever the order of its exact int32 additions. */
 INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
-                    const int nt)
+                    const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_CPU_QK;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    const uint8_t *wd = w + (size_t)nb * 512;
+    const uint8_t *wd = w + (size_t)nb * CODE_BYTES(kind);
     const int8_t *qa = a->qs + t0 * a->n_in;
     __m256 acc[NT8];
 #pragma GCC unroll 16
@@ -235,13 +258,13 @@ INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
         acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i s[NT8], q, aq;
-        q8_codes(w, b, h, 0, &q, &aq);
+        q8_codes(w, b, h, 0, kind, &q, &aq);
 #pragma GCC unroll 16
         for (int i = 0; i < nt; i++)
             s[i] = q8_step(qa + i * a->n_in + b * SH_CPU_QK, 0, q, aq);
 #pragma GCC unroll 8
         for (int k = 1; k < 8; k++) {
-            q8_codes(w, b, h, k, &q, &aq);
+            q8_codes(w, b, h, k, kind, &q, &aq);
 #pragma GCC unroll 16
             for (int i = 0; i < nt; i++)
                 s[i] = _mm256_add_epi32(s[i], q8_step(qa + i * a->n_in + b * SH_CPU_QK, k, q, aq));
@@ -261,7 +284,7 @@ INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
 /* One token, groups g0 + k step (k < ns) side by side, block by block, both halves; each
  * (row, token) sees tile8_half's operations on the same values in the same order. */
 INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
-                    int64_t r1)
+                    int64_t r1, const int kind)
 {
     const sh__cpu_act *a = m->a;
     const int64_t nb = a->n_in / SH_CPU_QK;
@@ -273,18 +296,20 @@ INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns,
         const __m256 da = _mm256_set1_ps(a->d[b]);
         for (int k = 0; k < ns; k++) {
             const uint8_t *w = m->w + (size_t)(g0 + k * step) * m->row_bytes;
-            const uint8_t *wd = w + (size_t)nb * 512;
+            const size_t cb = CODE_BYTES(kind);
+            const uint8_t *wd = w + (size_t)nb * cb;
             /* as far ahead in blocks as the Q4 matvec (a Q8_0 block is twice the bytes) */
-            for (size_t o = 0; o < 512; o += 64)
-                _mm_prefetch((const char *)(w + (size_t)b * 512) + 2 * MV_PF_DIST + o, _MM_HINT_T0);
+            for (size_t o = 0; o < cb; o += 64)
+                _mm_prefetch((const char *)(w + (size_t)b * cb) + cb / 256 * MV_PF_DIST + o,
+                             _MM_HINT_T0);
             if (b % 2 == 0)
                 _mm_prefetch((const char *)(wd + b * 32) + MV_PF_DIST / 8, _MM_HINT_T0);
             for (int h = 0; h < 2; h++) {
                 __m256i q, aq;
-                q8_codes(w, b, h, 0, &q, &aq);
+                q8_codes(w, b, h, 0, kind, &q, &aq);
                 __m256i s = q8_step(ab, 0, q, aq);
                 for (int j = 1; j < 8; j++) {
-                    q8_codes(w, b, h, j, &q, &aq);
+                    q8_codes(w, b, h, j, kind, &q, &aq);
                     s = _mm256_add_epi32(s, q8_step(ab, j, q, aq));
                 }
                 acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
@@ -297,11 +322,11 @@ INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns,
             sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
-TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+INL void sweep8(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
-        SH_AVX2_MATVEC(mv8_groups, MV_STREAMS, m, r0, r1);
+        SH_AVX2_MATVEC(mv8_groups, MV_STREAMS, m, r0, r1, kind);
         return;
     }
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT8 * NT8;
@@ -314,32 +339,45 @@ TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
                     continue;
                 int64_t t = t0;
                 for (; t + NT8 <= t1; t += NT8)
-                    tile8_half(m, g, h, r0, r1, t, NT8);
+                    tile8_half(m, g, h, r0, r1, t, NT8, kind);
                 /* the tail: one tile of a compile-time size below NT8 */
                 switch (t1 - t) {
                 case 1:
-                    tile8_half(m, g, h, r0, r1, t, 1);
+                    tile8_half(m, g, h, r0, r1, t, 1, kind);
                     break;
                 case 2:
-                    tile8_half(m, g, h, r0, r1, t, 2 < NT8 ? 2 : 1);
+                    tile8_half(m, g, h, r0, r1, t, 2 < NT8 ? 2 : 1, kind);
                     break;
                 case 3:
-                    tile8_half(m, g, h, r0, r1, t, 3 < NT8 ? 3 : 1);
+                    tile8_half(m, g, h, r0, r1, t, 3 < NT8 ? 3 : 1, kind);
                     break;
                 case 4:
-                    tile8_half(m, g, h, r0, r1, t, 4 < NT8 ? 4 : 1);
+                    tile8_half(m, g, h, r0, r1, t, 4 < NT8 ? 4 : 1, kind);
                     break;
                 case 5:
-                    tile8_half(m, g, h, r0, r1, t, 5 < NT8 ? 5 : 1);
+                    tile8_half(m, g, h, r0, r1, t, 5 < NT8 ? 5 : 1, kind);
                     break;
                 case 6:
-                    tile8_half(m, g, h, r0, r1, t, 6 < NT8 ? 6 : 1);
+                    tile8_half(m, g, h, r0, r1, t, 6 < NT8 ? 6 : 1, kind);
                     break;
                 default:
                     break;
                 }
             }
     }
+}
+
+TGT void sh__cpu_avx2_mmp_q8_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep8(m, r0, r1, K_Q8_0);
+}
+
+/* IQ4_NL: per block, dw da sum_i g(n_i) a_i with the exact integer sum (as the reference). The
+ * grid's values are at most 127 in magnitude, so a pair sum of Q8_0's sign trick still fits int16
+ * and one vpmaddwd per step widens it. */
+TGT void sh__cpu_avx2_mmp_iq4_nl(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    sweep8(m, r0, r1, K_IQ4_NL);
 }
 
 /* ---- F16 ---- */

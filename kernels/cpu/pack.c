@@ -12,6 +12,7 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
     case SH_DTYPE_Q4_1:
     case SH_DTYPE_Q5_0:
     case SH_DTYPE_Q5_1:
+    case SH_DTYPE_IQ4_NL:
         return 256;
     case SH_DTYPE_Q8_0:
         return 512;
@@ -21,6 +22,8 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
         return SH_CPU_PACK_Q6K_BLOCK;
     case SH_DTYPE_Q4_K:
         return SH_CPU_PACK_Q4K_BYTES;
+    case SH_DTYPE_Q5_K:
+        return SH_CPU_PACK_Q5K_BYTES;
     default:
         return 0;
     }
@@ -42,8 +45,8 @@ size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
 {
     if (type == SH_DTYPE_Q6_K) /* codes and scales per super-block, then the 16 rows' d */
         return ((size_t)(n_in / SH_QK_K) * (SH_CPU_PACK_Q6K_BLOCK + 32) + 63) & ~(size_t)63;
-    if (type == SH_DTYPE_Q4_K)
-        return (size_t)(n_in / SH_QK_K) * SH_CPU_PACK_Q4K_BYTES;
+    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K)
+        return (size_t)(n_in / SH_QK_K) * sh__cpu_pack_code_bytes(type);
     const size_t nb = (size_t)(n_in / SH_CPU_QK);
     return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type) + high_bytes(type)) +
             63) &
@@ -66,7 +69,7 @@ static void src_layout(sh_dtype type, size_t *sbb, size_t *qoff, size_t *hoff)
     case SH_DTYPE_Q5_1:
         *sbb = 24, *qoff = 8, *hoff = 4;
         break;
-    default: /* Q4_0 */
+    default: /* Q4_0, IQ4_NL (fp16 d and 16 bytes of nibbles, in the same places) */
         *sbb = 18, *qoff = 2, *hoff = 0;
         break;
     }
@@ -170,23 +173,35 @@ static void unpack_q6_k(const void *packed, int64_t n_in, int64_t row, int64_t b
     memcpy(blk, &out, sizeof out);
 }
 
-/* ---- Q4_K (layout at SH_CPU_PACK_ROWS in cpu.h) ---- */
+/* ---- Q4_K and Q5_K (layouts at SH_CPU_PACK_ROWS in cpu.h) ---- */
 
-/* Super-block b of row r (r < 16) of a group to or from its place in the packed group pg;
- * `to_packed` chooses the direction, so that both share the offsets. */
-static void q4k_block(uint8_t *pg, size_t r, int64_t b, uint8_t *blk, bool to_packed)
+/* Super-block b of row r (r < 16) of a Q4_K or Q5_K group to or from its place in the packed
+ * group pg; `to_packed` chooses the direction, so that both share the offsets. */
+static void k4_block(sh_dtype type, uint8_t *pg, size_t r, int64_t b, uint8_t *blk, bool to_packed)
 {
-    /* 3 scale vectors of 4 of the 12 scale bytes per row, the d and dmin halves, then 32 code
-     * vectors of 4 qs bytes per row */
-    uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-    const size_t qs = offsetof(sh_block_q4_k, qs), sc = offsetof(sh_block_q4_k, scales);
-    for (size_t v = 0; v < 35; v++) {
-        uint8_t *p =
-            pb + (v < 32 ? SH_CPU_PACK_Q4K_CODES + 64 * v : SH_CPU_PACK_Q4K_SC + 64 * (v - 32)) +
-            4 * r;
-        uint8_t *f = blk + (v < 32 ? qs + 4 * v : sc + 4 * (v - 32));
+    /* 3 scale vectors of 4 of the 12 scale bytes per row, the d and dmin halves, (Q5_K: 8 qh
+     * vectors of 4 qh bytes per row,) then 32 code vectors of 4 qs bytes per row */
+    const bool q5 = type == SH_DTYPE_Q5_K;
+    uint8_t *pb = pg + (size_t)b * sh__cpu_pack_code_bytes(type);
+    const size_t qs = q5 ? offsetof(sh_block_q5_k, qs) : offsetof(sh_block_q4_k, qs);
+    const size_t sc = offsetof(sh_block_q4_k, scales), qh = offsetof(sh_block_q5_k, qh);
+    const size_t codes = q5 ? SH_CPU_PACK_Q5K_CODES : SH_CPU_PACK_Q4K_CODES;
+    for (size_t v = 0; v < (q5 ? 43u : 35u); v++) {
+        size_t po, fo;
+        if (v < 32) {
+            po = codes + 64 * v;
+            fo = qs + 4 * v;
+        } else if (v < 35) {
+            po = SH_CPU_PACK_Q4K_SC + 64 * (v - 32);
+            fo = sc + 4 * (v - 32);
+        } else {
+            po = SH_CPU_PACK_Q5K_QH + 64 * (v - 35);
+            fo = qh + 4 * (v - 35);
+        }
+        uint8_t *p = pb + po + 4 * r, *f = blk + fo;
         memcpy(to_packed ? p : f, to_packed ? f : p, 4);
     }
+    /* d and dmin are the first 4 bytes of both file blocks */
     uint8_t *pd = pb + SH_CPU_PACK_Q4K_D + 2 * r, *pm = pd + 32;
     memcpy(to_packed ? pd : blk + offsetof(sh_block_q4_k, d),
            to_packed ? blk + offsetof(sh_block_q4_k, d) : pd, 2);
@@ -201,12 +216,13 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
     const size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
     uint8_t *out = dst;
     memset(out, 0, sh__cpu_pack_bytes(type, n_out, n_in)); /* padding rows: zero scales, codes */
-    if (type == SH_DTYPE_Q4_K) {
+    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K) {
+        const size_t fb = type == SH_DTYPE_Q4_K ? sizeof(sh_block_q4_k) : sizeof(sh_block_q5_k);
         for (int64_t row = 0; row < n_out; row++)
             for (int64_t b = 0; b < n_in / SH_QK_K; b++)
-                q4k_block(
-                    out + (size_t)(row / SH_CPU_PACK_ROWS) * gb, (size_t)(row % SH_CPU_PACK_ROWS),
-                    b, (uint8_t *)src + (size_t)row * rb + (size_t)b * sizeof(sh_block_q4_k), true);
+                k4_block(type, out + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
+                         (size_t)(row % SH_CPU_PACK_ROWS), b,
+                         (uint8_t *)src + (size_t)row * rb + (size_t)b * fb, true);
         return;
     }
     if (type == SH_DTYPE_Q6_K) {
@@ -261,10 +277,10 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[256])
 {
-    if (type == SH_DTYPE_Q4_K) {
+    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K) {
         const size_t gb = sh__cpu_pack_group_bytes(type, n_in);
-        q4k_block((uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
-                  (size_t)(row % SH_CPU_PACK_ROWS), b, blk, false);
+        k4_block(type, (uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
+                 (size_t)(row % SH_CPU_PACK_ROWS), b, blk, false);
         return;
     }
     if (type == SH_DTYPE_Q6_K) {
@@ -324,6 +340,10 @@ sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mmp_q6_k;
     case SH_DTYPE_Q4_K:
         return k->mmp_q4_k;
+    case SH_DTYPE_Q5_K:
+        return k->mmp_q5_k;
+    case SH_DTYPE_IQ4_NL:
+        return k->mmp_iq4_nl;
     default:
         return NULL;
     }

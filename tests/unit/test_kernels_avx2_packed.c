@@ -1,9 +1,10 @@
-/* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0 and F16 (ops_avx2_packed.c), Q4_K
- * (ops_q4k_avx2_packed.c) and Q6_K (ops_q6k_avx2_packed.c) weights, called directly on a packed
- * copy, against the scalar reference on the file layout (within 2e-5 of sum_k |w||x|; only the
- * float order differs), every token bitwise equal to the same token alone (the matvec), rows
- * outside the range untouched; Q8_0, Q4_K and Q6_K at the extremes of their integer sums; and
- * through an AVX2 backend with prepared weights. Exit 77 without AVX2. */
+/* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0, IQ4_NL and F16 (ops_avx2_packed.c), Q4_K
+ * (ops_q4k_avx2_packed.c), Q5_K (ops_q5k_avx2_packed.c) and Q6_K (ops_q6k_avx2_packed.c) weights,
+ * called directly on a packed copy, against the scalar reference on the file layout (within 2e-5
+ * of sum_k |w||x|; only the float order differs), every token bitwise equal to the same token
+ * alone (the matvec), rows outside the range untouched, every block unpacked back to the file's
+ * bytes; Q8_0, Q4_K, Q5_K, IQ4_NL and Q6_K at the extremes of their integer sums; and through an
+ * AVX2 backend with prepared weights. Exit 77 without AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,13 @@
 #define KT_SEED 0xa4093822299f31d0ull
 #include "kernels_test_util.h"
 
-#define N_TYPES 6
-static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0,
-                                        SH_DTYPE_F16,  SH_DTYPE_Q4_K, SH_DTYPE_Q6_K};
-static const sh__cpu_mm_fn packed_fn[N_TYPES] = {sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1,
-                                                 sh__cpu_avx2_mmp_q8_0, sh__cpu_avx2_mmp_f16,
-                                                 sh__cpu_avx2_mmp_q4_k, sh__cpu_avx2_mmp_q6_k};
+#define N_TYPES 8
+static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1,  SH_DTYPE_Q8_0,
+                                        SH_DTYPE_F16,  SH_DTYPE_Q4_K,  SH_DTYPE_Q6_K,
+                                        SH_DTYPE_Q5_K, SH_DTYPE_IQ4_NL};
+static const sh__cpu_mm_fn packed_fn[N_TYPES] = {
+    sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1, sh__cpu_avx2_mmp_q8_0, sh__cpu_avx2_mmp_f16,
+    sh__cpu_avx2_mmp_q4_k, sh__cpu_avx2_mmp_q6_k, sh__cpu_avx2_mmp_q5_k, sh__cpu_avx2_mmp_iq4_nl};
 
 /* Activation codes of n_tok rows as the backend makes them (the scalar rule): the 32-element
  * blocks, the Q8_K rows when n_in is a multiple of 256, and the rows transposed per 16-token tile
@@ -86,11 +88,29 @@ static void make_extreme_q6k(wmat *w, int64_t n_out, int64_t n_in, float *x, int
         x[i] = (i / n_in) % 2 ? 1.0f : -1.0f;
 }
 
+/* Block b of every row of the packed copy p unpacked (sh__cpu_unpack_block, as the embedding
+ * lookup reads a packed table) gives the file block's bytes. */
+static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, int64_t n_out,
+                         int64_t n_in)
+{
+    const int64_t bk = sh__cpu_type_k(type) ? SH_QK_K : SH_CPU_QK;
+    const size_t fb = sh__dtype_row_bytes(type, (uint64_t)bk);
+    const size_t rb = sh__dtype_row_bytes(type, (uint64_t)n_in);
+    for (int64_t r = 0; r < n_out; r++)
+        for (int64_t b = 0; b < n_in / bk; b++) {
+            uint8_t blk[256];
+            sh__cpu_unpack_block(type, p, n_in, r, b, blk);
+            if (memcmp(blk, src + (size_t)r * rb + (size_t)b * fb, fb))
+                SH_FAIL_("%s n_in %lld: row %lld block %lld unpacks differently",
+                         sh__dtype_name(type), (long long)n_in, (long long)r, (long long)b);
+        }
+}
+
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q8_0: 6, Q6_K: 8 with tails of 4, 2 and 1, F16:
- * 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1 MiB token block (n_in
- * 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is whole super-blocks,
- * Q6_K also at its integer extreme (n_in 2048, 70 rows). */
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q5_K: 4, Q8_0/IQ4_NL: 6, Q6_K: 8 with tails of
+ * 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1 MiB token
+ * block (n_in 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is whole
+ * super-blocks, Q6_K also at its integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
 {
     const int64_t n_ins[] = {32, 256, 576, 2048, 16384};
@@ -115,6 +135,8 @@ static void test_vs_ref(void)
                     const size_t pbytes = sh__cpu_pack_bytes(types[ti], n_out, n_in);
                     uint8_t *p = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
                     sh__cpu_pack(types[ti], w.t.data, n_out, n_in, p);
+                    if (ci == 0)
+                        check_unpack(types[ti], w.t.data, p, n_out, n_in);
                     acts A = make_acts(n_tok, n_in, x);
                     const size_t ny = (size_t)(n_tok * n_out);
                     float *y0 = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
@@ -240,6 +262,106 @@ static void test_q4k_extreme(void)
     free_w(&w);
 }
 
+/* Y = W X for packed weights p (group bytes gb) of `type` against the reference on the file
+ * layout w (2e-5 of sum_k |w||x|), and every token alone equal to its tile. */
+static void check_extreme(const char *what, sh_dtype type, sh__cpu_mm_fn fn, const wmat *w,
+                          const uint8_t *p, const float *x, int64_t n_tok, int64_t n_out,
+                          int64_t n_in)
+{
+    acts A = make_acts(n_tok, n_in, x);
+    const size_t gb = sh__cpu_pack_group_bytes(type, n_in), ny = (size_t)(n_tok * n_out);
+    float *y = malloc(ny * sizeof(float)), *yr = malloc(ny * sizeof(float));
+    float *y1 = malloc((size_t)n_out * sizeof(float));
+    sh__cpu_mm mr = {&A.a, w->t.data, sh__dtype_row_bytes(type, (uint64_t)n_in), yr, n_out, 0};
+    sh__cpu_mm_for(&sh__cpu_kernels_ref, type)(&mr, 0, n_out);
+    sh__cpu_mm mp = {&A.a, p, gb, y, n_out, 0};
+    fn(&mp, 0, n_out);
+    const double worst = worst_rel_err(w, A.x, y, yr, n_tok, n_out, n_in);
+    if (!(worst <= 2e-5))
+        SH_FAIL_("%s: %.3g (y[0] %g, ref %g)", what, worst, (double)y[0], (double)yr[0]);
+    for (int64_t t = 0; t < n_tok; t++) {
+        acts one = make_acts(1, n_in, A.x + t * n_in);
+        sh__cpu_mm m1 = {&one.a, p, gb, y1, n_out, 0};
+        fn(&m1, 0, n_out);
+        if (memcmp(y1, y + t * n_out, (size_t)n_out * sizeof(float)))
+            SH_FAIL_("%s: token %lld alone differs", what, (long long)t);
+        free_acts(&one);
+    }
+    free(y);
+    free(yr);
+    free(y1);
+    free_acts(&A);
+}
+
+/* Q5_K at the edge of the kernel's 16-bit sums: every code 31 (all qs and qh bits set), every
+ * scale and minimum 63, against activations whose Q8_K codes are all -127 (as test_q4k_extreme):
+ * a pair sum is -2 * 31 * 127, so the four the kernel adds in int16 reach -31496, where eight
+ * would wrap; random rows and tokens beside them, 9 tokens (two 4-token tiles and a tail). */
+static void test_q5k_extreme(void)
+{
+    const int64_t n_in = 1024, n_out = 40, n_tok = 9, nb = n_in / SH_QK_K;
+    wmat w = make_w(SH_DTYPE_Q5_K, n_out, n_in);
+    for (int64_t r = 0; r < n_out; r += 2)
+        for (int64_t b = 0; b < nb; b++) {
+            sh_block_q5_k *blk = (sh_block_q5_k *)w.t.data + r * nb + b;
+            memset(blk->scales, 0xff, sizeof blk->scales);
+            memset(blk->qs, 0xff, sizeof blk->qs);
+            memset(blk->qh, 0xff, sizeof blk->qh);
+            blk->d = sh__quant_fp16_from_f32(0.01f);
+            blk->dmin = sh__quant_fp16_from_f32(0.02f);
+            CHECK_OK(sh__dequant_row(SH_DTYPE_Q5_K, blk, w.deq + r * n_in + b * SH_QK_K, SH_QK_K));
+        }
+    float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+    fill(x, n_tok * n_in, 1.0f);
+    for (int64_t t = 0; t < n_tok; t += 2)
+        for (int64_t k = 0; k < n_in; k++)
+            x[t * n_in + k] = t % 4 ? 0.5f : -0.75f;
+    uint8_t *p = aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_Q5_K, n_out, n_in) + 63) & ~63ull);
+    sh__cpu_pack(SH_DTYPE_Q5_K, w.t.data, n_out, n_in, p);
+    check_extreme("Q5_K extremes", SH_DTYPE_Q5_K, sh__cpu_avx2_mmp_q5_k, &w, p, x, n_tok, n_out,
+                  n_in);
+    free(p);
+    free(x);
+    free_w(&w);
+}
+
+/* IQ4_NL at the ends of its grid: rows of code 0 (-127), of code 15 (113) and of both (low
+ * nibbles 0, high 15), against constant activations +-1 (codes all +-127), so a row of code 0 has
+ * every vpmaddubsw pair sum at 2 * 127 * 127 = 32258 in magnitude, one sign (two would not fit
+ * int16); random rows beside them, 1, 2 and 7 tokens (the matvec, a tail, a 6-token tile and a
+ * tail). */
+static void test_iq4nl_extremes(void)
+{
+    const int64_t n_in = 256, n_out = 35, nb = n_in / 32;
+    wmat w = make_w(SH_DTYPE_IQ4_NL, n_out, n_in);
+    for (int64_t r = 0; r < n_out; r++) {
+        if (r % 4 == 3)
+            continue;
+        for (int64_t b = 0; b < nb; b++) {
+            sh_block_iq4_nl *blk = (sh_block_iq4_nl *)w.t.data + r * nb + b;
+            memset(blk->qs, r % 4 == 0 ? 0x00 : r % 4 == 1 ? 0xff : 0xf0, sizeof blk->qs);
+            blk->d = sh__quant_fp16_from_f32(1.0f);
+            CHECK_OK(sh__dequant_row(SH_DTYPE_IQ4_NL, blk, w.deq + r * n_in + b * 32, 32));
+        }
+    }
+    uint8_t *p =
+        aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_IQ4_NL, n_out, n_in) + 63) & ~63ull);
+    sh__cpu_pack(SH_DTYPE_IQ4_NL, w.t.data, n_out, n_in, p);
+    const int64_t n_toks[] = {1, 2, 7};
+    for (int ci = 0; ci < 3; ci++) {
+        const int64_t n_tok = n_toks[ci];
+        float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < n_in; k++)
+                x[t * n_in + k] = t % 2 ? 1.0f : -1.0f;
+        check_extreme("IQ4_NL extremes", SH_DTYPE_IQ4_NL, sh__cpu_avx2_mmp_iq4_nl, &w, p, x, n_tok,
+                      n_out, n_in);
+        free(x);
+    }
+    free(p);
+    free_w(&w);
+}
+
 /* Q8_0 at the ends of its range: codes -128 and 127 against activation codes +-127 of either
  * sign, where a vpmaddubsw pair sum of |q| and a * sign(q) reaches 2 * 128 * 127 (a saturating
  * kernel would be off by thousands), on both paths (matvec and 2-token tiles). */
@@ -294,8 +416,9 @@ static void test_q8_extremes(void)
     free(deq);
 }
 
-/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q8_0, F16, Q4_K and Q6_K weights and its matmuls
- * read the copy: a 40-token prefill and a decode row on 2 threads against the scalar reference. */
+/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q8_0, F16, Q4_K, Q6_K, Q5_K and IQ4_NL weights and
+ * its matmuls read the copy: a 40-token prefill and a decode row on 2 threads against the scalar
+ * reference. */
 static void test_backend(void)
 {
     sh_backend *be = make(SH_BACKEND_CPU_ISA_AVX2, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
@@ -341,6 +464,8 @@ int main(int argc, char **argv)
     static const sh_test_case tests[] = {
         {"vs_ref", test_vs_ref},
         {"q4k_extreme", test_q4k_extreme},
+        {"q5k_extreme", test_q5k_extreme},
+        {"iq4nl_extremes", test_iq4nl_extremes},
         {"q8_extremes", test_q8_extremes},
         {"backend", test_backend},
         {NULL, NULL},

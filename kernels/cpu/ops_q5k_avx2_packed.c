@@ -1,0 +1,316 @@
+/* AVX2 matmul kernel on packed Q5_K weights (the 16-row interleave of SH_CPU_PACK_ROWS in cpu.h:
+ * Q4_K's packed super-block with the 16 rows' qh vectors between its header and its codes). The
+ * kernel is ops_q4k_avx2_packed.c's with the fifth bit merged into each 4-bit code (a shift, an
+ * and and an or per code vector, shared by the tile's tokens): a 256-bit register holds 8 of a
+ * group's 16 rows, vpmaddubsw pair sums against a broadcast 4-byte slice of the token's Q8_K codes,
+ * vpmaddwd applies the 6-bit scale every four code vectors (the 5-bit codes' pair sums reach
+ * 2 * 31 * 128, so eight of them would not fit int16), the minimums from the Q8_K block sums;
+ * prefill tiles of NT tokens, and a decode matvec that walks several row groups side by side with
+ * software prefetch. */
+#include <string.h>
+
+#include "kernels/cpu/avx2_store.h"
+#include "kernels/cpu/cpu.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+/* Tokens per tile. The loop over a sub-block's 8 code vectors keeps, per token, a 16-bit and a
+ * 32-bit accumulator in registers beside the code vector, its qh vector, the broadcast and the
+ * two masks, so the tile is bounded by the 16 YMM registers (Q4_K's 5 tokens would leave no
+ * register spare); the tile's share of the unpacking (per vector two shifts, three ands and an or)
+ * and of the scale decoding shrinks as 1 / NT. */
+#ifndef NT
+#define NT 4
+#endif
+_Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail)");
+/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
+ * prefetches each line it will read MV_PF_DIST bytes ahead into L2: Q4_K's settings, measured
+ * there on the kernel alone
+ * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
+ * alternated in one process, best of 6-8 sweeps, shared 2-vCPU Sapphire Rapids VM whose load
+ * varied 2x between runs), as a fraction of the file layout's rate in the same run: 4 streams
+ * with T0 prefetches 1 KiB ahead (the Q4_0 kernel's) 0.75-0.88, 4 KiB ahead 0.86-0.90; T1 (to L2)
+ * 8 KiB ahead 0.88-1.07; at T1 8 KiB, 8 streams 0.91-0.98, 1 stream 1.0-1.2, 2 streams 0.93-1.44
+ * (4 runs: 1.29, 1.44, 0.97, 1.02, where 1 stream had 1.01, 1.10, 1.04, 1.02). In cache (one
+ * 2048 x 2048 copy) the packed matvec is 1.35-1.45x the file layout's. */
+#ifndef MV_STREAMS
+#define MV_STREAMS 2
+#endif
+#ifndef MV_PF_DIST
+#define MV_PF_DIST 8192
+#endif
+#ifndef MV_PF_HINT
+#define MV_PF_HINT _MM_HINT_T1
+#endif
+/* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
+#define TOK_BLOCK_BYTES (1 << 20)
+
+/* The scales of one half (8 rows) of a super-block, decoded once for all tokens of a tile: per row
+ * lane, sub-block j's scale as the int16 pair (sc_j, sc_j), so that one vpmaddwd of the 16-bit
+ * pair sums gives sc_j times the row's 32-element dot product, and the minimum m_j likewise (one
+ * vpmaddwd with the broadcast pair of block sums (bsums_2j, bsums_2j+1) gives
+ * m_j (bsums_2j + bsums_2j+1)). */
+typedef struct q4k_half {
+    __m256i sc[8], mp[8];
+    __m256 d, dmin;
+} q4k_half;
+
+/* The byte shuffle that puts byte k of each 32-bit lane in both of its 16-bit halves (zero
+ * high bytes). */
+INL __m256i pair_ctrl(int k)
+{
+    const char z = (char)-128; /* 0x80: the shuffle writes zero */
+    return _mm256_broadcastsi128_si256(
+        _mm_setr_epi8((char)k, z, (char)k, z, (char)(4 + k), z, (char)(4 + k), z, (char)(8 + k), z,
+                      (char)(8 + k), z, (char)(12 + k), z, (char)(12 + k), z));
+}
+
+/* quant_k.c's get_scale_min for 8 rows, four sub-blocks per 32-bit lane (as the AVX-512 kernel):
+ * j < 4 are the low six bits of bytes j (sc) and 4 + j (m); j >= 4 the low (sc) or high (m)
+ * nibble of byte j + 4 with the top two bits of byte j - 4 (sc) or j (m) above it. The 32-bit
+ * shifts carry bits across bytes only into masked-off positions. */
+INL void decode_half(const uint8_t *pb, int h, q4k_half *s)
+{
+    const uint8_t *ps = pb + SH_CPU_PACK_Q4K_SC + 32 * h;
+    const __m256i v0 = _mm256_loadu_si256((const void *)ps);
+    const __m256i v1 = _mm256_loadu_si256((const void *)(ps + 64));
+    const __m256i v2 = _mm256_loadu_si256((const void *)(ps + 128));
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f);
+    const __m256i t2 = _mm256_set1_epi8(0x30);
+    const __m256i sc_lo = _mm256_and_si256(v0, m6), m_lo = _mm256_and_si256(v1, m6);
+    const __m256i sc_hi =
+        _mm256_or_si256(_mm256_and_si256(v2, m4), _mm256_and_si256(_mm256_srli_epi32(v0, 2), t2));
+    const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v2, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi32(v1, 2), t2));
+    for (int k = 0; k < 4; k++) {
+        const __m256i c = pair_ctrl(k);
+        s->sc[k] = _mm256_shuffle_epi8(sc_lo, c);
+        s->sc[4 + k] = _mm256_shuffle_epi8(sc_hi, c);
+        s->mp[k] = _mm256_shuffle_epi8(m_lo, c);
+        s->mp[4 + k] = _mm256_shuffle_epi8(m_hi, c);
+    }
+    const uint8_t *pd = pb + SH_CPU_PACK_Q4K_D + 16 * h;
+    s->d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)pd));
+    s->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(pd + 32)));
+}
+
+/* s += p in 16-bit lanes, and an empty asm that makes v a register value at this point. Written
+ * so because GCC (12) otherwise moves each token's vpmaddubsw products ahead of their sums,
+ * holding them all at once and spilling most of them to the stack (with a plain add and only the
+ * empty asm on s, it kept the sums but added a register copy per product). */
+#define ADD16(s, p) __asm__("vpaddw %1, %0, %0" : "+x"(s) : "x"(p))
+#define PIN(v) __asm__("" : "+x"(v))
+
+INL __m256i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The fifth bits of sub-block j in hb (bit j of each byte, the packed qh) moved to bit 4. The
+ * 16-bit shifts move no bit across a byte into bit 4 of the other byte. */
+INL __m256i high_bit(__m256i hb, const int j)
+{
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    if (j < 4)
+        return _mm256_and_si256(_mm256_slli_epi16(hb, 4 - j), b4);
+    if (j == 4)
+        return _mm256_and_si256(hb, b4);
+    return _mm256_and_si256(_mm256_srli_epi16(hb, j - 4), b4);
+}
+
+/* One super-block (at pb) of half h against tokens ab[0 .. nt - 1] (their Q8_K blocks), added to
+ * acc[i]. Per row and token (q the 5-bit codes, a the Q8_K codes with scale da and 16-element
+ * sums bsums):
+ *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact)
+ *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
+ *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
+ * A vpmaddubsw pair sum is at most 2 * 31 * 128 = 7936 in magnitude, so the 16-bit sums add 4 of
+ * them (31744) before vpmaddwd applies the scale and widens: no saturation. isum < 8 * 63 * 32 *
+ * 31 * 128 < 2^26 and |msum| < 2^21. The float steps are the same for a token alone and in any
+ * tile, and the integers are exact in any order, so a token's output does not depend on its
+ * tile, the row split or the matvec.
+ * With pf set (the matvec, half 0), the line MV_PF_DIST bytes past each code line and past the
+ * header line of a sub-block pair is prefetched as the pair's low sub-block reads it, and the qh
+ * lines as sub-block 0 reads them (each line of the super-block once). */
+INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
+                 __m256 *acc, const int pf)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const uint8_t *ph = pb + SH_CPU_PACK_Q5K_QH + 32 * h;
+    q4k_half s;
+    decode_half(pb, h, &s);
+    __m256i ia[NT];
+    for (int i = 0; i < nt; i++) {
+        ia[i] = _mm256_setzero_si256();
+    }
+    /* unrolled so that j's parity and the scale index are constants */
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *pv = pb + SH_CPU_PACK_Q5K_CODES + 512 * (j / 2) + 32 * h;
+        if (pf && j % 2 == 0)
+            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, MV_PF_HINT);
+        __m256i s16[NT];
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            if (pf && j % 2 == 0)
+                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, MV_PF_HINT);
+            if (pf && j == 0)
+                _mm_prefetch((const char *)ph + 64 * v + MV_PF_DIST, MV_PF_HINT);
+            const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * v));
+            const __m256i hb = _mm256_loadu_si256((const void *)(ph + 64 * v));
+            const __m256i q = _mm256_or_si256(
+                _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4), high_bit(hb, j));
+            for (int i = 0; i < nt; i++) {
+                const __m256i p = _mm256_maddubs_epi16(q, bcast4(ab[i]->qs + 32 * j + 4 * v));
+                if (v % 4)
+                    ADD16(s16[i], p);
+                else
+                    s16[i] = p;
+            }
+            if (v % 4 == 3)
+                for (int i = 0; i < nt; i++) {
+                    ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(s16[i], s.sc[j]));
+                    PIN(ia[i]);
+                }
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        const int16_t *bs = ab[i]->bsums;
+        __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
+        __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
+        for (int k = 2; k < 8; k += 2) {
+            ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
+            ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
+        }
+        const __m256 da = _mm256_set1_ps(ab[i]->d);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]), _mm256_mul_ps(s.d, da), acc[i]);
+        acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
+                                  _mm256_mul_ps(s.dmin, da), acc[i]);
+    }
+}
+
+/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, super-block by super-block. */
+INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
+                   const int nt)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K;
+    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+    __m256 acc[NT];
+    const sh_block_q8_k *ab[NT];
+    for (int i = 0; i < nt; i++) {
+        acc[i] = _mm256_setzero_ps();
+        ab[i] = a->qk + (t0 + i) * nb;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        sb_half(w + (size_t)b * SH_CPU_PACK_Q5K_BYTES, h, ab, nt, acc, 0);
+        for (int i = 0; i < nt; i++)
+            ab[i]++;
+    }
+    for (int i = 0; i < nt; i++)
+        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+}
+
+/* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
+ * each (row, token) sees tile_half's operations in tile_half's order. */
+INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                   int64_t r1)
+{
+    const int64_t nb = m->a->n_in / SH_QK_K;
+    __m256 acc[MV_STREAMS][2];
+    for (int k = 0; k < ns; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const sh_block_q8_k *ab = m->a->qk + b;
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *pb =
+                m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_Q5K_BYTES;
+            sb_half(pb, 0, &ab, 1, &acc[k][0], 1);
+            sb_half(pb, 1, &ab, 1, &acc[k][1], 0);
+        }
+    }
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
+}
+
+INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1);
+}
+
+/* A matvec as above; otherwise token blocks outermost (their Q8_K rows stay in L2), then row
+ * groups and halves, then token tiles (a group's packed super-blocks, nb * 2816 bytes, stay in
+ * L1/L2 while the block's tiles pass over them). */
+TGT void sh__cpu_avx2_mmp_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const int64_t n_tok = m->a->n_tok;
+    if (n_tok == 1) {
+        matvec(m, r0, r1);
+        return;
+    }
+    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
+    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
+    tb = tb < NT ? NT : tb;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                int64_t t = t0;
+                for (; t + NT <= t1; t += NT)
+                    tile_half(m, g, h, r0, r1, t, NT);
+                /* the tail: each tile size a compile-time constant */
+                switch (t1 - t) {
+#if NT > 7
+                case 7:
+                    tile_half(m, g, h, r0, r1, t, 7);
+                    break;
+#endif
+#if NT > 6
+                case 6:
+                    tile_half(m, g, h, r0, r1, t, 6);
+                    break;
+#endif
+#if NT > 5
+                case 5:
+                    tile_half(m, g, h, r0, r1, t, 5);
+                    break;
+#endif
+#if NT > 4
+                case 4:
+                    tile_half(m, g, h, r0, r1, t, 4);
+                    break;
+#endif
+#if NT > 3
+                case 3:
+                    tile_half(m, g, h, r0, r1, t, 3);
+                    break;
+#endif
+#if NT > 2
+                case 2:
+                    tile_half(m, g, h, r0, r1, t, 2);
+                    break;
+#endif
+#if NT > 1
+                case 1:
+                    tile_half(m, g, h, r0, r1, t, 1);
+                    break;
+#endif
+                default:
+                    break;
+                }
+            }
+    }
+}
+
+#else
+typedef int sh__cpu_q5k_avx2_packed_unused; /* not x86-64: the table never names the kernel */
+#endif
