@@ -193,6 +193,16 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
  * IQ4_NL (32-element blocks of an fp16 d and 16 bytes of 4-bit indices into the grid
  * SH_IQ4_VALUES, element i in the low nibble of byte i and 16 + i in the high one, as Q4_0): packed
  * exactly as Q4_0 (codes, then d), the indices in place of the codes.
+ * IQ4_XS (256-element super-blocks of eight 32-element sub-blocks j, each 16 bytes of IQ4_NL's
+ * nibble order and a 6-bit scale ls_j in scales_l / scales_h): super-block b is
+ * SH_CPU_PACK_IQ4XS_BYTES (2176) bytes at b * 2176, the 16 rows' file blocks:
+ *   scales_l at SH_CPU_PACK_IQ4XS_SL (0), one vector: lane r holds row r's 4 bytes;
+ *   scales_h at SH_CPU_PACK_IQ4XS_SH (64), the 16 rows' 16-bit words, then (at
+ *            SH_CPU_PACK_IQ4XS_D, 96) their fp16 d;
+ *   codes    at SH_CPU_PACK_IQ4XS_CODES (128), 32 vectors: vector v, lane r holds
+ *            qs[4v .. 4v + 3] of row r, so vectors 4j .. 4j + 3 are sub-block j's, and vector
+ *            4j + k pairs with activation bytes 32j + 4k .. (low nibbles) and 32j + 16 + 4k ..
+ *            (high).
  * A packed weight is the size of the original plus the padding rows and at most 63 bytes per
  * group. */
 #define SH_CPU_PACK_Q6K_UNIT 192
@@ -206,7 +216,13 @@ typedef void (*sh__cpu_mm_fn)(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 #define SH_CPU_PACK_Q5K_BYTES 2816
 #define SH_CPU_PACK_Q5K_QH 256
 #define SH_CPU_PACK_Q5K_CODES 768
-/* Per block (Q6_K, Q4_K, Q5_K: per super-block, codes and scales); 0: no packed layout. */
+#define SH_CPU_PACK_IQ4XS_BYTES 2176
+#define SH_CPU_PACK_IQ4XS_SL 0
+#define SH_CPU_PACK_IQ4XS_SH 64
+#define SH_CPU_PACK_IQ4XS_D 96
+#define SH_CPU_PACK_IQ4XS_CODES 128
+/* Per block (Q6_K, Q4_K, Q5_K, IQ4_XS: per super-block, codes and scales); 0: no packed
+ * layout. */
 size_t sh__cpu_pack_code_bytes(sh_dtype type);
 size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in);
 size_t sh__cpu_pack_bytes(sh_dtype type, int64_t n_out, int64_t n_in);
@@ -215,8 +231,8 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
 
 /* The inverse for one block: writes block b of row `row` of a weight packed by sh__cpu_pack back
  * in the file layout (18, 20, 22, 24 or 34 bytes; for F16 the 32 halves, 64 bytes; for Q6_K,
- * Q4_K and Q5_K super-block b, 210, 144 and 176 bytes) to `blk`, so that an embedding lookup can
- * read a packed table whose file pages were dropped. */
+ * Q4_K, Q5_K and IQ4_XS super-block b, 210, 144, 176 and 136 bytes) to `blk`, so that an embedding
+ * lookup can read a packed table whose file pages were dropped. */
 void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64_t row, int64_t b,
                           uint8_t blk[256]);
 
@@ -243,9 +259,9 @@ typedef struct sh__cpu_kernels {
     sh__cpu_mm_fn mmp_f16, mmp_q8_0, mmp_q4_0, mmp_q4_1, mmp_q5_0, mmp_q5_1;
     sh__cpu_mm_fn mmp_q6_k;
     sh__cpu_mm_fn mmp_q4_k;
-    /* Q5_K and IQ4_NL: AVX2 only (the AVX-512 table reads their file layout, so does not pack
-     * them: weights.c packs a type only where its table has the mmp kernel). */
-    sh__cpu_mm_fn mmp_q5_k, mmp_iq4_nl;
+    /* Q5_K, IQ4_NL and IQ4_XS: AVX2 only (the AVX-512 table reads their file layout, so does
+     * not pack them: weights.c packs a type only where its table has the mmp kernel). */
+    sh__cpu_mm_fn mmp_q5_k, mmp_iq4_nl, mmp_iq4_xs;
     /* Optional (NULL: none): fills act->xb for tokens [t0, t1) (t0 a multiple of 16; the rows
      * of the last tile past n_tok are zeroed). Set at the AMX level only: its packed Q8_0, Q4_0,
      * Q4_1, Q5_0 and Q5_1 kernels then run in BF16 for calls of SH_CPU_BF16_MIN_TOK tokens or
@@ -313,6 +329,11 @@ void sh__cpu_avx2_mmp_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 /* IQ4_NL (ops_avx2_packed.c): Q8_0's kernel on codes looked up in the grid (vpshufb), exact
  * integer block sums; a token's result is the same alone and in any tile. */
 void sh__cpu_avx2_mmp_iq4_nl(const sh__cpu_mm *m, int64_t r0, int64_t r1);
+/* IQ4_XS (ops_iq4xs_avx2_packed.c): reads sh__cpu_act.qk; codes looked up in the grid, exact
+ * integer sums per super-block and row (vpmaddwd applies the sub-block scale), one float
+ * multiply-add per super-block in block order, so a token's result is the same alone and in any
+ * tile. */
+void sh__cpu_avx2_mmp_iq4_xs(const sh__cpu_mm *m, int64_t r0, int64_t r1);
 
 /* The AMX forms of the packed kernels (ops_avx512_packed.c). With sh__cpu_act.xb set, every
  * token in BF16 (AMX-BF16 tile products on weights dequantized to bf16, fp32 sums): not equal to

@@ -290,6 +290,7 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .mmp_q6_k = sh__cpu_avx2_mmp_q6_k,
     .mmp_q5_k = sh__cpu_avx2_mmp_q5_k,
     .mmp_iq4_nl = sh__cpu_avx2_mmp_iq4_nl,
+    .mmp_iq4_xs = sh__cpu_avx2_mmp_iq4_xs,
 };
 
 #else

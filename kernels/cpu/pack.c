@@ -24,6 +24,8 @@ size_t sh__cpu_pack_code_bytes(sh_dtype type)
         return SH_CPU_PACK_Q4K_BYTES;
     case SH_DTYPE_Q5_K:
         return SH_CPU_PACK_Q5K_BYTES;
+    case SH_DTYPE_IQ4_XS:
+        return SH_CPU_PACK_IQ4XS_BYTES;
     default:
         return 0;
     }
@@ -45,7 +47,7 @@ size_t sh__cpu_pack_group_bytes(sh_dtype type, int64_t n_in)
 {
     if (type == SH_DTYPE_Q6_K) /* codes and scales per super-block, then the 16 rows' d */
         return ((size_t)(n_in / SH_QK_K) * (SH_CPU_PACK_Q6K_BLOCK + 32) + 63) & ~(size_t)63;
-    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K)
+    if (type == SH_DTYPE_Q4_K || type == SH_DTYPE_Q5_K || type == SH_DTYPE_IQ4_XS)
         return (size_t)(n_in / SH_QK_K) * sh__cpu_pack_code_bytes(type);
     const size_t nb = (size_t)(n_in / SH_CPU_QK);
     return (nb * (sh__cpu_pack_code_bytes(type) + 32 * scale_vectors(type) + high_bytes(type)) +
@@ -209,6 +211,36 @@ static void k4_block(sh_dtype type, uint8_t *pg, size_t r, int64_t b, uint8_t *b
            to_packed ? blk + offsetof(sh_block_q4_k, dmin) : pm, 2);
 }
 
+/* ---- IQ4_XS (layout at SH_CPU_PACK_ROWS in cpu.h) ---- */
+
+/* Super-block b of row r of an IQ4_XS group to or from its place in pg, as k4_block. */
+static void iq4xs_block(uint8_t *pg, size_t r, int64_t b, uint8_t *blk, bool to_packed)
+{
+    uint8_t *pb = pg + (size_t)b * SH_CPU_PACK_IQ4XS_BYTES;
+    /* the 32 code vectors, then scales_l (4 bytes per row), scales_h and d (2 bytes per row) */
+    struct {
+        size_t packed, file, n;
+    } piece[35];
+    for (size_t v = 0; v < 32; v++) {
+        piece[v].packed = SH_CPU_PACK_IQ4XS_CODES + 64 * v + 4 * r;
+        piece[v].file = offsetof(sh_block_iq4_xs, qs) + 4 * v;
+        piece[v].n = 4;
+    }
+    piece[32].packed = SH_CPU_PACK_IQ4XS_SL + 4 * r;
+    piece[32].file = offsetof(sh_block_iq4_xs, scales_l);
+    piece[32].n = 4;
+    piece[33].packed = SH_CPU_PACK_IQ4XS_SH + 2 * r;
+    piece[33].file = offsetof(sh_block_iq4_xs, scales_h);
+    piece[33].n = 2;
+    piece[34].packed = SH_CPU_PACK_IQ4XS_D + 2 * r;
+    piece[34].file = offsetof(sh_block_iq4_xs, d);
+    piece[34].n = 2;
+    for (size_t i = 0; i < 35; i++) {
+        uint8_t *p = pb + piece[i].packed, *f = blk + piece[i].file;
+        memcpy(to_packed ? p : f, to_packed ? f : p, piece[i].n);
+    }
+}
+
 void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, void *dst)
 {
     const int64_t nb = n_in / SH_CPU_QK;
@@ -227,6 +259,15 @@ void sh__cpu_pack(sh_dtype type, const void *src, int64_t n_out, int64_t n_in, v
     }
     if (type == SH_DTYPE_Q6_K) {
         pack_q6_k(src, n_out, n_in, out);
+        return;
+    }
+    if (type == SH_DTYPE_IQ4_XS) {
+        for (int64_t row = 0; row < n_out; row++)
+            for (int64_t b = 0; b < n_in / SH_QK_K; b++)
+                iq4xs_block(out + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
+                            (size_t)(row % SH_CPU_PACK_ROWS), b,
+                            (uint8_t *)src + (size_t)row * rb + (size_t)b * sizeof(sh_block_iq4_xs),
+                            true);
         return;
     }
     if (type == SH_DTYPE_F16) {
@@ -287,6 +328,12 @@ void sh__cpu_unpack_block(sh_dtype type, const void *packed, int64_t n_in, int64
         unpack_q6_k(packed, n_in, row, b, blk);
         return;
     }
+    if (type == SH_DTYPE_IQ4_XS) {
+        const size_t gb = sh__cpu_pack_group_bytes(type, n_in);
+        iq4xs_block((uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb,
+                    (size_t)(row % SH_CPU_PACK_ROWS), b, blk, false);
+        return;
+    }
     const int64_t nb = n_in / SH_CPU_QK;
     const size_t gb = sh__cpu_pack_group_bytes(type, n_in), cb = sh__cpu_pack_code_bytes(type);
     const uint8_t *pg = (const uint8_t *)packed + (size_t)(row / SH_CPU_PACK_ROWS) * gb;
@@ -344,6 +391,8 @@ sh__cpu_mm_fn sh__cpu_mmp_for(const sh__cpu_kernels *k, sh_dtype type)
         return k->mmp_q5_k;
     case SH_DTYPE_IQ4_NL:
         return k->mmp_iq4_nl;
+    case SH_DTYPE_IQ4_XS:
+        return k->mmp_iq4_xs;
     default:
         return NULL;
     }

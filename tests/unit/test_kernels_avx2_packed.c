@@ -1,10 +1,10 @@
 /* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0, IQ4_NL and F16 (ops_avx2_packed.c), Q4_K
- * (ops_q4k_avx2_packed.c), Q5_K (ops_q5k_avx2_packed.c) and Q6_K (ops_q6k_avx2_packed.c) weights,
- * called directly on a packed copy, against the scalar reference on the file layout (within 2e-5
- * of sum_k |w||x|; only the float order differs), every token bitwise equal to the same token
- * alone (the matvec), rows outside the range untouched, every block unpacked back to the file's
- * bytes; Q8_0, Q4_K, Q5_K, IQ4_NL and Q6_K at the extremes of their integer sums; and through an
- * AVX2 backend with prepared weights. Exit 77 without AVX2. */
+ * (ops_q4k_avx2_packed.c), Q5_K (ops_q5k_avx2_packed.c), Q6_K (ops_q6k_avx2_packed.c) and IQ4_XS
+ * (ops_iq4xs_avx2_packed.c) weights, called directly on a packed copy, against the scalar reference
+ * on the file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every token
+ * bitwise equal to the same token alone (the matvec), rows outside the range untouched, every block
+ * unpacked back to the file's bytes; Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS and Q6_K at the extremes of
+ * their integer sums; and through an AVX2 backend with prepared weights. Exit 77 without AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +14,14 @@
 #define KT_SEED 0xa4093822299f31d0ull
 #include "kernels_test_util.h"
 
-#define N_TYPES 8
-static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1,  SH_DTYPE_Q8_0,
-                                        SH_DTYPE_F16,  SH_DTYPE_Q4_K,  SH_DTYPE_Q6_K,
-                                        SH_DTYPE_Q5_K, SH_DTYPE_IQ4_NL};
+#define N_TYPES 9
+static const sh_dtype types[N_TYPES] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1,   SH_DTYPE_Q8_0,
+                                        SH_DTYPE_F16,  SH_DTYPE_Q4_K,   SH_DTYPE_Q6_K,
+                                        SH_DTYPE_Q5_K, SH_DTYPE_IQ4_NL, SH_DTYPE_IQ4_XS};
 static const sh__cpu_mm_fn packed_fn[N_TYPES] = {
-    sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1, sh__cpu_avx2_mmp_q8_0, sh__cpu_avx2_mmp_f16,
-    sh__cpu_avx2_mmp_q4_k, sh__cpu_avx2_mmp_q6_k, sh__cpu_avx2_mmp_q5_k, sh__cpu_avx2_mmp_iq4_nl};
+    sh__cpu_avx2_mmp_q4_0, sh__cpu_avx2_mmp_q4_1,   sh__cpu_avx2_mmp_q8_0,
+    sh__cpu_avx2_mmp_f16,  sh__cpu_avx2_mmp_q4_k,   sh__cpu_avx2_mmp_q6_k,
+    sh__cpu_avx2_mmp_q5_k, sh__cpu_avx2_mmp_iq4_nl, sh__cpu_avx2_mmp_iq4_xs};
 
 /* Activation codes of n_tok rows as the backend makes them (the scalar rule): the 32-element
  * blocks, the Q8_K rows when n_in is a multiple of 256, and the rows transposed per 16-token tile
@@ -107,10 +108,10 @@ static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, in
 }
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K: 5, Q5_K: 4, Q8_0/IQ4_NL: 6, Q6_K: 8 with tails of
- * 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1 MiB token
- * block (n_in 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is whole
- * super-blocks, Q6_K also at its integer extreme (n_in 2048, 70 rows). */
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/IQ4_XS: 5, Q5_K: 4, Q8_0/IQ4_NL: 6, Q6_K: 8 with
+ * tails of 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1
+ * MiB token block (n_in 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is
+ * whole super-blocks, Q6_K also at its integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
 {
     const int64_t n_ins[] = {32, 256, 576, 2048, 16384};
@@ -362,6 +363,46 @@ static void test_iq4nl_extremes(void)
     free_w(&w);
 }
 
+/* IQ4_XS at the ends of its grid and scales: rows of code 0 (-127) with every ls 0 (scale -32),
+ * rows of code 15 (113) with every ls 63 (scale 31), against constant activations (Q8_K codes all
+ * -127): every vpmaddubsw pair sum of the code-0 rows is 2 * 127 * 127 (two would not fit int16)
+ * and the integer sum per super-block 2^27 in magnitude; random rows beside them, 1, 2 and 7
+ * tokens. */
+static void test_iq4xs_extremes(void)
+{
+    const int64_t n_in = 512, n_out = 35, nb = n_in / SH_QK_K;
+    wmat w = make_w(SH_DTYPE_IQ4_XS, n_out, n_in);
+    for (int64_t r = 0; r < n_out; r++) {
+        if (r % 3 == 2)
+            continue;
+        for (int64_t b = 0; b < nb; b++) {
+            sh_block_iq4_xs *blk = (sh_block_iq4_xs *)w.t.data + r * nb + b;
+            memset(blk->qs, r % 3 ? 0xff : 0x00, sizeof blk->qs);
+            memset(blk->scales_l, r % 3 ? 0xff : 0x00, sizeof blk->scales_l);
+            blk->scales_h = r % 3 ? 0xffff : 0;
+            blk->d = sh__quant_fp16_from_f32(0.01f);
+            CHECK_OK(
+                sh__dequant_row(SH_DTYPE_IQ4_XS, blk, w.deq + r * n_in + b * SH_QK_K, SH_QK_K));
+        }
+    }
+    uint8_t *p =
+        aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_IQ4_XS, n_out, n_in) + 63) & ~63ull);
+    sh__cpu_pack(SH_DTYPE_IQ4_XS, w.t.data, n_out, n_in, p);
+    const int64_t n_toks[] = {1, 2, 7};
+    for (int ci = 0; ci < 3; ci++) {
+        const int64_t n_tok = n_toks[ci];
+        float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t k = 0; k < n_in; k++)
+                x[t * n_in + k] = t % 2 ? 0.5f : -0.75f;
+        check_extreme("IQ4_XS extremes", SH_DTYPE_IQ4_XS, sh__cpu_avx2_mmp_iq4_xs, &w, p, x, n_tok,
+                      n_out, n_in);
+        free(x);
+    }
+    free(p);
+    free_w(&w);
+}
+
 /* Q8_0 at the ends of its range: codes -128 and 127 against activation codes +-127 of either
  * sign, where a vpmaddubsw pair sum of |q| and a * sign(q) reaches 2 * 128 * 127 (a saturating
  * kernel would be off by thousands), on both paths (matvec and 2-token tiles). */
@@ -416,9 +457,9 @@ static void test_q8_extremes(void)
     free(deq);
 }
 
-/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q8_0, F16, Q4_K, Q6_K, Q5_K and IQ4_NL weights and
- * its matmuls read the copy: a 40-token prefill and a decode row on 2 threads against the scalar
- * reference. */
+/* An AVX2 backend prepares (packs) Q4_0, Q4_1, Q8_0, F16, Q4_K, Q6_K, Q5_K, IQ4_NL and IQ4_XS
+ * weights and its matmuls read the copy: a 40-token prefill and a decode row on 2 threads against
+ * the scalar reference. */
 static void test_backend(void)
 {
     sh_backend *be = make(SH_BACKEND_CPU_ISA_AVX2, 2), *ref = make(SH_BACKEND_CPU_ISA_SCALAR, 1);
@@ -466,6 +507,7 @@ int main(int argc, char **argv)
         {"q4k_extreme", test_q4k_extreme},
         {"q5k_extreme", test_q5k_extreme},
         {"iq4nl_extremes", test_iq4nl_extremes},
+        {"iq4xs_extremes", test_iq4xs_extremes},
         {"q8_extremes", test_q8_extremes},
         {"backend", test_backend},
         {NULL, NULL},
