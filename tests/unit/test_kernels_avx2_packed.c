@@ -108,7 +108,7 @@ static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, in
 }
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/IQ4_XS: 5, Q5_K: 4, Q8_0/IQ4_NL: 6, Q6_K: 8 with
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/Q5_K/IQ4_XS: 5, Q8_0/IQ4_NL: 6, Q6_K: 8 with
  * tails of 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 13, 17) and one past the 1
  * MiB token block (n_in 16384, 70 tokens), accumulate on and off; the K-quants only where n_in is
  * whole super-blocks, Q6_K also at its integer extreme (n_in 2048, 70 rows). */
@@ -297,7 +297,7 @@ static void check_extreme(const char *what, sh_dtype type, sh__cpu_mm_fn fn, con
 /* Q5_K at the edge of the kernel's 16-bit sums: every code 31 (all qs and qh bits set), every
  * scale and minimum 63, against activations whose Q8_K codes are all -127 (as test_q4k_extreme):
  * a pair sum is -2 * 31 * 127, so the four the kernel adds in int16 reach -31496, where eight
- * would wrap; random rows and tokens beside them, 9 tokens (two 4-token tiles and a tail). */
+ * would wrap; random rows and tokens beside them, 9 tokens (a 5-token tile and a 4-token tail). */
 static void test_q5k_extreme(void)
 {
     const int64_t n_in = 1024, n_out = 40, n_tok = 9, nb = n_in / SH_QK_K;
