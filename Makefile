@@ -79,7 +79,7 @@ test-asan: bootstrap
 # Python tests start included); any report fails the target. Left out because they outrun their
 # timeouts under TSan (their threads are those of the tests kept): test_stage_pipeline,
 # test_cluster_pipeline, test_cluster_models, test_cluster_degrade.
-TSAN_TESTS ?= test_engine|test_chaos_kill_(decode|standby)|test_cluster_(router|watchdog|failure|standby|up|status|metrics|forged|preauth|lossy|leak|hosts|tls|bad)|test_admin_status
+TSAN_TESTS ?= test_engine|test_chaos_kill_(decode|standby)|test_cluster_(router|watchdog|failure|standby|up|status|metrics|forged|preauth|lossy|leak|hosts|tls|bad)|test_admin_status|test_transport_(preauth|tls)
 test-tsan: bootstrap model
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSH_WERROR=ON -DSH_TSAN=ON -DSH_CUDA=OFF
 	cmake --build $(TSAN_BUILD) -j $(JOBS)
