@@ -57,7 +57,8 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o);
 
 /* After a 0 from parse: takes -c's script (*cfg, the caller destroys it; flags win over its
  * settings), the keys of SHOAL_API_KEY and --api-key-file, and the default model. Returns 0, or
- * 2 after an error line. */
+ * the exit status after an error line (2 for bad input; a script the cluster check refuses gives
+ * its own, as before). */
 int sh__serve_opts_finish(sh_serve_opts *o, sh_cluster_config **cfg);
 
 /* Re-reads --api-key-file into the keys after the fixed ones (flags, script, environment). A
