@@ -40,4 +40,53 @@ sh__avx2_store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
             mv(m, g_, 0, 1, r0, r1, ##__VA_ARGS__);                                                \
     } while (0)
 
+/* The multi-token walk of the 16-row K-quant kernels (Q4_K, Q5_K, IQ4_XS; 256-element Q8_K
+ * activation rows of tok_bytes each): token blocks of about block_bytes of activations outermost
+ * (they stay in L2), then the row groups of [r0, r1) and their two 8-row halves (a group's packed
+ * super-blocks stay in L1/L2 while the block's tiles pass over them), then tiles of nt tokens and
+ * one tail tile. tile(m, group, half, r0, r1, first token, n) takes n as a compile-time constant:
+ * each tail size is its own case (a size of nt or more never occurs there and names 1). */
+#define SH_AVX2_TILE_SWEEP(tile, nt, block_bytes, tok_bytes, m, r0, r1)                            \
+    do {                                                                                           \
+        const int64_t n_tok_ = (m)->a->n_tok;                                                      \
+        int64_t tb_ = (block_bytes) / (tok_bytes) / (nt) * (nt);                                   \
+        tb_ = tb_ < (nt) ? (nt) : tb_;                                                             \
+        for (int64_t t0_ = 0; t0_ < n_tok_; t0_ += tb_) {                                          \
+            const int64_t t1_ = t0_ + tb_ < n_tok_ ? t0_ + tb_ : n_tok_;                           \
+            for (int64_t g_ = (r0) / 16; g_ * 16 < (r1); g_++)                                     \
+                for (int h_ = 0; h_ < 2; h_++) {                                                   \
+                    if (16 * g_ + 8 * h_ >= (r1) || 16 * g_ + 8 * h_ + 8 <= (r0))                  \
+                        continue;                                                                  \
+                    int64_t t_ = t0_;                                                              \
+                    for (; t_ + (nt) <= t1_; t_ += (nt))                                           \
+                        tile(m, g_, h_, r0, r1, t_, nt);                                           \
+                    switch (t1_ - t_) {                                                            \
+                    case 7:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 7 < (nt) ? 7 : 1);                             \
+                        break;                                                                     \
+                    case 6:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 6 < (nt) ? 6 : 1);                             \
+                        break;                                                                     \
+                    case 5:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 5 < (nt) ? 5 : 1);                             \
+                        break;                                                                     \
+                    case 4:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 4 < (nt) ? 4 : 1);                             \
+                        break;                                                                     \
+                    case 3:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 3 < (nt) ? 3 : 1);                             \
+                        break;                                                                     \
+                    case 2:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 2 < (nt) ? 2 : 1);                             \
+                        break;                                                                     \
+                    case 1:                                                                        \
+                        tile(m, g_, h_, r0, r1, t_, 1);                                            \
+                        break;                                                                     \
+                    default:                                                                       \
+                        break;                                                                     \
+                    }                                                                              \
+                }                                                                                  \
+        }                                                                                          \
+    } while (0)
+
 #endif

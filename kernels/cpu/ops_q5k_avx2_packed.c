@@ -202,60 +202,8 @@ TGT void sh__cpu_avx2_mmp_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
         matvec(m, r0, r1);
         return;
     }
-    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
-    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
-    tb = tb < NT ? NT : tb;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
-        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
-        for (int64_t g = r0 / 16; g * 16 < r1; g++)
-            for (int h = 0; h < 2; h++) {
-                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
-                    continue;
-                int64_t t = t0;
-                for (; t + NT <= t1; t += NT)
-                    tile_half(m, g, h, r0, r1, t, NT);
-                /* the tail: each tile size a compile-time constant */
-                switch (t1 - t) {
-#if NT > 7
-                case 7:
-                    tile_half(m, g, h, r0, r1, t, 7);
-                    break;
-#endif
-#if NT > 6
-                case 6:
-                    tile_half(m, g, h, r0, r1, t, 6);
-                    break;
-#endif
-#if NT > 5
-                case 5:
-                    tile_half(m, g, h, r0, r1, t, 5);
-                    break;
-#endif
-#if NT > 4
-                case 4:
-                    tile_half(m, g, h, r0, r1, t, 4);
-                    break;
-#endif
-#if NT > 3
-                case 3:
-                    tile_half(m, g, h, r0, r1, t, 3);
-                    break;
-#endif
-#if NT > 2
-                case 2:
-                    tile_half(m, g, h, r0, r1, t, 2);
-                    break;
-#endif
-#if NT > 1
-                case 1:
-                    tile_half(m, g, h, r0, r1, t, 1);
-                    break;
-#endif
-                default:
-                    break;
-                }
-            }
-    }
+    SH_AVX2_TILE_SWEEP(tile_half, NT, TOK_BLOCK_BYTES,
+                       m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k), m, r0, r1);
 }
 
 #else
