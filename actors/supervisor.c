@@ -12,6 +12,7 @@
 #include "actors/actor_util.h"
 #include "base/error.h"
 #include "runtime/internal.h" /* sh__rt_thread_create: the engine places every runtime thread */
+#include "runtime/peers.h"    /* sh__msg_conn */
 #include "runtime/proto.h"
 
 #define MAX_NODES 256 /* the script's nodes that can be awaited (as sh_cluster_front) */
@@ -457,7 +458,8 @@ static sh_msg_fate sup_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     const sh_msg_hdr *h = sh_msg_header(m);
     sh_proto_body b;
     sh_error e = {0};
-    if (h->type != SH_MSG_CONTROL || h->src != a->watchdog ||
+    // Local only: from this process's watchdog, never a frame off a link (whatever src it names).
+    if (h->type != SH_MSG_CONTROL || h->src != a->watchdog || sh__msg_conn(m) != 0 ||
         sh__act_decode(&a->dec, m, &b, &e) != SH_OK)
         return SH_MSG_FATE_DONE;
     uint8_t op = b.control.op;
