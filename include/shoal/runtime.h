@@ -92,7 +92,8 @@ typedef struct sh_runtime_opts {
     FILE *log_file;         /* used when log_fn is NULL; NULL: stderr */
     sh_runtime_stats *final_stats; /* when set, destroy writes the final counters here */
     /* Called first on every thread the runtime starts (its loops, its watchdog, a fault layer's
-     * timer), before it does anything else, e.g. to place it on CPUs; NULL: nothing. */
+     * timer), before it does anything else, e.g. to place it on CPUs; the call that starts the
+     * thread returns only after it ran. NULL: nothing. */
     void (*thread_start)(void *ud);
     void *thread_start_ud;
 } sh_runtime_opts;
