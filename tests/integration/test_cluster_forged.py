@@ -7,8 +7,8 @@ node's tcp:// port sends frames whose envelope claims another node. A front and 
 2. METRICS claiming to be w0's reporter (every actor id 1..8 of node 2), sent to the front's
    collector: no fake series on the front's /metrics (before: shoal_forged_total{node="w0"}
    appeared), and shoal_frames_refused_total{reason="unproved"} counts them.
-3. STEP with epoch 2^64-1 claiming the front, sent to w0's stage actors: later requests still
-   succeed (before: every request failed with 503 while /health stayed 200).
+3. CONTROL SHUTDOWN claiming the front, sent to w0's hello actor: the keyed worker keeps serving
+   (before: it exited 75). Run last, since before the fix it ends w0.
 Throughout, every greedy completion equals the undisturbed cluster's first one.
 """
 
