@@ -108,6 +108,11 @@ static sh_err check_opts(const sh_engine_opts *o, sh_error *e)
     if (o->max_queue < 0 || o->max_queue > (1 << 20))
         return sh__error_set(e, SH_EINVAL, "opts.max_queue = %d: must be 0 (256) to %d",
                              (int)o->max_queue, 1 << 20);
+    if (o->recover_timeout_ms < -1 || o->recover_timeout_ms > 3600000)
+        return sh__error_set(e, SH_EINVAL,
+                             "opts.recover_timeout_ms = %d: must be -1 (no wait), 0 (30 s) or "
+                             "1 to 3600000 ms",
+                             (int)o->recover_timeout_ms);
     if (o->log_level < 0 || o->log_level > SH_LOG_LEVEL_TRACE)
         return sh__error_set(e, SH_EINVAL, "opts.log_level = %d: must be 0 to %d",
                              (int)o->log_level, SH_LOG_LEVEL_TRACE);

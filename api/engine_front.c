@@ -3,9 +3,10 @@
  * It loads each model's hyper-parameters and tokenizer, joins the workers (actors/cluster.h),
  * and runs a kvmgr and a batcher per replica, with a router before several (actors/replica.h), on
  * its own runtime. Its watchdog and supervisor (actors/supervisor.h) recover from a lost worker as
- * `shoal serve -c` does: a standby takes its place, or its replicas wait up to 30 s for it to come
- * back (or restart) and resume by recompute, or leave routing; when nothing is left, every open
- * request ends with on_error (SH_EIO) and sh_submit refuses new ones. Their lines go to the log. */
+ * `shoal serve -c` does: a standby takes its place, or its replicas wait for it to come back (or
+ * restart; opts.recover_timeout_ms, 30 s by default) and resume by recompute, or leave routing;
+ * when nothing is left, every open request ends with on_error (SH_EIO) and sh_submit refuses new
+ * ones. Their lines go to the log. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,7 @@
 #include "base/error.h"
 #include "model/gguf.h"
 
-#define RECOVER_MS 30000 /* as shoal serve -c's --recover-timeout default */
+#define RECOVER_MS 30000 /* opts.recover_timeout_ms 0: as shoal serve -c's --recover-timeout */
 
 /* The join's progress lines go to the log. */
 static void front_note(void *ud, const char *line)
@@ -134,8 +135,11 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
     eng->batcher = eng->replicas->target[0];
     sh_supervisor_args sa = {.front = f,
                              .batchers = eng->replicas->batcher,
-                             .recover_ms = RECOVER_MS,
-                             .recover_what = "the engine's wait for a lost worker",
+                             .recover_ms = o->recover_timeout_ms < 0 ? 0
+                                           : o->recover_timeout_ms == 0
+                                               ? RECOVER_MS
+                                               : (uint32_t)o->recover_timeout_ms,
+                             .recover_what = "opts.recover_timeout_ms",
                              .note = sup_note,
                              .note_user = eng,
                              .on_stop = sup_stop,

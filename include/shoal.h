@@ -95,6 +95,13 @@ typedef struct sh_engine_opts {
     int32_t nice;      /* 0..19 added to the compute threads' niceness */
     int32_t no_spin;   /* nonzero: compute threads sleep at once between ops instead of spinning
                         * 10-100 us (each op then costs a wake-up; the host keeps its CPU) */
+    /* A cluster front's wait for a lost worker node (`shoal serve --recover-timeout`): how long
+     * the replicas with a stage there stay paused for it to come back (stopped, cut off, or
+     * restarted) and resume by recompute, when no standby takes its place. Past it, a replica
+     * leaves routing, and when none is left every open request ends with on_error (SH_EIO).
+     * Milliseconds: 0 means 30000 (as `shoal serve -c`), -1 no wait (fail at once), at most
+     * 3600000; anything else fails the open with SH_EINVAL. Ignored for a model run here. */
+    int32_t recover_timeout_ms;
 } sh_engine_opts;
 
 enum { SH_ENGINE_SCHED_NORMAL = 0, SH_ENGINE_SCHED_BATCH = 1, SH_ENGINE_SCHED_IDLE = 2 };

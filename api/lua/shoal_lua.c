@@ -174,13 +174,24 @@ static void opt_string(lua_State *L, int idx, const char *key, const char **out)
 
 /* ---- shoal.open ------------------------------------------------------------------------- */
 
-static const char *const open_keys[] = {
-    "model",     "cluster",  "threads", "memory_budget", "kv_bytes", "n_ctx", "max_seqs",
-    "max_queue", "cpu_mask", "sched",   "nice",          "no_spin",  NULL};
+static const char *const open_keys[] = {"model",
+                                        "cluster",
+                                        "threads",
+                                        "memory_budget",
+                                        "kv_bytes",
+                                        "n_ctx",
+                                        "max_seqs",
+                                        "max_queue",
+                                        "cpu_mask",
+                                        "sched",
+                                        "nice",
+                                        "no_spin",
+                                        "recover_timeout_ms",
+                                        NULL};
 
 /* shoal.open{model=PATH | cluster=SCRIPT, threads=, memory_budget=, kv_bytes=, n_ctx=,
- * max_seqs=, max_queue=, cpu_mask=, sched="normal"|"batch"|"idle", nice=, no_spin=} -> engine |
- * nil, msg, code. Blocks while the model loads. */
+ * max_seqs=, max_queue=, cpu_mask=, sched="normal"|"batch"|"idle", nice=, no_spin=,
+ * recover_timeout_ms=} -> engine | nil, msg, code. Blocks while the model loads. */
 static int l_open(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -196,6 +207,7 @@ static int l_open(lua_State *L)
     opt_i32(L, 1, "max_queue", &o.max_queue);
     opt_u64(L, 1, "cpu_mask", &o.cpu_mask);
     opt_i32(L, 1, "nice", &o.nice);
+    opt_i32(L, 1, "recover_timeout_ms", &o.recover_timeout_ms);
     bool no_spin = false;
     opt_bool(L, 1, "no_spin", &no_spin);
     o.no_spin = no_spin;

@@ -47,6 +47,16 @@ check(en == nil and cn == "EINVAL", "open: nice 20 refused", tostring(cn))
 local ep = assert(shoal.open { model = model, threads = 1, sched = "idle", nice = 2,
   no_spin = true, cpu_mask = 1 })
 ep:close()
+-- a cluster front's wait for a lost worker: out of range is the library's SH_EINVAL naming it,
+-- a wrong type raises, a good value opens (a model run here ignores it)
+local er, rmsg, rcode = shoal.open { model = model, threads = 1, recover_timeout_ms = -2 }
+check(er == nil and rcode == "EINVAL" and tostring(rmsg):find("opts.recover_timeout_ms", 1, true),
+  "open: recover_timeout_ms -2 refused", tostring(rmsg))
+local okr, rerr = pcall(shoal.open, { model = model, recover_timeout_ms = "soon" })
+check(not okr and rerr:find("option 'recover_timeout_ms' must be an integer", 1, true),
+  "open: recover_timeout_ms of a wrong type raises", tostring(rerr))
+local e3 = assert(shoal.open { model = model, threads = 1, recover_timeout_ms = 5000 })
+e3:close()
 local eng = assert(shoal.open { model = model, threads = 1 })
 check(tostring(eng):find("open"), "tostring", tostring(eng))
 check(type(shoal.version) == "string", "shoal.version")

@@ -3,7 +3,7 @@
  * generate, and the engine's supervisor recovers as `shoal serve -c` does: a standby takes the
  * dead node's place, or the node restarted rejoins: no request is lost and every greedy output
  * equals the undisturbed run's. When nothing replaces it, every request ends with on_error
- * (SH_EIO) after the 30 s wait and new ones are refused. */
+ * (SH_EIO) after the wait (opts.recover_timeout_ms) and new ones are refused. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -151,14 +151,24 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* The nodes front, w0 and w1 (the pipeline's two stages) and, with standby, a hot standby
- * "spare" preloading w1's stage. Workers are started, the engine opened on the script; once the
- * first tokens came, w1 is killed with SIGKILL (and with restart, started again); every request
- * must then end with on_done and the reference's tokens, and the log must say how it recovered
- * (`expect`). With want NULL, nothing replaces w1: after the 30 s wait every request must end
- * with on_error SH_EIO and a new one be refused with SH_EIO. */
-static void failover(const seen *want, bool standby, bool restart, const char *expect)
+static double mono_s(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The nodes front, w0 and w1 (the pipeline's two stages) and, with standby, a hot standby
+ * "spare" preloading w1's stage. Workers are started, the engine opened on the script (with
+ * recover_ms as opts.recover_timeout_ms); once the first tokens came, w1 is killed with SIGKILL
+ * (and with restart, started again); every request must then end with on_done and the
+ * reference's tokens, and the log must say how it recovered (`expect`). With want NULL, nothing
+ * replaces w1: after the wait every request must end with on_error SH_EIO and a new one be
+ * refused with SH_EIO; returns the seconds from the kill to the last request's end. */
+static double failover(const seen *want, bool standby, bool restart, int32_t recover_ms,
+                       const char *expect)
+{
+    double took = -1;
     char dir[] = "/tmp/shoal-engine-failover-XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char path[128], src[2048];
@@ -180,7 +190,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
     if (!f)
-        return;
+        return took;
     fputs(src, f);
     fclose(f);
     pid_t w0 = start_node(path, "w0"), w1 = start_node(path, "w1");
@@ -192,6 +202,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
     sh_engine_opts o = sh_engine_opts_default();
     o.cluster_script = path;
     o.log = log_line;
+    o.recover_timeout_ms = recover_ms;
     sh_engine *eng = NULL;
     sh_error e = {0};
     sh_err rc = sh_engine_open(&o, &eng, &e);
@@ -217,6 +228,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
             over += s[j].n_done + s[j].n_error;
         CHECK_INT_EQ(over, 0); /* else the kill tests nothing */
         kill(w1, SIGKILL);
+        double t_kill = mono_s();
         int st = 0;
         waitpid(w1, &st, 0);
         w1 = 0;
@@ -225,6 +237,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
             w1 = start_node(path, "w1");
         }
         run_all(eng);
+        took = mono_s() - t_kill;
         for (int j = 0; !want && j < N_REQ; j++) {
             CHECK_INT_EQ(s[j].n_done, 0);
             CHECK_INT_EQ(s[j].n_error, 1);
@@ -237,7 +250,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
             uint64_t id = 0;
             sh_error e2 = {0};
             CHECK_INT_EQ(sh_submit(eng, &r, &CB, &s[0], &id, &e2), SH_EIO);
-            CHECK(strstr(e2.msg, "did not come back") != NULL);
+            CHECK(strstr(e2.msg, expect) != NULL);
         }
         for (int j = 0; want && j < N_REQ; j++) {
             if (s[j].n_error)
@@ -265,6 +278,7 @@ static void failover(const seen *want, bool standby, bool restart, const char *e
         unlink(sock);
     }
     rmdir(dir);
+    return took;
 }
 
 /* A hot standby replaces the killed last stage's node. */
@@ -272,13 +286,49 @@ static void test_standby(void)
 {
     seen want;
     if (reference(&want))
-        failover(&want, true, false, "node w1 was replaced by standby spare in");
+        failover(&want, true, false, 0, "node w1 was replaced by standby spare in");
 }
 
-/* Nothing replaces the killed node: the front fails stop after the 30 s wait. */
+/* Nothing replaces the killed node: the front fails stop after its wait, here 2 s
+ * (opts.recover_timeout_ms): well before the default 30 s. */
 static void test_fail_stop(void)
 {
-    failover(NULL, false, false, "did not come back within 30.0 s");
+    double took = failover(NULL, false, false, 2000,
+                           "did not come back within 2.0 s (opts.recover_timeout_ms)");
+    fprintf(stderr, "fail_stop: the requests failed %.2f s after the kill\n", took);
+    CHECK(took >= 1.5);
+    CHECK(took < 15.0);
+}
+
+/* recover_timeout_ms -1: no wait; the requests fail as soon as the death is seen. */
+static void test_no_wait(void)
+{
+    double took = failover(NULL, false, false, -1, "was lost");
+    fprintf(stderr, "no_wait: the requests failed %.2f s after the kill\n", took);
+    CHECK(took >= 0);
+    CHECK(took < 1.5);
+}
+
+/* Values out of range fail the open with SH_EINVAL naming the option (checked before any node
+ * is contacted), for a cluster script and for a model alike. */
+static void test_bad_recover_timeout(void)
+{
+    static const int32_t bad[] = {-2, 3600001, INT32_MIN, INT32_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sh_engine_opts o = sh_engine_opts_default();
+        o.cluster_script = "/nonexistent/cluster.lua";
+        o.recover_timeout_ms = bad[i];
+        sh_engine *eng = (sh_engine *)&o;
+        sh_error e = {0};
+        CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
+        CHECK(eng == NULL);
+        CHECK_INT_EQ(e.code, SH_EINVAL);
+        CHECK(strstr(e.msg, "opts.recover_timeout_ms") != NULL);
+        o.cluster_script = NULL;
+        o.model_path = sh_test_path(MODEL);
+        CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
+        CHECK(strstr(e.msg, "opts.recover_timeout_ms") != NULL);
+    }
 }
 
 /* Without a standby the replica waits for the node; restarted, it rejoins as a new process. */
@@ -286,7 +336,7 @@ static void test_rejoin(void)
 {
     seen want;
     if (reference(&want))
-        failover(&want, false, true, "node w1 came back");
+        failover(&want, false, true, 0, "node w1 came back");
 }
 
 int main(int argc, char **argv)
@@ -303,6 +353,8 @@ int main(int argc, char **argv)
     static const sh_test_case tests[] = {{"standby", test_standby},
                                          {"rejoin", test_rejoin},
                                          {"fail_stop", test_fail_stop},
+                                         {"no_wait", test_no_wait},
+                                         {"bad_recover_timeout", test_bad_recover_timeout},
                                          {NULL, NULL}};
     return sh_test_main(argc, argv, tests);
 }
