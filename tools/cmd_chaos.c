@@ -1,7 +1,8 @@
 /* `shoal chaos SCENARIO.lua -c CLUSTER.lua`: starts a local cluster (`shoal cluster up`) or
  * attaches to one, computes the undisturbed greedy outputs, runs a bounded load while the
  * scenario's events happen, and reports lost and wrong requests, detection and recovery times
- * and latency by phase (docs/chaos.md). */
+ * and latency by phase (docs/chaos.md). With --engine the front is an embedding engine in this
+ * process (tools/cmd_chaos_engine.c) and only the workers are child processes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -30,7 +31,8 @@ static void usage(FILE *f)
         "                   [--max-tokens T] [--prompts P] [--prompt-words W] [--json]\n"
         "                   [--seed S] [--duration S]\n"
         "                   [--timeout S] [-t THREADS] [--bin PATH] [--log FILE] [--keep]\n"
-        "                   [--attach URL [--pid-dir DIR] [--epoch-file FILE]] [--api-key KEY]\n\n"
+        "                   [--attach URL [--pid-dir DIR] [--epoch-file FILE]] [--api-key KEY]\n"
+        "                   [--engine]\n\n"
         "Starts the cluster of CLUSTER.lua on this machine (`shoal cluster up`, every node a\n"
         "child process), sends each of P prompts once to record the undisturbed greedy output,\n"
         "then runs a bounded load (alternately streaming and not, temperature 0) while the\n"
@@ -63,7 +65,15 @@ static void usage(FILE *f)
         "                     (its `cluster up --pid-dir`), link and leak events need its nodes\n"
         "                     started with --fault-scenario SCENARIO --fault-epoch @FILE and\n"
         "                     --epoch-file FILE here; times then come from GET /admin/status only\n"
-        "  --api-key KEY      bearer key (default: the script's first api key, if any)\n\n"
+        "  --api-key KEY      bearer key (default: the script's first api key, if any)\n"
+        "  --engine           the front is not `shoal serve -c` but an embedding engine in\n"
+        "                     this process (sh_engine_open on CLUSTER.lua, include/shoal.h):\n"
+        "                     only the workers run as children (`cluster up --no-front`), the\n"
+        "                     load goes through sh_submit (every request streams through\n"
+        "                     on_token), link events on the front's links are applied to the\n"
+        "                     engine's fault layer, and times come from the engine's log\n"
+        "                     lines; events that kill, stop, stall or leak the front are\n"
+        "                     refused\n\n"
         "Exit status: 0 when no request was lost and none differed from the reference, 1 when\n"
         "one did or the run failed, 2 for bad usage or a bad script (nothing is started).\n");
 }
@@ -108,7 +118,8 @@ typedef struct chaos {
     action *acts;
     size_t n_acts;
     sh__chaos_marks marks;
-    double load_t0; /* mono_s() at the epoch */
+    double load_t0;        /* mono_s() at the epoch */
+    sh__chaos_front front; /* --engine */
 } chaos;
 
 static int parse_opts(int argc, char **argv, sh__chaos_opts *o)
@@ -135,6 +146,10 @@ static int parse_opts(int argc, char **argv, sh__chaos_opts *o)
         }
         if (!strcmp(a, "--keep")) {
             o->keep = true;
+            continue;
+        }
+        if (!strcmp(a, "--engine")) {
+            o->engine = true;
             continue;
         }
         if (a[0] != '-') {
@@ -204,6 +219,10 @@ static int parse_opts(int argc, char **argv, sh__chaos_opts *o)
     if (!o->scenario || !o->cluster)
         return sh__cmd_fail("shoal chaos needs SCENARIO.lua and -c CLUSTER.lua (see shoal chaos "
                             "--help)");
+    if (o->engine && o->attach)
+        return sh__cmd_fail("--engine starts its own front: it does not go with --attach");
+    if (o->engine && o->api_key)
+        return sh__cmd_fail("--engine sends no HTTP request: --api-key has nothing to do");
     return 0;
 }
 
@@ -263,8 +282,15 @@ static int prepare(chaos *ch)
         default:
             break;
         }
-        procs |= ev->kind == SH_FAULT_KILL || ev->kind == SH_FAULT_STOP ||
-                 ev->kind == SH_FAULT_CONT || ev->kind == SH_FAULT_STALL;
+        bool proc = ev->kind == SH_FAULT_KILL || ev->kind == SH_FAULT_STOP ||
+                    ev->kind == SH_FAULT_CONT || ev->kind == SH_FAULT_STALL;
+        procs |= proc;
+        if (o->engine && (proc || ev->kind == SH_FAULT_LEAK) &&
+            sh_config_find_node(ch->c, ev->from) == ch->c->gateway.node)
+            return sh__cmd_fail("%s:%d: %s \"%s\": with --engine the front '%s' is this process "
+                                "(an embedding engine), which shoal chaos does not %s",
+                                ch->sc->source, line, sh_scenario_kind_name(ev->kind), ev->from,
+                                ev->from, ev->kind == SH_FAULT_LEAK ? "make leak" : "signal");
     }
     // Actions in time order (stable: script order among equal times).
     for (size_t i = 1; i < ch->n_acts; i++)
@@ -388,17 +414,22 @@ static int start_cluster(chaos *ch)
     args[n++] = (char *)o->threads;
     args[n++] = "--pid-dir";
     args[n++] = ch->pids;
+    if (o->engine)
+        args[n++] = "--no-front"; /* the front is this process's engine */
     if (links) {
         args[n++] = "--fault-scenario";
         args[n++] = (char *)o->scenario;
         args[n++] = "--fault-epoch";
         args[n++] = epoch_arg;
     }
-    args[n++] = "--";
-    args[n++] = "--port";
-    args[n++] = "0";
+    if (!o->engine) {
+        args[n++] = "--";
+        args[n++] = "--port";
+        args[n++] = "0";
+    }
     args[n] = NULL;
-    int fd = open(ch->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // Appending: with --engine this process writes the engine's lines into the same file.
+    int fd = open(ch->log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0)
         return (sh__cmd_fail("--log %s: %s", ch->log, strerror(errno)), 1);
     ch->logfd = open(ch->log, O_RDONLY | O_CLOEXEC);
@@ -439,6 +470,8 @@ static int start_cluster(chaos *ch)
             have += (size_t)r;
             buf[have] = '\0';
             const char *up = strstr(buf, "cluster: up: ");
+            if (up && o->engine && strchr(up, '\n'))
+                return 0; /* every worker serves; the front is opened next */
             const char *at = up ? strstr(up, "listening on http://") : NULL;
             if (at && strchr(at, '\n')) {
                 at += 13;
@@ -529,6 +562,13 @@ static int run(chaos *ch)
             return (sh__cmd_fail("mkdir %s: %s", ch->pids, strerror(errno)), 1);
         if ((rc = start_cluster(ch)) != 0)
             return rc;
+        if (o->engine) {
+            if ((rc = sh__chaos_front_open(&ch->front, o, ch->log)) != 0) {
+                stop_cluster(ch);
+                return rc;
+            }
+            snprintf(ch->url, sizeof ch->url, "the engine on %s", o->cluster);
+        }
     } else {
         snprintf(ch->url, sizeof ch->url, "%s", o->attach);
         if (o->epoch_file)
@@ -536,7 +576,8 @@ static int run(chaos *ch)
     }
     // The load's prompts and their undisturbed outputs.
     const char *model = ch->c->models[ch->c->replicas[0].model].name;
-    sh__chaos_load l = {.o = o, .url = ch->url, .model = model, .tick = tick, .ud = ch};
+    sh__chaos_load l = {
+        .o = o, .url = ch->url, .model = model, .tick = tick, .ud = ch, .eng = ch->front.eng};
     l.prompts = calloc((size_t)o->prompts, sizeof *l.prompts);
     l.reference = calloc((size_t)o->prompts, sizeof *l.reference);
     uint64_t seed = o->seed;
@@ -570,6 +611,8 @@ static int run(chaos *ch)
             goto out;
         }
     }
+    if (o->engine && (rc = sh__chaos_front_faults(&ch->front, ch->sc, ch->c, epoch)) != 0)
+        goto out;
     ch->load_t0 = mono_s();
     l.load_end_s = o->duration_s;
     if ((rc = sh__chaos_load_run(&l)) != 0)
@@ -579,7 +622,8 @@ static int run(chaos *ch)
     // Precise times from the front's event ring when it serves them; the log's otherwise.
     const char *source = ch->up ? "log" : "none";
     int status = 0;
-    char *body = sh__chaos_http_get(ch->url, "/admin/status", o->api_key, &status);
+    char *body =
+        o->engine ? NULL : sh__chaos_http_get(ch->url, "/admin/status", o->api_key, &status);
     if (body && status == 200 && sh__chaos_marks_from_status(&ch->marks, body, strlen(body), epoch))
         source = "admin/status";
     free(body);
@@ -600,6 +644,10 @@ static int run(chaos *ch)
     bool pass = rep.counts[SH__CHAOS_LOST] == 0 && rep.counts[SH__CHAOS_WRONG] == 0;
     if (pass && !o->keep && !o->log_path)
         rep.log_path = NULL; /* removed below */
+    // The engine first (it is the front: its close ends what it still holds), then the workers.
+    int close_rc = sh__chaos_front_close(&ch->front);
+    if (close_rc)
+        fprintf(stderr, "chaos: sh_engine_close: %s\n", sh_strerror((sh_err)close_rc));
     int up_rc = stop_cluster(ch);
     if (up_rc > 0)
         fprintf(stderr, "chaos: shoal cluster up exited with status %d (see %s)\n", up_rc, ch->log);
@@ -607,6 +655,9 @@ static int run(chaos *ch)
         json_t *j = sh__chaos_report_json(&rep);
         if (j) {
             json_object_set_new(j, "cluster_exit", json_integer(up_rc));
+            json_object_set_new(j, "front", json_string(o->engine ? "engine" : "shoal serve"));
+            if (o->engine)
+                json_object_set_new(j, "engine_close", json_integer(close_rc));
             json_dumpf(j, stdout, JSON_COMPACT);
         }
         printf("\n");
@@ -618,6 +669,8 @@ static int run(chaos *ch)
     rc = pass ? 0 : 1;
     free(ers);
 out:
+    sh__chaos_front_close(&ch->front);
+    sh__chaos_engine_reqs_free(&l);
     stop_cluster(ch);
     for (int32_t i = 0; l.prompts && i < o->prompts; i++)
         free(l.prompts[i]);

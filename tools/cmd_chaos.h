@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "lua/config.h"
+#include "runtime/fault_scenario.h"
 
 typedef struct sh__chaos_opts {
     const char *scenario, *cluster, *attach, *bin, *pid_dir, *epoch_file, *log_path, *api_key;
@@ -20,6 +21,7 @@ typedef struct sh__chaos_opts {
     uint64_t seed;
     double duration_s, timeout_s, up_timeout_s;
     bool json, keep;
+    bool engine; /* --engine: the front is an embedding engine in this process (sh_engine_open) */
 } sh__chaos_opts;
 
 /* How one request of the load ended. */
@@ -67,7 +69,9 @@ void sh__chaos_marks_from_line(sh__chaos_marks *m, const char *line, double t);
 bool sh__chaos_marks_from_status(sh__chaos_marks *m, const char *body, size_t len,
                                  uint64_t epoch_unix_ms);
 
-/* The load (tools/cmd_chaos_load.c). */
+struct sh_engine;
+
+/* The load (tools/cmd_chaos_load.c over HTTP, tools/cmd_chaos_engine.c through the C API). */
 typedef struct sh__chaos_load {
     const sh__chaos_opts *o;
     const char *url;   /* http://host:port */
@@ -80,6 +84,10 @@ typedef struct sh__chaos_load {
     void (*tick)(void *ud, double t);
     void *ud;
     double load_end_s; /* the load keeps starting requests until at least this (from the epoch) */
+    /* --engine: the requests go to this engine (sh_submit, polled on the calling thread) instead
+     * of url; its callbacks' state lives in engine_reqs until sh__chaos_engine_reqs_free. */
+    struct sh_engine *eng;
+    void *engine_reqs;
 } sh__chaos_load;
 
 /* Runs each prompt once, one at a time per connection, into l->reference. Returns 0, or 1 with
@@ -90,6 +98,43 @@ int sh__chaos_load_reference(sh__chaos_load *l);
  * o->concurrency at a time, alternating streaming and not, each checked against the reference.
  * Fills l->reqs. Returns 0, or 1 with an error line (out of memory, a bad URL). */
 int sh__chaos_load_run(sh__chaos_load *l);
+
+/* Judges a complete answer against the reference: SH__CHAOS_OK when text equals ref, else
+ * SH__CHAOS_WRONG with both texts (shortened) in q->err. */
+void sh__chaos_judge_text(sh__chaos_req *q, const char *text, const char *ref);
+
+/* The load through the engine (tools/cmd_chaos_engine.c): what sh__chaos_load_reference and
+ * sh__chaos_load_run do when l->eng is set, with a request that has no final callback within
+ * o->timeout_s counted lost (and cancelled). Returns 0, or 1 with an error line. */
+int sh__chaos_engine_load(sh__chaos_load *l, bool ref);
+
+/* Frees the requests' callback state; after the engine is closed (its last callbacks ran). */
+void sh__chaos_engine_reqs_free(sh__chaos_load *l);
+
+/* --engine's front: an engine opened on the cluster script, its log lines appended to a log
+ * file (one write each, "[engine] LINE"), and a fault runner that applies the scenario's link
+ * events to the links leaving it, as `shoal serve -c --fault-scenario` does for its own. */
+typedef struct sh__chaos_front {
+    struct sh_engine *eng;
+    int logfd; /* O_APPEND; owned while opened */
+    bool opened;
+    sh_fault_runner *runner; /* or NULL */
+    sh_fault_host host;
+    sh_scenario sc; /* the link events (events owned) */
+} sh__chaos_front;
+
+/* Opens the engine on o->cluster (its workers must be running), its log appended to log_path.
+ * Returns 0, or 1 with an error line. */
+int sh__chaos_front_open(sh__chaos_front *f, const sh__chaos_opts *o, const char *log_path);
+
+/* Starts applying sc's link events on the engine's links, times from epoch_unix_ms. Returns 0, or
+ * 1 with an error line. */
+int sh__chaos_front_faults(sh__chaos_front *f, const sh_scenario *sc, const sh_cluster_config *c,
+                           uint64_t epoch_unix_ms);
+
+/* Stops the runner and closes the engine (its open requests end with on_error). Accepts a
+ * zeroed f (nothing to do); returns the close's sh_err as an int (0: clean). */
+int sh__chaos_front_close(sh__chaos_front *f);
 
 /* GET path on url into a malloc'd NUL-terminated body (caller frees); the status in *status (0:
  * no answer). NULL when there was no answer. */

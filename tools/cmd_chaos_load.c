@@ -125,10 +125,16 @@ static void classify(run *r, slot *s, sh__chaos_req *q)
     } else if (strcmp(s->finish, "length") && strcmp(s->finish, "stop")) {
         q->outcome = SH__CHAOS_ERROR;
         snprintf(q->err, sizeof q->err, "finish_reason \"%s\"", s->finish);
-    } else if (!s->text || strcmp(s->text, ref)) {
+    } else {
+        sh__chaos_judge_text(q, s->text ? s->text : "", ref);
+    }
+}
+
+void sh__chaos_judge_text(sh__chaos_req *q, const char *text, const char *ref)
+{
+    if (strcmp(text, ref)) {
         q->outcome = SH__CHAOS_WRONG;
-        snprintf(q->err, sizeof q->err, "got \"%.60s\", want \"%.60s\"", s->text ? s->text : "",
-                 ref);
+        snprintf(q->err, sizeof q->err, "got \"%.60s\", want \"%.60s\"", text, ref);
     } else {
         q->outcome = SH__CHAOS_OK;
     }
@@ -334,9 +340,15 @@ out:
     return rc;
 }
 
-int sh__chaos_load_reference(sh__chaos_load *l) { return go(l, true); }
+int sh__chaos_load_reference(sh__chaos_load *l)
+{
+    return l->eng ? sh__chaos_engine_load(l, true) : go(l, true);
+}
 
-int sh__chaos_load_run(sh__chaos_load *l) { return go(l, false); }
+int sh__chaos_load_run(sh__chaos_load *l)
+{
+    return l->eng ? sh__chaos_engine_load(l, false) : go(l, false);
+}
 
 typedef struct get_ctx {
     uv_loop_t *loop;

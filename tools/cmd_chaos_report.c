@@ -37,6 +37,34 @@ static void add(sh__chaos_marks *m, double t, const char *kind, const char *node
     (void)sh__chaos_marks_add(m, &mk);
 }
 
+/* The lines of `shoal chaos --engine`'s engine (its log callback, "[engine] LINE"): the
+ * watchdog's death (`... event=node_dead node="w1" why="..."`), and the supervisor's pause and
+ * resumption (actors/supervisor.c):
+ *   node NAME (URL) was lost: ...: replica K paused; ...
+ *   node NAME came back S s after it was lost (...); replica K resumed ...
+ *   node NAME was replaced by standby S in T s; replica K resumed ... */
+static void marks_from_engine(sh__chaos_marks *m, const char *line, double t)
+{
+    const char *p = strstr(line, " event=node_dead node=\"");
+    const char *rep;
+    int k;
+    if (p) {
+        const char *name = p + 23;
+        add(m, t, "dead", name, strcspn(name, "\""), -1, line);
+        return;
+    }
+    if (strncmp(line + 9, "node ", 5))
+        return;
+    const char *name = line + 14;
+    size_t len = strcspn(name, " ");
+    if (strstr(name, " was lost") && (rep = strstr(name, "replica ")) &&
+        sscanf(rep, "replica %d paused", &k) == 1 && strstr(rep, "paused"))
+        add(m, t, "paused", "", 0, k - 1, line);
+    else if ((strstr(name, " came back ") || strstr(name, " was replaced by standby ")) &&
+             (rep = strstr(name, "; replica ")) && sscanf(rep, "; replica %d resumed", &k) == 1)
+        add(m, t, "resumed", name, len, k - 1, line);
+}
+
 /* The front's lines (tools/cmd_serve.c) and the supervisor's (tools/cmd_cluster.c):
  *   [front] shoal: node NAME (URL) was lost: ...: replica K paused; ...
  *   [front] shoal: node NAME came back S s after it was lost; replica K resumed ...
@@ -46,6 +74,10 @@ void sh__chaos_marks_from_line(sh__chaos_marks *m, const char *line, double t)
     const char *p = strstr(line, "shoal: node ");
     const char *rep;
     int k;
+    if (!strncmp(line, "[engine] ", 9)) {
+        marks_from_engine(m, line, t);
+        return;
+    }
     if (p) {
         const char *name = p + 12;
         size_t len = strcspn(name, " ");
@@ -264,8 +296,8 @@ static bool passed(const sh__chaos_report *r)
 void sh__chaos_report_text(FILE *f, const sh__chaos_report *r)
 {
     const int64_t *c = r->counts;
-    fprintf(f, "shoal chaos: %s against %s, %zu events\n", r->o->scenario, r->o->cluster,
-            r->sc->n_events);
+    fprintf(f, "shoal chaos: %s against %s%s, %zu events\n", r->o->scenario, r->o->cluster,
+            r->o->engine ? " (front: an embedding engine in this process)" : "", r->sc->n_events);
     fprintf(f,
             "requests: %lld accepted, %lld completed (%lld equal to the reference, %lld wrong), "
             "%lld ended with a clear error, %lld lost\n",

@@ -38,7 +38,7 @@
 static void usage(FILE *f)
 {
     fprintf(
-        f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS]\n"
+        f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] [--no-front]\n"
            "                        [--cluster-key-file FILE] [--pid-dir DIR]\n"
            "                        [--fault-scenario FILE [--fault-epoch E]] [-- SERVE FLAGS]\n"
            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n"
@@ -57,6 +57,10 @@ static void usage(FILE *f)
            "the cluster. SIGINT/SIGTERM stop the front (it drains), then the workers.\n\n"
            "  --bin PATH    the shoal binary for the children (default: this one)\n"
            "  -t THREADS    compute threads of each worker node (shoal node -t)\n"
+           "  --no-front    run the worker nodes only: the front runs elsewhere (an\n"
+           "                embedding engine opened on the same script, as `shoal chaos\n"
+           "                --engine` does); prints `cluster: up ...` once every worker\n"
+           "                serves, and restarts a worker that exits as above\n"
            "  --cluster-key-file FILE\n"
            "                the cluster key every node proves in HELLO, passed to the children\n"
            "                as SHOAL_CLUSTER_KEY_FILE (see docs/cluster.md)\n"
@@ -130,6 +134,8 @@ typedef struct sup {
     double restart_all_at;
     double lost_deadline;   /* restarting: SIGTERM the front if it is still up by then */
     bool workers_signalled; /* stopping: the workers were sent stop_signal */
+    bool no_front;          /* --no-front: the front's child is never started */
+    bool announced;         /* --no-front: the `up` line was printed */
 } sup;
 
 static child *front_of(sup *s) { return &s->kids[s->n - 1]; }
@@ -197,6 +203,13 @@ static void on_line(sup *s, child *k, const char *text, size_t len)
         snprintf(want, sizeof want, "node %s serving", k->name);
         if (strstr(l, want))
             k->ready = true;
+        int ready = 0;
+        for (int i = 0; i < s->n - 1; i++)
+            ready += s->kids[i].ready;
+        if (s->no_front && !s->announced && ready == s->n - 1) {
+            s->announced = true;
+            say("up: %d worker node%s (no front: it runs elsewhere)", ready, ready == 1 ? "" : "s");
+        }
     }
 }
 
@@ -372,7 +385,7 @@ static void on_exit_of(sup *s, child *k, int status)
     }
     child *fr = front_of(s);
     if (!k->front && WIFEXITED(status) && WEXITSTATUS(status) == SH_NODE_EXIT_RESTART &&
-        !s->restarting && fr->pid && fr->ready) {
+        !s->restarting && ((fr->pid && fr->ready) || s->no_front)) {
         // Drained by the front's watchdog (over its memory budget): a clean restart it asked
         // for, not a failure, so at once and without backoff; the front resumes its replica.
         say("node %s exited (%s); restarting it now", k->name, how);
@@ -480,7 +493,7 @@ static void tick(sup *s)
 static int supervise(sup *s)
 {
     for (int i = 0; i < s->n && !s->stopping; i++)
-        if (start(s, &s->kids[i]) != 0)
+        if (!(s->no_front && s->kids[i].front) && start(s, &s->kids[i]) != 0)
             begin_stop(s, SIGTERM, 1);
     int signals = 0;
     while (s->stopping ? any_running(s, false) : true) {
@@ -511,8 +524,8 @@ static int supervise(sup *s)
                     continue;
                 signals++;
                 if (signals == 1) {
-                    say("%s: stopping the front, then the workers",
-                        sig == SIGINT ? "interrupted" : "terminated");
+                    say("%s: stopping %s", sig == SIGINT ? "interrupted" : "terminated",
+                        s->no_front ? "the workers" : "the front, then the workers");
                     begin_stop(s, sig, 0);
                 } else {
                     say("signalled again: killing every node");
@@ -581,6 +594,7 @@ static int cluster_up(int argc, char **argv)
 {
     const char *script = NULL, *bin = "/proc/self/exe", *threads = NULL, *key_file = NULL;
     const char *pid_dir = NULL, *fault = NULL, *epoch = NULL;
+    bool no_front = false;
     int extra = argc; // index of the first serve flag
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -591,6 +605,10 @@ static int cluster_up(int argc, char **argv)
         if (!strcmp(a, "--")) {
             extra = i + 1;
             break;
+        }
+        if (!strcmp(a, "--no-front")) {
+            no_front = true;
+            continue;
         }
         if (!strcmp(a, "--bin") || !strcmp(a, "-t") || !strcmp(a, "--cluster-key-file") ||
             !strcmp(a, "--pid-dir") || !strcmp(a, "--fault-scenario") ||
@@ -661,7 +679,16 @@ static int cluster_up(int argc, char **argv)
         return rc;
     }
     int n_extra = argc - extra;
-    sup s = {.script = script, .bin = bin, .sfd = -1, .pid_dir = pid_dir};
+    if (no_front && c->n_nodes < 2) {
+        sh_config_destroy(c);
+        return sh__cmd_fail("%s: --no-front: the script has no worker node to run", script);
+    }
+    if (no_front && extra < argc) {
+        sh_config_destroy(c);
+        return sh__cmd_fail(
+            "--no-front starts no `shoal serve`: flags after -- have nowhere to go");
+    }
+    sup s = {.script = script, .bin = bin, .sfd = -1, .pid_dir = pid_dir, .no_front = no_front};
     s.n = c->n_nodes;
     if (s.n > SH_CLUSTER_MAX_STAGES + 1) {
         sh_config_destroy(c);
@@ -738,8 +765,8 @@ static int cluster_up(int argc, char **argv)
             fprintf(stderr, "error: signalfd: %s\n", strerror(errno));
             rc = 1;
         } else {
-            say("%s: %d worker node%s and the front '%s' on this machine", script, s.n - 1,
-                s.n == 2 ? "" : "s", front_of(&s)->name);
+            say("%s: %d worker node%s and %s '%s' on this machine", script, s.n - 1,
+                s.n == 2 ? "" : "s", no_front ? "not the front" : "the front", front_of(&s)->name);
             rc = supervise(&s);
             close(s.sfd);
         }

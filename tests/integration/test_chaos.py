@@ -4,7 +4,9 @@ temp dir) under at least 200 greedy requests, half of them streaming, and each m
 0 different from the undisturbed run, and the command's exit status and JSON report agree.
 
 Usage: test_chaos.py SCENARIO (a file name in examples/chaos/ without .lua), or
-test_chaos.py attach: `shoal chaos --attach` against a cluster started by hand with
+test_chaos.py SCENARIO --engine: the same run with `shoal chaos --engine`, whose front is the C
+API's cluster front (sh_engine_open on the script, in the chaos process; only the workers are
+children, under `cluster up --no-front`), to the same bar; or test_chaos.py attach: `shoal chaos --attach` against a cluster started by hand with
 `cluster up --pid-dir --fault-scenario --fault-epoch @FILE`, a kill and a 1 s delay.
 
 Scenarios whose recovery is not built yet are listed in KNOWN with the reason: such a scenario
@@ -36,6 +38,7 @@ SCENARIOS = {
     "kill-decode": ("cluster.lua", ["--max-tokens", "32"], "kill"),
     "kill-twice": ("cluster.lua", ["--max-tokens", "32"], "kill"),
     "kill-standby": ("cluster-standby.lua", ["--max-tokens", "32"], "kill"),
+    "kill-replica": ("cluster-replicas.lua", ["--max-tokens", "32"], "kill"),
     "stop-2s": ("cluster.lua", ["--max-tokens", "32"], "detect"),
     "partition-2s": ("cluster.lua", ["--max-tokens", "32", "--timeout", "15", "--duration", "9"],
                      ""),
@@ -129,15 +132,16 @@ def attach():
 def main():
     if sys.argv[1:] == ["attach"]:
         return attach()
-    if len(sys.argv) != 2 or sys.argv[1] not in SCENARIOS:
-        sys.exit(f"usage: test_chaos.py {{{','.join(SCENARIOS)}}}")
+    engine = sys.argv[2:] == ["--engine"]
+    if len(sys.argv) != 2 + engine or sys.argv[1] not in SCENARIOS:
+        sys.exit(f"usage: test_chaos.py {{{','.join(SCENARIOS)}}} [--engine]")
     name = sys.argv[1]
     cluster, extra, must = SCENARIOS[name]
     d = tempfile.mkdtemp(prefix="shchaos-", dir="/tmp")
     cl = cluster_copy(d, cluster)
     log = os.path.join(d, "cluster.log")
     argv = [su.shoal_binary(), "chaos", os.path.join(EXAMPLES, name + ".lua"), "-c", cl, "--json",
-            "--requests", "200", "--log", log, *extra]
+            "--requests", "200", "--log", log, *extra, *(["--engine"] if engine else [])]
     soak = os.environ.get("SH_SOAK_SECONDS")
     if soak:
         argv += ["--duration", str(min(max(float(soak), 10.0), 120.0))]
@@ -150,7 +154,7 @@ def main():
     r = json.loads(lines[-1])
     q = r["requests"]
     ev = r["events"]
-    summary = (f"{name}: {q['accepted']} accepted, {q['completed']} completed, {q['errors']} "
+    summary = (f"{name}{' (engine)' if engine else ''}: {q['accepted']} accepted, {q['completed']} completed, {q['errors']} "
                f"errors, {q['lost']} lost, {q['wrong']} wrong in {dt:.1f} s; events: "
                + "; ".join(f"{e['what']} at {e['t']} s: detected after {sec(e['detect_s'])}, "
                            f"recovered after {sec(e['recover_s'])}" for e in ev)
@@ -171,6 +175,20 @@ def main():
     crash = su._crash_lines(text)
     assert not crash, "\n".join(crash[:10])
     assert r["cluster_exit"] == 0, f"cluster up exited {r['cluster_exit']}:\n{text[-3000:]}"
+    assert r["front"] == ("engine" if engine else "shoal serve"), r["front"]
+    if engine:
+        # The engine closed cleanly, and the history came from its own lines.
+        assert r["engine_close"] == 0, r["engine_close"]
+        assert r["marks_source"] == "log", r["marks_source"]
+        assert "[engine] node w0 joined" in text, text[-3000:]
+        assert "started node front" not in text, text[-3000:]  # no `shoal serve` child
+        # The front's share of the link events went to the engine's fault layer, every one.
+        m = re.search(r"the engine applied (\d+) of (\d+) link events on its links \((\d+) failed",
+                      p.stderr)
+        links = any(e["kind"] in ("delay", "drop", "duplicate", "corrupt", "partition", "heal")
+                    for e in ev)
+        assert bool(m) == links, p.stderr[-2000:]
+        assert not m or (m.group(1) == m.group(2) and m.group(3) == "0"), m.group(0)
     ok = q["lost"] == 0 and q["wrong"] == 0
     if not ok and name in KNOWN and os.environ.get("SH_CHAOS_STRICT") != "1":
         lines = [ln for ln in text.splitlines() if re.search(
@@ -194,11 +212,12 @@ def main():
     if must == "leak":
         # w1 passes its 150 MiB budget: drained, it exits 75, cluster up starts it again at once
         # and the front resumes the replica on the new process.
-        for want in (r"\[front\] shoal: node w1 \([^)]*\) was lost: over its memory budget",
+        front = r"\[engine\] " if engine else r"\[front\] shoal: "
+        for want in (front + r"node w1 \([^)]*\) was lost: over its memory budget",
                      r"\[w1\] shoal: node w1: the front asked for a restart: .*; exiting 75",
                      r"cluster: node w1 exited \(status 75: the front asked it to restart\); "
                      r"restarting it now",
-                     r"\[front\] shoal: node w1 came back [0-9.]+ s after it was lost \(a new "
+                     front + r"node w1 came back [0-9.]+ s after it was lost \(a new "
                      r"process\); replica 1 resumed"):
             assert re.search(want, text), f"no {want!r} in the cluster log:\n" + text[-3000:]
     if name in KNOWN:

@@ -1,7 +1,8 @@
 """`shoal chaos` refuses bad input before anything starts (issue 12): a scenario naming an unknown
 node or with a bad argument (file:line), a stall of one actor, a cluster script `cluster up`
 would refuse, arguments past the fault layer's limits (corrupt bytes = 1000, a delay over 10
-minutes: issue 25), bad flags; each exits 2 with one error line and starts no process. Also
+minutes: issue 25), bad flags, and with --engine (whose front is this process) an event that
+kills, stops or leaks the front; each exits 2 with one error line and starts no process. Also
 `shoal node --fault-epoch` and `shoal cluster up --fault-epoch` refuse a bad epoch, and --help
 exits 0."""
 
@@ -46,11 +47,21 @@ def main():
         ("at(1, delay { link = 'w0->w1', ms = 700000 })\n",
          "sc.lua:1: delay: field 'ms' must be >= 0 and <= 600000, got 700000"),
     ]
-    for src, want in cases:
+    engine_cases = [
+        ("at(1, kill 'front')\n", "sc.lua:1: kill \"front\": with --engine the front 'front' is "
+                                  "this process (an embedding engine), which shoal chaos does not "
+                                  "signal"),
+        ("at(1, stop { node = 'front', lasting = 1 })\n", "sc.lua:1: stop \"front\": with --engine"),
+        ("\nat(1, leak { node = 'front', mb_per_s = 5, lasting = 2 })\n",
+         "sc.lua:2: leak \"front\": with --engine the front 'front' is this process (an embedding "
+         "engine), which shoal chaos does not make leak"),
+    ]
+    for src, want in cases + [(s, w) for s, w in engine_cases]:
         sc = os.path.join(d, "sc.lua")
         with open(sc, "w") as f:
             f.write(src)
-        err, dt = run("chaos", sc, "-c", cl)
+        engine = (src, want) in engine_cases
+        err, dt = run("chaos", sc, "-c", cl, *(["--engine"] if engine else []))
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and want in lines[0], \
             f"want one error line with {want!r}, got:\n{err}"
@@ -66,7 +77,11 @@ def main():
                        ((ok, "-c", cl, "--pid-dir", d), "--pid-dir and --epoch-file go with "
                                                         "--attach"),
                        ((ok, "-c", cl, "--attach", "http://127.0.0.1:1"),
-                        "kill, stop, cont and stall need --pid-dir with --attach")]:
+                        "kill, stop, cont and stall need --pid-dir with --attach"),
+                       ((ok, "-c", cl, "--engine", "--attach", "http://127.0.0.1:1"),
+                        "--engine starts its own front: it does not go with --attach"),
+                       ((ok, "-c", cl, "--engine", "--api-key", "k"),
+                        "--engine sends no HTTP request")]:
         err, _ = run("chaos", *args)
         assert want in err, f"{args}: want {want!r} in:\n{err}"
     err, _ = run("node", "-c", cl, "--name", "w0", "--fault-scenario", ok, "--fault-epoch",
@@ -74,6 +89,8 @@ def main():
     assert "bad value 'soon' for --fault-epoch" in err, err
     err, _ = run("cluster", "up", cl, "--fault-epoch", "123")
     assert "--fault-epoch needs --fault-scenario" in err, err
+    err, _ = run("cluster", "up", cl, "--no-front", "--", "--port", "0")
+    assert "--no-front starts no `shoal serve`" in err, err
     out = subprocess.run([su.shoal_binary(), "chaos", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "usage: shoal chaos" in out.stdout, out
     for f in os.listdir(d):
