@@ -19,6 +19,7 @@ that long (at most 120 s, to stay within the ctest timeout) after the same fault
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,7 @@ def attach():
         if up.poll() is None:
             os.killpg(up.pid, 9)
             up.wait()
+    shutil.rmtree(d)  # kept when the run failed, for its log
 
 
 def main():
