@@ -3,6 +3,7 @@
  * want a token and answers STEP_DONE. */
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,6 +283,7 @@ static void helper_main(void *arg)
 {
     stage_state *st = arg;
     uint64_t seen = 0;
+    pthread_setname_np(pthread_self(), "shoal-sample");
     uv_mutex_lock(&st->hmu);
     for (;;) {
         while (!st->hquit && st->hgen == seen)
@@ -740,6 +742,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
 static void worker_main(void *arg)
 {
     stage_state *st = arg;
+    pthread_setname_np(pthread_self(), "shoal-stage");
     uv_mutex_lock(&st->mu);
     for (;;) {
         while (!st->stopping && st->q_len == 0)

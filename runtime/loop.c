@@ -1,4 +1,7 @@
 /* Control loops: one libuv loop and thread each, running ready actors a bounded turn at a time. */
+#include <pthread.h>
+#include <stdio.h>
+
 #include "base/error.h"
 #include "runtime/internal.h"
 
@@ -196,6 +199,9 @@ sh_err sh__loop_init(sh_runtime *rt, struct sh__loop *l, uint32_t index, sh_erro
 static void loop_main(void *arg)
 {
     struct sh__loop *l = arg;
+    char name[16]; /* named for ps and /proc/PID/task/TID/comm */
+    snprintf(name, sizeof name, "shoal-loop-%u", (unsigned)l->index);
+    pthread_setname_np(pthread_self(), name);
     uv_run(&l->uv, UV_RUN_DEFAULT);
 }
 

@@ -39,7 +39,7 @@ static void usage(FILE *f)
 {
     fprintf(
         f, "usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] [--no-front]\n"
-           "                        [--cluster-key-file FILE] [--pid-dir DIR]\n"
+           "                        [--cluster-key-file FILE] [--pid-dir DIR] [--control-nice N]\n"
            "                        [--fault-scenario FILE [--fault-epoch E]] [-- SERVE FLAGS]\n"
            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n"
            "       shoal cluster policy reload [URL] [--api-key KEY] [--timeout S]\n\n"
@@ -70,6 +70,9 @@ static void usage(FILE *f)
            "                passed to every node (`shoal node` and `shoal serve`): each applies\n"
            "                the scenario's link events on the links leaving it (and its leak\n"
            "                events), times counted from E (UNIX_MS or @FILE; docs/chaos.md)\n"
+           "  --control-nice N\n"
+           "                passed to every node: the control path's nice steps above the\n"
+           "                compute threads (default 10; 0: none; see shoal node --help)\n"
            "  -- FLAGS      the rest goes to `shoal serve` (e.g. -- --port 0)\n\n"
            "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
@@ -593,7 +596,7 @@ static char **argv_make(int n, ...)
 static int cluster_up(int argc, char **argv)
 {
     const char *script = NULL, *bin = "/proc/self/exe", *threads = NULL, *key_file = NULL;
-    const char *pid_dir = NULL, *fault = NULL, *epoch = NULL;
+    const char *pid_dir = NULL, *fault = NULL, *epoch = NULL, *control_nice = NULL;
     bool no_front = false;
     int extra = argc; // index of the first serve flag
     for (int i = 1; i < argc; i++) {
@@ -612,7 +615,7 @@ static int cluster_up(int argc, char **argv)
         }
         if (!strcmp(a, "--bin") || !strcmp(a, "-t") || !strcmp(a, "--cluster-key-file") ||
             !strcmp(a, "--pid-dir") || !strcmp(a, "--fault-scenario") ||
-            !strcmp(a, "--fault-epoch")) {
+            !strcmp(a, "--fault-epoch") || !strcmp(a, "--control-nice")) {
             if (i + 1 >= argc)
                 return sh__cmd_fail("option '%s' needs a value (see shoal cluster up --help)", a);
             const char *v = argv[++i];
@@ -627,7 +630,13 @@ static int cluster_up(int argc, char **argv)
                 fault = v;
             else if (!strcmp(a, "--fault-epoch"))
                 epoch = v;
-            else if (!sh__cmd_parse_i64(v, 1, 1024, &t))
+            else if (!strcmp(a, "--control-nice")) {
+                if (!sh__cmd_parse_i64(v, 0, 19, &t))
+                    return sh__cmd_fail("bad value '%s' for --control-nice: want a whole number "
+                                        "from 0 to 19",
+                                        v);
+                control_nice = v;
+            } else if (!sh__cmd_parse_i64(v, 1, 1024, &t))
                 return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
             else
                 threads = v;
@@ -712,7 +721,7 @@ static int cluster_up(int argc, char **argv)
         if (k->front) {
             // The front waits for a lost worker to come back (this supervisor restarts it) and
             // resumes its requests; flags after `--` come later and win.
-            k->argv = calloc((size_t)n_extra + 11, sizeof *k->argv);
+            k->argv = calloc((size_t)n_extra + 13, sizeof *k->argv);
             if (k->argv) {
                 int j = 0;
                 k->argv[j++] = "shoal";
@@ -729,12 +738,16 @@ static int cluster_up(int argc, char **argv)
                     k->argv[j++] = "--fault-epoch";
                     k->argv[j++] = (char *)epoch;
                 }
+                if (control_nice) {
+                    k->argv[j++] = "--control-nice";
+                    k->argv[j++] = (char *)control_nice;
+                }
                 for (int x = 0; x < n_extra; x++)
                     k->argv[j++] = argv[extra + x];
             }
         } else {
             k->argv = argv_make(6, "shoal", "node", "-c", script, "--name", k->name);
-            char **v = k->argv ? realloc(k->argv, 13 * sizeof *v) : NULL;
+            char **v = k->argv ? realloc(k->argv, 15 * sizeof *v) : NULL;
             if (v) {
                 int j = 6;
                 if (threads) {
@@ -748,6 +761,10 @@ static int cluster_up(int argc, char **argv)
                 if (epoch) {
                     v[j++] = "--fault-epoch";
                     v[j++] = (char *)epoch;
+                }
+                if (control_nice) {
+                    v[j++] = "--control-nice";
+                    v[j++] = (char *)control_nice;
                 }
                 v[j] = NULL;
             } else {

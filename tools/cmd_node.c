@@ -27,26 +27,29 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n"
-               "                  [--cluster-key-file FILE]\n\n"
-               "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
-               "pipeline stages the script places on it (only their layers are loaded, with\n"
-               "the embedding on the first stage and the output head on the last) until\n"
-               "SIGINT or SIGTERM. Start every worker node, then `shoal serve -c CLUSTER.lua`\n"
-               "on the gateway's node; see docs/cluster.md.\n\n"
-               "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
-               "  --name NAME         which node of the script this process is\n"
-               "  -t THREADS          compute threads per stage (default: all CPUs)\n"
-               "  --cluster-key-file FILE  the cluster key (else " SH_CLUSTER_KEY_ENV ", else\n"
-               "                      the script's cluster.key_file): only nodes that prove\n"
-               "                      it in HELLO are served; none anywhere: open\n"
-               "  --log-level L       error, warn, info, debug, trace (default info)\n"
-               "  --fault-scenario F  apply fault scenario F (lua/examples/scenario-demo.lua)\n"
-               "                      to the links leaving this node, for testing: delay,\n"
-               "                      drop, duplicate, corrupt, partition, heal, leak\n"
-               "  --fault-epoch E     count the scenario's times from E: UNIX_MS, or @FILE\n"
-               "                      holding it (waits for the file; see docs/chaos.md)\n\n"
-               "Prints `node NAME serving ...` on stderr when ready.\n");
+    fprintf(f,
+            "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n"
+            "                  [--cluster-key-file FILE] [--control-nice N]\n\n"
+            "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
+            "pipeline stages the script places on it (only their layers are loaded, with\n"
+            "the embedding on the first stage and the output head on the last) until\n"
+            "SIGINT or SIGTERM. Start every worker node, then `shoal serve -c CLUSTER.lua`\n"
+            "on the gateway's node; see docs/cluster.md.\n\n"
+            "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
+            "  --name NAME         which node of the script this process is\n"
+            "  -t THREADS          compute threads per stage (default: all CPUs)\n"
+            "  --cluster-key-file FILE  the cluster key (else " SH_CLUSTER_KEY_ENV ", else\n"
+            "                      the script's cluster.key_file): only nodes that prove\n"
+            "                      it in HELLO are served; none anywhere: open\n"
+            "%s"
+            "  --log-level L       error, warn, info, debug, trace (default info)\n"
+            "  --fault-scenario F  apply fault scenario F (lua/examples/scenario-demo.lua)\n"
+            "                      to the links leaving this node, for testing: delay,\n"
+            "                      drop, duplicate, corrupt, partition, heal, leak\n"
+            "  --fault-epoch E     count the scenario's times from E: UNIX_MS, or @FILE\n"
+            "                      holding it (waits for the file; see docs/chaos.md)\n\n"
+            "Prints `node NAME serving ...` on stderr when ready.\n",
+            SH_CMD_CONTROL_NICE_HELP);
 }
 
 typedef struct node_stage {
@@ -76,7 +79,9 @@ typedef struct node_state {
     const char *fault_path;  /* --fault-scenario */
     const char *fault_epoch; /* --fault-epoch */
     sh_cmd_fault fault;
-    sh_standby sb; /* node{ standby = true }: its stages arrive with a promotion */
+    sh_standby sb;        /* node{ standby = true }: its stages arrive with a promotion */
+    int32_t control_nice; /* --control-nice */
+    sh_cmd_prio prio;     /* what it set (tools/cmd_util.h) */
 } node_state;
 
 /* The hello actor's on_shutdown: the front's watchdog found this node over its memory budget.
@@ -179,7 +184,12 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     snprintf(s->self.node, sizeof s->self.node, "%s", name);
     sh__cluster_ident_settings(&plan, self, &s->self);
 
-    sh_backend_cpu_opts bo = {.n_threads = threads};
+    // No thread has started yet: every one (the backend's, the runtime's loops, NNG's) inherits
+    // the priority set here, and the backend's compute threads lower themselves by compute_add.
+    char who[96];
+    snprintf(who, sizeof who, "node %s", name);
+    sh__cmd_prio_apply(s->control_nice, who, true, &s->prio);
+    sh_backend_cpu_opts bo = {.n_threads = threads, .nice = s->prio.compute_add};
     if (sh_backend_cpu_create(&bo, &s->be, &e))
         return (sh__cmd_fail("backend: %s", e.msg), 1);
     char kern[160];
@@ -368,7 +378,7 @@ int sh__cmd_node(int argc, char **argv)
 {
     const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
     const char *fault_epoch = NULL;
-    int64_t threads = 0;
+    int64_t threads = 0, control_nice = SH_CMD_CONTROL_NICE_DEFAULT;
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -383,7 +393,8 @@ int sh__cmd_node(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
-            strcmp(a, "--fault-scenario") && strcmp(a, "--fault-epoch"))
+            strcmp(a, "--fault-scenario") && strcmp(a, "--fault-epoch") &&
+            strcmp(a, "--control-nice"))
             return sh__cmd_fail("unknown option '%s' (see shoal node --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
@@ -398,7 +409,12 @@ int sh__cmd_node(int argc, char **argv)
             fault_path = v;
         else if (!strcmp(a, "--fault-epoch"))
             fault_epoch = v;
-        else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
+        else if (!strcmp(a, "--control-nice")) {
+            if (!sh__cmd_parse_i64(v, 0, 19, &control_nice))
+                return sh__cmd_fail("bad value '%s' for --control-nice: want a whole number from "
+                                    "0 to 19",
+                                    v);
+        } else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
             return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
     }
     if (!script || !name)
@@ -411,6 +427,7 @@ int sh__cmd_node(int argc, char **argv)
     s.key_file = key_file;
     if (sh__cmd_fault_epoch_check(fault_epoch))
         return 2;
+    s.control_nice = (int32_t)control_nice;
     s.fault_path = fault_path;
     s.fault_epoch = fault_epoch;
     int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);

@@ -336,6 +336,13 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     sh_serve_size sz;
     if (sh__serve_size(hp, &so, &sz, &e))
         return sh__cmd_fail("%s", e.msg);
+    // No thread has started yet: every one (the runtime's loops, NNG's, the backend's) inherits
+    // the priority set here, and the backend's compute threads lower themselves by compute_add.
+    char who[96] = "serve";
+    if (o->cluster)
+        snprintf(who, sizeof who, "front %s", o->cfg->nodes[o->cfg->gateway.node].name);
+    sh_cmd_prio prio;
+    sh__cmd_prio_apply(o->control_nice, who, !o->cluster, &prio);
     int32_t n_ctx = sz.n_ctx, max_seqs = sz.max_seqs, step_tokens = sz.step_tokens;
     uint64_t bytes_per_block = sz.bytes_per_block;
     int64_t n_blocks = sz.n_blocks;
@@ -379,7 +386,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         step_tokens = plan->step_tokens;
         n_blocks = plan->rep[0].n_blocks;
     } else {
-        sh_backend_cpu_opts bo = {.n_threads = o->threads};
+        sh_backend_cpu_opts bo = {.n_threads = o->threads, .nice = prio.compute_add};
         if (sh_backend_cpu_create(&bo, &s->be, &e))
             return (sh__cmd_fail("backend: %s", e.msg), 1);
         char kern[160];

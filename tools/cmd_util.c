@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 int sh__cmd_fail(const char *fmt, ...)
 {
@@ -123,4 +124,50 @@ sh_log_level sh__cmd_log_level(const char *s)
         if (!strcmp(s, names[i].name))
             return names[i].level;
     return SH_LOG_LEVEL_INFO;
+}
+
+void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio *out)
+{
+    errno = 0;
+    int orig = getpriority(PRIO_PROCESS, 0); /* Linux: the calling thread's */
+    if (errno)
+        orig = 0;
+    *out = (sh_cmd_prio){.control = orig, .compute = orig, .compute_add = 0};
+    const char *what = compute ? "" : " (no compute threads in this process)";
+    if (gap <= 0) {
+        fprintf(stderr,
+                "shoal: %s: priorities: every thread at nice %d (--control-nice 0: the control "
+                "path has no priority over compute)\n",
+                who, orig);
+        return;
+    }
+    int want = orig - gap < -20 ? -20 : orig - gap;
+    errno = 0;
+    if (want < orig && setpriority(PRIO_PROCESS, 0, want) == 0) {
+        out->control = want;
+        out->compute = orig;
+        out->compute_add = orig - want;
+        fprintf(stderr,
+                "shoal: %s: priorities: control threads (loops, network, heartbeats) at nice %d, "
+                "compute threads at nice %d%s (--control-nice %d)\n",
+                who, want, orig, what, (int)gap);
+        return;
+    }
+    // Not allowed to raise (no root, CAP_SYS_NICE or RLIMIT_NICE): lowering is always allowed,
+    // so the compute threads make the gap instead, yielding to every other process's work too.
+    const char *why = errno ? strerror(errno) : "already at the highest priority";
+    out->compute = orig + gap > 19 ? 19 : orig + gap;
+    out->compute_add = out->compute - orig;
+    if (compute)
+        fprintf(stderr,
+                "shoal: %s: priorities: cannot raise the control threads above nice %d (%s; "
+                "needs root, CAP_SYS_NICE or RLIMIT_NICE), so the compute threads run lower, "
+                "at nice %d (--control-nice %d)\n",
+                who, orig, why, out->compute, (int)gap);
+    else
+        fprintf(stderr,
+                "shoal: %s: priorities: cannot raise the control threads above nice %d (%s; "
+                "needs root, CAP_SYS_NICE or RLIMIT_NICE); every thread at nice %d%s "
+                "(--control-nice %d)\n",
+                who, orig, why, orig, what, (int)gap);
 }

@@ -43,6 +43,35 @@ sh_log_level sh__cmd_log_level(const char *s);
  * signalfd; fills *sigs with that set. Ignores SIGPIPE. Call before any thread starts. */
 void sh__cmd_block_signals(sigset_t *sigs, int extra);
 
+/* The control path's priority over the compute threads (--control-nice; docs/cluster.md,
+ * "Heartbeats under load"). The heartbeats (the watchdog's PING and the hello actor's PONG), the
+ * runtime's loops and NNG's I/O threads must not wait behind the model's compute threads, or a
+ * busy node misses its beats and is judged dead. Linux keeps a niceness per thread and a new
+ * thread inherits its creator's, so one change on the main thread before any thread starts
+ * reaches every thread of the process; the CPU backend's compute threads then lower themselves
+ * by compute_add (sh_backend_cpu_opts.nice). */
+#define SH_CMD_CONTROL_NICE_DEFAULT 10
+#define SH_CMD_CONTROL_NICE_HELP                                                                   \
+    "  --control-nice N    run the control path (loops, network, heartbeats) N nice\n"             \
+    "                      steps above the compute threads, 0 to 19 (default 10; 0:\n"             \
+    "                      all threads alike): raised by N where the OS allows it\n"               \
+    "                      (root, CAP_SYS_NICE or RLIMIT_NICE), else the compute\n"                \
+    "                      threads are lowered by N (see docs/cluster.md)\n"
+
+typedef struct sh_cmd_prio {
+    int32_t control;     /* the control threads' nice value */
+    int32_t compute;     /* the compute threads' nice value */
+    int32_t compute_add; /* for sh_backend_cpu_opts.nice: compute minus control */
+} sh_cmd_prio;
+
+/* Sets the priorities for a gap of `gap` nice steps (0 to 19; 0: leaves every thread as it is):
+ * raises the calling thread's priority by gap (nice minus gap, at least -20) when the OS allows
+ * it, so that the compute threads, lowered by compute_add, run at the process's original nice;
+ * else keeps it and lowers the compute threads by gap (at most to 19). Prints one line
+ * "shoal: WHO: priorities: ..." on stderr saying what it chose (compute: whether this process
+ * has compute threads). Call on the main thread before any thread starts. Never fails. */
+void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio *out);
+
 /* Whether flag is one of `flags`, a space-separated list that starts and ends with a space. */
 bool sh__cmd_is_flag(const char *flags, const char *flag);
 

@@ -98,6 +98,7 @@ static void usage(FILE *f)
             "                      request by recompute (default 30; 0: fail stop at once,\n"
             "                      exit 3)\n");
     sh__serve_degrade_usage(f);
+    fprintf(f, SH_CMD_CONTROL_NICE_HELP);
     fprintf(f, "  --log-level L       error, warn, info, debug (default info)\n\n"
                "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
                "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
@@ -298,7 +299,7 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
-    "--fault-epoch "
+    "--fault-epoch --control-nice "
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
@@ -308,6 +309,7 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
     o->drain_timeout_ms = 30000;
     o->join_timeout_ms = SH_REPLICA_JOIN_TIMEOUT_MS;
     o->max_queue = 1024; /* requests waiting per replica beyond those running (actors/replica.h) */
+    o->control_nice = SH_CMD_CONTROL_NICE_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -436,6 +438,8 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
             snprintf(want, sizeof want, "seconds from 0 to 3600 (decimals allowed; 0: none)");
             ok = sh__cmd_parse_f64(v, 0, 3600, &d) &&
                  ((o->recover_ms = (uint32_t)(d * 1000.0 + 0.5)), (o->recover_set = true));
+        } else if (!strcmp(a, "--control-nice")) {
+            ok = num(v, 0, 19, &n, want, sizeof want) && ((o->control_nice = (int32_t)n), true);
         } else if (!strcmp(a, "--affinity-slack")) {
             double d = 0;
             snprintf(want, sizeof want, "load units from 1 to 1e9");

@@ -95,6 +95,8 @@ static void *leader_main(void *arg)
 {
     sh__cpu_ctx *c = arg;
     (void)sh__cpu_thread_apply(&c->topts); /* validated by sh_backend_cpu_create */
+    // The pool's thread 0 (cpu.h), named for ps and /proc/PID/task/TID/comm.
+    pthread_setname_np(pthread_self(), "shoal-cpu-0");
     atomic_store_explicit(&c->leader_placed, 1, memory_order_release);
     for (;;) {
         /* Spin briefly for the next op so a step's ops run back to back without a wake-up. */

@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -112,6 +113,9 @@ static void *worker_main(void *arg)
     worker *w = arg;
     sh__cpu_pool *p = w->pool;
     uint32_t seen = 0;
+    char name[16]; /* named for ps and /proc/PID/task/TID/comm (docs/cluster.md) */
+    snprintf(name, sizeof name, "shoal-cpu-%d", w->tid);
+    pthread_setname_np(pthread_self(), name);
     (void)sh__cpu_thread_apply(&p->topts); /* checked by the backend on its own thread first */
     atomic_fetch_add_explicit(&p->placed, 1, memory_order_release);
     for (;;) {
