@@ -133,7 +133,7 @@ void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio 
     if (errno)
         orig = 0;
     *out = (sh_cmd_prio){.control = orig, .compute = orig, .compute_add = 0};
-    const char *what = compute ? "" : " (no compute threads in this process)";
+    const char *what = compute ? "" : "; no compute threads in this process";
     if (gap <= 0) {
         fprintf(stderr,
                 "shoal: %s: priorities: every thread at nice %d (--control-nice 0: the control "
@@ -147,10 +147,16 @@ void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio 
         out->control = want;
         out->compute = orig;
         out->compute_add = orig - want;
-        fprintf(stderr,
-                "shoal: %s: priorities: control threads (loops, network, heartbeats) at nice %d, "
-                "compute threads at nice %d%s (--control-nice %d)\n",
-                who, want, orig, what, (int)gap);
+        if (compute)
+            fprintf(stderr,
+                    "shoal: %s: priorities: control threads (loops, network, heartbeats) at nice "
+                    "%d, compute threads at nice %d (--control-nice %d)\n",
+                    who, want, orig, (int)gap);
+        else
+            fprintf(stderr,
+                    "shoal: %s: priorities: control threads (loops, network, heartbeats) at nice "
+                    "%d (--control-nice %d%s)\n",
+                    who, want, (int)gap, what);
         return;
     }
     // Not allowed to raise (no root, CAP_SYS_NICE or RLIMIT_NICE): lowering is always allowed,
@@ -167,7 +173,7 @@ void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio 
     else
         fprintf(stderr,
                 "shoal: %s: priorities: cannot raise the control threads above nice %d (%s; "
-                "needs root, CAP_SYS_NICE or RLIMIT_NICE); every thread at nice %d%s "
-                "(--control-nice %d)\n",
-                who, orig, why, orig, what, (int)gap);
+                "needs root, CAP_SYS_NICE or RLIMIT_NICE); every thread at nice %d "
+                "(--control-nice %d%s)\n",
+                who, orig, why, orig, (int)gap, what);
 }
