@@ -1,6 +1,7 @@
 """The control path's priority over compute (--control-nice; docs/cluster.md, "Heartbeats under
-load") on real processes: a `shoal node` worker, the `shoal serve -c` front beside it and a
-one-process `shoal serve`. Each thread's nice value is read from /proc/PID/task/TID/stat and its
+load") on real processes: a `shoal node` worker, the `shoal serve -c` front beside it (over
+ipc://, and over tls+tcp://, which runs on NNG's threads), a one-process `shoal serve`, and the
+nodes of `shoal cluster up --control-nice 4`. Each thread's nice value is read from /proc/PID/task/TID/stat and its
 name from .../comm: the CPU backend's compute threads (shoal-cpu-N) must run N nice steps below
 every other thread (the runtime's loops shoal-loop-N, NNG's nng:* threads, the main thread).
 
@@ -13,6 +14,7 @@ alike; a bad value is refused with exit 2.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,6 +171,39 @@ def case_serve(raised):
         assert not problems, "\n".join(problems)
 
 
+def case_cluster_up(d, raised):
+    """`shoal cluster up --control-nice 4`: every node it starts takes the flag."""
+    path = script(os.path.join(d, "up.lua"), STORIES, ["w0"])
+    pid_dir = os.path.join(d, "pids")
+    os.makedirs(pid_dir, exist_ok=True)
+    fd, logpath = tempfile.mkstemp(prefix="shoal-prio-up-", suffix=".log")
+    with os.fdopen(fd, "wb") as logf:
+        proc = subprocess.Popen([su.shoal_binary(), "cluster", "up", path, "-t", "2",
+                                 "--control-nice", "4", "--pid-dir", pid_dir, "--", "--port", "0"],
+                                cwd=su.ROOT, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                start_new_session=True)
+
+    def text():
+        with open(logpath, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    try:
+        wait_text(text, "cluster: up", timeout=60)
+        ctl, comp = expect(raised, 4)
+        for name, n_compute in (("w0", 2), ("front", 0)):
+            with open(os.path.join(pid_dir, f"{name}.pid")) as f:
+                pid = int(f.read().strip())
+            check_threads(f"cluster up's {name}", pid, ctl, comp, n_compute)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, f"cluster up exited {proc.returncode}:\n{text()[-2000:]}"
+    os.unlink(logpath)
+
+
 def case_bad_values(d):
     path = script(os.path.join(d, "bad.lua"), STORIES, ["w0"])
     for argv in ([su.shoal_binary(), "node", "-c", path, "--name", "w0", "--control-nice", "20"],
@@ -212,6 +247,7 @@ def main():
                    case_cluster, d, False, "fallback", (), drop)
         elif raised:
             su.log("     (fallback case not run: setpriv cannot drop CAP_SYS_NICE here)")
+        r.case("cluster up --control-nice 4 reaches every node", case_cluster_up, d, raised)
         r.case("bad --control-nice values exit 2", case_bad_values, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
