@@ -1,9 +1,10 @@
 """The control path's priority over compute (--control-nice; docs/cluster.md, "Heartbeats under
 load") on real processes: a `shoal node` worker, the `shoal serve -c` front beside it (over
 ipc://, and over tls+tcp://, which runs on NNG's threads), a one-process `shoal serve`, and the
-nodes of `shoal cluster up --control-nice 4`. Each thread's nice value is read from /proc/PID/task/TID/stat and its
-name from .../comm: the CPU backend's compute threads (shoal-cpu-N) must run N nice steps below
-every other thread (the runtime's loops shoal-loop-N, NNG's nng:* threads, the main thread).
+nodes of `shoal cluster up --control-nice 4`. Each thread's nice value is read from
+/proc/PID/task/TID/stat and its name from .../comm: the CPU backend's compute threads
+(shoal-cpu-N) must run N nice steps below every other thread (the runtime's loops shoal-loop-N,
+NNG's nng:* threads, the main thread).
 
 Where this test may raise a priority (root, CAP_SYS_NICE or RLIMIT_NICE) the control threads must
 be raised by N and the compute threads left at the starting nice; where it may not, the compute
