@@ -8,7 +8,8 @@ beats of 100 ms with 3 PINGs unanswered) and the last round trip (heartbeat_rtt_
 
 Prints the figures (p50, p99, max of the age and the round trip over every read of both workers),
 the tokens generated per second (the compute's throughput), the deaths the watchdog logged (any
-is false: nothing is stopped or killed) and the load average. Run it against two binaries in
+is false: nothing is stopped or killed; each with its time from the start of the reads, negative
+for one during the 2 s start of the load) and the load average. Run it against two binaries in
 turn to compare (the machine is shared: alternate them, and quote the load).
 
 Usage (from the repository root):
@@ -118,7 +119,7 @@ def main():
         busy = Busy(port, a.streams, a.tokens)
         time.sleep(2)  # every stream under way
         ages, rtts = [], []
-        t0, tok0 = time.monotonic(), busy.tokens
+        t0, tok0, unix0 = time.monotonic(), busy.tokens, time.time()
         load0 = os.getloadavg()[0]
         while time.monotonic() - t0 < a.seconds:
             for n in status(port).get("nodes", []):
@@ -140,7 +141,9 @@ def main():
         print(f"  heartbeat rtt  s: p50 {pct(rtts, 50):.3f} p99 {pct(rtts, 99):.3f} "
               f"max {max(rtts, default=float('nan')):.3f}")
         print(f"  tokens/s {tok_s:.1f}, stream errors {busy.errors}, deaths {len(deaths)}"
-              + (f" ({'; '.join(e.get('msg', '')[:80] for e in deaths)})" if deaths else ""))
+              + (" (" + "; ".join(f"{e.get('unix_ms', 0) / 1000 - unix0:+.3f} s: "
+                                  f"{e.get('msg', '')[:70]}" for e in deaths) + ")"
+                 if deaths else ""))
         return 0
     finally:
         if cl is not None:
