@@ -378,7 +378,7 @@ int sh__cmd_node(int argc, char **argv)
 {
     const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
     const char *fault_epoch = NULL;
-    int64_t threads = 0, control_nice = SH_CMD_CONTROL_NICE_DEFAULT;
+    int64_t threads = 0, control_nice = -1; /* not given */
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -128,6 +128,9 @@ sh_log_level sh__cmd_log_level(const char *s)
 
 void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio *out)
 {
+    bool asked = gap >= 0; /* the operator gave --control-nice */
+    if (!asked)
+        gap = SH_CMD_CONTROL_NICE_DEFAULT;
     errno = 0;
     int orig = getpriority(PRIO_PROCESS, 0); /* Linux: the calling thread's */
     if (errno)
@@ -159,9 +162,18 @@ void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio 
                     who, want, (int)gap, what);
         return;
     }
-    // Not allowed to raise (no root, CAP_SYS_NICE or RLIMIT_NICE): lowering is always allowed,
-    // so the compute threads make the gap instead, yielding to every other process's work too.
+    // Not allowed to raise (no root, CAP_SYS_NICE or RLIMIT_NICE). Lowering is always allowed,
+    // but lowered compute threads also yield to every other program on the machine, a cost the
+    // default does not impose: only an operator who asked for the gap gets it that way.
     const char *why = errno ? strerror(errno) : "already at the highest priority";
+    if (!asked) {
+        fprintf(stderr,
+                "shoal: %s: priorities: cannot raise the control threads above nice %d (%s; "
+                "needs root, CAP_SYS_NICE or RLIMIT_NICE); every thread at nice %d (pass "
+                "--control-nice N to lower the compute threads by N instead%s)\n",
+                who, orig, why, orig, what);
+        return;
+    }
     out->compute = orig + gap > 19 ? 19 : orig + gap;
     out->compute_add = out->compute - orig;
     if (compute)

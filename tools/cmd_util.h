@@ -55,8 +55,8 @@ void sh__cmd_block_signals(sigset_t *sigs, int extra);
     "  --control-nice N    run the control path (loops, network, heartbeats) N nice\n"             \
     "                      steps above the compute threads, 0 to 19 (default 10; 0:\n"             \
     "                      all threads alike): raised by N where the OS allows it\n"               \
-    "                      (root, CAP_SYS_NICE or RLIMIT_NICE), else the compute\n"                \
-    "                      threads are lowered by N (see docs/cluster.md)\n"
+    "                      (root, CAP_SYS_NICE or RLIMIT_NICE); else, when given,\n"               \
+    "                      the compute threads are lowered by N (docs/cluster.md)\n"
 
 typedef struct sh_cmd_prio {
     int32_t control;     /* the control threads' nice value */
@@ -64,12 +64,13 @@ typedef struct sh_cmd_prio {
     int32_t compute_add; /* for sh_backend_cpu_opts.nice: compute minus control */
 } sh_cmd_prio;
 
-/* Sets the priorities for a gap of `gap` nice steps (0 to 19; 0: leaves every thread as it is):
- * raises the calling thread's priority by gap (nice minus gap, at least -20) when the OS allows
- * it, so that the compute threads, lowered by compute_add, run at the process's original nice;
- * else keeps it and lowers the compute threads by gap (at most to 19). Prints one line
- * "shoal: WHO: priorities: ..." on stderr saying what it chose (compute: whether this process
- * has compute threads). Call on the main thread before any thread starts. Never fails. */
+/* Sets the priorities for a gap of `gap` nice steps (0 to 19; 0: leaves every thread as it is;
+ * negative: the flag was not given, the default gap): raises the calling thread's priority by gap
+ * (nice minus gap, at least -20) when the OS allows it, so that the compute threads, lowered by
+ * compute_add, run at the process's original nice; else, when the flag was given, keeps it and
+ * lowers the compute threads by gap (at most to 19), and without the flag changes nothing. Prints
+ * one line "shoal: WHO: priorities: ..." on stderr saying what it chose (compute: whether this
+ * process has compute threads). Call on the main thread before any thread starts. Never fails. */
 void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio *out);
 
 /* Whether flag is one of `flags`, a space-separated list that starts and ends with a space. */

@@ -308,8 +308,8 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
     o->max_body = 2u << 20; /* with max_conns 1024: at most 2 GiB of bodies in flight */
     o->drain_timeout_ms = 30000;
     o->join_timeout_ms = SH_REPLICA_JOIN_TIMEOUT_MS;
-    o->max_queue = 1024; /* requests waiting per replica beyond those running (actors/replica.h) */
-    o->control_nice = SH_CMD_CONTROL_NICE_DEFAULT;
+    o->max_queue = 1024;  /* requests waiting per replica beyond those running (actors/replica.h) */
+    o->control_nice = -1; /* not given: sh__cmd_prio_apply's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -46,7 +46,7 @@ typedef struct sh_serve_opts {
     bool recover_set;             /* --recover-timeout given */
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
-    int32_t control_nice;         /* --control-nice (tools/cmd_util.h; default 10) */
+    int32_t control_nice;         /* --control-nice (tools/cmd_util.h); -1: not given */
     sh_openai_key keys[SH_SERVE_MAX_KEYS];
     int32_t n_keys;
     char *key_mem[SH_SERVE_MAX_KEYS];

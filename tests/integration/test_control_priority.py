@@ -8,8 +8,9 @@ NNG's nng:* threads, the main thread).
 
 Where this test may raise a priority (root, CAP_SYS_NICE or RLIMIT_NICE) the control threads must
 be raised by N and the compute threads left at the starting nice; where it may not, the compute
-threads must be lowered by N instead. As root, the second case is also run with CAP_SYS_NICE
-dropped (setpriv), so both paths are checked on one machine. --control-nice 0 leaves every thread
+threads must be lowered by N instead when --control-nice was given, and every thread left alike
+without it (lowered compute threads would yield to every other program too). As root, both are
+also run with CAP_SYS_NICE dropped (setpriv), so every path is checked on one machine. --control-nice 0 leaves every thread
 alike; a bad value is refused with exit 2.
 """
 
@@ -71,9 +72,9 @@ def threads(pid):
     return out
 
 
-def expect(raised, gap=GAP):
-    """(control nice, compute nice) the process should show."""
-    if gap == 0:
+def expect(raised, gap=GAP, asked=True):
+    """(control nice, compute nice) the process should show (asked: --control-nice was given)."""
+    if gap == 0 or (not raised and not asked):
         return ORIG, ORIG
     if raised:
         ctl = max(-20, ORIG - gap)
@@ -131,13 +132,15 @@ def case_cluster(d, raised, label, extra=(), setpriv=(), tls=False):
         node = PNode(path, "w0", *extra, prefix=setpriv)
         node.wait_ready()
         gap = GAP
-        for i, a in enumerate(extra):
-            if a == "--control-nice":
-                gap = int(extra[i + 1])
-        ctl, comp = expect(raised, gap)
+        asked = "--control-nice" in extra
+        if asked:
+            gap = int(extra[extra.index("--control-nice") + 1])
+        ctl, comp = expect(raised, gap, asked)
         # One line says what was chosen.
         if gap == 0:
             wait_text(node.text, "priorities: every thread at nice")
+        elif not raised and not asked:
+            wait_text(node.text, f"every thread at nice {ORIG} (pass --control-nice N to lower")
         elif raised:
             wait_text(node.text, f"control threads (loops, network, heartbeats) at nice {ctl}, "
                       f"compute threads at nice {comp}")
@@ -159,7 +162,7 @@ def case_cluster(d, raised, label, extra=(), setpriv=(), tls=False):
 
 def case_serve(raised):
     """One-process `shoal serve`: its compute threads below its loops and HTTP."""
-    ctl, comp = expect(raised)
+    ctl, comp = expect(raised, GAP, False)
     srv = su.start("-m", STORIES, "-t", "2", model=None)
     try:
         wait_text(srv.log_text, "priorities:")
@@ -244,8 +247,11 @@ def main():
         r.case("serve: compute threads below the control path", case_serve, raised)
         drop = ["setpriv", "--inh-caps=-sys_nice", "--bounding-set=-sys_nice", "--"]
         if raised and shutil.which("setpriv") and not can_raise(argv_prefix=drop):
-            r.case("node without CAP_SYS_NICE: the compute threads are lowered instead",
-                   case_cluster, d, False, "fallback", (), drop)
+            r.case("node without CAP_SYS_NICE, --control-nice 10: the compute threads are "
+                   "lowered instead", case_cluster, d, False, "fallback", ("--control-nice", "10"),
+                   drop)
+            r.case("node without CAP_SYS_NICE, no flag: every thread alike", case_cluster, d,
+                   False, "fallback-default", (), drop)
         elif raised:
             su.log("     (fallback case not run: setpriv cannot drop CAP_SYS_NICE here)")
         r.case("cluster up --control-nice 4 reaches every node", case_cluster_up, d, raised)
