@@ -83,6 +83,16 @@ static inline const char *sh_test_path(const char *rel)
     return b;
 }
 
+/* A wait of ms milliseconds stretched by SH_TEST_TIME_SCALE (a whole number above 1 in a slower
+ * build's tests, ThreadSanitizer's: tests/CMakeLists.txt); ms as it is without it. For waits that
+ * bound work (a model loading, a step computing), not for the time a check measures. */
+static inline unsigned sh_test_ms(unsigned ms)
+{
+    const char *s = getenv("SH_TEST_TIME_SCALE");
+    long k = s ? strtol(s, NULL, 10) : 1;
+    return k > 1 && k <= 100 ? ms * (unsigned)k : ms;
+}
+
 static inline int sh_test_main(int argc, char **argv, const sh_test_case *cases)
 {
     int failed = 0, ran = 0;

@@ -9,7 +9,10 @@ stops it with SIGTERM and checks that it exited 0 with no sanitizer report or cr
 Failures raise AssertionError with the server's log tail.
 
 Environment: SH_SHOAL (the shoal binary; else build/shoal or build-c/shoal), SH_SOURCE_DIR (the
-repository root; else two levels above this file). A missing model file skips (exit 77).
+repository root; else two levels above this file), SH_TEST_TIME_SCALE (set by a slower build's
+ctest, ThreadSanitizer's: tests/CMakeLists.txt; scaled() multiplies the waits that bound work by
+it: starting and stopping a server, every HTTP request's timeout). A missing model file skips
+(exit 77).
 
 Cases: Runner.case(name, fn) runs one check, records pass/fail with the reason, and keeps going;
 Runner.finish() prints "N passed, N failed" and exits 1 when any failed.
@@ -33,8 +36,27 @@ ROOT = os.environ.get("SH_SOURCE_DIR") or os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "smollm2-135m-instruct-q4_1.gguf")
 MODEL_NAME = "smollm2-135m-instruct-q4_1"
-START_TIMEOUT = 120.0
-STOP_TIMEOUT = 45.0  # SIGTERM drains: requests in flight get up to --drain-timeout (30 s)
+
+
+def _time_scale():
+    try:
+        k = float(os.environ.get("SH_TEST_TIME_SCALE") or 1)
+    except ValueError:
+        k = 1.0
+    return k if 1 <= k <= 100 else 1.0
+
+
+TIME_SCALE = _time_scale()
+
+
+def scaled(seconds):
+    """A wait that bounds work (a process starting, a model computing), stretched in a slower
+    build (SH_TEST_TIME_SCALE); as it is in a Release build. Not for a time a check measures."""
+    return seconds * TIME_SCALE
+
+
+START_TIMEOUT = scaled(120.0)
+STOP_TIMEOUT = scaled(45.0)  # SIGTERM drains: requests in flight get up to --drain-timeout (30 s)
 
 # Lines in a server log that mean it crashed or a sanitizer found something.
 CRASH_PATTERNS = [
@@ -207,9 +229,10 @@ def _hostport(url):
 
 
 def request(url, method, path, body=None, headers=None, timeout=120):
-    """One request on a fresh connection. Returns (status, headers dict lowercased, body bytes)."""
+    """One request on a fresh connection (timeout: seconds, through scaled()). Returns (status,
+    headers dict lowercased, body bytes)."""
     host, port = _hostport(url)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=scaled(timeout))
     try:
         h = {"Connection": "close"}
         if isinstance(body, (dict, list)):
@@ -245,9 +268,10 @@ def get(url, path, timeout=30, headers=None):
 
 def stream(url, path, obj, headers=None, timeout=120):
     """POSTs a streaming request; returns (status, content-type, list of data payloads as str).
-    The final "[DONE]" is kept as the string "[DONE]"; JSON payloads are parsed into dicts."""
+    The final "[DONE]" is kept as the string "[DONE]"; JSON payloads are parsed into dicts.
+    timeout: seconds, through scaled()."""
     host, port = _hostport(url)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=scaled(timeout))
     try:
         h = {"Content-Type": "application/json", "Connection": "close"}
         h.update(headers or {})

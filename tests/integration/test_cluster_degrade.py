@@ -90,7 +90,8 @@ class Streams:
         req = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\n"
                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                ).encode() + body
-        new = [socket.create_connection((self.host, self.port), timeout=30) for _ in range(n)]
+        new = [socket.create_connection((self.host, self.port), timeout=su.scaled(30))
+               for _ in range(n)]
         for s in new:
             s.sendall(req)
         for s in new:
@@ -131,6 +132,8 @@ def level(url):
 
 
 def wait_level(url, want, timeout):
+    """Polls until the level is `want`; timeout: seconds, through su.scaled()."""
+    timeout = su.scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         got = level(url)
@@ -209,7 +212,7 @@ def run(srv, r):
         text0 = su.metrics(url)
         capped0 = su.metric(text0, "shoal_degraded_requests_total", effect="max_tokens")
         streams.open(16)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + su.scaled(30)
         while True:
             text = su.metrics(url)
             n = su.metric(text, "shoal_requests_waiting") + su.metric(text, "shoal_requests_running")

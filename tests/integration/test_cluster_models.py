@@ -83,7 +83,7 @@ def served(d, refs):
         nodes = [Node(path, "a"), Node(path, "b")]
         for nd in nodes:
             nd.wait_ready()
-        srv = su.start("-c", path, "--join-timeout", "60", model=None)
+        srv = su.start("-c", path, "--join-timeout", f"{su.scaled(60):g}", model=None)
         st, _, body = su.get(srv.url, "/v1/models")
         assert st == 200, body
         ids = [m["id"] for m in json.loads(body)["data"]]
@@ -110,7 +110,8 @@ def served(d, refs):
         reps = [(r["model"], [s["node"] for s in r["stages"]]) for r in doc["replicas"]]
         assert reps == [("stories", ["a"]), ("smollm2", ["b"])], reps
         p = subprocess.run([su.shoal_binary(), "cluster", "status", srv.url], cwd=su.ROOT,
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=su.scaled(30))
         assert p.returncode == 0, f"exit {p.returncode}: {p.stderr}"
         assert "a" in p.stdout and "b" in p.stdout, p.stdout
     finally:
@@ -124,7 +125,8 @@ def served(d, refs):
 def one_worker_two_models(d):
     path = two_models(d, "shared.lua", b_node="a")
     p = subprocess.run([su.shoal_binary(), "node", "-c", path, "--name", "a"], cwd=su.ROOT,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=su.scaled(30))
     assert p.returncode == 2, f"exit {p.returncode}: {p.stderr}"
     assert "node 'a' holds stages of replica 1 (model 'stories') and replica 2 (model " \
            "'smollm2'): a worker node serves one model" in p.stderr, p.stderr

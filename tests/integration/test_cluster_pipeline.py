@@ -28,7 +28,7 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went to the park"
            "Tim had a toy car", "In the garden there was", "The old man", "Sara found a box",
            "It was raining and", "Ben wanted to fly", "The fish swam", "At night the stars"]
 TOKENS = 64  # per prompt: the acceptance's 16 prompts x 64 tokens, 16 streams at once
-NODE_START = 90.0
+NODE_START = su.scaled(90.0)
 
 
 def script(path, model, workers, stages=None, extra="", replicas=None):
@@ -83,7 +83,7 @@ class Node:
         return self
 
     def wait_log(self, want, timeout=10.0):
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + su.scaled(timeout)
         while want not in self.text():
             if time.monotonic() > deadline:
                 raise AssertionError(f"node {self.name}: no {want!r} in its log:\n"
@@ -96,7 +96,7 @@ class Node:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=su.scaled(30))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -137,7 +137,7 @@ def all_at_once(url, n):
     for t in ts:
         t.start()
     for t in ts:
-        t.join(300)
+        t.join(su.scaled(300))
     for i, r in enumerate(out):
         if isinstance(r, Exception) or r is None:
             raise AssertionError(f"prompt {i}: {r!r}")
@@ -159,7 +159,7 @@ def pipeline_equals(d, model, workers, want, n, replicas=None):
     try:
         for nd in nodes:
             nd.wait_ready()
-        srv = su.start("-c", path, "--join-timeout", "60", model=None)
+        srv = su.start("-c", path, "--join-timeout", f"{su.scaled(60):g}", model=None)
         try:
             log = srv.log_text()
             for w in workers:
@@ -198,7 +198,7 @@ def front_exits(path, want, timeout=20, *extra):
     t0 = time.monotonic()
     p = subprocess.run([su.shoal_binary(), "serve", "-c", path, "--port", "0", *extra],
                        cwd=su.ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=su.scaled(timeout))
     dt = time.monotonic() - t0
     err = p.stderr
     assert p.returncode == 2, f"exit {p.returncode}, want 2:\n{err}"
@@ -241,7 +241,7 @@ def bad_scripts(d):
     idle = script(os.path.join(d, "idle.lua"), STORIES, ["w0", "w1"], stages="pipeline(m, { 'w0' })")
     front_exits(idle, ["node 'w1' hosts nothing"])
     r = subprocess.run([su.shoal_binary(), "node", "-c", idle, "--name", "nobody"], cwd=su.ROOT,
-                       capture_output=True, text=True, timeout=20)
+                       capture_output=True, text=True, timeout=su.scaled(20))
     assert r.returncode == 2 and "no node named 'nobody'" in r.stderr, (r.returncode, r.stderr)
 
 

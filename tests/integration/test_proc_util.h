@@ -50,7 +50,7 @@ static inline int child_start(child *c, const char *const *args)
     }
     char line[512];
     size_t len = 0;
-    uint64_t end = now_ms() + 10000;
+    uint64_t end = now_ms() + sh_test_ms(10000);
     while (len < sizeof line - 1 && now_ms() < end) {
         struct pollfd p = {.fd = out[0], .events = POLLIN};
         if (poll(&p, 1, 100) <= 0)

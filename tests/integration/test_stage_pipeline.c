@@ -381,7 +381,7 @@ static void send_act(pline *p, int to, const sh_proto_act *a)
 static const rec *next_rec(pline *p)
 {
     long k = p->k;
-    if (!wait_ge(&p->sh.n, k + 1, 120000)) {
+    if (!wait_ge(&p->sh.n, k + 1, sh_test_ms(120000))) {
         SH_FAIL_("no STEP_DONE #%ld", k);
         return NULL;
     }
