@@ -337,13 +337,18 @@ static __attribute__((noinline)) AMX_TGT void amx_tile(const sh__cpu_mm *m, int6
                           "avx2,fma,f16c")))
 #define AMXB_INL static inline __attribute__((always_inline)) AMXB_TGT
 
-/* bf16 activation bytes of a token block: the tokens whose A tiles stay in L2 while every row
- * group pair of the call passes over them (the panel is dequantized once per block). Direct
- * Q4_0 calls of 128 rows, 512 tokens, 1 thread, thread CPU time, 3 rounds on a loaded VM: 1 MiB
- * 663-808 GFLOP/s at 2048 x 2048 and 626-671 at 5632 x 2048, against 577-683 / 542-571 with
- * 512 KiB and 624-653 / 555-578 with 2 MiB; at 2048 x 5632 (4 tiles per block) 1 and 2 MiB
- * gave 304-520 and 521-528, 512 KiB 352-362. */
-#define AMXB_TOK_BLOCK_BYTES (1 << 20)
+/* The BF16 sweep's blocking (see amxb_sweep): token tiles per token block (512 tokens: the
+ * panels are built once per block), bf16 activation bytes of one K range of a token block
+ * (L2-resident while a row block passes over them; the range's panel, 2 KiB per step, stays in
+ * L1), and 16-row group pairs per row block (their partial sums, 2 KiB per pair and token tile,
+ * stored and reloaded between K ranges). Direct calls, tinyllama shapes, 512 tokens, 1 thread,
+ * thread CPU time, best of 10, 2 rounds on a loaded VM: 256 KiB ranges (8 steps) 880-955
+ * GFLOP/s, 512 KiB 780-885, 1 MiB 850-905. */
+#define AMXB_TOK_TILES 32
+#define AMXB_A_BYTES (256 << 10)
+#define AMXB_ROW_PAIRS 4
+/* Prefetch distance of the panel builds' weight reads (4 Q8_0 blocks, 8 Q4_0 ones). */
+#define AMXB_PF_DIST 2048
 
 AMXB_TGT void sh__cpu_amx_act_bf16(const sh__cpu_act *act, int64_t t0, int64_t t1)
 {
@@ -442,23 +447,60 @@ AMXB_INL void amxb_out(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, i
         }                                                                                          \
     } while (0)
 
-/* Token tiles T (and T + 1 when ntt is 2) against group g (and g + 1 when ng is 2), whose panel
- * is pan (steps of ng KiB). */
+/* The panel of the next work item, dequantized a block at a time between the tile products of
+ * the current one (amxb_tiles), so that the vector units build it while the tile unit works: n
+ * blocks (1 KiB each, block i of step s0 + i / ng and group g + i % ng) into dst, one every
+ * period steps of the tile loop, cnt steps to go before the next. */
+typedef struct amxb_dq {
+    const uint8_t *w; /* group g of the next item */
+    size_t row_bytes;
+    uint16_t *dst;
+    int64_t ns, s0, i, n, period, cnt;
+    int ng;
+} amxb_dq;
+
+AMXB_INL void amxb_dq_one(amxb_dq *q, const int kind)
+{
+    const int64_t i = q->i++;
+    const int64_t s = q->s0 + (q->ng == 2 ? i >> 1 : i), gi = q->ng == 2 ? i & 1 : 0;
+    const uint8_t *w = q->w + (size_t)gi * q->row_bytes;
+    /* the tile loop leaves the weights' stream too slow for the hardware prefetcher */
+    prefetch(w, q->ns, s, kind, AMXB_PF_DIST);
+    amxb_deq(w, q->ns, s, kind, q->dst + i * 512);
+}
+
+/* Token tiles T (and T + 1 when ntt is 2) against group g (and g + 1 when ng is 2) over steps
+ * [s0, s1), whose panel is pan (steps of ng KiB from s0), building q's panel on the side. The C
+ * tiles start at zero at step 0, else from the partial sums at part (written by the previous
+ * step range: fp32 stored and loaded exactly, so the sums are those of one pass over the whole
+ * K); they go to y at the last step, else back to part. Per token tile pair part holds 4 tiles
+ * of 1 KiB: (T, g), (T, g + 1), (T + 1, g), (T + 1, g + 1). */
 AMXB_INL void amxb_tiles(const sh__cpu_mm *m, const uint16_t *pan, const int ng, int64_t g,
-                         int64_t r0, int64_t r1, int64_t T, const int ntt)
+                         int64_t r0, int64_t r1, int64_t T, const int ntt, int64_t s0, int64_t s1,
+                         float *part, amxb_dq *q, const int kind)
 {
     const int64_t ns = m->a->n_in / SH_CPU_QK;
     const uint16_t *x0 = m->a->xb + T * ns * 512, *x1 = x0 + ns * 512;
     _Alignas(64) float cbuf[256];
-    _tile_zero(0);
-    if (ng == 2)
-        _tile_zero(1);
-    if (ntt == 2)
-        _tile_zero(2);
-    if (ng == 2 && ntt == 2)
-        _tile_zero(3);
-    for (int64_t s = 0; s < ns; s++) {
-        const uint16_t *b = pan + s * ng * 512;
+    if (s0 == 0) {
+        _tile_zero(0);
+        if (ng == 2)
+            _tile_zero(1);
+        if (ntt == 2)
+            _tile_zero(2);
+        if (ng == 2 && ntt == 2)
+            _tile_zero(3);
+    } else {
+        _tile_loadd(0, part, 64);
+        if (ng == 2)
+            _tile_loadd(1, part + 256, 64);
+        if (ntt == 2)
+            _tile_loadd(2, part + 512, 64);
+        if (ng == 2 && ntt == 2)
+            _tile_loadd(3, part + 768, 64);
+    }
+    for (int64_t s = s0; s < s1; s++) {
+        const uint16_t *b = pan + (s - s0) * ng * 512;
         _tile_loadd(4, x0 + s * 512, 64);
         _tile_loadd(6, b, 64);
         if (ng == 2)
@@ -472,6 +514,21 @@ AMXB_INL void amxb_tiles(const sh__cpu_mm *m, const uint16_t *pan, const int ng,
             _tile_dpbf16ps(2, 5, 6);
         if (ng == 2 && ntt == 2)
             _tile_dpbf16ps(3, 5, 7);
+        if (--q->cnt == 0) {
+            q->cnt = q->period;
+            if (q->i < q->n)
+                amxb_dq_one(q, kind);
+        }
+    }
+    if (s1 < ns) {
+        _tile_stored(0, part, 64);
+        if (ng == 2)
+            _tile_stored(1, part + 256, 64);
+        if (ntt == 2)
+            _tile_stored(2, part + 512, 64);
+        if (ng == 2 && ntt == 2)
+            _tile_stored(3, part + 768, 64);
+        return;
     }
     AMXB_STORE(0, g, 16 * T);
     if (ng == 2)
@@ -482,65 +539,160 @@ AMXB_INL void amxb_tiles(const sh__cpu_mm *m, const uint16_t *pan, const int ng,
         AMXB_STORE(3, g + 1, 16 * T + 16);
 }
 
-/* Per-thread panel memory, kept between calls (freed when the thread exits). */
+/* Per-thread panel and partial-sum memory, kept between calls (freed when the thread exits). */
 static pthread_key_t amxb_key;
 static pthread_once_t amxb_once = PTHREAD_ONCE_INIT;
-static _Thread_local uint16_t *amxb_pan;
+static _Thread_local void *amxb_buf;
 static _Thread_local size_t amxb_cap;
 static void amxb_key_init(void) { (void)pthread_key_create(&amxb_key, free); }
 
-static uint16_t *amxb_panel(size_t bytes)
+static void *amxb_mem(size_t bytes)
 {
     if (amxb_cap >= bytes)
-        return amxb_pan;
+        return amxb_buf;
     pthread_once(&amxb_once, amxb_key_init);
     void *p = aligned_alloc(64, bytes);
     if (!p)
         return NULL;
-    free(amxb_pan);
-    amxb_pan = p;
+    free(amxb_buf);
+    amxb_buf = p;
     amxb_cap = bytes;
     (void)pthread_setspecific(amxb_key, p);
     return p;
 }
 
-/* Token blocks of whole tile pairs outermost, then row group pairs (the panel dequantized once
- * per pair and block), then token tile pairs. False (nothing written) when the panel memory
- * cannot be had. */
-static __attribute__((noinline)) AMXB_TGT bool amxb_sweep(const sh__cpu_mm *m, int64_t r0,
-                                                          int64_t r1, const int kind)
+/* A work item of amxb_sweep: token block [tt0, tt1) (tiles), row block from group gb, steps
+ * [s0, s1), group pair g (ng groups). */
+typedef struct amxb_item {
+    int64_t tt0, gb, s0, g;
+} amxb_item;
+
+typedef struct amxb_plan {
+    int64_t ntile, nbt, ns, kc, g0, g1;
+} amxb_plan;
+
+/* The item after it (false at the end): pairs, then step ranges, then row blocks, then token
+ * blocks. */
+static inline bool amxb_next(const amxb_plan *p, amxb_item *it)
 {
-    const int64_t n_in = m->a->n_in, ns = n_in / SH_CPU_QK, ntile = (m->a->n_tok + 15) / 16;
-    uint16_t *pan = amxb_panel((size_t)ns * 2048);
-    if (!pan)
+    const int64_t gb1 = it->gb + 2 * AMXB_ROW_PAIRS < p->g1 ? it->gb + 2 * AMXB_ROW_PAIRS : p->g1;
+    if ((it->g += 2) < gb1)
+        return true;
+    it->g = it->gb;
+    if ((it->s0 += p->kc) < p->ns)
+        return true;
+    it->s0 = 0;
+    if ((it->gb += 2 * AMXB_ROW_PAIRS) < p->g1) {
+        it->g = it->gb;
+        return true;
+    }
+    it->gb = it->g = p->g0;
+    return (it->tt0 += p->nbt) < p->ntile;
+}
+
+/* Sets q to build item it's panel into dst, spread over iters steps of the tile loop. */
+static inline void amxb_dq_set(const sh__cpu_mm *m, const amxb_plan *p, const amxb_item *it,
+                               uint16_t *dst, int64_t iters, amxb_dq *q)
+{
+    const int64_t gb1 = it->gb + 2 * AMXB_ROW_PAIRS < p->g1 ? it->gb + 2 * AMXB_ROW_PAIRS : p->g1;
+    const int64_t s1 = it->s0 + p->kc < p->ns ? it->s0 + p->kc : p->ns;
+    q->w = m->w + (size_t)it->g * m->row_bytes;
+    q->row_bytes = m->row_bytes;
+    q->dst = dst;
+    q->ns = p->ns;
+    q->s0 = it->s0;
+    q->ng = it->g + 1 < gb1 ? 2 : 1;
+    q->i = 0;
+    q->n = (s1 - it->s0) * q->ng;
+    q->period = iters > q->n ? iters / q->n : 1;
+    q->cnt = q->period;
+}
+
+/* Token blocks of up to AMXB_TOK_TILES tiles outermost, then row blocks of AMXB_ROW_PAIRS group
+ * pairs, then K ranges of kc steps (the block's bf16 activations of a range fill at most
+ * AMXB_A_BYTES, and stay in L2 while the row block's pairs pass over them), then the pairs (the
+ * panel of a pair's kc steps dequantized once), then token tile pairs. So a weight is
+ * dequantized once per token block (once per matmul up to 512 tokens) whatever K is, where a
+ * token block sized to hold the whole K in L2 rebuilt it n_tok * n_in * 2 / 1 MiB times (8 times
+ * for a 512-token prefill through tinyllama's 2048 x 5632 down projection). Each item's panel is
+ * built during the previous item's tile products (two panels alternate; the first item's is
+ * built alone). False (nothing written) when the panel memory cannot be had. */
+AMXB_INL bool amxb_sweep_k(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
+{
+    amxb_plan p;
+    p.ns = m->a->n_in / SH_CPU_QK;
+    p.ntile = (m->a->n_tok + 15) / 16;
+    p.nbt = p.ntile < AMXB_TOK_TILES ? p.ntile : AMXB_TOK_TILES; /* tiles per block */
+    p.kc = AMXB_A_BYTES / (p.nbt * 1024);
+    p.kc = p.kc > p.ns ? p.ns : p.kc;
+    p.g0 = r0 / 16;
+    p.g1 = (r1 + 15) / 16;
+    /* two panels, then per pair of a row block (nbt + 1) * 2 C tiles of partial sums */
+    const size_t pan_bytes = (size_t)p.kc * 2048;
+    const size_t part_tiles = p.kc < p.ns ? (size_t)AMXB_ROW_PAIRS * (size_t)(p.nbt + 1) * 2 : 0;
+    uint16_t *pans = amxb_mem(2 * pan_bytes + part_tiles * 1024);
+    if (!pans)
         return false;
-    int64_t tbt = AMXB_TOK_BLOCK_BYTES / (n_in * 32) / 2 * 2; /* tiles per block, even */
-    tbt = tbt < 2 ? 2 : tbt;
+    float *part = (float *)(void *)((uint8_t *)pans + 2 * pan_bytes);
     amxb_config();
-    const int64_t g1 = (r1 + 15) / 16;
-    for (int64_t tt0 = 0; tt0 < ntile; tt0 += tbt) {
-        const int64_t tt1 = tt0 + tbt < ntile ? tt0 + tbt : ntile;
-        for (int64_t g = r0 / 16; g < g1; g += 2) {
-            const int ng = g + 1 < g1 ? 2 : 1;
-            for (int64_t s = 0; s < ns; s++)
-                for (int i = 0; i < ng; i++)
-                    amxb_deq(m->w + (size_t)(g + i) * m->row_bytes, ns, s, kind,
-                             pan + (s * ng + i) * 512);
-            for (int64_t T = tt0; T < tt1; T += 2) {
-                if (T + 1 < tt1) {
-                    if (ng == 2)
-                        amxb_tiles(m, pan, 2, g, r0, r1, T, 2);
-                    else
-                        amxb_tiles(m, pan, 1, g, r0, r1, T, 2);
-                } else if (ng == 2)
-                    amxb_tiles(m, pan, 2, g, r0, r1, T, 1);
+    amxb_item it = {0, p.g0, 0, p.g0};
+    amxb_dq q;
+    amxb_dq_set(m, &p, &it, pans, 1, &q);
+    while (q.i < q.n)
+        amxb_dq_one(&q, kind);
+    int cur = 0;
+    for (bool more = true; more;) {
+        amxb_item nx = it;
+        more = amxb_next(&p, &nx);
+        const int64_t tt1 = it.tt0 + p.nbt < p.ntile ? it.tt0 + p.nbt : p.ntile;
+        const int64_t gb1 = it.gb + 2 * AMXB_ROW_PAIRS < p.g1 ? it.gb + 2 * AMXB_ROW_PAIRS : p.g1;
+        const int64_t s0 = it.s0, s1 = s0 + p.kc < p.ns ? s0 + p.kc : p.ns, g = it.g;
+        const int ng = g + 1 < gb1 ? 2 : 1;
+        const uint16_t *pan = (const uint16_t *)((const uint8_t *)pans + cur * pan_bytes);
+        uint16_t *npan = (uint16_t *)(void *)((uint8_t *)pans + (1 - cur) * pan_bytes);
+        if (more)
+            amxb_dq_set(m, &p, &nx, npan, (s1 - s0) * ((tt1 - it.tt0 + 1) / 2), &q);
+        else
+            q.i = q.n = 0;
+        float *pp = part + (size_t)((g - it.gb) / 2) * (size_t)(p.nbt + 1) * 512;
+        for (int64_t T = it.tt0; T < tt1; T += 2) {
+            float *pt = pp + (T - it.tt0) * 512;
+            if (T + 1 < tt1) {
+                if (ng == 2)
+                    amxb_tiles(m, pan, 2, g, r0, r1, T, 2, s0, s1, pt, &q, kind);
                 else
-                    amxb_tiles(m, pan, 1, g, r0, r1, T, 1);
-            }
+                    amxb_tiles(m, pan, 1, g, r0, r1, T, 2, s0, s1, pt, &q, kind);
+            } else if (ng == 2)
+                amxb_tiles(m, pan, 2, g, r0, r1, T, 1, s0, s1, pt, &q, kind);
+            else
+                amxb_tiles(m, pan, 1, g, r0, r1, T, 1, s0, s1, pt, &q, kind);
         }
+        while (q.i < q.n)
+            amxb_dq_one(&q, kind);
+        it = nx;
+        cur = 1 - cur;
     }
     _tile_release();
     return true;
+}
+
+/* amxb_sweep_k with kind a constant in each form. Not inlined: the AMX entry points' target has
+ * no AMX-BF16. */
+static __attribute__((noinline)) AMXB_TGT bool amxb_sweep(const sh__cpu_mm *m, int64_t r0,
+                                                          int64_t r1, const int kind)
+{
+    switch (kind) {
+    case K_Q4_0:
+        return amxb_sweep_k(m, r0, r1, K_Q4_0);
+    case K_Q4_1:
+        return amxb_sweep_k(m, r0, r1, K_Q4_1);
+    case K_Q8_0:
+        return amxb_sweep_k(m, r0, r1, K_Q8_0);
+    case K_Q5_0:
+        return amxb_sweep_k(m, r0, r1, K_Q5_0);
+    default:
+        return amxb_sweep_k(m, r0, r1, K_Q5_1);
+    }
 }
 
 /* Activation bytes of a token block: the tokens whose codes stay in L2 while every row group

@@ -114,9 +114,11 @@ static bf16_act bf16_act_make(const float *x, int64_t n_in, int64_t n_tok)
 }
 
 /* The BF16 form on the shapes of test_amx_equals_vnni, plus calls of fewer than 16 tokens (1, 5:
- * one padded tile) and 300 tokens at n_in 4096 (token blocks of 8 tiles: 8 + 8 + 3 tiles, an odd
- * tile at the end) and 2048 (16 + 3): within the bounds above, rows outside the range untouched,
- * and bitwise:
+ * one padded tile) and 300 tokens (19 tiles, an odd one at the end) at n_in 4096 and 2048 (K
+ * ranges of 53 steps: 3 and 2 ranges, the partial sums stored and reloaded), 200 rows at n_in
+ * 2048 (row blocks of 4 group pairs: 4 + 2 pairs and a lone group) and 530 tokens at n_in 2048
+ * (token blocks of 32 tiles: 32 + 2, ranges of 32 steps): within the bounds above, rows outside
+ * the range untouched, and bitwise:
  *  - a row range's outputs equal the full range's (any row split, e.g. across threads, and odd
  *    group counts that end in a lone group);
  *  - tokens [5, n_tok) of a call equal the same tokens in a call of their own (other tiles,
@@ -124,16 +126,20 @@ static bf16_act bf16_act_make(const float *x, int64_t n_in, int64_t n_tok)
 static void test_amx_bf16(void)
 {
     const int64_t n_ins[] = {32, 256, 2048, 4096};
-    const int64_t n_outs[] = {7, 16, 33, 50};
-    const int64_t n_toks[] = {1, 5, 16, 17, 37, 300};
+    const int64_t n_outs[] = {7, 16, 33, 50, 200};
+    const int64_t n_toks[] = {1, 5, 16, 17, 37, 300, 530};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t ai = 0; ai < 4; ai++)
-            for (size_t bi = 0; bi < 4; bi++)
-                for (size_t ci = 0; ci < 6; ci++) {
+            for (size_t bi = 0; bi < 5; bi++)
+                for (size_t ci = 0; ci < 7; ci++) {
                     const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
-                    if ((n_tok == 300 || n_in == 2048) && n_out != 33)
+                    if (n_tok == 530 && (n_in != 2048 || n_out != 33))
                         continue;
-                    if (n_in == 2048 && n_tok != 300)
+                    if (n_out == 200 && (n_in != 2048 || n_tok != 300))
+                        continue;
+                    if (n_tok == 300 && n_out != 33 && n_out != 200)
+                        continue;
+                    if (n_in == 2048 && n_tok != 300 && n_tok != 530)
                         continue;
                     wmat w = make_w(types[ti], n_out, n_in);
                     const size_t gb = sh__cpu_pack_group_bytes(types[ti], n_in);
