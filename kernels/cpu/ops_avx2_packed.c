@@ -267,7 +267,7 @@ INL void tile8_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
             q8_codes(w, b, h, k, kind, &q, &aq);
 #pragma GCC unroll 16
             for (int i = 0; i < nt; i++)
-                s[i] = _mm256_add_epi32(s[i], q8_step(qa + i * a->n_in + b * SH_CPU_QK, k, q, aq));
+                SH_AVX2_ADD32(s[i], q8_step(qa + i * a->n_in + b * SH_CPU_QK, k, q, aq));
         }
         const __m256 dw = half_f16(wd, b, h);
 #pragma GCC unroll 16

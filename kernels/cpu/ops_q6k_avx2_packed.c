@@ -83,6 +83,27 @@ INL void unpack_half(const uint8_t *wb, int s, int h, __m256i c[4], __m256i *sc)
     *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
+/* Half pr of unpack_half's codes (c[2pr], c[2pr + 1]) and the scales: the tile unpacks a unit
+ * in two halves, so that two code registers are live instead of four and the tile's sums stay in
+ * registers. */
+INL void unpack_pair(const uint8_t *wb, int s, int h, const int pr, __m256i *c0, __m256i *c1,
+                     __m256i *sc)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *u = wb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT + 32 * h;
+    const __m256i z = _mm256_loadu_si256((const void *)(u + 64 * pr));
+    const __m256i hb = _mm256_loadu_si256((const void *)(u + 128));
+    const __m256i h0 = pr ? hb : _mm256_slli_epi16(hb, 4);
+    const __m256i h1 = pr ? _mm256_srli_epi16(hb, 2) : _mm256_slli_epi16(hb, 2);
+    *c0 = _mm256_or_si256(_mm256_and_si256(z, m0f), _mm256_and_si256(h0, m30));
+    *c1 =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z, 4), m0f), _mm256_and_si256(h1, m30));
+    if (pr == 0) {
+        const __m128i b = _mm_loadl_epi64((const void *)(wb + SH_CPU_PACK_Q6K_SC + 16 * s + 8 * h));
+        *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
+    }
+}
+
 /* sc_s sum_{i in s} q_i a_i of the 8 rows for one token (aq: its codes of sub-block s). */
 INL __m256i dot_unit(const __m256i c[4], __m256i sc, const int8_t *aq)
 {
@@ -115,8 +136,7 @@ INL void offsets_half(const uint8_t *wb, int h, const sh_block_q8_k *ab, int64_t
     for (int j = 0; j < 8; j++) {
         const __m256i p = scale_pair(wb, j, h);
         for (int i = 0; i < nt; i++)
-            o[i] =
-                _mm256_add_epi32(o[i], _mm256_madd_epi16(p, bcast4(ab[i * stride].bsums + 2 * j)));
+            SH_AVX2_ADD32(o[i], _mm256_madd_epi16(p, bcast4(ab[i * stride].bsums + 2 * j)));
     }
     for (int i = 0; i < nt; i++)
         iacc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o[i], 5));
@@ -147,10 +167,18 @@ INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1
         __m256i iacc[NT];
         offsets_half(wb, h, ab, nb, nt, iacc);
         for (int s = 0; s < 16; s++) {
-            __m256i c[4], sc;
-            unpack_half(wb, s, h, c, &sc);
-            for (int i = 0; i < nt; i++)
-                iacc[i] = _mm256_add_epi32(iacc[i], dot_unit(c, sc, ab[i * nb].qs + 16 * s));
+            __m256i sc;
+#pragma GCC unroll 2
+            for (int pr = 0; pr < 2; pr++) {
+                __m256i c0, c1;
+                unpack_pair(wb, s, h, pr, &c0, &c1, &sc);
+                for (int i = 0; i < nt; i++) {
+                    const int8_t *aq = ab[i * nb].qs + 16 * s + 8 * pr;
+                    __m256i p = _mm256_maddubs_epi16(c0, bcast4(aq));
+                    SH_AVX2_ADD16(p, _mm256_maddubs_epi16(c1, bcast4(aq + 4)));
+                    SH_AVX2_ADD32(iacc[i], _mm256_madd_epi16(p, sc));
+                }
+            }
         }
         for (int i = 0; i < nt; i++)
             _mm256_store_ps(acc[i],
