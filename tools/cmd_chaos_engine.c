@@ -189,7 +189,7 @@ static void start_next(eload *L, int32_t i)
     sh_request_opts ro = sh_request_opts_default();
     ro.prompt = l->prompts[prompt];
     ro.max_tokens = o->max_tokens;
-    ro.ignore_eos = true; /* temperature 0: greedy */
+    ro.ignore_eos = true; /* max_tokens whatever the model says; sampling fields 0: greedy */
     sh_error e = {0};
     sh_err rc = sh_submit(l->eng, &ro, &CB, q, &q->id, &e);
     if (rc)
