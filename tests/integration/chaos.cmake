@@ -4,9 +4,8 @@
 # (test_chaos.py; scenarios whose recovery is not built yet exit 77 with the reason unless
 # SH_CHAOS_STRICT=1). test_chaos_engine_*: the same bar through the C API's cluster front
 # (`shoal chaos --engine`: sh_engine_open in the chaos process, the workers under `cluster up
-# --no-front`), for the kills (kill-replica: one of two replicas), the stop, the partition, the
-# lossy links and the leak; the other scenarios pass that way too, by hand. test_chaos_bad: bad scenarios and flags are refused
-# before anything starts.
+# --no-front`), for every scenario but attach (a front started by hand). test_chaos_bad: bad
+# scenarios and flags are refused before anything starts.
 if(SH_FUZZ)
   return() # a fuzzing build builds only the fuzz targets' dependencies
 endif()
@@ -21,7 +20,8 @@ foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s 
   set_tests_properties(${t} PROPERTIES LABELS chaos TIMEOUT 180 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${_sh_chaos_env}")
 endforeach()
-foreach(s kill-prefill kill-decode kill-standby kill-replica stop-2s partition-2s drop-delay leak)
+foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
+          drop-delay corrupt duplicate leak)
   string(REPLACE "-" "_" t "test_chaos_engine_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}
