@@ -35,12 +35,14 @@ static int fail(sh_error *e, const char *fmt, ...)
     return 2;
 }
 
+/* Whether a stage of the script, or a rank of a stage's group, is on node. */
 static bool hosts_stage(const sh_cluster_config *c, int32_t node)
 {
     for (int32_t r = 0; r < c->n_replicas; r++)
         for (int32_t s = 0; s < c->replicas[r].n_stages; s++)
-            if (c->replicas[r].stages[s].node == node)
-                return true;
+            for (int32_t k = 0; k < c->replicas[r].stages[s].tp; k++)
+                if (c->replicas[r].stages[s].ranks[k] == node)
+                    return true;
     return false;
 }
 
@@ -90,17 +92,22 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
     if (c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
         return fail(e, "%s: %d replicas; at most %d are supported", script, (int)c->n_replicas,
                     SH_CLUSTER_MAX_REPLICAS);
-    int32_t total = 0;
+    int32_t total = 0, tp_replica = -1;
     for (int32_t k = 0; k < c->n_replicas; k++) {
         const sh_config_replica *r = &c->replicas[k];
         // A worker answers HELLO with one model identity: its stages must share a model.
         for (int32_t j = 0; j < k; j++) {
             if (c->replicas[j].model == r->model)
                 continue;
-            for (int32_t s = 0; s < r->n_stages; s++) {
-                int32_t node = r->stages[s].node;
-                for (int32_t t = 0; t < c->replicas[j].n_stages; t++)
-                    if (c->replicas[j].stages[t].node == node)
+            for (int32_t s = 0; s < r->n_stages * SH_CONFIG_MAX_TP; s++) {
+                const sh_config_stage *st = &r->stages[s / SH_CONFIG_MAX_TP];
+                if (s % SH_CONFIG_MAX_TP >= st->tp)
+                    continue;
+                int32_t node = st->ranks[s % SH_CONFIG_MAX_TP];
+                for (int32_t t = 0; t < c->replicas[j].n_stages * SH_CONFIG_MAX_TP; t++)
+                    if (t % SH_CONFIG_MAX_TP < c->replicas[j].stages[t / SH_CONFIG_MAX_TP].tp &&
+                        c->replicas[j].stages[t / SH_CONFIG_MAX_TP].ranks[t % SH_CONFIG_MAX_TP] ==
+                            node)
                         return fail(
                             e,
                             "%s: node '%s' holds stages of replica %d (model '%s') and replica %d "
@@ -111,19 +118,29 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
                             c->models[r->model].name);
             }
         }
-        if (r->tp != 1)
-            return fail(e, "%s: replica %d: tp = %d: tensor parallelism is %s", script, (int)k + 1,
-                        (int)r->tp, later);
         total += r->n_stages;
+        if (r->tp > 1)
+            tp_replica = k;
     }
     if (total > SH_CLUSTER_MAX_STAGES)
         return fail(e, "%s: %d stages in all; at most %d are supported", script, (int)total,
                     SH_CLUSTER_MAX_STAGES);
+    if (tp_replica >= 0)
+        return fail(e,
+                    "%s: replica %d: tp = %d: tensor-parallel groups are checked but not served "
+                    "yet (docs/cluster.md, \"Tensor parallelism\")",
+                    script, (int)tp_replica + 1, (int)c->replicas[tp_replica].tp);
     for (int32_t i = 0; i < c->n_nodes; i++) {
         const sh_config_node *n = &c->nodes[i];
         if (n->standby && i == c->gateway.node)
             return fail(e, "%s: node '%s' is the gateway's node and cannot be a standby", script,
                         n->name);
+        if (n->standby && tp_replica >= 0)
+            return fail(e,
+                        "%s: node '%s' is a standby and replica %d has a tensor-parallel stage: "
+                        "a standby cannot take a rank's place yet (docs/cluster.md, \"Tensor "
+                        "parallelism\")",
+                        script, n->name, (int)tp_replica + 1);
         if (n->standby && n->preload) {
             int32_t of = sh_config_find_node(c, n->preload);
             if (of < 0 || c->nodes[of].standby || !hosts_stage(c, of))
@@ -152,6 +169,22 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
     return check_tls(c, script, e);
 }
 
+/* Places stage g's ranks: each takes its node's next actor id (per_node counts the stage actors
+ * already placed on each node). */
+static void place(const sh_config_stage *s, int32_t g, uint32_t *per_node, sh_cluster_plan *p)
+{
+    int32_t tp = s->tp > 0 ? s->tp : 1;
+    p->stage_tp[g] = tp;
+    for (int32_t r = 0; r < tp; r++) {
+        int32_t node = tp == 1 ? s->node : s->ranks[r];
+        uint32_t n = node < 256 ? per_node[node]++ : 0;
+        p->rank_node[g][r] = node;
+        p->rank_addr[g][r] = sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n);
+    }
+    p->stage_node[g] = p->rank_node[g][0];
+    p->stage_addr[g] = p->rank_addr[g][0];
+}
+
 /* Plans replica k's stages from stage index p->n_stages on; per_node counts the stages already
  * placed on each node (their actor ids follow). */
 static int plan_replica(const sh_cluster_config *c, const char *script, const sh_llama_hparams *hp,
@@ -168,11 +201,8 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     rp->model = r->model;
     if (!hp) { /* only placed: the addresses follow from the script alone */
         for (int32_t i = 0; i < r->n_stages; i++) {
-            int32_t g = rp->stage0 + i, node = r->stages[i].node;
-            p->stage_node[g] = node;
-            p->stage_replica[g] = k;
-            uint32_t n = node < 256 ? per_node[node]++ : 0;
-            p->stage_addr[g] = sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n);
+            p->stage_replica[rp->stage0 + i] = k;
+            place(&r->stages[i], rp->stage0 + i, per_node, p);
         }
         p->n_stages += r->n_stages;
         return 0;
@@ -204,10 +234,8 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
                         (int)hp->n_layers, (int)expect);
         p->first[g] = first;
         p->last[g] = last;
-        p->stage_node[g] = s->node;
         p->stage_replica[g] = k;
-        uint32_t n = s->node < 256 ? per_node[s->node]++ : 0;
-        p->stage_addr[g] = sh_addr_make((uint32_t)s->node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n);
+        place(s, g, per_node, p);
         if (last - first > widest)
             widest = last - first;
     }
@@ -256,6 +284,23 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script,
     return 0;
 }
 
+int32_t sh__cluster_rank_on(const sh_cluster_plan *p, int32_t i, int32_t node)
+{
+    // A promotion moves a whole stage (tp 1 only) by stage_node, atomically.
+    if (p->stage_tp[i] <= 1)
+        return __atomic_load_n(&p->stage_node[i], __ATOMIC_ACQUIRE) == node ? 0 : -1;
+    for (int32_t r = 0; r < p->stage_tp[i]; r++)
+        if (p->rank_node[i][r] == node)
+            return r;
+    return -1;
+}
+
+uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank)
+{
+    int32_t tp = p->stage_tp[i] > 0 ? p->stage_tp[i] : 1;
+    return SH_HELLO_SLICE(p->first[i], p->last[i], tp, rank);
+}
+
 void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id)
 {
     const sh_cluster_replica_plan *rp = &p->rep[0];
@@ -263,7 +308,7 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
     const char *pre = p->c->nodes[node].standby ? p->c->nodes[node].preload : NULL;
     int32_t as = pre ? sh_config_find_node(p->c, pre) : -1;
     for (int32_t i = 0; i < p->n_stages; i++)
-        if (p->stage_node[i] == node || p->stage_node[i] == as) {
+        if (sh__cluster_rank_on(p, i, node) >= 0 || p->stage_node[i] == as) {
             rp = &p->rep[p->stage_replica[i]];
             break;
         }
@@ -334,7 +379,7 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
     sh__cluster_ident_settings(p, node, &want);
     const sh_hello_ident *self = &want;
     if (strcmp(self->version, got->version))
-        snprintf(buf, cap, "build version: here %s, there %s", self->version, got->version);
+        snprintf(buf, cap, "build version: here %.31s, there %.31s", self->version, got->version);
     differ_u64(buf, cap, "protocol version", self->proto, got->proto);
     if (self->model_size != got->model_size || self->model_hash != got->model_hash) {
         size_t l = strlen(buf);
@@ -362,16 +407,31 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
     }
     if (buf[0])
         return;
-    // The stages it reports must be the ones the plan puts there, at the addresses computed.
+    // The stages it reports must be the ones the plan puts there, at the addresses computed,
+    // each with the plan's slice: its layers and, in a tensor-parallel group, its rank and the
+    // group's size.
     int32_t k = 0;
     for (int32_t i = 0; i < p->n_stages; i++) {
-        if (p->stage_node[i] != node)
+        int32_t r = sh__cluster_rank_on(p, i, node);
+        if (r < 0)
             continue;
-        if (k >= got->n_stages || got->stages[k] != p->stage_addr[i]) {
+        sh_addr at = p->stage_tp[i] > 1 ? p->rank_addr[i][r] : p->stage_addr[i];
+        if (k >= got->n_stages || got->stages[k] != at) {
             snprintf(buf, cap,
                      "its stages are not the script's (stage %d expected at actor %" PRIu64
                      "): was it started with another script?",
-                     (int)i + 1, (uint64_t)(p->stage_addr[i] & 0xffffffffu));
+                     (int)i + 1, (uint64_t)(at & 0xffffffffu));
+            return;
+        }
+        uint64_t want_slice = sh__cluster_slice(p, i, r), got_slice = got->slices[k];
+        if (p->first[i] >= 0 && got_slice != want_slice) { /* first < 0: only placed */
+            snprintf(buf, cap,
+                     "stage %d: it holds rank %d of %d with layers [%d, %d), the script gives it "
+                     "rank %d of %d with layers [%d, %d): was it started with another script?",
+                     (int)i + 1, (int)SH_HELLO_SLICE_RANK(got_slice),
+                     (int)SH_HELLO_SLICE_TP(got_slice), (int)SH_HELLO_SLICE_FIRST(got_slice),
+                     (int)SH_HELLO_SLICE_LAST(got_slice), (int)r, (int)p->stage_tp[i],
+                     (int)p->first[i], (int)p->last[i]);
             return;
         }
         k++;
@@ -497,7 +557,7 @@ sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node)
 {
     uint32_t n = 0;
     for (int32_t i = 0; i < p->n_stages; i++)
-        n += p->stage_node[i] == node;
+        n += sh__cluster_rank_on(p, i, node) >= 0;
     // A standby spawns its reporter before any stage (they come with a promotion).
     return n || p->c->nodes[node].standby
                ? sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n)
@@ -719,7 +779,7 @@ bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node)
 {
     const sh_cluster_replica_plan *rp = &p->rep[k];
     for (int32_t i = rp->stage0; i < rp->stage0 + rp->n_stages; i++)
-        if (p->stage_node[i] == node)
+        if (sh__cluster_rank_on(p, i, node) >= 0)
             return true;
     return false;
 }

@@ -47,9 +47,18 @@ typedef struct sh_cluster_plan {
     const sh_cluster_config *c;
     int32_t front;    /* the gateway's node */
     int32_t n_stages; /* every replica's stages */
+    /* A stage's node and address are its group's leader's (rank 0): the batcher or the previous
+     * stage sends it STEP or ACT, and the watchdog and the supervisor see the stage there. */
     int32_t stage_node[SH_CLUSTER_MAX_STAGES], stage_replica[SH_CLUSTER_MAX_STAGES];
     int32_t first[SH_CLUSTER_MAX_STAGES], last[SH_CLUSTER_MAX_STAGES];
     sh_addr stage_addr[SH_CLUSTER_MAX_STAGES];
+    /* Tensor parallelism (docs/cluster.md): stage i runs on stage_tp[i] ranks (1: one node),
+     * rank r on node rank_node[i][r] as the actor rank_addr[i][r] (rank 0: stage_node[i],
+     * stage_addr[i]). On every node, the stage actors of every rank it holds are numbered in plan
+     * order (stage by stage, rank by rank). */
+    int32_t stage_tp[SH_CLUSTER_MAX_STAGES];
+    int32_t rank_node[SH_CLUSTER_MAX_STAGES][SH_CONFIG_MAX_TP];
+    sh_addr rank_addr[SH_CLUSTER_MAX_STAGES][SH_CONFIG_MAX_TP];
     int32_t n_replicas;
     sh_cluster_replica_plan rep[SH_CLUSTER_MAX_REPLICAS];
     /* Settings shared by every stage and by the front's batchers and kvmgrs. */
@@ -65,11 +74,11 @@ typedef struct sh_cluster_plan {
 typedef void (*sh_cluster_note_fn)(void *ud, const char *line);
 
 /* Refuses what is not built yet with one error line naming it (returns 2): a worker node that
- * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, tensor
- * parallelism, standby nodes, a stage on the gateway's node beside worker stages, inproc:// URLs,
- * tls+tcp:// on some nodes only or without tls_ca, tls_cert and tls_key, a node that hosts nothing,
- * more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the file in
- * messages. */
+ * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, standby nodes
+ * beside a tensor-parallel group, a stage on the gateway's node beside worker stages, inproc://
+ * URLs, tls+tcp:// on some nodes only or without tls_ca, tls_cert and tls_key, a node that hosts
+ * nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the
+ * file in messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e);
 
 /* The TLS material of node `node` when the script's nodes listen on tls+tcp:// (its tls_cert and
@@ -183,7 +192,14 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
                               int32_t sb, uint32_t timeout_ms, const _Atomic int32_t *sb_health,
                               int32_t *moved, int32_t *n_moved, char *msg, size_t cap);
 
-/* Whether replica k has a stage on node. */
+/* The rank of stage i's group on node (0 for a stage of one node there), or -1 when the stage has
+ * no rank there. */
+int32_t sh__cluster_rank_on(const sh_cluster_plan *p, int32_t i, int32_t node);
+
+/* The slice HELLO states for rank `rank` of stage i (SH_HELLO_SLICE). */
+uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank);
+
+/* Whether replica k has a stage, or a rank of a stage's group, on node. */
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);
 
 /* Stops the front's transport; call before sh_runtime_destroy(). Accepts a zeroed front. */

@@ -118,6 +118,7 @@ static void to_body(const hello_state *s, sh_proto_hello *b)
     b->link_dtype = id->link_dtype;
     // A standby's promotion (another thread) writes stages[] before it raises n_stages.
     b->stages = (sh_u64s){id->stages, (uint32_t)__atomic_load_n(&id->n_stages, __ATOMIC_ACQUIRE)};
+    b->slices = (sh_u64s){id->slices, b->stages.n};
     b->keyed = s->keyed;
 }
 
@@ -137,6 +138,8 @@ static void from_body(const sh_proto_hello *b, sh_hello_ident *id)
     uint32_t n = b->stages.n < SH_HELLO_MAX_STAGES ? b->stages.n : SH_HELLO_MAX_STAGES;
     for (uint32_t i = 0; i < n; i++)
         memcpy(&id->stages[i], (const uint8_t *)b->stages.ptr + 8 * i, 8);
+    for (uint32_t i = 0; i < n && i < b->slices.n; i++)
+        memcpy(&id->slices[i], (const uint8_t *)b->slices.ptr + 8 * i, 8);
     id->n_stages = (int32_t)n;
     id->keyed = b->keyed;
 }

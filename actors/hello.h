@@ -23,8 +23,20 @@ typedef struct sh_hello_ident {
     uint32_t link_dtype; /* the dtype its stages send ACT in (SH_PROTO_DTYPE_*, 0: F32) */
     int32_t n_stages;
     uint64_t stages[SH_HELLO_MAX_STAGES]; /* the node's stage addresses */
-    bool keyed;                           /* it holds a cluster key */
+    /* Per stage address, what it holds: SH_HELLO_SLICE(first, last, tp, rank) (0: not stated) */
+    uint64_t slices[SH_HELLO_MAX_STAGES];
+    bool keyed; /* it holds a cluster key */
 } sh_hello_ident;
+
+/* A stage actor's slice in HELLO: its layers [first, last) and, in a tensor-parallel group of tp
+ * ranks (1: none), its rank. 20 bits per layer bound, 10 each for tp and rank. */
+#define SH_HELLO_SLICE(first, last, tp, rank)                                                      \
+    (((uint64_t)(uint32_t)(first)&0xfffffu) << 40 | ((uint64_t)(uint32_t)(last)&0xfffffu) << 20 |  \
+     ((uint64_t)(uint32_t)(tp)&0x3ffu) << 10 | ((uint64_t)(uint32_t)(rank)&0x3ffu))
+#define SH_HELLO_SLICE_FIRST(s) ((int32_t)(((s) >> 40) & 0xfffffu))
+#define SH_HELLO_SLICE_LAST(s) ((int32_t)(((s) >> 20) & 0xfffffu))
+#define SH_HELLO_SLICE_TP(s) ((int32_t)(((s) >> 10) & 0x3ffu))
+#define SH_HELLO_SLICE_RANK(s) ((int32_t)((s)&0x3ffu))
 
 /* How a greeting ended, as judged by the greeting node's cluster key (valid once answered). */
 typedef enum sh_hello_verdict {

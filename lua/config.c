@@ -46,7 +46,8 @@ static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
                                                {"tp", SH__LUA_INT, false},
                                                {"link_dtype", SH__LUA_STR, false},
                                                {NULL, 0, false}};
-static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, true},
+static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
+                                             {"nodes", SH__LUA_TABLE, false},
                                              {"first_layer", SH__LUA_INT, false},
                                              {"last_layer", SH__LUA_INT, false},
                                              {NULL, 0, false}};
@@ -188,7 +189,16 @@ static void validate_replica(lua_State *L, int idx, const char *where)
                      "replica: field 'model' must be a model{} or a model name, got %s",
                      luaL_typename(L, -1));
     lua_pop(L, 1);
-    sh__lua_get_int_range(L, idx, "tp", 1, 1, 64, "replica", where);
+    if (raw_field(L, idx, "tp") != LUA_TNIL) {
+        int isint = 0;
+        lua_Integer tp = lua_tointegerx(L, -1, &isint);
+        if (!isint || tp < 1 || tp > SH_CONFIG_MAX_TP)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "replica: tp = %s: the ranks of each stage's tensor-parallel group must "
+                         "be a whole number from 1 to %d",
+                         luaL_tolstring(L, -1, NULL), SH_CONFIG_MAX_TP);
+    }
+    lua_pop(L, 1);
     const char *ld = sh__lua_get_str(L, idx, "link_dtype");
     if (link_dtype_of(ld) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
@@ -379,18 +389,34 @@ static int l_pipeline(lua_State *L)
     lua_createtable(L, n, 0);
     int out = lua_gettop(L);
     for (int32_t i = 0; i < n; i++) {
-        if (lua_rawgeti(L, 2, i + 1) != LUA_TSTRING)
-            sh__lua_fail(L, SH_EINVAL, where, "pipeline: node %d must be a node name, got %s",
+        int t = lua_rawgeti(L, 2, i + 1);
+        if (t != LUA_TSTRING && t != LUA_TTABLE)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "pipeline: node %d must be a node name or a list of node names (a "
+                         "tensor-parallel group), got %s",
                          (int)i + 1, luaL_typename(L, -1));
-        check_name(L, "pipeline", lua_tostring(L, -1), where);
-        lua_createtable(L, 0, 4);
+        lua_createtable(L, 0, 6);
         lua_insert(L, -2);
-        lua_setfield(L, -2, "node");
+        if (t == LUA_TTABLE) { /* a group: its names are checked with the stage (fill_stages) */
+            lua_newtable(L);
+            int32_t g = sh__lua_check_list(L, -2, "pipeline group", SH_CONFIG_MAX_TP, where);
+            for (int32_t j = 0; j < g; j++) {
+                lua_rawgeti(L, -2, j + 1);
+                lua_rawseti(L, -2, j + 1);
+            }
+            lua_setfield(L, -3, "nodes");
+            lua_pop(L, 1);
+        } else {
+            check_name(L, "pipeline", lua_tostring(L, -1), where);
+            lua_setfield(L, -2, "node");
+        }
         if (layers) {
             lua_pushinteger(L, first[i]);
             lua_setfield(L, -2, "first_layer");
             lua_pushinteger(L, last[i]);
             lua_setfield(L, -2, "last_layer");
+            lua_pushboolean(L, 1); /* pipeline's split, not the script's: replica{ tp } redoes it */
+            lua_setfield(L, -2, "split");
         }
         if (weighted) {
             lua_pushnumber(L, w[i]);
@@ -503,8 +529,143 @@ static int32_t add_model(lua_State *L, sh_cluster_config *c, const char *mwhere)
     return c->n_models - 1;
 }
 
+/* The scheme of a listen URL, as the length of its "scheme://" prefix (0: none). */
+static size_t scheme_len(const char *url)
+{
+    const char *p = strstr(url, "://");
+    return p ? (size_t)(p - url) + 3 : 0;
+}
+
+/* A group's ranks are distinct nodes that listen on one scheme (their collective links are of one
+ * kind: ipc:// reaches only the same host, tls+tcp:// needs TLS on both ends). */
+static void check_group(lua_State *L, const sh_cluster_config *c, const sh_config_stage *s,
+                        const char *what, const char *where)
+{
+    for (int32_t j = 1; j < s->tp; j++) {
+        for (int32_t q = 0; q < j; q++)
+            if (s->ranks[q] == s->ranks[j])
+                sh__lua_fail(L, SH_EINVAL, where,
+                             "%s: node '%s' is named twice in the group (ranks %d and %d): each "
+                             "rank needs a node of its own",
+                             what, c->nodes[s->ranks[j]].name, (int)q, (int)j);
+        const char *u0 = c->nodes[s->ranks[0]].listen, *u = c->nodes[s->ranks[j]].listen;
+        size_t l0 = scheme_len(u0);
+        if (l0 != scheme_len(u) || strncmp(u0, u, l0) != 0)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "%s: rank 0 '%s' listens on %s and rank %d '%s' on %s: the ranks of a "
+                         "group exchange over one kind of link; give them the same scheme",
+                         what, c->nodes[s->ranks[0]].name, u0, (int)j, c->nodes[s->ranks[j]].name,
+                         u);
+    }
+}
+
+/* Reads the stage on top of the stack's node or nodes into s (its group's ranks), checking each
+ * node and the group: 1..SH_CONFIG_MAX_TP distinct nodes, none a standby, on one URL scheme. */
+static void read_ranks(lua_State *L, const sh_cluster_config *c, sh_config_stage *s,
+                       const char *what, const char *swhere)
+{
+    const char *one = sh__lua_get_str(L, -1, "node");
+    int t = raw_field(L, -1, "nodes");
+    if ((one != NULL) == (t != LUA_TNIL))
+        sh__lua_fail(L, SH_EINVAL, swhere,
+                     "%s: give either node = \"NAME\" or nodes = { ... } (a tensor-parallel "
+                     "group), not %s",
+                     what, one ? "both" : "neither");
+    if (one) {
+        lua_pop(L, 1);
+        s->tp = 1;
+        s->node = s->ranks[0] = node_index(L, c, one, what, swhere);
+        return;
+    }
+    char lwhat[64];
+    snprintf(lwhat, sizeof lwhat, "%s nodes", what);
+    int32_t g = sh__lua_check_list(L, -1, lwhat, SH_CONFIG_MAX_TP, swhere);
+    if (g == 0)
+        sh__lua_fail(L, SH_EINVAL, swhere, "%s: nodes is empty: a group needs at least one node",
+                     what);
+    for (int32_t j = 0; j < g; j++) {
+        if (lua_rawgeti(L, -1, j + 1) != LUA_TSTRING)
+            sh__lua_fail(L, SH_EINVAL, swhere, "%s: nodes[%d] must be a node name, got %s", what,
+                         (int)j + 1, luaL_typename(L, -1));
+        s->ranks[j] = node_index(L, c, lua_tostring(L, -1), what, swhere);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    s->tp = g;
+    s->node = s->ranks[0];
+    check_group(L, c, s, what, swhere);
+}
+
+/* replica{ tp = T }: a shorthand for pipeline()'s single nodes, whose consecutive runs of T form
+ * each stage's group (the layers are then split over the groups); otherwise every stage's group
+ * must have T ranks. Sets r->tp (the largest group). Returns true when it regrouped. */
+static bool group_stages(lua_State *L, const sh_cluster_config *c, sh_config_replica *r,
+                         int32_t tp_given, int rep, bool split_by_pipeline, bool weighted,
+                         bool resolved, const char *rwhere)
+{
+    int32_t n = r->n_stages, widest = 1;
+    bool singles = true;
+    for (int32_t i = 0; i < n; i++) {
+        singles &= r->stages[i].tp == 1;
+        widest = r->stages[i].tp > widest ? r->stages[i].tp : widest;
+    }
+    r->tp = widest;
+    if (tp_given == 0 || (tp_given == 1 && singles))
+        return false;
+    if (!singles) {
+        for (int32_t i = 0; i < n; i++)
+            if (r->stages[i].tp != tp_given)
+                sh__lua_fail(L, SH_EINVAL, rwhere,
+                             "replica %d: tp = %d but stage %d's group has %d rank%s", rep,
+                             (int)tp_given, (int)i + 1, (int)r->stages[i].tp,
+                             r->stages[i].tp == 1 ? "" : "s");
+        return false;
+    }
+    if (n % tp_given)
+        sh__lua_fail(L, SH_EINVAL, rwhere,
+                     "replica %d: tp = %d groups the stages' %d nodes by %d, which leaves %d "
+                     "over: give a multiple of %d nodes (or each stage's nodes = { ... })",
+                     rep, (int)tp_given, (int)n, (int)tp_given, (int)(n % tp_given), (int)tp_given);
+    if (weighted || (resolved && !split_by_pipeline))
+        sh__lua_fail(L, SH_EINVAL, rwhere,
+                     "replica %d: tp = %d groups pipeline()'s nodes, but the stages have %s: "
+                     "write each stage's group instead, e.g. pipeline(m, { { \"w0\", \"w1\" }, "
+                     "... }%s)",
+                     rep, (int)tp_given, weighted ? "weights" : "layer ranges written out",
+                     weighted ? ", { weights = ... }" : "");
+    int32_t m = n / tp_given;
+    // pipeline() split its layer count over every node: split it over the groups instead.
+    int32_t layers = split_by_pipeline ? r->stages[n - 1].last_layer : 0;
+    if (layers > 0 && m > layers)
+        sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d: %d stages for %d layers", rep, (int)m,
+                     (int)layers);
+    int32_t first[MAX_STAGES], last[MAX_STAGES];
+    if (layers > 0)
+        split_layers(layers, m, NULL, first, last);
+    for (int32_t i = 0; i < m; i++) {
+        sh_config_stage g = {.node = r->stages[i * tp_given].node,
+                             .first_layer = -1,
+                             .last_layer = -1,
+                             .tp = tp_given};
+        for (int32_t j = 0; j < tp_given; j++)
+            g.ranks[j] = r->stages[i * tp_given + j].node;
+        char what[64];
+        snprintf(what, sizeof what, "replica %d stage %d (tp = %d)", rep, (int)i + 1,
+                 (int)tp_given);
+        check_group(L, c, &g, what, rwhere);
+        if (layers > 0) {
+            g.first_layer = first[i];
+            g.last_layer = last[i];
+        }
+        r->stages[i] = g;
+    }
+    r->n_stages = m;
+    r->tp = tp_given;
+    return true;
+}
+
 static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r, int rep,
-                        const char *rwhere)
+                        int32_t tp_given, const char *rwhere)
 {
     char what[48];
     snprintf(what, sizeof what, "replica %d stages", rep);
@@ -513,14 +674,17 @@ static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r
         sh__lua_fail(L, SH_EINVAL, rwhere, "replica %d has no stages", rep);
     int idx = lua_gettop(L);
     r->stages = zalloc(L, (size_t)n, sizeof *r->stages, rwhere);
-    int resolved = 0, weighted = 0;
+    int resolved = 0, weighted = 0, split = 0;
     for (int32_t i = 0; i < n; i++) {
         char swhere[WHERE_MAX];
         lua_rawgeti(L, idx, i + 1);
         coerce(L, -1, K_STAGE, "a stage (from pipeline())", rwhere, swhere);
         snprintf(what, sizeof what, "replica %d stage %d", rep, (int)i + 1);
         sh_config_stage *s = &r->stages[r->n_stages++];
-        s->node = node_index(L, c, sh__lua_get_str(L, -1, "node"), what, swhere);
+        read_ranks(L, c, s, what, swhere);
+        if (raw_field(L, -1, "split") == LUA_TBOOLEAN) /* only pipeline() sets it */
+            split++;
+        lua_pop(L, 1);
         s->first_layer =
             (int32_t)sh__lua_get_int_range(L, -1, "first_layer", -1, -1, MAX_LAYERS, what, swhere);
         s->last_layer =
@@ -535,6 +699,11 @@ static void fill_stages(lua_State *L, sh_cluster_config *c, sh_config_replica *r
         lua_pop(L, 2);
     }
     int32_t layers = c->models[r->model].n_layers;
+    if (group_stages(L, c, r, tp_given, rep, split == n, weighted > 0, resolved > 0, rwhere)) {
+        n = r->n_stages;
+        resolved = r->stages[0].first_layer >= 0 ? n : 0;
+        weighted = 0;
+    }
     if (weighted && weighted != n)
         sh__lua_fail(L, SH_EINVAL, rwhere,
                      "replica %d: either every stage has a weight or none has (one pipeline() "
@@ -596,7 +765,7 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         lua_rawgeti(L, ridx, i + 1);
         coerce(L, -1, K_REPLICA, "replica{...}", where, rwhere);
         sh_config_replica *r = &c->replicas[c->n_replicas++];
-        r->tp = (int32_t)sh__lua_get_int(L, -1, "tp", 1);
+        int32_t tp_given = (int32_t)sh__lua_get_int(L, -1, "tp", 0);
         r->link_dtype = (uint32_t)link_dtype_of(sh__lua_get_str(L, -1, "link_dtype"));
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
@@ -614,7 +783,7 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         }
         lua_pop(L, 1);
         raw_field(L, -1, "stages");
-        fill_stages(L, c, r, (int)i + 1, rwhere);
+        fill_stages(L, c, r, (int)i + 1, tp_given, rwhere);
         lua_pop(L, 3);
     }
     lua_pop(L, 2);

@@ -59,22 +59,32 @@ typedef struct sh_config_model {
     int32_t n_layers; /* from model{ layers = n }; 0 when unknown until the file is loaded */
 } sh_config_model;
 
-/* One pipeline stage: layers [first_layer, last_layer) on one node. Both are -1 when the script
- * did not know the layer count: whoever loads the model resolves them with
- * sh_config_replica_layers() (evenly, or by weight), in order. */
+/* The most ranks of one stage's tensor-parallel group (SH_COLL_MAX_RANKS, runtime/coll.h). */
+#define SH_CONFIG_MAX_TP 64
+
+/* One pipeline stage: layers [first_layer, last_layer) on one node, or on a tensor-parallel group
+ * of tp nodes (docs/cluster.md, "Tensor parallelism"). Both are -1 when the script did not know
+ * the layer count: whoever loads the model resolves them with sh_config_replica_layers() (evenly,
+ * or by weight), in order. */
 typedef struct sh_config_stage {
-    int32_t node; /* index into sh_cluster_config.nodes; never a standby node */
+    int32_t node; /* index into sh_cluster_config.nodes: rank 0, the group's leader (the node the
+                   * previous stage or the batcher sends to); never a standby node */
     int32_t first_layer;
     int32_t last_layer;
     /* pipeline(m, nodes, { weights = {...} }): this stage's weight (> 0, every stage of the
      * replica has one); 0 when the split is even or written out. Kept after the loader resolved
      * the ranges (the layer count was known), for information. */
     double weight;
+    /* The stage's tensor-parallel group: tp ranks (1: the stage runs whole on `node`), ranks[r]
+     * the node index of rank r (ranks[0] == node). Distinct nodes, none a standby, all listening
+     * on one scheme. */
+    int32_t tp;
+    int32_t ranks[SH_CONFIG_MAX_TP];
 } sh_config_stage;
 
 typedef struct sh_config_replica {
     int32_t model; /* index into sh_cluster_config.models */
-    int32_t tp;    /* tensor-parallel ranks per stage, on the stage's node; default 1 */
+    int32_t tp;    /* the most ranks of any stage's group (sh_config_stage.tp); 1: none split */
     /* How ACT carries hidden rows from each stage to the next: replica{ link_dtype = "f32" |
      * "f16" | "int8" }, as the GGUF type id (base/dtype.h): 0 F32 (default), 1 F16 (rounded to
      * nearest even), 24 I8 (with one F32 scale per row, max|x| / 127). */

@@ -242,8 +242,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         return (sh__cmd_fail("runtime: %s", e.msg), 1);
     // Actor ids follow spawn order: the hello actor, then the stages, all before the transport
     // (which spawns its own), so they land where every other node computes them.
-    for (int32_t k = 0; k < n_mine; k++)
+    for (int32_t k = 0; k < n_mine; k++) {
         s->self.stages[k] = plan.stage_addr[mine[k]];
+        s->self.slices[k] = sh__cluster_slice(&plan, mine[k], 0);
+    }
     s->self.n_stages = n_mine;
     // With a key, only nodes that proved it are served (the stages check each STEP and ACT),
     // and this node proves it to, and checks, each node that sends its stages ACT (the previous

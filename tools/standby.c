@@ -142,6 +142,7 @@ static void *promote_main(void *arg)
         sh_standby_stage *st = held(sb, i);
         if (!st || !st->addr)
             continue;
+        sb->ident->slices[n] = sh__cluster_slice(p, i, 0);
         sb->ident->stages[n++] = st->addr;
         size_t l = strlen(list);
         snprintf(list + l, sizeof list - l, "%sstage %d layers [%d, %d)", l ? ", " : "", (int)i + 1,

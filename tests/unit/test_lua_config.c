@@ -117,12 +117,15 @@ static void test_defaults_and_layers(void)
     }
     r = &c->replicas[1];
     CHECK_INT_EQ(r->model, 0);
-    CHECK_INT_EQ(r->tp, 2);
+    CHECK_INT_EQ(r->tp, 2);                      /* w1 and w2 are one stage's group */
     CHECK_UINT_EQ(r->link_dtype, 24);            /* I8 */
     CHECK_UINT_EQ(c->replicas[2].link_dtype, 1); /* F16 */
-    CHECK_INT_EQ(r->stages[0].last_layer, 2);
-    CHECK_INT_EQ(r->stages[1].first_layer, 2);
-    CHECK_INT_EQ(r->stages[1].last_layer, 5);
+    CHECK_INT_EQ(r->n_stages, 1);
+    CHECK_INT_EQ(r->stages[0].tp, 2);
+    CHECK_INT_EQ(r->stages[0].node, 1);
+    CHECK_INT_EQ(r->stages[0].ranks[1], 2);
+    CHECK_INT_EQ(r->stages[0].first_layer, 0);
+    CHECK_INT_EQ(r->stages[0].last_layer, 5);
     CHECK_INT_EQ(c->replicas[2].stages[0].node, 3);
     CHECK_INT_EQ(c->replicas[2].stages[0].last_layer, 30);
     CHECK_UINT_EQ(c->kv.memory_bytes, 3ull << 29);
@@ -221,6 +224,74 @@ static void test_weights(void)
     CHECK_INT_EQ(r->stages[0].last_layer, 2);
     CHECK_INT_EQ(r->stages[1].last_layer, 3);
     CHECK_INT_EQ(r->stages[2].last_layer, 4);
+    sh_config_destroy(c);
+}
+
+/* Tensor-parallel groups: per-stage nodes lists, pipeline()'s groups and replica{ tp } over
+ * pipeline()'s nodes, composed with stages (docs/cluster.md, "Tensor parallelism"). */
+static void test_tp_groups(void)
+{
+    const char *src =
+        "local m = model { name = 'm', path = 'm.gguf', layers = 30 }\n"
+        "local u = model { name = 'u', path = 'u.gguf' }\n"
+        "local ns = { node { name = 'f', listen = 'ipc:///f' } }\n"
+        "for _, n in ipairs { 'a', 'b', 'c', 'd', 'e', 'g', 'h', 'i' } do\n"
+        "  ns[#ns + 1] = node { name = n, listen = 'ipc:///' .. n } end\n"
+        "return cluster { nodes = ns, gateway = { node = 'f', http = 'h:80' },\n"
+        "  replicas = {\n"
+        "    replica { model = m, stages = pipeline(m, { 'a', 'b', 'c', 'd' }), tp = 2 },\n"
+        "    replica { model = u, stages = pipeline(u, { { 'e', 'g' }, { 'h', 'i' } }) },\n"
+        "    replica { model = m, stages = { { nodes = { 'e', 'g', 'h' }, first_layer = 0,\n"
+        "      last_layer = 10 }, { node = 'i', first_layer = 10, last_layer = 30 } } },\n"
+        "    replica { model = m, stages = pipeline(m, { 'a' }), tp = 1 },\n"
+        "    replica { model = u, stages = pipeline(u, { 'a', 'b' }), tp = 2 },\n"
+        "  } }\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(load_str(src, NULL, &c, &e));
+    if (!c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return;
+    }
+    CHECK_INT_EQ(c->n_replicas, 5);
+    const sh_config_replica *r = &c->replicas[0]; /* 2 stages x 2 ranks, split over the groups */
+    CHECK_INT_EQ(r->tp, 2);
+    CHECK_INT_EQ(r->n_stages, 2);
+    CHECK_INT_EQ(r->stages[0].tp, 2);
+    CHECK_INT_EQ(r->stages[0].node, 1);
+    CHECK_INT_EQ(r->stages[0].ranks[0], 1);
+    CHECK_INT_EQ(r->stages[0].ranks[1], 2);
+    CHECK_INT_EQ(r->stages[1].ranks[0], 3);
+    CHECK_INT_EQ(r->stages[1].ranks[1], 4);
+    CHECK_INT_EQ(r->stages[0].first_layer, 0);
+    CHECK_INT_EQ(r->stages[0].last_layer, 15);
+    CHECK_INT_EQ(r->stages[1].first_layer, 15);
+    CHECK_INT_EQ(r->stages[1].last_layer, 30);
+    r = &c->replicas[1]; /* groups written in pipeline(); the layers wait for the model */
+    CHECK_INT_EQ(r->tp, 2);
+    CHECK_INT_EQ(r->n_stages, 2);
+    CHECK_INT_EQ(r->stages[1].ranks[0], 7);
+    CHECK_INT_EQ(r->stages[1].ranks[1], 8);
+    CHECK_INT_EQ(r->stages[1].first_layer, -1);
+    int32_t first[2], last[2];
+    CHECK_OK(sh_config_replica_layers(r, 6, first, last, &e));
+    CHECK_INT_EQ(last[0], 3);
+    CHECK_INT_EQ(first[1], 3);
+    r = &c->replicas[2]; /* groups of different sizes; tp is the largest */
+    CHECK_INT_EQ(r->tp, 3);
+    CHECK_INT_EQ(r->stages[0].tp, 3);
+    CHECK_INT_EQ(r->stages[0].ranks[2], 7);
+    CHECK_INT_EQ(r->stages[1].tp, 1);
+    CHECK_INT_EQ(r->stages[1].ranks[0], 8);
+    CHECK_INT_EQ(r->stages[1].node, 8);
+    r = &c->replicas[3];
+    CHECK_INT_EQ(r->tp, 1);
+    CHECK_INT_EQ(r->stages[0].tp, 1);
+    CHECK_INT_EQ(r->stages[0].last_layer, 30);
+    r = &c->replicas[4]; /* the shorthand without a layer count */
+    CHECK_INT_EQ(r->n_stages, 1);
+    CHECK_INT_EQ(r->stages[0].tp, 2);
+    CHECK_INT_EQ(r->stages[0].first_layer, -1);
     sh_config_destroy(c);
 }
 
@@ -346,6 +417,77 @@ static const struct bad_case {
      SH_EINVAL, "bad.lua:4", "field 'key_file' must be a string"},
     {"local n = node { name = 'c', listen = 'tls+tcp://h:1', tls_cert = '' }\n", SH_EINVAL,
      "bad.lua:4", "node 'c': field 'tls_cert' is empty"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 0 }\n", SH_EINVAL,
+     "bad.lua:4",
+     "replica: tp = 0: the ranks of each stage's tensor-parallel group must be a "
+     "whole number from 1 to 64"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = -2 }\n", SH_EINVAL,
+     "bad.lua:4", "replica: tp = -2:"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 65 }\n", SH_EINVAL,
+     "bad.lua:4", "replica: tp = 65: the ranks"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 1.5 }\n", SH_EINVAL,
+     "bad.lua:4", "replica: field 'tp' must be an integer, got a float"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 'two' }\n", SH_EINVAL,
+     "bad.lua:4", "replica: field 'tp' must be an integer, got string"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { { 'b', 'b' } }) } } }\n",
+     SH_EINVAL, "bad.lua:5",
+     "replica 1 stage 1: node 'b' is named twice in the group (ranks 0 and 1)"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'b', 'b' }), tp = 2 } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica 1 stage 1 (tp = 2): node 'b' is named twice in the group"},
+    {"return cluster { nodes = nodes(node { name = 's', listen = 'tcp://h:3', standby = true }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { { 'b', 's' } }) } } }\n",
+     SH_EINVAL, "bad.lua:6", "replica 1 stage 1: node 's' is a standby and cannot serve"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'ipc:///c' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { nodes = { 'b', 'c' } } } } } }\n",
+     SH_EINVAL, "bad.lua:6",
+     "replica 1 stage 1: rank 0 'b' listens on tcp://h:2 and rank 1 'c' on ipc:///c: the ranks "
+     "of a group exchange over one kind of link"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'ipc:///c' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'c', 'b' }), tp = 2 } } }\n",
+     SH_EINVAL, "bad.lua:6", "rank 0 'c' listens on ipc:///c and rank 1 'b' on tcp://h:2"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { nodes = { 'b', 'zz' } } } } } }\n",
+     SH_ENOTFOUND, "bad.lua:5", "replica 1 stage 1: unknown node 'zz'"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { nodes = { } } } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica 1 stage 1: nodes is empty"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { node = 'b', nodes = { 'b' } } } } } }\n",
+     SH_EINVAL, "bad.lua:5", "give either node = \"NAME\" or nodes = { ... }"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { first_layer = 0, last_layer = 2 } } } } }\n",
+     SH_EINVAL, "bad.lua:5", "not neither"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = { { nodes = { 'b', 7 } } } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica 1 stage 1: nodes[2] must be a node name, got number"},
+    {"local p = pipeline(m, { 'a', 5 })\n", SH_EINVAL, "bad.lua:4",
+     "pipeline: node 2 must be a node name or a list of node names"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'tcp://h:3' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'b', 'c', 'b' }), tp = 2 } } }\n",
+     SH_EINVAL, "bad.lua:6",
+     "replica 1: tp = 2 groups the stages' 3 nodes by 2, which leaves 1 over"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'tcp://h:3' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { { 'b', 'c' } }), tp = 3 } } }\n",
+     SH_EINVAL, "bad.lua:6", "replica 1: tp = 3 but stage 1's group has 2 ranks"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'tcp://h:3' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, tp = 2,\n"
+     "    stages = pipeline(m, { 'b', 'c' }, { weights = { 1, 2 } }) } } }\n",
+     SH_EINVAL, "bad.lua:6",
+     "replica 1: tp = 2 groups pipeline()'s nodes, but the stages have "
+     "weights"},
+    {"return cluster { nodes = nodes(node { name = 'c', listen = 'tcp://h:3' }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, tp = 2, stages = { { node = 'b', first_layer = 0,\n"
+     "    last_layer = 1 }, { node = 'c', first_layer = 1, last_layer = 2 } } } } }\n",
+     SH_EINVAL, "bad.lua:6", "but the stages have layer ranges written out"},
     {"return 42\n", SH_EINVAL, "bad.lua", "must return cluster{...}, got number"},
     {"m.name = 'x'\n", SH_ELUA, "bad.lua:4", "read-only"},
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
@@ -681,6 +823,7 @@ static const sh_test_case tests[] = {
     {"demo", test_demo},
     {"defaults_and_layers", test_defaults_and_layers},
     {"weights", test_weights},
+    {"tp_groups", test_tp_groups},
     {"errors", test_errors},
     {"node_budget_standby", test_node_budget_standby},
     {"sandbox_escapes", test_sandbox_escapes},

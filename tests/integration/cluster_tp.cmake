@@ -1,0 +1,10 @@
+# Tensor-parallel groups in cluster scripts against real processes (issue 26,
+# test_cluster_tp.py): bad input to a group exits 2 with one error line naming the culprit.
+if(SH_FUZZ)
+  return() # a fuzzing build builds only the fuzz targets' dependencies
+endif()
+add_test(NAME test_cluster_tp
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_tp.py
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_cluster_tp PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
