@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,6 +15,7 @@
 #include "base/error.h"
 #include "base/version.h"
 #include "model/gguf.h"
+#include "runtime/coll.h"
 #include "runtime/peers.h"
 #include "runtime/proto.h"
 #include "shoal/version.h"
@@ -125,11 +127,7 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
     if (total > SH_CLUSTER_MAX_STAGES)
         return fail(e, "%s: %d stages in all; at most %d are supported", script, (int)total,
                     SH_CLUSTER_MAX_STAGES);
-    if (tp_replica >= 0)
-        return fail(e,
-                    "%s: replica %d: tp = %d: tensor-parallel groups are checked but not served "
-                    "yet (docs/cluster.md, \"Tensor parallelism\")",
-                    script, (int)tp_replica + 1, (int)c->replicas[tp_replica].tp);
+
     for (int32_t i = 0; i < c->n_nodes; i++) {
         const sh_config_node *n = &c->nodes[i];
         if (n->standby && i == c->gateway.node)
@@ -772,6 +770,64 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
     if (sh_transport_link_get(f->tp, (uint32_t)node + 1, &l) == SH_OK)
         __atomic_store_n(&f->ups[node], l.ups, __ATOMIC_RELEASE);
     __atomic_store_n(&f->lost[node], false, __ATOMIC_RELEASE); /* the status page reads it */
+    return 0;
+}
+
+/* Whether a listen URL is on this host: ipc://, or tcp:// and tls+tcp:// on 127.x, localhost or
+ * [::1]. */
+static bool url_local(const char *url)
+{
+    if (!strncmp(url, "ipc://", 6))
+        return true;
+    if (!strncmp(url, "tls+tcp://", 10))
+        url += 4;
+    if (strncmp(url, "tcp://", 6))
+        return false;
+    const char *h = url + 6, *end = strrchr(h, ':');
+    size_t len = end ? (size_t)(end - h) : strlen(h);
+    if ((len == 5 && !strncmp(h, "[::1]", 5)) || (len == 9 && !strncmp(h, "localhost", 9)))
+        return true;
+    if (len < 4 || strncmp(h, "127.", 4))
+        return false;
+    for (size_t k = 4; k < len; k++)
+        if (!(h[k] == '.' || (h[k] >= '0' && h[k] <= '9')))
+            return false;
+    return true;
+}
+
+int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, sh_error *e)
+{
+    const sh_cluster_config *c = p->c;
+    memset(g, 0, sizeof *g);
+    int32_t tp = p->stage_tp[i];
+    bool local = true;
+    for (int32_t r = 0; r < tp; r++)
+        local &= url_local(c->nodes[p->rank_node[i][r]].listen);
+    g->kind = local ? SH_COLL_SHM : SH_COLL_NET;
+    // The leader's URL is unique among the clusters of this host; the stage, within the cluster.
+    const char *lead = c->nodes[p->rank_node[i][0]].listen;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *q = lead; *q; q++)
+        h = (h ^ (uint8_t)*q) * 0x100000001b3ull;
+    snprintf(g->shm_name, sizeof g->shm_name, "/shoal-tp-%016" PRIx64 "-%d", h, (int)i + 1);
+    for (int32_t r = 0; r < tp; r++) {
+        const char *u = c->nodes[p->rank_node[i][r]].listen;
+        g->url_of[r] = g->urls[r];
+        if (!strncmp(u, "ipc://", 6) || !strncmp(u, "inproc://", 9)) {
+            snprintf(g->urls[r], sizeof g->urls[r], "%s.tp%d", u, (int)i + 1);
+            continue;
+        }
+        const char *colon = strrchr(u, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) + 1000L * (i + 1) : 0;
+        if (port <= 0 || port > 65535)
+            return fail(e,
+                        "node '%s' (%s): the collective link of stage %d would listen on port %ld "
+                        "(its port + 1000 x %d): give the node a lower port",
+                        c->nodes[p->rank_node[i][r]].name, u, (int)i + 1, port, (int)i + 1);
+        snprintf(g->urls[r], sizeof g->urls[r], "%.*s:%ld", (int)(colon - u), u, port);
+    }
+    int64_t t = 4ll * c->watchdog.heartbeat_ms * c->watchdog.dead_after;
+    g->timeout_ms = t < 5000 ? 5000 : t > 600000 ? 600000 : (int32_t)t;
     return 0;
 }
 

@@ -199,6 +199,25 @@ int32_t sh__cluster_rank_on(const sh_cluster_plan *p, int32_t i, int32_t node);
 /* The slice HELLO states for rank `rank` of stage i (SH_HELLO_SLICE). */
 uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank);
 
+/* The collective group of stage i's ranks (docs/cluster.md, "Tensor parallelism"): shared
+ * memory when every rank listens on this host's addresses (ipc://, or tcp:// and tls+tcp:// on
+ * 127.x, localhost or [::1]), in a segment named from the leader's URL and the stage; the network
+ * otherwise, rank r listening on urls[r]: its node's listen URL with ".tpI" appended to an ipc://
+ * path, or with the port raised by 1000 * I for tcp:// and tls+tcp:// (I the stage's index over
+ * the plan, from 1). timeout_ms bounds each collective: 4 heartbeat periods times dead_after of
+ * the script's watchdog, at least 5 s, so that the watchdog judges a dead rank's node (and
+ * pauses the replica) before the group gives up on the step. */
+typedef struct sh_cluster_group {
+    int32_t kind; /* sh_coll_kind */
+    char shm_name[64];
+    char urls[SH_CONFIG_MAX_TP][280];
+    const char *url_of[SH_CONFIG_MAX_TP]; /* urls[r] */
+    int32_t timeout_ms;
+} sh_cluster_group;
+
+/* Fills g for stage i (stage_tp[i] > 1). Returns 0, or 2 with an error line (a port past 65535). */
+int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, sh_error *e);
+
 /* Whether replica k has a stage, or a rank of a stage's group, on node. */
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);
 

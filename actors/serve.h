@@ -133,6 +133,26 @@ typedef struct sh_stage_args {
     /* The node (id) whose CONTROL op REROUTE with one target moves `next` there (the front, when
      * a standby took over the next stage; actors/watchdog.h); 0: CONTROL is dropped. */
     uint32_t control_node;
+    /* Tensor parallelism (docs/cluster.md): this actor is rank tp_rank of a group of tp_size
+     * ranks (0 or 1: no group), tp_ranks[r] (tp_size entries, copied) being rank r's stage actor.
+     * Rank 0, the leader, takes STEP or ACT as a stage does and sends every one it runs, as it
+     * came, to each other rank (the envelope's session carries the group's epoch); the others
+     * take STEP and ACT from the leader only (anything else is dropped and counted as
+     * shoal_frames_refused_total{reason="tp_not_leader"}) and send nothing. Every rank checks
+     * the step, then all agree on it over the group (one all-gather of each rank's verdict,
+     * which fails within coll.timeout_ms when a rank is dead or stopped), then run the forward
+     * pass; only the leader samples, forwards ACT and answers STEP_DONE. The group (coll_kind
+     * with coll's shm_name, urls, key: borrowed, outliving the actor; rank, size, epoch and
+     * max_bytes are set here) and the context over it (ctx must be NULL: the worker creates it
+     * from be and ctx_opts, with n_blocks blocks) are created at the first step, and again after
+     * a failed step or a new batcher epoch with a new group epoch. */
+    int32_t tp_rank, tp_size;
+    const sh_addr *tp_ranks;
+    int32_t coll_kind; /* sh_coll_kind (runtime/coll.h) */
+    const struct sh_coll_opts *coll;
+    sh_backend *be;
+    const sh_llama_ctx_opts *ctx_opts;
+    int32_t n_blocks;
 } sh_stage_args;
 
 /* ---- batcher ---------------------------------------------------------------------------- */

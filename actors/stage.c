@@ -16,6 +16,7 @@
 #include "base/file.h"
 #include "kernels/cpu/quant.h"
 #include "model/sampler.h"
+#include "runtime/coll.h"
 #include "runtime/mpack_write.h"
 #include "runtime/msg.h"
 #include "runtime/peers.h"
@@ -137,6 +138,22 @@ typedef struct stage_state {
     int64_t h_failed; /* index of a sequence whose sampling failed, or -1 */
     uint64_t tick;
     sh_logit_bias bias[SH_SAMPLER_MAX_BIAS];
+
+    /* Tensor parallelism (sh_stage_args): set by init. */
+    int32_t tp_rank, tp_size; /* tp_size 1: no group */
+    sh_addr tp_ranks[SH_COLL_MAX_RANKS];
+    sh_coll_kind coll_kind;
+    sh_coll_opts coll_opts;
+    sh_backend *be;
+    sh_llama_ctx_opts ctx_opts;
+    int32_t want_blocks;
+    /* The worker's: the group and the context over it (created at the first step, again after a
+     * failure or a new batcher epoch), the group's epoch, the batcher epoch it was created under
+     * (the leader's), and whether a call on it failed. */
+    sh_coll *coll;
+    uint32_t gen;
+    uint64_t group_step_epoch;
+    bool coll_broken;
 } stage_state;
 
 /* ---- samplers ---- */
@@ -323,6 +340,131 @@ static void expert_count(stage_state *st)
     }
 }
 
+/* ---- a tensor-parallel group ---- */
+
+/* The leader's: the group epoch step s runs under. The group's own while it serves the batcher
+ * epoch it was created under; otherwise (none yet, a failed call, a new batcher epoch after a
+ * pause, when a rank may have been replaced) a new one, above every earlier one and at least this
+ * node's Unix seconds, so that a restarted leader does not reuse its predecessor's. Worker. */
+static uint32_t group_gen(stage_state *st, uint64_t step_epoch)
+{
+    if (st->coll && !st->coll_broken && st->group_step_epoch == step_epoch)
+        return st->gen;
+    uint64_t now_s = sh__act_unix_ms() / 1000;
+    uint32_t g = st->gen + 1;
+    if (now_s > g && now_s < UINT32_MAX)
+        g = (uint32_t)now_s;
+    st->group_step_epoch = step_epoch;
+    return g;
+}
+
+/* The leader's: sends the STEP or ACT m, body as it came, to every other rank, with the group
+ * epoch gen as the envelope's session. A failed send is logged: that rank misses the step, and
+ * the group's agreement on it fails within the timeout. Worker thread. */
+static void group_forward(stage_state *st, const sh_msg *m, uint32_t gen)
+{
+    size_t len = 0;
+    const void *body = sh_msg_body(m, &len);
+    sh_msg_hdr h = *sh_msg_header(m);
+    h.session = gen;
+    h.src = st->self;
+    for (int32_t r = 1; r < st->tp_size; r++) {
+        h.dst = st->tp_ranks[r];
+        sh_error se = {0};
+        if (sh_send(st->rt, &h, body, len, &se))
+            sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "tp_forward_failed",
+                           "rank=%d to=%" PRIu64 " error=\"%s\"", (int)r, (uint64_t)h.dst, se.msg);
+    }
+}
+
+/* Makes sure the group of epoch gen and the context over it exist: when there are none, the
+ * group failed or its epoch is another, both are created again (the KV pool starts empty: the
+ * batcher has forgotten every block since, as a new epoch follows a pause). Creating the group
+ * waits up to its timeout for every rank. Worker thread. */
+static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
+{
+    if (st->coll && !st->coll_broken && st->gen == gen)
+        return SH_OK;
+    sh_llama_ctx_destroy(st->ctx);
+    st->ctx = NULL;
+    sh_coll_destroy(st->coll);
+    st->coll = NULL;
+    st->coll_broken = false;
+    sh_coll_opts o = st->coll_opts;
+    o.rank = st->tp_rank;
+    o.size = st->tp_size;
+    o.epoch = gen;
+    sh_error ce = {0};
+    sh_err err = sh_coll_create(st->coll_kind, &o, &st->coll, &ce);
+    if (err)
+        return sh__error_set(e, err,
+                             "stage: rank %d of %d: its tensor-parallel group (epoch %u): %s",
+                             (int)st->tp_rank, (int)st->tp_size, (unsigned)gen, ce.msg);
+    st->gen = gen;
+    sh_llama_ctx_opts co = st->ctx_opts;
+    err = sh_llama_ctx_create(st->model, st->be, &co, &st->ctx, &ce);
+    if (!err && sh_llama_ctx_n_blocks(st->ctx) != st->want_blocks)
+        err = sh__error_set(&ce, SH_EINVAL, "the KV pool has %d blocks, the plan %d",
+                            (int)sh_llama_ctx_n_blocks(st->ctx), (int)st->want_blocks);
+    if (err) {
+        sh_llama_ctx_destroy(st->ctx);
+        st->ctx = NULL;
+        sh_coll_destroy(st->coll);
+        st->coll = NULL;
+        return sh__error_set(e, err, "stage: rank %d of %d: context: %s", (int)st->tp_rank,
+                             (int)st->tp_size, ce.msg);
+    }
+    if (st->expert_seen) /* a new context counts from 0 */
+        memset(st->expert_seen, 0,
+               (size_t)(st->model->last - st->model->first) * (size_t)st->model->hp.n_expert *
+                   sizeof *st->expert_seen);
+    sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_group", "rank=%d size=%d epoch=%u kind=%s",
+                   (int)st->tp_rank, (int)st->tp_size, (unsigned)gen,
+                   st->coll_kind == SH_COLL_SHM ? "shm" : "net");
+    return SH_OK;
+}
+
+/* One rank's verdict on a step, gathered from every rank before the forward pass. */
+typedef struct agree_rec {
+    int32_t status; /* this rank's sh_err for the step so far */
+    int32_t rank;
+    uint64_t step;
+} agree_rec;
+
+/* Every rank of the group tells the others whether step s is good on it (mine: its error so far,
+ * e filled), so that either all run the forward pass or none does. Returns mine, or the first
+ * failing rank's code naming it, or the group's failure (which breaks it). Worker thread. */
+static sh_err group_agree(stage_state *st, const sh_proto_step *s, sh_err mine, sh_error *e)
+{
+    agree_rec me = {(int32_t)mine, st->tp_rank, s->step}, all[SH_COLL_MAX_RANKS];
+    sh_error ce = {0};
+    sh_err err = st->coll ? sh_coll_allgather(st->coll, &me, sizeof me, all, &ce) : SH_ECLOSED;
+    if (err) {
+        st->coll_broken = true;
+        return sh__error_set(e, err,
+                             "stage: step %" PRIu64 ": its tensor-parallel group of %d "
+                             "ranks failed: %s",
+                             s->step, (int)st->tp_size, st->coll ? ce.msg : "not created");
+    }
+    for (int32_t r = 0; r < st->tp_size; r++)
+        if (all[r].step != s->step || all[r].rank != r) {
+            st->coll_broken = true;
+            return sh__error_set(e, SH_EPROTO,
+                                 "stage: step %" PRIu64 ": rank %d of the group runs step %" PRIu64
+                                 " (rank %d) instead",
+                                 s->step, (int)r, all[r].step, (int)all[r].rank);
+        }
+    if (mine)
+        return mine;
+    for (int32_t r = 0; r < st->tp_size; r++)
+        if (all[r].status)
+            return sh__error_set(e, (sh_err)all[r].status,
+                                 "stage: step %" PRIu64 ": rank %d of the group refused it (%s; "
+                                 "its node's log says why)",
+                                 s->step, (int)r, sh_strerror((sh_err)all[r].status));
+    return SH_OK;
+}
+
 /* Runs this stage's part of a decoded step: the forward pass over its layers (from the tokens on
  * the first stage, from hidden_in (rows, dim) on the others), then, on the last stage, sampling.
  * On SH_OK the last stage's d->seqs points into st->out and another stage's *hidden holds the
@@ -335,22 +477,30 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     sh_err err;
     if (n == 0)
         return SH_OK;
-    if ((err = step_prepare(st, s, e)))
-        return err;
+    err = step_prepare(st, s, e);
     st->tick++;
     /* Samplers first: bad sampling parameters fail the step before this stage's KV cache is
-     * written (earlier stages of a pipeline have written theirs; the step is failed anyway). */
-    for (uint32_t i = 0; st->last && i < n; i++) {
+     * written (earlier stages of a pipeline have written theirs; the step is failed anyway).
+     * Only a group's leader samples. */
+    bool samples = st->last && st->tp_rank == 0;
+    for (uint32_t i = 0; !err && samples && i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         st->again[i] = false;
         if (q->sample && (err = sampler_get(st, q, &st->smp[i], &st->sl[i], e)))
-            return err;
+            break;
         st->again[i] = q->sample && st->sl[i]->at == (int64_t)q->pos + (int64_t)q->tokens.n;
     }
+    /* A group runs the forward pass only when every rank found the step good. */
+    if (st->tp_size > 1)
+        err = group_agree(st, s, err, e);
+    if (err)
+        return err;
     sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in};
     sh_llama_out out;
-    if ((err = sh_llama_forward(st->ctx, &b, &out, e)))
+    if ((err = sh_llama_forward(st->ctx, &b, &out, e))) {
+        st->coll_broken = st->tp_size > 1; /* its collectives may have failed half-way */
         return err;
+    }
     /* A model file truncated under the mapping reads as zeros from then on (the program's SIGBUS
      * guard, base/file.h): this step and every later one are wrong, so fail them. */
     char bad[200];
@@ -360,6 +510,8 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
                              "pages read as zeros): restart the server with the whole file",
                              bad);
     expert_count(st);
+    if (st->tp_rank > 0)
+        return SH_OK; /* the leader forwards or samples */
     if (!st->last) {
         *hidden = out.hidden;
         return SH_OK;
@@ -694,11 +846,14 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
             reply = b.act.reply_to;
         prior_us = b.act.compute_us;
     }
-    if (s && s->epoch > st->epoch && !epoch_allowed(st, h, s, is_act)) {
+    /* A rank other than its group's leader takes what the leader ran, unchecked: the leader made
+     * these checks, and the ranks must run the same steps in the same order. */
+    bool follower = st->tp_rank > 0;
+    if (s && !follower && s->epoch > st->epoch && !epoch_allowed(st, h, s, is_act)) {
         sh__peers_refuse(st->rt, SH__PEERS_EPOCH, sh_addr_node(h->src), sh__msg_type_name(h->type));
         return;
     }
-    if (s && s->epoch < st->epoch) {
+    if (s && !follower && s->epoch < st->epoch) {
         // Abandoned at its batcher's pause: the sequences it holds run again from the resume
         // (with a newer epoch), and its blocks may belong to others by now. Unanswered: the
         // batcher forgot it.
@@ -707,7 +862,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
                        st->epoch);
         return;
     }
-    if (s && !is_act && retry_answered(st, s, arrived_us)) {
+    if (s && !follower && !is_act && retry_answered(st, s, arrived_us)) {
         if (st->m_retry_dropped)
             sh_counter_add(st->m_retry_dropped, 1);
         sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stage_retry_dropped",
@@ -717,14 +872,33 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
     if (s) {
         st->epoch = s->epoch;
         d.step = s->step;
-        if (is_act == st->first)
+        /* A group: the leader hands the step to every rank, and each makes sure its group (of
+         * the epoch the leader chose) and its context exist. */
+        bool grouped = false;
+        if (st->tp_size > 1 && s->seqs.n > 0) {
+            uint32_t gen = follower ? (uint32_t)h->session : group_gen(st, s->epoch);
+            if (!follower)
+                group_forward(st, m, gen);
+            err = group_ready(st, gen, &e);
+            grouped = !err;
+        }
+        if (!err && is_act == st->first)
             err = sh__error_set(&e, SH_EINVAL, "stage: layers [%d, %d) take %s, not %s",
                                 (int)st->model->first, (int)st->model->last,
                                 st->first ? "STEP" : "ACT", sh__msg_type_name(h->type));
-        else if (is_act && s->seqs.n > 0)
+        else if (!err && is_act && s->seqs.n > 0)
             err = act_hidden(st, &b.act, &hidden_in, &e);
         if (!err)
             err = step_run(st, s, hidden_in, &d, &hidden, &e);
+        else if (grouped) /* the other ranks wait for this one's verdict */
+            err = group_agree(st, s, err, &e);
+    }
+    if (follower) {
+        if (err)
+            sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",
+                           "step=%" PRIu64 " rank=%d code=%d error=\"%s\"", d.step,
+                           (int)st->tp_rank, (int)err, e.msg);
+        return;
     }
     d.compute_us = prior_us + (sh__act_mono_us() - t0);
     /* An empty step has no rows to forward: any stage answers it at once. */
@@ -839,7 +1013,7 @@ static sh_err expert_metrics(stage_state *st)
         return SH_ENOMEM;
     sh_metrics *mx = sh_runtime_metrics(st->rt);
     for (int32_t l = m->first; l < m->last; l++) {
-        const uint64_t *tot = sh_llama_ctx_expert_tokens(st->ctx, l);
+        const uint64_t *tot = st->ctx ? sh_llama_ctx_expert_tokens(st->ctx, l) : NULL;
         for (int32_t x = 0; x < m->hp.n_expert; x++) {
             const size_t i = (size_t)(l - m->first) * m->hp.n_expert + x;
             char labels[64];
@@ -860,9 +1034,18 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
     stage_state *st = state;
     const sh_stage_args *a = arg;
-    if (!a || !a->model || !a->ctx || a->max_seqs <= 0) {
+    bool group = a && a->tp_size > 1;
+    if (!a || !a->model || !a->ctx == !group || a->max_seqs <= 0) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
-                     "error=\"needs a model, a context and max_seqs > 0\"");
+                     "error=\"needs a model, a context (none for a group) and max_seqs > 0\"");
+        return SH_EINVAL;
+    }
+    if (group && (a->tp_size > SH_COLL_MAX_RANKS || a->tp_rank < 0 || a->tp_rank >= a->tp_size ||
+                  !a->tp_ranks || !a->coll || !a->be || !a->ctx_opts || a->n_blocks <= 0)) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed",
+                     "error=\"rank %d of %d: a group needs its ranks, its collective options, a "
+                     "backend, context options and a block count\"",
+                     (int)a->tp_rank, (int)a->tp_size);
         return SH_EINVAL;
     }
     bool last = a->model->last == a->model->hp.n_layers;
@@ -916,7 +1099,17 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->n_vocab = a->model->hp.n_vocab;
     st->dim = a->model->hp.dim;
     sh__buf_init(&st->enc);
-    st->n_blocks = sh_llama_ctx_n_blocks(a->ctx);
+    st->tp_rank = group ? a->tp_rank : 0;
+    st->tp_size = group ? a->tp_size : 1;
+    if (group) {
+        memcpy(st->tp_ranks, a->tp_ranks, (size_t)a->tp_size * sizeof *st->tp_ranks);
+        st->coll_kind = (sh_coll_kind)a->coll_kind;
+        st->coll_opts = *a->coll;
+        st->be = a->be;
+        st->ctx_opts = *a->ctx_opts;
+        st->want_blocks = a->n_blocks;
+    }
+    st->n_blocks = group ? a->n_blocks : sh_llama_ctx_n_blocks(a->ctx);
     st->max_tok = st->n_blocks * SH_KV_BLOCK_TOKENS;
     st->tab_len = a->max_blocks_per_seq > 0 ? a->max_blocks_per_seq : st->n_blocks;
     st->n_slots = 2 * a->max_seqs;
@@ -1018,6 +1211,16 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
                      sh__msg_type_name(type));
         return SH_MSG_FATE_DONE;
     }
+    // A group's other ranks take steps from its leader only; they send nothing that could bounce.
+    if (st->tp_rank > 0) {
+        if (type == SH_MSG_ERROR)
+            return SH_MSG_FATE_DONE;
+        if (h->src != st->tp_ranks[0]) {
+            sh__peers_refuse(st->rt, SH__PEERS_TP_NOT_LEADER, sh_addr_node(h->src),
+                             sh__msg_type_name(type));
+            return SH_MSG_FATE_DONE;
+        }
+    }
     // With a cluster key, only nodes that proved it are served; the rest is dropped unanswered
     // (an answer would tell an unauthenticated sender about this node's steps).
     if (type != SH_MSG_ERROR &&
@@ -1052,6 +1255,10 @@ static void stage_stop(sh_actor_ctx *ctx, void *state)
     }
     uv_cond_destroy(&st->cv);
     uv_mutex_destroy(&st->mu);
+    if (st->tp_size > 1) { /* the group's context is the actor's own */
+        sh_llama_ctx_destroy(st->ctx);
+        sh_coll_destroy(st->coll);
+    }
     free_buffers(st);
 }
 

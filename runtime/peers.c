@@ -14,6 +14,7 @@ static const char *const reason_names[SH__PEERS_REASON_COUNT_] = {
     [SH__PEERS_UNPROVED] = "unproved",           [SH__PEERS_SRC_MISMATCH] = "src_mismatch",
     [SH__PEERS_PREAUTH_FRAME] = "preauth_frame", [SH__PEERS_PREAUTH_CAP] = "preauth_cap",
     [SH__PEERS_PREAUTH_SLOW] = "preauth_slow",   [SH__PEERS_EPOCH] = "epoch",
+    [SH__PEERS_TP_NOT_LEADER] = "tp_not_leader",
 };
 
 static const char *const reason_text[SH__PEERS_REASON_COUNT_] = {
@@ -25,6 +26,8 @@ static const char *const reason_text[SH__PEERS_REASON_COUNT_] = {
                               "node: closed",
     [SH__PEERS_PREAUTH_SLOW] = "a connection proved no node within the handshake deadline: closed",
     [SH__PEERS_EPOCH] = "a STEP epoch that no rule of the stage allows",
+    [SH__PEERS_TP_NOT_LEADER] = "STEP or ACT to a tensor-parallel rank from another actor than "
+                                "its group's leader",
 };
 
 static uint64_t mono_ms(void)

@@ -23,6 +23,7 @@ typedef enum sh__peers_reason {
     SH__PEERS_PREAUTH_CAP,   /* the listener already holds its cap of unproved connections */
     SH__PEERS_PREAUTH_SLOW,  /* an unproved connection passed the handshake deadline */
     SH__PEERS_EPOCH,         /* a STEP's epoch no rule of the receiving stage allows */
+    SH__PEERS_TP_NOT_LEADER, /* STEP or ACT to a tensor-parallel rank from other than its leader */
     SH__PEERS_REASON_COUNT_
 } sh__peers_reason;
 

@@ -18,6 +18,7 @@
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
+#include "runtime/coll.h"
 #include "runtime/peers.h"
 #include "shoal/transport.h"
 #include "tools/cmd.h"
@@ -54,7 +55,12 @@ static void usage(FILE *f)
 
 typedef struct node_stage {
     sh_llama *m;
-    sh_llama_ctx *ctx;
+    sh_llama_ctx *ctx; /* NULL for a rank of a group: its stage actor creates it */
+    /* A rank of a tensor-parallel group: its collective settings and context options, which the
+     * stage actor reads when it creates its group (they outlive it). */
+    sh_cluster_group *group;
+    sh_coll_opts coll;
+    sh_llama_ctx_opts co;
 } node_stage;
 
 typedef struct node_state {
@@ -109,6 +115,7 @@ static void close_all(node_state *s)
     for (int32_t i = 0; i < s->n; i++) {
         sh_llama_ctx_destroy(s->st[i].ctx);
         sh_llama_destroy(s->st[i].m);
+        free(s->st[i].group);
     }
     sh_backend_destroy(s->be);
     sh_config_destroy(s->cfg);
@@ -145,8 +152,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     const sh_config_replica *r = NULL;
     for (int32_t k = 0; k < c->n_replicas && !r; k++)
         for (int32_t i = 0; i < c->replicas[k].n_stages && !r; i++)
-            if (c->replicas[k].stages[i].node == self)
-                r = &c->replicas[k];
+            for (int32_t j = 0; j < c->replicas[k].stages[i].tp && !r; j++)
+                if (c->replicas[k].stages[i].ranks[j] == self)
+                    r = &c->replicas[k];
     // A standby holds no stage: it takes the model of the node it preloads, else the first
     // replica's, and only stages of that model can move there.
     bool standby = c->nodes[self].standby;
@@ -195,23 +203,51 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     char kern[160];
     sh_backend_cpu_describe(s->be, kern, sizeof kern);
     fprintf(stderr, "shoal: node %s: cpu: %s\n", name, kern);
-    int32_t mine[SH_CLUSTER_MAX_STAGES];
+    // This node's stage actors, in plan order: each stage it holds whole, or its rank of the
+    // stage's group.
+    int32_t mine[SH_CLUSTER_MAX_STAGES], rank_of[SH_CLUSTER_MAX_STAGES];
     int32_t n_mine = 0;
     for (int32_t i = 0; i < plan.n_stages; i++) {
-        if (plan.stage_node[i] != self)
+        int32_t rank = sh__cluster_rank_on(&plan, i, self);
+        if (rank < 0)
             continue;
+        rank_of[n_mine] = rank;
         mine[n_mine++] = i;
         const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
         node_stage *st = &s->st[s->n];
         sh_llama_load_opts lo = {.first = plan.first[i], .last = plan.last[i], .prefault = true};
-        if (sh_llama_load(cm->path, &lo, &st->m, &e))
+        if (sh_llama_load(cm->path, &lo, &st->m, &e)) {
+            if (plan.stage_tp[i] > 1)
+                return sh__cmd_fail("node '%s': rank %d of stage %d's group of %d: %s", name,
+                                    (int)rank, (int)i + 1, (int)plan.stage_tp[i], e.msg);
             return sh__cmd_fail("%s", e.msg);
+        }
         s->n++;
         sh_llama_ctx_opts co = {.max_tokens = plan.step_tokens,
                                 .max_seqs = plan.max_seqs,
                                 .max_logits = plan.max_seqs,
                                 .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
                                 .kv_type = SH_DTYPE_F16}; /* as shoal serve's default */
+        if (plan.stage_tp[i] > 1) {
+            st->group = malloc(sizeof *st->group);
+            if (!st->group)
+                return (sh__cmd_fail("out of memory"), 1);
+            rc = sh__cmd_report(sh__cluster_group(&plan, i, st->group, &ce), &ce);
+            if (rc)
+                return rc;
+            st->co = co;
+            // The group's largest call: the hidden rows of a full step, or its logits.
+            size_t rows = (size_t)plan.step_tokens * (size_t)st->m->hp.dim;
+            size_t logits = (size_t)plan.max_seqs * (size_t)st->m->hp.n_vocab;
+            st->coll =
+                (sh_coll_opts){.timeout_ms = st->group->timeout_ms,
+                               .max_bytes = (rows > logits ? rows : logits) * sizeof(float) + 4096,
+                               .shm_name = st->group->shm_name,
+                               .urls = st->group->url_of,
+                               .key = s->key.set ? s->key.k : NULL,
+                               .key_len = s->key.set ? sizeof s->key.k : 0};
+            continue;
+        }
         if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))
             return (sh__cmd_fail("stage %d: %s", (int)i + 1, e.msg), 1);
         if (sh_llama_ctx_n_blocks(st->ctx) != rp->n_blocks)
@@ -243,8 +279,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     // Actor ids follow spawn order: the hello actor, then the stages, all before the transport
     // (which spawns its own), so they land where every other node computes them.
     for (int32_t k = 0; k < n_mine; k++) {
-        s->self.stages[k] = plan.stage_addr[mine[k]];
-        s->self.slices[k] = sh__cluster_slice(&plan, mine[k], 0);
+        s->self.stages[k] = plan.rank_addr[mine[k]][rank_of[k]];
+        s->self.slices[k] = sh__cluster_slice(&plan, mine[k], rank_of[k]);
     }
     s->self.n_stages = n_mine;
     // With a key, only nodes that proved it are served (the stages check each STEP and ACT),
@@ -258,9 +294,17 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     s->auth.names = s->names;
     s->auth.n_names = SH_HELLO_MAX_NODES;
     int32_t n_peers = 0;
+    // The nodes that send this node's stage actors frames: the previous stage's (its leader's)
+    // node, and a group's leader's node for its other ranks.
+    int32_t from[SH_CLUSTER_MAX_STAGES];
     for (int32_t k = 0; k < n_mine; k++) {
         int32_t i = mine[k];
-        int32_t prev = i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1] : -1;
+        from[k] = rank_of[k] > 0                               ? plan.rank_node[i][0]
+                  : i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1]
+                                                               : -1;
+    }
+    for (int32_t k = 0; k < n_mine; k++) {
+        int32_t prev = from[k];
         bool skip = prev < 0 || prev == self;
         for (int32_t j = 0; !skip && j < s->n_sources; j++)
             skip = s->sources[j] == (uint32_t)prev + 1;
@@ -268,8 +312,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
             s->sources[s->n_sources++] = (uint32_t)prev + 1;
     }
     for (int32_t k = 0; keyed && k < n_mine; k++) {
-        int32_t i = mine[k];
-        int32_t prev = i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1] : -1;
+        int32_t prev = from[k];
         sh_addr at = sh_addr_make((uint32_t)prev + 1, SH_CLUSTER_HELLO_ACTOR);
         bool skip = prev < 0 || prev == self;
         for (int32_t j = 0; !skip && j < n_peers; j++)
@@ -300,19 +343,31 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     for (int32_t k = 0; k < n_mine; k++) {
         int32_t i = mine[k];
         const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
-        sa[k] = (sh_stage_args){.model = s->st[k].m,
-                                .ctx = s->st[k].ctx,
+        node_stage *st = &s->st[k];
+        sa[k] = (sh_stage_args){.model = st->m,
+                                .ctx = st->ctx,
                                 .max_seqs = plan.max_seqs,
                                 .max_blocks_per_seq = rp->seq_blocks,
                                 .link_dtype = rp->link_dtype,
                                 .next = sh__cluster_next_stage(&plan, i),
                                 .auth = keyed ? &s->auth : NULL,
                                 .control_node = (uint32_t)plan.front + 1};
+        if (st->group) {
+            sa[k].tp_rank = rank_of[k];
+            sa[k].tp_size = plan.stage_tp[i];
+            sa[k].tp_ranks = plan.rank_addr[i];
+            sa[k].coll_kind = st->group->kind;
+            sa[k].coll = &st->coll;
+            sa[k].be = s->be;
+            sa[k].ctx_opts = &st->co;
+            sa[k].n_blocks = rp->n_blocks;
+        }
+        sh_addr want = plan.rank_addr[i][rank_of[k]];
         if (sh_actor_spawn(s->rt, "stage", &sa[k], 1, &addr, &e))
             return (sh__cmd_fail("spawn: %s", e.msg), 1);
-        if (addr != plan.stage_addr[i])
+        if (addr != want)
             return (sh__cmd_fail("internal: stage %d got address %" PRIu64 ", not %" PRIu64,
-                                 (int)i + 1, (uint64_t)addr, (uint64_t)plan.stage_addr[i]),
+                                 (int)i + 1, (uint64_t)addr, (uint64_t)want),
                     1);
     }
     // The metrics reporter follows the stages (actors/cluster.h); it reports to the front.
@@ -347,8 +402,14 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         char rep[32] = "";
         if (plan.n_replicas > 1)
             snprintf(rep, sizeof rep, "replica %d ", (int)rk + 1);
-        snprintf(layers + l, sizeof layers - l, "%s%sstage %d layers [%d, %d)", k ? ", " : "", rep,
-                 (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i]);
+        char rank[64] = "";
+        if (plan.stage_tp[i] > 1)
+            snprintf(rank, sizeof rank, " (rank %d of %d, %s)", (int)rank_of[k],
+                     (int)plan.stage_tp[i],
+                     s->st[k].group->kind == SH_COLL_SHM ? "shared memory" : "network");
+        snprintf(layers + l, sizeof layers - l, "%s%sstage %d layers [%d, %d)%s", k ? ", " : "",
+                 rep, (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i],
+                 rank);
     }
     if (standby)
         fprintf(stderr,

@@ -1,20 +1,207 @@
 """Tensor-parallel groups in cluster scripts (issue 26, docs/cluster.md "Tensor parallelism"),
-against real processes: bad input to a group (tp of 0, negative or over 64, a node named twice in
-a group, a standby as a rank, ranks on different URL schemes, a node count that tp does not
-divide) ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
-line naming the script's line and the culprit, never a hang.
+against real processes (`shoal node` workers and a `shoal serve -c` front over ipc://).
+
+Cases: greedy completions through one stage of 2 ranks (stories260K: 16 prompts x 64 tokens, all
+at once; the default model: 6 prompts x 32 tokens, all at once) and through 2 stages x 2 ranks
+(stories260K) equal a single-process `shoal serve -m` (text, finish reason, token count, tokens
+and logprobs); a rank started with the ranks swapped in its script, or with another model file,
+is refused at the join naming the node; a rank killed under load pauses the replica, and once it
+is started again the group is formed anew and every request ends with the undisturbed text;
+bad input to a group (tp of 0, negative or over 64, a node named twice in a group, a standby as
+a rank, ranks on different URL schemes, a node count that tp does not divide) ends `shoal serve
+-c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:` line naming the script's
+line and the culprit, never a hang.
 """
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util as su  # noqa: E402
 from test_cluster_bad import exits_2  # noqa: E402
+from test_cluster_pipeline import PROMPTS, Node, complete  # noqa: E402
 
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")  # 5 layers
+SMOLLM2 = os.path.join(su.ROOT, "models", "smollm2-135m-instruct-q4_1.gguf")
+
+
+def group_script(path, model, stages, workers):
+    """'front' plus `workers` over ipc:// in the script's directory; `stages`: the replica's
+    stages (Lua)."""
+    d = os.path.dirname(path)
+    ns = ", ".join(f"node {{ name = '{n}', listen = 'ipc://{d}/{n}.sock' }}"
+                   for n in ["front"] + list(workers))
+    with open(path, "w") as f:
+        f.write(f"local m = model {{ path = '{model}', name = 'm' }}\n"
+                "return cluster {\n"
+                f"  nodes = {{ {ns} }},\n"
+                "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+                f"  replicas = {{ replica {{ model = m, stages = {stages} }} }},\n"
+                "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
+                "  kv = { memory = '32MiB' },\n"
+                "}\n")
+    return path
+
+
+def at_once(url, prompts, n):
+    out = [None] * len(prompts)
+
+    def one(i):
+        try:
+            out[i] = complete(url, prompts[i], n)
+        except Exception as exc:  # noqa: BLE001
+            out[i] = exc
+
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(su.scaled(300))
+    for i, r in enumerate(out):
+        if isinstance(r, Exception) or r is None:
+            raise AssertionError(f"prompt {i}: {r!r}")
+    return out
+
+
+def reference(model, prompts, n):
+    with su.server("-m", model, "-t", "1", "--kv-mem", "32M", "--max-seqs", "16",
+                   "--step-tokens", "512", model=None) as srv:
+        return at_once(srv.url, prompts, n)
+
+
+def same(want, got, what):
+    bad = [f"prompt {i}: single {a[:4]} vs {what} {b[:4]}"
+           for i, (a, b) in enumerate(zip(want, got)) if a[:4] != b[:4]]
+    assert not bad, "\n".join(bad)
+    worst = max(abs(x - y) for a, b in zip(want, got) for x, y in zip(a[4], b[4]))
+    su.log(f"note: {what}: largest logprob difference {worst:.2e}")
+    assert worst < 5e-3, f"logprobs differ by up to {worst}"
+
+
+class Cluster:
+    """Worker nodes and a front on a script; stop() raises on a problem."""
+
+    def __init__(self, path, workers):
+        self.path = path
+        self.nodes = {w: Node(path, w) for w in workers}
+        self.srv = None
+
+    def start(self):
+        for nd in self.nodes.values():
+            nd.wait_ready()
+        self.srv = su.start("-c", self.path, "--join-timeout", f"{su.scaled(60):g}", model=None)
+        return self
+
+    def stop(self):
+        problems = su.stop(self.srv) if self.srv else []
+        for nd in self.nodes.values():
+            problems += nd.stop()
+        assert not problems, "\n".join(problems)
+
+
+def group_equals(d, model, stages, workers, prompts, n, want, name):
+    c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers), workers)
+    try:
+        c.start()
+        got = at_once(c.srv.url, prompts, n)
+        for w, nd in c.nodes.items():
+            assert "event=tp_group" in nd.text() and "kind=shm" in nd.text(), \
+                f"{w} formed no shared-memory group:\n{nd.text()[-1500:]}"
+    finally:
+        c.stop()
+    same(want, got, name)
+    assert all(r[2] == n for r in got), [r[2] for r in got]
+
+
+def swapped_rank(d):
+    """w1 started with a script that makes it the leader: refused at the join by name."""
+    front = group_script(os.path.join(d, "sw.lua"), STORIES, "pipeline(m, { { 'w0', 'w1' } })",
+                         ["w0", "w1"])
+    other = group_script(os.path.join(d, "sw-w1.lua"), STORIES, "pipeline(m, { { 'w1', 'w0' } })",
+                         ["w0", "w1"])
+    w0, w1 = Node(front, "w0"), Node(other, "w1")
+    try:
+        w0.wait_ready()
+        w1.wait_ready()
+        exits_2(["serve", "-c", front, "--port", "0", "--join-timeout", "30"],
+                ["node 'w1' (ipc://", "refused: stage 1: it holds rank 0 of 2 with layers [0, 5), "
+                 "the script gives it rank 1 of 2 with layers [0, 5)"])
+    finally:
+        problems = w0.stop() + w1.stop()
+    assert not problems, "\n".join(problems)
+
+
+def other_model(d):
+    """A rank holding another model file is refused by name."""
+    copy = os.path.join(d, "other.gguf")
+    shutil.copyfile(STORIES, copy)
+    with open(copy, "ab") as f:
+        f.write(b"\0" * 64)
+    front = group_script(os.path.join(d, "om.lua"), STORIES, "pipeline(m, { { 'w0', 'w1' } })",
+                         ["w0", "w1"])
+    other = group_script(os.path.join(d, "om-w1.lua"), copy, "pipeline(m, { { 'w0', 'w1' } })",
+                         ["w0", "w1"])
+    w0, w1 = Node(front, "w0"), Node(other, "w1")
+    try:
+        w0.wait_ready()
+        w1.wait_ready()
+        exits_2(["serve", "-c", front, "--port", "0", "--join-timeout", "30"],
+                ["node 'w1' (ipc://", "refused: a different model file"])
+    finally:
+        problems = w0.stop() + w1.stop()
+    assert not problems, "\n".join(problems)
+
+
+def rank_killed(d):
+    """kill -9 of rank 1 under 8 requests of 256 tokens: the replica pauses, the node is started
+    again, the group is formed anew (a new epoch) and every request ends with the undisturbed
+    text."""
+    want = reference(STORIES, PROMPTS[:8], 256)
+    path = group_script(os.path.join(d, "kill.lua"), STORIES, "pipeline(m, { { 'w0', 'w1' } })",
+                        ["w0", "w1"])
+    c = Cluster(path, ["w0", "w1"])
+    try:
+        c.start()
+        out = [None] * 8
+        ts = []
+
+        def one(i):
+            try:
+                out[i] = complete(c.srv.url, PROMPTS[i], 256)
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+
+        for i in range(8):
+            ts.append(threading.Thread(target=one, args=(i,), daemon=True))
+            ts[-1].start()
+        time.sleep(0.15)
+        w1 = c.nodes["w1"]
+        w1.proc.send_signal(signal.SIGKILL)
+        w1.proc.wait()
+        done = sum(1 for x in out if x is not None)
+        su.log(f"note: {done} of 8 requests had ended at the kill")
+        deadline = time.monotonic() + su.scaled(10)
+        while "node w1" not in c.srv.log_text() or "was lost" not in c.srv.log_text():
+            assert time.monotonic() < deadline, c.srv.log_tail()
+            time.sleep(0.05)
+        c.nodes["w1"] = Node(path, "w1").wait_ready()
+        for t in ts:
+            t.join(su.scaled(120))
+        for i, r in enumerate(out):
+            assert not isinstance(r, Exception) and r is not None, f"prompt {i}: {r!r}"
+        log = c.srv.log_text()
+        assert "replica 1 resumed" in log, log[-2000:]
+        epochs = {ln.split("epoch=")[1].split()[0] for ln in c.nodes["w0"].text().splitlines()
+                  if "event=tp_group" in ln}
+        assert len(epochs) >= 2, f"the leader formed its group once only: {epochs}"
+    finally:
+        c.stop()
+    same(want, out, "2 ranks, rank 1 killed and restarted")
 
 
 def write(d, name, replica, nodes=("w0", "w1", "w2", "w3"), extra_nodes=""):
@@ -89,6 +276,23 @@ def main():
     r = su.Runner("test_cluster_tp")
     d = tempfile.mkdtemp(prefix="shtp-", dir="/tmp")  # ipc:// paths stay short
     try:
+        want = reference(STORIES, PROMPTS, 64)
+        r.case("stories260K: one stage of 2 ranks equals one process", group_equals, d, STORIES,
+               "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"], PROMPTS, 64, want, "s1x2")
+        r.case("stories260K: 2 stages x 2 ranks (replica tp = 2) equal one process", group_equals,
+               d, STORIES, "pipeline(m, { 'w0', 'w1', 'w2', 'w3' }), tp = 2",
+               ["w0", "w1", "w2", "w3"], PROMPTS, 64, want, "s2x2")
+        if os.path.exists(SMOLLM2):
+            few = PROMPTS[:6]
+            want_m = reference(SMOLLM2, few, 32)
+            r.case("smollm2: one stage of 2 ranks equals one process", group_equals, d, SMOLLM2,
+                   "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"], few, 32, want_m, "m1x2")
+        else:
+            su.log(f"note: {SMOLLM2} missing: the default model's case is skipped")
+        r.case("a rank started with the ranks swapped is refused by name", swapped_rank, d)
+        r.case("a rank with another model file is refused by name", other_model, d)
+        r.case("a rank killed under load: paused, restarted, regrouped, every text unchanged",
+               rank_killed, d)
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)
         r.case("a node named twice in a group", named_twice, d)
         r.case("a standby as a rank", standby_rank, d)
