@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdalign.h>
 #include <stdio.h>
@@ -40,7 +41,12 @@
 #define SEG_MAGIC 0x4c4c4f434c414f48ull /* "HOALCOLL" */
 #define SEG_VERSION 1u
 #define ALIGN 64u
-#define SPIN_NS 20000          /* spin this long on a step before sleeping on the futex */
+/* Waiting on a peer: spin with a pause instruction this long (a peer on another core usually
+ * arrives within it), then yield the CPU this long (a peer that shares our core, as on a small
+ * or busy machine, runs in the meantime: on 2 busy vCPUs this took an 8 KB all-reduce from
+ * ~30 us, spinning 20 us before sleeping, to ~5 us), then sleep on the futex. */
+#define SPIN_NS 1000
+#define YIELD_NS 50000
 #define SLICE_NS 2000000       /* futex sleeps at most this long between liveness checks */
 #define ONE_BARRIER_MAX 32768u /* all-reduces up to this many bytes take the one-barrier path */
 
@@ -204,13 +210,18 @@ static sh_err wait_cond(shm_impl *s, cond_fn cond, int32_t k, uint64_t arg, uint
         return SH_OK;
     uint64_t t0 = now_ns();
     for (;;) {
-        for (int i = 0; i < 64; i++) {
+        for (int i = 0; i < 8; i++) {
             cpu_relax();
             if (cond(s, k, arg))
                 return SH_OK;
         }
         if (now_ns() - t0 > SPIN_NS)
             break;
+    }
+    while (now_ns() - t0 < SPIN_NS + YIELD_NS) {
+        sched_yield();
+        if (cond(s, k, arg))
+            return SH_OK;
     }
     rank_ctl *p = &s->ctl[k];
     uint64_t last_pid_check = 0;

@@ -715,10 +715,12 @@ static void test_bad_options(void)
     b.shm_name = "no-slash";
     expect_einval(sh_coll_create(SH_COLL_SHM, &b, &c, &e), &e, "no-slash");
     expect_einval(sh_coll_create((sh_coll_kind)9, &o, &c, &e), &e, "kind");
-    expect_einval(sh_coll_inproc_create(0, 64, &g, &e), &e, "size");
-    CHECK(g == NULL);
-    expect_einval(sh_coll_inproc_create(2, 0, &g, &e), &e, "max_bytes");
-    expect_einval(sh_coll_inproc_create(SH_COLL_MAX_RANKS + 1, 64, &g, &e), &e, "size");
+    sh_coll_inproc *g2 = (sh_coll_inproc *)1;
+    expect_einval(sh_coll_inproc_create(0, 64, &g2, &e), &e, "size");
+    CHECK(g2 == NULL);
+    expect_einval(sh_coll_inproc_create(2, 0, &g2, &e), &e, "max_bytes");
+    expect_einval(sh_coll_inproc_create(SH_COLL_MAX_RANKS + 1, 64, &g2, &e), &e, "size");
+    expect_einval(sh_coll_inproc_create(2, 64, NULL, &e), &e, "out");
     /* the network transport is not built on this branch */
     CHECK_INT_EQ(sh_coll_create(SH_COLL_NET, &o, &c, &e) != SH_OK, 1);
     sh_coll_inproc_destroy(NULL);

@@ -1,0 +1,755 @@
+/* The network collectives (SH_COLL_NET) between fork()ed processes over ipc:// and tcp://: sums,
+ * gathers and broadcasts against scalar references and bitwise equal on every rank, compression
+ * bounds, dead and stopped peers, a wrong key or epoch, forged frames and bad options. The parent
+ * never touches NNG (its threads would not survive fork); every rank, and every injector of
+ * forged frames, is a child. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include <nng/protocol/pipeline0/push.h>
+
+#include "runtime/coll.h"
+#include "runtime/coll_net.h"
+#include "sh_test.h"
+
+#define MAXR 4
+#define MAXCALLS 32
+
+/* Memory every process of a case shares (MAP_SHARED before fork). */
+typedef struct shared {
+    _Atomic int flag[8];
+    uint64_t hash[MAXCALLS][MAXR]; /* each call's result, per rank */
+    int ncalls[MAXR];
+    double err[2]; /* compression: the largest error seen, relative to sum |x| and to max |sum| */
+} shared;
+
+typedef struct group {
+    int n;
+    char urls[MAXR][128];
+    const char *up[MAXR];
+    uint32_t epoch[MAXR];
+    const char *key[MAXR];
+    sh_coll_compress cmp;
+    int32_t timeout_ms;
+    size_t max_bytes;
+    shared *sh;
+} group;
+
+static int case_no;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A group of n ranks on ipc:// sockets in /tmp or on free tcp://127.0.0.1 ports. */
+static void group_init(group *g, int n, bool tcp)
+{
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->timeout_ms = 5000;
+    g->max_bytes = (size_t)2 << 20;
+    case_no++;
+    int fds[MAXR];
+    for (int i = 0; i < n; i++) {
+        if (!tcp) {
+            snprintf(g->urls[i], sizeof g->urls[i], "ipc:///tmp/shoal-cn-%d-%d-%d", (int)getpid(),
+                     case_no, i);
+        } else {
+            /* Bind port 0 to learn a free port; keep every socket open until all are known so
+             * that the ports differ. */
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+            socklen_t len = sizeof a;
+            fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+            CHECK(fds[i] >= 0);
+            CHECK(bind(fds[i], (struct sockaddr *)&a, sizeof a) == 0);
+            CHECK(getsockname(fds[i], (struct sockaddr *)&a, &len) == 0);
+            snprintf(g->urls[i], sizeof g->urls[i], "tcp://127.0.0.1:%d", (int)ntohs(a.sin_port));
+        }
+        g->up[i] = g->urls[i];
+    }
+    for (int i = 0; tcp && i < n; i++)
+        close(fds[i]);
+    g->sh = mmap(NULL, sizeof *g->sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(g->sh != MAP_FAILED);
+    memset(g->sh, 0, sizeof *g->sh);
+}
+
+static void group_fini(group *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (strncmp(g->urls[i], "ipc://", 6) == 0)
+            unlink(g->urls[i] + 6);
+    munmap(g->sh, sizeof *g->sh);
+}
+
+static sh_err rank_create(const group *g, int rank, sh_coll **c, sh_error *e)
+{
+    sh_coll_opts o = {.rank = rank,
+                      .size = g->n,
+                      .epoch = g->epoch[rank] ? g->epoch[rank] : 7,
+                      .timeout_ms = g->timeout_ms,
+                      .max_bytes = g->max_bytes,
+                      .urls = g->up,
+                      .compress = g->cmp,
+                      .key = (const uint8_t *)g->key[rank],
+                      .key_len = g->key[rank] ? strlen(g->key[rank]) : 0};
+    return sh_coll_create(SH_COLL_NET, &o, c, e);
+}
+
+typedef void (*rank_fn)(group *g, int rank);
+
+/* Runs fn in n child processes (rank i in child i) and checks that each exits 0 within
+ * limit_ms. `victim` (or -1): a rank that stops or kills itself; it is killed and reaped after
+ * the others finish. */
+static void run_ranks(group *g, rank_fn fn, int victim, unsigned limit_ms)
+{
+    pid_t pid[MAXR];
+    for (int i = 0; i < g->n; i++) {
+        pid[i] = fork();
+        CHECK(pid[i] >= 0);
+        if (pid[i] == 0) {
+            sh_test_failures_ = 0;
+            fn(g, i);
+            fflush(NULL);
+            exit(sh_test_failures_ ? 1 : 0);
+        }
+    }
+    uint64_t end = mono_ms() + sh_test_ms(limit_ms);
+    int left = g->n - (victim >= 0 ? 1 : 0);
+    bool done[MAXR] = {0};
+    while (left > 0 && mono_ms() < end) {
+        for (int i = 0; i < g->n; i++) {
+            int st;
+            if (done[i] || i == victim || waitpid(pid[i], &st, WNOHANG) != pid[i])
+                continue;
+            done[i] = true;
+            left--;
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                SH_FAIL_("rank %d ended with status %#x", i, st);
+        }
+        usleep(2000);
+    }
+    for (int i = 0; i < g->n; i++) {
+        if (done[i])
+            continue;
+        if (i != victim)
+            SH_FAIL_("rank %d did not finish within %u ms", i, limit_ms);
+        kill(pid[i], SIGKILL);
+        waitpid(pid[i], NULL, 0);
+    }
+}
+
+/* ---- Data and references ---------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Rank r's input of call k: uniform in [-1, 1). */
+static void fill(float *x, size_t n, int r, int k)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ ((uint64_t)r << 32) ^ (uint64_t)(k + 1) * 0x1234567ull;
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)(rng_next(&s) >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+static uint64_t hash(const void *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+static void record(group *g, int rank, const void *p, size_t len)
+{
+    int k = g->sh->ncalls[rank]++;
+    if (k < MAXCALLS)
+        g->sh->hash[k][rank] = hash(p, len);
+}
+
+/* Every rank recorded the same results, call by call. */
+static void check_same(const group *g)
+{
+    CHECK(g->sh->ncalls[0] > 0);
+    for (int r = 1; r < g->n; r++) {
+        CHECK_INT_EQ(g->sh->ncalls[r], g->sh->ncalls[0]);
+        for (int k = 0; k < g->sh->ncalls[0] && k < MAXCALLS; k++)
+            if (g->sh->hash[k][r] != g->sh->hash[k][0])
+                SH_FAIL_("call %d: rank %d's result differs from rank 0's", k, r);
+    }
+}
+
+/* One all-reduce of n floats, checked against the double-precision sum: |got - sum| <= tol *
+ * sum over ranks of |x| (the scale the rounding errors have), element by element, or (global)
+ * <= tol * the largest such sum in the buffer (int8's steps scale with a block's largest value). */
+static void allreduce_check(group *g, sh_coll *c, int rank, size_t n, int k, double tol,
+                            bool global)
+{
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    double *ref = calloc(n, sizeof *ref), *mag = calloc(n, sizeof *mag);
+    for (int r = 0; r < g->n; r++) {
+        fill(y, n, r, k);
+        for (size_t i = 0; i < n; i++) {
+            ref[i] += y[i];
+            mag[i] += fabs(y[i]);
+        }
+    }
+    fill(x, n, rank, k);
+    sh_error e = {0};
+    sh_err rc = sh_coll_allreduce(c, x, n, &e);
+    if (rc)
+        SH_FAIL_("rank %d: all-reduce of %zu floats: %s: %s", rank, n, sh_strerror(rc), e.msg);
+    double worst = 0, worst_abs = 0, top = 0, mag_max = 0;
+    for (size_t i = 0; i < n; i++)
+        mag_max = fmax(mag_max, mag[i]);
+    size_t at = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        double d = fabs(x[i] - ref[i]) / (global ? mag_max : mag[i]);
+        if (d > worst) {
+            worst = d;
+            at = i;
+        }
+        worst_abs = fmax(worst_abs, fabs(x[i] - ref[i]));
+        top = fmax(top, fabs(ref[i]));
+    }
+    if (worst > tol)
+        SH_FAIL_("rank %d, n %zu: element %zu is %.9g, the sum %.9g: error %.3g of %s > %.3g", rank,
+                 n, at, (double)x[at], ref[at], worst, global ? "max sum |x|" : "sum |x|", tol);
+    if (global) { /* report the per-element figure too */
+        worst = 0;
+        for (size_t i = 0; i < n && !rc; i++)
+            worst = fmax(worst, fabs(x[i] - ref[i]) / mag[i]);
+    }
+    if (rank == 0) {
+        g->sh->err[0] = fmax(g->sh->err[0], worst);
+        g->sh->err[1] = fmax(g->sh->err[1], top > 0 ? worst_abs / top : 0);
+    }
+    record(g, rank, x, n * sizeof *x);
+    free(x);
+    free(y);
+    free(ref);
+    free(mag);
+}
+
+static void allgather_check(group *g, sh_coll *c, int rank, size_t bytes, int k)
+{
+    uint8_t *in = malloc(bytes), *out = malloc(bytes * (size_t)g->n), *want = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        in[i] = (uint8_t)(i * 31 + (size_t)rank * 7 + (size_t)k);
+    sh_error e = {0};
+    sh_err rc = sh_coll_allgather(c, in, bytes, out, &e);
+    if (rc)
+        SH_FAIL_("rank %d: all-gather of %zu bytes: %s: %s", rank, bytes, sh_strerror(rc), e.msg);
+    for (int r = 0; r < g->n && !rc; r++) {
+        for (size_t i = 0; i < bytes; i++)
+            want[i] = (uint8_t)(i * 31 + (size_t)r * 7 + (size_t)k);
+        if (memcmp(out + (size_t)r * bytes, want, bytes) != 0)
+            SH_FAIL_("rank %d: all-gather of %zu bytes: rank %d's part differs", rank, bytes, r);
+    }
+    record(g, rank, out, bytes * (size_t)g->n);
+    free(in);
+    free(out);
+    free(want);
+}
+
+static void broadcast_check(group *g, sh_coll *c, int rank, size_t bytes, int root)
+{
+    uint8_t *buf = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        buf[i] = rank == root ? (uint8_t)(i * 13 + 5) : 0xee;
+    sh_error e = {0};
+    sh_err rc = sh_coll_broadcast(c, buf, bytes, root, &e);
+    if (rc)
+        SH_FAIL_("rank %d: broadcast of %zu bytes: %s: %s", rank, bytes, sh_strerror(rc), e.msg);
+    for (size_t i = 0; i < bytes && !rc; i++)
+        if (buf[i] != (uint8_t)(i * 13 + 5)) {
+            SH_FAIL_("rank %d: broadcast of %zu bytes from %d: byte %zu is %u", rank, bytes, root,
+                     i, buf[i]);
+            break;
+        }
+    record(g, rank, buf, bytes);
+    free(buf);
+}
+
+/* ---- Sums, gathers and broadcasts ------------------------------------------------------- */
+
+/* Sizes below, at and above the one-shot threshold (64 KB) and the ring's segments (128 KB). */
+static const size_t sizes[] = {1, 1000, 16384, 16385, 100003, 300000};
+
+static void rank_mixed(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    int k = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        allreduce_check(g, c, rank, sizes[i], k++, 1e-6, false);
+    allgather_check(g, c, rank, 100, k++);
+    allgather_check(g, c, rank, 200003, k++);
+    broadcast_check(g, c, rank, 5000, g->n - 1);
+    broadcast_check(g, c, rank, 300001, 1);
+    allreduce_check(g, c, rank, 1000, k++, 1e-6,
+                    false); /* after a broadcast the sequence still agrees */
+    sh_coll_stats st;
+    sh_coll_stats_get(c, &st);
+    CHECK_UINT_EQ(st.calls, 11);
+    CHECK_UINT_EQ(st.failures, 0);
+    CHECK(st.bytes_wire > 0);
+    CHECK_UINT_EQ(sh__coll_net_dropped(c), 0);
+    sh_coll_destroy(c);
+}
+
+static void mixed(bool tcp, const char *key)
+{
+    for (int n = 2; n <= 4; n++) {
+        group g;
+        group_init(&g, n, tcp);
+        for (int r = 0; r < n; r++)
+            g.key[r] = key;
+        uint64_t t0 = mono_ms();
+        run_ranks(&g, rank_mixed, -1, 15000);
+        check_same(&g);
+        fprintf(stderr, "  %d ranks over %s%s: %llu ms\n", n, tcp ? "tcp" : "ipc",
+                key ? " (keyed)" : "", (unsigned long long)(mono_ms() - t0));
+        group_fini(&g);
+    }
+}
+
+static void test_ipc(void) { mixed(false, NULL); }
+
+static void test_tcp_keyed(void) { mixed(true, "a cluster key of some length"); }
+
+/* ---- Compression ------------------------------------------------------------------------ */
+
+static double cmp_tol;
+static bool cmp_global;
+
+static void rank_compress(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    allreduce_check(g, c, rank, 1000, 0, cmp_tol, cmp_global);   /* one-shot */
+    allreduce_check(g, c, rank, 300000, 1, cmp_tol, cmp_global); /* ring */
+    sh_coll_stats st;
+    sh_coll_stats_get(c, &st);
+    /* What crossed the links is smaller than f32 would be: a ring sends about 2 (n - 1) / n of
+     * the buffer, one-shot (n - 1) buffers. */
+    double f32 = (1000.0 * (g->n - 1) + 300000.0 * 2 * (g->n - 1) / g->n) * 4;
+    double want = g->cmp == SH_COLL_COMPRESS_F16 ? 0.5 : 0.27;
+    if (!(st.bytes_wire < f32 * want + 100000))
+        SH_FAIL_("rank %d: %llu bytes on the wire, f32 would be %.0f", rank,
+                 (unsigned long long)st.bytes_wire, f32);
+    sh_coll_destroy(c);
+}
+
+static void test_compress(void)
+{
+    /* Each hop of a value rounds it once, and a ring of n ranks has n hops per value (n - 1
+     * partial sums and the final value; one-shot: each contribution once). f16 rounds to 2^-11
+     * of the value, so the error is at most n 2^-11 of the element's sum |x| over the ranks;
+     * int8 to half a step, max |block| / 254, so at most n / 254 of the buffer's largest sum
+     * |x|. */
+    const struct {
+        sh_coll_compress cmp;
+        const char *name;
+        double per_hop;
+    } kinds[] = {{SH_COLL_COMPRESS_F16, "f16", 0x1p-11},
+                 {SH_COLL_COMPRESS_INT8, "int8", 1.0 / 254}};
+    for (size_t k = 0; k < 2; k++) {
+        group g;
+        group_init(&g, 3, false);
+        g.cmp = kinds[k].cmp;
+        cmp_global = kinds[k].cmp == SH_COLL_COMPRESS_INT8;
+        cmp_tol = kinds[k].per_hop * 3 * 1.01;
+        run_ranks(&g, rank_compress, -1, 15000);
+        check_same(&g);
+        fprintf(
+            stderr,
+            "  %s, 3 ranks: largest error %.3g of the element's sum |x|, %.3g of the buffer's max "
+            "|sum| (bound %.3g of %s)\n",
+            kinds[k].name, g.sh->err[0], g.sh->err[1], cmp_tol,
+            cmp_global ? "the buffer's max sum |x|" : "sum |x|");
+        group_fini(&g);
+    }
+}
+
+/* ---- Mismatched calls ------------------------------------------------------------------- */
+
+static void rank_mismatch(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    float x[2000] = {0};
+    /* Call 1: sizes differ (1000 and 2000 floats). */
+    rc = sh_coll_allreduce(c, x, rank == 0 ? 1000 : 2000, &e);
+    CHECK_INT_EQ(rc, SH_EPROTO);
+    char want[128];
+    snprintf(want, sizeof want, "rank %d passed %d floats, this rank %d passed %d", 1 - rank,
+             rank == 0 ? 2000 : 1000, rank, rank == 0 ? 1000 : 2000);
+    if (!strstr(e.msg, want))
+        SH_FAIL_("rank %d: \"%s\" does not say \"%s\"", rank, e.msg, want);
+    /* The group is broken now: the next call fails at once with the same code. */
+    uint64_t t0 = mono_ms();
+    CHECK_INT_EQ(sh_coll_allreduce(c, x, 10, &e), SH_EPROTO);
+    CHECK(mono_ms() - t0 < 100);
+    sh_coll_destroy(c);
+    /* A new group (another epoch) where the ops differ. */
+    g->epoch[rank] = 8;
+    rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    if (rank == 0)
+        rc = sh_coll_allreduce(c, x, 100, &e);
+    else
+        rc = sh_coll_allgather(c, x, 400, x + 1000, &e);
+    CHECK_INT_EQ(rc, SH_EPROTO);
+    if (!strstr(e.msg, rank == 0 ? "rank 1 called all-gather, this rank 0 all-reduce"
+                                 : "rank 0 called all-reduce, this rank 1 all-gather"))
+        SH_FAIL_("rank %d: \"%s\" does not name the other op", rank, e.msg);
+    sh_coll_destroy(c);
+}
+
+static void test_mismatch(void)
+{
+    group g;
+    group_init(&g, 2, false);
+    run_ranks(&g, rank_mismatch, -1, 10000);
+    group_fini(&g);
+}
+
+/* ---- Dead and stopped peers ------------------------------------------------------------- */
+
+static int victim_sig;
+static size_t victim_n;
+
+static void rank_victim(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    allreduce_check(g, c, rank, victim_n, 0, 1e-6, false);
+    if (rank == g->n - 1)
+        raise(victim_sig); /* SIGKILL ends here; SIGSTOP stops until the parent kills it */
+    float *x = calloc(victim_n, sizeof *x);
+    uint64_t t0 = mono_ms();
+    rc = sh_coll_allreduce(c, x, victim_n, &e);
+    uint64_t took = mono_ms() - t0;
+    CHECK_INT_EQ(rc, SH_ETIMEDOUT);
+    if (took < (uint64_t)g->timeout_ms - 50 || took > (uint64_t)g->timeout_ms + sh_test_ms(1500))
+        SH_FAIL_("rank %d: the call failed after %llu ms (timeout %d)", rank,
+                 (unsigned long long)took, (int)g->timeout_ms);
+    if (!strstr(e.msg, "waited") || !strstr(e.msg, "for rank"))
+        SH_FAIL_("rank %d: \"%s\" names no rank", rank, e.msg);
+    fprintf(stderr, "  rank %d: %s\n", rank, e.msg);
+    t0 = mono_ms();
+    CHECK_INT_EQ(sh_coll_allreduce(c, x, victim_n, &e), SH_ETIMEDOUT); /* broken: at once */
+    CHECK(mono_ms() - t0 < 100);
+    free(x);
+    t0 = mono_ms();
+    sh_coll_destroy(c);
+    CHECK(mono_ms() - t0 < 1000);
+}
+
+static void test_dead_peer(void)
+{
+    const struct {
+        int sig;
+        size_t n;
+    } v[] = {{SIGKILL, 1000}, {SIGSTOP, 100003}};
+    for (int i = 0; i < 2; i++) {
+        group g;
+        group_init(&g, 3, i == 1);
+        g.timeout_ms = 1000;
+        victim_sig = v[i].sig;
+        victim_n = v[i].n;
+        run_ranks(&g, rank_victim, 2, 10000);
+        group_fini(&g);
+    }
+}
+
+/* ---- Join failures ---------------------------------------------------------------------- */
+
+static void rank_wrong_key(group *g, int rank)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/shoal-cn-log-%d-%d", (int)getpid(), rank);
+    FILE *log = fopen(path, "w+");
+    CHECK(log != NULL);
+    int saved = dup(2);
+    dup2(fileno(log), 2);
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    uint64_t t0 = mono_ms();
+    sh_err rc = rank_create(g, rank, &c, &e);
+    uint64_t took = mono_ms() - t0;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CHECK_INT_EQ(rc, SH_ETIMEDOUT);
+    CHECK(c == NULL);
+    CHECK(took < (uint64_t)g->timeout_ms + 1000);
+    if (!strstr(e.msg, "failed the cluster key check"))
+        SH_FAIL_("rank %d: \"%s\" does not say the key check failed", rank, e.msg);
+    char text[4096] = {0};
+    rewind(log);
+    size_t got = fread(text, 1, sizeof text - 1, log);
+    (void)got;
+    fclose(log);
+    unlink(path);
+    if (!strstr(text, g->urls[1 - rank]) || !strstr(text, "cluster key"))
+        SH_FAIL_("rank %d: the log does not name the peer %s: %s", rank, g->urls[1 - rank], text);
+}
+
+static void test_wrong_key(void)
+{
+    group g;
+    group_init(&g, 2, true);
+    g.timeout_ms = 1000;
+    g.key[0] = "the right key, long enough";
+    g.key[1] = "the wrong key, long enough";
+    run_ranks(&g, rank_wrong_key, -1, 8000);
+    group_fini(&g);
+}
+
+static void rank_wrong_epoch(group *g, int rank)
+{
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    CHECK_INT_EQ(rc, SH_ETIMEDOUT);
+    if (!strstr(e.msg, "did not join") || !strstr(e.msg, "another epoch") ||
+        !strstr(e.msg, g->urls[1 - rank]))
+        SH_FAIL_("rank %d: \"%s\"", rank, e.msg);
+}
+
+static void test_wrong_epoch(void)
+{
+    group g;
+    group_init(&g, 2, false);
+    g.timeout_ms = 700;
+    g.epoch[1] = 9;
+    run_ranks(&g, rank_wrong_epoch, -1, 8000);
+    group_fini(&g);
+}
+
+/* ---- Forged frames ---------------------------------------------------------------------- */
+
+/* flag[0]: ranks created; flag[1]: injector sent the first batch; flag[2]: rank 0 is done with
+ * call 1; flag[3]: injector sent the wrong-size frame. */
+static void wait_flag(shared *sh, int i, int v)
+{
+    uint64_t end = mono_ms() + 8000;
+    while (atomic_load(&sh->flag[i]) < v && mono_ms() < end)
+        usleep(1000);
+    CHECK(atomic_load(&sh->flag[i]) >= v);
+}
+
+static void forge(nng_socket s, uint8_t type, uint32_t epoch, uint16_t src, uint64_t seq,
+                  uint64_t total, uint32_t count, bool bad_crc)
+{
+    size_t plen = (size_t)count * sizeof(float);
+    uint8_t *f = calloc(1, SH__COLL_NET_HDR + plen);
+    float big = 1e30f;
+    for (uint32_t i = 0; i < count; i++)
+        memcpy(f + SH__COLL_NET_HDR + 4 * i, &big, 4);
+    sh__coll_net_hdr h = {.type = type,
+                          .op = SH__COLL_OP_ALLREDUCE,
+                          .epoch = epoch,
+                          .src = src,
+                          .size = 2,
+                          .seq = seq,
+                          .total = total,
+                          .count = count};
+    sh__coll_net_seal(&h, f, plen);
+    if (bad_crc)
+        f[SH__COLL_NET_HDR + 1] ^= 1;
+    CHECK_INT_EQ(nng_send(s, f, SH__COLL_NET_HDR + plen, 0), 0);
+    free(f);
+}
+
+static bool forged_keyed;
+
+static void rank_forged(group *g, int rank)
+{
+    shared *sh = g->sh;
+    if (rank == 2) { /* the injector: a raw push socket to rank 0 */
+        nng_socket s;
+        wait_flag(sh, 0, 2);
+        CHECK_INT_EQ(nng_push0_open(&s), 0);
+        CHECK_INT_EQ(nng_dial(s, g->urls[0], NULL, 0), 0);
+        uint8_t junk[10] = {1, 2, 3};
+        CHECK_INT_EQ(nng_send(s, junk, sizeof junk, 0), 0);
+        forge(s, SH__COLL_NET_DATA, 99, 1, 1, 100, 100, false);   /* another epoch */
+        forge(s, SH__COLL_NET_DATA, 7, 1, 1, 100, 100, true);     /* a bad CRC */
+        forge(s, SH__COLL_NET_DATA, 7, 1, 0, 100, 100, false);    /* an older call */
+        forge(s, SH__COLL_NET_DATA, 7, 1, 1000, 100, 100, false); /* too far ahead */
+        forge(s, SH__COLL_NET_DATA, 7, 5, 1, 100, 100, false);    /* no such rank */
+        if (forged_keyed)                                         /* right but unproved */
+            forge(s, SH__COLL_NET_DATA, 7, 1, 1, 100, 100, false);
+        usleep(100000);
+        atomic_store(&sh->flag[1], 1);
+        if (!forged_keyed) {
+            wait_flag(sh, 2, 1);
+            forge(s, SH__COLL_NET_DATA, 7, 1, 2, 7, 7, false); /* call 2, the wrong size */
+            usleep(100000);
+            atomic_store(&sh->flag[3], 1);
+        }
+        nng_close(s);
+        return;
+    }
+    sh_coll *c;
+    sh_error e = {0};
+    g->n = 2; /* the injector is no rank */
+    sh_err rc = rank_create(g, rank, &c, &e);
+    g->n = 3;
+    atomic_fetch_add(&sh->flag[0], 1);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    wait_flag(sh, 1, 1);
+    if (rank == 1)
+        usleep(300000); /* rank 0 reads every forged frame while it waits for this one */
+    float x[100];
+    for (int i = 0; i < 100; i++)
+        x[i] = (float)(rank + 1);
+    rc = sh_coll_allreduce(c, x, 100, &e);
+    if (rc)
+        SH_FAIL_("rank %d: call 1: %s: %s", rank, sh_strerror(rc), e.msg);
+    CHECK(x[0] == 3.0f && x[99] == 3.0f);
+    if (rank == 0)
+        CHECK_UINT_EQ(sh__coll_net_dropped(c), forged_keyed ? 7 : 6);
+    if (!forged_keyed) {
+        if (rank == 0)
+            atomic_store(&sh->flag[2], 1);
+        wait_flag(sh, 3, 1);
+        if (rank == 1)
+            usleep(300000);
+        rc = sh_coll_allreduce(c, x, 100, &e);
+        if (rank == 0) {
+            CHECK_INT_EQ(rc, SH_EPROTO);
+            if (!strstr(e.msg, "rank 1 passed 7 floats, this rank 0 passed 100"))
+                SH_FAIL_("rank 0: \"%s\"", e.msg);
+        }
+    }
+    sh_coll_destroy(c);
+}
+
+static void forged(bool keyed)
+{
+    group g;
+    group_init(&g, 3, false);
+    g.key[0] = g.key[1] = keyed ? "a cluster key of some length" : NULL;
+    forged_keyed = keyed;
+    run_ranks(&g, rank_forged, -1, 10000);
+    group_fini(&g);
+}
+
+static void test_forged(void) { forged(false); }
+
+static void test_forged_keyed(void) { forged(true); }
+
+/* ---- Options ---------------------------------------------------------------------------- */
+
+static void expect_create(const char *const *urls, int size, sh_err want, const char *text)
+{
+    sh_coll_opts o = {.rank = 0, .size = size, .max_bytes = 1024, .timeout_ms = 300, .urls = urls};
+    sh_coll *c = (sh_coll *)1;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_NET, &o, &c, &e), want);
+    CHECK(c == NULL);
+    if (!strstr(e.msg, text))
+        SH_FAIL_("\"%s\" does not say \"%s\"", e.msg, text);
+}
+
+static void rank_options(group *g, int rank)
+{
+    (void)rank;
+    expect_create(NULL, 2, SH_EINVAL, "urls is NULL");
+    const char *one_null[] = {g->urls[0], NULL};
+    expect_create(one_null, 2, SH_EINVAL, "urls[1] is NULL");
+    const char *tls[] = {g->urls[0], "tls+tcp://127.0.0.1:1"};
+    expect_create(tls, 2, SH_EINVAL, "tls+tcp:// is not supported");
+    const char *http[] = {"http://x", g->urls[0]};
+    expect_create(http, 2, SH_EINVAL, "not an ipc:// or tcp:// URL");
+    const char *twice[] = {g->urls[0], g->urls[0]};
+    expect_create(twice, 2, SH_EINVAL, "same URL");
+    const char *nodir[] = {"ipc:///nonexistent-shoal-dir/x", g->urls[0]};
+    expect_create(nodir, 2, SH_EIO, "cannot listen on ipc:///nonexistent-shoal-dir/x");
+    const char *foreign[] = {"tcp://192.0.2.1:4000", g->urls[0]};
+    expect_create(foreign, 2, SH_EIO, "cannot listen on tcp://192.0.2.1:4000");
+    sh_coll_opts o = {.rank = 0, .size = 1, .max_bytes = 64, .urls = g->up};
+    sh_coll *c;
+    CHECK_OK(sh_coll_create(SH_COLL_NET, &o, &c, NULL));
+    float x[4] = {1, 2, 3, 4};
+    CHECK_OK(sh_coll_allreduce(c, x, 4, NULL));
+    CHECK(x[3] == 4.0f);
+    sh_coll_destroy(c);
+}
+
+static void test_options(void)
+{
+    group g;
+    group_init(&g, 1, false);
+    run_ranks(&g, rank_options, -1, 8000);
+    group_fini(&g);
+}
+
+static const sh_test_case tests[] = {
+    {"ipc", test_ipc},
+    {"tcp_keyed", test_tcp_keyed},
+    {"compress", test_compress},
+    {"mismatch", test_mismatch},
+    {"dead_peer", test_dead_peer},
+    {"wrong_key", test_wrong_key},
+    {"wrong_epoch", test_wrong_epoch},
+    {"forged", test_forged},
+    {"forged_keyed", test_forged_keyed},
+    {"options", test_options},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return sh_test_main(argc, argv, tests);
+}
