@@ -293,10 +293,44 @@ int32_t sh__cluster_rank_on(const sh_cluster_plan *p, int32_t i, int32_t node)
     return -1;
 }
 
+/* Whether a listen URL is on this host: ipc://, or tcp:// and tls+tcp:// on 127.x, localhost or
+ * [::1]. */
+static bool url_local(const char *url)
+{
+    if (!strncmp(url, "ipc://", 6))
+        return true;
+    if (!strncmp(url, "tls+tcp://", 10))
+        url += 4;
+    if (strncmp(url, "tcp://", 6))
+        return false;
+    const char *h = url + 6, *end = strrchr(h, ':');
+    size_t len = end ? (size_t)(end - h) : strlen(h);
+    if ((len == 5 && !strncmp(h, "[::1]", 5)) || (len == 9 && !strncmp(h, "localhost", 9)))
+        return true;
+    if (len < 4 || strncmp(h, "127.", 4))
+        return false;
+    for (size_t k = 4; k < len; k++)
+        if (!(h[k] == '.' || (h[k] >= '0' && h[k] <= '9')))
+            return false;
+    return true;
+}
+
+/* How stage i's group links: SH_COLL_SHM when every rank is on this host and the replica does not
+ * ask for the network, SH_COLL_NET otherwise; 0 for a stage of one node. */
+static int32_t group_kind(const sh_cluster_plan *p, int32_t i)
+{
+    if (p->stage_tp[i] <= 1)
+        return 0;
+    bool local = !p->c->replicas[p->stage_replica[i]].tp_net;
+    for (int32_t r = 0; local && r < p->stage_tp[i]; r++)
+        local = url_local(p->c->nodes[p->rank_node[i][r]].listen);
+    return local ? SH_COLL_SHM : SH_COLL_NET;
+}
+
 uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank)
 {
     int32_t tp = p->stage_tp[i] > 0 ? p->stage_tp[i] : 1;
-    return SH_HELLO_SLICE(p->first[i], p->last[i], tp, rank);
+    return SH_HELLO_SLICE_L(p->first[i], p->last[i], tp, rank, group_kind(p, i));
 }
 
 void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id)
@@ -422,6 +456,16 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
             return;
         }
         uint64_t want_slice = sh__cluster_slice(p, i, r), got_slice = got->slices[k];
+        static const char *const links[3] = {"none", "shared memory", "the network"};
+        int32_t wl = SH_HELLO_SLICE_LINK(want_slice), gl = SH_HELLO_SLICE_LINK(got_slice);
+        if (p->first[i] >= 0 && got_slice != want_slice && wl != gl && wl < 3 && gl < 3 &&
+            (got_slice << 4) == (want_slice << 4)) {
+            snprintf(buf, cap,
+                     "stage %d: its group links over %s, the script's over %s: was it started "
+                     "with another script?",
+                     (int)i + 1, links[gl], links[wl]);
+            return;
+        }
         if (p->first[i] >= 0 && got_slice != want_slice) { /* first < 0: only placed */
             snprintf(buf, cap,
                      "stage %d: it holds rank %d of %d with layers [%d, %d), the script gives it "
@@ -773,37 +817,18 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
     return 0;
 }
 
-/* Whether a listen URL is on this host: ipc://, or tcp:// and tls+tcp:// on 127.x, localhost or
- * [::1]. */
-static bool url_local(const char *url)
-{
-    if (!strncmp(url, "ipc://", 6))
-        return true;
-    if (!strncmp(url, "tls+tcp://", 10))
-        url += 4;
-    if (strncmp(url, "tcp://", 6))
-        return false;
-    const char *h = url + 6, *end = strrchr(h, ':');
-    size_t len = end ? (size_t)(end - h) : strlen(h);
-    if ((len == 5 && !strncmp(h, "[::1]", 5)) || (len == 9 && !strncmp(h, "localhost", 9)))
-        return true;
-    if (len < 4 || strncmp(h, "127.", 4))
-        return false;
-    for (size_t k = 4; k < len; k++)
-        if (!(h[k] == '.' || (h[k] >= '0' && h[k] <= '9')))
-            return false;
-    return true;
-}
-
 int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, sh_error *e)
 {
     const sh_cluster_config *c = p->c;
     memset(g, 0, sizeof *g);
     int32_t tp = p->stage_tp[i];
-    bool local = true;
-    for (int32_t r = 0; r < tp; r++)
-        local &= url_local(c->nodes[p->rank_node[i][r]].listen);
-    g->kind = local ? SH_COLL_SHM : SH_COLL_NET;
+    g->kind = group_kind(p, i);
+    if (g->kind == SH_COLL_NET && !strncmp(c->nodes[p->rank_node[i][0]].listen, "tls+tcp://", 10))
+        return fail(e,
+                    "node '%s' (%s): stage %d's group would link over the network, which does not "
+                    "take tls+tcp:// yet: put its ranks on one host, or use tcp://",
+                    c->nodes[p->rank_node[i][0]].name, c->nodes[p->rank_node[i][0]].listen,
+                    (int)i + 1);
     // The leader's URL is unique among the clusters of this host; the stage, within the cluster.
     const char *lead = c->nodes[p->rank_node[i][0]].listen;
     uint64_t h = 0xcbf29ce484222325ull;

@@ -29,7 +29,11 @@ typedef struct sh_hello_ident {
 } sh_hello_ident;
 
 /* A stage actor's slice in HELLO: its layers [first, last) and, in a tensor-parallel group of tp
- * ranks (1: none), its rank. 20 bits per layer bound, 10 each for tp and rank. */
+ * ranks (1: none), its rank and how the group links (SH_HELLO_SLICE_LINK: 0 none, 1 shared
+ * memory, 2 the network). 20 bits per layer bound, 10 each for tp and rank, 4 for the link. */
+#define SH_HELLO_SLICE_LINK(s) ((int32_t)((s) >> 60))
+#define SH_HELLO_SLICE_L(first, last, tp, rank, link)                                              \
+    (SH_HELLO_SLICE(first, last, tp, rank) | ((uint64_t)(uint32_t)(link)&0xfu) << 60)
 #define SH_HELLO_SLICE(first, last, tp, rank)                                                      \
     (((uint64_t)(uint32_t)(first)&0xfffffu) << 40 | ((uint64_t)(uint32_t)(last)&0xfffffu) << 20 |  \
      ((uint64_t)(uint32_t)(tp)&0x3ffu) << 10 | ((uint64_t)(uint32_t)(rank)&0x3ffu))

@@ -41,11 +41,9 @@ static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
                                              {NULL, 0, false}};
-static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
-                                               {"stages", SH__LUA_TABLE, true},
-                                               {"tp", SH__LUA_INT, false},
-                                               {"link_dtype", SH__LUA_STR, false},
-                                               {NULL, 0, false}};
+static const sh__lua_field replica_fields[] = {
+    {"model", SH__LUA_ANY, true},       {"stages", SH__LUA_TABLE, true}, {"tp", SH__LUA_INT, false},
+    {"link_dtype", SH__LUA_STR, false}, {"tp_link", SH__LUA_STR, false}, {NULL, 0, false}};
 static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
                                              {"nodes", SH__LUA_TABLE, false},
                                              {"first_layer", SH__LUA_INT, false},
@@ -199,6 +197,10 @@ static void validate_replica(lua_State *L, int idx, const char *where)
                          luaL_tolstring(L, -1, NULL), SH_CONFIG_MAX_TP);
     }
     lua_pop(L, 1);
+    const char *tl = sh__lua_get_str(L, idx, "tp_link");
+    if (tl && strcmp(tl, "auto") != 0 && strcmp(tl, "net") != 0)
+        sh__lua_fail(L, SH_EINVAL, where, "replica: tp_link '%.40s' must be \"auto\" or \"net\"",
+                     tl);
     const char *ld = sh__lua_get_str(L, idx, "link_dtype");
     if (link_dtype_of(ld) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
@@ -767,6 +769,8 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         sh_config_replica *r = &c->replicas[c->n_replicas++];
         int32_t tp_given = (int32_t)sh__lua_get_int(L, -1, "tp", 0);
         r->link_dtype = (uint32_t)link_dtype_of(sh__lua_get_str(L, -1, "link_dtype"));
+        const char *tl = sh__lua_get_str(L, -1, "tp_link");
+        r->tp_net = tl && !strcmp(tl, "net");
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
             r->model = -1;

@@ -89,6 +89,10 @@ typedef struct sh_config_replica {
      * "f16" | "int8" }, as the GGUF type id (base/dtype.h): 0 F32 (default), 1 F16 (rounded to
      * nearest even), 24 I8 (with one F32 scale per row, max|x| / 127). */
     uint32_t link_dtype;
+    /* replica{ tp_link = "auto" | "net" }: how the ranks of a group exchange; "auto" (default,
+     * false): shared memory when every rank is on this host, else the network; "net" (true): the
+     * network always (docs/cluster.md, "Tensor parallelism"). */
+    bool tp_net;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;

@@ -2,15 +2,16 @@
 against real processes (`shoal node` workers and a `shoal serve -c` front over ipc://).
 
 Cases: greedy completions through one stage of 2 ranks (stories260K: 16 prompts x 64 tokens, all
-at once; the default model: 6 prompts x 32 tokens, all at once) and through 2 stages x 2 ranks
-(stories260K) equal a single-process `shoal serve -m` (text, finish reason, token count, tokens
-and logprobs); a rank started with the ranks swapped in its script, or with another model file,
-is refused at the join naming the node; a rank killed under load pauses the replica, and once it
-is started again the group is formed anew and every request ends with the undisturbed text;
-bad input to a group (tp of 0, negative or over 64, a node named twice in a group, a standby as
-a rank, ranks on different URL schemes, a node count that tp does not divide) ends `shoal serve
--c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:` line naming the script's
-line and the culprit, never a hang.
+at once, over shared memory and over the network collective; the default model: 6 prompts x 32
+tokens, all at once) and through 2 stages x 2 ranks (stories260K) equal a single-process `shoal
+serve -m` (text, finish reason, token count, tokens and logprobs); a rank started with the ranks
+swapped in its script, with another model file or with another group link is refused at the
+join naming the node; a rank killed under load pauses the replica, and once it is started again
+the group is formed anew and every request ends with the undisturbed text; bad input to a group
+(tp of 0, negative or over 64, a node named twice in a group, a standby as a rank, ranks on
+different URL schemes, a node count that tp does not divide) ends `shoal serve -c`, `shoal node`
+and `shoal cluster up` with exit 2 and one `error:` line naming the script's line and the
+culprit, never a hang.
 """
 
 import os
@@ -104,14 +105,14 @@ class Cluster:
         assert not problems, "\n".join(problems)
 
 
-def group_equals(d, model, stages, workers, prompts, n, want, name):
+def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm"):
     c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers), workers)
     try:
         c.start()
         got = at_once(c.srv.url, prompts, n)
         for w, nd in c.nodes.items():
-            assert "event=tp_group" in nd.text() and "kind=shm" in nd.text(), \
-                f"{w} formed no shared-memory group:\n{nd.text()[-1500:]}"
+            assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
+                f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
     finally:
         c.stop()
     same(want, got, name)
@@ -131,6 +132,24 @@ def swapped_rank(d):
         exits_2(["serve", "-c", front, "--port", "0", "--join-timeout", "30"],
                 ["node 'w1' (ipc://", "refused: stage 1: it holds rank 0 of 2 with layers [0, 5), "
                  "the script gives it rank 1 of 2 with layers [0, 5)"])
+    finally:
+        problems = w0.stop() + w1.stop()
+    assert not problems, "\n".join(problems)
+
+
+def other_link(d):
+    """w1 started with a script whose group links over the network: refused by name."""
+    front = group_script(os.path.join(d, "ol.lua"), STORIES, "pipeline(m, { { 'w0', 'w1' } })",
+                         ["w0", "w1"])
+    other = group_script(os.path.join(d, "ol-w1.lua"), STORIES,
+                         "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net'", ["w0", "w1"])
+    w0, w1 = Node(front, "w0"), Node(other, "w1")
+    try:
+        w0.wait_ready()
+        w1.wait_ready()
+        exits_2(["serve", "-c", front, "--port", "0", "--join-timeout", "30"],
+                ["node 'w1' (ipc://", "refused: stage 1: its group links over the network, the "
+                 "script's over shared memory"])
     finally:
         problems = w0.stop() + w1.stop()
     assert not problems, "\n".join(problems)
@@ -279,6 +298,10 @@ def main():
         want = reference(STORIES, PROMPTS, 64)
         r.case("stories260K: one stage of 2 ranks equals one process", group_equals, d, STORIES,
                "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"], PROMPTS, 64, want, "s1x2")
+        r.case("stories260K: one stage of 2 ranks over the network collective (tp_link = 'net', "
+               "ipc://) equals one process", group_equals, d, STORIES,
+               "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net'", ["w0", "w1"], PROMPTS, 64,
+               want, "s1x2net", "net")
         r.case("stories260K: 2 stages x 2 ranks (replica tp = 2) equal one process", group_equals,
                d, STORIES, "pipeline(m, { 'w0', 'w1', 'w2', 'w3' }), tp = 2",
                ["w0", "w1", "w2", "w3"], PROMPTS, 64, want, "s2x2")
@@ -291,6 +314,7 @@ def main():
             su.log(f"note: {SMOLLM2} missing: the default model's case is skipped")
         r.case("a rank started with the ranks swapped is refused by name", swapped_rank, d)
         r.case("a rank with another model file is refused by name", other_model, d)
+        r.case("a rank whose group links otherwise is refused by name", other_link, d)
         r.case("a rank killed under load: paused, restarted, regrouped, every text unchanged",
                rank_killed, d)
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)

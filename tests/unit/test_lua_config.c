@@ -244,7 +244,7 @@ static void test_tp_groups(void)
         "    replica { model = m, stages = { { nodes = { 'e', 'g', 'h' }, first_layer = 0,\n"
         "      last_layer = 10 }, { node = 'i', first_layer = 10, last_layer = 30 } } },\n"
         "    replica { model = m, stages = pipeline(m, { 'a' }), tp = 1 },\n"
-        "    replica { model = u, stages = pipeline(u, { 'a', 'b' }), tp = 2 },\n"
+        "    replica { model = u, stages = pipeline(u, { 'a', 'b' }), tp = 2, tp_link = 'net' },\n"
         "  } }\n";
     sh_cluster_config *c = NULL;
     sh_error e = {0};
@@ -289,6 +289,8 @@ static void test_tp_groups(void)
     CHECK_INT_EQ(r->stages[0].tp, 1);
     CHECK_INT_EQ(r->stages[0].last_layer, 30);
     r = &c->replicas[4]; /* the shorthand without a layer count */
+    CHECK(r->tp_net);
+    CHECK(!c->replicas[0].tp_net);
     CHECK_INT_EQ(r->n_stages, 1);
     CHECK_INT_EQ(r->stages[0].tp, 2);
     CHECK_INT_EQ(r->stages[0].first_layer, -1);
@@ -423,6 +425,8 @@ static const struct bad_case {
      "whole number from 1 to 64"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = -2 }\n", SH_EINVAL,
      "bad.lua:4", "replica: tp = -2:"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_link = 'tcp' }\n", SH_EINVAL,
+     "bad.lua:4", "replica: tp_link 'tcp' must be \"auto\" or \"net\""},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 65 }\n", SH_EINVAL,
      "bad.lua:4", "replica: tp = 65: the ranks"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 1.5 }\n", SH_EINVAL,
