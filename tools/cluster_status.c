@@ -103,7 +103,7 @@ static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer, int
     bool self = i == p->front;
     json_t *stages = json_array();
     for (int32_t k = 0; k < p->n_stages; k++)
-        if (p->stage_node[k] == i)
+        if (sh__cluster_rank_on(p, k, i) >= 0)
             json_array_append_new(stages, json_integer(k + 1));
     bool joined = self;
     const char *state = "self";
@@ -139,10 +139,18 @@ static json_t *node_json(const sh_cluster_front *f, int32_t i, int32_t peer, int
                      last_error, "stages", stages, "frames_sent", sent, "queued", queued);
 }
 
-static json_t *stage_json(const char *node, int32_t stage, int32_t first, int32_t last)
+/* Stage `stage` (1-based) of the plan: its node (a group's leader) and every rank's node. */
+static json_t *stage_json(const sh_cluster_plan *p, int32_t i)
 {
-    return json_pack("{s:i, s:s, s:i, s:i}", "stage", (int)stage, "node", node, "first_layer",
-                     (int)first, "last_layer", (int)last);
+    json_t *ranks = json_array();
+    for (int32_t r = 0; r < (p->stage_tp[i] > 1 ? p->stage_tp[i] : 1); r++)
+        json_array_append_new(
+            ranks,
+            json_string(
+                p->c->nodes[p->stage_tp[i] > 1 ? p->rank_node[i][r] : p->stage_node[i]].name));
+    return json_pack("{s:i, s:s, s:o, s:i, s:i}", "stage", (int)i + 1, "node",
+                     p->c->nodes[p->stage_node[i]].name, "ranks", ranks, "first_layer",
+                     (int)p->first[i], "last_layer", (int)p->last[i]);
 }
 
 static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n_rep,
@@ -325,8 +333,7 @@ static char *document(sh_cluster_status_src *s, bool full)
             json_t *stages = json_array();
             const sh_cluster_replica_plan *rp = &p->rep[k];
             for (int32_t i = rp->stage0; i < rp->stage0 + rp->n_stages; i++)
-                json_array_append_new(stages, stage_json(p->c->nodes[p->stage_node[i]].name, i + 1,
-                                                         p->first[i], p->last[i]));
+                json_array_append_new(stages, stage_json(p, i));
             // The first replica's model is the one this process names (--model-name).
             const char *model = p->c->replicas[k].model == p->c->replicas[0].model
                                     ? s->model
@@ -340,7 +347,9 @@ static char *document(sh_cluster_status_src *s, bool full)
                              "reconnects", (json_int_t)0, "lost", 0, "last_error", "", "stages", 1,
                              "frames_sent", (json_int_t)0, "queued", (json_int_t)0));
         json_t *stages = json_array();
-        json_array_append_new(stages, stage_json(s->node, 1, 0, s->n_layers));
+        json_array_append_new(stages, json_pack("{s:i, s:s, s:[s], s:i, s:i}", "stage", 1, "node",
+                                                s->node, "ranks", s->node, "first_layer", 0,
+                                                "last_layer", (int)s->n_layers));
         json_array_append_new(replicas, replica_json(s, 0, 1, s->model, stages));
     }
     json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:i}, s:o, s:o}", "object",

@@ -399,8 +399,18 @@ static int print_doc(const target *t, const json_t *doc)
         {
             long long first = jint(s, "first_layer"), last = jint(s, "last_layer");
             snprintf(c, sizeof c, "[%lld, %lld)", first, last);
+            // A tensor-parallel group: its ranks' who, leader first, joined by '+'.
+            char who[256] = "";
+            size_t q;
+            json_t *rk;
+            json_array_foreach(json_object_get(s, "ranks"), q, rk)
+            {
+                size_t l = strlen(who);
+                if (json_is_string(rk))
+                    snprintf(who + l, sizeof who - l, "%s%s", q ? "+" : "", json_string_value(rk));
+            }
             row_add(&tb, fmt_ll(a, sizeof a, jint(r, "replica")),
-                    fmt_ll(b, sizeof b, jint(s, "stage")), jstr(s, "node"), c,
+                    fmt_ll(b, sizeof b, jint(s, "stage")), who[0] ? who : jstr(s, "node"), c,
                     fmt_ll(d, sizeof d, last - first));
         }
     }

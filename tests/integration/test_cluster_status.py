@@ -179,7 +179,8 @@ def single_case():
         doc = doc_of(srv.url)
         assert doc["mode"] == "single" and len(doc["nodes"]) == 1, doc
         assert doc["replicas"][0]["stages"] == [
-            {"stage": 1, "node": "serve", "first_layer": 0, "last_layer": 5}], doc
+            {"stage": 1, "node": "serve", "ranks": ["serve"], "first_layer": 0,
+             "last_layer": 5}], doc
         # The endpoint itself, as any HTTP client sees it.
         st, hdrs, body = su.get(srv.url, "/admin/cluster")
         assert st == 200 and hdrs.get("content-type", "").startswith("application/json"), st

@@ -14,9 +14,11 @@ and `shoal cluster up` with exit 2 and one `error:` line naming the script's lin
 culprit, never a hang.
 """
 
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -110,6 +112,17 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm"):
     try:
         c.start()
         got = at_once(c.srv.url, prompts, n)
+        if name == "s1x2":  # the status document and `shoal cluster status` show the group
+            status, _, raw = su.get(c.srv.url, "/admin/cluster")
+            assert status == 200, raw[:300]
+            doc = json.loads(raw)
+            st = doc["replicas"][0]["stages"][0]
+            assert st["node"] == "w0" and st["ranks"] == ["w0", "w1"], st
+            w1 = [x for x in doc["nodes"] if x["name"] == "w1"][0]
+            assert w1["stages"] == [1], w1
+            p = subprocess.run([su.shoal_binary(), "cluster", "status", c.srv.url],
+                               capture_output=True, text=True, timeout=su.scaled(30))
+            assert p.returncode == 0 and "w0+w1" in p.stdout, p.stdout + p.stderr
         for w, nd in c.nodes.items():
             assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
