@@ -497,6 +497,18 @@ static void test_moe(void)
     printf("refused: %s\n", e.msg);
 }
 
+/* The committed tiny golden files of the other paths: qwen2's Q/K/V biases (sliced with their
+ * rows), phi3's fused attn_qkv and [gate; up] (row views of views), qwen3's per-head QK-norm. */
+static void test_archs(void)
+{
+    static const char *const files[] = {"qwen2-tiny-f16", "phi3-tiny-f16", "qwen3-tiny-f16"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/data/golden/%s.gguf", files[i]);
+        check_tp(files[i], sh_test_path(rel), 2, TOL_FLOAT);
+    }
+}
+
 /* A K-quant model whose heads are 64 wide: a rank's slice of attn_output cuts a 256 block. */
 static void test_kquant_refused(void)
 {
@@ -606,6 +618,7 @@ static const sh_test_case tests[] = {
     {"smollm_shape", test_smollm_shape},
     {"gemma3", test_gemma3},
     {"moe", test_moe},
+    {"archs", test_archs},
     {"kquant_refused", test_kquant_refused},
     {"bad_options", test_bad_options},
     {NULL, NULL},
