@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "model/llama.h"
+#include "runtime/coll.h"
 
 static double now_s(void)
 {
@@ -104,19 +105,137 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
-            "                   [--kv f32|f16] [--ctx N] [--no-bw]\n"
+            "                   [--kv f32|f16] [--ctx N] [--tp N] [--no-bw]\n"
             "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, 2 threads,\n"
             "  F32 KV; --ctx N: the tg runs decode after an N-token context (filled once), so\n"
             "  attention over the cache counts; --no-bw skips the read-bandwidth probe.\n"
+            "  --tp N: N tensor-parallel ranks as threads of this process (not processes), each\n"
+            "  with its own backend of -t THREADS threads, over the in-process shared-memory\n"
+            "  collective; the figures are the group's (rank 0 times every step).\n"
             "  SHOAL_ISA=scalar|avx2|avx512 caps the kernels (the first line names them).\n");
+}
+
+/* What every rank runs: the same forward calls in the same order. */
+typedef struct bench_cfg {
+    const char *path;
+    int threads, reps, n_pp, n_tg, ctx_len, tp;
+    int pp[8], tg[8];
+    int chunk;
+    int32_t kv;
+    bool kv_f16;
+    int32_t *tokens, *blocks;
+    sh_coll_inproc *group;
+} bench_cfg;
+
+typedef struct bench_rank {
+    const bench_cfg *cfg;
+    int32_t rank;
+    sh_llama *m;
+    sh_backend *be;
+    sh_llama_ctx *ctx;
+    sh_coll *coll;
+    double pp_best[8], tg_best[8];
+    int rc;
+    sh_error e;
+} bench_rank;
+
+static size_t group_bytes(const bench_cfg *c, int32_t dim, int32_t n_vocab)
+{
+    size_t a = (size_t)c->chunk * (size_t)dim * sizeof(float);
+    size_t g = (size_t)c->tp * (size_t)((n_vocab + c->tp - 1) / c->tp) * sizeof(float);
+    return a > g ? a : g;
+}
+
+/* Loads the rank's slices (already loaded for rank 0), joins the group and makes the context. */
+static int rank_open(bench_rank *r)
+{
+    const bench_cfg *c = r->cfg;
+    sh_llama_load_opts lo = {.prefault = true, .tp_rank = r->rank, .tp_size = c->tp};
+    sh_backend_cpu_opts bo = {.n_threads = c->threads};
+    sh_llama_ctx_opts co = {.max_tokens = c->chunk,
+                            .max_seqs = 1,
+                            .kv_tokens = c->kv,
+                            .kv_type = c->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
+    if (!r->m && sh_llama_load(c->path, &lo, &r->m, &r->e))
+        return 2;
+    if (c->tp > 1) {
+        sh_coll_opts o = {.rank = r->rank,
+                          .size = c->tp,
+                          .epoch = 1,
+                          .timeout_ms = 60000,
+                          .max_bytes = group_bytes(c, r->m->hp.dim, r->m->hp.n_vocab),
+                          .inproc = c->group};
+        if (sh_coll_create(SH_COLL_SHM, &o, &r->coll, &r->e))
+            return 2;
+        co.coll = r->coll;
+    }
+    if (sh_backend_cpu_create(&bo, &r->be, &r->e) ||
+        sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &r->e))
+        return 2;
+    return 0;
+}
+
+/* The measured calls: every pp run, the decode context, every tg run. */
+static int rank_run(bench_rank *r)
+{
+    const bench_cfg *c = r->cfg;
+    sh_llama_out o;
+    int rc = 0;
+    for (int k = 0; k < c->n_pp && !rc; k++)
+        for (int i = 0; i < c->reps && !rc; i++) {
+            sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true};
+            sh_llama_batch b = {1, &seq, false, NULL};
+            double t0 = now_s();
+            rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+            double tps = c->pp[k] / (now_s() - t0);
+            r->pp_best[k] = tps > r->pp_best[k] ? tps : r->pp_best[k];
+        }
+    /* the decode context: filled once; each tg run overwrites the positions after it */
+    for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
+        const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
+        sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true};
+        sh_llama_batch b = {1, &seq, false, NULL};
+        rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+    }
+    for (int k = 0; k < c->n_tg && !rc; k++)
+        for (int i = 0; i < c->reps && !rc; i++) {
+            int32_t tok = c->tokens[0];
+            double t0 = now_s();
+            for (int j = 0; j < c->tg[k] && !rc; j++) {
+                sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true};
+                sh_llama_batch b = {1, &seq, false, NULL};
+                rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+                tok =
+                    (tok * 31 + 7) % r->m->hp.n_vocab; /* any token: speed does not depend on it */
+            }
+            double tps = c->tg[k] / (now_s() - t0);
+            r->tg_best[k] = tps > r->tg_best[k] ? tps : r->tg_best[k];
+        }
+    return rc;
+}
+
+static void *rank_thread(void *arg)
+{
+    bench_rank *r = arg;
+    r->rc = rank_open(r);
+    if (!r->rc)
+        r->rc = rank_run(r);
+    return NULL;
+}
+
+static void rank_close(bench_rank *r)
+{
+    sh_llama_ctx_destroy(r->ctx);
+    sh_coll_destroy(r->coll);
+    sh_backend_destroy(r->be);
+    sh_llama_destroy(r->m);
 }
 
 int main(int argc, char **argv)
 {
-    const char *path = NULL;
-    int threads = 2, reps = 3, n_pp = 0, n_tg = 0, ctx_len = 0;
-    bool kv_f16 = false, probe = true;
-    int pp[8], tg[8];
+    static bench_cfg cfg = {.threads = 2, .reps = 3, .tp = 1};
+    bench_cfg *c = &cfg;
+    bool probe = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-bw")) {
@@ -128,62 +247,68 @@ int main(int argc, char **argv)
             return 2;
         }
         if (!strcmp(a, "-m"))
-            path = v;
+            c->path = v;
         else if (!strcmp(a, "-t"))
-            threads = atoi(v);
+            c->threads = atoi(v);
         else if (!strcmp(a, "--reps"))
-            reps = atoi(v);
-        else if (!strcmp(a, "--pp") && n_pp < 8 && atoi(v) >= 1)
-            pp[n_pp++] = atoi(v);
-        else if (!strcmp(a, "--tg") && n_tg < 8 && atoi(v) >= 1)
-            tg[n_tg++] = atoi(v);
+            c->reps = atoi(v);
+        else if (!strcmp(a, "--pp") && c->n_pp < 8 && atoi(v) >= 1)
+            c->pp[c->n_pp++] = atoi(v);
+        else if (!strcmp(a, "--tg") && c->n_tg < 8 && atoi(v) >= 1)
+            c->tg[c->n_tg++] = atoi(v);
         else if (!strcmp(a, "--ctx") && atoi(v) >= 0)
-            ctx_len = atoi(v);
+            c->ctx_len = atoi(v);
+        else if (!strcmp(a, "--tp") && atoi(v) >= 1 && atoi(v) <= 16)
+            c->tp = atoi(v);
         else if (!strcmp(a, "--kv") && (!strcmp(v, "f16") || !strcmp(v, "f32")))
-            kv_f16 = !strcmp(v, "f16");
+            c->kv_f16 = !strcmp(v, "f16");
         else {
             usage();
             return 2;
         }
         i++;
     }
-    if (!path || threads < 1 || threads > 16 || reps < 1) {
+    if (!c->path || c->threads < 1 || c->threads > 16 || c->reps < 1) {
         usage();
         return 2;
     }
-    if (!n_pp && !n_tg) {
-        pp[n_pp++] = 128;
-        pp[n_pp++] = 512;
-        tg[n_tg++] = 128;
+    if (!c->n_pp && !c->n_tg) {
+        c->pp[c->n_pp++] = 128;
+        c->pp[c->n_pp++] = 512;
+        c->tg[c->n_tg++] = 128;
     }
     int max_pp = 1, max_tg = 1;
-    for (int i = 0; i < n_pp; i++)
-        max_pp = pp[i] > max_pp ? pp[i] : max_pp;
-    for (int i = 0; i < n_tg; i++)
-        max_tg = tg[i] > max_tg ? tg[i] : max_tg;
-
-    sh_error e = {0};
-    sh_llama *m = NULL;
-    sh_backend *be = NULL;
-    sh_llama_ctx *ctx = NULL;
-    sh_llama_load_opts lo = {.prefault = true};
-    sh_backend_cpu_opts bo = {.n_threads = threads};
+    for (int i = 0; i < c->n_pp; i++)
+        max_pp = c->pp[i] > max_pp ? c->pp[i] : max_pp;
+    for (int i = 0; i < c->n_tg; i++)
+        max_tg = c->tg[i] > max_tg ? c->tg[i] : max_tg;
     /* the context for --ctx is filled in chunks of at most 512 tokens */
-    const int chunk = max_pp > 512 ? max_pp : 512;
-    int32_t kv = (max_pp > ctx_len ? max_pp : ctx_len) + max_tg + 16;
-    sh_llama_ctx_opts co = {.max_tokens = chunk,
-                            .max_seqs = 1,
-                            .kv_tokens = kv,
-                            .kv_type = kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
-    if (sh_llama_load(path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e) ||
-        sh_llama_ctx_create(m, be, &co, &ctx, &e)) {
+    c->chunk = max_pp > 512 ? max_pp : 512;
+    c->kv = (max_pp > c->ctx_len ? max_pp : c->ctx_len) + max_tg + 16;
+
+    static bench_rank ranks[16];
+    sh_error e = {0};
+    bench_rank *r0 = &ranks[0];
+    *r0 = (bench_rank){.cfg = c, .rank = 0};
+    sh_llama_load_opts lo = {.prefault = true, .tp_rank = 0, .tp_size = c->tp};
+    if (sh_llama_load(c->path, &lo, &r0->m, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);
-        sh_llama_ctx_destroy(ctx);
-        sh_backend_destroy(be);
-        sh_llama_destroy(m);
         return 2;
     }
-    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const sh_llama *m = r0->m;
+    int32_t n_blocks = (c->kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    c->blocks = malloc((size_t)n_blocks * sizeof *c->blocks);
+    const int n_tokens = max_pp > c->ctx_len ? max_pp : c->ctx_len;
+    c->tokens = malloc((size_t)n_tokens * sizeof *c->tokens);
+    for (int32_t i = 0; i < n_blocks; i++)
+        c->blocks[i] = i;
+    uint32_t s = 12345;
+    for (int i = 0; i < n_tokens; i++) {
+        s = s * 1664525u + 1013904223u;
+        c->tokens[i] = (int32_t)(s % (uint32_t)m->hp.n_vocab);
+    }
+    const char *name = strrchr(c->path, '/') ? strrchr(c->path, '/') + 1 : c->path;
+    /* rank 0's share of the weights (the whole model without --tp) */
     double weight_gb = (double)sh_llama_weight_bytes(m) / 1e9;
     /* A decode step reads every weight once except a MoE layer's experts, of which a token uses
      * n_expert_used of n_expert (equal sizes): step_gb is what one step reads. */
@@ -197,79 +322,54 @@ int main(int argc, char **argv)
                            (double)xs[i]->ne[1] * (double)xs[i]->ne[2] / 1e9 *
                            (1.0 - (double)m->hp.n_expert_used / m->hp.n_expert);
     }
-    int32_t n_blocks = (kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
-    int32_t *blocks = malloc((size_t)n_blocks * sizeof *blocks);
-    const int n_tokens = max_pp > ctx_len ? max_pp : ctx_len;
-    int32_t *tokens = malloc((size_t)n_tokens * sizeof *tokens);
-    for (int32_t i = 0; i < n_blocks; i++)
-        blocks[i] = i;
-    uint32_t s = 12345;
-    for (int i = 0; i < n_tokens; i++) {
-        s = s * 1664525u + 1013904223u;
-        tokens[i] = (int32_t)(s % (uint32_t)m->hp.n_vocab);
-    }
-    int rc = 0;
-    sh_llama_out o;
-    char kern[160];
-    sh_backend_cpu_describe(be, kern, sizeof kern);
-    printf("{\"name\":\"kernels\",\"value\":\"%s\",\"kv\":\"%s\"}\n", kern, kv_f16 ? "f16" : "f32");
     double bw_one = 0, bw_eight = 0;
-    double read_gbs = probe ? read_bandwidth(threads, &bw_one, &bw_eight) : 0;
-    printf("{\"name\":\"read_bandwidth\",\"value\":%.2f,\"unit\":\"GB/s\",\"threads\":%d,"
-           "\"one_stream\":%.2f,\"eight_streams\":%.2f}\n",
-           read_gbs, threads, bw_one, bw_eight);
-
-    for (int k = 0; k < n_pp && !rc; k++) {
-        double best = 0;
-        for (int r = 0; r < reps && !rc; r++) {
-            sh_llama_seq seq = {tokens, pp[k], 0, blocks, true};
-            sh_llama_batch b = {1, &seq, false, NULL};
-            double t0 = now_s();
-            rc = sh_llama_forward(ctx, &b, &o, &e);
-            double tps = pp[k] / (now_s() - t0);
-            best = tps > best ? tps : best;
-        }
-        printf("{\"name\":\"pp%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
-               "\"threads\":%d,\"reps\":%d}\n",
-               pp[k], name, best, threads, reps);
-        fflush(stdout);
-    }
-    /* the decode context: filled once; each tg run overwrites the positions after it */
-    for (int p = 0; p < ctx_len && !rc; p += chunk) {
-        const int n = ctx_len - p < chunk ? ctx_len - p : chunk;
-        sh_llama_seq seq = {tokens + p, n, p, blocks, true};
-        sh_llama_batch b = {1, &seq, false, NULL};
-        rc = sh_llama_forward(ctx, &b, &o, &e);
-    }
-    for (int k = 0; k < n_tg && !rc; k++) {
-        double best = 0;
-        for (int r = 0; r < reps && !rc; r++) {
-            int32_t tok = tokens[0];
-            double t0 = now_s();
-            for (int i = 0; i < tg[k] && !rc; i++) {
-                sh_llama_seq seq = {&tok, 1, ctx_len + i, blocks, true};
-                sh_llama_batch b = {1, &seq, false, NULL};
-                rc = sh_llama_forward(ctx, &b, &o, &e);
-                tok = (tok * 31 + 7) % m->hp.n_vocab; /* any token: speed does not depend on it */
-            }
-            double tps = tg[k] / (now_s() - t0);
-            best = tps > best ? tps : best;
-        }
-        double gbs = step_gb * best;
-        printf("{\"name\":\"tg%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
-               "\"ctx\":%d,\"threads\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"step_gb\":%.4f,\"decode_"
-               "gbs\":%.2f,"
-               "\"read_fraction\":%.3f}\n",
-               tg[k], name, best, ctx_len, threads, reps, weight_gb, step_gb, gbs,
-               read_gbs > 0 ? gbs / read_gbs : 0);
-        fflush(stdout);
-    }
-    if (rc)
+    double read_gbs = probe ? read_bandwidth(c->threads, &bw_one, &bw_eight) : 0;
+    if (c->tp > 1 &&
+        sh_coll_inproc_create(c->tp, group_bytes(c, m->hp.dim, m->hp.n_vocab), &c->group, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);
-    free(tokens);
-    free(blocks);
-    sh_llama_ctx_destroy(ctx);
-    sh_backend_destroy(be);
-    sh_llama_destroy(m);
-    return rc ? 1 : 0;
+        return 2;
+    }
+    pthread_t th[16];
+    for (int32_t k = 1; k < c->tp; k++) {
+        ranks[k] = (bench_rank){.cfg = c, .rank = k};
+        pthread_create(&th[k], NULL, rank_thread, &ranks[k]);
+    }
+    r0->rc = rank_open(r0);
+    if (!r0->rc) {
+        char kern[160];
+        sh_backend_cpu_describe(r0->be, kern, sizeof kern);
+        printf("{\"name\":\"kernels\",\"value\":\"%s\",\"kv\":\"%s\",\"tp\":%d}\n", kern,
+               c->kv_f16 ? "f16" : "f32", c->tp);
+        printf("{\"name\":\"read_bandwidth\",\"value\":%.2f,\"unit\":\"GB/s\",\"threads\":%d,"
+               "\"one_stream\":%.2f,\"eight_streams\":%.2f}\n",
+               read_gbs, c->threads, bw_one, bw_eight);
+        fflush(stdout);
+        r0->rc = rank_run(r0);
+    }
+    for (int32_t k = 1; k < c->tp; k++)
+        pthread_join(th[k], NULL);
+    int rc = 0;
+    for (int32_t k = 0; k < c->tp; k++)
+        if (ranks[k].rc) {
+            fprintf(stderr, "error: rank %d: %s\n", (int)k, ranks[k].e.msg);
+            rc = 1;
+        }
+    for (int k = 0; k < c->n_pp && !rc; k++)
+        printf("{\"name\":\"pp%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
+               "\"threads\":%d,\"tp\":%d,\"reps\":%d}\n",
+               c->pp[k], name, r0->pp_best[k], c->threads, c->tp, c->reps);
+    for (int k = 0; k < c->n_tg && !rc; k++) {
+        double gbs = step_gb * r0->tg_best[k];
+        printf("{\"name\":\"tg%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
+               "\"ctx\":%d,\"threads\":%d,\"tp\":%d,\"reps\":%d,\"weight_gb\":%.4f,\"step_gb\":"
+               "%.4f,\"decode_gbs\":%.2f,\"read_fraction\":%.3f}\n",
+               c->tg[k], name, r0->tg_best[k], c->ctx_len, c->threads, c->tp, c->reps, weight_gb,
+               step_gb, gbs, read_gbs > 0 ? gbs / read_gbs : 0);
+    }
+    for (int32_t k = 0; k < c->tp; k++)
+        rank_close(&ranks[k]);
+    sh_coll_inproc_destroy(c->group);
+    free(c->tokens);
+    free(c->blocks);
+    return rc;
 }

@@ -3,6 +3,7 @@
  * paged KV cache and workspace allocated once per context. */
 #include "model/llama.h"
 #include "model/llama_rope.h"
+#include "model/llama_tp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "runtime/coll.h"
 
 struct sh_llama_ctx {
     const sh_llama *m;
@@ -19,19 +21,29 @@ struct sh_llama_ctx {
     int32_t n_blocks;
     int32_t kv_window;    /* sh_llama_kv_window: blocks before it may be released (-1) */
     sh_rope_scaling rope; /* the model's RoPE scaling for this context's size */
-    sh_kv_cache *kv;      // (n_layers); only [first, last) allocated
+    sh_kv_cache *kv;      // (n_layers, tp.n_parts); only layers [first, last) allocated
     // Workspace, backend buffers sized for max_tokens rows.
-    float *x;      // (max_tokens, dim) the residual stream
-    float *q;      // (max_tokens, n_heads * head_dim)
-    float *k;      // (max_tokens, n_kv_heads * head_dim)
-    float *v;      // (max_tokens, n_kv_heads * head_dim)
-    float *att;    // (max_tokens, n_heads * head_dim) attention output
-    float *ff;     // (max_tokens, n_ff) act(gate) * up
-    float *y;      // (max_tokens, dim) a block's output before its post-norm (gemma3); else NULL
+    float *x; // (max_tokens, dim) the residual stream
+    /* q, k, v and att hold one (max_tokens, heads * head_dim) block per attention part of the
+     * rank (sh_llama_tp; one part for a whole model), at qoff / kvoff floats. */
+    float *q;      // (max_tokens, tp.n_heads * head_dim)
+    float *k;      // (max_tokens, tp.n_kv_heads * head_dim)
+    float *v;      // (max_tokens, tp.n_kv_heads * head_dim)
+    float *att;    // (max_tokens, tp.n_heads * head_dim) attention output
+    float *ff;     // (max_tokens, tp.n_ff) act(gate) * up
+    float *y;      // (max_tokens, dim) a block's output before its post-norm (gemma3) or the
+                   // all-reduce (tensor parallel); else NULL
     float *xo;     // (max_logits, dim) the rows whose logits are wanted
     float *logits; // (max_logits, n_vocab)
-    int32_t *ids;  // (max_tokens) token ids
-    int32_t *pos;  // (max_tokens) positions
+    // Tensor parallel (tp.size > 1; else NULL):
+    struct sh_coll *coll;
+    float *lg_local; // (max_logits, tp.vocab_pad) this rank's rows of the logits
+    float *gather;   // (tp.size, max_logits, tp.vocab_pad) every rank's, gathered
+    size_t qoff[SH_LLAMA_TP_PARTS], kvoff[SH_LLAMA_TP_PARTS]; /* each part's block */
+    sh_error cerr;                                            /* a failed collective's message */
+    bool cfailed;
+    int32_t *ids; // (max_tokens) token ids
+    int32_t *pos; // (max_tokens) positions
     // MoE layers only (hp.n_expert > 0; else NULL):
     float *hn;               // (max_tokens, dim) the normalized FFN input the experts read
     float *router;           // (max_tokens, n_expert) router logits
@@ -61,6 +73,12 @@ static sh_err each_matrix(const sh_llama *m,
         for (size_t i = 0; i < sizeof ws / sizeof ws[0] && !err; i++)
             if (ws[i]->data)
                 err = fn(m, be, ws[i]);
+        for (int32_t p = 0; p + 1 < m->tp.n_parts && !err; p++) {
+            const struct sh_llama_attn_w *w = &L->tp_part[p];
+            const sh_tensor *ps[] = {&w->wq, &w->wk, &w->wv, &w->wo};
+            for (size_t i = 0; i < 4 && !err; i++)
+                err = fn(m, be, ps[i]);
+        }
         /* A MoE layer's router is an ordinary matmul (above). Its experts (3-D stacks, and the
          * shared expert) are read by the MoE op, which reads float experts in the file layout
          * whatever was prepared (a token's sums must not depend on the tokens beside it), so only
@@ -84,7 +102,8 @@ static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
     sh_err err = sh_backend_weight_prepare(be, w);
     if (err == SH_EUNSUPPORTED)
         return SH_OK; /* a backend without it reads w as it is */
-    if (!err && m->file_mapped && sh_backend_weight_copied(be, w))
+    /* (A tensor-parallel rank's own copies of row-parallel slices are not the mapping: kept.) */
+    if (!err && m->file_mapped && sh_backend_weight_copied(be, w) && !sh__llama_tp_owns(m, w->data))
         sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1] *
                                    (size_t)w->ne[2]);
     return err;
@@ -126,15 +145,38 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
                              "kv_tokens %d, kv_type %d",
                              (int)o.max_tokens, (int)o.max_seqs, (int)o.max_logits,
                              (int)o.kv_tokens, (int)o.kv_type);
+    const sh_llama_tp *tp = &m->tp;
+    if ((tp->size > 1 && !o.coll) ||
+        (o.coll && (sh_coll_rank(o.coll) != tp->rank || sh_coll_size(o.coll) != tp->size)))
+        return sh__error_set(e, SH_EINVAL,
+                             "llama: the model is rank %d of a tensor-parallel group of %d; the "
+                             "context's collective group is %s",
+                             (int)tp->rank, (int)tp->size,
+                             !o.coll                            ? "missing"
+                             : sh_coll_size(o.coll) != tp->size ? "of another size"
+                                                                : "of another rank");
+    /* The collectives read and write the workspace from the host. */
+    if (tp->size > 1 && strcmp(be->iface->name, "cpu") != 0)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "llama: tensor parallelism runs on the cpu backend only, not %s",
+                             be->iface->name);
     sh_llama_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return sh__error_set(e, SH_ENOMEM, "llama: out of memory");
     c->m = m;
     c->be = be;
     c->o = o;
+    c->coll = tp->size > 1 ? o.coll : NULL;
     const sh_llama_hparams *hp = &m->hp;
     size_t T = (size_t)o.max_tokens, f = sizeof(float);
-    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t qd = (size_t)tp->n_heads * hp->head_dim, kvd = (size_t)tp->n_kv_heads * hp->head_dim;
+    size_t np = (size_t)tp->n_parts;
+    for (size_t p = 0, hq = 0, hk = 0; p < np; p++) {
+        c->qoff[p] = T * hq * (size_t)hp->head_dim;
+        c->kvoff[p] = T * hk * (size_t)hp->head_dim;
+        hq += (size_t)tp->part[p].n_heads;
+        hk += (size_t)tp->part[p].n_kv_heads;
+    }
     bool head = m->last == hp->n_layers;
     sh_err err = SH_OK;
     c->n_blocks = (o.kv_tokens + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
@@ -149,7 +191,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
                              "softcap op that %s needs",
                              be->iface->name, hp->arch);
     }
-    c->kv = calloc((size_t)hp->n_layers, sizeof *c->kv);
+    c->kv = calloc((size_t)hp->n_layers * np, sizeof *c->kv);
     c->h_ids = malloc(T * sizeof *c->h_ids);
     c->h_pos = malloc(T * sizeof *c->h_pos);
     c->seqs = malloc((size_t)o.max_seqs * sizeof *c->seqs);
@@ -164,8 +206,8 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->k = alloc(c, T * kvd * f, &err, e);
     c->v = alloc(c, T * kvd * f, &err, e);
     c->att = alloc(c, T * qd * f, &err, e);
-    c->ff = alloc(c, T * (size_t)hp->n_ff * f, &err, e);
-    if (hp->post_norms)
+    c->ff = alloc(c, T * (size_t)tp->n_ff * f, &err, e);
+    if (hp->post_norms || tp->size > 1)
         c->y = alloc(c, T * hp->dim * f, &err, e);
     c->ids = alloc(c, T * sizeof(int32_t), &err, e);
     c->pos = alloc(c, T * sizeof(int32_t), &err, e);
@@ -185,20 +227,28 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     if (head) {
         c->xo = alloc(c, (size_t)o.max_logits * hp->dim * f, &err, e);
         c->logits = alloc(c, (size_t)o.max_logits * hp->n_vocab * f, &err, e);
+        if (tp->size > 1) {
+            size_t share = (size_t)o.max_logits * (size_t)tp->vocab_pad * f;
+            c->lg_local = alloc(c, share, &err, e);
+            c->gather = alloc(c, (size_t)tp->size * share, &err, e);
+        }
     }
-    // The KV pool: per layer, n_blocks pages of 16 positions of every KV head.
+    // The KV pool: per layer (and attention part), n_blocks pages of 16 positions of every KV
+    // head this rank reads.
     size_t elt = o.kv_type == SH_DTYPE_F16 ? 2 : 4;
-    size_t kv_bytes = (size_t)c->n_blocks * SH_KV_BLOCK_TOKENS * kvd * elt;
-    for (int32_t l = m->first; l < m->last; l++) {
-        sh_kv_cache *kc = &c->kv[l];
-        kc->type = o.kv_type;
-        kc->n_blocks = c->n_blocks;
-        kc->n_kv_heads = hp->n_kv_heads;
-        kc->head_dim = hp->head_dim;
-        kc->window = sh_llama_layer_slides(hp, l) ? hp->sliding_window : 0;
-        kc->k = alloc(c, kv_bytes, &err, e);
-        kc->v = alloc(c, kv_bytes, &err, e);
-    }
+    for (int32_t l = m->first; l < m->last; l++)
+        for (size_t p = 0; p < np; p++) {
+            sh_kv_cache *kc = &c->kv[(size_t)l * np + p];
+            size_t kv_bytes = (size_t)c->n_blocks * SH_KV_BLOCK_TOKENS *
+                              (size_t)tp->part[p].n_kv_heads * (size_t)hp->head_dim * elt;
+            kc->type = o.kv_type;
+            kc->n_blocks = c->n_blocks;
+            kc->n_kv_heads = tp->part[p].n_kv_heads;
+            kc->head_dim = hp->head_dim;
+            kc->window = sh_llama_layer_slides(hp, l) ? hp->sliding_window : 0;
+            kc->k = alloc(c, kv_bytes, &err, e);
+            kc->v = alloc(c, kv_bytes, &err, e);
+        }
     if (err)
         goto fail;
     /* Let the backend repack the matrices for its fast kernels (DESIGN section 6: weights
@@ -229,12 +279,14 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
     if (c->prepared)
         each_matrix(c->m, release_one, be);
     if (c->kv)
-        for (int32_t l = c->m->first; l < c->m->last; l++) {
-            sh_backend_buf_free(be, c->kv[l].k);
-            sh_backend_buf_free(be, c->kv[l].v);
+        for (size_t i = (size_t)c->m->first * (size_t)c->m->tp.n_parts;
+             i < (size_t)c->m->last * (size_t)c->m->tp.n_parts; i++) {
+            sh_backend_buf_free(be, c->kv[i].k);
+            sh_backend_buf_free(be, c->kv[i].v);
         }
-    void *bufs[] = {c->x,      c->q,   c->k,   c->v,  c->att,    c->ff,      c->y,      c->xo,
-                    c->logits, c->ids, c->pos, c->hn, c->router, c->moe_cnt, c->moe_ids};
+    void *bufs[] = {c->x,      c->q,       c->k,       c->v,        c->att,   c->ff,
+                    c->y,      c->xo,      c->logits,  c->ids,      c->pos,   c->hn,
+                    c->router, c->moe_cnt, c->moe_ids, c->lg_local, c->gather};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         sh_backend_buf_free(be, bufs[i]);
     free(c->kv);
@@ -248,6 +300,17 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
 }
 
 int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c) { return c->n_blocks; }
+
+size_t sh_llama_tp_coll_bytes(const sh_llama *m, const sh_llama_ctx_opts *o)
+{
+    const sh_llama_tp *tp = &m->tp;
+    if (tp->size <= 1)
+        return 0;
+    size_t n = (size_t)o->max_tokens * (size_t)m->hp.dim * sizeof(float);
+    size_t nl = (size_t)(o->max_logits ? o->max_logits : o->max_seqs);
+    size_t g = (size_t)tp->size * nl * (size_t)tp->vocab_pad * sizeof(float);
+    return m->last == m->hp.n_layers && g > n ? g : n;
+}
 
 const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l)
 {
@@ -358,6 +421,37 @@ static sh_err project_add(sh_llama_ctx *c, const sh_tensor *w, const float *in,
     return sh_backend_add(c->be, c->st, c->x, c->y, n, c->x);
 }
 
+/* Sums buf (n floats) over the ranks of a tensor-parallel group, in place, once the ops enqueued
+ * so far have run; a failure keeps the collective's message for the forward call's error. */
+static sh_err allreduce(sh_llama_ctx *c, float *buf, size_t n)
+{
+    sh_err err = sh_backend_sync(c->be, c->st);
+    if (!err && (err = sh_coll_allreduce(c->coll, buf, n, &c->cerr)))
+        c->cfailed = true;
+    return err;
+}
+
+/* A tensor-parallel rank's row-parallel projection: y = sum over its parts in[p] w[p]^T, the
+ * partial sums added over the ranks, then x += y, or x += rmsnorm(y) * post_norm (gemma3: the
+ * norm needs the whole sum, so it follows the all-reduce). */
+static sh_err reduce_add(sh_llama_ctx *c, const sh_tensor *const *w, float *const *in, int32_t n,
+                         const float *post_norm, int32_t n_tok, const char *name, const char **what)
+{
+    const sh_llama_hparams *hp = &c->m->hp;
+    sh_backend *be = c->be;
+    sh_backend_stream *st = c->st;
+    sh_err err;
+    TRY(name, sh_backend_matmul(be, st, w[0], in[0], n_tok, c->y));
+    for (int32_t i = 1; i < n; i++)
+        TRY(name, sh_backend_matmul_add(be, st, w[i], in[i], n_tok, c->y));
+    TRY("all-reduce", allreduce(c, c->y, (size_t)n_tok * (size_t)hp->dim));
+    if (post_norm)
+        TRY("post-norm",
+            sh_backend_rmsnorm(be, st, c->y, post_norm, hp->norm_eps, n_tok, hp->dim, c->y));
+    TRY("residual add", sh_backend_add(be, st, c->x, c->y, (int64_t)n_tok * hp->dim, c->x));
+    return SH_OK;
+}
+
 /* A MoE layer's FFN on rows x (n_tok, dim): h = rmsnorm(x) * ffn_norm, the router's logits
  * h W_gate_inp^T, then x += the chosen experts' (and the shared expert's) outputs on h; the
  * step's per-expert counts and choices are copied out for sh_llama_ctx_expert_*. */
@@ -374,9 +468,14 @@ static sh_err moe_ffn(sh_llama_ctx *c, int32_t l, int32_t n_tok, const char **wh
     TRY("ffn norm",
         sh_backend_rmsnorm(be, st, c->x, L->ffn_norm, hp->norm_eps, n_tok, hp->dim, c->hn));
     TRY("router matmul", sh_backend_matmul(be, st, &L->ffn_gate_inp, c->hn, n_tok, c->router));
+    /* Expert parallelism: the router is replicated, each rank runs the chosen experts it holds
+     * (and rank 0 the shared expert) into y, and the sums over the ranks are added to x. */
+    const sh_llama_tp *tp = &c->m->tp;
     sh_moe_args a = {.x = c->hn,
                      .n_tok = n_tok,
                      .logits = c->router,
+                     .n_expert = hp->n_expert,
+                     .expert0 = tp->expert0,
                      .k = hp->n_expert_used,
                      .norm_topk = hp->expert_norm,
                      .gate = L->gate_exps,
@@ -386,14 +485,18 @@ static sh_err moe_ffn(sh_llama_ctx *c, int32_t l, int32_t n_tok, const char **wh
                      .up_sh = L->up_shexp,
                      .down_sh = L->down_shexp,
                      .gate_inp_sh = L->gate_inp_shexp,
-                     .y = c->x,
-                     .accumulate = true,
+                     .y = tp->size > 1 ? c->y : c->x,
+                     .accumulate = tp->size == 1,
                      .expert_tokens = cnt,
                      .expert_ids = ids};
     TRY("moe ffn", sh_backend_moe_ffn(be, st, &a));
     TRY("copy", sh_backend_copy(be, st, c->h_moe_cnt + (size_t)l * ne, cnt, ne * sizeof(int32_t)));
     TRY("copy", sh_backend_copy(be, st, c->h_moe_ids + (size_t)l * c->o.max_tokens * k, ids,
                                 (size_t)n_tok * k * sizeof(int32_t)));
+    if (tp->size > 1) {
+        TRY("all-reduce", allreduce(c, c->y, (size_t)n_tok * (size_t)hp->dim));
+        TRY("residual add", sh_backend_add(be, st, c->x, c->y, (int64_t)n_tok * hp->dim, c->x));
+    }
     return SH_OK;
 }
 
@@ -408,41 +511,61 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
                     const char **what)
 {
     const sh_llama_hparams *hp = &c->m->hp;
+    const sh_llama_tp *tp = &c->m->tp;
     const sh_llama_layer *L = &c->m->layers[l];
     sh_backend *be = c->be;
     sh_backend_stream *st = c->st;
-    int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     float base = sh_llama_layer_slides(hp, l) ? hp->rope_base_swa : hp->rope_base;
-    sh_err err;
-    TRY("norm+qkv matmul", sh_backend_norm_qkv(be, st, c->x, L->attn_norm, hp->norm_eps, n_tok,
-                                               &L->wq, &L->wk, &L->wv, c->q, c->k, c->v));
-    if (L->bq) {
-        TRY("q bias", add_rows(c, c->q, L->bq, n_tok, qd));
-        TRY("k bias", add_rows(c, c->k, L->bk, n_tok, kvd));
-        TRY("v bias", add_rows(c, c->v, L->bv, n_tok, kvd));
-    }
-    if (L->q_norm && hp->qk_norm_full) { /* olmoe: each token's whole q and k are rows */
-        TRY("q norm", sh_backend_rmsnorm(be, st, c->q, L->q_norm, hp->norm_eps, n_tok, qd, c->q));
-        TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps, n_tok, kvd, c->k));
-    } else if (L->q_norm) { /* the heads are rows of head_dim */
-        TRY("q norm", sh_backend_rmsnorm(be, st, c->q, L->q_norm, hp->norm_eps,
-                                         (int64_t)n_tok * hp->n_heads, hp->head_dim, c->q));
-        TRY("k norm", sh_backend_rmsnorm(be, st, c->k, L->k_norm, hp->norm_eps,
-                                         (int64_t)n_tok * hp->n_kv_heads, hp->head_dim, c->k));
-    }
     /* gemma3's local layers rotate with their own base and no position interpolation, as
      * llama.cpp and the reference do. */
     sh_rope_scaling rope = c->rope;
     if (strcmp(hp->arch, "gemma3") == 0 && sh_llama_layer_slides(hp, l))
         rope.freq_scale = 1.0f;
-    TRY("rope q", sh_backend_rope_ext(be, st, c->q, c->pos, n_tok, hp->n_heads, hp->head_dim,
-                                      hp->n_rot, base, &rope, hp->rope_mode));
-    TRY("rope k", sh_backend_rope_ext(be, st, c->k, c->pos, n_tok, hp->n_kv_heads, hp->head_dim,
-                                      hp->n_rot, base, &rope, hp->rope_mode));
-    TRY("kv store", sh_backend_kv_store(be, st, &c->kv[l], ab, c->k, c->v));
-    TRY("attention",
-        sh_backend_attention(be, st, &c->kv[l], ab, c->q, hp->n_heads, hp->attn_scale, c->att));
-    TRY("attn_output matmul", project_add(c, &L->wo, c->att, L->post_attn_norm, n_tok));
+    const struct sh_llama_attn_w w0 = {L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv};
+    const sh_tensor *wo[SH_LLAMA_TP_PARTS];
+    float *att[SH_LLAMA_TP_PARTS];
+    sh_err err;
+    /* One pass per attention part (a whole model: one, all heads). */
+    for (int32_t p = 0; p < tp->n_parts; p++) {
+        const sh_llama_tp_part *P = &tp->part[p];
+        const struct sh_llama_attn_w *w = p ? &L->tp_part[p - 1] : &w0;
+        const int64_t qd = (int64_t)P->n_heads * hp->head_dim;
+        const int64_t kvd = (int64_t)P->n_kv_heads * hp->head_dim;
+        float *q = c->q + c->qoff[p], *k = c->k + c->kvoff[p], *v = c->v + c->kvoff[p];
+        const sh_kv_cache *kv = &c->kv[(size_t)l * (size_t)tp->n_parts + (size_t)p];
+        wo[p] = &w->wo;
+        att[p] = c->att + c->qoff[p];
+        TRY("norm+qkv matmul", sh_backend_norm_qkv(be, st, c->x, L->attn_norm, hp->norm_eps, n_tok,
+                                                   &w->wq, &w->wk, &w->wv, q, k, v));
+        if (w->bq) {
+            TRY("q bias", add_rows(c, q, w->bq, n_tok, qd));
+            TRY("k bias", add_rows(c, k, w->bk, n_tok, kvd));
+            TRY("v bias", add_rows(c, v, w->bv, n_tok, kvd));
+        }
+        if (L->q_norm && hp->qk_norm_full) { /* olmoe (whole models only): q, k rows */
+            TRY("q norm", sh_backend_rmsnorm(be, st, q, L->q_norm, hp->norm_eps, n_tok, qd, q));
+            TRY("k norm", sh_backend_rmsnorm(be, st, k, L->k_norm, hp->norm_eps, n_tok, kvd, k));
+        } else if (L->q_norm) { /* the heads are rows of head_dim */
+            TRY("q norm", sh_backend_rmsnorm(be, st, q, L->q_norm, hp->norm_eps,
+                                             (int64_t)n_tok * P->n_heads, hp->head_dim, q));
+            TRY("k norm", sh_backend_rmsnorm(be, st, k, L->k_norm, hp->norm_eps,
+                                             (int64_t)n_tok * P->n_kv_heads, hp->head_dim, k));
+        }
+        TRY("rope q", sh_backend_rope_ext(be, st, q, c->pos, n_tok, P->n_heads, hp->head_dim,
+                                          hp->n_rot, base, &rope, hp->rope_mode));
+        TRY("rope k", sh_backend_rope_ext(be, st, k, c->pos, n_tok, P->n_kv_heads, hp->head_dim,
+                                          hp->n_rot, base, &rope, hp->rope_mode));
+        TRY("kv store", sh_backend_kv_store(be, st, kv, ab, k, v));
+        TRY("attention",
+            sh_backend_attention(be, st, kv, ab, q, P->n_heads, hp->attn_scale, att[p]));
+    }
+    if (tp->size > 1) {
+        if ((err = reduce_add(c, wo, att, tp->n_parts, L->post_attn_norm, n_tok,
+                              "attn_output matmul", what)))
+            return err;
+    } else {
+        TRY("attn_output matmul", project_add(c, &L->wo, c->att, L->post_attn_norm, n_tok));
+    }
     if (L->ffn_gate_inp.data)
         return moe_ffn(c, l, n_tok, what);
     sh_matmul_args up = {.x = c->x,
@@ -454,7 +577,35 @@ static sh_err layer(sh_llama_ctx *c, int32_t l, const sh_attn_batch *ab, int32_t
                          .y = {c->ff, NULL},
                          .act = hp->ffn_act};
     TRY("norm+gate/up matmul", sh_backend_matmul_ex(be, st, &up));
+    if (tp->size > 1) {
+        const sh_tensor *wd = &L->w_down;
+        float *ff = c->ff;
+        return reduce_add(c, &wd, &ff, 1, L->post_ffn_norm, n_tok, "ffn_down matmul", what);
+    }
     TRY("ffn_down matmul", project_add(c, &L->w_down, c->ff, L->post_ffn_norm, n_tok));
+    return SH_OK;
+}
+
+/* Every rank's logits (n_out rows of its vocabulary share, padded to vocab_pad) gathered and laid
+ * out as full rows in c->logits. */
+static sh_err gather_logits(sh_llama_ctx *c, int32_t n_out)
+{
+    const sh_llama_tp *tp = &c->m->tp;
+    const size_t pad = (size_t)n_out * (size_t)tp->vocab_pad, V = (size_t)c->m->hp.n_vocab;
+    sh_err err = sh_backend_sync(c->be, c->st);
+    if (!err &&
+        (err = sh_coll_allgather(c->coll, c->lg_local, pad * sizeof(float), c->gather, &c->cerr)))
+        c->cfailed = true;
+    if (err)
+        return err;
+    for (int32_t r = 0; r < tp->size; r++) {
+        int32_t v0, nv;
+        sh__llama_tp_rows(c->m->hp.n_vocab, r, tp->size, &v0, &nv);
+        const float *src = c->gather + (size_t)r * pad;
+        for (int32_t i = 0; i < n_out; i++)
+            memcpy(c->logits + (size_t)i * V + (size_t)v0, src + (size_t)i * (size_t)nv,
+                   (size_t)nv * sizeof(float));
+    }
     return SH_OK;
 }
 
@@ -507,23 +658,33 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
             src = c->xo;
         }
         what = "output norm+matmul";
+        /* A tensor-parallel rank computes its vocabulary rows (soft-capped: the cap is per
+         * element) and the ranks' rows are gathered into every rank's full rows. A later step
+         * may combine the sampler's work (argmax, top-k) across the ranks instead. */
+        const sh_llama_tp *tp = &m->tp;
+        float *lg = tp->size > 1 ? c->lg_local : c->logits;
         sh_matmul_args a = {.x = src,
                             .n_tok = n_out,
                             .norm = m->out_norm,
                             .norm_eps = hp->norm_eps,
                             .n_w = 1,
                             .w = {m->output},
-                            .y = {c->logits}};
+                            .y = {lg}};
         if ((err = sh_backend_matmul_ex(be, st, &a)))
             goto fail;
         what = "logit soft-capping";
         if (hp->final_softcap > 0.0f &&
-            (err = sh_backend_softcap(be, st, c->logits, (int64_t)n_out * hp->n_vocab,
-                                      hp->final_softcap, c->logits)))
+            (err = sh_backend_softcap(be, st, lg, (int64_t)n_out * tp->n_vocab, hp->final_softcap,
+                                      lg)))
             goto fail;
+        if (tp->size > 1 && (err = gather_logits(c, n_out))) {
+            what = "logits all-gather";
+            goto fail;
+        }
     }
     if ((err = sh_backend_sync(be, st)))
         return sh__error_set(e, err, "llama: backend failed during the forward pass");
+    c->cfailed = false;
     for (int32_t l = m->first; l < m->last && hp->n_expert > 0; l++)
         for (int32_t x = 0; x < hp->n_expert; x++) {
             const size_t i = (size_t)l * hp->n_expert + x;
@@ -539,6 +700,10 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     return SH_OK;
 fail:
     sh_backend_sync(be, st); // drain what was enqueued before the failing op
+    if (c->cfailed) {
+        c->cfailed = false;
+        return sh__error_set(e, err, "llama: layer %d: %s failed: %s", (int)at, what, c->cerr.msg);
+    }
     return sh__error_set(e, err, "llama: layer %d: the backend refused %s (%s)", (int)at, what,
                          sh_strerror(err));
 }

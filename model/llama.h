@@ -11,6 +11,8 @@
 #include "kernels/backend.h"
 #include "shoal/err.h"
 
+struct sh_coll; /* runtime/coll.h */
+
 /* Shape and constants of a model, from GGUF metadata or a llama2.c header. */
 typedef struct sh_llama_hparams {
     char arch[16];          /* "llama", "qwen2", ...; "llama2c" for a .bin checkpoint */
@@ -99,7 +101,47 @@ typedef struct sh_llama_layer {
     sh_tensor up_shexp;       // (n_ff_shexp, dim)
     sh_tensor down_shexp;     // (dim, n_ff_shexp)
     sh_tensor gate_inp_shexp; // (dim): the shared expert scaled by sigmoid(x . this), or NULL
+
+    /* A rank of a tensor-parallel group whose query heads do not line up with the KV groups
+     * runs its attention in parts (sh_llama_tp): part 0's weights are wq .. bv and wo above,
+     * parts 1 .. n_parts - 1 are here. */
+    struct sh_llama_attn_w {
+        sh_tensor wq, wk, wv, wo;
+        const float *bq, *bk, *bv;
+    } tp_part[2];
 } sh_llama_layer;
+
+/* Tensor parallelism (Megatron splits): what rank `rank` of a group of `size` holds and runs.
+ * Query heads are cut into contiguous ranges, balanced (9 heads over 2 ranks: 5 + 4); a range
+ * that does not line up with the KV groups (n_heads / n_kv_heads query heads per KV head) is run
+ * as up to three parts, each a run of heads sharing KV heads evenly (a partial group, whole
+ * groups, a partial group), and a KV head that two ranks' heads read is computed and cached on
+ * both. wq/wk/wv (and biases) and w_gate/w_up are views of row ranges of the file (column
+ * parallel); wo and w_down are copies of this rank's column slice (row parallel), which must
+ * start and end on the type's block; the partial outputs of wo and w_down are summed over the
+ * ranks (sh_coll_allreduce). The output head is split by vocabulary rows and the logits
+ * gathered (sh_coll_allgather); the embedding, norms and MoE router are replicated; MoE experts
+ * are placed whole, n_expert / size per rank, and the shared expert runs on rank 0. size 1: the
+ * whole stage, one part. */
+#define SH_LLAMA_TP_PARTS 3
+typedef struct sh_llama_tp_part {
+    int32_t head0, n_heads;  /* query heads [head0, head0 + n_heads) of the model */
+    int32_t kv0, n_kv_heads; /* the KV heads they read, [kv0, kv0 + n_kv_heads) */
+} sh_llama_tp_part;
+
+typedef struct sh_llama_tp {
+    int32_t rank, size;
+    int32_t n_parts;
+    sh_llama_tp_part part[SH_LLAMA_TP_PARTS];
+    int32_t n_heads, n_kv_heads; /* this rank's, summed over the parts */
+    int32_t ff0, n_ff;           /* dense FFN rows [ff0, ff0 + n_ff) */
+    int32_t vocab0, n_vocab;     /* output rows [vocab0, vocab0 + n_vocab) */
+    int32_t vocab_pad;           /* ceil(hp.n_vocab / size): every rank's share in the gather */
+    int32_t expert0, n_expert;   /* MoE experts [expert0, expert0 + n_expert) */
+    bool shared_expert;          /* this rank runs the MoE shared expert (rank 0) */
+    void **owned;                /* the row-parallel copies, freed with the model */
+    int32_t n_owned, cap_owned;
+} sh_llama_tp;
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
  * embedding when first == 0, the final norm and head when last == n_layers. Immutable after
@@ -121,6 +163,7 @@ typedef struct sh_llama {
     /* The weights lie in a private read-only file mapping (sh_llama_load): a context whose
      * backend copies a matrix drops the mapping's pages of it (sh__file_drop). */
     bool file_mapped;
+    sh_llama_tp tp; /* this rank's share (size 1: the whole stage) */
 } sh_llama;
 
 typedef struct sh_llama_load_opts {
@@ -131,6 +174,13 @@ typedef struct sh_llama_load_opts {
     /* Called during prefault with the fraction done (0..1), from the loading thread. */
     void (*progress)(float done, void *arg);
     void *progress_arg;
+    /* Tensor parallelism: load rank tp_rank's slices of a group of tp_size ranks (sh_llama_tp);
+     * 0/0 or 0/1: the whole stage. Refused with SH_EINVAL and one line saying why: tp_size < 0
+     * or > 64, tp_rank outside [0, tp_size), tp_size > n_heads or > n_vocab, a feed-forward
+     * width of fewer blocks (of ffn_down's type) than ranks, a head boundary inside a block of
+     * attn_output's type (named with its width, slice and block), n_expert % tp_size != 0; with
+     * SH_EUNSUPPORTED: olmoe's QK-norm over all heads. */
+    int32_t tp_rank, tp_size;
 } sh_llama_load_opts;
 
 /* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,
@@ -145,7 +195,8 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */
 void sh_llama_destroy(sh_llama *m);
 
-/* Bytes of weights the stage uses (for logs and memory budgets). */
+/* Bytes of weights the stage uses (for logs and memory budgets); a tensor-parallel rank's: its
+ * slices, the replicated norms not counted, the embedding table counted whole. */
 uint64_t sh_llama_weight_bytes(const sh_llama *m);
 
 /* ---- inference context ------------------------------------------------------------------- */
@@ -162,7 +213,16 @@ typedef struct sh_llama_ctx_opts {
      * (sh_backend_weight_copied), drops the file mapping's pages of it: the weights stay
      * resident once. Set to keep only the mapping. */
     bool no_weight_prepare;
+    /* The rank's collective group, required when the model was loaded with tp_size > 1 (its rank
+     * and size must be the model's: SH_EINVAL otherwise); borrowed, used from the context's
+     * thread during sh_llama_forward. Its max_bytes must be at least sh_llama_tp_coll_bytes. */
+    struct sh_coll *coll;
 } sh_llama_ctx_opts;
+
+/* The largest buffer one collective of a context over m with these options passes (all-reduce of
+ * max_tokens rows of dim floats, all-gather of the logits): what the group's max_bytes must
+ * allow. 0 for a model loaded whole. */
+size_t sh_llama_tp_coll_bytes(const sh_llama *m, const sh_llama_ctx_opts *o);
 
 typedef struct sh_llama_ctx sh_llama_ctx;
 
@@ -214,7 +274,10 @@ const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l);
  * indices, each row in the router's order (for tests and traces); NULL where there are none. */
 const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l);
 
-/* Runs the stage's part of the forward pass for a batch and waits for it. The outputs point
+/* Runs the stage's part of the forward pass for a batch and waits for it. A tensor-parallel rank:
+ * every rank of the group calls it with the same batch and returns the same full outputs; a
+ * failed collective returns its error (SH_ETIMEDOUT, SH_ECLOSED, SH_EPROTO) naming the layer,
+ * after which the step's cache rows are unspecified and the group is broken. The outputs point
  * into the context and stay valid until the next call. Borrowed arrays (tokens, block tables,
  * hidden_in) must stay valid during the call. Returns SH_EINVAL with e filled (too many rows or
  * sequences, a token outside the vocabulary, a negative position, a block outside the pool,

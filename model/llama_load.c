@@ -13,6 +13,7 @@
 #include "model/llama2c.h"
 #include "model/llama_moe.h"
 #include "model/llama_rope.h"
+#include "model/llama_tp.h"
 
 /* Weight types the backend's matmul takes (backend.h, sh_matmul_args). */
 static bool matmul_type_ok(sh_dtype t)
@@ -433,10 +434,16 @@ static uint64_t tensor_bytes(const sh_tensor *t)
                    : 0;
 }
 
+/* Whether the head's rows lie inside tok_embd (tied, the table bound whole): counted once. */
+static bool head_in_embd(const sh_llama *m)
+{
+    return m->output.data == m->tok_embd.data || (m->hp.tied_embeddings && m->tok_embd.data);
+}
+
 uint64_t sh_llama_weight_bytes(const sh_llama *m)
 {
     uint64_t n = tensor_bytes(&m->tok_embd);
-    if (m->output.data != m->tok_embd.data)
+    if (!head_in_embd(m))
         n += tensor_bytes(&m->output);
     for (int32_t l = m->first; l < m->last; l++) {
         const sh_llama_layer *L = &m->layers[l];
@@ -446,6 +453,9 @@ uint64_t sh_llama_weight_bytes(const sh_llama *m)
              tensor_bytes(&L->gate_exps) + tensor_bytes(&L->up_exps) + tensor_bytes(&L->down_exps) +
              tensor_bytes(&L->gate_shexp) + tensor_bytes(&L->up_shexp) +
              tensor_bytes(&L->down_shexp);
+        for (int32_t p = 0; p + 1 < m->tp.n_parts; p++)
+            n += tensor_bytes(&L->tp_part[p].wq) + tensor_bytes(&L->tp_part[p].wk) +
+                 tensor_bytes(&L->tp_part[p].wv) + tensor_bytes(&L->tp_part[p].wo);
     }
     return n;
 }
@@ -469,7 +479,7 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
 {
     uint64_t total = sh_llama_weight_bytes(m) + 1, done = 0;
     touch(&m->tok_embd, &done, total, o);
-    if (m->output.data != m->tok_embd.data)
+    if (!head_in_embd(m))
         touch(&m->output, &done, total, o);
     for (int32_t l = m->first; l < m->last; l++) {
         const sh_llama_layer *L = &m->layers[l];
@@ -479,6 +489,12 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
                                  &L->up_shexp,  &L->down_shexp};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             touch(ts[i], &done, total, o);
+        for (int32_t p = 0; p + 1 < m->tp.n_parts; p++) {
+            touch(&L->tp_part[p].wq, &done, total, o);
+            touch(&L->tp_part[p].wk, &done, total, o);
+            touch(&L->tp_part[p].wv, &done, total, o);
+            touch(&L->tp_part[p].wo, &done, total, o);
+        }
         if (o->progress)
             o->progress((float)done / (float)total, o->progress_arg);
     }
@@ -560,6 +576,10 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
                             (int)m->last, (int)m->hp.n_layers);
         goto fail;
     }
+    /* Tensor parallelism: the whole-model views are bound first (pointers only, nothing read),
+     * then replaced by this rank's slices before anything touches the weights. */
+    if ((err = sh__llama_tp_plan(m, o.tp_rank, o.tp_size, e)))
+        goto fail;
     m->layers = calloc((size_t)m->hp.n_layers, sizeof *m->layers);
     if (!m->layers) {
         err = sh__error_set(e, SH_ENOMEM, "out of memory");
@@ -571,6 +591,8 @@ sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama 
     } else {
         bind_llama2c(m);
     }
+    if ((err = sh__llama_tp_slice(m, e)))
+        goto fail;
     m->file_mapped = true; /* both readers map the file (sh__file_map) */
     if (o.prefault)
         prefault(m, &o);
@@ -588,6 +610,7 @@ void sh_llama_destroy(sh_llama *m)
         return;
     sh_gguf_close(m->gguf);
     sh__llama2c_close(m->l2c);
+    sh__llama_tp_free(m);
     free(m->layers);
     free(m);
 }

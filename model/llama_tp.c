@@ -1,0 +1,274 @@
+/* Tensor parallelism of the Llama-family model: which heads, FFN rows, vocabulary rows and
+ * experts a rank of a group holds (Megatron's column and row splits, expert placement for MoE),
+ * and its slices of the weights: views into the file mapping, copies of row-parallel slices. */
+#include "model/llama_tp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+
+/* Where rank r's share of n items starts when n is cut into `size` contiguous shares that differ
+ * by at most one, the larger ones first (9 over 2: 5 + 4). */
+static int32_t share(int32_t n, int32_t r, int32_t size)
+{
+    return (int32_t)(((int64_t)n * r + size - 1) / size);
+}
+
+static void plan_whole(sh_llama *m)
+{
+    const sh_llama_hparams *hp = &m->hp;
+    sh_llama_tp *t = &m->tp;
+    memset(t, 0, sizeof *t);
+    t->size = 1;
+    t->n_parts = 1;
+    t->part[0] = (sh_llama_tp_part){0, hp->n_heads, 0, hp->n_kv_heads};
+    t->n_heads = hp->n_heads;
+    t->n_kv_heads = hp->n_kv_heads;
+    t->n_ff = hp->n_ff;
+    t->n_vocab = t->vocab_pad = hp->n_vocab;
+    t->n_expert = hp->n_expert;
+    t->shared_expert = true;
+}
+
+sh_err sh__llama_tp_plan(sh_llama *m, int32_t rank, int32_t size, sh_error *e)
+{
+    const sh_llama_hparams *hp = &m->hp;
+    sh_llama_tp *t = &m->tp;
+    plan_whole(m);
+    if (size < 0 || size > 64)
+        return sh__error_set(e, SH_EINVAL, "tensor parallelism: tp_size %d (1 to 64)", (int)size);
+    if (rank < 0 || rank >= (size > 1 ? size : 1))
+        return sh__error_set(e, SH_EINVAL, "tensor parallelism: tp_rank %d of a group of %d",
+                             (int)rank, (int)size);
+    if (size <= 1)
+        return SH_OK;
+    if (size > hp->n_heads)
+        return sh__error_set(e, SH_EINVAL,
+                             "tensor parallelism: tp_size %d is more than the %d attention heads",
+                             (int)size, (int)hp->n_heads);
+    if (size > hp->n_vocab)
+        return sh__error_set(e, SH_EINVAL,
+                             "tensor parallelism: tp_size %d is more than the %d vocabulary rows",
+                             (int)size, (int)hp->n_vocab);
+    if (hp->qk_norm_full)
+        return sh__error_set(e, SH_EUNSUPPORTED,
+                             "tensor parallelism: %s's QK-norm over all heads (one RMS over the "
+                             "whole q and k) would need its sums of squares reduced across the "
+                             "ranks; not supported",
+                             hp->arch);
+    if (hp->n_expert > 0 && hp->n_expert % size != 0)
+        return sh__error_set(e, SH_EINVAL,
+                             "tensor parallelism: tp_size %d does not divide the %d experts "
+                             "(experts are placed whole, n_expert / tp_size per rank)",
+                             (int)size, (int)hp->n_expert);
+    if (hp->n_kv_heads < 1 || hp->n_heads % hp->n_kv_heads != 0)
+        return sh__error_set(e, SH_EINVAL, "tensor parallelism: %d heads over %d KV heads",
+                             (int)hp->n_heads, (int)hp->n_kv_heads);
+    t->rank = rank;
+    t->size = size;
+    /* The rank's heads [h, h1), cut where the KV groups of g heads begin: a partial group first,
+     * then whole groups, then a partial group; each part reads its KV heads evenly, as the
+     * attention op requires (query head i of a part reads KV head i / (n_heads / n_kv_heads)). */
+    const int32_t g = hp->n_heads / hp->n_kv_heads;
+    int32_t h = share(hp->n_heads, rank, size), h1 = share(hp->n_heads, rank + 1, size);
+    t->n_parts = 0;
+    t->n_heads = h1 - h;
+    t->n_kv_heads = 0;
+    while (h < h1) {
+        int32_t end = h % g ? (h / g + 1) * g : h + (h1 - h) / g * g;
+        if (end > h1 || end == h)
+            end = h1;
+        int32_t nkv = h % g || end - h < g ? 1 : (end - h) / g;
+        t->part[t->n_parts++] = (sh_llama_tp_part){h, end - h, h / g, nkv};
+        t->n_kv_heads += nkv;
+        h = end;
+    }
+    t->vocab0 = share(hp->n_vocab, rank, size);
+    t->n_vocab = share(hp->n_vocab, rank + 1, size) - t->vocab0;
+    t->vocab_pad = share(hp->n_vocab, 1, size);
+    if (hp->n_expert > 0) {
+        t->n_expert = hp->n_expert / size;
+        t->expert0 = rank * t->n_expert;
+        t->shared_expert = rank == 0;
+    }
+    return SH_OK;
+}
+
+/* Rows [r0, r0 + n) of matrix w, a view into w's data. */
+static sh_tensor rows_of(const sh_tensor *w, int64_t r0, int64_t n)
+{
+    sh_tensor v = *w;
+    v.ne[1] = n;
+    v.data = (uint8_t *)w->data + sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (uint64_t)r0;
+    return v;
+}
+
+/* Experts [x0, x0 + n) of a 3-D stack, a view. */
+static sh_tensor experts_of(const sh_tensor *w, int64_t x0, int64_t n)
+{
+    sh_tensor v = *w;
+    v.ne[2] = n;
+    v.data = (uint8_t *)w->data +
+             sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (uint64_t)w->ne[1] * (uint64_t)x0;
+    return v;
+}
+
+static sh_err own(sh_llama_tp *t, void *p, sh_error *e)
+{
+    if (t->n_owned == t->cap_owned) {
+        int32_t cap = t->cap_owned ? 2 * t->cap_owned : 64;
+        void **o = realloc(t->owned, (size_t)cap * sizeof *o);
+        if (!o) {
+            free(p);
+            return sh__error_set(e, SH_ENOMEM, "out of memory");
+        }
+        t->owned = o;
+        t->cap_owned = cap;
+    }
+    t->owned[t->n_owned++] = p;
+    return SH_OK;
+}
+
+/* Columns [c0, c0 + n) of every row of w (row parallel), copied into memory of the rank's own;
+ * only the slice's bytes of each row are read. */
+static sh_err columns_of(sh_llama *m, const sh_tensor *w, int64_t c0, int64_t n, const char *name,
+                         sh_tensor *out, sh_error *e)
+{
+    const uint32_t blk = sh__dtype_info(w->type)->block_elems;
+    if (c0 % blk || n % blk || n < 1)
+        return sh__error_set(e, SH_EINVAL,
+                             "tensor parallelism: tensor '%s' (width %lld, %s in blocks of %u): "
+                             "rank %d's slice [%lld, %lld) does not start and end on a block",
+                             name, (long long)w->ne[0], sh__dtype_name(w->type), (unsigned)blk,
+                             (int)m->tp.rank, (long long)c0, (long long)(c0 + n));
+    const size_t rb = sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]);
+    const size_t sb = sh__dtype_row_bytes(w->type, (uint64_t)n);
+    const size_t ob = sh__dtype_row_bytes(w->type, (uint64_t)c0);
+    const size_t bytes = sb * (size_t)w->ne[1];
+    uint8_t *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p)
+        return sh__error_set(e, SH_ENOMEM, "out of memory for a %zu-byte slice of '%s'", bytes,
+                             name);
+    for (int64_t r = 0; r < w->ne[1]; r++)
+        memcpy(p + (size_t)r * sb, (const uint8_t *)w->data + (size_t)r * rb + ob, sb);
+    sh_err err = own(&m->tp, p, e);
+    if (err)
+        return err;
+    *out = *w;
+    out->ne[0] = n;
+    out->data = p;
+    return SH_OK;
+}
+
+sh_err sh__llama_tp_slice(sh_llama *m, sh_error *e)
+{
+    const sh_llama_hparams *hp = &m->hp;
+    sh_llama_tp *t = &m->tp;
+    if (t->size <= 1)
+        return SH_OK;
+    const int64_t hd = hp->head_dim;
+    char name[96];
+    sh_err err;
+    if (hp->n_expert == 0) {
+        /* FFN rows in whole blocks of ffn_down's type (the largest block of the stage's layers,
+         * since a file may mix types: 32 and 256 are the only sizes above 1). */
+        uint32_t blk = 1;
+        int32_t at = m->first;
+        for (int32_t l = m->first; l < m->last; l++) {
+            uint32_t b = sh__dtype_info(m->layers[l].w_down.type)->block_elems;
+            if (b > blk) {
+                blk = b;
+                at = l;
+            }
+        }
+        int32_t units = hp->n_ff / (int32_t)blk;
+        if (units < t->size)
+            return sh__error_set(e, SH_EINVAL,
+                                 "tensor parallelism: feed_forward_length %d is %d blocks of %u "
+                                 "(blk.%d.ffn_down.weight is %s): fewer than the %d ranks",
+                                 (int)hp->n_ff, (int)units, (unsigned)blk, (int)at,
+                                 sh__dtype_name(m->layers[at].w_down.type), (int)t->size);
+        t->ff0 = share(units, t->rank, t->size) * (int32_t)blk;
+        t->n_ff = share(units, t->rank + 1, t->size) * (int32_t)blk - t->ff0;
+    }
+    for (int32_t l = m->first; l < m->last; l++) {
+        sh_llama_layer *L = &m->layers[l];
+        const struct sh_llama_attn_w whole = {L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv};
+        snprintf(name, sizeof name, "blk.%d.attn_output.weight", (int)l);
+        for (int32_t p = 0; p < t->n_parts; p++) {
+            const sh_llama_tp_part *P = &t->part[p];
+            const int64_t q0 = P->head0 * hd, nq = P->n_heads * hd;
+            const int64_t k0 = P->kv0 * hd, nk = P->n_kv_heads * hd;
+            struct sh_llama_attn_w w = {
+                .wq = rows_of(&whole.wq, q0, nq),
+                .wk = rows_of(&whole.wk, k0, nk),
+                .wv = rows_of(&whole.wv, k0, nk),
+                .bq = whole.bq ? whole.bq + q0 : NULL,
+                .bk = whole.bk ? whole.bk + k0 : NULL,
+                .bv = whole.bv ? whole.bv + k0 : NULL,
+            };
+            if ((err = columns_of(m, &whole.wo, q0, nq, name, &w.wo, e)))
+                return err;
+            if (p == 0) {
+                L->wq = w.wq;
+                L->wk = w.wk;
+                L->wv = w.wv;
+                L->wo = w.wo;
+                L->bq = w.bq;
+                L->bk = w.bk;
+                L->bv = w.bv;
+            } else {
+                L->tp_part[p - 1] = w;
+            }
+        }
+        if (hp->n_expert == 0) {
+            L->w_gate = rows_of(&L->w_gate, t->ff0, t->n_ff);
+            L->w_up = rows_of(&L->w_up, t->ff0, t->n_ff);
+            snprintf(name, sizeof name, "blk.%d.ffn_down.weight", (int)l);
+            if ((err = columns_of(m, &L->w_down, t->ff0, t->n_ff, name, &L->w_down, e)))
+                return err;
+        } else {
+            L->gate_exps = experts_of(&L->gate_exps, t->expert0, t->n_expert);
+            L->up_exps = experts_of(&L->up_exps, t->expert0, t->n_expert);
+            L->down_exps = experts_of(&L->down_exps, t->expert0, t->n_expert);
+            if (!t->shared_expert) {
+                memset(&L->gate_shexp, 0, sizeof L->gate_shexp);
+                memset(&L->up_shexp, 0, sizeof L->up_shexp);
+                memset(&L->down_shexp, 0, sizeof L->down_shexp);
+                memset(&L->gate_inp_shexp, 0, sizeof L->gate_inp_shexp);
+            }
+        }
+    }
+    if (m->output.data) {
+        m->output = rows_of(&m->output, t->vocab0, t->n_vocab);
+        /* A later stage holds the tied table for its head only: keep just the rank's rows. */
+        if (m->first > 0)
+            memset(&m->tok_embd, 0, sizeof m->tok_embd);
+    }
+    return SH_OK;
+}
+
+void sh__llama_tp_rows(int32_t n, int32_t r, int32_t size, int32_t *start, int32_t *count)
+{
+    *start = share(n, r, size);
+    *count = share(n, r + 1, size) - *start;
+}
+
+bool sh__llama_tp_owns(const sh_llama *m, const void *p)
+{
+    for (int32_t i = 0; i < m->tp.n_owned; i++)
+        if (m->tp.owned[i] == p)
+            return true;
+    return false;
+}
+
+void sh__llama_tp_free(sh_llama *m)
+{
+    for (int32_t i = 0; i < m->tp.n_owned; i++)
+        free(m->tp.owned[i]);
+    free(m->tp.owned);
+    m->tp.owned = NULL;
+    m->tp.n_owned = m->tp.cap_owned = 0;
+}

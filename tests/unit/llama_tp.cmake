@@ -1,0 +1,4 @@
+# Tensor parallelism of the model (model/llama_tp.c): ranks as threads over the in-process
+# shared-memory collective against the whole model (stories260K, SmolLM2 Q4_1, mkmodel gemma3 and
+# qwen2moe), splits that are refused, and the load and context checks.
+sh_test(test_llama_tp SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_llama_tp.c LABELS unit TIMEOUT 120)
