@@ -230,6 +230,13 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
                         "overlap (this one should start at layer %d)",
                         script, who, (int)i + 1, c->nodes[s->node].name, (int)first, (int)last,
                         (int)hp->n_layers, (int)expect);
+        // What the front can check of a group against the model's shape; each rank's loader
+        // checks the rest (block boundaries) when the node starts, naming the node.
+        if (s->tp > hp->n_heads)
+            return fail(e,
+                        "%s: %sstage %d: a group of %d ranks is more than the model's %d "
+                        "attention heads",
+                        script, who, (int)i + 1, (int)s->tp, (int)hp->n_heads);
         p->first[g] = first;
         p->last[g] = last;
         p->stage_replica[g] = k;

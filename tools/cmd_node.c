@@ -215,7 +215,12 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         mine[n_mine++] = i;
         const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
         node_stage *st = &s->st[s->n];
-        sh_llama_load_opts lo = {.first = plan.first[i], .last = plan.last[i], .prefault = true};
+        // A rank of a group loads only its slices of the stage's layers (model/llama.h).
+        sh_llama_load_opts lo = {.first = plan.first[i],
+                                 .last = plan.last[i],
+                                 .prefault = true,
+                                 .tp_rank = plan.stage_tp[i] > 1 ? rank : 0,
+                                 .tp_size = plan.stage_tp[i] > 1 ? plan.stage_tp[i] : 0};
         if (sh_llama_load(cm->path, &lo, &st->m, &e)) {
             if (plan.stage_tp[i] > 1)
                 return sh__cmd_fail("node '%s': rank %d of stage %d's group of %d: %s", name,
@@ -236,16 +241,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
             if (rc)
                 return rc;
             st->co = co;
-            // The group's largest call: the hidden rows of a full step, or its logits.
-            size_t rows = (size_t)plan.step_tokens * (size_t)st->m->hp.dim;
-            size_t logits = (size_t)plan.max_seqs * (size_t)st->m->hp.n_vocab;
-            st->coll =
-                (sh_coll_opts){.timeout_ms = st->group->timeout_ms,
-                               .max_bytes = (rows > logits ? rows : logits) * sizeof(float) + 4096,
-                               .shm_name = st->group->shm_name,
-                               .urls = st->group->url_of,
-                               .key = s->key.set ? s->key.k : NULL,
-                               .key_len = s->key.set ? sizeof s->key.k : 0};
+            // The group's largest call: the forward pass's (an all-reduce of a full step's hidden
+            // rows, the logits' all-gather), or the stage's agreement on a step.
+            size_t need = sh_llama_tp_coll_bytes(st->m, &co);
+            st->coll = (sh_coll_opts){.timeout_ms = st->group->timeout_ms,
+                                      .max_bytes = need > 4096 ? need : 4096,
+                                      .shm_name = st->group->shm_name,
+                                      .urls = st->group->url_of,
+                                      .key = s->key.set ? s->key.k : NULL,
+                                      .key_len = s->key.set ? sizeof s->key.k : 0};
             continue;
         }
         if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))

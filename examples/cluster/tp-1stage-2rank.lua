@@ -1,8 +1,8 @@
 -- One replica of the default model whose one stage runs on a tensor-parallel group of 2 ranks,
 -- w0 (rank 0, the leader) and w1, on one machine: the ranks exchange through shared memory, and
 -- the front (gateway, batcher, kvmgr) sends each step to w0, which hands it to w1
--- (docs/cluster.md, "Tensor parallelism"; at this commit each rank still computes the whole
--- stage). Commands in README.md beside this file.
+-- (docs/cluster.md, "Tensor parallelism"); each rank holds and computes its slice of every
+-- matrix. Commands in README.md beside this file.
 -- The model path is relative to this script's directory.
 local m = model { path = "../../models/smollm2-135m-instruct-q4_1.gguf", name = "smollm2" }
 return cluster {

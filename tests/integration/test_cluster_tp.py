@@ -51,12 +51,25 @@ def group_script(path, model, stages, workers):
     return path
 
 
-def at_once(url, prompts, n):
+def complete_top(url, prompt, n):
+    """A greedy completion with each token's 5 most likely alternatives: (text, finish reason,
+    token count, tokens, logprobs, top logprobs)."""
+    status, parsed, raw = su.post_json(url, "/v1/completions", {
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+        "logprobs": 5}, timeout=300)
+    assert status == 200, f"status {status}: {raw[:300]!r}"
+    ch = parsed["choices"][0]
+    lp = ch["logprobs"]
+    return (ch["text"], ch["finish_reason"], parsed["usage"]["completion_tokens"], lp["tokens"],
+            lp["token_logprobs"], lp["top_logprobs"])
+
+
+def at_once(url, prompts, n, fn=complete):
     out = [None] * len(prompts)
 
     def one(i):
         try:
-            out[i] = complete(url, prompts[i], n)
+            out[i] = fn(url, prompts[i], n)
         except Exception as exc:  # noqa: BLE001
             out[i] = exc
 
@@ -71,10 +84,44 @@ def at_once(url, prompts, n):
     return out
 
 
-def reference(model, prompts, n):
+def reference(model, prompts, n, fn=complete):
     with su.server("-m", model, "-t", "1", "--kv-mem", "32M", "--max-seqs", "16",
                    "--step-tokens", "512", model=None) as srv:
-        return at_once(srv.url, prompts, n)
+        return at_once(srv.url, prompts, n, fn)
+
+
+# A quantized model whose greedy text is chaotic under any change of rounding (docs/cluster.md,
+# "Activation links": smollm2 Q4_1) does not give one process's tokens when its matrices are
+# split: each prompt must follow the single process's tokens, within LP_TOL of its logprobs,
+# until a split where the group's token is among the 5 the single process found most likely,
+# within GAP_TOL of its best. Wrong slices or a broken exchange fail at once (other tokens, far
+# larger differences).
+LP_TOL = 0.5
+GAP_TOL = 0.5
+
+
+def close(want, got, what):
+    equal, splits, worst_lp, worst_gap = 0, [], 0.0, 0.0
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert b[2] == a[2], f"prompt {i}: {b[2]} tokens, want {a[2]}"
+        k = next((j for j, (x, y) in enumerate(zip(a[3], b[3])) if x != y), None)
+        for j in range(k if k is not None else len(a[3])):
+            d = abs(a[4][j] - b[4][j])
+            worst_lp = max(worst_lp, d)
+            assert d < LP_TOL, f"prompt {i} token {j} {a[3][j]!r}: logprobs {a[4][j]} vs {b[4][j]}"
+        if k is None:
+            equal += 1
+            continue
+        top = a[5][k]
+        assert b[3][k] in top, \
+            f"prompt {i}: at token {k} the group chose {b[3][k]!r}, not among {top}"
+        gap = max(top.values()) - top[b[3][k]]
+        worst_gap = max(worst_gap, gap)
+        assert gap < GAP_TOL, f"prompt {i}: at token {k} {b[3][k]!r} is {gap:.3f} below the best"
+        splits.append(k)
+    su.log(f"note: {what}: {equal} of {len(want)} prompts equal throughout; the others split at "
+           f"tokens {splits} (the single process's best within {worst_gap:.3f} of the group's "
+           f"token); largest logprob difference before a split {worst_lp:.3f}")
 
 
 def same(want, got, what):
@@ -107,11 +154,11 @@ class Cluster:
         assert not problems, "\n".join(problems)
 
 
-def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm"):
+def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", exact=True):
     c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers), workers)
     try:
         c.start()
-        got = at_once(c.srv.url, prompts, n)
+        got = at_once(c.srv.url, prompts, n, complete if exact else complete_top)
         if name == "s1x2":  # the status document and `shoal cluster status` show the group
             status, _, raw = su.get(c.srv.url, "/admin/cluster")
             assert status == 200, raw[:300]
@@ -128,7 +175,10 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm"):
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
     finally:
         c.stop()
-    same(want, got, name)
+    if exact:
+        same(want, got, name)
+    else:
+        close(want, got, name)
     assert all(r[2] == n for r in got), [r[2] for r in got]
 
 
@@ -293,6 +343,23 @@ def standby_rank(d):
     everywhere(s, ["sb.lua:5", "replica 1 stage 1: node 's' is a standby and cannot serve"])
 
 
+def too_many_ranks(d):
+    """tp over the model's heads: the plan (front, nodes, `cluster up`) refuses it once the model's
+    shape is known, naming the stage; each rank's loader would refuse its slice too, naming the
+    node (model/llama.h)."""
+    names = [f"w{i}" for i in range(9)]
+    s = write(d, "tp9.lua", "replica { model = m, stages = pipeline(m, { "
+              + ", ".join(f"'{n}'" for n in names) + " }), tp = 9 }", nodes=names)
+    want = ["tp9.lua: stage 1: a group of 9 ranks is more than the model's 8 attention heads"]
+    exits_2(["serve", "-c", s, "--port", "0"], want)
+    exits_2(["node", "-c", s, "--name", "w1", "-t", "1"], want)
+    p = subprocess.run([su.shoal_binary(), "cluster", "up", s], cwd=su.ROOT,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=su.scaled(60))
+    assert p.returncode == 2, f"exit {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}"
+    assert want[0] in p.stdout + p.stderr, (p.stdout + p.stderr)[-2000:]
+
+
 def mixed_schemes(d):
     s = write(d, "mixed.lua", "replica { model = m, stages = { { nodes = { 'w0', 't' } } } }",
               nodes=("w0",), extra_nodes=", node { name = 't', listen = 'tcp://127.0.0.1:7391' }")
@@ -319,10 +386,10 @@ def main():
                d, STORIES, "pipeline(m, { 'w0', 'w1', 'w2', 'w3' }), tp = 2",
                ["w0", "w1", "w2", "w3"], PROMPTS, 64, want, "s2x2")
         if os.path.exists(SMOLLM2):
-            few = PROMPTS[:6]
-            want_m = reference(SMOLLM2, few, 32)
-            r.case("smollm2: one stage of 2 ranks equals one process", group_equals, d, SMOLLM2,
-                   "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"], few, 32, want_m, "m1x2")
+            want_m = reference(SMOLLM2, PROMPTS, 32, complete_top)
+            r.case("smollm2 (Q4_1): one stage of 2 ranks follows one process up to near-ties",
+                   group_equals, d, SMOLLM2, "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"],
+                   PROMPTS, 32, want_m, "m1x2", "shm", False)
         else:
             su.log(f"note: {SMOLLM2} missing: the default model's case is skipped")
         r.case("a rank started with the ranks swapped is refused by name", swapped_rank, d)
@@ -334,6 +401,8 @@ def main():
         r.case("a node named twice in a group", named_twice, d)
         r.case("a standby as a rank", standby_rank, d)
         r.case("ranks on URL schemes that differ", mixed_schemes, d)
+        r.case("more ranks than the model has heads: refused by the front and by each rank",
+               too_many_ranks, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()
