@@ -154,6 +154,10 @@ typedef struct stage_state {
     uint32_t gen;
     uint64_t group_step_epoch;
     bool coll_broken;
+    /* The group's series (docs/cluster.md), fed from coll's counters after each step: what was
+     * counted of the present group so far. */
+    sh_counter *m_coll[6]; /* calls, failures, bytes, wire bytes, wait us, groups formed */
+    sh_coll_stats coll_seen;
 } stage_state;
 
 /* ---- samplers ---- */
@@ -377,6 +381,21 @@ static void group_forward(stage_state *st, const sh_msg *m, uint32_t gen)
     }
 }
 
+/* Adds what the group's collectives did since the last call to the stage's series. Worker. */
+static void group_count(stage_state *st)
+{
+    if (!st->coll)
+        return;
+    sh_coll_stats now, *was = &st->coll_seen;
+    sh_coll_stats_get(st->coll, &now);
+    uint64_t d[5] = {now.calls - was->calls, now.failures - was->failures, now.bytes - was->bytes,
+                     now.bytes_wire - was->bytes_wire, (now.wait_ns - was->wait_ns) / 1000};
+    for (int i = 0; i < 5; i++)
+        if (st->m_coll[i] && d[i])
+            sh_counter_add(st->m_coll[i], d[i]);
+    *was = now;
+}
+
 /* Makes sure the group of epoch gen and the context over it exist: when there are none, the
  * group failed or its epoch is another, both are created again (the KV pool starts empty: the
  * batcher has forgotten every block since, as a new epoch follows a pause). Creating the group
@@ -385,6 +404,8 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
 {
     if (st->coll && !st->coll_broken && st->gen == gen)
         return SH_OK;
+    group_count(st);
+    st->coll_seen = (sh_coll_stats){0};
     sh_llama_ctx_destroy(st->ctx);
     st->ctx = NULL;
     sh_coll_destroy(st->coll);
@@ -419,6 +440,8 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
         memset(st->expert_seen, 0,
                (size_t)(st->model->last - st->model->first) * (size_t)st->model->hp.n_expert *
                    sizeof *st->expert_seen);
+    if (st->m_coll[5])
+        sh_counter_add(st->m_coll[5], 1);
     sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_group", "rank=%d size=%d epoch=%u kind=%s",
                    (int)st->tp_rank, (int)st->tp_size, (unsigned)gen,
                    st->coll_kind == SH_COLL_SHM ? "shm" : "net");
@@ -894,6 +917,8 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         else if (grouped) /* the other ranks wait for this one's verdict */
             err = group_agree(st, s, err, &e);
     }
+    if (st->tp_size > 1)
+        group_count(st);
     if (follower) {
         if (err)
             sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",
@@ -1111,6 +1136,25 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
         st->want_blocks = a->n_blocks;
     }
     st->n_blocks = group ? a->n_blocks : sh_llama_ctx_n_blocks(a->ctx);
+    if (group) { /* one series set per rank, named by the stage's first layer */
+        static const char *const names[6][2] = {
+            {"shoal_tp_collectives_total", "Collectives a tensor-parallel rank completed."},
+            {"shoal_tp_collective_failures_total", "Collectives a tensor-parallel rank failed."},
+            {"shoal_tp_collective_bytes_total",
+             "Bytes a tensor-parallel rank passed to its collectives."},
+            {"shoal_tp_collective_wire_bytes_total",
+             "Bytes a tensor-parallel rank sent over the network collective's links."},
+            {"shoal_tp_collective_wait_microseconds_total",
+             "Microseconds a tensor-parallel rank spent inside collectives."},
+            {"shoal_tp_groups_formed_total",
+             "Times a tensor-parallel rank formed its group (the first step, then new epochs)."}};
+        char labels[64];
+        snprintf(labels, sizeof labels, "layer=\"%d\",rank=\"%d\"", (int)a->model->first,
+                 (int)a->tp_rank);
+        for (int i = 0; i < 6; i++)
+            sh_metrics_counter(sh_runtime_metrics(st->rt), names[i][0], names[i][1], labels,
+                               &st->m_coll[i]);
+    }
     st->max_tok = st->n_blocks * SH_KV_BLOCK_TOKENS;
     st->tab_len = a->max_blocks_per_seq > 0 ? a->max_blocks_per_seq : st->n_blocks;
     st->n_slots = 2 * a->max_seqs;

@@ -170,6 +170,23 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", 
             p = subprocess.run([su.shoal_binary(), "cluster", "status", c.srv.url],
                                capture_output=True, text=True, timeout=su.scaled(30))
             assert p.returncode == 0 and "w0+w1" in p.stdout, p.stdout + p.stderr
+            # Each rank's collective series reach the front's /metrics (nodes report each second).
+            deadline = time.monotonic() + su.scaled(10)
+            while True:
+                text = su.metrics(c.srv.url)
+                calls = [su.metric(text, "shoal_tp_collectives_total", node=w, layer="0",
+                                   rank=str(r)) for r, w in enumerate(["w0", "w1"])]
+                if (calls[0] and calls[0] == calls[1]) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert all(x and x > 0 for x in calls), f"collectives per rank: {calls}"
+            waits = [su.metric(text, "shoal_tp_collective_wait_microseconds_total", node=w,
+                               layer="0", rank=str(r)) for r, w in enumerate(["w0", "w1"])]
+            formed = su.metric(text, "shoal_tp_groups_formed_total", node="w1", layer="0",
+                               rank="1")
+            assert calls[0] == calls[1] and all(x is not None for x in waits) and formed == 1, \
+                (calls, waits, formed)
+            su.log(f"note: collectives per rank {calls}, microseconds waiting {waits}")
         for w, nd in c.nodes.items():
             assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
