@@ -7,7 +7,9 @@ tokens, all at once) and through 2 stages x 2 ranks (stories260K) equal a single
 serve -m` (text, finish reason, token count, tokens and logprobs); a rank started with the ranks
 swapped in its script, with another model file or with another group link is refused at the
 join naming the node; a rank killed under load pauses the replica, and once it is started again
-the group is formed anew and every request ends with the undisturbed text; bad input to a group
+the group is formed anew and every request ends with the undisturbed text; so do rank 1 and the
+leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal cluster status` and the
+front's `/metrics` show the group and each rank's collectives; more ranks than heads is refused; bad input to a group
 (tp of 0, negative or over 64, a node named twice in a group, a standby as a rank, ranks on
 different URL schemes, a node count that tp does not divide) ends `shoal serve -c`, `shoal node`
 and `shoal cluster up` with exit 2 and one `error:` line naming the script's line and the
@@ -256,6 +258,44 @@ def other_model(d):
     assert not problems, "\n".join(problems)
 
 
+def rank_stopped(d, who):
+    """SIGSTOP of one rank for 2 s under 8 requests of 256 tokens: the replica pauses, the node
+    answers again, the replica resumes and every request ends with the undisturbed text."""
+    want = reference(STORIES, PROMPTS[:8], 256)
+    path = group_script(os.path.join(d, f"stop-{who}.lua"), STORIES,
+                        "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"])
+    c = Cluster(path, ["w0", "w1"])
+    try:
+        c.start()
+        out = [None] * 8
+
+        def one(i):
+            try:
+                out[i] = complete(c.srv.url, PROMPTS[i], 256)
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+
+        ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(8)]
+        for t in ts:
+            t.start()
+        time.sleep(0.15)
+        nd = c.nodes[who]
+        nd.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2.0)
+        finally:
+            nd.proc.send_signal(signal.SIGCONT)
+        for t in ts:
+            t.join(su.scaled(120))
+        for i, r in enumerate(out):
+            assert not isinstance(r, Exception) and r is not None, f"prompt {i}: {r!r}"
+        log = c.srv.log_text()
+        assert f"node {who}" in log and "was lost" in log and "resumed" in log, log[-2000:]
+    finally:
+        c.stop()
+    same(want, out, f"2 ranks, {who} stopped 2 s")
+
+
 def rank_killed(d):
     """kill -9 of rank 1 under 8 requests of 256 tokens: the replica pauses, the node is started
     again, the group is formed anew (a new epoch) and every request ends with the undisturbed
@@ -414,6 +454,10 @@ def main():
         r.case("a rank whose group links otherwise is refused by name", other_link, d)
         r.case("a rank killed under load: paused, restarted, regrouped, every text unchanged",
                rank_killed, d)
+        r.case("rank 1 stopped 2 s under load: paused, resumed, every text unchanged",
+               rank_stopped, d, "w1")
+        r.case("the leader stopped 2 s under load: paused, resumed, every text unchanged",
+               rank_stopped, d, "w0")
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)
         r.case("a node named twice in a group", named_twice, d)
         r.case("a standby as a rank", standby_rank, d)
