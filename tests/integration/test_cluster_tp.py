@@ -35,7 +35,7 @@ STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.ggu
 SMOLLM2 = os.path.join(su.ROOT, "models", "smollm2-135m-instruct-q4_1.gguf")
 
 
-def group_script(path, model, stages, workers):
+def group_script(path, model, stages, workers, extra=""):
     """'front' plus `workers` over ipc:// in the script's directory; `stages`: the replica's
     stages (Lua)."""
     d = os.path.dirname(path)
@@ -48,7 +48,7 @@ def group_script(path, model, stages, workers):
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
                 f"  replicas = {{ replica {{ model = m, stages = {stages} }} }},\n"
                 "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
-                "  kv = { memory = '32MiB' },\n"
+                f"  kv = {{ memory = '32MiB' }},\n{extra}"
                 "}\n")
     return path
 
@@ -156,8 +156,10 @@ class Cluster:
         assert not problems, "\n".join(problems)
 
 
-def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", exact=True):
-    c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers), workers)
+def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", exact=True,
+                 extra=""):
+    c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers, extra),
+                workers)
     try:
         c.start()
         got = at_once(c.srv.url, prompts, n, complete if exact else complete_top)
@@ -192,6 +194,7 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", 
         for w, nd in c.nodes.items():
             assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
+            assert "key_file" not in extra or "cluster key set" in nd.text(), nd.text()[-1500:]
     finally:
         c.stop()
     if exact:
@@ -439,6 +442,14 @@ def main():
                "ipc://) equals one process", group_equals, d, STORIES,
                "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net'", ["w0", "w1"], PROMPTS, 64,
                want, "s1x2net", "net")
+        key = os.path.join(d, "cluster.key")
+        with open(key, "w") as f:
+            f.write("tp-cluster-test-key-0123456789abcdef\n")
+        os.chmod(key, 0o600)
+        r.case("stories260K: a keyed cluster, one stage of 2 ranks over the network collective "
+               "(each link proves the key) equals one process", group_equals, d, STORIES,
+               "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net'", ["w0", "w1"], PROMPTS, 64,
+               want, "s1x2key", "net", True, "  key_file = 'cluster.key',\n")
         r.case("stories260K: 2 stages x 2 ranks (replica tp = 2) equal one process", group_equals,
                d, STORIES, "pipeline(m, { 'w0', 'w1', 'w2', 'w3' }), tp = 2",
                ["w0", "w1", "w2", "w3"], PROMPTS, 64, want, "s2x2")
