@@ -10,7 +10,8 @@ join naming the node; a rank killed under load pauses the replica, and once it i
 the group is formed anew and every request ends with the undisturbed text; so do rank 1 and the
 leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal cluster status` and the
 front's `/metrics` show the group and each rank's collectives; more ranks than heads is refused; bad input to a group
-(tp of 0, negative or over 64, a node named twice in a group, a standby as a rank, ranks on
+(tp of 0, negative or over 64, a node named twice in a group, a standby as a rank or beside a
+group, ranks on
 different URL schemes, a node count that tp does not divide) ends `shoal serve -c`, `shoal node`
 and `shoal cluster up` with exit 2 and one `error:` line naming the script's line and the
 culprit, never a hang.
@@ -401,6 +402,11 @@ def standby_rank(d):
               nodes=("w0",),
               extra_nodes=f", node {{ name = 's', listen = 'ipc://{d}/s.sock', standby = true }}")
     everywhere(s, ["sb.lua:5", "replica 1 stage 1: node 's' is a standby and cannot serve"])
+    s = write(d, "sb2.lua", "replica { model = m, stages = { { nodes = { 'w0', 'w1' } } } }",
+              nodes=("w0", "w1"),
+              extra_nodes=f", node {{ name = 's', listen = 'ipc://{d}/s.sock', standby = true }}")
+    everywhere(s, ["sb2.lua: node 's' is a standby and replica 1 has a tensor-parallel stage: a "
+                   "standby cannot take a rank's place yet"])
 
 
 def too_many_ranks(d):
@@ -471,7 +477,7 @@ def main():
                rank_stopped, d, "w0")
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)
         r.case("a node named twice in a group", named_twice, d)
-        r.case("a standby as a rank", standby_rank, d)
+        r.case("a standby as a rank, or beside a group", standby_rank, d)
         r.case("ranks on URL schemes that differ", mixed_schemes, d)
         r.case("more ranks than the model has heads: refused by the front and by each rank",
                too_many_ranks, d)
