@@ -2,19 +2,18 @@
 against real processes (`shoal node` workers and a `shoal serve -c` front over ipc://).
 
 Cases: greedy completions through one stage of 2 ranks (stories260K: 16 prompts x 64 tokens, all
-at once, over shared memory and over the network collective; the default model: 6 prompts x 32
-tokens, all at once) and through 2 stages x 2 ranks (stories260K) equal a single-process `shoal
-serve -m` (text, finish reason, token count, tokens and logprobs); a rank started with the ranks
-swapped in its script, with another model file or with another group link is refused at the
-join naming the node; a rank killed under load pauses the replica, and once it is started again
-the group is formed anew and every request ends with the undisturbed text; so do rank 1 and the
-leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal cluster status` and the
-front's `/metrics` show the group and each rank's collectives; more ranks than heads is refused; bad input to a group
-(tp of 0, negative or over 64, a node named twice in a group, a standby as a rank or beside a
-group, ranks on
-different URL schemes, a node count that tp does not divide) ends `shoal serve -c`, `shoal node`
-and `shoal cluster up` with exit 2 and one `error:` line naming the script's line and the
-culprit, never a hang.
+at once, over shared memory and over the network collective, keyed and not; the default model:
+16 x 32) and through 2 stages x 2 ranks (stories260K) against a single-process `shoal serve -m`
+(stories260K: equal text, tokens and logprobs; smollm2 Q4_1: equal up to near-ties); a rank
+started with the ranks swapped in its script, with another model file or with another group link
+is refused at the join naming the node; a rank killed under load pauses the replica, and once it
+is started again the group is formed anew and every request ends with the undisturbed text; so
+do rank 1 and the leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal
+cluster status` and the front's `/metrics` show the group and each rank's collectives; bad input
+(tp of 0, negative or over 64 or over the model's heads, a node named twice in a group, a standby
+as a rank or beside a group, ranks on different URL schemes, a node count that tp does not
+divide) ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
+line naming the culprit, never a hang.
 """
 
 import json
