@@ -28,7 +28,17 @@ static sh_err spawn_routers(sh_runtime *rt, const sh_replica_opts *o, sh_replica
     for (int32_t j = 0; j < r->n_models; j++) {
         if (r->n_of[j] < 2 && r->n_models < 2)
             continue;
+        const sh_cluster_plan *plan = o->front ? &o->front->plan : NULL;
+        for (int32_t i = 0; plan && i < r->n_of[j]; i++) {
+            const sh_config_replica *cr = &plan->c->replicas[r->ids[j][i]];
+            r->tp[j][i] = cr->tp;
+            r->n_stages[j][i] = cr->n_stages;
+        }
         r->ra[j] = (sh_router_args){.n_replicas = r->n_of[j],
+                                    .tp = plan ? r->tp[j] : NULL,
+                                    .stages = plan ? r->n_stages[j] : NULL,
+                                    .routing = plan ? &plan->c->routing : NULL,
+                                    .model = plan ? plan->c->models[r->model[j]].name : NULL,
                                     .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS,
                                     .weight_refresh_ms = o->router_refresh_ms,
                                     .redispatch_ms = o->redispatch_ms,

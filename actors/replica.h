@@ -75,6 +75,9 @@ typedef struct sh_replica_set {
     int32_t n_models;
     int32_t model[SH_CLUSTER_MAX_REPLICAS], n_of[SH_CLUSTER_MAX_REPLICAS];
     int32_t ids[SH_CLUSTER_MAX_REPLICAS][SH_CLUSTER_MAX_REPLICAS];
+    /* Their shapes, as the router takes them (sh_router_args.tp, .stages). */
+    int32_t tp[SH_CLUSTER_MAX_REPLICAS][SH_CLUSTER_MAX_REPLICAS];
+    int32_t n_stages[SH_CLUSTER_MAX_REPLICAS][SH_CLUSTER_MAX_REPLICAS];
     sh_addr router[SH_CLUSTER_MAX_REPLICAS], target[SH_CLUSTER_MAX_REPLICAS];
     /* The spawn arguments (read by the inits). */
     sh_kvmgr_args ka[SH_CLUSTER_MAX_REPLICAS];

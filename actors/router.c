@@ -23,6 +23,12 @@
 #define MIN_BUSY_US 50000 /* a window with less busy time than this keeps the old weight */
 #define COST_FACTOR 1.2
 #define ROUTER_ARENA_BYTES ((size_t)1 << 20)
+#define DEF_LONG_PROMPT 512
+#define ROUTE_LOG_US 60000000u /* a failing route() is logged at most once a minute */
+
+/* How a request's replica was chosen (sh_router_args): by the length rule or by route(). */
+enum { CLS_NONE = -1, CLS_LONG, CLS_SHORT, CLS_SCRIPT, N_CLS };
+static const char *const cls_names[N_CLS] = {"long", "short", "script"};
 
 typedef struct rreq {
     uint64_t id;
@@ -33,6 +39,7 @@ typedef struct rreq {
     uint64_t routed_us;   /* when it was sent to its current replica */
     uint64_t withdraw_us; /* when a withdraw was sent (0: none pending) */
     uint32_t n_choices, n_done;
+    int8_t cls;    /* CLS_*: its moves prefer replicas of its class */
     bool streamed; /* a TOKEN reached the client: it can no longer move */
     bool cancelled;
     uint8_t *body; /* the SUBMIT as the gateway sent it */
@@ -42,8 +49,9 @@ typedef struct rreq {
 
 typedef struct replica {
     sh_addr batcher;
-    int32_t id;  /* its label and index into down (args.ids) */
-    double load; /* sum of the costs of the requests it holds */
+    int32_t id;         /* its label and index into down (args.ids) */
+    int32_t tp, stages; /* its shape (args.tp, args.stages) */
+    double load;        /* sum of the costs of the requests it holds */
     int32_t held;
     double weight, capacity;
     bool healthy, reported;
@@ -53,6 +61,7 @@ typedef struct replica {
     uint64_t win_tokens, win_busy_us; /* at the last weight refresh */
     sh_gauge *g_load, *g_weight, *g_reqs, *g_queue, *g_healthy;
     sh_counter *c_routed, *c_redisp, *c_aff;
+    sh_counter *c_cls[N_CLS]; /* NULL for a class that cannot occur */
 } replica;
 
 typedef struct aff_slot {
@@ -71,6 +80,12 @@ typedef struct router {
     int32_t *blk;     // (block_tokens) one block's ids, aligned
     uint32_t rr;
     uint64_t refresh_us;
+    bool mixed; /* both shapes among the replicas: the length rule applies */
+    int32_t long_prompt;
+    struct sh_config_route *route; /* NULL: no route() */
+    sh_route_replica *route_reps;  // (n)
+    sh_counter *c_route_err;
+    uint64_t route_logged_us, route_unlogged; /* the last logged failure, failures since */
     sh_act_decoder dec;
 } router;
 
@@ -166,14 +181,27 @@ static void remember(router *r, int32_t n_hashes, int32_t k)
         r->aff[r->hashes[b] & (AFF_SLOTS - 1)] = (aff_slot){r->hashes[b], k};
 }
 
-/* The least loaded healthy replica other than `except` (ties round-robin), or -1. */
-static int32_t least_loaded(router *r, int32_t except)
+/* Whether replica k serves class cls: with both shapes, long prompts go to tensor-parallel
+ * replicas and short ones to the others; any replica serves the other classes. */
+static bool in_class(const router *r, int32_t k, int cls)
+{
+    if (!r->mixed || (cls != CLS_LONG && cls != CLS_SHORT))
+        return true;
+    return (r->rep[k].tp > 1) == (cls == CLS_LONG);
+}
+
+/* The least loaded healthy replica other than `except` (ties round-robin) of class cls, or of any
+ * class when none of cls is healthy (health is a veto, the class a preference); -1 if none. */
+static int32_t least_loaded(router *r, int32_t except, int cls)
 {
     int32_t best = -1;
     double lo = 0;
+    bool strict = false;
+    for (int32_t k = 0; k < r->n && !strict; k++)
+        strict = k != except && r->rep[k].healthy && in_class(r, k, cls);
     for (int32_t i = 0; i < r->n; i++) {
         int32_t k = (int32_t)((r->rr + (uint32_t)i) % (uint32_t)r->n);
-        if (k == except || !r->rep[k].healthy)
+        if (k == except || !r->rep[k].healthy || (strict && !in_class(r, k, cls)))
             continue;
         double l = eff_load(&r->rep[k]);
         if (best < 0 || l < lo - 1e-9) {
@@ -185,15 +213,16 @@ static int32_t least_loaded(router *r, int32_t except)
     return best;
 }
 
-/* Where a new request goes: affinity first while its replica's load is within the slack. */
-static int32_t choose(router *r, int32_t n_hashes, bool *by_affinity)
+/* Where a new request of class cls goes: affinity first (within the class when the class has a
+ * healthy replica) while its replica's load is within the slack. */
+static int32_t choose(router *r, int32_t n_hashes, int cls, bool *by_affinity)
 {
     *by_affinity = false;
-    int32_t k = least_loaded(r, -1);
+    int32_t k = least_loaded(r, -1, cls);
     if (k < 0 || r->a.affinity_slack < 0 || n_hashes == 0)
         return k;
     int32_t a = affinity_of(r, n_hashes);
-    if (a >= 0 && r->rep[a].healthy &&
+    if (a >= 0 && r->rep[a].healthy && (in_class(r, a, cls) || !in_class(r, k, cls)) &&
         eff_load(&r->rep[a]) <= eff_load(&r->rep[k]) + r->a.affinity_slack) {
         *by_affinity = true;
         return a;
@@ -244,7 +273,7 @@ static sh_err submit_to(router *r, rreq *q, sh_proto_submit *m, int32_t k)
  * left it ends with an error. q is not held by any replica on entry. */
 static void move(router *r, rreq *q, int32_t from, const char *why_none)
 {
-    int32_t k = least_loaded(r, from);
+    int32_t k = least_loaded(r, from, q->cls);
     if (k < 0) {
         fail_client(r, q, why_none);
         q->replica = from;
@@ -269,6 +298,48 @@ static void move(router *r, rreq *q, int32_t from, const char *why_none)
                  (int)from, (int)k);
 }
 
+/* ---- route() ---- */
+
+/* The replica the script's route() names for m, or -1 for the default rule: it returned nil, a
+ * replica that is not healthy (health is a veto), or it failed (counted, logged once a minute). */
+static int32_t script_choice(router *r, const sh_proto_submit *m)
+{
+    for (int32_t k = 0; k < r->n; k++)
+        r->route_reps[k] = (sh_route_replica){.index = r->rep[k].id,
+                                              .tp = r->rep[k].tp,
+                                              .stages = r->rep[k].stages,
+                                              .load = eff_load(&r->rep[k]),
+                                              .healthy = r->rep[k].healthy};
+    sh_route_req rq = {.prompt_tokens = (int32_t)m->prompt.n,
+                       .max_tokens = (int32_t)m->sampling.max_tokens,
+                       .priority = (int32_t)m->priority,
+                       .model = r->a.model};
+    int32_t choice = -1;
+    sh_error e = {0};
+    if (sh_config_route_call(r->route, &rq, r->route_reps, r->n, &choice, &e)) {
+        sh_counter_add(r->c_route_err, 1);
+        uint64_t now = sh__act_mono_us();
+        if (r->route_logged_us && now - r->route_logged_us < ROUTE_LOG_US) {
+            r->route_unlogged++;
+            return -1;
+        }
+        for (char *c = e.msg; *c; c++) /* one line: a traceback's lines joined */
+            if (*c == '\n' || *c == '\t' || *c == '"')
+                *c = *c == '"' ? '\'' : ' ';
+        sh_actor_log(r->ctx, SH_LOG_LEVEL_WARN, "route_failed",
+                     "req=%" PRIu64 " err=\"%s\" (%" PRIu64
+                     " more since the last line): the default rule routes it",
+                     m->req, e.msg, r->route_unlogged);
+        r->route_logged_us = now;
+        r->route_unlogged = 0;
+        return -1;
+    }
+    for (int32_t k = 0; k < r->n && choice >= 0; k++)
+        if (r->rep[k].id == choice)
+            return r->rep[k].healthy ? k : -1;
+    return -1;
+}
+
 /* ---- messages ---- */
 
 static void on_submit(router *r, const sh_msg *msg, sh_proto_submit *m)
@@ -281,7 +352,12 @@ static void on_submit(router *r, const sh_msg *msg, sh_proto_submit *m)
     }
     int32_t n_hashes = chain_hashes(r, m->prompt);
     bool by_aff = false;
-    int32_t k = choose(r, n_hashes, &by_aff);
+    int cls = CLS_SCRIPT;
+    int32_t k = r->route ? script_choice(r, m) : -1;
+    if (k < 0) {
+        cls = !r->mixed ? CLS_NONE : m->prompt.n > (uint32_t)r->long_prompt ? CLS_LONG : CLS_SHORT;
+        k = choose(r, n_hashes, cls, &by_aff);
+    }
     if (k < 0) {
         fail_client(r, &tmp, "no healthy replica: every replica of this model lost a stage node");
         return;
@@ -300,6 +376,7 @@ static void on_submit(router *r, const sh_msg *msg, sh_proto_submit *m)
     q->body = copy;
     q->body_len = len;
     q->n_choices = m->n ? m->n : 1;
+    q->cls = (int8_t)cls;
     q->cost = ((double)m->prompt.n + (double)m->generated.n +
                (double)q->n_choices * (double)m->sampling.max_tokens / 2.0) *
               COST_FACTOR;
@@ -314,6 +391,8 @@ static void on_submit(router *r, const sh_msg *msg, sh_proto_submit *m)
     *slot = q;
     if (by_aff)
         sh_counter_add(r->rep[k].c_aff, 1);
+    if (cls != CLS_NONE && r->rep[k].c_cls[cls])
+        sh_counter_add(r->rep[k].c_cls[cls], 1);
     remember(r, n_hashes, k);
 }
 
@@ -418,7 +497,7 @@ static void on_down(router *r, int32_t k, bool removed)
     sh_actor_log(r->ctx, SH_LOG_LEVEL_WARN, "replica_down",
                  "replica=%d held=%d %s: no new requests go there", (int)p->id, (int)p->held,
                  removed ? "removed" : "paused");
-    bool elsewhere = least_loaded(r, k) >= 0;
+    bool elsewhere = least_loaded(r, k, CLS_NONE) >= 0;
     for (uint32_t b = 0; b < N_BUCKETS; b++) {
         rreq *q = r->bucket[b];
         while (q) {
@@ -560,8 +639,23 @@ static sh_err register_metrics(router *r)
                                      "Requests routed to a replica by prefix affinity", lb,
                                      &p->c_aff)))
             break;
+        for (int c = 0; c < N_CLS && !rc; c++) {
+            if (c == CLS_SCRIPT ? !r->route : !r->mixed)
+                continue; /* a class that cannot occur gets no series */
+            char cl[64];
+            snprintf(cl, sizeof cl, "%s,class=\"%s\"", lb, cls_names[c]);
+            rc = sh_metrics_counter(mx, "shoal_router_routed_class_total",
+                                    "Requests routed to a replica (moves not included) by the "
+                                    "length rule (class long or short) or by the script's route()",
+                                    cl, &p->c_cls[c]);
+        }
         set_gauges(p);
     }
+    if (!rc && r->route)
+        rc = sh_metrics_counter(mx, "shoal_router_route_errors_total",
+                                "Calls of the script's route() that failed or returned a bad "
+                                "value (the default rule routed the request)",
+                                NULL, &r->c_route_err);
     return rc;
 }
 
@@ -583,13 +677,18 @@ static sh_err router_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (r->a.affinity_slack == 0)
         r->a.affinity_slack = 4096;
     r->n = a->n_replicas;
+    r->long_prompt = a->routing ? a->routing->long_prompt : DEF_LONG_PROMPT;
+    r->route = a->routing ? a->routing->route : NULL;
+    r->a.tp = r->a.stages = NULL;
+    r->a.routing = NULL;
     r->rep = calloc((size_t)r->n, sizeof *r->rep);
+    r->route_reps = calloc((size_t)r->n, sizeof *r->route_reps);
     r->bucket = calloc(N_BUCKETS, sizeof *r->bucket);
     r->aff = malloc(AFF_SLOTS * sizeof *r->aff);
     r->hashes = malloc(MAX_AFF_BLOCKS * sizeof *r->hashes);
     r->blk = malloc((size_t)r->a.block_tokens * sizeof *r->blk);
     sh_err rc = SH_ENOMEM;
-    if (!r->rep || !r->bucket || !r->aff || !r->hashes || !r->blk ||
+    if (!r->rep || !r->route_reps || !r->bucket || !r->aff || !r->hashes || !r->blk ||
         sh__act_decoder_init(&r->dec, ROUTER_ARENA_BYTES))
         goto fail;
     r->a.ids = NULL;
@@ -598,8 +697,16 @@ static sh_err router_init(sh_actor_ctx *ctx, void *state, void *arg)
     for (int32_t k = 0; k < r->n; k++)
         r->rep[k] = (replica){.batcher = a->batchers ? a->batchers[k] : 0,
                               .id = a->ids ? a->ids[k] : k,
+                              .tp = a->tp && a->tp[k] > 1 ? a->tp[k] : 1,
+                              .stages = a->stages && a->stages[k] > 0 ? a->stages[k] : 1,
                               .weight = 1.0,
                               .healthy = true};
+    bool some_tp = false, some_one = false;
+    for (int32_t k = 0; k < r->n; k++) {
+        some_tp |= r->rep[k].tp > 1;
+        some_one |= r->rep[k].tp == 1;
+    }
+    r->mixed = some_tp && some_one;
     if ((rc = register_metrics(r)))
         goto fail;
     r->refresh_us = sh__act_mono_us();
@@ -609,6 +716,7 @@ static sh_err router_init(sh_actor_ctx *ctx, void *state, void *arg)
     return SH_OK;
 fail:
     free(r->rep);
+    free(r->route_reps);
     free(r->bucket);
     free(r->aff);
     free(r->hashes);
@@ -688,6 +796,7 @@ static void router_stop(sh_actor_ctx *ctx, void *state)
             free(q);
         }
     free(r->rep);
+    free(r->route_reps);
     free(r->bucket);
     free(r->aff);
     free(r->hashes);

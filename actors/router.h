@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "lua/config.h"
 #include "shoal/runtime.h"
 
 /* Names of the values in a batcher's METRICS report (kind 1 gauge, kind 0 counter since the
@@ -54,7 +55,9 @@
  * shoal_router_weight (x1000), shoal_router_requests (held now), shoal_router_queue (the
  * replica's waiting sequences, as reported), shoal_router_healthy (gauges);
  * shoal_router_routed_total, shoal_router_redispatched_total, shoal_router_affinity_hits_total
- * (counters). Thread: the router's loop. */
+ * (counters); shoal_router_routed_class_total{replica, class = "long" | "short" | "script"}
+ * (first routings by length rule or route(); only the classes that can occur) and
+ * shoal_router_route_errors_total (route() failures, all routers). Thread: the router's loop. */
 typedef struct sh_router_args {
     int32_t n_replicas;
     const sh_addr *batchers;    /* (n_replicas), copied; NULL: unknown until a CONTROL (op REROUTE)
@@ -68,6 +71,19 @@ typedef struct sh_router_args {
      * and its index into `down` (a front with several routers, one per model, numbers replicas
      * across all of them). NULL: 0, 1, ... */
     const int32_t *ids;
+    /* Length-aware routing (docs/cluster.md): replica k's shape, tp[k] (the most ranks of any of
+     * its stages' groups) and stages[k] (optional, (n_replicas), copied; NULL: 1 and 1). When the
+     * replicas have both shapes, a prompt of more than routing->long_prompt tokens (class "long")
+     * is routed among the healthy replicas with tp > 1 and any other (class "short") among those
+     * with tp = 1; with no healthy replica of its class, among all healthy ones (health is a
+     * veto, never a failure). Load, affinity and round-robin choose within that set, and a move
+     * prefers the request's class too. routing->route, when set, is called first with the
+     * request and the replicas (class "script" when it names a healthy replica); an error or a
+     * bad value falls back to the rule above, counted in shoal_router_route_errors_total and
+     * logged at most once a minute. routing NULL: a threshold of 512 and no route(). */
+    const int32_t *tp, *stages;
+    const sh_config_routing *routing; /* outlives rt */
+    const char *model;                /* route()'s req.model (outlives rt) */
 } sh_router_args;
 
 extern const sh_actor_vtable sh__router_vtable;

@@ -50,11 +50,20 @@ static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
                                              {"last_layer", SH__LUA_INT, false},
                                              {NULL, 0, false}};
 static const sh__lua_field cluster_fields[] = {
-    {"nodes", SH__LUA_TABLE, true},     {"gateway", SH__LUA_TABLE, true},
-    {"replicas", SH__LUA_TABLE, true},  {"models", SH__LUA_TABLE, false},
-    {"batcher", SH__LUA_TABLE, false},  {"kv", SH__LUA_TABLE, false},
-    {"watchdog", SH__LUA_TABLE, false}, {"key_file", SH__LUA_STR, false},
-    {"tls_ca", SH__LUA_STR, false},     {NULL, 0, false}};
+    {"nodes", SH__LUA_TABLE, true},
+    {"gateway", SH__LUA_TABLE, true},
+    {"replicas", SH__LUA_TABLE, true},
+    {"models", SH__LUA_TABLE, false},
+    {"batcher", SH__LUA_TABLE, false},
+    {"kv", SH__LUA_TABLE, false},
+    {"watchdog", SH__LUA_TABLE, false},
+    {"key_file", SH__LUA_STR, false},
+    {"tls_ca", SH__LUA_STR, false},
+    {"routing", SH__LUA_TABLE, false},
+    {NULL, 0, false},
+};
+static const sh__lua_field routing_fields[] = {
+    {"long_prompt", SH__LUA_INT, false}, {"route", SH__LUA_ANY, false}, {NULL, 0, false}};
 static const sh__lua_field gateway_fields[] = {{"node", SH__LUA_STR, true},
                                                {"http", SH__LUA_STR, true},
                                                {"api_keys", SH__LUA_TABLE, false},
@@ -922,13 +931,44 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
     lua_pop(L, 1);
 }
 
+/* cluster.routing (docs/cluster.md, "Length-aware routing"): the threshold into c, and route()
+ * into the registry table "shoal.route" under the config's index, where load() finds it. */
+static void fill_routing(lua_State *L, sh_cluster_config *c, int32_t index, const char *where)
+{
+    int idx = field(L, "routing");
+    if (!lua_isnil(L, idx))
+        sh__lua_check_fields(L, idx, routing_fields, "cluster.routing", where);
+    c->routing.long_prompt = (int32_t)sh__lua_get_int_range(L, idx, "long_prompt", 512, 0, 1 << 30,
+                                                            "cluster.routing", where);
+    if (!lua_isnil(L, idx) && raw_field(L, idx, "route") != LUA_TNIL) {
+        if (!lua_isfunction(L, -1))
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "cluster.routing: field 'route' must be a function(req, replicas), got %s",
+                         luaL_typename(L, -1));
+        if (lua_getfield(L, LUA_REGISTRYINDEX, "shoal.route") != LUA_TTABLE) {
+            lua_pop(L, 1);
+            lua_newtable(L);
+            lua_pushvalue(L, -1);
+            lua_setfield(L, LUA_REGISTRYINDEX, "shoal.route");
+        }
+        lua_pushvalue(L, -2);
+        lua_rawseti(L, -2, index);
+        lua_pop(L, 1);
+    }
+    if (!lua_isnil(L, idx))
+        lua_pop(L, 1);
+    lua_pop(L, 1);
+}
+
 static int l_cluster(lua_State *L)
 {
     char where[WHERE_MAX];
     sh__lua_where(L, where, sizeof where);
+    builder *bd = sh__lua_box_of(L)->host;
+    if (!bd) /* called from route() after the script ran */
+        sh__lua_fail(L, SH_EINVAL, where, "cluster{} can only be called while the script runs");
     sh__lua_check_fields(L, 1, cluster_fields, "cluster", where);
     lua_settop(L, 1);
-    builder *bd = sh__lua_box_of(L)->host;
     if (bd->n == bd->cap) {
         int32_t cap = bd->cap ? bd->cap * 2 : 2;
         sh_cluster_config **p = realloc(bd->built, (size_t)cap * sizeof *p);
@@ -953,6 +993,7 @@ static int l_cluster(lua_State *L)
         sh__lua_fail(L, SH_EINVAL, where, "cluster: field 'tls_ca' is empty");
     if (tls_ca)
         c->tls_ca = dup(L, tls_ca, where);
+    fill_routing(L, c, bd->n - 1, where);
     lua_newtable(L);
     sh__lua_obj_new(L, K_CLUSTER, where, bd->n - 1);
     return 1;
@@ -1055,6 +1096,23 @@ static sh_err load(const char *path, const char *src, size_t len, const char *na
     for (int32_t i = 0; i < bd.n; i++)
         sh_config_destroy(bd.built[i]);
     free(bd.built);
+    b->host = NULL;
+    // A route() given by the chosen cluster{} keeps the state it lives in (lua/route.c).
+    bool route = false;
+    if (*out && lua_getfield(b->L, LUA_REGISTRYINDEX, "shoal.route") == LUA_TTABLE &&
+        lua_rawgeti(b->L, -1, bd.result) == LUA_TFUNCTION) {
+        lua_setfield(b->L, LUA_REGISTRYINDEX, "shoal.route.fn");
+        route = true;
+    }
+    lua_settop(b->L, 0);
+    if (route) {
+        err = sh__config_route_keep(*out, b, e);
+        if (err) {
+            sh_config_destroy(*out);
+            *out = NULL;
+        }
+        return err;
+    }
     sh__lua_box_destroy(b);
     return err;
 }
@@ -1115,5 +1173,6 @@ void sh_config_destroy(sh_cluster_config *c)
     free(c->watchdog.fallback);
     free(c->key_file);
     free(c->tls_ca);
+    sh__config_route_destroy(c->routing.route);
     free(c);
 }

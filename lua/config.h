@@ -132,6 +132,19 @@ typedef struct sh_config_watchdog {
                                  * 503; default 1 (only priority 0 is served); 256: none */
 } sh_config_watchdog;
 
+/* cluster{ routing = { long_prompt = n, route = function(req, replicas) ... end } }
+ * (docs/cluster.md, "Length-aware routing"): how a model's router picks between replicas of
+ * different shapes. */
+typedef struct sh_config_routing {
+    /* Prompts of more than this many tokens go to the model's tensor-parallel replicas (tp > 1),
+     * the others to its replicas of one rank per stage, when the model has both; 0..2^30,
+     * default 512. */
+    int32_t long_prompt;
+    /* The script's route(req, replicas), kept in the sandbox the script ran in (lua/route.c);
+     * NULL when the script gives none. */
+    struct sh_config_route *route;
+} sh_config_routing;
+
 typedef struct sh_cluster_config {
     int32_t n_nodes;
     sh_config_node *nodes;
@@ -150,6 +163,7 @@ typedef struct sh_cluster_config {
     /* cluster{ tls_ca = "path" }: the CA (PEM) that signs every node's tls_cert; relative to the
      * script's directory. NULL when not given. */
     char *tls_ca;
+    sh_config_routing routing;
 } sh_cluster_config;
 
 /* Evaluates a cluster script (a file, or `len` bytes of text named `name` in messages) in a fresh
@@ -187,8 +201,39 @@ int32_t sh_config_find_node(const sh_cluster_config *c, const char *name);
  * topology that `shoal serve -c` and an embedded engine run themselves. Any thread. */
 bool sh_config_has_workers(const sh_cluster_config *c);
 
-/* Frees the config and everything it points to; accepts NULL. */
+/* Frees the config and everything it points to (its route() state too); accepts NULL. */
 void sh_config_destroy(sh_cluster_config *c);
+
+/* ---- route(req, replicas) (lua/route.c) ---------------------------------------------------- */
+
+/* What route() gets as req: prompt_tokens, max_tokens, priority, model. */
+typedef struct sh_route_req {
+    int32_t prompt_tokens, max_tokens, priority;
+    const char *model;
+} sh_route_req;
+
+/* One entry of route()'s replicas list: index (the replica's index in the script, from 0, as in
+ * metrics and status), tp, stages, load (the router's estimate) and healthy. */
+typedef struct sh_route_replica {
+    int32_t index, tp, stages;
+    double load;
+    bool healthy;
+} sh_route_replica;
+
+/* Calls the script's route(req, replicas) under the sandbox's limits (the script's memory limit,
+ * SH_ROUTE_TIME_MS per call). On success *choice is the index it returned, or -1 for nil (the
+ * default rule). A Lua error, a limit, or a value that is neither nil nor the index of one of
+ * the n replicas is SH_ELUA, SH_ETIMEDOUT, SH_ENOMEM or SH_EINVAL with e naming it; the state
+ * stays usable. One thread at a time (the front's routers all run on loop 0). */
+#define SH_ROUTE_TIME_MS 50u
+sh_err sh_config_route_call(struct sh_config_route *r, const sh_route_req *q,
+                            const sh_route_replica *reps, int32_t n, int32_t *choice, sh_error *e);
+
+/* Internal to lua/: keeps the sandbox b (its registry holds the function under the key
+ * "shoal.route.fn") as c->routing.route; takes b (destroyed on failure). Frees with the config. */
+struct sh__lua_box;
+sh_err sh__config_route_keep(sh_cluster_config *c, struct sh__lua_box *b, sh_error *e);
+void sh__config_route_destroy(struct sh_config_route *r);
 
 /* ---- Degradation policies ------------------------------------------------------------------ */
 

@@ -2,6 +2,7 @@
  * and GET /admin/status (tools/cluster_status.h). */
 #include <jansson.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -153,24 +154,49 @@ static json_t *stage_json(const sh_cluster_plan *p, int32_t i)
                      (int)p->first[i], "last_layer", (int)p->last[i]);
 }
 
+/* The router's shoal_router_routed_class_total per replica and class (long, short, script), found
+ * by visiting the registry so that this file registers no series of a class the router has not. */
+struct class_find {
+    double n[SH_CLUSTER_MAX_REPLICAS][3];
+};
+
+static void class_visit(void *arg, const sh_metric_sample *m)
+{
+    static const char *const names[3] = {"long", "short", "script"};
+    struct class_find *cf = arg;
+    int k = -1;
+    char cls[16];
+    if (m->kind != SH_METRIC_COUNTER || strcmp(m->name, "shoal_router_routed_class_total") ||
+        !m->labels || sscanf(m->labels, "replica=\"%d\",class=\"%15[a-z]\"", &k, cls) != 2 ||
+        k < 0 || k >= SH_CLUSTER_MAX_REPLICAS)
+        return;
+    for (int c = 0; c < 3; c++)
+        if (!strcmp(cls, names[c]))
+            cf->n[k][c] += m->value;
+}
+
 static json_t *replica_json(const sh_cluster_status_src *s, int32_t k, int32_t n_rep,
-                            const char *model, json_t *stages)
+                            const char *model, json_t *stages, const struct class_find *cf)
 {
     const struct sh_cluster_status_rep *r = &s->rep[k];
     bool healthy = !(s->front && __atomic_load_n(&s->front->down[k], __ATOMIC_ACQUIRE));
     json_t *router = json_null();
     if (n_rep > 1)
-        router = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I}", "load", gauge(r->load), "weight",
-                           (double)gauge(r->weight) / 1000.0, "requests", gauge(r->held), "routed",
-                           counter(r->routed), "redispatched", counter(r->redispatched),
-                           "affinity_hits", counter(r->affinity_hits));
-    return json_pack("{s:i, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}",
-                     "replica", (int)k, "model", model, "stages", stages, "running",
-                     gauge(r->running), "waiting", gauge(r->waiting), "kv_blocks_used",
-                     gauge(r->kv_used), "kv_blocks_total", gauge(r->kv_total), "kv_blocks_cached",
-                     gauge(r->kv_cached), "steps", counter(r->steps), "prompt_tokens",
-                     counter(r->prompt_tokens), "generation_tokens", counter(r->gen_tokens),
-                     "preemptions", counter(r->preemptions), "healthy", healthy, "router", router);
+        router = json_pack("{s:I, s:f, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:I}}", "load",
+                           gauge(r->load), "weight", (double)gauge(r->weight) / 1000.0, "requests",
+                           gauge(r->held), "routed", counter(r->routed), "redispatched",
+                           counter(r->redispatched), "affinity_hits", counter(r->affinity_hits),
+                           "routed_by_class", "long", (json_int_t)cf->n[k][0], "short",
+                           (json_int_t)cf->n[k][1], "script", (json_int_t)cf->n[k][2]);
+    int32_t tp = s->front ? s->front->plan.c->replicas[k].tp : 1;
+    return json_pack("{s:i, s:s, s:i, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:o}",
+                     "replica", (int)k, "model", model, "tp", (int)(tp > 1 ? tp : 1), "stages",
+                     stages, "running", gauge(r->running), "waiting", gauge(r->waiting),
+                     "kv_blocks_used", gauge(r->kv_used), "kv_blocks_total", gauge(r->kv_total),
+                     "kv_blocks_cached", gauge(r->kv_cached), "steps", counter(r->steps),
+                     "prompt_tokens", counter(r->prompt_tokens), "generation_tokens",
+                     counter(r->gen_tokens), "preemptions", counter(r->preemptions), "healthy",
+                     healthy, "router", router);
 }
 
 /* The value of the gauge shoal_degradation_level (the largest over its label sets), found by
@@ -322,6 +348,10 @@ static char *document(sh_cluster_status_src *s, bool full)
     const sh_cluster_front *f = s->front;
     int32_t n_rep = f ? f->plan.n_replicas : 1;
     lookup(s, n_rep);
+    struct class_find *cf = calloc(1, sizeof *cf);
+    if (!cf)
+        return NULL;
+    sh_metrics_foreach(sh_runtime_metrics(s->rt), class_visit, cf);
     json_t *nodes = json_array(), *replicas = json_array();
     int health[256] = {HEALTH_ALIVE};
     if (f) {
@@ -338,7 +368,7 @@ static char *document(sh_cluster_status_src *s, bool full)
             const char *model = p->c->replicas[k].model == p->c->replicas[0].model
                                     ? s->model
                                     : p->c->models[p->c->replicas[k].model].name;
-            json_array_append_new(replicas, replica_json(s, k, n_rep, model, stages));
+            json_array_append_new(replicas, replica_json(s, k, n_rep, model, stages, cf));
         }
     } else {
         json_array_append_new(
@@ -350,14 +380,19 @@ static char *document(sh_cluster_status_src *s, bool full)
         json_array_append_new(stages, json_pack("{s:i, s:s, s:[s], s:i, s:i}", "stage", 1, "node",
                                                 s->node, "ranks", s->node, "first_layer", 0,
                                                 "last_layer", (int)s->n_layers));
-        json_array_append_new(replicas, replica_json(s, 0, 1, s->model, stages));
+        json_array_append_new(replicas, replica_json(s, 0, 1, s->model, stages, cf));
     }
     json_t *root = json_pack("{s:s, s:s, s:s, s:s, s:{s:s, s:i}, s:o, s:o}", "object",
                              "shoal.cluster", "version", SH_VERSION_STRING, "mode",
                              f ? "cluster" : "single", "node", s->node, "model", "name", s->model,
                              "layers", (int)s->n_layers, "nodes", nodes, "replicas", replicas);
+    free(cf);
     if (!root)
         return NULL;
+    const sh_config_routing *rt = f ? &f->plan.c->routing : NULL;
+    json_object_set_new(root, "routing",
+                        json_pack("{s:i, s:b}", "long_prompt", rt ? (int)rt->long_prompt : 512,
+                                  "route", rt && rt->route));
     char *out = NULL;
     if (!full || add_status(s, root, health) == 0)
         out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);

@@ -46,13 +46,17 @@ typedef struct sh_cluster_status_src {
  * "down" | "connecting", "reconnects": n, "lost": bool (reconnected or down since the join),
  *               "last_error": "" or the transport's text, "stages": [stage numbers, 1-based],
  *               "frames_sent": n, "queued": n}],
- *    "replicas": [{"replica": 0, "stages": [{"stage": 1, "node": "w0" (a group's leader),
+ *    "replicas": [{"replica": 0, "tp": n (the most ranks of any of its stages' groups; 1: none
+ *                  split), "stages": [{"stage": 1, "node": "w0" (a group's leader),
  *                  "ranks": ["w0", ...] (every rank's node, in rank order), "first_layer": 0,
  *                  "last_layer": 3}], "running": n, "waiting": n, "kv_blocks_used": n,
  *                  "kv_blocks_total": n, "kv_blocks_cached": n, "steps": n, "prompt_tokens": n,
  *                  "generation_tokens": n, "preemptions": n, "healthy": bool,
  *                  "router": null or {"load": n, "weight": x, "requests": n, "routed": n,
- *                  "redispatched": n, "affinity_hits": n}}]}
+ *                  "redispatched": n, "affinity_hits": n, "routed_by_class": {"long": n,
+ *                  "short": n, "script": n}}}],
+ *    "routing": {"long_prompt": n (the length rule's threshold in prompt tokens), "route": bool
+ *                (the script gives route())}}
  *
  * Stage numbers count from 1 over the whole plan, replica after replica (with one replica: its
  * pipeline order). The router figures exist only with several replicas (the router's series).

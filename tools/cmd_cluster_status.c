@@ -434,9 +434,10 @@ static int print_doc(const target *t, const json_t *doc)
     }
     ok &= table_print(&tb);
     // The router's view, with several replicas.
-    tb = (table){.n_cols = 8};
+    tb = (table){.n_cols = 10};
     row_add(&tb, "REPLICA", "HEALTHY", "LOAD", "WEIGHT", "REQUESTS", "ROUTED", "REDISPATCHED",
-            "AFFINITY HITS");
+            "AFFINITY HITS", "LONG/SHORT/SCRIPT", "SHAPE");
+    char shape[48], by[96];
     bool routed = false;
     json_array_foreach(reps, i, r)
     {
@@ -445,16 +446,31 @@ static int print_doc(const target *t, const json_t *doc)
             continue;
         routed = true;
         snprintf(c, sizeof c, "%.2f", json_number_value(json_object_get(ro, "weight")));
+        // Its shape: ranks per stage (tp) by stages.
+        long long tp = jint(r, "tp");
+        snprintf(shape, sizeof shape, "tp %lld x %zu", tp > 0 ? tp : 1,
+                 json_array_size(json_object_get(r, "stages")));
+        const json_t *bc = json_object_get(ro, "routed_by_class");
+        snprintf(by, sizeof by, "%lld/%lld/%lld", jint(bc, "long"), jint(bc, "short"),
+                 jint(bc, "script"));
         row_add(&tb, fmt_ll(a, sizeof a, jint(r, "replica")),
                 json_is_false(json_object_get(r, "healthy")) ? "no" : "yes",
                 fmt_ll(b, sizeof b, jint(ro, "load")), c, fmt_ll(d, sizeof d, jint(ro, "requests")),
                 fmt_ll(e, sizeof e, jint(ro, "routed")),
                 fmt_ll(f, sizeof f, jint(ro, "redispatched")),
-                fmt_ll(g, sizeof g, jint(ro, "affinity_hits")));
+                fmt_ll(g, sizeof g, jint(ro, "affinity_hits")), by, shape);
     }
     if (routed) {
         printf("\n");
         ok &= table_print(&tb);
+        const json_t *rt = json_object_get(doc, "routing");
+        if (json_is_object(rt))
+            printf(
+                "\nrouting: prompts over %lld tokens go to the tensor-parallel replicas (tp > 1) "
+                "of a model that has both shapes, the others to the rest%s\n",
+                jint(rt, "long_prompt"),
+                json_is_true(json_object_get(rt, "route")) ? "; the script's route() comes first"
+                                                           : "");
     } else {
         table_free(&tb);
     }

@@ -502,6 +502,19 @@ static const struct bad_case {
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
      "  watchdog = { shed_priority = 300 } }\n",
      SH_EINVAL, "bad.lua:4", "field 'shed_priority' must be within 0..256"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+     "  routing = { long_prompt = -1 } }\n",
+     SH_EINVAL, "bad.lua:4", "cluster.routing: field 'long_prompt' must be within 0..1073741824"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+     "  routing = { route = 'first' } }\n",
+     SH_EINVAL, "bad.lua:4",
+     "cluster.routing: field 'route' must be a function(req, replicas), got string"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+     "  routing = { long = 5 } }\n",
+     SH_EINVAL, "bad.lua:4", "unknown key 'long'"},
 };
 
 static void test_errors(void)
@@ -823,6 +836,86 @@ static void test_print_log(void)
     CHECK_INT_EQ(load_str("print('dropped') return 1", NULL, &c, &e), SH_EINVAL);
 }
 
+/* cluster{ routing = ... }: the threshold's default, and route() called in the kept sandbox:
+ * nil, an index, every kind of failure (each leaving the state usable), state kept between calls,
+ * cluster{} refused from it. */
+static void test_routing(void)
+{
+    static const char *const base =
+        "return cluster { nodes = nodes(), gateway = { node = 'a', http = '127.0.0.1:1' },\n"
+        "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) },\n"
+        "               replica { model = m, stages = pipeline(m, { 'b' }) } }%s }\n";
+    char src[4096], body[2048];
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    snprintf(body, sizeof body, base, "");
+    snprintf(src, sizeof src, "%s%s", head, body);
+    CHECK_INT_EQ(load_str(src, NULL, &c, &e), SH_OK);
+    CHECK_INT_EQ(c->routing.long_prompt, 512);
+    CHECK(c->routing.route == NULL);
+    sh_config_destroy(c);
+
+    snprintf(body, sizeof body, base,
+             ",\n  routing = { long_prompt = 0, route = function(req, reps)\n"
+             "    calls = (calls or 0) + 1\n"
+             "    if req.max_tokens == 1 then error('boom') end\n"
+             "    if req.max_tokens == 2 then return 'x' end\n"
+             "    if req.max_tokens == 3 then return 7 end\n"
+             "    if req.max_tokens == 4 then while true do end end\n"
+             "    if req.max_tokens == 5 then return cluster {} end\n"
+             "    if req.max_tokens == 6 then return 1.5 end\n"
+             "    if req.model ~= 'm' or req.priority ~= 3 or #reps ~= 2 then return nil end\n"
+             "    if req.max_tokens == 8 then return calls end\n"
+             "    for _, r in ipairs(reps) do\n"
+             "      if r.tp == 2 and r.stages == 1 and r.healthy and r.load == 2.5 then\n"
+             "        return r.index end end\n"
+             "  end }");
+    snprintf(src, sizeof src, "%s%s", head, body);
+    sh_err err0 = load_str(src, NULL, &c, &e);
+    if (err0)
+        SH_FAIL_("%s: %s", sh_strerror(err0), e.msg);
+    CHECK_INT_EQ(c->routing.long_prompt, 0);
+    CHECK(c->routing.route != NULL);
+    sh_route_replica reps[2] = {{.index = 0, .tp = 1, .stages = 1, .load = 1, .healthy = true},
+                                {.index = 1, .tp = 2, .stages = 1, .load = 2.5, .healthy = true}};
+    sh_route_req q = {.prompt_tokens = 100, .max_tokens = 16, .priority = 3, .model = "m"};
+    int32_t choice = -2;
+    CHECK_INT_EQ(sh_config_route_call(c->routing.route, &q, reps, 2, &choice, &e), SH_OK);
+    CHECK_INT_EQ(choice, 1);
+    q.model = "other"; /* nil: the default rule */
+    CHECK_INT_EQ(sh_config_route_call(c->routing.route, &q, reps, 2, &choice, &e), SH_OK);
+    CHECK_INT_EQ(choice, -1);
+    q.model = "m";
+    static const struct {
+        int32_t max_tokens;
+        sh_err code;
+        const char *text;
+    } fails[] = {
+        {1, SH_ELUA, "bad.lua:9: boom"},
+        {2, SH_EINVAL, "route(req, replicas) returned string, expected a replica's index or nil"},
+        {3, SH_EINVAL, "returned 7, not the index of one of the model's replicas"},
+        {4, SH_ETIMEDOUT, ""},
+        {5, SH_EINVAL, "cluster{} can only be called while the script runs"},
+        {6, SH_EINVAL, "returned a non-integer number"},
+    };
+    for (size_t i = 0; i < sizeof fails / sizeof fails[0]; i++) {
+        q.max_tokens = fails[i].max_tokens;
+        choice = -2;
+        sh_err err = sh_config_route_call(c->routing.route, &q, reps, 2, &choice, &e);
+        if (err != fails[i].code || !strstr(e.msg, fails[i].text))
+            SH_FAIL_("max_tokens %d: got %s \"%s\", want %s with \"%s\"", (int)fails[i].max_tokens,
+                     sh_strerror(err), e.msg, sh_strerror(fails[i].code), fails[i].text);
+        CHECK_INT_EQ(choice, -2);
+    }
+    /* The state survived every failure and keeps its globals: this is the 9th call, returned as
+     * an index, which names the replica listed as 9. */
+    reps[1].index = 9;
+    q.max_tokens = 8;
+    CHECK_INT_EQ(sh_config_route_call(c->routing.route, &q, reps, 2, &choice, &e), SH_OK);
+    CHECK_INT_EQ(choice, 9);
+    sh_config_destroy(c);
+}
+
 static const sh_test_case tests[] = {
     {"demo", test_demo},
     {"defaults_and_layers", test_defaults_and_layers},
@@ -834,6 +927,7 @@ static const sh_test_case tests[] = {
     {"script_relative_paths", test_script_relative_paths},
     {"limits", test_limits},
     {"print_log", test_print_log},
+    {"routing", test_routing},
     {NULL, NULL},
 };
 
