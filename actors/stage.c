@@ -158,6 +158,7 @@ typedef struct stage_state {
      * counted of the present group so far. */
     sh_counter *m_coll[6]; /* calls, failures, bytes, wire bytes, wait us, groups formed */
     sh_coll_stats coll_seen;
+    bool group_failed; /* the step at hand failed for the group's sake (not the step's own) */
 } stage_state;
 
 /* ---- samplers ---- */
@@ -411,6 +412,17 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
     sh_coll_destroy(st->coll);
     st->coll = NULL;
     st->coll_broken = false;
+    // A rank whose node has no proved connection here (it died, or is restarting) cannot join:
+    // fail at once rather than wait out the group's timeout (the watchdog pauses the replica,
+    // and the step after the resume forms the group).
+    for (int32_t r = 0; st->tp_rank == 0 && r < st->tp_size && sh__peers_enforced(st->rt); r++) {
+        uint32_t node = sh_addr_node(st->tp_ranks[r]);
+        if (node != sh_addr_node(st->self) && !sh__peers_node_bound(st->rt, node))
+            return sh__error_set(e, SH_ECLOSED,
+                                 "stage: rank %d of %d: node %u is not connected: its group "
+                                 "cannot form",
+                                 (int)r, (int)st->tp_size, (unsigned)node);
+    }
     sh_coll_opts o = st->coll_opts;
     o.rank = st->tp_rank;
     o.size = st->tp_size;
@@ -465,6 +477,7 @@ static sh_err group_agree(stage_state *st, const sh_proto_step *s, sh_err mine, 
     sh_err err = st->coll ? sh_coll_allgather(st->coll, &me, sizeof me, all, &ce) : SH_ECLOSED;
     if (err) {
         st->coll_broken = true;
+        st->group_failed = true;
         return sh__error_set(e, err,
                              "stage: step %" PRIu64 ": its tensor-parallel group of %d "
                              "ranks failed: %s",
@@ -473,6 +486,7 @@ static sh_err group_agree(stage_state *st, const sh_proto_step *s, sh_err mine, 
     for (int32_t r = 0; r < st->tp_size; r++)
         if (all[r].step != s->step || all[r].rank != r) {
             st->coll_broken = true;
+            st->group_failed = true;
             return sh__error_set(e, SH_EPROTO,
                                  "stage: step %" PRIu64 ": rank %d of the group runs step %" PRIu64
                                  " (rank %d) instead",
@@ -521,8 +535,15 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         return err;
     sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in};
     sh_llama_out out;
+    sh_coll_stats before = {0}, after = {0};
+    if (st->coll)
+        sh_coll_stats_get(st->coll, &before);
     if ((err = sh_llama_forward(st->ctx, &b, &out, e))) {
-        st->coll_broken = st->tp_size > 1; /* its collectives may have failed half-way */
+        if (st->coll)
+            sh_coll_stats_get(st->coll, &after);
+        /* A collective that failed half-way broke the group (model/llama.h). */
+        st->coll_broken |= after.failures > before.failures;
+        st->group_failed |= after.failures > before.failures;
         return err;
     }
     /* A model file truncated under the mapping reads as zeros from then on (the program's SIGBUS
@@ -896,6 +917,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
     if (s) {
         st->epoch = s->epoch;
         d.step = s->step;
+        st->group_failed = false;
         /* A group: the leader hands the step to every rank, and each makes sure its group (of
          * the epoch the leader chose) and its context exist. */
         bool grouped = false;
@@ -905,6 +927,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
                 group_forward(st, m, gen);
             err = group_ready(st, gen, &e);
             grouped = !err;
+            st->group_failed = err != SH_OK;
         }
         if (!err && is_act == st->first)
             err = sh__error_set(&e, SH_EINVAL, "stage: layers [%d, %d) take %s, not %s",
@@ -919,6 +942,15 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
     }
     if (st->tp_size > 1)
         group_count(st);
+    /* A step the group could not run (a rank dead, stopped or gone) is not answered, as a dead
+     * stage's is not: the watchdog pauses the replica (the step is abandoned), or the batcher
+     * sends it again after its retry deadline and the group forms anew. An answer would make the
+     * batcher retry at once and then fail the step's requests, perhaps before the pause. */
+    if (err && st->group_failed && !follower) {
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "tp_step_unanswered",
+                       "step=%" PRIu64 " code=%d error=\"%s\"", d.step, (int)err, e.msg);
+        return;
+    }
     if (follower) {
         if (err)
             sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_step_failed",

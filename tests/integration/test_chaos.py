@@ -47,6 +47,8 @@ SCENARIOS = {
     "corrupt": ("cluster.lua", ["--timeout", "15"], ""),
     "duplicate": ("cluster.lua", ["--timeout", "15"], "detect"),
     "leak": ("cluster-leak.lua", ["--max-tokens", "16"], "leak"),
+    "kill-rank": ("cluster-tp.lua", ["--max-tokens", "32"], "kill"),
+    "stop-rank-2s": ("cluster-tp.lua", ["--max-tokens", "32"], "detect"),
 }
 
 # Scenarios that fail today for a reason outside `shoal chaos`, and who is on it.
