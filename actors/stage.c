@@ -435,7 +435,8 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
                              (int)st->tp_rank, (int)st->tp_size, (unsigned)gen, ce.msg);
     st->gen = gen;
     sh_llama_ctx_opts co = st->ctx_opts;
-    co.coll = st->coll;
+    co.comm = (sh_llama_comm){sh_coll_rank(st->coll), sh_coll_size(st->coll), st->coll,
+                              sh_coll_allreduce_ud, sh_coll_allgather_ud};
     err = sh_llama_ctx_create(st->model, st->be, &co, &st->ctx, &ce);
     if (!err && sh_llama_ctx_n_blocks(st->ctx) != st->want_blocks)
         err = sh__error_set(&ce, SH_EINVAL, "the KV pool has %d blocks, the plan %d",

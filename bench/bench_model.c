@@ -167,7 +167,8 @@ static int rank_open(bench_rank *r)
                           .inproc = c->group};
         if (sh_coll_create(SH_COLL_SHM, &o, &r->coll, &r->e))
             return 2;
-        co.coll = r->coll;
+        co.comm = (sh_llama_comm){sh_coll_rank(r->coll), sh_coll_size(r->coll), r->coll,
+                                  sh_coll_allreduce_ud, sh_coll_allgather_ud};
     }
     if (sh_backend_cpu_create(&bo, &r->be, &r->e) ||
         sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &r->e))

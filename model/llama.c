@@ -11,7 +11,6 @@
 
 #include "base/error.h"
 #include "base/file.h"
-#include "runtime/coll.h"
 
 struct sh_llama_ctx {
     const sh_llama *m;
@@ -36,9 +35,9 @@ struct sh_llama_ctx {
     float *xo;     // (max_logits, dim) the rows whose logits are wanted
     float *logits; // (max_logits, n_vocab)
     // Tensor parallel (tp.size > 1; else NULL):
-    struct sh_coll *coll;
-    float *lg_local; // (max_logits, tp.vocab_pad) this rank's rows of the logits
-    float *gather;   // (tp.size, max_logits, tp.vocab_pad) every rank's, gathered
+    sh_llama_comm comm; /* size 0 unless the model is a rank of a group of 2 or more */
+    float *lg_local;    // (max_logits, tp.vocab_pad) this rank's rows of the logits
+    float *gather;      // (tp.size, max_logits, tp.vocab_pad) every rank's, gathered
     size_t qoff[SH_LLAMA_TP_PARTS], kvoff[SH_LLAMA_TP_PARTS]; /* each part's block */
     sh_error cerr;                                            /* a failed collective's message */
     bool cfailed;
@@ -146,15 +145,16 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
                              (int)o.max_tokens, (int)o.max_seqs, (int)o.max_logits,
                              (int)o.kv_tokens, (int)o.kv_type);
     const sh_llama_tp *tp = &m->tp;
-    if ((tp->size > 1 && !o.coll) ||
-        (o.coll && (sh_coll_rank(o.coll) != tp->rank || sh_coll_size(o.coll) != tp->size)))
+    const sh_llama_comm *cm = &o.comm;
+    const bool has = cm->size > 0 && cm->allreduce && cm->allgather;
+    if ((tp->size > 1 && !has) || (has && (cm->rank != tp->rank || cm->size != tp->size)))
         return sh__error_set(e, SH_EINVAL,
                              "llama: the model is rank %d of a tensor-parallel group of %d; the "
                              "context's collective group is %s",
                              (int)tp->rank, (int)tp->size,
-                             !o.coll                            ? "missing"
-                             : sh_coll_size(o.coll) != tp->size ? "of another size"
-                                                                : "of another rank");
+                             !has                   ? "missing"
+                             : cm->size != tp->size ? "of another size"
+                                                    : "of another rank");
     /* The collectives read and write the workspace from the host. */
     if (tp->size > 1 && strcmp(be->iface->name, "cpu") != 0)
         return sh__error_set(e, SH_EUNSUPPORTED,
@@ -166,7 +166,8 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->m = m;
     c->be = be;
     c->o = o;
-    c->coll = tp->size > 1 ? o.coll : NULL;
+    if (tp->size > 1)
+        c->comm = o.comm;
     const sh_llama_hparams *hp = &m->hp;
     size_t T = (size_t)o.max_tokens, f = sizeof(float);
     size_t qd = (size_t)tp->n_heads * hp->head_dim, kvd = (size_t)tp->n_kv_heads * hp->head_dim;
@@ -426,7 +427,7 @@ static sh_err project_add(sh_llama_ctx *c, const sh_tensor *w, const float *in,
 static sh_err allreduce(sh_llama_ctx *c, float *buf, size_t n)
 {
     sh_err err = sh_backend_sync(c->be, c->st);
-    if (!err && (err = sh_coll_allreduce(c->coll, buf, n, &c->cerr)))
+    if (!err && (err = c->comm.allreduce(c->comm.ud, buf, n, &c->cerr)))
         c->cfailed = true;
     return err;
 }
@@ -593,8 +594,8 @@ static sh_err gather_logits(sh_llama_ctx *c, int32_t n_out)
     const sh_llama_tp *tp = &c->m->tp;
     const size_t pad = (size_t)n_out * (size_t)tp->vocab_pad, V = (size_t)c->m->hp.n_vocab;
     sh_err err = sh_backend_sync(c->be, c->st);
-    if (!err &&
-        (err = sh_coll_allgather(c->coll, c->lg_local, pad * sizeof(float), c->gather, &c->cerr)))
+    if (!err && (err = c->comm.allgather(c->comm.ud, c->lg_local, pad * sizeof(float), c->gather,
+                                         &c->cerr)))
         c->cfailed = true;
     if (err)
         return err;

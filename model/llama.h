@@ -11,8 +11,6 @@
 #include "kernels/backend.h"
 #include "shoal/err.h"
 
-struct sh_coll; /* runtime/coll.h */
-
 /* Shape and constants of a model, from GGUF metadata or a llama2.c header. */
 typedef struct sh_llama_hparams {
     char arch[16];          /* "llama", "qwen2", ...; "llama2c" for a .bin checkpoint */
@@ -201,6 +199,17 @@ uint64_t sh_llama_weight_bytes(const sh_llama *m);
 
 /* ---- inference context ------------------------------------------------------------------- */
 
+/* The collectives a tensor-parallel rank's context calls, as function pointers: model/ knows no
+ * runtime (docs/ARCHITECTURE.md's layers). runtime/coll.h's sh_coll fills it: rank and size from
+ * sh_coll_rank/size, ud the sh_coll, and sh_coll_allreduce_ud / sh_coll_allgather_ud. Both calls
+ * have the contract of their sh_coll counterparts. size 0: no group (a model loaded whole). */
+typedef struct sh_llama_comm {
+    int32_t rank, size;
+    void *ud;
+    sh_err (*allreduce)(void *ud, float *buf, size_t n, sh_error *e);
+    sh_err (*allgather)(void *ud, const void *in, size_t bytes, void *out, sh_error *e);
+} sh_llama_comm;
+
 typedef struct sh_llama_ctx_opts {
     int32_t max_tokens; /* most rows (tokens of all sequences) in one forward call */
     int32_t max_seqs;   /* most sequences in one call */
@@ -214,9 +223,9 @@ typedef struct sh_llama_ctx_opts {
      * resident once. Set to keep only the mapping. */
     bool no_weight_prepare;
     /* The rank's collective group, required when the model was loaded with tp_size > 1 (its rank
-     * and size must be the model's: SH_EINVAL otherwise); borrowed, used from the context's
-     * thread during sh_llama_forward. Its max_bytes must be at least sh_llama_tp_coll_bytes. */
-    struct sh_coll *coll;
+     * and size must be the model's: SH_EINVAL otherwise); used from the context's thread during
+     * sh_llama_forward. Its buffers may reach sh_llama_tp_coll_bytes. */
+    sh_llama_comm comm;
 } sh_llama_ctx_opts;
 
 /* The largest buffer one collective of a context over m with these options passes (all-reduce of

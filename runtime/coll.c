@@ -137,6 +137,16 @@ sh_err sh_coll_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, sh_e
     return end(c, c->ops->broadcast(c, buf, bytes, root, e), bytes, t0, e);
 }
 
+sh_err sh_coll_allreduce_ud(void *ud, float *buf, size_t n, sh_error *e)
+{
+    return sh_coll_allreduce(ud, buf, n, e);
+}
+
+sh_err sh_coll_allgather_ud(void *ud, const void *in, size_t bytes, void *out, sh_error *e)
+{
+    return sh_coll_allgather(ud, in, bytes, out, e);
+}
+
 void sh_coll_stats_get(const sh_coll *c, sh_coll_stats *s)
 {
     sh_coll *m = (sh_coll *)c;

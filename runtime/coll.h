@@ -100,6 +100,11 @@ sh_err sh_coll_allgather(sh_coll *c, const void *in, size_t bytes, void *out, sh
 /* Copies root's buf (bytes) into every other rank's buf. */
 sh_err sh_coll_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, sh_error *e);
 
+/* sh_coll_allreduce and sh_coll_allgather with the handle as a void *: the function pointers of
+ * model/llama.h's sh_llama_comm (model/ does not include the runtime), ud being the sh_coll. */
+sh_err sh_coll_allreduce_ud(void *ud, float *buf, size_t n, sh_error *e);
+sh_err sh_coll_allgather_ud(void *ud, const void *in, size_t bytes, void *out, sh_error *e);
+
 /* Counters since create (for /metrics and the bench). */
 typedef struct sh_coll_stats {
     uint64_t calls;      /* collectives completed */

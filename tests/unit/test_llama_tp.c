@@ -79,7 +79,8 @@ static void *run_script(void *arg)
         }
         if (sh_coll_create(SH_COLL_SHM, &o, &coll, &e))
             goto out;
-        co.coll = coll;
+        co.comm = (sh_llama_comm){sh_coll_rank(coll), sh_coll_size(coll), coll,
+                                  sh_coll_allreduce_ud, sh_coll_allgather_ud};
     }
     if (sh_llama_ctx_create(m, be, &co, &c, &e))
         goto out;
@@ -600,7 +601,8 @@ static void test_bad_options(void)
     CHECK_OK(sh_coll_inproc_create(1, 1 << 20, &g, &e));
     sh_coll_opts o = {.rank = 0, .size = 1, .max_bytes = 1 << 20, .inproc = g};
     CHECK_OK(sh_coll_create(SH_COLL_SHM, &o, &one, &e));
-    co.coll = one;
+    co.comm = (sh_llama_comm){sh_coll_rank(one), sh_coll_size(one), one, sh_coll_allreduce_ud,
+                              sh_coll_allgather_ud};
     CHECK_INT_EQ(sh_llama_ctx_create(m, be, &co, &c, &e), SH_EINVAL);
     CHECK(strstr(e.msg, "collective group is of another size") != NULL);
     CHECK(c == NULL);
