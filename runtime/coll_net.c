@@ -11,7 +11,9 @@
  * not take within timeout_ms fails its link, and the next call on it fails.
  *
  * Join. create sends every peer a HELLO carrying a fresh nonce and the group's parameters (epoch,
- * size, max_bytes, compression) and answers each HELLO with a PROOF: the peer's nonce and, when
+ * size, max_bytes, compression), again every 50 ms to a peer that has not answered (a HELLO that
+ * reached the peer's previous incarnation at the same URL is lost with it), and answers each
+ * HELLO with a PROOF (so do the calls, for a peer still in create): the peer's nonce and, when
  * the group has a cluster key, HMAC-SHA256(key, "shoal coll join v1" | the PROOF's header |
  * destination rank | nonce). A rank has joined when its PROOF answers this rank's nonce (a
  * recorded proof answers no later create) with a valid MAC; a bad MAC is dropped, counted and
@@ -75,19 +77,26 @@
 #define NONCE SH_AUTH_NONCE_LEN
 #define MAC SH_AUTH_MAC_LEN
 #define URL_MAX 256
+#define POOL_MSGS 256u
+#define HELLO_EVERY_NS 50000000u /* create repeats its HELLO to silent peers this often */
+#define CLOSE_PAUSE_MS 20        /* see net_free */
+#define LINGER_MS 500            /* destroy's wait for frames still queued */
 #define JOIN_TAG "shoal coll join v1"
 
 /* One peer's outgoing link: a push socket and the queue its aio drains. */
 typedef struct peer_link {
     struct net *im;
     nng_socket sock;
+    nng_dialer dialer;
     bool sock_open;
     nng_aio *aio;
-    pthread_mutex_t mu; /* everything below */
-    nng_msg **q;        /* (cap) ring of frames waiting for the aio */
+    pthread_mutex_t mu;  /* everything below */
+    pthread_cond_t idle; /* signalled when the queue has drained */
+    nng_msg **q;         /* (cap) ring of frames waiting for the aio */
     size_t cap, head, n;
     bool sending, closed;
-    int err; /* the first failed send's NNG code, 0 when none */
+    int pipes; /* connections to the peer (0 or 1) */
+    int err;   /* the first failed send's NNG code, 0 when none */
 } peer_link;
 
 typedef struct stashed {
@@ -115,6 +124,7 @@ typedef struct net {
     size_t key_len;
     char (*urls)[URL_MAX]; /* (size) */
     nng_socket lsock;
+    nng_listener listener;
     bool lopen;
     nng_aio *raio;
     peer_link *links;  /* (size); links[rank] unused */
@@ -122,8 +132,10 @@ typedef struct net {
     uint8_t nonce[NONCE];
     stashed *stash; /* (n_stash) in arrival order */
     size_t n_stash, stash_bytes, stash_cap_bytes;
-    float *slots; /* (size, ONESHOT_MAX / 4) one-shot contributions */
-    uint8_t op;   /* the current call's */
+    float *slots;             /* (size, ONESHOT_MAX / 4) one-shot contributions */
+    nng_msg *pool[POOL_MSGS]; /* (n_pool) received frames kept to send the next ones in */
+    size_t n_pool, pool_bytes;
+    uint8_t op; /* the current call's */
     sh__log lg;
     _Atomic uint64_t dropped;
     uint32_t logged;      /* drop reasons already logged */
@@ -180,14 +192,16 @@ static void send_cb(void *arg)
 {
     peer_link *l = arg;
     int rv = nng_aio_result(l->aio);
+    bool join = false;
     if (rv) {
         nng_msg *m = nng_aio_get_msg(l->aio);
         nng_aio_set_msg(l->aio, NULL);
+        join = nng_msg_len(m) > 5 && ((uint8_t *)nng_msg_body(m))[5] < SH__COLL_NET_DATA;
         nng_msg_free(m);
     }
     nng_msg *next = NULL;
     pthread_mutex_lock(&l->mu);
-    if (rv && !l->err)
+    if (rv && !join && !l->err) /* a lost join frame is said again; a lost data frame is not */
         l->err = rv;
     if (!l->closed && l->n) {
         next = l->q[l->head];
@@ -195,10 +209,22 @@ static void send_cb(void *arg)
         l->n--;
     } else {
         l->sending = false;
+        pthread_cond_broadcast(&l->idle);
     }
     pthread_mutex_unlock(&l->mu);
     if (next)
         link_kick(l, next);
+}
+
+/* A link's connection came or went (on an NNG thread). */
+static void link_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe;
+    peer_link *l = arg;
+    pthread_mutex_lock(&l->mu);
+    l->pipes += ev == NNG_PIPE_EV_ADD_POST ? 1 : -1;
+    pthread_cond_broadcast(&l->idle);
+    pthread_mutex_unlock(&l->mu);
 }
 
 /* Queues m for rank dst. m is the link's in every case (freed on failure); SH_ETIMEDOUT or
@@ -248,11 +274,39 @@ static sh_err post(net *im, int32_t dst, nng_msg *m, sh_error *e)
     return SH_OK;
 }
 
-/* A new frame with a plen-byte payload (uninitialised), or NULL. */
-static nng_msg *frame_new(size_t plen)
+/* A new frame with a plen-byte payload (uninitialised), or NULL: a kept frame large enough when
+ * there is one (no allocation, no zeroing, no page faults: a ring of 16 MB moves 128 frames per
+ * call), else a new one. */
+static nng_msg *frame_new(net *im, size_t plen)
 {
+    size_t len = SH__COLL_NET_HDR + plen;
+    for (size_t i = im->n_pool; i-- > 0;) {
+        nng_msg *m = im->pool[i];
+        if (nng_msg_capacity(m) < len)
+            continue;
+        im->pool[i] = im->pool[--im->n_pool];
+        im->pool_bytes -= nng_msg_capacity(m);
+        nng_msg_clear(m);
+        nng_msg_header_clear(m);
+        if (nng_msg_realloc(m, len) == 0) /* within the capacity: only the length changes */
+            return m;
+        nng_msg_free(m);
+        break;
+    }
     nng_msg *m;
-    return nng_msg_alloc(&m, SH__COLL_NET_HDR + plen) == 0 ? m : NULL;
+    return nng_msg_alloc(&m, len) == 0 ? m : NULL;
+}
+
+/* Keeps a received frame for frame_new (up to POOL_MSGS and max_bytes + 1 MB), or frees it. */
+static void frame_release(net *im, nng_msg *m)
+{
+    size_t cap = nng_msg_capacity(m);
+    if (im->n_pool < POOL_MSGS && im->pool_bytes + cap <= im->c->max_bytes + ((size_t)1 << 20)) {
+        im->pool[im->n_pool++] = m;
+        im->pool_bytes += cap;
+    } else {
+        nng_msg_free(m);
+    }
 }
 
 static uint8_t *payload(nng_msg *m) { return (uint8_t *)nng_msg_body(m) + SH__COLL_NET_HDR; }
@@ -280,7 +334,7 @@ static sh__coll_net_hdr hdr_of(net *im, uint8_t type, uint8_t op, uint64_t total
 static nng_msg *frame_floats(net *im, uint64_t total, uint32_t index, const float *x, size_t count)
 {
     size_t plen = sh__coll_net_wire_size(im->cmp, count);
-    nng_msg *m = frame_new(plen);
+    nng_msg *m = frame_new(im, plen);
     if (!m)
         return NULL;
     sh__coll_net_encode(im->cmp, x, count, payload(m));
@@ -294,7 +348,7 @@ static nng_msg *frame_floats(net *im, uint64_t total, uint32_t index, const floa
 static nng_msg *frame_bytes(net *im, uint8_t type, uint8_t op, uint64_t total, uint32_t index,
                             const void *p, size_t len)
 {
-    nng_msg *m = frame_new(len);
+    nng_msg *m = frame_new(im, len);
     if (!m)
         return NULL;
     if (len)
@@ -316,6 +370,8 @@ static void frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got, uint
 static sh_err oom(sh_error *e) { return sh__error_set(e, SH_ENOMEM, "coll: out of memory"); }
 
 /* ---- Receiving -------------------------------------------------------------------------- */
+
+static sh_err join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce, sh_error *e);
 
 /* Waits until deadline for the next frame on the listener: 0 with *m, or an NNG code. */
 static int recv_one(net *im, uint64_t deadline, nng_msg **m)
@@ -417,7 +473,16 @@ static sh_err take(net *im, uint8_t type, int32_t src, uint64_t deadline, const 
                                  nng_strerror(rv));
         if (!frame_check(im, m, h))
             continue;
-        if (h->type < SH__COLL_NET_DATA) { /* a late join frame: nothing to answer */
+        if (h->type == SH__COLL_NET_HELLO && payload_len(m) == NONCE) {
+            /* A peer still in create (its first HELLO went to this rank's previous incarnation,
+             * or its PROOF from here was lost): answer it as create does. */
+            sh_err rc = join_send(im, SH__COLL_NET_PROOF, h->src, payload(m), e);
+            nng_msg_free(m);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (h->type < SH__COLL_NET_DATA) { /* a late PROOF: this rank has joined already */
             nng_msg_free(m);
             continue;
         }
@@ -528,7 +593,7 @@ static sh_err allreduce_oneshot(net *im, float *buf, size_t n, uint64_t deadline
         if (rc)
             break;
         sh__coll_net_decode(im->cmp, payload(m), n, im->slots + (size_t)p * n, false);
-        nng_msg_free(m);
+        frame_release(im, m);
     }
     if (rc)
         return rc;
@@ -584,12 +649,10 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
             if (rc)
                 break;
             sh__coll_net_decode(im->cmp, payload(m), k, buf + o, true);
-            nng_msg_free(m);
-            m = frame_floats(im, n, ring_index(s + 1, j), buf + o, k);
-            if (!m) {
-                rc = oom(e);
-                break;
-            }
+            /* The sum goes on in the frame it came in (same length: same k). */
+            sh__coll_net_encode(im->cmp, buf + o, k, payload(m));
+            h = hdr_of(im, SH__COLL_NET_DATA, op, n, ring_index(s + 1, j), (uint32_t)k);
+            sh__coll_net_seal(&h, nng_msg_body(m), payload_len(m));
             if (s == S - 1) /* the final value, as every other rank will decode it */
                 sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
             rc = post(im, right, m, e);
@@ -612,7 +675,7 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
                 frame_forward(im, m, &h, ring_index(S + t + 1, j));
                 rc = post(im, right, m, e);
             } else {
-                nng_msg_free(m);
+                frame_release(im, m);
             }
         }
     }
@@ -662,7 +725,7 @@ static sh_err net_allgather(sh_coll *c, const void *in, size_t bytes, void *out,
             if (rc)
                 break;
             memcpy(o8 + (size_t)p * bytes, payload(m), bytes);
-            nng_msg_free(m);
+            frame_release(im, m);
         }
         return rc;
     }
@@ -691,7 +754,7 @@ static sh_err net_allgather(sh_coll *c, const void *in, size_t bytes, void *out,
                 frame_forward(im, m, &h, ring_index(t + 1, j));
                 rc = post(im, right, m, e);
             } else {
-                nng_msg_free(m);
+                frame_release(im, m);
             }
         }
     }
@@ -733,7 +796,7 @@ static sh_err net_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, s
         if (rc)
             return rc;
         memcpy(buf, payload(m), bytes);
-        nng_msg_free(m);
+        frame_release(im, m);
         m = frame_bytes(im, SH__COLL_NET_ACK, op, bytes, bcast_index(root, 0), NULL, 0);
         return m ? post(im, root, m, e) : oom(e);
     }
@@ -758,7 +821,7 @@ static sh_err net_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, s
             frame_forward(im, m, &h, bcast_index(root, j));
             rc = post(im, next, m, e);
         } else {
-            nng_msg_free(m);
+            frame_release(im, m);
         }
     }
     if (rc)
@@ -784,7 +847,7 @@ static sh_err join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce
 {
     sh_coll *c = im->c;
     size_t plen = type == SH__COLL_NET_HELLO ? NONCE : NONCE + MAC;
-    nng_msg *m = frame_new(plen);
+    nng_msg *m = frame_new(im, plen);
     if (!m)
         return oom(e);
     uint8_t *body = nng_msg_body(m), *p = payload(m);
@@ -854,10 +917,28 @@ static sh_err join(net *im, uint64_t deadline, sh_error *e)
         if (rc)
             return rc;
     }
+    uint64_t resend = now_ns() + HELLO_EVERY_NS;
     while (joined != all) {
         nng_msg *m;
         sh__coll_net_hdr h;
-        int rv = recv_one(im, deadline, &m);
+        int rv = recv_one(im, deadline < resend ? deadline : resend, &m);
+        if (rv == NNG_ETIMEDOUT && now_ns() < deadline) {
+            /* A HELLO can be lost: one that reached a peer's previous incarnation (the same
+             * URL, before it closed) is gone with it. Say it again to every rank that has not
+             * answered, unless the last one is still waiting for a connection. */
+            for (int32_t p = 0; p < c->size; p++) {
+                if (joined >> p & 1u)
+                    continue;
+                pthread_mutex_lock(&im->links[p].mu);
+                bool busy = im->links[p].sending;
+                pthread_mutex_unlock(&im->links[p].mu);
+                sh_err rc = busy ? SH_OK : join_send(im, SH__COLL_NET_HELLO, p, im->nonce, e);
+                if (rc)
+                    return rc;
+            }
+            resend = now_ns() + HELLO_EVERY_NS;
+            continue;
+        }
         if (rv == NNG_ETIMEDOUT) {
             char miss[1024], bad[512] = "";
             list_ranks(im, all & ~joined, miss, sizeof miss);
@@ -931,8 +1012,36 @@ static void net_free(net *im)
 {
     if (!im)
         return;
-    if (im->lopen)
-        nng_close(im->lsock); /* a receive in progress ends; peers' frames are refused */
+    /* A call can end on this rank before its last frames have left (a ring's last forwards):
+     * the links get up to LINGER_MS together to hand what they hold to NNG, and none once the
+     * peer has closed the connection (it has left, so it waits for nothing); then CLOSE_PAUSE_MS
+     * for NNG to write the last one. Nothing new is sent: NNG 1.5.2's nng_close can hang on a
+     * socket that frames are still arriving at, so a goodbye frame would do more harm than good
+     * (a peer still waiting for this rank times out). */
+    bool flush = im->c->ops != NULL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)LINGER_MS * 1000000;
+    until.tv_sec += until.tv_nsec / 1000000000;
+    until.tv_nsec %= 1000000000;
+    for (int32_t p = 0; flush && im->links && p < im->c->size; p++) {
+        peer_link *l = &im->links[p];
+        if (!l->sock_open)
+            continue;
+        pthread_mutex_lock(&l->mu);
+        while (l->sending && !l->err && l->pipes > 0 &&
+               pthread_cond_timedwait(&l->idle, &l->mu, &until) == 0) {
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    if (im->lopen) {
+        /* No new connection; then the pause, also for one accepted just before (a peer's next
+         * incarnation dialling this URL) to finish its handshake: NNG 1.5.2's nng_close can
+         * wait forever for a pipe still negotiating. */
+        nng_listener_close(im->listener);
+        nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
+        nng_close(im->lsock);
+    }
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
         if (!l->sock_open)
@@ -940,18 +1049,24 @@ static void net_free(net *im)
         pthread_mutex_lock(&l->mu);
         l->closed = true;
         pthread_mutex_unlock(&l->mu);
+        /* No pipe event after this point may reach l, which is freed below. */
+        nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+        nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
         nng_close(l->sock); /* fails the send in flight at once */
         if (l->aio)
             nng_aio_free(l->aio); /* waits for its callback */
         for (size_t i = 0; i < l->n; i++)
             nng_msg_free(l->q[(l->head + i) % l->cap]);
         free(l->q);
+        pthread_cond_destroy(&l->idle);
         pthread_mutex_destroy(&l->mu);
     }
     if (im->raio)
         nng_aio_free(im->raio);
     for (size_t i = 0; i < im->n_stash; i++)
         nng_msg_free(im->stash[i].m);
+    for (size_t i = 0; i < im->n_pool; i++)
+        nng_msg_free(im->pool[i]);
     free(im->stash);
     free(im->links);
     free(im->pipe_of);
@@ -1016,7 +1131,7 @@ static sh_err open_sockets(net *im, sh_error *e)
     im->lopen = true;
     if ((rv = nng_socket_set_size(im->lsock, NNG_OPT_RECVMAXSZ, RECV_MAX)) != 0 ||
         (rv = nng_aio_alloc(&im->raio, NULL, NULL)) != 0 ||
-        (rv = nng_listen(im->lsock, url, NULL, 0)) != 0)
+        (rv = nng_listen(im->lsock, url, &im->listener, 0)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s: %s", (int)c->rank, url,
                              nng_strerror(rv));
     for (int32_t p = 0; p < c->size; p++) {
@@ -1028,11 +1143,14 @@ static sh_err open_sockets(net *im, sh_error *e)
             return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
                                  (int)c->rank, nng_strerror(rv));
         pthread_mutex_init(&l->mu, NULL);
+        pthread_cond_init(&l->idle, NULL);
         l->sock_open = true;
         if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0 ||
+            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
+            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
             (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
             (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
-            (rv = nng_dial(l->sock, im->urls[p], NULL, NNG_FLAG_NONBLOCK)) != 0)
+            (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
             return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s",
                                  (int)c->rank, (int)p, im->urls[p], nng_strerror(rv));
     }

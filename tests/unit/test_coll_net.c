@@ -91,8 +91,12 @@ static void group_init(group *g, int n, bool tcp)
 static void group_fini(group *g)
 {
     for (int i = 0; i < g->n; i++)
-        if (strncmp(g->urls[i], "ipc://", 6) == 0)
+        if (strncmp(g->urls[i], "ipc://", 6) == 0) {
+            char b[160];
             unlink(g->urls[i] + 6);
+            snprintf(b, sizeof b, "%sb", g->urls[i] + 6);
+            unlink(b);
+        }
     munmap(g->sh, sizeof *g->sh);
 }
 
@@ -426,8 +430,13 @@ static void rank_mismatch(group *g, int rank)
     CHECK_INT_EQ(sh_coll_allreduce(c, x, 10, &e), SH_EPROTO);
     CHECK(mono_ms() - t0 < 100);
     sh_coll_destroy(c);
-    /* A new group (another epoch) where the ops differ. */
+    /* A new group (another epoch) where the ops differ, on other URLs: with NNG 1.5.2 a group
+     * re-created at once on the same URLs sometimes does not join (a connection from one
+     * rank's new incarnation reaching the other's closing socket is left accepted but unread;
+     * see runtime/coll_net.c). */
     g->epoch[rank] = 8;
+    for (int i = 0; i < g->n; i++)
+        strcat(g->urls[i], "b");
     rc = rank_create(g, rank, &c, &e);
     if (rc) {
         SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
@@ -467,8 +476,10 @@ static void rank_victim(group *g, int rank)
         return;
     }
     allreduce_check(g, c, rank, victim_n, 0, 1e-6, false);
-    if (rank == g->n - 1)
+    if (rank == g->n - 1) {
+        usleep(200000);    /* its last frames of call 1 leave (the others' call 1 needs them) */
         raise(victim_sig); /* SIGKILL ends here; SIGSTOP stops until the parent kills it */
+    }
     float *x = calloc(victim_n, sizeof *x);
     uint64_t t0 = mono_ms();
     rc = sh_coll_allreduce(c, x, victim_n, &e);
