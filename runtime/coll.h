@@ -24,11 +24,11 @@
  *   rank passes the same name; rank 0 creates it, the others open it within the timeout); NULL
  *   puts the segment in this process's memory, shared by ranks that are threads of one
  *   process and created with the same `inproc` handle (see sh_coll_opts).
- * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, tls+tcp://), each rank
- *   listening on urls[rank]: a one-shot exchange (every rank sends its buffer to every other)
- *   for small messages, a ring (reduce-scatter then all-gather, chunks pipelined) for large
- *   ones. Optional compression of what crosses the links (f16, or int8 with one scale per chunk
- *   of at most 256 values); sums are always taken in f32.
+ * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://; tls+tcp:// is refused
+ *   for now), each rank listening on urls[rank]: a one-shot exchange (every rank sends its
+ *   buffer to every other) for small messages, a ring (reduce-scatter then all-gather, chunks
+ *   pipelined) for large ones. Optional compression of what crosses the links (f16, or int8
+ *   with one scale per chunk of at most 256 values); sums are always taken in f32.
  *
  * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
  * sh_coll_stats_get may be called from any thread. */

@@ -50,7 +50,20 @@
  * - compression (all-reduce only; all-gather and broadcast move bytes as they are): what
  *   crosses a link is f16 or int8 (runtime/coll_net_wire.c); sums are taken in f32. Each
  *   rank's own contribution (one-shot) and each chunk's final value (ring) go through the same
- *   encode and decode as what it sends, so ranks still agree bit for bit. */
+ *   encode and decode as what it sends, so ranks still agree bit for bit.
+ *
+ * Destroy gives the links up to LINGER_MS to hand over what they still hold (a rank's call can
+ * end before its last forwards have left), closes the listener, pauses CLOSE_PAUSE_MS, then
+ * closes everything. A peer still waiting for this rank is not told; it times out.
+ *
+ * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
+ * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
+ * nothing new and pauses after closing the listener; and a group re-created at once on the same
+ * URLs (the processes of the previous group destroying theirs while the new ones dial) sometimes
+ * does not join: a connection from one rank's new incarnation that reaches the other's closing
+ * socket stays accepted but unread (seen in `ss -x` as an established socket with bytes
+ * queued), so create times out. Re-creating a group should use fresh URLs (e.g. the epoch in the
+ * ipc:// path or another port) until NNG is upgraded. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
