@@ -1,0 +1,106 @@
+/* Collectives of a tensor-parallel group: all-reduce, all-gather and broadcast among its ranks. */
+#ifndef SH_RUNTIME_COLL_H
+#define SH_RUNTIME_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shoal/err.h"
+
+/* A group is `size` ranks (0 .. size - 1) that call the same collectives in the same order, each
+ * from its own compute thread (a stage rank's executor). A call blocks that thread until every
+ * rank has contributed, or fails within the group's timeout: a dead, stopped or misbehaving
+ * rank makes every peer's call fail (SH_ETIMEDOUT, SH_ECLOSED or SH_EPROTO), never hang. After
+ * a failed call the group is broken: every later call fails at once with the same code; the
+ * stage recreates the group with a new epoch once the watchdog has replaced the rank.
+ *
+ * Every contribution carries the group's epoch and the call's sequence number (the count of
+ * collectives this rank has called since create); a rank that sees another epoch, sequence,
+ * operation or size fails the call with SH_EPROTO naming the rank and both values.
+ *
+ * Transports (sh_coll_kind):
+ * - SH_COLL_SHM: ranks on one host exchange through one shared-memory segment, with no socket
+ *   on the per-call path (spin briefly, then futex wait). `shm_name` names the segment (every
+ *   rank passes the same name; rank 0 creates it, the others open it within the timeout); NULL
+ *   puts the segment in this process's memory, shared by ranks that are threads of one
+ *   process and created with the same `inproc` handle (see sh_coll_opts).
+ * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, tls+tcp://), each rank
+ *   listening on urls[rank]: a one-shot exchange (every rank sends its buffer to every other)
+ *   for small messages, a ring (reduce-scatter then all-gather, chunks pipelined) for large
+ *   ones. Optional compression of what crosses the links (f16, or int8 with one scale per chunk
+ *   of at most 256 values); sums are always taken in f32.
+ *
+ * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
+ * sh_coll_stats_get may be called from any thread. */
+
+typedef struct sh_coll sh_coll;
+
+typedef enum sh_coll_kind {
+    SH_COLL_SHM = 1,
+    SH_COLL_NET,
+} sh_coll_kind;
+
+typedef enum sh_coll_compress {
+    SH_COLL_COMPRESS_NONE = 0, /* f32 on the wire */
+    SH_COLL_COMPRESS_F16,
+    SH_COLL_COMPRESS_INT8, /* one f32 scale per chunk of at most 256 values */
+} sh_coll_compress;
+
+/* Ranks that are threads of one process share one of these (SH_COLL_SHM with shm_name NULL):
+ * create it once, pass it to every rank's sh_coll_create, destroy it after every rank's handle. */
+typedef struct sh_coll_inproc sh_coll_inproc;
+sh_err sh_coll_inproc_create(int32_t size, size_t max_bytes, sh_coll_inproc **out, sh_error *e);
+void sh_coll_inproc_destroy(sh_coll_inproc *g);
+
+typedef struct sh_coll_opts {
+    int32_t rank, size; /* 0 <= rank < size, 1 <= size <= SH_COLL_MAX_RANKS */
+    uint32_t epoch;     /* the group's incarnation; peers of another epoch are refused */
+    int32_t timeout_ms; /* bound on one call and on create's wait for the peers (<= 0: 5000) */
+    size_t max_bytes;   /* largest buffer one call passes (all-gather: its output) */
+    /* SH_COLL_SHM */
+    const char *shm_name;   /* e.g. "/shoal-<cluster>-<replica>-<stage>"; NULL: inproc */
+    sh_coll_inproc *inproc; /* with shm_name NULL */
+    /* SH_COLL_NET */
+    const char *const *urls; /* (size) every rank's listening URL; urls[rank] is ours */
+    sh_coll_compress compress;
+    const uint8_t *key; /* the cluster key (NULL: an unkeyed cluster): each link proves it */
+    size_t key_len;
+} sh_coll_opts;
+
+#define SH_COLL_MAX_RANKS 64
+
+/* Opens this rank's side of a group and waits (up to timeout_ms) until every rank has joined.
+ * Returns SH_EINVAL (bad rank, size, kind or option, named in e), SH_ETIMEDOUT (a peer did not
+ * join), SH_EIO (shared memory or sockets could not be set up), SH_ENOMEM; *out NULL on
+ * failure. The caller owns *out. */
+sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e);
+
+/* Leaves the group and frees the handle; accepts NULL. Peers still calling fail with SH_ECLOSED
+ * or SH_ETIMEDOUT. */
+void sh_coll_destroy(sh_coll *c);
+
+int32_t sh_coll_rank(const sh_coll *c);
+int32_t sh_coll_size(const sh_coll *c);
+
+/* Sums buf (n floats, the same n on every rank) element-wise over the ranks, in place: on return
+ * every rank holds the same sum. With a size of 1 it returns at once. */
+sh_err sh_coll_allreduce(sh_coll *c, float *buf, size_t n, sh_error *e);
+
+/* Concatenates every rank's `bytes` bytes of `in` in rank order into `out` (size * bytes); the
+ * same `bytes` on every rank. */
+sh_err sh_coll_allgather(sh_coll *c, const void *in, size_t bytes, void *out, sh_error *e);
+
+/* Copies root's buf (bytes) into every other rank's buf. */
+sh_err sh_coll_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, sh_error *e);
+
+/* Counters since create (for /metrics and the bench). */
+typedef struct sh_coll_stats {
+    uint64_t calls;      /* collectives completed */
+    uint64_t failures;   /* collectives failed */
+    uint64_t bytes;      /* payload bytes passed in by the caller */
+    uint64_t bytes_wire; /* bytes this rank sent (after compression; 0 for shm) */
+    uint64_t wait_ns;    /* time spent inside the calls */
+} sh_coll_stats;
+void sh_coll_stats_get(const sh_coll *c, sh_coll_stats *s);
+
+#endif
