@@ -64,7 +64,7 @@ typedef struct rank_run {
     uint64_t ms[4];
     float *out;
     size_t out_len;
-    int bad;  /* count of wrong values the body found itself */
+    int bad; /* count of wrong values the body found itself */
     void *arg;
 } rank_run;
 
@@ -80,8 +80,7 @@ static void *rank_main(void *p)
 /* Runs body on `size` threads forming an in-process group (or a named one with name != NULL);
  * epochs NULL: every rank epoch 1. */
 static void run_group(rank_run *runs, int32_t size, size_t max_bytes, int32_t timeout_ms,
-                      const char *name, const uint32_t *epochs, void (*body)(rank_run *),
-                      void *arg)
+                      const char *name, const uint32_t *epochs, void (*body)(rank_run *), void *arg)
 {
     sh_coll_inproc *g = NULL;
     sh_error e = {0};
@@ -152,12 +151,11 @@ static void check_sums(rank_run *runs, int32_t size)
             float ref = ref_sum((uint32_t)k + 1, size, i);
             float got = runs[0].out[off + i];
             if (!(fabsf(got - ref) <= 1e-6f * fmaxf(1.0f, fabsf(ref))) && bad_ref++ < 3)
-                SH_FAIL_("size %d, n %zu, [%zu]: %.9g, reference %.9g", (int)size, n, i, got,
-                         ref);
+                SH_FAIL_("size %d, n %zu, [%zu]: %.9g, reference %.9g", (int)size, n, i, got, ref);
             for (int32_t r = 1; r < size; r++)
                 if (memcmp(&runs[r].out[off + i], &got, sizeof got) != 0 && bad_bits++ < 3)
-                    SH_FAIL_("size %d, n %zu, [%zu]: rank %d has %.9g, rank 0 %.9g", (int)size,
-                             n, i, (int)r, runs[r].out[off + i], got);
+                    SH_FAIL_("size %d, n %zu, [%zu]: rank %d has %.9g, rank 0 %.9g", (int)size, n,
+                             i, (int)r, runs[r].out[off + i], got);
         }
         off += n;
     }
@@ -503,8 +501,12 @@ static void test_peer_killed(void)
     shm_name(name, sizeof name, "killed");
     pid_t pid = fork();
     if (pid == 0) {
-        sh_coll_opts o = {.rank = 1, .size = 2, .epoch = 1, .timeout_ms = 5000,
-                          .max_bytes = 64, .shm_name = name};
+        sh_coll_opts o = {.rank = 1,
+                          .size = 2,
+                          .epoch = 1,
+                          .timeout_ms = 5000,
+                          .max_bytes = 64,
+                          .shm_name = name};
         sh_coll *c = NULL;
         if (sh_coll_create(SH_COLL_SHM, &o, &c, NULL))
             _exit(2);
@@ -515,8 +517,8 @@ static void test_peer_killed(void)
             pause();
     }
     CHECK(pid > 0);
-    sh_coll_opts o = {.rank = 0, .size = 2, .epoch = 1, .timeout_ms = 5000, .max_bytes = 64,
-                      .shm_name = name};
+    sh_coll_opts o = {
+        .rank = 0, .size = 2, .epoch = 1, .timeout_ms = 5000, .max_bytes = 64, .shm_name = name};
     sh_coll *c = NULL;
     sh_error e = {0};
     CHECK_OK(sh_coll_create(SH_COLL_SHM, &o, &c, &e));
@@ -544,8 +546,8 @@ static void test_epoch_mismatch(void)
     /* named: rank 1's epoch is older than the segment's: refused at once */
     char name[96];
     shm_name(name, sizeof name, "epoch");
-    sh_coll_opts o0 = {.rank = 0, .size = 2, .epoch = 5, .timeout_ms = 300, .max_bytes = 64,
-                       .shm_name = name};
+    sh_coll_opts o0 = {
+        .rank = 0, .size = 2, .epoch = 5, .timeout_ms = 300, .max_bytes = 64, .shm_name = name};
     sh_coll_opts o1 = o0;
     o1.rank = 1;
     o1.epoch = 4;
@@ -608,8 +610,11 @@ static void test_stale_segment(void)
     for (int32_t r = 1; r >= 0; r--) {
         runs[r].rank = r;
         runs[r].size = 2;
-        runs[r].o = (sh_coll_opts){.rank = r, .size = 2, .epoch = 9,
-                                   .timeout_ms = (int32_t)sh_test_ms(3000), .max_bytes = 64,
+        runs[r].o = (sh_coll_opts){.rank = r,
+                                   .size = 2,
+                                   .epoch = 9,
+                                   .timeout_ms = (int32_t)sh_test_ms(3000),
+                                   .max_bytes = 64,
                                    .shm_name = name};
         runs[r].body = leave_body;
         CHECK_INT_EQ(pthread_create(&th[r], NULL, rank_main, &runs[r]), 0);
@@ -710,10 +715,12 @@ static void test_bad_options(void)
     b.shm_name = "no-slash";
     expect_einval(sh_coll_create(SH_COLL_SHM, &b, &c, &e), &e, "no-slash");
     expect_einval(sh_coll_create((sh_coll_kind)9, &o, &c, &e), &e, "kind");
-    expect_einval(sh_coll_inproc_create(0, 64, &g, &e), &e, "size");
-    CHECK(g == NULL);
-    expect_einval(sh_coll_inproc_create(2, 0, &g, &e), &e, "max_bytes");
-    expect_einval(sh_coll_inproc_create(SH_COLL_MAX_RANKS + 1, 64, &g, &e), &e, "size");
+    sh_coll_inproc *g2 = (sh_coll_inproc *)1;
+    expect_einval(sh_coll_inproc_create(0, 64, &g2, &e), &e, "size");
+    CHECK(g2 == NULL);
+    expect_einval(sh_coll_inproc_create(2, 0, &g2, &e), &e, "max_bytes");
+    expect_einval(sh_coll_inproc_create(SH_COLL_MAX_RANKS + 1, 64, &g2, &e), &e, "size");
+    expect_einval(sh_coll_inproc_create(2, 64, NULL, &e), &e, "out");
     /* the network transport is not built on this branch */
     CHECK_INT_EQ(sh_coll_create(SH_COLL_NET, &o, &c, &e) != SH_OK, 1);
     sh_coll_inproc_destroy(NULL);

@@ -1,0 +1,280 @@
+/* bench_collectives: latency and bus bandwidth of the collectives (runtime/coll.h) for each
+ * transport, group size and message size. One JSON object per (transport, ranks, bytes).
+ *
+ * Usage: bench_collectives [--transport shm] [--inproc] [--ranks N] [--op OP] [--min B]
+ *                          [--max B] [--iters N] [--bytes B]
+ *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment
+ *   --inproc       shm only: ranks as threads of this process (sh_coll_inproc)
+ *   --ranks N      group size (default 2)
+ *   --op OP        allreduce (default), allgather or broadcast (root 0)
+ *   --min/--max B  message sizes in bytes (default 4096 .. 64 MiB: 4 KiB, 8 KiB, then powers of
+ *                  4 from 16 KiB); for all-gather, B is the output (every rank sends B / N)
+ *   --bytes B      one size only
+ *   --iters N      timed calls per size (default: 5000 up to 64 KiB, then 256 MiB / B, at least
+ *                  8), after a tenth as many untimed ones
+ * Latency is the time of one call on rank 0 (p50, p99, mean over the timed calls; ranks meet at
+ * every call, so one rank's clock is the group's). Bus bandwidth is NCCL's: all-reduce
+ * 2(n-1)/n * B / mean, all-gather (n-1)/n * B / mean, broadcast B / mean.
+ *
+ * Each transport is one run_<transport> function that starts the ranks and calls rank_loop in
+ * each; the loop and the figures are shared. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/coll.h"
+
+typedef enum bench_op { OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST } bench_op;
+
+typedef struct bench_opts {
+    const char *transport;
+    bool inproc;
+    int32_t ranks;
+    bench_op op;
+    size_t min_bytes, max_bytes;
+    int iters; /* 0: by size */
+} bench_opts;
+
+static const char *op_names[] = {"allreduce", "allgather", "broadcast"};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The sizes of the run: 4 KiB, 8 KiB (issue 26's latency figure), then powers of 4. */
+static size_t next_size(size_t b) { return b < 16384 ? b * 2 : b * 4; }
+
+static int iters_for(const bench_opts *o, size_t bytes)
+{
+    if (o->iters > 0)
+        return o->iters;
+    if (bytes <= 65536)
+        return 5000;
+    size_t n = ((size_t)256 << 20) / bytes;
+    return n < 8 ? 8 : (int)n;
+}
+
+static double busbw_factor(bench_op op, int32_t n)
+{
+    if (op == OP_ALLREDUCE)
+        return 2.0 * (n - 1) / n;
+    if (op == OP_ALLGATHER)
+        return (double)(n - 1) / n;
+    return 1.0;
+}
+
+static sh_err one_call(sh_coll *c, const bench_opts *o, float *buf, float *out, size_t bytes,
+                       sh_error *e)
+{
+    switch (o->op) {
+    case OP_ALLREDUCE: return sh_coll_allreduce(c, buf, bytes / sizeof(float), e);
+    case OP_ALLGATHER:
+        return sh_coll_allgather(c, buf, bytes / (size_t)o->ranks, out, e);
+    default: return sh_coll_broadcast(c, buf, bytes, 0, e);
+    }
+}
+
+/* Every rank runs every size; rank 0 prints one line per size. Returns 0 or 1. */
+static int rank_loop(sh_coll *c, const bench_opts *o, const char *mode)
+{
+    float *buf = malloc(o->max_bytes), *out = malloc(o->max_bytes);
+    int iters_max = iters_for(o, o->min_bytes);
+    uint64_t *t = malloc(sizeof *t * (size_t)(o->iters > iters_max ? o->iters : iters_max));
+    if (!buf || !out || !t) {
+        fprintf(stderr, "bench_collectives: out of memory\n");
+        return 1;
+    }
+    /* Ones: an in-place all-reduce multiplies them by the group size each call, which reaches
+     * infinity without passing through denormals (no slow path in the adds). */
+    for (size_t i = 0; i < o->max_bytes / sizeof(float); i++)
+        buf[i] = 1.0f;
+    memset(out, 0, o->max_bytes);
+    int rc = 0;
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes = next_size(bytes)) {
+        int iters = iters_for(o, bytes);
+        sh_error e = {0};
+        for (int i = -(iters / 10 + 2); i < iters && !rc; i++) {
+            uint64_t t0 = now_ns();
+            if (one_call(c, o, buf, out, bytes, &e)) {
+                fprintf(stderr, "bench_collectives: rank %d: %s of %zu bytes: %s\n",
+                        (int)sh_coll_rank(c), op_names[o->op], bytes, e.msg);
+                rc = 1;
+            }
+            if (i >= 0)
+                t[i] = now_ns() - t0;
+        }
+        if (rc)
+            break;
+        if (sh_coll_rank(c) != 0)
+            continue;
+        double sum = 0;
+        for (int i = 0; i < iters; i++)
+            sum += (double)t[i];
+        qsort(t, (size_t)iters, sizeof *t, cmp_u64);
+        double mean = sum / iters;
+        double load = 0;
+        FILE *f = fopen("/proc/loadavg", "r");
+        if (f) {
+            if (fscanf(f, "%lf", &load) != 1)
+                load = 0;
+            fclose(f);
+        }
+        printf("{\"bench\":\"collectives\",\"transport\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\","
+               "\"ranks\":%d,\"bytes\":%zu,\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+               "\"mean_us\":%.2f,\"busbw_gbs\":%.2f,\"load1\":%.2f}\n",
+               o->transport, mode, op_names[o->op], (int)o->ranks, bytes, iters,
+               (double)t[iters / 2] / 1e3, (double)t[(size_t)iters * 99 / 100] / 1e3, mean / 1e3,
+               busbw_factor(o->op, o->ranks) * (double)bytes / mean, load);
+        fflush(stdout);
+    }
+    free(buf);
+    free(out);
+    free(t);
+    return rc;
+}
+
+/* ---- transport: shm ---- */
+
+typedef struct shm_thread {
+    const bench_opts *o;
+    sh_coll_opts co;
+    int rc;
+} shm_thread;
+
+static int shm_rank(const bench_opts *o, sh_coll_opts *co, const char *mode)
+{
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    if (sh_coll_create(SH_COLL_SHM, co, &c, &e)) {
+        fprintf(stderr, "bench_collectives: rank %d: %s\n", (int)co->rank, e.msg);
+        return 1;
+    }
+    int rc = rank_loop(c, o, mode);
+    sh_coll_destroy(c);
+    return rc;
+}
+
+static void *shm_thread_main(void *p)
+{
+    shm_thread *t = p;
+    t->rc = shm_rank(t->o, &t->co, "threads");
+    return NULL;
+}
+
+static int run_shm(const bench_opts *o)
+{
+    sh_coll_opts co = {.size = o->ranks, .epoch = 1, .timeout_ms = 60000,
+                       .max_bytes = o->max_bytes};
+    if (o->inproc) {
+        sh_error e = {0};
+        if (sh_coll_inproc_create(o->ranks, o->max_bytes, &co.inproc, &e)) {
+            fprintf(stderr, "bench_collectives: %s\n", e.msg);
+            return 1;
+        }
+        shm_thread th[SH_COLL_MAX_RANKS];
+        pthread_t id[SH_COLL_MAX_RANKS];
+        for (int32_t r = 0; r < o->ranks; r++) {
+            th[r] = (shm_thread){.o = o, .co = co};
+            th[r].co.rank = r;
+            pthread_create(&id[r], NULL, shm_thread_main, &th[r]);
+        }
+        int rc = 0;
+        for (int32_t r = 0; r < o->ranks; r++) {
+            pthread_join(id[r], NULL);
+            rc |= th[r].rc;
+        }
+        sh_coll_inproc_destroy(co.inproc);
+        return rc;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "/shoal-bench-coll-%d", (int)getpid());
+    co.shm_name = name;
+    pid_t pids[SH_COLL_MAX_RANKS];
+    for (int32_t r = 0; r < o->ranks; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            co.rank = r;
+            _exit(shm_rank(o, &co, "processes"));
+        }
+    }
+    int rc = 0;
+    for (int32_t r = 0; r < o->ranks; r++) {
+        int st = 0;
+        if (pids[r] < 0 || waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) ||
+            WEXITSTATUS(st) != 0)
+            rc = 1;
+    }
+    return rc;
+}
+
+/* ---- options ---- */
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_collectives [--transport shm] [--inproc] [--ranks N] "
+                    "[--op allreduce|allgather|broadcast] [--min B] [--max B] [--bytes B] "
+                    "[--iters N]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts o = {.transport = "shm", .ranks = 2, .op = OP_ALLREDUCE, .min_bytes = 4096,
+                    .max_bytes = (size_t)64 << 20};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--inproc")) {
+            o.inproc = true;
+            continue;
+        }
+        if (!v)
+            return usage();
+        i++;
+        if (!strcmp(a, "--transport"))
+            o.transport = v;
+        else if (!strcmp(a, "--ranks"))
+            o.ranks = atoi(v);
+        else if (!strcmp(a, "--min"))
+            o.min_bytes = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--max"))
+            o.max_bytes = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--bytes"))
+            o.min_bytes = o.max_bytes = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--iters"))
+            o.iters = atoi(v);
+        else if (!strcmp(a, "--op")) {
+            int k = -1;
+            for (int j = 0; j < 3; j++)
+                if (!strcmp(v, op_names[j]))
+                    k = j;
+            if (k < 0)
+                return usage();
+            o.op = (bench_op)k;
+        } else
+            return usage();
+    }
+    if (o.ranks < 2 || o.ranks > SH_COLL_MAX_RANKS || o.min_bytes < 4 * (size_t)o.ranks ||
+        o.min_bytes > o.max_bytes) {
+        fprintf(stderr, "bench_collectives: need 2 <= ranks <= %d and 4 * ranks <= min <= max\n",
+                SH_COLL_MAX_RANKS);
+        return 2;
+    }
+    if (!strcmp(o.transport, "shm"))
+        return run_shm(&o);
+    fprintf(stderr, "bench_collectives: unknown transport %s\n", o.transport);
+    return usage();
+}
