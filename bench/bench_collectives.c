@@ -81,10 +81,12 @@ static sh_err one_call(sh_coll *c, const bench_opts *o, float *buf, float *out, 
                        sh_error *e)
 {
     switch (o->op) {
-    case OP_ALLREDUCE: return sh_coll_allreduce(c, buf, bytes / sizeof(float), e);
+    case OP_ALLREDUCE:
+        return sh_coll_allreduce(c, buf, bytes / sizeof(float), e);
     case OP_ALLGATHER:
         return sh_coll_allgather(c, buf, bytes / (size_t)o->ranks, out, e);
-    default: return sh_coll_broadcast(c, buf, bytes, 0, e);
+    default:
+        return sh_coll_broadcast(c, buf, bytes, 0, e);
     }
 }
 
@@ -177,8 +179,8 @@ static void *shm_thread_main(void *p)
 
 static int run_shm(const bench_opts *o)
 {
-    sh_coll_opts co = {.size = o->ranks, .epoch = 1, .timeout_ms = 60000,
-                       .max_bytes = o->max_bytes};
+    sh_coll_opts co = {
+        .size = o->ranks, .epoch = 1, .timeout_ms = 60000, .max_bytes = o->max_bytes};
     if (o->inproc) {
         sh_error e = {0};
         if (sh_coll_inproc_create(o->ranks, o->max_bytes, &co.inproc, &e)) {
@@ -233,7 +235,10 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {.transport = "shm", .ranks = 2, .op = OP_ALLREDUCE, .min_bytes = 4096,
+    bench_opts o = {.transport = "shm",
+                    .ranks = 2,
+                    .op = OP_ALLREDUCE,
+                    .min_bytes = 4096,
                     .max_bytes = (size_t)64 << 20};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -591,7 +591,21 @@ static sh_err seg_open(shm_impl *s, const sh_coll *c, uint64_t deadline, sh_erro
                 s->ino = st.st_ino;
                 s->dev = st.st_dev;
                 layout(s, c->size, c->max_bytes);
-                return SH_OK;
+                /* A segment whose rank 0 has left, or where this rank's block is taken, belongs
+                 * to a finished incarnation of the same epoch: rank 0 replaces it. */
+                uint32_t st0 = atomic_load(&s->ctl[0].state);
+                uint32_t mine = atomic_load(&s->ctl[c->rank].state);
+                if (st0 != STATE_CLOSED && st0 != STATE_BROKEN && mine == STATE_FREE)
+                    return SH_OK;
+                if (mine != STATE_FREE)
+                    snprintf(why, sizeof why, "rank %d has already joined it", (int)c->rank);
+                else
+                    snprintf(why, sizeof why,
+                             "it is left over from a finished group (its rank 0 "
+                             "left)");
+                munmap(p, total);
+                s->base = NULL;
+                fd = -1;
             }
             if (rc) {
                 close(fd);

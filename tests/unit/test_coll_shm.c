@@ -628,8 +628,16 @@ static void test_stale_segment(void)
         CHECK_OK(runs[r].rc[0]);
         CHECK_INT_EQ(runs[r].bad, 0);
     }
-    sh_coll_destroy(runs[0].c);
+    /* rank 1 left; another rank 1 of the same epoch does not join the finished group */
     sh_coll_destroy(runs[1].c);
+    sh_coll *again = NULL;
+    sh_error e = {0};
+    sh_coll_opts o1 = runs[1].o;
+    o1.timeout_ms = 100;
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_SHM, &o1, &again, &e), SH_ETIMEDOUT);
+    CHECK(strstr(e.msg, "rank 1 has already joined it") != NULL);
+    fprintf(stderr, "  %s\n", e.msg);
+    sh_coll_destroy(runs[0].c);
     fd = shm_open(name, O_RDONLY, 0);
     CHECK_INT_EQ(fd, -1); /* rank 0 unlinked the fresh one */
     if (fd >= 0)
