@@ -112,8 +112,11 @@ static void run_group(rank_run *runs, int32_t size, size_t max_bytes, int32_t ti
 
 /* ---- sums ---- */
 
-#define SUM_MAX_FLOATS 40000 /* 160 KB: past the one-barrier threshold with 3 and 4 ranks */
-static const size_t sum_sizes[] = {1, 3, 16, 17, 1000, 2048, 8191, 8193, 20000, SUM_MAX_FLOATS};
+/* Past the one-barrier threshold with 3 and 4 ranks (8192 floats) and past one 64 KB chunk
+ * (16384 floats) by many, with a partial last chunk. */
+#define SUM_MAX_FLOATS 200000
+static const size_t sum_sizes[] = {1,    3,    16,    17,    1000,   2048,
+                                   8191, 8193, 20000, 65536, 131073, SUM_MAX_FLOATS};
 #define N_SUM_SIZES (sizeof sum_sizes / sizeof sum_sizes[0])
 
 static void sum_body(rank_run *r)
@@ -207,47 +210,56 @@ static void test_allreduce_inproc(void)
 
 /* ---- all-gather and broadcast ---- */
 
+/* Sizes that fit one chunk and sizes that span several (chunks are 64 KB). */
+#define GATHER_MAX 300000
+static const size_t gather_sizes[] = {1, 5, 64, 1000, 4096, 262145, GATHER_MAX};
+#define N_GATHER_SIZES (sizeof gather_sizes / sizeof gather_sizes[0])
+
 static void gather_body(rank_run *r)
 {
-    static const size_t sizes[] = {1, 5, 64, 1000, 4096};
-    unsigned char in[4096], out[4 * 4096], buf[4096];
-    for (size_t k = 0; k < 5; k++) {
-        size_t b = sizes[k];
+    unsigned char *in = malloc(GATHER_MAX), *out = malloc((size_t)MAX_RANKS * GATHER_MAX);
+    unsigned char *buf = malloc(GATHER_MAX);
+    for (size_t k = 0; k < N_GATHER_SIZES && !r->rc[0]; k++) {
+        size_t b = gather_sizes[k];
         for (size_t i = 0; i < b; i++)
             in[i] = (unsigned char)(r->rank * 31 + i * 7 + k);
         sh_err rc = sh_coll_allgather(r->c, in, b, out, &r->e);
         if (rc) {
             r->rc[0] = rc;
             snprintf(r->msg[0], sizeof r->msg[0], "%s", r->e.msg);
-            return;
+            break;
         }
         for (int32_t q = 0; q < r->size; q++)
             for (size_t i = 0; i < b; i++)
                 if (out[(size_t)q * b + i] != (unsigned char)(q * 31 + i * 7 + k))
                     r->bad++;
     }
-    for (int32_t root = 0; root < r->size; root++)
-        for (size_t k = 0; k < 5; k++) {
-            size_t b = sizes[k];
+    for (int32_t root = 0; root < r->size && !r->rc[0]; root++)
+        for (size_t k = 0; k < N_GATHER_SIZES && !r->rc[0]; k++) {
+            size_t b = gather_sizes[k];
             for (size_t i = 0; i < b; i++)
                 buf[i] = r->rank == root ? (unsigned char)(root * 13 + i * 3 + k) : 0xee;
             sh_err rc = sh_coll_broadcast(r->c, buf, b, root, &r->e);
             if (rc) {
                 r->rc[0] = rc;
                 snprintf(r->msg[0], sizeof r->msg[0], "%s", r->e.msg);
-                return;
+                break;
             }
             for (size_t i = 0; i < b; i++)
                 if (buf[i] != (unsigned char)(root * 13 + i * 3 + k))
                     r->bad++;
         }
+    free(in);
+    free(out);
+    free(buf);
 }
 
 static void test_allgather_broadcast_inproc(void)
 {
     rank_run runs[MAX_RANKS];
     for (int32_t size = 2; size <= 4; size++) {
-        run_group(runs, size, 4 * 4096, sh_test_ms(5000), NULL, NULL, gather_body, NULL);
+        run_group(runs, size, (size_t)size * GATHER_MAX, sh_test_ms(5000), NULL, NULL, gather_body,
+                  NULL);
         for (int32_t r = 0; r < size; r++) {
             CHECK_OK(runs[r].create_rc);
             if (runs[r].rc[0])
