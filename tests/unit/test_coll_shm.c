@@ -584,6 +584,28 @@ static void test_epoch_mismatch(void)
     CHECK(strstr(r0.e.msg, "rank 1 did not join") != NULL);
     CHECK(c1 == NULL && r0.c == NULL);
 
+    /* named, same epoch: a segment made for another max_bytes or size is refused at once */
+    for (int which = 0; which < 2; which++) {
+        r0 = (rank_run){.o = o0};
+        CHECK_INT_EQ(pthread_create(&th, NULL, rank_main, &r0), 0);
+        o1 = o0;
+        o1.rank = 1;
+        if (which == 0)
+            o1.max_bytes = 128;
+        else
+            o1.size = 3;
+        t0 = now_ms();
+        rc = SH_ETIMEDOUT;
+        while (now_ms() - t0 < 1000 && rc == SH_ETIMEDOUT)
+            rc = sh_coll_create(SH_COLL_SHM, &o1, &c1, &e);
+        CHECK_INT_EQ(rc, SH_EINVAL);
+        CHECK(which == 0 ? strstr(e.msg, "max_bytes 64") && strstr(e.msg, "is 128")
+                         : strstr(e.msg, "group of 2 ranks") && strstr(e.msg, "has 3"));
+        fprintf(stderr, "  %s\n", e.msg);
+        pthread_join(th, NULL);
+        CHECK_INT_EQ(r0.create_rc, SH_ETIMEDOUT);
+    }
+
     /* in-process: the ranks' epochs meet at join */
     uint32_t epochs[2] = {2, 3};
     run_group(runs, 2, 64, 300, NULL, epochs, NULL, NULL);
