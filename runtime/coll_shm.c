@@ -40,7 +40,7 @@
  * does only once it has finished call s. Sums are taken in rank order element by element on
  * every path, so every rank gets the same bits. */
 
-#define SEG_MAGIC 0x4c4c4f434c414f48ull /* "HOALCOLL" */
+#define SEG_MAGIC 0x4745534c4f434853ull /* "SHCOLSEG" in memory order */
 #define SEG_VERSION 1u
 #define ALIGN 64u
 /* Waiting on a peer: spin with a pause instruction this long (a peer on another core usually
@@ -597,6 +597,15 @@ static sh_err seg_create(shm_impl *s, const sh_coll *c, sh_error *e)
         fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0 && (errno != EEXIST || tries >= 100))
             return sh__error_set(e, SH_EIO, "coll: shm_open %s: %s", s->name, strerror(errno));
+    }
+    /* Reserve every page now: a write into a tmpfs page that cannot be allocated later would
+     * be a SIGBUS in the middle of a call, not an error. */
+    int fa = posix_fallocate(fd, 0, (off_t)total);
+    if (fa != 0 && fa != EOPNOTSUPP && fa != EINVAL) {
+        close(fd);
+        shm_unlink(s->name);
+        return sh__error_set(e, SH_EIO, "coll: reserving %zu bytes for %s: %s", total, s->name,
+                             strerror(fa));
     }
     struct stat st;
     if (ftruncate(fd, (off_t)total) != 0 || fstat(fd, &st) != 0) {

@@ -627,7 +627,7 @@ static void test_stale_segment(void)
         int fd = shm_open(name, O_RDWR | O_CREAT | O_TRUNC, 0600);
         if (fd < 0 || ftruncate(fd, 1 << 16) != 0)
             _exit(2);
-        uint64_t hdr[8] = {0x4c4c4f434c414f48ull, 1 | ((uint64_t)9 << 32),
+        uint64_t hdr[8] = {0x4745534c4f434853ull, 1 | ((uint64_t)9 << 32),
                            2 | ((uint64_t)getpid() << 32), 64};
         if (write(fd, hdr, sizeof hdr) != sizeof hdr)
             _exit(3);
