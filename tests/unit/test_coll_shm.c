@@ -684,7 +684,9 @@ static void mismatch_body(rank_run *r)
 {
     float v[32] = {0};
     int mode = *(int *)r->arg;
-    if (mode == 0 || r->rank == 0)
+    if (mode == 2) /* each rank names itself the root */
+        r->rc[0] = sh_coll_broadcast(r->c, v, 16, r->rank, &r->e);
+    else if (mode == 0 || r->rank == 0)
         r->rc[0] = sh_coll_allreduce(r->c, v, r->rank == 0 ? 10 : 12, &r->e);
     else
         r->rc[0] = sh_coll_allgather(r->c, v, 20, v + 8, &r->e);
@@ -697,7 +699,7 @@ static void mismatch_body(rank_run *r)
 static void test_call_mismatch(void)
 {
     rank_run runs[2];
-    for (int mode = 0; mode < 2; mode++) {
+    for (int mode = 0; mode < 3; mode++) {
         run_group(runs, 2, 64, sh_test_ms(3000), NULL, NULL, mismatch_body, &mode);
         for (int32_t r = 0; r < 2; r++) {
             CHECK_OK(runs[r].create_rc);
@@ -708,9 +710,11 @@ static void test_call_mismatch(void)
         }
         if (mode == 0)
             CHECK(strstr(runs[0].msg[0], "48 bytes") && strstr(runs[0].msg[0], "40 bytes"));
-        else
+        else if (mode == 1)
             CHECK(strstr(runs[0].msg[0], "all-gather of 20") &&
                   strstr(runs[0].msg[0], "all-reduce of 40"));
+        else
+            CHECK(strstr(runs[0].msg[0], "(root 1)") && strstr(runs[0].msg[0], "(root 0)"));
     }
 }
 
