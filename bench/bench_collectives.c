@@ -6,7 +6,9 @@
  *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment
  *   --inproc       shm only: ranks as threads of this process (sh_coll_inproc)
  *   --ranks N      group size (default 2)
- *   --op OP        allreduce (default), allgather or broadcast (root 0)
+ *   --op OP        allreduce (default), allgather or broadcast (root 0); p2p: the link's own
+ *                  point-to-point figure (shm: one transfer between two processes through
+ *                  shared memory, see run_shm_p2p)
  *   --min/--max B  message sizes in bytes (default 4096 .. 64 MiB: 4 KiB, 8 KiB, then powers of
  *                  4 from 16 KiB); for all-gather, B is the output (every rank sends B / N)
  *   --bytes B      one size only
@@ -19,17 +21,21 @@
  * Each transport is one run_<transport> function that starts the ranks and calls rank_loop in
  * each; the loop and the figures are shared. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "runtime/coll.h"
 
-typedef enum bench_op { OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST } bench_op;
+typedef enum bench_op { OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_P2P } bench_op;
 
 typedef struct bench_opts {
     const char *transport;
@@ -40,7 +46,7 @@ typedef struct bench_opts {
     int iters; /* 0: by size */
 } bench_opts;
 
-static const char *op_names[] = {"allreduce", "allgather", "broadcast"};
+static const char *op_names[] = {"allreduce", "allgather", "broadcast", "p2p"};
 
 static uint64_t now_ns(void)
 {
@@ -90,6 +96,32 @@ static sh_err one_call(sh_coll *c, const bench_opts *o, float *buf, float *out, 
     }
 }
 
+/* Prints one line from the timed calls t (sorted here): p50, p99, mean, and the bandwidth
+ * factor * bytes / mean under the name bw_name. */
+static void report(const bench_opts *o, const char *mode, const char *op, size_t bytes, uint64_t *t,
+                   int iters, const char *bw_name, double factor)
+{
+    double sum = 0;
+    for (int i = 0; i < iters; i++)
+        sum += (double)t[i];
+    qsort(t, (size_t)iters, sizeof *t, cmp_u64);
+    double mean = sum / iters;
+    double load = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &load) != 1)
+            load = 0;
+        fclose(f);
+    }
+    printf("{\"bench\":\"collectives\",\"transport\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\","
+           "\"ranks\":%d,\"bytes\":%zu,\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,"
+           "\"mean_us\":%.2f,\"%s\":%.2f,\"load1\":%.2f}\n",
+           o->transport, mode, op, (int)o->ranks, bytes, iters, (double)t[iters / 2] / 1e3,
+           (double)t[(size_t)iters * 99 / 100] / 1e3, mean / 1e3, bw_name,
+           factor * (double)bytes / mean, load);
+    fflush(stdout);
+}
+
 /* Every rank runs every size; rank 0 prints one line per size. Returns 0 or 1. */
 static int rank_loop(sh_coll *c, const bench_opts *o, const char *mode)
 {
@@ -123,25 +155,8 @@ static int rank_loop(sh_coll *c, const bench_opts *o, const char *mode)
             break;
         if (sh_coll_rank(c) != 0)
             continue;
-        double sum = 0;
-        for (int i = 0; i < iters; i++)
-            sum += (double)t[i];
-        qsort(t, (size_t)iters, sizeof *t, cmp_u64);
-        double mean = sum / iters;
-        double load = 0;
-        FILE *f = fopen("/proc/loadavg", "r");
-        if (f) {
-            if (fscanf(f, "%lf", &load) != 1)
-                load = 0;
-            fclose(f);
-        }
-        printf("{\"bench\":\"collectives\",\"transport\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\","
-               "\"ranks\":%d,\"bytes\":%zu,\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,"
-               "\"mean_us\":%.2f,\"busbw_gbs\":%.2f,\"load1\":%.2f}\n",
-               o->transport, mode, op_names[o->op], (int)o->ranks, bytes, iters,
-               (double)t[iters / 2] / 1e3, (double)t[(size_t)iters * 99 / 100] / 1e3, mean / 1e3,
-               busbw_factor(o->op, o->ranks) * (double)bytes / mean, load);
-        fflush(stdout);
+        report(o, mode, op_names[o->op], bytes, t, iters, "busbw_gbs",
+               busbw_factor(o->op, o->ranks));
     }
     free(buf);
     free(out);
@@ -177,8 +192,93 @@ static void *shm_thread_main(void *p)
     return NULL;
 }
 
+/* The link's own point-to-point figure: two processes and one shared mapping; rank 0 copies
+ * `bytes` in and raises its flag, rank 1 copies them out, copies them back into its own area
+ * and raises its flag, rank 0 copies them out. Half of that round trip is one transfer (copy
+ * in, handshake, copy out), timed on rank 0; bandwidth is bytes over its mean. Waiting spins
+ * briefly, then yields, like the transport (no futex: nothing here sleeps). */
+typedef struct p2p_flags {
+    alignas(64) _Atomic uint64_t up;
+    alignas(64) _Atomic uint64_t down;
+} p2p_flags;
+
+static bool p2p_wait(_Atomic uint64_t *w, uint64_t v)
+{
+    uint64_t t0 = now_ns();
+    while (atomic_load_explicit(w, memory_order_acquire) < v) {
+        uint64_t dt = now_ns() - t0;
+        if (dt > 10000000000ull)
+            return false; /* the peer is gone */
+        if (dt > 1000)
+            sched_yield();
+    }
+    return true;
+}
+
+static int p2p_rank(const bench_opts *o, int32_t rank, p2p_flags *fl, unsigned char *area)
+{
+    unsigned char *mine = malloc(o->max_bytes);
+    int iters_max = iters_for(o, o->min_bytes);
+    uint64_t *t = malloc(sizeof *t * (size_t)(o->iters > iters_max ? o->iters : iters_max));
+    if (!mine || !t)
+        return 1;
+    memset(mine, 1, o->max_bytes);
+    unsigned char *to1 = area, *to0 = area + o->max_bytes;
+    uint64_t n = 0;
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes = next_size(bytes)) {
+        int iters = iters_for(o, bytes);
+        for (int i = -(iters / 10 + 2); i < iters; i++) {
+            n++;
+            uint64_t t0 = now_ns();
+            if (rank == 0) {
+                memcpy(to1, mine, bytes);
+                atomic_store_explicit(&fl->up, n, memory_order_release);
+                if (!p2p_wait(&fl->down, n))
+                    return 1;
+                memcpy(mine, to0, bytes);
+            } else {
+                if (!p2p_wait(&fl->up, n))
+                    return 1;
+                memcpy(mine, to1, bytes);
+                memcpy(to0, mine, bytes);
+                atomic_store_explicit(&fl->down, n, memory_order_release);
+            }
+            if (i >= 0)
+                t[i] = (now_ns() - t0) / 2;
+        }
+        if (rank == 0)
+            report(o, "processes", "p2p", bytes, t, iters, "bw_gbs", 1.0);
+    }
+    free(mine);
+    free(t);
+    return 0;
+}
+
+static int run_shm_p2p(const bench_opts *o)
+{
+    size_t len = sizeof(p2p_flags) + 2 * o->max_bytes;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "bench_collectives: mmap of %zu bytes failed\n", len);
+        return 1;
+    }
+    p2p_flags *fl = m;
+    unsigned char *area = (unsigned char *)m + sizeof(p2p_flags);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(p2p_rank(o, 1, fl, area));
+    int rc = pid < 0 ? 1 : p2p_rank(o, 0, fl, area);
+    int st = 0;
+    if (pid > 0 && (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0))
+        rc = 1;
+    munmap(m, len);
+    return rc;
+}
+
 static int run_shm(const bench_opts *o)
 {
+    if (o->op == OP_P2P)
+        return run_shm_p2p(o);
     sh_coll_opts co = {
         .size = o->ranks, .epoch = 1, .timeout_ms = 60000, .max_bytes = o->max_bytes};
     if (o->inproc) {
@@ -228,7 +328,7 @@ static int run_shm(const bench_opts *o)
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_collectives [--transport shm] [--inproc] [--ranks N] "
-                    "[--op allreduce|allgather|broadcast] [--min B] [--max B] [--bytes B] "
+                    "[--op allreduce|allgather|broadcast|p2p] [--min B] [--max B] [--bytes B] "
                     "[--iters N]\n");
     return 2;
 }
@@ -263,7 +363,7 @@ int main(int argc, char **argv)
             o.iters = atoi(v);
         else if (!strcmp(a, "--op")) {
             int k = -1;
-            for (int j = 0; j < 3; j++)
+            for (int j = 0; j < 4; j++)
                 if (!strcmp(v, op_names[j]))
                     k = j;
             if (k < 0)
@@ -276,6 +376,10 @@ int main(int argc, char **argv)
         o.min_bytes > o.max_bytes) {
         fprintf(stderr, "bench_collectives: need 2 <= ranks <= %d and 4 * ranks <= min <= max\n",
                 SH_COLL_MAX_RANKS);
+        return 2;
+    }
+    if (o.op == OP_P2P && (o.ranks != 2 || o.inproc)) {
+        fprintf(stderr, "bench_collectives: p2p is between 2 ranks that are processes\n");
         return 2;
     }
     if (!strcmp(o.transport, "shm"))
