@@ -551,6 +551,51 @@ static void test_peer_killed(void)
     waitpid(pid, &st, 0);
 }
 
+/* A peer process stopped (SIGSTOP) is alive but silent: the call fails SH_ETIMEDOUT at the
+ * timeout, naming it. */
+static void test_peer_stopped(void)
+{
+    char name[96];
+    shm_name(name, sizeof name, "stopped");
+    pid_t pid = fork();
+    if (pid == 0) {
+        sh_coll_opts o = {.rank = 1,
+                          .size = 2,
+                          .epoch = 1,
+                          .timeout_ms = 5000,
+                          .max_bytes = 64,
+                          .shm_name = name};
+        sh_coll *c = NULL;
+        if (sh_coll_create(SH_COLL_SHM, &o, &c, NULL))
+            _exit(2);
+        float v = 1;
+        if (sh_coll_allreduce(c, &v, 1, NULL))
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    CHECK(pid > 0);
+    sh_coll_opts o = {
+        .rank = 0, .size = 2, .epoch = 1, .timeout_ms = 300, .max_bytes = 64, .shm_name = name};
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_coll_create(SH_COLL_SHM, &o, &c, &e));
+    float v = 1;
+    CHECK_OK(sh_coll_allreduce(c, &v, 1, &e));
+    kill(pid, SIGSTOP);
+    uint64_t t0 = now_ms();
+    sh_err rc = sh_coll_allreduce(c, &v, 1, &e);
+    uint64_t ms = now_ms() - t0;
+    CHECK_INT_EQ(rc, SH_ETIMEDOUT);
+    CHECK(ms >= 290 && ms <= 300 + sh_test_ms(400));
+    CHECK(strstr(e.msg, "rank 1") && strstr(e.msg, "call #2"));
+    fprintf(stderr, "  after %llu ms: %s\n", (unsigned long long)ms, e.msg);
+    sh_coll_destroy(c);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+}
+
 /* Ranks of two epochs meeting at create. */
 static void test_epoch_mismatch(void)
 {
@@ -803,6 +848,7 @@ static const sh_test_case tests[] = {
     {"silent_peer_times_out", test_silent_peer_times_out},
     {"peer_left", test_peer_left},
     {"peer_killed", test_peer_killed},
+    {"peer_stopped", test_peer_stopped},
     {"epoch_mismatch", test_epoch_mismatch},
     {"stale_segment", test_stale_segment},
     {"call_mismatch", test_call_mismatch},
