@@ -80,7 +80,8 @@ typedef struct sh_coll_opts {
 /* Opens this rank's side of a group and waits (up to timeout_ms) until every rank has joined.
  * Returns SH_EINVAL (bad rank, size, kind or option, or a segment made for another size or
  * max_bytes, named in e), SH_EPROTO (a peer or the segment is of another epoch: both named),
- * SH_ETIMEDOUT (a peer did not join), SH_EIO (shared memory or sockets could not be set up),
+ * SH_ETIMEDOUT (a peer did not join), SH_ECLOSED (a peer gave up or left before the group
+ * formed), SH_EIO (shared memory or sockets could not be set up),
  * SH_ENOMEM; *out NULL on failure. The caller owns *out. */
 sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e);
 

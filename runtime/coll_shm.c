@@ -758,19 +758,22 @@ static sh_err join(sh_coll *c, uint64_t deadline, sh_error *e)
     for (int32_t k = 0; k < c->size; k++) {
         if (k == c->rank)
             continue;
-        sh_err rc = wait_cond(s, joined, k, 0, deadline, NULL);
-        if (rc == SH_ETIMEDOUT)
+        sh_err rc = wait_cond(s, joined, k, 0, deadline, NULL); /* OK or SH_ETIMEDOUT */
+        if (rc)
             return sh__error_set(e, rc, "coll: rank %d: rank %d did not join within %d ms",
                                  (int)c->rank, (int)k, (int)c->timeout_ms);
-        if (rc)
-            return sh__error_set(e, rc, "coll: rank %d: rank %d left before the group formed",
-                                 (int)c->rank, (int)k);
+        /* The epoch first: a peer of another epoch also leaves at once, having seen ours. */
         if (s->ctl[k].epoch != c->epoch)
             return sh__error_set(e, SH_EPROTO,
                                  "coll: rank %d: rank %d joined with epoch %u, this "
                                  "rank's is %u",
                                  (int)c->rank, (int)k, (unsigned)s->ctl[k].epoch,
                                  (unsigned)c->epoch);
+        uint32_t st_k = atomic_load(&s->ctl[k].state);
+        if (st_k == STATE_CLOSED || st_k == STATE_BROKEN)
+            return sh__error_set(e, SH_ECLOSED,
+                                 "coll: rank %d: rank %d left before the group formed",
+                                 (int)c->rank, (int)k);
     }
     return SH_OK;
 }

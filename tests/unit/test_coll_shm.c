@@ -503,6 +503,23 @@ static void test_peer_left(void)
     CHECK_INT_EQ(runs[0].rc[1], SH_ECLOSED);
     CHECK(runs[0].ms[1] < 1000);
     CHECK(strstr(runs[0].msg[1], "rank 1") && strstr(runs[0].msg[1], "left"));
+
+    /* a rank that gave up waiting for the group: a later peer's create fails at once */
+    sh_coll_inproc *g = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_coll_inproc_create(2, 64, &g, &e));
+    sh_coll_opts o = {.rank = 1, .size = 2, .timeout_ms = 50, .max_bytes = 64, .inproc = g};
+    sh_coll *c = NULL;
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_SHM, &o, &c, &e), SH_ETIMEDOUT);
+    CHECK(strstr(e.msg, "rank 0 did not join") != NULL);
+    o.rank = 0;
+    o.timeout_ms = 3000;
+    uint64_t t0 = now_ms();
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_SHM, &o, &c, &e), SH_ECLOSED);
+    CHECK(now_ms() - t0 < 1000);
+    CHECK(strstr(e.msg, "rank 1 left before the group formed") != NULL);
+    CHECK(c == NULL);
+    sh_coll_inproc_destroy(g);
 }
 
 /* A peer process killed with SIGKILL while the group lives: the survivor (this process, which
