@@ -829,7 +829,7 @@ static void test_bad_options(void)
     expect_einval(sh_coll_inproc_create(2, 0, &g2, &e), &e, "max_bytes");
     expect_einval(sh_coll_inproc_create(SH_COLL_MAX_RANKS + 1, 64, &g2, &e), &e, "size");
     expect_einval(sh_coll_inproc_create(2, 64, NULL, &e), &e, "out");
-    /* the network transport is not built on this branch */
+    /* the network transport refuses options without urls (or is not built yet) */
     CHECK_INT_EQ(sh_coll_create(SH_COLL_NET, &o, &c, &e) != SH_OK, 1);
     sh_coll_inproc_destroy(NULL);
     sh_coll_destroy(NULL);
