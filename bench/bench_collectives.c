@@ -289,13 +289,17 @@ static int run_shm(const bench_opts *o)
         }
         shm_thread th[SH_COLL_MAX_RANKS];
         pthread_t id[SH_COLL_MAX_RANKS];
-        for (int32_t r = 0; r < o->ranks; r++) {
+        int rc = 0, started = 0;
+        for (int32_t r = 0; r < o->ranks && !rc; r++, started++) {
             th[r] = (shm_thread){.o = o, .co = co};
             th[r].co.rank = r;
-            pthread_create(&id[r], NULL, shm_thread_main, &th[r]);
+            if (pthread_create(&id[r], NULL, shm_thread_main, &th[r]) != 0) {
+                fprintf(stderr, "bench_collectives: cannot start rank %d\n", (int)r);
+                rc = 1; /* the started ranks fail their create at the timeout */
+                started--;
+            }
         }
-        int rc = 0;
-        for (int32_t r = 0; r < o->ranks; r++) {
+        for (int32_t r = 0; r < started; r++) {
             pthread_join(id[r], NULL);
             rc |= th[r].rc;
         }
