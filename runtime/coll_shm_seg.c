@@ -66,6 +66,7 @@ bool sh__coll_shm_seg_pid_dead(int32_t pid)
     return p && (p[2] == 'Z' || p[2] == 'X');
 }
 
+/* Fills a fresh header, the magic last (release): a peer that sees the magic sees the rest. */
 static void hdr_init(sh__coll_shm_hdr *h, int32_t size, uint32_t epoch, size_t max_bytes,
                      size_t total)
 {
