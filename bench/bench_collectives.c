@@ -8,12 +8,14 @@
  *                  tcp://127.0.0.1 ports
  *   --inproc       shm only: ranks as threads of this process (sh_coll_inproc)
  *   --ranks N      group size (default 2)
- *   --op OP        allreduce (default), allgather or broadcast (root 0); ipc / tcp also p2p: the
- *                  link's own figure, two processes with a push and a pull socket each as
- *                  SH_COLL_NET has, one sending B bytes (as 128 KiB messages, the collectives'
- *                  segments) and the other answering 1 byte once it has them all; its
- *                  "busbw_gbs" is B / mean
- *   --compress C   ipc / tcp: what crosses the links (default none)
+ *   --op OP        allreduce (default), allgather or broadcast (root 0); p2p: the link's own
+ *                  point-to-point figure (shm: one transfer between two processes through
+ *                  shared memory, see run_shm_p2p; ipc / tcp: two processes with a push and a
+ *                  pull socket each, as SH_COLL_NET has, one sending B bytes as 128 KiB
+ *                  messages, the collectives' segments, the other answering 1 byte once it has
+ *                  them all, see net_p2p_rank)
+ *   --compress C   ipc / tcp: what crosses the links (default none); the mode says it
+ *                  ("processes-f16")
  *   --min/--max B  message sizes in bytes (default 4096 .. 64 MiB: 4 KiB, 8 KiB, then powers of
  *                  4 from 16 KiB); for all-gather, B is the output (every rank sends B / N)
  *   --bytes B      one size only
@@ -25,19 +27,23 @@
  *
  * Each transport is one run_<transport> function that starts the ranks and calls rank_loop in
  * each; the loop and the figures are shared. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <nng/nng.h>
-#include <sys/socket.h>
 
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
@@ -87,8 +93,6 @@ static int iters_for(const bench_opts *o, size_t bytes)
 
 static double busbw_factor(bench_op op, int32_t n)
 {
-    if (op == OP_P2P)
-        return 1.0;
     if (op == OP_ALLREDUCE)
         return 2.0 * (n - 1) / n;
     if (op == OP_ALLGATHER)
@@ -109,8 +113,10 @@ static sh_err one_call(sh_coll *c, const bench_opts *o, float *buf, float *out, 
     }
 }
 
-/* Prints one size's line from its iters timings (sorts t). */
-static void print_row(const bench_opts *o, const char *mode, size_t bytes, int iters, uint64_t *t)
+/* Prints one line from the timed calls t (sorted here): p50, p99, mean, and the bandwidth
+ * factor * bytes / mean under the name bw_name. */
+static void report(const bench_opts *o, const char *mode, const char *op, size_t bytes, uint64_t *t,
+                   int iters, const char *bw_name, double factor)
 {
     double sum = 0;
     for (int i = 0; i < iters; i++)
@@ -125,12 +131,11 @@ static void print_row(const bench_opts *o, const char *mode, size_t bytes, int i
         fclose(f);
     }
     printf("{\"bench\":\"collectives\",\"transport\":\"%s\",\"mode\":\"%s\",\"op\":\"%s\","
-           "\"compress\":\"%s\","
            "\"ranks\":%d,\"bytes\":%zu,\"iters\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f,"
-           "\"mean_us\":%.2f,\"busbw_gbs\":%.2f,\"load1\":%.2f}\n",
-           o->transport, mode, op_names[o->op], compress_names[o->compress], (int)o->ranks, bytes,
-           iters, (double)t[iters / 2] / 1e3, (double)t[(size_t)iters * 99 / 100] / 1e3, mean / 1e3,
-           busbw_factor(o->op, o->ranks) * (double)bytes / mean, load);
+           "\"mean_us\":%.2f,\"%s\":%.2f,\"load1\":%.2f}\n",
+           o->transport, mode, op, (int)o->ranks, bytes, iters, (double)t[iters / 2] / 1e3,
+           (double)t[(size_t)iters * 99 / 100] / 1e3, mean / 1e3, bw_name,
+           factor * (double)bytes / mean, load);
     fflush(stdout);
 }
 
@@ -167,7 +172,8 @@ static int rank_loop(sh_coll *c, const bench_opts *o, const char *mode)
             break;
         if (sh_coll_rank(c) != 0)
             continue;
-        print_row(o, mode, bytes, iters, t);
+        report(o, mode, op_names[o->op], bytes, t, iters, "busbw_gbs",
+               busbw_factor(o->op, o->ranks));
     }
     free(buf);
     free(out);
@@ -203,8 +209,93 @@ static void *shm_thread_main(void *p)
     return NULL;
 }
 
+/* The link's own point-to-point figure: two processes and one shared mapping; rank 0 copies
+ * `bytes` in and raises its flag, rank 1 copies them out, copies them back into its own area
+ * and raises its flag, rank 0 copies them out. Half of that round trip is one transfer (copy
+ * in, handshake, copy out), timed on rank 0; bandwidth is bytes over its mean. Waiting spins
+ * briefly, then yields, like the transport (no futex: nothing here sleeps). */
+typedef struct p2p_flags {
+    alignas(64) _Atomic uint64_t up;
+    alignas(64) _Atomic uint64_t down;
+} p2p_flags;
+
+static bool p2p_wait(_Atomic uint64_t *w, uint64_t v)
+{
+    uint64_t t0 = now_ns();
+    while (atomic_load_explicit(w, memory_order_acquire) < v) {
+        uint64_t dt = now_ns() - t0;
+        if (dt > 10000000000ull)
+            return false; /* the peer is gone */
+        if (dt > 1000)
+            sched_yield();
+    }
+    return true;
+}
+
+static int p2p_rank(const bench_opts *o, int32_t rank, p2p_flags *fl, unsigned char *area)
+{
+    unsigned char *mine = malloc(o->max_bytes);
+    int iters_max = iters_for(o, o->min_bytes);
+    uint64_t *t = malloc(sizeof *t * (size_t)(o->iters > iters_max ? o->iters : iters_max));
+    if (!mine || !t)
+        return 1;
+    memset(mine, 1, o->max_bytes);
+    unsigned char *to1 = area, *to0 = area + o->max_bytes;
+    uint64_t n = 0;
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes = next_size(bytes)) {
+        int iters = iters_for(o, bytes);
+        for (int i = -(iters / 10 + 2); i < iters; i++) {
+            n++;
+            uint64_t t0 = now_ns();
+            if (rank == 0) {
+                memcpy(to1, mine, bytes);
+                atomic_store_explicit(&fl->up, n, memory_order_release);
+                if (!p2p_wait(&fl->down, n))
+                    return 1;
+                memcpy(mine, to0, bytes);
+            } else {
+                if (!p2p_wait(&fl->up, n))
+                    return 1;
+                memcpy(mine, to1, bytes);
+                memcpy(to0, mine, bytes);
+                atomic_store_explicit(&fl->down, n, memory_order_release);
+            }
+            if (i >= 0)
+                t[i] = (now_ns() - t0) / 2;
+        }
+        if (rank == 0)
+            report(o, "processes", "p2p", bytes, t, iters, "bw_gbs", 1.0);
+    }
+    free(mine);
+    free(t);
+    return 0;
+}
+
+static int run_shm_p2p(const bench_opts *o)
+{
+    size_t len = sizeof(p2p_flags) + 2 * o->max_bytes;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "bench_collectives: mmap of %zu bytes failed\n", len);
+        return 1;
+    }
+    p2p_flags *fl = m;
+    unsigned char *area = (unsigned char *)m + sizeof(p2p_flags);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(p2p_rank(o, 1, fl, area));
+    int rc = pid < 0 ? 1 : p2p_rank(o, 0, fl, area);
+    int st = 0;
+    if (pid > 0 && (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0))
+        rc = 1;
+    munmap(m, len);
+    return rc;
+}
+
 static int run_shm(const bench_opts *o)
 {
+    if (o->op == OP_P2P)
+        return run_shm_p2p(o);
     sh_coll_opts co = {
         .size = o->ranks, .epoch = 1, .timeout_ms = 60000, .max_bytes = o->max_bytes};
     if (o->inproc) {
@@ -215,13 +306,17 @@ static int run_shm(const bench_opts *o)
         }
         shm_thread th[SH_COLL_MAX_RANKS];
         pthread_t id[SH_COLL_MAX_RANKS];
-        for (int32_t r = 0; r < o->ranks; r++) {
+        int rc = 0, started = 0;
+        for (int32_t r = 0; r < o->ranks && !rc; r++, started++) {
             th[r] = (shm_thread){.o = o, .co = co};
             th[r].co.rank = r;
-            pthread_create(&id[r], NULL, shm_thread_main, &th[r]);
+            if (pthread_create(&id[r], NULL, shm_thread_main, &th[r]) != 0) {
+                fprintf(stderr, "bench_collectives: cannot start rank %d\n", (int)r);
+                rc = 1; /* the started ranks fail their create at the timeout */
+                started--;
+            }
         }
-        int rc = 0;
-        for (int32_t r = 0; r < o->ranks; r++) {
+        for (int32_t r = 0; r < started; r++) {
             pthread_join(id[r], NULL);
             rc |= th[r].rc;
         }
@@ -278,7 +373,7 @@ static int net_urls(const bench_opts *o, int32_t n, char (*urls)[128])
 }
 
 /* The link's own figure between ranks 0 and 1 (see --op p2p). */
-static int p2p_rank(const bench_opts *o, int32_t r, char (*urls)[128])
+static int net_p2p_rank(const bench_opts *o, int32_t r, char (*urls)[128])
 {
     nng_socket in, out;
     int rv;
@@ -322,7 +417,7 @@ static int p2p_rank(const bench_opts *o, int32_t r, char (*urls)[128])
                 t[i] = now_ns() - t0;
         }
         if (!rc && r == 0)
-            print_row(o, "processes", bytes, iters, t);
+            report(o, "processes", "p2p", bytes, t, iters, "bw_gbs", 1.0);
     }
     if (rc)
         fprintf(stderr, "bench_collectives: p2p rank %d failed\n", (int)r);
@@ -336,7 +431,7 @@ static int p2p_rank(const bench_opts *o, int32_t r, char (*urls)[128])
 static int net_rank(const bench_opts *o, int32_t r, char (*urls)[128])
 {
     if (o->op == OP_P2P)
-        return p2p_rank(o, r, urls);
+        return net_p2p_rank(o, r, urls);
     const char *up[SH_COLL_MAX_RANKS];
     for (int32_t i = 0; i < o->ranks; i++)
         up[i] = urls[i];
@@ -353,7 +448,10 @@ static int net_rank(const bench_opts *o, int32_t r, char (*urls)[128])
         fprintf(stderr, "bench_collectives: rank %d: %s\n", (int)r, e.msg);
         return 1;
     }
-    int rc = rank_loop(c, o, "processes");
+    char mode[32];
+    snprintf(mode, sizeof mode, "processes%s%s", o->compress ? "-" : "",
+             o->compress ? compress_names[o->compress] : "");
+    int rc = rank_loop(c, o, mode);
     sh_coll_destroy(c);
     return rc;
 }
@@ -445,9 +543,13 @@ int main(int argc, char **argv)
                 SH_COLL_MAX_RANKS);
         return 2;
     }
+    if (o.op == OP_P2P && (o.ranks != 2 || o.inproc)) {
+        fprintf(stderr, "bench_collectives: p2p is between 2 ranks that are processes\n");
+        return 2;
+    }
     bool net = !strcmp(o.transport, "ipc") || !strcmp(o.transport, "tcp");
-    if ((o.op == OP_P2P && !net) || (o.compress && !net)) {
-        fprintf(stderr, "bench_collectives: --op p2p and --compress need --transport ipc or tcp\n");
+    if (o.compress && !net) {
+        fprintf(stderr, "bench_collectives: --compress needs --transport ipc or tcp\n");
         return 2;
     }
     if (!strcmp(o.transport, "shm"))

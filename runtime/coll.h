@@ -20,10 +20,15 @@
  *
  * Transports (sh_coll_kind):
  * - SH_COLL_SHM: ranks on one host exchange through one shared-memory segment, with no socket
- *   on the per-call path (spin briefly, then futex wait). `shm_name` names the segment (every
- *   rank passes the same name; rank 0 creates it, the others open it within the timeout); NULL
- *   puts the segment in this process's memory, shared by ranks that are threads of one
- *   process and created with the same `inproc` handle (see sh_coll_opts).
+ *   on the per-call path (spin about a microsecond, yield the CPU for up to 50 us, then futex
+ *   wait). `shm_name` names the segment (every rank passes the same name; rank 0 replaces
+ *   whatever the name held with a fresh segment and unlinks it in destroy; the others open it
+ *   within the timeout, waiting out a segment left by a dead or finished run or an older
+ *   epoch); NULL puts the segment in this process's memory, shared by ranks that are threads
+ *   of one process and created with the same `inproc` handle (see sh_coll_opts). A peer
+ *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout. The
+ *   segment takes (2 * size + 1) * max_bytes plus a few KB; a named one is reserved whole at
+ *   create (a /dev/shm without room for it is SH_EIO then, never a fault in a call).
  * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://; tls+tcp:// is refused
  *   for now), each rank listening on urls[rank]: a one-shot exchange (every rank sends its
  *   buffer to every other) for small messages, a ring (reduce-scatter then all-gather, chunks
@@ -47,7 +52,10 @@ typedef enum sh_coll_compress {
 } sh_coll_compress;
 
 /* Ranks that are threads of one process share one of these (SH_COLL_SHM with shm_name NULL):
- * create it once, pass it to every rank's sh_coll_create, destroy it after every rank's handle. */
+ * create it once, pass it to every rank's sh_coll_create, destroy it after every rank's handle.
+ * It holds one incarnation of the group: each rank joins it once (joining a rank again is
+ * SH_EINVAL); form the group again with a new one. Its size and max_bytes must equal the ranks'
+ * options (SH_EINVAL). */
 typedef struct sh_coll_inproc sh_coll_inproc;
 sh_err sh_coll_inproc_create(int32_t size, size_t max_bytes, sh_coll_inproc **out, sh_error *e);
 void sh_coll_inproc_destroy(sh_coll_inproc *g);
@@ -70,9 +78,11 @@ typedef struct sh_coll_opts {
 #define SH_COLL_MAX_RANKS 64
 
 /* Opens this rank's side of a group and waits (up to timeout_ms) until every rank has joined.
- * Returns SH_EINVAL (bad rank, size, kind or option, named in e), SH_ETIMEDOUT (a peer did not
- * join), SH_EIO (shared memory or sockets could not be set up), SH_ENOMEM; *out NULL on
- * failure. The caller owns *out. */
+ * Returns SH_EINVAL (bad rank, size, kind or option, or a segment made for another size or
+ * max_bytes, named in e), SH_EPROTO (a peer or the segment is of another epoch: both named),
+ * SH_ETIMEDOUT (a peer did not join), SH_ECLOSED (a peer gave up or left before the group
+ * formed), SH_EIO (shared memory or sockets could not be set up),
+ * SH_ENOMEM; *out NULL on failure. The caller owns *out. */
 sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e);
 
 /* Leaves the group and frees the handle; accepts NULL. Peers still calling fail with SH_ECLOSED
