@@ -30,7 +30,9 @@
  * peer) wait in a bounded stash. A frame of the current call from the rank waited for with
  * another op, size, segment or length fails the call with SH_EPROTO naming the rank and both
  * values. Waits end at the call's deadline (timeout_ms from its start) with SH_ETIMEDOUT naming
- * the rank waited for.
+ * the rank waited for (a stopped peer), or within about 100 ms of the rank's connection closing
+ * (the one its join PROOF came by: the process died, destroyed its handle or reconnected, losing
+ * what was in flight) with SH_ECLOSED naming it, once what it sent before has been read.
  *
  * Algorithms, chosen by size so that every rank chooses alike (a rank passing another size
  * fails the call with SH_EPROTO):
@@ -54,7 +56,7 @@
  *
  * Destroy gives the links up to LINGER_MS to hand over what they still hold (a rank's call can
  * end before its last forwards have left), closes the listener, pauses CLOSE_PAUSE_MS, then
- * closes everything. A peer still waiting for this rank is not told; it times out.
+ * closes everything. A peer still waiting for this rank sees the connection close (SH_ECLOSED).
  *
  * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
  * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
@@ -93,7 +95,9 @@
 #define POOL_MSGS 256u
 #define HELLO_EVERY_NS 50000000u /* create repeats its HELLO to silent peers this often */
 #define CLOSE_PAUSE_MS 20        /* see net_free */
-#define LINGER_MS 500            /* destroy's wait for frames still queued */
+#define LOST_POLL_MS 50u         /* see take */
+#define LOST_GRACE_MS 50u
+#define LINGER_MS 500 /* destroy's wait for frames still queued */
 #define JOIN_TAG "shoal coll join v1"
 
 /* One peer's outgoing link: a push socket and the queue its aio drains. */
@@ -140,8 +144,9 @@ typedef struct net {
     nng_listener listener;
     bool lopen;
     nng_aio *raio;
-    peer_link *links;  /* (size); links[rank] unused */
-    uint32_t *pipe_of; /* (size) the pipe each rank proved its key on (keyed groups) */
+    peer_link *links;          /* (size); links[rank] unused */
+    _Atomic uint32_t *pipe_of; /* (size) the pipe each rank's join PROOF came by */
+    _Atomic uint64_t lost;     /* ranks whose pipe_of connection has closed (listener_pipe_cb) */
     uint8_t nonce[NONCE];
     stashed *stash; /* (n_stash) in arrival order */
     size_t n_stash, stash_bytes, stash_cap_bytes;
@@ -386,6 +391,19 @@ static sh_err oom(sh_error *e) { return sh__error_set(e, SH_ENOMEM, "coll: out o
 
 static sh_err join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce, sh_error *e);
 
+/* A connection to the listener closed (on an NNG thread): when it is the one a rank joined by,
+ * that rank has died or left (or reconnected, having lost what was in flight): the calls stop
+ * waiting for it (take). */
+static void listener_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)ev;
+    net *im = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(pipe);
+    for (int32_t p = 0; p < im->c->size; p++)
+        if (p != im->c->rank && atomic_load(&im->pipe_of[p]) == id)
+            atomic_fetch_or(&im->lost, 1ull << p);
+}
+
 /* Waits until deadline for the next frame on the listener: 0 with *m, or an NNG code. */
 static int recv_one(net *im, uint64_t deadline, nng_msg **m)
 {
@@ -421,7 +439,7 @@ static bool frame_check(net *im, nng_msg *m, sh__coll_net_hdr *h)
         return false;
     }
     if (im->key && h->type >= SH__COLL_NET_DATA &&
-        (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)) != im->pipe_of[h->src]) {
+        (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)) != atomic_load(&im->pipe_of[h->src])) {
         drop(im, m, DROP_PIPE, h->src);
         return false;
     }
@@ -473,9 +491,26 @@ static sh_err take(net *im, uint8_t type, int32_t src, uint64_t deadline, const 
             return SH_OK;
         }
     }
+    /* The wait goes in slices of LOST_POLL_MS, to notice src's connection closing; then what
+     * src sent before it closed has LOST_GRACE_MS to be read before the call fails. */
+    bool lost = false;
     for (;;) {
         nng_msg *m;
-        int rv = recv_one(im, deadline, &m);
+        uint64_t now = now_ns(), slice = now + LOST_POLL_MS * 1000000u;
+        if (!lost && (atomic_load(&im->lost) >> src & 1u)) {
+            lost = true;
+            if (deadline > now + LOST_GRACE_MS * 1000000u)
+                deadline = now + LOST_GRACE_MS * 1000000u;
+        }
+        int rv = recv_one(im, slice < deadline ? slice : deadline, &m);
+        if (rv == NNG_ETIMEDOUT && now_ns() < deadline)
+            continue;
+        if (rv == NNG_ETIMEDOUT && lost)
+            return sh__error_set(e, SH_ECLOSED,
+                                 "coll: %s #%llu: rank %d (%s) closed its connection to rank %d "
+                                 "(it died or left) before sending %s",
+                                 op_name(im->op), (unsigned long long)c->seq, (int)src,
+                                 im->urls[src], (int)c->rank, what);
         if (rv == NNG_ETIMEDOUT)
             return sh__error_set(e, SH_ETIMEDOUT,
                                  "coll: %s #%llu: rank %d waited %d ms for rank %d (%s): %s",
@@ -1004,7 +1039,7 @@ static sh_err join(net *im, uint64_t deadline, sh_error *e)
                     (int)h.src, im->urls[h.src], (unsigned)h.size, (unsigned long long)h.total,
                     (unsigned)h.compress, (int)c->rank, (int)c->size, c->max_bytes,
                     (unsigned)im->cmp);
-            im->pipe_of[h.src] = pipe;
+            atomic_store(&im->pipe_of[h.src], pipe);
             joined |= 1ull << h.src;
             continue;
         }
@@ -1051,6 +1086,7 @@ static void net_free(net *im)
         /* No new connection; then the pause, also for one accepted just before (a peer's next
          * incarnation dialling this URL) to finish its handshake: NNG 1.5.2's nng_close can
          * wait forever for a pipe still negotiating. */
+        nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, NULL, NULL);
         nng_listener_close(im->listener);
         nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
         nng_close(im->lsock);
@@ -1143,6 +1179,7 @@ static sh_err open_sockets(net *im, sh_error *e)
                              (int)c->rank, nng_strerror(rv));
     im->lopen = true;
     if ((rv = nng_socket_set_size(im->lsock, NNG_OPT_RECVMAXSZ, RECV_MAX)) != 0 ||
+        (rv = nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, listener_pipe_cb, im)) != 0 ||
         (rv = nng_aio_alloc(&im->raio, NULL, NULL)) != 0 ||
         (rv = nng_listen(im->lsock, url, &im->listener, 0)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s: %s", (int)c->rank, url,
