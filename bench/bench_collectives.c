@@ -1,14 +1,21 @@
 /* bench_collectives: latency and bus bandwidth of the collectives (runtime/coll.h) for each
  * transport, group size and message size. One JSON object per (transport, ranks, bytes).
  *
- * Usage: bench_collectives [--transport shm] [--inproc] [--ranks N] [--op OP] [--min B]
- *                          [--max B] [--iters N] [--bytes B]
- *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment
+ * Usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] [--op OP]
+ *                          [--compress none|f16|int8] [--min B] [--max B] [--iters N] [--bytes B]
+ *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment;
+ *                  ipc / tcp: fork()ed processes over SH_COLL_NET on ipc:// sockets in /tmp or
+ *                  tcp://127.0.0.1 ports
  *   --inproc       shm only: ranks as threads of this process (sh_coll_inproc)
  *   --ranks N      group size (default 2)
  *   --op OP        allreduce (default), allgather or broadcast (root 0); p2p: the link's own
  *                  point-to-point figure (shm: one transfer between two processes through
- *                  shared memory, see run_shm_p2p)
+ *                  shared memory, see run_shm_p2p; ipc / tcp: two processes with a push and a
+ *                  pull socket each, as SH_COLL_NET has, one sending B bytes as 128 KiB
+ *                  messages, the collectives' segments, the other answering 1 byte once it has
+ *                  them all, see net_p2p_rank)
+ *   --compress C   ipc / tcp: what crosses the links (default none); the mode says it
+ *                  ("processes-f16")
  *   --min/--max B  message sizes in bytes (default 4096 .. 64 MiB: 4 KiB, 8 KiB, then powers of
  *                  4 from 16 KiB); for all-gather, B is the output (every rank sends B / N)
  *   --bytes B      one size only
@@ -20,6 +27,8 @@
  *
  * Each transport is one run_<transport> function that starts the ranks and calls rank_loop in
  * each; the loop and the figures are shared. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdalign.h>
@@ -29,9 +38,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <nng/nng.h>
+
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
 
 #include "runtime/coll.h"
 
@@ -44,9 +59,11 @@ typedef struct bench_opts {
     bench_op op;
     size_t min_bytes, max_bytes;
     int iters; /* 0: by size */
+    sh_coll_compress compress;
 } bench_opts;
 
 static const char *op_names[] = {"allreduce", "allgather", "broadcast", "p2p"};
+static const char *compress_names[] = {"none", "f16", "int8"};
 
 static uint64_t now_ns(void)
 {
@@ -289,13 +306,17 @@ static int run_shm(const bench_opts *o)
         }
         shm_thread th[SH_COLL_MAX_RANKS];
         pthread_t id[SH_COLL_MAX_RANKS];
-        for (int32_t r = 0; r < o->ranks; r++) {
+        int rc = 0, started = 0;
+        for (int32_t r = 0; r < o->ranks && !rc; r++, started++) {
             th[r] = (shm_thread){.o = o, .co = co};
             th[r].co.rank = r;
-            pthread_create(&id[r], NULL, shm_thread_main, &th[r]);
+            if (pthread_create(&id[r], NULL, shm_thread_main, &th[r]) != 0) {
+                fprintf(stderr, "bench_collectives: cannot start rank %d\n", (int)r);
+                rc = 1; /* the started ranks fail their create at the timeout */
+                started--;
+            }
         }
-        int rc = 0;
-        for (int32_t r = 0; r < o->ranks; r++) {
+        for (int32_t r = 0; r < started; r++) {
             pthread_join(id[r], NULL);
             rc |= th[r].rc;
         }
@@ -323,13 +344,149 @@ static int run_shm(const bench_opts *o)
     return rc;
 }
 
+/* ---- transport: ipc / tcp (SH_COLL_NET) ---- */
+
+/* Every rank's URL: ipc:// sockets in /tmp, or tcp://127.0.0.1 ports the kernel says are free
+ * (bound to port 0 together, so they differ, then closed). */
+static int net_urls(const bench_opts *o, int32_t n, char (*urls)[128])
+{
+    int fds[SH_COLL_MAX_RANKS];
+    bool tcp = !strcmp(o->transport, "tcp");
+    for (int32_t r = 0; r < n; r++) {
+        if (!tcp) {
+            snprintf(urls[r], 128, "ipc:///tmp/shoal-bench-coll-%d-%d", (int)getpid(), (int)r);
+            continue;
+        }
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+        socklen_t len = sizeof a;
+        fds[r] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[r] < 0 || bind(fds[r], (struct sockaddr *)&a, sizeof a) != 0 ||
+            getsockname(fds[r], (struct sockaddr *)&a, &len) != 0) {
+            fprintf(stderr, "bench_collectives: no free tcp port\n");
+            return 1;
+        }
+        snprintf(urls[r], 128, "tcp://127.0.0.1:%d", (int)ntohs(a.sin_port));
+    }
+    for (int32_t r = 0; tcp && r < n; r++)
+        close(fds[r]);
+    return 0;
+}
+
+/* The link's own figure between ranks 0 and 1 (see --op p2p). */
+static int net_p2p_rank(const bench_opts *o, int32_t r, char (*urls)[128])
+{
+    nng_socket in, out;
+    int rv;
+    if ((rv = nng_pull0_open(&in)) || (rv = nng_push0_open(&out)) ||
+        (rv = nng_socket_set_size(in, NNG_OPT_RECVMAXSZ, 0)) ||
+        (rv = nng_listen(in, urls[r], NULL, 0))) {
+        fprintf(stderr, "bench_collectives: p2p rank %d: %s\n", (int)r, nng_strerror(rv));
+        return 1;
+    }
+    nng_socket_set_ms(out, NNG_OPT_RECONNMINT, 10);
+    nng_dial(out, urls[1 - r], NULL, NNG_FLAG_NONBLOCK);
+    const size_t seg = (size_t)128 << 10;
+    uint8_t *buf = calloc(1, seg);
+    uint64_t *t = malloc(sizeof *t * (size_t)iters_for(o, o->min_bytes));
+    int rc = !buf || !t;
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes && !rc; bytes = next_size(bytes)) {
+        int iters = iters_for(o, bytes);
+        for (int i = -(iters / 10 + 2); i < iters && !rc; i++) {
+            uint64_t t0 = now_ns();
+            if (r == 0) {
+                for (size_t off = 0; off < bytes && !rc; off += seg)
+                    rc = nng_send(out, buf, bytes - off < seg ? bytes - off : seg, 0) != 0;
+                void *m;
+                size_t len;
+                rc = rc || nng_recv(in, &m, &len, NNG_FLAG_ALLOC) != 0;
+                if (!rc)
+                    nng_free(m, len);
+            } else {
+                for (size_t got = 0; got < bytes && !rc;) {
+                    void *m;
+                    size_t len;
+                    rc = nng_recv(in, &m, &len, NNG_FLAG_ALLOC) != 0;
+                    if (!rc) {
+                        got += len;
+                        nng_free(m, len);
+                    }
+                }
+                rc = rc || nng_send(out, buf, 1, 0) != 0;
+            }
+            if (i >= 0)
+                t[i] = now_ns() - t0;
+        }
+        if (!rc && r == 0)
+            report(o, "processes", "p2p", bytes, t, iters, "bw_gbs", 1.0);
+    }
+    if (rc)
+        fprintf(stderr, "bench_collectives: p2p rank %d failed\n", (int)r);
+    nng_close(in);
+    nng_close(out);
+    free(buf);
+    free(t);
+    return rc;
+}
+
+static int net_rank(const bench_opts *o, int32_t r, char (*urls)[128])
+{
+    if (o->op == OP_P2P)
+        return net_p2p_rank(o, r, urls);
+    const char *up[SH_COLL_MAX_RANKS];
+    for (int32_t i = 0; i < o->ranks; i++)
+        up[i] = urls[i];
+    sh_coll_opts co = {.rank = r,
+                       .size = o->ranks,
+                       .epoch = 1,
+                       .timeout_ms = 60000,
+                       .max_bytes = o->max_bytes,
+                       .urls = up,
+                       .compress = o->compress};
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    if (sh_coll_create(SH_COLL_NET, &co, &c, &e)) {
+        fprintf(stderr, "bench_collectives: rank %d: %s\n", (int)r, e.msg);
+        return 1;
+    }
+    char mode[32];
+    snprintf(mode, sizeof mode, "processes%s%s", o->compress ? "-" : "",
+             o->compress ? compress_names[o->compress] : "");
+    int rc = rank_loop(c, o, mode);
+    sh_coll_destroy(c);
+    return rc;
+}
+
+static int run_net(const bench_opts *o)
+{
+    int32_t n = o->op == OP_P2P ? 2 : o->ranks;
+    char urls[SH_COLL_MAX_RANKS][128];
+    if (net_urls(o, n, urls))
+        return 1;
+    pid_t pids[SH_COLL_MAX_RANKS];
+    for (int32_t r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0)
+            _exit(net_rank(o, r, urls));
+    }
+    int rc = 0;
+    for (int32_t r = 0; r < n; r++) {
+        int st = 0;
+        if (pids[r] < 0 || waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) ||
+            WEXITSTATUS(st) != 0)
+            rc = 1;
+    }
+    for (int32_t r = 0; r < n && !strncmp(urls[r], "ipc://", 6); r++)
+        unlink(urls[r] + 6);
+    return rc;
+}
+
 /* ---- options ---- */
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench_collectives [--transport shm] [--inproc] [--ranks N] "
-                    "[--op allreduce|allgather|broadcast|p2p] [--min B] [--max B] [--bytes B] "
-                    "[--iters N]\n");
+    fprintf(stderr, "usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] "
+                    "[--op allreduce|allgather|broadcast|p2p] [--compress none|f16|int8] "
+                    "[--min B] [--max B] [--bytes B] [--iters N]\n");
     return 2;
 }
 
@@ -369,6 +526,14 @@ int main(int argc, char **argv)
             if (k < 0)
                 return usage();
             o.op = (bench_op)k;
+        } else if (!strcmp(a, "--compress")) {
+            int k = -1;
+            for (int j = 0; j < 3; j++)
+                if (!strcmp(v, compress_names[j]))
+                    k = j;
+            if (k < 0)
+                return usage();
+            o.compress = (sh_coll_compress)k;
         } else
             return usage();
     }
@@ -382,8 +547,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_collectives: p2p is between 2 ranks that are processes\n");
         return 2;
     }
+    bool net = !strcmp(o.transport, "ipc") || !strcmp(o.transport, "tcp");
+    if (o.compress && !net) {
+        fprintf(stderr, "bench_collectives: --compress needs --transport ipc or tcp\n");
+        return 2;
+    }
     if (!strcmp(o.transport, "shm"))
         return run_shm(&o);
+    if (net)
+        return run_net(&o);
     fprintf(stderr, "bench_collectives: unknown transport %s\n", o.transport);
     return usage();
 }

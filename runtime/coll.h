@@ -26,12 +26,14 @@
  *   within the timeout, waiting out a segment left by a dead or finished run or an older
  *   epoch); NULL puts the segment in this process's memory, shared by ranks that are threads
  *   of one process and created with the same `inproc` handle (see sh_coll_opts). A peer
- *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout.
- * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, tls+tcp://), each rank
- *   listening on urls[rank]: a one-shot exchange (every rank sends its buffer to every other)
- *   for small messages, a ring (reduce-scatter then all-gather, chunks pipelined) for large
- *   ones. Optional compression of what crosses the links (f16, or int8 with one scale per chunk
- *   of at most 256 values); sums are always taken in f32.
+ *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout. The
+ *   segment takes (2 * size + 1) * max_bytes plus a few KB; a named one is reserved whole at
+ *   create (a /dev/shm without room for it is SH_EIO then, never a fault in a call).
+ * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://; tls+tcp:// is refused
+ *   for now), each rank listening on urls[rank]: a one-shot exchange (every rank sends its
+ *   buffer to every other) for small messages, a ring (reduce-scatter then all-gather, chunks
+ *   pipelined) for large ones. Optional compression of what crosses the links (f16, or int8
+ *   with one scale per chunk of at most 256 values); sums are always taken in f32.
  *
  * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
  * sh_coll_stats_get may be called from any thread. */
@@ -78,7 +80,8 @@ typedef struct sh_coll_opts {
 /* Opens this rank's side of a group and waits (up to timeout_ms) until every rank has joined.
  * Returns SH_EINVAL (bad rank, size, kind or option, or a segment made for another size or
  * max_bytes, named in e), SH_EPROTO (a peer or the segment is of another epoch: both named),
- * SH_ETIMEDOUT (a peer did not join), SH_EIO (shared memory or sockets could not be set up),
+ * SH_ETIMEDOUT (a peer did not join), SH_ECLOSED (a peer gave up or left before the group
+ * formed), SH_EIO (shared memory or sockets could not be set up),
  * SH_ENOMEM; *out NULL on failure. The caller owns *out. */
 sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e);
 

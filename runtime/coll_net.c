@@ -11,7 +11,9 @@
  * not take within timeout_ms fails its link, and the next call on it fails.
  *
  * Join. create sends every peer a HELLO carrying a fresh nonce and the group's parameters (epoch,
- * size, max_bytes, compression) and answers each HELLO with a PROOF: the peer's nonce and, when
+ * size, max_bytes, compression), again every 50 ms to a peer that has not answered (a HELLO that
+ * reached the peer's previous incarnation at the same URL is lost with it), and answers each
+ * HELLO with a PROOF (so do the calls, for a peer still in create): the peer's nonce and, when
  * the group has a cluster key, HMAC-SHA256(key, "shoal coll join v1" | the PROOF's header |
  * destination rank | nonce). A rank has joined when its PROOF answers this rank's nonce (a
  * recorded proof answers no later create) with a valid MAC; a bad MAC is dropped, counted and
@@ -28,27 +30,24 @@
  * peer) wait in a bounded stash. A frame of the current call from the rank waited for with
  * another op, size, segment or length fails the call with SH_EPROTO naming the rank and both
  * values. Waits end at the call's deadline (timeout_ms from its start) with SH_ETIMEDOUT naming
- * the rank waited for.
+ * the rank waited for (a stopped peer), or within about 100 ms of the rank's connection closing
+ * (the one its join PROOF came by: the process died, destroyed its handle or reconnected, losing
+ * what was in flight) with SH_ECLOSED naming it, once what it sent before has been read.
  *
- * Algorithms, chosen by size so that every rank chooses alike (a rank passing another size
- * fails the call with SH_EPROTO):
- * - all-reduce of at most ONESHOT_MAX bytes: one-shot. Every rank sends its buffer to every
- *   other and sums the size contributions in rank order, so every rank computes the same sum,
- *   bit for bit. Larger: ring. Reduce-scatter (size - 1 steps: rank r sends chunk r - s to its
- *   right and adds chunk r - s - 1 from its left), then all-gather (size - 1 steps) of each
- *   chunk's final value from the rank that owns it; every segment of SEG_BYTES is forwarded as
- *   soon as it is summed, so the steps overlap. The owner's value is the only one computed and
- *   every other rank copies its bytes, so every rank ends with the same bits.
- * - all-gather: direct (every rank sends its part to every other) up to ONESHOT_MAX bytes per
- *   rank, else a pipelined ring.
- * - broadcast: direct from the root up to ONESHOT_MAX bytes, else a pipelined chain (root,
- *   root + 1, ...). Every receiver (direct) or the chain's last rank acknowledges to the root, so
- *   the root's call ends only when every rank has the data, and no rank runs more than a couple
- *   of calls ahead of another (which bounds the stash).
- * - compression (all-reduce only; all-gather and broadcast move bytes as they are): what
- *   crosses a link is f16 or int8 (runtime/coll_net_wire.c); sums are taken in f32. Each
- *   rank's own contribution (one-shot) and each chunk's final value (ring) go through the same
- *   encode and decode as what it sends, so ranks still agree bit for bit. */
+ * The collectives themselves are in coll_net_algo.c, the join in coll_net_join.c.
+ *
+ * Destroy gives the links up to LINGER_MS to hand over what they still hold (a rank's call can
+ * end before its last forwards have left), closes the listener, pauses CLOSE_PAUSE_MS, then
+ * closes everything. A peer still waiting for this rank sees the connection close (SH_ECLOSED).
+ *
+ * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
+ * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
+ * nothing new and pauses after closing the listener; and a group re-created at once on the same
+ * URLs (the processes of the previous group destroying theirs while the new ones dial) sometimes
+ * does not join: a connection from one rank's new incarnation that reaches the other's closing
+ * socket stays accepted but unread (seen in `ss -x` as an established socket with bytes
+ * queued), so create times out. Re-creating a group should use fresh URLs (e.g. the epoch in the
+ * ipc:// path or another port) until NNG is upgraded. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -61,42 +60,10 @@
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
 
-#include "base/auth.h"
 #include "base/error.h"
-#include "runtime/coll_net.h"
-#include "runtime/log.h"
+#include "runtime/coll_net_int.h"
 
-#define ONESHOT_MAX ((size_t)64 << 10) /* bytes: one-shot / direct at or below */
-#define SEG_BYTES ((size_t)128 << 10)  /* ring and chain segments (before compression) */
-#define SEG_FLOATS (SEG_BYTES / sizeof(float))
-#define RECV_MAX (SEG_BYTES + ONESHOT_MAX + 4096) /* the largest frame a listener takes */
-#define AHEAD 4u                                  /* stash frames up to this many calls ahead */
-#define STASH_FRAMES 8192u
-#define NONCE SH_AUTH_NONCE_LEN
-#define MAC SH_AUTH_MAC_LEN
-#define URL_MAX 256
-#define JOIN_TAG "shoal coll join v1"
-
-/* One peer's outgoing link: a push socket and the queue its aio drains. */
-typedef struct peer_link {
-    struct net *im;
-    nng_socket sock;
-    bool sock_open;
-    nng_aio *aio;
-    pthread_mutex_t mu; /* everything below */
-    nng_msg **q;        /* (cap) ring of frames waiting for the aio */
-    size_t cap, head, n;
-    bool sending, closed;
-    int err; /* the first failed send's NNG code, 0 when none */
-} peer_link;
-
-typedef struct stashed {
-    nng_msg *m;
-    sh__coll_net_hdr h;
-} stashed;
-
-/* Reasons a frame is dropped: each is logged once per handle and every drop counted. */
-enum { DROP_BAD, DROP_EPOCH, DROP_RANK, DROP_PIPE, DROP_OLD, DROP_AHEAD, DROP_STASH, DROP_KEY };
+/* The reasons of runtime/coll_net_int.h's DROP_* as the log says them. */
 static const char *const drop_why[] = {
     "bad magic, version, length or CRC",
     "another epoch",
@@ -108,37 +75,14 @@ static const char *const drop_why[] = {
     "a join proof that fails the cluster key check",
 };
 
-typedef struct net {
-    sh_coll *c;
-    sh_coll_compress cmp;
-    uint8_t *key; /* (key_len) NULL: no key */
-    size_t key_len;
-    char (*urls)[URL_MAX]; /* (size) */
-    nng_socket lsock;
-    bool lopen;
-    nng_aio *raio;
-    peer_link *links;  /* (size); links[rank] unused */
-    uint32_t *pipe_of; /* (size) the pipe each rank proved its key on (keyed groups) */
-    uint8_t nonce[NONCE];
-    stashed *stash; /* (n_stash) in arrival order */
-    size_t n_stash, stash_bytes, stash_cap_bytes;
-    float *slots; /* (size, ONESHOT_MAX / 4) one-shot contributions */
-    uint8_t op;   /* the current call's */
-    sh__log lg;
-    _Atomic uint64_t dropped;
-    uint32_t logged;      /* drop reasons already logged */
-    uint64_t bad_key;     /* ranks whose join proof failed the key check */
-    uint64_t other_epoch; /* frames of another epoch dropped during create */
-} net;
-
-static uint64_t now_ns(void)
+uint64_t sh__coll_net_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static const char *op_name(uint8_t op)
+const char *sh__coll_net_op_name(uint8_t op)
 {
     switch (op) {
     case SH__COLL_OP_ALLREDUCE:
@@ -153,7 +97,7 @@ static const char *op_name(uint8_t op)
 }
 
 /* Counts a dropped frame and logs the first of each reason. `src` < 0: unknown sender. */
-static void drop(net *im, nng_msg *m, int why, int src)
+void sh__coll_net_drop(net *im, nng_msg *m, int why, int src)
 {
     atomic_fetch_add_explicit(&im->dropped, 1, memory_order_relaxed);
     if (!(im->logged & (1u << why))) {
@@ -180,14 +124,16 @@ static void send_cb(void *arg)
 {
     peer_link *l = arg;
     int rv = nng_aio_result(l->aio);
+    bool join = false;
     if (rv) {
         nng_msg *m = nng_aio_get_msg(l->aio);
         nng_aio_set_msg(l->aio, NULL);
+        join = nng_msg_len(m) > 5 && ((uint8_t *)nng_msg_body(m))[5] < SH__COLL_NET_DATA;
         nng_msg_free(m);
     }
     nng_msg *next = NULL;
     pthread_mutex_lock(&l->mu);
-    if (rv && !l->err)
+    if (rv && !join && !l->err) /* a lost join frame is said again; a lost data frame is not */
         l->err = rv;
     if (!l->closed && l->n) {
         next = l->q[l->head];
@@ -195,15 +141,27 @@ static void send_cb(void *arg)
         l->n--;
     } else {
         l->sending = false;
+        pthread_cond_broadcast(&l->idle);
     }
     pthread_mutex_unlock(&l->mu);
     if (next)
         link_kick(l, next);
 }
 
+/* A link's connection came or went (on an NNG thread). */
+static void link_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe;
+    peer_link *l = arg;
+    pthread_mutex_lock(&l->mu);
+    l->pipes += ev == NNG_PIPE_EV_ADD_POST ? 1 : -1;
+    pthread_cond_broadcast(&l->idle);
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* Queues m for rank dst. m is the link's in every case (freed on failure); SH_ETIMEDOUT or
  * SH_EIO when an earlier frame to dst failed, SH_ENOMEM. */
-static sh_err post(net *im, int32_t dst, nng_msg *m, sh_error *e)
+sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
 {
     peer_link *l = &im->links[dst];
     size_t len = nng_msg_len(m);
@@ -248,20 +206,44 @@ static sh_err post(net *im, int32_t dst, nng_msg *m, sh_error *e)
     return SH_OK;
 }
 
-/* A new frame with a plen-byte payload (uninitialised), or NULL. */
-static nng_msg *frame_new(size_t plen)
+/* A new frame with a plen-byte payload (uninitialised), or NULL: a kept frame large enough when
+ * there is one (no allocation, no zeroing, no page faults: a ring of 16 MB moves 128 frames per
+ * call), else a new one. */
+nng_msg *sh__coll_net_frame_new(net *im, size_t plen)
 {
+    size_t len = SH__COLL_NET_HDR + plen;
+    for (size_t i = im->n_pool; i-- > 0;) {
+        nng_msg *m = im->pool[i];
+        if (nng_msg_capacity(m) < len)
+            continue;
+        im->pool[i] = im->pool[--im->n_pool];
+        im->pool_bytes -= nng_msg_capacity(m);
+        nng_msg_clear(m);
+        nng_msg_header_clear(m);
+        if (nng_msg_realloc(m, len) == 0) /* within the capacity: only the length changes */
+            return m;
+        nng_msg_free(m);
+        break;
+    }
     nng_msg *m;
-    return nng_msg_alloc(&m, SH__COLL_NET_HDR + plen) == 0 ? m : NULL;
+    return nng_msg_alloc(&m, len) == 0 ? m : NULL;
 }
 
-static uint8_t *payload(nng_msg *m) { return (uint8_t *)nng_msg_body(m) + SH__COLL_NET_HDR; }
-
-static size_t payload_len(nng_msg *m) { return nng_msg_len(m) - SH__COLL_NET_HDR; }
+/* Keeps a received frame for frame_new (up to POOL_MSGS and max_bytes + 1 MB), or frees it. */
+void sh__coll_net_frame_release(net *im, nng_msg *m)
+{
+    size_t cap = nng_msg_capacity(m);
+    if (im->n_pool < POOL_MSGS && im->pool_bytes + cap <= im->c->max_bytes + ((size_t)1 << 20)) {
+        im->pool[im->n_pool++] = m;
+        im->pool_bytes += cap;
+    } else {
+        nng_msg_free(m);
+    }
+}
 
 /* The header of a frame of the current call from this rank. */
-static sh__coll_net_hdr hdr_of(net *im, uint8_t type, uint8_t op, uint64_t total, uint32_t index,
-                               uint32_t count)
+sh__coll_net_hdr sh__coll_net_hdr_of(net *im, uint8_t type, uint8_t op, uint64_t total,
+                                     uint32_t index, uint32_t count)
 {
     sh_coll *c = im->c;
     return (sh__coll_net_hdr){.type = type,
@@ -277,35 +259,36 @@ static sh__coll_net_hdr hdr_of(net *im, uint8_t type, uint8_t op, uint64_t total
 }
 
 /* Builds a frame of count floats encoded with the group's compression (NULL: out of memory). */
-static nng_msg *frame_floats(net *im, uint64_t total, uint32_t index, const float *x, size_t count)
+nng_msg *sh__coll_net_frame_floats(net *im, uint64_t total, uint32_t index, const float *x,
+                                   size_t count)
 {
     size_t plen = sh__coll_net_wire_size(im->cmp, count);
-    nng_msg *m = frame_new(plen);
+    nng_msg *m = sh__coll_net_frame_new(im, plen);
     if (!m)
         return NULL;
     sh__coll_net_encode(im->cmp, x, count, payload(m));
-    sh__coll_net_hdr h =
-        hdr_of(im, SH__COLL_NET_DATA, SH__COLL_OP_ALLREDUCE, total, index, (uint32_t)count);
+    sh__coll_net_hdr h = sh__coll_net_hdr_of(im, SH__COLL_NET_DATA, SH__COLL_OP_ALLREDUCE, total,
+                                             index, (uint32_t)count);
     sh__coll_net_seal(&h, nng_msg_body(m), plen);
     return m;
 }
 
 /* Builds a frame of len bytes as they are (type DATA or ACK). */
-static nng_msg *frame_bytes(net *im, uint8_t type, uint8_t op, uint64_t total, uint32_t index,
-                            const void *p, size_t len)
+nng_msg *sh__coll_net_frame_bytes(net *im, uint8_t type, uint8_t op, uint64_t total, uint32_t index,
+                                  const void *p, size_t len)
 {
-    nng_msg *m = frame_new(len);
+    nng_msg *m = sh__coll_net_frame_new(im, len);
     if (!m)
         return NULL;
     if (len)
         memcpy(payload(m), p, len);
-    sh__coll_net_hdr h = hdr_of(im, type, op, total, index, (uint32_t)len);
+    sh__coll_net_hdr h = sh__coll_net_hdr_of(im, type, op, total, index, (uint32_t)len);
     sh__coll_net_seal(&h, nng_msg_body(m), len);
     return m;
 }
 
 /* Re-addresses a received frame as this rank's, with another index, to forward it unchanged. */
-static void frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got, uint32_t index)
+void sh__coll_net_frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got, uint32_t index)
 {
     sh__coll_net_hdr h = *got;
     h.src = (uint16_t)im->c->rank;
@@ -313,14 +296,27 @@ static void frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got, uint
     sh__coll_net_seal(&h, nng_msg_body(m), payload_len(m));
 }
 
-static sh_err oom(sh_error *e) { return sh__error_set(e, SH_ENOMEM, "coll: out of memory"); }
+sh_err sh__coll_net_oom(sh_error *e) { return sh__error_set(e, SH_ENOMEM, "coll: out of memory"); }
 
 /* ---- Receiving -------------------------------------------------------------------------- */
 
-/* Waits until deadline for the next frame on the listener: 0 with *m, or an NNG code. */
-static int recv_one(net *im, uint64_t deadline, nng_msg **m)
+/* A connection to the listener closed (on an NNG thread): when it is the one a rank joined by,
+ * that rank has died or left (or reconnected, having lost what was in flight): the calls stop
+ * waiting for it (take). */
+static void listener_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
-    uint64_t now = now_ns();
+    (void)ev;
+    net *im = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(pipe);
+    for (int32_t p = 0; p < im->c->size; p++)
+        if (p != im->c->rank && atomic_load(&im->pipe_of[p]) == id)
+            atomic_fetch_or(&im->lost, 1ull << p);
+}
+
+/* Waits until deadline for the next frame on the listener: 0 with *m, or an NNG code. */
+int sh__coll_net_recv_one(net *im, uint64_t deadline, nng_msg **m)
+{
+    uint64_t now = sh__coll_net_now_ns();
     if (now >= deadline)
         return NNG_ETIMEDOUT;
     nng_aio_set_timeout(im->raio, (nng_duration)((deadline - now + 999999) / 1000000));
@@ -336,35 +332,35 @@ static int recv_one(net *im, uint64_t deadline, nng_msg **m)
 
 /* Checks what every frame must pass (CRC, epoch, source, the proven pipe for data); false when
  * it dropped the frame. */
-static bool frame_check(net *im, nng_msg *m, sh__coll_net_hdr *h)
+bool sh__coll_net_frame_check(net *im, nng_msg *m, sh__coll_net_hdr *h)
 {
     sh_coll *c = im->c;
     if (!sh__coll_net_open(nng_msg_body(m), nng_msg_len(m), h)) {
-        drop(im, m, DROP_BAD, -1);
+        sh__coll_net_drop(im, m, DROP_BAD, -1);
         return false;
     }
     if (h->epoch != c->epoch) {
-        drop(im, m, DROP_EPOCH, h->src < c->size ? h->src : -1);
+        sh__coll_net_drop(im, m, DROP_EPOCH, h->src < c->size ? h->src : -1);
         return false;
     }
     if (h->src >= c->size || h->src == c->rank || h->size != c->size) {
-        drop(im, m, DROP_RANK, -1);
+        sh__coll_net_drop(im, m, DROP_RANK, -1);
         return false;
     }
     if (im->key && h->type >= SH__COLL_NET_DATA &&
-        (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)) != im->pipe_of[h->src]) {
-        drop(im, m, DROP_PIPE, h->src);
+        (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)) != atomic_load(&im->pipe_of[h->src])) {
+        sh__coll_net_drop(im, m, DROP_PIPE, h->src);
         return false;
     }
     return true;
 }
 
 /* Keeps a frame of a later call (or of this call, not yet wanted) until it is. */
-static void stash_put(net *im, nng_msg *m, const sh__coll_net_hdr *h)
+void sh__coll_net_stash_put(net *im, nng_msg *m, const sh__coll_net_hdr *h)
 {
     size_t len = nng_msg_len(m);
     if (im->n_stash >= STASH_FRAMES || im->stash_bytes + len > im->stash_cap_bytes) {
-        drop(im, m, DROP_STASH, h->src);
+        sh__coll_net_drop(im, m, DROP_STASH, h->src);
         return;
     }
     im->stash[im->n_stash++] = (stashed){.m = m, .h = *h};
@@ -372,13 +368,13 @@ static void stash_put(net *im, nng_msg *m, const sh__coll_net_hdr *h)
 }
 
 /* Drops what the stash holds of calls before the current one (duplicates, leftovers). */
-static void stash_purge(net *im)
+void sh__coll_net_stash_purge(net *im)
 {
     size_t k = 0;
     for (size_t i = 0; i < im->n_stash; i++) {
         if (im->stash[i].h.seq < im->c->seq) {
             im->stash_bytes -= nng_msg_len(im->stash[i].m);
-            drop(im, im->stash[i].m, DROP_OLD, im->stash[i].h.src);
+            sh__coll_net_drop(im, im->stash[i].m, DROP_OLD, im->stash[i].h.src);
         } else {
             im->stash[k++] = im->stash[i];
         }
@@ -389,8 +385,8 @@ static void stash_purge(net *im)
 /* The next frame of the current call of `type` from rank src: from the stash, else from the
  * socket until deadline. Other frames of this call and of the next AHEAD calls are stashed;
  * the rest are dropped. SH_ETIMEDOUT names src and `what`; SH_EIO when the socket fails. */
-static sh_err take(net *im, uint8_t type, int32_t src, uint64_t deadline, const char *what,
-                   nng_msg **out, sh__coll_net_hdr *h, sh_error *e)
+sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, const char *what,
+                         nng_msg **out, sh__coll_net_hdr *h, sh_error *e)
 {
     sh_coll *c = im->c;
     for (size_t i = 0; i < im->n_stash; i++) {
@@ -404,51 +400,77 @@ static sh_err take(net *im, uint8_t type, int32_t src, uint64_t deadline, const 
             return SH_OK;
         }
     }
+    /* The wait goes in slices of LOST_POLL_MS, to notice src's connection closing; then what
+     * src sent before it closed has LOST_GRACE_MS to be read before the call fails. */
+    bool lost = false;
     for (;;) {
         nng_msg *m;
-        int rv = recv_one(im, deadline, &m);
+        uint64_t now = sh__coll_net_now_ns(), slice = now + LOST_POLL_MS * 1000000u;
+        if (!lost && (atomic_load(&im->lost) >> src & 1u)) {
+            lost = true;
+            if (deadline > now + LOST_GRACE_MS * 1000000u)
+                deadline = now + LOST_GRACE_MS * 1000000u;
+        }
+        int rv = sh__coll_net_recv_one(im, slice < deadline ? slice : deadline, &m);
+        if (rv == NNG_ETIMEDOUT && sh__coll_net_now_ns() < deadline)
+            continue;
+        if (rv == NNG_ETIMEDOUT && lost)
+            return sh__error_set(e, SH_ECLOSED,
+                                 "coll: %s #%llu: rank %d (%s) closed its connection to rank %d "
+                                 "(it died or left) before sending %s",
+                                 sh__coll_net_op_name(im->op), (unsigned long long)c->seq, (int)src,
+                                 im->urls[src], (int)c->rank, what);
         if (rv == NNG_ETIMEDOUT)
             return sh__error_set(e, SH_ETIMEDOUT,
                                  "coll: %s #%llu: rank %d waited %d ms for rank %d (%s): %s",
-                                 op_name(im->op), (unsigned long long)c->seq, (int)c->rank,
-                                 (int)c->timeout_ms, (int)src, im->urls[src], what);
+                                 sh__coll_net_op_name(im->op), (unsigned long long)c->seq,
+                                 (int)c->rank, (int)c->timeout_ms, (int)src, im->urls[src], what);
         if (rv)
             return sh__error_set(e, SH_EIO, "coll: rank %d: receive failed: %s", (int)c->rank,
                                  nng_strerror(rv));
-        if (!frame_check(im, m, h))
+        if (!sh__coll_net_frame_check(im, m, h))
             continue;
-        if (h->type < SH__COLL_NET_DATA) { /* a late join frame: nothing to answer */
+        if (h->type == SH__COLL_NET_HELLO && payload_len(m) == NONCE) {
+            /* A peer still in create (its first HELLO went to this rank's previous incarnation,
+             * or its PROOF from here was lost): answer it as create does. */
+            sh_err rc = sh__coll_net_join_send(im, SH__COLL_NET_PROOF, h->src, payload(m), e);
+            nng_msg_free(m);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (h->type < SH__COLL_NET_DATA) { /* a late PROOF: this rank has joined already */
             nng_msg_free(m);
             continue;
         }
         if (h->seq < c->seq) {
-            drop(im, m, DROP_OLD, h->src);
+            sh__coll_net_drop(im, m, DROP_OLD, h->src);
             continue;
         }
         if (h->seq > c->seq + AHEAD) {
-            drop(im, m, DROP_AHEAD, h->src);
+            sh__coll_net_drop(im, m, DROP_AHEAD, h->src);
             continue;
         }
         if (h->seq == c->seq && h->type == type && h->src == src) {
             *out = m;
             return SH_OK;
         }
-        stash_put(im, m, h);
+        sh__coll_net_stash_put(im, m, h);
     }
 }
 
 /* Checks that a frame of the current call is the one this rank expects: op, total size,
  * compression, index, element count and payload length. SH_EPROTO names the rank and both
  * values. */
-static sh_err expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8_t op, uint64_t total,
-                     uint32_t index, uint32_t count, size_t plen, sh_error *e)
+sh_err sh__coll_net_expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8_t op,
+                           uint64_t total, uint32_t index, uint32_t count, size_t plen, sh_error *e)
 {
     sh_coll *c = im->c;
-    const char *on = op_name(op);
+    const char *on = sh__coll_net_op_name(op);
     unsigned long long seq = (unsigned long long)c->seq;
     if (h->op != op)
         return sh__error_set(e, SH_EPROTO, "coll: call #%llu: rank %d called %s, this rank %d %s",
-                             seq, (int)h->src, op_name(h->op), (int)c->rank, on);
+                             seq, (int)h->src, sh__coll_net_op_name(h->op), (int)c->rank, on);
     if (h->total != total)
         return sh__error_set(e, SH_EPROTO,
                              "coll: %s #%llu: rank %d passed %llu %s, this rank %d passed %llu", on,
@@ -470,459 +492,19 @@ static sh_err expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8_t op,
 }
 
 /* take + expect for a data frame; frees the frame on failure. */
-static sh_err take_data(net *im, int32_t src, uint64_t deadline, uint8_t op, uint64_t total,
-                        uint32_t index, uint32_t count, size_t plen, nng_msg **m,
-                        sh__coll_net_hdr *h, sh_error *e)
+sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t op, uint64_t total,
+                              uint32_t index, uint32_t count, size_t plen, nng_msg **m,
+                              sh__coll_net_hdr *h, sh_error *e)
 {
     char what[64];
-    snprintf(what, sizeof what, "segment %#x of %s", (unsigned)index, op_name(op));
-    sh_err rc = take(im, SH__COLL_NET_DATA, src, deadline, what, m, h, e);
+    snprintf(what, sizeof what, "segment %#x of %s", (unsigned)index, sh__coll_net_op_name(op));
+    sh_err rc = sh__coll_net_take(im, SH__COLL_NET_DATA, src, deadline, what, m, h, e);
     if (rc)
         return rc;
-    rc = expect(im, *m, h, op, total, index, count, plen, e);
+    rc = sh__coll_net_expect(im, *m, h, op, total, index, count, plen, e);
     if (rc)
         nng_msg_free(*m);
     return rc;
-}
-
-/* ---- The collectives -------------------------------------------------------------------- */
-
-static int32_t mod(int64_t a, int32_t n) { return (int32_t)(((a % n) + n) % n); }
-
-/* Starts a call: its op, its deadline, and a stash without the older calls' leftovers. */
-static uint64_t call_begin(net *im, uint8_t op)
-{
-    im->op = op;
-    stash_purge(im);
-    return now_ns() + (uint64_t)im->c->timeout_ms * 1000000u;
-}
-
-/* One-shot all-reduce: every contribution to every rank, summed in rank order. */
-static sh_err allreduce_oneshot(net *im, float *buf, size_t n, uint64_t deadline, sh_error *e)
-{
-    sh_coll *c = im->c;
-    const uint8_t op = SH__COLL_OP_ALLREDUCE;
-    size_t plen = sh__coll_net_wire_size(im->cmp, n);
-    nng_msg *mine = frame_floats(im, n, 0, buf, n);
-    if (!mine)
-        return oom(e);
-    /* This rank's own contribution as the others will decode it. */
-    sh__coll_net_decode(im->cmp, payload(mine), n, im->slots + (size_t)c->rank * n, false);
-    sh_err rc = SH_OK;
-    for (int32_t p = 0; p < c->size && !rc; p++) {
-        if (p == c->rank)
-            continue;
-        nng_msg *m;
-        if (nng_msg_dup(&m, mine) != 0)
-            rc = oom(e);
-        else
-            rc = post(im, p, m, e);
-    }
-    nng_msg_free(mine);
-    for (int32_t p = 0; p < c->size && !rc; p++) {
-        if (p == c->rank)
-            continue;
-        nng_msg *m;
-        sh__coll_net_hdr h;
-        rc = take_data(im, p, deadline, op, n, 0, (uint32_t)n, plen, &m, &h, e);
-        if (rc)
-            break;
-        sh__coll_net_decode(im->cmp, payload(m), n, im->slots + (size_t)p * n, false);
-        nng_msg_free(m);
-    }
-    if (rc)
-        return rc;
-    memcpy(buf, im->slots, n * sizeof(float));
-    for (int32_t p = 1; p < c->size; p++) {
-        const float *s = im->slots + (size_t)p * n;
-        for (size_t i = 0; i < n; i++)
-            buf[i] += s[i];
-    }
-    return SH_OK;
-}
-
-/* Chunk k of n elements split size ways: [*off, *off + *len). */
-static void chunk_of(size_t n, int32_t size, int32_t k, size_t *off, size_t *len)
-{
-    *off = n * (size_t)k / (size_t)size;
-    *len = n * (size_t)(k + 1) / (size_t)size - *off;
-}
-
-static size_t nseg(size_t len, size_t seg) { return (len + seg - 1) / seg; }
-
-static uint32_t ring_index(int32_t step, size_t seg)
-{
-    return (uint32_t)step << 16 | (uint32_t)seg;
-}
-
-/* Ring all-reduce: reduce-scatter then all-gather, segment by segment. */
-static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, sh_error *e)
-{
-    sh_coll *c = im->c;
-    const uint8_t op = SH__COLL_OP_ALLREDUCE;
-    const int32_t r = c->rank, N = c->size, S = N - 1, right = mod(r + 1, N), left = mod(r - 1, N);
-    size_t off, len;
-    sh_err rc = SH_OK;
-    chunk_of(n, N, r, &off, &len);
-    for (size_t j = 0; j < nseg(len, SEG_FLOATS) && !rc; j++) {
-        size_t o = off + j * SEG_FLOATS,
-               k = len - j * SEG_FLOATS < SEG_FLOATS ? len - j * SEG_FLOATS : SEG_FLOATS;
-        nng_msg *m = frame_floats(im, n, ring_index(0, j), buf + o, k);
-        rc = m ? post(im, right, m, e) : oom(e);
-    }
-    /* Reduce-scatter: step s adds chunk r - s - 1 and passes it on; the last step's chunk,
-     * r + 1, is this rank's, whose final value starts the all-gather. */
-    for (int32_t s = 0; s < S && !rc; s++) {
-        chunk_of(n, N, mod(r - s - 1, N), &off, &len);
-        for (size_t j = 0; j < nseg(len, SEG_FLOATS) && !rc; j++) {
-            size_t o = off + j * SEG_FLOATS,
-                   k = len - j * SEG_FLOATS < SEG_FLOATS ? len - j * SEG_FLOATS : SEG_FLOATS;
-            nng_msg *m;
-            sh__coll_net_hdr h;
-            rc = take_data(im, left, deadline, op, n, ring_index(s, j), (uint32_t)k,
-                           sh__coll_net_wire_size(im->cmp, k), &m, &h, e);
-            if (rc)
-                break;
-            sh__coll_net_decode(im->cmp, payload(m), k, buf + o, true);
-            nng_msg_free(m);
-            m = frame_floats(im, n, ring_index(s + 1, j), buf + o, k);
-            if (!m) {
-                rc = oom(e);
-                break;
-            }
-            if (s == S - 1) /* the final value, as every other rank will decode it */
-                sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
-            rc = post(im, right, m, e);
-        }
-    }
-    /* All-gather: step t takes chunk r - t's final value and passes its bytes on unchanged. */
-    for (int32_t t = 0; t < S && !rc; t++) {
-        chunk_of(n, N, mod(r - t, N), &off, &len);
-        for (size_t j = 0; j < nseg(len, SEG_FLOATS) && !rc; j++) {
-            size_t o = off + j * SEG_FLOATS,
-                   k = len - j * SEG_FLOATS < SEG_FLOATS ? len - j * SEG_FLOATS : SEG_FLOATS;
-            nng_msg *m;
-            sh__coll_net_hdr h;
-            rc = take_data(im, left, deadline, op, n, ring_index(S + t, j), (uint32_t)k,
-                           sh__coll_net_wire_size(im->cmp, k), &m, &h, e);
-            if (rc)
-                break;
-            sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
-            if (t < S - 1) {
-                frame_forward(im, m, &h, ring_index(S + t + 1, j));
-                rc = post(im, right, m, e);
-            } else {
-                nng_msg_free(m);
-            }
-        }
-    }
-    return rc;
-}
-
-static sh_err net_allreduce(sh_coll *c, float *buf, size_t n, sh_error *e)
-{
-    net *im = c->impl;
-    uint64_t deadline = call_begin(im, SH__COLL_OP_ALLREDUCE);
-    if (n * sizeof(float) <= ONESHOT_MAX)
-        return allreduce_oneshot(im, buf, n, deadline, e);
-    return allreduce_ring(im, buf, n, deadline, e);
-}
-
-/* Sends len bytes at p to every other rank as one frame each. */
-static sh_err send_all(net *im, uint8_t op, uint64_t total, uint32_t index, const void *p,
-                       size_t len, int32_t skip, sh_error *e)
-{
-    sh_err rc = SH_OK;
-    for (int32_t q = 0; q < im->c->size && !rc; q++) {
-        if (q == im->c->rank || q == skip)
-            continue;
-        nng_msg *m = frame_bytes(im, SH__COLL_NET_DATA, op, total, index, p, len);
-        rc = m ? post(im, q, m, e) : oom(e);
-    }
-    return rc;
-}
-
-static sh_err net_allgather(sh_coll *c, const void *in, size_t bytes, void *out, sh_error *e)
-{
-    net *im = c->impl;
-    const uint8_t op = SH__COLL_OP_ALLGATHER;
-    const int32_t r = c->rank, N = c->size, S = N - 1, right = mod(r + 1, N), left = mod(r - 1, N);
-    uint64_t deadline = call_begin(im, op);
-    uint8_t *o8 = out;
-    sh_err rc = SH_OK;
-    if (bytes <= ONESHOT_MAX) { /* direct */
-        rc = send_all(im, op, bytes, 0, in, bytes, -1, e);
-        memmove(o8 + (size_t)r * bytes, in, bytes);
-        for (int32_t p = 0; p < N && !rc; p++) {
-            if (p == r)
-                continue;
-            nng_msg *m;
-            sh__coll_net_hdr h;
-            rc = take_data(im, p, deadline, op, bytes, 0, (uint32_t)bytes, bytes, &m, &h, e);
-            if (rc)
-                break;
-            memcpy(o8 + (size_t)p * bytes, payload(m), bytes);
-            nng_msg_free(m);
-        }
-        return rc;
-    }
-    size_t ns = nseg(bytes, SEG_BYTES);
-    for (size_t j = 0; j < ns && !rc; j++) {
-        size_t k = bytes - j * SEG_BYTES < SEG_BYTES ? bytes - j * SEG_BYTES : SEG_BYTES;
-        nng_msg *m = frame_bytes(im, SH__COLL_NET_DATA, op, bytes, ring_index(0, j),
-                                 (const uint8_t *)in + j * SEG_BYTES, k);
-        rc = m ? post(im, right, m, e) : oom(e);
-    }
-    if (!rc)
-        memmove(o8 + (size_t)r * bytes, in, bytes);
-    /* Step t takes rank r - t - 1's part from the left and passes it on. */
-    for (int32_t t = 0; t < S && !rc; t++) {
-        uint8_t *dst = o8 + (size_t)mod(r - t - 1, N) * bytes;
-        for (size_t j = 0; j < ns && !rc; j++) {
-            size_t k = bytes - j * SEG_BYTES < SEG_BYTES ? bytes - j * SEG_BYTES : SEG_BYTES;
-            nng_msg *m;
-            sh__coll_net_hdr h;
-            rc = take_data(im, left, deadline, op, bytes, ring_index(t, j), (uint32_t)k, k, &m, &h,
-                           e);
-            if (rc)
-                break;
-            memcpy(dst + j * SEG_BYTES, payload(m), k);
-            if (t < S - 1) {
-                frame_forward(im, m, &h, ring_index(t + 1, j));
-                rc = post(im, right, m, e);
-            } else {
-                nng_msg_free(m);
-            }
-        }
-    }
-    return rc;
-}
-
-/* A broadcast frame's index: the root (so ranks that disagree on it fail) and the segment. */
-static uint32_t bcast_index(int32_t root, size_t seg)
-{
-    return (uint32_t)root << 24 | (uint32_t)seg;
-}
-
-static sh_err net_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t root, sh_error *e)
-{
-    net *im = c->impl;
-    const uint8_t op = SH__COLL_OP_BROADCAST;
-    const int32_t r = c->rank, N = c->size;
-    uint64_t deadline = call_begin(im, op);
-    uint8_t *b8 = buf;
-    sh_err rc = SH_OK;
-    nng_msg *m;
-    sh__coll_net_hdr h;
-    if (bytes <= ONESHOT_MAX) { /* direct, every receiver acknowledging */
-        if (r == root) {
-            rc = send_all(im, op, bytes, bcast_index(root, 0), buf, bytes, -1, e);
-            for (int32_t p = 0; p < N && !rc; p++) {
-                if (p == r)
-                    continue;
-                rc = take(im, SH__COLL_NET_ACK, p, deadline, "its acknowledgement", &m, &h, e);
-                if (rc)
-                    break;
-                rc = expect(im, m, &h, op, bytes, bcast_index(root, 0), 0, 0, e);
-                nng_msg_free(m);
-            }
-            return rc;
-        }
-        rc = take_data(im, root, deadline, op, bytes, bcast_index(root, 0), (uint32_t)bytes, bytes,
-                       &m, &h, e);
-        if (rc)
-            return rc;
-        memcpy(buf, payload(m), bytes);
-        nng_msg_free(m);
-        m = frame_bytes(im, SH__COLL_NET_ACK, op, bytes, bcast_index(root, 0), NULL, 0);
-        return m ? post(im, root, m, e) : oom(e);
-    }
-    /* A chain root, root + 1, ..., root - 1, each forwarding a segment as it arrives; the last
-     * acknowledges to the root. */
-    const int32_t pos = mod(r - root, N), prev = mod(r - 1, N), next = mod(r + 1, N);
-    size_t ns = nseg(bytes, SEG_BYTES);
-    for (size_t j = 0; j < ns && !rc; j++) {
-        size_t k = bytes - j * SEG_BYTES < SEG_BYTES ? bytes - j * SEG_BYTES : SEG_BYTES;
-        if (r == root) {
-            m = frame_bytes(im, SH__COLL_NET_DATA, op, bytes, bcast_index(root, j),
-                            b8 + j * SEG_BYTES, k);
-            rc = m ? post(im, next, m, e) : oom(e);
-            continue;
-        }
-        rc = take_data(im, prev, deadline, op, bytes, bcast_index(root, j), (uint32_t)k, k, &m, &h,
-                       e);
-        if (rc)
-            break;
-        memcpy(b8 + j * SEG_BYTES, payload(m), k);
-        if (pos < N - 1) {
-            frame_forward(im, m, &h, bcast_index(root, j));
-            rc = post(im, next, m, e);
-        } else {
-            nng_msg_free(m);
-        }
-    }
-    if (rc)
-        return rc;
-    if (r == root) {
-        rc = take(im, SH__COLL_NET_ACK, prev, deadline, "the chain's acknowledgement", &m, &h, e);
-        if (rc)
-            return rc;
-        rc = expect(im, m, &h, op, bytes, bcast_index(root, 0), 0, 0, e);
-        nng_msg_free(m);
-        return rc;
-    }
-    if (pos < N - 1)
-        return SH_OK;
-    m = frame_bytes(im, SH__COLL_NET_ACK, op, bytes, bcast_index(root, 0), NULL, 0);
-    return m ? post(im, root, m, e) : oom(e);
-}
-
-/* ---- Join ------------------------------------------------------------------------------- */
-
-/* A join frame (HELLO or PROOF) to rank dst. */
-static sh_err join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce, sh_error *e)
-{
-    sh_coll *c = im->c;
-    size_t plen = type == SH__COLL_NET_HELLO ? NONCE : NONCE + MAC;
-    nng_msg *m = frame_new(plen);
-    if (!m)
-        return oom(e);
-    uint8_t *body = nng_msg_body(m), *p = payload(m);
-    sh__coll_net_hdr h = {.type = type,
-                          .compress = (uint8_t)im->cmp,
-                          .epoch = c->epoch,
-                          .src = (uint16_t)c->rank,
-                          .size = (uint16_t)c->size,
-                          .total = c->max_bytes,
-                          .index = (uint32_t)dst};
-    memcpy(p, nonce, NONCE);
-    if (type == SH__COLL_NET_PROOF) {
-        memset(p + NONCE, 0, MAC);
-        sh__coll_net_seal(&h, body, plen);
-        if (im->key) {
-            uint8_t msg[sizeof JOIN_TAG + 40 + NONCE];
-            memcpy(msg, JOIN_TAG, sizeof JOIN_TAG);
-            memcpy(msg + sizeof JOIN_TAG, body, 40);
-            memcpy(msg + sizeof JOIN_TAG + 40, nonce, NONCE);
-            if (sh__auth_hmac(im->key, im->key_len, msg, sizeof msg, p + NONCE) != SH_OK) {
-                nng_msg_free(m);
-                return sh__error_set(e, SH_EIO, "coll: HMAC failed");
-            }
-        }
-    }
-    sh__coll_net_seal(&h, body, plen);
-    sh_err rc = post(im, dst, m, e);
-    /* Join frames are not the calls' traffic. */
-    atomic_fetch_sub_explicit(&c->bytes_wire, rc ? 0 : SH__COLL_NET_HDR + plen,
-                              memory_order_relaxed);
-    return rc;
-}
-
-/* Whether a PROOF's MAC is right for this rank's nonce. */
-static bool proof_valid(net *im, nng_msg *m)
-{
-    if (!im->key)
-        return true;
-    uint8_t msg[sizeof JOIN_TAG + 40 + NONCE], mac[MAC];
-    memcpy(msg, JOIN_TAG, sizeof JOIN_TAG);
-    memcpy(msg + sizeof JOIN_TAG, nng_msg_body(m), 40);
-    memcpy(msg + sizeof JOIN_TAG + 40, im->nonce, NONCE);
-    return sh__auth_hmac(im->key, im->key_len, msg, sizeof msg, mac) == SH_OK &&
-           sh__auth_equal(mac, payload(m) + NONCE, MAC);
-}
-
-/* Lists the ranks (and URLs) of mask into buf. */
-static void list_ranks(net *im, uint64_t mask, char *buf, size_t cap)
-{
-    size_t k = 0;
-    buf[0] = 0;
-    for (int32_t p = 0; p < im->c->size && k + 1 < cap; p++)
-        if (mask >> p & 1u)
-            k +=
-                (size_t)snprintf(buf + k, cap - k, "%s%d (%s)", k ? ", " : "", (int)p, im->urls[p]);
-}
-
-/* Waits until every rank has proved itself (HELLO out, PROOF back), answering their HELLOs. */
-static sh_err join(net *im, uint64_t deadline, sh_error *e)
-{
-    sh_coll *c = im->c;
-    uint64_t all = c->size == 64 ? ~0ull : (1ull << c->size) - 1, joined = 1ull << c->rank;
-    for (int32_t p = 0; p < c->size; p++) {
-        if (p == c->rank)
-            continue;
-        sh_err rc = join_send(im, SH__COLL_NET_HELLO, p, im->nonce, e);
-        if (rc)
-            return rc;
-    }
-    while (joined != all) {
-        nng_msg *m;
-        sh__coll_net_hdr h;
-        int rv = recv_one(im, deadline, &m);
-        if (rv == NNG_ETIMEDOUT) {
-            char miss[1024], bad[512] = "";
-            list_ranks(im, all & ~joined, miss, sizeof miss);
-            if (im->bad_key) {
-                char who[400];
-                list_ranks(im, im->bad_key, who, sizeof who);
-                snprintf(bad, sizeof bad,
-                         "; the join proof of rank %s failed the cluster key check", who);
-            }
-            return sh__error_set(e, SH_ETIMEDOUT,
-                                 "coll: rank %d: rank %s did not join within %d ms%s%s",
-                                 (int)c->rank, miss, (int)c->timeout_ms, bad,
-                                 im->other_epoch ? "; frames of another epoch were dropped" : "");
-        }
-        if (rv)
-            return sh__error_set(e, SH_EIO, "coll: rank %d: receive failed: %s", (int)c->rank,
-                                 nng_strerror(rv));
-        if (!sh__coll_net_open(nng_msg_body(m), nng_msg_len(m), &h)) {
-            drop(im, m, DROP_BAD, -1);
-            continue;
-        }
-        if (h.epoch != c->epoch)
-            im->other_epoch++;
-        if (h.type == SH__COLL_NET_HELLO && h.epoch == c->epoch && h.src < c->size &&
-            h.src != c->rank && payload_len(m) == NONCE) {
-            sh_err rc = join_send(im, SH__COLL_NET_PROOF, h.src, payload(m), e);
-            nng_msg_free(m);
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (h.type == SH__COLL_NET_PROOF && h.epoch == c->epoch && h.src < c->size &&
-            h.src != c->rank && h.index == (uint32_t)c->rank && payload_len(m) == NONCE + MAC) {
-            if (!sh__auth_equal(payload(m), im->nonce, NONCE)) { /* an answer to another create */
-                drop(im, m, DROP_OLD, h.src);
-                continue;
-            }
-            if (!proof_valid(im, m)) {
-                im->bad_key |= 1ull << h.src;
-                drop(im, m, DROP_KEY, h.src);
-                continue;
-            }
-            uint32_t pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(m));
-            nng_msg_free(m);
-            if (h.size != c->size || h.total != c->max_bytes || h.compress != (uint8_t)im->cmp)
-                return sh__error_set(
-                    e, SH_EPROTO,
-                    "coll: rank %d (%s) joined with size %u, max_bytes %llu, compression %u; "
-                    "rank %d has %d, %zu, %u",
-                    (int)h.src, im->urls[h.src], (unsigned)h.size, (unsigned long long)h.total,
-                    (unsigned)h.compress, (int)c->rank, (int)c->size, c->max_bytes,
-                    (unsigned)im->cmp);
-            im->pipe_of[h.src] = pipe;
-            joined |= 1ull << h.src;
-            continue;
-        }
-        /* A fast peer's first calls, or anything else. */
-        if (!frame_check(im, m, &h))
-            continue;
-        if (h.type >= SH__COLL_NET_DATA && h.seq >= 1 && h.seq <= AHEAD)
-            stash_put(im, m, &h);
-        else
-            drop(im, m, h.seq > AHEAD ? DROP_AHEAD : DROP_RANK, h.src);
-    }
-    return SH_OK;
 }
 
 /* ---- Create and destroy ----------------------------------------------------------------- */
@@ -931,8 +513,37 @@ static void net_free(net *im)
 {
     if (!im)
         return;
-    if (im->lopen)
-        nng_close(im->lsock); /* a receive in progress ends; peers' frames are refused */
+    /* A call can end on this rank before its last frames have left (a ring's last forwards):
+     * the links get up to LINGER_MS together to hand what they hold to NNG, and none once the
+     * peer has closed the connection (it has left, so it waits for nothing); then CLOSE_PAUSE_MS
+     * for NNG to write the last one. Nothing new is sent: NNG 1.5.2's nng_close can hang on a
+     * socket that frames are still arriving at, so a goodbye frame would do more harm than good
+     * (a peer still waiting for this rank times out). */
+    bool flush = im->c->ops != NULL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += (long)LINGER_MS * 1000000;
+    until.tv_sec += until.tv_nsec / 1000000000;
+    until.tv_nsec %= 1000000000;
+    for (int32_t p = 0; flush && im->links && p < im->c->size; p++) {
+        peer_link *l = &im->links[p];
+        if (!l->sock_open)
+            continue;
+        pthread_mutex_lock(&l->mu);
+        while (l->sending && !l->err && l->pipes > 0 &&
+               pthread_cond_timedwait(&l->idle, &l->mu, &until) == 0) {
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    if (im->lopen) {
+        /* No new connection; then the pause, also for one accepted just before (a peer's next
+         * incarnation dialling this URL) to finish its handshake: NNG 1.5.2's nng_close can
+         * wait forever for a pipe still negotiating. */
+        nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+        nng_listener_close(im->listener);
+        nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
+        nng_close(im->lsock);
+    }
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
         if (!l->sock_open)
@@ -940,18 +551,24 @@ static void net_free(net *im)
         pthread_mutex_lock(&l->mu);
         l->closed = true;
         pthread_mutex_unlock(&l->mu);
+        /* No pipe event after this point may reach l, which is freed below. */
+        nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+        nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
         nng_close(l->sock); /* fails the send in flight at once */
         if (l->aio)
             nng_aio_free(l->aio); /* waits for its callback */
         for (size_t i = 0; i < l->n; i++)
             nng_msg_free(l->q[(l->head + i) % l->cap]);
         free(l->q);
+        pthread_cond_destroy(&l->idle);
         pthread_mutex_destroy(&l->mu);
     }
     if (im->raio)
         nng_aio_free(im->raio);
     for (size_t i = 0; i < im->n_stash; i++)
         nng_msg_free(im->stash[i].m);
+    for (size_t i = 0; i < im->n_pool; i++)
+        nng_msg_free(im->pool[i]);
     free(im->stash);
     free(im->links);
     free(im->pipe_of);
@@ -967,9 +584,9 @@ static void net_free(net *im)
 static void net_destroy(sh_coll *c) { net_free(c->impl); }
 
 static const sh__coll_ops net_ops = {
-    .allreduce = net_allreduce,
-    .allgather = net_allgather,
-    .broadcast = net_broadcast,
+    .allreduce = sh__coll_net_algo_allreduce,
+    .allgather = sh__coll_net_algo_allgather,
+    .broadcast = sh__coll_net_algo_broadcast,
     .destroy = net_destroy,
 };
 
@@ -1015,8 +632,9 @@ static sh_err open_sockets(net *im, sh_error *e)
                              (int)c->rank, nng_strerror(rv));
     im->lopen = true;
     if ((rv = nng_socket_set_size(im->lsock, NNG_OPT_RECVMAXSZ, RECV_MAX)) != 0 ||
+        (rv = nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, listener_pipe_cb, im)) != 0 ||
         (rv = nng_aio_alloc(&im->raio, NULL, NULL)) != 0 ||
-        (rv = nng_listen(im->lsock, url, NULL, 0)) != 0)
+        (rv = nng_listen(im->lsock, url, &im->listener, 0)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s: %s", (int)c->rank, url,
                              nng_strerror(rv));
     for (int32_t p = 0; p < c->size; p++) {
@@ -1028,11 +646,14 @@ static sh_err open_sockets(net *im, sh_error *e)
             return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
                                  (int)c->rank, nng_strerror(rv));
         pthread_mutex_init(&l->mu, NULL);
+        pthread_cond_init(&l->idle, NULL);
         l->sock_open = true;
         if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0 ||
+            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
+            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
             (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
             (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
-            (rv = nng_dial(l->sock, im->urls[p], NULL, NNG_FLAG_NONBLOCK)) != 0)
+            (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
             return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s",
                                  (int)c->rank, (int)p, im->urls[p], nng_strerror(rv));
     }
@@ -1041,7 +662,7 @@ static sh_err open_sockets(net *im, sh_error *e)
 
 sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
 {
-    uint64_t deadline = now_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    uint64_t deadline = sh__coll_net_now_ns() + (uint64_t)c->timeout_ms * 1000000u;
     sh_err rc = check_urls(o, e);
     if (rc)
         return rc;
@@ -1052,7 +673,7 @@ sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
                              o->key ? "a" : "no", o->key_len);
     net *im = calloc(1, sizeof *im);
     if (!im)
-        return oom(e);
+        return sh__coll_net_oom(e);
     im->c = c;
     im->cmp = o->compress;
     size_t n = (size_t)c->size;
@@ -1073,7 +694,7 @@ sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
     if (!im->urls || !im->links || !im->pipe_of || !im->stash || !im->slots ||
         (o->key && !im->key)) {
         net_free(im);
-        return oom(e);
+        return sh__coll_net_oom(e);
     }
     for (size_t i = 0; i < n; i++)
         snprintf(im->urls[i], URL_MAX, "%s", o->urls[i]);
@@ -1082,7 +703,7 @@ sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
     sh__log_init(&im->lg, SH_LOG_LEVEL_WARN, NULL, NULL, stderr, node);
     c->impl = im;
     if ((rc = sh__auth_random(im->nonce, NONCE, e)) != SH_OK ||
-        (rc = open_sockets(im, e)) != SH_OK || (rc = join(im, deadline, e)) != SH_OK) {
+        (rc = open_sockets(im, e)) != SH_OK || (rc = sh__coll_net_join(im, deadline, e)) != SH_OK) {
         c->impl = NULL;
         net_free(im);
         return rc;

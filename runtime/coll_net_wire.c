@@ -155,7 +155,11 @@ void sh__coll_net_encode(sh_coll_compress cmp, const float *x, size_t n, uint8_t
             int8_t *q = (int8_t *)(out + 4);
             for (size_t i = 0; i < k; i++) {
                 float v = rintf(x[b + i] * inv);
-                q[i] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+                if (!(v >= -127.0f)) /* NaN too (an infinite block's scale is infinite) */
+                    v = -127.0f;
+                if (v > 127.0f)
+                    v = 127.0f;
+                q[i] = (int8_t)v;
             }
             out += 4 + k;
         }

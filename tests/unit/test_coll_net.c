@@ -91,8 +91,12 @@ static void group_init(group *g, int n, bool tcp)
 static void group_fini(group *g)
 {
     for (int i = 0; i < g->n; i++)
-        if (strncmp(g->urls[i], "ipc://", 6) == 0)
+        if (strncmp(g->urls[i], "ipc://", 6) == 0) {
+            char b[160];
             unlink(g->urls[i] + 6);
+            snprintf(b, sizeof b, "%sb", g->urls[i] + 6);
+            unlink(b);
+        }
     munmap(g->sh, sizeof *g->sh);
 }
 
@@ -426,8 +430,13 @@ static void rank_mismatch(group *g, int rank)
     CHECK_INT_EQ(sh_coll_allreduce(c, x, 10, &e), SH_EPROTO);
     CHECK(mono_ms() - t0 < 100);
     sh_coll_destroy(c);
-    /* A new group (another epoch) where the ops differ. */
+    /* A new group (another epoch) where the ops differ, on other URLs: with NNG 1.5.2 a group
+     * re-created at once on the same URLs sometimes does not join (a connection from one
+     * rank's new incarnation reaching the other's closing socket is left accepted but unread;
+     * see runtime/coll_net.c). */
     g->epoch[rank] = 8;
+    for (int i = 0; i < g->n; i++)
+        strcat(g->urls[i], "b");
     rc = rank_create(g, rank, &c, &e);
     if (rc) {
         SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
@@ -467,21 +476,33 @@ static void rank_victim(group *g, int rank)
         return;
     }
     allreduce_check(g, c, rank, victim_n, 0, 1e-6, false);
-    if (rank == g->n - 1)
+    if (rank == g->n - 1) {
+        usleep(200000);    /* its last frames of call 1 leave (the others' call 1 needs them) */
         raise(victim_sig); /* SIGKILL ends here; SIGSTOP stops until the parent kills it */
+    }
     float *x = calloc(victim_n, sizeof *x);
     uint64_t t0 = mono_ms();
     rc = sh_coll_allreduce(c, x, victim_n, &e);
     uint64_t took = mono_ms() - t0;
-    CHECK_INT_EQ(rc, SH_ETIMEDOUT);
-    if (took < (uint64_t)g->timeout_ms - 50 || took > (uint64_t)g->timeout_ms + sh_test_ms(1500))
-        SH_FAIL_("rank %d: the call failed after %llu ms (timeout %d)", rank,
-                 (unsigned long long)took, (int)g->timeout_ms);
-    if (!strstr(e.msg, "waited") || !strstr(e.msg, "for rank"))
-        SH_FAIL_("rank %d: \"%s\" names no rank", rank, e.msg);
-    fprintf(stderr, "  rank %d: %s\n", rank, e.msg);
+    if (victim_sig == SIGKILL) {
+        /* Its connections close with it: SH_ECLOSED long before the timeout. */
+        CHECK_INT_EQ(rc, SH_ECLOSED);
+        if (took > sh_test_ms(1000))
+            SH_FAIL_("rank %d: the call failed after %llu ms", rank, (unsigned long long)took);
+        if (!strstr(e.msg, "rank 2") || !strstr(e.msg, "closed its connection"))
+            SH_FAIL_("rank %d: \"%s\" does not name rank 2", rank, e.msg);
+    } else {
+        CHECK_INT_EQ(rc, SH_ETIMEDOUT);
+        if (took < (uint64_t)g->timeout_ms - 50 ||
+            took > (uint64_t)g->timeout_ms + sh_test_ms(1500))
+            SH_FAIL_("rank %d: the call failed after %llu ms (timeout %d)", rank,
+                     (unsigned long long)took, (int)g->timeout_ms);
+        if (!strstr(e.msg, "waited") || !strstr(e.msg, "for rank"))
+            SH_FAIL_("rank %d: \"%s\" names no rank", rank, e.msg);
+    }
+    fprintf(stderr, "  rank %d after %llu ms: %s\n", rank, (unsigned long long)took, e.msg);
     t0 = mono_ms();
-    CHECK_INT_EQ(sh_coll_allreduce(c, x, victim_n, &e), SH_ETIMEDOUT); /* broken: at once */
+    CHECK_INT_EQ(sh_coll_allreduce(c, x, victim_n, &e), rc); /* broken: at once, same code */
     CHECK(mono_ms() - t0 < 100);
     free(x);
     t0 = mono_ms();
@@ -498,7 +519,7 @@ static void test_dead_peer(void)
     for (int i = 0; i < 2; i++) {
         group g;
         group_init(&g, 3, i == 1);
-        g.timeout_ms = 1000;
+        g.timeout_ms = v[i].sig == SIGKILL ? 4000 : 1000;
         victim_sig = v[i].sig;
         victim_n = v[i].n;
         run_ranks(&g, rank_victim, 2, 10000);
