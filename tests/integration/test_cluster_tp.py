@@ -126,13 +126,21 @@ def close(want, got, what):
            f"token); largest logprob difference before a split {worst_lp:.3f}")
 
 
+# stories260K's logprobs through a group: one process's sums in another order (the all-reduce's)
+# move a K or V value across a rounding step of the F16 KV cache now and then (the nodes' and
+# `shoal serve`'s cache type); measured 2.08e-3 here, 1.6e-3 in test_llama_tp's stories_f16_kv
+# (1.5e-5 with an F32 cache there; nodes and reference built with an F32 cache gave 4.6e-6 here).
+# A wrong slice or a broken exchange changes tokens.
+SAME_LP_TOL = 3e-3
+
+
 def same(want, got, what):
     bad = [f"prompt {i}: single {a[:4]} vs {what} {b[:4]}"
            for i, (a, b) in enumerate(zip(want, got)) if a[:4] != b[:4]]
     assert not bad, "\n".join(bad)
     worst = max(abs(x - y) for a, b in zip(want, got) for x, y in zip(a[4], b[4]))
     su.log(f"note: {what}: largest logprob difference {worst:.2e}")
-    assert worst < 5e-3, f"logprobs differ by up to {worst}"
+    assert worst < SAME_LP_TOL, f"logprobs differ by up to {worst} (at most {SAME_LP_TOL})"
 
 
 class Cluster:
