@@ -186,10 +186,13 @@ typedef struct sh_llama_load_opts {
 /* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,
  * qwen2moe, qwen3, qwen3moe, gemma3, phi3, olmoe) or a llama2.c checkpoint (told apart by the GGUF
  * magic). opts may be NULL (the whole model, no prefault). Weights stay in the read-only mapping;
- * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare).
+ * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare),
+ * except a tensor-parallel rank's column slices of wo and w_down (sh_llama_tp), which stay
+ * resident beside the backend's packed copy of them.
  * Returns, with e filled and *out NULL: SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly
  * shaped tensor or key), SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a
- * non-f32 norm), SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
+ * non-f32 norm, olmoe split over ranks), SH_EINVAL (bad layer range, a split the ranks cannot make:
+ * see tp_size), SH_ENOMEM. Any thread. The caller owns *out. */
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
 
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */
