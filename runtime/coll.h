@@ -26,7 +26,9 @@
  *   within the timeout, waiting out a segment left by a dead or finished run or an older
  *   epoch); NULL puts the segment in this process's memory, shared by ranks that are threads
  *   of one process and created with the same `inproc` handle (see sh_coll_opts). A peer
- *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout.
+ *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout. The
+ *   segment takes (2 * size + 1) * max_bytes plus a few KB; a named one is reserved whole at
+ *   create (a /dev/shm without room for it is SH_EIO then, never a fault in a call).
  * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, tls+tcp://), each rank
  *   listening on urls[rank]: a one-shot exchange (every rank sends its buffer to every other)
  *   for small messages, a ring (reduce-scatter then all-gather, chunks pipelined) for large

@@ -201,8 +201,11 @@ static const char *op_name(uint32_t op)
     }
 }
 
-/* Sleeps on the bell until cond(s, arg) holds, peer k leaves, dies or breaks, or the deadline
- * passes; *why says which (0: cond holds, else an SH_ code). */
+/* Waits until cond(s, k, arg) holds (SH_OK), peer k leaves, breaks or its process dies
+ * (SH_ECLOSED), or the deadline passes (SH_ETIMEDOUT): spins, yields, then sleeps on the bell
+ * in slices, checking k's state and (named segments) its pid between them. *peer_state gets
+ * k's state as last seen. The peer's state is read before cond, so a peer that published and
+ * then left is seen to have published. */
 typedef bool (*cond_fn)(const shm_impl *s, int32_t k, uint64_t arg);
 
 static sh_err wait_cond(shm_impl *s, cond_fn cond, int32_t k, uint64_t arg, uint64_t deadline,

@@ -465,7 +465,7 @@ static void test_silent_peer_times_out(void)
             runs[0].msg[0]);
     /* broken: the next call fails at once with the same code */
     CHECK_INT_EQ(runs[0].rc[1], SH_ETIMEDOUT);
-    CHECK(runs[0].ms[1] <= 5);
+    CHECK(runs[0].ms[1] <= 50); /* no wait: only a preemption of the test */
     CHECK(strstr(runs[0].msg[1], "broken") != NULL);
     /* the silent rank's call #1 had every contribution; at call #2 it sees rank 0 broken */
     CHECK_OK(runs[1].rc[0]);
@@ -750,7 +750,7 @@ static void test_call_mismatch(void)
             CHECK_OK(runs[r].create_rc);
             CHECK_INT_EQ(runs[r].rc[0], SH_EPROTO);
             CHECK_INT_EQ(runs[r].rc[1], SH_EPROTO);
-            CHECK(runs[r].ms[1] <= 5);
+            CHECK(runs[r].ms[1] <= 50);
             fprintf(stderr, "  rank %d: %s\n", (int)r, runs[r].msg[0]);
         }
         if (mode == 0)
