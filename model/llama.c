@@ -57,6 +57,7 @@ struct sh_llama_ctx {
     int32_t *h_pos;    // (max_tokens)
     sh_attn_seq *seqs; // (max_seqs)
     bool prepared;     /* the stage's matrices were handed to sh_backend_weight_prepare */
+    uint8_t *tp_holds; /* what this context does with the rank's own copies (llama_tp.c) */
 };
 
 /* Calls fn on every matrix the stage multiplies by (not the embedding table when it only looks
@@ -99,11 +100,12 @@ static sh_err each_matrix(const sh_llama *m,
  * the load never holds much more than the file: one matrix in both forms at a time). */
 static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
+    if (sh__llama_tp_owns(m, w->data))
+        return SH_OK; /* a tensor-parallel rank's own copy: sh__llama_tp_hold prepares it */
     sh_err err = sh_backend_weight_prepare(be, w);
     if (err == SH_EUNSUPPORTED)
         return SH_OK; /* a backend without it reads w as it is */
-    /* (A tensor-parallel rank's own copies of row-parallel slices are not the mapping: kept.) */
-    if (!err && m->file_mapped && sh_backend_weight_copied(be, w) && !sh__llama_tp_owns(m, w->data))
+    if (!err && m->file_mapped && sh_backend_weight_copied(be, w))
         sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1] *
                                    (size_t)w->ne[2]);
     return err;
@@ -111,8 +113,8 @@ static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 
 static sh_err release_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
-    (void)m;
-    sh_backend_weight_release(be, w->data);
+    if (!sh__llama_tp_owns(m, w->data)) /* (sh__llama_tp_let_go releases those) */
+        sh_backend_weight_release(be, w->data);
     return SH_OK;
 }
 
@@ -262,6 +264,10 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
             goto fail;
         }
     }
+    /* A tensor-parallel rank's own copies of row-parallel slices: prepared like the rest, and
+     * dropped while every live context's backend holds its own copy of them. */
+    if ((err = sh__llama_tp_hold(m, be, !o.no_weight_prepare, &c->tp_holds, e)))
+        goto fail;
     *out = c;
     return SH_OK;
 fail:
@@ -278,6 +284,7 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
         sh_backend_stream_destroy(be, c->st); // syncs first
     if (c->prepared)
         each_matrix(c->m, release_one, be);
+    sh__llama_tp_let_go(c->m, be, c->tp_holds);
     if (c->kv)
         for (size_t i = (size_t)c->m->first * (size_t)c->m->tp.n_parts;
              i < (size_t)c->m->last * (size_t)c->m->tp.n_parts; i++) {

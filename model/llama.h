@@ -139,8 +139,10 @@ typedef struct sh_llama_tp {
     int32_t vocab_pad;           /* ceil(hp.n_vocab / size): every rank's share in the gather */
     int32_t expert0, n_expert;   /* MoE experts [expert0, expert0 + n_expert) */
     bool shared_expert;          /* this rank runs the MoE shared expert (rank 0) */
-    void **owned;                /* the row-parallel copies, freed with the model */
-    int32_t n_owned, cap_owned;
+    /* The rank's copies of the row-parallel slices (llama_tp.c): anonymous memory whose pages
+     * are given back while every live context's backend holds its own copy (sh_llama_ctx_create),
+     * refilled from the mapping when a context needs the bytes again. Freed with the model. */
+    struct sh__llama_tp_copies *copies;
 } sh_llama_tp;
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
@@ -187,8 +189,9 @@ typedef struct sh_llama_load_opts {
  * qwen2moe, qwen3, qwen3moe, gemma3, phi3, olmoe) or a llama2.c checkpoint (told apart by the GGUF
  * magic). opts may be NULL (the whole model, no prefault). Weights stay in the read-only mapping;
  * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare),
- * except a tensor-parallel rank's column slices of wo and w_down (sh_llama_tp), which stay
- * resident beside the backend's packed copy of them.
+ * except a tensor-parallel rank's column slices of wo and w_down (sh_llama_tp): copies that a
+ * context whose backend copies them gives back too (their pages are dropped while no live
+ * context reads them as they are; a context that does refills them from the mapping).
  * Returns, with e filled and *out NULL: SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly
  * shaped tensor or key), SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a
  * non-f32 norm, olmoe split over ranks), SH_EINVAL (bad layer range, a split the ranks cannot make:
