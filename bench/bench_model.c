@@ -270,9 +270,10 @@ static void print_rss(const bench_cfg *c, int32_t rank)
     struct stat st;
     double file_mb = stat(c->path, &st) == 0 ? (double)st.st_size / 1048576.0 : 0;
     printf("{\"name\":\"peak_rss\",\"rank\":%d,\"procs\":%s,\"pid\":%d,\"vm_hwm_mb\":%.1f,"
-           "\"vm_rss_mb\":%.1f,\"file_mb\":%.1f}\n",
+           "\"vm_rss_mb\":%.1f,\"rss_anon_mb\":%.1f,\"rss_file_mb\":%.1f,\"file_mb\":%.1f}\n",
            c->procs ? (int)rank : -1, c->procs ? "true" : "false", (int)getpid(),
-           (double)status_kb("VmHWM") / 1024.0, (double)status_kb("VmRSS") / 1024.0, file_mb);
+           (double)status_kb("VmHWM") / 1024.0, (double)status_kb("VmRSS") / 1024.0,
+           (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0, file_mb);
     fflush(stdout);
 }
 
