@@ -192,7 +192,7 @@ static int rank_run(bench_rank *r)
     for (int k = 0; k < c->n_pp && !rc; k++)
         for (int i = 0; i < c->reps && !rc; i++) {
             sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true};
-            sh_llama_batch b = {1, &seq, false, NULL};
+            sh_llama_batch b = {1, &seq, false, NULL, false};
             double t0 = now_s();
             rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
             double tps = c->pp[k] / (now_s() - t0);
@@ -202,7 +202,7 @@ static int rank_run(bench_rank *r)
     for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
         const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
         sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true};
-        sh_llama_batch b = {1, &seq, false, NULL};
+        sh_llama_batch b = {1, &seq, false, NULL, false};
         rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
     }
     for (int k = 0; k < c->n_tg && !rc; k++)
@@ -211,7 +211,7 @@ static int rank_run(bench_rank *r)
             double t0 = now_s();
             for (int j = 0; j < c->tg[k] && !rc; j++) {
                 sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true};
-                sh_llama_batch b = {1, &seq, false, NULL};
+                sh_llama_batch b = {1, &seq, false, NULL, false};
                 rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
                 tok =
                     (tok * 31 + 7) % r->m->hp.n_vocab; /* any token: speed does not depend on it */

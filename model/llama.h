@@ -262,13 +262,29 @@ typedef struct sh_llama_batch {
     const sh_llama_seq *seqs; // (n_seqs); rows are the sequences' tokens in this order
     bool all_logits;          /* logits for every row instead (max_logits must allow it) */
     const float *hidden_in;   // (n_tok, dim) activations from the previous stage when first > 0
+    /* A greedy head's step (sh_sampler_plain_greedy for every sampled sequence): each wanted
+     * row's top-1 and log-sum-exp (sh_llama_out.top1) instead of its logits. A tensor-parallel
+     * rank then exchanges 16 bytes a row with its peers instead of gathering its share of the
+     * vocabulary; every rank returns the same top1. Off (full rows of logits) by default. */
+    bool top1_only;
 } sh_llama_batch;
+
+/* A row's greedy pick: its first largest logit (after the final soft-cap) and the row's
+ * log-sum-exp, so that the token's log-probability is logit - lse. id -1 (logit and lse
+ * -INFINITY) when every logit is -INFINITY or NaN. */
+typedef struct sh_llama_top1 {
+    int32_t id;
+    float logit;
+    double lse;
+} sh_llama_top1;
 
 typedef struct sh_llama_out {
     int32_t n_tok;       /* rows in the step */
     const float *hidden; // (n_tok, dim) when this stage is not the last; else NULL
     int32_t n_logits;    /* rows of logits: wanted sequences in batch order, or every row */
     const float *logits; // (n_logits, n_vocab) when this stage is the last; else NULL
+    /* (n_logits) instead of logits (NULL then) when the batch asked for top1_only */
+    const sh_llama_top1 *top1;
 } sh_llama_out;
 
 /* MoE load figures of layer l (in the stage, hp.n_expert > 0; else NULL): n_expert counters of
@@ -281,7 +297,8 @@ const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l);
 const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l);
 
 /* Runs the stage's part of the forward pass for a batch and waits for it. A tensor-parallel rank:
- * every rank of the group calls it with the same batch and returns the same full outputs; a
+ * every rank of the group calls it with the same batch and returns the same full outputs (full
+ * rows of logits, or with top1_only the same picks); a
  * failed collective returns its error (SH_ETIMEDOUT, SH_ECLOSED, SH_EPROTO) naming the layer,
  * after which the step's cache rows are unspecified and the group is broken. The outputs point
  * into the context and stay valid until the next call. Borrowed arrays (tokens, block tables,

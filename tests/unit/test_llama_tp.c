@@ -648,6 +648,185 @@ static void test_copies_dropped(void)
     sh_coll_inproc_destroy(g);
 }
 
+/* ---- top1_only: the greedy pick combined across the ranks ------------------------------------ */
+
+typedef struct top1_run {
+    const char *path;
+    int32_t rank, size;
+    sh_coll_inproc *g;
+    int32_t V, n;
+    float *full;         /* (n, V) the rows of logits of the batch */
+    sh_llama_top1 *pick; /* (n) the same batch with top1_only */
+    bool ok;
+    char msg[512];
+} top1_run;
+
+static void *top1_script(void *arg)
+{
+    top1_run *r = arg;
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_backend *be = NULL;
+    sh_llama_ctx *a = NULL, *b = NULL;
+    sh_coll *coll = NULL;
+    sh_llama_load_opts lo = {.tp_rank = r->rank, .tp_size = r->size};
+    sh_backend_cpu_opts bo = {.n_threads = 1, .no_spin = 1};
+    sh_llama_ctx_opts co = {.max_tokens = 32, .max_seqs = 3, .max_logits = 32, .kv_tokens = 64};
+    if (sh_llama_load(r->path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e))
+        goto out;
+    if (r->size > 1) {
+        sh_coll_opts o = {.rank = r->rank,
+                          .size = r->size,
+                          .epoch = 1,
+                          .timeout_ms = 30000,
+                          .max_bytes = GROUP_BYTES,
+                          .inproc = r->g};
+        if (sh_coll_create(SH_COLL_SHM, &o, &coll, &e))
+            goto out;
+        co.coll = coll;
+    }
+    if (sh_llama_ctx_create(m, be, &co, &a, &e) || sh_llama_ctx_create(m, be, &co, &b, &e))
+        goto out;
+    const int32_t V = m->hp.n_vocab;
+    r->V = V;
+    /* Three sequences (two prompts, one all-rows chunk) run twice: full logits, then picks. */
+    int32_t toks[3][8], blocks[3][1] = {{0}, {1}, {2}};
+    for (int32_t s = 0; s < 3; s++)
+        for (int32_t i = 0; i < 8; i++)
+            toks[s][i] = 1 + (i * 29 + s * 13 + 3) % (V - 1);
+    sh_llama_seq q[3] = {
+        {.tokens = toks[0], .n_tokens = 8, .blocks = blocks[0], .want_logits = true},
+        {.tokens = toks[1], .n_tokens = 5, .blocks = blocks[1], .want_logits = true},
+        {.tokens = toks[2], .n_tokens = 7, .blocks = blocks[2], .want_logits = true},
+    };
+    for (int pass = 0; pass < 2; pass++) {
+        sh_llama_batch bt = {.n_seqs = 3, .seqs = q, .all_logits = pass == 1};
+        sh_llama_out o1, o2;
+        if (sh_llama_forward(a, &bt, &o1, &e))
+            goto out;
+        const int32_t base = r->n;
+        r->full = realloc(r->full, (size_t)(base + o1.n_logits) * (size_t)V * sizeof(float));
+        r->pick = realloc(r->pick, (size_t)(base + o1.n_logits) * sizeof *r->pick);
+        if (!r->full || !r->pick) {
+            snprintf(e.msg, sizeof e.msg, "out of memory");
+            goto out;
+        }
+        memcpy(r->full + (size_t)base * V, o1.logits, (size_t)o1.n_logits * V * sizeof(float));
+        bt.top1_only = true;
+        if (sh_llama_forward(b, &bt, &o2, &e))
+            goto out;
+        if (o2.logits || !o2.top1 || o2.n_logits != o1.n_logits) {
+            snprintf(e.msg, sizeof e.msg, "top1_only returned logits %p, top1 %p, %d rows of %d",
+                     (const void *)o2.logits, (const void *)o2.top1, (int)o2.n_logits,
+                     (int)o1.n_logits);
+            goto out;
+        }
+        memcpy(r->pick + base, o2.top1, (size_t)o2.n_logits * sizeof *r->pick);
+        r->n = base + o1.n_logits;
+        /* the next pass reuses the blocks from position 0 */
+    }
+    r->ok = true;
+out:
+    if (!r->ok)
+        snprintf(r->msg, sizeof r->msg, "%s", e.msg);
+    sh_llama_ctx_destroy(a);
+    sh_llama_ctx_destroy(b);
+    sh_coll_destroy(coll);
+    sh_backend_destroy(be);
+    sh_llama_destroy(m);
+    return NULL;
+}
+
+static void check_top1(const char *label, const char *path, int32_t size)
+{
+    sh_error e = {0};
+    sh_coll_inproc *g = NULL;
+    if (size > 1) {
+        CHECK_OK(sh_coll_inproc_create(size, GROUP_BYTES, &g, &e));
+        if (!g)
+            return;
+    }
+    top1_run r[4] = {0};
+    pthread_t th[4];
+    for (int32_t k = 0; k < size; k++) {
+        r[k] = (top1_run){.path = path, .rank = k, .size = size, .g = g};
+        pthread_create(&th[k], NULL, top1_script, &r[k]);
+    }
+    for (int32_t k = 0; k < size; k++)
+        pthread_join(th[k], NULL);
+    int32_t worst_row = -1;
+    double worst = 0;
+    for (int32_t k = 0; k < size; k++) {
+        if (!r[k].ok) {
+            SH_FAIL_("%s tp=%d rank %d: %s", label, (int)size, (int)k, r[k].msg);
+            continue;
+        }
+        CHECK_INT_EQ(r[k].n, 3 + 20);
+        for (int32_t i = 0; i < r[k].n; i++) {
+            const float *row = r[k].full + (size_t)i * r[k].V;
+            const sh_llama_top1 *t = &r[k].pick[i];
+            int32_t id = argmax_of(row, r[k].V);
+            double mx = row[id], sum = 0;
+            for (int32_t v = 0; v < r[k].V; v++)
+                sum += exp((double)row[v] - mx);
+            double lse = mx + log(sum);
+            if (t->id != id || t->logit != row[id])
+                SH_FAIL_("%s tp=%d rank %d row %d: picked %d (%g), the full row's argmax is %d "
+                         "(%g)",
+                         label, (int)size, (int)k, (int)i, (int)t->id, (double)t->logit, (int)id,
+                         mx);
+            if (fabs(t->lse - lse) > worst) {
+                worst = fabs(t->lse - lse);
+                worst_row = i;
+            }
+            /* every rank returns the same picks */
+            if (memcmp(t, &r[0].pick[i], sizeof *t) != 0)
+                SH_FAIL_("%s tp=%d: rank %d's pick of row %d differs from rank 0's", label,
+                         (int)size, (int)k, (int)i);
+        }
+    }
+    if (worst > 1e-4)
+        SH_FAIL_("%s tp=%d: log-sum-exp %g away from the full row's (row %d)", label, (int)size,
+                 worst, (int)worst_row);
+    printf("%s tp=%d: top1 of %d rows against the full rows: log-sum-exp within %.2g\n", label,
+           (int)size, r[0].n, worst);
+    for (int32_t k = 0; k < size; k++) {
+        free(r[k].full);
+        free(r[k].pick);
+    }
+    sh_coll_inproc_destroy(g);
+}
+
+/* top1_only: each row's pick and log-sum-exp equal the full rows' argmax and log-sum-exp, on the
+ * whole model and on ranks of uneven vocabulary shares (gemma3's 301 rows, soft-capped). */
+static void test_top1(void)
+{
+    sh_mkmodel_shape s = {.name = "custom",
+                          .arch = "gemma3",
+                          .n_layers = 2,
+                          .dim = 128,
+                          .ffn = 160,
+                          .n_heads = 4,
+                          .n_kv_heads = 2,
+                          .head_dim = 32,
+                          .vocab = 301,
+                          .ctx = 512,
+                          .rope_base = 1e6f,
+                          .rope_base_swa = 1e4f,
+                          .rms_eps = 1e-6f,
+                          .tied = true,
+                          .sliding_window = 8,
+                          .swa_pattern = 2,
+                          .softcap = 30.0f};
+    const char *p = write_model("top1-tp.gguf", &s, SH_DTYPE_F16);
+    if (!p)
+        return;
+    check_top1("gemma3 F16", p, 1);
+    check_top1("gemma3 F16", p, 2);
+    check_top1("gemma3 F16", p, 3);
+    check_top1("stories260K", sh_test_path(STORIES), 2);
+}
+
 /* qwen2moe: four experts placed two or one per rank, the router replicated, the shared expert
  * (gated) on rank 0; three ranks are refused. */
 static void test_moe(void)
@@ -807,6 +986,7 @@ static const sh_test_case tests[] = {
     {"kquant_refused", test_kquant_refused},
     {"bad_options", test_bad_options},
     {"copies_dropped", test_copies_dropped},
+    {"top1", test_top1},
     {NULL, NULL},
 };
 
@@ -820,7 +1000,7 @@ int main(int argc, char **argv)
     int rc = sh_test_main(argc, argv, tests);
     const char *names[] = {"gemma3-tp.gguf",      "gemma3-tp-q8.gguf",    "qwen2moe-tp.gguf",
                            "qwen2moe-tp-q8.gguf", "smollm-shape-tp.gguf", "q4k-tp.gguf",
-                           "ffn-tp.gguf",         "copies-tp.gguf"};
+                           "ffn-tp.gguf",         "copies-tp.gguf",       "top1-tp.gguf"};
     char p[160];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
