@@ -147,7 +147,8 @@ typedef struct sh_llama_tp {
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
  * embedding when first == 0, the final norm and head when last == n_layers. Immutable after
- * load; any number of contexts may share it. */
+ * load (but for whether a tensor-parallel rank's copies are resident: tp.copies, under its own
+ * lock); any number of contexts, made on any threads, may share it. */
 typedef struct sh_llama {
     sh_llama_hparams hp;
     int32_t first, last;
