@@ -237,6 +237,14 @@ void sh__file_drop(const void *p, size_t n)
         return;
     uintptr_t page = (uintptr_t)ps, lo = ((uintptr_t)p + page - 1) & ~(page - 1);
     uintptr_t hi = ((uintptr_t)p + n) & ~(page - 1);
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    if (hi <= lo)
+        return;
+#ifdef MADV_NOHUGEPAGE
+    /* The page cache may hold the file in 2 MiB folios, which a read fault maps whole when the
+     * mapping allows huge pages: one read of a neighbour (a norm read every step) would bring the
+     * dropped pages of its 2 MiB back. Marked no-huge, the range is its own VMA and faults around
+     * it map 4 KiB pages. */
+    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+#endif
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

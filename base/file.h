@@ -37,8 +37,11 @@ sh_err sh__file_map(const char *path, int populate, sh_file_map *out, sh_error *
  * whole pages inside the range (the partial pages at its ends may hold a neighbour's bytes and
  * stay). The data does not change: a later read faults the page in again from the file (the
  * page cache), so this only lowers the resident set, e.g. once a backend holds its own copy of a
- * weight. Never call it on memory not mapped by sh__file_map (on anonymous memory the bytes
- * would read back as zeros). Best effort: a failing madvise leaves the pages resident. */
+ * weight. The range is also marked no-huge (MADV_NOHUGEPAGE, its own VMA), so that a read of a
+ * neighbour in the same 2 MiB cannot map a huge page cache folio over it again; a later read of
+ * the range itself maps 4 KiB pages. Never call it on memory not mapped by sh__file_map (on
+ * anonymous memory the bytes would read back as zeros). Best effort: a failing madvise leaves
+ * the pages resident. */
 void sh__file_drop(const void *p, size_t n);
 
 /* Unmaps; accepts a zeroed map. Leaves *m zeroed. */

@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <immintrin.h>
 
@@ -105,13 +108,15 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
-            "                   [--kv f32|f16] [--ctx N] [--tp N] [--no-bw]\n"
+            "                   [--kv f32|f16] [--ctx N] [--tp N [--procs]] [--no-bw]\n"
             "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, 2 threads,\n"
             "  F32 KV; --ctx N: the tg runs decode after an N-token context (filled once), so\n"
             "  attention over the cache counts; --no-bw skips the read-bandwidth probe.\n"
             "  --tp N: N tensor-parallel ranks as threads of this process (not processes), each\n"
             "  with its own backend of -t THREADS threads, over the in-process shared-memory\n"
             "  collective; the figures are the group's (rank 0 times every step).\n"
+            "  --procs: the ranks are processes instead (fork()ed before anything is loaded,\n"
+            "  over a named shared-memory segment); every rank prints its peak RSS.\n"
             "  SHOAL_ISA=scalar|avx2|avx512 caps the kernels (the first line names them).\n");
 }
 
@@ -124,7 +129,9 @@ typedef struct bench_cfg {
     int32_t kv;
     bool kv_f16;
     int32_t *tokens, *blocks;
-    sh_coll_inproc *group;
+    sh_coll_inproc *group; /* the ranks are threads */
+    bool procs;            /* the ranks are processes, over shm_name */
+    char shm_name[64];
 } bench_cfg;
 
 typedef struct bench_rank {
@@ -164,6 +171,7 @@ static int rank_open(bench_rank *r)
                           .epoch = 1,
                           .timeout_ms = 60000,
                           .max_bytes = group_bytes(c, r->m->hp.dim, r->m->hp.n_vocab),
+                          .shm_name = c->procs ? c->shm_name : NULL,
                           .inproc = c->group};
         if (sh_coll_create(SH_COLL_SHM, &o, &r->coll, &r->e))
             return 2;
@@ -185,7 +193,7 @@ static int rank_run(bench_rank *r)
     for (int k = 0; k < c->n_pp && !rc; k++)
         for (int i = 0; i < c->reps && !rc; i++) {
             sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true};
-            sh_llama_batch b = {1, &seq, false, NULL};
+            sh_llama_batch b = {1, &seq, false, NULL, false};
             double t0 = now_s();
             rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
             double tps = c->pp[k] / (now_s() - t0);
@@ -195,7 +203,7 @@ static int rank_run(bench_rank *r)
     for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
         const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
         sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true};
-        sh_llama_batch b = {1, &seq, false, NULL};
+        sh_llama_batch b = {1, &seq, false, NULL, false};
         rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
     }
     for (int k = 0; k < c->n_tg && !rc; k++)
@@ -204,7 +212,7 @@ static int rank_run(bench_rank *r)
             double t0 = now_s();
             for (int j = 0; j < c->tg[k] && !rc; j++) {
                 sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true};
-                sh_llama_batch b = {1, &seq, false, NULL};
+                sh_llama_batch b = {1, &seq, false, NULL, false};
                 rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
                 tok =
                     (tok * 31 + 7) % r->m->hp.n_vocab; /* any token: speed does not depend on it */
@@ -232,6 +240,44 @@ static void rank_close(bench_rank *r)
     sh_llama_destroy(r->m);
 }
 
+/* Resets this process's peak RSS (VmHWM) to its current RSS: the bandwidth probe's 1 GiB is
+ * not the model's. */
+static void reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+/* A field of /proc/self/status in kB (VmHWM: peak RSS), or -1. */
+static long status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':')
+            v = atol(line + n + 1);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static void print_rss(const bench_cfg *c, int32_t rank)
+{
+    struct stat st;
+    double file_mb = stat(c->path, &st) == 0 ? (double)st.st_size / 1048576.0 : 0;
+    printf("{\"name\":\"peak_rss\",\"rank\":%d,\"procs\":%s,\"pid\":%d,\"vm_hwm_mb\":%.1f,"
+           "\"vm_rss_mb\":%.1f,\"rss_anon_mb\":%.1f,\"rss_file_mb\":%.1f,\"file_mb\":%.1f}\n",
+           c->procs ? (int)rank : -1, c->procs ? "true" : "false", (int)getpid(),
+           (double)status_kb("VmHWM") / 1024.0, (double)status_kb("VmRSS") / 1024.0,
+           (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0, file_mb);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     static bench_cfg cfg = {.threads = 2, .reps = 3, .tp = 1};
@@ -241,6 +287,10 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-bw")) {
             probe = false;
+            continue;
+        }
+        if (!strcmp(a, "--procs")) {
+            c->procs = true;
             continue;
         }
         if (!v) {
@@ -269,7 +319,7 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (!c->path || c->threads < 1 || c->threads > 16 || c->reps < 1) {
+    if (!c->path || c->threads < 1 || c->threads > 16 || c->reps < 1 || (c->procs && c->tp < 2)) {
         usage();
         return 2;
     }
@@ -287,13 +337,38 @@ int main(int argc, char **argv)
     c->chunk = max_pp > 512 ? max_pp : 512;
     c->kv = (max_pp > c->ctx_len ? max_pp : c->ctx_len) + max_tg + 16;
 
+    /* The probe first, before any rank exists (its 1 GiB is then not in any rank's peak RSS). */
+    double bw_one = 0, bw_eight = 0;
+    double read_gbs = probe ? read_bandwidth(c->threads, &bw_one, &bw_eight) : 0;
+    reset_peak_rss();
+    /* --procs: rank k > 0 is a child forked before anything is loaded; each process runs its
+     * rank as "rank 0" of this code below (me is its rank). */
     static bench_rank ranks[16];
+    int32_t me = 0;
+    pid_t kids[16] = {0};
+    if (c->procs) {
+        snprintf(c->shm_name, sizeof c->shm_name, "/shoal-bench-%d", (int)getpid());
+        fflush(stdout);
+        for (int32_t k = 1; k < c->tp; k++) {
+            pid_t pid = fork();
+            if (pid < 0) {
+                perror("fork");
+                return 2;
+            }
+            if (pid == 0) {
+                me = k;
+                reset_peak_rss();
+                break;
+            }
+            kids[k] = pid;
+        }
+    }
     sh_error e = {0};
-    bench_rank *r0 = &ranks[0];
-    *r0 = (bench_rank){.cfg = c, .rank = 0};
-    sh_llama_load_opts lo = {.prefault = true, .tp_rank = 0, .tp_size = c->tp};
+    bench_rank *r0 = &ranks[me];
+    *r0 = (bench_rank){.cfg = c, .rank = me};
+    sh_llama_load_opts lo = {.prefault = true, .tp_rank = me, .tp_size = c->tp};
     if (sh_llama_load(c->path, &lo, &r0->m, &e)) {
-        fprintf(stderr, "error: %s\n", e.msg);
+        fprintf(stderr, "error: rank %d: %s\n", (int)me, e.msg);
         return 2;
     }
     const sh_llama *m = r0->m;
@@ -323,19 +398,29 @@ int main(int argc, char **argv)
                            (double)xs[i]->ne[1] * (double)xs[i]->ne[2] / 1e9 *
                            (1.0 - (double)m->hp.n_expert_used / m->hp.n_expert);
     }
-    double bw_one = 0, bw_eight = 0;
-    double read_gbs = probe ? read_bandwidth(c->threads, &bw_one, &bw_eight) : 0;
-    if (c->tp > 1 &&
+    if (c->tp > 1 && !c->procs &&
         sh_coll_inproc_create(c->tp, group_bytes(c, m->hp.dim, m->hp.n_vocab), &c->group, &e)) {
         fprintf(stderr, "error: %s\n", e.msg);
         return 2;
     }
     pthread_t th[16];
-    for (int32_t k = 1; k < c->tp; k++) {
+    for (int32_t k = 1; k < c->tp && !c->procs; k++) {
         ranks[k] = (bench_rank){.cfg = c, .rank = k};
         pthread_create(&th[k], NULL, rank_thread, &ranks[k]);
     }
     r0->rc = rank_open(r0);
+    if (me > 0) { /* a rank process: run, say its peak RSS, leave */
+        if (!r0->rc)
+            r0->rc = rank_run(r0);
+        if (r0->rc)
+            fprintf(stderr, "error: rank %d: %s\n", (int)me, r0->e.msg);
+        else
+            print_rss(c, me);
+        rank_close(r0);
+        free(c->tokens);
+        free(c->blocks);
+        _exit(r0->rc ? 1 : 0);
+    }
     if (!r0->rc) {
         char kern[160];
         sh_backend_cpu_describe(r0->be, kern, sizeof kern);
@@ -347,14 +432,25 @@ int main(int argc, char **argv)
         fflush(stdout);
         r0->rc = rank_run(r0);
     }
-    for (int32_t k = 1; k < c->tp; k++)
-        pthread_join(th[k], NULL);
     int rc = 0;
+    for (int32_t k = 1; k < c->tp; k++) {
+        if (!c->procs) {
+            pthread_join(th[k], NULL);
+            continue;
+        }
+        int st = 0;
+        if (waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) || WEXITSTATUS(st)) {
+            fprintf(stderr, "error: rank %d's process failed\n", (int)k);
+            rc = 1;
+        }
+    }
     for (int32_t k = 0; k < c->tp; k++)
         if (ranks[k].rc) {
             fprintf(stderr, "error: rank %d: %s\n", (int)k, ranks[k].e.msg);
             rc = 1;
         }
+    if (!rc)
+        print_rss(c, 0);
     for (int k = 0; k < c->n_pp && !rc; k++)
         printf("{\"name\":\"pp%d\",\"model\":\"%s\",\"value\":%.1f,\"unit\":\"tok/s\","
                "\"threads\":%d,\"tp\":%d,\"reps\":%d}\n",
@@ -367,7 +463,7 @@ int main(int argc, char **argv)
                c->tg[k], name, r0->tg_best[k], c->ctx_len, c->threads, c->tp, c->reps, weight_gb,
                step_gb, gbs, read_gbs > 0 ? gbs / read_gbs : 0);
     }
-    for (int32_t k = 0; k < c->tp; k++)
+    for (int32_t k = 0; k < (c->procs ? 1 : c->tp); k++)
         rank_close(&ranks[k]);
     sh_coll_inproc_destroy(c->group);
     free(c->tokens);

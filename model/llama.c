@@ -4,6 +4,7 @@
 #include "model/llama.h"
 #include "model/llama_rope.h"
 #include "model/llama_tp.h"
+#include "model/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,6 +39,9 @@ struct sh_llama_ctx {
     sh_llama_comm comm; /* size 0 unless the model is a rank of a group of 2 or more */
     float *lg_local;    // (max_logits, tp.vocab_pad) this rank's rows of the logits
     float *gather;      // (tp.size, max_logits, tp.vocab_pad) every rank's, gathered
+    /* top1_only: (max_logits) the rows' picks; a rank's own over its vocabulary share, and
+     * (tp.size, max_logits) every rank's, gathered */
+    sh_llama_top1 *top1, *top1_part, *top1_all;
     size_t qoff[SH_LLAMA_TP_PARTS], kvoff[SH_LLAMA_TP_PARTS]; /* each part's block */
     sh_error cerr;                                            /* a failed collective's message */
     bool cfailed;
@@ -56,6 +60,7 @@ struct sh_llama_ctx {
     int32_t *h_pos;    // (max_tokens)
     sh_attn_seq *seqs; // (max_seqs)
     bool prepared;     /* the stage's matrices were handed to sh_backend_weight_prepare */
+    uint8_t *tp_holds; /* what this context does with the rank's own copies (llama_tp.c) */
 };
 
 /* Calls fn on every matrix the stage multiplies by (not the embedding table when it only looks
@@ -98,11 +103,12 @@ static sh_err each_matrix(const sh_llama *m,
  * the load never holds much more than the file: one matrix in both forms at a time). */
 static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
+    if (sh__llama_tp_owns(m, w->data))
+        return SH_OK; /* a tensor-parallel rank's own copy: sh__llama_tp_hold prepares it */
     sh_err err = sh_backend_weight_prepare(be, w);
     if (err == SH_EUNSUPPORTED)
         return SH_OK; /* a backend without it reads w as it is */
-    /* (A tensor-parallel rank's own copies of row-parallel slices are not the mapping: kept.) */
-    if (!err && m->file_mapped && sh_backend_weight_copied(be, w) && !sh__llama_tp_owns(m, w->data))
+    if (!err && m->file_mapped && sh_backend_weight_copied(be, w))
         sh__file_drop(w->data, sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)w->ne[1] *
                                    (size_t)w->ne[2]);
     return err;
@@ -110,8 +116,8 @@ static sh_err prepare_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 
 static sh_err release_one(const sh_llama *m, sh_backend *be, const sh_tensor *w)
 {
-    (void)m;
-    sh_backend_weight_release(be, w->data);
+    if (!sh__llama_tp_owns(m, w->data)) /* (sh__llama_tp_let_go releases those) */
+        sh_backend_weight_release(be, w->data);
     return SH_OK;
 }
 
@@ -233,6 +239,12 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
             c->lg_local = alloc(c, share, &err, e);
             c->gather = alloc(c, (size_t)tp->size * share, &err, e);
         }
+        const size_t nt = (size_t)o.max_logits;
+        c->top1 = calloc(nt, sizeof *c->top1);
+        c->top1_part = calloc(nt, sizeof *c->top1_part);
+        c->top1_all = calloc(nt * (size_t)tp->size, sizeof *c->top1_all);
+        if (!err && (!c->top1 || !c->top1_part || !c->top1_all))
+            err = sh__error_set(e, SH_ENOMEM, "llama: out of memory");
     }
     // The KV pool: per layer (and attention part), n_blocks pages of 16 positions of every KV
     // head this rank reads.
@@ -263,6 +275,10 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
             goto fail;
         }
     }
+    /* A tensor-parallel rank's own copies of row-parallel slices: prepared like the rest, and
+     * dropped while every live context's backend holds its own copy of them. */
+    if ((err = sh__llama_tp_hold(m, be, !o.no_weight_prepare, &c->tp_holds, e)))
+        goto fail;
     *out = c;
     return SH_OK;
 fail:
@@ -279,6 +295,7 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
         sh_backend_stream_destroy(be, c->st); // syncs first
     if (c->prepared)
         each_matrix(c->m, release_one, be);
+    sh__llama_tp_let_go(c->m, be, c->tp_holds);
     if (c->kv)
         for (size_t i = (size_t)c->m->first * (size_t)c->m->tp.n_parts;
              i < (size_t)c->m->last * (size_t)c->m->tp.n_parts; i++) {
@@ -297,6 +314,9 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
     free(c->h_moe_cnt);
     free(c->h_moe_ids);
     free(c->expert_tokens);
+    free(c->top1);
+    free(c->top1_part);
+    free(c->top1_all);
     free(c);
 }
 
@@ -610,6 +630,53 @@ static sh_err gather_logits(sh_llama_ctx *c, int32_t n_out)
     return SH_OK;
 }
 
+/* top1_only: each of the n_out rows' pick over this rank's vocabulary share (lg: rows of
+ * tp.n_vocab), combined across the ranks (an all-gather of 16 bytes a row): the largest logit,
+ * the first in vocabulary order on a tie, and lse = M + log(sum_r sum_r * exp(max_r - M)). */
+static sh_err top1_of(sh_llama_ctx *c, const float *lg, int32_t n_out)
+{
+    const sh_llama_tp *tp = &c->m->tp;
+    sh_err err = sh_backend_sync(c->be, c->st);
+    if (err)
+        return err;
+    for (int32_t i = 0; i < n_out; i++) {
+        sh_llama_top1 *t = &c->top1_part[i];
+        float mx;
+        double sum;
+        sh_sampler_top1(lg + (size_t)i * (size_t)tp->n_vocab, tp->n_vocab, &t->id, &mx, &sum);
+        t->logit = mx;
+        t->lse = sum; /* this rank's sum of exp(logit - logit of its pick), combined below */
+        if (t->id >= 0)
+            t->id += tp->vocab0;
+    }
+    const sh_llama_top1 *all = c->top1_part;
+    if (tp->size > 1) {
+        if ((err = c->comm.allgather(c->comm.ud, c->top1_part, (size_t)n_out * sizeof *c->top1_part,
+                                     c->top1_all, &c->cerr))) {
+            c->cfailed = true;
+            return err;
+        }
+        all = c->top1_all;
+    }
+    for (int32_t i = 0; i < n_out; i++) {
+        sh_llama_top1 best = {-1, -INFINITY, 0.0};
+        for (int32_t r = 0; r < tp->size; r++) { /* ranks hold the vocabulary in order */
+            const sh_llama_top1 *t = &all[(size_t)r * (size_t)n_out + (size_t)i];
+            if (t->id >= 0 && t->logit > best.logit)
+                best = (sh_llama_top1){t->id, t->logit, 0.0};
+        }
+        double sum = 0.0;
+        for (int32_t r = 0; r < tp->size && best.id >= 0; r++) {
+            const sh_llama_top1 *t = &all[(size_t)r * (size_t)n_out + (size_t)i];
+            if (t->id >= 0)
+                sum += t->lse * exp((double)t->logit - (double)best.logit);
+        }
+        best.lse = best.id >= 0 ? (double)best.logit + log(sum) : -INFINITY;
+        c->top1[i] = best;
+    }
+    return SH_OK;
+}
+
 sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *out, sh_error *e)
 {
     const sh_llama *m = c->m;
@@ -660,8 +727,8 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
         }
         what = "output norm+matmul";
         /* A tensor-parallel rank computes its vocabulary rows (soft-capped: the cap is per
-         * element) and the ranks' rows are gathered into every rank's full rows. A later step
-         * may combine the sampler's work (argmax, top-k) across the ranks instead. */
+         * element) and the ranks' rows are gathered into every rank's full rows, or, for a
+         * greedy step (top1_only), only each rank's pick and sum are. */
         const sh_llama_tp *tp = &m->tp;
         float *lg = tp->size > 1 ? c->lg_local : c->logits;
         sh_matmul_args a = {.x = src,
@@ -678,7 +745,11 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
             (err = sh_backend_softcap(be, st, lg, (int64_t)n_out * tp->n_vocab, hp->final_softcap,
                                       lg)))
             goto fail;
-        if (tp->size > 1 && (err = gather_logits(c, n_out))) {
+        if (b->top1_only) {
+            what = "top-1 all-gather";
+            if ((err = top1_of(c, lg, n_out)))
+                goto fail;
+        } else if (tp->size > 1 && (err = gather_logits(c, n_out))) {
             what = "logits all-gather";
             goto fail;
         }
@@ -694,7 +765,10 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     out->n_tok = n_tok;
     if (m->last == hp->n_layers) {
         out->n_logits = n_out;
-        out->logits = c->logits;
+        if (b->top1_only)
+            out->top1 = c->top1;
+        else
+            out->logits = c->logits;
     } else {
         out->hidden = c->x;
     }

@@ -137,13 +137,16 @@ typedef struct sh_llama_tp {
     int32_t vocab_pad;           /* ceil(hp.n_vocab / size): every rank's share in the gather */
     int32_t expert0, n_expert;   /* MoE experts [expert0, expert0 + n_expert) */
     bool shared_expert;          /* this rank runs the MoE shared expert (rank 0) */
-    void **owned;                /* the row-parallel copies, freed with the model */
-    int32_t n_owned, cap_owned;
+    /* The rank's copies of the row-parallel slices (llama_tp.c): anonymous memory whose pages
+     * are given back while every live context's backend holds its own copy (sh_llama_ctx_create),
+     * refilled from the mapping when a context needs the bytes again. Freed with the model. */
+    struct sh__llama_tp_copies *copies;
 } sh_llama_tp;
 
 /* A loaded model, or the part of it one pipeline stage runs: layers [first, last), the
  * embedding when first == 0, the final norm and head when last == n_layers. Immutable after
- * load; any number of contexts may share it. */
+ * load (but for whether a tensor-parallel rank's copies are resident: tp.copies, under its own
+ * lock); any number of contexts, made on any threads, may share it. */
 typedef struct sh_llama {
     sh_llama_hparams hp;
     int32_t first, last;
@@ -184,10 +187,14 @@ typedef struct sh_llama_load_opts {
 /* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,
  * qwen2moe, qwen3, qwen3moe, gemma3, phi3, olmoe) or a llama2.c checkpoint (told apart by the GGUF
  * magic). opts may be NULL (the whole model, no prefault). Weights stay in the read-only mapping;
- * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare).
+ * nothing is copied (a context may copy and drop them, sh_llama_ctx_opts.no_weight_prepare),
+ * except a tensor-parallel rank's column slices of wo and w_down (sh_llama_tp): copies that a
+ * context whose backend copies them gives back too (their pages are dropped while no live
+ * context reads them as they are; a context that does refills them from the mapping).
  * Returns, with e filled and *out NULL: SH_EIO (cannot open), SH_EFORMAT (a missing or wrongly
  * shaped tensor or key), SH_EUNSUPPORTED (architecture, a weight type the backend ops lack, a
- * non-f32 norm), SH_EINVAL (bad layer range), SH_ENOMEM. Any thread. The caller owns *out. */
+ * non-f32 norm, olmoe split over ranks), SH_EINVAL (bad layer range, a split the ranks cannot make:
+ * see tp_size), SH_ENOMEM. Any thread. The caller owns *out. */
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
 
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */
@@ -265,13 +272,29 @@ typedef struct sh_llama_batch {
     const sh_llama_seq *seqs; // (n_seqs); rows are the sequences' tokens in this order
     bool all_logits;          /* logits for every row instead (max_logits must allow it) */
     const float *hidden_in;   // (n_tok, dim) activations from the previous stage when first > 0
+    /* A greedy head's step (sh_sampler_plain_greedy for every sampled sequence): each wanted
+     * row's top-1 and log-sum-exp (sh_llama_out.top1) instead of its logits. A tensor-parallel
+     * rank then exchanges 16 bytes a row with its peers instead of gathering its share of the
+     * vocabulary; every rank returns the same top1. Off (full rows of logits) by default. */
+    bool top1_only;
 } sh_llama_batch;
+
+/* A row's greedy pick: its first largest logit (after the final soft-cap) and the row's
+ * log-sum-exp, so that the token's log-probability is logit - lse. id -1 (logit and lse
+ * -INFINITY) when every logit is -INFINITY or NaN. */
+typedef struct sh_llama_top1 {
+    int32_t id;
+    float logit;
+    double lse;
+} sh_llama_top1;
 
 typedef struct sh_llama_out {
     int32_t n_tok;       /* rows in the step */
     const float *hidden; // (n_tok, dim) when this stage is not the last; else NULL
     int32_t n_logits;    /* rows of logits: wanted sequences in batch order, or every row */
     const float *logits; // (n_logits, n_vocab) when this stage is the last; else NULL
+    /* (n_logits) instead of logits (NULL then) when the batch asked for top1_only */
+    const sh_llama_top1 *top1;
 } sh_llama_out;
 
 /* MoE load figures of layer l (in the stage, hp.n_expert > 0; else NULL): n_expert counters of
@@ -284,7 +307,8 @@ const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l);
 const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l);
 
 /* Runs the stage's part of the forward pass for a batch and waits for it. A tensor-parallel rank:
- * every rank of the group calls it with the same batch and returns the same full outputs; a
+ * every rank of the group calls it with the same batch and returns the same full outputs (full
+ * rows of logits, or with top1_only the same picks); a
  * failed collective returns its error (SH_ETIMEDOUT, SH_ECLOSED, SH_EPROTO) naming the layer,
  * after which the step's cache rows are unspecified and the group is broken. The outputs point
  * into the context and stay valid until the next call. Borrowed arrays (tokens, block tables,

@@ -3,11 +3,15 @@
  * and its slices of the weights: views into the file mapping, copies of row-parallel slices. */
 #include "model/llama_tp.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 
 /* Where rank r's share of n items starts when n is cut into `size` contiguous shares that differ
  * by at most one, the larger ones first (9 over 2: 5 + 4). */
@@ -115,24 +119,43 @@ static sh_tensor experts_of(const sh_tensor *w, int64_t x0, int64_t n)
     return v;
 }
 
-static sh_err own(sh_llama_tp *t, void *p, sh_error *e)
+/* One of the rank's copies of a row-parallel slice: anonymous pages, given back (dropped) while
+ * no live context reads them, refilled from the slice's rows in the model's weights before one
+ * does (a context whose backend keeps no copy of its own, or a prepare that packs from them). */
+typedef struct tp_copy {
+    sh_tensor t;             /* the slice as the forward reads it; t.data is the copy */
+    size_t bytes, map_bytes; /* the slice's bytes; the mapping's (whole pages) */
+    const uint8_t *src;      /* row 0's slice in the model's weights */
+    size_t src_stride;       /* bytes between rows there */
+    int32_t readers;         /* live contexts (or a prepare in progress) reading t.data */
+    bool dropped;            /* the pages were given back: zeros until refilled */
+} tp_copy;
+
+struct sh__llama_tp_copies {
+    pthread_mutex_t mu; /* readers and dropped: contexts of one model may be made on any thread */
+    tp_copy *v;
+    int32_t n, cap;
+};
+
+enum { HOLD_PREPARED = 1, HOLD_READS = 2 };
+
+static void fill(tp_copy *c)
 {
-    if (t->n_owned == t->cap_owned) {
-        int32_t cap = t->cap_owned ? 2 * t->cap_owned : 64;
-        void **o = realloc(t->owned, (size_t)cap * sizeof *o);
-        if (!o) {
-            free(p);
-            return sh__error_set(e, SH_ENOMEM, "out of memory");
-        }
-        t->owned = o;
-        t->cap_owned = cap;
-    }
-    t->owned[t->n_owned++] = p;
-    return SH_OK;
+    const size_t sb = c->bytes / (size_t)c->t.ne[1];
+    for (int64_t r = 0; r < c->t.ne[1]; r++)
+        memcpy((uint8_t *)c->t.data + (size_t)r * sb, c->src + (size_t)r * c->src_stride, sb);
+}
+
+/* Gives the copy's pages back to the system (its address stays mapped: zeros until refilled). */
+static void drop(tp_copy *c)
+{
+    (void)madvise(c->t.data, c->map_bytes, MADV_DONTNEED);
+    c->dropped = true;
 }
 
 /* Columns [c0, c0 + n) of every row of w (row parallel), copied into memory of the rank's own;
- * only the slice's bytes of each row are read. */
+ * only the slice's bytes of each row are read, and the mapping's pages of w are dropped after
+ * (the rank reads the copy from now on; sh__file_drop). */
 static sh_err columns_of(sh_llama *m, const sh_tensor *w, int64_t c0, int64_t n, const char *name,
                          sh_tensor *out, sh_error *e)
 {
@@ -143,22 +166,42 @@ static sh_err columns_of(sh_llama *m, const sh_tensor *w, int64_t c0, int64_t n,
                              "rank %d's slice [%lld, %lld) does not start and end on a block",
                              name, (long long)w->ne[0], sh__dtype_name(w->type), (unsigned)blk,
                              (int)m->tp.rank, (long long)c0, (long long)(c0 + n));
+    struct sh__llama_tp_copies *cs = m->tp.copies;
+    if (!cs) {
+        if (!(cs = calloc(1, sizeof *cs)))
+            return sh__error_set(e, SH_ENOMEM, "out of memory");
+        pthread_mutex_init(&cs->mu, NULL);
+        m->tp.copies = cs;
+    }
+    if (cs->n == cs->cap) {
+        int32_t cap = cs->cap ? 2 * cs->cap : 64;
+        tp_copy *v = realloc(cs->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return sh__error_set(e, SH_ENOMEM, "out of memory");
+        cs->v = v;
+        cs->cap = cap;
+    }
     const size_t rb = sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]);
     const size_t sb = sh__dtype_row_bytes(w->type, (uint64_t)n);
     const size_t ob = sh__dtype_row_bytes(w->type, (uint64_t)c0);
     const size_t bytes = sb * (size_t)w->ne[1];
-    uint8_t *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!p)
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t map_bytes = (bytes + page - 1) / page * page;
+    void *p = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
         return sh__error_set(e, SH_ENOMEM, "out of memory for a %zu-byte slice of '%s'", bytes,
                              name);
-    for (int64_t r = 0; r < w->ne[1]; r++)
-        memcpy(p + (size_t)r * sb, (const uint8_t *)w->data + (size_t)r * rb + ob, sb);
-    sh_err err = own(&m->tp, p, e);
-    if (err)
-        return err;
-    *out = *w;
-    out->ne[0] = n;
-    out->data = p;
+    tp_copy *c = &cs->v[cs->n++];
+    *c = (tp_copy){.t = *w,
+                   .bytes = bytes,
+                   .map_bytes = map_bytes,
+                   .src = (const uint8_t *)w->data + ob,
+                   .src_stride = rb};
+    c->t.ne[0] = n;
+    c->t.data = p;
+    fill(c);
+    sh__file_drop(w->data, rb * (size_t)w->ne[1]);
+    *out = c->t;
     return SH_OK;
 }
 
@@ -258,17 +301,84 @@ void sh__llama_tp_rows(int32_t n, int32_t r, int32_t size, int32_t *start, int32
 
 bool sh__llama_tp_owns(const sh_llama *m, const void *p)
 {
-    for (int32_t i = 0; i < m->tp.n_owned; i++)
-        if (m->tp.owned[i] == p)
+    const struct sh__llama_tp_copies *cs = m->tp.copies;
+    for (int32_t i = 0; cs && i < cs->n; i++)
+        if (cs->v[i].t.data == p)
             return true;
     return false;
 }
 
+sh_err sh__llama_tp_hold(const sh_llama *m, sh_backend *be, bool prepare, uint8_t **holds,
+                         sh_error *e)
+{
+    struct sh__llama_tp_copies *cs = m->tp.copies;
+    *holds = NULL;
+    if (!cs || !cs->n)
+        return SH_OK;
+    uint8_t *h = calloc((size_t)cs->n, 1);
+    if (!h)
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    *holds = h;
+    for (int32_t i = 0; i < cs->n; i++) {
+        tp_copy *c = &cs->v[i];
+        /* Read from here on (the prepare may pack from it): refilled if it was dropped. */
+        pthread_mutex_lock(&cs->mu);
+        c->readers++;
+        if (c->dropped) {
+            fill(c);
+            c->dropped = false;
+        }
+        pthread_mutex_unlock(&cs->mu);
+        h[i] = HOLD_READS;
+        bool copied = false;
+        if (prepare) {
+            sh_err err = sh_backend_weight_prepare(be, &c->t);
+            if (err && err != SH_EUNSUPPORTED)
+                return sh__error_set(e, err,
+                                     "llama: cannot prepare the weights for the backend: %s",
+                                     sh_strerror(err));
+            if (!err) {
+                h[i] |= HOLD_PREPARED;
+                copied = sh_backend_weight_copied(be, &c->t);
+            }
+        }
+        if (copied) { /* the backend reads its own copy: this context reads c->t.data no more */
+            pthread_mutex_lock(&cs->mu);
+            h[i] &= (uint8_t)~HOLD_READS;
+            if (--c->readers == 0)
+                drop(c);
+            pthread_mutex_unlock(&cs->mu);
+        }
+    }
+    return SH_OK;
+}
+
+void sh__llama_tp_let_go(const sh_llama *m, sh_backend *be, uint8_t *holds)
+{
+    struct sh__llama_tp_copies *cs = m->tp.copies;
+    for (int32_t i = 0; holds && cs && i < cs->n; i++) {
+        tp_copy *c = &cs->v[i];
+        if (holds[i] & HOLD_PREPARED)
+            sh_backend_weight_release(be, c->t.data);
+        if (holds[i] & HOLD_READS) {
+            pthread_mutex_lock(&cs->mu);
+            if (--c->readers == 0)
+                drop(c);
+            pthread_mutex_unlock(&cs->mu);
+        }
+    }
+    free(holds);
+}
+
 void sh__llama_tp_free(sh_llama *m)
 {
-    for (int32_t i = 0; i < m->tp.n_owned; i++)
-        free(m->tp.owned[i]);
-    free(m->tp.owned);
-    m->tp.owned = NULL;
-    m->tp.n_owned = m->tp.cap_owned = 0;
+    struct sh__llama_tp_copies *cs = m->tp.copies;
+    if (!cs)
+        return;
+    for (int32_t i = 0; i < cs->n; i++)
+        munmap(cs->v[i].t.data, cs->v[i].map_bytes);
+    free(cs->v);
+    pthread_mutex_destroy(&cs->mu);
+    free(cs);
+    m->tp.copies = NULL;
 }

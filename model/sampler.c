@@ -428,15 +428,32 @@ static sh_err sample_greedy(sh_sampler *s, const float *logits, const float *x, 
     return SH_OK;
 }
 
+static bool plain_of(const sh_sampler *s)
+{
+    const sh_sampler_params *p = &s->p;
+    return p->n_bias == 0 &&
+           (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+                                 p->presence_penalty == 0.0f));
+}
+
+bool sh_sampler_plain_greedy(const sh_sampler *s)
+{
+    return s->p.temperature <= 0.0f && s->p.n_logprobs == 0 && plain_of(s);
+}
+
+void sh_sampler_top1(const float *v, int32_t n, int32_t *id, float *max, double *sum)
+{
+    *id = arg_max(v, n, max);
+    *sum = *id < 0 ? 0.0 : sum_exp(v, n, *max, NULL);
+}
+
 sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out)
 {
     const sh_sampler_params *p = &s->p;
     int32_t V = s->n_vocab;
     out->id = -1;
     out->n_top = 0;
-    bool plain = p->n_bias == 0 &&
-                 (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                                       p->presence_penalty == 0.0f));
+    bool plain = plain_of(s);
     if (p->temperature <= 0.0f && (p->n_logprobs == 0 || p->logprobs_mode == SH_LOGPROBS_RAW)) {
         if (plain)
             return sample_greedy(s, logits, logits, out);

@@ -89,6 +89,18 @@ void sh_sampler_accept(sh_sampler *s, int32_t id);
  * NaN after bias) returns SH_ERANGE and leaves *out with id -1. */
 sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out);
 
+/* Whether sh_sampler_sample would now pick the row's first largest logit and report
+ * logprob = logprob_raw = logit - log(sum(exp(logits))) and no top-n list: greedy (temperature
+ * <= 0), no logprobs, no logit bias, no penalty in effect. Such a sample needs only the row's
+ * top-1 and log-sum-exp (sh_llama_batch.top1_only), which tensor-parallel ranks combine without
+ * gathering the rows. */
+bool sh_sampler_plain_greedy(const sh_sampler *s);
+
+/* Over v[0..n): *id the first index of the largest value (-1 when all are -INFINITY or NaN),
+ * *max that value and *sum the sum of exp(v[i] - *max) (NaN and -inf count 0; 0 when *id is -1),
+ * with the same vectorized loops as the sampler's greedy path. */
+void sh_sampler_top1(const float *v, int32_t n, int32_t *id, float *max, double *sum);
+
 /* The next 32 random bits of the sampler's generator (exposed for tests). */
 uint32_t sh_sampler_rand(sh_sampler *s);
 

@@ -11,9 +11,12 @@
  * written to a temp dir: gemma3 (14 heads over 7 KV heads: a rank's heads run in up to three
  * parts), qwen2moe (experts placed across ranks, a shared expert) and a Q4_K llama whose split
  * cuts a block (refused). Also the load and context checks. Usage: test_llama_tp [case]. */
+#include <math.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
@@ -579,6 +582,369 @@ static void test_gemma3(void)
         check_tp("gemma3 Q8_0", p, 3, TOL_QUANT);
 }
 
+/* ---- the rank's own copies of the row-parallel slices give their pages back ---------------- */
+
+typedef struct copies_run {
+    const char *path;
+    int32_t rank;
+    sh_coll_inproc *g;
+    int32_t V;
+    float *la, *lb, *lc; /* logits of the batch: prepared, as they are, prepared again */
+    bool ok;
+    char msg[512];
+} copies_run;
+
+/* Resident pages of rank's wo and w_down copies, and their total (mincore). */
+static size_t copies_resident(const sh_llama *m, size_t *total)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t res = 0;
+    *total = 0;
+    for (int32_t l = m->first; l < m->last; l++) {
+        const sh_tensor *ts[] = {&m->layers[l].wo, &m->layers[l].w_down};
+        for (int i = 0; i < 2; i++) {
+            size_t n =
+                (sh__dtype_row_bytes(ts[i]->type, (uint64_t)ts[i]->ne[0]) * (size_t)ts[i]->ne[1] +
+                 page - 1) /
+                page;
+            unsigned char v[4096];
+            if (n > sizeof v || mincore(ts[i]->data, n * page, v) != 0)
+                return (size_t)-1;
+            for (size_t k = 0; k < n; k++)
+                res += v[k] & 1;
+            *total += n;
+        }
+    }
+    return res;
+}
+
+static bool copies_forward(sh_llama_ctx *c, int32_t V, float *logits, sh_error *e)
+{
+    int32_t toks[12], blocks[2] = {0, 1};
+    for (int32_t i = 0; i < 12; i++)
+        toks[i] = 1 + (i * 37 + 5) % (V - 1);
+    sh_llama_seq s = {.tokens = toks, .n_tokens = 12, .blocks = blocks, .want_logits = true};
+    sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
+    sh_llama_out out;
+    if (sh_llama_forward(c, &b, &out, e))
+        return false;
+    memcpy(logits, out.logits, (size_t)V * sizeof(float));
+    return true;
+}
+
+#define COPIES_FAIL(...)                                                                           \
+    do {                                                                                           \
+        snprintf(r->msg, sizeof r->msg, __VA_ARGS__);                                              \
+        goto out;                                                                                  \
+    } while (0)
+
+static void *copies_script(void *arg)
+{
+    copies_run *r = arg;
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_backend *be = NULL;
+    sh_llama_ctx *a = NULL, *b = NULL;
+    sh_coll *coll = NULL;
+    sh_llama_load_opts lo = {.tp_rank = r->rank, .tp_size = 2};
+    sh_backend_cpu_opts bo = {.n_threads = 1, .no_spin = 1};
+    sh_llama_ctx_opts co = {.max_tokens = 16, .max_seqs = 1, .kv_tokens = 64};
+    size_t total, res;
+    if (sh_llama_load(r->path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e))
+        COPIES_FAIL("%s", e.msg);
+    sh_coll_opts o = {.rank = r->rank,
+                      .size = 2,
+                      .epoch = 1,
+                      .timeout_ms = 30000,
+                      .max_bytes = GROUP_BYTES,
+                      .inproc = r->g};
+    if (sh_coll_create(SH_COLL_SHM, &o, &coll, &e))
+        COPIES_FAIL("%s", e.msg);
+    co.comm = (sh_llama_comm){sh_coll_rank(coll), sh_coll_size(coll), coll, sh_coll_allreduce_ud,
+                              sh_coll_allgather_ud};
+    r->V = m->hp.n_vocab;
+    r->la = malloc((size_t)r->V * sizeof(float));
+    r->lb = malloc((size_t)r->V * sizeof(float));
+    r->lc = malloc((size_t)r->V * sizeof(float));
+    if (!r->la || !r->lb || !r->lc)
+        COPIES_FAIL("out of memory");
+    if ((res = copies_resident(m, &total)) != total || total < 8)
+        COPIES_FAIL("after load %zu of the copies' %zu pages are resident", res, total);
+    /* A prepared context: the CPU backend packs the Q8_0 slices, the copies go. */
+    if (sh_llama_ctx_create(m, be, &co, &a, &e))
+        COPIES_FAIL("%s", e.msg);
+    if (!sh_backend_weight_copied(be, &m->layers[0].w_down))
+        COPIES_FAIL("the CPU backend keeps no packed copy of a Q8_0 w_down on this machine");
+    if ((res = copies_resident(m, &total)) != 0)
+        COPIES_FAIL("a prepared context leaves %zu of the copies' %zu pages resident", res, total);
+    if (!copies_forward(a, r->V, r->la, &e))
+        COPIES_FAIL("%s", e.msg);
+    /* A context that reads the weights as they are refills them while it lives. */
+    sh_llama_ctx_opts raw = co;
+    raw.no_weight_prepare = true;
+    if (sh_llama_ctx_create(m, be, &raw, &b, &e))
+        COPIES_FAIL("%s", e.msg);
+    if ((res = copies_resident(m, &total)) != total)
+        COPIES_FAIL("a context without prepare sees %zu of the copies' %zu pages", res, total);
+    if (!copies_forward(b, r->V, r->lb, &e))
+        COPIES_FAIL("%s", e.msg);
+    sh_llama_ctx_destroy(b);
+    b = NULL;
+    if ((res = copies_resident(m, &total)) != 0)
+        COPIES_FAIL("%zu of %zu pages stay after the last reader left", res, total);
+    /* No context, then a prepared one again: it packs from the refilled copies. */
+    sh_llama_ctx_destroy(a);
+    a = NULL;
+    if (sh_llama_ctx_create(m, be, &co, &a, &e))
+        COPIES_FAIL("%s", e.msg);
+    if ((res = copies_resident(m, &total)) != 0)
+        COPIES_FAIL("a second prepared context leaves %zu of %zu pages", res, total);
+    if (!copies_forward(a, r->V, r->lc, &e))
+        COPIES_FAIL("%s", e.msg);
+    r->ok = true;
+out:
+    sh_llama_ctx_destroy(a);
+    sh_llama_ctx_destroy(b);
+    sh_coll_destroy(coll);
+    sh_backend_destroy(be);
+    sh_llama_destroy(m);
+    return NULL;
+}
+
+/* A rank's wo and w_down copies are dropped (mincore) while every live context's backend holds
+ * its packed copy, refilled for a context that reads them as they are (its logits agree with the
+ * packed ones) and for a prepare after all contexts left (its logits equal the first's bit for
+ * bit). */
+static void test_copies_dropped(void)
+{
+    sh_mkmodel_shape s = {.name = "custom",
+                          .n_layers = 2,
+                          .dim = 256,
+                          .ffn = 512,
+                          .n_heads = 8,
+                          .n_kv_heads = 4,
+                          .vocab = 300,
+                          .ctx = 128,
+                          .rope_base = 1e4f,
+                          .rms_eps = 1e-5f};
+    const char *p = write_model("copies-tp.gguf", &s, SH_DTYPE_Q8_0);
+    if (!p)
+        return;
+    sh_error e = {0};
+    sh_coll_inproc *g = NULL;
+    CHECK_OK(sh_coll_inproc_create(2, GROUP_BYTES, &g, &e));
+    if (!g)
+        return;
+    copies_run r[2] = {{.path = p, .rank = 0, .g = g}, {.path = p, .rank = 1, .g = g}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, copies_script, &r[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        if (!r[i].ok) {
+            SH_FAIL_("rank %d: %s", i, r[i].msg);
+            continue;
+        }
+        double worst = 0, scale = 0;
+        for (int32_t v = 0; v < r[i].V; v++) {
+            worst = fmax(worst, fabs((double)r[i].la[v] - r[i].lb[v]));
+            scale = fmax(scale, fabs((double)r[i].la[v]));
+        }
+        if (worst > 0.02 * scale)
+            SH_FAIL_("rank %d: the unpacked context's logits are %g away (largest %g)", i, worst,
+                     scale);
+        CHECK_INT_EQ(argmax_of(r[i].la, r[i].V), argmax_of(r[i].lb, r[i].V));
+        CHECK(memcmp(r[i].la, r[i].lc, (size_t)r[i].V * sizeof(float)) == 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(r[i].la);
+        free(r[i].lb);
+        free(r[i].lc);
+    }
+    sh_coll_inproc_destroy(g);
+}
+
+/* ---- top1_only: the greedy pick combined across the ranks ------------------------------------ */
+
+typedef struct top1_run {
+    const char *path;
+    int32_t rank, size;
+    sh_coll_inproc *g;
+    int32_t V, n;
+    float *full;         /* (n, V) the rows of logits of the batch */
+    sh_llama_top1 *pick; /* (n) the same batch with top1_only */
+    bool ok;
+    char msg[512];
+} top1_run;
+
+static void *top1_script(void *arg)
+{
+    top1_run *r = arg;
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_backend *be = NULL;
+    sh_llama_ctx *a = NULL, *b = NULL;
+    sh_coll *coll = NULL;
+    sh_llama_load_opts lo = {.tp_rank = r->rank, .tp_size = r->size};
+    sh_backend_cpu_opts bo = {.n_threads = 1, .no_spin = 1};
+    sh_llama_ctx_opts co = {.max_tokens = 32, .max_seqs = 3, .max_logits = 32, .kv_tokens = 64};
+    if (sh_llama_load(r->path, &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e))
+        goto out;
+    if (r->size > 1) {
+        sh_coll_opts o = {.rank = r->rank,
+                          .size = r->size,
+                          .epoch = 1,
+                          .timeout_ms = 30000,
+                          .max_bytes = GROUP_BYTES,
+                          .inproc = r->g};
+        if (sh_coll_create(SH_COLL_SHM, &o, &coll, &e))
+            goto out;
+        co.comm = (sh_llama_comm){sh_coll_rank(coll), sh_coll_size(coll), coll,
+                                  sh_coll_allreduce_ud, sh_coll_allgather_ud};
+    }
+    if (sh_llama_ctx_create(m, be, &co, &a, &e) || sh_llama_ctx_create(m, be, &co, &b, &e))
+        goto out;
+    const int32_t V = m->hp.n_vocab;
+    r->V = V;
+    /* Three sequences (two prompts, one all-rows chunk) run twice: full logits, then picks. */
+    int32_t toks[3][8], blocks[3][1] = {{0}, {1}, {2}};
+    for (int32_t s = 0; s < 3; s++)
+        for (int32_t i = 0; i < 8; i++)
+            toks[s][i] = 1 + (i * 29 + s * 13 + 3) % (V - 1);
+    sh_llama_seq q[3] = {
+        {.tokens = toks[0], .n_tokens = 8, .blocks = blocks[0], .want_logits = true},
+        {.tokens = toks[1], .n_tokens = 5, .blocks = blocks[1], .want_logits = true},
+        {.tokens = toks[2], .n_tokens = 7, .blocks = blocks[2], .want_logits = true},
+    };
+    for (int pass = 0; pass < 2; pass++) {
+        sh_llama_batch bt = {.n_seqs = 3, .seqs = q, .all_logits = pass == 1};
+        sh_llama_out o1, o2;
+        if (sh_llama_forward(a, &bt, &o1, &e))
+            goto out;
+        const int32_t base = r->n;
+        r->full = realloc(r->full, (size_t)(base + o1.n_logits) * (size_t)V * sizeof(float));
+        r->pick = realloc(r->pick, (size_t)(base + o1.n_logits) * sizeof *r->pick);
+        if (!r->full || !r->pick) {
+            snprintf(e.msg, sizeof e.msg, "out of memory");
+            goto out;
+        }
+        memcpy(r->full + (size_t)base * V, o1.logits, (size_t)o1.n_logits * V * sizeof(float));
+        bt.top1_only = true;
+        if (sh_llama_forward(b, &bt, &o2, &e))
+            goto out;
+        if (o2.logits || !o2.top1 || o2.n_logits != o1.n_logits) {
+            snprintf(e.msg, sizeof e.msg, "top1_only returned logits %p, top1 %p, %d rows of %d",
+                     (const void *)o2.logits, (const void *)o2.top1, (int)o2.n_logits,
+                     (int)o1.n_logits);
+            goto out;
+        }
+        memcpy(r->pick + base, o2.top1, (size_t)o2.n_logits * sizeof *r->pick);
+        r->n = base + o1.n_logits;
+        /* the next pass reuses the blocks from position 0 */
+    }
+    r->ok = true;
+out:
+    if (!r->ok)
+        snprintf(r->msg, sizeof r->msg, "%s", e.msg);
+    sh_llama_ctx_destroy(a);
+    sh_llama_ctx_destroy(b);
+    sh_coll_destroy(coll);
+    sh_backend_destroy(be);
+    sh_llama_destroy(m);
+    return NULL;
+}
+
+static void check_top1(const char *label, const char *path, int32_t size)
+{
+    sh_error e = {0};
+    sh_coll_inproc *g = NULL;
+    if (size > 1) {
+        CHECK_OK(sh_coll_inproc_create(size, GROUP_BYTES, &g, &e));
+        if (!g)
+            return;
+    }
+    top1_run r[4] = {0};
+    pthread_t th[4];
+    for (int32_t k = 0; k < size; k++) {
+        r[k] = (top1_run){.path = path, .rank = k, .size = size, .g = g};
+        pthread_create(&th[k], NULL, top1_script, &r[k]);
+    }
+    for (int32_t k = 0; k < size; k++)
+        pthread_join(th[k], NULL);
+    int32_t worst_row = -1;
+    double worst = 0;
+    for (int32_t k = 0; k < size; k++) {
+        if (!r[k].ok) {
+            SH_FAIL_("%s tp=%d rank %d: %s", label, (int)size, (int)k, r[k].msg);
+            continue;
+        }
+        CHECK_INT_EQ(r[k].n, 3 + 20);
+        for (int32_t i = 0; i < r[k].n; i++) {
+            const float *row = r[k].full + (size_t)i * r[k].V;
+            const sh_llama_top1 *t = &r[k].pick[i];
+            int32_t id = argmax_of(row, r[k].V);
+            double mx = row[id], sum = 0;
+            for (int32_t v = 0; v < r[k].V; v++)
+                sum += exp((double)row[v] - mx);
+            double lse = mx + log(sum);
+            if (t->id != id || t->logit != row[id])
+                SH_FAIL_("%s tp=%d rank %d row %d: picked %d (%g), the full row's argmax is %d "
+                         "(%g)",
+                         label, (int)size, (int)k, (int)i, (int)t->id, (double)t->logit, (int)id,
+                         mx);
+            if (fabs(t->lse - lse) > worst) {
+                worst = fabs(t->lse - lse);
+                worst_row = i;
+            }
+            /* every rank returns the same picks */
+            if (memcmp(t, &r[0].pick[i], sizeof *t) != 0)
+                SH_FAIL_("%s tp=%d: rank %d's pick of row %d differs from rank 0's", label,
+                         (int)size, (int)k, (int)i);
+        }
+    }
+    if (worst > 1e-4)
+        SH_FAIL_("%s tp=%d: log-sum-exp %g away from the full row's (row %d)", label, (int)size,
+                 worst, (int)worst_row);
+    printf("%s tp=%d: top1 of %d rows against the full rows: log-sum-exp within %.2g\n", label,
+           (int)size, r[0].n, worst);
+    for (int32_t k = 0; k < size; k++) {
+        free(r[k].full);
+        free(r[k].pick);
+    }
+    sh_coll_inproc_destroy(g);
+}
+
+/* top1_only: each row's pick and log-sum-exp equal the full rows' argmax and log-sum-exp, on the
+ * whole model and on ranks of uneven vocabulary shares (gemma3's 301 rows, soft-capped). */
+static void test_top1(void)
+{
+    sh_mkmodel_shape s = {.name = "custom",
+                          .arch = "gemma3",
+                          .n_layers = 2,
+                          .dim = 128,
+                          .ffn = 160,
+                          .n_heads = 4,
+                          .n_kv_heads = 2,
+                          .head_dim = 32,
+                          .vocab = 301,
+                          .ctx = 512,
+                          .rope_base = 1e6f,
+                          .rope_base_swa = 1e4f,
+                          .rms_eps = 1e-6f,
+                          .tied = true,
+                          .sliding_window = 8,
+                          .swa_pattern = 2,
+                          .softcap = 30.0f};
+    const char *p = write_model("top1-tp.gguf", &s, SH_DTYPE_F16);
+    if (!p)
+        return;
+    check_top1("gemma3 F16", p, 1);
+    check_top1("gemma3 F16", p, 2);
+    check_top1("gemma3 F16", p, 3);
+    check_top1("stories260K", sh_test_path(STORIES), 2);
+}
+
 /* qwen2moe: four experts placed two or one per rank, the router replicated, the shared expert
  * (gated) on rank 0; three ranks are refused. */
 static void test_moe(void)
@@ -740,6 +1106,8 @@ static const sh_test_case tests[] = {
     {"archs", test_archs},
     {"kquant_refused", test_kquant_refused},
     {"bad_options", test_bad_options},
+    {"copies_dropped", test_copies_dropped},
+    {"top1", test_top1},
     {NULL, NULL},
 };
 
@@ -753,7 +1121,7 @@ int main(int argc, char **argv)
     int rc = sh_test_main(argc, argv, tests);
     const char *names[] = {"gemma3-tp.gguf",      "gemma3-tp-q8.gguf",    "qwen2moe-tp.gguf",
                            "qwen2moe-tp-q8.gguf", "smollm-shape-tp.gguf", "q4k-tp.gguf",
-                           "ffn-tp.gguf"};
+                           "ffn-tp.gguf",         "copies-tp.gguf",       "top1-tp.gguf"};
     char p[160];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);

@@ -82,7 +82,7 @@ static void logits_of(const sh_llama *m, sh_backend *be, bool prepare, float *ou
         return;
     int32_t toks[N_TOK] = {1, 17, 400, 999, 3, 3, 250}, blocks[4] = {0, 1, 2, 3};
     sh_llama_seq s = {toks, N_TOK, 0, blocks, true};
-    sh_llama_batch b = {1, &s, false, NULL};
+    sh_llama_batch b = {1, &s, false, NULL, false};
     sh_llama_out o = {0};
     CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
     if (o.logits)
@@ -181,6 +181,88 @@ static void test_tied(void) { check_model(true, false); }
 static void test_untied(void) { check_model(false, false); }
 static void test_moe(void) { check_model(false, true); }
 
+/* The file's pages stay dropped while the model runs. The page cache may hold a file read through
+ * a mapping in 2 MiB folios (Linux 6.18 on ext4 does for a file written in one piece), which a read
+ * fault maps whole: a norm read every step, between two dropped matrices, would map the dropped
+ * pages of its 2 MiB again (sh__file_drop marks the dropped ranges no-huge). A model of 2 layers of
+ * ~8 MiB written with one write(). */
+static void test_huge_folios(void)
+{
+    char tmp[128], path[128];
+    snprintf(tmp, sizeof tmp, "%s/big-w.gguf", dir);
+    snprintf(path, sizeof path, "%s/big.gguf", dir);
+    sh_mkmodel_opts o;
+    sh__mkmodel_opts_init(&o);
+    o.shape.n_layers = 2;
+    o.shape.dim = 1024;
+    o.shape.ffn = 4096;
+    o.shape.n_heads = 8;
+    o.shape.n_kv_heads = 8;
+    o.shape.vocab = VOCAB;
+    o.shape.ctx = 256;
+    o.type = SH_DTYPE_Q4_0;
+    o.seed = 5;
+    o.std = 0.05f;
+    sh_error e = {0};
+    CHECK_OK(sh__mkmodel_write(tmp, &o, NULL, &e));
+    /* Copied with one write(): the page cache then holds it in large folios, 2 MiB where they
+     * can be (what a file read back through a mapping also gets on this kernel). */
+    FILE *f = fopen(tmp, "rb");
+    char *buf = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        CHECK(fd >= 0 && write(fd, buf, (size_t)n) == (ssize_t)n);
+        if (fd >= 0)
+            close(fd);
+    } else {
+        SH_FAIL_("cannot read %s back", tmp);
+    }
+    free(buf);
+    if (f)
+        fclose(f);
+    sh_llama *m = NULL;
+    sh_backend *be = NULL;
+    sh_llama_ctx *ctx = NULL;
+    sh_llama_load_opts lo = {.prefault = true};
+    sh_backend_cpu_opts bo = {.n_threads = 1, .no_spin = 1};
+    CHECK_OK(sh_llama_load(path, &lo, &m, &e));
+    CHECK_OK(sh_backend_cpu_create(&bo, &be, &e));
+    sh_llama_ctx_opts co = {.max_tokens = 16, .max_seqs = 1, .kv_tokens = 64};
+    if (!m || !be || sh_llama_ctx_create(m, be, &co, &ctx, &e))
+        goto out;
+    if (!sh_backend_weight_copied(be, &m->layers[0].w_up)) {
+        fprintf(stderr, "this CPU's kernels read the file layout (no copy): skipped\n");
+        no_copy = true;
+        goto out;
+    }
+    int32_t toks[N_TOK] = {1, 17, 400, 999, 3, 3, 250}, blocks[4] = {0, 1, 2, 3};
+    for (int32_t step = 0; step < 2; step++) {
+        sh_llama_seq sq = {toks, N_TOK, step * N_TOK, blocks, true};
+        sh_llama_batch b = {1, &sq, false, NULL, false};
+        sh_llama_out out = {0};
+        CHECK_OK(sh_llama_forward(ctx, &b, &out, &e));
+    }
+    for (int32_t l = 0; l < 2; l++) {
+        const sh_llama_layer *L = &m->layers[l];
+        const sh_tensor *mats[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                   &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            size_t present, pages;
+            resident(mats[i], &present, &pages);
+            if (present)
+                SH_FAIL_("layer %d, matrix %zu: %zu of %zu pages of the file mapped again after "
+                         "two steps",
+                         (int)l, i, present, pages);
+        }
+    }
+out:
+    sh_llama_ctx_destroy(ctx);
+    sh_backend_destroy(be);
+    sh_llama_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(dir, sizeof dir, "/tmp/shoal-weights-XXXXXX");
@@ -188,8 +270,11 @@ int main(int argc, char **argv)
         perror("mkdtemp");
         return 1;
     }
-    static const sh_test_case tests[] = {
-        {"tied", test_tied}, {"untied", test_untied}, {"moe", test_moe}, {NULL, NULL}};
+    static const sh_test_case tests[] = {{"tied", test_tied},
+                                         {"untied", test_untied},
+                                         {"moe", test_moe},
+                                         {"huge_folios", test_huge_folios},
+                                         {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     if (rc == 0 && no_copy)
         rc = SH_TEST_SKIP;

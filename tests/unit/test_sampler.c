@@ -292,6 +292,64 @@ static void test_large_vocab_selection(void)
     sh_sampler_destroy(s);
 }
 
+/* sh_sampler_plain_greedy: greedy without logprobs, bias or a penalty in effect; then the sample
+ * is sh_sampler_top1's pick with logprob = max - log(sum) (what tensor-parallel ranks combine). */
+static void test_plain_greedy(void)
+{
+    enum { V = 3000 };
+    static float lg[V];
+    uint64_t x = 1234567ull;
+    for (int i = 0; i < V; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        lg[i] = (float)(x % 100000) / 7000.0f - 5.0f;
+    }
+    lg[1700] = lg[2900] = 20.0f; /* a tie: the first wins */
+    sh_sampler_params p = greedy();
+    sh_sampler *s = make(V, &p);
+    CHECK(sh_sampler_plain_greedy(s));
+    sh_sample r;
+    CHECK_OK(sh_sampler_sample(s, lg, &r));
+    int32_t id;
+    float mx;
+    double sum;
+    sh_sampler_top1(lg, V, &id, &mx, &sum);
+    CHECK_INT_EQ(id, 1700);
+    CHECK_INT_EQ(r.id, id);
+    CHECK(mx == 20.0f);
+    CHECK_NEAR(r.logprob, -log(sum), 1e-6);
+    CHECK_NEAR(r.logprob_raw, -log(sum), 1e-6);
+    sh_sampler_accept(s, 5); /* no penalty configured: still plain */
+    CHECK(sh_sampler_plain_greedy(s));
+    sh_sampler_destroy(s);
+    p.repeat_penalty = 1.3f;
+    s = make(V, &p);
+    CHECK(sh_sampler_plain_greedy(s)); /* nothing in the window yet */
+    sh_sampler_accept(s, 5);
+    CHECK(!sh_sampler_plain_greedy(s));
+    sh_sampler_destroy(s);
+    p = greedy();
+    p.n_logprobs = 2;
+    s = make(V, &p);
+    CHECK(!sh_sampler_plain_greedy(s));
+    sh_sampler_destroy(s);
+    p = greedy();
+    sh_logit_bias b = {3, 1.0f};
+    p.bias = &b;
+    p.n_bias = 1;
+    s = make(V, &p);
+    CHECK(!sh_sampler_plain_greedy(s));
+    sh_sampler_destroy(s);
+    p = sh_sampler_params_default(); /* temperature 1 */
+    s = make(V, &p);
+    CHECK(!sh_sampler_plain_greedy(s));
+    sh_sampler_destroy(s);
+    /* every value -inf or NaN: no pick */
+    float bad[3] = {-INFINITY, NAN, -INFINITY};
+    sh_sampler_top1(bad, 3, &id, &mx, &sum);
+    CHECK_INT_EQ(id, -1);
+    CHECK(sum == 0.0);
+}
+
 static void test_bad_params(void)
 {
     sh_sampler *s = (sh_sampler *)1;
@@ -327,6 +385,7 @@ static const sh_test_case tests[] = {
     {"seed_reproducible", test_seed_reproducible},
     {"logprobs_lists", test_logprobs_lists},
     {"large_vocab_selection", test_large_vocab_selection},
+    {"plain_greedy", test_plain_greedy},
     {"bad_params", test_bad_params},
     {NULL, NULL},
 };
