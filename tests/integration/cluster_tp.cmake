@@ -13,5 +13,5 @@ set_tests_properties(test_cluster_tp PROPERTIES LABELS integration TIMEOUT 300 S
 add_test(NAME test_cluster_tp_eq
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_tp_eq.py
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
-set_tests_properties(test_cluster_tp_eq PROPERTIES LABELS integration TIMEOUT 240 SKIP_RETURN_CODE 77
+set_tests_properties(test_cluster_tp_eq PROPERTIES LABELS integration TIMEOUT 120 SKIP_RETURN_CODE 77
                      ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
