@@ -9,11 +9,11 @@ Cases:
   KV heads two ranks share replicated; the FFN's 172 columns split 58/57/57 and the output head's
   512 rows 171/171/170. Tokens and text must equal one process's (a split is allowed only at a
   near-tie, top-2 gap < 1e-3), logprobs within 5e-3 (test_cluster_tp.py's bound).
-- stories260K, one stage of 2 ranks over the network collective on tcp://127.0.0.1 (`tp_link =
-  "net"`): every node on a port P whose P + 1000 is free too (a rank's collective link listens on
-  its node's port + 1000 x the stage's index), drawn at random from 20000-27999, below the
-  ephemeral range that other tests' port-0 listeners and connections use; each rank must log a
-  net group. Same bounds.
+- stories260K, one stage of 2 ranks, and 2 stages x 2 ranks, over the network collective on
+  tcp://127.0.0.1 (`tp_link = "net"`): every node on a port P whose P + 1000 x I is free too for
+  each stage index I (a rank's collective link listens on its node's port + 1000 x its stage's
+  index), drawn at random from 20000-26999, below the ephemeral range that other tests' port-0
+  listeners and connections use; each rank must log a net group. Same bounds.
 - an MoE file written by `shoal mkmodel --shape qwen2moe-tiny` at a small size (2 layers, dim 64,
   8 routed experts of width 32, 4 per token, a shared expert of width 96, F16), one stage of 2
   ranks: 4 experts placed whole on each rank, the shared expert on rank 0, the router replicated.
@@ -106,8 +106,8 @@ def group_agrees(d, model, ranks, prompts, n, want, name, gap_tol, lp_tol, kind=
     return agree(want, got, name, gap_tol, lp_tol)
 
 
-def port_pair_free(p):
-    for q in (p, p + 1000):
+def ports_free(p, stages):
+    for q in [p] + [p + 1000 * i for i in range(1, stages + 1)]:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", q))
@@ -116,36 +116,43 @@ def port_pair_free(p):
     return True
 
 
-def free_ports(n):
-    """n ports P, each with P + 1000 free too, from 20000-27999 (below the ephemeral range, so
-    that no test's connection takes one meanwhile; random, so that parallel tests do not pick
-    the same)."""
+def free_ports(n, stages):
+    """n ports P, each with P + 1000 x I free too for every stage index I, from 20000-26999
+    (below the ephemeral range, so that no test's connection takes one meanwhile; random, so
+    that parallel tests do not pick the same)."""
     out = []
     rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))
+    taken = set()
     while len(out) < n:
-        p = rng.randrange(20000, 28000)
-        if all(abs(p - q) not in (0, 1000) for q in out) and port_pair_free(p):
+        p = rng.randrange(20000, 27000)
+        mine = {p + 1000 * i for i in range(stages + 1)}
+        if not mine & taken and ports_free(p, stages):
             out.append(p)
+            taken |= mine
     return out
 
 
-def tcp_script(path, model, ranks):
-    """'front' and `ranks` over tcp://127.0.0.1, one stage whose group links over the network."""
-    ports = free_ports(1 + len(ranks))
+def tcp_script(path, model, ranks, stages=1):
+    """'front' and `ranks` over tcp://127.0.0.1, the layers split over `stages` groups of
+    len(ranks) / stages ranks that link over the network."""
+    ports = free_ports(1 + len(ranks), stages)
     ns = ", ".join(f"node {{ name = '{n}', listen = 'tcp://127.0.0.1:{p}' }}"
                    for n, p in zip(["front"] + list(ranks), ports))
-    group = ", ".join(f"'{w}'" for w in ranks)
+    k = len(ranks) // stages
+    groups = ", ".join("{ " + ", ".join(f"'{w}'" for w in ranks[i:i + k]) + " }"
+                       for i in range(0, len(ranks), k))
     with open(path, "w") as f:
         f.write(f"local m = model {{ path = '{model}', name = 'm' }}\n"
                 "return cluster {\n"
                 f"  nodes = {{ {ns} }},\n"
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
-                "  replicas = { replica { model = m, stages = pipeline(m, { { "
-                f"{group} }} }}), tp_link = 'net' }} }},\n"
+                f"  replicas = {{ replica {{ model = m, stages = pipeline(m, {{ {groups} }}), "
+                "tp_link = 'net' } },\n"
                 "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
                 "  kv = { memory = '32MiB' },\n"
                 "}\n")
-    su.log(f"note: tcp ports {ports} (collective links on {[p + 1000 for p in ports[1:]]})")
+    links = [p + 1000 * (1 + i // k) for i, p in enumerate(ports[1:])]
+    su.log(f"note: tcp ports {ports} (collective links on {links})")
     return path
 
 
@@ -215,6 +222,11 @@ def main():
                "equals one process", group_agrees, d, STORIES, ["w0", "w1"], PROMPTS, 64, want,
                "s1x2tcp", NEAR_TIE, EXACT_LP, "net",
                script=tcp_script(os.path.join(d, "tcp.lua"), STORIES, ["w0", "w1"]))
+        r.case("stories260K: 2 stages x 2 ranks over the network collective on tcp://127.0.0.1 "
+               "equal one process", group_agrees, d, STORIES, ["w0", "w1", "w2", "w3"], PROMPTS,
+               64, want, "s2x2tcp", NEAR_TIE, EXACT_LP, "net",
+               script=tcp_script(os.path.join(d, "tcp2.lua"), STORIES, ["w0", "w1", "w2", "w3"],
+                                 2))
         moe = os.path.join(d, "qwen2moe.gguf")
         make_moe(moe)
         want_moe = reference(moe, MOE_PROMPTS, 24)
