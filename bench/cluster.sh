@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Cluster benchmarks of issue 11 against real processes (`shoal node` workers and a `shoal serve
+# Cluster benchmarks of issues 11 and 26 against real processes (`shoal node` workers and a `shoal serve
 # -c` front over ipc:// or LINK=tcp, beside a single-process `shoal serve -m`), on one machine:
 #   throughput  output tokens/s at 32 concurrent streams (the ANCHORS.md llama-server shape: 64
 #               streaming requests, ~36-token prompts, exactly 64 tokens out, EOS ignored) of the
 #               default model: one process with 2 threads, a 2-stage pipeline (2 workers with 1
-#               thread each + the front), 2 replicas of 1 worker thread each (a JSON line saying
-#               "unsupported" while `shoal serve -c` refuses several replicas). Every config is
+#               thread each + the front), 2 replicas of 1 worker thread each, and one replica
+#               whose stage is a tensor-parallel group of 2 ranks of 1 thread each (a JSON line
+#               saying "unsupported" when `shoal serve -c` refuses a config). Every config is
 #               started once and the runs alternate (reversed in even rounds), ROUNDS times, so
 #               ratios are within a round.
 #   hop         decode time per token of one stream of stories260K (tiny compute, so the links
-#               dominate) through 1, 2 and 3 stages on worker nodes, and a single process;
-#               per hop = (t_k - t_1) / (k - 1). Runs alternate, HOP_REPS times; medians.
+#               dominate) through 1, 2 and 3 stages on worker nodes, one stage on a
+#               tensor-parallel group of 2 ranks, and a single process; per hop = (t_k - t_1) /
+#               (k - 1); the group's added time per token = t_tp2 - t_1. Runs alternate,
+#               HOP_REPS times; medians.
 #   memory      (--memory) peak RSS (VmHWM) of a `shoal mkmodel --shape llama3-8b --type Q4_0`
 #               model split over 2 worker processes against 60% of the file plus the stage's KV
 #               pool, and of `shoal serve` of the default model under the 32-stream load against
@@ -238,6 +241,22 @@ if [[ " $parts " == *" throughput "* ]]; then
         emit config=replicas2 figure=output_tok_s status=failed
     fi
 
+    # One replica whose only stage is a tensor-parallel group of 2 ranks (shared memory between
+    # them), every layer sliced over both; the KV budget is the stage's, as for replicas2.
+    script "$tmp/tp-tp2.lua" "$model" $((port + 4)) 'replica { model = m, stages = pipeline(m, { { $W } }) }' \
+        512MiB "$batcher" w0 w1
+    rc=0
+    start_cluster tp-tp2 "$tmp/tp-tp2.lua" 1 w0 w1 || rc=$?
+    if [ "$rc" = 0 ]; then
+        configs+=("tp2:$((port + 4))")
+    elif [ "$rc" = 2 ]; then
+        reason=$(grep -h -m1 "error:" "$tmp"/tp-tp2-*.log | head -1)
+        emit config=tp2 figure=output_tok_s status=unsupported reason="$reason"
+    else
+        fail_logs tp-tp2-w0 tp-tp2-w1 tp-tp2-front
+        emit config=tp2 figure=output_tok_s status=failed
+    fi
+
     for c in "${configs[@]}"; do # warm-up: each config serves the load once, unmeasured
         bench "http://127.0.0.1:${c#*:}" "$tmp/warm.json" -c "$clients" -n "$clients" \
             --prompt-tokens 36 --output-tokens 16 --ignore-eos --seed 99
@@ -258,6 +277,7 @@ if [[ " $parts " == *" throughput "* ]]; then
             single) desc="shoal serve -m -t 2 (one process)" ;;
             pipeline2) desc="2 shoal node -t 1 (2 stages) + shoal serve -c front, $link://" ;;
             replicas2) desc="2 replicas of 1 stage, shoal node -t 1 each + front, $link://" ;;
+            tp2) desc="1 stage on a tensor-parallel group of 2 ranks, shoal node -t 1 each + front, $link://" ;;
             esac
             emit config="$name" desc="$desc" round:="$r" figure=output_tok_s \
                 value:="$(jget "$f" 'j["throughput"]["output_tokens_per_s"]')" unit=tok/s \
@@ -310,6 +330,13 @@ if [[ " $parts " == *" hop "* ]]; then
             { fail_logs "hop$k-front"; exit 1; }
         hops+=("stages$k:$((port + 10 + k))")
     done
+    # One stage on a tensor-parallel group of 2 ranks: the two all-reduces per layer (and the
+    # step's agreement) in place of the hops.
+    script "$tmp/hoptp2.lua" "$stories" $((port + 14)) \
+        'replica { model = m, stages = pipeline(m, { { $W } }) }' 32MiB "$batcher" w0 w1
+    start_cluster hoptp2 "$tmp/hoptp2.lua" 1 w0 w1 ||
+        { fail_logs hoptp2-w0 hoptp2-w1 hoptp2-front; exit 1; }
+    hops+=("tp2:$((port + 14))")
     hop_args=(-c 1 -n 16 --prompt-tokens 8 --output-tokens 256 --ignore-eos)
     for h in "${hops[@]}"; do
         bench "http://127.0.0.1:${h#*:}" "$tmp/warm.json" -c 1 -n 2 --prompt-tokens 8 \
@@ -328,7 +355,7 @@ def fig(name, r, key, stat):
 base = {"bench": "cluster", "commit": commit, "model": "stories260K", "link": link, "threads_per_process": 1,
         "requests": 16, "output_tokens": 256, "reps": reps}
 med = {}
-for name in ["single", "stages1", "stages2", "stages3"]:
+for name in ["single", "stages1", "stages2", "stages3", "tp2"]:
     tpot = [fig(name, r, "tpot_ms", "p50") for r in range(1, reps + 1)]
     itl = [fig(name, r, "itl_ms", "p50") for r in range(1, reps + 1)]
     med[name] = statistics.median(tpot)
@@ -343,6 +370,10 @@ for k in (2, 3):
     print(json.dumps(dict(base, config=f"stages{k}-vs-stages1", figure="added_us_per_hop",
                           value=round(v, 1), unit="us", per_rep=[round(x, 1) for x in per_hop],
                           target=200, met=v < 200, load=load)))
+print(json.dumps(dict(base, config="tp2-vs-stages1", figure="added_us_per_token",
+                      value=round((med["tp2"] - med["stages1"]) * 1000, 1), unit="us",
+                      per_rep=[round((fig("tp2", r, "tpot_ms", "p50") - fig("stages1", r, "tpot_ms", "p50")) * 1000, 1)
+                               for r in range(1, reps + 1)], load=load)))
 print(json.dumps(dict(base, config="stages1-vs-single", figure="worker_round_trip_us",
                       value=round((med["stages1"] - med["single"]) * 1000, 1), unit="us", load=load)))
 EOF
