@@ -55,11 +55,8 @@
  * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
  * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
  * nothing new and pauses after closing the listener; and a group re-created at once on the same
- * URLs (the processes of the previous group destroying theirs while the new ones dial) sometimes
- * does not join: a connection from one rank's new incarnation that reaches the other's closing
- * socket stays accepted but unread (seen in `ss -x` as an established socket with bytes
- * queued), so create times out. Re-creating a group should use fresh URLs (e.g. the epoch in the
- * ipc:// path or another port) until NNG is upgraded. */
+ * URLs can meet a stuck connection or a listener that no longer accepts: create opens the link or
+ * the listener afresh when it is safe (coll_net_join.c says when). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -784,15 +781,17 @@ static void net_free(net *im)
         nng_aio_stop(im->raio); /* no recv_cb (nor resend) runs after this */
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
-        if (!l->sock_open)
+        if (!l->im) /* never set up */
             continue;
         pthread_mutex_lock(&l->mu);
         l->closed = true;
         pthread_mutex_unlock(&l->mu);
-        /* No pipe event after this point may reach l, which is freed below. */
-        nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
-        nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
-        nng_close(l->sock); /* fails the send in flight at once */
+        if (l->sock_open) {
+            /* No pipe event after this point may reach l, which is freed below. */
+            nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+            nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+            nng_close(l->sock); /* fails the send in flight at once */
+        }
         if (l->aio)
             nng_aio_free(l->aio); /* waits for its callback */
         for (size_t i = 0; i < l->n; i++)
@@ -868,6 +867,26 @@ static sh_err check_urls(const sh_coll_opts *o, sh_error *e)
     return SH_OK;
 }
 
+/* Opens rank p's link (its push socket, dialling p's URL); its mutex, condition and aio exist. */
+static sh_err link_open(net *im, int32_t p, sh_error *e)
+{
+    sh_coll *c = im->c;
+    peer_link *l = &im->links[p];
+    int rv;
+    if ((rv = nng_push0_open(&l->sock)) != 0)
+        return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
+                             (int)c->rank, nng_strerror(rv));
+    l->sock_open = true;
+    if ((rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
+        (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
+        (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
+        (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
+        (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
+        return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s", (int)c->rank,
+                             (int)p, im->urls[p], nng_strerror(rv));
+    return SH_OK;
+}
+
 /* Opens the listener and the links to every peer. */
 static sh_err open_sockets(net *im, sh_error *e)
 {
@@ -890,22 +909,52 @@ static sh_err open_sockets(net *im, sh_error *e)
             continue;
         peer_link *l = &im->links[p];
         l->im = im;
-        if ((rv = nng_push0_open(&l->sock)) != 0)
-            return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
-                                 (int)c->rank, nng_strerror(rv));
         pthread_mutex_init(&l->mu, NULL);
         pthread_cond_init(&l->idle, NULL);
-        l->sock_open = true;
-        if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0 ||
-            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
-            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
-            (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
-            (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
-            (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
-            return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s",
-                                 (int)c->rank, (int)p, im->urls[p], nng_strerror(rv));
+        if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0)
+            return sh__error_set(e, SH_EIO, "coll: rank %d: cannot allocate an aio: %s",
+                                 (int)c->rank, nng_strerror(rv));
+        sh_err rc = link_open(im, p, e);
+        if (rc)
+            return rc;
     }
     return SH_OK;
+}
+
+/* Closes this rank's listener and listens again on its URL (create only, before any peer has
+ * joined over it): with NNG 1.5.2 a listener can stop taking connections after one from a peer's
+ * previous incarnation (see sh__coll_net_join). */
+sh_err sh__coll_net_relisten(net *im, sh_error *e)
+{
+    const char *url = im->urls[im->c->rank];
+    nng_listener_close(im->listener);
+    int rv = nng_listen(im->lsock, url, &im->listener, 0);
+    if (rv)
+        return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s again: %s",
+                             (int)im->c->rank, url, nng_strerror(rv));
+    return SH_OK;
+}
+
+sh_err sh__coll_net_redial(net *im, int32_t p, sh_error *e)
+{
+    peer_link *l = &im->links[p];
+    pthread_mutex_lock(&l->mu);
+    l->closed = true;
+    pthread_mutex_unlock(&l->mu);
+    nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+    nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+    nng_close(l->sock); /* fails the send in flight */
+    l->sock_open = false;
+    nng_aio_wait(l->aio);
+    pthread_mutex_lock(&l->mu);
+    for (size_t i = 0; i < l->n; i++)
+        nng_msg_free(l->q[(l->head + i) % l->cap]);
+    l->head = l->n = 0;
+    l->closed = l->sending = false;
+    l->pipes = 0;
+    l->err = 0;
+    pthread_mutex_unlock(&l->mu);
+    return link_open(im, p, e);
 }
 
 sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)

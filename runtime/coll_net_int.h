@@ -29,9 +29,11 @@
 #define LOST_POLL_MS 50u         /* see take */
 #define LOST_GRACE_MS 50u
 #define LINGER_MS 500 /* destroy's wait for frames still queued */
-#define NACK_FIRST_NS                                                                              \
-    5000000u /* take asks for a frame again after its sender is silent this long */
-#define NACK_MAX_NS 100000000u /* ... the gap doubling up to this */
+/* take asks for a frame again after its sender has been silent NACK_FIRST_NS, the gap doubling
+ * up to NACK_MAX_NS. */
+#define NACK_FIRST_NS 5000000u
+#define NACK_MAX_NS 100000000u
+#define REDIAL_NS 300000000u /* see sh__coll_net_join */
 #define JOIN_TAG "shoal coll join v1"
 
 /* One peer's outgoing link: a push socket and the queue its aio drains. */
@@ -150,6 +152,12 @@ sh_err sh__coll_net_expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8
 sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t op, uint64_t total,
                               uint32_t index, uint32_t count, size_t plen, nng_msg **m,
                               sh__coll_net_hdr *h, sh_error *e);
+
+/* coll_net.c: closes this rank's listener and listens again (see the definition). */
+sh_err sh__coll_net_relisten(net *im, sh_error *e);
+
+/* coll_net.c: closes rank p's link and opens a fresh one (create only; see sh__coll_net_join). */
+sh_err sh__coll_net_redial(net *im, int32_t p, sh_error *e);
 
 /* coll_net_join.c: a HELLO or PROOF to dst, and create's wait for every rank. */
 sh_err sh__coll_net_join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce,

@@ -895,20 +895,59 @@ static void test_all_lost(void)
     group_fini(&g);
 }
 
+/* ---- Re-created on the same URLs ------------------------------------------------------- */
+
+/* 50 groups one after the other on the same URLs, as the stage re-forms its group after a
+ * failure (a new epoch each time): every create joins and its all-reduce succeeds. */
+static void rank_recreate(group *g, int rank)
+{
+    int failed = 0;
+    for (int k = 0; k < 50 && failed < 3; k++) {
+        g->epoch[rank] = 100 + (uint32_t)k;
+        sh_coll *c;
+        sh_error e = {0};
+        uint64_t t0 = mono_ms();
+        sh_err rc = rank_create(g, rank, &c, &e);
+        if (rc) {
+            SH_FAIL_("rank %d, group %d: create: %s: %s", rank, k, sh_strerror(rc), e.msg);
+            failed++;
+            continue;
+        }
+        if (mono_ms() - t0 > 1000)
+            fprintf(stderr, "  rank %d, group %d: joined after %llu ms\n", rank, k,
+                    (unsigned long long)(mono_ms() - t0));
+        float x[64];
+        for (int i = 0; i < 64; i++)
+            x[i] = (float)(rank + k);
+        rc = sh_coll_allreduce(c, x, 64, &e);
+        if (rc)
+            SH_FAIL_("rank %d, group %d: all-reduce: %s: %s", rank, k, sh_strerror(rc), e.msg);
+        else if (x[0] != (float)(2 * k + 1))
+            SH_FAIL_("rank %d, group %d: sum %g, want %d", rank, k, (double)x[0], 2 * k + 1);
+        sh_coll_destroy(c);
+    }
+}
+
+static void test_recreate(void)
+{
+    group g;
+    group_init(&g, 2, false);
+    g.timeout_ms = 3000;
+    uint64_t t0 = mono_ms();
+    run_ranks(&g, rank_recreate, -1, 60000);
+    fprintf(stderr, "  50 groups on the same URLs: %llu ms\n",
+            (unsigned long long)(mono_ms() - t0));
+    group_fini(&g);
+}
+
 static const sh_test_case tests[] = {
-    {"lossy", test_lossy},
-    {"all_lost", test_all_lost},
-    {"ipc", test_ipc},
-    {"tcp_keyed", test_tcp_keyed},
-    {"compress", test_compress},
-    {"mismatch", test_mismatch},
-    {"dead_peer", test_dead_peer},
-    {"wrong_key", test_wrong_key},
-    {"wrong_epoch", test_wrong_epoch},
-    {"forged", test_forged},
-    {"forged_keyed", test_forged_keyed},
-    {"options", test_options},
-    {NULL, NULL},
+    {"lossy", test_lossy},         {"recreate", test_recreate},
+    {"all_lost", test_all_lost},   {"ipc", test_ipc},
+    {"tcp_keyed", test_tcp_keyed}, {"compress", test_compress},
+    {"mismatch", test_mismatch},   {"dead_peer", test_dead_peer},
+    {"wrong_key", test_wrong_key}, {"wrong_epoch", test_wrong_epoch},
+    {"forged", test_forged},       {"forged_keyed", test_forged_keyed},
+    {"options", test_options},     {NULL, NULL},
 };
 
 int main(int argc, char **argv)
