@@ -437,10 +437,8 @@ static void rank_mismatch(group *g, int rank)
     CHECK_INT_EQ(sh_coll_allreduce(c, x, 10, &e), SH_EPROTO);
     CHECK(mono_ms() - t0 < 100);
     sh_coll_destroy(c);
-    /* A new group (another epoch) where the ops differ, on other URLs: with NNG 1.5.2 a group
-     * re-created at once on the same URLs sometimes does not join (a connection from one
-     * rank's new incarnation reaching the other's closing socket is left accepted but unread;
-     * see runtime/coll_net.c). */
+    /* A new group (another epoch) where the ops differ, on other URLs (the recreate case covers
+     * the same URLs). */
     g->epoch[rank] = 8;
     for (int i = 0; i < g->n; i++)
         strcat(g->urls[i], "b");
