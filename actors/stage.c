@@ -17,6 +17,7 @@
 #include "kernels/cpu/quant.h"
 #include "model/sampler.h"
 #include "runtime/coll.h"
+#include "runtime/fault_agent.h"
 #include "runtime/mpack_write.h"
 #include "runtime/msg.h"
 #include "runtime/peers.h"
@@ -401,6 +402,19 @@ static void group_count(stage_state *st)
  * group failed or its epoch is another, both are created again (the KV pool starts empty: the
  * batcher has forgotten every block since, as a new epoch follows a pause). Creating the group
  * waits up to its timeout for every rank. Worker thread. */
+/* The group's frames to rank `peer` go through this node's fault layer (if any) as messages to
+ * that rank's node of type SH_FAULT_TYPE_COLL: a scenario's drop or duplicate on the link reaches
+ * the network collective (a partition or a corruption drops the frame; a delay is not applied). */
+static sh_coll_fault coll_fault(void *ud, int32_t peer)
+{
+    const stage_state *st = ud;
+    uint32_t a = sh__fault_decide_rt(st->rt, sh_addr_node(st->tp_ranks[peer]), SH_FAULT_TYPE_COLL);
+    if (a & (1u << SH_FAULT_ACTION_PARTITION | 1u << SH_FAULT_ACTION_DROP |
+             1u << SH_FAULT_ACTION_CORRUPT))
+        return SH_COLL_FAULT_DROP;
+    return a & (1u << SH_FAULT_ACTION_DUPLICATE) ? SH_COLL_FAULT_DUPLICATE : SH_COLL_FAULT_PASS;
+}
+
 static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
 {
     if (st->coll && !st->coll_broken && st->gen == gen)
@@ -427,6 +441,8 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
     o.rank = st->tp_rank;
     o.size = st->tp_size;
     o.epoch = gen;
+    o.fault = coll_fault;
+    o.fault_ud = st;
     sh_error ce = {0};
     sh_err err = sh_coll_create(st->coll_kind, &o, &st->coll, &ce);
     if (err)

@@ -37,6 +37,8 @@ typedef struct sh_fault_event {
     double lasting_s; /* how long the rule holds; 0 = until healed or the end of the run */
     int32_t line;     /* line of the at() call, for logs */
     double mb_per_s;  /* leak: MiB allocated and touched per second */
+    uint32_t type;    /* link rules: only messages of this type (0: every message; 255, the
+                         fault layer's SH_FAULT_TYPE_COLL: a group's collectives alone) */
 } sh_fault_event;
 
 typedef struct sh_scenario {

@@ -26,9 +26,13 @@ static const sh__lua_field stall_fields[] = {
 static const sh__lua_field delay_fields[] = {
     {"link", SH__LUA_STR, false}, {"from", SH__LUA_STR, false},    {"to", SH__LUA_STR, false},
     {"ms", SH__LUA_NUM, true},    {"lasting", SH__LUA_NUM, false}, {NULL, 0, false}};
-static const sh__lua_field drop_fields[] = {
-    {"link", SH__LUA_STR, false}, {"from", SH__LUA_STR, false},    {"to", SH__LUA_STR, false},
-    {"p", SH__LUA_NUM, false},    {"lasting", SH__LUA_NUM, false}, {NULL, 0, false}};
+static const sh__lua_field drop_fields[] = {{"link", SH__LUA_STR, false},
+                                            {"from", SH__LUA_STR, false},
+                                            {"to", SH__LUA_STR, false},
+                                            {"p", SH__LUA_NUM, false},
+                                            {"lasting", SH__LUA_NUM, false},
+                                            {"coll", SH__LUA_BOOL, false},
+                                            {NULL, 0, false}};
 static const sh__lua_field corrupt_fields[] = {{"link", SH__LUA_STR, false},
                                                {"from", SH__LUA_STR, false},
                                                {"to", SH__LUA_STR, false},
@@ -221,6 +225,11 @@ static int link_action(lua_State *L, sh_fault_kind kind)
     ev->lasting_s = get_num(L, "lasting", INFINITY, 0, INFINITY, true, what, where);
     if (isinf(ev->lasting_s))
         ev->lasting_s = 0;
+    // drop and duplicate { coll = true }: only the frames of the tensor-parallel groups'
+    // network collectives on the link, not the nodes' messages.
+    if ((kind == SH_FAULT_DROP || kind == SH_FAULT_DUPLICATE) &&
+        sh__lua_get_bool(L, 1, "coll", false))
+        ev->type = SH_FAULT_TYPE_COLL;
     return 1;
 }
 

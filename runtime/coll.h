@@ -32,8 +32,14 @@
  * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://; tls+tcp:// is refused
  *   for now), each rank listening on urls[rank]: a one-shot exchange (every rank sends its
  *   buffer to every other) for small messages, a ring (reduce-scatter then all-gather, chunks
- *   pipelined) for large ones. Optional compression of what crosses the links (f16, or int8
- *   with one scale per chunk of at most 256 values); sums are always taken in f32.
+ *   pipelined) for large ones. A lost frame does not fail the call: a rank that waits for a
+ *   frame a few ms after its sender went silent asks for it again (after 5 ms at first, the
+ *   gap doubling up to 100 ms), and the sender keeps what it sent in its last five calls to
+ *   send it again (sh_coll_opts.fault injects losses); duplicates are dropped. A call still
+ *   fails at timeout_ms when the frame never comes (a peer stopped, or every frame to it lost),
+ *   or within ~100 ms when its sender has destroyed its handle (a frame lost in a rank's last
+ *   call before destroy is not recovered). Optional compression of what crosses the links (f16,
+ *   or int8 with one scale per chunk of at most 256 values); sums are always taken in f32.
  *
  * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
  * sh_coll_stats_get may be called from any thread. */
@@ -60,6 +66,18 @@ typedef struct sh_coll_inproc sh_coll_inproc;
 sh_err sh_coll_inproc_create(int32_t size, size_t max_bytes, sh_coll_inproc **out, sh_error *e);
 void sh_coll_inproc_destroy(sh_coll_inproc *g);
 
+/* What a fault hook (sh_coll_opts.fault) decides for one frame. */
+typedef enum sh_coll_fault {
+    SH_COLL_FAULT_PASS = 0,
+    SH_COLL_FAULT_DROP,      /* the frame is lost */
+    SH_COLL_FAULT_DUPLICATE, /* the frame is sent twice */
+} sh_coll_fault;
+
+/* Asked for every frame of a call (data, acknowledgement, resend request, resent frame) this
+ * rank is about to send to rank `peer` (not for the join's frames). Called on the calling
+ * thread or on one of NNG's threads: it must be quick and thread-safe. */
+typedef sh_coll_fault (*sh_coll_fault_fn)(void *ud, int32_t peer);
+
 typedef struct sh_coll_opts {
     int32_t rank, size; /* 0 <= rank < size, 1 <= size <= SH_COLL_MAX_RANKS */
     uint32_t epoch;     /* the group's incarnation; peers of another epoch are refused */
@@ -73,6 +91,10 @@ typedef struct sh_coll_opts {
     sh_coll_compress compress;
     const uint8_t *key; /* the cluster key (NULL: an unkeyed cluster): each link proves it */
     size_t key_len;
+    /* Fault injection (chaos scenarios, tests; NULL: none): see sh_coll_fault_fn. The transport
+     * survives what it injects as it survives lost frames (SH_COLL_NET above). */
+    sh_coll_fault_fn fault;
+    void *fault_ud;
 } sh_coll_opts;
 
 #define SH_COLL_MAX_RANKS 64

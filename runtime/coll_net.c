@@ -34,6 +34,18 @@
  * (the one its join PROOF came by: the process died, destroyed its handle or reconnected, losing
  * what was in flight) with SH_ECLOSED naming it, once what it sent before has been read.
  *
+ * Lost frames. The listener's receive is always pending (recv_cb, on an NNG thread): it queues
+ * what arrives for the calling thread and answers a NACK at once, even between calls. A call
+ * waiting for a frame from a rank that has sent nothing for NACK_FIRST_NS asks that rank for it
+ * again (a NACK naming the call, the frame's type and index), the gap doubling up to
+ * NACK_MAX_NS while the rank stays silent; post keeps a copy of every data and acknowledgement
+ * frame of the last AHEAD + 1 calls (a direct broadcast's receivers can run a few calls ahead of
+ * a rank still waiting) and the NACK's answer is that copy, marked resent (not when the link is
+ * still handing frames over or the frame was posted under NACK_FIRST_NS ago: it may be on its
+ * way). Frames are taken by (call, type, source, index), so one that comes late or twice is
+ * stashed and then let go. The fault hook (sh_coll_opts.fault) decides each frame's fate in
+ * fault_send.
+ *
  * The collectives themselves are in coll_net_algo.c, the join in coll_net_join.c.
  *
  * Destroy gives the links up to LINGER_MS to hand over what they still hold (a rank's call can
@@ -43,11 +55,9 @@
  * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
  * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
  * nothing new and pauses after closing the listener; and a group re-created at once on the same
- * URLs (the processes of the previous group destroying theirs while the new ones dial) sometimes
- * does not join: a connection from one rank's new incarnation that reaches the other's closing
- * socket stays accepted but unread (seen in `ss -x` as an established socket with bytes
- * queued), so create times out. Re-creating a group should use fresh URLs (e.g. the epoch in the
- * ipc:// path or another port) until NNG is upgraded. */
+ * URLs can meet a stuck connection or a listener that no longer accepts: create opens the link or
+ * the listener afresh when it is safe (coll_net_join.c says when). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -161,7 +171,7 @@ static void link_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 
 /* Queues m for rank dst. m is the link's in every case (freed on failure); SH_ETIMEDOUT or
  * SH_EIO when an earlier frame to dst failed, SH_ENOMEM. */
-sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
+static sh_err link_send(net *im, int32_t dst, nng_msg *m, sh_error *e)
 {
     peer_link *l = &im->links[dst];
     size_t len = nng_msg_len(m);
@@ -204,6 +214,132 @@ sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
         link_kick(l, m);
     atomic_fetch_add_explicit(&im->c->bytes_wire, len, memory_order_relaxed);
     return SH_OK;
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* link_send through the fault hook: a dropped frame is counted as sent and freed, a duplicated
+ * one queued twice. A join frame passes untouched. */
+static sh_err fault_send(net *im, int32_t dst, nng_msg *m, sh_error *e)
+{
+    uint8_t type = ((const uint8_t *)nng_msg_body(m))[5] & (uint8_t)~SH__COLL_NET_RESENT;
+    sh_coll_fault f =
+        im->fault && type >= SH__COLL_NET_DATA ? im->fault(im->fault_ud, dst) : SH_COLL_FAULT_PASS;
+    if (f == SH_COLL_FAULT_DROP) {
+        atomic_fetch_add_explicit(&im->c->bytes_wire, nng_msg_len(m), memory_order_relaxed);
+        nng_msg_free(m);
+        return SH_OK;
+    }
+    nng_msg *twin = NULL;
+    if (f == SH_COLL_FAULT_DUPLICATE && nng_msg_dup(&twin, m) != 0)
+        twin = NULL;
+    sh_err rc = link_send(im, dst, m, e);
+    if (twin)
+        rc = rc ? (nng_msg_free(twin), rc) : link_send(im, dst, twin, e);
+    return rc;
+}
+
+/* Keeps a copy of a data or acknowledgement frame of the current call (to send it again when
+ * the peer asks), then sends it. */
+sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
+{
+    const uint8_t *b = nng_msg_body(m);
+    if (b[5] == SH__COLL_NET_DATA || b[5] == SH__COLL_NET_ACK) {
+        nng_msg *copy;
+        if (nng_msg_dup(&copy, m) != 0) {
+            nng_msg_free(m);
+            return sh__coll_net_oom(e);
+        }
+        pthread_mutex_lock(&im->kmu);
+        if (im->n_kept == im->cap_kept) {
+            size_t cap = im->cap_kept ? im->cap_kept * 2 : 64;
+            kept *k = realloc(im->kept, cap * sizeof *k);
+            if (!k) {
+                pthread_mutex_unlock(&im->kmu);
+                nng_msg_free(copy);
+                nng_msg_free(m);
+                return sh__coll_net_oom(e);
+            }
+            im->kept = k;
+            im->cap_kept = cap;
+        }
+        im->kept[im->n_kept++] = (kept){.m = copy,
+                                        .seq = im->c->seq,
+                                        .at_ns = sh__coll_net_now_ns(),
+                                        .dst = dst,
+                                        .index = rd32(b + 32),
+                                        .type = b[5]};
+        pthread_mutex_unlock(&im->kmu);
+    }
+    return fault_send(im, dst, m, e);
+}
+
+void sh__coll_net_kept_prune(net *im)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&im->kmu);
+    for (size_t i = 0; i < im->n_kept; i++) {
+        if (im->kept[i].seq + AHEAD < im->c->seq)
+            nng_msg_free(im->kept[i].m);
+        else
+            im->kept[k++] = im->kept[i];
+    }
+    im->n_kept = k;
+    pthread_mutex_unlock(&im->kmu);
+}
+
+/* A peer asked for a frame again (on an NNG thread): send the kept copy, marked resent, if any
+ * (a frame not sent yet will be sent anyway), unless the link to the peer is still handing
+ * frames over or the frame was posted less than NACK_FIRST_NS ago (it may still be on its way:
+ * the peer asks again if it does not come). */
+static void resend(net *im, const sh__coll_net_hdr *h)
+{
+    nng_msg *m = NULL;
+    peer_link *l = &im->links[h->src];
+    pthread_mutex_lock(&l->mu);
+    bool busy = l->sending;
+    pthread_mutex_unlock(&l->mu);
+    if (busy)
+        return;
+    pthread_mutex_lock(&im->kmu);
+    for (size_t i = 0; i < im->n_kept; i++) {
+        kept *k = &im->kept[i];
+        if (k->dst == h->src && k->seq == h->seq && k->index == h->index &&
+            k->type == (uint8_t)h->count) {
+            if (sh__coll_net_now_ns() - k->at_ns < NACK_FIRST_NS || nng_msg_dup(&m, k->m) != 0)
+                m = NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&im->kmu);
+    if (!m)
+        return;
+    sh__coll_net_hdr k;
+    if (sh__coll_net_open(nng_msg_body(m), nng_msg_len(m), &k)) {
+        k.resent = true;
+        sh__coll_net_seal(&k, nng_msg_body(m), payload_len(m));
+    }
+    atomic_fetch_add_explicit(&im->resent, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&im->recovery_bytes, nng_msg_len(m), memory_order_relaxed);
+    sh_error e = {0};
+    (void)fault_send(im, h->src, m, &e); /* a failed link fails the next call */
+}
+
+/* Asks rank src for the frame (type, index) of the current call again. */
+static void nack(net *im, int32_t src, uint8_t type, uint32_t index)
+{
+    nng_msg *m = sh__coll_net_frame_new(im, 0);
+    if (!m)
+        return;
+    sh__coll_net_hdr h = sh__coll_net_hdr_of(im, SH__COLL_NET_NACK, im->op, im->total, index, type);
+    sh__coll_net_seal(&h, nng_msg_body(m), 0);
+    atomic_fetch_add_explicit(&im->nacks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&im->recovery_bytes, nng_msg_len(m), memory_order_relaxed);
+    sh_error e = {0};
+    (void)fault_send(im, src, m, &e);
 }
 
 /* A new frame with a plen-byte payload (uninitialised), or NULL: a kept frame large enough when
@@ -292,6 +428,7 @@ void sh__coll_net_frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got
 {
     sh__coll_net_hdr h = *got;
     h.src = (uint16_t)im->c->rank;
+    h.resent = false;
     h.index = index;
     sh__coll_net_seal(&h, nng_msg_body(m), payload_len(m));
 }
@@ -313,20 +450,84 @@ static void listener_pipe_cb(nng_pipe pipe, nng_pipe_ev ev, void *arg)
             atomic_fetch_or(&im->lost, 1ull << p);
 }
 
+/* A frame reached the listener (on an NNG thread): a NACK is answered here, whatever the
+ * calling thread does (it may be between calls); the rest is queued for recv_one. The receive
+ * is started again until the socket closes. */
+static void recv_cb(void *arg)
+{
+    net *im = arg;
+    int rv = nng_aio_result(im->raio);
+    if (rv) {
+        pthread_mutex_lock(&im->rmu);
+        im->rerr = rv;
+        pthread_cond_broadcast(&im->rcv);
+        pthread_mutex_unlock(&im->rmu);
+        return;
+    }
+    nng_msg *m = nng_aio_get_msg(im->raio);
+    nng_aio_set_msg(im->raio, NULL);
+    sh__coll_net_hdr h;
+    const sh_coll *c = im->c;
+    if (nng_msg_len(m) == SH__COLL_NET_HDR &&
+        sh__coll_net_open(nng_msg_body(m), nng_msg_len(m), &h) && h.type == SH__COLL_NET_NACK) {
+        bool ok = h.epoch == c->epoch && h.src < c->size && h.src != c->rank &&
+                  (!im->key ||
+                   (uint32_t)nng_pipe_id(nng_msg_get_pipe(m)) == atomic_load(&im->pipe_of[h.src]));
+        nng_msg_free(m);
+        if (ok)
+            resend(im, &h);
+        else
+            atomic_fetch_add_explicit(&im->dropped, 1, memory_order_relaxed);
+    } else {
+        pthread_mutex_lock(&im->rmu);
+        if (im->rq_n == im->rq_cap) {
+            size_t cap = im->rq_cap ? im->rq_cap * 2 : 256;
+            nng_msg **q = malloc(cap * sizeof *q);
+            if (q) {
+                for (size_t i = 0; i < im->rq_n; i++)
+                    q[i] = im->rq[(im->rq_head + i) % im->rq_cap];
+                free(im->rq);
+                im->rq = q;
+                im->rq_cap = cap;
+                im->rq_head = 0;
+            }
+        }
+        if (im->rq_n < im->rq_cap) {
+            im->rq[(im->rq_head + im->rq_n) % im->rq_cap] = m;
+            im->rq_n++;
+            pthread_cond_signal(&im->rcv);
+        } else { /* out of memory: lost, as on the wire (asked for again) */
+            nng_msg_free(m);
+        }
+        pthread_mutex_unlock(&im->rmu);
+    }
+    nng_recv_aio(im->lsock, im->raio);
+}
+
 /* Waits until deadline for the next frame on the listener: 0 with *m, or an NNG code. */
 int sh__coll_net_recv_one(net *im, uint64_t deadline, nng_msg **m)
 {
-    uint64_t now = sh__coll_net_now_ns();
-    if (now >= deadline)
-        return NNG_ETIMEDOUT;
-    nng_aio_set_timeout(im->raio, (nng_duration)((deadline - now + 999999) / 1000000));
-    nng_recv_aio(im->lsock, im->raio);
-    nng_aio_wait(im->raio);
-    int rv = nng_aio_result(im->raio);
-    if (rv == 0) {
-        *m = nng_aio_get_msg(im->raio);
-        nng_aio_set_msg(im->raio, NULL);
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                          .tv_nsec = (long)(deadline % 1000000000u)};
+    int rv = 0;
+    pthread_mutex_lock(&im->rmu);
+    while (!im->rq_n && !im->rerr) {
+        if (sh__coll_net_now_ns() >= deadline ||
+            pthread_cond_timedwait(&im->rcv, &im->rmu, &ts) == ETIMEDOUT) {
+            if (!im->rq_n && !im->rerr)
+                rv = NNG_ETIMEDOUT;
+            if (rv)
+                break;
+        }
     }
+    if (!rv && im->rq_n) {
+        *m = im->rq[im->rq_head];
+        im->rq_head = (im->rq_head + 1) % im->rq_cap;
+        im->rq_n--;
+    } else if (!rv) {
+        rv = im->rerr;
+    }
+    pthread_mutex_unlock(&im->rmu);
     return rv;
 }
 
@@ -374,7 +575,10 @@ void sh__coll_net_stash_purge(net *im)
     for (size_t i = 0; i < im->n_stash; i++) {
         if (im->stash[i].h.seq < im->c->seq) {
             im->stash_bytes -= nng_msg_len(im->stash[i].m);
-            sh__coll_net_drop(im, im->stash[i].m, DROP_OLD, im->stash[i].h.src);
+            if (im->stash[i].h.resent) /* a frame asked for again that came twice */
+                nng_msg_free(im->stash[i].m);
+            else
+                sh__coll_net_drop(im, im->stash[i].m, DROP_OLD, im->stash[i].h.src);
         } else {
             im->stash[k++] = im->stash[i];
         }
@@ -382,16 +586,30 @@ void sh__coll_net_stash_purge(net *im)
     im->n_stash = k;
 }
 
-/* The next frame of the current call of `type` from rank src: from the stash, else from the
+/* Whether h is the frame take waits for: of the current call, of `type`, from src, at index
+ * (or one that cannot be: another op, size or broadcast root, for expect to refuse). */
+static bool wanted(const net *im, const sh__coll_net_hdr *h, uint8_t type, int32_t src,
+                   uint32_t index)
+{
+    if (h->seq != im->c->seq || h->type != type || h->src != src)
+        return false;
+    if (h->index == index || h->op != im->op || h->total != im->total)
+        return true;
+    return im->op == SH__COLL_OP_BROADCAST && h->index >> 24 != index >> 24;
+}
+
+/* The frame (type, index) of the current call from rank src: from the stash, else from the
  * socket until deadline. Other frames of this call and of the next AHEAD calls are stashed;
- * the rest are dropped. SH_ETIMEDOUT names src and `what`; SH_EIO when the socket fails. */
-sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, const char *what,
-                         nng_msg **out, sh__coll_net_hdr *h, sh_error *e)
+ * the rest are dropped. When src has been silent NACK_FIRST_NS (then twice as long, up to
+ * NACK_MAX_NS), the frame is asked for again: it may have been lost. SH_ETIMEDOUT names src
+ * and `what`; SH_ECLOSED when src's connection closed; SH_EIO when the socket fails. */
+sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint32_t index, uint64_t deadline,
+                         const char *what, nng_msg **out, sh__coll_net_hdr *h, sh_error *e)
 {
     sh_coll *c = im->c;
     for (size_t i = 0; i < im->n_stash; i++) {
         stashed *s = &im->stash[i];
-        if (s->h.seq == c->seq && s->h.type == type && s->h.src == src) {
+        if (wanted(im, &s->h, type, src, index)) {
             *out = s->m;
             *h = s->h;
             im->stash_bytes -= nng_msg_len(s->m);
@@ -403,6 +621,7 @@ sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, 
     /* The wait goes in slices of LOST_POLL_MS, to notice src's connection closing; then what
      * src sent before it closed has LOST_GRACE_MS to be read before the call fails. */
     bool lost = false;
+    uint64_t gap = NACK_FIRST_NS, nack_at = sh__coll_net_now_ns() + gap;
     for (;;) {
         nng_msg *m;
         uint64_t now = sh__coll_net_now_ns(), slice = now + LOST_POLL_MS * 1000000u;
@@ -411,6 +630,13 @@ sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, 
             if (deadline > now + LOST_GRACE_MS * 1000000u)
                 deadline = now + LOST_GRACE_MS * 1000000u;
         }
+        if (!lost && now >= nack_at) {
+            nack(im, src, type, index);
+            gap = gap * 2 < NACK_MAX_NS ? gap * 2 : NACK_MAX_NS;
+            nack_at = now + gap;
+        }
+        if (slice > nack_at)
+            slice = nack_at;
         int rv = sh__coll_net_recv_one(im, slice < deadline ? slice : deadline, &m);
         if (rv == NNG_ETIMEDOUT && sh__coll_net_now_ns() < deadline)
             continue;
@@ -430,6 +656,10 @@ sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, 
                                  nng_strerror(rv));
         if (!sh__coll_net_frame_check(im, m, h))
             continue;
+        if (h->src == src) { /* src is not silent: a lost frame shows as silence */
+            gap = NACK_FIRST_NS;
+            nack_at = sh__coll_net_now_ns() + gap;
+        }
         if (h->type == SH__COLL_NET_HELLO && payload_len(m) == NONCE) {
             /* A peer still in create (its first HELLO went to this rank's previous incarnation,
              * or its PROOF from here was lost): answer it as create does. */
@@ -439,19 +669,22 @@ sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, 
                 return rc;
             continue;
         }
-        if (h->type < SH__COLL_NET_DATA) { /* a late PROOF: this rank has joined already */
-            nng_msg_free(m);
+        if (h->type < SH__COLL_NET_DATA || h->type > SH__COLL_NET_ACK) {
+            nng_msg_free(m); /* a late PROOF: this rank has joined already */
             continue;
         }
         if (h->seq < c->seq) {
-            sh__coll_net_drop(im, m, DROP_OLD, h->src);
+            if (h->resent) /* asked for, then found in the queue: not a stray */
+                nng_msg_free(m);
+            else
+                sh__coll_net_drop(im, m, DROP_OLD, h->src);
             continue;
         }
         if (h->seq > c->seq + AHEAD) {
             sh__coll_net_drop(im, m, DROP_AHEAD, h->src);
             continue;
         }
-        if (h->seq == c->seq && h->type == type && h->src == src) {
+        if (wanted(im, h, type, src, index)) {
             *out = m;
             return SH_OK;
         }
@@ -498,7 +731,7 @@ sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t o
 {
     char what[64];
     snprintf(what, sizeof what, "segment %#x of %s", (unsigned)index, sh__coll_net_op_name(op));
-    sh_err rc = sh__coll_net_take(im, SH__COLL_NET_DATA, src, deadline, what, m, h, e);
+    sh_err rc = sh__coll_net_take(im, SH__COLL_NET_DATA, src, index, deadline, what, m, h, e);
     if (rc)
         return rc;
     rc = sh__coll_net_expect(im, *m, h, op, total, index, count, plen, e);
@@ -544,17 +777,21 @@ static void net_free(net *im)
         nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
         nng_close(im->lsock);
     }
+    if (im->raio)
+        nng_aio_stop(im->raio); /* no recv_cb (nor resend) runs after this */
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
-        if (!l->sock_open)
+        if (!l->im) /* never set up */
             continue;
         pthread_mutex_lock(&l->mu);
         l->closed = true;
         pthread_mutex_unlock(&l->mu);
-        /* No pipe event after this point may reach l, which is freed below. */
-        nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
-        nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
-        nng_close(l->sock); /* fails the send in flight at once */
+        if (l->sock_open) {
+            /* No pipe event after this point may reach l, which is freed below. */
+            nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+            nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+            nng_close(l->sock); /* fails the send in flight at once */
+        }
         if (l->aio)
             nng_aio_free(l->aio); /* waits for its callback */
         for (size_t i = 0; i < l->n; i++)
@@ -565,6 +802,15 @@ static void net_free(net *im)
     }
     if (im->raio)
         nng_aio_free(im->raio);
+    for (size_t i = 0; i < im->rq_n; i++)
+        nng_msg_free(im->rq[(im->rq_head + i) % im->rq_cap]);
+    free(im->rq);
+    for (size_t i = 0; i < im->n_kept; i++)
+        nng_msg_free(im->kept[i].m);
+    free(im->kept);
+    pthread_cond_destroy(&im->rcv);
+    pthread_mutex_destroy(&im->rmu);
+    pthread_mutex_destroy(&im->kmu);
     for (size_t i = 0; i < im->n_stash; i++)
         nng_msg_free(im->stash[i].m);
     for (size_t i = 0; i < im->n_pool; i++)
@@ -621,6 +867,26 @@ static sh_err check_urls(const sh_coll_opts *o, sh_error *e)
     return SH_OK;
 }
 
+/* Opens rank p's link (its push socket, dialling p's URL); its mutex, condition and aio exist. */
+static sh_err link_open(net *im, int32_t p, sh_error *e)
+{
+    sh_coll *c = im->c;
+    peer_link *l = &im->links[p];
+    int rv;
+    if ((rv = nng_push0_open(&l->sock)) != 0)
+        return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
+                             (int)c->rank, nng_strerror(rv));
+    l->sock_open = true;
+    if ((rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
+        (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
+        (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
+        (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
+        (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
+        return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s", (int)c->rank,
+                             (int)p, im->urls[p], nng_strerror(rv));
+    return SH_OK;
+}
+
 /* Opens the listener and the links to every peer. */
 static sh_err open_sockets(net *im, sh_error *e)
 {
@@ -633,31 +899,62 @@ static sh_err open_sockets(net *im, sh_error *e)
     im->lopen = true;
     if ((rv = nng_socket_set_size(im->lsock, NNG_OPT_RECVMAXSZ, RECV_MAX)) != 0 ||
         (rv = nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, listener_pipe_cb, im)) != 0 ||
-        (rv = nng_aio_alloc(&im->raio, NULL, NULL)) != 0 ||
+        (rv = nng_aio_alloc(&im->raio, recv_cb, im)) != 0 ||
         (rv = nng_listen(im->lsock, url, &im->listener, 0)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s: %s", (int)c->rank, url,
                              nng_strerror(rv));
+    nng_recv_aio(im->lsock, im->raio);
     for (int32_t p = 0; p < c->size; p++) {
         if (p == c->rank)
             continue;
         peer_link *l = &im->links[p];
         l->im = im;
-        if ((rv = nng_push0_open(&l->sock)) != 0)
-            return sh__error_set(e, SH_EIO, "coll: rank %d: cannot open a push socket: %s",
-                                 (int)c->rank, nng_strerror(rv));
         pthread_mutex_init(&l->mu, NULL);
         pthread_cond_init(&l->idle, NULL);
-        l->sock_open = true;
-        if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0 ||
-            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, link_pipe_cb, l)) != 0 ||
-            (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
-            (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
-            (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
-            (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
-            return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s",
-                                 (int)c->rank, (int)p, im->urls[p], nng_strerror(rv));
+        if ((rv = nng_aio_alloc(&l->aio, send_cb, l)) != 0)
+            return sh__error_set(e, SH_EIO, "coll: rank %d: cannot allocate an aio: %s",
+                                 (int)c->rank, nng_strerror(rv));
+        sh_err rc = link_open(im, p, e);
+        if (rc)
+            return rc;
     }
     return SH_OK;
+}
+
+/* Closes this rank's listener and listens again on its URL (create only, before any peer has
+ * joined over it): with NNG 1.5.2 a listener can stop taking connections after one from a peer's
+ * previous incarnation (see sh__coll_net_join). */
+sh_err sh__coll_net_relisten(net *im, sh_error *e)
+{
+    const char *url = im->urls[im->c->rank];
+    nng_listener_close(im->listener);
+    int rv = nng_listen(im->lsock, url, &im->listener, 0);
+    if (rv)
+        return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s again: %s",
+                             (int)im->c->rank, url, nng_strerror(rv));
+    return SH_OK;
+}
+
+sh_err sh__coll_net_redial(net *im, int32_t p, sh_error *e)
+{
+    peer_link *l = &im->links[p];
+    pthread_mutex_lock(&l->mu);
+    l->closed = true;
+    pthread_mutex_unlock(&l->mu);
+    nng_pipe_notify(l->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+    nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+    nng_close(l->sock); /* fails the send in flight */
+    l->sock_open = false;
+    nng_aio_wait(l->aio);
+    pthread_mutex_lock(&l->mu);
+    for (size_t i = 0; i < l->n; i++)
+        nng_msg_free(l->q[(l->head + i) % l->cap]);
+    l->head = l->n = 0;
+    l->closed = l->sending = false;
+    l->pipes = 0;
+    l->err = 0;
+    pthread_mutex_unlock(&l->mu);
+    return link_open(im, p, e);
 }
 
 sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
@@ -676,6 +973,15 @@ sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
         return sh__coll_net_oom(e);
     im->c = c;
     im->cmp = o->compress;
+    im->fault = o->fault;
+    im->fault_ud = o->fault_ud;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&im->rcv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&im->rmu, NULL);
+    pthread_mutex_init(&im->kmu, NULL);
     size_t n = (size_t)c->size;
     size_t slot = c->max_bytes < ONESHOT_MAX ? c->max_bytes : ONESHOT_MAX;
     im->urls = calloc(n, sizeof *im->urls);
@@ -716,4 +1022,12 @@ uint64_t sh__coll_net_dropped(const sh_coll *c)
 {
     net *im = c->impl;
     return atomic_load_explicit(&im->dropped, memory_order_relaxed);
+}
+
+void sh__coll_net_resends(const sh_coll *c, uint64_t *nacks, uint64_t *resent, uint64_t *bytes)
+{
+    net *im = c->impl;
+    *nacks = atomic_load_explicit(&im->nacks, memory_order_relaxed);
+    *resent = atomic_load_explicit(&im->resent, memory_order_relaxed);
+    *bytes = atomic_load_explicit(&im->recovery_bytes, memory_order_relaxed);
 }

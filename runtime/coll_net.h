@@ -2,6 +2,7 @@
 #ifndef SH_RUNTIME_COLL_NET_H
 #define SH_RUNTIME_COLL_NET_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,10 +28,17 @@ typedef enum sh__coll_net_type {
     SH__COLL_NET_PROOF,     /* join: payload = the echoed nonce | HMAC (32 bytes each) */
     SH__COLL_NET_DATA,      /* a contribution, a partial sum or a result */
     SH__COLL_NET_ACK,       /* a broadcast's receipt, sent to the root */
+    SH__COLL_NET_NACK,      /* a resend request: seq and index of the frame wanted, its type in
+                               count; no payload */
 } sh__coll_net_type;
 
+/* A frame sent again on a NACK has SH__COLL_NET_RESENT set in its type byte (a duplicate of one
+ * the receiver has already taken is then let go without being counted as dropped). */
+#define SH__COLL_NET_RESENT 0x80u
+
 typedef struct sh__coll_net_hdr {
-    uint8_t type, op, compress;
+    uint8_t type, op, compress; /* type without SH__COLL_NET_RESENT */
+    bool resent;                /* SH__COLL_NET_RESENT was set */
     uint32_t epoch;
     uint16_t src, size;
     uint64_t seq, total;
@@ -58,5 +66,10 @@ void sh__coll_net_decode(sh_coll_compress cmp, const uint8_t *in, size_t n, floa
 /* Frames this handle dropped (bad CRC, epoch, sequence, an unproved link, a full stash, a bad
  * join proof) since create: for the tests. */
 uint64_t sh__coll_net_dropped(const sh_coll *c);
+
+/* Resend requests this handle sent (a frame it waited for did not come), frames it sent again
+ * when asked, and the bytes of both (counted in bytes_wire too), since create: for the tests.
+ * A frame can be sent again when it was not lost (the request crossed it, or it was slow). */
+void sh__coll_net_resends(const sh_coll *c, uint64_t *nacks, uint64_t *resent, uint64_t *bytes);
 
 #endif

@@ -26,11 +26,14 @@
 
 static int32_t mod(int64_t a, int32_t n) { return (int32_t)(((a % n) + n) % n); }
 
-/* Starts a call: its op, its deadline, and a stash without the older calls' leftovers. */
-static uint64_t call_begin(net *im, uint8_t op)
+/* Starts a call: its op and size, its deadline, a stash without the older calls' leftovers, and
+ * the frames kept for resending without those of calls no peer can still wait for. */
+static uint64_t call_begin(net *im, uint8_t op, uint64_t total)
 {
     im->op = op;
+    im->total = total;
     sh__coll_net_stash_purge(im);
+    sh__coll_net_kept_prune(im);
     return sh__coll_net_now_ns() + (uint64_t)im->c->timeout_ms * 1000000u;
 }
 
@@ -158,7 +161,7 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
 sh_err sh__coll_net_algo_allreduce(sh_coll *c, float *buf, size_t n, sh_error *e)
 {
     net *im = c->impl;
-    uint64_t deadline = call_begin(im, SH__COLL_OP_ALLREDUCE);
+    uint64_t deadline = call_begin(im, SH__COLL_OP_ALLREDUCE, n);
     if (n * sizeof(float) <= ONESHOT_MAX)
         return allreduce_oneshot(im, buf, n, deadline, e);
     return allreduce_ring(im, buf, n, deadline, e);
@@ -183,7 +186,7 @@ sh_err sh__coll_net_algo_allgather(sh_coll *c, const void *in, size_t bytes, voi
     net *im = c->impl;
     const uint8_t op = SH__COLL_OP_ALLGATHER;
     const int32_t r = c->rank, N = c->size, S = N - 1, right = mod(r + 1, N), left = mod(r - 1, N);
-    uint64_t deadline = call_begin(im, op);
+    uint64_t deadline = call_begin(im, op, bytes);
     uint8_t *o8 = out;
     sh_err rc = SH_OK;
     if (bytes <= ONESHOT_MAX) { /* direct */
@@ -246,7 +249,7 @@ sh_err sh__coll_net_algo_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t 
     net *im = c->impl;
     const uint8_t op = SH__COLL_OP_BROADCAST;
     const int32_t r = c->rank, N = c->size;
-    uint64_t deadline = call_begin(im, op);
+    uint64_t deadline = call_begin(im, op, bytes);
     uint8_t *b8 = buf;
     sh_err rc = SH_OK;
     nng_msg *m;
@@ -257,8 +260,8 @@ sh_err sh__coll_net_algo_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t 
             for (int32_t p = 0; p < N && !rc; p++) {
                 if (p == r)
                     continue;
-                rc = sh__coll_net_take(im, SH__COLL_NET_ACK, p, deadline, "its acknowledgement", &m,
-                                       &h, e);
+                rc = sh__coll_net_take(im, SH__COLL_NET_ACK, p, bcast_index(root, 0), deadline,
+                                       "its acknowledgement", &m, &h, e);
                 if (rc)
                     break;
                 rc = sh__coll_net_expect(im, m, &h, op, bytes, bcast_index(root, 0), 0, 0, e);
@@ -303,8 +306,8 @@ sh_err sh__coll_net_algo_broadcast(sh_coll *c, void *buf, size_t bytes, int32_t 
     if (rc)
         return rc;
     if (r == root) {
-        rc = sh__coll_net_take(im, SH__COLL_NET_ACK, prev, deadline, "the chain's acknowledgement",
-                               &m, &h, e);
+        rc = sh__coll_net_take(im, SH__COLL_NET_ACK, prev, bcast_index(root, 0), deadline,
+                               "the chain's acknowledgement", &m, &h, e);
         if (rc)
             return rc;
         rc = sh__coll_net_expect(im, m, &h, op, bytes, bcast_index(root, 0), 0, 0, e);

@@ -29,6 +29,11 @@
 #define LOST_POLL_MS 50u         /* see take */
 #define LOST_GRACE_MS 50u
 #define LINGER_MS 500 /* destroy's wait for frames still queued */
+/* take asks for a frame again after its sender has been silent NACK_FIRST_NS, the gap doubling
+ * up to NACK_MAX_NS. */
+#define NACK_FIRST_NS 5000000u
+#define NACK_MAX_NS 100000000u
+#define REDIAL_NS 300000000u /* see sh__coll_net_join */
 #define JOIN_TAG "shoal coll join v1"
 
 /* One peer's outgoing link: a push socket and the queue its aio drains. */
@@ -47,6 +52,16 @@ typedef struct peer_link {
     int err;   /* the first failed send's NNG code, 0 when none */
 } peer_link;
 
+/* A frame this rank sent in one of its last AHEAD + 1 calls, kept to send again on a NACK. */
+typedef struct kept {
+    nng_msg *m;
+    uint64_t seq;
+    uint64_t at_ns; /* when it was posted */
+    int32_t dst;
+    uint32_t index;
+    uint8_t type;
+} kept;
+
 typedef struct stashed {
     nng_msg *m;
     sh__coll_net_hdr h;
@@ -64,17 +79,30 @@ typedef struct net {
     nng_socket lsock;
     nng_listener listener;
     bool lopen;
-    nng_aio *raio;
-    peer_link *links;          /* (size); links[rank] unused */
-    _Atomic uint32_t *pipe_of; /* (size) the pipe each rank's join PROOF came by */
-    _Atomic uint64_t lost;     /* ranks whose pipe_of connection has closed (listener_pipe_cb) */
+    nng_aio *raio; /* the listener's receive, always pending (recv_cb) */
+    sh_coll_fault_fn fault;
+    void *fault_ud;
+    pthread_mutex_t rmu; /* the received frames' queue, filled by recv_cb */
+    pthread_cond_t rcv;
+    nng_msg **rq; /* (rq_cap) ring */
+    size_t rq_head, rq_n, rq_cap;
+    int rerr;            /* the receive's failure (NNG code), 0 while it works */
+    pthread_mutex_t kmu; /* kept frames, read by recv_cb on a NACK */
+    kept *kept;          /* (n_kept, cap_kept) */
+    size_t n_kept, cap_kept;
+    _Atomic uint64_t nacks, resent;  /* asked for again, sent again */
+    _Atomic uint64_t recovery_bytes; /* of the NACKs and frames sent again (in bytes_wire too) */
+    peer_link *links;                /* (size); links[rank] unused */
+    _Atomic uint32_t *pipe_of;       /* (size) the pipe each rank's join PROOF came by */
+    _Atomic uint64_t lost; /* ranks whose pipe_of connection has closed (listener_pipe_cb) */
     uint8_t nonce[NONCE];
     stashed *stash; /* (n_stash) in arrival order */
     size_t n_stash, stash_bytes, stash_cap_bytes;
     float *slots;             /* (size, ONESHOT_MAX / 4) one-shot contributions */
     nng_msg *pool[POOL_MSGS]; /* (n_pool) received frames kept to send the next ones in */
     size_t n_pool, pool_bytes;
-    uint8_t op; /* the current call's */
+    uint8_t op;     /* the current call's */
+    uint64_t total; /* the current call's element count (as in its frames' headers) */
     sh__log lg;
     _Atomic uint64_t dropped;
     uint32_t logged;      /* drop reasons already logged */
@@ -112,14 +140,24 @@ int sh__coll_net_recv_one(net *im, uint64_t deadline, nng_msg **m);
 bool sh__coll_net_frame_check(net *im, nng_msg *m, sh__coll_net_hdr *h);
 void sh__coll_net_stash_put(net *im, nng_msg *m, const sh__coll_net_hdr *h);
 void sh__coll_net_stash_purge(net *im);
-sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint64_t deadline, const char *what,
-                         nng_msg **out, sh__coll_net_hdr *h, sh_error *e);
+sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint32_t index, uint64_t deadline,
+                         const char *what, nng_msg **out, sh__coll_net_hdr *h, sh_error *e);
+/* Frees the kept frames of calls more than AHEAD before the current one (at the start of a
+ * call): a peer can be a few calls behind (a direct broadcast's receivers wait for the root
+ * only), never more than the stash lets it be. */
+void sh__coll_net_kept_prune(net *im);
 sh_err sh__coll_net_expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8_t op,
                            uint64_t total, uint32_t index, uint32_t count, size_t plen,
                            sh_error *e);
 sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t op, uint64_t total,
                               uint32_t index, uint32_t count, size_t plen, nng_msg **m,
                               sh__coll_net_hdr *h, sh_error *e);
+
+/* coll_net.c: closes this rank's listener and listens again (see the definition). */
+sh_err sh__coll_net_relisten(net *im, sh_error *e);
+
+/* coll_net.c: closes rank p's link and opens a fresh one (create only; see sh__coll_net_join). */
+sh_err sh__coll_net_redial(net *im, int32_t p, sh_error *e);
 
 /* coll_net_join.c: a HELLO or PROOF to dst, and create's wait for every rank. */
 sh_err sh__coll_net_join_send(net *im, uint8_t type, int32_t dst, const uint8_t *nonce,

@@ -70,11 +70,25 @@ static void list_ranks(net *im, uint64_t mask, char *buf, size_t cap)
                 (size_t)snprintf(buf + k, cap - k, "%s%d (%s)", k ? ", " : "", (int)p, im->urls[p]);
 }
 
-/* Waits until every rank has proved itself (HELLO out, PROOF back), answering their HELLOs. */
+/* Waits until every rank has proved itself (HELLO out, PROOF back), answering their HELLOs.
+ *
+ * Re-creating a group at once on the same URLs (the stage does after a failure) meets two faults
+ * of NNG 1.5.2: a connection this rank's new link made just as the peer's previous incarnation
+ * closed its listener can stay accepted but never read (push0 keeps sending into it), and this
+ * rank's new listener can stop taking connections. So, while create waits: a link is opened
+ * afresh (sh__coll_net_redial) when the peer cannot have joined over it yet, i.e. the peer still
+ * says HELLO REDIAL_NS after this rank first answered it (the PROOFs do not get through), or
+ * nothing came from the peer for 2 * REDIAL_NS; and while no peer has joined, the listener is
+ * opened afresh (sh__coll_net_relisten) when a peer whose link is up has not been heard from for
+ * 2 * REDIAL_NS. test_coll_net's recreate case forms 50 groups in a row on the same URLs. */
 sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
 {
     sh_coll *c = im->c;
     uint64_t all = c->size == 64 ? ~0ull : (1ull << c->size) - 1, joined = 1ull << c->rank;
+    uint64_t answered[SH_COLL_MAX_RANKS] = {0}, heard[SH_COLL_MAX_RANKS] = {0};
+    uint64_t dialed[SH_COLL_MAX_RANKS], listened = sh__coll_net_now_ns();
+    for (int32_t p = 0; p < c->size; p++)
+        dialed[p] = sh__coll_net_now_ns();
     for (int32_t p = 0; p < c->size; p++) {
         if (p == c->rank)
             continue;
@@ -94,6 +108,13 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
             for (int32_t p = 0; p < c->size; p++) {
                 if (joined >> p & 1u)
                     continue;
+                uint64_t now = sh__coll_net_now_ns();
+                if (!heard[p] && now - dialed[p] > 2ull * REDIAL_NS) {
+                    sh_err rc = sh__coll_net_redial(im, p, e);
+                    if (rc)
+                        return rc;
+                    dialed[p] = now;
+                }
                 pthread_mutex_lock(&im->links[p].mu);
                 bool busy = im->links[p].sending;
                 pthread_mutex_unlock(&im->links[p].mu);
@@ -101,6 +122,24 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
                     busy ? SH_OK : sh__coll_net_join_send(im, SH__COLL_NET_HELLO, p, im->nonce, e);
                 if (rc)
                     return rc;
+            }
+            /* Our listener may be wedged (no peer's connection gets through): a peer we have
+             * not heard from for 2 * REDIAL_NS though our link to it is up. Listening afresh is
+             * safe while no peer has joined over it. */
+            uint64_t now = sh__coll_net_now_ns();
+            bool wedged = false;
+            for (int32_t p = 0; p < c->size; p++) {
+                if (p == c->rank || heard[p] || now - listened < 2ull * REDIAL_NS)
+                    continue;
+                pthread_mutex_lock(&im->links[p].mu);
+                wedged |= im->links[p].pipes > 0;
+                pthread_mutex_unlock(&im->links[p].mu);
+            }
+            if (wedged && joined == 1ull << c->rank) {
+                sh_err rc = sh__coll_net_relisten(im, e);
+                if (rc)
+                    return rc;
+                listened = now;
             }
             resend = sh__coll_net_now_ns() + HELLO_EVERY_NS;
             continue;
@@ -130,6 +169,21 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
             im->other_epoch++;
         if (h.type == SH__COLL_NET_HELLO && h.epoch == c->epoch && h.src < c->size &&
             h.src != c->rank && payload_len(m) == NONCE) {
+            uint64_t now = sh__coll_net_now_ns();
+            heard[h.src] = now;
+            if (!answered[h.src]) {
+                answered[h.src] = now;
+            } else if (now - answered[h.src] > REDIAL_NS) { /* our PROOFs do not get through */
+                sh_err rc = sh__coll_net_redial(im, h.src, e);
+                if (!rc && !(joined >> h.src & 1u))
+                    rc = sh__coll_net_join_send(im, SH__COLL_NET_HELLO, h.src, im->nonce, e);
+                if (rc) {
+                    nng_msg_free(m);
+                    return rc;
+                }
+                answered[h.src] = now;
+                dialed[h.src] = now;
+            }
             sh_err rc = sh__coll_net_join_send(im, SH__COLL_NET_PROOF, h.src, payload(m), e);
             nng_msg_free(m);
             if (rc)

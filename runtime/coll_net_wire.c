@@ -40,7 +40,7 @@ void sh__coll_net_seal(const sh__coll_net_hdr *h, uint8_t *frame, size_t plen)
 {
     put32(frame, SH__COLL_NET_MAGIC);
     frame[4] = SH__COLL_NET_VERSION;
-    frame[5] = h->type;
+    frame[5] = (uint8_t)(h->type | (h->resent ? SH__COLL_NET_RESENT : 0u));
     frame[6] = h->op;
     frame[7] = h->compress;
     put32(frame + 8, h->epoch);
@@ -63,7 +63,8 @@ bool sh__coll_net_open(const uint8_t *frame, size_t len, sh__coll_net_hdr *h)
     crc = sh__crc32c(crc, frame + SH__COLL_NET_HDR, len - SH__COLL_NET_HDR);
     if (crc != get32(frame + 40))
         return false;
-    h->type = frame[5];
+    h->type = frame[5] & (uint8_t)~SH__COLL_NET_RESENT;
+    h->resent = (frame[5] & SH__COLL_NET_RESENT) != 0;
     h->op = frame[6];
     h->compress = frame[7];
     h->epoch = get32(frame + 8);

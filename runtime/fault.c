@@ -59,8 +59,17 @@ struct sh_fault {
     _Atomic int busy; /* threads inside a hook; destroy waits for zero */
     sh_fault_stats st;
     sh_transport_hooks hooks;
-    sh__fault_agent *agent; /* fault_agent.c; NULL until spawned */
+    sh__fault_agent *agent;    /* fault_agent.c; NULL until spawned */
+    struct sh_fault *reg_next; /* the layers of every runtime (sh__fault_decide_rt) */
 };
+
+/* Every live layer, for the frames that leave a node outside its transport (sh__fault_decide_rt):
+ * a layer is listed by create and unlisted by destroy before it is freed. */
+static uv_once_t reg_once = UV_ONCE_INIT;
+static uv_mutex_t reg_mu;
+static sh_fault *reg_head;
+
+static void reg_init(void) { uv_mutex_init(&reg_mu); }
 
 static uint64_t mono_ms(void)
 {
@@ -507,6 +516,63 @@ static sh_send_verdict filter(void *ctx, sh_msg *m)
     return v;
 }
 
+uint32_t sh_fault_decide(sh_fault *f, uint32_t to, uint32_t type)
+{
+    if (to == f->self || atomic_load_explicit(&f->n_active, memory_order_relaxed) == 0)
+        return 0;
+    sh_fault_decision d = {.from = f->self, .to = to, .type = type};
+    bool matched = false;
+    uv_mutex_lock(&f->mu);
+    expire_locked(f, mono_ms());
+    flink *l = link_get(f, to);
+    f->st.seen++;
+    if (l) {
+        d.seq = l->seq++;
+        for (size_t i = 0; i < f->n_rules; i++) {
+            const sh_fault_rule *r = &f->rules[i].r;
+            if (!rule_matches(r, f->self, to, type))
+                continue;
+            matched = true;
+            if (r->count && ++f->rules[i].matched == r->count)
+                f->rules[i].expires_ms = 1;
+            if (r->action == SH_FAULT_ACTION_PARTITION) {
+                d.actions |= 1u << SH_FAULT_ACTION_PARTITION;
+                continue;
+            }
+            if (next_unit(l) < r->p) { /* one draw per matching rule, as filter */
+                d.actions |= 1u << r->action;
+                if (r->action == SH_FAULT_ACTION_DELAY && r->delay_ms > d.delay_ms)
+                    d.delay_ms = r->delay_ms;
+            }
+        }
+    }
+    uint32_t a = d.actions;
+    if (a & (1u << SH_FAULT_ACTION_PARTITION))
+        f->st.partitioned++;
+    else if (a & (1u << SH_FAULT_ACTION_DROP))
+        f->st.dropped++;
+    else if (a & (1u << SH_FAULT_ACTION_CORRUPT))
+        f->st.corrupted++;
+    else if (a & (1u << SH_FAULT_ACTION_DUPLICATE))
+        f->st.duplicated++;
+    if (matched && f->log_fn)
+        f->log_fn(f->log_ud, &d);
+    uv_mutex_unlock(&f->mu);
+    return a;
+}
+
+uint32_t sh__fault_decide_rt(sh_runtime *rt, uint32_t to, uint32_t type)
+{
+    uint32_t a = 0;
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    for (sh_fault *f = reg_head; f; f = f->reg_next)
+        if (f->rt == rt)
+            a |= sh_fault_decide(f, to, type);
+    uv_mutex_unlock(&reg_mu);
+    return a;
+}
+
 /* ---- Lifecycle -------------------------------------------------------------------------- */
 
 sh_err sh_fault_create(sh_runtime *rt, const sh_fault_opts *opts, sh_fault **out, sh_error *e)
@@ -558,6 +624,11 @@ sh_err sh_fault_create(sh_runtime *rt, const sh_fault_opts *opts, sh_fault **out
         return rv ? sh__error_set(e, SH_EIO, "fault: timer thread: %s", uv_strerror(rv))
                   : sh__error_set(e, SH_ENOMEM, "fault: cannot install hooks");
     }
+    uv_once(&reg_once, reg_init);
+    uv_mutex_lock(&reg_mu);
+    f->reg_next = reg_head;
+    reg_head = f;
+    uv_mutex_unlock(&reg_mu);
     *out = f;
     return SH_OK;
 }
@@ -570,6 +641,13 @@ void sh_fault_destroy(sh_fault *f)
 {
     if (!f)
         return;
+    uv_mutex_lock(&reg_mu); /* listed: create ran reg_init */
+    for (sh_fault **p = &reg_head; *p; p = &(*p)->reg_next)
+        if (*p == f) {
+            *p = f->reg_next;
+            break;
+        }
+    uv_mutex_unlock(&reg_mu);
     sh__fault_agent_destroy(f->agent);
     sh_transport_set(f->rt, f->has_next ? &f->next : NULL);
     while (atomic_load(&f->busy) > 0) {

@@ -23,6 +23,10 @@ sh_err sh__fault_apply(sh_fault *f, bool clear, uint64_t seed, const sh_fault_ru
 
 sh_runtime *sh__fault_runtime(sh_fault *f);
 
+/* sh_fault_decide on every layer installed on rt (none: 0), for code that knows the runtime but
+ * not its layer (a stage's collectives, actors/stage.c). Any thread. */
+uint32_t sh__fault_decide_rt(sh_runtime *rt, uint32_t to, uint32_t type);
+
 /* Where the layer keeps its agent (NULL until spawned). */
 sh__fault_agent **sh__fault_agent_slot(sh_fault *f);
 

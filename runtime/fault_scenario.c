@@ -67,7 +67,7 @@ sh_err sh_fault_event_apply(const sh_fault_event *ev, sh_fault *const *layers, s
                                  (int)ev->line);
         return host->leak(host->ud, ev->from, ev->mb_per_s, ev->lasting_s);
     }
-    sh_fault_rule r = {.p = ev->p};
+    sh_fault_rule r = {.p = ev->p, .type = ev->type};
     sh_err err = node_set(ev->from, host, r.from, &r.n_from, e);
     if (!err)
         err = node_set(ev->to, host, r.to, &r.n_to, e);

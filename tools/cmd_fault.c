@@ -235,6 +235,14 @@ void sh__cmd_fault_stop(sh_cmd_fault *cf)
     if (cf->f) {
         uv_cond_destroy(&cf->cv);
         uv_mutex_destroy(&cf->mu);
+        sh_fault_stats st;
+        sh_fault_stats_get(cf->f, &st);
+        fprintf(stderr,
+                "shoal: fault layer: %llu messages seen, %llu dropped, %llu duplicated, "
+                "%llu delayed, %llu corrupted, %llu partitioned\n",
+                (unsigned long long)st.seen, (unsigned long long)st.dropped,
+                (unsigned long long)st.duplicated, (unsigned long long)st.delayed,
+                (unsigned long long)st.corrupted, (unsigned long long)st.partitioned);
     }
     sh_fault_destroy(cf->f);
     sh_scenario_destroy(cf->sc);

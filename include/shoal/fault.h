@@ -114,6 +114,16 @@ size_t sh_fault_rule_count(sh_fault *f);
 
 void sh_fault_stats_get(sh_fault *f, sh_fault_stats *out);
 
+/* The rule type (sh_fault_rule.type) of the frames of a tensor-parallel group's network
+ * collectives (runtime/coll.h's SH_COLL_NET), which leave the node outside its transport: a rule
+ * of this type applies to them alone; a rule of type 0 to them and to every message. */
+#define SH_FAULT_TYPE_COLL 255u
+
+/* Decides for one frame that leaves this node for node `to` outside the transport (the caller
+ * applies the outcome): draws from the link's generator and counts as filter does for a message
+ * of `type`, and returns the actions taken as bits (1 << sh_fault_action). Any thread. */
+uint32_t sh_fault_decide(sh_fault *f, uint32_t to, uint32_t type);
+
 /* Spawns the layer's agent on loop `loop` of its runtime (SH_ACTOR_LOOP_ANY allowed) and sets
  * *addr: an actor that takes FAULT messages (runtime/proto_table.h) from a chaos driver on any
  * node, so one process can steer the faults of a whole cluster. A FAULT applies as a whole or

@@ -49,6 +49,7 @@ SCENARIOS = {
     "leak": ("cluster-leak.lua", ["--max-tokens", "16"], "leak"),
     "kill-rank": ("cluster-tp.lua", ["--max-tokens", "32"], "kill"),
     "stop-rank-2s": ("cluster-tp.lua", ["--max-tokens", "32"], "detect"),
+    "drop-coll-1pct": ("cluster-tp-net.lua", ["--max-tokens", "32"], "coll"),
 }
 
 # Scenarios that fail today for a reason outside `shoal chaos`, and who is on it.
@@ -213,6 +214,19 @@ def main():
                 assert e["detect_s"] is not None and e["recover_s"] is not None, summary
     if must == "detect":
         assert q["errors"] == 0, summary
+    if must == "coll":
+        # The group's network collective lost frames on both ranks and asked for them again: no
+        # request failed, no collective call failed (a step the group could not run would log
+        # tp_step_unanswered on the leader, stage_step_failed on w1). The group may still form
+        # anew after a pause of the replica (a heartbeat missed on a loaded machine).
+        assert q["errors"] == 0, summary
+        for w in ("w0", "w1"):
+            m = re.search(r"\[" + w + r"\] shoal: fault layer: \d+ messages seen, (\d+) dropped",
+                          text)
+            assert m and int(m.group(1)) > 0, f"{w} dropped nothing:\n" + text[-3000:]
+        bad = [ln for ln in text.splitlines() if re.search(
+            r"tp_step_unanswered|stage_step_failed|tensor-parallel group of \d+ ranks failed", ln)]
+        assert not bad, "\n".join(bad[:10])
     if must == "leak":
         # w1 passes its 150 MiB budget: drained, it exits 75, cluster up starts it again at once
         # and the front resumes the replica on the new process.

@@ -2,6 +2,7 @@
 #include <pthread.h>
 
 #include "lua/config.h"
+#include "runtime/fault_agent.h"
 #include "runtime/fault_scenario.h"
 #include "runtime/msg.h"
 #include "shoal/fault.h"
@@ -305,9 +306,50 @@ static void test_scenario(void)
     sh_scenario_destroy(s);
 }
 
+/* Frames outside the transport (a group's collectives): sh_fault_decide and the per-runtime
+ * lookup apply the rules of their type (SH_FAULT_TYPE_COLL) and of type 0, not the others; the
+ * nodes' messages are not hit by a SH_FAULT_TYPE_COLL rule. */
+static void test_decide(void)
+{
+    static capture c;
+    memset(&c, 0, sizeof c);
+    pthread_mutex_init(&c.mu, NULL);
+    test_rt t;
+    rt_start(&t, 1, 1, NULL);
+    sh_transport_hooks next = {.ctx = &c, .send_frame = cap_send};
+    sh_fault_opts o = {.seed = 7, .next = &next};
+    sh_fault *f = NULL;
+    CHECK_OK(sh_fault_create(t.rt, &o, &f, NULL));
+    CHECK_UINT_EQ(sh__fault_decide_rt(t.rt, 2, SH_FAULT_TYPE_COLL), 0); /* no rule */
+    sh_fault_rule drop = {
+        .action = SH_FAULT_ACTION_DROP, .p = 1, .to = {2}, .n_to = 1, .type = SH_FAULT_TYPE_COLL};
+    CHECK_OK(sh_fault_rule_add(f, &drop, NULL, NULL));
+    const uint32_t D = 1u << SH_FAULT_ACTION_DROP, U = 1u << SH_FAULT_ACTION_DUPLICATE;
+    CHECK_UINT_EQ(sh_fault_decide(f, 2, SH_FAULT_TYPE_COLL), D);
+    CHECK_UINT_EQ(sh__fault_decide_rt(t.rt, 2, SH_FAULT_TYPE_COLL), D);
+    CHECK_UINT_EQ(sh_fault_decide(f, 3, SH_FAULT_TYPE_COLL), 0); /* another link */
+    CHECK_UINT_EQ(sh_fault_decide(f, 2, SH_MSG_PING), 0);        /* another type */
+    for (uint32_t i = 0; i < 10; i++)                            /* the nodes' messages pass */
+        CHECK_OK(send_body(t.rt, 0, sh_addr_make(2, 1), 0, SH_MSG_PING, 1, i));
+    pthread_mutex_lock(&c.mu);
+    CHECK_UINT_EQ(c.n, 10);
+    pthread_mutex_unlock(&c.mu);
+    sh_fault_rule dup = {.action = SH_FAULT_ACTION_DUPLICATE, .p = 1, .to = {3}, .n_to = 1};
+    CHECK_OK(sh_fault_rule_add(f, &dup, NULL, NULL));
+    CHECK_UINT_EQ(sh_fault_decide(f, 3, SH_FAULT_TYPE_COLL), U); /* type 0: every frame */
+    sh_fault_stats st;
+    sh_fault_stats_get(f, &st);
+    CHECK_UINT_EQ(st.dropped, 2);
+    CHECK_UINT_EQ(st.duplicated, 1);
+    sh_fault_destroy(f);
+    CHECK_UINT_EQ(sh__fault_decide_rt(t.rt, 2, SH_FAULT_TYPE_COLL), 0); /* unlisted */
+    rt_finish(&t);
+    pthread_mutex_destroy(&c.mu);
+}
+
 static const sh_test_case tests[] = {
-    {"determinism", test_determinism}, {"delay", test_delay}, {"partition", test_partition},
-    {"scenario", test_scenario},       {NULL, NULL},
+    {"determinism", test_determinism}, {"delay", test_delay},   {"partition", test_partition},
+    {"scenario", test_scenario},       {"decide", test_decide}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }

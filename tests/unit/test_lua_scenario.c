@@ -82,6 +82,17 @@ static void test_order(void)
     CHECK_STR_EQ(s->events[3].from, "x");
     CHECK_STR_EQ(s->events[3].to, "*");
     sh_scenario_destroy(s);
+    /* coll = true: the rule hits a group's collective frames alone. */
+    CHECK_OK(load("at(1, drop { link = 'a->b', p = 0.01, coll = true })\n"
+                  "at(2, duplicate { link = 'b->a', coll = true })\nat(3, drop { coll = false })\n",
+                  &s, &e));
+    if (!s)
+        return;
+    CHECK_INT_EQ(s->n_events, 3);
+    CHECK_UINT_EQ(s->events[0].type, SH_FAULT_TYPE_COLL);
+    CHECK_UINT_EQ(s->events[1].type, SH_FAULT_TYPE_COLL);
+    CHECK_UINT_EQ(s->events[2].type, 0);
+    sh_scenario_destroy(s);
     CHECK_OK(load("-- nothing happens", &s, &e));
     CHECK_INT_EQ(s ? s->n_events : 99, 0);
     sh_scenario_destroy(s);
@@ -92,6 +103,8 @@ static const struct bad_case {
     const char *text;
 } bad_cases[] = {
     {"at(1, drop { link = '*', p = 2 })", "chaos.lua:1: drop: field 'p' must be >= 0"},
+    {"at(1, delay { link = '*', ms = 5, coll = true })", "delay: unknown key 'coll'"},
+    {"at(1, drop { coll = 'yes' })", "field 'coll' must be a boolean"},
     {"\nat(1, drop { lnk = '*' })", "chaos.lua:2: drop: unknown key 'lnk'"},
     {"at(1, delay { from = 'a', to = 'b' })", "chaos.lua:1: delay: missing required field 'ms'"},
     {"at(1, delay { from = 'a', ms = '5' })", "field 'ms' must be a number, got string"},
