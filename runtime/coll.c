@@ -17,6 +17,22 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+const char *sh__coll_op_name(uint32_t op)
+{
+    switch (op) {
+    case 0:
+        return "no call";
+    case SH__COLL_OP_ALLREDUCE:
+        return "all-reduce";
+    case SH__COLL_OP_ALLGATHER:
+        return "all-gather";
+    case SH__COLL_OP_BROADCAST:
+        return "broadcast";
+    default:
+        return "an unknown collective";
+    }
+}
+
 sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e)
 {
     if (!out)

@@ -37,6 +37,10 @@ struct sh_coll {
     _Atomic uint64_t calls, failures, bytes, bytes_wire, wait_ns;
 };
 
+/* The name of a collective for error text ("all-reduce", ...); "no call" for 0 (a peer that has
+ * not called yet), "an unknown collective" for anything else. */
+const char *sh__coll_op_name(uint32_t op);
+
 /* The transports' constructors: c comes from coll.c with every field but ops and impl set (o
  * checked); they set c->ops and c->impl, waiting for the peers to join, or return an error
  * leaving nothing allocated. */

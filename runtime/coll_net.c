@@ -92,20 +92,6 @@ uint64_t sh__coll_net_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-const char *sh__coll_net_op_name(uint8_t op)
-{
-    switch (op) {
-    case SH__COLL_OP_ALLREDUCE:
-        return "all-reduce";
-    case SH__COLL_OP_ALLGATHER:
-        return "all-gather";
-    case SH__COLL_OP_BROADCAST:
-        return "broadcast";
-    default:
-        return "an unknown collective";
-    }
-}
-
 /* Counts a dropped frame and logs the first of each reason. `src` < 0: unknown sender. */
 void sh__coll_net_drop(net *im, nng_msg *m, int why, int src)
 {
@@ -644,13 +630,13 @@ sh_err sh__coll_net_take(net *im, uint8_t type, int32_t src, uint32_t index, uin
             return sh__error_set(e, SH_ECLOSED,
                                  "coll: %s #%llu: rank %d (%s) closed its connection to rank %d "
                                  "(it died or left) before sending %s",
-                                 sh__coll_net_op_name(im->op), (unsigned long long)c->seq, (int)src,
+                                 sh__coll_op_name(im->op), (unsigned long long)c->seq, (int)src,
                                  im->urls[src], (int)c->rank, what);
         if (rv == NNG_ETIMEDOUT)
             return sh__error_set(e, SH_ETIMEDOUT,
                                  "coll: %s #%llu: rank %d waited %d ms for rank %d (%s): %s",
-                                 sh__coll_net_op_name(im->op), (unsigned long long)c->seq,
-                                 (int)c->rank, (int)c->timeout_ms, (int)src, im->urls[src], what);
+                                 sh__coll_op_name(im->op), (unsigned long long)c->seq, (int)c->rank,
+                                 (int)c->timeout_ms, (int)src, im->urls[src], what);
         if (rv)
             return sh__error_set(e, SH_EIO, "coll: rank %d: receive failed: %s", (int)c->rank,
                                  nng_strerror(rv));
@@ -699,11 +685,11 @@ sh_err sh__coll_net_expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8
                            uint64_t total, uint32_t index, uint32_t count, size_t plen, sh_error *e)
 {
     sh_coll *c = im->c;
-    const char *on = sh__coll_net_op_name(op);
+    const char *on = sh__coll_op_name(op);
     unsigned long long seq = (unsigned long long)c->seq;
     if (h->op != op)
         return sh__error_set(e, SH_EPROTO, "coll: call #%llu: rank %d called %s, this rank %d %s",
-                             seq, (int)h->src, sh__coll_net_op_name(h->op), (int)c->rank, on);
+                             seq, (int)h->src, sh__coll_op_name(h->op), (int)c->rank, on);
     if (h->total != total)
         return sh__error_set(e, SH_EPROTO,
                              "coll: %s #%llu: rank %d passed %llu %s, this rank %d passed %llu", on,
@@ -730,7 +716,7 @@ sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t o
                               sh__coll_net_hdr *h, sh_error *e)
 {
     char what[64];
-    snprintf(what, sizeof what, "segment %#x of %s", (unsigned)index, sh__coll_net_op_name(op));
+    snprintf(what, sizeof what, "segment %#x of %s", (unsigned)index, sh__coll_op_name(op));
     sh_err rc = sh__coll_net_take(im, SH__COLL_NET_DATA, src, index, deadline, what, m, h, e);
     if (rc)
         return rc;

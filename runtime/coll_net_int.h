@@ -115,9 +115,8 @@ static inline uint8_t *payload(nng_msg *m) { return (uint8_t *)nng_msg_body(m) +
 
 static inline size_t payload_len(nng_msg *m) { return nng_msg_len(m) - SH__COLL_NET_HDR; }
 
-/* coll_net.c: clock, names, drops. */
+/* coll_net.c: clock, drops. */
 uint64_t sh__coll_net_now_ns(void);
-const char *sh__coll_net_op_name(uint8_t op);
 /* Counts a dropped frame (freeing it) and logs the first of each reason; src < 0: unknown. */
 void sh__coll_net_drop(net *im, nng_msg *m, int why, int src);
 sh_err sh__coll_net_oom(sh_error *e);

@@ -61,20 +61,6 @@ static void ring(sh__coll_shm *s)
     futex(&s->hdr->bell, s->named ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
 }
 
-static const char *op_name(uint32_t op)
-{
-    switch (op) {
-    case SH__COLL_OP_ALLREDUCE:
-        return "all-reduce";
-    case SH__COLL_OP_ALLGATHER:
-        return "all-gather";
-    case SH__COLL_OP_BROADCAST:
-        return "broadcast";
-    default:
-        return "no call";
-    }
-}
-
 /* Waits until cond(s, k, arg) holds (SH_OK), peer k leaves, breaks or its process dies
  * (SH_ECLOSED), or the deadline passes (SH_ETIMEDOUT): spins, yields, then sleeps on the bell
  * in slices, checking k's state and (named segments) its pid between them. *peer_state gets
@@ -214,11 +200,11 @@ static sh_err wait_peers(sh_coll *c, int32_t only, uint64_t step, const sh__coll
                                  "coll: rank %d: rank %d sent %s of %llu bytes (root %d) at call "
                                  "#%llu epoch %u; this rank called %s of %llu bytes (root %d) at "
                                  "call #%llu epoch %u",
-                                 (int)c->rank, (int)k, op_name(pd->op),
+                                 (int)c->rank, (int)k, sh__coll_op_name(pd->op),
                                  (unsigned long long)pd->bytes, (int)pd->root,
-                                 (unsigned long long)pd->seq, (unsigned)pd->epoch, op_name(d->op),
-                                 (unsigned long long)d->bytes, (int)d->root,
-                                 (unsigned long long)d->seq, (unsigned)d->epoch);
+                                 (unsigned long long)pd->seq, (unsigned)pd->epoch,
+                                 sh__coll_op_name(d->op), (unsigned long long)d->bytes,
+                                 (int)d->root, (unsigned long long)d->seq, (unsigned)d->epoch);
     }
     return SH_OK;
 }
