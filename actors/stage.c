@@ -156,9 +156,11 @@ typedef struct stage_state {
     uint64_t group_step_epoch;
     bool coll_broken;
     /* The group's series (docs/cluster.md), fed from coll's counters after each step: what was
-     * counted of the present group so far. */
-    sh_counter *m_coll[6]; /* calls, failures, bytes, wire bytes, wait us, groups formed */
+     * counted of the present group so far, and the nanoseconds of step time not yet counted (the
+     * series counts whole microseconds). */
+    sh_counter *m_coll[7]; /* calls, failures, bytes, wire bytes, wait us, groups formed, step us */
     sh_coll_stats coll_seen;
+    uint64_t step_ns;
     bool group_failed; /* the step at hand failed for the group's sake (not the step's own) */
 } stage_state;
 
@@ -396,6 +398,15 @@ static void group_count(stage_state *st)
         if (st->m_coll[i] && d[i])
             sh_counter_add(st->m_coll[i], d[i]);
     *was = now;
+}
+
+/* Adds ns nanoseconds of a step's time in the group to the stage's series. Worker. */
+static void group_step_time(stage_state *st, uint64_t ns)
+{
+    st->step_ns += ns;
+    if (st->m_coll[6] && st->step_ns >= 1000)
+        sh_counter_add(st->m_coll[6], st->step_ns / 1000);
+    st->step_ns %= 1000;
 }
 
 /* Makes sure the group of epoch gen and the context over it exist: when there are none, the
@@ -931,6 +942,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
                        "step=%" PRIu64 " retry_of=%" PRIu64, s->step, s->retry_of);
         return;
     }
+    uint64_t group_t0 = 0; /* when the group was ready: the step's time in it from here */
     if (s) {
         st->epoch = s->epoch;
         d.step = s->step;
@@ -945,6 +957,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
             err = group_ready(st, gen, &e);
             grouped = !err;
             st->group_failed = err != SH_OK;
+            group_t0 = grouped ? uv_hrtime() : 0;
         }
         if (!err && is_act == st->first)
             err = sh__error_set(&e, SH_EINVAL, "stage: layers [%d, %d) take %s, not %s",
@@ -957,8 +970,11 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         else if (grouped) /* the other ranks wait for this one's verdict */
             err = group_agree(st, s, err, &e);
     }
-    if (st->tp_size > 1)
+    if (st->tp_size > 1) { /* the step's time first: a report in between never shows more wait */
+        if (group_t0)
+            group_step_time(st, uv_hrtime() - group_t0);
         group_count(st);
+    }
     /* A step the group could not run (a rank dead, stopped or gone) is not answered, as a dead
      * stage's is not: the watchdog pauses the replica (the step is abandoned), or the batcher
      * sends it again after its retry deadline and the group forms anew. An answer would make the
@@ -1186,7 +1202,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     }
     st->n_blocks = group ? a->n_blocks : sh_llama_ctx_n_blocks(a->ctx);
     if (group) { /* one series set per rank, named by the stage's first layer */
-        static const char *const names[6][2] = {
+        static const char *const names[7][2] = {
             {"shoal_tp_collectives_total", "Collectives a tensor-parallel rank completed."},
             {"shoal_tp_collective_failures_total", "Collectives a tensor-parallel rank failed."},
             {"shoal_tp_collective_bytes_total",
@@ -1196,11 +1212,14 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
             {"shoal_tp_collective_wait_microseconds_total",
              "Microseconds a tensor-parallel rank spent inside collectives."},
             {"shoal_tp_groups_formed_total",
-             "Times a tensor-parallel rank formed its group (the first step, then new epochs)."}};
+             "Times a tensor-parallel rank formed its group (the first step, then new epochs)."},
+            {"shoal_tp_step_microseconds_total",
+             "Microseconds a tensor-parallel rank spent on steps once its group was ready "
+             "(collectives included)."}};
         char labels[64];
         snprintf(labels, sizeof labels, "layer=\"%d\",rank=\"%d\"", (int)a->model->first,
                  (int)a->tp_rank);
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 7; i++)
             sh_metrics_counter(sh_runtime_metrics(st->rt), names[i][0], names[i][1], labels,
                                &st->m_coll[i]);
     }

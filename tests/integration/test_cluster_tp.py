@@ -9,7 +9,8 @@ started with the ranks swapped in its script, with another model file or with an
 is refused at the join naming the node; a rank killed under load pauses the replica, and once it
 is started again the group is formed anew and every request ends with the undisturbed text; so
 do rank 1 and the leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal
-cluster status` and the front's `/metrics` show the group and each rank's collectives; bad input
+cluster status` and the front's `/metrics` show the group and each rank's collectives and step
+time (which grows with requests and holds the time waiting in collectives); bad input
 (tp of 0, negative or over 64 or over the model's heads, a node named twice in a group, a standby
 as a rank or beside a group, ranks on different URL schemes, a node count that tp does not
 divide) ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
@@ -198,7 +199,28 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", 
                                rank="1")
             assert calls[0] == calls[1] and all(x is not None for x in waits) and formed == 1, \
                 (calls, waits, formed)
-            su.log(f"note: collectives per rank {calls}, microseconds waiting {waits}")
+            steps = tp_steps(text)
+            assert all(x and x > 0 for x in steps) and all(
+                w <= s for w, s in zip(waits, steps)), f"waits {waits}, steps {steps}"
+            su.log(f"note: collectives per rank {calls}, microseconds waiting {waits} of "
+                   f"{steps} in steps ({', '.join(f'{w / s:.0%}' for w, s in zip(waits, steps))})")
+            # More requests: each rank's step time grows, and still holds its waits.
+            at_once(c.srv.url, prompts[:4], 16)
+            deadline = time.monotonic() + su.scaled(10)
+            while True:
+                text = su.metrics(c.srv.url)
+                more = tp_steps(text)
+                calls = [su.metric(text, "shoal_tp_collectives_total", node=w, layer="0",
+                                   rank=str(r)) for r, w in enumerate(["w0", "w1"])]
+                if (all(m and m > s for m, s in zip(more, steps)) and calls[0] == calls[1]) or \
+                        time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            waits = [su.metric(text, "shoal_tp_collective_wait_microseconds_total", node=w,
+                               layer="0", rank=str(r)) for r, w in enumerate(["w0", "w1"])]
+            assert all(m and m > s for m, s in zip(more, steps)) and all(
+                w <= m for w, m in zip(waits, more)), \
+                f"steps {steps} then {more}, waits {waits}"
         for w, nd in c.nodes.items():
             assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
@@ -210,6 +232,12 @@ def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", 
     else:
         close(want, got, name)
     assert all(r[2] == n for r in got), [r[2] for r in got]
+
+
+def tp_steps(text):
+    """Each rank's microseconds of steps (w0 rank 0, w1 rank 1) in a /metrics text."""
+    return [su.metric(text, "shoal_tp_step_microseconds_total", node=w, layer="0", rank=str(r))
+            for r, w in enumerate(["w0", "w1"])]
 
 
 def swapped_rank(d):
