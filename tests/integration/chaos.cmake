@@ -21,7 +21,7 @@ foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s 
                        ENVIRONMENT "${_sh_chaos_env}")
 endforeach()
 foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
-          drop-delay corrupt duplicate leak kill-rank stop-rank-2s)
+          drop-delay corrupt duplicate leak kill-rank stop-rank-2s drop-coll-1pct)
   string(REPLACE "-" "_" t "test_chaos_engine_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}
