@@ -135,6 +135,7 @@ typedef struct stage_state {
     uint64_t hgen, hdone_gen;
     const sh_proto_step *h_step;
     const float *h_logits;
+    const sh_llama_top1 *h_top1;
     uint32_t h_lo, h_hi;
     int64_t h_failed; /* index of a sequence whose sampling failed, or -1 */
     uint64_t tick;
@@ -260,11 +261,40 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
     return SH_OK;
 }
 
-/* Samples sequences [lo, hi) of step s from the forward pass's logits into st->out. Returns the
- * index of the first sequence whose sampling failed (every token banned), or -1. Worker or
- * sampling helper thread: each touches only its own sequences' samplers and output slots. */
+/* Whether every sequence step s samples is sampled plain greedy (sh_sampler_plain_greedy), read
+ * from the step's sampling parameters only, which every rank of a group has alike: greedy, no
+ * top-n list, no logit bias, neutral penalties (a penalty window in effect would change the pick,
+ * and only the leader holds the windows). A tensor-parallel group's last stage then asks its
+ * forward pass for the rows' top-1 and log-sum-exp (sh_llama_batch.top1_only) instead of the
+ * gathered logits. Never on a single node (its logits are not gathered) or a step that samples
+ * nothing. */
+static bool step_greedy_head(const stage_state *st, const sh_proto_step *s)
+{
+    if (!st->last || st->tp_size < 2)
+        return false;
+    bool any = false;
+    for (uint32_t i = 0; i < s->seqs.n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        if (!q->sample)
+            continue;
+        const sh_proto_sampling *p = &q->sampling;
+        if (!(p->temperature <= 0.0f) || p->n_logprobs != 0 || p->bias.n != 0 ||
+            p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+            p->presence_penalty != 0.0f)
+            return false;
+        any = true;
+    }
+    return any;
+}
+
+/* Samples sequences [lo, hi) of step s from the forward pass's logits into st->out, or, for a
+ * greedy head's step (top1 not NULL), from each row's top-1 and log-sum-exp: the token and
+ * logprob = logprob_raw = logit - lse that sh_sampler_sample gives a plain greedy sampler
+ * (model/sampler.h). Returns the index of the first sequence whose sampling failed (every token
+ * banned), or -1. Worker or sampling helper thread: each touches only its own sequences'
+ * samplers and output slots. */
 static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
-                            uint32_t lo, uint32_t hi)
+                            const sh_llama_top1 *top1, uint32_t lo, uint32_t hi)
 {
     for (uint32_t i = lo; i < hi; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
@@ -280,6 +310,14 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
             memcpy(tl, sl->top_lp, sl->out.top_logprobs.n * sizeof *tl);
             o->top_tokens = (sh_i32s){tt, sl->out.top_tokens.n};
             o->top_logprobs = (sh_f32s){tl, sl->out.top_logprobs.n};
+            continue;
+        }
+        if (top1) {
+            const sh_llama_top1 *t = &top1[st->row[i]];
+            if (t->id < 0)
+                return (int64_t)i;
+            o->token = t->id;
+            o->logprob = o->logprob_raw = (float)((double)t->logit - t->lse);
             continue;
         }
         sh_sample *smp = &st->samples[i];
@@ -318,9 +356,10 @@ static void helper_main(void *arg)
         seen = st->hgen;
         const sh_proto_step *s = st->h_step;
         const float *logits = st->h_logits;
+        const sh_llama_top1 *top1 = st->h_top1;
         uint32_t lo = st->h_lo, hi = st->h_hi;
         uv_mutex_unlock(&st->hmu);
-        int64_t failed = sample_range(st, s, logits, lo, hi);
+        int64_t failed = sample_range(st, s, logits, top1, lo, hi);
         uv_mutex_lock(&st->hmu);
         st->h_failed = failed;
         st->hdone_gen = seen;
@@ -549,19 +588,28 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
      * written (earlier stages of a pipeline have written theirs; the step is failed anyway).
      * Only a group's leader samples. */
     bool samples = st->last && st->tp_rank == 0;
+    bool top1 = step_greedy_head(st, s);
     for (uint32_t i = 0; !err && samples && i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         st->again[i] = false;
         if (q->sample && (err = sampler_get(st, q, &st->smp[i], &st->sl[i], e)))
             break;
         st->again[i] = q->sample && st->sl[i]->at == (int64_t)q->pos + (int64_t)q->tokens.n;
+        /* The parameters say plain greedy; so must the sampler the leader keeps for the sequence
+         * (made from the same parameters), or the top-1 would not be its pick. */
+        if (top1 && q->sample && !st->again[i] && !sh_sampler_plain_greedy(st->smp[i]))
+            err = sh__error_set(e, SH_EINVAL,
+                                "stage: sequence %" PRIu64
+                                ": its sampler is not greedy as the step's parameters say",
+                                q->seq);
     }
     /* A group runs the forward pass only when every rank found the step good. */
     if (st->tp_size > 1)
         err = group_agree(st, s, err, e);
     if (err)
         return err;
-    sh_llama_batch b = {.n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in};
+    sh_llama_batch b = {
+        .n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in, .top1_only = top1};
     sh_llama_out out;
     sh_coll_stats before = {0}, after = {0};
     if (st->coll)
@@ -603,13 +651,14 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         uv_mutex_lock(&st->hmu);
         st->h_step = s;
         st->h_logits = out.logits;
+        st->h_top1 = out.top1;
         st->h_lo = mid;
         st->h_hi = n;
         st->hgen++;
         uv_cond_signal(&st->hcv);
         uv_mutex_unlock(&st->hmu);
     }
-    failed = sample_range(st, s, out.logits, 0, mid);
+    failed = sample_range(st, s, out.logits, out.top1, 0, mid);
     if (mid < n) {
         uv_mutex_lock(&st->hmu);
         while (st->hdone_gen != st->hgen)

@@ -4,7 +4,10 @@ against real processes (`shoal node` workers and a `shoal serve -c` front over i
 Cases: greedy completions through one stage of 2 ranks (stories260K: 16 prompts x 64 tokens, all
 at once, over shared memory and over the network collective, keyed and not; the default model:
 16 x 32) and through 2 stages x 2 ranks (stories260K) against a single-process `shoal serve -m`
-(stories260K: equal text, tokens and logprobs; smollm2 Q4_1: equal up to near-ties); a rank
+(stories260K: equal text, tokens and logprobs, plain greedy, so through the last stage's greedy
+head; smollm2 Q4_1: equal up to near-ties, with top lists, so through the gathered logits); the
+greedy head passes fewer bytes per step into the collectives than the gathered logits, with the
+same logprobs, and requests with top lists or sampling beside it still answer; a rank
 started with the ranks swapped in its script, with another model file or with another group link
 is refused at the join naming the node; a rank killed under load pauses the replica, and once it
 is started again the group is formed anew and every request ends with the undisturbed text; so
@@ -65,6 +68,21 @@ def complete_top(url, prompt, n):
     lp = ch["logprobs"]
     return (ch["text"], ch["finish_reason"], parsed["usage"]["completion_tokens"], lp["tokens"],
             lp["token_logprobs"], lp["top_logprobs"])
+
+
+def complete_lp0(url, prompt, n):
+    """A greedy completion with each token's logprob and no top list ("logprobs": 0): a plain
+    greedy sequence, which a group's last stage samples from the rows' top-1 and log-sum-exp
+    (docs/cluster.md, "The greedy head"). The same tuple as `complete`."""
+    status, parsed, raw = su.post_json(url, "/v1/completions", {
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+        "logprobs": 0}, timeout=300)
+    assert status == 200, f"status {status}: {raw[:300]!r}"
+    ch = parsed["choices"][0]
+    lp = ch["logprobs"]
+    assert all(not t for t in lp.get("top_logprobs") or []), lp
+    return (ch["text"], ch["finish_reason"], parsed["usage"]["completion_tokens"], lp["tokens"],
+            lp["token_logprobs"])
 
 
 def at_once(url, prompts, n, fn=complete):
@@ -165,14 +183,71 @@ class Cluster:
         assert not problems, "\n".join(problems)
 
 
+def settled_bytes(url):
+    """The leader's (w0, rank 0, layer 0) shoal_tp_collective_bytes_total once the nodes' reports
+    have stopped moving it (they report each second) and both ranks count the same calls."""
+    deadline = time.monotonic() + su.scaled(15)
+    last = None
+    while True:
+        text = su.metrics(url)
+        b = su.metric(text, "shoal_tp_collective_bytes_total", node="w0", layer="0", rank="0")
+        calls = [su.metric(text, "shoal_tp_collectives_total", node=w, layer="0", rank=str(r))
+                 for r, w in enumerate(["w0", "w1"])]
+        if b is not None and b == last and calls[0] == calls[1]:
+            return b
+        assert time.monotonic() < deadline, f"collective bytes still moving: {b}, calls {calls}"
+        last = b
+        time.sleep(1.5)
+
+
+def greedy_head(url, want):
+    """The group's last stage uses the greedy head (16 bytes a row exchanged instead of each
+    rank's share of the logits) for a plain greedy request only: one request of N tokens alone,
+    with "logprobs": 0 and then "logprobs": 1 (the full-logits path: it needs a top list), moves
+    the leader's collective bytes by a rank's share of a row of logits less 16 bytes per sampled
+    step (stories260K: 512 / 2 x 4 - 16 = 1008). A request with a top list and one at
+    temperature 0.8 in the same cluster still answer (the full-logits path)."""
+    n = 32
+    deltas, runs = {}, {}
+    for fn in (complete_lp0, complete):
+        b0 = settled_bytes(url)
+        r = fn(url, PROMPTS[0], n)
+        assert r[2] == n and r[3] == want[0][3][:n], f"{fn.__name__}: {r[3]} vs {want[0][3][:n]}"
+        deltas[fn.__name__] = settled_bytes(url) - b0
+        runs[fn.__name__] = r
+    top1, full = deltas["complete_lp0"], deltas["complete"]
+    su.log(f"note: collective bytes per step (leader, {n} sampled steps of one sequence): greedy "
+           f"head {top1 / n:.0f}, full logits {full / n:.0f}")
+    assert (full - top1) / n >= 1000, f"bytes per step: greedy head {top1 / n}, full {full / n}"
+    # The same steps' logprobs from the top-1 and log-sum-exp and from the gathered logits.
+    worst = max(abs(x - y) for x, y in zip(runs["complete_lp0"][4], runs["complete"][4]))
+    su.log(f"note: greedy head vs full logits, same steps: largest logprob difference "
+           f"{worst:.1e}")
+    assert worst < 1e-5, f"{runs['complete_lp0'][4]} vs {runs['complete'][4]}"
+
+    # Plain greedy sequences and ones with a top list in the same steps (the full-logits path).
+    def mixed(u, p, k):
+        return (complete_top if PROMPTS.index(p) % 2 else complete_lp0)(u, p, k)
+
+    got = at_once(url, PROMPTS[:4], 16, mixed)
+    for i, g in enumerate(got):
+        assert g[2] == 16 and g[3] == want[i][3][:16], f"prompt {i}: {g[3]} vs {want[i][3][:16]}"
+        assert i % 2 == 0 or all(len(t) == 5 for t in g[5]), f"prompt {i}: {g[5]}"
+    status, parsed, raw = su.post_json(url, "/v1/completions", {
+        "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0.8, "seed": 7,
+        "ignore_eos": True}, timeout=300)
+    assert status == 200 and parsed["usage"]["completion_tokens"] == 16, raw[:300]
+
+
 def group_equals(d, model, stages, workers, prompts, n, want, name, kind="shm", exact=True,
                  extra=""):
     c = Cluster(group_script(os.path.join(d, name + ".lua"), model, stages, workers, extra),
                 workers)
     try:
         c.start()
-        got = at_once(c.srv.url, prompts, n, complete if exact else complete_top)
+        got = at_once(c.srv.url, prompts, n, complete_lp0 if exact else complete_top)
         if name == "s1x2":  # the status document and `shoal cluster status` show the group
+            greedy_head(c.srv.url, want)
             status, _, raw = su.get(c.srv.url, "/admin/cluster")
             assert status == 200, raw[:300]
             doc = json.loads(raw)
@@ -476,7 +551,7 @@ def main():
     r = su.Runner("test_cluster_tp")
     d = tempfile.mkdtemp(prefix="shtp-", dir="/tmp")  # ipc:// paths stay short
     try:
-        want = reference(STORIES, PROMPTS, 64)
+        want = reference(STORIES, PROMPTS, 64, complete_lp0)
         r.case("stories260K: one stage of 2 ranks equals one process", group_equals, d, STORIES,
                "pipeline(m, { { 'w0', 'w1' } })", ["w0", "w1"], PROMPTS, 64, want, "s1x2")
         r.case("stories260K: one stage of 2 ranks over the network collective (tp_link = 'net', "
