@@ -249,7 +249,8 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
         return fail(e, "%s: %sthe stages end at layer %d but the model has %d layers", script, who,
                     (int)p->last[p->n_stages - 1], (int)hp->n_layers);
     rp->block_bytes = (uint64_t)2 * (uint64_t)widest * (uint64_t)hp->n_kv_heads *
-                      (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS * 2u; /* F16 K, V */
+                      (uint64_t)hp->head_dim * SH_KV_DEFAULT_BLOCK_TOKENS *
+                      (c->kv.f32 ? 4u : 2u); /* K and V, F16 unless kv.type = "f32" */
     uint64_t mem = c->kv.memory_bytes ? c->kv.memory_bytes : DEFAULT_STAGE_KV_MEM;
     uint64_t nb = mem / rp->block_bytes;
     if (nb < 1)
@@ -356,6 +357,7 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
     id->max_tokens = p->step_tokens;
     id->seq_blocks = rp->seq_blocks;
     id->link_dtype = rp->link_dtype;
+    id->kv_dtype = p->c->kv.f32 ? 0u : 1u; /* SH_DTYPE_F32 or SH_DTYPE_F16 */
     if (rp->model_size) {
         id->model_size = rp->model_size;
         id->model_hash = rp->model_hash;
@@ -443,6 +445,11 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
         size_t l = strlen(buf);
         snprintf(buf + l, cap - l, "%slink_dtype: here %s, there %s", l ? "; " : "",
                  link_name(self->link_dtype), link_name(got->link_dtype));
+    }
+    if (self->kv_dtype != got->kv_dtype) {
+        size_t l = strlen(buf);
+        snprintf(buf + l, cap - l, "%skv.type: here %s, there %s", l ? "; " : "",
+                 link_name(self->kv_dtype), link_name(got->kv_dtype));
     }
     if (buf[0])
         return;

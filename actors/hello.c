@@ -116,6 +116,7 @@ static void to_body(const hello_state *s, sh_proto_hello *b)
     b->max_tokens = id->max_tokens;
     b->seq_blocks = id->seq_blocks;
     b->link_dtype = id->link_dtype;
+    b->kv_dtype = id->kv_dtype;
     // A standby's promotion (another thread) writes stages[] before it raises n_stages.
     b->stages = (sh_u64s){id->stages, (uint32_t)__atomic_load_n(&id->n_stages, __ATOMIC_ACQUIRE)};
     b->slices = (sh_u64s){id->slices, b->stages.n};
@@ -135,6 +136,7 @@ static void from_body(const sh_proto_hello *b, sh_hello_ident *id)
     id->max_tokens = b->max_tokens;
     id->seq_blocks = b->seq_blocks;
     id->link_dtype = b->link_dtype;
+    id->kv_dtype = b->kv_dtype;
     uint32_t n = b->stages.n < SH_HELLO_MAX_STAGES ? b->stages.n : SH_HELLO_MAX_STAGES;
     for (uint32_t i = 0; i < n; i++)
         memcpy(&id->stages[i], (const uint8_t *)b->stages.ptr + 8 * i, 8);

@@ -21,6 +21,7 @@ typedef struct sh_hello_ident {
     uint64_t model_size, model_hash;
     int32_t n_blocks, max_seqs, max_tokens, seq_blocks; /* the stages' settings (0: none) */
     uint32_t link_dtype; /* the dtype its stages send ACT in (SH_PROTO_DTYPE_*, 0: F32) */
+    uint32_t kv_dtype;   /* its stages' KV cache type (kv.type: 0 F32, 1 F16) */
     int32_t n_stages;
     uint64_t stages[SH_HELLO_MAX_STAGES]; /* the node's stage addresses */
     /* Per stage address, what it holds: SH_HELLO_SLICE(first, last, tp, rank) (0: not stated) */

@@ -133,7 +133,8 @@ static int32_t compute_threads(int32_t asked)
 typedef struct script_settings {
     int32_t step_tokens, max_wait_ms;
     bool no_prefix_cache;
-    bool front; /* the script has worker nodes: this engine is their front */
+    bool kv_f32; /* kv.type = "f32" */
+    bool front;  /* the script has worker nodes: this engine is their front */
     char name[128];
 } script_settings;
 
@@ -164,6 +165,7 @@ static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_set
     ss->step_tokens = c->batcher.max_step_tokens;
     ss->max_wait_ms = c->batcher.max_wait_ms;
     ss->no_prefix_cache = !c->kv.prefix_cache;
+    ss->kv_f32 = c->kv.f32;
     return SH_OK;
 }
 
@@ -192,7 +194,8 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
     sh_serve_size_opts so = {.n_ctx = o->n_ctx,
                              .max_seqs = o->max_seqs ? o->max_seqs : 16,
                              .step_tokens = ss->step_tokens,
-                             .kv_mem = o->kv_bytes};
+                             .kv_mem = o->kv_bytes,
+                             .kv_f32 = ss->kv_f32};
     if (o->memory_budget && !o->kv_bytes) {
         // The KV default fits what the weights leave of the budget.
         uint64_t left =
@@ -226,7 +229,7 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
                             .max_seqs = sz->max_seqs,
                             .max_logits = sz->max_seqs,
                             .kv_tokens = (int32_t)(sz->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
-                            .kv_type = SH_DTYPE_F16};
+                            .kv_type = ss->kv_f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
     if ((rc = sh_llama_ctx_create(eng->m, eng->be, &co, &eng->ctx, e)))
         return rc;
     sz->n_blocks = sh_llama_ctx_n_blocks(eng->ctx);

@@ -75,6 +75,7 @@ static const sh__lua_field batcher_fields[] = {{"max_step_tokens", SH__LUA_INT, 
 static const sh__lua_field kv_fields[] = {{"block_tokens", SH__LUA_INT, false},
                                           {"prefix_cache", SH__LUA_BOOL, false},
                                           {"memory", SH__LUA_ANY, false},
+                                          {"type", SH__LUA_STR, false},
                                           {NULL, 0, false}};
 static const sh__lua_field watchdog_fields[] = {{"heartbeat_ms", SH__LUA_INT, false},
                                                 {"dead_after", SH__LUA_INT, false},
@@ -900,6 +901,11 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
         if (!lua_isnil(L, -1))
             c->kv.memory_bytes = parse_memory(L, -1, "cluster.kv: field 'memory'", where);
         lua_pop(L, 1);
+        const char *kt = sh__lua_get_str(L, idx, "type");
+        if (kt && strcmp(kt, "f32") != 0 && strcmp(kt, "f16") != 0)
+            sh__lua_fail(L, SH_EINVAL, where, "cluster.kv: type '%.40s' must be \"f32\" or \"f16\"",
+                         kt);
+        c->kv.f32 = kt && !strcmp(kt, "f32");
     }
     lua_pop(L, 1);
 

@@ -114,6 +114,7 @@ typedef struct sh_config_kv {
     int32_t block_tokens;  /* default 16 */
     bool prefix_cache;     /* default true */
     uint64_t memory_bytes; /* KV memory budget per stage; 0 (default) sizes it from free memory */
+    bool f32;              /* type = "f32": the stages' KV cache in F32; false (default): "f16" */
 } sh_config_kv;
 
 typedef struct sh_config_watchdog {

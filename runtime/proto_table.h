@@ -360,6 +360,7 @@
     F(S, stages, "st", U64S, _, OPT, 0, 1024)   /* the node's stage addresses, in script order */  \
     F(S, slices, "sl", U64S, _, OPT, 0, 1024)   /* per stage: layers, tp and rank (hello.h) */     \
     F(S, link_dtype, "ld", U32, _, OPT, 0, 255) /* the dtype its stages send ACT hidden rows in */ \
+    F(S, kv_dtype, "kvt", U32, _, OPT, 0, 1)    /* its stages' KV cache type: 0 F32, 1 F16 */      \
     F(S, keyed, "ky", BOOL, _, OPT, 0, 0)       /* the sender holds a cluster key */               \
     F(S, phase, "ph", U32, _, OPT, 0, 1)       /* 1: the greeting node's proof (and its answer) */ \
     F(S, nonce, "nc", STR, _, OPT, 0, 64)      /* the sender's challenge */                        \

@@ -232,7 +232,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .max_seqs = plan.max_seqs,
                                 .max_logits = plan.max_seqs,
                                 .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
-                                .kv_type = SH_DTYPE_F16}; /* as shoal serve's default */
+                                .kv_type = c->kv.f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
         if (plan.stage_tp[i] > 1) {
             st->group = malloc(sizeof *st->group);
             if (!st->group)
@@ -422,11 +422,11 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                 name, cm->name, c->nodes[self].listen);
     else
         fprintf(stderr,
-                "shoal: node %s serving %s of %s on %s (KV %d blocks per stage, %d sequences x %d "
-                "tokens per step%s)\n",
+                "shoal: node %s serving %s of %s on %s (KV %d blocks of %s per stage, %d sequences "
+                "x %d tokens per step%s)\n",
                 name, layers, cm->name, c->nodes[self].listen,
-                (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, (int)plan.max_seqs,
-                (int)plan.step_tokens, keyed ? "; cluster key set" : "");
+                (int)plan.rep[plan.stage_replica[mine[0]]].n_blocks, c->kv.f32 ? "f32" : "f16",
+                (int)plan.max_seqs, (int)plan.step_tokens, keyed ? "; cluster key set" : "");
     fflush(stderr);
     int sig = 0;
     while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {

@@ -540,7 +540,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
             plan ? "at most " : "",
             (double)((uint64_t)n_blocks * (plan ? plan->rep[0].block_bytes : bytes_per_block)) /
                 (1024.0 * 1024.0),
-            plan        ? "f16 per stage"
+            plan        ? (plan->c->kv.f32 ? "f32 per stage" : "f16 per stage")
             : o->kv_f32 ? "f32"
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);

@@ -529,6 +529,8 @@ static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
         o->no_prefix_cache = true;
     if (!o->kv_mem && c->kv.memory_bytes)
         o->kv_mem = c->kv.memory_bytes;
+    if (!o->cluster && !o->kv_f16 && !o->kv_f32 && c->kv.f32)
+        o->kv_f32 = true; /* kv.type; --kv-f16 or --kv-f32 given wins */
     if (c->kv.block_tokens && c->kv.block_tokens != SH_KV_DEFAULT_BLOCK_TOKENS)
         return sh__cmd_fail("%s: kv.block_tokens must be %d (the attention kernels' block)",
                             o->config, SH_KV_DEFAULT_BLOCK_TOKENS);

@@ -40,7 +40,7 @@ static sh_standby_stage *load(sh_standby *sb, int32_t i, sh_error *e)
                             .max_seqs = p->max_seqs,
                             .max_logits = p->max_seqs,
                             .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
-                            .kv_type = SH_DTYPE_F16};
+                            .kv_type = p->c->kv.f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
     if (sh_llama_ctx_create(st->m, sb->be, &co, &st->ctx, e)) {
         sh_llama_destroy(st->m);
         st->m = NULL;

@@ -57,6 +57,7 @@ static void test_demo(void)
     CHECK_INT_EQ(c->kv.block_tokens, 16);
     CHECK(c->kv.prefix_cache);
     CHECK_UINT_EQ(c->kv.memory_bytes, 0);
+    CHECK(!c->kv.f32); /* kv.type: F16 by default */
     CHECK_INT_EQ(c->watchdog.heartbeat_ms, 100);
     CHECK_INT_EQ(c->watchdog.dead_after, 3);
     CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua"); /* the built-in: not resolved */
@@ -91,7 +92,7 @@ static void test_defaults_and_layers(void)
         "    { model = m, stages = { { node = 'w3', first_layer = 0, last_layer = 30 } },\n"
         "      link_dtype = 'f16' },\n"
         "  },\n"
-        "  kv = { memory = '1.5 GiB' },\n"
+        "  kv = { memory = '1.5 GiB', type = 'f32' },\n"
         "}\n";
     sh_cluster_config *c = NULL;
     sh_error e = {0};
@@ -129,6 +130,7 @@ static void test_defaults_and_layers(void)
     CHECK_INT_EQ(c->replicas[2].stages[0].node, 3);
     CHECK_INT_EQ(c->replicas[2].stages[0].last_layer, 30);
     CHECK_UINT_EQ(c->kv.memory_bytes, 3ull << 29);
+    CHECK(c->kv.f32);
     CHECK_INT_EQ(c->batcher.max_seqs, 64);
     CHECK_INT_EQ(c->watchdog.dead_after, 3);
     CHECK_STR_EQ(c->watchdog.policy, "lua/policy/default.lua");
@@ -378,6 +380,18 @@ static const struct bad_case {
      "  gateway = { node = 'a', http = 'h:80' }, kv = { memory = '12 parsecs' },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
      SH_EINVAL, "bad.lua:4", "must be bytes or a size like \"512MiB\""},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { type = 'bf16' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "cluster.kv: type 'bf16' must be \"f32\" or \"f16\""},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { type = 'F32' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "type 'F32' must be"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, kv = { type = 32 },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'type' must be a string"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), link_dtype = 'fp8' }\n",
      SH_EINVAL, "bad.lua:4", "replica: link_dtype 'fp8' must be \"f32\", \"f16\" or \"int8\""},
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
