@@ -229,11 +229,24 @@ static void test_memory_too_large(void)
     write_text(script, src);
     const char *a[] = {"-c", script, NULL};
     expect_refused("memory 999999TiB", "is too large (\"999999TiB\"): the maximum is", a);
+    // kv.type: only "f32" or "f16".
+    snprintf(src, sizeof src,
+             "local m = model { path = '%s', name = 'stories' }\n"
+             "return cluster {\n"
+             "  nodes = { node { name = 'a', listen = 'inproc://a' } },\n"
+             "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
+             "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+             "  kv = { type = 'q8' },\n"
+             "}\n",
+             sh_test_path(STORIES));
+    write_text(script, src);
+    expect_refused("kv type q8", "cluster.kv: type 'q8' must be \"f32\" or \"f16\"", a);
     unlink(script);
 }
 
 /* A script beside its model names it by a relative path and is run from another directory; its
- * gateway.http host stays when --port replaces the port. */
+ * gateway.http host stays when --port replaces the port; its kv.type = "f32" gives an F32 KV
+ * cache (the startup line says so). */
 static void test_script_dir_and_host(void)
 {
     char sub[300], script[400], link[400], src[1024];
@@ -248,7 +261,7 @@ static void test_script_dir_and_host(void)
              "  nodes = { node { name = 'a', listen = 'inproc://a' } },\n"
              "  gateway = { node = 'a', http = '127.0.0.2:1' },\n"
              "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
-             "  kv = { memory = '16MiB' },\n"
+             "  kv = { memory = '16MiB', type = 'f32' },\n"
              "}\n");
     write_text(script, src);
     const char *a[] = {"-c", script, "--port", "0", "-t", "1", NULL};
@@ -269,6 +282,8 @@ static void test_script_dir_and_host(void)
             SH_FAIL_("serve -c (script-relative model) did not listen: %.500s", err_buf);
         else if (!strstr(err_buf, "listening on http://127.0.0.2:"))
             SH_FAIL_("--port replaced the script's host 127.0.0.2: %.500s", err_buf);
+        else if (!strstr(err_buf, " MiB f32), prefix cache"))
+            SH_FAIL_("kv.type = 'f32' did not give an F32 KV cache: %.500s", err_buf);
         if (!exited) {
             kill(pid, SIGTERM);
             int rc = finish(pid, 30000);
