@@ -351,6 +351,28 @@ def metrics(url):
     return data.decode("utf-8", "replace")
 
 
+def at_once(url, prompts, n, fn):
+    """Sends every prompt at once, each on its own thread as fn(url, prompt, n), and returns
+    their results in order; an exception or a thread that did not finish fails the call."""
+    out = [None] * len(prompts)
+
+    def one(i):
+        try:
+            out[i] = fn(url, prompts[i], n)
+        except Exception as exc:  # noqa: BLE001
+            out[i] = exc
+
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(scaled(300))
+    for i, r in enumerate(out):
+        if isinstance(r, Exception) or r is None:
+            raise AssertionError(f"prompt {i}: {r!r}")
+    return out
+
+
 def wait_idle(url, timeout=10.0):
     """Polls /metrics until shoal_requests_running and shoal_requests_waiting are 0."""
     deadline = time.monotonic() + timeout

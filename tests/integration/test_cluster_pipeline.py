@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -125,23 +124,7 @@ def complete(url, prompt, n):
 
 
 def all_at_once(url, n):
-    out = [None] * len(PROMPTS)
-
-    def one(i):
-        try:
-            out[i] = complete(url, PROMPTS[i], n)
-        except Exception as exc:  # noqa: BLE001
-            out[i] = exc
-
-    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(PROMPTS))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(su.scaled(300))
-    for i, r in enumerate(out):
-        if isinstance(r, Exception) or r is None:
-            raise AssertionError(f"prompt {i}: {r!r}")
-    return out
+    return su.at_once(url, PROMPTS, n, complete)
 
 
 def reference(model, n):

@@ -88,23 +88,7 @@ def complete_lp0(url, prompt, n):
 
 
 def at_once(url, prompts, n, fn=complete):
-    out = [None] * len(prompts)
-
-    def one(i):
-        try:
-            out[i] = fn(url, prompts[i], n)
-        except Exception as exc:  # noqa: BLE001
-            out[i] = exc
-
-    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(su.scaled(300))
-    for i, r in enumerate(out):
-        if isinstance(r, Exception) or r is None:
-            raise AssertionError(f"prompt {i}: {r!r}")
-    return out
+    return su.at_once(url, prompts, n, fn)
 
 
 def reference(model, prompts, n, fn=complete, *flags):
