@@ -41,9 +41,13 @@ static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
                                              {NULL, 0, false}};
-static const sh__lua_field replica_fields[] = {
-    {"model", SH__LUA_ANY, true},       {"stages", SH__LUA_TABLE, true}, {"tp", SH__LUA_INT, false},
-    {"link_dtype", SH__LUA_STR, false}, {"tp_link", SH__LUA_STR, false}, {NULL, 0, false}};
+static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
+                                               {"stages", SH__LUA_TABLE, true},
+                                               {"tp", SH__LUA_INT, false},
+                                               {"link_dtype", SH__LUA_STR, false},
+                                               {"tp_link", SH__LUA_STR, false},
+                                               {"tp_compress", SH__LUA_STR, false},
+                                               {NULL, 0, false}};
 static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
                                              {"nodes", SH__LUA_TABLE, false},
                                              {"first_layer", SH__LUA_INT, false},
@@ -188,6 +192,18 @@ static int32_t link_dtype_of(const char *s)
     return -1;
 }
 
+/* replica{ tp_compress = ... }: 0 none, 1 f16, 2 int8 (sh_coll_compress), or -1. */
+static int32_t tp_compress_of(const char *s)
+{
+    if (!s || !strcmp(s, "none"))
+        return 0;
+    if (!strcmp(s, "f16"))
+        return 1;
+    if (!strcmp(s, "int8"))
+        return 2;
+    return -1;
+}
+
 static void validate_replica(lua_State *L, int idx, const char *where)
 {
     sh__lua_check_fields(L, idx, replica_fields, "replica", where);
@@ -211,6 +227,16 @@ static void validate_replica(lua_State *L, int idx, const char *where)
     if (tl && strcmp(tl, "auto") != 0 && strcmp(tl, "net") != 0)
         sh__lua_fail(L, SH_EINVAL, where, "replica: tp_link '%.40s' must be \"auto\" or \"net\"",
                      tl);
+    // Only the network collective compresses; a group on shared memory would ignore it.
+    const char *tc = sh__lua_get_str(L, idx, "tp_compress");
+    if (tp_compress_of(tc) < 0)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica: tp_compress '%.40s' must be \"none\", \"f16\" or \"int8\"", tc);
+    if (tp_compress_of(tc) > 0 && !(tl && !strcmp(tl, "net")))
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica: tp_compress = \"%s\" needs tp_link = \"net\" (only the network "
+                     "collective compresses; a group on shared memory exchanges f32)",
+                     tc);
     const char *ld = sh__lua_get_str(L, idx, "link_dtype");
     if (link_dtype_of(ld) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
@@ -781,6 +807,7 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         r->link_dtype = (uint32_t)link_dtype_of(sh__lua_get_str(L, -1, "link_dtype"));
         const char *tl = sh__lua_get_str(L, -1, "tp_link");
         r->tp_net = tl && !strcmp(tl, "net");
+        r->tp_compress = tp_compress_of(sh__lua_get_str(L, -1, "tp_compress"));
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
             r->model = -1;

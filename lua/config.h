@@ -93,6 +93,10 @@ typedef struct sh_config_replica {
      * false): shared memory when every rank is on this host, else the network; "net" (true): the
      * network always (docs/cluster.md, "Tensor parallelism"). */
     bool tp_net;
+    /* replica{ tp_compress = "none" | "f16" | "int8" }: what the network collective's links carry
+     * for the all-reduces, summed in f32 (runtime/coll.h): 0 none (default), 1 f16, 2 int8 (the
+     * values of sh_coll_compress). Anything but "none" needs tp_link = "net". */
+    int32_t tp_compress;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;

@@ -246,7 +246,12 @@ static void test_tp_groups(void)
         "    replica { model = m, stages = { { nodes = { 'e', 'g', 'h' }, first_layer = 0,\n"
         "      last_layer = 10 }, { node = 'i', first_layer = 10, last_layer = 30 } } },\n"
         "    replica { model = m, stages = pipeline(m, { 'a' }), tp = 1 },\n"
-        "    replica { model = u, stages = pipeline(u, { 'a', 'b' }), tp = 2, tp_link = 'net' },\n"
+        "    replica { model = u, stages = pipeline(u, { 'a', 'b' }), tp = 2, tp_link = 'net',\n"
+        "      tp_compress = 'int8' },\n"
+        "    replica { model = u, stages = pipeline(u, { 'c', 'd' }), tp = 2, tp_link = 'net',\n"
+        "      tp_compress = 'f16' },\n"
+        "    replica { model = u, stages = pipeline(u, { 'e', 'g' }), tp = 2, tp_link = 'net',\n"
+        "      tp_compress = 'none' },\n"
         "  } }\n";
     sh_cluster_config *c = NULL;
     sh_error e = {0};
@@ -255,7 +260,7 @@ static void test_tp_groups(void)
         fprintf(stderr, "%s\n", e.msg);
         return;
     }
-    CHECK_INT_EQ(c->n_replicas, 5);
+    CHECK_INT_EQ(c->n_replicas, 7);
     const sh_config_replica *r = &c->replicas[0]; /* 2 stages x 2 ranks, split over the groups */
     CHECK_INT_EQ(r->tp, 2);
     CHECK_INT_EQ(r->n_stages, 2);
@@ -293,6 +298,10 @@ static void test_tp_groups(void)
     r = &c->replicas[4]; /* the shorthand without a layer count */
     CHECK(r->tp_net);
     CHECK(!c->replicas[0].tp_net);
+    CHECK_INT_EQ(r->tp_compress, 2);             /* int8 */
+    CHECK_INT_EQ(c->replicas[5].tp_compress, 1); /* f16 */
+    CHECK_INT_EQ(c->replicas[6].tp_compress, 0); /* "none", written out */
+    CHECK_INT_EQ(c->replicas[0].tp_compress, 0); /* none by default */
     CHECK_INT_EQ(r->n_stages, 1);
     CHECK_INT_EQ(r->stages[0].tp, 2);
     CHECK_INT_EQ(r->stages[0].first_layer, -1);
@@ -441,6 +450,22 @@ static const struct bad_case {
      "bad.lua:4", "replica: tp = -2:"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_link = 'tcp' }\n", SH_EINVAL,
      "bad.lua:4", "replica: tp_link 'tcp' must be \"auto\" or \"net\""},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_link = 'net',\n"
+     "  tp_compress = 'fp8' }\n",
+     SH_EINVAL, "bad.lua:4", "replica: tp_compress 'fp8' must be \"none\", \"f16\" or \"int8\""},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_compress = 'F16',\n"
+     "  tp_link = 'net' }\n",
+     SH_EINVAL, "bad.lua:4", "replica: tp_compress 'F16' must be"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_compress = 16 }\n",
+     SH_EINVAL, "bad.lua:4", "replica: field 'tp_compress' must be a string"},
+    {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_compress = 'f16' }\n",
+     SH_EINVAL, "bad.lua:4",
+     "replica: tp_compress = \"f16\" needs tp_link = \"net\" (only the network collective "
+     "compresses; a group on shared memory exchanges f32)"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { { model = m, stages = pipeline(m, { 'a' }), tp_link = 'auto',\n"
+     "    tp_compress = 'int8' } } }\n",
+     SH_EINVAL, "bad.lua:4", "replica: tp_compress = \"int8\" needs tp_link = \"net\""},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 65 }\n", SH_EINVAL,
      "bad.lua:4", "replica: tp = 65: the ranks"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = 1.5 }\n", SH_EINVAL,
