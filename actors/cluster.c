@@ -335,10 +335,18 @@ static int32_t group_kind(const sh_cluster_plan *p, int32_t i)
     return local ? SH_COLL_SHM : SH_COLL_NET;
 }
 
+/* What stage i's group compresses on its links: the replica's tp_compress over the network, 0
+ * (none) otherwise (the script refuses tp_compress without tp_link = "net"). */
+static int32_t group_compress(const sh_cluster_plan *p, int32_t i)
+{
+    return group_kind(p, i) == SH_COLL_NET ? p->c->replicas[p->stage_replica[i]].tp_compress : 0;
+}
+
 uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank)
 {
     int32_t tp = p->stage_tp[i] > 0 ? p->stage_tp[i] : 1;
-    return SH_HELLO_SLICE_L(p->first[i], p->last[i], tp, rank, group_kind(p, i));
+    return SH_HELLO_SLICE_L(p->first[i], p->last[i], tp, rank,
+                            group_kind(p, i) | group_compress(p, i) << 2);
 }
 
 void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello_ident *id)
@@ -471,13 +479,24 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
         }
         uint64_t want_slice = sh__cluster_slice(p, i, r), got_slice = got->slices[k];
         static const char *const links[3] = {"none", "shared memory", "the network"};
+        static const char *const cmps[3] = {"none", "f16", "int8"};
         int32_t wl = SH_HELLO_SLICE_LINK(want_slice), gl = SH_HELLO_SLICE_LINK(got_slice);
-        if (p->first[i] >= 0 && got_slice != want_slice && wl != gl && wl < 3 && gl < 3 &&
-            (got_slice << 4) == (want_slice << 4)) {
+        int32_t wc = SH_HELLO_SLICE_COMPRESS(want_slice), gc = SH_HELLO_SLICE_COMPRESS(got_slice);
+        bool same_but_link = p->first[i] >= 0 && got_slice != want_slice &&
+                             (got_slice << 4) == (want_slice << 4) && wl < 3 && gl < 3 && wc < 3 &&
+                             gc < 3;
+        if (same_but_link && wl != gl) {
             snprintf(buf, cap,
                      "stage %d: its group links over %s, the script's over %s: was it started "
                      "with another script?",
                      (int)i + 1, links[gl], links[wl]);
+            return;
+        }
+        if (same_but_link) { /* the same kind: the compression differs */
+            snprintf(buf, cap,
+                     "stage %d: its group's links carry tp_compress = \"%s\", the script's \"%s\": "
+                     "was it started with another script?",
+                     (int)i + 1, cmps[gc], cmps[wc]);
             return;
         }
         if (p->first[i] >= 0 && got_slice != want_slice) { /* first < 0: only placed */
@@ -837,6 +856,7 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
     memset(g, 0, sizeof *g);
     int32_t tp = p->stage_tp[i];
     g->kind = group_kind(p, i);
+    g->compress = group_compress(p, i);
     if (g->kind == SH_COLL_NET && !strncmp(c->nodes[p->rank_node[i][0]].listen, "tls+tcp://", 10))
         return fail(e,
                     "node '%s' (%s): stage %d's group would link over the network, which does not "

@@ -208,7 +208,8 @@ uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank);
  * the script's watchdog, at least 5 s, so that the watchdog judges a dead rank's node (and
  * pauses the replica) before the group gives up on the step. */
 typedef struct sh_cluster_group {
-    int32_t kind; /* sh_coll_kind */
+    int32_t kind;     /* sh_coll_kind */
+    int32_t compress; /* sh_coll_compress over the network (the replica's tp_compress), else 0 */
     char shm_name[64];
     char urls[SH_CONFIG_MAX_TP][280];
     const char *url_of[SH_CONFIG_MAX_TP]; /* urls[r] */

@@ -521,9 +521,11 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
                    sizeof *st->expert_seen);
     if (st->m_coll[5])
         sh_counter_add(st->m_coll[5], 1);
-    sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_group", "rank=%d size=%d epoch=%u kind=%s",
+    static const char *const cmps[3] = {"", " compress=f16", " compress=int8"};
+    sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_group", "rank=%d size=%d epoch=%u kind=%s%s",
                    (int)st->tp_rank, (int)st->tp_size, (unsigned)gen,
-                   st->coll_kind == SH_COLL_SHM ? "shm" : "net");
+                   st->coll_kind == SH_COLL_SHM ? "shm" : "net",
+                   (unsigned)o.compress < 3 ? cmps[o.compress] : "");
     return SH_OK;
 }
 
