@@ -13,7 +13,13 @@ Cases:
   tcp://127.0.0.1 (`tp_link = "net"`): every node on a port P whose P + 1000 x I is free too for
   each stage index I (a rank's collective link listens on its node's port + 1000 x its stage's
   index), drawn at random from 20000-26999, below the ephemeral range that other tests' port-0
-  listeners and connections use; each rank must log a net group. Same bounds.
+  listeners and connections use; each rank must log a net group. Same bounds; the leader's bytes
+  sent on the links are at least those it passed to its collectives (nothing compressed).
+- the same one stage of 2 ranks with `tp_compress = "f16"` and `"int8"`: each rank logs its
+  group's compression; the completions follow one process within bounds from the measured figures
+  (F16_* and INT8_* below: prompts equal throughout, logprobs before a split, the gap at a
+  split), and the leader sends fewer bytes on its links than it passes in (f16 0.55-0.75 of
+  them, int8 0.35-0.55: the gathers are not compressed).
 - an MoE file written by `shoal mkmodel --shape qwen2moe-tiny` at a small size (2 layers, dim 64,
   8 routed experts of width 32, 4 per token, a shared expert of width 96, F16), one stage of 2
   ranks: 4 experts placed whole on each rank, the shared expert on rank 0, the router replicated.
@@ -40,6 +46,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util as su  # noqa: E402
@@ -52,6 +59,13 @@ MOE_PROMPTS = [list(range(1, 21)), [100], [7, 8, 9, 250, 3], list(range(40, 80))
 NEAR_TIE = 1e-3  # issue 26: a split is allowed only where the top-2 gap is under this
 EXACT_LP = 5e-3  # F32/F16 models: logprobs before a split (test_cluster_tp.py's `same`)
 QUANT_TOL = 0.5  # quantized models: test_cluster_tp.py's LP_TOL and GAP_TOL
+# tp_compress on stories260K (docs/cluster.md, "Compressed links"; measured with
+# bench/tp_compress_agreement.py: f16 16 of 16 equal, logprobs within 5.4e-3, 0.64 of the bytes
+# on the wire; int8 9-11 of 16 equal, within 0.078 before a split, splits at gaps up to 0.13,
+# 0.46 of the bytes). A broken encoding or a missing sum moves the first token's logprobs by far
+# more, and the uncompressed link sends every byte passed in (plus its frames' headers).
+F16_GAP, F16_LP, F16_EQUAL, F16_WIRE = 0.02, 0.02, 14, (0.55, 0.75)
+INT8_GAP, INT8_LP, INT8_EQUAL, INT8_WIRE = 0.3, 0.25, 5, (0.35, 0.55)
 
 
 def reference(model, prompts, n):
@@ -90,7 +104,9 @@ def agree(want, got, what, gap_tol, lp_tol):
 
 
 def group_agrees(d, model, ranks, prompts, n, want, name, gap_tol, lp_tol, kind="shm",
-                 stages=None, script=None):
+                 stages=None, script=None, wire=None, min_equal=None):
+    """wire: (lo, hi) bounds on the leader's bytes sent on the links over the bytes it passed to
+    its collectives; min_equal: the fewest prompts that must be equal throughout."""
     stages = stages or "pipeline(m, { { " + ", ".join(f"'{w}'" for w in ranks) + " } })"
     path = script or group_script(os.path.join(d, name + ".lua"), model, stages, ranks)
     c = Cluster(path, ranks)
@@ -100,10 +116,37 @@ def group_agrees(d, model, ranks, prompts, n, want, name, gap_tol, lp_tol, kind=
         for w, nd in c.nodes.items():
             assert "event=tp_group" in nd.text() and f"kind={kind}" in nd.text(), \
                 f"{w} formed no {kind} group:\n{nd.text()[-1500:]}"
+        if wire:
+            passed, sent = leader_bytes(c.srv.url, ranks)
+            su.log(f"note: {name}: the leader passed {passed:.0f} bytes to its collectives and "
+                   f"sent {sent:.0f} on its links ({sent / passed:.3f})")
+            assert wire[0] <= sent / passed < wire[1], \
+                f"{name}: wire bytes {sent} over {passed} passed, want [{wire[0]}, {wire[1]})"
     finally:
         c.stop()
     assert all(r[2] == n for r in got), [r[2] for r in got]
-    return agree(want, got, name, gap_tol, lp_tol)
+    equal, splits = agree(want, got, name, gap_tol, lp_tol)
+    assert min_equal is None or equal >= min_equal, \
+        f"{name}: {equal} of {len(want)} prompts equal throughout, want at least {min_equal}"
+    return equal, splits
+
+
+def leader_bytes(url, ranks):
+    """The leader's (w0, layer 0) shoal_tp_collective_bytes_total and _wire_bytes_total once
+    every rank's reports count the same collectives (nodes report each second)."""
+    deadline = time.monotonic() + su.scaled(15)
+    while True:
+        text = su.metrics(url)
+        calls = [su.metric(text, "shoal_tp_collectives_total", node=w, layer="0", rank=str(r))
+                 for r, w in enumerate(ranks)]
+        passed = su.metric(text, "shoal_tp_collective_bytes_total", node=ranks[0], layer="0",
+                           rank="0")
+        sent = su.metric(text, "shoal_tp_collective_wire_bytes_total", node=ranks[0], layer="0",
+                         rank="0")
+        if calls[0] and len(set(calls)) == 1 and passed and sent is not None:
+            return passed, sent
+        assert time.monotonic() < deadline, f"collectives per rank {calls}, bytes {passed} {sent}"
+        time.sleep(0.5)
 
 
 def ports_free(p, stages):
@@ -132,9 +175,9 @@ def free_ports(n, stages):
     return out
 
 
-def tcp_script(path, model, ranks, stages=1):
+def tcp_script(path, model, ranks, stages=1, compress="none"):
     """'front' and `ranks` over tcp://127.0.0.1, the layers split over `stages` groups of
-    len(ranks) / stages ranks that link over the network."""
+    len(ranks) / stages ranks that link over the network, with tp_compress = `compress`."""
     ports = free_ports(1 + len(ranks), stages)
     ns = ", ".join(f"node {{ name = '{n}', listen = 'tcp://127.0.0.1:{p}' }}"
                    for n, p in zip(["front"] + list(ranks), ports))
@@ -147,7 +190,7 @@ def tcp_script(path, model, ranks, stages=1):
                 f"  nodes = {{ {ns} }},\n"
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
                 f"  replicas = {{ replica {{ model = m, stages = pipeline(m, {{ {groups} }}), "
-                "tp_link = 'net' } },\n"
+                f"tp_link = 'net', tp_compress = '{compress}' }} }},\n"
                 "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
                 "  kv = { memory = '32MiB' },\n"
                 "}\n")
@@ -221,7 +264,21 @@ def main():
         r.case("stories260K: one stage of 2 ranks over the network collective on tcp://127.0.0.1 "
                "equals one process", group_agrees, d, STORIES, ["w0", "w1"], PROMPTS, 64, want,
                "s1x2tcp", NEAR_TIE, EXACT_LP, "net",
-               script=tcp_script(os.path.join(d, "tcp.lua"), STORIES, ["w0", "w1"]))
+               script=tcp_script(os.path.join(d, "tcp.lua"), STORIES, ["w0", "w1"]),
+               wire=(1.0, 1.1))
+        r.case("stories260K: one stage of 2 ranks over the network collective with tp_compress = "
+               "'f16' follows one process, sending less", group_agrees, d, STORIES, ["w0", "w1"],
+               PROMPTS, 64, want, "s1x2f16", F16_GAP, F16_LP, "net compress=f16",
+               script=tcp_script(os.path.join(d, "f16.lua"), STORIES, ["w0", "w1"],
+                                 compress="f16"),
+               wire=F16_WIRE, min_equal=F16_EQUAL)
+        r.case("stories260K: one stage of 2 ranks over the network collective with tp_compress = "
+               "'int8' follows one process up to near-ties, sending less", group_agrees, d,
+               STORIES, ["w0", "w1"], PROMPTS, 64, want, "s1x2int8", INT8_GAP, INT8_LP,
+               "net compress=int8",
+               script=tcp_script(os.path.join(d, "int8.lua"), STORIES, ["w0", "w1"],
+                                 compress="int8"),
+               wire=INT8_WIRE, min_equal=INT8_EQUAL)
         r.case("stories260K: 2 stages x 2 ranks over the network collective on tcp://127.0.0.1 "
                "equal one process", group_agrees, d, STORIES, ["w0", "w1", "w2", "w3"], PROMPTS,
                64, want, "s2x2tcp", NEAR_TIE, EXACT_LP, "net",
