@@ -10,15 +10,15 @@ greedy head passes fewer bytes per step into the collectives than the gathered l
 same logprobs, and requests with top lists or sampling beside it still answer; one stage of 2
 ranks with `kv = { type = "f32" }` (stories260K, 4 prompts x 32 tokens) against `shoal serve -m
 --kv-f32`: equal tokens, logprobs within issue 26's 1e-3; a rank started with the ranks swapped
-in its script, with another model file, another group link or another kv.type is refused at the
-join naming the node; a rank killed under load pauses the replica, and once it
+in its script, with another model file, another group link, another tp_compress or another
+kv.type is refused at the join naming the node; a rank killed under load pauses the replica, and once it
 is started again the group is formed anew and every request ends with the undisturbed text; so
 do rank 1 and the leader stopped (SIGSTOP) for 2 s under load; the status document, `shoal
 cluster status` and the front's `/metrics` show the group and each rank's collectives and step
 time (which grows with requests and holds the time waiting in collectives); bad input
 (tp of 0, negative or over 64 or over the model's heads, a node named twice in a group, a standby
 as a rank or beside a group, ranks on different URL schemes, a node count that tp does not
-divide) ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
+divide, an unknown tp_compress or one without tp_link = "net") ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
 line naming the culprit, never a hang.
 """
 
@@ -343,6 +343,40 @@ def other_link(d):
     assert not problems, "\n".join(problems)
 
 
+def other_compress(d):
+    """w1 started with a script whose network group compresses its links with f16 while the
+    front's sends f32: refused by name."""
+    front = group_script(os.path.join(d, "oc.lua"), STORIES,
+                         "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net'", ["w0", "w1"])
+    other = group_script(os.path.join(d, "oc-w1.lua"), STORIES,
+                         "pipeline(m, { { 'w0', 'w1' } }), tp_link = 'net', tp_compress = 'f16'",
+                         ["w0", "w1"])
+    w0, w1 = Node(front, "w0"), Node(other, "w1")
+    try:
+        w0.wait_ready()
+        w1.wait_ready()
+        assert "(rank 1 of 2, network, f16 links)" in w1.text(), w1.text()[-1500:]
+        exits_2(["serve", "-c", front, "--port", "0", "--join-timeout", "30"],
+                ["node 'w1' (ipc://", "refused: stage 1: its group's links carry tp_compress = "
+                 "\"f16\", the script's \"none\": was it started with another script?"])
+    finally:
+        problems = w0.stop() + w1.stop()
+    assert not problems, "\n".join(problems)
+
+
+def bad_compress(d):
+    """An unknown tp_compress, and compression of a group that would link over shared memory."""
+    s = write(d, "cmp.lua", "replica { model = m, stages = pipeline(m, { { 'w0', 'w1' } }), "
+              "tp_link = 'net', tp_compress = 'bf16' }")
+    everywhere(s, ["cmp.lua:5", "replica: tp_compress 'bf16' must be \"none\", \"f16\" or "
+                   "\"int8\""])
+    s = write(d, "cmpshm.lua", "replica { model = m, stages = pipeline(m, { { 'w0', 'w1' } }), "
+              "tp_compress = 'int8' }")
+    everywhere(s, ["cmpshm.lua:5", "replica: tp_compress = \"int8\" needs tp_link = \"net\" "
+                   "(only the network collective compresses; a group on shared memory exchanges "
+                   "f32)"])
+
+
 def other_kv_type(d):
     """w1 started with a script whose KV cache is F16 (at half the budget: the same block count)
     while the front's is F32: refused by name."""
@@ -595,6 +629,7 @@ def main():
         r.case("a rank started with the ranks swapped is refused by name", swapped_rank, d)
         r.case("a rank with another model file is refused by name", other_model, d)
         r.case("a rank whose group links otherwise is refused by name", other_link, d)
+        r.case("a rank whose group compresses otherwise is refused by name", other_compress, d)
         r.case("a rank killed under load: paused, restarted, regrouped, every text unchanged",
                rank_killed, d)
         r.case("rank 1 stopped 2 s under load: paused, resumed, every text unchanged",
@@ -603,6 +638,7 @@ def main():
                rank_stopped, d, "w0")
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)
         r.case("a node named twice in a group", named_twice, d)
+        r.case("tp_compress unknown, or without tp_link = 'net'", bad_compress, d)
         r.case("a standby as a rank, or beside a group", standby_rank, d)
         r.case("ranks on URL schemes that differ", mixed_schemes, d)
         r.case("more ranks than the model has heads: refused by the front and by each rank",
