@@ -14,6 +14,9 @@ return cluster {
   gateway = { node = "front", http = "127.0.0.1:8080" },
   -- One stage, its group's ranks in order. Also written pipeline(m, { "w0", "w1" }), tp = 2
   -- as the replica's options; { { "w0", "w1" }, { "w2", "w3" } } would be 2 stages x 2 ranks.
+  -- With ranks on hosts joined by a slow network, add tp_link = "net", tp_compress = "f16" to
+  -- send the all-reduces as F16 (summed in F32: half their bytes; "int8", a quarter, is lossy):
+  -- docs/cluster.md, "Compressed links".
   replicas = { replica { model = m, stages = pipeline(m, { { "w0", "w1" } }) } },
   batcher = { max_step_tokens = 4096, max_seqs = 64, max_wait_ms = 50 },
   -- KV memory of each rank.
