@@ -60,12 +60,13 @@ NEAR_TIE = 1e-3  # issue 26: a split is allowed only where the top-2 gap is unde
 EXACT_LP = 5e-3  # F32/F16 models: logprobs before a split (test_cluster_tp.py's `same`)
 QUANT_TOL = 0.5  # quantized models: test_cluster_tp.py's LP_TOL and GAP_TOL
 # tp_compress on stories260K (docs/cluster.md, "Compressed links"; measured with
-# bench/tp_compress_agreement.py: f16 16 of 16 equal, logprobs within 5.4e-3, 0.64 of the bytes
-# on the wire; int8 9-11 of 16 equal, within 0.078 before a split, splits at gaps up to 0.13,
-# 0.46 of the bytes). A broken encoding or a missing sum moves the first token's logprobs by far
-# more, and the uncompressed link sends every byte passed in (plus its frames' headers).
+# bench/tp_compress_agreement.py and this test, 8 runs: f16 16 of 16 equal, logprobs within
+# 5.4e-3, 0.64 of the bytes on the wire; int8 9-14 of 16 equal, within 0.163 before a split,
+# splits at gaps up to 0.134, 0.46 of the bytes). A broken encoding or a missing sum moves the
+# first token's logprobs by far more (decoding either at 0.7 of its value fails both cases), and
+# the uncompressed link sends every byte passed in (plus its frames' headers).
 F16_GAP, F16_LP, F16_EQUAL, F16_WIRE = 0.02, 0.02, 14, (0.55, 0.75)
-INT8_GAP, INT8_LP, INT8_EQUAL, INT8_WIRE = 0.3, 0.25, 5, (0.35, 0.55)
+INT8_GAP, INT8_LP, INT8_EQUAL, INT8_WIRE = 0.3, 0.3, 5, (0.35, 0.55)
 
 
 def reference(model, prompts, n):
