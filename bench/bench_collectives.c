@@ -2,7 +2,8 @@
  * transport, group size and message size. One JSON object per (transport, ranks, bytes).
  *
  * Usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] [--op OP]
- *                          [--compress none|f16|int8] [--min B] [--max B] [--iters N] [--bytes B]
+ *                          [--compress none|f16|int8] [--hosts H] [--min B] [--max B] [--iters N]
+ *                          [--bytes B]
  *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment;
  *                  ipc / tcp: fork()ed processes over SH_COLL_NET on ipc:// sockets in /tmp or
  *                  tcp://127.0.0.1 ports
@@ -16,6 +17,9 @@
  *                  them all, see net_p2p_rank)
  *   --compress C   ipc / tcp: what crosses the links (default none); the mode says it
  *                  ("processes-f16")
+ *   --hosts H      ipc / tcp: the two-level collectives (SH_COLL_HIER), the ranks split in H
+ *                  pseudo-hosts of consecutive ranks (H divides N): shared memory within each,
+ *                  the hosts' leaders over the transport; the mode says it ("processes-hier2")
  *   --min/--max B  message sizes in bytes (default 4096 .. 64 MiB: 4 KiB, 8 KiB, then powers of
  *                  4 from 16 KiB); for all-gather, B is the output (every rank sends B / N)
  *   --bytes B      one size only
@@ -60,6 +64,7 @@ typedef struct bench_opts {
     size_t min_bytes, max_bytes;
     int iters; /* 0: by size */
     sh_coll_compress compress;
+    int32_t hosts; /* > 0: SH_COLL_HIER over this many pseudo-hosts */
 } bench_opts;
 
 static const char *op_names[] = {"allreduce", "allgather", "broadcast", "p2p"};
@@ -442,14 +447,25 @@ static int net_rank(const bench_opts *o, int32_t r, char (*urls)[128])
                        .max_bytes = o->max_bytes,
                        .urls = up,
                        .compress = o->compress};
+    int32_t hosts[SH_COLL_MAX_RANKS];
+    char shm[64];
+    if (o->hosts > 0) {
+        for (int32_t i = 0; i < o->ranks; i++)
+            hosts[i] = i / (o->ranks / o->hosts);
+        snprintf(shm, sizeof shm, "/shoal-bench-hier-%d", (int)getppid());
+        co.hosts = hosts;
+        co.shm_name = shm;
+    }
     sh_coll *c = NULL;
     sh_error e = {0};
-    if (sh_coll_create(SH_COLL_NET, &co, &c, &e)) {
+    if (sh_coll_create(o->hosts > 0 ? SH_COLL_HIER : SH_COLL_NET, &co, &c, &e)) {
         fprintf(stderr, "bench_collectives: rank %d: %s\n", (int)r, e.msg);
         return 1;
     }
-    char mode[32];
-    snprintf(mode, sizeof mode, "processes%s%s", o->compress ? "-" : "",
+    char mode[48], hier[16] = "";
+    if (o->hosts > 0)
+        snprintf(hier, sizeof hier, "-hier%d", (int)o->hosts);
+    snprintf(mode, sizeof mode, "processes%s%s%s", hier, o->compress ? "-" : "",
              o->compress ? compress_names[o->compress] : "");
     int rc = rank_loop(c, o, mode);
     sh_coll_destroy(c);
@@ -486,7 +502,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] "
                     "[--op allreduce|allgather|broadcast|p2p] [--compress none|f16|int8] "
-                    "[--min B] [--max B] [--bytes B] [--iters N]\n");
+                    "[--hosts H] [--min B] [--max B] [--bytes B] [--iters N]\n");
     return 2;
 }
 
@@ -516,6 +532,8 @@ int main(int argc, char **argv)
             o.max_bytes = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--bytes"))
             o.min_bytes = o.max_bytes = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--hosts"))
+            o.hosts = atoi(v);
         else if (!strcmp(a, "--iters"))
             o.iters = atoi(v);
         else if (!strcmp(a, "--op")) {
@@ -550,6 +568,11 @@ int main(int argc, char **argv)
     bool net = !strcmp(o.transport, "ipc") || !strcmp(o.transport, "tcp");
     if (o.compress && !net) {
         fprintf(stderr, "bench_collectives: --compress needs --transport ipc or tcp\n");
+        return 2;
+    }
+    if (o.hosts != 0 && (!net || o.op == OP_P2P || o.hosts < 1 || o.ranks % o.hosts != 0)) {
+        fprintf(stderr, "bench_collectives: --hosts H needs --transport ipc or tcp, a collective "
+                        "and H dividing the ranks\n");
         return 2;
     }
     if (!strcmp(o.transport, "shm"))

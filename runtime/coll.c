@@ -1,5 +1,5 @@
 /* The collectives' front: argument checks, sequence numbers, the broken state and the counters,
- * in front of the shared-memory and network transports. */
+ * in front of the shared-memory, network and two-level transports. */
 #include "runtime/coll.h"
 
 #include <stdio.h>
@@ -48,7 +48,7 @@ sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, s
                              (int)o->size - 1);
     if (o->max_bytes == 0)
         return sh__error_set(e, SH_EINVAL, "coll: max_bytes is 0");
-    if (kind != SH_COLL_SHM && kind != SH_COLL_NET)
+    if (kind != SH_COLL_SHM && kind != SH_COLL_NET && kind != SH_COLL_HIER)
         return sh__error_set(e, SH_EINVAL, "coll: unknown transport kind %d", (int)kind);
     sh_coll *c = calloc(1, sizeof *c);
     if (!c)
@@ -58,7 +58,9 @@ sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, s
     c->epoch = o->epoch;
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 5000;
     c->max_bytes = o->max_bytes;
-    sh_err rc = kind == SH_COLL_SHM ? sh__coll_shm_create(c, o, e) : sh__coll_net_create(c, o, e);
+    sh_err rc = kind == SH_COLL_SHM   ? sh__coll_shm_create(c, o, e)
+                : kind == SH_COLL_NET ? sh__coll_net_create(c, o, e)
+                                      : sh__coll_hier_create(c, o, e);
     if (rc) {
         free(c);
         return rc;

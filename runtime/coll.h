@@ -40,6 +40,20 @@
  *   or within ~100 ms when its sender has destroyed its handle (a frame lost in a rank's last
  *   call before destroy is not recovered). Optional compression of what crosses the links (f16,
  *   or int8 with one scale per chunk of at most 256 values); sums are always taken in f32.
+ * - SH_COLL_HIER: two levels, for a group spanning hosts with several ranks on some: `hosts`
+ *   gives each rank's host (any ids; equal ids are one host). The ranks of a host form an
+ *   SH_COLL_SHM group on the segment shm_name + "-h<k>" (k: the host's index, hosts numbered in
+ *   the order their first rank appears), and each host's first rank (its leader) joins an
+ *   SH_COLL_NET group of the leaders on its urls[rank] (the other ranks' URLs are not used;
+ *   compress, key and fault apply to it, fault being asked with global ranks). all-reduce sums
+ *   each host's buffers in shared memory (in rank order), the leaders' sums over the network,
+ *   and broadcasts the result back to each host: every rank gets the same bits, which may differ
+ *   in the last bits from a flat group's (another order of the sum). all-gather and broadcast
+ *   go the same way. A failure on either level makes the rank leave both at once, so every peer
+ *   learns of it within about 100 ms, or at the timeout when a rank stopped; errors name the
+ *   level and the rank. A host of one rank uses no segment, a group on one host no sockets.
+ *   The leaders' group carries max(max_bytes, hosts x the largest host's ranks x max_bytes /
+ *   size) (their all-gather pads each host to the largest).
  *
  * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
  * sh_coll_stats_get may be called from any thread. */
@@ -49,6 +63,7 @@ typedef struct sh_coll sh_coll;
 typedef enum sh_coll_kind {
     SH_COLL_SHM = 1,
     SH_COLL_NET,
+    SH_COLL_HIER,
 } sh_coll_kind;
 
 typedef enum sh_coll_compress {
@@ -91,6 +106,8 @@ typedef struct sh_coll_opts {
     sh_coll_compress compress;
     const uint8_t *key; /* the cluster key (NULL: an unkeyed cluster): each link proves it */
     size_t key_len;
+    /* SH_COLL_HIER: shm_name (the segments' prefix), urls, compress, key, and */
+    const int32_t *hosts; /* (size) each rank's host id: equal ids share a host */
     /* Fault injection (chaos scenarios, tests; NULL: none): see sh_coll_fault_fn. The transport
      * survives what it injects as it survives lost frames (SH_COLL_NET above). */
     sh_coll_fault_fn fault;

@@ -1,5 +1,5 @@
 /* Internals shared by the collectives' front (coll.c) and their transports (coll_shm.c,
- * coll_net.c). */
+ * coll_net.c, coll_hier.c). */
 #ifndef SH_RUNTIME_COLL_INT_H
 #define SH_RUNTIME_COLL_INT_H
 
@@ -46,5 +46,6 @@ const char *sh__coll_op_name(uint32_t op);
  * leaving nothing allocated. */
 sh_err sh__coll_shm_create(sh_coll *c, const sh_coll_opts *o, sh_error *e);
 sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e);
+sh_err sh__coll_hier_create(sh_coll *c, const sh_coll_opts *o, sh_error *e);
 
 #endif

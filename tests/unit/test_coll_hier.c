@@ -1,0 +1,563 @@
+/* The two-level collectives (SH_COLL_HIER) between fork()ed processes: 4 ranks as 2 "hosts" of 2
+ * (and 3 + 1 with the hosts' ranks interleaved), the host ids passed explicitly so one machine
+ * plays several; real segments in /dev/shm, real NNG sockets on ipc://. Sums against scalar
+ * references and bitwise equal on every rank, gathers, broadcasts from every root, compression,
+ * a killed leader and a killed non-leader, a stopped rank, a wrong epoch and bad options. The
+ * parent never touches NNG (its threads would not survive fork): every rank is a child. */
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/coll.h"
+#include "sh_test.h"
+
+#define MAXR 4
+#define MAXCALLS 40
+
+/* Memory every process of a case shares (MAP_SHARED before fork). */
+typedef struct shared {
+    uint64_t hash[MAXCALLS][MAXR]; /* each call's result, per rank */
+    int ncalls[MAXR];
+    double err[2];
+} shared;
+
+typedef struct group {
+    int n;
+    char urls[MAXR][128];
+    const char *up[MAXR];
+    int32_t hosts[MAXR];
+    uint32_t epoch[MAXR];
+    char shm[64];
+    sh_coll_compress cmp;
+    int32_t timeout_ms;
+    size_t max_bytes;
+    shared *sh;
+} group;
+
+static int case_no;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A group of n ranks on ipc:// sockets in /tmp, rank r on host hosts[r]. */
+static void group_init(group *g, int n, const int32_t *hosts)
+{
+    memset(g, 0, sizeof *g);
+    g->n = n;
+    g->timeout_ms = 5000;
+    g->max_bytes = (size_t)2 << 20;
+    case_no++;
+    snprintf(g->shm, sizeof g->shm, "/shoal-ch-%d-%d", (int)getpid(), case_no);
+    for (int i = 0; i < n; i++) {
+        snprintf(g->urls[i], sizeof g->urls[i], "ipc:///tmp/shoal-ch-%d-%d-%d", (int)getpid(),
+                 case_no, i);
+        g->up[i] = g->urls[i];
+        g->hosts[i] = hosts[i];
+    }
+    g->sh = mmap(NULL, sizeof *g->sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(g->sh != MAP_FAILED);
+    memset(g->sh, 0, sizeof *g->sh);
+}
+
+static void group_fini(group *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        char b[160];
+        unlink(g->urls[i] + 6);
+        snprintf(b, sizeof b, "%sb", g->urls[i] + 6);
+        unlink(b);
+        /* a killed leader leaves its host's segment behind */
+        snprintf(b, sizeof b, "%s-h%d", g->shm, i);
+        shm_unlink(b);
+    }
+    munmap(g->sh, sizeof *g->sh);
+}
+
+static sh_err rank_create(const group *g, int rank, sh_coll **c, sh_error *e)
+{
+    sh_coll_opts o = {.rank = rank,
+                      .size = g->n,
+                      .epoch = g->epoch[rank] ? g->epoch[rank] : 7,
+                      .timeout_ms = g->timeout_ms,
+                      .max_bytes = g->max_bytes,
+                      .shm_name = g->shm,
+                      .urls = g->up,
+                      .hosts = g->hosts,
+                      .compress = g->cmp};
+    return sh_coll_create(SH_COLL_HIER, &o, c, e);
+}
+
+typedef void (*rank_fn)(group *g, int rank);
+
+/* Runs fn in n child processes (rank i in child i) and checks that each exits 0 within
+ * limit_ms. `victim` (or -1): a rank that stops or kills itself; it is killed and reaped after
+ * the others finish. */
+static void run_ranks(group *g, rank_fn fn, int victim, unsigned limit_ms)
+{
+    pid_t pid[MAXR];
+    for (int i = 0; i < g->n; i++) {
+        pid[i] = fork();
+        CHECK(pid[i] >= 0);
+        if (pid[i] == 0) {
+            sh_test_failures_ = 0;
+            fn(g, i);
+            fflush(NULL);
+            exit(sh_test_failures_ ? 1 : 0);
+        }
+    }
+    uint64_t end = mono_ms() + sh_test_ms(limit_ms);
+    int left = g->n - (victim >= 0 ? 1 : 0);
+    bool done[MAXR] = {0};
+    while (left > 0 && mono_ms() < end) {
+        for (int i = 0; i < g->n; i++) {
+            int st;
+            if (done[i] || i == victim || waitpid(pid[i], &st, WNOHANG) != pid[i])
+                continue;
+            done[i] = true;
+            left--;
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                SH_FAIL_("rank %d ended with status %#x", i, st);
+        }
+        usleep(2000);
+    }
+    for (int i = 0; i < g->n; i++) {
+        if (done[i])
+            continue;
+        if (i != victim)
+            SH_FAIL_("rank %d did not finish within %u ms", i, limit_ms);
+        kill(pid[i], SIGKILL);
+        waitpid(pid[i], NULL, 0);
+    }
+}
+
+/* ---- Data and references ---------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Rank r's input of call k: uniform in [-1, 1). */
+static void fill(float *x, size_t n, int r, int k)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ ((uint64_t)r << 32) ^ (uint64_t)(k + 1) * 0x1234567ull;
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((double)(rng_next(&s) >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+static uint64_t hash(const void *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+    return h;
+}
+
+static void record(group *g, int rank, const void *p, size_t len)
+{
+    int k = g->sh->ncalls[rank]++;
+    if (k < MAXCALLS)
+        g->sh->hash[k][rank] = hash(p, len);
+}
+
+/* Every rank recorded the same results, call by call. */
+static void check_same(const group *g)
+{
+    CHECK(g->sh->ncalls[0] > 0);
+    for (int r = 1; r < g->n; r++) {
+        CHECK_INT_EQ(g->sh->ncalls[r], g->sh->ncalls[0]);
+        for (int k = 0; k < g->sh->ncalls[0] && k < MAXCALLS; k++)
+            if (g->sh->hash[k][r] != g->sh->hash[k][0])
+                SH_FAIL_("call %d: rank %d's result differs from rank 0's", k, r);
+    }
+}
+
+/* One all-reduce of n floats, checked against the double-precision sum: |got - sum| <= tol *
+ * sum over ranks of |x| (the scale the rounding errors have), element by element, or (global)
+ * <= tol * the largest such sum in the buffer (int8's steps scale with a block's largest value). */
+static void allreduce_check(group *g, sh_coll *c, int rank, size_t n, int k, double tol,
+                            bool global)
+{
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    double *ref = calloc(n, sizeof *ref), *mag = calloc(n, sizeof *mag);
+    for (int r = 0; r < g->n; r++) {
+        fill(y, n, r, k);
+        for (size_t i = 0; i < n; i++) {
+            ref[i] += y[i];
+            mag[i] += fabs(y[i]);
+        }
+    }
+    fill(x, n, rank, k);
+    sh_error e = {0};
+    sh_err rc = sh_coll_allreduce(c, x, n, &e);
+    if (rc)
+        SH_FAIL_("rank %d: all-reduce of %zu floats: %s: %s", rank, n, sh_strerror(rc), e.msg);
+    double worst = 0, worst_abs = 0, top = 0, mag_max = 0;
+    for (size_t i = 0; i < n; i++)
+        mag_max = fmax(mag_max, mag[i]);
+    size_t at = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        double d = fabs(x[i] - ref[i]) / (global ? mag_max : mag[i]);
+        if (d > worst) {
+            worst = d;
+            at = i;
+        }
+        worst_abs = fmax(worst_abs, fabs(x[i] - ref[i]));
+        top = fmax(top, fabs(ref[i]));
+    }
+    if (worst > tol)
+        SH_FAIL_("rank %d, n %zu: element %zu is %.9g, the sum %.9g: error %.3g of %s > %.3g", rank,
+                 n, at, (double)x[at], ref[at], worst, global ? "max sum |x|" : "sum |x|", tol);
+    if (global) { /* report the per-element figure too */
+        worst = 0;
+        for (size_t i = 0; i < n && !rc; i++)
+            worst = fmax(worst, fabs(x[i] - ref[i]) / mag[i]);
+    }
+    if (rank == 0) {
+        g->sh->err[0] = fmax(g->sh->err[0], worst);
+        g->sh->err[1] = fmax(g->sh->err[1], top > 0 ? worst_abs / top : 0);
+    }
+    record(g, rank, x, n * sizeof *x);
+    free(x);
+    free(y);
+    free(ref);
+    free(mag);
+}
+
+static void allgather_check(group *g, sh_coll *c, int rank, size_t bytes, int k)
+{
+    uint8_t *in = malloc(bytes), *out = malloc(bytes * (size_t)g->n), *want = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        in[i] = (uint8_t)(i * 31 + (size_t)rank * 7 + (size_t)k);
+    sh_error e = {0};
+    sh_err rc = sh_coll_allgather(c, in, bytes, out, &e);
+    if (rc)
+        SH_FAIL_("rank %d: all-gather of %zu bytes: %s: %s", rank, bytes, sh_strerror(rc), e.msg);
+    for (int r = 0; r < g->n && !rc; r++) {
+        for (size_t i = 0; i < bytes; i++)
+            want[i] = (uint8_t)(i * 31 + (size_t)r * 7 + (size_t)k);
+        if (memcmp(out + (size_t)r * bytes, want, bytes) != 0)
+            SH_FAIL_("rank %d: all-gather of %zu bytes: rank %d's part differs", rank, bytes, r);
+    }
+    record(g, rank, out, bytes * (size_t)g->n);
+    free(in);
+    free(out);
+    free(want);
+}
+
+static void broadcast_check(group *g, sh_coll *c, int rank, size_t bytes, int root)
+{
+    uint8_t *buf = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        buf[i] = rank == root ? (uint8_t)(i * 13 + 5) : 0xee;
+    sh_error e = {0};
+    sh_err rc = sh_coll_broadcast(c, buf, bytes, root, &e);
+    if (rc)
+        SH_FAIL_("rank %d: broadcast of %zu bytes: %s: %s", rank, bytes, sh_strerror(rc), e.msg);
+    for (size_t i = 0; i < bytes && !rc; i++)
+        if (buf[i] != (uint8_t)(i * 13 + 5)) {
+            SH_FAIL_("rank %d: broadcast of %zu bytes from %d: byte %zu is %u", rank, bytes, root,
+                     i, buf[i]);
+            break;
+        }
+    record(g, rank, buf, bytes);
+    free(buf);
+}
+
+/* An all-reduce of small integers (exact in f32 whatever the order): equal to the plain sum. */
+static void allreduce_exact(group *g, sh_coll *c, int rank, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((int)((i * 7 + (size_t)rank * 13) % 41) - 20);
+    sh_error e = {0};
+    sh_err rc = sh_coll_allreduce(c, x, n, &e);
+    if (rc)
+        SH_FAIL_("rank %d: all-reduce of %zu floats: %s: %s", rank, n, sh_strerror(rc), e.msg);
+    for (size_t i = 0; i < n && !rc; i++) {
+        float want = 0;
+        for (int r = 0; r < g->n; r++)
+            want += (float)((int)((i * 7 + (size_t)r * 13) % 41) - 20);
+        if (x[i] != want) {
+            SH_FAIL_("rank %d, n %zu: element %zu is %g, the plain sum %g", rank, n, i,
+                     (double)x[i], (double)want);
+            break;
+        }
+    }
+    record(g, rank, x, n * sizeof *x);
+    free(x);
+}
+
+/* ---- Sums, gathers and broadcasts ------------------------------------------------------- */
+
+/* Sizes below and above the network's one-shot threshold (64 KB) and ring segments (128 KB). */
+static const size_t sizes[] = {1, 1000, 16385, 100003, 300000};
+
+static void rank_mixed(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    CHECK_INT_EQ(sh_coll_rank(c), rank);
+    CHECK_INT_EQ(sh_coll_size(c), g->n);
+    int k = 0, calls = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++, calls++)
+        allreduce_check(g, c, rank, sizes[i], k++, 1e-6, false);
+    allreduce_exact(g, c, rank, 1000);
+    allreduce_exact(g, c, rank, 200000);
+    allgather_check(g, c, rank, 1, k++);
+    allgather_check(g, c, rank, 100, k++);
+    allgather_check(g, c, rank, 120001, k++);
+    calls += 5;
+    for (int root = 0; root < g->n; root++, calls += 2) {
+        broadcast_check(g, c, rank, 5000, root);
+        broadcast_check(g, c, rank, 300001, root);
+    }
+    allreduce_check(g, c, rank, 1000, k++, 1e-6, false); /* the sequences still agree */
+    calls++;
+    sh_coll_stats st;
+    sh_coll_stats_get(c, &st);
+    CHECK_UINT_EQ(st.calls, (uint64_t)calls);
+    CHECK_UINT_EQ(st.failures, 0);
+    /* Only leaders send on the network, when there are several hosts. */
+    bool leader = true, hosts = false;
+    for (int r = 0; r < g->n; r++) {
+        leader = leader && (r >= rank || g->hosts[r] != g->hosts[rank]);
+        hosts = hosts || g->hosts[r] != g->hosts[0];
+    }
+    if (leader && hosts)
+        CHECK(st.bytes_wire > 0);
+    else
+        CHECK_UINT_EQ(st.bytes_wire, 0);
+    sh_coll_destroy(c);
+}
+
+static void mixed(const int32_t *hosts, const char *what)
+{
+    group g;
+    group_init(&g, 4, hosts);
+    uint64_t t0 = mono_ms();
+    run_ranks(&g, rank_mixed, -1, 30000);
+    check_same(&g);
+    fprintf(stderr, "  4 ranks, %s: %llu ms\n", what, (unsigned long long)(mono_ms() - t0));
+    group_fini(&g);
+}
+
+static void test_two_by_two(void)
+{
+    static const int32_t hosts[] = {10, 10, 20, 20};
+    mixed(hosts, "hosts 2 x 2");
+}
+
+/* Host 5 holds ranks 0, 2 and 3, host 9 rank 1 alone (no segment there): rank order differs
+ * from host order, and the leaders' all-gather pads host 9. */
+static void test_uneven(void)
+{
+    static const int32_t hosts[] = {5, 9, 5, 5};
+    mixed(hosts, "hosts 3 + 1, interleaved");
+}
+
+/* One host: the shared-memory group alone, no sockets. */
+static void test_one_host(void)
+{
+    static const int32_t hosts[] = {3, 3, 3, 3};
+    mixed(hosts, "one host");
+}
+
+static void rank_compress(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    /* f16 rounds a value to 2^-11 at each hop between the 2 leaders (test_coll_net's bound for
+     * a ring of n ranks is n hops: n - 1 partial sums and the final value; one more here for
+     * margin), each host's sum at most its sum of |x|. */
+    allreduce_check(g, c, rank, 1000, 0, 3 * 0x1p-11 * 1.01, false);   /* one-shot */
+    allreduce_check(g, c, rank, 300000, 1, 3 * 0x1p-11 * 1.01, false); /* ring */
+    sh_coll_destroy(c);
+}
+
+static void test_compress(void)
+{
+    static const int32_t hosts[] = {0, 0, 1, 1};
+    group g;
+    group_init(&g, 4, hosts);
+    g.cmp = SH_COLL_COMPRESS_F16;
+    run_ranks(&g, rank_compress, -1, 20000);
+    check_same(&g);
+    group_fini(&g);
+}
+
+/* ---- Dead and stopped ranks ------------------------------------------------------------- */
+
+static int victim;
+static int victim_sig;
+
+static void rank_victim(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    allreduce_check(g, c, rank, 1000, 0, 1e-6, false);
+    if (rank == victim) {
+        usleep(200000);    /* its last frames of call 1 leave (the others' call 1 needs them) */
+        raise(victim_sig); /* SIGKILL ends here; SIGSTOP stops until the parent kills it */
+    }
+    float *x = calloc(100003, sizeof *x);
+    uint64_t t0 = mono_ms();
+    rc = sh_coll_allreduce(c, x, 100003, &e);
+    uint64_t took = mono_ms() - t0;
+    fprintf(stderr, "  rank %d after %llu ms: %s: %s\n", rank, (unsigned long long)took,
+            sh_strerror(rc), e.msg);
+    if (victim_sig == SIGKILL) {
+        /* Its segment and connections see it go; the others learn from their leaders. */
+        CHECK_INT_EQ(rc, SH_ECLOSED);
+        if (took > sh_test_ms(1500))
+            SH_FAIL_("rank %d: the call failed after %llu ms", rank, (unsigned long long)took);
+    } else {
+        if (rc != SH_ETIMEDOUT && rc != SH_ECLOSED)
+            SH_FAIL_("rank %d: %s, not SH_ETIMEDOUT or SH_ECLOSED", rank, sh_strerror(rc));
+        if (took > (uint64_t)g->timeout_ms + sh_test_ms(1500))
+            SH_FAIL_("rank %d: the call failed after %llu ms (timeout %d)", rank,
+                     (unsigned long long)took, (int)g->timeout_ms);
+    }
+    /* The rank's own host names the victim; every message says which level failed. */
+    bool same_host = g->hosts[rank] == g->hosts[victim];
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", rank);
+    if (!strstr(e.msg, want) || (!strstr(e.msg, "within the host") && !strstr(e.msg, "leaders")))
+        SH_FAIL_("rank %d: \"%s\" names neither this rank nor the level", rank, e.msg);
+    if (same_host && !strstr(e.msg, "within the host"))
+        SH_FAIL_("rank %d: \"%s\" does not say it failed within the host", rank, e.msg);
+    t0 = mono_ms();
+    CHECK_INT_EQ(sh_coll_allreduce(c, x, 100003, &e), rc); /* broken: at once, same code */
+    CHECK(mono_ms() - t0 < 100);
+    free(x);
+    t0 = mono_ms();
+    sh_coll_destroy(c);
+    CHECK(mono_ms() - t0 < 1000);
+}
+
+static void test_dead_rank(void)
+{
+    static const int32_t hosts[] = {0, 0, 1, 1};
+    const struct {
+        int victim, sig;
+    } v[] = {{3, SIGKILL}, {2, SIGKILL}, {1, SIGSTOP}};
+    for (int i = 0; i < 3; i++) {
+        group g;
+        group_init(&g, 4, hosts);
+        g.timeout_ms = v[i].sig == SIGKILL ? 4000 : 1000;
+        victim = v[i].victim;
+        victim_sig = v[i].sig;
+        fprintf(stderr, "  rank %d (%s) %s:\n", victim, victim % 2 ? "a non-leader" : "a leader",
+                v[i].sig == SIGKILL ? "killed" : "stopped");
+        run_ranks(&g, rank_victim, victim, 15000);
+        group_fini(&g);
+    }
+}
+
+/* ---- Join failures and options ---------------------------------------------------------- */
+
+static void rank_wrong_epoch(group *g, int rank)
+{
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    uint64_t t0 = mono_ms();
+    sh_err rc = rank_create(g, rank, &c, &e);
+    uint64_t took = mono_ms() - t0;
+    fprintf(stderr, "  rank %d after %llu ms: %s: %s\n", rank, (unsigned long long)took,
+            sh_strerror(rc), e.msg);
+    CHECK(rc != SH_OK);
+    CHECK(c == NULL);
+    if (took > (uint64_t)g->timeout_ms * 2 + sh_test_ms(1500))
+        SH_FAIL_("rank %d: create failed after %llu ms (timeout %d)", rank,
+                 (unsigned long long)took, (int)g->timeout_ms);
+    /* Rank 3 (epoch 5) finds its host's segment of epoch 7 and is refused; the others fail as
+     * it never joins. */
+    if (rank == 3 && (rc != SH_EPROTO || !strstr(e.msg, "epoch 7") || !strstr(e.msg, "epoch 5")))
+        SH_FAIL_("rank %d: %s \"%s\" does not name the epoch", rank, sh_strerror(rc), e.msg);
+}
+
+static void test_wrong_epoch(void)
+{
+    static const int32_t hosts[] = {0, 0, 1, 1};
+    group g;
+    group_init(&g, 4, hosts);
+    g.timeout_ms = 700;
+    g.epoch[3] = 5;
+    run_ranks(&g, rank_wrong_epoch, -1, 10000);
+    group_fini(&g);
+}
+
+static void rank_options(group *g, int rank)
+{
+    (void)rank;
+    sh_coll *c = NULL;
+    sh_error e = {0};
+    sh_coll_opts o = {
+        .rank = 0, .size = 2, .max_bytes = 1024, .shm_name = g->shm, .urls = g->up, .hosts = NULL};
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "needs hosts") != NULL);
+    CHECK(c == NULL);
+    o.hosts = g->hosts;
+    o.shm_name = NULL;
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "needs shm_name") != NULL);
+    o.shm_name = g->shm;
+    o.urls = NULL;
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "needs urls") != NULL);
+    o.urls = g->up;
+    o.shm_name = "no-slash";
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "no-slash-h0") != NULL);
+    CHECK(c == NULL);
+}
+
+static void test_options(void)
+{
+    static const int32_t hosts[] = {0, 0};
+    group g;
+    group_init(&g, 1, hosts);
+    run_ranks(&g, rank_options, -1, 5000);
+    group_fini(&g);
+}
+
+static const sh_test_case tests[] = {
+    {"two_by_two", test_two_by_two}, {"uneven", test_uneven},
+    {"one_host", test_one_host},     {"compress", test_compress},
+    {"dead_rank", test_dead_rank},   {"wrong_epoch", test_wrong_epoch},
+    {"options", test_options},       {NULL, NULL},
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return sh_test_main(argc, argv, tests);
+}
