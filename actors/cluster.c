@@ -323,23 +323,77 @@ static bool url_local(const char *url)
     return true;
 }
 
-/* How stage i's group links: SH_COLL_SHM when every rank is on this host and the replica does not
- * ask for the network, SH_COLL_NET otherwise; 0 for a stage of one node. */
+/* The host part of a listen URL: tcp:// and tls+tcp://'s address without the port, "" for the
+ * others (ipc://: this host). */
+static size_t url_host(const char *url, const char **h)
+{
+    if (!strncmp(url, "tls+tcp://", 10))
+        url += 4;
+    if (strncmp(url, "tcp://", 6)) {
+        *h = "";
+        return 0;
+    }
+    *h = url + 6;
+    const char *end = strrchr(*h, ':');
+    return end ? (size_t)(end - *h) : strlen(*h);
+}
+
+/* Whether two listen URLs are on one host: their host parts as written when `literal`
+ * (tp_link = "hier", so that 127.0.0.1 and 127.0.0.2 play two hosts), else with every URL on
+ * this host (url_local) counted as one. */
+static bool same_host(const char *a, const char *b, bool literal)
+{
+    if (!literal && (url_local(a) || url_local(b)))
+        return url_local(a) && url_local(b);
+    const char *ha, *hb;
+    size_t la = url_host(a, &ha), lb = url_host(b, &hb);
+    return la == lb && !strncmp(ha, hb, la);
+}
+
+/* Rank r's host in stage i's group: the first rank of the group on the same host. */
+static int32_t rank_host(const sh_cluster_plan *p, int32_t i, int32_t r, bool literal)
+{
+    const char *u = p->c->nodes[p->rank_node[i][r]].listen;
+    int32_t k = 0;
+    while (k < r && !same_host(p->c->nodes[p->rank_node[i][k]].listen, u, literal))
+        k++;
+    return k;
+}
+
+/* How stage i's group links (0 for a stage of one node): as the replica's tp_link says ("net":
+ * SH_COLL_NET, "hier": SH_COLL_HIER), else ("auto") SH_COLL_SHM when every rank is on this host,
+ * SH_COLL_HIER when the ranks are on several hosts with more than one on some, SH_COLL_NET
+ * otherwise (one rank per host, or every rank on one other host). */
 static int32_t group_kind(const sh_cluster_plan *p, int32_t i)
 {
     if (p->stage_tp[i] <= 1)
         return 0;
-    bool local = !p->c->replicas[p->stage_replica[i]].tp_net;
-    for (int32_t r = 0; local && r < p->stage_tp[i]; r++)
-        local = url_local(p->c->nodes[p->rank_node[i][r]].listen);
-    return local ? SH_COLL_SHM : SH_COLL_NET;
+    const sh_config_replica *rep = &p->c->replicas[p->stage_replica[i]];
+    if (rep->tp_net)
+        return SH_COLL_NET;
+    if (rep->tp_hier)
+        return SH_COLL_HIER;
+    bool local = true, shared = false;
+    int32_t n_hosts = 0;
+    for (int32_t r = 0; r < p->stage_tp[i]; r++) {
+        local = local && url_local(p->c->nodes[p->rank_node[i][r]].listen);
+        if (rank_host(p, i, r, false) == r)
+            n_hosts++;
+        else
+            shared = true;
+    }
+    if (local)
+        return SH_COLL_SHM;
+    return n_hosts > 1 && shared ? SH_COLL_HIER : SH_COLL_NET;
 }
 
 /* What stage i's group compresses on its links: the replica's tp_compress over the network, 0
  * (none) otherwise (the script refuses tp_compress without tp_link = "net"). */
 static int32_t group_compress(const sh_cluster_plan *p, int32_t i)
 {
-    return group_kind(p, i) == SH_COLL_NET ? p->c->replicas[p->stage_replica[i]].tp_compress : 0;
+    int32_t k = group_kind(p, i);
+    return k == SH_COLL_NET || k == SH_COLL_HIER ? p->c->replicas[p->stage_replica[i]].tp_compress
+                                                 : 0;
 }
 
 uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank)
@@ -478,13 +532,13 @@ static void compare(const sh_cluster_plan *p, int32_t node, const sh_hello_ident
             return;
         }
         uint64_t want_slice = sh__cluster_slice(p, i, r), got_slice = got->slices[k];
-        static const char *const links[3] = {"none", "shared memory", "the network"};
+        static const char *const links[4] = {"none", "shared memory", "the network",
+                                             "two levels (shared memory and the network)"};
         static const char *const cmps[3] = {"none", "f16", "int8"};
         int32_t wl = SH_HELLO_SLICE_LINK(want_slice), gl = SH_HELLO_SLICE_LINK(got_slice);
         int32_t wc = SH_HELLO_SLICE_COMPRESS(want_slice), gc = SH_HELLO_SLICE_COMPRESS(got_slice);
         bool same_but_link = p->first[i] >= 0 && got_slice != want_slice &&
-                             (got_slice << 4) == (want_slice << 4) && wl < 3 && gl < 3 && wc < 3 &&
-                             gc < 3;
+                             (got_slice << 4) == (want_slice << 4) && wc < 3 && gc < 3;
         if (same_but_link && wl != gl) {
             snprintf(buf, cap,
                      "stage %d: its group links over %s, the script's over %s: was it started "
@@ -857,7 +911,7 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
     int32_t tp = p->stage_tp[i];
     g->kind = group_kind(p, i);
     g->compress = group_compress(p, i);
-    if (g->kind == SH_COLL_NET && !strncmp(c->nodes[p->rank_node[i][0]].listen, "tls+tcp://", 10))
+    if (g->kind != SH_COLL_SHM && !strncmp(c->nodes[p->rank_node[i][0]].listen, "tls+tcp://", 10))
         return fail(e,
                     "node '%s' (%s): stage %d's group would link over the network, which does not "
                     "take tls+tcp:// yet: put its ranks on one host, or use tcp://",
@@ -869,8 +923,10 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
     for (const char *q = lead; *q; q++)
         h = (h ^ (uint8_t)*q) * 0x100000001b3ull;
     snprintf(g->shm_name, sizeof g->shm_name, "/shoal-tp-%016" PRIx64 "-%d", h, (int)i + 1);
+    bool literal = c->replicas[p->stage_replica[i]].tp_hier;
     for (int32_t r = 0; r < tp; r++) {
         const char *u = c->nodes[p->rank_node[i][r]].listen;
+        g->hosts[r] = rank_host(p, i, r, literal);
         g->url_of[r] = g->urls[r];
         if (!strncmp(u, "ipc://", 6) || !strncmp(u, "inproc://", 9)) {
             snprintf(g->urls[r], sizeof g->urls[r], "%s.tp%d", u, (int)i + 1);

@@ -213,6 +213,7 @@ typedef struct sh_cluster_group {
     char shm_name[64];
     char urls[SH_CONFIG_MAX_TP][280];
     const char *url_of[SH_CONFIG_MAX_TP]; /* urls[r] */
+    int32_t hosts[SH_CONFIG_MAX_TP];      /* SH_COLL_HIER: rank r's host (sh_coll_opts.hosts) */
     int32_t timeout_ms;
 } sh_cluster_group;
 

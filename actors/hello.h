@@ -31,9 +31,10 @@ typedef struct sh_hello_ident {
 
 /* A stage actor's slice in HELLO: its layers [first, last) and, in a tensor-parallel group of tp
  * ranks (1: none), its rank and how the group links: SH_HELLO_SLICE_LINK (0 none, 1 shared
- * memory, 2 the network) and SH_HELLO_SLICE_COMPRESS (the network's sh_coll_compress: 0 none, 1
- * f16, 2 int8). 20 bits per layer bound, 10 each for tp and rank, 4 for the link: 2 for its kind,
- * 2 for its compression (SH_HELLO_SLICE_L takes them as kind | compress << 2). */
+ * memory, 2 the network, 3 two levels: sh_coll_kind) and SH_HELLO_SLICE_COMPRESS (the network's
+ * sh_coll_compress: 0 none, 1 f16, 2 int8). 20 bits per layer bound, 10 each for tp and rank, 4
+ * for the link: 2 for its kind, 2 for its compression (SH_HELLO_SLICE_L takes them as kind |
+ * compress << 2). */
 #define SH_HELLO_SLICE_LINK(s) ((int32_t)(((s) >> 60) & 0x3u))
 #define SH_HELLO_SLICE_COMPRESS(s) ((int32_t)((s) >> 62))
 #define SH_HELLO_SLICE_L(first, last, tp, rank, link)                                              \

@@ -524,7 +524,9 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
     static const char *const cmps[3] = {"", " compress=f16", " compress=int8"};
     sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_group", "rank=%d size=%d epoch=%u kind=%s%s",
                    (int)st->tp_rank, (int)st->tp_size, (unsigned)gen,
-                   st->coll_kind == SH_COLL_SHM ? "shm" : "net",
+                   st->coll_kind == SH_COLL_SHM   ? "shm"
+                   : st->coll_kind == SH_COLL_NET ? "net"
+                                                  : "hier",
                    (unsigned)o.compress < 3 ? cmps[o.compress] : "");
     return SH_OK;
 }

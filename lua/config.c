@@ -224,18 +224,19 @@ static void validate_replica(lua_State *L, int idx, const char *where)
     }
     lua_pop(L, 1);
     const char *tl = sh__lua_get_str(L, idx, "tp_link");
-    if (tl && strcmp(tl, "auto") != 0 && strcmp(tl, "net") != 0)
-        sh__lua_fail(L, SH_EINVAL, where, "replica: tp_link '%.40s' must be \"auto\" or \"net\"",
-                     tl);
-    // Only the network collective compresses; a group on shared memory would ignore it.
+    if (tl && strcmp(tl, "auto") != 0 && strcmp(tl, "net") != 0 && strcmp(tl, "hier") != 0)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica: tp_link '%.40s' must be \"auto\", \"net\" or \"hier\"", tl);
+    // Only the network collective compresses (over two levels, the hosts' leaders' links); a
+    // group on shared memory would ignore it.
     const char *tc = sh__lua_get_str(L, idx, "tp_compress");
     if (tp_compress_of(tc) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
                      "replica: tp_compress '%.40s' must be \"none\", \"f16\" or \"int8\"", tc);
-    if (tp_compress_of(tc) > 0 && !(tl && !strcmp(tl, "net")))
+    if (tp_compress_of(tc) > 0 && !(tl && (!strcmp(tl, "net") || !strcmp(tl, "hier"))))
         sh__lua_fail(L, SH_EINVAL, where,
-                     "replica: tp_compress = \"%s\" needs tp_link = \"net\" (only the network "
-                     "collective compresses; a group on shared memory exchanges f32)",
+                     "replica: tp_compress = \"%s\" needs tp_link = \"net\" or \"hier\" (only "
+                     "the network collective compresses; a group on shared memory exchanges f32)",
                      tc);
     const char *ld = sh__lua_get_str(L, idx, "link_dtype");
     if (link_dtype_of(ld) < 0)
@@ -808,6 +809,7 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         const char *tl = sh__lua_get_str(L, -1, "tp_link");
         r->tp_net = tl && !strcmp(tl, "net");
         r->tp_compress = tp_compress_of(sh__lua_get_str(L, -1, "tp_compress"));
+        r->tp_hier = tl && !strcmp(tl, "hier");
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
             r->model = -1;

@@ -89,14 +89,17 @@ typedef struct sh_config_replica {
      * "f16" | "int8" }, as the GGUF type id (base/dtype.h): 0 F32 (default), 1 F16 (rounded to
      * nearest even), 24 I8 (with one F32 scale per row, max|x| / 127). */
     uint32_t link_dtype;
-    /* replica{ tp_link = "auto" | "net" }: how the ranks of a group exchange; "auto" (default,
-     * false): shared memory when every rank is on this host, else the network; "net" (true): the
-     * network always (docs/cluster.md, "Tensor parallelism"). */
+    /* replica{ tp_link = "auto" | "net" | "hier" }: how the ranks of a group exchange; "auto"
+     * (default, both false): shared memory when every rank is on this host, two levels when the
+     * ranks are on several hosts with more than one on some, else the network; "net" (tp_net):
+     * the network always; "hier" (tp_hier): two levels always, each node URL's host part taken
+     * as its host as written (docs/cluster.md, "Tensor parallelism"). */
     bool tp_net;
     /* replica{ tp_compress = "none" | "f16" | "int8" }: what the network collective's links carry
      * for the all-reduces, summed in f32 (runtime/coll.h): 0 none (default), 1 f16, 2 int8 (the
      * values of sh_coll_compress). Anything but "none" needs tp_link = "net". */
     int32_t tp_compress;
+    bool tp_hier;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;

@@ -249,6 +249,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                       .shm_name = st->group->shm_name,
                                       .urls = st->group->url_of,
                                       .compress = (sh_coll_compress)st->group->compress,
+                                      .hosts = st->group->hosts,
                                       .key = s->key.set ? s->key.k : NULL,
                                       .key_len = s->key.set ? sizeof s->key.k : 0};
             continue;
@@ -412,7 +413,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         if (plan.stage_tp[i] > 1)
             snprintf(rank, sizeof rank, " (rank %d of %d, %s%s)", (int)rank_of[k],
                      (int)plan.stage_tp[i],
-                     s->st[k].group->kind == SH_COLL_SHM ? "shared memory" : "network",
+                     s->st[k].group->kind == SH_COLL_SHM   ? "shared memory"
+                     : s->st[k].group->kind == SH_COLL_NET ? "network"
+                                                           : "two levels",
                      cmps[s->st[k].group->compress]);
         snprintf(layers + l, sizeof layers - l, "%s%sstage %d layers [%d, %d)%s", k ? ", " : "",
                  rep, (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i],

@@ -15,3 +15,10 @@ add_test(NAME test_cluster_tp_eq
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_cluster_tp_eq PROPERTIES LABELS integration TIMEOUT 120 SKIP_RETURN_CODE 77
                      ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
+# test_cluster_tp_hier.py: one stage of 4 ranks over 2 pseudo-hosts (127.0.0.1 and 127.0.0.2)
+# linked over two levels (tp_link = "hier"), and the same nodes with "auto".
+add_test(NAME test_cluster_tp_hier
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_tp_hier.py
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_cluster_tp_hier PROPERTIES LABELS integration TIMEOUT 120 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")

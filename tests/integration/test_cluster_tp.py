@@ -372,9 +372,9 @@ def bad_compress(d):
                    "\"int8\""])
     s = write(d, "cmpshm.lua", "replica { model = m, stages = pipeline(m, { { 'w0', 'w1' } }), "
               "tp_compress = 'int8' }")
-    everywhere(s, ["cmpshm.lua:5", "replica: tp_compress = \"int8\" needs tp_link = \"net\" "
-                   "(only the network collective compresses; a group on shared memory exchanges "
-                   "f32)"])
+    everywhere(s, ["cmpshm.lua:5", "replica: tp_compress = \"int8\" needs tp_link = \"net\" or "
+                   "\"hier\" (only the network collective compresses; a group on shared memory "
+                   "exchanges f32)"])
 
 
 def other_kv_type(d):

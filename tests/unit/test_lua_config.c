@@ -449,7 +449,7 @@ static const struct bad_case {
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp = -2 }\n", SH_EINVAL,
      "bad.lua:4", "replica: tp = -2:"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_link = 'tcp' }\n", SH_EINVAL,
-     "bad.lua:4", "replica: tp_link 'tcp' must be \"auto\" or \"net\""},
+     "bad.lua:4", "replica: tp_link 'tcp' must be \"auto\", \"net\" or \"hier\""},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_link = 'net',\n"
      "  tp_compress = 'fp8' }\n",
      SH_EINVAL, "bad.lua:4", "replica: tp_compress 'fp8' must be \"none\", \"f16\" or \"int8\""},
@@ -460,8 +460,8 @@ static const struct bad_case {
      SH_EINVAL, "bad.lua:4", "replica: field 'tp_compress' must be a string"},
     {"local r = replica { model = m, stages = pipeline(m, { 'a' }), tp_compress = 'f16' }\n",
      SH_EINVAL, "bad.lua:4",
-     "replica: tp_compress = \"f16\" needs tp_link = \"net\" (only the network collective "
-     "compresses; a group on shared memory exchanges f32)"},
+     "replica: tp_compress = \"f16\" needs tp_link = \"net\" or \"hier\" (only the network "
+     "collective compresses; a group on shared memory exchanges f32)"},
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
      "  replicas = { { model = m, stages = pipeline(m, { 'a' }), tp_link = 'auto',\n"
      "    tp_compress = 'int8' } } }\n",
