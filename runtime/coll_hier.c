@@ -292,6 +292,9 @@ static sh_err join_net(sh_coll *c, hier *h, const sh_coll_opts *o, sh_error *e)
 
 sh_err sh__coll_hier_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
 {
+    sh_error local;
+    if (!e)
+        e = &local; /* the inner groups' text is read back to name the level */
     if (!o->hosts)
         return sh__error_set(e, SH_EINVAL, "coll: the hierarchical transport needs hosts");
     if (!o->shm_name || o->inproc)

@@ -610,6 +610,8 @@ static void rank_options(group *g, int rank)
     CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, &e), SH_EINVAL);
     CHECK(strstr(e.msg, "no-slash-h0") != NULL);
     CHECK(c == NULL);
+    CHECK_INT_EQ(sh_coll_create(SH_COLL_HIER, &o, &c, NULL), SH_EINVAL); /* no error text */
+    CHECK(c == NULL);
 }
 
 static void test_options(void)
