@@ -51,9 +51,10 @@
  *   in the last bits from a flat group's (another order of the sum). all-gather and broadcast
  *   go the same way. A failure on either level makes the rank leave both at once, so every peer
  *   learns of it within about 100 ms, or at the timeout when a rank stopped; errors name the
- *   level and the rank. A host of one rank uses no segment, a group on one host no sockets.
- *   The leaders' group carries max(max_bytes, hosts x the largest host's ranks x max_bytes /
- *   size) (their all-gather pads each host to the largest).
+ *   level and the rank, then quote the inner group's error (its own ranks and call numbers).
+ *   A host of one rank uses no segment, a group on one host no sockets. The leaders' group
+ *   carries max(max_bytes, hosts x the largest host's ranks x max_bytes / size) (their
+ *   all-gather pads each host to the largest).
  *
  * Threads: create, the collectives and destroy of one handle belong to one thread at a time;
  * sh_coll_stats_get may be called from any thread. */

@@ -2,9 +2,9 @@
  * (and 3 + 1 with the hosts' ranks interleaved), the host ids passed explicitly so one machine
  * plays several; real segments in /dev/shm, real NNG sockets on ipc://. Sums against scalar
  * references and bitwise equal on every rank, gathers, broadcasts from every root, compression,
- * lost frames between the leaders, a killed leader and a killed non-leader, a stopped rank, a wrong
- * epoch and bad options. The parent never touches NNG (its threads would not survive fork): every
- * rank is a child. */
+ * lost frames between the leaders, a killed leader and a killed non-leader, a stopped rank, a
+ * mismatched call, a wrong epoch and bad options. The parent never touches NNG (its threads would
+ * not survive fork): every rank is a child. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -554,6 +554,50 @@ static void test_dead_rank(void)
     }
 }
 
+/* ---- Mismatched calls ------------------------------------------------------------------- */
+
+/* Rank 3 calls an all-gather where the others call an all-reduce: its host's group sees the
+ * other op (SH_EPROTO on ranks 2 and 3, naming both ops), and the other host learns of it when
+ * rank 2 leaves the leaders' group. */
+static void rank_mismatch(group *g, int rank)
+{
+    sh_coll *c;
+    sh_error e = {0};
+    sh_err rc = rank_create(g, rank, &c, &e);
+    if (rc) {
+        SH_FAIL_("rank %d: create: %s: %s", rank, sh_strerror(rc), e.msg);
+        return;
+    }
+    float x[4000] = {0};
+    uint64_t t0 = mono_ms();
+    if (rank == 3)
+        rc = sh_coll_allgather(c, x, 400, x + 1000, &e);
+    else
+        rc = sh_coll_allreduce(c, x, 100, &e);
+    uint64_t took = mono_ms() - t0;
+    fprintf(stderr, "  rank %d after %llu ms: %s: %s\n", rank, (unsigned long long)took,
+            sh_strerror(rc), e.msg);
+    if (rank >= 2) {
+        CHECK_INT_EQ(rc, SH_EPROTO);
+        if (!strstr(e.msg, "all-gather") || !strstr(e.msg, "all-reduce"))
+            SH_FAIL_("rank %d: \"%s\" does not name both ops", rank, e.msg);
+    } else {
+        CHECK_INT_EQ(rc, SH_ECLOSED);
+    }
+    if (took > sh_test_ms(1500))
+        SH_FAIL_("rank %d: the call failed after %llu ms", rank, (unsigned long long)took);
+    sh_coll_destroy(c);
+}
+
+static void test_mismatch(void)
+{
+    static const int32_t hosts[] = {0, 0, 1, 1};
+    group g;
+    group_init(&g, 4, hosts);
+    run_ranks(&g, rank_mismatch, -1, 10000);
+    group_fini(&g);
+}
+
 /* ---- Join failures and options ---------------------------------------------------------- */
 
 static void rank_wrong_epoch(group *g, int rank)
@@ -624,9 +668,11 @@ static void test_options(void)
 }
 
 static const sh_test_case tests[] = {
-    {"two_by_two", test_two_by_two},   {"uneven", test_uneven},   {"one_host", test_one_host},
-    {"compress", test_compress},       {"lossy", test_lossy},     {"dead_rank", test_dead_rank},
-    {"wrong_epoch", test_wrong_epoch}, {"options", test_options}, {NULL, NULL},
+    {"two_by_two", test_two_by_two}, {"uneven", test_uneven},
+    {"one_host", test_one_host},     {"compress", test_compress},
+    {"lossy", test_lossy},           {"dead_rank", test_dead_rank},
+    {"mismatch", test_mismatch},     {"wrong_epoch", test_wrong_epoch},
+    {"options", test_options},       {NULL, NULL},
 };
 
 int main(int argc, char **argv)
