@@ -88,13 +88,55 @@ const sh_transport_tls *sh__cluster_tls(const sh_cluster_config *c, int32_t node
     return out;
 }
 
+/* The scheme of a listen URL ("ipc", "tcp", "tls+tcp", ...): its length up to "://". */
+static size_t scheme_len(const char *url)
+{
+    const char *p = strstr(url, "://");
+    return p ? (size_t)(p - url) : 0;
+}
+
+static bool url_local(const char *url);
+
+/* A standby may take the place of any rank of a tensor-parallel group (docs/cluster.md,
+ * "Standby nodes"): it must link to the group as its ranks do, on their URL scheme, and on this
+ * host when the group exchanges through shared memory. */
+static int check_standby_groups(const sh_cluster_config *c, const char *script, int32_t sb,
+                                sh_error *e)
+{
+    const sh_config_node *n = &c->nodes[sb];
+    for (int32_t k = 0; k < c->n_replicas; k++)
+        for (int32_t s = 0; s < c->replicas[k].n_stages; s++) {
+            const sh_config_stage *st = &c->replicas[k].stages[s];
+            if (st->tp < 2)
+                continue;
+            const char *r0 = c->nodes[st->ranks[0]].listen;
+            bool local = !c->replicas[k].tp_net;
+            for (int32_t r = 0; local && r < st->tp; r++)
+                local = url_local(c->nodes[st->ranks[r]].listen);
+            size_t l = scheme_len(r0);
+            if (scheme_len(n->listen) != l || strncmp(n->listen, r0, l))
+                return fail(e,
+                            "%s: standby '%s' listens on %s and replica %d stage %d's ranks on "
+                            "%.*s://: a standby takes a rank's place over the ranks' kind of link",
+                            script, n->name, n->listen, (int)k + 1, (int)s + 1, (int)l, r0);
+            if (local && !url_local(n->listen))
+                return fail(e,
+                            "%s: standby '%s' listens on %s, not on this host, and replica %d "
+                            "stage %d's ranks exchange through shared memory here: it could not "
+                            "take a rank's place (give it a local URL, or the replica "
+                            "tp_link = \"net\")",
+                            script, n->name, n->listen, (int)k + 1, (int)s + 1);
+        }
+    return 0;
+}
+
 int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e)
 {
     const char *later = "not implemented yet (see docs/cluster.md)";
     if (c->n_replicas > SH_CLUSTER_MAX_REPLICAS)
         return fail(e, "%s: %d replicas; at most %d are supported", script, (int)c->n_replicas,
                     SH_CLUSTER_MAX_REPLICAS);
-    int32_t total = 0, tp_replica = -1;
+    int32_t total = 0;
     for (int32_t k = 0; k < c->n_replicas; k++) {
         const sh_config_replica *r = &c->replicas[k];
         // A worker answers HELLO with one model identity: its stages must share a model.
@@ -121,8 +163,6 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
             }
         }
         total += r->n_stages;
-        if (r->tp > 1)
-            tp_replica = k;
     }
     if (total > SH_CLUSTER_MAX_STAGES)
         return fail(e, "%s: %d stages in all; at most %d are supported", script, (int)total,
@@ -133,12 +173,11 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
         if (n->standby && i == c->gateway.node)
             return fail(e, "%s: node '%s' is the gateway's node and cannot be a standby", script,
                         n->name);
-        if (n->standby && tp_replica >= 0)
-            return fail(e,
-                        "%s: node '%s' is a standby and replica %d has a tensor-parallel stage: "
-                        "a standby cannot take a rank's place yet (docs/cluster.md, \"Tensor "
-                        "parallelism\")",
-                        script, n->name, (int)tp_replica + 1);
+        if (n->standby) {
+            int rc = check_standby_groups(c, script, i, e);
+            if (rc)
+                return rc;
+        }
         if (n->standby && n->preload) {
             int32_t of = sh_config_find_node(c, n->preload);
             if (of < 0 || c->nodes[of].standby || !hosts_stage(c, of))
@@ -292,11 +331,11 @@ int sh__cluster_plan(const sh_cluster_config *c, const char *script,
 
 int32_t sh__cluster_rank_on(const sh_cluster_plan *p, int32_t i, int32_t node)
 {
-    // A promotion moves a whole stage (tp 1 only) by stage_node, atomically.
+    // A promotion moves a whole stage by stage_node, or a group's rank by rank_node, atomically.
     if (p->stage_tp[i] <= 1)
         return __atomic_load_n(&p->stage_node[i], __ATOMIC_ACQUIRE) == node ? 0 : -1;
     for (int32_t r = 0; r < p->stage_tp[i]; r++)
-        if (p->rank_node[i][r] == node)
+        if (__atomic_load_n(&p->rank_node[i][r], __ATOMIC_ACQUIRE) == node)
             return r;
     return -1;
 }
@@ -410,7 +449,8 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
     const char *pre = p->c->nodes[node].standby ? p->c->nodes[node].preload : NULL;
     int32_t as = pre ? sh_config_find_node(p->c, pre) : -1;
     for (int32_t i = 0; i < p->n_stages; i++)
-        if (sh__cluster_rank_on(p, i, node) >= 0 || p->stage_node[i] == as) {
+        if (sh__cluster_rank_on(p, i, node) >= 0 ||
+            (as >= 0 && sh__cluster_rank_on(p, i, as) >= 0)) {
             rp = &p->rep[p->stage_replica[i]];
             break;
         }
@@ -805,15 +845,20 @@ static int greet(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t tim
 
 int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t dead,
                               int32_t sb, uint32_t timeout_ms, const _Atomic int32_t *sb_health,
-                              int32_t *moved, int32_t *n_moved, char *msg, size_t cap)
+                              int32_t *moved, int32_t *ranks, int32_t *n_moved, char *msg,
+                              size_t cap)
 {
     sh_cluster_plan *p = &f->plan;
     const sh_config_node *nd = &p->c->nodes[sb];
     uint64_t stages[SH_CLUSTER_MAX_STAGES];
     int32_t n = 0;
-    for (int32_t i = 0; i < p->n_stages; i++)
-        if (p->stage_node[i] == dead)
-            moved[n] = i, stages[n++] = (uint64_t)i;
+    // Every stage on the dead node, and every rank of a group it held (in plan order: the
+    // standby lists them so in HELLO).
+    for (int32_t i = 0; i < p->n_stages; i++) {
+        int32_t r = sh__cluster_rank_on(p, i, dead);
+        if (r >= 0)
+            moved[n] = i, ranks[n] = r, stages[n++] = (uint64_t)i | (uint64_t)r << 32;
+    }
     if (!n)
         return (snprintf(msg, cap, "node %s holds no stage", p->c->nodes[dead].name), 2);
     // A greeting first: a standby that restarted has not seen this node's connection prove
@@ -856,8 +901,12 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
     // The plan as it will be, checked against what the standby says it serves.
     sh_cluster_plan next = *p;
     for (int32_t k = 0; k < n; k++) {
-        next.stage_node[moved[k]] = sb;
-        next.stage_addr[moved[k]] = peer->got.stages[k];
+        next.rank_node[moved[k]][ranks[k]] = sb;
+        next.rank_addr[moved[k]][ranks[k]] = peer->got.stages[k];
+        if (ranks[k] == 0) {
+            next.stage_node[moved[k]] = sb;
+            next.stage_addr[moved[k]] = peer->got.stages[k];
+        }
     }
     char diff[1024];
     const char *refusal = key_refusal(peer, nd->name, diff, sizeof diff);
@@ -868,10 +917,60 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
     if (refusal)
         return (snprintf(msg, cap, "standby %s is refused: %s", nd->name, refusal), 2);
     for (int32_t k = 0; k < n; k++) {
-        __atomic_store_n(&p->stage_node[moved[k]], sb, __ATOMIC_RELEASE);
-        __atomic_store_n(&p->stage_addr[moved[k]], next.stage_addr[moved[k]], __ATOMIC_RELEASE);
+        int32_t i = moved[k], r = ranks[k];
+        __atomic_store_n(&p->rank_addr[i][r], next.rank_addr[i][r], __ATOMIC_RELEASE);
+        __atomic_store_n(&p->rank_node[i][r], sb, __ATOMIC_RELEASE);
+        if (r == 0) {
+            __atomic_store_n(&p->stage_node[i], sb, __ATOMIC_RELEASE);
+            __atomic_store_n(&p->stage_addr[i], next.stage_addr[i], __ATOMIC_RELEASE);
+        }
     }
     *n_moved = n;
+    return 0;
+}
+
+int sh__cluster_front_regroup(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t i, char *msg,
+                              size_t cap)
+{
+    const sh_cluster_plan *p = &f->plan;
+    int32_t tp = p->stage_tp[i];
+    if (tp < 2)
+        return 0;
+    sh_cluster_group g;
+    sh_error e = {0};
+    if (sh__cluster_group(p, i, &g, &e))
+        return (snprintf(msg, cap, "stage %d: %s", (int)i + 1, e.msg), 2);
+    uint64_t addrs[SH_CONFIG_MAX_TP + 1];
+    char urls[SH_PROTO_MAX_MSG] = "";
+    size_t len = 0;
+    for (int32_t r = 0; r < tp; r++) {
+        addrs[r] = __atomic_load_n(&p->rank_addr[i][r], __ATOMIC_ACQUIRE);
+        if (g.kind != SH_COLL_NET)
+            continue;
+        int w = snprintf(urls + len, sizeof urls - len, "%s%s", r ? "\n" : "", g.urls[r]);
+        if (w < 0 || (size_t)w >= sizeof urls - len)
+            return (snprintf(msg, cap,
+                             "stage %d: its ranks' URLs take more than %d bytes in one message",
+                             (int)i + 1, SH_PROTO_MAX_MSG),
+                    2);
+        len += (size_t)w;
+    }
+    // The epoch floor: the old group's epochs were chosen before the node died, at most this
+    // host's Unix seconds then (group_gen in actors/stage.c, on hosts whose clocks agree), so a
+    // leader that forms the group anew takes an epoch none of its ranks joined before.
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    addrs[tp] = (uint64_t)now.tv_sec + 1;
+    sh_proto_control c = {.op = SH_PROTO_CONTROL_OP_REGROUP,
+                          .targets = {addrs, (uint32_t)tp + 1},
+                          .arg = {urls, (uint32_t)len}};
+    // The other ranks first, the leader last: the leader's next step reaches the others after
+    // they know the group (a rank that forms it with stale links fails the step, which the
+    // batcher sends again after its retry deadline).
+    for (int32_t r = tp; r-- > 0;) {
+        if (sh__act_send(rt, as, (sh_addr)addrs[r], SH_MSG_CONTROL, 0, &c, &e))
+            return (snprintf(msg, cap, "stage %d rank %d: %s", (int)i + 1, (int)r, e.msg), 1);
+    }
     return 0;
 }
 
@@ -917,8 +1016,12 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
                     "take tls+tcp:// yet: put its ranks on one host, or use tcp://",
                     c->nodes[p->rank_node[i][0]].name, c->nodes[p->rank_node[i][0]].listen,
                     (int)i + 1);
-    // The leader's URL is unique among the clusters of this host; the stage, within the cluster.
-    const char *lead = c->nodes[p->rank_node[i][0]].listen;
+    // The script's leader's URL is unique among the clusters of this host; the stage, within the
+    // cluster. The name stays when a standby took a rank's place (the leader's, too): the new
+    // leader replaces the segment as a restarted one does.
+    int32_t k = p->stage_replica[i];
+    const sh_config_stage *cs = &c->replicas[k].stages[i - p->rep[k].stage0];
+    const char *lead = c->nodes[cs->tp > 1 ? cs->ranks[0] : cs->node].listen;
     uint64_t h = 0xcbf29ce484222325ull;
     for (const char *q = lead; *q; q++)
         h = (h ^ (uint8_t)*q) * 0x100000001b3ull;

@@ -74,11 +74,12 @@ typedef struct sh_cluster_plan {
 typedef void (*sh_cluster_note_fn)(void *ud, const char *line);
 
 /* Refuses what is not built yet with one error line naming it (returns 2): a worker node that
- * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, standby nodes
- * beside a tensor-parallel group, a stage on the gateway's node beside worker stages, inproc://
- * URLs, tls+tcp:// on some nodes only or without tls_ca, tls_cert and tls_key, a node that hosts
- * nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when supported. `script` names the
- * file in messages. */
+ * holds stages of two different models, more than SH_CLUSTER_MAX_REPLICAS replicas, a standby
+ * that could not take a tensor-parallel rank's place (another URL scheme than the group's ranks,
+ * or off this host while they exchange through shared memory), a stage on the gateway's node beside
+ * worker stages, inproc:// URLs, tls+tcp:// on some nodes only or without tls_ca, tls_cert and
+ * tls_key, a node that hosts nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when
+ * supported. `script` names the file in messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e);
 
 /* The TLS material of node `node` when the script's nodes listen on tls+tcp:// (its tls_cert and
@@ -179,18 +180,30 @@ int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, 
                              char *msg, size_t cap);
 
 /* Promotes standby node sb in place of node dead (issue 12): sends the standby's hello actor
- * CONTROL op PROMOTE (from `as`, an actor of this node) with every stage the plan has on dead,
- * greets it until its HELLO lists that many stages (a cold standby loads their layers first),
- * checks its identity and key as the join does against the plan with those stages moved, and
- * then moves them in f->plan (stage_node, stage_addr; each store atomic). moved (at least
- * SH_CLUSTER_MAX_STAGES entries) gets their indices and *n_moved their count. Gives up when
- * timeout_ms pass or when *sb_health (the watchdog's view of the standby, may be NULL) turns dead.
- * Returns 0, or 1 (gave up) or 2 (refused) with msg saying why (the plan unchanged). Rerouting the
- * previous stage or the batcher, and resuming, are the caller's. Not from a loop thread; one thread
- * at a time. */
+ * CONTROL op PROMOTE (from `as`, an actor of this node) with every stage the plan has on dead
+ * and every rank of a tensor-parallel group it held, greets it until its HELLO lists that many
+ * stages (a cold standby loads their layers, or its rank's slices, first), checks its identity
+ * and key as the join does against the plan with those stages and ranks moved (each slice must
+ * be the plan's: layers, rank, group size and link), and then moves them in f->plan (rank_node,
+ * rank_addr, and for a whole stage or a group's leader stage_node and stage_addr; each store
+ * atomic). moved and ranks (at least SH_CLUSTER_MAX_STAGES entries each) get their stage indices
+ * and ranks (0 for a stage of one node), *n_moved their count. Gives up when timeout_ms pass or
+ * when *sb_health (the watchdog's view of the standby, may be NULL) turns dead. Returns 0, or 1
+ * (gave up) or 2 (refused) with msg saying why (the plan unchanged). Rerouting the previous stage
+ * or the batcher, regrouping the groups (sh__cluster_front_regroup) and resuming are the
+ * caller's. Not from a loop thread; one thread at a time. */
 int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t dead,
                               int32_t sb, uint32_t timeout_ms, const _Atomic int32_t *sb_health,
-                              int32_t *moved, int32_t *n_moved, char *msg, size_t cap);
+                              int32_t *moved, int32_t *ranks, int32_t *n_moved, char *msg,
+                              size_t cap);
+
+/* After a promotion moved a rank of stage i's group: sends every rank's stage actor (from `as`,
+ * an actor of this node; the leader last) CONTROL op REGROUP with the plan's rank addresses and,
+ * over the network collective, every rank's URL, so that the group's next step forms it anew
+ * with the standby in its place. Does nothing for a stage of one node. Returns 0, or 2 (the URLs
+ * do not fit one message) or 1 (a send failed) with msg saying why. Not from a loop thread. */
+int sh__cluster_front_regroup(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t i, char *msg,
+                              size_t cap);
 
 /* The rank of stage i's group on node (0 for a stage of one node there), or -1 when the stage has
  * no rank there. */

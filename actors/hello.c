@@ -486,11 +486,14 @@ static void on_control(sh_actor_ctx *ctx, hello_state *s, const sh_msg *m)
         return;
     }
     if (promote) {
-        int32_t idx[SH_HELLO_MAX_STAGES];
+        int32_t idx[SH_HELLO_MAX_STAGES], rank[SH_HELLO_MAX_STAGES];
         uint32_t n = 0;
-        for (uint32_t i = 0; i < body.control.targets.n && n < SH_HELLO_MAX_STAGES; i++)
-            idx[n++] = (int32_t)sh_u64s_at(body.control.targets, i);
-        s->a.on_promote(s->a.promote_user, idx, (int32_t)n);
+        for (uint32_t i = 0; i < body.control.targets.n && n < SH_HELLO_MAX_STAGES; i++) {
+            uint64_t t = sh_u64s_at(body.control.targets, i); /* stage | rank << 32 */
+            idx[n] = (int32_t)(uint32_t)t;
+            rank[n++] = (int32_t)(uint32_t)(t >> 32);
+        }
+        s->a.on_promote(s->a.promote_user, idx, rank, (int32_t)n);
         return;
     }
     char why[256];

@@ -127,10 +127,11 @@ typedef struct sh_hello_args {
     uint32_t front;
     void (*on_shutdown)(void *user, const char *why);
     void *shutdown_user;
-    /* A standby's: CONTROL op PROMOTE from the front calls on_promote(user, stages, n) on the
-     * actor's loop thread with the plan's stage indices it must take over (it must not block:
-     * loading runs elsewhere); the front then reads their addresses from HELLO. */
-    void (*on_promote)(void *user, const int32_t *stages, int32_t n);
+    /* A standby's: CONTROL op PROMOTE from the front calls on_promote(user, stages, ranks, n)
+     * on the actor's loop thread with the plan's stage indices it must take over and, for each,
+     * the rank of the stage's tensor-parallel group it takes (0 for a stage of one node; it must
+     * not block: loading runs elsewhere); the front then reads their addresses from HELLO. */
+    void (*on_promote)(void *user, const int32_t *stages, const int32_t *ranks, int32_t n);
     void *promote_user;
     /* A worker's (issue 25): greet every node (but the front) over each outgoing connection as it
      * comes up (runtime/peers.h's link counts), so that the node at its end binds that connection

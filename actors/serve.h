@@ -145,7 +145,11 @@ typedef struct sh_stage_args {
      * with coll's shm_name, urls, key: borrowed, outliving the actor; rank, size, epoch and
      * max_bytes are set here) and the context over it (ctx must be NULL: the worker creates it
      * from be and ctx_opts, with n_blocks blocks) are created at the first step, and again after
-     * a failed step or a new batcher epoch with a new group epoch. */
+     * a failed step or a new batcher epoch with a new group epoch. tp_ranks[tp_rank] may be
+     * anything (the actor's own address is used); coll's urls are copied.
+     * CONTROL op REGROUP from control_node (a standby took a rank's place: SH_PROTO_CONTROL_OP_
+     * REGROUP in runtime/proto.h) gives every rank's address and, over the network, URL anew:
+     * the next step forms the group with them (the leader with a new epoch). */
     int32_t tp_rank, tp_size;
     const sh_addr *tp_ranks;
     int32_t coll_kind; /* sh_coll_kind (runtime/coll.h) */

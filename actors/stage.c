@@ -27,6 +27,7 @@
 #define STAGE_QUEUE_INIT 16          /* kept STEPs before the queue first grows */
 #define PARALLEL_SAMPLES 8 /* sampled sequences from which a step samples on two threads */
 #define STAGE_SENT_RING 16 /* forwarded steps remembered to answer an ACT that bounces */
+#define STAGE_URL_CAP 280  /* bytes of a rank's network-collective URL, with its NUL */
 
 /* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
  * orders the least recently used for eviction. `at` and `out` remember its last draw: a step run
@@ -142,10 +143,13 @@ typedef struct stage_state {
     sh_logit_bias bias[SH_SAMPLER_MAX_BIAS];
 
     /* Tensor parallelism (sh_stage_args): set by init. */
-    int32_t tp_rank, tp_size; /* tp_size 1: no group */
-    sh_addr tp_ranks[SH_COLL_MAX_RANKS];
+    int32_t tp_rank, tp_size;            /* tp_size 1: no group */
+    sh_addr tp_ranks[SH_COLL_MAX_RANKS]; /* the worker's (REGROUP rewrites them) */
+    sh_addr leader; /* tp_ranks[0] as the loop thread checks frames against it (atomic) */
     sh_coll_kind coll_kind;
-    sh_coll_opts coll_opts;
+    sh_coll_opts coll_opts; /* its urls point at url_of: the worker's copy of every rank's URL */
+    char (*urls)[STAGE_URL_CAP]; // (tp_size) with the network collective; NULL otherwise
+    const char *url_of[SH_COLL_MAX_RANKS];
     sh_backend *be;
     sh_llama_ctx_opts ctx_opts;
     int32_t want_blocks;
@@ -392,7 +396,8 @@ static void expert_count(stage_state *st)
 /* The leader's: the group epoch step s runs under. The group's own while it serves the batcher
  * epoch it was created under; otherwise (none yet, a failed call, a new batcher epoch after a
  * pause, when a rank may have been replaced) a new one, above every earlier one and at least this
- * node's Unix seconds, so that a restarted leader does not reuse its predecessor's. Worker. */
+ * node's Unix seconds, so that a restarted leader does not reuse its predecessor's (a standby
+ * promoted in a leader's place gets a floor above them with its REGROUP). Worker. */
 static uint32_t group_gen(stage_state *st, uint64_t step_epoch)
 {
     if (st->coll && !st->coll_broken && st->group_step_epoch == step_epoch)
@@ -529,6 +534,61 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
                                                   : "hier",
                    (unsigned)o.compress < 3 ? cmps[o.compress] : "");
     return SH_OK;
+}
+
+/* Whether a REGROUP's body fits this rank: one address per rank then the epoch floor, its own
+ * rank at this actor, and over the network one URL per line for each rank (each under
+ * STAGE_URL_CAP bytes). When urls is not NULL, the lines are copied there. Either thread (its own
+ * decoded body). */
+static bool regroup_fits(const stage_state *st, const sh_proto_control *c,
+                         char (*urls)[STAGE_URL_CAP])
+{
+    if (st->tp_size < 2 || c->targets.n != (uint32_t)st->tp_size + 1 ||
+        sh_u64s_at(c->targets, (uint32_t)st->tp_size) > UINT32_MAX ||
+        sh_u64s_at(c->targets, (uint32_t)st->tp_rank) != st->self)
+        return false;
+    if (!st->urls)
+        return true;
+    const char *p = c->arg.ptr ? c->arg.ptr : "", *end = p + c->arg.len;
+    for (int32_t r = 0; r < st->tp_size; r++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl ? nl : end;
+        if (p >= end || stop == p || stop - p >= STAGE_URL_CAP || (r + 1 < st->tp_size && !nl))
+            return false;
+        if (urls)
+            snprintf(urls[r], STAGE_URL_CAP, "%.*s", (int)(stop - p), p);
+        p = nl ? nl + 1 : end;
+    }
+    return true;
+}
+
+/* The worker's side of a REGROUP (kept and queued, so that the steps before it ran with the old
+ * group): the group and its context go (its KV pool with them: the batcher recomputes every
+ * sequence after the pause that comes with a promotion), every rank's address and URL are the
+ * new ones, and the next step forms the group anew (the leader with a new epoch). */
+static void regroup_apply(stage_state *st, const sh_msg *m)
+{
+    sh_proto_body b;
+    sh_error e = {0};
+    if (sh__act_decode(&st->dec, m, &b, &e) || !regroup_fits(st, &b.control, NULL))
+        return; /* checked on the loop thread: a decoder that cannot hold it now */
+    group_count(st);
+    st->coll_seen = (sh_coll_stats){0};
+    sh_llama_ctx_destroy(st->ctx);
+    st->ctx = NULL;
+    sh_coll_destroy(st->coll);
+    st->coll = NULL;
+    st->coll_broken = false;
+    for (int32_t r = 0; r < st->tp_size; r++)
+        st->tp_ranks[r] = r == st->tp_rank ? st->self : sh_u64s_at(b.control.targets, (uint32_t)r);
+    // The leader's next epoch is at least the floor (group_gen: above gen).
+    uint32_t floor = (uint32_t)sh_u64s_at(b.control.targets, (uint32_t)st->tp_size);
+    if (floor > 0 && st->gen < floor - 1)
+        st->gen = floor - 1;
+    if (st->urls)
+        (void)regroup_fits(st, &b.control, st->urls);
+    sh_runtime_log(st->rt, SH_LOG_LEVEL_INFO, "tp_regroup", "rank=%d size=%d leader=%" PRIu64,
+                   (int)st->tp_rank, (int)st->tp_size, (uint64_t)st->tp_ranks[0]);
 }
 
 /* One rank's verdict on a step, gathered from every rank before the forward pass. */
@@ -948,6 +1008,10 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         act_bounced(st, m);
         return;
     }
+    if (h->type == SH_MSG_CONTROL) {
+        regroup_apply(st, m);
+        return;
+    }
     bool is_act = h->type == SH_MSG_ACT;
     sh_proto_body b;
     sh_proto_step_done d = {.step = h->session};
@@ -1140,6 +1204,7 @@ static void free_buffers(stage_state *st)
     free(st->hid);
     free(st->lnk);
     free(st->scl);
+    free(st->urls);
     free(st->m_expert);
     free(st->expert_seen);
     sh__buf_fini(&st->enc);
@@ -1247,8 +1312,17 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->tp_size = group ? a->tp_size : 1;
     if (group) {
         memcpy(st->tp_ranks, a->tp_ranks, (size_t)a->tp_size * sizeof *st->tp_ranks);
+        st->tp_ranks[a->tp_rank] = st->self;
+        st->leader = st->tp_ranks[0];
         st->coll_kind = (sh_coll_kind)a->coll_kind;
         st->coll_opts = *a->coll;
+        if (a->coll->urls && st->coll_kind == SH_COLL_NET) /* copied: a REGROUP rewrites them */
+            st->urls = calloc((size_t)a->tp_size, sizeof *st->urls);
+        for (int32_t r = 0; st->urls && r < a->tp_size; r++) {
+            snprintf(st->urls[r], sizeof st->urls[r], "%s", a->coll->urls[r]);
+            st->url_of[r] = st->urls[r];
+            st->coll_opts.urls = st->url_of;
+        }
         st->be = a->be;
         st->ctx_opts = *a->ctx_opts;
         st->want_blocks = a->n_blocks;
@@ -1297,6 +1371,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     sh_err err = SH_ENOMEM;
     if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
         !st->samples || !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+        (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;
     if (a->model->hp.n_expert > 0 && (err = expert_metrics(st)))
@@ -1339,23 +1414,37 @@ fail:
     return err;
 }
 
-/* CONTROL op REROUTE from the control node: the next stage moved (a standby took it over); the
- * worker sends its next ACT there. Loop thread. */
-static void reroute(sh_actor_ctx *ctx, stage_state *st, const sh_msg *m)
+/* CONTROL from the control node, on the loop thread: REROUTE (the next stage moved: a standby
+ * took it over; the worker sends its next ACT there) is done here; REGROUP (a standby took a
+ * rank's place in this stage's group) moves the leader the loop thread checks frames against at
+ * once and is kept for the worker (regroup_apply), in order with the steps. Returns the
+ * message's fate. */
+static sh_msg_fate control(sh_actor_ctx *ctx, stage_state *st, sh_msg *m)
 {
     sh_proto_body b;
     sh_error e = {0};
     uint32_t node = sh_addr_node(sh_msg_header(m)->src);
-    if (!st->control_node || node != st->control_node || st->last ||
-        sh__act_decode(&st->ctl, m, &b, &e) || b.control.op != SH_PROTO_CONTROL_OP_REROUTE ||
-        b.control.targets.n != 1) {
-        sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_control_dropped", "from_node=%u",
-                     (unsigned)node);
-        return;
+    bool ok = st->control_node && node == st->control_node && !sh__act_decode(&st->ctl, m, &b, &e);
+    if (ok && b.control.op == SH_PROTO_CONTROL_OP_REROUTE && !st->last &&
+        b.control.targets.n == 1) {
+        sh_addr to = sh_u64s_at(b.control.targets, 0);
+        __atomic_store_n(&st->next, to, __ATOMIC_RELEASE);
+        sh_actor_log(ctx, SH_LOG_LEVEL_INFO, "stage_rerouted", "next=%" PRIu64, (uint64_t)to);
+        return SH_MSG_FATE_DONE;
     }
-    sh_addr to = sh_u64s_at(b.control.targets, 0);
-    __atomic_store_n(&st->next, to, __ATOMIC_RELEASE);
-    sh_actor_log(ctx, SH_LOG_LEVEL_INFO, "stage_rerouted", "next=%" PRIu64, (uint64_t)to);
+    if (ok && b.control.op == SH_PROTO_CONTROL_OP_REGROUP && regroup_fits(st, &b.control, NULL)) {
+        __atomic_store_n(&st->leader, sh_u64s_at(b.control.targets, 0), __ATOMIC_RELEASE);
+        uv_mutex_lock(&st->mu);
+        sh_err err = queue_push(st, m, sh__act_mono_us());
+        if (!err)
+            uv_cond_signal(&st->cv);
+        uv_mutex_unlock(&st->mu);
+        if (!err)
+            return SH_MSG_FATE_KEPT;
+    }
+    sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_control_dropped", "from_node=%u op=%u",
+                 (unsigned)node, ok ? (unsigned)b.control.op : 0u);
+    return SH_MSG_FATE_DONE;
 }
 
 /* Loop thread; never blocks on a step: a STEP or ACT is kept and queued for the worker, which
@@ -1368,10 +1457,8 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     sh_msg_type type = h->type;
     if (type == SH_MSG_ERROR && (st->last || h->session == 0))
         return SH_MSG_FATE_DONE;
-    if (type == SH_MSG_CONTROL) {
-        reroute(ctx, st, m);
-        return SH_MSG_FATE_DONE;
-    }
+    if (type == SH_MSG_CONTROL)
+        return control(ctx, st, m);
     if (type != SH_MSG_STEP && type != SH_MSG_ACT && type != SH_MSG_ERROR) {
         sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_unexpected", "type=%s",
                      sh__msg_type_name(type));
@@ -1381,7 +1468,7 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     if (st->tp_rank > 0) {
         if (type == SH_MSG_ERROR)
             return SH_MSG_FATE_DONE;
-        if (h->src != st->tp_ranks[0]) {
+        if (h->src != __atomic_load_n(&st->leader, __ATOMIC_ACQUIRE)) {
             sh__peers_refuse(st->rt, SH__PEERS_TP_NOT_LEADER, sh_addr_node(h->src),
                              sh__msg_type_name(type));
             return SH_MSG_FATE_DONE;

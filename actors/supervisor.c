@@ -153,10 +153,11 @@ static void node_back(sh_supervisor *s, int32_t i, const char *how)
     }
 }
 
-/* Moves node dead's stages to standby sb (sh__cluster_front_promote; dead == sb: a restarted
- * standby takes its stages back), reroutes the stage before each moved one (or the batcher, for
- * a first stage) to its new address and resumes the replicas that wait for no other node.
- * Returns whether it was done. */
+/* Moves node dead's stages and ranks to standby sb (sh__cluster_front_promote; dead == sb: a
+ * restarted standby takes its stages back), reroutes the stage before each moved one or moved
+ * group leader (or the batcher, for a first stage) to its new address, regroups each group that
+ * got a new rank (sh__cluster_front_regroup) and resumes the replicas that wait for no other
+ * node. Returns whether it was done. */
 static bool promote_to(sh_supervisor *s, int32_t dead, int32_t sb)
 {
     sh_cluster_plan *p = &s->a.front->plan;
@@ -171,21 +172,34 @@ static bool promote_to(sh_supervisor *s, int32_t dead, int32_t sb)
     if (dead != sb)
         note(s, false, "promoting standby %s in place of node %s", sn, dn);
     uint64_t t0 = mono_ms();
-    int32_t moved[SH_CLUSTER_MAX_STAGES], n = 0;
+    int32_t moved[SH_CLUSTER_MAX_STAGES], ranks[SH_CLUSTER_MAX_STAGES], n = 0;
     char why[512];
     uint32_t wait_ms = s->a.recover_ms ? s->a.recover_ms : 30000;
     int rc = sh__cluster_front_promote(s->a.front, s->rt, s->batcher[k0], dead, sb, wait_ms,
-                                       dead == sb ? NULL : &s->watch.node[sb].health, moved, &n,
-                                       why, sizeof why);
+                                       dead == sb ? NULL : &s->watch.node[sb].health, moved, ranks,
+                                       &n, why, sizeof why);
     if (rc) {
         sh__cluster_events_add(s->a.events, "fault", sb, -1, "promotion of %s failed: %s", sn, why);
         note(s, false, "promotion of standby %s failed: %s", sn, why);
         return false;
     }
+    // A group with a new rank learns its ranks anew before anything resumes (the leader's next
+    // step forms the group with them); a stage whose leader moved is rerouted to below.
+    for (int32_t j = 0; j < n; j++) {
+        int32_t i = moved[j];
+        if (p->stage_tp[i] > 1 &&
+            sh__cluster_front_regroup(s->a.front, s->rt, s->batcher[p->stage_replica[i]], i, why,
+                                      sizeof why)) {
+            sh__cluster_events_add(s->a.events, "fault", sb, -1, "regroup after %s: %s", sn, why);
+            note(s, false, "regroup after the promotion of standby %s: %s", sn, why);
+        }
+    }
     for (int32_t j = 0; j < n; j++) {
         int32_t i = moved[j], k = p->stage_replica[i];
         uint64_t t = p->stage_addr[i];
         sh_proto_control ctl = {.op = SH_PROTO_CONTROL_OP_REROUTE, .targets = {&t, 1}};
+        if (ranks[j] != 0)
+            continue; /* a rank of a group other than its leader: reached through the leader */
         if (i != p->rep[k].stage0 && p->stage_node[i - 1] == sb)
             continue; /* moved along: the standby wired it */
         sh_addr at = i == p->rep[k].stage0 ? s->batcher[k] : p->stage_addr[i - 1];

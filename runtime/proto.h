@@ -116,13 +116,19 @@ typedef enum sh_proto_control_op {
     SH_PROTO_CONTROL_OP_DEGRADE = 3, /* level: the degradation level */
     SH_PROTO_CONTROL_OP_SHUTDOWN = 4,
     SH_PROTO_CONTROL_OP_RESET = 5, /* kvmgr: forget every sequence and cached block */
-    /* a standby node's hello actor: take over the plan's stages listed in targets (their
-     * indices), then answer HELLO with their new addresses */
+    /* a standby node's hello actor: take over the plan's stages listed in targets (each the
+     * stage's index | the rank of its tensor-parallel group << 32, 0 for a stage of one node),
+     * then answer HELLO with their new addresses */
     SH_PROTO_CONTROL_OP_PROMOTE = 6,
     /* the front's watchdog to its supervisor (actors/supervisor.h), within the process only:
      * node `level` (the script's index) was judged dead (arg: why), or answers again */
     SH_PROTO_CONTROL_OP_NODE_DEAD = 7,
     SH_PROTO_CONTROL_OP_NODE_ALIVE = 8,
+    /* the front to every rank of a tensor-parallel stage after a standby took a rank's place:
+     * targets are the group's rank addresses (rank order) then the lowest epoch the group may
+     * form anew with, arg the ranks' network-collective URLs one per line ("" for a group over
+     * shared memory); each rank forms its group anew with them at its next step */
+    SH_PROTO_CONTROL_OP_REGROUP = 9,
 } sh_proto_control_op;
 
 typedef enum sh_proto_fault_action {

@@ -322,9 +322,10 @@
     F(S, values, "m", LIST, metric, REQ, 0, 4096)                                                  \
     F(S, hists, "h", LIST, histogram, OPT, 0, 1024)
 
-/* CONTROL: op is an sh_proto_control_op; targets are the new addresses of a reroute. */
+/* CONTROL: op is an sh_proto_control_op; targets are the new addresses of a reroute (of a
+ * group's ranks for REGROUP). */
 #define SH_PROTO_FIELDS_control(F, S)                                                              \
-    F(S, op, "op", U8, _, REQ, 0, 8)                                                               \
+    F(S, op, "op", U8, _, REQ, 0, 9)                                                               \
     F(S, level, "lvl", I32, _, OPT, 0, 0) /* degradation level; NODE_*: node */                    \
     F(S, targets, "to", U64S, _, OPT, 0, 1024)                                                     \
     F(S, arg, "arg", STR, _, OPT, 0, SH_PROTO_MAX_MSG)

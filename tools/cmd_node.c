@@ -162,8 +162,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         standby && c->nodes[self].preload ? sh_config_find_node(c, c->nodes[self].preload) : -1;
     for (int32_t k = 0; standby && k < c->n_replicas && !r; k++)
         for (int32_t i = 0; i < c->replicas[k].n_stages && !r; i++)
-            if (of < 0 || c->replicas[k].stages[i].node == of)
-                r = &c->replicas[k];
+            for (int32_t j = 0; j < c->replicas[k].stages[i].tp && !r; j++)
+                if (of < 0 || c->replicas[k].stages[i].ranks[j] == of)
+                    r = &c->replicas[k];
     if (!r)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
     const sh_config_model *cm = &c->models[r->model];

@@ -17,8 +17,9 @@ do rank 1 and the leader stopped (SIGSTOP) for 2 s under load; the status docume
 cluster status` and the front's `/metrics` show the group and each rank's collectives and step
 time (which grows with requests and holds the time waiting in collectives); bad input
 (tp of 0, negative or over 64 or over the model's heads, a node named twice in a group, a standby
-as a rank or beside a group, ranks on different URL schemes, a node count that tp does not
-divide, an unknown tp_compress or one without tp_link = "net") ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
+as a rank, or beside a group on another URL scheme or off the host of a shared-memory group, ranks
+on different URL schemes, a node count that tp does not divide, an unknown tp_compress or one
+without tp_link = "net") ends `shoal serve -c`, `shoal node` and `shoal cluster up` with exit 2 and one `error:`
 line naming the culprit, never a hang.
 """
 
@@ -556,11 +557,30 @@ def standby_rank(d):
               nodes=("w0",),
               extra_nodes=f", node {{ name = 's', listen = 'ipc://{d}/s.sock', standby = true }}")
     everywhere(s, ["sb.lua:5", "replica 1 stage 1: node 's' is a standby and cannot serve"])
+    # A standby beside a group may take any rank's place (test_cluster_tp_standby.py), but only
+    # over the ranks' kind of link, and on their host when they exchange through shared memory.
     s = write(d, "sb2.lua", "replica { model = m, stages = { { nodes = { 'w0', 'w1' } } } }",
               nodes=("w0", "w1"),
-              extra_nodes=f", node {{ name = 's', listen = 'ipc://{d}/s.sock', standby = true }}")
-    everywhere(s, ["sb2.lua: node 's' is a standby and replica 1 has a tensor-parallel stage: a "
-                   "standby cannot take a rank's place yet"])
+              extra_nodes=", node { name = 's', listen = 'tcp://127.0.0.1:7399', standby = true }")
+    everywhere(s, ["sb2.lua: standby 's' listens on tcp://127.0.0.1:7399 and replica 1 stage 1's "
+                   "ranks on ipc://: a standby takes a rank's place over the ranks' kind of link"])
+    s = os.path.join(d, "sb3.lua")
+    with open(s, "w") as f:
+        f.write(f"local m = model {{ path = '{STORIES}', name = 'm' }}\n"
+                "return cluster {\n"
+                "  nodes = { node { name = 'front', listen = 'tcp://127.0.0.1:7395' },\n"
+                "    node { name = 'w0', listen = 'tcp://127.0.0.1:7396' },\n"
+                "    node { name = 'w1', listen = 'tcp://127.0.0.1:7397' },\n"
+                "    node { name = 's', listen = 'tcp://192.0.2.7:7398', standby = true } },\n"
+                "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+                "  replicas = { replica { model = m, stages = { { nodes = { 'w0', 'w1' } } } } },\n"
+                "}\n")
+    want = ["sb3.lua: standby 's' listens on tcp://192.0.2.7:7398, not on this host, and "
+            "replica 1 stage 1's ranks exchange through shared memory here: it could not take a "
+            "rank's place"]
+    # (`cluster up` refuses it earlier: it starts local nodes only.)
+    exits_2(["serve", "-c", s, "--port", "0"], want)
+    exits_2(["node", "-c", s, "--name", "w0", "-t", "1"], want)
 
 
 def too_many_ranks(d):
@@ -639,7 +659,7 @@ def main():
         r.case("tp of 0, negative, over 64, not a whole number, not dividing the nodes", bad_tp, d)
         r.case("a node named twice in a group", named_twice, d)
         r.case("tp_compress unknown, or without tp_link = 'net'", bad_compress, d)
-        r.case("a standby as a rank, or beside a group", standby_rank, d)
+        r.case("a standby as a rank, or beside a group that it could not join", standby_rank, d)
         r.case("ranks on URL schemes that differ", mixed_schemes, d)
         r.case("more ranks than the model has heads: refused by the front and by each rank",
                too_many_ranks, d)
