@@ -967,11 +967,12 @@ int sh__cluster_front_regroup(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
     // The other ranks first, the leader last: the leader's next step reaches the others after
     // they know the group (a rank that forms it with stale links fails the step, which the
     // batcher sends again after its retry deadline).
+    int rc = 0;
     for (int32_t r = tp; r-- > 0;) {
-        if (sh__act_send(rt, as, (sh_addr)addrs[r], SH_MSG_CONTROL, 0, &c, &e))
-            return (snprintf(msg, cap, "stage %d rank %d: %s", (int)i + 1, (int)r, e.msg), 1);
+        if (sh__act_send(rt, as, (sh_addr)addrs[r], SH_MSG_CONTROL, 0, &c, &e) && !rc)
+            rc = (snprintf(msg, cap, "stage %d rank %d: %s", (int)i + 1, (int)r, e.msg), 1);
     }
-    return 0;
+    return rc;
 }
 
 int sh__cluster_front_rejoin(sh_cluster_front *f, sh_runtime *rt, int32_t node, uint32_t timeout_ms,

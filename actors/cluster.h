@@ -201,7 +201,8 @@ int sh__cluster_front_promote(sh_cluster_front *f, sh_runtime *rt, sh_addr as, i
  * an actor of this node; the leader last) CONTROL op REGROUP with the plan's rank addresses and,
  * over the network collective, every rank's URL, so that the group's next step forms it anew
  * with the standby in its place. Does nothing for a stage of one node. Returns 0, or 2 (the URLs
- * do not fit one message) or 1 (a send failed) with msg saying why. Not from a loop thread. */
+ * do not fit one message: nothing sent) or 1 (a send failed: the others are sent still) with msg
+ * saying why. Not from a loop thread. */
 int sh__cluster_front_regroup(sh_cluster_front *f, sh_runtime *rt, sh_addr as, int32_t i, char *msg,
                               size_t cap);
 

@@ -15,6 +15,8 @@ Cases:
 - a cold standby (no preload) replaces rank 1 of a group over the network collective
   (tp_link = 'net'): it loads the slices on promotion and the ranks learn its URL;
 - a cold standby replaces the leader over the network collective;
+- the promoted hot standby (in rank 1's place) is killed in turn and started again: the new
+  process takes rank 1 back;
 - a standby started with another script (its group over the network, the front's over shared
   memory) is refused by name at its promotion; the front then waits for the dead rank, which is
   started again, and every request still ends with the undisturbed text.
@@ -73,11 +75,13 @@ def epochs(text):
             if "event=tp_group" in ln}
 
 
-def under_load(d, name, want, victim, preload=None, net=False, standby_script=None):
+def under_load(d, name, want, victim, preload=None, net=False, standby_script=None,
+               again=False):
     """Starts the cluster, sends N requests at once, kills `victim` (w0 or w1) with 8 of them
     in flight and checks that the standby took its rank and every request ended as `want`.
     With standby_script, the standby runs another script: its promotion must be refused by
-    name, and `victim` is started again instead."""
+    name, and `victim` is started again instead. With again, the promoted standby is then
+    killed and started again: it takes the rank back (promoted in place)."""
     path = write(d, name, preload, net)
     nodes = {w: Node(standby_script if w == "spare" and standby_script else path, w)
              for w in ("w0", "w1", "spare")}
@@ -130,6 +134,19 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
                              r"replica 1 resumed")
             wait_for("promotion", lambda: pat.search(srv.log_text()), 30, srv.log_tail)
             took = time.monotonic() - t0
+        if again:
+            time.sleep(0.1)
+            t1 = time.monotonic()
+            nodes["spare"].proc.kill()
+            nodes["spare"].proc.wait()
+            open_again = sum(1 for x in out if x is None)
+            nodes["spare"] = Node(path, "spare").wait_ready()
+            back = re.compile(r"node spare was replaced by standby spare in [0-9.]+ s; replica 1 "
+                              r"resumed")
+            wait_for("promotion in place", lambda: back.search(srv.log_text()), 30,
+                     srv.log_tail)
+            su.log(f"note: {name}: the promoted standby killed with {open_again} requests open "
+                   f"took rank {rank} back {time.monotonic() - t1:.2f} s after its kill")
         for t in ts:
             t.join(su.scaled(180))
         for i, r in enumerate(out):
@@ -144,7 +161,7 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
             assert "event=tp_regroup" in nodes[survivor].text(), nodes[survivor].text()[-2000:]
             # The group formed anew: the survivor joined a group of another epoch.
             ep = epochs(nodes[survivor].text())
-            assert len(ep) >= 2, f"{survivor} formed its group once only: {ep}"
+            assert len(ep) >= (3 if again else 2), f"{survivor} formed its group in {ep} only"
         su.log(f"note: {name}: {victim} (rank {rank}) killed with {open_at_kill} of {N} requests "
                f"open; resumed {took:.2f} s after the kill")
     finally:
@@ -176,6 +193,8 @@ def main():
         r.case("a cold standby takes the leader's place (network collective), every output "
                "unchanged", under_load, d, "net0", want, "w0", None, True)
         other = write(d, "refused-other", None, True, "refused")
+        r.case("the promoted standby killed and restarted takes rank 1 back, every output "
+               "unchanged", under_load, d, "again", want, "w1", "w1", False, None, True)
         r.case("a standby whose group links otherwise is refused by name; the rank restarted "
                "instead, every output unchanged", under_load, d, "refused", want, "w1", None,
                False, other)
