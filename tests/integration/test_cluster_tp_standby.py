@@ -15,6 +15,8 @@ Cases:
 - a cold standby (no preload) replaces rank 1 of a group over the network collective
   (tp_link = 'net'): it loads the slices on promotion and the ranks learn its URL;
 - a cold standby replaces the leader over the network collective;
+- 2 stages x 2 ranks: a hot standby (preload = 'w2') replaces the second stage's leader: the
+  first stage's leader sends its ACT there, and w3 takes its steps from it;
 - the promoted hot standby (in rank 1's place) is killed in turn and started again: the new
   process takes rank 1 back;
 - a standby started with another script (its group over the network, the front's over shared
@@ -39,23 +41,29 @@ N = 8         # requests at once
 TOKENS = 384  # per request: long enough to be in flight at the kill
 
 
-def write(d, name, preload=None, net=False, sock=None):
-    """front, w0 and w1 (one stage of 2 ranks) and a standby 'spare' over ipc:// in d (sockets
-    named after `sock`, default `name`)."""
+def workers(two):
+    return ("w0", "w1", "w2", "w3") if two else ("w0", "w1")
+
+
+def write(d, name, preload=None, net=False, sock=None, two=False):
+    """front, w0 and w1 (one stage of 2 ranks; with two, w2 and w3 as a second stage of 2 ranks)
+    and a standby 'spare' over ipc:// in d (sockets named after `sock`, default `name`)."""
     path = os.path.join(d, f"{name}.lua")
     name = sock or name
     pre = f", preload = '{preload}'" if preload else ""
     link = ", tp_link = 'net'" if net else ""
+    ws = "".join(f"    node {{ name = '{w}', listen = 'ipc://{d}/{name}-{w}.sock' }},\n"
+                 for w in workers(two))
+    groups = "{ 'w0', 'w1' }, { 'w2', 'w3' }" if two else "{ 'w0', 'w1' }"
     with open(path, "w") as f:
         f.write(f"local m = model {{ path = '{STORIES}', name = 'm' }}\n"
                 "return cluster {\n"
                 f"  nodes = {{ node {{ name = 'front', listen = 'ipc://{d}/{name}-front.sock' }},\n"
-                f"    node {{ name = 'w0', listen = 'ipc://{d}/{name}-w0.sock' }},\n"
-                f"    node {{ name = 'w1', listen = 'ipc://{d}/{name}-w1.sock' }},\n"
+                f"{ws}"
                 f"    node {{ name = 'spare', listen = 'ipc://{d}/{name}-spare.sock', "
                 f"standby = true{pre} }} }},\n"
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
-                "  replicas = { replica { model = m, stages = pipeline(m, { { 'w0', 'w1' } })"
+                f"  replicas = {{ replica {{ model = m, stages = pipeline(m, {{ {groups} }})"
                 f"{link} }} }},\n"
                 "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
                 "  kv = { memory = '32MiB', type = 'f32' },\n"
@@ -76,25 +84,28 @@ def epochs(text):
 
 
 def under_load(d, name, want, victim, preload=None, net=False, standby_script=None,
-               again=False):
+               again=False, two=False):
     """Starts the cluster, sends N requests at once, kills `victim` (w0 or w1) with 8 of them
     in flight and checks that the standby took its rank and every request ended as `want`.
     With standby_script, the standby runs another script: its promotion must be refused by
     name, and `victim` is started again instead. With again, the promoted standby is then
-    killed and started again: it takes the rank back (promoted in place)."""
-    path = write(d, name, preload, net)
+    killed and started again: it takes the rank back (promoted in place). With two, the replica
+    has a second stage of 2 ranks on w2 and w3."""
+    path = write(d, name, preload, net, None, two)
     nodes = {w: Node(standby_script if w == "spare" and standby_script else path, w)
-             for w in ("w0", "w1", "spare")}
+             for w in workers(two) + ("spare",)}
     srv = None
     problems = []
-    rank = 0 if victim == "w0" else 1
+    rank = 0 if victim in ("w0", "w2") else 1
+    survivor = {"w0": "w1", "w1": "w0", "w2": "w3", "w3": "w2"}[victim]
     try:
         for nd in nodes.values():
             nd.wait_ready()
         sp = nodes["spare"].text()
         if preload:
-            assert f"hot standby for node {preload}: preloaded stage 1 layers [0, 5) (rank " \
-                   f"{0 if preload == 'w0' else 1} of 2)" in sp, sp
+            pr = 0 if preload in ("w0", "w2") else 1
+            assert re.search(rf"hot standby for node {preload}: preloaded stage [12] layers "
+                             rf"\[[0-9]+, [0-9]+\) \(rank {pr} of 2\)", sp), sp
         else:
             assert "cold standby" in sp, sp
         srv = su.start("-c", path, "--join-timeout", f"{su.scaled(60):g}", "--recover-timeout",
@@ -152,11 +163,10 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
         for i, r in enumerate(out):
             assert not isinstance(r, Exception) and r is not None, f"prompt {i}: {r!r}"
         assert open_at_kill > 0, "every request had ended at the kill: nothing was tested"
-        survivor = "w1" if victim == "w0" else "w0"
         if not standby_script:
             sp = nodes["spare"].text()
-            assert f"node spare promoted: serving stage 1 layers [0, 5) (rank {rank} of 2)" in sp, \
-                sp[-2000:]
+            assert re.search(rf"node spare promoted: serving stage [12] layers \[[0-9]+, [0-9]+\) "
+                             rf"\(rank {rank} of 2\)", sp), sp[-2000:]
             assert f"event=tp_group rank={rank} size=2" in sp, sp[-2000:]
             assert "event=tp_regroup" in nodes[survivor].text(), nodes[survivor].text()[-2000:]
             # The group formed anew: the survivor joined a group of another epoch.
@@ -193,6 +203,9 @@ def main():
         r.case("a cold standby takes the leader's place (network collective), every output "
                "unchanged", under_load, d, "net0", want, "w0", None, True)
         other = write(d, "refused-other", None, True, "refused")
+        r.case("2 stages x 2 ranks: a hot standby takes the second stage's leader's place (the "
+               "first stage's leader rerouted to it), every output unchanged", under_load, d,
+               "two", want, "w2", "w2", two=True)
         r.case("the promoted standby killed and restarted takes rank 1 back, every output "
                "unchanged", under_load, d, "again", want, "w1", "w1", False, None, True)
         r.case("a standby whose group links otherwise is refused by name; the rank restarted "
