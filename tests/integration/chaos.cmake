@@ -12,7 +12,8 @@ endif()
 set(_sh_chaos_env
     "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
 foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
-          drop-delay corrupt duplicate leak attach kill-rank stop-rank-2s drop-coll-1pct)
+          drop-delay corrupt duplicate leak attach kill-rank stop-rank-2s drop-coll-1pct
+          kill-leader-standby)
   string(REPLACE "-" "_" t "test_chaos_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}
@@ -21,7 +22,8 @@ foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s 
                        ENVIRONMENT "${_sh_chaos_env}")
 endforeach()
 foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
-          drop-delay corrupt duplicate leak kill-rank stop-rank-2s drop-coll-1pct)
+          drop-delay corrupt duplicate leak kill-rank stop-rank-2s drop-coll-1pct
+          kill-leader-standby)
   string(REPLACE "-" "_" t "test_chaos_engine_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}

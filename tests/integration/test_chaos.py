@@ -48,6 +48,7 @@ SCENARIOS = {
     "duplicate": ("cluster.lua", ["--timeout", "15"], "detect"),
     "leak": ("cluster-leak.lua", ["--max-tokens", "16"], "leak"),
     "kill-rank": ("cluster-tp.lua", ["--max-tokens", "32"], "kill"),
+    "kill-leader-standby": ("cluster-tp-standby.lua", ["--max-tokens", "32"], "kill"),
     "stop-rank-2s": ("cluster-tp.lua", ["--max-tokens", "32"], "detect"),
     "drop-coll-1pct": ("cluster-tp-net.lua", ["--max-tokens", "32"], "coll"),
 }
