@@ -55,7 +55,8 @@ typedef struct sh_cluster_plan {
     /* Tensor parallelism (docs/cluster.md): stage i runs on stage_tp[i] ranks (1: one node),
      * rank r on node rank_node[i][r] as the actor rank_addr[i][r] (rank 0: stage_node[i],
      * stage_addr[i]). On every node, the stage actors of every rank it holds are numbered in plan
-     * order (stage by stage, rank by rank). */
+     * order (stage by stage, rank by rank). A promotion moves a rank to a standby (rank_node,
+     * rank_addr; for rank 0 stage_node and stage_addr too), each store atomic. */
     int32_t stage_tp[SH_CLUSTER_MAX_STAGES];
     int32_t rank_node[SH_CLUSTER_MAX_STAGES][SH_CONFIG_MAX_TP];
     sh_addr rank_addr[SH_CLUSTER_MAX_STAGES][SH_CONFIG_MAX_TP];
@@ -215,7 +216,8 @@ uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank);
 
 /* The collective group of stage i's ranks (docs/cluster.md, "Tensor parallelism"): shared
  * memory when every rank listens on this host's addresses (ipc://, or tcp:// and tls+tcp:// on
- * 127.x, localhost or [::1]), in a segment named from the leader's URL and the stage; the network
+ * 127.x, localhost or [::1]), in a segment named from the script's leader's URL (kept when a
+ * standby takes a rank's place, the leader's included) and the stage; the network
  * otherwise, rank r listening on urls[r]: its node's listen URL with ".tpI" appended to an ipc://
  * path, or with the port raised by 1000 * I for tcp:// and tls+tcp:// (I the stage's index over
  * the plan, from 1). timeout_ms bounds each collective: 4 heartbeat periods times dead_after of
