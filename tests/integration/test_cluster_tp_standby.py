@@ -96,6 +96,7 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
              for w in workers(two) + ("spare",)}
     srv = None
     problems = []
+    killed = []  # the nodes killed on purpose (their logs go when the case passes)
     rank = 0 if victim in ("w0", "w2") else 1
     survivor = {"w0": "w1", "w1": "w0", "w2": "w3", "w3": "w2"}[victim]
     try:
@@ -126,6 +127,7 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
                  lambda: nodes["w0"].text()[-2000:])
         time.sleep(0.1)
         t0 = time.monotonic()
+        killed.append(nodes[victim])
         nodes[victim].proc.kill()
         nodes[victim].proc.wait()
         open_at_kill = sum(1 for x in out if x is None)
@@ -148,6 +150,7 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
         if again:
             time.sleep(0.1)
             t1 = time.monotonic()
+            killed.append(nodes["spare"])
             nodes["spare"].proc.kill()
             nodes["spare"].proc.wait()
             open_again = sum(1 for x in out if x is None)
@@ -181,9 +184,11 @@ def under_load(d, name, want, victim, preload=None, net=False, standby_script=No
         for w, nd in nodes.items():
             if nd.proc.poll() is None:
                 problems += nd.stop()
-            elif w != victim:
+            elif nd not in killed:
                 problems.append(f"node {w} exited {nd.proc.returncode}:\n{nd.text()[-1500:]}")
     assert not problems, "\n".join(problems)
+    for nd in killed:
+        os.unlink(nd.logpath)
     same(want, out, f"{name}: {victim} replaced", F32_KV_LP_TOL)
 
 
