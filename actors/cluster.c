@@ -96,6 +96,7 @@ static size_t scheme_len(const char *url)
 }
 
 static bool url_local(const char *url);
+static bool same_host(const char *a, const char *b, bool literal);
 
 /* A standby may take the place of any rank of a tensor-parallel group (docs/cluster.md,
  * "Standby nodes"): it must link to the group as its ranks do, on their URL scheme, and on this
@@ -110,9 +111,26 @@ static int check_standby_groups(const sh_cluster_config *c, const char *script, 
             if (st->tp < 2)
                 continue;
             const char *r0 = c->nodes[st->ranks[0]].listen;
-            bool local = !c->replicas[k].tp_net;
+            bool local = !c->replicas[k].tp_net && !c->replicas[k].tp_hier;
             for (int32_t r = 0; local && r < st->tp; r++)
                 local = url_local(c->nodes[st->ranks[r]].listen);
+            // Two levels ("hier", or "auto" over several hosts with two ranks on one): a rank's
+            // host decides its segment and its host's leader, which a standby elsewhere would move.
+            int32_t hosts = 0, shared = 0;
+            for (int32_t r = 0; !local && !c->replicas[k].tp_net && r < st->tp; r++) {
+                int32_t q = 0;
+                while (q < r && !same_host(c->nodes[st->ranks[q]].listen,
+                                           c->nodes[st->ranks[r]].listen, false))
+                    q++;
+                hosts += q == r;
+                shared += q < r;
+            }
+            if (c->replicas[k].tp_hier || (hosts > 1 && shared))
+                return fail(
+                    e,
+                    "%s: standby '%s' and replica %d stage %d's group, which links over two "
+                    "levels: a standby cannot take a rank's place in a two-level group yet",
+                    script, n->name, (int)k + 1, (int)s + 1);
             size_t l = scheme_len(r0);
             if (scheme_len(n->listen) != l || strncmp(n->listen, r0, l))
                 return fail(e,

@@ -21,6 +21,7 @@ add_test(NAME test_cluster_tp_hier
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_tp_hier.py
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_cluster_tp_hier PROPERTIES LABELS integration TIMEOUT 120 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
 # test_cluster_tp_standby.py: a standby takes a killed rank's place (rank 1 and the leader, over
 # shared memory and the network collective) under load, every output unchanged; a standby of
 # another script is refused by name at its promotion.
