@@ -35,11 +35,13 @@ static void test_crc_vectors(void)
         CHECK_UINT_EQ(f(0, dec, 32), 0x113fdb5cu);
         CHECK_UINT_EQ(f(0, "", 0), 0);
     }
-    fprintf(stderr, "crc32c: %s\n", sh__crc32c_hw() ? "sse4.2 instruction" : "tables");
+    static const char *const how[] = {"tables", "sse4.2 instruction",
+                                      "sse4.2 instruction, vpclmulqdq folding from 1 KiB"};
+    fprintf(stderr, "crc32c: %s\n", how[sh__crc32c_hw()]);
 }
 
-/* The fast path (three chains joined above 12 KiB) equals the tables at every length and
- * alignment tried, whole or in pieces. */
+/* The fast paths (folding from 1 KiB where the CPU can, else three chains joined above 12 KiB)
+ * equal the tables at every length and alignment tried, whole or in pieces. */
 static void test_crc_paths_agree(void)
 {
     size_t n = 70000;
@@ -47,15 +49,18 @@ static void test_crc_paths_agree(void)
     uint64_t rng = 7;
     for (size_t i = 0; i < n + 8; i++)
         buf[i] = (uint8_t)test_rand(&rng);
-    static const size_t lens[] = {0,     1,     7,     8,     9,     63,    64,    65,   4095,
+    static const size_t lens[] = {0,     1,     7,     8,     9,     63,    64,    65,   255,
+                                  256,   1023,  1024,  1025,  1039,  1087,  1279,  1280, 4095,
                                   12287, 12288, 12289, 24576, 24583, 36864, 50000, 70000};
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
         for (size_t off = 0; off < 8; off++) {
             uint32_t a = sh__crc32c(0, buf + off, lens[k]);
             uint32_t b = sh__crc32c_sw(0, buf + off, lens[k]);
-            if (a != b)
-                SH_FAIL_("len %zu offset %zu: 0x%08x != 0x%08x", lens[k], off, (unsigned)a,
-                         (unsigned)b);
+            uint32_t c = sh__crc32c_insn(0, buf + off, lens[k]);
+            if (a != b || c != b)
+                SH_FAIL_("len %zu offset %zu: 0x%08x (fastest), 0x%08x (instruction) != "
+                         "0x%08x (tables)",
+                         lens[k], off, (unsigned)a, (unsigned)c, (unsigned)b);
             size_t cut = lens[k] / 3;
             CHECK_UINT_EQ(sh__crc32c(sh__crc32c(0, buf + off, cut), buf + off + cut, lens[k] - cut),
                           a);
