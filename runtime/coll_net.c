@@ -234,11 +234,16 @@ sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
 {
     const uint8_t *b = nng_msg_body(m);
     if (b[5] == SH__COLL_NET_DATA || b[5] == SH__COLL_NET_ACK) {
-        nng_msg *copy;
-        if (nng_msg_dup(&copy, m) != 0) {
+        /* The copy comes from the pool when it can (nng_msg_dup would allocate and zero a new
+         * frame, then fault its pages in: with the copy itself, a fifth of a 16 MB ring's time
+         * on two vCPUs). */
+        size_t len = nng_msg_len(m);
+        nng_msg *copy = sh__coll_net_frame_new(im, len - SH__COLL_NET_HDR);
+        if (!copy) {
             nng_msg_free(m);
             return sh__coll_net_oom(e);
         }
+        memcpy(nng_msg_body(copy), b, len);
         pthread_mutex_lock(&im->kmu);
         if (im->n_kept == im->cap_kept) {
             size_t cap = im->cap_kept ? im->cap_kept * 2 : 64;
@@ -269,7 +274,7 @@ void sh__coll_net_kept_prune(net *im)
     pthread_mutex_lock(&im->kmu);
     for (size_t i = 0; i < im->n_kept; i++) {
         if (im->kept[i].seq + AHEAD < im->c->seq)
-            nng_msg_free(im->kept[i].m);
+            sh__coll_net_frame_release(im, im->kept[i].m); /* for post's next copies */
         else
             im->kept[k++] = im->kept[i];
     }
@@ -351,11 +356,13 @@ nng_msg *sh__coll_net_frame_new(net *im, size_t plen)
     return nng_msg_alloc(&m, len) == 0 ? m : NULL;
 }
 
-/* Keeps a received frame for frame_new (up to POOL_MSGS and max_bytes + 1 MB), or frees it. */
+/* Keeps a received or no longer kept frame for frame_new (up to POOL_MSGS and 2 max_bytes + 1 MB:
+ * a ring all-reduce sends up to twice its size, and post copies all of it), or frees it. */
 void sh__coll_net_frame_release(net *im, nng_msg *m)
 {
     size_t cap = nng_msg_capacity(m);
-    if (im->n_pool < POOL_MSGS && im->pool_bytes + cap <= im->c->max_bytes + ((size_t)1 << 20)) {
+    if (im->n_pool < POOL_MSGS &&
+        im->pool_bytes + cap <= 2 * im->c->max_bytes + ((size_t)1 << 20)) {
         im->pool[im->n_pool++] = m;
         im->pool_bytes += cap;
     } else {

@@ -95,6 +95,29 @@ static uint32_t ring_index(int32_t step, size_t seg)
     return (uint32_t)step << 16 | (uint32_t)seg;
 }
 
+/* Uncompressed, a partial sum is taken in the frame itself, in one pass: p[i] = p[i] + x[i]
+ * (the same bits as x[i] + p[i]: addition commutes), and the final one stored in x too. The
+ * payload is only 4-byte aligned (after the 44-byte header), hence the memcpy loads. */
+static void add_f32(uint8_t *p, float *x, size_t n, bool store)
+{
+    if (store) {
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, p + 4 * i, 4);
+            v += x[i];
+            memcpy(p + 4 * i, &v, 4);
+            x[i] = v;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, p + 4 * i, 4);
+            v += x[i];
+            memcpy(p + 4 * i, &v, 4);
+        }
+    }
+}
+
 /* Ring all-reduce: reduce-scatter then all-gather, segment by segment. */
 static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, sh_error *e)
 {
@@ -123,14 +146,18 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
                                         sh__coll_net_wire_size(im->cmp, k), &m, &h, e);
             if (rc)
                 break;
-            sh__coll_net_decode(im->cmp, payload(m), k, buf + o, true);
             /* The sum goes on in the frame it came in (same length: same k). */
-            sh__coll_net_encode(im->cmp, buf + o, k, payload(m));
+            if (im->cmp == SH_COLL_COMPRESS_NONE) {
+                add_f32(payload(m), buf + o, k, s == S - 1);
+            } else {
+                sh__coll_net_decode(im->cmp, payload(m), k, buf + o, true);
+                sh__coll_net_encode(im->cmp, buf + o, k, payload(m));
+                if (s == S - 1) /* the final value, as every other rank will decode it */
+                    sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
+            }
             h = sh__coll_net_hdr_of(im, SH__COLL_NET_DATA, op, n, ring_index(s + 1, j),
                                     (uint32_t)k);
             sh__coll_net_seal(&h, nng_msg_body(m), payload_len(m));
-            if (s == S - 1) /* the final value, as every other rank will decode it */
-                sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
             rc = sh__coll_net_post(im, right, m, e);
         }
     }

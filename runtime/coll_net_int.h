@@ -23,7 +23,7 @@
 #define NONCE SH_AUTH_NONCE_LEN
 #define MAC SH_AUTH_MAC_LEN
 #define URL_MAX 256
-#define POOL_MSGS 256u
+#define POOL_MSGS 512u
 #define HELLO_EVERY_NS 50000000u /* create repeats its HELLO to silent peers this often */
 #define CLOSE_PAUSE_MS 20        /* see net_free */
 #define LOST_POLL_MS 50u         /* see take */
