@@ -228,6 +228,27 @@ static sh_err fault_send(net *im, int32_t dst, nng_msg *m, sh_error *e)
     return rc;
 }
 
+/* Adds k to the kept frames (false: out of memory). */
+static bool keep(net *im, kept k, size_t *slot)
+{
+    pthread_mutex_lock(&im->kmu);
+    if (im->n_kept == im->cap_kept) {
+        size_t cap = im->cap_kept ? im->cap_kept * 2 : 64;
+        kept *a = realloc(im->kept, cap * sizeof *a);
+        if (!a) {
+            pthread_mutex_unlock(&im->kmu);
+            return false;
+        }
+        im->kept = a;
+        im->cap_kept = cap;
+    }
+    if (slot)
+        *slot = im->n_kept;
+    im->kept[im->n_kept++] = k;
+    pthread_mutex_unlock(&im->kmu);
+    return true;
+}
+
 /* Keeps a copy of a data or acknowledgement frame of the current call (to send it again when
  * the peer asks), then sends it. */
 sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
@@ -244,28 +265,47 @@ sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e)
             return sh__coll_net_oom(e);
         }
         memcpy(nng_msg_body(copy), b, len);
-        pthread_mutex_lock(&im->kmu);
-        if (im->n_kept == im->cap_kept) {
-            size_t cap = im->cap_kept ? im->cap_kept * 2 : 64;
-            kept *k = realloc(im->kept, cap * sizeof *k);
-            if (!k) {
-                pthread_mutex_unlock(&im->kmu);
-                nng_msg_free(copy);
-                nng_msg_free(m);
-                return sh__coll_net_oom(e);
-            }
-            im->kept = k;
-            im->cap_kept = cap;
+        if (!keep(im,
+                  (kept){.m = copy,
+                         .seq = im->c->seq,
+                         .at_ns = sh__coll_net_now_ns(),
+                         .dst = dst,
+                         .index = rd32(b + 32),
+                         .type = b[5]},
+                  NULL)) {
+            nng_msg_free(copy);
+            nng_msg_free(m);
+            return sh__coll_net_oom(e);
         }
-        im->kept[im->n_kept++] = (kept){.m = copy,
-                                        .seq = im->c->seq,
-                                        .at_ns = sh__coll_net_now_ns(),
-                                        .dst = dst,
-                                        .index = rd32(b + 32),
-                                        .type = b[5]};
-        pthread_mutex_unlock(&im->kmu);
     }
     return fault_send(im, dst, m, e);
+}
+
+sh_err sh__coll_net_post_lazy(net *im, int32_t dst, nng_msg *m, const sh__coll_net_hdr *h,
+                              const float *src, size_t *slot, sh_error *e)
+{
+    if (!keep(im,
+              (kept){.src = src,
+                     .count = h->count,
+                     .h = *h,
+                     .seq = im->c->seq,
+                     .at_ns = sh__coll_net_now_ns(),
+                     .dst = dst,
+                     .index = h->index,
+                     .type = h->type},
+              slot)) {
+        nng_msg_free(m);
+        return sh__coll_net_oom(e);
+    }
+    return fault_send(im, dst, m, e);
+}
+
+void sh__coll_net_kept_drop(net *im, size_t slot, size_t n)
+{
+    pthread_mutex_lock(&im->kmu);
+    for (size_t i = slot; i < slot + n && i < im->n_kept; i++)
+        im->kept[i].src = NULL;
+    pthread_mutex_unlock(&im->kmu);
 }
 
 void sh__coll_net_kept_prune(net *im)
@@ -273,10 +313,12 @@ void sh__coll_net_kept_prune(net *im)
     size_t k = 0;
     pthread_mutex_lock(&im->kmu);
     for (size_t i = 0; i < im->n_kept; i++) {
-        if (im->kept[i].seq + AHEAD < im->c->seq)
-            sh__coll_net_frame_release(im, im->kept[i].m); /* for post's next copies */
-        else
+        if (im->kept[i].seq + AHEAD < im->c->seq) {
+            if (im->kept[i].m)
+                sh__coll_net_frame_release(im, im->kept[i].m); /* for post's next copies */
+        } else {
             im->kept[k++] = im->kept[i];
+        }
     }
     im->n_kept = k;
     pthread_mutex_unlock(&im->kmu);
@@ -300,8 +342,23 @@ static void resend(net *im, const sh__coll_net_hdr *h)
         kept *k = &im->kept[i];
         if (k->dst == h->src && k->seq == h->seq && k->index == h->index &&
             k->type == (uint8_t)h->count) {
-            if (sh__coll_net_now_ns() - k->at_ns < NACK_FIRST_NS || nng_msg_dup(&m, k->m) != 0)
-                m = NULL;
+            if (sh__coll_net_now_ns() - k->at_ns < NACK_FIRST_NS)
+                break;
+            if (k->m) {
+                if (nng_msg_dup(&m, k->m) != 0)
+                    m = NULL;
+            } else if (k->src) {
+                /* Encoded again from floats the calling thread leaves alone until it has
+                 * dropped this entry, which it does under kmu. */
+                size_t plen = sh__coll_net_wire_size((sh_coll_compress)k->h.compress, k->count);
+                if (nng_msg_alloc(&m, SH__COLL_NET_HDR + plen) == 0) {
+                    sh__coll_net_encode((sh_coll_compress)k->h.compress, k->src, k->count,
+                                        payload(m));
+                    sh__coll_net_seal(&k->h, nng_msg_body(m), plen);
+                } else {
+                    m = NULL;
+                }
+            }
             break;
         }
     }
@@ -799,7 +856,7 @@ static void net_free(net *im)
         nng_msg_free(im->rq[(im->rq_head + i) % im->rq_cap]);
     free(im->rq);
     for (size_t i = 0; i < im->n_kept; i++)
-        nng_msg_free(im->kept[i].m);
+        nng_msg_free(im->kept[i].m); /* NULL for a lazy one */
     free(im->kept);
     pthread_cond_destroy(&im->rcv);
     pthread_mutex_destroy(&im->rmu);

@@ -126,12 +126,29 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
     const int32_t r = c->rank, N = c->size, S = N - 1, right = mod(r + 1, N), left = mod(r - 1, N);
     size_t off, len;
     sh_err rc = SH_OK;
+    /* This rank's own chunk goes out first. Its frames are kept lazily (no copy): the chunk
+     * stays as it is until its final value comes back in the all-gather, which shows that the
+     * right neighbour has them (every rank's contribution is in that value), so they are
+     * dropped from the kept frames just before it is written, or when the call ends. Their
+     * slots are consecutive (nothing else is kept in between, and only call_begin prunes). */
+    size_t slot0 = 0, posted = 0;
     chunk_of(n, N, r, &off, &len);
     for (size_t j = 0; j < nseg(len, SEG_FLOATS) && !rc; j++) {
         size_t o = off + j * SEG_FLOATS,
-               k = len - j * SEG_FLOATS < SEG_FLOATS ? len - j * SEG_FLOATS : SEG_FLOATS;
-        nng_msg *m = sh__coll_net_frame_floats(im, n, ring_index(0, j), buf + o, k);
-        rc = m ? sh__coll_net_post(im, right, m, e) : sh__coll_net_oom(e);
+               k = len - j * SEG_FLOATS < SEG_FLOATS ? len - j * SEG_FLOATS : SEG_FLOATS,
+               plen = sh__coll_net_wire_size(im->cmp, k), slot;
+        nng_msg *m = sh__coll_net_frame_new(im, plen);
+        if (!m) {
+            rc = sh__coll_net_oom(e);
+            break;
+        }
+        sh__coll_net_encode(im->cmp, buf + o, k, payload(m));
+        sh__coll_net_hdr h =
+            sh__coll_net_hdr_of(im, SH__COLL_NET_DATA, op, n, ring_index(0, j), (uint32_t)k);
+        sh__coll_net_seal(&h, nng_msg_body(m), plen);
+        rc = sh__coll_net_post_lazy(im, right, m, &h, buf + o, &slot, e);
+        if (!rc && posted++ == 0)
+            slot0 = slot;
     }
     /* Reduce-scatter: step s adds chunk r - s - 1 and passes it on; the last step's chunk,
      * r + 1, is this rank's, whose final value starts the all-gather. */
@@ -173,6 +190,8 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
                                         (uint32_t)k, sh__coll_net_wire_size(im->cmp, k), &m, &h, e);
             if (rc)
                 break;
+            if (t == 0 && j < posted) /* this rank's chunk (see above) */
+                sh__coll_net_kept_drop(im, slot0 + j, 1);
             sh__coll_net_decode(im->cmp, payload(m), k, buf + o, false);
             if (t < S - 1) {
                 sh__coll_net_frame_forward(im, m, &h, ring_index(S + t + 1, j));
@@ -182,6 +201,7 @@ static sh_err allreduce_ring(net *im, float *buf, size_t n, uint64_t deadline, s
             }
         }
     }
+    sh__coll_net_kept_drop(im, slot0, posted); /* buf is the caller's again */
     return rc;
 }
 

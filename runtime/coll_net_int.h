@@ -52,9 +52,14 @@ typedef struct peer_link {
     int err;   /* the first failed send's NNG code, 0 when none */
 } peer_link;
 
-/* A frame this rank sent in one of its last AHEAD + 1 calls, kept to send again on a NACK. */
+/* A frame this rank sent in one of its last AHEAD + 1 calls, kept to send again on a NACK: a
+ * copy (m), or while the call runs, the floats it was encoded from (src, count, h: see
+ * sh__coll_net_post_lazy); neither once a lazy frame's source has gone. */
 typedef struct kept {
     nng_msg *m;
+    const float *src; /* (count) */
+    size_t count;
+    sh__coll_net_hdr h;
     uint64_t seq;
     uint64_t at_ns; /* when it was posted */
     int32_t dst;
@@ -133,6 +138,14 @@ nng_msg *sh__coll_net_frame_bytes(net *im, uint8_t type, uint8_t op, uint64_t to
                                   const void *p, size_t len);
 void sh__coll_net_frame_forward(net *im, nng_msg *m, const sh__coll_net_hdr *got, uint32_t index);
 sh_err sh__coll_net_post(net *im, int32_t dst, nng_msg *m, sh_error *e);
+/* post for a data frame sealed with header h, its payload encoded from h->count floats at src
+ * that stay as they are until sh__coll_net_kept_drop drops the frame: no copy is kept, a resend
+ * encodes src again. *slot: where the frame is kept, for kept_drop. */
+sh_err sh__coll_net_post_lazy(net *im, int32_t dst, nng_msg *m, const sh__coll_net_hdr *h,
+                              const float *src, size_t *slot, sh_error *e);
+/* The n lazily kept frames from slot on (from post_lazy in this call) are not sent again after
+ * this: their source may change (the caller knows the peer has them, or the call is ending). */
+void sh__coll_net_kept_drop(net *im, size_t slot, size_t n);
 
 /* coll_net.c: receiving (see each definition). */
 int sh__coll_net_recv_one(net *im, uint64_t deadline, nng_msg **m);
