@@ -42,9 +42,10 @@
  * frame of the last AHEAD + 1 calls (a direct broadcast's receivers can run a few calls ahead of
  * a rank still waiting) and the NACK's answer is that copy, marked resent (not when the link is
  * still handing frames over or the frame was posted under NACK_FIRST_NS ago: it may be on its
- * way). Frames are taken by (call, type, source, index), so one that comes late or twice is
- * stashed and then let go. The fault hook (sh_coll_opts.fault) decides each frame's fate in
- * fault_send.
+ * way). A ring all-reduce's first frames are kept without a copy (post_lazy): while the call
+ * runs, a resend encodes them again from the caller's buffer. Frames are taken by (call, type,
+ * source, index), so one that comes late or twice is stashed and then let go. The fault hook
+ * (sh_coll_opts.fault) decides each frame's fate in fault_send.
  *
  * The collectives themselves are in coll_net_algo.c, the join in coll_net_join.c.
  *
