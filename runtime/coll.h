@@ -35,7 +35,8 @@
  *   pipelined) for large ones. A lost frame does not fail the call: a rank that waits for a
  *   frame a few ms after its sender went silent asks for it again (after 5 ms at first, the
  *   gap doubling up to 100 ms), and the sender keeps what it sent in its last five calls to
- *   send it again (sh_coll_opts.fault injects losses); duplicates are dropped. A call still
+ *   send it again (a ring's first frames only while the call runs: they are encoded again from
+ *   the caller's buffer; sh_coll_opts.fault injects losses); duplicates are dropped. A call still
  *   fails at timeout_ms when the frame never comes (a peer stopped, or every frame to it lost),
  *   or within ~100 ms when its sender has destroyed its handle (a frame lost in a rank's last
  *   call before destroy is not recovered). Optional compression of what crosses the links (f16,
