@@ -16,15 +16,17 @@
 #               HOP_REPS times; medians.
 #   memory      (--memory) peak RSS (VmHWM) of a `shoal mkmodel --shape llama3-8b --type Q4_0`
 #               model split over 2 worker processes against 60% of the file plus the stage's KV
-#               pool, and of `shoal serve` of the default model under the 32-stream load against
+#               pool, and of each rank of one stage on a tensor-parallel group of 2 (`shoal node`
+#               each, shared memory between them) against 60% of the file plus the rank's KV pool
+#               (its half of the KV heads), and of `shoal serve` of the default model under the 32-stream load against
 #               llama-server's 436-471 MB (ANCHORS.md), with its default KV budget and with the
 #               8192-token KV of `llama-server -c 8192`.
 # Usage: bench/cluster.sh [--memory | --all] [BUILD]   (default parts: throughput hop)
 # Env: MODEL, STORIES, BIG (the 8B file; made once with shoal mkmodel, 4.5 GB), PORT (base),
 #      LINK (ipc, or tcp: every node on loopback tcp://), ROUNDS (4), HOP_REPS (5), CLIENTS
 #      (32), REQS (64), MEM_STEP_TOKENS (the 8B split's batcher max_step_tokens, 512), PARTS
-#      (overrides the parts: throughput hop memory, or memory-split / memory-serve for half of
-#      memory), COMMIT (the label of the measured build; default: this checkout's HEAD,
+#      (overrides the parts: throughput hop memory, or memory-split / memory-tp2 / memory-serve
+#      for a third of memory), COMMIT (the label of the measured build; default: this checkout's HEAD,
 #      "+dirty" if tracked files changed).
 # Prints one JSON line per measurement on stdout ({"bench": "cluster", "commit", "config",
 # "figure", "value", "unit", ...}); progress and the processes' logs on failure go to stderr.
@@ -381,53 +383,83 @@ EOF
 fi
 
 # ---------------------------------------------------------------------------------------------
-# kv_bytes GGUF LAYERS BLOCKS: bytes of an F16 KV pool of BLOCKS 16-token blocks over LAYERS.
+# kv_bytes GGUF LAYERS BLOCKS [TP]: bytes of an F16 KV pool of BLOCKS 16-token blocks over LAYERS
+# (of one rank of a tensor-parallel group of TP: its share of the KV heads; the shapes measured
+# here split them evenly, anything else is an error).
 kv_bytes() {
-    "$shoal" inspect "$1" | awk -v L="$2" -v B="$3" '
+    "$shoal" inspect "$1" | awk -v L="$2" -v B="$3" -v T="${4:-1}" '
         $1 == "embedding_length" { d = $2 } $1 == "attention.head_count" { h = $2 }
         $1 == "attention.head_count_kv" { kvh = $2 }
-        END { printf "%.0f\n", B * L * 2 * kvh * (d / h) * 2 * 16 }'
+        END { if (kvh % T) { print "error: " kvh " KV heads over " T " ranks" > "/dev/stderr"; exit 1 }
+              printf "%.0f\n", B * L * 2 * (kvh / T) * (d / h) * 2 * 16 }'
 }
 
-if [[ " $parts " == *" memory "* || " $parts " == *" memory-split "* ]]; then
+# rss_of PID FIELD: bytes of FIELD (RssAnon, RssFile) in /proc/PID/status now.
+rss_of() { echo $(($(awk -v f="$2:" '$1 == f { print $2 }' "/proc/$1/status") * 1024)); }
+
+# mem_big TAG CONFIG REPLICAS TP WORKER...: the 8B file under a short load on a cluster of REPLICAS
+# (workers -t 1, 64 MiB of KV per stage), then one JSON line per process: peak RSS against 0.6 x
+# the file + the process's KV pool (a rank's share when TP > 1).
+mem_big() {
+    local tag=$1 config=$2 reps=$3 tp=$4
+    shift 4
+    local kvmem=64MiB mem_step=${MEM_STEP_TOKENS:-512} http=$((port + 20))
+    [ "$tp" -gt 1 ] && http=$((port + 22))
+    script "$tmp/$tag.lua" "$big" "$http" "$reps" "$kvmem" \
+        "max_step_tokens = $mem_step, max_seqs = 16, max_wait_ms = 50" "$@"
+    start_cluster "$tag" "$tmp/$tag.lua" 1 "$@" ||
+        { fail_logs "${@/#/$tag-}" "$tag-front"; exit 1; }
+    bench "http://127.0.0.1:$http" "$tmp/$tag.json" -c 4 -n 4 --prompt-tokens 16 \
+        --output-tokens 8 --ignore-eos --timeout 600
+    local w pid peak kv layers line a b blocks limit
+    for w in "$@" front; do
+        pid=$(pid_of "$tag-$w")
+        peak=$(hwm "$pid")
+        if [ "$w" = front ]; then
+            kv=0 layers=none
+        else
+            line=$(grep -m1 "serving stage" "$tmp/$tag-$w.log")
+            a=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\1/' <<<"$line")
+            b=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\2/' <<<"$line")
+            blocks=$(sed -E 's/.*KV ([0-9]+) blocks.*/\1/' <<<"$line")
+            kv=$(kv_bytes "$big" $((b - a)) "$blocks" "$tp")
+            layers="[$a, $b)"
+            [ "$tp" -gt 1 ] && layers="$layers $(sed -E 's/.*\((rank [0-9]+ of [0-9]+)[,)].*/\1/' <<<"$line")"
+        fi
+        limit=$(python3 -c "print(int(0.6 * $size + $kv))")
+        emit config="$config" node="$w" layers="$layers" figure=peak_rss value:="$peak" unit=bytes \
+            rss_anon_bytes:="$(rss_of "$pid" RssAnon)" rss_file_bytes:="$(rss_of "$pid" RssFile)" \
+            file_bytes:="$size" kv_pool_bytes:="$kv" limit_bytes:="$limit" \
+            ratio_to_file:="$(python3 -c "print(round($peak / $size, 3))")" \
+            met:="$(python3 -c "print('true' if $peak <= $limit else 'false')")" \
+            requests_ok:="$(jget "$tmp/$tag.json" 'j["requests"]["ok"]')" kv_memory="$kvmem" \
+            batcher="max_step_tokens $mem_step, max_seqs 16" threads:=1
+    done
+    cleanup
+}
+
+if [[ " $parts " == *" memory "* || " $parts " == *" memory-split "* || " $parts " == *" memory-tp2 "* ]]; then
     if [ ! -f "$big" ]; then
         avail=$(df --output=avail -B1 "$(dirname "$big")" 2>/dev/null | tail -1 || echo 0)
         [ "$avail" -gt 6000000000 ] || { echo "error: less than 6 GB free for $big" >&2; exit 1; }
         mkdir -p "$(dirname "$big")"
         say "making $big (shoal mkmodel --shape llama3-8b --type Q4_0 --seed 1)"
-        "$shoal" mkmodel --shape llama3-8b --type Q4_0 --seed 1 -o "$big" >&2
+        "$shoal" mkmodel --shape llama3-8b --type Q4_0 --seed 1 -o "$big.tmp.$$" >&2
+        mv "$big.tmp.$$" "$big"
     fi
     size=$(stat -c %s "$big")
+fi
+
+if [[ " $parts " == *" memory "* || " $parts " == *" memory-split "* ]]; then
     say "memory: $big ($size bytes) over 2 worker processes"
-    kvmem=64MiB
-    mem_step=${MEM_STEP_TOKENS:-512}
-    script "$tmp/mem8b.lua" "$big" $((port + 20)) 'replica { model = m, stages = pipeline(m, { $W }) }' \
-        "$kvmem" "max_step_tokens = $mem_step, max_seqs = 16, max_wait_ms = 50" w0 w1
-    start_cluster mem8b "$tmp/mem8b.lua" 1 w0 w1 || { fail_logs mem8b-w0 mem8b-w1 mem8b-front; exit 1; }
-    bench "http://127.0.0.1:$((port + 20))" "$tmp/mem8b.json" -c 4 -n 4 --prompt-tokens 16 \
-        --output-tokens 8 --ignore-eos --timeout 600
-    for w in w0 w1 front; do
-        pid=$(pid_of "mem8b-$w")
-        peak=$(hwm "$pid")
-        if [ "$w" = front ]; then
-            kv=0 layers=none
-        else
-            line=$(grep -m1 "serving stage" "$tmp/mem8b-$w.log")
-            a=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\1/' <<<"$line")
-            b=$(sed -E 's/.*layers \[([0-9]+), ([0-9]+)\).*/\2/' <<<"$line")
-            blocks=$(sed -E 's/.*KV ([0-9]+) blocks.*/\1/' <<<"$line")
-            kv=$(kv_bytes "$big" $((b - a)) "$blocks")
-            layers="[$a, $b)"
-        fi
-        limit=$(python3 -c "print(int(0.6 * $size + $kv))")
-        emit config=llama3-8b-q4_0-2stages node="$w" layers="$layers" figure=peak_rss value:="$peak" unit=bytes \
-            file_bytes:="$size" kv_pool_bytes:="$kv" limit_bytes:="$limit" \
-            ratio_to_file:="$(python3 -c "print(round($peak / $size, 3))")" \
-            met:="$(python3 -c "print('true' if $peak <= $limit else 'false')")" \
-            requests_ok:="$(jget "$tmp/mem8b.json" 'j["requests"]["ok"]')" kv_memory="$kvmem" \
-            batcher="max_step_tokens $mem_step, max_seqs 16" threads:=1
-    done
-    cleanup
+    mem_big mem8b llama3-8b-q4_0-2stages 'replica { model = m, stages = pipeline(m, { $W }) }' 1 w0 w1
+fi
+
+# One stage on a tensor-parallel group of 2 ranks (shared memory between them): every layer
+# sliced over both, each rank's KV pool its half of the KV heads of the stage's blocks.
+if [[ " $parts " == *" memory "* || " $parts " == *" memory-tp2 "* ]]; then
+    say "memory: $big ($size bytes) on a tensor-parallel group of 2 rank processes"
+    mem_big mem8btp2 llama3-8b-q4_0-tp2 'replica { model = m, stages = pipeline(m, { { $W } }) }' 2 w0 w1
 fi
 
 if [[ " $parts " == *" memory "* || " $parts " == *" memory-serve "* ]]; then
