@@ -109,6 +109,23 @@ static sh_tensor rows_of(const sh_tensor *w, int64_t r0, int64_t n)
     return v;
 }
 
+/* The mapping's pages of w outside its rows [r0, r0 + n) (of a 3-D stack: its matrices [r0, r0 +
+ * n)), the other ranks' share, which this rank never reads: dropped and marked no-huge
+ * (sh__file_drop), before anything touched them. The page cache may hold the file in 2 MiB
+ * folios, which a fault maps whole as far as its mapping allows: without the marks a read of the
+ * rank's own rows (the prefault, a step) mapped the neighbouring rows of other ranks too (39 MiB
+ * per rank of llama3-8b at tp 2: parts of the other halves of K, V, gate and up). */
+static void drop_others(const sh_tensor *w, int64_t r0, int64_t n)
+{
+    const bool stack = w->ne[2] > 1;
+    const size_t unit =
+        sh__dtype_row_bytes(w->type, (uint64_t)w->ne[0]) * (size_t)(stack ? w->ne[1] : 1);
+    const int64_t all = stack ? w->ne[2] : w->ne[1];
+    sh__file_drop(w->data, unit * (size_t)r0);
+    sh__file_drop((const uint8_t *)w->data + unit * (size_t)(r0 + n),
+                  unit * (size_t)(all - r0 - n));
+}
+
 /* Experts [x0, x0 + n) of a 3-D stack, a view. */
 static sh_tensor experts_of(const sh_tensor *w, int64_t x0, int64_t n)
 {
@@ -240,6 +257,11 @@ sh_err sh__llama_tp_slice(sh_llama *m, sh_error *e)
         sh_llama_layer *L = &m->layers[l];
         const struct sh_llama_attn_w whole = {L->wq, L->wk, L->wv, L->wo, L->bq, L->bk, L->bv};
         snprintf(name, sizeof name, "blk.%d.attn_output.weight", (int)l);
+        /* The parts' rows of wq, wk and wv are one run each: heads [h, h1) and their KV heads. */
+        const sh_llama_tp_part *P0 = &t->part[0], *Pn = &t->part[t->n_parts - 1];
+        drop_others(&whole.wq, P0->head0 * hd, (Pn->head0 + Pn->n_heads - P0->head0) * hd);
+        drop_others(&whole.wk, P0->kv0 * hd, (Pn->kv0 + Pn->n_kv_heads - P0->kv0) * hd);
+        drop_others(&whole.wv, P0->kv0 * hd, (Pn->kv0 + Pn->n_kv_heads - P0->kv0) * hd);
         for (int32_t p = 0; p < t->n_parts; p++) {
             const sh_llama_tp_part *P = &t->part[p];
             const int64_t q0 = P->head0 * hd, nq = P->n_heads * hd;
@@ -267,12 +289,17 @@ sh_err sh__llama_tp_slice(sh_llama *m, sh_error *e)
             }
         }
         if (hp->n_expert == 0) {
+            drop_others(&L->w_gate, t->ff0, t->n_ff);
+            drop_others(&L->w_up, t->ff0, t->n_ff);
             L->w_gate = rows_of(&L->w_gate, t->ff0, t->n_ff);
             L->w_up = rows_of(&L->w_up, t->ff0, t->n_ff);
             snprintf(name, sizeof name, "blk.%d.ffn_down.weight", (int)l);
             if ((err = columns_of(m, &L->w_down, t->ff0, t->n_ff, name, &L->w_down, e)))
                 return err;
         } else {
+            drop_others(&L->gate_exps, t->expert0, t->n_expert);
+            drop_others(&L->up_exps, t->expert0, t->n_expert);
+            drop_others(&L->down_exps, t->expert0, t->n_expert);
             L->gate_exps = experts_of(&L->gate_exps, t->expert0, t->n_expert);
             L->up_exps = experts_of(&L->up_exps, t->expert0, t->n_expert);
             L->down_exps = experts_of(&L->down_exps, t->expert0, t->n_expert);
@@ -285,6 +312,9 @@ sh_err sh__llama_tp_slice(sh_llama *m, sh_error *e)
         }
     }
     if (m->output.data) {
+        /* (A tied table that this stage also looks tokens up in is read whole: its rows are
+         * only dropped, which a lookup faults back.) */
+        drop_others(&m->output, t->vocab0, t->n_vocab);
         m->output = rows_of(&m->output, t->vocab0, t->n_vocab);
         /* A later stage holds the tied table for its head only: keep just the rank's rows. */
         if (m->first > 0)

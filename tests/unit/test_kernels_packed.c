@@ -2,7 +2,9 @@
  * the file layout, fused forms, thread counts, and prepare/release bookkeeping; and the
  * vectorized SwiGLU over its whole range. */
 #include <stdint.h>
+#include <stdio.h>
 
+#include "kernels/cpu/backend_cpu.h"
 #include "kernels/cpu/cpu.h"
 #define KT_SEED 0x13198a2e03707344ull
 #include "kernels_test_util.h"
@@ -787,6 +789,63 @@ static void test_q6k_backend(void)
     sh_backend_destroy(ref);
 }
 
+/* The packed copy of a large weight is asked for huge pages over its whole 2 MiB pages only: the
+ * tail past the last one is its own mapping of 4 KiB pages, resident no further than the copy's
+ * bytes reach. A Q4_0 matrix of 2048 x 4096 packs to 4.5 MiB; with the whole copy advised, its
+ * last 0.5 MiB took a 2 MiB huge page (6 MiB resident for 4.5; /proc/self/smaps). */
+static void test_pack_tail_pages(void)
+{
+    sh_backend *be = make(SH_BACKEND_CPU_ISA_AUTO, 1);
+    if (!be)
+        return;
+    const int64_t n_out = 2048, n_in = 4096;
+    const size_t rb = sh__dtype_row_bytes(SH_DTYPE_Q4_0, (uint64_t)n_in);
+    sh_tensor t = {SH_DTYPE_Q4_0, {n_in, n_out, 1, 1}, calloc((size_t)n_out, rb)};
+    CHECK(t.data != NULL);
+    CHECK_OK(sh_backend_weight_prepare(be, &t));
+    const uint8_t *p = sh__cpu_weights_lookup((sh__cpu_ctx *)be->ctx, &t);
+    const size_t bytes = sh__cpu_pack_bytes(SH_DTYPE_Q4_0, n_out, n_in);
+    const size_t huge = (size_t)2 << 20, whole = bytes & ~(huge - 1);
+    if (!p) {
+        fprintf(stderr, "this CPU's kernels read Q4_0 in the file layout (no copy): skipped\n");
+    } else {
+        CHECK_UINT_EQ(bytes, (size_t)9 << 19); /* 4.5 MiB */
+        /* The mapping that holds the tail's first byte: where it starts, its resident kB. */
+        FILE *f = fopen("/proc/self/smaps", "r");
+        CHECK(f != NULL);
+        char line[512];
+        bool in = false, found = false;
+        uintptr_t lo = 0, hi = 0, at = (uintptr_t)p + whole;
+        long rss = -1, thp = -1;
+        while (f && fgets(line, sizeof line, f)) {
+            unsigned long a, b;
+            if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+                in = a <= at && at < b;
+                if (in) {
+                    lo = a;
+                    hi = b;
+                    found = true;
+                }
+            } else if (in) {
+                sscanf(line, "Rss: %ld kB", &rss);
+                sscanf(line, "AnonHugePages: %ld kB", &thp);
+            }
+        }
+        if (f)
+            fclose(f);
+        CHECK(found);
+        CHECK_UINT_EQ(lo, at); /* the tail is a mapping of its own */
+        CHECK(hi - lo <= huge);
+        CHECK_INT_EQ(thp, 0);
+        if (rss < 0 || (size_t)rss * 1024 > bytes - whole)
+            SH_FAIL_("the tail's mapping has %ld kB resident for the copy's last %zu bytes", rss,
+                     bytes - whole);
+    }
+    sh_backend_weight_release(be, t.data);
+    sh_backend_destroy(be);
+    free(t.data);
+}
+
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
@@ -803,6 +862,7 @@ int main(int argc, char **argv)
         {"q4k_pack_roundtrip", test_q4k_pack_roundtrip},
         {"q4k_kernel", test_q4k_kernel},
         {"q4k_backend", test_q4k_backend},
+        {"pack_tail_pages", test_pack_tail_pages},
         {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);

@@ -4,7 +4,8 @@
  * the same logits as one whose weights are read in place. Synthetic Q4_0 models from mkmodel,
  * with a tied output head (whose table the embedding then reads from the packed copy), an
  * untied one (whose embedding table is read in place and keeps its pages), and a Mixtral-style
- * one whose 3-D expert stacks the MoE op reads from their packed copies. */
+ * one whose 3-D expert stacks the MoE op reads from their packed copies; and a tensor-parallel
+ * rank, which maps none of the other ranks' rows. */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -181,16 +182,13 @@ static void test_tied(void) { check_model(true, false); }
 static void test_untied(void) { check_model(false, false); }
 static void test_moe(void) { check_model(false, true); }
 
-/* The file's pages stay dropped while the model runs. The page cache may hold a file read through
- * a mapping in 2 MiB folios (Linux 6.18 on ext4 does for a file written in one piece), which a read
- * fault maps whole: a norm read every step, between two dropped matrices, would map the dropped
- * pages of its 2 MiB again (sh__file_drop marks the dropped ranges no-huge). A model of 2 layers of
- * ~8 MiB written with one write(). */
-static void test_huge_folios(void)
+/* Writes a model of 2 layers of ~8 MiB (dim 1024, FFN 4096, Q4_0) to `path` with one write(): the
+ * page cache then holds it in large folios, 2 MiB where they can be (what a file read back through
+ * a mapping also gets on this kernel). */
+static void write_in_one_piece(const char *path)
 {
-    char tmp[128], path[128];
+    char tmp[128];
     snprintf(tmp, sizeof tmp, "%s/big-w.gguf", dir);
-    snprintf(path, sizeof path, "%s/big.gguf", dir);
     sh_mkmodel_opts o;
     sh__mkmodel_opts_init(&o);
     o.shape.n_layers = 2;
@@ -205,8 +203,6 @@ static void test_huge_folios(void)
     o.std = 0.05f;
     sh_error e = {0};
     CHECK_OK(sh__mkmodel_write(tmp, &o, NULL, &e));
-    /* Copied with one write(): the page cache then holds it in large folios, 2 MiB where they
-     * can be (what a file read back through a mapping also gets on this kernel). */
     FILE *f = fopen(tmp, "rb");
     char *buf = NULL;
     long n = -1;
@@ -222,6 +218,18 @@ static void test_huge_folios(void)
     free(buf);
     if (f)
         fclose(f);
+}
+
+/* The file's pages stay dropped while the model runs. The page cache may hold a file read through
+ * a mapping in 2 MiB folios (Linux 6.18 on ext4 does for a file written in one piece), which a read
+ * fault maps whole: a norm read every step, between two dropped matrices, would map the dropped
+ * pages of its 2 MiB again (sh__file_drop marks the dropped ranges no-huge). */
+static void test_huge_folios(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/big.gguf", dir);
+    write_in_one_piece(path);
+    sh_error e = {0};
     sh_llama *m = NULL;
     sh_backend *be = NULL;
     sh_llama_ctx *ctx = NULL;
@@ -263,6 +271,44 @@ out:
     sh_llama_destroy(m);
 }
 
+/* A tensor-parallel rank maps none of the other ranks' rows: rank 0 of 2, prefaulted, over the
+ * file of test_huge_folios (2 MiB folios), holds its half of every row-split matrix (wq, wk, wv,
+ * gate, up, the output head) and not one whole page of the other half. Before the loader dropped
+ * and marked the other halves no-huge, the prefault of the rank's rows mapped the folios they
+ * share with the neighbouring rows (39 MiB per rank of llama3-8b). */
+static void test_tp_others(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/big-tp.gguf", dir);
+    write_in_one_piece(path);
+    sh_error e = {0};
+    sh_llama *m = NULL;
+    sh_llama_load_opts lo = {.prefault = true, .tp_rank = 0, .tp_size = 2};
+    CHECK_OK(sh_llama_load(path, &lo, &m, &e));
+    if (!m)
+        return;
+    const sh_llama_layer *L = &m->layers[1];
+    const sh_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->w_gate, &L->w_up, &m->output};
+    const int64_t whole_rows[] = {1024, 1024, 1024, 4096, 4096, VOCAB};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        sh_tensor mine = *mats[i], rest = *mats[i];
+        CHECK_INT_EQ(mine.ne[1], whole_rows[i] / 2);
+        const size_t rb = sh__dtype_row_bytes(mine.type, (uint64_t)mine.ne[0]);
+        rest.ne[1] = whole_rows[i] - mine.ne[1];
+        rest.data = (uint8_t *)mine.data + rb * (size_t)mine.ne[1];
+        size_t present, pages;
+        resident(&mine, &present, &pages);
+        CHECK(pages > 0);
+        CHECK_UINT_EQ(present, pages);
+        resident(&rest, &present, &pages);
+        CHECK(pages > 0);
+        if (present)
+            SH_FAIL_("matrix %zu: %zu of the %zu pages of rank 1's rows are mapped in rank 0", i,
+                     present, pages);
+    }
+    sh_llama_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(dir, sizeof dir, "/tmp/shoal-weights-XXXXXX");
@@ -274,6 +320,7 @@ int main(int argc, char **argv)
                                          {"untied", test_untied},
                                          {"moe", test_moe},
                                          {"huge_folios", test_huge_folios},
+                                         {"tp_others", test_tp_others},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     if (rc == 0 && no_copy)
