@@ -470,10 +470,10 @@ static sh_coll_fault coll_fault(void *ud, int32_t peer)
     return a & (1u << SH_FAULT_ACTION_DUPLICATE) ? SH_COLL_FAULT_DUPLICATE : SH_COLL_FAULT_PASS;
 }
 
-static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
+/* Counts what the group did, then drops it and the context over it (its KV pool with them).
+ * Worker thread. */
+static void group_drop(stage_state *st)
 {
-    if (st->coll && !st->coll_broken && st->gen == gen)
-        return SH_OK;
     group_count(st);
     st->coll_seen = (sh_coll_stats){0};
     sh_llama_ctx_destroy(st->ctx);
@@ -481,6 +481,13 @@ static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
     sh_coll_destroy(st->coll);
     st->coll = NULL;
     st->coll_broken = false;
+}
+
+static sh_err group_ready(stage_state *st, uint32_t gen, sh_error *e)
+{
+    if (st->coll && !st->coll_broken && st->gen == gen)
+        return SH_OK;
+    group_drop(st);
     // A rank whose node has no proved connection here (it died, or is restarting) cannot join:
     // fail at once rather than wait out the group's timeout (the watchdog pauses the replica,
     // and the step after the resume forms the group).
@@ -572,13 +579,7 @@ static void regroup_apply(stage_state *st, const sh_msg *m)
     sh_error e = {0};
     if (sh__act_decode(&st->dec, m, &b, &e) || !regroup_fits(st, &b.control, NULL))
         return; /* checked on the loop thread: a decoder that cannot hold it now */
-    group_count(st);
-    st->coll_seen = (sh_coll_stats){0};
-    sh_llama_ctx_destroy(st->ctx);
-    st->ctx = NULL;
-    sh_coll_destroy(st->coll);
-    st->coll = NULL;
-    st->coll_broken = false;
+    group_drop(st);
     for (int32_t r = 0; r < st->tp_size; r++)
         st->tp_ranks[r] = r == st->tp_rank ? st->self : sh_u64s_at(b.control.targets, (uint32_t)r);
     // The leader's next epoch is at least the floor (group_gen: above gen).

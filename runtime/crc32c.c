@@ -88,10 +88,10 @@ static uint32_t gf2_mul(uint32_t a, uint32_t b)
     return r;
 }
 
-/* x^(8 * len) mod P, reflected, for the join; computed by squaring. */
-static uint32_t x_pow_8n(size_t n)
+/* x^n mod P, reflected (x^(8 len) is the join's shift over len bytes); computed by squaring. */
+static uint32_t x_pow(uint64_t n)
 {
-    uint32_t r = 0x80000000u, sq = 0x00800000u; /* x^0 and x^8 */
+    uint32_t r = 0x80000000u, sq = 0x40000000u; /* x^0 and x^1 */
     while (n) {
         if (n & 1)
             r = gf2_mul(r, sq);
@@ -144,18 +144,6 @@ __attribute__((target("sse4.2"))) static uint32_t hw_run(uint32_t c, const uint8
  * starting register is xored into the first 4 bytes (the same polynomial). */
 static uint64_t fold_k[3][2]; /* by 2048, 512 and 128 bits: {x^(63 + D), x^(D - 1)} mod P */
 static bool have_fold;
-
-static uint32_t x_pow(uint64_t n) /* x^n mod P, reflected */
-{
-    uint32_t r = 0x80000000u, sq = 0x40000000u; /* x^0 and x^1 */
-    while (n) {
-        if (n & 1)
-            r = gf2_mul(r, sq);
-        sq = gf2_mul(sq, sq);
-        n >>= 1;
-    }
-    return r;
-}
 
 static void fold_setup(void)
 {
@@ -232,7 +220,7 @@ static void setup(void)
     tables_build();
     mode = 1;
 #ifdef HAVE_X86
-    shift = x_pow_8n(STRIPE);
+    shift = x_pow(8 * (uint64_t)STRIPE);
     fold_setup();
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2"))
