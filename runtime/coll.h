@@ -29,10 +29,10 @@
  *   process that dies is noticed within milliseconds (SH_ECLOSED), not at the timeout. The
  *   segment takes (2 * size + 1) * max_bytes plus a few KB; a named one is reserved whole at
  *   create (a /dev/shm without room for it is SH_EIO then, never a fault in a call).
- * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://; tls+tcp:// is refused
- *   for now), each rank listening on urls[rank]: a one-shot exchange (every rank sends its
- *   buffer to every other) for small messages, a ring (reduce-scatter then all-gather, chunks
- *   pipelined) for large ones. A lost frame does not fail the call: a rank that waits for a
+ * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, or tls+tcp:// with
+ *   sh_coll_opts.tls: mutual TLS on every link), each rank listening on urls[rank]: a one-shot
+ *   exchange (every rank sends its buffer to every other) for small messages, a ring
+ *   (reduce-scatter then all-gather, chunks pipelined) for large ones. A lost frame does not fail the call: a rank that waits for a
  *   frame a few ms after its sender went silent asks for it again (after 5 ms at first, the
  *   gap doubling up to 100 ms), and the sender keeps what it sent in its last five calls to
  *   send it again (a ring's first frames only while the call runs: they are encoded again from
@@ -110,6 +110,12 @@ typedef struct sh_coll_opts {
     size_t key_len;
     /* SH_COLL_HIER: shm_name (the segments' prefix), urls, compress, key, and */
     const int32_t *hosts; /* (size) each rank's host id: equal ids share a host */
+    /* tls+tcp:// URLs (every rank's or none): this rank's certificate and key and the CA that
+     * signs every rank's (include/shoal/transport.h; read at create, as a node's transport reads
+     * them, server_name included); ignored for ipc:// and tcp://. A peer whose certificate that
+     * CA did not sign never joins: create fails with SH_ETIMEDOUT naming it and the failed
+     * handshakes. */
+    const struct sh_transport_tls *tls;
     /* Fault injection (chaos scenarios, tests; NULL: none): see sh_coll_fault_fn. The transport
      * survives what it injects as it survives lost frames (SH_COLL_NET above). */
     sh_coll_fault_fn fault;

@@ -21,8 +21,11 @@
  * With a key, the pipe that carried a rank's PROOF is the only one its data frames are taken
  * from afterwards (a reconnection breaks the group); without a key, any pipe may claim a rank.
  * A PROOF with other parameters fails create with SH_EPROTO; frames of another epoch are dropped.
- * tls+tcp:// is not supported yet (create refuses it): on tcp:// the key authenticates the
- * joining ranks, not the data, and nothing is encrypted.
+ * On tcp:// the key authenticates the joining ranks, not the data, and nothing is encrypted. On
+ * tls+tcp:// every listener and dialer takes the TLS configuration of the node's own links
+ * (runtime/transport_tls.c: its certificate, the CA, mutual verification): the frames are the
+ * same, encrypted by NNG's TLS transport, and a peer whose certificate the CA did not sign never
+ * completes a connection (the join's timeout names it with its failed handshakes).
  *
  * Calls. Every frame carries the header of runtime/coll_net.h: sequence, op, source, segment,
  * element count, compression and a CRC-32C. A frame with a bad CRC, another epoch, an older
@@ -73,6 +76,7 @@
 
 #include "base/error.h"
 #include "runtime/coll_net_int.h"
+#include "runtime/transport.h"
 
 /* The reasons of runtime/coll_net_int.h's DROP_* as the log says them. */
 static const char *const drop_why[] = {
@@ -871,6 +875,10 @@ static void net_free(net *im)
     free(im->pipe_of);
     free(im->slots);
     free(im->urls);
+    if (im->tls_server) /* NNG holds its own reference while a listener or dialer uses one */
+        nng_tls_config_free(im->tls_server);
+    if (im->tls_client)
+        nng_tls_config_free(im->tls_client);
     if (im->key) {
         memset(im->key, 0, im->key_len);
         free(im->key);
@@ -887,7 +895,10 @@ static const sh__coll_ops net_ops = {
     .destroy = net_destroy,
 };
 
-/* Checks the URLs: every rank's set, ipc:// or tcp://, no two alike. */
+static bool url_tls(const char *u) { return strncmp(u, "tls+tcp://", 10) == 0; }
+
+/* Checks the URLs: every rank's set, ipc://, tcp:// or tls+tcp:// (every rank's or none, with
+ * the TLS material), no two alike. */
 static sh_err check_urls(const sh_coll_opts *o, sh_error *e)
 {
     if (!o->urls)
@@ -902,13 +913,19 @@ static sh_err check_urls(const sh_coll_opts *o, sh_error *e)
         if (strlen(u) >= URL_MAX)
             return sh__error_set(e, SH_EINVAL, "coll: urls[%d] is longer than %d bytes", (int)i,
                                  URL_MAX - 1);
-        if (strncmp(u, "tls+tcp://", 10) == 0)
+        if (strncmp(u, "ipc://", 6) != 0 && strncmp(u, "tcp://", 6) != 0 && !url_tls(u))
             return sh__error_set(e, SH_EINVAL,
-                                 "coll: urls[%d] %s: tls+tcp:// is not supported by the "
-                                 "collectives yet (use ipc:// or tcp://)",
+                                 "coll: urls[%d] %s: not an ipc://, tcp:// or tls+tcp:// URL",
                                  (int)i, u);
-        if (strncmp(u, "ipc://", 6) != 0 && strncmp(u, "tcp://", 6) != 0)
-            return sh__error_set(e, SH_EINVAL, "coll: urls[%d] %s: not an ipc:// or tcp:// URL",
+        if (i > 0 && url_tls(u) != url_tls(o->urls[0]))
+            return sh__error_set(e, SH_EINVAL,
+                                 "coll: urls[0] is %s and urls[%d] %s: with TLS every rank "
+                                 "must listen on tls+tcp://",
+                                 o->urls[0], (int)i, u);
+        if (url_tls(u) && !o->tls)
+            return sh__error_set(e, SH_EINVAL,
+                                 "coll: urls[%d] %s: tls+tcp:// needs sh_coll_opts.tls (this "
+                                 "rank's certificate and key, and the CA)",
                                  (int)i, u);
         for (int32_t j = 0; j < i; j++)
             if (strcmp(o->urls[j], u) == 0)
@@ -932,10 +949,24 @@ static sh_err link_open(net *im, int32_t p, sh_error *e)
         (rv = nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, link_pipe_cb, l)) != 0 ||
         (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
         (rv = nng_socket_set_ms(l->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
-        (rv = nng_dial(l->sock, im->urls[p], &l->dialer, NNG_FLAG_NONBLOCK)) != 0)
+        (rv = nng_dialer_create(&l->dialer, l->sock, im->urls[p])) != 0 ||
+        (im->tls_client &&
+         (rv = nng_dialer_set_ptr(l->dialer, NNG_OPT_TLS_CONFIG, im->tls_client)) != 0) ||
+        (rv = nng_dialer_start(l->dialer, NNG_FLAG_NONBLOCK)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot dial rank %d at %s: %s", (int)c->rank,
                              (int)p, im->urls[p], nng_strerror(rv));
     return SH_OK;
+}
+
+/* Listens on this rank's URL (with the TLS configuration on tls+tcp://): 0 or an NNG code. */
+static int listen_start(net *im)
+{
+    int rv = nng_listener_create(&im->listener, im->lsock, im->urls[im->c->rank]);
+    if (!rv && im->tls_server)
+        rv = nng_listener_set_ptr(im->listener, NNG_OPT_TLS_CONFIG, im->tls_server);
+    if (!rv)
+        rv = nng_listener_start(im->listener, 0);
+    return rv;
 }
 
 /* Opens the listener and the links to every peer. */
@@ -950,8 +981,7 @@ static sh_err open_sockets(net *im, sh_error *e)
     im->lopen = true;
     if ((rv = nng_socket_set_size(im->lsock, NNG_OPT_RECVMAXSZ, RECV_MAX)) != 0 ||
         (rv = nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, listener_pipe_cb, im)) != 0 ||
-        (rv = nng_aio_alloc(&im->raio, recv_cb, im)) != 0 ||
-        (rv = nng_listen(im->lsock, url, &im->listener, 0)) != 0)
+        (rv = nng_aio_alloc(&im->raio, recv_cb, im)) != 0 || (rv = listen_start(im)) != 0)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s: %s", (int)c->rank, url,
                              nng_strerror(rv));
     nng_recv_aio(im->lsock, im->raio);
@@ -978,8 +1008,9 @@ static sh_err open_sockets(net *im, sh_error *e)
 sh_err sh__coll_net_relisten(net *im, sh_error *e)
 {
     const char *url = im->urls[im->c->rank];
+    im->tls_auth_listen += sh__coll_net_tls_auth(im, -1);
     nng_listener_close(im->listener);
-    int rv = nng_listen(im->lsock, url, &im->listener, 0);
+    int rv = listen_start(im);
     if (rv)
         return sh__error_set(e, SH_EIO, "coll: rank %d cannot listen on %s again: %s",
                              (int)im->c->rank, url, nng_strerror(rv));
@@ -989,6 +1020,7 @@ sh_err sh__coll_net_relisten(net *im, sh_error *e)
 sh_err sh__coll_net_redial(net *im, int32_t p, sh_error *e)
 {
     peer_link *l = &im->links[p];
+    im->tls_auth[p] += sh__coll_net_tls_auth(im, p);
     pthread_mutex_lock(&l->mu);
     l->closed = true;
     pthread_mutex_unlock(&l->mu);
@@ -1059,6 +1091,15 @@ sh_err sh__coll_net_create(sh_coll *c, const sh_coll_opts *o, sh_error *e)
     snprintf(node, sizeof node, "coll-rank%d", (int)c->rank);
     sh__log_init(&im->lg, SH_LOG_LEVEL_WARN, NULL, NULL, stderr, node);
     c->impl = im;
+    if (url_tls(im->urls[0])) {
+        sh_error te = {0};
+        rc = sh__transport_tls_configs(o->tls, &im->tls_server, &im->tls_client, &te);
+        if (rc) {
+            c->impl = NULL;
+            net_free(im);
+            return sh__error_set(e, rc, "coll: rank %d: %s", (int)c->rank, te.msg);
+        }
+    }
     if ((rc = sh__auth_random(im->nonce, NONCE, e)) != SH_OK ||
         (rc = open_sockets(im, e)) != SH_OK || (rc = sh__coll_net_join(im, deadline, e)) != SH_OK) {
         c->impl = NULL;

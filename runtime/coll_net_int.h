@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include "base/auth.h"
 #include "runtime/coll_net.h"
@@ -84,6 +85,10 @@ typedef struct net {
     nng_socket lsock;
     nng_listener listener;
     bool lopen;
+    nng_tls_config *tls_server, *tls_client; /* tls+tcp:// only (NULL otherwise) */
+    /* Failed TLS handshakes of the dialers (by rank) and listeners closed by a redial or a
+     * relisten during create (sh__coll_net_tls_auth). */
+    uint64_t tls_auth[SH_COLL_MAX_RANKS], tls_auth_listen;
     nng_aio *raio; /* the listener's receive, always pending (recv_cb) */
     sh_coll_fault_fn fault;
     void *fault_ud;
@@ -164,6 +169,10 @@ sh_err sh__coll_net_expect(net *im, nng_msg *m, const sh__coll_net_hdr *h, uint8
 sh_err sh__coll_net_take_data(net *im, int32_t src, uint64_t deadline, uint8_t op, uint64_t total,
                               uint32_t index, uint32_t count, size_t plen, nng_msg **m,
                               sh__coll_net_hdr *h, sh_error *e);
+
+/* coll_net_join.c: the TLS handshakes that failed on rank p's current dialer (p < 0: on this
+ * rank's current listener), from NNG's statistics; 0 without TLS. */
+uint64_t sh__coll_net_tls_auth(net *im, int32_t p);
 
 /* coll_net.c: closes this rank's listener and listens again (see the definition). */
 sh_err sh__coll_net_relisten(net *im, sh_error *e);

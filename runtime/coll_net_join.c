@@ -70,6 +70,58 @@ static void list_ranks(net *im, uint64_t mask, char *buf, size_t cap)
                 (size_t)snprintf(buf + k, cap - k, "%s%d (%s)", k ? ", " : "", (int)p, im->urls[p]);
 }
 
+/* The statistics of the dialer or listener (`kind`) with that id among NNG's (a scope per object
+ * under the root, its "id" among its children). NNG 1.5.2's nng_stat_find_dialer and
+ * nng_stat_find_listener return the first object of the kind whatever its id. */
+static nng_stat *stat_of(nng_stat *all, const char *kind, int id)
+{
+    for (nng_stat *s = nng_stat_child(all); s; s = nng_stat_next(s)) {
+        if (nng_stat_type(s) != NNG_STAT_SCOPE || strcmp(nng_stat_name(s), kind) != 0)
+            continue;
+        nng_stat *i = nng_stat_find(s, "id");
+        if (i && nng_stat_type(i) == NNG_STAT_ID && nng_stat_value(i) == (uint64_t)id)
+            return s;
+    }
+    return NULL;
+}
+
+uint64_t sh__coll_net_tls_auth(net *im, int32_t p)
+{
+    nng_stat *all = NULL;
+    if (!im->tls_client || nng_stats_get(&all) != 0)
+        return 0;
+    nng_stat *st = p >= 0 ? stat_of(all, "dialer", nng_dialer_id(im->links[p].dialer))
+                          : stat_of(all, "listener", nng_listener_id(im->listener));
+    st = st ? nng_stat_find(st, "auth") : NULL;
+    uint64_t n = st ? nng_stat_value(st) : 0;
+    nng_stats_free(all);
+    return n;
+}
+
+/* On tls+tcp://, what the join's timeout adds: the failed TLS handshakes (a certificate the other
+ * side's CA did not sign, or none) with the ranks of `miss` (this rank dialling them) and at this
+ * rank's listener, which NNG reports nowhere else. */
+static void tls_failures(net *im, uint64_t miss, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    if (!im->tls_client)
+        return;
+    size_t k = 0;
+    for (int32_t p = 0; p < im->c->size && k + 1 < cap; p++) {
+        uint64_t n = miss >> p & 1u ? im->tls_auth[p] + sh__coll_net_tls_auth(im, p) : 0;
+        if (n)
+            k += (size_t)snprintf(buf + k, cap - k, "%s%llu dialling rank %d", k ? ", " : "",
+                                  (unsigned long long)n, (int)p);
+    }
+    uint64_t n = im->tls_auth_listen + sh__coll_net_tls_auth(im, -1);
+    if (n && k + 1 < cap)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%llu at this rank's listener", k ? ", " : "",
+                              (unsigned long long)n);
+    if (k && k + 1 < cap)
+        snprintf(buf + k, cap - k,
+                 " (each rank's certificate must be signed by the CA every rank trusts)");
+}
+
 /* Waits until every rank has proved itself (HELLO out, PROOF back), answering their HELLOs.
  *
  * Re-creating a group at once on the same URLs (the stage does after a failure) meets two faults
@@ -145,8 +197,9 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
             continue;
         }
         if (rv == NNG_ETIMEDOUT) {
-            char miss[1024], bad[512] = "";
+            char miss[1024], bad[512] = "", tls[400];
             list_ranks(im, all & ~joined, miss, sizeof miss);
+            tls_failures(im, all & ~joined, tls, sizeof tls);
             if (im->bad_key) {
                 char who[400];
                 list_ranks(im, im->bad_key, who, sizeof who);
@@ -154,9 +207,10 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
                          "; the join proof of rank %s failed the cluster key check", who);
             }
             return sh__error_set(e, SH_ETIMEDOUT,
-                                 "coll: rank %d: rank %s did not join within %d ms%s%s",
+                                 "coll: rank %d: rank %s did not join within %d ms%s%s%s%s",
                                  (int)c->rank, miss, (int)c->timeout_ms, bad,
-                                 im->other_epoch ? "; frames of another epoch were dropped" : "");
+                                 im->other_epoch ? "; frames of another epoch were dropped" : "",
+                                 tls[0] ? "; TLS handshakes failed: " : "", tls);
         }
         if (rv)
             return sh__error_set(e, SH_EIO, "coll: rank %d: receive failed: %s", (int)c->rank,

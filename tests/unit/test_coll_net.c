@@ -734,9 +734,11 @@ static void rank_options(group *g, int rank)
     const char *one_null[] = {g->urls[0], NULL};
     expect_create(one_null, 2, SH_EINVAL, "urls[1] is NULL");
     const char *tls[] = {g->urls[0], "tls+tcp://127.0.0.1:1"};
-    expect_create(tls, 2, SH_EINVAL, "tls+tcp:// is not supported");
+    expect_create(tls, 2, SH_EINVAL, "with TLS every rank must listen on tls+tcp://");
+    const char *tls_only[] = {"tls+tcp://127.0.0.1:1", "tls+tcp://127.0.0.1:2"};
+    expect_create(tls_only, 2, SH_EINVAL, "tls+tcp:// needs sh_coll_opts.tls");
     const char *http[] = {"http://x", g->urls[0]};
-    expect_create(http, 2, SH_EINVAL, "not an ipc:// or tcp:// URL");
+    expect_create(http, 2, SH_EINVAL, "not an ipc://, tcp:// or tls+tcp:// URL");
     const char *twice[] = {g->urls[0], g->urls[0]};
     expect_create(twice, 2, SH_EINVAL, "same URL");
     const char *nodir[] = {"ipc:///nonexistent-shoal-dir/x", g->urls[0]};
