@@ -1029,12 +1029,6 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
     int32_t tp = p->stage_tp[i];
     g->kind = group_kind(p, i);
     g->compress = group_compress(p, i);
-    if (g->kind != SH_COLL_SHM && !strncmp(c->nodes[p->rank_node[i][0]].listen, "tls+tcp://", 10))
-        return fail(e,
-                    "node '%s' (%s): stage %d's group would link over the network, which does not "
-                    "take tls+tcp:// yet: put its ranks on one host, or use tcp://",
-                    c->nodes[p->rank_node[i][0]].name, c->nodes[p->rank_node[i][0]].listen,
-                    (int)i + 1);
     // The script's leader's URL is unique among the clusters of this host; the stage, within the
     // cluster. The name stays when a standby took a rank's place (the leader's, too): the new
     // leader replaces the segment as a restarted one does.

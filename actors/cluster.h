@@ -220,9 +220,10 @@ uint64_t sh__cluster_slice(const sh_cluster_plan *p, int32_t i, int32_t rank);
  * standby takes a rank's place, the leader's included) and the stage; the network
  * otherwise, rank r listening on urls[r]: its node's listen URL with ".tpI" appended to an ipc://
  * path, or with the port raised by 1000 * I for tcp:// and tls+tcp:// (I the stage's index over
- * the plan, from 1). timeout_ms bounds each collective: 4 heartbeat periods times dead_after of
- * the script's watchdog, at least 5 s, so that the watchdog judges a dead rank's node (and
- * pauses the replica) before the group gives up on the step. */
+ * the plan, from 1), with the node's certificates on tls+tcp:// (sh__cluster_tls). timeout_ms
+ * bounds each collective: 4 heartbeat periods times dead_after of the script's watchdog, at least
+ * 5 s, so that the watchdog judges a dead rank's node (and pauses the replica) before the group
+ * gives up on the step. */
 typedef struct sh_cluster_group {
     int32_t kind;     /* sh_coll_kind */
     int32_t compress; /* sh_coll_compress over the network (the replica's tp_compress), else 0 */

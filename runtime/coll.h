@@ -32,21 +32,21 @@
  * - SH_COLL_NET: ranks exchange frames over NNG links (ipc://, tcp://, or tls+tcp:// with
  *   sh_coll_opts.tls: mutual TLS on every link), each rank listening on urls[rank]: a one-shot
  *   exchange (every rank sends its buffer to every other) for small messages, a ring
- *   (reduce-scatter then all-gather, chunks pipelined) for large ones. A lost frame does not fail the call: a rank that waits for a
- *   frame a few ms after its sender went silent asks for it again (after 5 ms at first, the
- *   gap doubling up to 100 ms), and the sender keeps what it sent in its last five calls to
- *   send it again (a ring's first frames only while the call runs: they are encoded again from
- *   the caller's buffer; sh_coll_opts.fault injects losses); duplicates are dropped. A call still
- *   fails at timeout_ms when the frame never comes (a peer stopped, or every frame to it lost),
- *   or within ~100 ms when its sender has destroyed its handle (a frame lost in a rank's last
- *   call before destroy is not recovered). Optional compression of what crosses the links (f16,
- *   or int8 with one scale per chunk of at most 256 values); sums are always taken in f32.
+ *   (reduce-scatter then all-gather, chunks pipelined) for large ones. A lost frame does not fail
+ * the call: a rank that waits for a frame a few ms after its sender went silent asks for it again
+ * (after 5 ms at first, the gap doubling up to 100 ms), and the sender keeps what it sent in its
+ * last five calls to send it again (a ring's first frames only while the call runs: they are
+ * encoded again from the caller's buffer; sh_coll_opts.fault injects losses); duplicates are
+ * dropped. A call still fails at timeout_ms when the frame never comes (a peer stopped, or every
+ * frame to it lost), or within ~100 ms when its sender has destroyed its handle (a frame lost in a
+ * rank's last call before destroy is not recovered). Optional compression of what crosses the links
+ * (f16, or int8 with one scale per chunk of at most 256 values); sums are always taken in f32.
  * - SH_COLL_HIER: two levels, for a group spanning hosts with several ranks on some: `hosts`
  *   gives each rank's host (any ids; equal ids are one host). The ranks of a host form an
  *   SH_COLL_SHM group on the segment shm_name + "-h<k>" (k: the host's index, hosts numbered in
  *   the order their first rank appears), and each host's first rank (its leader) joins an
  *   SH_COLL_NET group of the leaders on its urls[rank] (the other ranks' URLs are not used;
- *   compress, key and fault apply to it, fault being asked with global ranks). all-reduce sums
+ *   compress, key, tls and fault apply to it, fault being asked with global ranks). all-reduce sums
  *   each host's buffers in shared memory (in rank order), the leaders' sums over the network,
  *   and broadcasts the result back to each host: every rank gets the same bits, which may differ
  *   in the last bits from a flat group's (another order of the sum). all-gather and broadcast

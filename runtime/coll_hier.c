@@ -275,6 +275,7 @@ static sh_err join_net(sh_coll *c, hier *h, const sh_coll_opts *o, sh_error *e)
                        .compress = o->compress,
                        .key = o->key,
                        .key_len = o->key_len,
+                       .tls = o->tls,
                        .fault = o->fault ? fault_map : NULL,
                        .fault_ud = h};
     sh_err rc = sh_coll_create(SH_COLL_NET, &no, &h->net, e);

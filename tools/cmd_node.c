@@ -88,6 +88,7 @@ typedef struct node_state {
     sh_standby sb;        /* node{ standby = true }: its stages arrive with a promotion */
     int32_t control_nice; /* --control-nice */
     sh_cmd_prio prio;     /* what it set (tools/cmd_util.h) */
+    sh_transport_tls tls; /* this node's certificates for its groups' tls+tcp:// links */
 } node_state;
 
 /* The hello actor's on_shutdown: the front's watchdog found this node over its memory budget.
@@ -252,7 +253,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                       .compress = (sh_coll_compress)st->group->compress,
                                       .hosts = st->group->hosts,
                                       .key = s->key.set ? s->key.k : NULL,
-                                      .key_len = s->key.set ? sizeof s->key.k : 0};
+                                      .key_len = s->key.set ? sizeof s->key.k : 0,
+                                      .tls = sh__cluster_tls(c, self, &s->tls)};
             continue;
         }
         if (sh_llama_ctx_create(st->m, s->be, &co, &st->ctx, &e))
