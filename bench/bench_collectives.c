@@ -1,12 +1,13 @@
 /* bench_collectives: latency and bus bandwidth of the collectives (runtime/coll.h) for each
  * transport, group size and message size. One JSON object per (transport, ranks, bytes).
  *
- * Usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] [--op OP]
+ * Usage: bench_collectives [--transport shm|ipc|tcp|tls] [--inproc] [--ranks N] [--op OP]
  *                          [--compress none|f16|int8] [--hosts H] [--min B] [--max B] [--iters N]
  *                          [--bytes B]
  *   --transport T  shm (default): ranks as fork()ed processes over a named shared-memory segment;
  *                  ipc / tcp: fork()ed processes over SH_COLL_NET on ipc:// sockets in /tmp or
- *                  tcp://127.0.0.1 ports
+ *                  tcp://127.0.0.1 ports; tls: as tcp on tls+tcp:// ports, every rank with a
+ *                  certificate made at start by the openssl CLI (in a temporary directory)
  *   --inproc       shm only: ranks as threads of this process (sh_coll_inproc)
  *   --ranks N      group size (default 2)
  *   --op OP        allreduce (default), allgather or broadcast (root 0); p2p: the link's own
@@ -15,7 +16,7 @@
  *                  pull socket each, as SH_COLL_NET has, one sending B bytes as 128 KiB
  *                  messages, the collectives' segments, the other answering 1 byte once it has
  *                  them all, see net_p2p_rank)
- *   --compress C   ipc / tcp: what crosses the links (default none); the mode says it
+ *   --compress C   ipc / tcp / tls: what crosses the links (default none); the mode says it
  *                  ("processes-f16")
  *   --hosts H      ipc / tcp: the two-level collectives (SH_COLL_HIER), the ranks split in H
  *                  pseudo-hosts of consecutive ranks (H divides N): shared memory within each,
@@ -53,6 +54,7 @@
 #include <nng/protocol/pipeline0/push.h>
 
 #include "runtime/coll.h"
+#include "shoal/transport.h"
 
 typedef enum bench_op { OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_P2P } bench_op;
 
@@ -351,12 +353,43 @@ static int run_shm(const bench_opts *o)
 
 /* ---- transport: ipc / tcp (SH_COLL_NET) ---- */
 
-/* Every rank's URL: ipc:// sockets in /tmp, or tcp://127.0.0.1 ports the kernel says are free
- * (bound to port 0 together, so they differ, then closed). */
+/* --transport tls: the certificates every rank presents (made by make_certs). */
+static char tls_dir[64];
+static char tls_files[3][128];
+static sh_transport_tls tls_opts;
+
+/* A CA and one node certificate signed by it (every rank presents the same), in a new temporary
+ * directory. */
+static int make_certs(void)
+{
+    snprintf(tls_dir, sizeof tls_dir, "/tmp/shoal-bench-tls-XXXXXX");
+    if (!mkdtemp(tls_dir))
+        return 1;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "(cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem "
+             "-days 1 -subj /CN=bench-ca && openssl req -newkey rsa:2048 -nodes -keyout node.key "
+             "-out node.csr -subj /CN=bench && openssl x509 -req -in node.csr -CA ca.pem -CAkey "
+             "ca.key -CAcreateserial -out node.pem -days 1) >/dev/null 2>&1",
+             tls_dir);
+    snprintf(tls_files[0], sizeof tls_files[0], "%s/node.pem", tls_dir);
+    snprintf(tls_files[1], sizeof tls_files[1], "%s/node.key", tls_dir);
+    snprintf(tls_files[2], sizeof tls_files[2], "%s/ca.pem", tls_dir);
+    tls_opts = (sh_transport_tls){
+        .cert_file = tls_files[0], .key_file = tls_files[1], .ca_file = tls_files[2]};
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench_collectives: --transport tls needs the openssl CLI\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* Every rank's URL: ipc:// sockets in /tmp, or tcp://127.0.0.1 (tls+tcp:// for tls) ports the
+ * kernel says are free (bound to port 0 together, so they differ, then closed). */
 static int net_urls(const bench_opts *o, int32_t n, char (*urls)[128])
 {
     int fds[SH_COLL_MAX_RANKS];
-    bool tcp = !strcmp(o->transport, "tcp");
+    bool tls = !strcmp(o->transport, "tls"), tcp = tls || !strcmp(o->transport, "tcp");
     for (int32_t r = 0; r < n; r++) {
         if (!tcp) {
             snprintf(urls[r], 128, "ipc:///tmp/shoal-bench-coll-%d-%d", (int)getpid(), (int)r);
@@ -370,7 +403,8 @@ static int net_urls(const bench_opts *o, int32_t n, char (*urls)[128])
             fprintf(stderr, "bench_collectives: no free tcp port\n");
             return 1;
         }
-        snprintf(urls[r], 128, "tcp://127.0.0.1:%d", (int)ntohs(a.sin_port));
+        snprintf(urls[r], 128, "%s://127.0.0.1:%d", tls ? "tls+tcp" : "tcp",
+                 (int)ntohs(a.sin_port));
     }
     for (int32_t r = 0; tcp && r < n; r++)
         close(fds[r]);
@@ -446,7 +480,8 @@ static int net_rank(const bench_opts *o, int32_t r, char (*urls)[128])
                        .timeout_ms = 60000,
                        .max_bytes = o->max_bytes,
                        .urls = up,
-                       .compress = o->compress};
+                       .compress = o->compress,
+                       .tls = tls_dir[0] ? &tls_opts : NULL};
     int32_t hosts[SH_COLL_MAX_RANKS];
     char shm[64];
     if (o->hosts > 0) {
@@ -476,7 +511,7 @@ static int run_net(const bench_opts *o)
 {
     int32_t n = o->op == OP_P2P ? 2 : o->ranks;
     char urls[SH_COLL_MAX_RANKS][128];
-    if (net_urls(o, n, urls))
+    if (net_urls(o, n, urls) || (!strcmp(o->transport, "tls") && make_certs()))
         return 1;
     pid_t pids[SH_COLL_MAX_RANKS];
     for (int32_t r = 0; r < n; r++) {
@@ -493,6 +528,12 @@ static int run_net(const bench_opts *o)
     }
     for (int32_t r = 0; r < n && !strncmp(urls[r], "ipc://", 6); r++)
         unlink(urls[r] + 6);
+    if (tls_dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tls_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "bench_collectives: could not remove %s\n", tls_dir);
+    }
     return rc;
 }
 
@@ -500,7 +541,7 @@ static int run_net(const bench_opts *o)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench_collectives [--transport shm|ipc|tcp] [--inproc] [--ranks N] "
+    fprintf(stderr, "usage: bench_collectives [--transport shm|ipc|tcp|tls] [--inproc] [--ranks N] "
                     "[--op allreduce|allgather|broadcast|p2p] [--compress none|f16|int8] "
                     "[--hosts H] [--min B] [--max B] [--bytes B] [--iters N]\n");
     return 2;
@@ -565,9 +606,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_collectives: p2p is between 2 ranks that are processes\n");
         return 2;
     }
-    bool net = !strcmp(o.transport, "ipc") || !strcmp(o.transport, "tcp");
+    bool net =
+        !strcmp(o.transport, "ipc") || !strcmp(o.transport, "tcp") || !strcmp(o.transport, "tls");
     if (o.compress && !net) {
-        fprintf(stderr, "bench_collectives: --compress needs --transport ipc or tcp\n");
+        fprintf(stderr, "bench_collectives: --compress needs --transport ipc, tcp or tls\n");
+        return 2;
+    }
+    if (o.op == OP_P2P && !strcmp(o.transport, "tls")) {
+        fprintf(stderr, "bench_collectives: p2p is measured over shm, ipc and tcp only\n");
         return 2;
     }
     if (o.hosts != 0 && (!net || o.op == OP_P2P || o.hosts < 1 || o.ranks % o.hosts != 0)) {
