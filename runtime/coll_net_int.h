@@ -29,7 +29,8 @@
 #define CLOSE_PAUSE_MS 20        /* see net_free */
 #define LOST_POLL_MS 50u         /* see take */
 #define LOST_GRACE_MS 50u
-#define LINGER_MS 500 /* destroy's wait for frames still queued */
+#define LINGER_MS 500    /* destroy's wait for frames still queued */
+#define TLS_PAUSE_MS 200 /* see net_free */
 /* take asks for a frame again after its sender has been silent NACK_FIRST_NS, the gap doubling
  * up to NACK_MAX_NS. */
 #define NACK_FIRST_NS 5000000u
