@@ -830,17 +830,15 @@ static void net_free(net *im)
      * without it). */
     if (flush && im->tls_client)
         nanosleep(&(struct timespec){.tv_nsec = TLS_PAUSE_MS * 1000000L}, NULL);
-    if (im->lopen) {
-        /* No new connection; then the pause, also for one accepted just before (a peer's next
-         * incarnation dialling this URL) to finish its handshake: NNG 1.5.2's nng_close can
-         * wait forever for a pipe still negotiating. */
-        nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, NULL, NULL);
-        nng_listener_close(im->listener);
+    /* Then this rank's links to its peers close, before its listener: NNG 1.5.2's nng_close of
+     * a pull socket can wait for ever for an inbound pipe still receiving (its issue #1219;
+     * test_coll_net ipc with 4 ranks, three copies at once: 1 run in 30-90 hung in the
+     * listener's close, every later close of the process with it), so the listener closes once
+     * the peers' links to it are gone, which their own destroys now close first (up to
+     * DRAIN_MS: a peer still in a call keeps its link). First the pause for NNG to write what
+     * the links handed over. A resend recv_cb still makes finds the link closed. */
+    if (flush)
         nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
-        nng_close(im->lsock);
-    }
-    if (im->raio)
-        nng_aio_stop(im->raio); /* no recv_cb (nor resend) runs after this */
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
         if (!l->im) /* never set up */
@@ -854,6 +852,29 @@ static void net_free(net *im)
             nng_pipe_notify(l->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
             nng_close(l->sock); /* fails the send in flight at once */
         }
+    }
+    if (im->lopen) {
+        /* No new connection; then the pause, also for one accepted just before (a peer's next
+         * incarnation dialling this URL) to finish its handshake (NNG 1.5.2's nng_close can
+         * wait forever for a pipe still negotiating), and until every joined peer's link to
+         * this rank has closed (listener_pipe_cb marks it lost). */
+        nng_listener_close(im->listener);
+        nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
+        uint64_t peers = 0;
+        for (int32_t p = 0; p < im->c->size; p++)
+            if (p != im->c->rank && atomic_load(&im->pipe_of[p]))
+                peers |= 1ull << p;
+        for (int i = 0; flush && i < DRAIN_MS && (atomic_load(&im->lost) & peers) != peers; i++)
+            nanosleep(&(struct timespec){.tv_nsec = 1000000L}, NULL);
+        nng_pipe_notify(im->lsock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+        nng_close(im->lsock);
+    }
+    if (im->raio)
+        nng_aio_stop(im->raio); /* no recv_cb (nor resend) runs after this */
+    for (int32_t p = 0; im->links && p < im->c->size; p++) {
+        peer_link *l = &im->links[p];
+        if (!l->im)
+            continue;
         if (l->aio)
             nng_aio_free(l->aio); /* waits for its callback */
         for (size_t i = 0; i < l->n; i++)

@@ -30,6 +30,7 @@
 #define LOST_POLL_MS 50u         /* see take */
 #define LOST_GRACE_MS 50u
 #define LINGER_MS 500    /* destroy's wait for frames still queued */
+#define DRAIN_MS 200     /* destroy's wait for the peers' links to its listener to close */
 #define TLS_PAUSE_MS 200 /* see net_free */
 /* take asks for a frame again after its sender has been silent NACK_FIRST_NS, the gap doubling
  * up to NACK_MAX_NS. */
