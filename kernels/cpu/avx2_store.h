@@ -49,7 +49,7 @@ sh__avx2_store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
             mv(m, g_, 0, 1, r0, r1, ##__VA_ARGS__);                                                \
     } while (0)
 
-/* The multi-token walk of the 16-row K-quant kernels (Q4_K, Q5_K, IQ4_XS; 256-element Q8_K
+/* The multi-token walk of the IQ4_XS kernel (16-row K-quant layout; 256-element Q8_K
  * activation rows of tok_bytes each): token blocks of about block_bytes of activations outermost
  * (they stay in L2), then the row groups of [r0, r1) and their two 8-row halves (a group's packed
  * super-blocks stay in L1/L2 while the block's tiles pass over them), then tiles of nt tokens and

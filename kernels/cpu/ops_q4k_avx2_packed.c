@@ -2,9 +2,10 @@
  * the copy the AVX-512 kernel reads): a 256-bit register holds 8 of a group's 16 rows (half h is
  * bytes 32h .. 32h + 31 of each 64-byte vector of the super-block), vpmaddubsw pair sums against a
  * broadcast 4-byte slice of the token's Q8_K codes, one vpmaddwd per sub-block that widens them
- * and applies the 6-bit scale, the minimums from the Q8_K block sums; prefill tiles of NT tokens
- * that unpack each code vector once, and a decode matvec that walks several row groups side by
- * side with software prefetch (as ops_avx2_packed.c does for Q4_0 / Q4_1). */
+ * and applies the 6-bit scale, the minimums from the Q8_K block sums; prefill through k4_sweep
+ * (avx2_k4.h: each half super-block unpacked once into L1 for a block of tokens, tiles of K4_NT),
+ * and a decode matvec that walks several row groups side by side with software prefetch (as
+ * ops_avx2_packed.c does for Q4_0 / Q4_1). */
 #include <string.h>
 
 #include "kernels/cpu/avx2_k4.h"
@@ -17,16 +18,11 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* Tokens per tile. The loop over a sub-block's 8 code vectors keeps, per token, a 16-bit and a
- * 32-bit accumulator in registers beside the code vector, the broadcast and the nibble mask, so
- * the tile is bounded by the 16 YMM registers; the tile's share of the unpacking (a shift and two
- * ands per vector) and of the scale decoding shrinks as 1 / NT. On a 2048 x 2048 weight, 30
- * tokens, best of 300 alternated calls (1 thread, shared 2-vCPU Sapphire Rapids VM): 5 and 6
- * alike (72 GMAC/s; 6 spills two of its 16-bit sums), 4 2% and 3 6% slower. */
+/* Tokens sb_half takes at once: the matvec passes one (the multi-token path is k4_sweep in
+ * avx2_k4.h, whose tiles read codes unpacked once per half super-block). */
 #ifndef NT
-#define NT 5
+#define NT 1
 #endif
-_Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail)");
 /* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
  * prefetches each line it will read MV_PF_DIST bytes ahead into L2. Measured on the kernel alone
  * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
@@ -119,30 +115,22 @@ INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab,
     }
 }
 
-/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, super-block by super-block. */
-INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
-                   const int nt)
+/* Half h of the super-block at pb as k4_tile's code vectors: sub-block 2k in the low nibbles of
+ * code vectors 8k .. 8k + 7, 2k + 1 in their high nibbles. */
+INL void unpack_half(const uint8_t *pb, int h, __m256i *q)
 {
-    const sh__cpu_act *a = m->a;
-    const int64_t nb = a->n_in / SH_QK_K;
-    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    __m256 acc[NT];
-    const sh_block_q8_k *ab[NT];
-    for (int i = 0; i < nt; i++) {
-        acc[i] = _mm256_setzero_ps();
-        ab[i] = a->qk + (t0 + i) * nb;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        sb_half(w + (size_t)b * SH_CPU_PACK_Q4K_BYTES, h, ab, nt, acc, 0);
-        for (int i = 0; i < nt; i++)
-            ab[i]++;
-    }
-    for (int i = 0; i < nt; i++)
-        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int k = 0; k < 4; k++)
+        for (int v = 0; v < 8; v++) {
+            const __m256i x = _mm256_loadu_si256(
+                (const void *)(pb + SH_CPU_PACK_Q4K_CODES + 512 * k + 64 * v + 32 * h));
+            _mm256_store_si256(q + 16 * k + v, _mm256_and_si256(x, m4));
+            _mm256_store_si256(q + 16 * k + 8 + v, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+        }
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
- * each (row, token) sees tile_half's operations in tile_half's order. */
+ * each (row, token) sees k4_tile's operations in k4_tile's order. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -169,9 +157,9 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)
     SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1);
 }
 
-/* A matvec as above; otherwise token blocks outermost (their Q8_K rows stay in L2), then row
- * groups and halves, then token tiles (a group's packed super-blocks, nb * 2304 bytes, stay in
- * L1/L2 while the block's tiles pass over them). */
+/* A matvec as above; otherwise k4_sweep: token blocks of up to 256 tokens outermost, then row
+ * groups and halves, then super-blocks, each half super-block unpacked once for the block's
+ * tokens, in tiles of K4_NT. */
 TGT void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
@@ -179,8 +167,7 @@ TGT void sh__cpu_avx2_mmp_q4_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
         matvec(m, r0, r1);
         return;
     }
-    SH_AVX2_TILE_SWEEP(tile_half, NT, TOK_BLOCK_BYTES,
-                       m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k), m, r0, r1);
+    k4_sweep(m, r0, r1, SH_CPU_PACK_Q4K_BYTES, 8, TOK_BLOCK_BYTES, unpack_half);
 }
 
 #else
