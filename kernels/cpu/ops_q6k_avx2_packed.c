@@ -1,10 +1,10 @@
 /* AVX2 matmul on packed Q6_K weights (the 16-row layout at SH_CPU_PACK_Q6K_BLOCK in cpu.h, the one
  * copy the AVX-512 kernel reads): a 256-bit register holds 8 of a group's 16 rows (half h is bytes
  * 32h .. 32h + 31 of each 64-byte vector of a unit), so the dot products of 8 rows against a
- * broadcast 4-byte slice of the activation need no horizontal sums, and one unpacked unit serves a
- * tile of tokens. For CPUs without AVX-512: vpmaddubsw makes 16-bit pair sums, and one vpmaddwd
- * with the rows' sub-block scales both widens and scales them, so the sums stay integers to the
- * end of a super-block. */
+ * broadcast 4-byte slice of the activation need no horizontal sums, and each half super-block is
+ * unpacked once (into L1) for a block of tokens. For CPUs without AVX-512: vpmaddubsw makes 16-bit
+ * pair sums, and one vpmaddwd with the rows' sub-block scales both widens and scales them, so the
+ * sums stay integers to the end of a super-block. */
 #include <string.h>
 
 #include "kernels/cpu/avx2_store.h"
@@ -16,12 +16,11 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* Tokens per tile: the four unpacked code vectors, the scales and one integer sum per token nearly
- * fill the 16 YMM registers (the float sums, touched once per super-block, live in memory; GCC
- * keeps a few of the rest on the stack). On the 2-vCPU Sapphire Rapids VM with the AVX2 path
- * (2048 x 2048 and 2048 x 5632, 120 tokens, one thread, best of several alternated runs on a shared
- * machine) 8 tokens came out ahead of 6, 5 and 4 (4: about 10% slower), and llvm-mca's Zen 3 and
- * Skylake models agree (cycles per token and unit falling from 4 to 8 tokens). */
+/* Tokens per tile. The tile reads the codes unpacked once per half super-block (two loads per
+ * unit pair, shared by its tokens) and holds one integer sum per token. callgrind, one 210-token
+ * call on a 2048 x 2048 weight: 127.6M instructions for 6 tokens, 127.5M for 8, 123.9M for 10,
+ * 128.9M for 12; timed (best of 10, 2 alternated rounds) all within the noise. Earlier, when each
+ * tile unpacked its own codes, 8 came out ahead of 6, 5 and 4 (4: about 10% slower). */
 #ifndef NT
 #define NT 8
 #endif
@@ -83,27 +82,6 @@ INL void unpack_half(const uint8_t *wb, int s, int h, __m256i c[4], __m256i *sc)
     *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
-/* Half pr of unpack_half's codes (c[2pr], c[2pr + 1]) and the scales: the tile unpacks a unit
- * in two halves, so that two code registers are live instead of four and the tile's sums stay in
- * registers. */
-INL void unpack_pair(const uint8_t *wb, int s, int h, const int pr, __m256i *c0, __m256i *c1,
-                     __m256i *sc)
-{
-    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    const uint8_t *u = wb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT + 32 * h;
-    const __m256i z = _mm256_loadu_si256((const void *)(u + 64 * pr));
-    const __m256i hb = _mm256_loadu_si256((const void *)(u + 128));
-    const __m256i h0 = pr ? hb : _mm256_slli_epi16(hb, 4);
-    const __m256i h1 = pr ? _mm256_srli_epi16(hb, 2) : _mm256_slli_epi16(hb, 2);
-    *c0 = _mm256_or_si256(_mm256_and_si256(z, m0f), _mm256_and_si256(h0, m30));
-    *c1 =
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z, 4), m0f), _mm256_and_si256(h1, m30));
-    if (pr == 0) {
-        const __m128i b = _mm_loadl_epi64((const void *)(wb + SH_CPU_PACK_Q6K_SC + 16 * s + 8 * h));
-        *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
-    }
-}
-
 /* sc_s sum_{i in s} q_i a_i of the 8 rows for one token (aq: its codes of sub-block s). */
 INL __m256i dot_unit(const __m256i c[4], __m256i sc, const int8_t *aq)
 {
@@ -149,48 +127,34 @@ INL __m256 scale_add(const uint8_t *wd, int64_t b, int h, float da, __m256i iacc
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_mul_ps(dw, _mm256_set1_ps(da)), acc);
 }
 
-/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1. */
-INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
-                   const int nt)
+/* Tokens ab[0], ab[nb], ... (nt of them, their blocks of super-block b) against half h of the
+ * super-block wb unpacked once for the token block (c[4s + v], sc[s]: unpack_half of unit s), added
+ * to their float sums acc[i]. */
+INL void tile_sb(const uint8_t *wb, const uint8_t *wd, int64_t b, int h, const __m256i *c,
+                 const __m256i *sc, const sh_block_q8_k *ab, int64_t nb, const int nt, __m256 *acc)
 {
-    const sh__cpu_act *a = m->a;
-    const int64_t nb = a->n_in / SH_QK_K;
-    const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-    const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
-    const sh_block_q8_k *at = a->qk + t0 * nb;
-    float acc[NT][8] __attribute__((aligned(32)));
-    for (int i = 0; i < nt; i++)
-        _mm256_store_ps(acc[i], _mm256_setzero_ps());
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
-        const sh_block_q8_k *ab = at + b;
-        __m256i iacc[NT];
-        offsets_half(wb, h, ab, nb, nt, iacc);
-        for (int s = 0; s < 16; s++) {
-            __m256i sc;
+    __m256i iacc[NT];
+    offsets_half(wb, h, ab, nb, nt, iacc);
+    for (int s = 0; s < 16; s++) {
 #pragma GCC unroll 2
-            for (int pr = 0; pr < 2; pr++) {
-                __m256i c0, c1;
-                unpack_pair(wb, s, h, pr, &c0, &c1, &sc);
-                for (int i = 0; i < nt; i++) {
-                    const int8_t *aq = ab[i * nb].qs + 16 * s + 8 * pr;
-                    __m256i p = _mm256_maddubs_epi16(c0, bcast4(aq));
-                    SH_AVX2_ADD16(p, _mm256_maddubs_epi16(c1, bcast4(aq + 4)));
-                    SH_AVX2_ADD32(iacc[i], _mm256_madd_epi16(p, sc));
-                }
+        for (int pr = 0; pr < 2; pr++) {
+            const __m256i c0 = _mm256_load_si256(c + 4 * s + 2 * pr);
+            const __m256i c1 = _mm256_load_si256(c + 4 * s + 2 * pr + 1);
+            for (int i = 0; i < nt; i++) {
+                const int8_t *aq = ab[i * nb].qs + 16 * s + 8 * pr;
+                __m256i p = _mm256_maddubs_epi16(c0, bcast4(aq));
+                SH_AVX2_ADD16(p, _mm256_maddubs_epi16(c1, bcast4(aq + 4)));
+                SH_AVX2_ADD32(iacc[i], _mm256_madd_epi16(p, sc[s]));
             }
         }
-        for (int i = 0; i < nt; i++)
-            _mm256_store_ps(acc[i],
-                            scale_add(wd, b, h, ab[i * nb].d, iacc[i], _mm256_load_ps(acc[i])));
     }
     for (int i = 0; i < nt; i++)
-        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, _mm256_load_ps(acc[i]));
+        acc[i] = scale_add(wd, b, h, ab[i * nb].d, iacc[i], acc[i]);
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, a super-block of each in turn, both halves
- * unit by unit (one ascending walk of the super-block); each (row, token) gets tile_half's float
- * steps in tile_half's order. */
+ * unit by unit (one ascending walk of the super-block); each (row, token) gets tile_sb's float
+ * steps in tile_sb's order. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -232,49 +196,70 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
             sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
-/* The tokens [t, t1) of a token block in tiles of NT, the tail in power-of-two tiles so that each
- * tile size is a compile-time constant. */
-INL void tiles(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t, int64_t t1)
+/* Super-block b of the tokens [t, t1) of a token block (block-relative acc) in tiles of NT, the
+ * tail in power-of-two tiles so that each tile size is a compile-time constant. */
+INL void tiles(const uint8_t *wb, const uint8_t *wd, int64_t b, int h, const __m256i *c,
+               const __m256i *sc, const sh_block_q8_k *at, int64_t nb, int64_t t, int64_t t1,
+               __m256 *acc)
 {
-    for (; t + NT <= t1; t += NT)
-        tile_half(m, g, h, r0, r1, t, NT);
+    for (; t + NT <= t1; t += NT, acc += NT)
+        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, NT, acc);
 #if NT > 4
     if (t1 - t >= 4) {
-        tile_half(m, g, h, r0, r1, t, 4);
+        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 4, acc);
         t += 4;
+        acc += 4;
     }
 #endif
 #if NT > 2
     if (t1 - t >= 2) {
-        tile_half(m, g, h, r0, r1, t, 2);
+        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 2, acc);
         t += 2;
+        acc += 2;
     }
 #endif
     if (t1 - t >= 1)
-        tile_half(m, g, h, r0, r1, t, 1);
+        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 1, acc);
 }
 
+/* At most this many tokens per block: their float sums (32 bytes each) wait on the stack while a
+ * row group's half passes over its super-blocks. */
+#define TOK_MAX 256
+
 /* A matvec as in the other packed kernels (MV_STREAMS equal ranges of groups, then the rest one at
- * a time); otherwise token blocks outermost (their codes stay in L2), then row groups and halves,
- * then token tiles (a half's packed super-blocks stay in L1/L2 while the block's tiles pass over
- * them). */
+ * a time); otherwise token blocks of up to TOK_MAX tokens outermost (their codes stay in L2), then
+ * row groups and halves, then super-blocks: each half super-block is unpacked once (2.5 KiB, in
+ * L1) for all the block's tokens, which pass over it in tiles of NT. */
 TGT void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    const int64_t n_tok = m->a->n_tok;
+    const sh__cpu_act *a = m->a;
+    const int64_t n_tok = a->n_tok, nb = a->n_in / SH_QK_K;
     if (n_tok == 1) {
         SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1);
         return;
     }
-    const int64_t tok_bytes = m->a->n_in / SH_QK_K * (int64_t)sizeof(sh_block_q8_k);
-    int64_t tb = TOK_BLOCK_BYTES / tok_bytes / NT * NT;
-    tb = tb < NT ? NT : tb;
+    int64_t tb = TOK_BLOCK_BYTES / (nb * (int64_t)sizeof(sh_block_q8_k));
+    tb = tb < 1 ? 1 : tb > TOK_MAX ? TOK_MAX : tb;
+    __m256 acc[TOK_MAX];
+    __m256i c[64], sc[16];
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
         const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
         for (int64_t g = r0 / 16; g * 16 < r1; g++)
             for (int h = 0; h < 2; h++) {
                 if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
                     continue;
-                tiles(m, g, h, r0, r1, t0, t1);
+                const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+                const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+                for (int64_t t = t0; t < t1; t++)
+                    acc[t - t0] = _mm256_setzero_ps();
+                for (int64_t b = 0; b < nb; b++) {
+                    const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+                    for (int s = 0; s < 16; s++)
+                        unpack_half(wb, s, h, c + 4 * s, sc + s);
+                    tiles(wb, wd, b, h, c, sc, a->qk, nb, t0, t1, acc);
+                }
+                for (int64_t t = t0; t < t1; t++)
+                    sh__avx2_store_half(m, g, h, r0, r1, t, acc[t - t0]);
             }
     }
 }

@@ -111,7 +111,7 @@ static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, in
  * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/Q5_K: 5, Q8_0/IQ4_NL: 6, IQ4_XS: 7, Q6_K: 8 with
  * tails of 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 8, 12, 13, 17; IQ4_XS
  * meets every tail, 1 to 6), one past the 1 MiB token block (n_in 16384, 70 tokens) and past
- * Q4_K/Q5_K's 256-token block (n_in 256, 300 tokens),
+ * the 256-token block of Q4_K, Q5_K and Q6_K (n_in 256, 300 tokens),
  * accumulate on and off; the K-quants only where n_in is whole super-blocks, Q6_K also at its
  * integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
