@@ -581,6 +581,23 @@ def standby_rank(d):
     # (`cluster up` refuses it earlier: it starts local nodes only.)
     exits_2(["serve", "-c", s, "--port", "0"], want)
     exits_2(["node", "-c", s, "--name", "w0", "-t", "1"], want)
+    # Nor beside a group on two levels (its host would move the rank's segment and leader).
+    s = os.path.join(d, "sb4.lua")
+    with open(s, "w") as f:
+        f.write(f"local m = model {{ path = '{STORIES}', name = 'm' }}\n"
+                "return cluster {\n"
+                "  nodes = { node { name = 'front', listen = 'tcp://127.0.0.1:7395' },\n"
+                "    node { name = 'w0', listen = 'tcp://127.0.0.1:7396' },\n"
+                "    node { name = 'w1', listen = 'tcp://127.0.0.2:7397' },\n"
+                "    node { name = 's', listen = 'tcp://127.0.0.1:7398', standby = true } },\n"
+                "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+                "  replicas = { replica { model = m, tp_link = 'hier',\n"
+                "    stages = { { nodes = { 'w0', 'w1' } } } } },\n"
+                "}\n")
+    want = ["sb4.lua: standby 's' and replica 1 stage 1's group, which links over two levels: a "
+            "standby cannot take a rank's place in a two-level group yet"]
+    exits_2(["serve", "-c", s, "--port", "0"], want)
+    exits_2(["node", "-c", s, "--name", "w0", "-t", "1"], want)
 
 
 def too_many_ranks(d):
