@@ -27,7 +27,6 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-
 typedef void (*rank_fn)(group *g, int rank);
 
 /* Runs fn in n child processes (rank i in child i) and checks that each exits 0 within
