@@ -98,6 +98,34 @@ static size_t scheme_len(const char *url)
 static bool url_local(const char *url);
 static bool same_host(const char *a, const char *b, bool literal);
 
+/* How a group of tp ranks on nodes[] links (for the plan's groups and the standby checks): as the
+ * replica's tp_link says
+ * ("net": SH_COLL_NET, "hier": SH_COLL_HIER), else ("auto") SH_COLL_SHM when every rank is on
+ * this host, SH_COLL_HIER when the ranks are on several hosts with more than one on some,
+ * SH_COLL_NET otherwise (one rank per host, or every rank on one other host). */
+static int32_t links_kind(const sh_cluster_config *c, const sh_config_replica *rep,
+                          const int32_t *nodes, int32_t tp)
+{
+    if (rep->tp_net)
+        return SH_COLL_NET;
+    if (rep->tp_hier)
+        return SH_COLL_HIER;
+    bool local = true, shared = false;
+    int32_t n_hosts = 0;
+    for (int32_t r = 0; r < tp; r++) {
+        const char *u = c->nodes[nodes[r]].listen;
+        local = local && url_local(u);
+        int32_t q = 0;
+        while (q < r && !same_host(c->nodes[nodes[q]].listen, u, false))
+            q++;
+        n_hosts += q == r;
+        shared = shared || q < r;
+    }
+    if (local)
+        return SH_COLL_SHM;
+    return n_hosts > 1 && shared ? SH_COLL_HIER : SH_COLL_NET;
+}
+
 /* A standby may take the place of any rank of a tensor-parallel group (docs/cluster.md,
  * "Standby nodes"): it must link to the group as its ranks do, on their URL scheme, and on this
  * host when the group exchanges through shared memory. */
@@ -111,21 +139,11 @@ static int check_standby_groups(const sh_cluster_config *c, const char *script, 
             if (st->tp < 2)
                 continue;
             const char *r0 = c->nodes[st->ranks[0]].listen;
-            bool local = !c->replicas[k].tp_net && !c->replicas[k].tp_hier;
-            for (int32_t r = 0; local && r < st->tp; r++)
-                local = url_local(c->nodes[st->ranks[r]].listen);
-            // Two levels ("hier", or "auto" over several hosts with two ranks on one): a rank's
-            // host decides its segment and its host's leader, which a standby elsewhere would move.
-            int32_t hosts = 0, shared = 0;
-            for (int32_t r = 0; !local && !c->replicas[k].tp_net && r < st->tp; r++) {
-                int32_t q = 0;
-                while (q < r && !same_host(c->nodes[st->ranks[q]].listen,
-                                           c->nodes[st->ranks[r]].listen, false))
-                    q++;
-                hosts += q == r;
-                shared += q < r;
-            }
-            if (c->replicas[k].tp_hier || (hosts > 1 && shared))
+            int32_t kind = links_kind(c, &c->replicas[k], st->ranks, st->tp);
+            bool local = kind == SH_COLL_SHM;
+            // Two levels: a rank's host decides its segment and its host's leader, which a
+            // standby elsewhere would move.
+            if (kind == SH_COLL_HIER)
                 return fail(
                     e,
                     "%s: standby '%s' and replica %d stage %d's group, which links over two "
@@ -417,31 +435,12 @@ static int32_t rank_host(const sh_cluster_plan *p, int32_t i, int32_t r, bool li
     return k;
 }
 
-/* How stage i's group links (0 for a stage of one node): as the replica's tp_link says ("net":
- * SH_COLL_NET, "hier": SH_COLL_HIER), else ("auto") SH_COLL_SHM when every rank is on this host,
- * SH_COLL_HIER when the ranks are on several hosts with more than one on some, SH_COLL_NET
- * otherwise (one rank per host, or every rank on one other host). */
+/* How stage i's group links (links_kind), 0 for a stage of one node. */
 static int32_t group_kind(const sh_cluster_plan *p, int32_t i)
 {
     if (p->stage_tp[i] <= 1)
         return 0;
-    const sh_config_replica *rep = &p->c->replicas[p->stage_replica[i]];
-    if (rep->tp_net)
-        return SH_COLL_NET;
-    if (rep->tp_hier)
-        return SH_COLL_HIER;
-    bool local = true, shared = false;
-    int32_t n_hosts = 0;
-    for (int32_t r = 0; r < p->stage_tp[i]; r++) {
-        local = local && url_local(p->c->nodes[p->rank_node[i][r]].listen);
-        if (rank_host(p, i, r, false) == r)
-            n_hosts++;
-        else
-            shared = true;
-    }
-    if (local)
-        return SH_COLL_SHM;
-    return n_hosts > 1 && shared ? SH_COLL_HIER : SH_COLL_NET;
+    return links_kind(p->c, &p->c->replicas[p->stage_replica[i]], p->rank_node[i], p->stage_tp[i]);
 }
 
 /* What stage i's group compresses on its links: the replica's tp_compress over the network, 0
