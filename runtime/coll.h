@@ -133,8 +133,9 @@ typedef struct sh_coll_opts {
 sh_err sh_coll_create(sh_coll_kind kind, const sh_coll_opts *o, sh_coll **out, sh_error *e);
 
 /* Leaves the group and frees the handle; accepts NULL. Peers still calling fail with SH_ECLOSED
- * or SH_ETIMEDOUT. SH_COLL_NET takes up to about half a second (its links hand over what they
- * still hold), and 200 ms more on tls+tcp:// (runtime/coll_net.c, net_free). */
+ * or SH_ETIMEDOUT. SH_COLL_NET takes up to about three quarters of a second (its links hand over
+ * what they still hold, then its peers' links to it close), 180 ms more on tls+tcp://
+ * (runtime/coll_net.c, net_free). */
 void sh_coll_destroy(sh_coll *c);
 
 int32_t sh_coll_rank(const sh_coll *c);

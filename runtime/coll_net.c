@@ -53,14 +53,16 @@
  * The collectives themselves are in coll_net_algo.c, the join in coll_net_join.c.
  *
  * Destroy gives the links up to LINGER_MS to hand over what they still hold (a rank's call can
- * end before its last forwards have left), closes the listener, pauses CLOSE_PAUSE_MS, then
- * closes everything. A peer still waiting for this rank sees the connection close (SH_ECLOSED).
+ * end before its last forwards have left), pauses CLOSE_PAUSE_MS (TLS_PAUSE_MS on tls+tcp://),
+ * closes its links, closes the listener to new connections and waits up to DRAIN_MS for the
+ * peers' links to it to close, then closes everything. A peer still waiting for this rank sees
+ * the connection close (SH_ECLOSED).
  *
  * Limits, with NNG 1.5.2 (the system's): nng_close can hang on a socket that connections or
- * frames are still reaching (NNG issue #1543: fixed after 1.5.2), which is why destroy sends
- * nothing new and pauses after closing the listener; and a group re-created at once on the same
- * URLs can meet a stuck connection or a listener that no longer accepts: create opens the link or
- * the listener afresh when it is safe (coll_net_join.c says when). */
+ * frames are still reaching (NNG issues #1219 and #1543: fixed after 1.5.2), which is why destroy
+ * sends nothing new, pauses, and closes its listener last; and a group re-created at once on the
+ * same URLs can meet a stuck connection or a listener that no longer accepts: create opens the link
+ * or the listener afresh when it is safe (coll_net_join.c says when). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -823,22 +825,21 @@ static void net_free(net *im)
         }
         pthread_mutex_unlock(&l->mu);
     }
-    /* On tls+tcp:// NNG's TLS layer may still be writing the last frame a link handed over
-     * (it encrypts and writes 16 KiB at a time): NNG 1.5.2 closing a socket then can leave its
-     * reaper waiting for ever (bench_collectives --transport tls, 2 ranks, 16 MiB all-reduces:
-     * 1 to 3 runs in 8 hung in destroy without this pause, none in 38 with it; none over tcp://
-     * without it). */
-    if (flush && im->tls_client)
-        nanosleep(&(struct timespec){.tv_nsec = TLS_PAUSE_MS * 1000000L}, NULL);
     /* Then this rank's links to its peers close, before its listener: NNG 1.5.2's nng_close of
      * a pull socket can wait for ever for an inbound pipe still receiving (its issue #1219;
      * test_coll_net ipc with 4 ranks, three copies at once: 1 run in 30-90 hung in the
      * listener's close, every later close of the process with it), so the listener closes once
      * the peers' links to it are gone, which their own destroys now close first (up to
-     * DRAIN_MS: a peer still in a call keeps its link). First the pause for NNG to write what
-     * the links handed over. A resend recv_cb still makes finds the link closed. */
+     * DRAIN_MS: a peer still in a call keeps its link). First a pause for NNG to write what the
+     * links handed over: CLOSE_PAUSE_MS, or TLS_PAUSE_MS on tls+tcp://, where NNG's TLS layer
+     * encrypts and writes 16 KiB at a time and closing a socket while it still writes the last
+     * frame can leave NNG's reaper waiting for ever (bench_collectives --transport tls, 2 ranks,
+     * 16 MiB all-reduces: 1 to 3 runs in 8 hung in destroy without it, none in 38 with it). A
+     * resend recv_cb still makes finds the link closed. */
     if (flush)
-        nanosleep(&(struct timespec){.tv_nsec = CLOSE_PAUSE_MS * 1000000L}, NULL);
+        nanosleep(&(struct timespec){.tv_nsec = (im->tls_client ? TLS_PAUSE_MS : CLOSE_PAUSE_MS) *
+                                                1000000L},
+                  NULL);
     for (int32_t p = 0; im->links && p < im->c->size; p++) {
         peer_link *l = &im->links[p];
         if (!l->im) /* never set up */
