@@ -213,7 +213,7 @@ static int rank_run(bench_rank *r)
     int rc = 0;
     for (int k = 0; k < c->n_pp && !rc; k++)
         for (int i = 0; i < c->reps && !rc; i++) {
-            sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true};
+            sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true, 0};
             sh_llama_batch b = {1, &seq, false, NULL, false};
             uint64_t w0 = coll_ns(r);
             double t0 = now_s();
@@ -224,7 +224,7 @@ static int rank_run(bench_rank *r)
     /* the decode context: filled once; each tg run overwrites the positions after it */
     for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
         const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
-        sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true};
+        sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true, 0};
         sh_llama_batch b = {1, &seq, false, NULL, false};
         rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
     }
@@ -234,7 +234,7 @@ static int rank_run(bench_rank *r)
             uint64_t w0 = coll_ns(r);
             double t0 = now_s();
             for (int j = 0; j < c->tg[k] && !rc; j++) {
-                sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true};
+                sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true, 0};
                 sh_llama_batch b = {1, &seq, false, NULL, false};
                 rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
                 tok =

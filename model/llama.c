@@ -393,7 +393,10 @@ static sh_err prepare(sh_llama_ctx *c, const sh_llama_batch *b, int32_t *n_tok, 
         }
         c->seqs[s] = (sh_attn_seq){q->n_tokens, q->pos0, q->blocks};
         t += q->n_tokens;
-        nl += q->want_logits;
+        if (q->n_logits < 0 || q->n_logits > q->n_tokens)
+            return sh__error_set(e, SH_EINVAL, "llama: sequence %d wants %d rows of logits of %d",
+                                 (int)s, (int)q->n_logits, (int)q->n_tokens);
+        nl += q->n_logits ? q->n_logits : q->want_logits;
     }
     if (b->all_logits)
         nl = t;
@@ -717,11 +720,13 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
         if (!b->all_logits) {
             int32_t t = 0, k = 0;
             for (int32_t s = 0; s < b->n_seqs; s++) {
-                t += b->seqs[s].n_tokens;
-                if (b->seqs[s].want_logits &&
-                    (err = sh_backend_copy(be, st, c->xo + (size_t)k++ * hp->dim,
-                                           c->x + (size_t)(t - 1) * hp->dim, row)))
+                const sh_llama_seq *q = &b->seqs[s];
+                t += q->n_tokens;
+                int32_t nr = q->n_logits ? q->n_logits : q->want_logits;
+                if (nr > 0 && (err = sh_backend_copy(be, st, c->xo + (size_t)k * hp->dim,
+                                                     c->x + (size_t)(t - nr) * hp->dim, row * nr)))
                     goto fail;
+                k += nr;
             }
             src = c->xo;
         }

@@ -265,6 +265,10 @@ typedef struct sh_llama_seq {
     int32_t pos0;
     const int32_t *blocks; // (ceil((pos0 + n_tokens) / SH_KV_BLOCK_TOKENS)) its block table
     bool want_logits;      /* logits for this sequence's last token */
+    /* Logits for the last n_logits tokens instead (1..n_tokens; 0: as want_logits says): a
+     * speculative step's verification reads a row for the last accepted token and one for each
+     * drafted token. Rows come in token order. */
+    int32_t n_logits;
 } sh_llama_seq;
 
 typedef struct sh_llama_batch {

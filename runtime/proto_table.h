@@ -54,6 +54,7 @@
 #define SH_PROTO_MAX_STR_ITEM 1024    /* bytes of one STRS entry (a stop string) */
 #define SH_PROTO_MAX_BIAS 300         /* logit-bias entries (OpenAI's limit, as the sampler) */
 #define SH_PROTO_MAX_LOGPROBS 20      /* top logprobs per token (OpenAI's limit) */
+#define SH_PROTO_MAX_DRAFT 16         /* drafted tokens of one sequence in a step (SH_SPEC_MAX_K) */
 #define SH_PROTO_MAX_POS (1 << 30)    /* token positions */
 
 #define SH_PROTO_MESSAGES(X)                                                                       \
@@ -138,16 +139,25 @@
     F(S, blocks, "blk", I32S, _, REQ, 0, SH_PROTO_MAX_BLOCKS) /* block table */                    \
     F(S, sample, "smp", BOOL, _, REQ, 0, 0) /* false: a prefill chunk that is not the last */      \
     F(S, sampling, "samp", STRUCT, sampling, REQ, 0, 0)                                            \
-    F(S, history, "hist", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* recent tokens, penalties */
+    F(S, history, "hist", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* recent tokens, penalties */     \
+    F(S, draft, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* the last `draft` tokens are drafted  \
+                                                            */
 
-/* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. */
+/* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
+ * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
+ * token/logprob/logprob_raw and the rest, in order, in more/more_lp/more_lp_raw (equal lengths,
+ * at most draft): every token but the last of token, more... is an accepted draft, the last is the
+ * target's own (the token replacing the first rejected draft, or the one after the last draft). */
 #define SH_PROTO_FIELDS_step_out(F, S)                                                             \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, token, "tok", I32, _, REQ, -1, INT32_MAX) /* -1: not sampled (prefill chunk) */           \
     F(S, logprob, "lp", F32, _, REQ, 0, 0)                                                         \
     F(S, logprob_raw, "lp_raw", F32, _, REQ, 0, 0)                                                 \
     F(S, top_tokens, "top_tok", I32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                            \
-    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)
+    F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                           \
+    F(S, more, "more", I32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                        \
+    F(S, more_lp, "more_lp", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                  \
+    F(S, more_lp_raw, "more_lr", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)
 
 /* A counter (kind 0) or gauge (kind 1). A node's runtime series travel with their labels in
  * the name, as Prometheus writes them (`shoal_act_bytes_total{layer="15",dtype="int8"}`), and

@@ -159,22 +159,22 @@ static void test_gemma3_batched(void)
     sh_error e = {0};
     sh_llama_out o;
     for (int s = 0; s < 2; s++) {
-        sh_llama_seq q = {seqs_ids[s], lens[s], 0, seqs_blocks[s], true};
+        sh_llama_seq q = {seqs_ids[s], lens[s], 0, seqs_blocks[s], true, 0};
         sh_llama_batch bt = {1, &q, false, NULL, false};
         CHECK_OK(sh_llama_forward(d.c, &bt, &o, &e));
         memcpy(alone[s][0], o.logits, sizeof(float) * V);
-        q = (sh_llama_seq){&next[s], 1, lens[s], seqs_blocks[s], true};
+        q = (sh_llama_seq){&next[s], 1, lens[s], seqs_blocks[s], true, 0};
         CHECK_OK(sh_llama_forward(d.c, &bt, &o, &e));
         memcpy(alone[s][1], o.logits, sizeof(float) * V);
     }
     // Together (fresh positions overwrite the same blocks).
-    sh_llama_seq two[2] = {{a, na, 0, ba, true}, {b, nb, 0, bb, true}};
+    sh_llama_seq two[2] = {{a, na, 0, ba, true, 0}, {b, nb, 0, bb, true, 0}};
     sh_llama_batch bt = {2, two, false, NULL, false};
     double worst = 0.0;
     for (int step = 0; step < 2; step++) {
         if (step == 1) {
-            two[0] = (sh_llama_seq){&next[0], 1, na, ba, true};
-            two[1] = (sh_llama_seq){&next[1], 1, nb, bb, true};
+            two[0] = (sh_llama_seq){&next[0], 1, na, ba, true, 0};
+            two[1] = (sh_llama_seq){&next[1], 1, nb, bb, true, 0};
         }
         CHECK_OK(sh_llama_forward(d.c, &bt, &o, &e));
         CHECK_INT_EQ(o.n_logits, 2);

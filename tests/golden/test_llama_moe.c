@@ -208,7 +208,7 @@ static void batched_vs_alone(const moe_model *mm, int32_t isa)
     for (int s = 0; s < S; s++)
         for (int g = 0; g < G; g++) {
             const int32_t n = g ? 1 : NP, pos0 = g ? NP + g - 1 : 0;
-            sh_llama_seq q = {g ? &tok[s][g - 1] : prompts[s], n, pos0, blocks[s], true};
+            sh_llama_seq q = {g ? &tok[s][g - 1] : prompts[s], n, pos0, blocks[s], true, 0};
             sh_llama_batch b = {.n_seqs = 1, .seqs = &q};
             sh_llama_out out;
             if (sh_llama_forward(c, &b, &out, &e)) {
@@ -230,8 +230,12 @@ static void batched_vs_alone(const moe_model *mm, int32_t isa)
     for (int g = 0; g < G; g++) {
         sh_llama_seq q[S];
         for (int s = 0; s < S; s++)
-            q[s] = (sh_llama_seq){g ? &tok[s][g - 1] : prompts[s], g ? 1 : NP, g ? NP + g - 1 : 0,
-                                  blocks[s], true};
+            q[s] = (sh_llama_seq){g ? &tok[s][g - 1] : prompts[s],
+                                  g ? 1 : NP,
+                                  g ? NP + g - 1 : 0,
+                                  blocks[s],
+                                  true,
+                                  0};
         sh_llama_batch b = {.n_seqs = S, .seqs = q};
         sh_llama_out out;
         if (sh_llama_forward(c, &b, &out, &e)) {
@@ -313,7 +317,7 @@ static void test_stages(void)
             const int32_t ids[] = {5, 6, 7, 8, 9, 10, 250, 3, 11};
             const int32_t n = (int32_t)(sizeof ids / sizeof ids[0]), V = m[0]->hp.n_vocab;
             int32_t blocks[4] = {0, 1, 2, 3};
-            sh_llama_seq q = {ids, n, 0, blocks, true};
+            sh_llama_seq q = {ids, n, 0, blocks, true, 0};
             sh_llama_batch b = {.n_seqs = 1, .seqs = &q, .all_logits = true};
             sh_llama_out whole, s0, s1;
             CHECK_OK(sh_llama_forward(c[0], &b, &whole, &e));

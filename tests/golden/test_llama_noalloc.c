@@ -53,7 +53,7 @@ static void test_decode_allocates_nothing(void)
         blocks[i] = i;
     int32_t prompt[] = {1, 9690, 198, 2683, 359, 253, 5356, 5646};
     int32_t n_prompt = (int32_t)(sizeof prompt / sizeof prompt[0]);
-    sh_llama_seq seq = {prompt, n_prompt, 0, blocks, true};
+    sh_llama_seq seq = {prompt, n_prompt, 0, blocks, true, 0};
     sh_llama_batch b = {1, &seq, false, NULL, false};
     sh_llama_out o;
     CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
@@ -70,7 +70,7 @@ static void test_decode_allocates_nothing(void)
         size_t n_text = 0;
         CHECK_OK(sh_tokenizer_stream_feed(st, s.id, &text, &n_text));
         tokv = s.id;
-        seq = (sh_llama_seq){&tokv, 1, pos++, blocks, true};
+        seq = (sh_llama_seq){&tokv, 1, pos++, blocks, true, 0};
         CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
     }
     long during = atomic_load(&n_allocs) - before;

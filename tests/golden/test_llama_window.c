@@ -71,7 +71,7 @@ static void prefill(runner *r, const int32_t *toks, int n, float *out)
     int32_t blocks[16];
     for (int i = 0; i < 16; i++)
         blocks[i] = 15 - i;
-    sh_llama_seq s = {toks, n, 0, blocks, true};
+    sh_llama_seq s = {toks, n, 0, blocks, true, 0};
     sh_llama_batch b = {1, &s, false, NULL, false};
     sh_llama_out o;
     sh_error e = {0};
@@ -107,20 +107,20 @@ static void decode_tail(const int32_t *a, bool release, float *out)
         blocks[i] = 15 - i;
     sh_error e = {0};
     sh_llama_out o;
-    sh_llama_seq s = {a, N - 10, 0, blocks, false};
+    sh_llama_seq s = {a, N - 10, 0, blocks, false, 0};
     sh_llama_batch bt = {1, &s, false, NULL, false};
     CHECK_OK(sh_llama_forward(d.ctx, &bt, &o, &e));
     for (int p = N - 10; p < N; p++) {
         for (int j = 0; release && j < (p - WINDOW + 1) / 16; j++)
             blocks[j] = -1;
-        s = (sh_llama_seq){a + p, 1, p, blocks, true};
+        s = (sh_llama_seq){a + p, 1, p, blocks, true, 0};
         CHECK_OK(sh_llama_forward(d.ctx, &bt, &o, &e));
     }
     if (o.logits)
         memcpy(out, o.logits, VOCAB * sizeof(float));
     if (release) {
         blocks[(N - 1) / 16] = -1; /* inside the window */
-        s = (sh_llama_seq){a + N - 1, 1, N - 1, blocks, true};
+        s = (sh_llama_seq){a + N - 1, 1, N - 1, blocks, true, 0};
         CHECK_INT_EQ(sh_llama_forward(d.ctx, &bt, &o, &e), SH_EINVAL);
     }
     close_runner(&d);

@@ -480,8 +480,10 @@ static void test_missing_fields(void)
             char label[96];
             snprintf(label, sizeof label, "%s without %s", d->name, d->fields[i].name);
             /* Optional fields that a cross-field rule ties to others: dropping one alone breaks
-             * the rule (TOKEN's top_* lists and top_n must agree). */
-            bool tied = t == SH_MSG_TOKEN && !strncmp(d->fields[i].name, "top_", 4);
+             * the rule (TOKEN's top_* lists and top_n must agree; an I8 ACT needs its scales). */
+            bool tied = (t == SH_MSG_TOKEN && !strncmp(d->fields[i].name, "top_", 4)) ||
+                        (t == SH_MSG_ACT && !strcmp(d->fields[i].name, "scales") &&
+                         s.body.act.hidden.dtype == SH_PROTO_DTYPE_I8);
             if (d->fields[i].required)
                 expect(&c, g, n, SH_EPROTO, SH_MSG_REJECT_MISSING, label);
             else if (tied)

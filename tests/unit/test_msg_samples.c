@@ -113,6 +113,7 @@ static sh_proto_step_seq_list seqs(test_sample *s, uint32_t n, uint32_t max_tok)
         v[i].sample = (i & 1) == 0;
         sampling(s, &v[i].sampling);
         v[i].history = tokens(s, (uint32_t)range(s, 1, 32));
+        v[i].draft = (uint32_t)range(s, 0, SH_PROTO_MAX_DRAFT);
     }
     return (sh_proto_step_seq_list){v, n};
 }
@@ -206,9 +207,12 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         sh_proto_step_out *v = take(s, n * sizeof *v);
         for (uint32_t i = 0; i < n; i++) {
             uint32_t top = (uint32_t)range(s, 1, SH_PROTO_MAX_LOGPROBS);
-            v[i] = (sh_proto_step_out){nz64(s),        (int32_t)range(s, -1, 150000),
-                                       -rf(s, 0, 10),  -rf(s, 0, 10),
-                                       tokens(s, top), floats(s, top)};
+            uint32_t more = (uint32_t)range(s, 0, SH_PROTO_MAX_DRAFT);
+            v[i] = (sh_proto_step_out){nz64(s),         (int32_t)range(s, -1, 150000),
+                                       -rf(s, 0, 10),   -rf(s, 0, 10),
+                                       tokens(s, top),  floats(s, top),
+                                       tokens(s, more), floats(s, more),
+                                       floats(s, more)};
         }
         b->step_done.step = nz64(s);
         b->step_done.seqs = (sh_proto_step_out_list){v, n};
