@@ -93,6 +93,22 @@ typedef struct sh_kvmgr_args {
  * the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
  * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages.
  *
+ * Speculative steps (issue 27): a sequence whose step_seq.draft is d > 0 carries its last
+ * accepted token then d drafted tokens (d < tokens.n; it must sample, and ask for no top
+ * logprobs: the stage refuses such a step with SH_EINVAL naming the sequence, as it refuses other
+ * bad steps). The last stage asks the forward pass for its last d + 1 rows of logits and verifies
+ * the drafts with sh_spec_verify (model/spec.h) and the sequence's sampler: token, logprob and
+ * logprob_raw are the first verified token's (logprob under the final distribution, logprob_raw
+ * the raw one, as for a one-token step), more/more_lp/more_lp_raw the rest in order; every token
+ * but the last of token, more... is an accepted draft, the last the target's own. The sampler's
+ * penalty window takes exactly those tokens; `history` (sent with a sequence's first sampled
+ * step) must hold its accepted tokens, never drafts. A tensor-parallel group's greedy head
+ * compares each row's top-1 with the draft instead. The rows of logits of a step (one per
+ * sampled sequence, d + 1 for a drafted one) must fit the last stage's context
+ * (sh_llama_ctx_opts.max_logits: sh_stage_max_logits gives what a replica that may speculate
+ * sizes it with); a step wanting more is refused with SH_EINVAL. Middle stages carry `draft` on
+ * in their ACT unchanged.
+ *
  * Epochs: a STEP carries its batcher's epoch (raised at every PAUSE) and ACT carries it on; a
  * stage remembers the newest it has seen and drops, unanswered, a STEP or ACT of an older one,
  * so a step abandoned at a pause never writes KV after the resume.
@@ -158,6 +174,18 @@ typedef struct sh_stage_args {
     const sh_llama_ctx_opts *ctx_opts;
     int32_t n_blocks;
 } sh_stage_args;
+
+/* Rows of logits a last stage's context allows beyond one per sequence, for drafted tokens
+ * (4 * SH_SPEC_MAX_K): 4 sequences drafting 16 tokens each, or 32 drafting 2, in one step. A row
+ * of logits is n_vocab floats (192 KiB for a vocabulary of 49152, 12 MiB for these 64 rows; a
+ * tensor-parallel rank also gathers every rank's share of them). */
+#define SH_STAGE_SPEC_ROWS 64
+
+/* The max_logits a replica that may speculate gives its stages' contexts
+ * (sh_llama_ctx_opts.max_logits): max_seqs + SH_STAGE_SPEC_ROWS, at most max_tokens (the
+ * context's limit). A batcher keeps a step's rows of logits (one per sampled sequence, plus each
+ * sequence's drafts) within it. */
+int32_t sh_stage_max_logits(int32_t max_seqs, int32_t max_tokens);
 
 /* ---- batcher ---------------------------------------------------------------------------- */
 

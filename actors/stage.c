@@ -16,6 +16,7 @@
 #include "base/file.h"
 #include "kernels/cpu/quant.h"
 #include "model/sampler.h"
+#include "model/spec.h"
 #include "runtime/coll.h"
 #include "runtime/fault_agent.h"
 #include "runtime/mpack_write.h"
@@ -29,20 +30,30 @@
 #define STAGE_SENT_RING 16 /* forwarded steps remembered to answer an ACT that bounces */
 #define STAGE_URL_CAP 280  /* bytes of a rank's network-collective URL, with its NUL */
 
+_Static_assert(SH_STAGE_SPEC_ROWS == 4 * SH_SPEC_MAX_K, "actors/serve.h says 4 * SH_SPEC_MAX_K");
+_Static_assert(SH_PROTO_MAX_DRAFT == SH_SPEC_MAX_K, "a STEP's drafts are what one step verifies");
+
 /* A sequence's sampler. `used` is the step counter when it last sampled (0: free slot), which
- * orders the least recently used for eviction. `at` and `out` remember its last draw: a step run
- * again (a duplicated STEP or ACT, or the batcher's retry of a step whose STEP_DONE was lost)
- * asks for the token at the same index, and gets that draw again instead of a new one, so that
- * neither the sampler's generator nor its penalty window moves twice (a seeded request's tokens
- * stay those of an undisturbed run). */
+ * orders the least recently used for eviction. `at` and the draws after it remember its last
+ * step's answer: a step run again (a duplicated STEP or ACT, or the batcher's retry of a step
+ * whose STEP_DONE was lost) asks for the token at the same index, and gets those draws again
+ * instead of new ones, so that neither the sampler's generator nor its penalty window moves twice
+ * (a seeded request's tokens stay those of an undisturbed run). A speculative step draws up to
+ * SH_SPEC_MAX_K + 1 tokens from `at` on, each following the ones before it: a step whose first
+ * new token's index falls among them (a retry, perhaps with other drafts after a pause, or the
+ * step after a retry that took fewer of them) gets the remembered draws from there, verified
+ * against its drafts, and draws anew (with the sampler where they left it) only past their end. */
 typedef struct smp_slot {
     uint64_t seq;
     uint64_t used;
     sh_sampler *s;
-    int64_t at;            /* the index (pos + tokens) of the token last drawn; -1: none */
-    sh_proto_step_out out; /* that draw; its top lists point into top_tok and top_lp */
+    int64_t at;            /* the index of the first token of the last draws; -1: none */
+    int32_t n_drawn;       /* tokens drawn from `at` on (1..SH_SPEC_MAX_K + 1): tok[0..n_drawn) */
+    sh_proto_step_out out; /* the first draw; its top lists point into top_tok and top_lp */
     int32_t top_tok[SH_SAMPLER_MAX_LOGPROBS];
     float top_lp[SH_SAMPLER_MAX_LOGPROBS];
+    int32_t tok[SH_SPEC_MAX_K + 1]; /* every draw, the first included, with its logprobs */
+    float lp[SH_SPEC_MAX_K + 1], lr[SH_SPEC_MAX_K + 1];
 } smp_slot;
 
 /* A kept STEP or ACT and when it reached the stage (monotonic microseconds). */
@@ -97,19 +108,25 @@ typedef struct stage_state {
     /* The worker's own; sized at init so that a step allocates nothing. */
     uint64_t epoch; /* the newest STEP/ACT epoch seen: older ones are dropped (proto STEP) */
     sh_act_decoder dec;
-    int32_t *tok;           // (max_tok) the step's token ids, sequence after sequence
-    int32_t *blk;           // (max_seqs, tab_len) each sequence's block table
-    sh_llama_seq *seqs;     // (max_seqs)
-    sh_sampler **smp;       // (max_seqs) the sampler of each sampled sequence of the step
-    smp_slot **sl;          // (max_seqs) and its slot
-    bool *again;            // (max_seqs) the step asks again for the slot's last draw
-    sh_sample *samples;     // (max_seqs)
-    sh_proto_step_out *out; // (max_seqs) the reply's entries
-    int32_t *top_tok;       // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
-    float *top_lp;          // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
-    smp_slot *slots;        // (n_slots) = 2 * max_seqs
+    int32_t *tok;       // (max_tok) the step's token ids, sequence after sequence
+    int32_t *blk;       // (max_seqs, tab_len) each sequence's block table
+    sh_llama_seq *seqs; // (max_seqs)
+    sh_sampler **smp;   // (max_seqs) the sampler of each sampled sequence of the step
+    smp_slot **sl;      // (max_seqs) and its slot
+    bool *again;        // (max_seqs) the step asks again for the slot's last draws
+    uint8_t *acc;  // (max_seqs) the last acc tokens of the answer are new and not in the window yet
+    bool *moved;   // (max_seqs) the sampler took new tokens into its window while verifying
+    int32_t *more; // (max_seqs, SH_SPEC_MAX_K) the answers' more lists
+    float *more_lp, *more_lr; // (max_seqs, SH_SPEC_MAX_K)
+    sh_sample *samples;       // (max_seqs)
+    sh_proto_step_out *out;   // (max_seqs) the reply's entries
+    int32_t *top_tok;         // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    float *top_lp;            // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    smp_slot *slots;          // (n_slots) = 2 * max_seqs
     int32_t n_slots;
-    int32_t *row; // (max_seqs) each sampled sequence's row of logits
+    int32_t *row; // (max_seqs) each sampled sequence's (first) row of logits
+    /* Verification's samples, the worker's [0] and the sampling helper's [1]. */
+    sh_sample vs[2][SH_SPEC_MAX_K + 1];
     /* Pipeline buffers, grown to the largest step seen and kept (no allocation per step after
      * that): the aligned (or widened) copy of an ACT's hidden states, the narrowed rows and
      * scales of an ACT this stage sends in F16 or I8, and the encoded ACT frame. */
@@ -169,6 +186,12 @@ typedef struct stage_state {
     bool group_failed; /* the step at hand failed for the group's sake (not the step's own) */
 } stage_state;
 
+int32_t sh_stage_max_logits(int32_t max_seqs, int32_t max_tokens)
+{
+    int64_t n = (int64_t)max_seqs + SH_STAGE_SPEC_ROWS;
+    return n < max_tokens ? (int32_t)n : max_tokens;
+}
+
 /* ---- samplers ---- */
 
 /* Finds seq's sampler or creates it from q's parameters (accepting its history), evicting the
@@ -225,7 +248,10 @@ static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sample
 /* ---- one step ---- */
 
 /* Checks the step, copies its ids and block tables into the aligned buffers and fills st->seqs.
- * Returns SH_OK, SH_EINVAL or SH_ETIMEDOUT with e filled. */
+ * A drafted sequence (draft d > 0) must sample, ask for no top logprobs and carry its last
+ * accepted token before the drafts (d < tokens); it wants d + 1 rows of logits, and the last
+ * stage's context must hold the step's rows. Returns SH_OK, SH_EINVAL or SH_ETIMEDOUT with e
+ * filled. */
 static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
 {
     uint32_t n = s->seqs.n;
@@ -236,9 +262,22 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
         return sh__error_set(e, SH_ETIMEDOUT, "stage: step %" PRIu64 " is past its deadline",
                              s->step);
     int32_t t = 0;
+    int64_t rows = 0;
     for (uint32_t i = 0; i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
-        uint32_t nt = q->tokens.n;
+        uint32_t nt = q->tokens.n, d = q->draft;
+        const char *why = !d                           ? NULL
+                          : !q->sample                 ? "the sequence does not sample"
+                          : d >= nt                    ? "not fewer than its tokens"
+                          : d > SH_SPEC_MAX_K          ? "more than SH_SPEC_MAX_K"
+                          : q->sampling.n_logprobs > 0 ? "it asks for top logprobs, which a "
+                                                         "speculative step does not give"
+                                                       : NULL;
+        if (why)
+            return sh__error_set(e, SH_EINVAL,
+                                 "stage: sequence %" PRIu64 ": %u drafted tokens of %u: %s", q->seq,
+                                 (unsigned)d, (unsigned)nt, why);
+        rows += q->sample ? (int64_t)d + 1 : 0;
         int64_t end = (int64_t)q->pos + nt;
         int64_t nb = (end + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
         if (nt == 0 || nt > (uint32_t)(st->max_tok - t))
@@ -259,9 +298,16 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
                                      .n_tokens = (int32_t)nt,
                                      .pos0 = (int32_t)q->pos,
                                      .blocks = tab,
-                                     .want_logits = q->sample};
+                                     .want_logits = q->sample,
+                                     .n_logits = d ? (int32_t)d + 1 : 0};
         t += (int32_t)nt;
     }
+    int32_t max_rows = st->last && st->ctx ? sh_llama_ctx_max_logits(st->ctx) : INT32_MAX;
+    if (rows > max_rows)
+        return sh__error_set(e, SH_EINVAL,
+                             "stage: step %" PRIu64 " wants %lld rows of logits (its drafts "
+                             "included), the stage's context holds %d",
+                             s->step, (long long)rows, (int)max_rows);
     return SH_OK;
 }
 
@@ -291,52 +337,106 @@ static bool step_greedy_head(const stage_state *st, const sh_proto_step *s)
     return any;
 }
 
+/* Appends a token to sequence i's answer o: the first to token/logprob/logprob_raw, the others to
+ * its more lists (in st->more*). Worker or sampling helper thread (sequence i's own). */
+static void answer_add(stage_state *st, uint32_t i, sh_proto_step_out *o, int32_t tok, float lp,
+                       float lr)
+{
+    if (o->token < 0) {
+        o->token = tok;
+        o->logprob = lp;
+        o->logprob_raw = lr;
+        return;
+    }
+    size_t at = (size_t)i * SH_SPEC_MAX_K;
+    uint32_t k = o->more.n;
+    st->more[at + k] = tok;
+    st->more_lp[at + k] = lp;
+    st->more_lr[at + k] = lr;
+    o->more = (sh_i32s){st->more + at, k + 1};
+    o->more_lp = (sh_f32s){st->more_lp + at, k + 1};
+    o->more_lp_raw = (sh_f32s){st->more_lr + at, k + 1};
+}
+
 /* Samples sequences [lo, hi) of step s from the forward pass's logits into st->out, or, for a
  * greedy head's step (top1 not NULL), from each row's top-1 and log-sum-exp: the token and
  * logprob = logprob_raw = logit - lse that sh_sampler_sample gives a plain greedy sampler
- * (model/sampler.h). Returns the index of the first sequence whose sampling failed (every token
- * banned), or -1. Worker or sampling helper thread: each touches only its own sequences'
- * samplers and output slots. */
+ * (model/sampler.h). A drafted sequence (draft d) is verified over its d + 1 rows: with its
+ * sampler by sh_spec_verify (which takes each token into the window as it goes: st->moved), or
+ * with the greedy head by comparing each row's top-1 with the draft. A sequence asking again for
+ * remembered draws (st->again, smp_slot) gets them, verified against its drafts, and draws anew
+ * only past them. st->acc counts the new tokens at the answer's end that the window has yet to
+ * take. Returns the index of the first sequence whose sampling failed (every token banned), or -1.
+ * Worker or sampling helper thread (vs its verification scratch): each touches only its own
+ * sequences' samplers and output slots. */
 static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
-                            const sh_llama_top1 *top1, uint32_t lo, uint32_t hi)
+                            const sh_llama_top1 *top1, uint32_t lo, uint32_t hi, sh_sample *vs)
 {
     for (uint32_t i = lo; i < hi; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         sh_proto_step_out *o = &st->out[i];
         if (!q->sample)
             continue;
-        if (st->again[i]) { /* this draw was made: the same answer */
+        int32_t d = (int32_t)q->draft, j = 0;
+        const int32_t *drafts = st->seqs[i].tokens + st->seqs[i].n_tokens - d;
+        if (st->again[i]) { /* these draws were made: the same answers, as far as they go */
             const smp_slot *sl = st->sl[i];
-            *o = sl->out;
-            int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
-            float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
-            memcpy(tt, sl->top_tok, sl->out.top_tokens.n * sizeof *tt);
-            memcpy(tl, sl->top_lp, sl->out.top_logprobs.n * sizeof *tl);
-            o->top_tokens = (sh_i32s){tt, sl->out.top_tokens.n};
-            o->top_logprobs = (sh_f32s){tl, sl->out.top_logprobs.n};
-            continue;
+            int32_t off = (int32_t)((int64_t)q->pos + q->tokens.n - d - sl->at);
+            if (off == 0) {
+                int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+                float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
+                memcpy(tt, sl->top_tok, sl->out.top_tokens.n * sizeof *tt);
+                memcpy(tl, sl->top_lp, sl->out.top_logprobs.n * sizeof *tl);
+                o->top_tokens = (sh_i32s){tt, sl->out.top_tokens.n};
+                o->top_logprobs = (sh_f32s){tl, sl->out.top_logprobs.n};
+            }
+            for (; off + j < sl->n_drawn; j++) {
+                int32_t r = off + j;
+                answer_add(st, i, o, sl->tok[r], sl->lp[r], sl->lr[r]);
+                if (j == d || sl->tok[r] != drafts[j])
+                    break;
+            }
+            if (off + j < sl->n_drawn)
+                continue;
+            /* Every remembered draw from here was an accepted draft of this step: the sampler is
+             * where they left it, and verifies the rest. */
         }
         if (top1) {
-            const sh_llama_top1 *t = &top1[st->row[i]];
-            if (t->id < 0)
+            for (; j <= d; j++) {
+                const sh_llama_top1 *t = &top1[st->row[i] + j];
+                if (t->id < 0)
+                    return (int64_t)i;
+                float lp = (float)((double)t->logit - t->lse);
+                answer_add(st, i, o, t->id, lp, lp);
+                st->acc[i]++;
+                if (j == d || t->id != drafts[j])
+                    break;
+            }
+            continue;
+        }
+        const float *rows = logits + ((size_t)st->row[i] + (size_t)j) * (size_t)st->n_vocab;
+        if (d > 0) {
+            int32_t nv = 0;
+            st->moved[i] = true;
+            sh_err err = sh_spec_verify(st->smp[i], rows, st->n_vocab, drafts + j, d - j, vs, &nv);
+            for (int32_t k = 0; k < nv; k++)
+                answer_add(st, i, o, vs[k].id, vs[k].logprob, vs[k].logprob_raw);
+            if (err)
                 return (int64_t)i;
-            o->token = t->id;
-            o->logprob = o->logprob_raw = (float)((double)t->logit - t->lse);
             continue;
         }
         sh_sample *smp = &st->samples[i];
-        if (sh_sampler_sample(st->smp[i], logits + (size_t)st->row[i] * st->n_vocab, smp))
+        if (sh_sampler_sample(st->smp[i], rows, smp))
             return (int64_t)i;
-        o->token = smp->id;
-        o->logprob = smp->logprob;
-        o->logprob_raw = smp->logprob_raw;
+        answer_add(st, i, o, smp->id, smp->logprob, smp->logprob_raw);
+        st->acc[i] = 1;
         if (smp->n_top > 0) {
             int32_t *tt = st->top_tok + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
             float *tl = st->top_lp + (size_t)i * SH_SAMPLER_MAX_LOGPROBS;
             bool raw = q->sampling.logprobs_mode == SH_LOGPROBS_RAW;
-            for (int32_t j = 0; j < smp->n_top; j++) {
-                tt[j] = smp->top[j].id;
-                tl[j] = raw ? smp->top[j].logprob_raw : smp->top[j].logprob;
+            for (int32_t k = 0; k < smp->n_top; k++) {
+                tt[k] = smp->top[k].id;
+                tl[k] = raw ? smp->top[k].logprob_raw : smp->top[k].logprob;
             }
             o->top_tokens = (sh_i32s){tt, (uint32_t)smp->n_top};
             o->top_logprobs = (sh_f32s){tl, (uint32_t)smp->n_top};
@@ -363,7 +463,7 @@ static void helper_main(void *arg)
         const sh_llama_top1 *top1 = st->h_top1;
         uint32_t lo = st->h_lo, hi = st->h_hi;
         uv_mutex_unlock(&st->hmu);
-        int64_t failed = sample_range(st, s, logits, top1, lo, hi);
+        int64_t failed = sample_range(st, s, logits, top1, lo, hi, st->vs[1]);
         uv_mutex_lock(&st->hmu);
         st->h_failed = failed;
         st->hdone_gen = seen;
@@ -659,7 +759,10 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         st->again[i] = false;
         if (q->sample && (err = sampler_get(st, q, &st->smp[i], &st->sl[i], e)))
             break;
-        st->again[i] = q->sample && st->sl[i]->at == (int64_t)q->pos + (int64_t)q->tokens.n;
+        /* The index of the step's first new token: the one after its last accepted token. */
+        int64_t at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
+        st->again[i] = q->sample && st->sl[i]->at >= 0 && at >= st->sl[i]->at &&
+                       at < st->sl[i]->at + st->sl[i]->n_drawn;
         /* The parameters say plain greedy; so must the sampler the leader keeps for the sequence
          * (made from the same parameters), or the top-1 would not be its pick. */
         if (top1 && q->sample && !st->again[i] && !sh_sampler_plain_greedy(st->smp[i]))
@@ -704,10 +807,14 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     }
     int32_t k = 0, n_sampled = 0;
     for (uint32_t i = 0; i < n; i++) {
-        st->out[i] = (sh_proto_step_out){.seq = s->seqs.v[i].seq, .token = -1};
-        st->row[i] = s->seqs.v[i].sample ? k++ : -1;
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        st->out[i] = (sh_proto_step_out){.seq = q->seq, .token = -1};
+        st->acc[i] = 0;
+        st->moved[i] = false;
+        st->row[i] = q->sample ? k : -1;
+        k += q->sample ? (int32_t)q->draft + 1 : 0;
+        n_sampled += q->sample;
     }
-    n_sampled = k;
     // Sample: on two threads when the step is big enough to pay for the hand-off.
     int64_t failed = -1;
     uint32_t mid = n;
@@ -723,7 +830,7 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         uv_cond_signal(&st->hcv);
         uv_mutex_unlock(&st->hmu);
     }
-    failed = sample_range(st, s, out.logits, out.top1, 0, mid);
+    failed = sample_range(st, s, out.logits, out.top1, 0, mid, st->vs[0]);
     if (mid < n) {
         uv_mutex_lock(&st->hmu);
         while (st->hdone_gen != st->hgen)
@@ -732,24 +839,45 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
             failed = st->h_failed;
         uv_mutex_unlock(&st->hmu);
     }
-    if (failed >= 0)
+    if (failed >= 0) {
+        /* Verification took tokens into windows as it went: those samplers go (the sequence's
+         * next step makes its sampler anew, from its history), so that no later try of the step
+         * meets a window that moved. */
+        for (uint32_t i = 0; i < n; i++)
+            if (s->seqs.v[i].sample && st->moved[i]) {
+                sh_sampler_destroy(st->sl[i]->s);
+                *st->sl[i] = (smp_slot){.at = -1};
+            }
         return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
                              s->seqs.v[failed].seq);
-    /* Every sequence sampled: only now do the penalty windows take the new tokens, and the slots
-     * remember the draws (a draw given again was taken the first time). */
+    }
+    /* Every sequence sampled: only now do the penalty windows take the new tokens (those that
+     * verification did not take already), and the slots remember the draws (draws given again
+     * were taken the first time). */
     for (uint32_t i = 0; i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
-        if (!q->sample || st->again[i])
+        if (!q->sample || (!st->acc[i] && !st->moved[i]))
             continue;
-        sh_sampler_accept(st->smp[i], st->out[i].token);
+        const sh_proto_step_out *o = &st->out[i];
         smp_slot *sl = st->sl[i];
-        sl->at = (int64_t)q->pos + (int64_t)q->tokens.n;
-        sl->out = st->out[i];
-        if (st->out[i].top_tokens.n) {
-            memcpy(sl->top_tok, st->out[i].top_tokens.ptr,
-                   st->out[i].top_tokens.n * sizeof(int32_t));
-            memcpy(sl->top_lp, st->out[i].top_logprobs.ptr,
-                   st->out[i].top_logprobs.n * sizeof(float));
+        sl->n_drawn = 1 + (int32_t)o->more.n;
+        sl->tok[0] = o->token;
+        sl->lp[0] = o->logprob;
+        sl->lr[0] = o->logprob_raw;
+        for (uint32_t j = 0; j < o->more.n; j++) {
+            sl->tok[1 + j] = sh_i32s_at(o->more, j);
+            sl->lp[1 + j] = sh_f32s_at(o->more_lp, j);
+            sl->lr[1 + j] = sh_f32s_at(o->more_lp_raw, j);
+        }
+        for (int32_t j = sl->n_drawn - st->acc[i]; j < sl->n_drawn; j++)
+            sh_sampler_accept(st->smp[i], sl->tok[j]);
+        sl->at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
+        sl->out = *o;
+        sl->out.more = (sh_i32s){0};
+        sl->out.more_lp = sl->out.more_lp_raw = (sh_f32s){0};
+        if (o->top_tokens.n) {
+            memcpy(sl->top_tok, o->top_tokens.ptr, o->top_tokens.n * sizeof(int32_t));
+            memcpy(sl->top_lp, o->top_logprobs.ptr, o->top_logprobs.n * sizeof(float));
         }
         sl->out.top_tokens.ptr = sl->top_tok;
         sl->out.top_logprobs.ptr = sl->top_lp;
@@ -1196,6 +1324,11 @@ static void free_buffers(stage_state *st)
     free(st->smp);
     free(st->sl);
     free(st->again);
+    free(st->acc);
+    free(st->moved);
+    free(st->more);
+    free(st->more_lp);
+    free(st->more_lr);
     free(st->samples);
     free(st->out);
     free(st->top_tok);
@@ -1363,6 +1496,11 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->smp = calloc(S, sizeof *st->smp);
     st->sl = calloc(S, sizeof *st->sl);
     st->again = calloc(S, sizeof *st->again);
+    st->acc = calloc(S, sizeof *st->acc);
+    st->moved = calloc(S, sizeof *st->moved);
+    st->more = calloc(S * SH_SPEC_MAX_K, sizeof *st->more);
+    st->more_lp = calloc(S * SH_SPEC_MAX_K, sizeof *st->more_lp);
+    st->more_lr = calloc(S * SH_SPEC_MAX_K, sizeof *st->more_lr);
     st->samples = calloc(S, sizeof *st->samples);
     st->out = calloc(S, sizeof *st->out);
     st->top_tok = malloc(S * L * sizeof *st->top_tok);
@@ -1371,7 +1509,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->row = calloc(S, sizeof *st->row);
     sh_err err = SH_ENOMEM;
     if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
-        !st->samples || !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+        !st->acc || !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples ||
+        !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;

@@ -322,6 +322,8 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
 
 int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c) { return c->n_blocks; }
 
+int32_t sh_llama_ctx_max_logits(const sh_llama_ctx *c) { return c->o.max_logits; }
+
 size_t sh_llama_tp_coll_bytes(const sh_llama *m, const sh_llama_ctx_opts *o)
 {
     const sh_llama_tp *tp = &m->tp;

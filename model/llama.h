@@ -256,6 +256,10 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c);
  * (the KV manager, or a single-sequence driver using blocks 0, 1, 2, ...) hands them out. */
 int32_t sh_llama_ctx_n_blocks(const sh_llama_ctx *c);
 
+/* The most rows of logits one sh_llama_forward of this context returns (its options' max_logits,
+ * or max_seqs when that was 0): a step wanting more fails with SH_EINVAL. */
+int32_t sh_llama_ctx_max_logits(const sh_llama_ctx *c);
+
 /* One sequence's part of a step: n_tokens new tokens at positions pos0 .. pos0 + n_tokens - 1
  * (a prefill chunk, or a decode step with n_tokens 1); positions [0, pos0) are already in its
  * cache. */
