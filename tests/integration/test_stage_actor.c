@@ -1,8 +1,12 @@
 /* The stage actor with the default model in a real runtime: three sequences batched into STEPs
  * (a chunked prefill among them) give the same greedy tokens as each sequence run alone through
  * sh_llama_forward; bad steps fail with a status and leave the next step working; stopping with
- * steps queued frees them; decode steps allocate nothing. Skips (77) when
- * models/smollm2-135m-instruct-q4_1.gguf is absent. */
+ * steps queued frees them; decode steps allocate nothing. Speculative steps (step_seq.draft):
+ * greedy drafts verified into the tokens of the sequence run alone (all accepted, or up to a
+ * wrong one), sampled drafts verified into exactly the tokens and logprobs of one-token steps
+ * with the same seed and penalties, retries (with the same or other drafts) answered from the
+ * draws already made, bad drafts refused. Skips (77) when models/smollm2-135m-instruct-q4_1.gguf
+ * is absent. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,6 +24,7 @@
 #define MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 #define N_SEQ 3
 #define N_GEN 6
+#define N_REF 10 /* greedy tokens of each sequence run alone (N_GEN for the batched test) */
 #define MAX_PROMPT 64
 #define SEQ_BLOCKS 20 /* blocks per sequence: 320 positions */
 
@@ -37,8 +42,9 @@ typedef struct env {
     int32_t n_vocab;
     int32_t prompt[N_SEQ][MAX_PROMPT];
     int32_t n_prompt[N_SEQ];
-    int32_t ref[N_SEQ][N_GEN]; /* greedy tokens */
-    float ref_lp[N_SEQ];       /* log-softmax of the first token */
+    int32_t ref[N_SEQ][N_REF];   /* greedy tokens */
+    float ref_lp[N_SEQ];         /* log-softmax of the first token */
+    float ref_lps[N_SEQ][N_REF]; /* and of each */
     int32_t blocks[N_SEQ][SEQ_BLOCKS];
     sh_stage_args args;
 } env;
@@ -94,6 +100,9 @@ typedef struct rec {
     uint32_t n_top[8];
     int32_t top_tok[8][SH_PROTO_MAX_LOGPROBS];
     float top_lp[8][SH_PROTO_MAX_LOGPROBS];
+    uint32_t n_more[8]; /* a speculative step's tokens after tok, with their logprobs */
+    int32_t more[8][SH_PROTO_MAX_DRAFT];
+    float more_lp[8][SH_PROTO_MAX_DRAFT], more_lr[8][SH_PROTO_MAX_DRAFT];
 } rec;
 
 typedef struct shared {
@@ -154,6 +163,14 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
             r->top_tok[i][j] = sh_i32s_at(o->top_tokens, j);
             r->top_lp[i][j] = sh_f32s_at(o->top_logprobs, j);
         }
+        r->n_more[i] = o->more.n;
+        if (o->more.n != o->more_lp.n || o->more.n != o->more_lp_raw.n)
+            atomic_fetch_add(&sh->bad, 1);
+        for (uint32_t j = 0; j < o->more.n && j < SH_PROTO_MAX_DRAFT; j++) {
+            r->more[i][j] = sh_i32s_at(o->more, j);
+            r->more_lp[i][j] = sh_f32s_at(o->more_lp, j);
+            r->more_lr[i][j] = sh_f32s_at(o->more_lp_raw, j);
+        }
     }
     atomic_store(&sh->n, k + 1);
     return SH_MSG_FATE_DONE;
@@ -193,7 +210,10 @@ static bool env_open(void)
 {
     sh_error e = {0};
     sh_backend_cpu_opts bo = {.n_threads = 2};
-    sh_llama_ctx_opts co = {.max_tokens = 256, .max_seqs = 8, .kv_tokens = 4096};
+    sh_llama_ctx_opts co = {.max_tokens = 256,
+                            .max_seqs = 8,
+                            .max_logits = sh_stage_max_logits(8, 256),
+                            .kv_tokens = 4096};
     sh_tokenizer *tok = NULL;
     if (sh_llama_load(sh_test_path(MODEL), NULL, &E.m, &e) ||
         sh_backend_cpu_create(&bo, &E.be, &e) || sh_llama_ctx_create(E.m, E.be, &co, &E.c, &e) ||
@@ -217,7 +237,7 @@ static bool env_open(void)
     for (int s = 0; s < N_SEQ; s++) {
         sh_llama_seq q = {
             .tokens = E.prompt[s], .n_tokens = E.n_prompt[s], .blocks = ident, .want_logits = true};
-        for (int g = 0; g < N_GEN; g++) {
+        for (int g = 0; g < N_REF; g++) {
             sh_llama_batch b = {.n_seqs = 1, .seqs = &q};
             sh_llama_out out;
             if (sh_llama_forward(E.c, &b, &out, &e)) {
@@ -225,8 +245,9 @@ static bool env_open(void)
                 return false;
             }
             E.ref[s][g] = argmax(out.logits, E.n_vocab);
+            E.ref_lps[s][g] = (float)log_softmax_at(out.logits, E.n_vocab, E.ref[s][g]);
             if (g == 0)
-                E.ref_lp[s] = (float)log_softmax_at(out.logits, E.n_vocab, E.ref[s][0]);
+                E.ref_lp[s] = E.ref_lps[s][0];
             q = (sh_llama_seq){.tokens = &E.ref[s][g],
                                .n_tokens = 1,
                                .pos0 = q.pos0 + q.n_tokens,
@@ -595,12 +616,232 @@ static void test_forged_epoch(void)
     rt_finish(&f.t);
 }
 
+/* ---- speculative steps -------------------------------------------------------------------- */
+
+/* A greedy, sampled entry for sequence `id` in the blocks of prompt b: n tokens at pos, the last
+ * `draft` of them drafted, with prompt b as its history. */
+static sh_proto_step_seq spec_seq(uint64_t id, int b, const int32_t *toks, uint32_t n, uint32_t pos,
+                                  uint32_t draft)
+{
+    return (sh_proto_step_seq){.seq = id,
+                               .tokens = {toks, n},
+                               .pos = pos,
+                               .blocks = {E.blocks[b], SEQ_BLOCKS},
+                               .sample = true,
+                               .sampling = greedy(),
+                               .history = {E.prompt[b], (uint32_t)E.n_prompt[b]},
+                               .draft = draft};
+}
+
+/* Checks that entry i of r answers want[0..n): want[0] in tok, the rest in more. */
+static void check_answer(const rec *r, uint32_t i, const int32_t *want, uint32_t n)
+{
+    CHECK_INT_EQ(r->tok[i], want[0]);
+    CHECK_UINT_EQ(r->n_more[i], n - 1);
+    for (uint32_t j = 1; j < n && j - 1 < r->n_more[i]; j++)
+        CHECK_INT_EQ(r->more[i][j - 1], want[j]);
+}
+
+/* Checks that two answers to the same step are the same, logprobs bit for bit. */
+static void check_same(const rec *a, const rec *b)
+{
+    CHECK_UINT_EQ(a->n, b->n);
+    for (uint32_t i = 0; i < a->n && i < b->n && i < 8; i++) {
+        CHECK_INT_EQ(a->tok[i], b->tok[i]);
+        CHECK(a->lp[i] == b->lp[i] && a->lp_raw[i] == b->lp_raw[i]);
+        CHECK_UINT_EQ(a->n_more[i], b->n_more[i]);
+        for (uint32_t j = 0; j < a->n_more[i] && j < b->n_more[i]; j++) {
+            CHECK_INT_EQ(a->more[i][j], b->more[i][j]);
+            CHECK(a->more_lp[i][j] == b->more_lp[i][j] && a->more_lr[i][j] == b->more_lr[i][j]);
+        }
+    }
+}
+
+/* Sends a step and waits for its answer, record (*k)++; NULL (a failed check) without one, or
+ * when it failed and ok says it should not have. */
+static const rec *step_rec(fixture *f, uint64_t step, const sh_proto_step_seq *q, uint32_t n,
+                           long *k, bool ok)
+{
+    send_step(f, step, q, n);
+    const rec *r = wait_rec(f, (*k)++);
+    if (r && ok && (r->status || r->n != n)) {
+        SH_FAIL_("step %llu: status %d: %s", (unsigned long long)step, (int)r->status, r->msg);
+        return NULL;
+    }
+    return r;
+}
+
+/* Greedy drafts: the stage's answers are the tokens of the sequence run alone, whichever draft
+ * is wrong; the same step again answers the same; bad drafts are refused with the sequence
+ * named, and the stage goes on serving. */
+static void test_spec_greedy(void)
+{
+    fixture f;
+    fx_start(&f);
+    long k = 0;
+    const int32_t *g0 = E.ref[0], *g1 = E.ref[1], *g2 = E.ref[2];
+    uint32_t np0 = (uint32_t)E.n_prompt[0], np1 = (uint32_t)E.n_prompt[1],
+             np2 = (uint32_t)E.n_prompt[2];
+    sh_proto_step_seq q[5];
+    q[0] = spec_seq(300, 0, E.prompt[0], np0, 0, 0);
+    q[1] = spec_seq(301, 1, E.prompt[1], np1, 0, 0);
+    const rec *r = step_rec(&f, 1, q, 2, &k, true);
+    if (r) {
+        check_answer(r, 0, g0, 1);
+        check_answer(r, 1, g1, 1);
+    }
+    /* A plain prefill first (its row of logits comes before the drafted ones); 300's drafts are
+     * its greedy continuation: all accepted, then the target's next token; 301's third draft is
+     * wrong: two accepted, then the target's own token in its place. */
+    int32_t wrong1[5] = {g1[0], g1[1], g1[2], (g1[3] + 1) % E.n_vocab, g1[4]};
+    q[0] = spec_seq(302, 2, E.prompt[2], np2, 0, 0);
+    q[1] = spec_seq(300, 0, g0, 4, np0, 3);
+    q[2] = spec_seq(301, 1, wrong1, 5, np1, 4);
+    r = step_rec(&f, 2, q, 3, &k, true);
+    if (r) {
+        check_answer(r, 0, g2, 1);
+        check_answer(r, 1, g0 + 1, 4);
+        check_answer(r, 2, g1 + 1, 3);
+        CHECK_NEAR(r->lp_raw[1], E.ref_lps[0][1], 0.05);
+        for (int j = 0; j < 3; j++) {
+            CHECK_NEAR(r->more_lr[1][j], E.ref_lps[0][2 + j], 0.05);
+            CHECK_NEAR(r->more_lp[1][j], r->more_lr[1][j], 1e-4);
+        }
+    }
+    /* 301 goes on from the target's token (the rejected draft's cache row is written over), and
+     * the same step sent again (a retry whose answer was lost) gets the same answer. */
+    q[0] = spec_seq(301, 1, g1 + 3, 2, np1 + 3, 1);
+    q[1] = spec_seq(300, 0, g0 + 4, 3, np0 + 4, 2);
+    const rec *r3 = step_rec(&f, 3, q, 2, &k, true);
+    const rec *r4 = step_rec(&f, 4, q, 2, &k, true);
+    if (r3 && r4) {
+        check_answer(r3, 0, g1 + 4, 2);
+        check_answer(r3, 1, g0 + 5, 3);
+        check_same(r3, r4);
+    }
+    q[0] = spec_seq(301, 1, g1 + 5, 4, np1 + 5, 3);
+    r = step_rec(&f, 5, q, 1, &k, true);
+    if (r)
+        check_answer(r, 0, g1 + 6, 4);
+
+    /* Bad drafts: as many drafts as tokens, drafts on a sequence that does not sample, drafts
+     * with top logprobs, and 5 sequences of 16 drafts (85 rows of logits of the context's 72). */
+    for (int bad = 0; bad < 4; bad++) {
+        uint32_t n = 1;
+        q[0] = spec_seq(302, 2, g2, 2, np2, 1);
+        if (bad == 0)
+            q[0].tokens.n = 1;
+        if (bad == 1)
+            q[0].sample = false;
+        if (bad == 2)
+            q[0].sampling.n_logprobs = 2;
+        int32_t toks[17];
+        for (int j = 0; j < 17; j++)
+            toks[j] = E.prompt[2][j % E.n_prompt[2]];
+        if (bad == 3)
+            for (n = 0; n < 5; n++)
+                q[n] = spec_seq(310 + n, (int)n % 3, toks, 17, 0, 16);
+        r = step_rec(&f, 6 + (uint64_t)bad, q, n, &k, false);
+        if (r) {
+            CHECK_INT_EQ(r->status, SH_EINVAL);
+            CHECK_UINT_EQ(r->n, 0);
+            CHECK(strstr(r->msg, bad == 3 ? "85 rows of logits" : "302") != NULL);
+            fprintf(stderr, "refused as it should: %s\n", r->msg);
+        }
+    }
+    /* Still serving: 302 drafts its greedy continuation. */
+    q[0] = spec_seq(302, 2, g2, 3, np2, 2);
+    r = step_rec(&f, 10, q, 1, &k, true);
+    if (r)
+        check_answer(r, 0, g2 + 1, 3);
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
+/* Sampled drafts (temperature 1, top-k, repetition and frequency penalties, a seed): each row is
+ * drawn as a one-token step would draw it and its token taken into the penalty window (once: the
+ * frequency penalty would see a token taken twice), so a sequence fed
+ * drafts gives exactly the tokens (and logprobs) of one fed one token a step, whichever drafts
+ * are wrong. Steps asked again (the same drafts, others, fewer) get the draws already made, and
+ * draw anew only past them: the tokens after them stay those of the undisturbed run. */
+static void test_spec_sampled(void)
+{
+    fixture f;
+    fx_start(&f);
+    long k = 0;
+    uint32_t np = (uint32_t)E.n_prompt[0];
+    sh_proto_sampling smp = greedy();
+    smp.temperature = 1.0f;
+    smp.top_k = 40;
+    smp.repeat_penalty = 1.3f;
+    smp.frequency_penalty = 0.4f; /* counts: a token taken twice would weigh twice */
+    smp.seed = 11;
+    int32_t p[10];
+    float plp[10], plr[10];
+    /* The plain run: sequence 500, one token a step. */
+    sh_proto_step_seq q = spec_seq(500, 0, E.prompt[0], np, 0, 0);
+    q.sampling = smp;
+    for (int g = 0; g < 10; g++) {
+        const rec *r = step_rec(&f, 1 + (uint64_t)g, &q, 1, &k, true);
+        if (!r) {
+            rt_finish(&f.t);
+            return;
+        }
+        p[g] = r->tok[0];
+        plp[g] = r->lp[0];
+        plr[g] = r->lp_raw[0];
+        CHECK_UINT_EQ(r->n_more[0], 0);
+        q = spec_seq(500, 0, &p[g], 1, np + (uint32_t)g, 0);
+        q.sampling = smp;
+    }
+    /* The speculative run: sequence 501, in other blocks. Each step: its tokens (from p, or x
+     * with a wrong draft), their position, drafts, and the run of p it must answer. */
+    int32_t x[3] = {p[3], p[4], (p[5] + 1) % E.n_vocab};
+    const struct {
+        const int32_t *toks;
+        uint32_t n, pos, draft;
+        int from, count;
+    } steps[] = {
+        {E.prompt[0], np, 0, 0, 0, 1}, /* the prefill */
+        {p, 3, np, 2, 1, 3},           /* p1 p2 drafted: accepted, then p3 */
+        {x, 3, np + 3, 2, 4, 2},       /* p4 then a wrong draft: p4, p5 */
+        {x, 3, np + 3, 2, 4, 2},       /* the same step again: the same answer */
+        {p + 3, 3, np + 3, 2, 4, 3},   /* again with right drafts: p4 p5 given again, p6 drawn */
+        {p + 3, 1, np + 3, 0, 4, 1},   /* again without drafts: p4 given again */
+        {p + 4, 3, np + 4, 2, 5, 3},   /* p5 p6 given again, p7 drawn */
+        {p + 7, 2, np + 7, 1, 8, 2},   /* drawn: p8, p9 */
+    };
+    const rec *prev = NULL;
+    for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+        q = spec_seq(501, 1, steps[i].toks, steps[i].n, steps[i].pos, steps[i].draft);
+        q.sampling = smp;
+        q.history = (sh_i32s){E.prompt[0], np};
+        const rec *r = step_rec(&f, 20 + i, &q, 1, &k, true);
+        if (!r)
+            break;
+        check_answer(r, 0, p + steps[i].from, (uint32_t)steps[i].count);
+        CHECK_NEAR(r->lp[0], plp[steps[i].from], 1e-3);
+        CHECK_NEAR(r->lp_raw[0], plr[steps[i].from], 1e-3);
+        for (uint32_t j = 0; j < r->n_more[0] && j + 1 < (uint32_t)steps[i].count; j++) {
+            CHECK_NEAR(r->more_lp[0][j], plp[steps[i].from + 1 + (int)j], 1e-3);
+            CHECK_NEAR(r->more_lr[0][j], plr[steps[i].from + 1 + (int)j], 1e-3);
+        }
+        if (i == 3 && prev)
+            check_same(prev, r);
+        prev = r;
+    }
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
 static const sh_test_case tests[] = {
     {"stale_epoch", test_stale_epoch},
     {"forged_epoch", test_forged_epoch},
     {"batched_equals_alone", test_batched_equals_alone},
     {"decode_no_alloc", test_decode_no_alloc},
     {"stop_with_queue", test_stop_with_queue},
+    {"spec_greedy", test_spec_greedy},
+    {"spec_sampled", test_spec_sampled},
     {NULL, NULL},
 };
 
