@@ -1,7 +1,8 @@
 /* The stage actor with the default model in a real runtime: three sequences batched into STEPs
  * (a chunked prefill among them) give the same greedy tokens as each sequence run alone through
  * sh_llama_forward; bad steps fail with a status and leave the next step working; stopping with
- * steps queued frees them; decode steps allocate nothing. Speculative steps (step_seq.draft):
+ * steps queued frees them; decode steps (speculative ones too) allocate nothing. Speculative
+ * steps (step_seq.draft):
  * greedy drafts verified into the tokens of the sequence run alone (all accepted, or up to a
  * wrong one), sampled drafts verified into exactly the tokens and logprobs of one-token steps
  * with the same seed and penalties, retries (with the same or other drafts) answered from the
@@ -709,11 +710,16 @@ static void test_spec_greedy(void)
         }
     }
     /* 301 goes on from the target's token (the rejected draft's cache row is written over), and
-     * the same step sent again (a retry whose answer was lost) gets the same answer. */
+     * the same step sent again (a retry whose answer was lost) gets the same answer. Neither
+     * allocates on the stage's threads. */
     q[0] = spec_seq(301, 1, g1 + 3, 2, np1 + 3, 1);
     q[1] = spec_seq(300, 0, g0 + 4, 3, np0 + 4, 2);
+    atomic_store(&n_allocs, 0);
+    atomic_store_explicit(&counting, 1, memory_order_release);
     const rec *r3 = step_rec(&f, 3, q, 2, &k, true);
     const rec *r4 = step_rec(&f, 4, q, 2, &k, true);
+    atomic_store(&counting, 0);
+    CHECK_INT_EQ(atomic_load(&n_allocs), 0);
     if (r3 && r4) {
         check_answer(r3, 0, g1 + 4, 2);
         check_answer(r3, 1, g0 + 5, 3);
