@@ -2,12 +2,11 @@
  * (a chunked prefill among them) give the same greedy tokens as each sequence run alone through
  * sh_llama_forward; bad steps fail with a status and leave the next step working; stopping with
  * steps queued frees them; decode steps (speculative ones too) allocate nothing. Speculative
- * steps (step_seq.draft):
- * greedy drafts verified into the tokens of the sequence run alone (all accepted, or up to a
- * wrong one), sampled drafts verified into exactly the tokens and logprobs of one-token steps
- * with the same seed and penalties, retries (with the same or other drafts) answered from the
- * draws already made, bad drafts refused. Skips (77) when models/smollm2-135m-instruct-q4_1.gguf
- * is absent. */
+ * steps (step_seq.draft): greedy drafts verified into the tokens of the sequence run alone (all
+ * accepted, or up to a wrong one), sampled drafts verified into exactly the tokens and logprobs
+ * of one-token steps with the same seed and penalties, retries (with the same, other or fewer
+ * drafts) answered from the draws already made, bad drafts refused. Skips (77) when
+ * models/smollm2-135m-instruct-q4_1.gguf is absent. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
