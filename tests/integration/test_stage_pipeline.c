@@ -9,8 +9,9 @@
  * receives, an I8 ACT with the wrong number of row scales) reaches the batcher's address as a
  * failed STEP_DONE, and the pipeline goes on. With F16 and INT8 links (link_dtype) the greedy
  * tokens' agreement with the single stage is measured, printed and held to a floor, and the ACT
- * bytes per link are half (F16) and a quarter plus the row scales (INT8) of F32's. Skips (77)
- * when neither model is present. */
+ * bytes per link are half (F16) and a quarter plus the row scales (INT8) of F32's. Speculative
+ * steps through 3 stages verify drafts into the single stage's greedy tokens (the middle stage
+ * carries the draft counts on). Skips (77) when neither model is present. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -129,6 +130,9 @@ typedef struct rec {
     uint64_t seq[N_SEQ];
     int32_t tok[N_SEQ];
     float lp[N_SEQ];
+    uint32_t n_more[N_SEQ]; /* a speculative step's tokens after tok, with logprob_raw */
+    int32_t more[N_SEQ][SH_PROTO_MAX_DRAFT];
+    float more_lr[N_SEQ][SH_PROTO_MAX_DRAFT];
 } rec;
 
 typedef struct shared {
@@ -180,6 +184,14 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         r->seq[i] = d->seqs.v[i].seq;
         r->tok[i] = d->seqs.v[i].token;
         r->lp[i] = d->seqs.v[i].logprob_raw;
+        const sh_proto_step_out *o = &d->seqs.v[i];
+        r->n_more[i] = o->more.n;
+        if (o->more.n != o->more_lp.n || o->more.n != o->more_lp_raw.n)
+            atomic_fetch_add(&sh->bad, 1);
+        for (uint32_t j = 0; j < o->more.n && j < SH_PROTO_MAX_DRAFT; j++) {
+            r->more[i][j] = sh_i32s_at(o->more, j);
+            r->more_lr[i][j] = sh_f32s_at(o->more_lp_raw, j);
+        }
     }
     atomic_store(&sh->n, k + 1);
     return SH_MSG_FATE_DONE;
@@ -223,7 +235,10 @@ static bool stage_load(stage_res *r, const model_env *me, int32_t first, int32_t
     sh_error e = {0};
     sh_llama_load_opts lo = {.first = first, .last = last};
     sh_backend_cpu_opts bo = {.n_threads = 2};
-    sh_llama_ctx_opts co = {.max_tokens = 256, .max_seqs = 8, .kv_tokens = 4096};
+    sh_llama_ctx_opts co = {.max_tokens = 256,
+                            .max_seqs = 8,
+                            .max_logits = sh_stage_max_logits(8, 256),
+                            .kv_tokens = 4096};
     if (sh_llama_load(sh_test_path(me->path), &lo, &r->m, &e) ||
         sh_backend_cpu_create(&bo, &r->be, &e) ||
         sh_llama_ctx_create(r->m, r->be, &co, &r->c, &e)) {
@@ -959,16 +974,106 @@ static void test_next_unreachable(void)
     free(p);
 }
 
+/* Speculative steps through 3 stages in one process: the middle stage carries each sequence's
+ * draft count on in its ACT, and the last verifies the drafts into the single stage's greedy
+ * tokens (all accepted, or up to a wrong draft); a drafted step is refused by the first stage
+ * when its drafts are bad, and by the last when its rows of logits do not fit, and the pipeline
+ * goes on. */
+static void test_spec(void)
+{
+    model_env *me = have(&models[1]) ? &models[1] : &models[0];
+    if (!model_ref(me))
+        return;
+    pline *p = calloc(1, sizeof *p);
+    int32_t cuts[4] = {0, me->n_layers / 3, 2 * me->n_layers / 3, me->n_layers};
+    if (!p || !pipe_start(p, me, 3, cuts, NULL)) {
+        if (p)
+            pipe_finish(p);
+        free(p);
+        return;
+    }
+    const int32_t *g0 = me->ref[0], *g1 = me->ref[1];
+    uint32_t np0 = (uint32_t)me->n_prompt[0], np1 = (uint32_t)me->n_prompt[1];
+    sh_proto_step_seq q[5];
+    for (int s = 0; s < 5; s++)
+        q[s] = (sh_proto_step_seq){
+            .seq = 700 + (uint64_t)s,
+            .blocks = {blocks[s % N_SEQ], SEQ_BLOCKS},
+            .sample = true,
+            .sampling = greedy(),
+            .history = {me->prompt[s % N_SEQ], (uint32_t)me->n_prompt[s % N_SEQ]}};
+    q[0].tokens = (sh_i32s){me->prompt[0], np0};
+    q[1].tokens = (sh_i32s){me->prompt[1], np1};
+    int32_t wrong[4] = {g1[0], g1[1], (g1[2] + 1) % me->n_vocab, g1[3]};
+    struct {
+        sh_i32s t0, t1;
+        uint32_t pos0, pos1, d0, d1;
+        int from0, n0, from1, n1;
+    } steps[] = {
+        {{g0, 5}, {wrong, 4}, np0, np1, 4, 3, 1, 5, 1, 2}, /* all 4 accepted; 1 of 3 */
+        {{g0 + 5, 3}, {g1 + 2, 3}, np0 + 5, np1 + 2, 2, 2, 6, 3, 3, 3},
+    };
+    send_step(p, 0, 1, q, 2);
+    const rec *r = next_rec(p);
+    if (r && !r->status && r->n == 2) {
+        CHECK_INT_EQ(r->tok[0], g0[0]);
+        CHECK_INT_EQ(r->tok[1], g1[0]);
+    } else {
+        SH_FAIL_("step 1: %s", r ? r->msg : "no answer");
+    }
+    for (int i = 0; i < 2; i++) {
+        q[0].tokens = steps[i].t0;
+        q[0].pos = steps[i].pos0;
+        q[0].draft = steps[i].d0;
+        q[1].tokens = steps[i].t1;
+        q[1].pos = steps[i].pos1;
+        q[1].draft = steps[i].d1;
+        send_step(p, 0, 2 + (uint64_t)i, q, 2);
+        r = next_rec(p);
+        if (!r || r->status || r->n != 2) {
+            SH_FAIL_("step %d: %s", 2 + i, r ? r->msg : "no answer");
+            break;
+        }
+        int from[2] = {steps[i].from0, steps[i].from1}, cnt[2] = {steps[i].n0, steps[i].n1};
+        for (int s = 0; s < 2; s++) {
+            CHECK_INT_EQ(r->tok[s], me->ref[s][from[s]]);
+            CHECK_NEAR(r->lp[s], me->ref_lp[s][from[s]], 1e-3);
+            CHECK_UINT_EQ(r->n_more[s], (uint32_t)cnt[s] - 1);
+            for (uint32_t j = 0; j < r->n_more[s] && j + 1 < (uint32_t)cnt[s]; j++) {
+                CHECK_INT_EQ(r->more[s][j], me->ref[s][from[s] + 1 + (int)j]);
+                CHECK_NEAR(r->more_lr[s][j], me->ref_lp[s][from[s] + 1 + (int)j], 1e-3);
+            }
+        }
+    }
+    /* Bad drafts: refused by the first stage; too many rows of logits (5 sequences of 16
+     * drafts: 85 of 72): by the last. */
+    q[0].tokens = (sh_i32s){g0 + 8, 1};
+    q[0].pos = np0 + 8;
+    q[0].draft = 1;
+    send_step(p, 0, 4, q, 1);
+    expect_fail(p, 4, SH_EINVAL, "sequence 700: 1 drafted tokens of 1");
+    int32_t toks[17];
+    for (int j = 0; j < 17; j++)
+        toks[j] = me->prompt[0][j % me->n_prompt[0]];
+    for (int s = 0; s < 5; s++) {
+        q[s].tokens = (sh_i32s){toks, 17};
+        q[s].pos = 0;
+        q[s].draft = 16;
+    }
+    send_step(p, 0, 5, q, 5);
+    expect_fail(p, 5, SH_EINVAL, "85 rows of logits");
+    /* The pipeline goes on (the refused step wrote the first stages' cache: start afresh). */
+    expect_good(p, me, 6, 710);
+    pipe_finish(p);
+    free(p);
+}
+
 static const sh_test_case tests[] = {
-    {"stories_2", test_stories_2},
-    {"stories_3", test_stories_3},
-    {"smollm2_2", test_smollm2_2},
-    {"smollm2_3", test_smollm2_3},
-    {"procs", test_procs},
-    {"links", test_links},
-    {"failures", test_failures},
-    {"next_unreachable", test_next_unreachable},
-    {NULL, NULL},
+    {"stories_2", test_stories_2}, {"stories_3", test_stories_3},
+    {"smollm2_2", test_smollm2_2}, {"smollm2_3", test_smollm2_3},
+    {"procs", test_procs},         {"links", test_links},
+    {"failures", test_failures},   {"next_unreachable", test_next_unreachable},
+    {"spec", test_spec},           {NULL, NULL},
 };
 
 int main(int argc, char **argv)
