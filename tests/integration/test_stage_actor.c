@@ -5,8 +5,9 @@
  * steps (step_seq.draft): greedy drafts verified into the tokens of the sequence run alone (all
  * accepted, or up to a wrong one), sampled drafts verified into exactly the tokens and logprobs
  * of one-token steps with the same seed and penalties, retries (with the same, other or fewer
- * drafts) answered from the draws already made, bad drafts refused. Skips (77) when
- * models/smollm2-135m-instruct-q4_1.gguf is absent. */
+ * drafts) answered from the draws already made, bad drafts refused; in a tensor-parallel group
+ * of 2 stage actors (stories260K), through the greedy head and the gathered logits. Skips (77)
+ * when models/smollm2-135m-instruct-q4_1.gguf is absent. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,6 +19,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "runtime/coll.h"
 #include "runtime/proto.h"
 #include "unit/test_runtime_util.h"
 
@@ -839,6 +841,140 @@ static void test_spec_sampled(void)
     rt_finish(&f.t);
 }
 
+/* A tensor-parallel group of 2 stage actors (stories260K split over 2 ranks in this process, over
+ * the in-process collective): drafted steps verified through the greedy head (each row's top-1
+ * compared with the drafts; plain greedy sampling) and through the gathered logits and the
+ * sampler (a logit bias entry turns the greedy head off) give the tokens and logprobs of the
+ * group's one-token steps, whichever draft is wrong, and the same step again the same answer. */
+#define TP_MODEL "tests/data/stories260K/stories260K.gguf"
+static void test_spec_tp(void)
+{
+    const char *path = sh_test_path(TP_MODEL);
+    if (access(path, R_OK) != 0) {
+        fprintf(stderr, "skip: %s not found\n", path);
+        return;
+    }
+    sh_error e = {0};
+    sh_llama *m[2] = {NULL, NULL};
+    sh_backend *be[2] = {NULL, NULL};
+    sh_coll_inproc *g = NULL;
+    sh_llama_ctx_opts co = {.max_tokens = 64,
+                            .max_seqs = 4,
+                            .max_logits = sh_stage_max_logits(4, 64),
+                            .kv_tokens = 64 * SH_KV_BLOCK_TOKENS};
+    sh_backend_cpu_opts bo = {.n_threads = 1};
+    bool ok = true;
+    for (int r = 0; r < 2 && ok; r++) {
+        sh_llama_load_opts lo = {.tp_rank = r, .tp_size = 2};
+        ok = !sh_llama_load(path, &lo, &m[r], &e) && !sh_backend_cpu_create(&bo, &be[r], &e);
+    }
+    size_t need = ok ? sh_llama_tp_coll_bytes(m[0], &co) : 0;
+    need = need > 4096 ? need : 4096;
+    ok = ok && !sh_coll_inproc_create(2, need, &g, &e);
+    if (!ok) {
+        SH_FAIL_("tp: %s", e.msg);
+        goto out;
+    }
+    sh_coll_opts copts = {.timeout_ms = 20000, .max_bytes = need, .inproc = g};
+    fixture f;
+    memset(&f, 0, sizeof f);
+    rt_start(&f.t, 6, 3, NULL);
+    CHECK_OK(sh_runtime_register(f.t.rt, &sh__stage_vtable, NULL));
+    CHECK_OK(sh_runtime_register(f.t.rt, &coll_vt, NULL));
+    CHECK_OK(sh_actor_spawn(f.t.rt, "collector", &f.sh, 0, &f.coll, NULL));
+    /* Actor ids are handed out in order: rank 1 is spawned first and told the leader's. */
+    sh_addr ranks[2] = {sh_addr_make(sh_addr_node(f.coll), sh_addr_actor(f.coll) + 2), 0};
+    sh_stage_args a[2];
+    for (int r = 1; r >= 0; r--) {
+        a[r] = (sh_stage_args){.model = m[r],
+                               .max_seqs = 4,
+                               .tp_rank = r,
+                               .tp_size = 2,
+                               .tp_ranks = ranks,
+                               .coll_kind = SH_COLL_SHM,
+                               .coll = &copts,
+                               .be = be[r],
+                               .ctx_opts = &co,
+                               .n_blocks = 64};
+        sh_addr at = 0;
+        CHECK_OK(sh_actor_spawn(f.t.rt, "stage", &a[r], 1 + r, &at, NULL));
+        if (r == 1)
+            ranks[1] = at;
+        else
+            f.stage = at;
+    }
+    CHECK_UINT_EQ(f.stage, ranks[0]);
+    long k = 0;
+    int32_t prompt[4] = {1, 400, 300, 270}, blk[3][8];
+    for (int s = 0; s < 3; s++)
+        for (int j = 0; j < 8; j++)
+            blk[s][j] = 8 * s + j;
+    sh_proto_sampling biased = greedy();
+    sh_proto_logit_bias zero = {.id = 0, .bias = 0.0f};
+    biased.bias = (sh_proto_logit_bias_list){&zero, 1};
+    /* The plain run: sequence 800, one token a step, through the greedy head. */
+    int32_t t[12];
+    float lp[12];
+    sh_proto_step_seq q = {.seq = 800,
+                           .tokens = {prompt, 4},
+                           .blocks = {blk[0], 8},
+                           .sample = true,
+                           .sampling = greedy()};
+    for (int j = 0; j < 12 && ok; j++) {
+        const rec *r = step_rec(&f, 1 + (uint64_t)j, &q, 1, &k, true);
+        ok = r != NULL;
+        t[j] = ok ? r->tok[0] : -1;
+        lp[j] = ok ? r->lp[0] : 0.0f;
+        q.tokens = (sh_i32s){&t[j], 1};
+        q.pos = 4 + (uint32_t)j;
+    }
+    /* Drafted runs: 801 through the greedy head, 802 through the gathered logits. */
+    int32_t x[3] = {t[5], t[6], (t[7] + 1) % m[0]->hp.n_vocab};
+    const struct {
+        const int32_t *toks;
+        uint32_t n, pos, draft;
+        int from, count;
+    } steps[] = {
+        {prompt, 4, 0, 0, 0, 1}, /* the prefill */
+        {t, 5, 4, 4, 1, 5},      /* 4 drafts accepted, then t5 */
+        {x, 3, 9, 2, 6, 2},      /* t6, then a wrong draft: t7 */
+        {x, 3, 9, 2, 6, 2},      /* the same step again */
+        {t + 7, 3, 11, 2, 8, 3}, /* t8 t9 accepted, then t10 */
+    };
+    for (int s = 1; s < 3 && ok; s++) {
+        const rec *prev = NULL;
+        for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+            q = (sh_proto_step_seq){.seq = 800 + (uint64_t)s,
+                                    .tokens = {steps[i].toks, steps[i].n},
+                                    .pos = steps[i].pos,
+                                    .blocks = {blk[s], 8},
+                                    .sample = true,
+                                    .sampling = s == 1 ? greedy() : biased,
+                                    .draft = steps[i].draft};
+            const rec *r = step_rec(&f, 100 * (uint64_t)s + i, &q, 1, &k, true);
+            if (!r)
+                break;
+            check_answer(r, 0, t + steps[i].from, (uint32_t)steps[i].count);
+            CHECK_NEAR(r->lp[0], lp[steps[i].from], 1e-4);
+            for (uint32_t j = 0; j < r->n_more[0] && j + 1 < (uint32_t)steps[i].count; j++) {
+                CHECK_NEAR(r->more_lp[0][j], lp[steps[i].from + 1 + (int)j], 1e-4);
+                CHECK_NEAR(r->more_lr[0][j], r->more_lp[0][j], 1e-4);
+            }
+            if (i == 3 && prev)
+                check_same(prev, r);
+            prev = r;
+        }
+    }
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+out:
+    sh_coll_inproc_destroy(g);
+    for (int r = 0; r < 2; r++) {
+        sh_backend_destroy(be[r]);
+        sh_llama_destroy(m[r]);
+    }
+}
+
 static const sh_test_case tests[] = {
     {"stale_epoch", test_stale_epoch},
     {"forged_epoch", test_forged_epoch},
@@ -847,6 +983,7 @@ static const sh_test_case tests[] = {
     {"stop_with_queue", test_stop_with_queue},
     {"spec_greedy", test_spec_greedy},
     {"spec_sampled", test_spec_sampled},
+    {"spec_tp", test_spec_tp},
     {NULL, NULL},
 };
 
