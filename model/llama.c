@@ -18,6 +18,7 @@ struct sh_llama_ctx {
     sh_backend *be;
     sh_backend_stream *st;
     sh_llama_ctx_opts o;
+    int32_t last; /* layers [m->first, last) run: m->last, or o.exit_layer (early exit) */
     int32_t n_blocks;
     int32_t kv_window;    /* sh_llama_kv_window: blocks before it may be released (-1) */
     sh_rope_scaling rope; /* the model's RoPE scaling for this context's size */
@@ -65,12 +66,12 @@ struct sh_llama_ctx {
 
 /* Calls fn on every matrix the stage multiplies by (not the embedding table when it only looks
  * rows up); stops at the first error. */
-static sh_err each_matrix(const sh_llama *m,
+static sh_err each_matrix(const sh_llama *m, int32_t last,
                           sh_err (*fn)(const sh_llama *, sh_backend *, const sh_tensor *),
                           sh_backend *be)
 {
     sh_err err = SH_OK;
-    for (int32_t l = m->first; l < m->last && !err; l++) {
+    for (int32_t l = m->first; l < last && !err; l++) {
         const sh_llama_layer *L = &m->layers[l];
         const sh_tensor *ws[] = {&L->wq,     &L->wk,   &L->wv,     &L->wo,
                                  &L->w_gate, &L->w_up, &L->w_down, &L->ffn_gate_inp};
@@ -151,6 +152,13 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
                              (int)o.max_tokens, (int)o.max_seqs, (int)o.max_logits,
                              (int)o.kv_tokens, (int)o.kv_type);
     const sh_llama_tp *tp = &m->tp;
+    if (o.exit_layer != 0 && (m->first != 0 || m->last != m->hp.n_layers || tp->size > 1 ||
+                              o.exit_layer < 1 || o.exit_layer > m->hp.n_layers))
+        return sh__error_set(e, SH_EINVAL,
+                             "llama: an early exit after layer %d needs a whole model of at least "
+                             "that many layers (this one: layers [%d, %d) of %d, %d ranks)",
+                             (int)o.exit_layer, (int)m->first, (int)m->last, (int)m->hp.n_layers,
+                             (int)(tp->size > 1 ? tp->size : 1));
     const sh_llama_comm *cm = &o.comm;
     const bool has = cm->size > 0 && cm->allreduce && cm->allgather;
     if ((tp->size > 1 && !has) || (has && (cm->rank != tp->rank || cm->size != tp->size)))
@@ -172,6 +180,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->m = m;
     c->be = be;
     c->o = o;
+    c->last = o.exit_layer ? o.exit_layer : m->last;
     if (tp->size > 1)
         c->comm = o.comm;
     const sh_llama_hparams *hp = &m->hp;
@@ -249,7 +258,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     // The KV pool: per layer (and attention part), n_blocks pages of 16 positions of every KV
     // head this rank reads.
     size_t elt = o.kv_type == SH_DTYPE_F16 ? 2 : 4;
-    for (int32_t l = m->first; l < m->last; l++)
+    for (int32_t l = m->first; l < c->last; l++)
         for (size_t p = 0; p < np; p++) {
             sh_kv_cache *kc = &c->kv[(size_t)l * np + p];
             size_t kv_bytes = (size_t)c->n_blocks * SH_KV_BLOCK_TOKENS *
@@ -269,7 +278,7 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
      * failure releases what was prepared so far (destroy does it). */
     if (!o.no_weight_prepare) {
         c->prepared = true;
-        if ((err = each_matrix(m, prepare_one, be))) {
+        if ((err = each_matrix(m, c->last, prepare_one, be))) {
             sh__error_set(e, err, "llama: cannot prepare the weights for the backend: %s",
                           sh_strerror(err));
             goto fail;
@@ -294,11 +303,11 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
     if (c->st)
         sh_backend_stream_destroy(be, c->st); // syncs first
     if (c->prepared)
-        each_matrix(c->m, release_one, be);
+        each_matrix(c->m, c->last, release_one, be);
     sh__llama_tp_let_go(c->m, be, c->tp_holds);
     if (c->kv)
         for (size_t i = (size_t)c->m->first * (size_t)c->m->tp.n_parts;
-             i < (size_t)c->m->last * (size_t)c->m->tp.n_parts; i++) {
+             i < (size_t)c->last * (size_t)c->m->tp.n_parts; i++) {
             sh_backend_buf_free(be, c->kv[i].k);
             sh_backend_buf_free(be, c->kv[i].v);
         }
@@ -338,7 +347,7 @@ size_t sh_llama_tp_coll_bytes(const sh_llama *m, const sh_llama_ctx_opts *o)
 const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l)
 {
     const sh_llama *m = c->m;
-    if (m->hp.n_expert <= 0 || l < m->first || l >= m->last)
+    if (m->hp.n_expert <= 0 || l < m->first || l >= c->last)
         return NULL;
     return c->expert_tokens + (size_t)l * m->hp.n_expert;
 }
@@ -346,7 +355,7 @@ const uint64_t *sh_llama_ctx_expert_tokens(const sh_llama_ctx *c, int32_t l)
 const int32_t *sh_llama_ctx_expert_ids(const sh_llama_ctx *c, int32_t l)
 {
     const sh_llama *m = c->m;
-    if (m->hp.n_expert <= 0 || l < m->first || l >= m->last)
+    if (m->hp.n_expert <= 0 || l < m->first || l >= c->last)
         return NULL;
     return c->h_moe_ids + (size_t)l * c->o.max_tokens * m->hp.n_expert_used;
 }
@@ -711,7 +720,7 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     } else if ((err = sh_backend_copy(be, st, c->x, b->hidden_in, (size_t)n_tok * row))) {
         goto fail;
     }
-    for (int32_t l = m->first; l < m->last; l++)
+    for (int32_t l = m->first; l < c->last; l++)
         if ((err = layer(c, l, &ab, n_tok, &what))) {
             at = l;
             goto fail;
@@ -764,7 +773,7 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     if ((err = sh_backend_sync(be, st)))
         return sh__error_set(e, err, "llama: backend failed during the forward pass");
     c->cfailed = false;
-    for (int32_t l = m->first; l < m->last && hp->n_expert > 0; l++)
+    for (int32_t l = m->first; l < c->last && hp->n_expert > 0; l++)
         for (int32_t x = 0; x < hp->n_expert; x++) {
             const size_t i = (size_t)l * hp->n_expert + x;
             c->expert_tokens[i] += (uint64_t)c->h_moe_cnt[i];

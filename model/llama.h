@@ -233,6 +233,12 @@ typedef struct sh_llama_ctx_opts {
      * and size must be the model's: SH_EINVAL otherwise); used from the context's thread during
      * sh_llama_forward. Its buffers may reach sh_llama_tp_coll_bytes. */
     sh_llama_comm comm;
+    /* Early exit (self-speculation's draft, model/spec_draft.h): the context runs only layers
+     * [0, exit_layer) and applies the model's final norm and output head to their output; its KV
+     * pool holds those layers only. Any number of such contexts may share the model with full
+     * ones. 0: every layer of the stage. Needs a model loaded whole (layers [0, n_layers), no
+     * tensor parallelism) and 1 <= exit_layer <= n_layers, else SH_EINVAL. */
+    int32_t exit_layer;
 } sh_llama_ctx_opts;
 
 /* The largest buffer one collective of a context over m with these options passes (all-reduce of

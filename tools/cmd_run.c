@@ -17,15 +17,20 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/sampler.h"
+#include "model/spec.h"
+#include "model/spec_draft.h"
 #include "model/tokenizer.h"
 #include "tools/cmd.h"
 #include "tools/cmd_util.h"
 
 #define PREFILL_CHUNK 256 /* rows per forward call while reading a prompt */
 #define MAX_PROMPT_IDS 65536
+#define SPEC_POOL_ENTRIES 4096 /* n-gram pool slots shared by the turns of --chat */
 
 typedef struct opts {
     const char *model, *tokenizer, *prompt, *prompt_ids;
+    const char *spec, *spec_k; /* --spec, --spec-k as given (parsed into so) */
+    sh_spec_opts so;
     int32_t n_gen, threads, top_k;
     float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     uint64_t seed;
@@ -47,6 +52,17 @@ typedef struct run {
     int32_t kv_tokens;
     double prompt_s, gen_s;
     int64_t prompt_tokens, gen_tokens, gen_evals;
+    /* Speculative decoding (o.so.kind != SH_SPEC_OFF): */
+    sh_spec_pool *pool;   /* n-gram continuations of earlier turns (ngram) */
+    int32_t pool_from;    /* hist positions already added to the pool */
+    sh_spec_draft *draft; /* draft:PATH and self:LAYERS */
+    sh_spec_cost cost;    /* the time of a step by its rows, drafting included */
+    sh_spec_seq sq;       /* acceptance, the next draft length, the counters */
+    double calib_s;       /* the calibration's time at start */
+    /* The tokens sampled but not yet printed: after a verification, the accepted drafts and the
+     * target's own token; all but the last are in the cache already. */
+    sh_sample pend[SH_SPEC_MAX_K + 1];
+    int32_t n_pend;
 } run;
 
 static void usage(FILE *f)
@@ -56,7 +72,8 @@ static void usage(FILE *f)
             "                 [--temp T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
             "                 [--repeat-penalty R] [--presence-penalty P]\n"
             "                 [--frequency-penalty F] [-t THREADS] [--chat] [--ids]\n"
-            "                 [--kv-f16]\n\n"
+            "                 [--kv-f16] [--spec off|ngram|draft:PATH|self:LAYERS]\n"
+            "                 [--spec-k N]\n\n"
             "Generates text from a GGUF model, or a llama2.c .bin checkpoint with its\n"
             "tokenizer.bin (-z). Without a prompt it starts from the BOS token.\n\n"
             "  -m MODEL          model file (.gguf or llama2.c .bin)\n"
@@ -73,8 +90,14 @@ static void usage(FILE *f)
             "  --chat            interactive chat with the model's chat template\n"
             "  --ids             print generated token ids instead of text\n"
             "  --kv-f16          keep the KV cache in F16 (as shoal serve and llama.cpp do by\n"
-            "                    default; here the default is F32)\n\n"
-            "Prints one line `timings: ...` on stderr at the end.\n");
+            "                    default; here the default is F32)\n"
+            "  --spec S          speculative decoding: off (default); ngram (prompt and output\n"
+            "                    lookup); draft:PATH (a smaller model with the same vocabulary);\n"
+            "                    self:LAYERS (the model's first LAYERS layers and its head)\n"
+            "  --spec-k N        most drafted tokens per step, 1..16 (default 8); the draft\n"
+            "                    length adapts to the measured step cost and acceptance\n\n"
+            "Prints one line `timings: ...` on stderr at the end (with --spec: drafts,\n"
+            "drafted and accepted tokens and the acceptance rate).\n");
 }
 
 /* Returns 0 to go on, 1 after --help (exit 0), 2 on bad usage (message printed). */
@@ -103,7 +126,8 @@ static int parse(int argc, char **argv, opts *o)
             continue;
         }
         if (!sh__cmd_is_flag(" -m -z -p --prompt-ids -n -t --top-k --seed --temp --top-p --min-p "
-                             "--repeat-penalty --presence-penalty --frequency-penalty ",
+                             "--repeat-penalty --presence-penalty --frequency-penalty --spec "
+                             "--spec-k ",
                              a))
             return sh__cmd_fail("unknown option '%s' (see shoal run --help)", a);
         if (i + 1 >= argc)
@@ -119,6 +143,10 @@ static int parse(int argc, char **argv, opts *o)
             o->prompt = v;
         else if (!strcmp(a, "--prompt-ids"))
             o->prompt_ids = v;
+        else if (!strcmp(a, "--spec"))
+            o->spec = v;
+        else if (!strcmp(a, "--spec-k"))
+            o->spec_k = v;
         else if (!strcmp(a, "-n"))
             ok = sh__cmd_parse_i64(v, 1, 1 << 20, &n) && ((o->n_gen = (int32_t)n), true);
         else if (!strcmp(a, "-t"))
@@ -150,6 +178,9 @@ static int parse(int argc, char **argv, opts *o)
         return sh__cmd_fail("give -p or --prompt-ids, not both");
     if (o->chat && (o->prompt || o->prompt_ids || o->ids))
         return sh__cmd_fail("--chat takes no prompt and no --ids");
+    sh_error e = {0};
+    if (sh_spec_parse(o->spec, o->spec_k, &o->so, &e))
+        return sh__cmd_fail("%s", e.msg);
     return 0;
 }
 
@@ -174,6 +205,8 @@ static void progress(float done, void *arg)
 
 static void close_all(run *r)
 {
+    sh_spec_draft_destroy(r->draft);
+    sh_spec_pool_destroy(r->pool);
     sh_tokenizer_stream_destroy(r->stream);
     sh_sampler_destroy(r->smp);
     sh_llama_ctx_destroy(r->ctx);
@@ -219,8 +252,10 @@ static int load(run *r)
     if (cap > 4096)
         cap = 4096;
     r->kv_tokens = cap;
+    const bool spec = o->so.kind != SH_SPEC_OFF;
     sh_llama_ctx_opts co = {.max_tokens = PREFILL_CHUNK,
                             .max_seqs = 1,
+                            .max_logits = spec ? o->so.k + 1 : 1, /* a verification's rows */
                             .kv_tokens = cap,
                             .kv_type = o->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
     if (sh_llama_ctx_create(r->m, r->be, &co, &r->ctx, &e))
@@ -246,6 +281,67 @@ static int load(run *r)
     uint32_t flags = sh_tokenizer_get_kind(r->tok) == SH_TOKENIZER_SPM ? SH_DECODE_STRIP_SPACE : 0;
     if (sh_tokenizer_stream_create(r->tok, flags, &r->stream, &e))
         return sh__cmd_fail("%s", e.msg);
+    if (o->so.kind == SH_SPEC_NGRAM && sh_spec_pool_create(SPEC_POOL_ENTRIES, &r->pool, &e))
+        return sh__cmd_fail("%s", e.msg);
+    if (o->so.kind == SH_SPEC_DRAFT || o->so.kind == SH_SPEC_SELF) {
+        struct stat db;
+        if (o->so.kind == SH_SPEC_DRAFT && stat(o->so.path, &db) != 0)
+            return sh__cmd_fail("draft model %s: %s", o->so.path, strerror(errno));
+        sh_spec_draft_opts dopt = {.path = o->so.kind == SH_SPEC_DRAFT ? o->so.path : NULL,
+                                   .self_layers = o->so.kind == SH_SPEC_SELF ? o->so.layers : 0,
+                                   .l2c_tokenizer = o->tokenizer,
+                                   .kv_tokens = r->kv_tokens,
+                                   .kv_type = co.kv_type,
+                                   .max_tokens = PREFILL_CHUNK,
+                                   .prefault = true};
+        if (sh_spec_draft_create(r->m, r->tok, r->be, &dopt, &r->draft, &e))
+            return sh__cmd_fail("%s", e.msg);
+    }
+    return 0;
+}
+
+/* Measures the step cost table at start: the target's forward pass of 1..k+1 rows (a
+ * verification's shape) at position 0 of the empty cache (the prompt overwrites it), plus, for a
+ * model drafter, the time of its k drafted tokens; each point twice, after a warm-up. Cheaper than
+ * learning the table from real steps alone, which would measure only the lengths already chosen;
+ * the real steps are observed too (step()) and refine it. Returns 1 on a runtime failure. */
+static int calibrate(run *r)
+{
+    double t_start = now_s();
+    sh_spec_cost_init(&r->cost);
+    sh_spec_seq_init(&r->sq);
+    const int32_t kmax = r->o.so.k;
+    int32_t toks[SH_SPEC_MAX_K + 1], drafts[SH_SPEC_MAX_K];
+    int32_t tok = sh_tokenizer_bos(r->tok) >= 0 ? sh_tokenizer_bos(r->tok) : 0;
+    for (int32_t i = 0; i <= kmax; i++)
+        toks[i] = tok;
+    sh_error e = {0};
+    double draft_us = 0.0; /* one drafted token's time */
+    for (int round = 0; r->draft && round < 2; round++) {
+        int32_t nd = 0;
+        double t0 = now_s();
+        if (sh_spec_draft_propose(r->draft, toks, 1, kmax, drafts, &nd, &e)) {
+            fprintf(stderr, "error: %s\n", e.msg);
+            return 1;
+        }
+        draft_us = (now_s() - t0) * 1e6 / (nd > 0 ? nd : 1);
+    }
+    for (int round = -1; round < 2; round++)
+        for (int32_t n = 1; n <= kmax + 1; n++) {
+            sh_llama_seq s = {
+                .tokens = toks, .n_tokens = n, .pos0 = 0, .blocks = r->blocks, .n_logits = n};
+            sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
+            sh_llama_out out;
+            double t0 = now_s();
+            if (sh_llama_forward(r->ctx, &b, &out, &e)) {
+                fprintf(stderr, "error: %s\n", e.msg);
+                return 1;
+            }
+            if (round < 0)
+                break; /* round -1: one warm-up pass of one row, not counted */
+            sh_spec_cost_observe(&r->cost, n, (now_s() - t0) * 1e6 + (double)(n - 1) * draft_us);
+        }
+    r->calib_s = now_s() - t_start;
     return 0;
 }
 
@@ -317,23 +413,107 @@ static int append(text_buf *b, const char *s, size_t n)
     return 0;
 }
 
+/* Samples the token after `logits` into the pending list (taken into the sampler's window).
+ * Returns 1 when every token is banned (message printed). */
+static int sample_one(run *r, const float *logits)
+{
+    if (sh_sampler_sample(r->smp, logits, &r->pend[0])) {
+        fprintf(stderr, "\nerror: every token is banned; cannot sample\n");
+        return 1;
+    }
+    sh_sampler_accept(r->smp, r->pend[0].id);
+    r->n_pend = 1;
+    return 0;
+}
+
+/* Drafts up to k tokens to follow hist[0, n) into out; returns how many, or -1 on a failure
+ * (message printed). */
+static int32_t propose(run *r, int32_t n, int32_t k, int32_t *out)
+{
+    if (r->o.so.kind == SH_SPEC_NGRAM)
+        return sh_spec_ngram_propose(r->hist, n, r->pool, k, 0, out);
+    int32_t nd = 0;
+    sh_error e = {0};
+    if (sh_spec_draft_propose(r->draft, r->hist, n, k, out, &nd, &e)) {
+        fprintf(stderr, "\nerror: %s\n", e.msg);
+        return -1;
+    }
+    return nd;
+}
+
+/* One decode step after the last pending token `id` (not yet in the cache), which leaves the
+ * next tokens in the pending list: with speculation, drafts of a length chosen from the step
+ * cost and the acceptance so far are verified in one forward pass of [id, drafts] (one row of
+ * logits each) and the accepted ones with the target's own next token become pending; the
+ * cache keeps id and the accepted drafts, and the positions of rejected drafts are overwritten
+ * by the next step. Without a draft, a plain one-token step. `remaining`: tokens still wanted.
+ * Returns 1 on a runtime failure (message printed). */
+static int step(run *r, int32_t id, int32_t remaining)
+{
+    double t0 = now_s();
+    int32_t drafts[SH_SPEC_MAX_K], nd = 0;
+    const bool spec = r->o.so.kind != SH_SPEC_OFF;
+    if (spec) {
+        int32_t k = sh_spec_seq_plan(&r->sq, &r->cost, r->o.so.k, 1);
+        if (k > r->kv_tokens - r->n_hist - 1)
+            k = r->kv_tokens - r->n_hist - 1; /* positions n_hist .. n_hist + k */
+        if (k > remaining - 1)
+            k = remaining - 1; /* a step gives at most k + 1 tokens */
+        if (k > 0) {
+            r->hist[r->n_hist] = id; /* (its position's token once fed, whatever is accepted) */
+            if ((nd = propose(r, r->n_hist + 1, k, drafts)) < 0)
+                return 1;
+        }
+    }
+    if (nd == 0) {
+        const float *logits = NULL;
+        if (feed(r, &id, 1, &logits, false))
+            return 1;
+        if (spec)
+            sh_spec_cost_observe(&r->cost, 1, (now_s() - t0) * 1e6);
+        return sample_one(r, logits);
+    }
+    int32_t toks[SH_SPEC_MAX_K + 1];
+    toks[0] = id;
+    memcpy(toks + 1, drafts, (size_t)nd * sizeof *drafts);
+    sh_llama_seq s = {.tokens = toks,
+                      .n_tokens = nd + 1,
+                      .pos0 = r->n_hist,
+                      .blocks = r->blocks,
+                      .n_logits = nd + 1};
+    sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
+    sh_llama_out out;
+    sh_error e = {0};
+    if (sh_llama_forward(r->ctx, &b, &out, &e)) {
+        fprintf(stderr, "\nerror: %s\n", e.msg);
+        return 1;
+    }
+    int32_t m = 0;
+    if (sh_spec_verify(r->smp, out.logits, r->m->hp.n_vocab, drafts, nd, r->pend, &m)) {
+        fprintf(stderr, "\nerror: every token is banned; cannot sample\n");
+        return 1;
+    }
+    /* id and the m - 1 accepted drafts stay in the cache. */
+    memcpy(r->hist + r->n_hist, toks, (size_t)m * sizeof *toks);
+    r->n_hist += m;
+    r->gen_evals += m;
+    r->n_pend = m;
+    sh_spec_seq_update(&r->sq, nd, m - 1);
+    sh_spec_cost_observe(&r->cost, nd + 1, (now_s() - t0) * 1e6);
+    return 0;
+}
+
 /* Samples up to n_gen tokens after `logits`, streaming them; stops at end-of-generation or a
  * full cache. Appends the generated text to `answer` when given (chat). */
 static int generate(run *r, const float *logits, text_buf *answer)
 {
     double t0 = now_s();
-    int rc = 0;
-    for (int32_t i = 0; i < r->o.n_gen && rc == 0; i++) {
-        sh_sample smp;
-        if (sh_sampler_sample(r->smp, logits, &smp)) {
-            fprintf(stderr, "\nerror: every token is banned; cannot sample\n");
-            rc = 1;
-            break;
-        }
-        int32_t id = smp.id;
+    int rc = sample_one(r, logits);
+    int32_t at = 0; /* the next pending token to print */
+    for (int32_t i = 0; rc == 0;) {
+        int32_t id = r->pend[at++].id;
         if (sh_tokenizer_is_eog(r->tok, id) || (!r->m->gguf && id == 1))
             break; // llama2.c models delimit stories with BOS
-        sh_sampler_accept(r->smp, id);
         r->gen_tokens++;
         if (r->o.ids) {
             printf(i ? " %d" : "%d", (int)id);
@@ -347,14 +527,16 @@ static int generate(run *r, const float *logits, text_buf *answer)
             }
         }
         fflush(stdout);
-        if (i + 1 == r->o.n_gen)
+        if (++i == r->o.n_gen || rc)
             break;
+        if (at < r->n_pend)
+            continue; /* an accepted draft: already in the cache */
         if (r->n_hist >= r->kv_tokens) {
             fprintf(stderr, "\n[context full: %d tokens]\n", (int)r->kv_tokens);
             break;
         }
-        if (rc == 0)
-            rc = feed(r, &id, 1, &logits, false);
+        rc = step(r, id, r->o.n_gen - i);
+        at = 0;
     }
     const char *text;
     size_t len;
@@ -364,7 +546,29 @@ static int generate(run *r, const float *logits, text_buf *answer)
     putchar('\n');
     fflush(stdout);
     r->gen_s += now_s() - t0;
+    if (r->pool) { /* later turns of --chat look up this one's n-grams too */
+        if (r->pool_from > r->n_hist)
+            r->pool_from = 0;
+        sh_spec_pool_add(r->pool, r->hist, r->n_hist, r->pool_from);
+        r->pool_from = r->n_hist;
+    }
     return rc;
+}
+
+/* After a prompt: brings a model drafter's cache to it, so that the first step does not pay for
+ * the prompt (counted as prompt time). */
+static int draft_prompt(run *r)
+{
+    if (!r->draft || r->n_hist == 0)
+        return 0;
+    double t0 = now_s();
+    sh_error e = {0};
+    if (sh_spec_draft_sync(r->draft, r->hist, r->n_hist, &e)) {
+        fprintf(stderr, "\nerror: %s\n", e.msg);
+        return 1;
+    }
+    r->prompt_s += now_s() - t0;
+    return 0;
 }
 
 /* Tokenizes text (BOS when the vocabulary wants it); *ids is malloc'd. */
@@ -439,6 +643,8 @@ static int one_shot(run *r)
     const float *logits = NULL;
     rc = feed(r, ids, (int32_t)n, &logits, true);
     free(ids);
+    if (rc == 0)
+        rc = draft_prompt(r);
     return rc ? rc : generate(r, logits, NULL);
 }
 
@@ -506,6 +712,8 @@ static int chat(run *r)
             sh_sampler_accept(r->smp, ids[i]);
         rc = feed(r, ids + keep, (int32_t)(n - (size_t)keep), &logits, true);
         free(ids);
+        if (rc == 0)
+            rc = draft_prompt(r);
         text_buf answer = {0};
         if (rc || (rc = generate(r, logits, &answer)) || (rc = append(&answer, "", 0))) {
             free(answer.p);
@@ -528,16 +736,27 @@ int sh__cmd_run(int argc, char **argv)
         return rc == 1 ? 0 : 2;
     double t0 = now_s();
     rc = load(&r);
+    if (rc == 0 && r.o.so.kind != SH_SPEC_OFF)
+        rc = calibrate(&r);
     double load_ms = (now_s() - t0) * 1e3;
     if (rc == 0)
         rc = r.o.chat ? chat(&r) : one_shot(&r);
+    char spec[256] = "";
+    const sh_spec_seq *q = &r.sq;
+    if (r.o.so.kind != SH_SPEC_OFF)
+        snprintf(spec, sizeof spec,
+                 " spec=%s spec_k=%d calib_ms=%.0f drafts=%" PRIu64 " drafted=%" PRIu64
+                 " accepted=%" PRIu64 " accept_rate=%.3f",
+                 sh_spec_kind_name(r.o.so.kind), (int)r.o.so.k, r.calib_s * 1e3, q->drafts,
+                 q->drafted, q->accepted,
+                 q->drafted ? (double)q->accepted / (double)q->drafted : 0.0);
     if (rc == 0)
         fprintf(stderr,
                 "timings: load_ms=%.0f prompt_tokens=%" PRId64
-                " prompt_tps=%.1f gen_tokens=%" PRId64 " gen_tps=%.1f\n",
+                " prompt_tps=%.1f gen_tokens=%" PRId64 " gen_tps=%.1f%s\n",
                 load_ms, r.prompt_tokens,
                 r.prompt_s > 0 ? (double)r.prompt_tokens / r.prompt_s : 0.0, r.gen_tokens,
-                r.gen_s > 0 ? (double)r.gen_evals / r.gen_s : 0.0);
+                r.gen_s > 0 ? (double)r.gen_evals / r.gen_s : 0.0, spec);
     close_all(&r);
     return rc;
 }
