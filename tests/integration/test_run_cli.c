@@ -1,7 +1,9 @@
 /* End-to-end tests of `shoal run` as a real process (SH_SHOAL): bad arguments and bad files give
  * exit code 2 and exactly one `error:` line; greedy runs reproduce the golden ids and text. */
 #include <fcntl.h>
+#include <stdbool.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -269,6 +271,254 @@ static void test_smollm_chat_answers(void)
         fprintf(stderr, "chat output was: %s\n", out_buf);
 }
 
+/* ---- speculative decoding (--spec, --spec-k) ---- */
+
+/* The number after `key` in the timings line of err_buf (-1 when absent). */
+static long long timing(const char *key)
+{
+    const char *p = strstr(err_buf, key);
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Runs `shoal run -m model [args...] --spec off` and then with each of specs, all with --ids or
+ * whatever args say; every output must equal the first. Returns the summed drafted and accepted
+ * counts of the speculative runs' timings lines through the pointers. */
+static void check_same_as_off(const char *in, const char *const *args, const char *const *specs,
+                              long long *drafted, long long *accepted)
+{
+    static char want[sizeof out_buf];
+    const char *argv[40];
+    int n = 0;
+    for (; args[n] && n < 34; n++)
+        argv[n] = args[n];
+    argv[n] = "--spec";
+    argv[n + 1] = "off";
+    argv[n + 2] = NULL;
+    CHECK_INT_EQ(shoal(in, argv), 0);
+    memcpy(want, out_buf, sizeof want);
+    CHECK(strlen(want) > 4);
+    CHECK(strstr(err_buf, " spec=") == NULL);
+    for (int i = 0; specs[i]; i++) {
+        argv[n + 1] = specs[i];
+        int rc = shoal(in, argv);
+        CHECK_INT_EQ(rc, 0);
+        if (strcmp(out_buf, want) != 0)
+            SH_FAIL_("--spec %s after \"%s\" differs from --spec off:\n  off:  %s\n  spec: %s",
+                     specs[i], args[n - 1], want, out_buf);
+        long long d = timing(" drafted="), a = timing(" accepted=");
+        CHECK(d >= 0 && a >= 0 && a <= d && strstr(err_buf, " accept_rate=") != NULL);
+        *drafted += d > 0 ? d : 0;
+        *accepted += a > 0 ? a : 0;
+    }
+}
+
+/* Greedy output with each proposer equals --spec off token for token on stories260K (GGUF and
+ * llama2.c checkpoint), from BOS and from prompts, one of them edit-style (its text repeats, so
+ * n-gram drafts are accepted); drafts are really made and verified. */
+static void test_spec_greedy_stories(void)
+{
+    static const char *const prompts[] = {
+        "Once upon a time",
+        "Lily and Tim went to the park. Lily and Tim went to the park. Lily and",
+        "The little dog was sad because",
+    };
+    const char *gguf_specs[] = {"ngram", "self:2", "self:4", "draft:" STORIES "stories260K.gguf",
+                                NULL};
+    long long drafted = 0, accepted = 0, ng_d = 0, ng_a = 0;
+    const char *bos[] = {"run", "-m", STORIES "stories260K.gguf", "-n", "200", "--ids", "-t",
+                         "1",   NULL};
+    check_same_as_off(NULL, bos, gguf_specs, &drafted, &accepted);
+    for (int i = 0; i < 3; i++) {
+        const char *a[] = {
+            "run",      "-m", STORIES "stories260K.gguf", "-n", "120", "--ids", "-t", "1", "-p",
+            prompts[i], NULL};
+        check_same_as_off(NULL, a, gguf_specs, &drafted, &accepted);
+        const char *ng[] = {"ngram", NULL};
+        const char *k3[] = {"run", "-m",  STORIES "stories260K.gguf",
+                            "-n",  "120", "--ids",
+                            "-t",  "1",   "--spec-k",
+                            "3",   "-p",  prompts[i],
+                            NULL};
+        check_same_as_off(NULL, k3, ng, &ng_d, &ng_a);
+    }
+    /* The checkpoint with its tokenizer.bin, drafted for by the GGUF of the same weights. */
+    const char *bin_specs[] = {"ngram", "self:3", "draft:" STORIES "stories260K.gguf", NULL};
+    const char *b[] = {"run",
+                       "-m",
+                       STORIES "stories260K.bin",
+                       "-z",
+                       STORIES "tok512.bin",
+                       "-n",
+                       "160",
+                       "-t",
+                       "1",
+                       "-p",
+                       prompts[1],
+                       NULL};
+    check_same_as_off(NULL, b, bin_specs, &drafted, &accepted);
+    CHECK(drafted > 0 && accepted > 0);
+    CHECK(ng_d > 0 && ng_a > 0);
+    /* --spec-k bounds the drafts: at most 3 per step. */
+    const char *k1[] = {"run",   "-m",       STORIES "stories260K.gguf",
+                        "-n",    "120",      "--spec",
+                        "ngram", "--spec-k", "1",
+                        "-p",    prompts[1], NULL};
+    CHECK_INT_EQ(shoal(NULL, k1), 0);
+    CHECK(timing(" drafted=") == timing(" drafts="));
+    CHECK(strstr(err_buf, " spec=ngram spec_k=1 ") != NULL);
+}
+
+/* With a seed, sampling at temperature 0.8 with a repeat penalty gives the same text with every
+ * proposer: verification samples each row with the run's sampler, one draw per token as plain
+ * decoding does, and the rows' logits are those of one-token steps. */
+static void test_spec_sampled_stories(void)
+{
+    const char *specs[] = {"ngram", "self:3", "draft:" STORIES "stories260K.gguf", NULL};
+    long long drafted = 0, accepted = 0;
+    const char *a[] = {"run",
+                       "-m",
+                       STORIES "stories260K.gguf",
+                       "-n",
+                       "200",
+                       "--ids",
+                       "-t",
+                       "1",
+                       "--temp",
+                       "0.8",
+                       "--seed",
+                       "7",
+                       "--repeat-penalty",
+                       "1.1",
+                       "-p",
+                       "Once upon a time",
+                       NULL};
+    check_same_as_off(NULL, a, specs, &drafted, &accepted);
+    CHECK(drafted > 0);
+}
+
+/* Copies stories260K.gguf to path with one token's text changed (same length): a vocabulary of
+ * the same size that differs in token "\u2581Tim". */
+static bool write_other_vocab(const char *path)
+{
+    static char buf[2 << 20];
+    size_t n = slurp(STORIES "stories260K.gguf", buf, sizeof buf);
+    static const char tim[] = "\x06\0\0\0\0\0\0\0\xe2\x96\x81Tim";
+    for (size_t i = 0; i + sizeof tim - 1 <= n; i++)
+        if (memcmp(buf + i, tim, sizeof tim - 1) == 0) {
+            memcpy(buf + i + sizeof tim - 4, "Tqz", 3);
+            FILE *f = fopen(path, "wb");
+            if (!f)
+                return false;
+            bool ok = fwrite(buf, 1, n, f) == n;
+            return fclose(f) == 0 && ok;
+        }
+    return false;
+}
+
+/* Bad --spec and --spec-k values, a draft that is missing, broken or of another vocabulary, and
+ * self layers out of range: exit code 2 and one error line saying what is wrong. */
+static void test_spec_bad_input(void)
+{
+#define G "-m", STORIES "stories260K.gguf", "-n", "4"
+    CHECK_USAGE_ERROR(G, "--spec-k", "0");
+    CHECK(strstr(err_buf, "--spec-k 0") && strstr(err_buf, "from 1 to 16"));
+    CHECK_USAGE_ERROR(G, "--spec", "ngram", "--spec-k", "17");
+    CHECK(strstr(err_buf, "--spec-k 17") != NULL);
+    CHECK_USAGE_ERROR(G, "--spec-k", "x");
+    CHECK_USAGE_ERROR(G, "--spec", "bogus");
+    CHECK(strstr(err_buf, "--spec bogus") && strstr(err_buf, "ngram"));
+    CHECK_USAGE_ERROR(G, "--spec");
+    CHECK_USAGE_ERROR(G, "--spec", "draft:");
+    CHECK_USAGE_ERROR(G, "--spec", "draft:/nonexistent");
+    CHECK(strstr(err_buf, "/nonexistent") != NULL);
+    CHECK_USAGE_ERROR(G, "--spec", "self:0");
+    CHECK(strstr(err_buf, "self:0") != NULL);
+    CHECK_USAGE_ERROR(G, "--spec", "self:999");
+    CHECK(strstr(err_buf, "self:999") && strstr(err_buf, "from 1 to 4"));
+    CHECK_USAGE_ERROR(G, "--spec", "self:5"); /* all 5 layers: no draft */
+    CHECK_USAGE_ERROR(G, "--spec", "self:x");
+    /* Broken drafts: cut short, a header and garbage, not a model. */
+    char path[300], spec[320];
+    static char buf[4096];
+    size_t n = slurp(STORIES "stories260K.gguf", buf, sizeof buf);
+    static const char gguf_garbage[] = "GGUF\x03\0\0\0\xff\xff\xff\xff garbage";
+    const char *bodies[3] = {buf, gguf_garbage, "not a model at all"};
+    size_t lens[3] = {n > 2000 ? 2000 : n, sizeof gguf_garbage - 1, 18};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/baddraft%d.gguf", tmpdir, i);
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            continue;
+        fwrite(bodies[i], 1, lens[i], f);
+        fclose(f);
+        snprintf(spec, sizeof spec, "draft:%s", path);
+        CHECK_USAGE_ERROR(G, "--spec", spec);
+        CHECK(strstr(err_buf, "draft") && strstr(err_buf, path));
+    }
+    /* The same vocabulary size with one token's text changed. */
+    snprintf(path, sizeof path, "%s/othervocab.gguf", tmpdir);
+    CHECK(write_other_vocab(path));
+    snprintf(spec, sizeof spec, "draft:%s", path);
+    CHECK_USAGE_ERROR(G, "--spec", spec);
+    CHECK(strstr(err_buf, "Tqz") && strstr(err_buf, "Tim") && strstr(err_buf, "vocabulary"));
+    /* A llama2.c checkpoint drafting for a GGUF: no vocabulary of its own to compare. */
+    CHECK_USAGE_ERROR(G, "--spec", "draft:" STORIES "stories260K.bin");
+    CHECK(strstr(err_buf, "llama2.c checkpoint") != NULL);
+#undef G
+    if (access(sh_test_path(SMOLLM), R_OK) != 0)
+        return;
+    /* Another vocabulary: both ways, both sizes named. */
+    CHECK_USAGE_ERROR("-m", STORIES "stories260K.gguf", "-n", "4", "--spec", "draft:" SMOLLM);
+    CHECK(strstr(err_buf, "49152") && strstr(err_buf, "512") && strstr(err_buf, "vocabulary"));
+    CHECK_USAGE_ERROR("-m", SMOLLM, "-n", "4", "--spec", "draft:" STORIES "stories260K.gguf");
+    CHECK(strstr(err_buf, "49152") && strstr(err_buf, "512") && strstr(err_buf, "vocabulary"));
+    CHECK_USAGE_ERROR("-m", SMOLLM, "-n", "4", "--spec", "self:30");
+    CHECK(strstr(err_buf, "from 1 to 29") != NULL);
+}
+
+/* The default model: greedy output with each proposer equals --spec off on an edit-style prompt
+ * (whose n-gram drafts are accepted), a free-form one and a code one, and in a two-turn chat. */
+static void test_spec_greedy_smollm(void)
+{
+    if (access(sh_test_path(SMOLLM), R_OK) != 0) {
+        fprintf(stderr, "(no %s: speculative cases not run)\n", SMOLLM);
+        return;
+    }
+    static const char *const prompts[] = {
+        "Repeat this sentence with the word cat replaced by dog: The cat sat on the mat, and the "
+        "cat looked at the other cat by the door of the house.",
+        "Write a short story about a lighthouse keeper.",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    };
+    const char *specs[] = {"ngram", "self:20", "draft:" SMOLLM, NULL};
+    long long drafted = 0, accepted = 0;
+    for (int i = 0; i < 3; i++) {
+        long long d = 0, a = 0;
+        const char *args[] = {"run", "-m", SMOLLM, "-n", "48", "-t", "2", "-p", prompts[i], NULL};
+        if (i == 0) {
+            const char *ng[] = {"ngram", NULL};
+            check_same_as_off(NULL, args, ng, &d, &a);
+            CHECK(d > 0 && a > 0); /* the edit's n-gram drafts are accepted */
+            if (a > 0)
+                fprintf(stderr, "edit-style prompt: %s", err_buf);
+        }
+        check_same_as_off(NULL, args, specs, &drafted, &accepted);
+    }
+    CHECK(drafted > 0 && accepted > 0);
+    char in[300];
+    snprintf(in, sizeof in, "%s/chat_spec.txt", tmpdir);
+    FILE *f = fopen(in, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs("Say the word 'harbour' three times.\nNow say it twice.\n", f);
+    fclose(f);
+    const char *chat[] = {"run", "-m", SMOLLM, "--chat", "-n", "32", "-t", "2", NULL};
+    const char *ng[] = {"ngram", "self:24", NULL};
+    check_same_as_off(in, chat, ng, &drafted, &accepted);
+}
+
 static const sh_test_case tests[] = {
     {"bad_arguments", test_bad_arguments},
     {"bad_files", test_bad_files},
@@ -277,6 +527,10 @@ static const sh_test_case tests[] = {
     {"stories_bin_ids_and_text", test_stories_bin_ids_and_text},
     {"smollm_chat", test_smollm_chat},
     {"smollm_chat_answers", test_smollm_chat_answers},
+    {"spec_bad_input", test_spec_bad_input},
+    {"spec_greedy_stories", test_spec_greedy_stories},
+    {"spec_sampled_stories", test_spec_sampled_stories},
+    {"spec_greedy_smollm", test_spec_greedy_smollm},
     {NULL, NULL},
 };
 
