@@ -302,9 +302,10 @@ static int load(run *r)
 
 /* Measures the step cost table at start: the target's forward pass of 1..k+1 rows (a
  * verification's shape) at position 0 of the empty cache (the prompt overwrites it), plus, for a
- * model drafter, the time of its k drafted tokens; each point twice, after a warm-up. Cheaper than
- * learning the table from real steps alone, which would measure only the lengths already chosen;
- * the real steps are observed too (step()) and refine it. Returns 1 on a runtime failure. */
+ * model drafter, the time of its k drafted tokens; each point once, after a one-row warm-up: k + 2
+ * passes, about what k + 2 decode steps cost. Learning the table from real steps alone would
+ * measure only the lengths already chosen (from a prior); the real steps are observed too
+ * (step()) and refine it. Returns 1 on a runtime failure. */
 static int calibrate(run *r)
 {
     double t_start = now_s();
@@ -326,7 +327,7 @@ static int calibrate(run *r)
         }
         draft_us = (now_s() - t0) * 1e6 / (nd > 0 ? nd : 1);
     }
-    for (int round = -1; round < 2; round++)
+    for (int round = -1; round < 1; round++)
         for (int32_t n = 1; n <= kmax + 1; n++) {
             sh_llama_seq s = {
                 .tokens = toks, .n_tokens = n, .pos0 = 0, .blocks = r->blocks, .n_logits = n};
@@ -547,8 +548,6 @@ static int generate(run *r, const float *logits, text_buf *answer)
     fflush(stdout);
     r->gen_s += now_s() - t0;
     if (r->pool) { /* later turns of --chat look up this one's n-grams too */
-        if (r->pool_from > r->n_hist)
-            r->pool_from = 0;
         sh_spec_pool_add(r->pool, r->hist, r->n_hist, r->pool_from);
         r->pool_from = r->n_hist;
     }
@@ -705,6 +704,8 @@ static int chat(run *r)
         while (keep < r->n_hist && (size_t)keep < n - 1 && r->hist[keep] == ids[keep])
             keep++;
         r->n_hist = keep;
+        if (r->pool_from > keep)
+            r->pool_from = keep; /* the pool takes the rewritten part again */
         const float *logits = NULL;
         sh_tokenizer_stream_reset(r->stream);
         sh_sampler_reset(r->smp, r->o.seed + n_msgs);
@@ -736,9 +737,9 @@ int sh__cmd_run(int argc, char **argv)
         return rc == 1 ? 0 : 2;
     double t0 = now_s();
     rc = load(&r);
+    double load_ms = (now_s() - t0) * 1e3;
     if (rc == 0 && r.o.so.kind != SH_SPEC_OFF)
         rc = calibrate(&r);
-    double load_ms = (now_s() - t0) * 1e3;
     if (rc == 0)
         rc = r.o.chat ? chat(&r) : one_shot(&r);
     char spec[256] = "";
