@@ -300,11 +300,27 @@ static int load(run *r)
     return 0;
 }
 
-/* Measures the step cost table at start: the target's forward pass of 1..k+1 rows (a
- * verification's shape) at position 0 of the empty cache (the prompt overwrites it), plus, for a
- * model drafter, the time of its k drafted tokens; each point once, after a one-row warm-up: k + 2
- * passes, about what k + 2 decode steps cost. Learning the table from real steps alone would
- * measure only the lengths already chosen (from a prior); the real steps are observed too
+/* The time of one forward pass of n rows (n rows of logits, a verification's shape) at position
+ * 0 of the empty cache (the prompt overwrites it), in microseconds; < 0 on a failure (printed). */
+static double time_rows(run *r, const int32_t *toks, int32_t n)
+{
+    sh_llama_seq s = {.tokens = toks, .n_tokens = n, .pos0 = 0, .blocks = r->blocks, .n_logits = n};
+    sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
+    sh_llama_out out;
+    sh_error e = {0};
+    double t0 = now_s();
+    if (sh_llama_forward(r->ctx, &b, &out, &e)) {
+        fprintf(stderr, "error: %s\n", e.msg);
+        return -1.0;
+    }
+    return (now_s() - t0) * 1e6;
+}
+
+/* Measures the step cost table at start: the target's forward pass of 1..k+1 rows plus, for a
+ * model drafter, the time of the drafted tokens; each point the faster of two passes (a pass
+ * slowed by another process on the machine must not switch speculation off), after a warm-up:
+ * about 2k + 3 passes, what as many decode steps cost. Learning the table from real steps alone
+ * would measure only the lengths already chosen (from a prior); the real steps are observed too
  * (step()) and refine it. Returns 1 on a runtime failure. */
 static int calibrate(run *r)
 {
@@ -317,7 +333,7 @@ static int calibrate(run *r)
     for (int32_t i = 0; i <= kmax; i++)
         toks[i] = tok;
     sh_error e = {0};
-    double draft_us = 0.0; /* one drafted token's time */
+    double draft_us = 0.0; /* one drafted token's time: the faster of two runs of k */
     for (int round = 0; r->draft && round < 2; round++) {
         int32_t nd = 0;
         double t0 = now_s();
@@ -325,23 +341,17 @@ static int calibrate(run *r)
             fprintf(stderr, "error: %s\n", e.msg);
             return 1;
         }
-        draft_us = (now_s() - t0) * 1e6 / (nd > 0 ? nd : 1);
+        double us = (now_s() - t0) * 1e6 / (nd > 0 ? nd : 1);
+        draft_us = round == 0 || us < draft_us ? us : draft_us;
     }
-    for (int round = -1; round < 1; round++)
-        for (int32_t n = 1; n <= kmax + 1; n++) {
-            sh_llama_seq s = {
-                .tokens = toks, .n_tokens = n, .pos0 = 0, .blocks = r->blocks, .n_logits = n};
-            sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
-            sh_llama_out out;
-            double t0 = now_s();
-            if (sh_llama_forward(r->ctx, &b, &out, &e)) {
-                fprintf(stderr, "error: %s\n", e.msg);
-                return 1;
-            }
-            if (round < 0)
-                break; /* round -1: one warm-up pass of one row, not counted */
-            sh_spec_cost_observe(&r->cost, n, (now_s() - t0) * 1e6 + (double)(n - 1) * draft_us);
-        }
+    if (time_rows(r, toks, 1) < 0.0) /* warm-up */
+        return 1;
+    for (int32_t n = 1; n <= kmax + 1; n++) {
+        double a = time_rows(r, toks, n), b = a < 0.0 ? a : time_rows(r, toks, n);
+        if (a < 0.0 || b < 0.0)
+            return 1;
+        sh_spec_cost_observe(&r->cost, n, (a < b ? a : b) + (double)(n - 1) * draft_us);
+    }
     r->calib_s = now_s() - t_start;
     return 0;
 }

@@ -1,8 +1,8 @@
 /* End-to-end tests of `shoal run` as a real process (SH_SHOAL): bad arguments and bad files give
  * exit code 2 and exactly one `error:` line; greedy runs reproduce the golden ids and text. */
 #include <fcntl.h>
-#include <stdbool.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -477,46 +477,58 @@ static void test_spec_bad_input(void)
     CHECK(strstr(err_buf, "from 1 to 29") != NULL);
 }
 
-/* The default model: greedy output with each proposer equals --spec off on an edit-style prompt
- * (whose n-gram drafts are accepted), a free-form one and a code one, and in a two-turn chat. */
+/* The default model: greedy output with each proposer equals --spec off on an edit-style chat
+ * turn (the answer restates the prompt's paragraph, so n-gram drafts are accepted), a free-form
+ * prompt, a code prompt, and a two-turn chat. */
 static void test_spec_greedy_smollm(void)
 {
     if (access(sh_test_path(SMOLLM), R_OK) != 0) {
         fprintf(stderr, "(no %s: speculative cases not run)\n", SMOLLM);
         return;
     }
+    char edit[300], chat2[300];
+    snprintf(edit, sizeof edit, "%s/edit.txt", tmpdir);
+    snprintf(chat2, sizeof chat2, "%s/chat_spec.txt", tmpdir);
+    FILE *f = fopen(edit, "w"), *g = fopen(chat2, "w");
+    CHECK(f && g);
+    if (f) {
+        fputs("Fix the spelling mistakes in this paragraph and write it out again in full: The "
+              "quick brown fox jumpd over the lazy dog. The dog was not amused, and it barkd "
+              "loudly at the fox, who ran away into the forrest.\n",
+              f);
+        fclose(f);
+    }
+    if (g) {
+        fputs("Say the word 'harbour' three times.\nNow say it twice.\n", g);
+        fclose(g);
+    }
+    if (!f || !g)
+        return;
+    const char *specs[] = {"ngram", "self:20", "draft:" SMOLLM, NULL};
+    long long drafted = 0, accepted = 0;
+    /* The draft lengths follow the step times measured on this machine, so under a heavy load
+     * the run may draft little: up to three tries for accepted drafts (each one exact). */
+    const char *chat[] = {"run", "-m", SMOLLM, "--chat", "-n", "64", "-t", "2", NULL};
+    const char *ng[] = {"ngram", NULL};
+    long long d = 0, a = 0;
+    for (int tries = 0; tries < 3 && a == 0; tries++)
+        check_same_as_off(edit, chat, ng, &d, &a);
+    CHECK(d > 0 && a > 0);
+    if (a > 0)
+        fprintf(stderr, "edit-style chat turn: %s", strstr(err_buf, "timings:"));
+    check_same_as_off(edit, chat, specs, &drafted, &accepted);
     static const char *const prompts[] = {
-        "Repeat this sentence with the word cat replaced by dog: The cat sat on the mat, and the "
-        "cat looked at the other cat by the door of the house.",
         "Write a short story about a lighthouse keeper.",
         "def fibonacci(n):\n    if n < 2:\n        return n\n",
     };
-    const char *specs[] = {"ngram", "self:20", "draft:" SMOLLM, NULL};
-    long long drafted = 0, accepted = 0;
-    for (int i = 0; i < 3; i++) {
-        long long d = 0, a = 0;
+    for (int i = 0; i < 2; i++) {
         const char *args[] = {"run", "-m", SMOLLM, "-n", "48", "-t", "2", "-p", prompts[i], NULL};
-        if (i == 0) {
-            const char *ng[] = {"ngram", NULL};
-            check_same_as_off(NULL, args, ng, &d, &a);
-            CHECK(d > 0 && a > 0); /* the edit's n-gram drafts are accepted */
-            if (a > 0)
-                fprintf(stderr, "edit-style prompt: %s", err_buf);
-        }
         check_same_as_off(NULL, args, specs, &drafted, &accepted);
     }
-    CHECK(drafted > 0 && accepted > 0);
-    char in[300];
-    snprintf(in, sizeof in, "%s/chat_spec.txt", tmpdir);
-    FILE *f = fopen(in, "w");
-    CHECK(f != NULL);
-    if (!f)
-        return;
-    fputs("Say the word 'harbour' three times.\nNow say it twice.\n", f);
-    fclose(f);
-    const char *chat[] = {"run", "-m", SMOLLM, "--chat", "-n", "32", "-t", "2", NULL};
-    const char *ng[] = {"ngram", "self:24", NULL};
-    check_same_as_off(in, chat, ng, &drafted, &accepted);
+    CHECK(drafted > 0);
+    const char *chat32[] = {"run", "-m", SMOLLM, "--chat", "-n", "32", "-t", "2", NULL};
+    const char *two[] = {"ngram", "self:24", NULL};
+    check_same_as_off(chat2, chat32, two, &drafted, &accepted);
 }
 
 static const sh_test_case tests[] = {
