@@ -319,9 +319,9 @@ static double time_rows(run *r, const int32_t *toks, int32_t n)
 /* Measures the step cost table at start: the target's forward pass of 1..k+1 rows plus, for a
  * model drafter, the time of the drafted tokens; each point the faster of two passes (a pass
  * slowed by another process on the machine must not switch speculation off), after a warm-up:
- * about 2k + 3 passes, what as many decode steps cost. Learning the table from real steps alone
- * would measure only the lengths already chosen (from a prior); the real steps are observed too
- * (step()) and refine it. Returns 1 on a runtime failure. */
+ * at most 13 passes of at most k + 1 rows, about what as many decode steps cost. Learning the table
+ * from real steps alone would measure only the lengths already chosen (from a prior); the real
+ * steps are observed too (step()) and refine it. Returns 1 on a runtime failure. */
 static int calibrate(run *r)
 {
     double t_start = now_s();
@@ -346,7 +346,17 @@ static int calibrate(run *r)
     }
     if (time_rows(r, toks, 1) < 0.0) /* warm-up */
         return 1;
-    for (int32_t n = 1; n <= kmax + 1; n++) {
+    /* Rows 1, 2, 3, 5, 9 and 17 up to k + 1, and k + 1: the cost grows about linearly in the rows
+     * and sh_spec_cost_ratio interpolates between measured points. */
+    static const int32_t points[] = {1, 2, 3, 5, 9, 17};
+    int32_t rows[8], nr = 0;
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++)
+        if (points[i] <= kmax + 1)
+            rows[nr++] = points[i];
+    if (rows[nr - 1] != kmax + 1)
+        rows[nr++] = kmax + 1;
+    for (int32_t i = 0; i < nr; i++) {
+        const int32_t n = rows[i];
         double a = time_rows(r, toks, n), b = a < 0.0 ? a : time_rows(r, toks, n);
         if (a < 0.0 || b < 0.0)
             return 1;
