@@ -113,6 +113,11 @@ sh_err sh_spec_draft_create(const sh_llama *target, const sh_tokenizer *target_t
 {
     *out = NULL;
     const int32_t nl = target->hp.n_layers;
+    if (o->self_layers != 0 && nl < 2)
+        return sh__error_set(e, SH_EINVAL,
+                             "--spec self:%d: the target has 1 layer; self-speculation needs 2 or "
+                             "more",
+                             (int)o->self_layers);
     if (o->self_layers != 0 && (o->self_layers < 1 || o->self_layers >= nl))
         return sh__error_set(e, SH_EINVAL,
                              "--spec self:%d: the draft's layers must be from 1 to %d (the "

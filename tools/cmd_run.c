@@ -328,7 +328,8 @@ static int calibrate(run *r)
     double t_start = now_s();
     sh_spec_cost_init(&r->cost);
     sh_spec_seq_init(&r->sq);
-    const int32_t kmax = r->o.so.k;
+    /* (a context of fewer than k + 1 positions is measured as far as it goes) */
+    const int32_t kmax = r->o.so.k < r->kv_tokens - 1 ? r->o.so.k : r->kv_tokens - 1;
     int32_t toks[SH_SPEC_MAX_K + 1], drafts[SH_SPEC_MAX_K];
     int32_t tok = sh_tokenizer_bos(r->tok) >= 0 ? sh_tokenizer_bos(r->tok) : 0;
     for (int32_t i = 0; i <= kmax; i++)
