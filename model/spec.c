@@ -12,10 +12,7 @@
 
 static const char *const KIND_NAMES[] = {"off", "ngram", "draft", "self"};
 
-const char *sh_spec_kind_name(sh_spec_kind k)
-{
-    return (unsigned)k < 4 ? KIND_NAMES[k] : "?";
-}
+const char *sh_spec_kind_name(sh_spec_kind k) { return (unsigned)k < 4 ? KIND_NAMES[k] : "?"; }
 
 /* A decimal integer filling the whole of s, in [lo, hi]. */
 static bool parse_int(const char *s, long lo, long hi, int32_t *out)
@@ -199,9 +196,8 @@ sh_err sh_spec_verify(sh_sampler *s, const float *logits, int32_t n_vocab, const
 
 /* ---- draft lengths ---- */
 
-static const int32_t COST_ROWS[SH_SPEC_COST_POINTS] = {1,  2,  3,  4,  5,  6,  7,  8,
-                                                       9,  10, 11, 12, 13, 14, 15, 16,
-                                                       17, 24, 32, 48, 64, 128, 256, 512};
+static const int32_t COST_ROWS[SH_SPEC_COST_POINTS] = {
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 48, 64, 128, 256, 512};
 
 void sh_spec_cost_init(sh_spec_cost *c)
 {

@@ -106,12 +106,12 @@ double sh_spec_cost_ratio(const sh_spec_cost *c, int32_t rows);
 /* A sequence's speculation state: how often its drafts were accepted lately and the draft
  * length to use next. Embedded, init/fini-free. */
 typedef struct sh_spec_seq {
-    double accept;        /* moving average of the per-token acceptance, 0..1 */
-    int32_t k;            /* the draft length chosen for the next step (0: do not draft) */
-    int32_t idle;         /* steps since the last draft, for a retry after backing off */
-    uint64_t drafts;      /* steps that verified drafts */
-    uint64_t drafted;     /* tokens drafted */
-    uint64_t accepted;    /* drafted tokens accepted */
+    double accept;     /* moving average of the per-token acceptance, 0..1 */
+    int32_t k;         /* the draft length chosen for the next step (0: do not draft) */
+    int32_t idle;      /* steps since the last draft, for a retry after backing off */
+    uint64_t drafts;   /* steps that verified drafts */
+    uint64_t drafted;  /* tokens drafted */
+    uint64_t accepted; /* drafted tokens accepted */
 } sh_spec_seq;
 
 /* Starts a sequence's state with an optimistic acceptance (so that the first drafts are tried). */

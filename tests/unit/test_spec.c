@@ -23,8 +23,8 @@ static void test_parse(void)
     CHECK_INT_EQ(o.layers, 4);
     CHECK_OK(sh_spec_parse("off", NULL, &o, &e));
     CHECK_INT_EQ(o.kind, SH_SPEC_OFF);
-    const char *bad_spec[] = {"", "ngrams", "draft:", "self:", "self:0", "self:-2", "self:3x",
-                              "draft"};
+    const char *bad_spec[] = {
+        "", "ngrams", "draft:", "self:", "self:0", "self:-2", "self:3x", "draft"};
     for (size_t i = 0; i < sizeof bad_spec / sizeof *bad_spec; i++) {
         CHECK_INT_EQ(sh_spec_parse(bad_spec[i], NULL, &o, &e), SH_EINVAL);
         CHECK(strstr(e.msg, "--spec") != NULL);
