@@ -61,6 +61,19 @@
  * gauges and counters of the work done, from which it derives capacity as tokens per busy
  * microsecond. CANCEL with withdraw takes back a request that never got KV (withdraw).
  *
+ * Speculative decoding (args.spec ngram). After admission (plan_drafts), a sequence planned for
+ * a one-token decode step may get k drafted tokens from the n-gram proposer (its own tokens, then
+ * a pool all the replica's sequences feed), written after its last token and sent in the same
+ * STEP (step_seq.draft = k); k comes from its recent acceptance and the measured cost of a
+ * step's rows (each STEP_DONE's compute_us feeds sh_spec_cost), so it falls to 0 once the batch
+ * is large enough. The drafts' KV positions are reserved by a KV_ALLOC of their own, without
+ * token ids (so that the prefix cache never hashes a position by a rejected draft); when it is
+ * refused the step goes without drafts and nobody is preempted. The answer carries the accepted
+ * drafts and the stage's own token (step_out.more); each goes through step 4 in turn and
+ * n_computed advances over the accepted ones kept, so rejected positions are never reported
+ * computed and are overwritten by the next steps. No drafts for a request that asks for top
+ * logprobs or opted out (sampling.no_spec).
+ *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates
  * nothing per token (the stop-string matcher grows its buffer at most to its longest stop string).
@@ -77,6 +90,9 @@
 #include "actors/batcher_int.h"
 #include "actors/router.h"
 #include "base/error.h"
+
+/* Slots of the replica's n-gram pool (model/spec.h: about 80 bytes each). */
+#define SPEC_POOL_ENTRIES (1 << 15)
 
 static const char *const FIN_NAMES[5] = {"stop", "length", "cancel", "timeout", "error"};
 
@@ -313,6 +329,7 @@ static sh_err seq_init(batcher *b, breq *r, bseq *s, int32_t choice, const sh_pr
             s->toks[s->n_toks++] = sh_i32s_at(m->generated, i);
             s->n_gen++;
         }
+    sh_spec_seq_init(&s->spec);
     sh_error e = {0};
     if (sh_tokenizer_stream_create(b->a.tok, 0, &s->detok, &e))
         return SH_ENOMEM;
@@ -516,7 +533,7 @@ static void pause_replica(batcher *b)
         s->n_blocks = 0;
         s->n_computed = s->n_reserved = s->n_marked = 0;
         s->planned = s->alloc_ok = s->sampled = s->short_kv = s->in_step = false;
-        s->step_k = 0;
+        s->step_k = s->step_draft = 0;
         s->queued_us = now_us;
         s->queued_step = b->step_no;
         sh__batcher_plan_queue_insert(b, s);
@@ -703,6 +720,22 @@ static sh_err register_metrics(batcher *b)
                                     "pipeline of P stages keeps up to P).",
                                     lb, fl_bounds, sizeof fl_bounds / sizeof fl_bounds[0],
                                     &b->m_inflight));
+    keep(&err, sh_metrics_counter(mx, "shoal_spec_drafts_total",
+                                  "Steps of a sequence that carried drafted tokens (speculative "
+                                  "decoding).",
+                                  lb, &b->m_spec_drafts));
+    keep(&err,
+         sh_metrics_counter(mx, "shoal_spec_draft_tokens_total",
+                            "Drafted tokens sent to be verified.", lb, &b->m_spec_draft_toks));
+    keep(&err, sh_metrics_counter(mx, "shoal_spec_accepted_tokens_total",
+                                  "Drafted tokens the target accepted.", lb, &b->m_spec_accepted));
+    for (int i = 0; i < SH_SPEC_MAX_K; i++) {
+        snprintf(with, sizeof with, "%s%spos=\"%d\"", lb ? lb : "", lb ? "," : "", i + 1);
+        keep(&err, sh_metrics_counter(mx, "shoal_spec_accepted_position_total",
+                                      "Drafted tokens accepted, by their position in the draft "
+                                      "(1: the first).",
+                                      with, &b->m_spec_pos[i]));
+    }
     return err;
 }
 
@@ -750,6 +783,18 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!b->running || !b->step_seqs || !b->fail_ids || !b->fl ||
         sh__act_decoder_init(&b->dec, (size_t)1 << 20))
         return SH_ENOMEM;
+    if (b->a.spec != SH_SPEC_OFF && b->a.spec != SH_SPEC_NGRAM)
+        return SH_EINVAL; /* draft models and self-speculation are not served */
+    if (b->a.spec == SH_SPEC_NGRAM) {
+        if (b->a.spec_k <= 0)
+            b->a.spec_k = SH_SPEC_DEFAULT_K;
+        if (b->a.spec_k > SH_SPEC_MAX_K)
+            return SH_EINVAL;
+        sh_spec_cost_init(&b->cost);
+        sh_error pe = {0};
+        if (sh_spec_pool_create(SPEC_POOL_ENTRIES, &b->pool, &pe))
+            return SH_ENOMEM;
+    }
     sh_err err = register_metrics(b);
     if (err)
         return err;
@@ -847,6 +892,7 @@ static void batcher_stop(sh_actor_ctx *ctx, void *state)
     for (int32_t i = 0; b->fl && i < b->max_inflight; i++)
         free(b->fl[i].order);
     free(b->fl);
+    sh_spec_pool_destroy(b->pool);
     sh__act_decoder_fini(&b->dec);
 }
 

@@ -11,6 +11,7 @@
 
 #include "actors/actor_util.h"
 #include "actors/serve.h"
+#include "model/spec.h"
 #include "model/tokenizer.h"
 #include "net/openai.h"
 
@@ -32,7 +33,7 @@ typedef struct bseq {
     int32_t choice;
     seq_state state;
     uint64_t kv_id;     /* 0: holds no KV */
-    int32_t *toks;      // (cap) prompt then generated tokens
+    int32_t *toks;      // (cap) prompt then generated tokens, then this step's drafts
     int32_t n_toks;     /* prompt + generated */
     int32_t n_gen;      /* generated tokens (sent to the gateway) */
     int32_t n_computed; /* positions whose KV is in the cache */
@@ -47,8 +48,18 @@ typedef struct bseq {
     int32_t fl_slot, fl_pos; /* while in_step: its flight and its place in the flight's order */
     bool fork_pending;       /* waits for the first choice's prompt to be computed */
     bool short_kv;           /* this step's reservation was refused for want of blocks */
-    uint64_t queued_us;      /* when it last began to wait: arrival, or its latest preemption */
-    uint64_t admitted_us;    /* when it last joined the running set */
+    /* Speculative decoding. A step's drafts sit in toks[n_toks .. n_toks + step_draft), after the
+     * last token, untouched until the step's answer, so that every try sends the same ones. Their
+     * KV positions are reserved by a KV_ALLOC of their own (draft_alloc, the last of kv_wait
+     * replies due), whose refusal only drops the drafts. n_reserved may exceed n_computed + 1
+     * after drafts were rejected: those positions are reused by the next steps. */
+    sh_spec_seq spec;
+    int32_t step_draft;   /* drafted tokens this step (0: none) */
+    int32_t n_pooled;     /* tokens of toks given to the replica's n-gram pool */
+    int32_t kv_wait;      /* KV_ALLOC replies due for this plan */
+    bool draft_alloc;     /* the last of them reserves the drafts' positions */
+    uint64_t queued_us;   /* when it last began to wait: arrival, or its latest preemption */
+    uint64_t admitted_us; /* when it last joined the running set */
     uint64_t queued_step, admitted_step; /* the batcher's step count at those times */
     bool relieved; /* admitted ahead of the queue as starving: spared by shortages for a slice */
     bool held_kv;  /* was ever granted KV blocks (true for good: a preempted one too) */
@@ -138,6 +149,11 @@ typedef struct batcher {
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
     sh_histogram *m_queue_wait; /* arrival to first admission, once per sequence */
+    /* speculative decoding (sh_batcher_args.spec): NULL pool when off */
+    sh_spec_pool *pool;
+    sh_spec_cost cost; /* a step's compute time by its rows (tokens, drafts included) */
+    sh_counter *m_spec_drafts, *m_spec_draft_toks, *m_spec_accepted;
+    sh_counter *m_spec_pos[SH_SPEC_MAX_K]; /* drafts accepted at position i + 1 */
     /* what METRICS reports to the router say (counters since init) */
     uint64_t tot_tokens, tot_generated, tot_steps, busy_us;
     uint64_t busy_since; /* when the steps in flight went from none to one (0: none in flight) */

@@ -88,28 +88,58 @@ bseq *sh__batcher_plan_find_running(batcher *b, uint64_t kv_id)
 
 /* ---- planning ----------------------------------------------------------------------------- */
 
+static sh_err kv_request(batcher *b, const sh_proto_kv_alloc *a)
+{
+    sh_error e = {0};
+    uint64_t session;
+    sh_err err = sh_request_with(b->ctx, b->a.kvmgr, SH_MSG_KV_ALLOC, sh__proto_encode, a, 30000,
+                                 &session, &e);
+    if (err)
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "kv_alloc_send", "err=\"%s\"", e.msg);
+    else
+        b->allocs_out++;
+    return err;
+}
+
+/* Reserves the positions of s's next k tokens (those not reserved yet: after rejected drafts
+ * some are), and then, in a second KV_ALLOC, those of its drafts. */
 static void send_alloc(batcher *b, bseq *s, int32_t k)
 {
     sh_proto_kv_alloc a = {.seq = s->kv_id, .computed = (uint32_t)s->n_computed};
+    int32_t end = s->n_computed + k;
     if (s->n_reserved == 0 && s->n_computed == 0) {
         // A new sequence: the whole token list, so the kvmgr can find a cached prefix.
         a.tokens = (sh_i32s){s->toks, (uint32_t)s->n_toks};
         a.n_tokens = (uint32_t)k;
     } else {
-        a.tokens = (sh_i32s){s->toks + s->n_reserved, (uint32_t)k};
-        a.n_tokens = (uint32_t)k;
+        int32_t n = end > s->n_reserved ? end - s->n_reserved : 0;
+        a.tokens = (sh_i32s){n ? s->toks + s->n_reserved : NULL, (uint32_t)n};
+        a.n_tokens = (uint32_t)n;
     }
     s->n_marked = s->n_computed;
-    sh_error e = {0};
-    uint64_t session;
-    sh_err err = sh_request_with(b->ctx, b->a.kvmgr, SH_MSG_KV_ALLOC, sh__proto_encode, &a, 30000,
-                                 &session, &e);
-    if (err) {
-        sh_actor_log(b->ctx, SH_LOG_LEVEL_ERROR, "kv_alloc_send", "err=\"%s\"", e.msg);
+    s->kv_wait = 0;
+    s->draft_alloc = false;
+    if (kv_request(b, &a)) {
         s->planned = false;
+        s->step_draft = 0;
         return;
     }
-    b->allocs_out++;
+    s->kv_wait = 1;
+    int32_t from = end > s->n_reserved ? end : s->n_reserved;
+    int32_t n = end + s->step_draft - from;
+    if (s->step_draft <= 0 || n <= 0)
+        return; /* no drafts, or their positions are still reserved from rejected ones */
+    // The drafts' positions go without token ids: the kvmgr would otherwise hash a block by a
+    // rejected draft's id once the position holds another token's KV. Unknown ids end prefix
+    // caching for this sequence's later blocks (its prompt's full blocks are cached already).
+    sh_proto_kv_alloc d = {
+        .seq = s->kv_id, .n_tokens = (uint32_t)n, .computed = (uint32_t)s->n_computed};
+    if (kv_request(b, &d)) {
+        s->step_draft = 0;
+        return;
+    }
+    s->kv_wait = 2;
+    s->draft_alloc = true;
 }
 
 static void send_fork(batcher *b, bseq *s, const bseq *parent)
@@ -199,6 +229,7 @@ static void preempt(batcher *b, bseq *s)
     sh__batcher_plan_running_remove(b, s);
     sh__batcher_kv_release(b, s);
     s->planned = s->alloc_ok = s->sampled = s->short_kv = false;
+    s->step_draft = 0;
     s->queued_us = sh__act_mono_us();
     s->queued_step = b->step_no;
     sh_counter_add(b->m_preempt, 1);
@@ -338,6 +369,72 @@ static int32_t step_share(const batcher *b)
     return share > 1 ? share : 1;
 }
 
+/* ---- speculative decoding ---------------------------------------------------------------- */
+
+#define SPEC_WINDOW 8192 /* tokens of a sequence the n-gram lookup reads, the latest */
+
+/* Whether planned sequence s may carry drafts this step: speculation on for the replica and
+ * the request (no opt-out, no top logprobs, which only the first token of a step would get), a
+ * one-token decode step (its prompt computed) whose request is not being cancelled. */
+static bool may_draft(const batcher *b, const bseq *s)
+{
+    const breq *r = s->r;
+    return b->pool && s->planned && !s->fork_pending && s->kv_id && s->step_k == 1 &&
+           s->n_computed > 0 && s->n_computed == s->n_toks - 1 && !r->samp.no_spec &&
+           r->samp.n_logprobs == 0 && !r->cancelled;
+}
+
+/* Step 1b: drafts for the planned decode steps, after admission (drafts never keep a sequence
+ * out of a step). Each sequence's k comes from its acceptance and the measured cost of the
+ * step's rows (sh_spec_seq_plan: none once the step is large enough that extra rows cost what
+ * they bring), capped by the tokens it may still generate, its context, the step's token budget
+ * and the KV blocks the estimate says are free beyond `reserve`; the n-gram proposer writes
+ * them after its last token. */
+static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reserve)
+{
+    if (!b->pool)
+        return;
+    int32_t rows = 0;
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (s->planned && !s->fork_pending) {
+            rows += s->step_k;
+            s->step_draft = 0;
+        }
+    }
+    for (int32_t i = 0; i < b->n_running && budget > 0; i++) {
+        bseq *s = b->running[i];
+        if (!may_draft(b, s))
+            continue;
+        sh_spec_pool_add(b->pool, s->toks, s->n_toks, s->n_pooled);
+        s->n_pooled = s->n_toks;
+        int32_t kmax = b->a.spec_k;
+        int32_t left = s->r->max_tokens - s->n_gen - 1; /* the step's own token is one */
+        int32_t room = b->a.n_ctx - s->n_toks - 1;
+        kmax = left < kmax ? left : kmax;
+        kmax = room < kmax ? room : kmax;
+        kmax = budget < kmax ? budget : kmax;
+        if (kmax <= 0)
+            continue;
+        int32_t k = sh_spec_seq_plan(&s->spec, &b->cost, kmax, rows);
+        if (k <= 0)
+            continue;
+        int32_t d =
+            sh_spec_ngram_propose(s->toks, s->n_toks, b->pool, k, SPEC_WINDOW, s->toks + s->n_toks);
+        if (d <= 0)
+            continue;
+        int32_t end = s->n_computed + s->step_k;
+        int32_t from = end > s->n_reserved ? end : s->n_reserved;
+        int32_t more = blocks_for(b, end + d) - blocks_for(b, from);
+        if (more > 0 && avail - more < reserve)
+            continue; /* no drafts where they would take the last blocks */
+        avail -= more > 0 ? more : 0;
+        budget -= d;
+        rows += d;
+        s->step_draft = d;
+    }
+}
+
 /* Step 1 and 2: choose the step's sequences among those not in a step in flight and ask the
  * kvmgr for their blocks. */
 void sh__batcher_plan_step(batcher *b)
@@ -407,6 +504,7 @@ void sh__batcher_plan_step(batcher *b)
         }
         admit(b, s, k, now_us);
     }
+    plan_drafts(b, budget, avail, reserve);
     // Requests: allocs for choice 0s before forks (the kvmgr handles them in order).
     for (int32_t i = 0; i < b->n_running; i++) {
         bseq *s = b->running[i];
@@ -436,7 +534,9 @@ void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_se
     (void)b;
     memset(q, 0, sizeof *q);
     q->seq = s->kv_id;
-    q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
+    // Drafts follow the step's last token (toks[n_toks ...], unchanged until its answer).
+    q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)(s->step_k + s->step_draft)};
+    q->draft = (uint32_t)s->step_draft;
     q->pos = (uint32_t)s->n_computed;
     q->blocks = (sh_i32s){s->blocks, (uint32_t)s->n_blocks};
     q->sample = s->n_computed + s->step_k == s->n_toks;
@@ -526,14 +626,18 @@ static void dispatch_step(batcher *b)
     int32_t n_tok = 0;
     for (int32_t i = 0; i < b->n_running; i++) {
         bseq *s = b->running[i];
-        if (!s->planned || !s->alloc_ok || s->step_k <= 0)
+        if (!s->planned || !s->alloc_ok || s->step_k <= 0) {
+            s->step_draft = 0;
             continue;
+        }
+        if (s->n_reserved < s->n_computed + s->step_k + s->step_draft)
+            s->step_draft = 0; /* their reservation was refused: a plain step */
         sh__batcher_plan_seq_fill(b, s, &b->step_seqs[f->n]);
         s->in_step = true;
         s->fl_slot = slot;
         s->fl_pos = f->n;
         f->order[f->n++] = s;
-        n_tok += s->step_k;
+        n_tok += s->step_k + s->step_draft;
     }
     for (int32_t i = 0; i < b->n_running; i++)
         b->running[i]->planned = false;
@@ -602,7 +706,24 @@ void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *p
         blocks = pb->kv_fork.blocks;
     }
     bseq *s = kv_id ? sh__batcher_plan_find_running(b, kv_id) : NULL;
-    if (s && s->planned) {
+    bool draft_reply = false; /* the reply to the reservation of s's drafts */
+    if (s && s->planned && s->kv_wait > 0) {
+        draft_reply = s->draft_alloc && s->kv_wait == 1;
+        s->kv_wait--;
+    }
+    if (s && s->planned && draft_reply) {
+        // Only the drafts depend on it: refused (the pool is short), the step goes without them
+        // and nobody is preempted for them (dispatch_step checks what is reserved).
+        if (status == 0 && (int32_t)blocks.n <= b->max_blocks) {
+            for (uint32_t i = 0; i < blocks.n; i++)
+                s->blocks[i] = sh_i32s_at(blocks, i);
+            s->n_blocks = (int32_t)blocks.n;
+            s->n_reserved += (int32_t)pb->kv_alloc.appended;
+        } else {
+            s->step_draft = 0;
+        }
+        s->draft_alloc = false;
+    } else if (s && s->planned) {
         if (status == 0 && (int32_t)blocks.n <= b->max_blocks) {
             for (uint32_t i = 0; i < blocks.n; i++)
                 s->blocks[i] = sh_i32s_at(blocks, i);

@@ -11,16 +11,20 @@
 
 /* ---- STEP_DONE ---------------------------------------------------------------------------- */
 
-static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
+/* One generated token of s: its logprob (lp, lp_raw) and top lists (top_tokens and
+ * top_logprobs, empty but for a step's first token). Appends it, streams it as TOKEN and checks
+ * it against EOS, stop strings, max_tokens and the context. Returns false when it finished the
+ * sequence: s may then be freed (with its request) and must not be touched. */
+static bool emit_token(batcher *b, bseq *s, int32_t id, float lp_log, float lp_raw,
+                       sh_i32s top_tokens, sh_f32s top_logprobs)
 {
     breq *r = s->r;
-    int32_t id = o->token;
     bool eog =
         (sh_tokenizer_is_eog(b->a.tok, id) || (b->a.llama2c && id == sh_tokenizer_bos(b->a.tok))) &&
         s->n_gen >= r->min_tokens;
     if (eog) {
         sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_STOP);
-        return;
+        return false;
     }
     s->toks[s->n_toks++] = id;
     s->n_gen++;
@@ -37,11 +41,11 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
                             .tokens = {&s->toks[s->n_toks - 1], 1},
                             .text = {out ? out : "", (uint32_t)out_len},
                             .choice = (uint32_t)s->choice};
-        float lp = r->samp.logprobs_mode == SH_LOGPROBS_RAW ? o->logprob_raw : o->logprob;
+        float lp = r->samp.logprobs_mode == SH_LOGPROBS_RAW ? lp_raw : lp_log;
         t.logprobs = (sh_f32s){&lp, 1};
-        t.top_n = (uint8_t)o->top_tokens.n;
-        t.top_tokens = o->top_tokens;
-        t.top_logprobs = o->top_logprobs;
+        t.top_n = (uint8_t)top_tokens.n;
+        t.top_tokens = top_tokens;
+        t.top_logprobs = top_logprobs;
         sh_error e = {0};
         if (sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx), r->reply_to, SH_MSG_TOKEN,
                          r->trace, &t, &e))
@@ -50,10 +54,70 @@ static void emit_token(batcher *b, bseq *s, const sh_proto_step_out *o)
     }
     if (stopped) {
         sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_STOP);
-        return;
+        return false;
     }
-    if (s->n_gen >= r->max_tokens || s->n_toks >= b->a.n_ctx)
+    if (s->n_gen >= r->max_tokens || s->n_toks >= b->a.n_ctx) {
         sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_LENGTH);
+        return false;
+    }
+    return true;
+}
+
+/* The tokens of one sequence's answer: `token`, then `more` (a step with `drafted` drafts: the
+ * accepted drafts, then the stage's own token). Each goes through emit_token in order, and the
+ * first that finishes the sequence ends it: the tokens after a stop are dropped. The KV of an
+ * accepted draft's position is the sequence's, so n_computed advances over the accepted drafts
+ * that were kept; positions after them hold rejected drafts and are never reported computed
+ * (the next steps overwrite them). An answer with fewer tokens than drafted + 1 is the stage
+ * rejecting drafts (a stage that ignores drafts answers one token); one with more, or whose
+ * accepted tokens differ from the drafts, is the stage's error: only its outputs up to the first
+ * that differs from the drafts are taken. */
+static void emit_answer(batcher *b, bseq *s, const sh_proto_step_out *o, int32_t drafted)
+{
+    int32_t dr[SH_SPEC_MAX_K] = {0};
+    int32_t n_out = 1 + (int32_t)o->more.n;
+    bool lp_ok = o->more_lp.n == o->more.n && o->more_lp_raw.n == o->more.n;
+    if (n_out > drafted + 1 || !lp_ok) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "step_answer_bad",
+                     "req=%" PRIu64 " drafted=%d answered=%d more_lp=%u more_lr=%u", s->r->id,
+                     (int)drafted, (int)n_out, (unsigned)o->more_lp.n, (unsigned)o->more_lp_raw.n);
+        n_out = 1;
+    }
+    for (int32_t i = 0; i < drafted; i++)
+        dr[i] = s->toks[s->n_toks + i];
+    int32_t accepted = 0;
+    while (accepted < n_out - 1 &&
+           (accepted == 0 ? o->token : sh_i32s_at(o->more, (uint32_t)accepted - 1)) == dr[accepted])
+        accepted++;
+    if (accepted < n_out - 1) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "step_answer_bad",
+                     "req=%" PRIu64 " answer differs from the drafts at %d of %d", s->r->id,
+                     (int)accepted, (int)n_out);
+        n_out = accepted + 1;
+    }
+    if (drafted > 0) {
+        sh_spec_seq_update(&s->spec, drafted, accepted);
+        sh_counter_add(b->m_spec_drafts, 1);
+        sh_counter_add(b->m_spec_draft_toks, (uint64_t)drafted);
+        sh_counter_add(b->m_spec_accepted, (uint64_t)accepted);
+        for (int32_t i = 0; i < accepted; i++)
+            sh_counter_add(b->m_spec_pos[i], 1);
+    }
+    for (int32_t i = 0; i < n_out; i++) {
+        int32_t id = i == 0 ? o->token : sh_i32s_at(o->more, (uint32_t)i - 1);
+        if (id < 0 || id >= b->a.n_vocab) {
+            sh__batcher_req_fail(b, s->r, SH_EPROTO, 500,
+                                 "the stage sampled a token outside the vocabulary");
+            return;
+        }
+        float lp = i == 0 ? o->logprob : sh_f32s_at(o->more_lp, (uint32_t)i - 1);
+        float lr = i == 0 ? o->logprob_raw : sh_f32s_at(o->more_lp_raw, (uint32_t)i - 1);
+        if (!emit_token(b, s, id, lp, lr, i == 0 ? o->top_tokens : (sh_i32s){0},
+                        i == 0 ? o->top_logprobs : (sh_f32s){0}))
+            return;
+        if (i < accepted)
+            s->n_computed++; /* the accepted draft's KV: the position of the token just kept */
+    }
 }
 
 /* Takes step f out of flight (its slot is free again): its sequences are in no step now. */
@@ -195,8 +259,11 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
                      "step=%" PRIu64 " in_flight=%d", m->step, (int)b->n_inflight);
         return;
     }
-    if (m->compute_us)
+    if (m->compute_us) {
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
+        if (!m->status && b->pool)
+            sh_spec_cost_observe(&b->cost, f->n_tok, (double)m->compute_us);
+    }
     if (m->status && b->retries_max > 0 && status_transient(m->status) &&
         retries_of(f) < b->retries_max) {
         // A failed try for a link's reasons: the next try goes out at once.
@@ -245,15 +312,12 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
             sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
             continue;
         }
+        int32_t drafted = s->step_draft;
+        s->step_draft = 0;
         if (o->token < 0)
             continue;
         s->sampled = true;
-        if (o->token >= b->a.n_vocab) {
-            sh__batcher_req_fail(b, s->r, SH_EPROTO, 500,
-                                 "the stage sampled a token outside the vocabulary");
-            continue;
-        }
-        emit_token(b, s, o);
+        emit_answer(b, s, o, drafted);
     }
     plan_after_step(b);
 }

@@ -110,7 +110,9 @@ static void replica_args(const sh_replica_opts *o, sh_replica_set *r, int32_t k,
         .n_blocks = n_blocks,
         .seq_blocks = window > 0 ? 0 : seq_blocks,
         .step_timeout_ms = step_timeout,
-        .max_inflight = n_stages}; /* one step in flight per stage */
+        .max_inflight = n_stages, /* one step in flight per stage */
+        .spec = o->spec,
+        .spec_k = o->spec_k};
     if (r->n_replicas > 1) {
         snprintf(r->labels[k], sizeof r->labels[k], "replica=\"%d\"", (int)k);
         r->ka[k].metric_labels = r->labels[k];

@@ -51,6 +51,10 @@ typedef struct sh_replica_opts {
      * SH_REPLICA_MAX_QUEUE. */
     int32_t max_queue;
     bool no_prefix_cache;
+    /* Speculative decoding in every replica's batcher (sh_batcher_args.spec, spec_k): SH_SPEC_OFF
+     * (0) or SH_SPEC_NGRAM; spec_k 0: SH_SPEC_DEFAULT_K. */
+    sh_spec_kind spec;
+    int32_t spec_k;
     /* 0: SH_REPLICA_STEP_TIMEOUT_MS with worker nodes, none in one process;
      * SH_REPLICA_STEP_TIMEOUT_NONE: none; else milliseconds (sh_batcher_args.step_timeout_ms). */
     uint32_t step_timeout_ms;

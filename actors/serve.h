@@ -18,6 +18,7 @@
 #include "actors/kvmgr_core.h"
 #include "model/chat.h"
 #include "model/llama.h"
+#include "model/spec.h"
 #include "model/tokenizer.h"
 #include "net/openai.h"
 #include "shoal/runtime.h"
@@ -258,6 +259,16 @@ typedef struct sh_batcher_args {
     sh_addr router;
     uint32_t report_ms;
     const char *metric_labels;
+    /* Speculative decoding (model/spec.h, docs/serving.md): SH_SPEC_NGRAM drafts up to spec_k
+     * (1..SH_SPEC_MAX_K; 0: SH_SPEC_DEFAULT_K) tokens per decode step of a sequence from an
+     * n-gram lookup in its own tokens and a pool shared by the replica's requests; the stage
+     * verifies them in the step (step_seq.draft) and answers the accepted ones and its own token
+     * (step_out.more). Each sequence's draft length follows its acceptance and the measured cost
+     * of a step's rows, so that speculation stops by itself where it does not pay (large
+     * batches). Never for a request with top logprobs or sampling.no_spec. SH_SPEC_OFF (0): no
+     * drafts. The other kinds are not served (the caller refuses them). */
+    sh_spec_kind spec;
+    int32_t spec_k;
 } sh_batcher_args;
 
 /* ---- gateway ---------------------------------------------------------------------------- */
