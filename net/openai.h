@@ -104,6 +104,7 @@ typedef struct sh_openai_request {
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;    /* (extension, as vLLM) end-of-sequence tokens do not stop generation */
     int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is ignored before this many */
+    bool no_spec;       /* (extension) "speculative": false: never draft tokens for it */
     bool parse_special; /* (extension) completions with a text prompt: special-token texts in it
                          * (<|im_end|>, <s>, ...) become special tokens; by default they are
                          * plain text. Refused (400) on chat and with token-id prompts. */

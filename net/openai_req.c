@@ -472,6 +472,11 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
     if ((rc = get_int(o, "min_tokens", 0, 1 << 20, &v, err)) < 0)
         return false;
     r->min_tokens = rc == 0 ? (int32_t)v : 0;
+    // Extension: "speculative": false opts out of the server's speculative decoding.
+    bool spec = true;
+    if (get_bool(o, "speculative", &spec, err) < 0)
+        return false;
+    r->no_spec = !spec;
     if (r->kind == SH_OPENAI_COMPLETION) {
         if ((rc = get_int(o, "logprobs", 0, SH_OPENAI_MAX_LOGPROBS_CMPL, &v, err)) < 0)
             return false;

@@ -427,6 +427,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                            .max_wait_ms = o->max_wait_ms,
                            .max_queue = o->max_queue,
                            .no_prefix_cache = o->no_prefix_cache,
+                           .spec = o->spec.kind,
+                           .spec_k = o->spec.k,
                            .step_timeout_ms = !o->step_timeout_set ? 0 /* the default */
                                               : o->step_timeout_ms ? o->step_timeout_ms
                                                                    : SH_REPLICA_STEP_TIMEOUT_NONE,
@@ -544,6 +546,9 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
             : o->kv_f32 ? "f32"
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
+    if (o->spec.kind != SH_SPEC_OFF)
+        fprintf(stderr, "shoal: speculative decoding %s, up to %d drafted tokens per step\n",
+                sh_spec_kind_name(o->spec.kind), (int)o->spec.k);
     for (int32_t j = 1; j < n_slots; j++) {
         const sh_cluster_replica_plan *rp = &plan->rep[rs->ids[j][0]];
         fprintf(stderr, "shoal: model %s (%d layers, context %d), %d replica%s\n",

@@ -44,6 +44,12 @@ static void usage(FILE *f)
             "  --kv-f16            keep the KV cache in F16 (the default: half the memory)\n"
             "  --kv-f32            keep the KV cache in F32\n"
             "  --no-prefix-cache   do not reuse the KV of shared prompt prefixes\n"
+            "  --spec ngram|off    speculative decoding (default off): ngram drafts tokens\n"
+            "                      from each request's prompt and output (and the other\n"
+            "                      requests'), verified in the same step; a request opts out\n"
+            "                      with \"speculative\": false\n"
+            "  --spec-k N          with --spec ngram: most drafted tokens per step, 1 to 16\n"
+            "                      (default 8; each sequence adapts its own)\n"
             "  --max-seqs N        sequences per step (default 64)\n"
             "  --step-tokens N     token budget per step (default 4096)\n"
             "  --max-wait-ms N     wait to form a batch when idle (default 50)\n"
@@ -299,7 +305,24 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
-    "--fault-epoch --control-nice "
+    "--fault-epoch --control-nice --spec --spec-k "
+
+/* --spec and --spec-k: serving drafts with n-grams only so far. Returns 0 or 2 (printed). */
+static int parse_spec(sh_serve_opts *o)
+{
+    sh_error e = {0};
+    if (!o->spec_text && !o->spec_k_text)
+        return 0;
+    if (sh_spec_parse(o->spec_text ? o->spec_text : "off", o->spec_k_text, &o->spec, &e))
+        return sh__cmd_fail("%s", e.msg);
+    if (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF)
+        return sh__cmd_fail("--spec %s: serving supports --spec ngram only so far (draft models "
+                            "and self-speculation are not served yet)",
+                            o->spec_text);
+    if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text)
+        return sh__cmd_fail("--spec-k needs --spec ngram");
+    return 0;
+}
 
 /* Returns 0 to go on, 1 after --help, 2 on bad usage (message printed). */
 int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
@@ -451,6 +474,10 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
             o->key_file = v;
         else if (!strcmp(a, "--log-level"))
             o->log_level = v;
+        else if (!strcmp(a, "--spec"))
+            o->spec_text = v;
+        else if (!strcmp(a, "--spec-k"))
+            o->spec_k_text = v;
         else
             return sh__cmd_fail("unknown option '%s' (see shoal serve --help)", a);
         if (!ok)
@@ -459,7 +486,7 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
     }
     if (o->model && o->config)
         return sh__cmd_fail("give -m MODEL or -c CLUSTER.lua, not both");
-    return 0;
+    return parse_spec(o);
 }
 
 /* Takes the settings of a one-node cluster script; flags given on the command line win. */

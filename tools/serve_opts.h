@@ -47,6 +47,8 @@ typedef struct sh_serve_opts {
     uint32_t recover_ms;          /* --recover-timeout: wait this long for a lost worker to come
                                    * back (0: fail stop at once) */
     int32_t control_nice;         /* --control-nice (tools/cmd_util.h); -1: not given */
+    const char *spec_text, *spec_k_text; /* --spec, --spec-k as given */
+    sh_spec_opts spec;                   /* what they say (off when not given) */
     sh_openai_key keys[SH_SERVE_MAX_KEYS];
     int32_t n_keys;
     char *key_mem[SH_SERVE_MAX_KEYS];
