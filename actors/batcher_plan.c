@@ -395,13 +395,17 @@ static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reser
     if (!b->pool)
         return;
     int32_t rows = 0;
+    int32_t logits = b->a.max_logits > 0 ? b->a.max_logits : b->a.max_seqs;
     for (int32_t i = 0; i < b->n_running; i++) {
         bseq *s = b->running[i];
         if (s->planned && !s->fork_pending) {
             rows += s->step_k;
             s->step_draft = 0;
+            logits--; /* at most one row of logits each (a fork, or a prefill chunk, takes none) */
         }
     }
+    if (logits < budget)
+        budget = logits; /* the drafts' rows of logits */
     for (int32_t i = 0; i < b->n_running && budget > 0; i++) {
         bseq *s = b->running[i];
         if (!may_draft(b, s))

@@ -112,7 +112,8 @@ static void replica_args(const sh_replica_opts *o, sh_replica_set *r, int32_t k,
         .step_timeout_ms = step_timeout,
         .max_inflight = n_stages, /* one step in flight per stage */
         .spec = o->spec,
-        .spec_k = o->spec_k};
+        .spec_k = o->spec_k,
+        .max_logits = plan ? 0 : o->max_logits}; /* worker nodes' contexts: their default */
     if (r->n_replicas > 1) {
         snprintf(r->labels[k], sizeof r->labels[k], "replica=\"%d\"", (int)k);
         r->ka[k].metric_labels = r->labels[k];

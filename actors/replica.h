@@ -55,6 +55,7 @@ typedef struct sh_replica_opts {
      * (0) or SH_SPEC_NGRAM; spec_k 0: SH_SPEC_DEFAULT_K. */
     sh_spec_kind spec;
     int32_t spec_k;
+    int32_t max_logits; /* the stages' contexts' max_logits (sh_batcher_args.max_logits) */
     /* 0: SH_REPLICA_STEP_TIMEOUT_MS with worker nodes, none in one process;
      * SH_REPLICA_STEP_TIMEOUT_NONE: none; else milliseconds (sh_batcher_args.step_timeout_ms). */
     uint32_t step_timeout_ms;

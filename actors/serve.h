@@ -269,6 +269,11 @@ typedef struct sh_batcher_args {
      * drafts. The other kinds are not served (the caller refuses them). */
     sh_spec_kind spec;
     int32_t spec_k;
+    /* The rows of logits one step may ask of the last stage (its context's max_logits): one per
+     * sampled sequence plus every drafted token; drafts are left out of a step beyond it. 0:
+     * max_seqs (a context's default), which leaves drafts only the rows that the step's sampled
+     * sequences do not take. */
+    int32_t max_logits;
 } sh_batcher_args;
 
 /* ---- gateway ---------------------------------------------------------------------------- */

@@ -344,6 +344,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     sh_cmd_prio prio;
     sh__cmd_prio_apply(o->control_nice, who, !o->cluster, &prio);
     int32_t n_ctx = sz.n_ctx, max_seqs = sz.max_seqs, step_tokens = sz.step_tokens;
+    int32_t max_logits = 0; /* the context's rows of logits per step (0: max_seqs) */
     uint64_t bytes_per_block = sz.bytes_per_block;
     int64_t n_blocks = sz.n_blocks;
     sh_runtime_opts ro = {
@@ -392,9 +393,17 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         char kern[160];
         sh_backend_cpu_describe(s->be, kern, sizeof kern);
         fprintf(stderr, "shoal: cpu: %s\n", kern);
+        // Speculation: rows of logits for drafted tokens beyond one per sequence (4 sequences
+        // drafting SH_SPEC_MAX_K tokens each, or more drafting fewer; the batcher keeps a step's
+        // drafts within them).
+        max_logits = max_seqs;
+        if (o->spec.kind != SH_SPEC_OFF)
+            max_logits += 4 * SH_SPEC_MAX_K;
+        if (max_logits > step_tokens)
+            max_logits = step_tokens;
         sh_llama_ctx_opts co = {.max_tokens = step_tokens,
                                 .max_seqs = max_seqs,
-                                .max_logits = max_seqs,
+                                .max_logits = max_logits,
                                 .kv_tokens = (int32_t)(n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
                                 .kv_type = o->kv_f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
         if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
@@ -429,6 +438,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                            .no_prefix_cache = o->no_prefix_cache,
                            .spec = o->spec.kind,
                            .spec_k = o->spec.k,
+                           .max_logits = max_logits,
                            .step_timeout_ms = !o->step_timeout_set ? 0 /* the default */
                                               : o->step_timeout_ms ? o->step_timeout_ms
                                                                    : SH_REPLICA_STEP_TIMEOUT_NONE,
