@@ -21,6 +21,9 @@ sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # About 100 s on an AVX-512 VM; 280-300 s on an AVX2-only one under the suite's -j2 load.
 set_tests_properties(test_serve_batch PROPERTIES TIMEOUT 600)
+# Speculative decoding (--spec ngram) against --spec off: exactness, metrics, opt-out, preemption.
+sh_serve_test(test_serve_spec ${_d}/run_py.sh ${_d}/test_serve_spec.py)
+set_tests_properties(test_serve_spec PROPERTIES TIMEOUT 600)
 sh_serve_test(test_serve_window ${_d}/run_py.sh ${_d}/test_serve_window.py)
 sh_serve_test(test_serve_conns ${_d}/run_py.sh ${_d}/test_serve_conns.py)
 sh_serve_test(test_serve_drain ${_d}/run_py.sh ${_d}/test_serve_drain.py)

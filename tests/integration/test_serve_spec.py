@@ -1,0 +1,238 @@
+"""`shoal serve --spec ngram`: speculative decoding in the batcher (stdlib only, threads).
+
+(a) Greedy exactness: 12 requests (edit-style prompts that restate text of the prompt, so that
+    n-gram drafts are accepted, code, a count, free text; one with a stop string and one with a
+    small max_tokens, which end inside runs of accepted drafts) give, alone and all at once, the
+    same text, finish_reason and token counts as the same server with --spec off; an edit prompt
+    with "logprobs": 0 also gives the same per-token logprobs (those of accepted drafts included).
+(b) /metrics: after the edit prompts shoal_spec_drafts_total, shoal_spec_draft_tokens_total,
+    shoal_spec_accepted_tokens_total and shoal_spec_accepted_position_total{pos="1"} are > 0, and
+    no more are accepted than drafted.
+(c) Opt-out: a request with "speculative": false, and one asking for top logprobs, leave
+    shoal_spec_draft_tokens_total unchanged and still equal --spec off; "speculative" that is
+    not a boolean is a 400 naming the field.
+(d) Preemption: with --kv-blocks 40 --max-seqs 16, 16 concurrent requests (6 of them edit-style)
+    preempt one another and still equal --spec off's outputs.
+(e) Bad flags (--spec draft:PATH, self:N, an unknown kind, --spec-k 0, 17, abc, --spec-k
+    without --spec ngram) exit 2 with a message.
+
+(a), (b) and (d) need a stage that verifies drafts (actors/stage.c): one that ignores them
+samples the row after the drafts and (a) fails.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util as su  # noqa: E402
+
+MODEL = su.MODEL_NAME
+TIMEOUT = 120.0
+
+FOX = "The quick brown fox jumps over the lazy dog."
+EDIT = [
+    f"Repeat the following text exactly: {FOX} {FOX}\n\nText:",
+    "Copy this list: apples, oranges, bananas, grapes, pears, plums, cherries, lemons.\nCopy:",
+    "Rewrite the sentence in the same words: Once upon a time there was a little girl who "
+    "lived in a village near the forest.\nRewritten:",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+    "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+]
+FREE = ["The history of the Roman Empire.", "How photosynthesis works.",
+        "A recipe for pancakes.", "Why the sky is blue."]
+# (prompt, max_tokens, extra fields)
+REQS = [(p, 48, {}) for p in EDIT] + [(p, 32, {}) for p in FREE] + [
+    (EDIT[5], 48, {"stop": ["mat. The"]}),  # a stop string inside a run of accepted drafts
+    (EDIT[0], 5, {}),                       # max_tokens inside one
+]
+assert len(REQS) == 12
+
+
+def complete(url, prompt, max_tokens, extra=None, timeout=TIMEOUT):
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body.update(extra or {})
+    status, parsed, raw = su.post_json(url, "/v1/completions", body, timeout=timeout)
+    assert status == 200, f"status {status}: {raw[:300]!r}"
+    ch = parsed["choices"][0]
+    lp = (ch.get("logprobs") or {}).get("token_logprobs")
+    return ch["text"], ch["finish_reason"], parsed["usage"]["completion_tokens"], lp
+
+
+def run_all(url, reqs):
+    return [complete(url, p, n, x)[:3] for p, n, x in reqs]
+
+
+def run_concurrently(url, reqs):
+    results = [None] * len(reqs)
+    barrier = threading.Barrier(len(reqs))
+
+    def worker(i):
+        try:
+            barrier.wait(30)
+            p, n, x = reqs[i]
+            results[i] = complete(url, p, n, x)[:3]
+        except Exception as exc:  # noqa: BLE001
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT + 30)
+    stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+    assert not stuck, f"requests {stuck} still running"
+    return results
+
+
+def compare(ref, got, reqs, what):
+    bad = []
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if isinstance(b, Exception):
+            bad.append(f"#{i}: {type(b).__name__}: {b}")
+        elif a != b:
+            bad.append(f"#{i} ({reqs[i][0][:30]!r}): --spec off {a!r}\n      {what} {b!r}")
+    assert not bad, f"{len(bad)} of {len(reqs)} differ from --spec off:\n  " + "\n  ".join(bad)
+
+
+def spec_counts(url):
+    text = su.metrics(url)
+    return {k: su.metric(text, f"shoal_spec_{k}_total") or 0
+            for k in ("drafts", "draft_tokens", "accepted_tokens")}, \
+        su.metric(text, "shoal_spec_accepted_position_total", pos="1") or 0
+
+
+def kv_reqs():
+    out = []
+    for i in range(10):
+        s = 10 + i * 5
+        out.append((f"Sequence {chr(65 + i)}: " + ", ".join(str(s + j) for j in range(14)) + ",",
+                    80, {}))
+    for i, p in enumerate(EDIT):
+        out.append((f"Request {i}. {p}", 80, {"ignore_eos": True}))
+    return out
+
+
+LP_REQ = (EDIT[0], 40, {"logprobs": 0})
+
+
+def reference(r, ref):
+    with su.server("--spec", "off", runner=r) as srv:
+        def run():
+            ref["a"] = run_all(srv.url, REQS)
+            ref["kv"] = run_all(srv.url, kv_reqs())
+            ref["lp"] = complete(srv.url, *LP_REQ)
+            spec, _ = spec_counts(srv.url)
+            assert spec["drafts"] == 0, f"--spec off drafted: {spec}"
+
+        r.case("--spec off: reference outputs", run)
+
+
+def spec_server(r, ref):
+    with su.server("--spec", "ngram", runner=r) as srv:
+        def alone():
+            compare(ref["a"], run_all(srv.url, REQS), REQS, "--spec ngram alone")
+
+        def metrics():
+            spec, pos1 = spec_counts(srv.url)
+            su.log(f"     after the requests alone: {spec}, accepted at position 1: {pos1:.0f}")
+            assert spec["drafts"] > 0 and spec["draft_tokens"] > 0, f"no drafts: {spec}"
+            assert spec["accepted_tokens"] > 0 and pos1 > 0, f"no draft accepted: {spec}"
+            assert spec["accepted_tokens"] <= spec["draft_tokens"], f"accepted > drafted: {spec}"
+
+        def at_once():
+            compare(ref["a"], run_concurrently(srv.url, REQS), REQS, "--spec ngram at once")
+
+        def logprobs():
+            text, fin, n, lp = complete(srv.url, *LP_REQ)
+            rt, rf, rn, rlp = ref["lp"]
+            assert (text, fin, n) == (rt, rf, rn), f"{(text, fin, n)!r} vs {(rt, rf, rn)!r}"
+            d = max(abs(a - b) for a, b in zip(lp, rlp))
+            assert len(lp) == len(rlp) and d < 1e-3, f"logprobs differ by {d:.5f}"
+
+        def opt_out():
+            before, _ = spec_counts(srv.url)
+            got = complete(srv.url, REQS[0][0], REQS[0][1], {"speculative": False})[:3]
+            assert got == ref["a"][0], f"speculative false: {got!r} vs {ref['a'][0]!r}"
+            got = complete(srv.url, REQS[0][0], REQS[0][1], {"logprobs": 2})[:3]
+            assert got == ref["a"][0], f"top logprobs: {got!r} vs {ref['a'][0]!r}"
+            after, _ = spec_counts(srv.url)
+            assert after["draft_tokens"] == before["draft_tokens"], \
+                f"drafted for an opted-out request: {before} -> {after}"
+            got = complete(srv.url, REQS[0][0], REQS[0][1], {"speculative": True})[:3]
+            assert got == ref["a"][0], f"speculative true: {got!r}"
+            again, _ = spec_counts(srv.url)
+            assert again["draft_tokens"] > after["draft_tokens"], \
+                f"no drafts with speculative true: {after} -> {again}"
+            status, parsed, raw = su.post_json(srv.url, "/v1/completions", {
+                "model": MODEL, "prompt": "Hi", "max_tokens": 2, "speculative": "no"})
+            err = su.check_error(status, parsed, raw, 400, what="speculative \"no\"")
+            assert err["param"] == "speculative", f"param {err['param']!r}"
+
+        r.case("(a) 12 requests alone == --spec off", alone)
+        r.case("(b) /metrics: drafts and accepted tokens > 0", metrics)
+        r.case("(a) 12 requests at once == --spec off", at_once)
+        r.case("(a) logprobs of an edit prompt == --spec off", logprobs)
+        r.case("(c) opt-out and top logprobs: no drafts, same output; bad value 400", opt_out)
+        r.case("idle afterwards", su.wait_idle, srv.url)
+
+
+def preemption(r, ref):
+    reqs = kv_reqs()
+    with su.server("--spec", "ngram", "--kv-blocks", 40, "--max-seqs", 16, runner=r,
+                   stop_signal=signal.SIGINT) as srv:
+        def check():
+            before = su.metric(su.metrics(srv.url), "shoal_preemptions_total") or 0
+            got = run_concurrently(srv.url, reqs)
+            text = su.metrics(srv.url)
+            pre = (su.metric(text, "shoal_preemptions_total") or 0) - before
+            spec, _ = spec_counts(srv.url)
+            su.log(f"     preemptions {pre:.0f}, {spec}")
+            compare(ref["kv"], got, reqs, "--spec ngram, 40 blocks")
+            assert pre > 0, "no preemption with 16 x ~140 positions in 640"
+            assert spec["accepted_tokens"] > 0, f"no draft accepted: {spec}"
+
+        r.case("(d) 16 concurrent over 40 blocks: preempted, == --spec off", check)
+
+
+def bad_flags(r):
+    cases = [["--spec", "draft:models/x.gguf"], ["--spec", "self:4"], ["--spec", "bogus"],
+             ["--spec", "ngram", "--spec-k", "0"], ["--spec", "ngram", "--spec-k", "17"],
+             ["--spec", "ngram", "--spec-k", "abc"], ["--spec-k", "4"], ["--spec"]]
+
+    def check():
+        bad = []
+        for args in cases:
+            p = subprocess.run([su.shoal_binary(), "serve", "--port", "0", "-m", su.MODEL] + args,
+                               cwd=su.ROOT, capture_output=True, text=True, timeout=60)
+            if p.returncode != 2 or "error" not in p.stderr:
+                bad.append(f"{args}: exit {p.returncode}, stderr {p.stderr[-200:]!r}")
+        assert not bad, "\n  ".join(bad)
+
+    r.case("(e) bad --spec / --spec-k values exit 2 with a message", check)
+
+
+def main():
+    su.require_model()
+    r = su.Runner("serve_spec")
+    ref = {}
+    t0 = time.monotonic()
+    for part in (bad_flags, reference, spec_server, preemption):
+        if part is not bad_flags and part is not reference and "a" not in ref:
+            r.fail(part.__name__, "no reference outputs")
+            continue
+        try:
+            part(r, ref) if part is not bad_flags else part(r)
+        except AssertionError as e:
+            r.fail(part.__name__, str(e))
+    su.log(f"     {time.monotonic() - t0:.0f} s")
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
