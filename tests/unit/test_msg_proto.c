@@ -187,7 +187,7 @@ static void pk_envelope(msgpack_packer *pk, uint64_t type)
 
 static void pk_sampling(msgpack_packer *pk, bool reverse)
 {
-    msgpack_pack_map(pk, 14);
+    msgpack_pack_map(pk, reverse ? 14 : 15); /* reverse leaves the OPT "nspec" out */
     /* Keys in an order of our choosing: decoders must not depend on it. */
     if (reverse) {
         pk_str(pk, "bias");
@@ -240,6 +240,8 @@ static void pk_sampling(msgpack_packer *pk, bool reverse)
             pk_str(pk, "b");
             msgpack_pack_float(pk, -1.5f * (float)(i + 1));
         }
+        pk_str(pk, "nspec");
+        msgpack_pack_false(pk);
     }
 }
 

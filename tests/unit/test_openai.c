@@ -368,6 +368,21 @@ static void test_prompt_rules(void)
         "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
         "\"parse_special\":true}",
         400, "parse_special", NULL);
+    // speculative (extension): false opts out of speculative decoding; absent or true does not.
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"speculative\":false}");
+    if (r)
+        CHECK(r->no_spec);
+    sh_openai_request_free(r);
+    r = parse_ok(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+                       "\"hi\"}],\"speculative\":true}");
+    if (r)
+        CHECK(!r->no_spec);
+    sh_openai_request_free(r);
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\"}");
+    if (r)
+        CHECK(!r->no_spec);
+    sh_openai_request_free(r);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"speculative\":0}", 400, "speculative", NULL);
 }
 
 static void test_error_json(void)
