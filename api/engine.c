@@ -113,6 +113,14 @@ static sh_err check_opts(const sh_engine_opts *o, sh_error *e)
                              "opts.recover_timeout_ms = %d: must be -1 (no wait), 0 (30 s) or "
                              "1 to 3600000 ms",
                              (int)o->recover_timeout_ms);
+    if (o->spec != SH_ENGINE_SPEC_OFF && o->spec != SH_ENGINE_SPEC_NGRAM)
+        return sh__error_set(e, SH_EINVAL,
+                             "opts.spec = %d: must be SH_ENGINE_SPEC_OFF (0) or "
+                             "SH_ENGINE_SPEC_NGRAM (1)",
+                             (int)o->spec);
+    if (o->spec_k < 0 || o->spec_k > SH_SPEC_MAX_K)
+        return sh__error_set(e, SH_EINVAL, "opts.spec_k = %d: must be 0 (8) to %d", (int)o->spec_k,
+                             SH_SPEC_MAX_K);
     if (o->log_level < 0 || o->log_level > SH_LOG_LEVEL_TRACE)
         return sh__error_set(e, SH_EINVAL, "opts.log_level = %d: must be 0 to %d",
                              (int)o->log_level, SH_LOG_LEVEL_TRACE);
@@ -133,8 +141,9 @@ static int32_t compute_threads(int32_t asked)
 typedef struct script_settings {
     int32_t step_tokens, max_wait_ms;
     bool no_prefix_cache;
-    bool kv_f32; /* kv.type = "f32" */
-    bool front;  /* the script has worker nodes: this engine is their front */
+    bool kv_f32;          /* kv.type = "f32" */
+    bool front;           /* the script has worker nodes: this engine is their front */
+    int32_t spec, spec_k; /* batcher.spec (sh_spec_kind) and spec_k */
     char name[128];
 } script_settings;
 
@@ -166,7 +175,17 @@ static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_set
     ss->max_wait_ms = c->batcher.max_wait_ms;
     ss->no_prefix_cache = !c->kv.prefix_cache;
     ss->kv_f32 = c->kv.f32;
+    ss->spec = c->batcher.spec;
+    ss->spec_k = c->batcher.spec_k;
     return SH_OK;
+}
+
+/* The context's rows of logits per step: one per sequence, and with speculation rows for drafts
+ * (as shoal serve's; the batcher keeps a step's drafts within them). */
+static int32_t spec_logits(const sh_serve_size *sz, const script_settings *ss)
+{
+    int32_t n = sz->max_seqs + (ss->spec != SH_SPEC_OFF ? 4 * SH_SPEC_MAX_K : 0);
+    return n < sz->step_tokens ? n : sz->step_tokens;
 }
 
 /* Loads the model and its tokenizer, sizes the KV pool within the budget and creates the compute
@@ -227,7 +246,7 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
         return rc;
     sh_llama_ctx_opts co = {.max_tokens = sz->step_tokens,
                             .max_seqs = sz->max_seqs,
-                            .max_logits = sz->max_seqs,
+                            .max_logits = spec_logits(sz, ss),
                             .kv_tokens = (int32_t)(sz->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS),
                             .kv_type = ss->kv_f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
     if ((rc = sh_llama_ctx_create(eng->m, eng->be, &co, &eng->ctx, e)))
@@ -273,7 +292,10 @@ static sh_err start_actors(sh_engine *eng, const sh_serve_size *sz, const script
                           .n_blocks = sz->n_blocks,
                           .max_wait_ms = ss->max_wait_ms,
                           .max_queue = max_queue,
-                          .no_prefix_cache = ss->no_prefix_cache};
+                          .no_prefix_cache = ss->no_prefix_cache,
+                          .spec = (sh_spec_kind)ss->spec,
+                          .spec_k = ss->spec_k,
+                          .max_logits = spec_logits(sz, ss)};
     if ((rc = sh__replica_start(eng->rt, &ro, &eng->replicas, e)))
         return rc;
     eng->batcher = eng->replicas->target[0];
@@ -375,6 +397,11 @@ sh_err sh_engine_open(const sh_engine_opts *opts, sh_engine **out, sh_error *err
         sh_config_destroy(cfg);
         return rc;
     }
+    // Speculation: the options' settings win over the script's batcher.spec and spec_k.
+    if (o.spec)
+        ss.spec = SH_SPEC_NGRAM;
+    if (o.spec_k)
+        ss.spec_k = o.spec_k;
     sh_engine *eng = calloc(1, sizeof *eng);
     if (!eng) {
         sh_config_destroy(cfg);

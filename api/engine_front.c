@@ -129,6 +129,8 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
                            .max_wait_ms = c->batcher.max_wait_ms,
                            .max_queue = max_queue + plan->max_seqs * (n_rep - 1),
                            .no_prefix_cache = !c->kv.prefix_cache,
+                           .spec = o->spec ? SH_SPEC_NGRAM : (sh_spec_kind)c->batcher.spec,
+                           .spec_k = o->spec_k ? o->spec_k : c->batcher.spec_k,
                            .loop = 1};
     if ((rc = sh__replica_start(eng->rt, &rep, &eng->replicas, e)))
         return rc;

@@ -102,9 +102,18 @@ typedef struct sh_engine_opts {
      * Milliseconds: 0 means 30000 (as `shoal serve -c`), -1 no wait (fail at once), at most
      * 3600000; anything else fails the open with SH_EINVAL. Ignored for a model run here. */
     int32_t recover_timeout_ms;
+    /* Speculative decoding, as `shoal serve --spec` (docs/serving.md): SH_ENGINE_SPEC_NGRAM drafts
+     * up to spec_k tokens per decode step by n-gram lookup in each request's prompt and output
+     * and verifies them in the same step (greedy output unchanged); SH_ENGINE_SPEC_OFF (0): none,
+     * unless the cluster script's batcher.spec is "ngram". spec_k: 1..16; 0: the script's
+     * batcher.spec_k, else 8. Anything else fails the open with SH_EINVAL. A request opts out
+     * with sh_request_opts.no_spec. */
+    int32_t spec;
+    int32_t spec_k;
 } sh_engine_opts;
 
 enum { SH_ENGINE_SCHED_NORMAL = 0, SH_ENGINE_SCHED_BATCH = 1, SH_ENGINE_SCHED_IDLE = 2 };
+enum { SH_ENGINE_SPEC_OFF = 0, SH_ENGINE_SPEC_NGRAM = 1 };
 
 /* The defaults: every field zero or NULL, struct_size set. Any thread; never fails. Inline, so
  * that struct_size is the size this program was compiled with: a library built against a later
@@ -167,6 +176,8 @@ typedef struct sh_request_opts {
     bool logprobs;        /* on_token carries each token's log-probability */
     bool ignore_eos;      /* generate max_tokens whatever the model says */
     uint32_t timeout_ms;  /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
+    bool no_spec;         /* never draft tokens for it (sh_engine_opts.spec); top_logprobs > 0
+                           * implies it */
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "lua/sandbox.h"
+#include "model/spec.h"
 
 #define DEF_MEMORY ((size_t)64 << 20)
 #define DEF_TIME_MS 2000
@@ -72,10 +73,10 @@ static const sh__lua_field gateway_fields[] = {{"node", SH__LUA_STR, true},
                                                {"http", SH__LUA_STR, true},
                                                {"api_keys", SH__LUA_TABLE, false},
                                                {NULL, 0, false}};
-static const sh__lua_field batcher_fields[] = {{"max_step_tokens", SH__LUA_INT, false},
-                                               {"max_seqs", SH__LUA_INT, false},
-                                               {"max_wait_ms", SH__LUA_INT, false},
-                                               {NULL, 0, false}};
+static const sh__lua_field batcher_fields[] = {
+    {"max_step_tokens", SH__LUA_INT, false}, {"max_seqs", SH__LUA_INT, false},
+    {"max_wait_ms", SH__LUA_INT, false},     {"spec", SH__LUA_STR, false},
+    {"spec_k", SH__LUA_INT, false},          {NULL, 0, false}};
 static const sh__lua_field kv_fields[] = {{"block_tokens", SH__LUA_INT, false},
                                           {"prefix_cache", SH__LUA_BOOL, false},
                                           {"memory", SH__LUA_ANY, false},
@@ -917,6 +918,16 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
         (int32_t)sh__lua_get_int_range(L, idx, "max_seqs", 64, 1, 65536, w, where);
     c->batcher.max_wait_ms =
         (int32_t)sh__lua_get_int_range(L, idx, "max_wait_ms", 50, 0, 60000, w, where);
+    // Speculative decoding: "off" or "ngram" (what `shoal serve --spec` serves), spec_k 1..16.
+    const char *spec = lua_isnil(L, idx) ? NULL : sh__lua_get_str(L, idx, "spec");
+    c->batcher.spec_k = (int32_t)sh__lua_get_int_range(L, idx, "spec_k", SH_SPEC_DEFAULT_K, 1,
+                                                       SH_SPEC_MAX_K, w, where);
+    if (spec && strcmp(spec, "off") != 0 && strcmp(spec, "ngram") != 0)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "%s: field 'spec' must be \"off\" or \"ngram\" (draft models and "
+                     "self-speculation are not served yet), got \"%.40s\"",
+                     w, spec);
+    c->batcher.spec = spec && !strcmp(spec, "ngram") ? SH_SPEC_NGRAM : SH_SPEC_OFF;
     lua_pop(L, 1);
 
     idx = field(L, "kv");

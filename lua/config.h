@@ -115,6 +115,8 @@ typedef struct sh_config_batcher {
     int32_t max_step_tokens; /* default 4096 */
     int32_t max_seqs;        /* default 64 */
     int32_t max_wait_ms;     /* default 50 */
+    int32_t spec;            /* sh_spec_kind: "off" (default, 0) or "ngram" (model/spec.h) */
+    int32_t spec_k;          /* 1..16 drafted tokens at most per step; 0 (absent): the default */
 } sh_config_batcher;
 
 typedef struct sh_config_kv {

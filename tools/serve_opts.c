@@ -307,7 +307,8 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
     "--fault-epoch --control-nice --spec --spec-k "
 
-/* --spec and --spec-k: serving drafts with n-grams only so far. Returns 0 or 2 (printed). */
+/* --spec and --spec-k: serving drafts with n-grams only so far. --spec-k alone waits for the
+ * script's batcher.spec (checked in sh__serve_opts_finish). Returns 0 or 2 (printed). */
 static int parse_spec(sh_serve_opts *o)
 {
     sh_error e = {0};
@@ -319,7 +320,7 @@ static int parse_spec(sh_serve_opts *o)
         return sh__cmd_fail("--spec %s: serving supports --spec ngram only so far (draft models "
                             "and self-speculation are not served yet)",
                             o->spec_text);
-    if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text)
+    if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text && !o->config)
         return sh__cmd_fail("--spec-k needs --spec ngram");
     return 0;
 }
@@ -554,6 +555,14 @@ static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
         o->max_wait_ms = c->batcher.max_wait_ms;
     if (!c->kv.prefix_cache)
         o->no_prefix_cache = true;
+    if (!o->spec_text) { /* batcher.spec and spec_k; --spec-k given wins over spec_k */
+        o->spec.kind = (sh_spec_kind)c->batcher.spec;
+        if (!o->spec_k_text)
+            o->spec.k = c->batcher.spec_k;
+    }
+    if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text)
+        return sh__cmd_fail("--spec-k needs --spec ngram (or batcher.spec = \"ngram\" in %s)",
+                            o->config);
     if (!o->kv_mem && c->kv.memory_bytes)
         o->kv_mem = c->kv.memory_bytes;
     if (!o->cluster && !o->kv_f16 && !o->kv_f32 && c->kv.f32)

@@ -1136,6 +1136,84 @@ static void test_fd_readable(void)
     CHECK_OK(sh_engine_close(eng));
 }
 
+/* The value of metric `name` (first sample) in a Prometheus text, or -1. */
+static double metric_value(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* Speculative decoding through the C API (opts.spec, spec_k, request no_spec): bad values fail
+ * the open; greedy ids with n-gram drafts equal an engine without them, drafts are accepted on a
+ * prompt that repeats itself, and a request with no_spec drafts nothing. Needs a stage that
+ * verifies drafts (actors/stage.c). */
+static void test_spec(void)
+{
+    sh_engine_opts o = sh_engine_opts_default();
+    o.model_path = sh_test_path(MODEL);
+    o.threads = 1;
+    o.kv_bytes = 4u << 20;
+    sh_engine *eng = NULL;
+    sh_error e = {0};
+    o.spec = 2;
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "opts.spec") != NULL);
+    o.spec = SH_ENGINE_SPEC_NGRAM;
+    o.spec_k = 17;
+    CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "opts.spec_k") != NULL);
+    static const char *const prompts[] = {
+        "Once upon a time, there was a little girl named Lily. Once upon a time, there was a "
+        "little girl named Lily. Once upon a time, there was",
+        "The little cat", "Tim and Sue went to the park. Tim and Sue went to the"};
+    enum { NP = 3 };
+    static seen off[NP], on[NP], opt_out;
+    sh_engine *plain = open_tiny(1, 0);
+    if (!plain)
+        return;
+    for (int i = 0; i < NP; i++) {
+        init_seen(&off[i], plain);
+        submit_prompt(plain, prompts[i], 48, &off[i]);
+        run_all(plain);
+    }
+    CHECK_OK(sh_engine_close(plain));
+    o.spec_k = 4;
+    CHECK_OK(sh_engine_open(&o, &eng, &e));
+    if (!eng)
+        return;
+    for (int i = 0; i < NP; i++) {
+        init_seen(&on[i], eng);
+        submit_prompt(eng, prompts[i], 48, &on[i]);
+        run_all(eng);
+        CHECK_INT_EQ(on[i].n_done, 1);
+        CHECK_INT_EQ(on[i].n_ids, off[i].n_ids);
+        CHECK(memcmp(on[i].ids, off[i].ids, (size_t)off[i].n_ids * 4) == 0);
+        CHECK_STR_EQ(on[i].text, off[i].text);
+    }
+    static char m[1 << 16];
+    size_t len = 0;
+    CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
+    double drafted = metric_value(m, "shoal_spec_draft_tokens_total");
+    CHECK(drafted > 0);
+    CHECK(metric_value(m, "shoal_spec_accepted_tokens_total") > 0);
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = prompts[0];
+    r.max_tokens = 48;
+    r.no_spec = true;
+    uint64_t id = 0;
+    init_seen(&opt_out, eng);
+    CHECK_OK(sh_submit(eng, &r, &CB, &opt_out, &id, &e));
+    run_all(eng);
+    CHECK_INT_EQ(opt_out.n_ids, off[0].n_ids);
+    CHECK(memcmp(opt_out.ids, off[0].ids, (size_t)off[0].n_ids * 4) == 0);
+    CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
+    CHECK(metric_value(m, "shoal_spec_draft_tokens_total") == drafted);
+    CHECK_OK(sh_engine_close(eng));
+}
+
 int main(int argc, char **argv)
 {
     if (!have_model()) {
@@ -1158,6 +1236,7 @@ int main(int argc, char **argv)
                                          {"silent", test_silent},
                                          {"cluster_script", test_cluster_script},
                                          {"cluster_front", test_cluster_front},
+                                         {"spec", test_spec},
                                          {NULL, NULL}};
     return sh_test_main(argc, argv, tests);
 }

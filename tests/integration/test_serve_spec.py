@@ -15,6 +15,9 @@
     preempt one another and still equal --spec off's outputs.
 (e) Bad flags (--spec draft:PATH, self:N, an unknown kind, --spec-k 0, 17, abc, --spec-k
     without --spec ngram) exit 2 with a message.
+(f) A one-node cluster script's batcher = { spec = "ngram", spec_k = 4 } turns it on for
+    `shoal serve -c` (the startup line says so, drafts are accepted, output equals --spec off);
+    --spec off on the command line wins over it.
 
 (a), (b) and (d) need a stage that verifies drafts (actors/stage.c): one that ignores them
 samples the row after the drafts and (a) fails.
@@ -24,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -217,12 +221,42 @@ def bad_flags(r):
     r.case("(e) bad --spec / --spec-k values exit 2 with a message", check)
 
 
+def script_server(r, ref):
+    with tempfile.TemporaryDirectory(prefix="shoal-spec-") as d:
+        path = os.path.join(d, "one.lua")
+        with open(path, "w") as f:
+            f.write(f"local m = model {{ path = '{su.MODEL}', name = '{MODEL}' }}\n"
+                    "return cluster {\n"
+                    "  nodes = { node { name = 'local', listen = 'inproc://local' } },\n"
+                    "  gateway = { node = 'local', http = '127.0.0.1:0' },\n"
+                    "  replicas = { replica { model = m, stages = pipeline(m, { 'local' }) } },\n"
+                    "  batcher = { spec = 'ngram', spec_k = 4 },\n"
+                    "}\n")
+        with su.server("-c", path, model=None, runner=r) as srv:
+            def check():
+                assert "speculative decoding ngram, up to 4 drafted tokens" in srv.log_text(), \
+                    "no startup line for the script's spec"
+                got = run_all(srv.url, REQS[:1])
+                compare(ref["a"][:1], got, REQS[:1], "script spec ngram")
+                spec, _ = spec_counts(srv.url)
+                assert spec["accepted_tokens"] > 0, f"no draft accepted: {spec}"
+
+            r.case("(f) script batcher.spec = 'ngram' serves drafts, == --spec off", check)
+        with su.server("-c", path, "--spec", "off", model=None, runner=r) as srv:
+            def off():
+                complete(srv.url, *REQS[0])
+                spec, _ = spec_counts(srv.url)
+                assert spec["drafts"] == 0, f"--spec off drafted: {spec}"
+
+            r.case("(f) --spec off wins over the script's spec", off)
+
+
 def main():
     su.require_model()
     r = su.Runner("serve_spec")
     ref = {}
     t0 = time.monotonic()
-    for part in (bad_flags, reference, spec_server, preemption):
+    for part in (bad_flags, reference, spec_server, preemption, script_server):
         if part is not bad_flags and part is not reference and "a" not in ref:
             r.fail(part.__name__, "no reference outputs")
             continue

@@ -54,6 +54,8 @@ static void test_demo(void)
     CHECK_INT_EQ(c->batcher.max_step_tokens, 4096);
     CHECK_INT_EQ(c->batcher.max_seqs, 64);
     CHECK_INT_EQ(c->batcher.max_wait_ms, 50);
+    CHECK_INT_EQ(c->batcher.spec, 0); /* speculative decoding off by default */
+    CHECK_INT_EQ(c->batcher.spec_k, 8);
     CHECK_INT_EQ(c->kv.block_tokens, 16);
     CHECK(c->kv.prefix_cache);
     CHECK_UINT_EQ(c->kv.memory_bytes, 0);
@@ -365,6 +367,14 @@ static const struct bad_case {
      "  gateway = { node = 'a', http = 'h:80' }, batcher = { max_seqs = 0 },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
      SH_EINVAL, "bad.lua:4", "cluster.batcher: field 'max_seqs' must be within 1..65536"},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, batcher = { spec = 'draft:x.gguf' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "field 'spec' must be \"off\" or \"ngram\""},
+    {"return cluster { nodes = nodes(),\n"
+     "  gateway = { node = 'a', http = 'h:80' }, batcher = { spec = 'ngram', spec_k = 0 },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
+     SH_EINVAL, "bad.lua:4", "cluster.batcher: field 'spec_k' must be within 1..16"},
     {"return cluster { nodes = nodes(),\n"
      "  gateway = { node = 'a', http = 'h:80' }, kv = { block_tokens = 16.5 },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
