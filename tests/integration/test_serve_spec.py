@@ -228,7 +228,7 @@ def script_server(r, ref):
             f.write(f"local m = model {{ path = '{su.MODEL}', name = '{MODEL}' }}\n"
                     "return cluster {\n"
                     "  nodes = { node { name = 'local', listen = 'inproc://local' } },\n"
-                    "  gateway = { node = 'local', http = '127.0.0.1:0' },\n"
+                    "  gateway = { node = 'local', http = '127.0.0.1:8080' },\n"
                     "  replicas = { replica { model = m, stages = pipeline(m, { 'local' }) } },\n"
                     "  batcher = { spec = 'ngram', spec_k = 4 },\n"
                     "}\n")
