@@ -66,13 +66,13 @@
  * a pool all the replica's sequences feed), written after its last token and sent in the same
  * STEP (step_seq.draft = k); k comes from its recent acceptance and the measured cost of a
  * step's rows (each STEP_DONE's compute_us feeds sh_spec_cost), so it falls to 0 once the batch
- * is large enough. The drafts' KV positions are reserved by a KV_ALLOC of their own, without
- * token ids (so that the prefix cache never hashes a position by a rejected draft); when it is
- * refused the step goes without drafts and nobody is preempted. The answer carries the accepted
- * drafts and the stage's own token (step_out.more); each goes through step 4 in turn and
- * n_computed advances over the accepted ones kept, so rejected positions are never reported
- * computed and are overwritten by the next steps. No drafts for a request that asks for top
- * logprobs or opted out (sampling.no_spec).
+ * is large enough. The drafts' KV positions are reserved (with the drafts' ids) by a KV_ALLOC of
+ * their own; when it is refused the step goes without drafts and nobody is preempted. The answer
+ * carries the accepted drafts and the stage's own token (step_out.more); each goes through step
+ * 4 in turn and n_computed advances over the accepted ones kept, so rejected positions are never
+ * reported computed, and the next KV_ALLOC gives them back first (keep): the prefix cache hashes
+ * a block only by the ids of the tokens its KV was computed for. No drafts for a request that asks
+ * for top logprobs or opted out (sampling.no_spec).
  *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates

@@ -51,8 +51,8 @@ typedef struct bseq {
     /* Speculative decoding. A step's drafts sit in toks[n_toks .. n_toks + step_draft), after the
      * last token, untouched until the step's answer, so that every try sends the same ones. Their
      * KV positions are reserved by a KV_ALLOC of their own (draft_alloc, the last of kv_wait
-     * replies due), whose refusal only drops the drafts. n_reserved may exceed n_computed + 1
-     * after drafts were rejected: those positions are reused by the next steps. */
+     * replies due), whose refusal only drops the drafts. n_reserved exceeds n_computed + 1 after
+     * drafts were rejected: the next KV_ALLOC gives those positions back (keep) first. */
     sh_spec_seq spec;
     int32_t step_draft;   /* drafted tokens this step (0: none) */
     int32_t n_pooled;     /* tokens of toks given to the replica's n-gram pool */

@@ -101,8 +101,10 @@ static sh_err kv_request(batcher *b, const sh_proto_kv_alloc *a)
     return err;
 }
 
-/* Reserves the positions of s's next k tokens (those not reserved yet: after rejected drafts
- * some are), and then, in a second KV_ALLOC, those of its drafts. */
+/* Reserves the positions of s's next k tokens, and then, in a second KV_ALLOC, those of its
+ * drafts. Positions reserved past n_computed by an earlier step (its rejected drafts) are given
+ * back first (keep): they hold the ids of drafts, and the kvmgr hashes a block by the ids its
+ * positions were reserved with once they are computed. */
 static void send_alloc(batcher *b, bseq *s, int32_t k)
 {
     sh_proto_kv_alloc a = {.seq = s->kv_id, .computed = (uint32_t)s->n_computed};
@@ -112,9 +114,12 @@ static void send_alloc(batcher *b, bseq *s, int32_t k)
         a.tokens = (sh_i32s){s->toks, (uint32_t)s->n_toks};
         a.n_tokens = (uint32_t)k;
     } else {
-        int32_t n = end > s->n_reserved ? end - s->n_reserved : 0;
-        a.tokens = (sh_i32s){n ? s->toks + s->n_reserved : NULL, (uint32_t)n};
-        a.n_tokens = (uint32_t)n;
+        if (s->n_reserved > s->n_computed && s->n_computed > 0) {
+            a.keep = (uint32_t)s->n_computed;
+            s->n_reserved = s->n_computed; /* what the kvmgr keeps, whatever its answer */
+        }
+        a.tokens = (sh_i32s){s->toks + s->n_reserved, (uint32_t)(end - s->n_reserved)};
+        a.n_tokens = a.tokens.n;
     }
     s->n_marked = s->n_computed;
     s->kv_wait = 0;
@@ -125,15 +130,14 @@ static void send_alloc(batcher *b, bseq *s, int32_t k)
         return;
     }
     s->kv_wait = 1;
-    int32_t from = end > s->n_reserved ? end : s->n_reserved;
-    int32_t n = end + s->step_draft - from;
-    if (s->step_draft <= 0 || n <= 0)
-        return; /* no drafts, or their positions are still reserved from rejected ones */
-    // The drafts' positions go without token ids: the kvmgr would otherwise hash a block by a
-    // rejected draft's id once the position holds another token's KV. Unknown ids end prefix
-    // caching for this sequence's later blocks (its prompt's full blocks are cached already).
-    sh_proto_kv_alloc d = {
-        .seq = s->kv_id, .n_tokens = (uint32_t)n, .computed = (uint32_t)s->n_computed};
+    if (s->step_draft <= 0)
+        return;
+    // The drafts' positions, with their ids: an accepted draft's position is computed holding
+    // that very token, and a rejected one's is given back before it is computed.
+    sh_proto_kv_alloc d = {.seq = s->kv_id,
+                           .n_tokens = (uint32_t)s->step_draft,
+                           .tokens = {s->toks + end, (uint32_t)s->step_draft},
+                           .computed = (uint32_t)s->n_computed};
     if (kv_request(b, &d)) {
         s->step_draft = 0;
         return;
@@ -427,9 +431,8 @@ static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reser
             sh_spec_ngram_propose(s->toks, s->n_toks, b->pool, k, SPEC_WINDOW, s->toks + s->n_toks);
         if (d <= 0)
             continue;
-        int32_t end = s->n_computed + s->step_k;
-        int32_t from = end > s->n_reserved ? end : s->n_reserved;
-        int32_t more = blocks_for(b, end + d) - blocks_for(b, from);
+        int32_t end = s->n_computed + s->step_k; /* what the step's own token reserves up to */
+        int32_t more = blocks_for(b, end + d) - blocks_for(b, end);
         if (more > 0 && avail - more < reserve)
             continue; /* no drafts where they would take the last blocks */
         avail -= more > 0 ? more : 0;

@@ -233,6 +233,7 @@ static void on_alloc(sh_actor_ctx *ctx, kvmgr_state *st, const sh_msg *m,
     } else if (q->tokens.n != 0 && q->tokens.n != q->n_tokens) {
         err = SH_EINVAL;
     } else if (!(err = apply_computed(st, id, q->computed)) &&
+               !(err = q->keep ? sh_kv_truncate(st->kv, id, (int32_t)q->keep) : SH_OK) &&
                !(err = copy_ids(st, q->tokens, &ids))) {
         sh_kv_copy cow;
         err = sh_kv_append(st->kv, id, st->prefix_cache ? ids : NULL, (int32_t)q->n_tokens, &cow);

@@ -498,6 +498,22 @@ sh_err sh_kv_append(sh_kv_mgr *kv, int32_t id, const int32_t *tokens, int32_t n,
     return SH_OK;
 }
 
+sh_err sh_kv_truncate(sh_kv_mgr *kv, int32_t id, int32_t n_tokens)
+{
+    seq *s = kv ? live_seq(kv, id) : NULL;
+    if (!s || n_tokens < s->n_computed)
+        return SH_EINVAL;
+    if (n_tokens >= s->n_tokens)
+        return SH_OK;
+    // A block past the new length holds no computed position, so it was never hashed (only
+    // full, computed blocks are) and never shared (forks share computed prompt blocks).
+    for (int32_t i = n_table(kv, s->n_tokens) - 1; i >= n_table(kv, n_tokens); i--)
+        if (s->table[i] != SH_KV_NO_BLOCK)
+            block_unref(kv, s->table[i]);
+    s->n_tokens = n_tokens;
+    return SH_OK;
+}
+
 /* ---- computing, caching and the window ---- */
 
 /* Block i of s just became full and computed: give it its chain hash and register it, unless

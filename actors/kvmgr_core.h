@@ -149,6 +149,13 @@ int32_t sh_kv_available(const sh_kv_mgr *kv);
  * and cow->src is -1. */
 sh_err sh_kv_append(sh_kv_mgr *kv, int32_t seq, const int32_t *tokens, int32_t n, sh_kv_copy *cow);
 
+/* Gives back positions [n_tokens, len) of seq, reserved but never computed (a speculative step's
+ * rejected drafts): whole blocks past the new length return to the pool, and the next
+ * sh_kv_append writes its ids over what is left of the last block, so no block is ever hashed by
+ * a position's former ids. n_tokens >= the current length does nothing. Returns SH_OK or
+ * SH_EINVAL (seq not live, n_tokens below its computed count; nothing changes). */
+sh_err sh_kv_truncate(sh_kv_mgr *kv, int32_t seq, int32_t n_tokens);
+
 /* Tells the manager that positions [0, n_computed) of seq now hold KV (a step completed). Blocks
  * that became full and computed enter the prefix cache (a block equal to one already cached
  * keeps the cached one as its chain parent instead of being registered twice). With a window,

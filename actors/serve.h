@@ -35,7 +35,9 @@
  *     is adopted (reply.cached positions); then min(n_tokens, tokens.n - cached) positions are
  *     reserved with ids tokens[cached ...]. Without tokens, n_tokens positions with unknown ids.
  *     When the reservation fails the new sequence is freed again (nothing stays allocated).
- *   - a known seq reserves n_tokens positions; tokens, when given, holds exactly their ids.
+ *   - a known seq first gives back its positions from `keep` on when keep > 0 (reserved, never
+ *     computed: a speculative step's rejected drafts; sh_kv_truncate), then reserves n_tokens
+ *     positions; tokens, when given, holds exactly their ids.
  *   - reply: seq, n_tokens (as asked), blocks = the sequence's whole block table after the call,
  *     cached (new sequences only), appended (positions reserved), status (0, SH_EBUSY when the
  *     pool is short, SH_ERANGE beyond max_blocks_per_seq, SH_EINVAL), available (free plus

@@ -292,7 +292,9 @@
     F(S, status, "st", I32, _, OPT, 0, 255)                                                        \
     F(S, computed, "cmp", U32, _, OPT, 0, SH_PROTO_MAX_POS) /* request: [0, computed) hold KV */   \
     F(S, appended, "app", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* reply: positions reserved */     \
-    F(S, available, "free", U32, _, OPT, 0, 0) /* reply: free + evictable blocks after it */
+    F(S, available, "free", U32, _, OPT, 0, 0) /* reply: free + evictable blocks after it */       \
+    F(S, keep, "keep", U32, _, OPT, 0, SH_PROTO_MAX_POS) /* request: drop positions [keep, ..)     \
+                                                            first (rejected drafts); 0: none */
 
 /* KV_FREE: release the listed blocks (a sliding window), or all of the sequence's when empty. */
 #define SH_PROTO_FIELDS_kv_free(F, S)                                                              \

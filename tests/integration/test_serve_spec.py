@@ -15,6 +15,9 @@
     preempt one another and still equal --spec off's outputs.
 (e) Bad flags (--spec draft:PATH, self:N, an unknown kind, --spec-k 0, 17, abc, --spec-k
     without --spec ngram) exit 2 with a message.
+(g) Prefix cache: a drafting request's computed blocks, output included, enter the prefix cache
+    (shoal_kv_blocks_cached grows by its whole blocks; rejected drafts' positions are given back
+    before they could be hashed), and the same prompt again gives the same output.
 (f) A one-node cluster script's batcher = { spec = "ngram", spec_k = 4 } turns it on for
     `shoal serve -c` (the startup line says so, drafts are accepted, output equals --spec off);
     --spec off on the command line wins over it.
@@ -182,7 +185,29 @@ def spec_server(r, ref):
         r.case("(b) /metrics: drafts and accepted tokens > 0", metrics)
         r.case("(a) 12 requests at once == --spec off", at_once)
         r.case("(a) logprobs of an edit prompt == --spec off", logprobs)
+        def cached_output():
+            prompt = f"Request 77, a fresh one. {EDIT[0]}"
+            before = su.metric(su.metrics(srv.url), "shoal_kv_blocks_cached") or 0
+            d0, _ = spec_counts(srv.url)
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 64, "temperature": 0,
+                    "ignore_eos": True}
+            status, parsed, raw = su.post_json(srv.url, "/v1/completions", body)
+            assert status == 200, f"status {status}: {raw[:200]!r}"
+            u = parsed["usage"]
+            d1, _ = spec_counts(srv.url)
+            assert d1["accepted_tokens"] > d0["accepted_tokens"], f"no draft accepted: {d1}"
+            after = su.metric(su.metrics(srv.url), "shoal_kv_blocks_cached") or 0
+            # Computed at the end: every position but the last token's.
+            blocks = (u["prompt_tokens"] + u["completion_tokens"] - 1) // 16
+            su.log(f"     {u}: {after - before:.0f} blocks cached, {blocks} whole blocks computed")
+            assert after - before >= blocks, \
+                f"only {after - before:.0f} of {blocks} blocks cached after a drafting request"
+            status, again, raw = su.post_json(srv.url, "/v1/completions", body)
+            assert status == 200 and again["choices"][0]["text"] == parsed["choices"][0]["text"], \
+                "a prefix-cache hit changed the output"
+
         r.case("(c) opt-out and top logprobs: no drafts, same output; bad value 400", opt_out)
+        r.case("(g) a drafting request's output blocks enter the prefix cache", cached_output)
         r.case("idle afterwards", su.wait_idle, srv.url)
 
 

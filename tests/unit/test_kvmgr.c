@@ -132,6 +132,48 @@ static void test_accounting(void)
     sh_kv_destroy(kv);
 }
 
+/* Speculative steps: positions reserved for drafts (with the drafts' ids) and then rejected are
+ * given back with sh_kv_truncate; whole blocks past the new length return to the pool, and the
+ * prefix cache only ever hashes a block by the ids of the tokens its KV was computed for. */
+static void test_truncate(void)
+{
+    sh_kv_mgr *kv = make(8, BT, 4, 0, 0);
+    int32_t ids[64], drafts[16], s, n_tok, n_comp;
+    sh_kv_copy cow;
+    fill_ids(ids, 64, 7);
+    for (int i = 0; i < 16; i++)
+        drafts[i] = ids[30 + i] + 1; /* wrong guesses for ids[30..45] */
+    CHECK_OK(sh_kv_seq_create(kv, ids, 30, &s, NULL));
+    CHECK_OK(sh_kv_append(kv, s, ids, 30, &cow));
+    CHECK_OK(sh_kv_mark_computed(kv, s, 29));
+    // A step verifies ids[29] and 12 drafts: positions 30..41 (the third block) hold drafts.
+    CHECK_OK(sh_kv_append(kv, s, drafts, 12, &cow));
+    CHECK_INT_EQ(stats(kv).blocks_used, 3);
+    CHECK_INT_EQ(sh_kv_truncate(kv, s, 28), SH_EINVAL); /* below the computed count */
+    // None accepted: 30 computed (position 29 holds ids[29]); 30.. are given back.
+    CHECK_OK(sh_kv_mark_computed(kv, s, 30));
+    CHECK_OK(sh_kv_truncate(kv, s, 30));
+    CHECK_OK(sh_kv_seq_table(kv, s, NULL, NULL, &n_tok, &n_comp));
+    CHECK_INT_EQ(n_tok, 30);
+    CHECK_INT_EQ(n_comp, 30);
+    CHECK_INT_EQ(stats(kv).blocks_used, 2);
+    CHECK_OK(sh_kv_truncate(kv, s, 40)); /* beyond the length: nothing */
+    check_inv(kv);
+    // The real tokens follow; once computed, the second block is cached by them, not the drafts.
+    CHECK_OK(sh_kv_append(kv, s, ids + 30, 18, &cow));
+    CHECK_OK(sh_kv_mark_computed(kv, s, 48));
+    check_inv(kv);
+    CHECK_INT_EQ(sh_kv_prefix_lookup(kv, ids, 49), 48);
+    int32_t wrong[49];
+    memcpy(wrong, ids, sizeof wrong);
+    memcpy(wrong + 30, drafts, 12 * sizeof *wrong);
+    CHECK_INT_EQ(sh_kv_prefix_lookup(kv, wrong, 49), 16);
+    CHECK_INT_EQ(sh_kv_truncate(kv, 3, 0), SH_EINVAL); /* not live */
+    CHECK_OK(sh_kv_seq_free(kv, s));
+    check_inv(kv);
+    sh_kv_destroy(kv);
+}
+
 static void test_fork_refcounts(void)
 {
     sh_kv_mgr *kv = make(16, 0, 8, 0, 0);
@@ -774,6 +816,7 @@ static void test_no_alloc_steady_state(void)
 static const sh_test_case tests[] = {
     {"config", test_config},
     {"accounting", test_accounting},
+    {"truncate", test_truncate},
     {"fork_refcounts", test_fork_refcounts},
     {"copy_on_write", test_copy_on_write},
     {"prefix_cache_system_prompt", test_prefix_cache_system_prompt},

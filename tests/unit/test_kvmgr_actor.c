@@ -446,6 +446,42 @@ static void test_fork(void)
     fx_finish(&f);
 }
 
+/* KV_ALLOC's keep: a speculative step's draft positions (reserved with the drafts' ids) that
+ * were rejected are given back before the next reservation, so the blocks the prefix cache keeps
+ * hold the tokens that were computed. */
+static void test_keep(void)
+{
+    fixture f;
+    fx_start(&f, 8, 4, 4, true);
+    int32_t p[12] = {5, 9, 2, 7, 1, 8, 3, 6, 4, 11, 12, 13};
+    int32_t d[4] = {3, 30, 31, 32}; /* p[6] and 3 wrong drafts for p[7..9] */
+    CHECK_INT_EQ(alloc(&f, 20, 6, p, 6, 0)->status, 0);
+    CHECK_INT_EQ(alloc(&f, 20, 4, d, 4, 6)->status, 0);
+    CHECK_UINT_EQ(f.sh.n_blocks, 3);
+    /* No draft accepted: positions [0, 7) computed; 7.. given back, then one token reserved. */
+    f.sh.c = (call){.type = SH_MSG_KV_ALLOC, .request = true};
+    f.sh.c.body.kv_alloc = (sh_proto_kv_alloc){
+        .seq = 20, .n_tokens = 1, .tokens = {p + 7, 1}, .computed = 7, .keep = 7};
+    fx_call(&f);
+    CHECK_INT_EQ(f.sh.ra.status, 0);
+    CHECK_UINT_EQ(f.sh.ra.appended, 1);
+    CHECK_UINT_EQ(f.sh.n_blocks, 2);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_used"), 2);
+    /* keep below what is computed is refused. */
+    f.sh.c = (call){.type = SH_MSG_KV_ALLOC, .request = true};
+    f.sh.c.body.kv_alloc = (sh_proto_kv_alloc){.seq = 20, .computed = 7, .keep = 3};
+    fx_call(&f);
+    CHECK_INT_EQ(f.sh.ra.status, SH_EINVAL);
+    free_seq(&f, 20, 8);
+    CHECK_INT_EQ(gauge(&f, "shoal_kv_blocks_cached"), 2);
+    /* A prompt of p's first 9 tokens finds both blocks (8 positions): none holds a draft. */
+    sh_proto_kv_alloc *r = alloc(&f, 21, 9, p, 9, 0);
+    CHECK_INT_EQ(r->status, 0);
+    CHECK_UINT_EQ(r->cached, 8);
+    free_seq(&f, 21, 0);
+    fx_finish(&f);
+}
+
 /* What is not a valid request: unknown sequences on KV_FREE, other message types and ERRORs are
  * dropped; a body that does not decode, or that breaks the rules, is answered with a status. */
 static void test_bad_input(void)
@@ -572,6 +608,7 @@ static const sh_test_case tests[] = {
     {"prefix_cache_off", test_prefix_cache_off},
     {"busy_and_range", test_busy_and_range},
     {"fork", test_fork},
+    {"keep", test_keep},
     {"reset", test_reset},
     {"bad_input", test_bad_input},
     {"churn_no_alloc", test_churn_no_alloc},
