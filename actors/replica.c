@@ -113,7 +113,9 @@ static void replica_args(const sh_replica_opts *o, sh_replica_set *r, int32_t k,
         .max_inflight = n_stages, /* one step in flight per stage */
         .spec = o->spec,
         .spec_k = o->spec_k,
-        .max_logits = plan ? 0 : o->max_logits}; /* worker nodes' contexts: their default */
+        // Worker nodes size their contexts' rows of logits by the script's batcher.spec.
+        .max_logits = plan ? sh__serve_max_logits(max_seqs, step_tokens, plan->c->batcher.spec)
+                           : o->max_logits};
     if (r->n_replicas > 1) {
         snprintf(r->labels[k], sizeof r->labels[k], "replica=\"%d\"", (int)k);
         r->ka[k].metric_labels = r->labels[k];

@@ -414,6 +414,11 @@ sh_err sh__serve_size(const sh_llama_hparams *hp, const sh_serve_size_opts *o, s
  * over a pool of n_blocks. */
 int32_t sh__serve_seq_blocks(const sh_llama_hparams *hp, int32_t n_ctx, int32_t n_blocks);
 
+/* The rows of logits per step a replica's last stage context is created with
+ * (sh_llama_ctx_opts.max_logits, sh_batcher_args.max_logits): one per sequence, and with
+ * speculative decoding 4 * SH_SPEC_MAX_K more for drafts; at most step_tokens. */
+int32_t sh__serve_max_logits(int32_t max_seqs, int32_t step_tokens, bool spec);
+
 /* A model's chat template (from its GGUF's tokenizer.chat_template, else its architecture's) and
  * the template's default system prompt, written into sys (cap bytes); *has_sys says whether there
  * is one. Any thread. */

@@ -184,8 +184,7 @@ static sh_err open_script(sh_engine_opts *o, sh_cluster_config **cfg, script_set
  * (as shoal serve's; the batcher keeps a step's drafts within them). */
 static int32_t spec_logits(const sh_serve_size *sz, const script_settings *ss)
 {
-    int32_t n = sz->max_seqs + (ss->spec != SH_SPEC_OFF ? 4 * SH_SPEC_MAX_K : 0);
-    return n < sz->step_tokens ? n : sz->step_tokens;
+    return sh__serve_max_logits(sz->max_seqs, sz->step_tokens, ss->spec != SH_SPEC_OFF);
 }
 
 /* Loads the model and its tokenizer, sizes the KV pool within the budget and creates the compute

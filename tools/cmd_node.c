@@ -232,7 +232,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
         s->n++;
         sh_llama_ctx_opts co = {.max_tokens = plan.step_tokens,
                                 .max_seqs = plan.max_seqs,
-                                .max_logits = plan.max_seqs,
+                                // Rows for drafts when the script's batcher speculates.
+                                .max_logits = sh__serve_max_logits(plan.max_seqs, plan.step_tokens,
+                                                                   c->batcher.spec != 0),
                                 .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
                                 .kv_type = c->kv.f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
         if (plan.stage_tp[i] > 1) {

@@ -393,14 +393,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         char kern[160];
         sh_backend_cpu_describe(s->be, kern, sizeof kern);
         fprintf(stderr, "shoal: cpu: %s\n", kern);
-        // Speculation: rows of logits for drafted tokens beyond one per sequence (4 sequences
-        // drafting SH_SPEC_MAX_K tokens each, or more drafting fewer; the batcher keeps a step's
-        // drafts within them).
-        max_logits = max_seqs;
-        if (o->spec.kind != SH_SPEC_OFF)
-            max_logits += 4 * SH_SPEC_MAX_K;
-        if (max_logits > step_tokens)
-            max_logits = step_tokens;
+        // Speculation: rows of logits for drafted tokens (the batcher keeps a step's within).
+        max_logits = sh__serve_max_logits(max_seqs, step_tokens, o->spec.kind != SH_SPEC_OFF);
         sh_llama_ctx_opts co = {.max_tokens = step_tokens,
                                 .max_seqs = max_seqs,
                                 .max_logits = max_logits,
