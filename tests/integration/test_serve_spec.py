@@ -18,6 +18,9 @@
 (g) Prefix cache: a drafting request's computed blocks, output included, enter the prefix cache
     (shoal_kv_blocks_cached grows by its whole blocks; rejected drafts' positions are given back
     before they could be hashed), and the same prompt again gives the same output.
+(h) A 2-stage pipeline (`shoal node` workers, ipc://) whose script says batcher.spec = "ngram":
+    the 12 requests at once equal --spec off's and drafts are accepted (the drafts travel
+    through both stages; the workers' contexts have rows of logits for them).
 (f) A one-node cluster script's batcher = { spec = "ngram", spec_k = 4 } turns it on for
     `shoal serve -c` (the startup line says so, drafts are accepted, output equals --spec off);
     --spec off on the command line wins over it.
@@ -37,6 +40,7 @@ import time
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util as su  # noqa: E402
+import test_cluster_pipeline as tcp  # noqa: E402  (its Node: a `shoal node` worker)
 
 MODEL = su.MODEL_NAME
 TIMEOUT = 120.0
@@ -276,12 +280,48 @@ def script_server(r, ref):
             r.case("(f) --spec off wins over the script's spec", off)
 
 
+def pipeline(r, ref):
+    with tempfile.TemporaryDirectory(prefix="shoal-spec-") as d:
+        path = os.path.join(d, "p2.lua")
+        with open(path, "w") as f:
+            f.write(f"local m = model {{ path = '{su.MODEL}', name = '{MODEL}' }}\n"
+                    "return cluster {\n"
+                    f"  nodes = {{ node {{ name = 'front', listen = 'ipc://{d}/front.sock' }},\n"
+                    f"            node {{ name = 'w0', listen = 'ipc://{d}/w0.sock' }},\n"
+                    f"            node {{ name = 'w1', listen = 'ipc://{d}/w1.sock' }} }},\n"
+                    "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
+                    "  replicas = { replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) } },\n"
+                    "  batcher = { max_seqs = 16, spec = 'ngram' },\n"
+                    "  kv = { memory = '64MiB' },\n"
+                    "}\n")
+        nodes = [tcp.Node(path, w) for w in ("w0", "w1")]
+        problems = []
+        try:
+            for nd in nodes:
+                nd.wait_ready()
+            with su.server("-c", path, "--join-timeout", f"{su.scaled(60):g}", model=None,
+                           runner=r) as srv:
+                def check():
+                    got = run_concurrently(srv.url, REQS)
+                    compare(ref["a"], got, REQS, "2-stage pipeline, spec ngram")
+                    spec, _ = spec_counts(srv.url)
+                    su.log(f"     {spec}")
+                    assert spec["accepted_tokens"] > 0, f"no draft accepted: {spec}"
+
+                r.case("(h) 2-stage pipeline with spec ngram: 12 at once == --spec off", check)
+        finally:
+            for nd in nodes:
+                problems += nd.stop()
+        if problems:
+            r.fail("(h) workers stop cleanly", "\n".join(problems))
+
+
 def main():
     su.require_model()
     r = su.Runner("serve_spec")
     ref = {}
     t0 = time.monotonic()
-    for part in (bad_flags, reference, spec_server, preemption, script_server):
+    for part in (bad_flags, reference, spec_server, preemption, script_server, pipeline):
         if part is not bad_flags and part is not reference and "a" not in ref:
             r.fail(part.__name__, "no reference outputs")
             continue
