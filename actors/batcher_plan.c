@@ -634,7 +634,8 @@ static void dispatch_step(batcher *b)
     for (int32_t i = 0; i < b->n_running; i++) {
         bseq *s = b->running[i];
         if (!s->planned || !s->alloc_ok || s->step_k <= 0) {
-            s->step_draft = 0;
+            if (!s->in_step)
+                s->step_draft = 0; /* one in another step in flight keeps that step's drafts */
             continue;
         }
         if (s->n_reserved < s->n_computed + s->step_k + s->step_draft)

@@ -118,6 +118,12 @@ def spec_counts(url):
         su.metric(text, "shoal_spec_accepted_position_total", pos="1") or 0
 
 
+def clean_answers(srv):
+    """The batcher logs step_answer_bad when an answer does not fit the drafts it sent."""
+    bad = [ln for ln in srv.log_text().splitlines() if "step_answer_bad" in ln]
+    assert not bad, f"{len(bad)} answers did not fit their drafts:\n  " + "\n  ".join(bad[:5])
+
+
 def kv_reqs():
     out = []
     for i in range(10):
@@ -155,6 +161,7 @@ def spec_server(r, ref):
             assert spec["drafts"] > 0 and spec["draft_tokens"] > 0, f"no drafts: {spec}"
             assert spec["accepted_tokens"] > 0 and pos1 > 0, f"no draft accepted: {spec}"
             assert spec["accepted_tokens"] <= spec["draft_tokens"], f"accepted > drafted: {spec}"
+            clean_answers(srv)
 
         def at_once():
             compare(ref["a"], run_concurrently(srv.url, REQS), REQS, "--spec ngram at once")
@@ -229,6 +236,7 @@ def preemption(r, ref):
             compare(ref["kv"], got, reqs, "--spec ngram, 40 blocks")
             assert pre > 0, "no preemption with 16 x ~140 positions in 640"
             assert spec["accepted_tokens"] > 0, f"no draft accepted: {spec}"
+            clean_answers(srv)
 
         r.case("(d) 16 concurrent over 40 blocks: preempted, == --spec off", check)
 
@@ -307,6 +315,7 @@ def pipeline(r, ref):
                     spec, _ = spec_counts(srv.url)
                     su.log(f"     {spec}")
                     assert spec["accepted_tokens"] > 0, f"no draft accepted: {spec}"
+                    clean_answers(srv)
 
                 r.case("(h) 2-stage pipeline with spec ngram: 12 at once == --spec off", check)
         finally:
