@@ -5,6 +5,9 @@
     small max_tokens, which end inside runs of accepted drafts) give, alone and all at once, the
     same text, finish_reason and token counts as the same server with --spec off; an edit prompt
     with "logprobs": 0 also gives the same per-token logprobs (those of accepted drafts included).
+    Seeded sampling (temperature 0.8, top_p 0.95) gives --spec off's text too: the stage draws
+    one number per token from the sequence's generator, drafted or not, so the same seed draws
+    the same tokens (this relies on a row's logits not depending on the rows beside it, as (a)).
 (b) /metrics: after the edit prompts shoal_spec_drafts_total, shoal_spec_draft_tokens_total,
     shoal_spec_accepted_tokens_total and shoal_spec_accepted_position_total{pos="1"} are > 0, and
     no more are accepted than drafted.
@@ -136,6 +139,8 @@ def kv_reqs():
 
 
 LP_REQ = (EDIT[0], 40, {"logprobs": 0})
+SAMP_REQS = [(p, 40, {"temperature": 0.8, "top_p": 0.95, "seed": seed})
+             for p in (EDIT[0], EDIT[4], EDIT[5]) for seed in (1, 2)]
 
 
 def reference(r, ref):
@@ -144,6 +149,7 @@ def reference(r, ref):
             ref["a"] = run_all(srv.url, REQS)
             ref["kv"] = run_all(srv.url, kv_reqs())
             ref["lp"] = complete(srv.url, *LP_REQ)
+            ref["samp"] = run_all(srv.url, SAMP_REQS)
             spec, _ = spec_counts(srv.url)
             assert spec["drafts"] == 0, f"--spec off drafted: {spec}"
 
@@ -172,6 +178,9 @@ def spec_server(r, ref):
             assert (text, fin, n) == (rt, rf, rn), f"{(text, fin, n)!r} vs {(rt, rf, rn)!r}"
             d = max(abs(a - b) for a, b in zip(lp, rlp))
             assert len(lp) == len(rlp) and d < 1e-3, f"logprobs differ by {d:.5f}"
+
+        def sampled():
+            compare(ref["samp"], run_all(srv.url, SAMP_REQS), SAMP_REQS, "--spec ngram seeded")
 
         def opt_out():
             before, _ = spec_counts(srv.url)
@@ -217,6 +226,7 @@ def spec_server(r, ref):
             assert status == 200 and again["choices"][0]["text"] == parsed["choices"][0]["text"], \
                 "a prefix-cache hit changed the output"
 
+        r.case("(a) 6 seeded sampled requests == --spec off", sampled)
         r.case("(c) opt-out and top logprobs: no drafts, same output; bad value 400", opt_out)
         r.case("(g) a drafting request's output blocks enter the prefix cache", cached_output)
         r.case("idle afterwards", su.wait_idle, srv.url)
