@@ -1,9 +1,11 @@
 /* No heap allocation per token in the batcher, kvmgr and stage: a real runtime runs the three
  * actors on the default model; a client actor submits four requests (sampling with top-k, top-p,
  * logprobs and a stop string that never matches, end-of-sequence ignored) and counts the TOKEN
- * messages. After warm-up, hundreds of tokens flow through KV_ALLOC, STEP, STEP_DONE and TOKEN
- * while the process-wide allocation counter must not move (but for the message pool reaching a new
- * high-water mark when the machine is loaded: a few pool misses, never one per token). */
+ * messages. The second case does the same with speculative decoding (n-gram drafts, prompts
+ * that repeat themselves, no top logprobs, which speculation skips). After warm-up, hundreds of
+ * tokens flow through KV_ALLOC, STEP, STEP_DONE and TOKEN while the process-wide allocation counter
+ * must not move (but for the message pool reaching a new high-water mark when the machine is
+ * loaded: a few pool misses, never one per token). */
 #include <time.h>
 
 #include "actors/actor_util.h"
@@ -25,17 +27,25 @@ typedef struct client_arg {
 } client_arg;
 
 static atomic_long n_tokens, n_done, n_other;
+static bool spec_on; /* the case under way speculates */
 
 static sh_err client_init(sh_actor_ctx *ctx, void *state, void *arg)
 {
     (void)state;
     const client_arg *a = arg;
-    static const char *const prompts[N_REQS] = {
+    static const char *const plain[N_REQS] = {
         "Once upon a time, in a quiet village by the sea,",
         "The recipe for a good soup starts with",
         "In 1969 the first people walked on",
         "A list of prime numbers: 2, 3, 5,",
     };
+    static const char *const repeating[N_REQS] = {
+        "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+        "Repeat: the quick brown fox jumps over the lazy dog, the quick brown fox jumps",
+        "a b c d e f g h a b c d e f g h a b c d e f g h a b c",
+    };
+    const char *const *prompts = spec_on ? repeating : plain;
     for (int i = 0; i < N_REQS; i++) {
         int32_t ids[64];
         size_t n = 0;
@@ -53,7 +63,7 @@ static sh_err client_init(sh_actor_ctx *ctx, void *state, void *arg)
                                           .penalty_last_n = 64,
                                           .seed = (uint64_t)i,
                                           .max_tokens = MAX_TOKENS,
-                                          .n_logprobs = 3,
+                                          .n_logprobs = spec_on ? 0 : 3,
                                           .stop = {&stop, 1}},
                              .reply_to = sh_actor_self(ctx),
                              .min_tokens = MAX_TOKENS};
@@ -90,8 +100,11 @@ static void wait_for(atomic_long *v, long target, int max_s)
     }
 }
 
-static void test_tokens_allocate_nothing(void)
+static void run_case(void)
 {
+    atomic_store(&n_tokens, 0);
+    atomic_store(&n_done, 0);
+    atomic_store(&n_other, 0);
     sh_error e = {0};
     sh_llama *m = NULL;
     sh_backend *be = NULL;
@@ -102,7 +115,10 @@ static void test_tokens_allocate_nothing(void)
     CHECK_OK(sh_tokenizer_create_gguf(m->gguf, &tok, &e));
     sh_backend_cpu_opts bo = {.n_threads = 2};
     CHECK_OK(sh_backend_cpu_create(&bo, &be, &e));
-    sh_llama_ctx_opts co = {.max_tokens = 256, .max_seqs = 8, .kv_tokens = 4096};
+    sh_llama_ctx_opts co = {.max_tokens = 256,
+                            .max_seqs = 8,
+                            .max_logits = sh__serve_max_logits(8, 256, spec_on),
+                            .kv_tokens = 4096};
     CHECK_OK(sh_llama_ctx_create(m, be, &co, &ctx, &e));
     sh_runtime_opts ro = {.node_id = 1, .n_loops = 2, .log_level = SH_LOG_LEVEL_WARN};
     CHECK_OK(sh_runtime_create(&ro, &rt, &e));
@@ -126,7 +142,9 @@ static void test_tokens_allocate_nothing(void)
                           .max_step_tokens = 256,
                           .max_seqs = 8,
                           .n_blocks = n_blocks,
-                          .step_timeout_ms = 60000}; /* as a cluster front: the check is free */
+                          .step_timeout_ms = 60000, /* as a cluster front: the check is free */
+                          .spec = spec_on ? SH_SPEC_NGRAM : SH_SPEC_OFF,
+                          .max_logits = co.max_logits};
     CHECK_OK(sh_actor_spawn(rt, "batcher", &ba, 1, &batcher, &e));
     client_arg ca = {.batcher = batcher, .tok = tok};
     CHECK_OK(sh_actor_spawn(rt, "client", &ca, 0, &client, &e));
@@ -157,12 +175,32 @@ static void test_tokens_allocate_nothing(void)
     CHECK_INT_EQ(atomic_load(&n_done), N_REQS);
     CHECK_INT_EQ(atomic_load(&n_tokens), N_REQS * MAX_TOKENS);
     CHECK_INT_EQ(atomic_load(&n_other), 0);
+    if (spec_on) {
+        sh_counter *drafted = NULL;
+        CHECK_OK(sh_metrics_counter(sh_runtime_metrics(rt), "shoal_spec_draft_tokens_total", "x",
+                                    NULL, &drafted));
+        uint64_t n = drafted ? sh_counter_value(drafted) : 0;
+        fprintf(stderr, "drafted tokens: %llu\n", (unsigned long long)n);
+        CHECK(n > 0);
+    }
 out:
     sh_runtime_destroy(rt);
     sh_llama_ctx_destroy(ctx);
     sh_backend_destroy(be);
     sh_tokenizer_destroy(tok);
     sh_llama_destroy(m);
+}
+
+static void test_tokens_allocate_nothing(void)
+{
+    spec_on = false;
+    run_case();
+}
+
+static void test_spec_tokens_allocate_nothing(void)
+{
+    spec_on = true;
+    run_case();
 }
 #endif
 
@@ -180,8 +218,10 @@ int main(int argc, char **argv)
         return SH_TEST_SKIP;
     }
     fclose(f);
-    static const sh_test_case tests[] = {{"tokens_allocate_nothing", test_tokens_allocate_nothing},
-                                         {NULL, NULL}};
+    static const sh_test_case tests[] = {
+        {"tokens_allocate_nothing", test_tokens_allocate_nothing},
+        {"spec_tokens_allocate_nothing", test_spec_tokens_allocate_nothing},
+        {NULL, NULL}};
     return sh_test_main(argc, argv, tests);
 #endif
 }
