@@ -187,11 +187,14 @@ static const char *const open_keys[] = {"model",
                                         "nice",
                                         "no_spin",
                                         "recover_timeout_ms",
+                                        "spec",
+                                        "spec_k",
                                         NULL};
 
 /* shoal.open{model=PATH | cluster=SCRIPT, threads=, memory_budget=, kv_bytes=, n_ctx=,
  * max_seqs=, max_queue=, cpu_mask=, sched="normal"|"batch"|"idle", nice=, no_spin=,
- * recover_timeout_ms=} -> engine | nil, msg, code. Blocks while the model loads. */
+ * recover_timeout_ms=, spec="off"|"ngram", spec_k=} -> engine | nil, msg, code. Blocks while
+ * the model loads. */
 static int l_open(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -208,6 +211,15 @@ static int l_open(lua_State *L)
     opt_u64(L, 1, "cpu_mask", &o.cpu_mask);
     opt_i32(L, 1, "nice", &o.nice);
     opt_i32(L, 1, "recover_timeout_ms", &o.recover_timeout_ms);
+    opt_i32(L, 1, "spec_k", &o.spec_k);
+    const char *spec = NULL;
+    opt_string(L, 1, "spec", &spec);
+    if (spec) {
+        if (!strcmp(spec, "ngram"))
+            o.spec = SH_ENGINE_SPEC_NGRAM;
+        else if (strcmp(spec, "off") != 0)
+            return luaL_error(L, "shoal: option 'spec' is '%s': off or ngram", spec);
+    }
     bool no_spin = false;
     opt_bool(L, 1, "no_spin", &no_spin);
     o.no_spin = no_spin;
@@ -366,25 +378,11 @@ static void raise_cb_error(lua_State *L, lengine *e)
 
 /* ---- eng:submit ------------------------------------------------------------------------- */
 
-static const char *const req_keys[] = {"prompt",
-                                       "prompt_tokens",
-                                       "messages",
-                                       "max_tokens",
-                                       "temperature",
-                                       "top_p",
-                                       "top_k",
-                                       "min_p",
-                                       "presence_penalty",
-                                       "frequency_penalty",
-                                       "repeat_penalty",
-                                       "stop",
-                                       "seed",
-                                       "priority",
-                                       "top_logprobs",
-                                       "logprobs",
-                                       "ignore_eos",
-                                       "timeout_ms",
-                                       NULL};
+static const char *const req_keys[] = {
+    "prompt",         "prompt_tokens", "messages",   "max_tokens",       "temperature",
+    "top_p",          "top_k",         "min_p",      "presence_penalty", "frequency_penalty",
+    "repeat_penalty", "stop",          "seed",       "priority",         "top_logprobs",
+    "logprobs",       "ignore_eos",    "timeout_ms", "speculative",      NULL};
 
 static const char *const cb_keys[] = {"token", "done", "error", NULL};
 
@@ -393,8 +391,9 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
 /* eng:submit(request, callbacks) -> id | nil, msg, code. request: {prompt= | prompt_tokens= |
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
- * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=}; callbacks: {token=function(text, ids, id,
- * logprobs), done=function(info, id), error=function(code, message, id)}, each optional. */
+ * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=}; callbacks:
+ * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
+ * id)}, each optional. */
 static int l_submit(lua_State *L)
 {
     lengine *e = check_open(L, 1);
@@ -430,6 +429,9 @@ static int l_submit(lua_State *L)
     opt_i32(L, 2, "top_logprobs", &r.top_logprobs);
     opt_bool(L, 2, "logprobs", &r.logprobs);
     opt_bool(L, 2, "ignore_eos", &r.ignore_eos);
+    bool speculative = true;
+    opt_bool(L, 2, "speculative", &speculative);
+    r.no_spec = !speculative;
     lua_Integer tmo;
     if (opt_integer(L, 2, "timeout_ms", 0, UINT32_MAX, &tmo))
         r.timeout_ms = (uint32_t)tmo;

@@ -269,6 +269,32 @@ for _, case in ipairs({ { "return cluster {\n", "ELUA" }, { "return cluster { no
 end
 os.remove(bad_script)
 
+-- 9. Speculative decoding: a bad kind raises, a bad spec_k is the library's SH_EINVAL; with
+-- spec = "ngram" the greedy ids from BOS are still llama2.c's, with speculative = false too.
+local oks, smsg = pcall(shoal.open, { model = model, threads = 1, spec = "draft" })
+check(not oks and smsg:find("off or ngram"), "open: bad spec named", tostring(smsg))
+local ek, kmsg, ck = shoal.open { model = model, threads = 1, spec = "ngram", spec_k = 17 }
+check(ek == nil and ck == "EINVAL" and tostring(kmsg):find("spec_k", 1, true),
+  "open: spec_k 17 refused", tostring(kmsg))
+do
+  local es <close> = assert(shoal.open { model = model, threads = 1, spec = "ngram", spec_k = 4 })
+  for _, speculative in ipairs({ true, false }) do
+    local sgot, sdone = {}, false
+    assert(es:submit({ prompt_tokens = { 1 }, max_tokens = 32, ignore_eos = true,
+      speculative = speculative }, {
+      token = function(_, tids) for _, v in ipairs(tids) do sgot[#sgot + 1] = v end end,
+      done = function() sdone = true end,
+      error = function(code, m) sdone = true; check(false, "spec run error", code, m) end,
+    }))
+    local deadline = os.time() + 60
+    while not sdone and os.time() <= deadline do assert(es:poll(50)) end
+    local ssame = #sgot == 32
+    for i = 1, 32 do if sgot[i] ~= expected[i] then ssame = false end end
+    check(ssame, "spec ngram: greedy ids equal llama2.c's (speculative = " ..
+      tostring(speculative) .. ")", table.concat(sgot, " "))
+  end
+end
+
 -- 8. <close> variables and __gc close the engine too.
 do
   local e2 <close> = assert(shoal.open { model = model, threads = 1 })
