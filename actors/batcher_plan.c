@@ -101,10 +101,9 @@ static sh_err kv_request(batcher *b, const sh_proto_kv_alloc *a)
     return err;
 }
 
-/* Reserves the positions of s's next k tokens, and then, in a second KV_ALLOC, those of its
- * drafts. Positions reserved past n_computed by an earlier step (its rejected drafts) are given
- * back first (keep): they hold the ids of drafts, and the kvmgr hashes a block by the ids its
- * positions were reserved with once they are computed. */
+/* Reserves the positions of s's next k tokens. Positions reserved past n_computed by an earlier
+ * step (its rejected drafts) are given back first (keep): they hold the ids of drafts, and the
+ * kvmgr hashes a block by the ids its positions were reserved with once they are computed. */
 static void send_alloc(batcher *b, bseq *s, int32_t k)
 {
     sh_proto_kv_alloc a = {.seq = s->kv_id, .computed = (uint32_t)s->n_computed};
@@ -130,8 +129,13 @@ static void send_alloc(batcher *b, bseq *s, int32_t k)
         return;
     }
     s->kv_wait = 1;
-    if (s->step_draft <= 0)
-        return;
+}
+
+/* Reserves the positions of s's drafts, after its own token's (sent after every other
+ * reservation of the plan, so that drafts only take blocks nobody's step needs). */
+static void send_draft_alloc(batcher *b, bseq *s)
+{
+    int32_t end = s->n_computed + s->step_k;
     // The drafts' positions, with their ids: an accepted draft's position is computed holding
     // that very token, and a rejected one's is given back before it is computed.
     sh_proto_kv_alloc d = {.seq = s->kv_id,
@@ -522,6 +526,14 @@ void sh__batcher_plan_step(batcher *b)
         bseq *s = b->running[i];
         if (s->planned && s->fork_pending)
             send_fork(b, s, &s->r->seqs[0]);
+    }
+    // Drafts last: a shortage refuses them, never another sequence's step.
+    for (int32_t i = 0; i < b->n_running; i++) {
+        bseq *s = b->running[i];
+        if (s->planned && !s->fork_pending && s->step_draft > 0 && s->kv_wait == 1)
+            send_draft_alloc(b, s);
+        else if (s->planned && s->kv_wait != 1)
+            s->step_draft = 0;
     }
     sh__batcher_update_gauges(b);
     int32_t idle = 0; /* running sequences not in a step in flight */
