@@ -27,6 +27,11 @@
  *     its TOKEN indices contiguous (none repeated, none missing). A RESUME without a PAUSE does
  *     nothing. Once more with the PAUSE sent while a KV_ALLOC is on its way (a link in front of
  *     the kvmgr): the reply about the old pool is absorbed.
+ *   - speculative decoding (sh_batcher_args.spec ngram, the last stage verifying): greedy
+ *     outputs with two steps in flight, with a STEP lost and retried (late: both tries answer)
+ *     and every third STEP duplicated, and across a PAUSE / RESUME, equal the reference without
+ *     drafts; seeded sampling with drafts equals seeded sampling without, duplicates and the
+ *     late retry included (each try carries the same drafts); drafts are accepted in each.
  * Every TOKEN's index is checked to be the next one of its choice.
  * Skips (77) without the model. */
 #include <pthread.h>
@@ -408,6 +413,13 @@ typedef struct rig_opts {
     const char *labels;
 } rig_opts;
 
+/* The rigs started while set speculate (n-gram drafts, rows of logits for them); spec_accepted
+ * is the last such rig's shoal_spec_accepted_tokens_total, read when it stops. */
+static bool rig_spec;
+static double spec_accepted;
+
+static double metric(rig *g, const char *series);
+
 static bool rig_start(rig *g, const rig_opts *o)
 {
     memset(g, 0, sizeof *g);
@@ -417,7 +429,10 @@ static bool rig_start(rig *g, const rig_opts *o)
     for (int i = 0; i < 2; i++) {
         sh_llama_load_opts lo = {.first = cut[i], .last = cut[i + 1]};
         sh_backend_cpu_opts bo = {.n_threads = 1};
-        sh_llama_ctx_opts co = {.max_tokens = STEP_TOKENS, .max_seqs = MAX_SEQS, .kv_tokens = 8192};
+        sh_llama_ctx_opts co = {.max_tokens = STEP_TOKENS,
+                                .max_seqs = MAX_SEQS,
+                                .max_logits = sh__serve_max_logits(MAX_SEQS, STEP_TOKENS, rig_spec),
+                                .kv_tokens = 8192};
         if (sh_llama_load(sh_test_path(MODEL), &lo, &g->m[i], &e) ||
             sh_backend_cpu_create(&bo, &g->be[i], &e) ||
             sh_llama_ctx_create(g->m[i], g->be[i], &co, &g->c[i], &e)) {
@@ -460,7 +475,9 @@ static bool rig_start(rig *g, const rig_opts *o)
                               .max_inflight = o->max_inflight,
                               .router = o->router ? g->client : SH_ADDR_NONE,
                               .report_ms = o->report_ms,
-                              .metric_labels = o->labels};
+                              .metric_labels = o->labels,
+                              .spec = rig_spec ? SH_SPEC_NGRAM : SH_SPEC_OFF,
+                              .max_logits = sh__serve_max_logits(MAX_SEQS, STEP_TOKENS, rig_spec)};
     sh_err err = sh_actor_spawn(g->t.rt, "batcher", &g->ba, 1, &g->batcher, &e);
     CHECK_OK(err);
     return err == SH_OK;
@@ -468,6 +485,8 @@ static bool rig_start(rig *g, const rig_opts *o)
 
 static void rig_stop(rig *g)
 {
+    if (g->t.rt && rig_spec)
+        spec_accepted = metric(g, "shoal_spec_accepted_tokens_total");
     if (g->t.rt)
         rt_finish(&g->t);
     for (int i = 0; i < 2; i++) {
@@ -1208,6 +1227,64 @@ static void test_pause_resume_late_p2(void) { run_pause(2, false, false); }
 /* PAUSE with a KV_ALLOC on its way: its reply (about the old pool) is absorbed. */
 static void test_pause_resume_kv_due(void) { run_pause(2, false, true); }
 
+/* ---- speculative decoding --------------------------------------------------------------- */
+
+/* The greedy streams with drafts, two steps in flight: each of dup (every third STEP twice),
+ * retry (the 24th dropped and forwarded after its retry) and pause (PAUSE at the 20th STEP)
+ * gives the reference's tokens, and drafts were accepted. */
+static void test_spec_retry_duplicate(void)
+{
+    if (!make_ref())
+        return;
+    rig_spec = true;
+    spec_accepted = 0;
+    run_retry(true, false);
+    CHECK(spec_accepted > 0);
+    fprintf(stderr, "spec, late retry: %.0f drafted tokens accepted\n", spec_accepted);
+    spec_accepted = 0;
+    test_duplicate_steps();
+    CHECK(spec_accepted > 0);
+    fprintf(stderr, "spec, duplicates: %.0f drafted tokens accepted\n", spec_accepted);
+    rig_spec = false;
+}
+
+static void test_spec_pause_resume(void)
+{
+    if (!make_ref())
+        return;
+    rig_spec = true;
+    spec_accepted = 0;
+    run_pause(2, false, false);
+    CHECK(spec_accepted > 0);
+    fprintf(stderr, "spec, pause: %.0f drafted tokens accepted\n", spec_accepted);
+    rig_spec = false;
+}
+
+/* Seeded sampling: the stage draws one number per token whether drafted or not, so the streams
+ * with drafts (duplicates and a late retry included) equal those without. */
+static void test_spec_seeded(void)
+{
+    static int32_t plain[N_STREAMS][2][N_GEN], drafted[N_STREAMS][2][N_GEN];
+    double ign0 = 0, ign1 = 0;
+    if (!run_seeded(0, false, plain, &ign0))
+        return;
+    rig_spec = true;
+    spec_accepted = 0;
+    bool ok = run_seeded(3, true, drafted, &ign1);
+    rig_spec = false;
+    if (!ok)
+        return;
+    CHECK(spec_accepted > 0);
+    int diff = 0;
+    for (int i = 0; i < N_STREAMS; i++)
+        for (int c = 0; c < (i == FORK_STREAM ? 2 : 1); c++)
+            if (memcmp(plain[i][c], drafted[i][c], sizeof plain[i][c]) != 0 && diff++ < 5)
+                SH_FAIL_("stream %d choice %d: drafts changed the seeded tokens", i, c);
+    CHECK_INT_EQ(diff, 0);
+    fprintf(stderr, "spec, seeded: %.0f drafted tokens accepted, %.0f answers ignored\n",
+            spec_accepted, ign1);
+}
+
 int main(int argc, char **argv)
 {
     FILE *f = fopen(sh_test_path(MODEL), "rb");
@@ -1236,6 +1313,9 @@ int main(int argc, char **argv)
                                          {"pause_resume_drop", test_pause_resume_drop},
                                          {"pause_resume_late_p2", test_pause_resume_late_p2},
                                          {"pause_resume_kv_due", test_pause_resume_kv_due},
+                                         {"spec_retry_duplicate", test_spec_retry_duplicate},
+                                         {"spec_pause_resume", test_spec_pause_resume},
+                                         {"spec_seeded", test_spec_seeded},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     sh_tokenizer_destroy(tok);
