@@ -61,8 +61,9 @@ int32_t sh__serve_seq_blocks(const sh_llama_hparams *hp, int32_t n_ctx, int32_t 
 
 int32_t sh__serve_max_logits(int32_t max_seqs, int32_t step_tokens, bool spec)
 {
-    int64_t n = (int64_t)max_seqs + (spec ? 4 * SH_SPEC_MAX_K : 0);
-    return (int32_t)(n < step_tokens ? n : step_tokens);
+    if (spec)
+        return sh_stage_max_logits(max_seqs, step_tokens);
+    return max_seqs < step_tokens ? max_seqs : step_tokens;
 }
 
 sh_chat_template sh__serve_model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys)

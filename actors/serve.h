@@ -182,7 +182,7 @@ typedef struct sh_stage_args {
  * (4 * SH_SPEC_MAX_K): 4 sequences drafting 16 tokens each, or 32 drafting 2, in one step. A row
  * of logits is n_vocab floats (192 KiB for a vocabulary of 49152, 12 MiB for these 64 rows; a
  * tensor-parallel rank also gathers every rank's share of them). */
-#define SH_STAGE_SPEC_ROWS 64
+#define SH_STAGE_SPEC_ROWS (4 * SH_SPEC_MAX_K) /* 64 */
 
 /* The max_logits a replica that may speculate gives its stages' contexts
  * (sh_llama_ctx_opts.max_logits): max_seqs + SH_STAGE_SPEC_ROWS, at most max_tokens (the
@@ -415,8 +415,8 @@ sh_err sh__serve_size(const sh_llama_hparams *hp, const sh_serve_size_opts *o, s
 int32_t sh__serve_seq_blocks(const sh_llama_hparams *hp, int32_t n_ctx, int32_t n_blocks);
 
 /* The rows of logits per step a replica's last stage context is created with
- * (sh_llama_ctx_opts.max_logits, sh_batcher_args.max_logits): one per sequence, and with
- * speculative decoding 4 * SH_SPEC_MAX_K more for drafts; at most step_tokens. */
+ * (sh_llama_ctx_opts.max_logits, sh_batcher_args.max_logits): one per sequence, at most
+ * step_tokens; with speculative decoding sh_stage_max_logits (SH_STAGE_SPEC_ROWS more). */
 int32_t sh__serve_max_logits(int32_t max_seqs, int32_t step_tokens, bool spec);
 
 /* A model's chat template (from its GGUF's tokenizer.chat_template, else its architecture's) and
