@@ -242,43 +242,42 @@ INL __m512 load_w(const uint8_t *w, int64_t k, const int kind)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Every (row, token) sum runs the same instructions whatever the tile's size: four chains over
+ * 64-element steps, a fifth step of 16 into the first, then c0 + c1 + c2 + c3 and the scalar tail,
+ * so that a token's result does not depend on the batch it is computed in (speculative
+ * verification and batched decoding compare it with one-token steps). A tile loads each weight
+ * vector once for its nt tokens. */
 INL void fp_tile(const sh__cpu_mm *m, int64_t r, int64_t t0, const int nt, const int kind)
 {
     const sh__cpu_act *a = m->a;
     const int64_t n = a->n_in;
     const uint8_t *w = m->w + r * m->row_bytes;
-    if (nt == 1) { /* a matvec: four accumulators hide the FMA latency */
-        const float *x = a->x + t0 * n;
-        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        int64_t k = 0;
-        for (; k + 64 <= n; k += 64) {
-            c0 = _mm512_fmadd_ps(load_w(w, k, kind), _mm512_loadu_ps(x + k), c0);
-            c1 = _mm512_fmadd_ps(load_w(w, k + 16, kind), _mm512_loadu_ps(x + k + 16), c1);
-            c2 = _mm512_fmadd_ps(load_w(w, k + 32, kind), _mm512_loadu_ps(x + k + 32), c2);
-            c3 = _mm512_fmadd_ps(load_w(w, k + 48, kind), _mm512_loadu_ps(x + k + 48), c3);
-        }
-        for (; k + 16 <= n; k += 16)
-            c0 = _mm512_fmadd_ps(load_w(w, k, kind), _mm512_loadu_ps(x + k), c0);
-        float v = hsum(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
-        for (; k < n; k++)
-            v += sh__cpu_wf32(w, k, kind) * x[k];
-        store_out(m, t0, r, v);
-        return;
-    }
-    __m512 acc[TOK_TILE];
+    __m512 c[TOK_TILE][4];
     for (int i = 0; i < nt; i++)
-        acc[i] = _mm512_setzero_ps();
-    const int64_t n16 = n / 16 * 16;
-    for (int64_t k = 0; k < n16; k += 16) {
-        const __m512 wv = load_w(w, k, kind);
+        c[i][0] = c[i][1] = c[i][2] = c[i][3] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= n; k += 64) {
+        const __m512 w0 = load_w(w, k, kind), w1 = load_w(w, k + 16, kind),
+                     w2 = load_w(w, k + 32, kind), w3 = load_w(w, k + 48, kind);
+        for (int i = 0; i < nt; i++) {
+            const float *x = a->x + (t0 + i) * n + k;
+            c[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), c[i][1]);
+            c[i][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(x + 32), c[i][2]);
+            c[i][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(x + 48), c[i][3]);
+        }
+    }
+    for (; k + 16 <= n; k += 16) {
+        const __m512 w0 = load_w(w, k, kind);
         for (int i = 0; i < nt; i++)
-            acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a->x + (t0 + i) * n + k), acc[i]);
+            c[i][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a->x + (t0 + i) * n + k), c[i][0]);
     }
     for (int i = 0; i < nt; i++) {
         const float *x = a->x + (t0 + i) * n;
-        float v = hsum(acc[i]);
-        for (int64_t k = n16; k < n; k++)
-            v += sh__cpu_wf32(w, k, kind) * x[k];
+        float v =
+            hsum(_mm512_add_ps(_mm512_add_ps(c[i][0], c[i][1]), _mm512_add_ps(c[i][2], c[i][3])));
+        for (int64_t j = k; j < n; j++)
+            v += sh__cpu_wf32(w, j, kind) * x[j];
         store_out(m, t0 + i, r, v);
     }
 }
