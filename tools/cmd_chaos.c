@@ -502,6 +502,26 @@ static int start_cluster(chaos *ch)
 }
 
 /* SIGTERM to `cluster up` (it stops the front, then the workers); SIGKILL after a while. */
+/* The sum over every series of a Prometheus counter `name` in a /metrics body (labels or none),
+ * or -1 when the body has none. */
+static double metric_sum(const char *body, const char *name)
+{
+    const size_t n = strlen(name);
+    double sum = -1.0;
+    for (const char *l = body; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, name, n) != 0 || (l[n] != ' ' && l[n] != '{'))
+            continue;
+        const char *v = l + n;
+        if (*v == '{' && !(v = strchr(v, '}')))
+            continue;
+        char *end = NULL;
+        double x = strtod(v + 1, &end);
+        if (end != v + 1 && isfinite(x))
+            sum = (sum < 0.0 ? 0.0 : sum) + x;
+    }
+    return sum;
+}
+
 static int stop_cluster(chaos *ch)
 {
     if (ch->o.pid_dir)
@@ -627,6 +647,15 @@ static int run(chaos *ch)
     if (body && status == 200 && sh__chaos_marks_from_status(&ch->marks, body, strlen(body), epoch))
         source = "admin/status";
     free(body);
+    /* Speculative decoding's counters, when the replica drafts (cluster scripts' batcher.spec):
+     * a scenario run during speculation shows that drafts were verified and accepted. */
+    double spec_drafts = -1.0, spec_accepted = -1.0;
+    body = o->engine ? NULL : sh__chaos_http_get(ch->url, "/metrics", o->api_key, &status);
+    if (body && status == 200) {
+        spec_drafts = metric_sum(body, "shoal_spec_drafts_total");
+        spec_accepted = metric_sum(body, "shoal_spec_accepted_tokens_total");
+    }
+    free(body);
     sh__chaos_event_result *ers = calloc(ch->sc->n_events + 1, sizeof *ers);
     if (!ers) {
         rc = (sh__cmd_fail("out of memory"), 1);
@@ -658,12 +687,19 @@ static int run(chaos *ch)
             json_object_set_new(j, "front", json_string(o->engine ? "engine" : "shoal serve"));
             if (o->engine)
                 json_object_set_new(j, "engine_close", json_integer(close_rc));
+            if (spec_drafts >= 0.0)
+                json_object_set_new(j, "spec",
+                                    json_pack("{s:f, s:f}", "drafts", spec_drafts, "accepted",
+                                              spec_accepted < 0.0 ? 0.0 : spec_accepted));
             json_dumpf(j, stdout, JSON_COMPACT);
         }
         printf("\n");
         json_decref(j);
     } else {
         sh__chaos_report_text(stdout, &rep);
+        if (spec_drafts >= 0.0)
+            printf("speculation: %.0f drafting steps, %.0f drafted tokens accepted\n", spec_drafts,
+                   spec_accepted < 0.0 ? 0.0 : spec_accepted);
     }
     fflush(stdout);
     rc = pass ? 0 : 1;

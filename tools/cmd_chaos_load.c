@@ -133,8 +133,15 @@ static void classify(run *r, slot *s, sh__chaos_req *q)
 void sh__chaos_judge_text(sh__chaos_req *q, const char *text, const char *ref)
 {
     if (strcmp(text, ref)) {
+        /* Shown from a little before the first difference, which may lie past the texts' start. */
+        size_t at = 0;
+        while (text[at] && text[at] == ref[at])
+            at++;
+        size_t from = at > 20 ? at - 20 : 0;
         q->outcome = SH__CHAOS_WRONG;
-        snprintf(q->err, sizeof q->err, "got \"%.60s\", want \"%.60s\"", text, ref);
+        snprintf(q->err, sizeof q->err,
+                 "prompt %d differs at byte %zu: got \"%.60s\", want \"%.60s\"", (int)q->prompt, at,
+                 text + from, ref + from);
     } else {
         q->outcome = SH__CHAOS_OK;
     }

@@ -13,7 +13,7 @@ set(_sh_chaos_env
     "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
 foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
           drop-delay corrupt duplicate leak attach kill-rank stop-rank-2s drop-coll-1pct
-          kill-leader-standby)
+          kill-leader-standby kill-decode-spec)
   string(REPLACE "-" "_" t "test_chaos_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}
@@ -23,7 +23,7 @@ foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s 
 endforeach()
 foreach(s kill-prefill kill-decode kill-twice kill-standby kill-replica stop-2s partition-2s
           drop-delay corrupt duplicate leak kill-rank stop-rank-2s drop-coll-1pct
-          kill-leader-standby)
+          kill-leader-standby kill-decode-spec)
   string(REPLACE "-" "_" t "test_chaos_engine_${s}")
   add_test(NAME ${t}
            COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_chaos.py ${s}
