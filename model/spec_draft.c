@@ -108,10 +108,12 @@ static sh_err load_file(sh_spec_draft *d, const sh_llama *target, const sh_token
     return err;
 }
 
-sh_err sh_spec_draft_create(const sh_llama *target, const sh_tokenizer *target_tok, sh_backend *be,
-                            const sh_spec_draft_opts *o, sh_spec_draft **out, sh_error *e)
+sh_err sh__spec_draft_model(const sh_llama *target, const sh_tokenizer *target_tok,
+                            const sh_spec_draft_opts *o, sh_llama **own, int32_t *layers,
+                            sh_error *e)
 {
-    *out = NULL;
+    *own = NULL;
+    *layers = 0;
     const int32_t nl = target->hp.n_layers;
     if (o->self_layers != 0 && nl < 2)
         return sh__error_set(e, SH_EINVAL,
@@ -125,6 +127,25 @@ sh_err sh_spec_draft_create(const sh_llama *target, const sh_tokenizer *target_t
                              (int)o->self_layers, (int)(nl - 1), (int)nl);
     if (target->first != 0 || target->last != nl || target->tp.size > 1)
         return sh__error_set(e, SH_EINVAL, "draft: the target must be a model loaded whole");
+    if (o->self_layers) {
+        *layers = o->self_layers;
+        return SH_OK;
+    }
+    sh_spec_draft tmp = {0};
+    sh_err err = load_file(&tmp, target, target_tok, o, e);
+    if (err) {
+        sh_llama_destroy(tmp.own);
+        return err;
+    }
+    *own = tmp.own;
+    *layers = tmp.own->hp.n_layers;
+    return SH_OK;
+}
+
+sh_err sh_spec_draft_create(const sh_llama *target, const sh_tokenizer *target_tok, sh_backend *be,
+                            const sh_spec_draft_opts *o, sh_spec_draft **out, sh_error *e)
+{
+    *out = NULL;
     if (o->kv_tokens < 1 || o->max_tokens < 1)
         return sh__error_set(e, SH_EINVAL, "draft: kv_tokens %d, max_tokens %d", (int)o->kv_tokens,
                              (int)o->max_tokens);
@@ -133,16 +154,10 @@ sh_err sh_spec_draft_create(const sh_llama *target, const sh_tokenizer *target_t
         return sh__error_set(e, SH_ENOMEM, "draft: out of memory");
     d->next = -1;
     d->max_tokens = o->max_tokens;
-    sh_err err = SH_OK;
-    if (o->self_layers) {
-        d->m = target;
-        d->layers = o->self_layers;
-    } else {
-        if ((err = load_file(d, target, target_tok, o, e)))
-            goto fail;
-        d->m = d->own;
-        d->layers = d->own->hp.n_layers;
-    }
+    sh_err err = sh__spec_draft_model(target, target_tok, o, &d->own, &d->layers, e);
+    if (err)
+        goto fail;
+    d->m = d->own ? d->own : target;
     sh_llama_ctx_opts co = {.max_tokens = o->max_tokens,
                             .max_seqs = 1,
                             .max_logits = 1,

@@ -57,6 +57,15 @@ sh_err sh_spec_draft_sync(sh_spec_draft *d, const int32_t *hist, int32_t n, sh_e
 sh_err sh_spec_draft_propose(sh_spec_draft *d, const int32_t *hist, int32_t n, int32_t k,
                              int32_t *out, int32_t *n_out, sh_error *e);
 
+/* What sh_spec_draft_create and the batched drafter (model/spec_draft_batch.h) share: checks
+ * o's self_layers against the target (which must be loaded whole) and, for a draft file, loads it
+ * and checks its vocabulary against the target's; sets *own to the loaded file (NULL for
+ * self-speculation: the target drafts) and *layers to the layers that run per drafted token.
+ * Errors as sh_spec_draft_create's (*own NULL). o's kv_tokens and max_tokens are not read. */
+sh_err sh__spec_draft_model(const sh_llama *target, const sh_tokenizer *target_tok,
+                            const sh_spec_draft_opts *o, sh_llama **own, int32_t *layers,
+                            sh_error *e);
+
 /* The draft model's number of layers that run per drafted token (self: self_layers). */
 int32_t sh_spec_draft_layers(const sh_spec_draft *d);
 
