@@ -149,6 +149,15 @@ sh_err sh__replica_start(sh_runtime *rt, const sh_replica_opts *o, sh_replica_se
                 if ((rc = sh_actor_spawn(rt, "stage", &r->sa, o->loop, &r->stage, e)))
                     return rc;
                 r->ba[k].stage = r->stage;
+                if (o->drafts) {
+                    r->da = (sh_drafter_args){.drafts = o->drafts,
+                                              .stage = r->stage,
+                                              .max_seqs = r->ba[k].max_seqs,
+                                              .block_tokens = SH_KV_DEFAULT_BLOCK_TOKENS};
+                    if ((rc = sh_actor_spawn(rt, "drafter", &r->da, o->loop, &r->drafter, e)))
+                        return rc;
+                    r->ba[k].stage = r->drafter;
+                }
             }
             r->ba[k].router = r->router[j];
             r->ba[k].report_ms = r->router[j] ? SH_REPLICA_REPORT_MS : 0;

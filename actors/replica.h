@@ -44,6 +44,9 @@ typedef struct sh_replica_opts {
     const sh_tokenizer *tok;
     int32_t n_ctx, max_seqs, step_tokens;
     int64_t n_blocks;
+    /* Optional (speculative decoding with a draft model, one process): the batcher's STEPs go
+     * through a drafter actor over drafts (actors/serve.h), which must outlive the runtime. */
+    struct sh_spec_drafts *drafts;
     /* Both. */
     int32_t max_wait_ms; /* 0: the batcher's 50 */
     /* Requests that may wait on each replica beyond the ones it runs: its batcher refuses SUBMIT
@@ -71,7 +74,8 @@ typedef struct sh_replica_opts {
 typedef struct sh_replica_set {
     int32_t n_replicas;
     sh_addr kvmgr[SH_CLUSTER_MAX_REPLICAS], batcher[SH_CLUSTER_MAX_REPLICAS];
-    sh_addr stage; /* one process: the replica's stage; SH_ADDR_NONE on a front */
+    sh_addr stage;   /* one process: the replica's stage; SH_ADDR_NONE on a front */
+    sh_addr drafter; /* one process with drafts: the drafter before the stage; else NONE */
     /* The models served, in the order their first replica comes in the script (one in one
      * process): model[j] is the script's model index, n_of[j] its replicas, ids[j] their indices;
      * router[j] the router before them (when it has several, or when there are several models: a
@@ -89,12 +93,14 @@ typedef struct sh_replica_set {
     sh_batcher_args ba[SH_CLUSTER_MAX_REPLICAS];
     sh_router_args ra[SH_CLUSTER_MAX_REPLICAS];
     sh_stage_args sa;
+    sh_drafter_args da;
     char labels[SH_CLUSTER_MAX_REPLICAS][32]; /* replica="k" with several replicas */
 } sh_replica_set;
 
 /* Spawns on rt (which has the kinds of sh__serve_register; the router's is registered here when
  * needed): the routers first (so the batchers report to them from the start), then per replica its
- * stage (one process), kvmgr and batcher, each replica's series labelled replica="k" when there
+ * stage (one process; with drafts, a drafter before it, which the batcher sends its STEPs to),
+ * kvmgr and batcher, each replica's series labelled replica="k" when there
  * are several; then one CONTROL op REROUTE to each router with its batchers, before any request.
  * *out is set as soon as the set is allocated, also when a later step fails: actors already
  * spawned read it, so the caller frees it only after the runtime (sh__replica_teardown). Returns

@@ -95,6 +95,7 @@ sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
                                       &sh__stage_vtable,
                                       &sh__batcher_vtable,
                                       &sh__gateway_vtable,
+                                      &sh__drafter_vtable,
                                       &sh__node_metrics_collector_vtable,
                                       &sh__node_metrics_reporter_vtable};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {

@@ -190,6 +190,31 @@ typedef struct sh_stage_args {
  * sequence's drafts) within it. */
 int32_t sh_stage_max_logits(int32_t max_seqs, int32_t max_tokens);
 
+/* ---- drafter ---------------------------------------------------------------------------- */
+
+/* Kind "drafter" (actors/drafter.c): speculative decoding's draft model in serving (`shoal serve
+ * --spec draft:PATH|self:LAYERS`), between a batcher and its first stage. The batcher sends its
+ * STEP here; the drafter records every sequence's tokens (a sequence's history: its tokens
+ * [0, pos) from earlier steps, or from the step's prior, then this step's), appends up to
+ * want_draft greedy drafts of its model (sh_spec_drafts_step) to each sequence that asks and may
+ * take them (it samples, asks for no top logprobs, carries no drafts yet, and its block table
+ * has room), sets that sequence's draft to how many it appended (0 is fine: drafting is
+ * best-effort), clears want_draft and prior, adds its time to the STEP's compute_us, and sends
+ * the STEP on to `stage` under the STEP's own sender and trace id, so that the stage answers
+ * STEP_DONE to the batcher directly. A STEP it cannot decode goes on unchanged (the stage
+ * answers it). Greedy drafts depend only on a sequence's history, so a retried STEP gets the
+ * same drafts. STEPs are drafted on the drafter's worker thread, one at a time, in arrival
+ * order; other messages are dropped. Metrics (runtime registry, labelled with metric_labels):
+ * shoal_drafter_steps_total, shoal_drafter_tokens_total (drafts appended),
+ * shoal_drafter_compute_us_total. */
+typedef struct sh_drafter_args {
+    struct sh_spec_drafts *drafts; /* borrowed; used by the worker thread only */
+    sh_addr stage;                 /* the first stage */
+    int32_t max_seqs;              /* sequences of one STEP it records (the batcher's max_seqs) */
+    int32_t block_tokens;          /* KV block size (0: SH_KV_DEFAULT_BLOCK_TOKENS) */
+    const char *metric_labels;
+} sh_drafter_args;
+
 /* ---- batcher ---------------------------------------------------------------------------- */
 
 /* Kind "batcher" (actors/batcher.c): continuous batching for one replica. Takes SUBMIT and
@@ -433,9 +458,11 @@ extern const sh_actor_vtable sh__kvmgr_vtable;
 extern const sh_actor_vtable sh__stage_vtable;
 extern const sh_actor_vtable sh__batcher_vtable;
 extern const sh_actor_vtable sh__gateway_vtable;
+extern const sh_actor_vtable sh__drafter_vtable;
 
-/* Registers the four kinds with rt, and the per-node metrics collector and reporter
- * (actors/node_metrics.h). Returns as sh_runtime_register(). Defined in actors/serve.c. */
+/* Registers the five kinds (kvmgr, stage, batcher, gateway, drafter) with rt, and the per-node
+ * metrics collector and reporter (actors/node_metrics.h). Returns as sh_runtime_register(). Defined
+ * in actors/serve.c. */
 sh_err sh__serve_register(sh_runtime *rt, sh_error *e);
 
 #endif

@@ -1155,6 +1155,7 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         err = SH_EPROTO;
     } else if (!is_act) {
         s = &b.step;
+        prior_us = b.step.compute_us; /* a drafter's time before this stage */
     } else {
         view = (sh_proto_step){.step = b.act.step,
                                .deadline_ms = b.act.deadline_ms,

@@ -132,7 +132,10 @@
 
 /* One sequence of a STEP (and of the ACT messages that continue it). Its tokens sit at positions
  * pos .. pos + tokens.n - 1: a prefill chunk or a decode step is always contiguous, so a start
- * position replaces a positions array. */
+ * position replaces a positions array. want_draft and prior are for a drafter in front of the
+ * first stage (actors/drafter.c): it appends up to want_draft greedy drafts to tokens (their
+ * positions reserved by the batcher), sets draft to how many, and clears both; prior, sent with a
+ * sequence's first step when that starts past position 0, holds its tokens [0, pos). */
 #define SH_PROTO_FIELDS_step_seq(F, S)                                                             \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, tokens, "tok", I32S, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                      \
@@ -142,7 +145,9 @@
     F(S, sampling, "samp", STRUCT, sampling, REQ, 0, 0)                                            \
     F(S, history, "hist", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* recent tokens, penalties */     \
     F(S, draft, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* the last `draft` tokens are drafted  \
-                                                            */
+                                                            */                                     \
+    F(S, want_draft, "wdr", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a drafter may append */  \
+    F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)    /* tokens [0, pos), for a drafter */
 
 /* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
@@ -255,7 +260,8 @@
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
     F(S, epoch, "ep", U64, _, OPT, 0, 0)                                                           \
-    F(S, retry_of, "rof", U64, _, OPT, 0, 0) /* a retry: the step id of its first try (0: none) */
+    F(S, retry_of, "rof", U64, _, OPT, 0, 0) /* a retry: the step id of its first try (0: none) */ \
+    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time spent before the first stage (a drafter) */
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
  * in sequence order, as F32, F16 or I8 (the script's link_dtype, docs/cluster.md). I8 rows are

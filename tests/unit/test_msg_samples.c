@@ -114,6 +114,10 @@ static sh_proto_step_seq_list seqs(test_sample *s, uint32_t n, uint32_t max_tok)
         sampling(s, &v[i].sampling);
         v[i].history = tokens(s, (uint32_t)range(s, 1, 32));
         v[i].draft = (uint32_t)range(s, 0, SH_PROTO_MAX_DRAFT);
+        /* Derived from the fields above, so that the generator's sequence (which the other
+         * samples and tests depend on) stays as it was. */
+        v[i].want_draft = (v[i].draft * 7u + 3u) % (SH_PROTO_MAX_DRAFT + 1u);
+        v[i].prior = (i & 2) ? v[i].history : (sh_i32s){NULL, 0};
     }
     return (sh_proto_step_seq_list){v, n};
 }
@@ -173,6 +177,7 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         b->step.step = nz64(s);
         b->step.deadline_ms = nz64(s) >> 20;
         b->step.seqs = seqs(s, (uint32_t)range(s, 1, 8), 40);
+        b->step.compute_us = b->step.deadline_ms % 1000000u; /* no draw: see seqs() */
         break;
     case SH_MSG_ACT: {
         b->act.step = nz64(s);

@@ -1,0 +1,324 @@
+/* The drafter actor: sits between a batcher and its first stage, appends greedy drafts of a draft
+ * model (model/spec_draft_batch.h) to the sequences of each STEP that ask for them, and passes the
+ * STEP on under its sender's address, so that STEP_DONE goes straight back to the batcher. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "actors/actor_util.h"
+#include "actors/serve.h"
+#include "base/error.h"
+#include "model/spec.h"
+#include "model/spec_draft_batch.h"
+#include "runtime/msg.h"
+#include "runtime/proto.h"
+
+#define DRAFTER_ARENA_BYTES (8u << 20) /* a decoded STEP: its sequences, tokens and priors */
+
+typedef struct drafter_state {
+    /* Set by init, read-only afterwards. */
+    sh_runtime *rt;
+    sh_addr self, stage;
+    sh_spec_drafts *drafts;
+    int32_t max_seqs, block_tokens;
+    sh_counter *m_steps, *m_drafted, *m_us; /* shoal_drafter_* */
+
+    /* The kept STEPs, a ring guarded by mu; the worker waits on cv. */
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    sh_msg **q; // (q_cap)
+    uint32_t q_cap, q_head, q_len;
+    bool stopping;
+    uv_thread_t thread;
+
+    /* The worker's own. */
+    sh_act_decoder dec;
+    sh_spec_drafts_req *req; // (max_seqs)
+    int32_t *idx;            // (max_seqs) the step_seq of each request
+    int32_t *tok;            // (tok_cap) each sequence's prior, tokens and room for drafts, in turn
+    size_t tok_cap;
+} drafter_state;
+
+/* Whether sequence q of a step may take drafts: it asks, it samples without top logprobs and
+ * carries no drafts of its own; *k is then how many its block table has room for. */
+static bool may_draft(const drafter_state *st, const sh_proto_step_seq *q, int32_t *k)
+{
+    *k = 0;
+    if (q->want_draft == 0 || !q->sample || q->draft != 0 || q->tokens.n == 0 ||
+        q->sampling.n_logprobs > 0)
+        return false;
+    int64_t room = (int64_t)q->blocks.n * st->block_tokens - q->pos - q->tokens.n;
+    int64_t k64 = q->want_draft;
+    if (k64 > room)
+        k64 = room;
+    if (k64 > SH_SPEC_MAX_K)
+        k64 = SH_SPEC_MAX_K;
+    *k = (int32_t)(k64 > 0 ? k64 : 0);
+    return *k > 0;
+}
+
+/* Makes room for n tokens in st->tok. */
+static bool tok_room(drafter_state *st, size_t n)
+{
+    if (n <= st->tok_cap)
+        return true;
+    size_t cap = st->tok_cap ? st->tok_cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    int32_t *t = realloc(st->tok, cap * sizeof *t);
+    if (!t)
+        return false;
+    st->tok = t;
+    st->tok_cap = cap;
+    return true;
+}
+
+/* Passes m on to the stage unchanged (a STEP the drafter could not read: the stage answers it). */
+static void pass_raw(drafter_state *st, const sh_msg *m)
+{
+    sh_msg_hdr h = *sh_msg_header(m);
+    h.dst = st->stage;
+    size_t len = 0;
+    const void *body = sh_msg_body(m, &len);
+    sh_error e = {0};
+    if (sh_send(st->rt, &h, body, len, &e))
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "drafter_send_failed", "error=\"%s\"", e.msg);
+}
+
+/* Drafts for one STEP and sends it on. Worker thread. */
+static void step_draft(drafter_state *st, const sh_msg *m)
+{
+    uint64_t t0 = sh__act_mono_us();
+    const sh_msg_hdr *h = sh_msg_header(m);
+    sh_proto_body b;
+    sh_error e = {0};
+    if (h->type != SH_MSG_STEP || sh__act_decode(&st->dec, m, &b, &e)) {
+        pass_raw(st, m);
+        return;
+    }
+    sh_proto_step *s = &b.step;
+    sh_proto_step_seq *v = (sh_proto_step_seq *)s->seqs.v; /* the decoder's arena: ours */
+    /* Every sequence's tokens (and prior) are copied, aligned, with room for drafts after them. */
+    uint32_t ns = s->seqs.n < (uint32_t)st->max_seqs ? s->seqs.n : (uint32_t)st->max_seqs;
+    size_t need = 0;
+    for (uint32_t i = 0; i < ns; i++)
+        need += (size_t)v[i].prior.n + v[i].tokens.n + SH_SPEC_MAX_K;
+    if (!tok_room(st, need)) {
+        pass_raw(st, m);
+        return;
+    }
+    int32_t n = 0;
+    size_t off = 0;
+    bool ok = true;
+    for (uint32_t i = 0; i < ns; i++) {
+        const sh_proto_step_seq *q = &v[i];
+        int32_t k = 0;
+        may_draft(st, q, &k);
+        bool whole = q->prior.n >= q->pos && q->pos > 0;
+        int32_t *pri = st->tok + off;
+        if (whole)
+            memcpy(pri, q->prior.ptr, (size_t)q->pos * sizeof *pri);
+        off += whole ? q->pos : 0;
+        int32_t *t = st->tok + off;
+        memcpy(t, q->tokens.ptr, (size_t)q->tokens.n * sizeof *t);
+        off += q->tokens.n + SH_SPEC_MAX_K;
+        st->req[n] = (sh_spec_drafts_req){.id = q->seq,
+                                          .prior = whole ? pri : NULL,
+                                          .n_prior = whole ? (int32_t)q->pos : 0,
+                                          .pos = (int32_t)q->pos,
+                                          .tokens = t,
+                                          .n_tokens = (int32_t)q->tokens.n,
+                                          .k = k,
+                                          .out = t + q->tokens.n};
+        st->idx[n++] = (int32_t)i;
+        ok &= q->seq != 0; /* not the batcher's: nothing is drafted */
+    }
+    /* Every sequence's tokens are recorded (a prefill chunk today is the history of tomorrow's
+     * drafts); a step with nothing to draft runs no forward pass. */
+    if (ok && sh_spec_drafts_step(st->drafts, st->req, n, &e)) {
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "drafter_failed", "step=%" PRIu64 " error=\"%s\"",
+                       s->step, e.msg);
+        ok = false;
+    }
+    uint64_t drafted = 0;
+    for (int32_t i = 0; i < n && ok; i++) {
+        const sh_spec_drafts_req *r = &st->req[i];
+        if (r->n_out == 0)
+            continue;
+        sh_proto_step_seq *q = &v[st->idx[i]];
+        /* The drafts were written right after the sequence's copied tokens. */
+        q->tokens = (sh_i32s){r->tokens, q->tokens.n + (uint32_t)r->n_out};
+        q->draft = (uint32_t)r->n_out;
+        drafted += (uint64_t)r->n_out;
+    }
+    /* What the drafter was asked is its own: the stages never see it. */
+    for (uint32_t i = 0; i < s->seqs.n; i++) {
+        v[i].want_draft = 0;
+        v[i].prior = (sh_i32s){NULL, 0};
+    }
+    uint64_t us = sh__act_mono_us() - t0;
+    s->compute_us += us;
+    if (st->m_steps) {
+        sh_counter_add(st->m_steps, 1);
+        sh_counter_add(st->m_drafted, drafted);
+        sh_counter_add(st->m_us, us);
+    }
+    if (sh__act_send(st->rt, h->src, st->stage, SH_MSG_STEP, h->trace_id, s, &e))
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "drafter_send_failed",
+                       "step=%" PRIu64 " error=\"%s\"", s->step, e.msg);
+}
+
+static void worker_main(void *arg)
+{
+    drafter_state *st = arg;
+    pthread_setname_np(pthread_self(), "shoal-drafter");
+    uv_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->stopping && st->q_len == 0)
+            uv_cond_wait(&st->cv, &st->mu);
+        if (st->stopping)
+            break;
+        sh_msg *m = st->q[st->q_head];
+        st->q_head = (st->q_head + 1) % st->q_cap;
+        st->q_len--;
+        uv_mutex_unlock(&st->mu);
+        step_draft(st, m);
+        sh_msg_free(m);
+        uv_mutex_lock(&st->mu);
+    }
+    uv_mutex_unlock(&st->mu);
+}
+
+/* Appends m to the queue, doubling the ring when it is full. Caller holds mu. */
+static sh_err queue_push(drafter_state *st, sh_msg *m)
+{
+    if (st->q_len == st->q_cap) {
+        uint32_t cap = st->q_cap ? st->q_cap * 2 : 16;
+        sh_msg **q = malloc((size_t)cap * sizeof *q);
+        if (!q)
+            return SH_ENOMEM;
+        for (uint32_t i = 0; i < st->q_len; i++)
+            q[i] = st->q[(st->q_head + i) % st->q_cap];
+        free(st->q);
+        st->q = q;
+        st->q_cap = cap;
+        st->q_head = 0;
+    }
+    st->q[(st->q_head + st->q_len) % st->q_cap] = m;
+    st->q_len++;
+    return SH_OK;
+}
+
+/* ---- vtable ---- */
+
+static void free_buffers(drafter_state *st)
+{
+    sh__act_decoder_fini(&st->dec);
+    free(st->req);
+    free(st->idx);
+    free(st->tok);
+    free(st->q);
+}
+
+/* Loop thread: checks the arguments, sizes the buffers and starts the worker. */
+static sh_err drafter_init(sh_actor_ctx *ctx, void *state, void *arg)
+{
+    drafter_state *st = state;
+    const sh_drafter_args *a = arg;
+    if (!a || !a->drafts || a->stage == SH_ADDR_NONE || a->max_seqs <= 0) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "drafter_init_failed",
+                     "error=\"needs a drafter, the first stage and max_seqs > 0\"");
+        return SH_EINVAL;
+    }
+    st->rt = sh_actor_runtime(ctx);
+    st->self = sh_actor_self(ctx);
+    st->stage = a->stage;
+    st->drafts = a->drafts;
+    st->max_seqs = a->max_seqs;
+    st->block_tokens = a->block_tokens > 0 ? a->block_tokens : SH_KV_DEFAULT_BLOCK_TOKENS;
+    sh_err err = sh__act_decoder_init(&st->dec, DRAFTER_ARENA_BYTES);
+    st->req = calloc((size_t)a->max_seqs, sizeof *st->req);
+    st->idx = calloc((size_t)a->max_seqs, sizeof *st->idx);
+    if (err || !st->req || !st->idx || !tok_room(st, 4096)) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "drafter_init_failed", "error=\"out of memory\"");
+        free_buffers(st);
+        memset(st, 0, sizeof *st);
+        return SH_ENOMEM;
+    }
+    sh_metrics *mx = sh_runtime_metrics(st->rt);
+    sh_metrics_counter(mx, "shoal_drafter_steps_total", "Steps the drafter passed to the stage.",
+                       a->metric_labels, &st->m_steps);
+    sh_metrics_counter(mx, "shoal_drafter_tokens_total",
+                       "Draft tokens the drafter appended to steps.", a->metric_labels,
+                       &st->m_drafted);
+    sh_metrics_counter(mx, "shoal_drafter_compute_us_total",
+                       "Microseconds the drafter spent on steps (drafting included).",
+                       a->metric_labels, &st->m_us);
+    if (!st->m_steps || !st->m_drafted || !st->m_us)
+        st->m_steps = NULL;
+    uv_mutex_init(&st->mu);
+    uv_cond_init(&st->cv);
+    int rv = uv_thread_create(&st->thread, worker_main, st);
+    if (rv) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "drafter_init_failed", "error=\"thread: %s\"",
+                     uv_strerror(rv));
+        uv_cond_destroy(&st->cv);
+        uv_mutex_destroy(&st->mu);
+        free_buffers(st);
+        memset(st, 0, sizeof *st);
+        return SH_ENOMEM;
+    }
+    return SH_OK;
+}
+
+/* Loop thread; never blocks: a STEP is kept and queued for the worker, which frees it. */
+static sh_msg_fate drafter_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
+{
+    drafter_state *st = state;
+    sh_msg_type type = sh_msg_header(m)->type;
+    if (type != SH_MSG_STEP) {
+        if (type != SH_MSG_ERROR && type != SH_MSG_CONTROL)
+            sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "drafter_unexpected", "type=%s",
+                         sh__msg_type_name(type));
+        return SH_MSG_FATE_DONE;
+    }
+    uv_mutex_lock(&st->mu);
+    sh_err err = queue_push(st, m);
+    if (!err)
+        uv_cond_signal(&st->cv);
+    uv_mutex_unlock(&st->mu);
+    if (err) {
+        /* The step goes on without drafts rather than not at all. */
+        pass_raw(st, m);
+        return SH_MSG_FATE_DONE;
+    }
+    return SH_MSG_FATE_KEPT;
+}
+
+/* Loop thread: lets the worker finish the step it drafts, joins it and frees the rest. */
+static void drafter_stop(sh_actor_ctx *ctx, void *state)
+{
+    drafter_state *st = state;
+    uv_mutex_lock(&st->mu);
+    st->stopping = true;
+    uv_cond_broadcast(&st->cv);
+    uv_mutex_unlock(&st->mu);
+    uv_thread_join(&st->thread);
+    for (; st->q_len > 0; st->q_len--) {
+        sh_msg_free(st->q[st->q_head]);
+        st->q_head = (st->q_head + 1) % st->q_cap;
+    }
+    uv_cond_destroy(&st->cv);
+    uv_mutex_destroy(&st->mu);
+    free_buffers(st);
+}
+
+const sh_actor_vtable sh__drafter_vtable = {
+    .name = "drafter",
+    .state_size = sizeof(drafter_state),
+    .init = drafter_init,
+    .handle = drafter_handle,
+    .stop = drafter_stop,
+};
