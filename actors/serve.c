@@ -10,6 +10,8 @@
 #include "actors/serve.h"
 #include "base/error.h"
 #include "model/gguf.h"
+#include "model/spec.h"
+#include "model/spec_draft_batch.h"
 
 /* The KV budget when none is given: 1 GiB, or a quarter of the memory available now when that is
  * less (a small machine keeps room for the weights and everything else). */
@@ -104,4 +106,26 @@ sh_err sh__serve_register(sh_runtime *rt, sh_error *e)
             return err;
     }
     return SH_OK;
+}
+
+sh_err sh__serve_drafts_create(const sh_llama *target, const sh_tokenizer *tok, sh_backend *be,
+                               const sh_spec_opts *spec, int32_t n_ctx, int32_t max_seqs,
+                               int32_t step_tokens, int64_t n_blocks, bool kv_f32,
+                               sh_spec_drafts **out, sh_error *e)
+{
+    *out = NULL;
+    if (spec->kind != SH_SPEC_DRAFT && spec->kind != SH_SPEC_SELF)
+        return sh__error_set(e, SH_EINVAL, "--spec %s has no draft model",
+                             sh_spec_kind_name(spec->kind));
+    int64_t kv = n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS;
+    sh_spec_drafts_opts o = {.draft = {.path = spec->kind == SH_SPEC_DRAFT ? spec->path : NULL,
+                                       .self_layers = spec->kind == SH_SPEC_SELF ? spec->layers : 0,
+                                       .kv_tokens = kv < INT32_MAX ? (int32_t)kv : INT32_MAX,
+                                       .kv_type = kv_f32 ? SH_DTYPE_F32 : SH_DTYPE_F16,
+                                       .max_tokens = step_tokens,
+                                       .prefault = true},
+                             .max_seqs = max_seqs,
+                             .max_slots = 2 * max_seqs,
+                             .seq_tokens = n_ctx};
+    return sh_spec_drafts_create(target, tok, be, &o, out, e);
 }

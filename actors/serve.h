@@ -215,6 +215,18 @@ typedef struct sh_drafter_args {
     const char *metric_labels;
 } sh_drafter_args;
 
+/* The drafter of a replica in one process (`shoal serve` with spec->kind SH_SPEC_DRAFT or
+ * SH_SPEC_SELF): spec's draft file or layers over target (loaded whole, with its tokenizer and
+ * backend, which must outlive it), sized for the replica: max_seqs sequences a step (twice as
+ * many kept), n_ctx positions each, passes of step_tokens rows, and a pool of as many positions
+ * as the target's (n_blocks blocks), of F32 or F16 like it. Returns sh_spec_drafts_create's
+ * errors (a draft with another vocabulary, bad layers, a missing or broken file: e says which),
+ * SH_EINVAL for another kind; *out NULL then. Any thread. */
+sh_err sh__serve_drafts_create(const sh_llama *target, const sh_tokenizer *tok, sh_backend *be,
+                               const sh_spec_opts *spec, int32_t n_ctx, int32_t max_seqs,
+                               int32_t step_tokens, int64_t n_blocks, bool kv_f32,
+                               struct sh_spec_drafts **out, sh_error *e);
+
 /* ---- batcher ---------------------------------------------------------------------------- */
 
 /* Kind "batcher" (actors/batcher.c): continuous batching for one replica. Takes SUBMIT and
