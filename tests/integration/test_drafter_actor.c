@@ -3,7 +3,8 @@
  * back as STEP_DONE to their sender with the accepted drafts in `more`, every token the greedy
  * one; a draft model drafting for itself has all its drafts accepted, the target's first 2
  * layers some; a sequence joining past position 0 drafts with its prior tokens; a sequence that
- * asks for top logprobs, or does not ask, gets none; the drafter's time is in compute_us. */
+ * asks for top logprobs, or does not ask, gets none; the drafter's time is in compute_us; a step
+ * with a token outside the vocabulary goes on without drafts and is refused by the stage. */
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -316,7 +317,37 @@ out:
     fx_finish(&f);
 }
 
+/* A step with a token outside the vocabulary: the drafter's pass fails, the step goes on without
+ * drafts and the stage refuses it with a status; the next steps draft again. */
+static void test_bad_step(void)
+{
+    fixture f;
+    if (!fx_start(&f, 0))
+        goto out;
+    int32_t bad[3] = {1, 100000, 5};
+    int32_t blocks[SEQ_BLOCKS];
+    for (int32_t j = 0; j < SEQ_BLOCKS; j++)
+        blocks[j] = j;
+    sh_proto_step_seq q = {.seq = 55,
+                           .tokens = {bad, 3},
+                           .blocks = {blocks, SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy(),
+                           .want_draft = 4};
+    const rec *r = step(&f, f.drafter, 1, &q, 1);
+    if (r)
+        CHECK_INT_EQ(r->status, SH_EINVAL);
+    seq s[1];
+    seq_init(&s[0], 56, 8, 0);
+    s[0].want = 4;
+    run(&f, s, 1, false);
+    CHECK(s[0].drafted > 0);
+out:
+    fx_finish(&f);
+}
+
 static const sh_test_case tests[] = {
+    {"bad_step", test_bad_step},
     {"draft_itself", test_draft_itself},
     {"self_layers", test_self_layers},
     {"join_without_prior", test_join_without_prior},
