@@ -94,7 +94,8 @@ typedef struct sh_kvmgr_args {
  * The last stage (last == n_layers) samples the sequences whose `sample` is true and answers
  * STEP_DONE to the STEP's sender (one stage) or the ACT's reply_to: one step_out per step_seq in
  * the same order (token -1 when not sampled), logprob/logprob_raw of the token, and
- * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages.
+ * top_tokens/top_logprobs when sampling.n_logprobs > 0; compute_us summed over the stages
+ * (plus the STEP's own compute_us: a drafter's time before the first stage, actors/drafter.c).
  *
  * Speculative steps (issue 27): a sequence whose step_seq.draft is d > 0 carries its last
  * accepted token then d drafted tokens (d < tokens.n; it must sample, and ask for no top
