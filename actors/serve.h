@@ -200,7 +200,8 @@ int32_t sh_stage_max_logits(int32_t max_seqs, int32_t max_tokens);
  * want_draft greedy drafts of its model (sh_spec_drafts_step) to each sequence that asks and may
  * take them (it samples, asks for no top logprobs, carries no drafts yet, and its block table
  * has room), sets that sequence's draft to how many it appended (0 is fine: drafting is
- * best-effort), clears want_draft and prior, adds its time to the STEP's compute_us, and sends
+ * best-effort), clears want_draft and prior, adds its time to the STEP's compute_us (less the
+ * catch-up over a sequence's history beyond one row each, sh_spec_drafts_extra_us), and sends
  * the STEP on to `stage` under the STEP's own sender and trace id, so that the stage answers
  * STEP_DONE to the batcher directly. A STEP it cannot decode goes on unchanged (the stage
  * answers it). Greedy drafts depend only on a sequence's history, so a retried STEP gets the

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "model/spec.h"
@@ -34,6 +35,7 @@ struct sh_spec_drafts {
     int32_t *free_blk; // (n_blocks) a stack of free blocks
     int32_t n_free, n_blocks;
     uint64_t tick;
+    uint64_t extra_us; /* the last call's catch-up time beyond one row per drafting sequence */
     /* Per call, sized at create: */
     int32_t *act;       // (max_seqs) request i's slot, -1 when it does not draft
     int32_t *at;        // (max_seqs) where its catch-up stands
@@ -127,6 +129,15 @@ void sh_spec_drafts_destroy(sh_spec_drafts *d)
 }
 
 int32_t sh_spec_drafts_layers(const sh_spec_drafts *d) { return d->layers; }
+
+uint64_t sh_spec_drafts_extra_us(const sh_spec_drafts *d) { return d->extra_us; }
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 /* Empties slot s: its blocks go back to the pool. */
 static void slot_clear(sh_spec_drafts *d, dslot *s)
@@ -265,6 +276,7 @@ sh_err sh_spec_drafts_step(sh_spec_drafts *d, sh_spec_drafts_req *r, int32_t n, 
                                  (unsigned long long)r[i].id, (int)r[i].k, (int)r[i].pos);
     }
     d->tick++;
+    d->extra_us = 0;
     for (int32_t i = 0; i < n; i++) {
         d->act[i] = take(d, &r[i]);
         if (d->act[i] < 0)
@@ -299,8 +311,11 @@ sh_err sh_spec_drafts_step(sh_spec_drafts *d, sh_spec_drafts_req *r, int32_t n, 
         }
         if (ns == 0)
             break;
+        uint64_t t0 = mono_us();
         if ((err = pass(d, ns, &top1, e)))
             goto failed;
+        /* Rows beyond one a sequence are history it brought (a prompt), not drafting. */
+        d->extra_us += (mono_us() - t0) * (uint64_t)(rows - ns) / (uint64_t)rows;
         for (int32_t j = 0, l = 0; j < ns; j++) {
             int32_t i = d->who[j];
             dslot *s = &d->slots[d->act[i]];

@@ -66,6 +66,12 @@ typedef struct sh_spec_drafts_req {
  * sequences are recomputed next time). */
 sh_err sh_spec_drafts_step(sh_spec_drafts *d, sh_spec_drafts_req *r, int32_t n, sh_error *e);
 
+/* Microseconds of the last sh_spec_drafts_step's catch-up passes spent on rows beyond one per
+ * sequence (the share of each pass's time those rows make): the history sequences brought (a
+ * prompt, a resumed sequence), as opposed to drafting, which costs the same whatever the history.
+ * A serving drafter leaves it out of the step time that draft lengths are weighed against. */
+uint64_t sh_spec_drafts_extra_us(const sh_spec_drafts *d);
+
 /* Forgets a sequence (its blocks return to the pool); an unknown id is ignored. */
 void sh_spec_drafts_forget(sh_spec_drafts *d, uint64_t id);
 

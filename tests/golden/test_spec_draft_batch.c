@@ -227,7 +227,14 @@ static void test_join(void)
     CHECK_INT_EQ(nr, 5);
     CHECK(memcmp(out, ref, sizeof(int32_t) * 5) == 0);
     CHECK(memcmp(out, expected + 32, sizeof(int32_t) * 5) == 0); /* it drafts for itself */
-    /* A hole in its history (positions 32..39 never given): nothing. */
+    /* Its catch-up over 32 tokens was history; a decode step's one row is not. */
+    CHECK(sh_spec_drafts_extra_us(b) > 0);
+    r = (sh_spec_drafts_req){
+        .id = 7, .pos = 32, .tokens = expected + 32, .n_tokens = 1, .k = 2, .out = out};
+    CHECK_OK(sh_spec_drafts_step(b, &r, 1, &e));
+    CHECK_INT_EQ(r.n_out, 2);
+    CHECK_UINT_EQ(sh_spec_drafts_extra_us(b), 0);
+    /* A hole in its history (positions 33..39 never given): nothing. */
     r = (sh_spec_drafts_req){
         .id = 7, .pos = 40, .tokens = expected + 40, .n_tokens = 1, .k = 3, .out = out};
     CHECK_OK(sh_spec_drafts_step(b, &r, 1, &e));
