@@ -72,7 +72,9 @@
  * 4 in turn and n_computed advances over the accepted ones kept, so rejected positions are never
  * reported computed, and the next KV_ALLOC gives them back first (keep): the prefix cache hashes
  * a block only by the ids of the tokens its KV was computed for. No drafts for a request that asks
- * for top logprobs or opted out (sampling.no_spec).
+ * for top logprobs or opted out (sampling.no_spec). With a draft model (args.spec draft or self)
+ * the drafter actor at args.stage drafts: the batcher asks for k (step_seq.want_draft), reserves
+ * k positions without ids, and takes the accepted tokens of the answer as they come.
  *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates
@@ -783,16 +785,19 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!b->running || !b->step_seqs || !b->fail_ids || !b->fl ||
         sh__act_decoder_init(&b->dec, (size_t)1 << 20))
         return SH_ENOMEM;
-    if (b->a.spec != SH_SPEC_OFF && b->a.spec != SH_SPEC_NGRAM)
-        return SH_EINVAL; /* draft models and self-speculation are not served */
-    if (b->a.spec == SH_SPEC_NGRAM) {
+    if (b->a.spec != SH_SPEC_OFF && b->a.spec != SH_SPEC_NGRAM && b->a.spec != SH_SPEC_DRAFT &&
+        b->a.spec != SH_SPEC_SELF)
+        return SH_EINVAL;
+    if (b->a.spec != SH_SPEC_OFF) {
         if (b->a.spec_k <= 0)
             b->a.spec_k = SH_SPEC_DEFAULT_K;
         if (b->a.spec_k > SH_SPEC_MAX_K)
             return SH_EINVAL;
         sh_spec_cost_init(&b->cost);
+        b->spec_on = true;
+        b->remote = b->a.spec != SH_SPEC_NGRAM; /* the drafter at `stage` drafts */
         sh_error pe = {0};
-        if (sh_spec_pool_create(SPEC_POOL_ENTRIES, &b->pool, &pe))
+        if (!b->remote && sh_spec_pool_create(SPEC_POOL_ENTRIES, &b->pool, &pe))
             return SH_ENOMEM;
     }
     sh_err err = register_metrics(b);

@@ -149,7 +149,9 @@ typedef struct batcher {
     sh_counter *m_fin[5];
     sh_histogram *m_batch, *m_step_tokens, *m_step_time, *m_inflight;
     sh_histogram *m_queue_wait; /* arrival to first admission, once per sequence */
-    /* speculative decoding (sh_batcher_args.spec): NULL pool when off */
+    /* speculative decoding (sh_batcher_args.spec): spec_on when on; the n-gram pool with ngram,
+     * remote when a drafter actor drafts (draft, self) */
+    bool spec_on, remote;
     sh_spec_pool *pool;
     sh_spec_cost cost; /* a step's compute time by its rows (tokens, drafts included) */
     sh_counter *m_spec_drafts, *m_spec_draft_toks, *m_spec_accepted;

@@ -142,6 +142,8 @@ static void send_draft_alloc(batcher *b, bseq *s)
                            .n_tokens = (uint32_t)s->step_draft,
                            .tokens = {s->toks + end, (uint32_t)s->step_draft},
                            .computed = (uint32_t)s->n_computed};
+    if (b->remote)
+        d.tokens = (sh_i32s){NULL, 0}; /* the drafter's tokens are not known here */
     if (kv_request(b, &d)) {
         s->step_draft = 0;
         return;
@@ -387,7 +389,7 @@ static int32_t step_share(const batcher *b)
 static bool may_draft(const batcher *b, const bseq *s)
 {
     const breq *r = s->r;
-    return b->pool && s->planned && !s->fork_pending && s->kv_id && s->step_k == 1 &&
+    return b->spec_on && s->planned && !s->fork_pending && s->kv_id && s->step_k == 1 &&
            s->n_computed > 0 && s->n_computed == s->n_toks - 1 && !r->samp.no_spec &&
            r->samp.n_logprobs == 0 && !r->cancelled;
 }
@@ -400,7 +402,7 @@ static bool may_draft(const batcher *b, const bseq *s)
  * them after its last token. */
 static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reserve)
 {
-    if (!b->pool)
+    if (!b->spec_on)
         return;
     int32_t rows = 0;
     int32_t logits = b->a.max_logits > 0 ? b->a.max_logits : b->a.max_seqs;
@@ -418,8 +420,10 @@ static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reser
         bseq *s = b->running[i];
         if (!may_draft(b, s))
             continue;
-        sh_spec_pool_add(b->pool, s->toks, s->n_toks, s->n_pooled);
-        s->n_pooled = s->n_toks;
+        if (b->pool) {
+            sh_spec_pool_add(b->pool, s->toks, s->n_toks, s->n_pooled);
+            s->n_pooled = s->n_toks;
+        }
         int32_t kmax = b->a.spec_k;
         int32_t left = s->r->max_tokens - s->n_gen - 1; /* the step's own token is one */
         int32_t room = b->a.n_ctx - s->n_toks - 1;
@@ -431,8 +435,10 @@ static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reser
         int32_t k = sh_spec_seq_plan(&s->spec, &b->cost, kmax, rows);
         if (k <= 0)
             continue;
-        int32_t d =
-            sh_spec_ngram_propose(s->toks, s->n_toks, b->pool, k, SPEC_WINDOW, s->toks + s->n_toks);
+        /* A drafter actor drafts the k tokens the step asks for (or fewer). */
+        int32_t d = b->remote ? k
+                              : sh_spec_ngram_propose(s->toks, s->n_toks, b->pool, k, SPEC_WINDOW,
+                                                      s->toks + s->n_toks);
         if (d <= 0)
             continue;
         int32_t end = s->n_computed + s->step_k; /* what the step's own token reserves up to */
@@ -553,9 +559,18 @@ void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_se
     (void)b;
     memset(q, 0, sizeof *q);
     q->seq = s->kv_id;
-    // Drafts follow the step's last token (toks[n_toks ...], unchanged until its answer).
-    q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)(s->step_k + s->step_draft)};
-    q->draft = (uint32_t)s->step_draft;
+    // Drafts follow the step's last token (toks[n_toks ...], unchanged until its answer); a
+    // drafter actor appends its own (want_draft), and needs the tokens before pos to draft: they
+    // go with the steps before the sequence's first sample (a prefix-cache hit, a resume).
+    if (b->remote) {
+        q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)s->step_k};
+        q->want_draft = (uint32_t)s->step_draft;
+        if (!s->sampled && s->n_computed > 0)
+            q->prior = (sh_i32s){s->toks, (uint32_t)s->n_computed};
+    } else {
+        q->tokens = (sh_i32s){s->toks + s->n_computed, (uint32_t)(s->step_k + s->step_draft)};
+        q->draft = (uint32_t)s->step_draft;
+    }
     q->pos = (uint32_t)s->n_computed;
     q->blocks = (sh_i32s){s->blocks, (uint32_t)s->n_blocks};
     q->sample = s->n_computed + s->step_k == s->n_toks;

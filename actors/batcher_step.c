@@ -83,9 +83,9 @@ static void emit_answer(batcher *b, bseq *s, const sh_proto_step_out *o, int32_t
                      (int)drafted, (int)n_out, (unsigned)o->more_lp.n, (unsigned)o->more_lp_raw.n);
         n_out = 1;
     }
-    for (int32_t i = 0; i < drafted; i++)
+    for (int32_t i = 0; i < drafted && !b->remote; i++)
         dr[i] = s->toks[s->n_toks + i];
-    int32_t accepted = 0;
+    int32_t accepted = b->remote ? n_out - 1 : 0; /* a drafter's drafts are not known here */
     while (accepted < n_out - 1 &&
            (accepted == 0 ? o->token : sh_i32s_at(o->more, (uint32_t)accepted - 1)) == dr[accepted])
         accepted++;
@@ -261,7 +261,7 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
     }
     if (m->compute_us) {
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
-        if (!m->status && b->pool)
+        if (!m->status && b->spec_on)
             sh_spec_cost_observe(&b->cost, f->n_tok, (double)m->compute_us);
     }
     if (m->status && b->retries_max > 0 && status_transient(m->status) &&

@@ -307,7 +307,11 @@ typedef struct sh_batcher_args {
      * (step_out.more). Each sequence's draft length follows its acceptance and the measured cost
      * of a step's rows, so that speculation stops by itself where it does not pay (large
      * batches). Never for a request with top logprobs or sampling.no_spec. SH_SPEC_OFF (0): no
-     * drafts. The other kinds are not served (the caller refuses them). */
+     * drafts. SH_SPEC_DRAFT and SH_SPEC_SELF: a drafter actor in front of the first stage (`stage`
+     * is then the drafter's address) drafts instead: the batcher asks for k drafts
+     * (step_seq.want_draft), reserves their positions (without ids: the prefix cache then stops
+     * at a drafting sequence's output), sends a sequence's tokens before the step's start
+     * (step_seq.prior) until its first sample, and takes what the answer's more lists accept. */
     sh_spec_kind spec;
     int32_t spec_k;
     /* The rows of logits one step may ask of the last stage (its context's max_logits): one per

@@ -21,6 +21,7 @@
 #include "kernels/backend.h"
 #include "lua/config.h"
 #include "model/gguf.h"
+#include "model/spec_draft_batch.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
@@ -63,6 +64,7 @@ typedef struct server {
     /* The watchdog and, with worker nodes, the recovery from their loss (actors/supervisor.h). */
     sh_supervisor *sup;
     sh_cluster_events events; /* faults and recoveries, for /admin/status */
+    sh_spec_drafts *drafts;   /* --spec draft:PATH|self:LAYERS: the drafter actor's model */
 } server;
 
 /* Before the transport closes: the supervisor's recovery step in flight (it uses the transport
@@ -80,6 +82,8 @@ static void free_serving(void *ud)
     server *s = ud;
     sh__supervisor_destroy(s->sup); /* stopped before the transport closed */
     s->sup = NULL;
+    sh_spec_drafts_destroy(s->drafts); /* its drafter actor is gone; the target is not yet */
+    s->drafts = NULL;
     sh__gateway_ctl_destroy(s->ctl);
     sh__degrade_destroy(s->deg);
 }
@@ -403,6 +407,15 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
             return (sh__cmd_fail("%s", e.msg), 1);
         n_blocks = sh_llama_ctx_n_blocks(s->ctx);
+        // A draft model (or the model's first layers): checked here, before anything serves; a
+        // file that is missing, broken or of another vocabulary is bad input (exit 2).
+        if (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF) {
+            sh_err derr = sh__serve_drafts_create(s->m, s->tok, s->be, &o->spec, n_ctx, max_seqs,
+                                                  step_tokens, n_blocks, o->kv_f32, &s->drafts, &e);
+            if (derr)
+                return derr == SH_ENOMEM ? (sh__cmd_fail("%s", e.msg), 1)
+                                         : sh__cmd_fail("%s", e.msg); /* it names the draft */
+        }
         if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
             return (sh__cmd_fail("runtime: %s", e.msg), 1);
     }
@@ -430,6 +443,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                            .max_wait_ms = o->max_wait_ms,
                            .max_queue = o->max_queue,
                            .no_prefix_cache = o->no_prefix_cache,
+                           .drafts = s->drafts,
                            .spec = o->spec.kind,
                            .spec_k = o->spec.k,
                            .max_logits = max_logits,

@@ -44,11 +44,15 @@ static void usage(FILE *f)
             "  --kv-f16            keep the KV cache in F16 (the default: half the memory)\n"
             "  --kv-f32            keep the KV cache in F32\n"
             "  --no-prefix-cache   do not reuse the KV of shared prompt prefixes\n"
-            "  --spec ngram|off    speculative decoding (default off): ngram drafts tokens\n"
+            "  --spec ngram|draft:PATH|self:LAYERS|off\n"
+            "                      speculative decoding (default off): ngram drafts tokens\n"
             "                      from each request's prompt and output (and the other\n"
-            "                      requests'), verified in the same step; a request opts out\n"
-            "                      with \"speculative\": false\n"
-            "  --spec-k N          with --spec ngram: most drafted tokens per step, 1 to 16\n"
+            "                      requests'); draft:PATH, a smaller model with the same\n"
+            "                      vocabulary, drafts greedily; self:LAYERS, the model's first\n"
+            "                      LAYERS layers and its head (one process only); drafts are\n"
+            "                      verified in the same step; a request opts out with\n"
+            "                      \"speculative\": false\n"
+            "  --spec-k N          with --spec: most drafted tokens per step, 1 to 16\n"
             "                      (default 8; each sequence adapts its own)\n"
             "  --max-seqs N        sequences per step (default 64)\n"
             "  --step-tokens N     token budget per step (default 4096)\n"
@@ -307,8 +311,10 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
     "--fault-epoch --control-nice --spec --spec-k "
 
-/* --spec and --spec-k: serving drafts with n-grams only so far. --spec-k alone waits for the
- * script's batcher.spec (checked in sh__serve_opts_finish). Returns 0 or 2 (printed). */
+/* --spec and --spec-k. --spec-k alone waits for the script's batcher.spec (checked in
+ * sh__serve_opts_finish); a draft model or layers are checked against the model at load
+ * (tools/cmd_serve.c), and refused with worker nodes in sh__serve_opts_finish. Returns 0 or 2
+ * (printed). */
 static int parse_spec(sh_serve_opts *o)
 {
     sh_error e = {0};
@@ -316,12 +322,8 @@ static int parse_spec(sh_serve_opts *o)
         return 0;
     if (sh_spec_parse(o->spec_text ? o->spec_text : "off", o->spec_k_text, &o->spec, &e))
         return sh__cmd_fail("%s", e.msg);
-    if (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF)
-        return sh__cmd_fail("--spec %s: serving supports --spec ngram only so far (draft models "
-                            "and self-speculation are not served yet)",
-                            o->spec_text);
     if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text && !o->config)
-        return sh__cmd_fail("--spec-k needs --spec ngram");
+        return sh__cmd_fail("--spec-k needs --spec ngram, draft:PATH or self:LAYERS");
     return 0;
 }
 
@@ -576,6 +578,10 @@ static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
 int sh__serve_opts_finish(sh_serve_opts *o, sh_cluster_config **cfg)
 {
     int rc = o->config ? apply_config(o, cfg) : 0;
+    if (rc == 0 && o->cluster && (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF))
+        rc = sh__cmd_fail("--spec %s: a draft model is served in one process only so far (not "
+                          "with the worker nodes of %s)",
+                          o->spec_text, o->config);
     if (rc == 0)
         rc = add_env_keys(o);
     o->n_fixed_keys = o->n_keys;

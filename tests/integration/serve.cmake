@@ -24,6 +24,9 @@ set_tests_properties(test_serve_batch PROPERTIES TIMEOUT 600)
 # Speculative decoding (--spec ngram) against --spec off: exactness, metrics, opt-out, preemption.
 sh_serve_test(test_serve_spec ${_d}/run_py.sh ${_d}/test_serve_spec.py)
 set_tests_properties(test_serve_spec PROPERTIES TIMEOUT 600)
+# A draft model (--spec draft:PATH, self:LAYERS) through the drafter actor against --spec off.
+sh_serve_test(test_serve_draft ${_d}/run_py.sh ${_d}/test_serve_draft.py)
+set_tests_properties(test_serve_draft PROPERTIES TIMEOUT 600)
 sh_serve_test(test_serve_window ${_d}/run_py.sh ${_d}/test_serve_window.py)
 sh_serve_test(test_serve_conns ${_d}/run_py.sh ${_d}/test_serve_conns.py)
 sh_serve_test(test_serve_drain ${_d}/run_py.sh ${_d}/test_serve_drain.py)

@@ -16,7 +16,7 @@
     not a boolean is a 400 naming the field.
 (d) Preemption: with --kv-blocks 40 --max-seqs 16, 16 concurrent requests (6 of them edit-style)
     preempt one another and still equal --spec off's outputs.
-(e) Bad flags (--spec draft:PATH, self:N, an unknown kind, --spec-k 0, 17, abc, --spec-k
+(e) Bad flags (--spec draft:PATH of a missing file, self:30 (the model has 30 layers), an unknown kind, --spec-k 0, 17, abc, --spec-k
     without --spec ngram) exit 2 with a message.
 (g) Prefix cache: a drafting request's computed blocks, output included, enter the prefix cache
     (shoal_kv_blocks_cached grows by its whole blocks; rejected drafts' positions are given back
@@ -252,7 +252,7 @@ def preemption(r, ref):
 
 
 def bad_flags(r):
-    cases = [["--spec", "draft:models/x.gguf"], ["--spec", "self:4"], ["--spec", "bogus"],
+    cases = [["--spec", "draft:models/x.gguf"], ["--spec", "self:30"], ["--spec", "bogus"],
              ["--spec", "ngram", "--spec-k", "0"], ["--spec", "ngram", "--spec-k", "17"],
              ["--spec", "ngram", "--spec-k", "abc"], ["--spec-k", "4"], ["--spec"]]
 

@@ -1,0 +1,121 @@
+"""shoal serve --spec draft:PATH and --spec self:LAYERS (issue 27): a draft model in serving.
+
+(a) --spec off: the reference outputs of test_serve_spec's 12 greedy requests (edit-style, code,
+    a count, free text, a stop string and a max_tokens inside runs of accepted drafts).
+(b) --spec draft:<the default model itself> --spec-k 4: the 12 requests alone and then all at
+    once (their prompts then hit the prefix cache, so the drafter learns their first tokens from
+    step_seq.prior) give --spec off's outputs; /metrics: drafts accepted in both phases, and a
+    draft drafting for itself has nearly every draft accepted; the drafter's own counters move.
+(c) --spec self:8: the same equality, and drafts are accepted.
+(d) Bad drafts exit 2 with one error line naming the problem: another vocabulary (stories260K's
+    GGUF), a truncated copy of the model, a file that is no model, a missing file, self:0 and
+    self:30 (the model has 30 layers).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_util as su  # noqa: E402
+import test_serve_spec as tss  # noqa: E402  (the requests and their helpers)
+
+REQS = tss.REQS
+STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
+
+
+def drafter_counts(url):
+    text = su.metrics(url)
+    return {k: su.metric(text, f"shoal_drafter_{k}_total") or 0
+            for k in ("steps", "tokens", "compute_us")}
+
+
+def reference(r, ref):
+    with su.server("--spec", "off", runner=r) as srv:
+        def run():
+            ref["a"] = tss.run_all(srv.url, REQS)
+        r.case("(a) --spec off reference outputs", run)
+
+
+def spec_server(r, ref, spec, label, min_rate):
+    with su.server("--spec", spec, "--spec-k", "4", runner=r) as srv:
+        seen = {}
+
+        def alone():
+            tss.compare(ref["a"], tss.run_all(srv.url, REQS), REQS, f"--spec {spec} alone")
+            seen["alone"] = tss.spec_counts(srv.url)[0]
+        r.case(f"({label}) --spec {spec}: 12 requests one by one == --spec off", alone)
+
+        def at_once():
+            tss.compare(ref["a"], tss.run_concurrently(srv.url, REQS), REQS,
+                        f"--spec {spec} at once")
+        r.case(f"({label}) --spec {spec}: 12 requests at once (prefix-cache hits) == --spec off",
+               at_once)
+
+        def metrics():
+            spec_now, pos1 = tss.spec_counts(srv.url)
+            d = drafter_counts(srv.url)
+            a = seen.get("alone")
+            assert a and a["accepted_tokens"] > 0, f"no draft accepted alone: {a}"
+            assert spec_now["accepted_tokens"] > a["accepted_tokens"], \
+                f"no draft accepted at once: {a} -> {spec_now}"
+            assert pos1 > 0 and spec_now["accepted_tokens"] <= spec_now["draft_tokens"], spec_now
+            assert d["steps"] > 0 and d["tokens"] > 0 and d["compute_us"] > 0, d
+            assert d["tokens"] <= spec_now["draft_tokens"], (d, spec_now)
+            rate = spec_now["accepted_tokens"] / d["tokens"]
+            assert rate >= min_rate, \
+                f"{rate:.3f} of the drafter's tokens accepted (want >= {min_rate}): {spec_now} {d}"
+            su.log(f"     --spec {spec}: {spec_now}, drafter {d}, accepted {rate:.3f}")
+        r.case(f"({label}) --spec {spec}: /metrics, drafts accepted", metrics)
+
+
+def bad_drafts(r):
+    tmp = tempfile.mkdtemp(prefix="shoal-draft-")
+    truncated = os.path.join(tmp, "truncated.gguf")
+    with open(su.MODEL, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read(1 << 20))
+    garbage = os.path.join(tmp, "garbage.gguf")
+    with open(garbage, "wb") as g:
+        g.write(b"this is not a model\n" * 100)
+    cases = [(f"draft:{STORIES}", "vocabulary"), (f"draft:{truncated}", truncated),
+             (f"draft:{garbage}", garbage), ("draft:/nonexistent/draft.gguf", "/nonexistent"),
+             ("self:0", "self:0"), ("self:30", "from 1 to 29")]
+
+    def check():
+        bad = []
+        for spec, want in cases:
+            p = subprocess.run([su.shoal_binary(), "serve", "--port", "0", "-m", su.MODEL,
+                                "--spec", spec], cwd=su.ROOT, capture_output=True, text=True,
+                               timeout=su.scaled(60))
+            errs = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
+            if p.returncode != 2 or len(errs) != 1 or want not in errs[0]:
+                bad.append(f"--spec {spec}: exit {p.returncode}, stderr {p.stderr[-300:]!r}")
+        assert not bad, "\n  ".join(bad)
+    try:
+        r.case("(d) bad drafts exit 2 with one error line", check)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    su.require_model()
+    r = su.Runner("serve_draft")
+    ref = {}
+    t0 = time.monotonic()
+    bad_drafts(r)
+    reference(r, ref)
+    if "a" in ref:
+        spec_server(r, ref, f"draft:{su.MODEL}", "b", 0.9)
+        spec_server(r, ref, "self:8", "c", 0.0)
+    else:
+        r.fail("spec", "no reference outputs")
+    su.log(f"     {time.monotonic() - t0:.0f} s")
+    r.finish()
+
+
+if __name__ == "__main__":
+    main()
