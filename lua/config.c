@@ -924,8 +924,8 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
                                                        SH_SPEC_MAX_K, w, where);
     if (spec && strcmp(spec, "off") != 0 && strcmp(spec, "ngram") != 0)
         sh__lua_fail(L, SH_EINVAL, where,
-                     "%s: field 'spec' must be \"off\" or \"ngram\" (draft models and "
-                     "self-speculation are not served yet), got \"%.40s\"",
+                     "%s: field 'spec' must be \"off\" or \"ngram\" (a draft model is "
+                     "served by `shoal serve --spec` in one process only), got \"%.40s\"",
                      w, spec);
     c->batcher.spec = spec && !strcmp(spec, "ngram") ? SH_SPEC_NGRAM : SH_SPEC_OFF;
     lua_pop(L, 1);

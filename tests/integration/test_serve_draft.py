@@ -11,8 +11,8 @@
     itself: sequences are preempted and resumed (their first tokens again from step_seq.prior),
     outputs equal --spec off's and drafts are accepted.
 (d) Bad drafts exit 2 with one error line naming the problem: another vocabulary (stories260K's
-    GGUF), a truncated copy of the model, a file that is no model, a missing file, self:0 and
-    self:30 (the model has 30 layers).
+    GGUF), a truncated copy of the model, a file that is no model, a missing file, self:0,
+    self:30 (the model has 30 layers), and a draft with the worker nodes of a cluster script.
 """
 
 import os
@@ -103,15 +103,18 @@ def bad_drafts(r):
     garbage = os.path.join(tmp, "garbage.gguf")
     with open(garbage, "wb") as g:
         g.write(b"this is not a model\n" * 100)
-    cases = [(f"draft:{STORIES}", "vocabulary"), (f"draft:{truncated}", truncated),
-             (f"draft:{garbage}", garbage), ("draft:/nonexistent/draft.gguf", "/nonexistent"),
-             ("self:0", "self:0"), ("self:30", "from 1 to 29")]
+    m = ["-m", su.MODEL]
+    cluster = ["-c", os.path.join(su.ROOT, "lua", "examples", "cluster-demo.lua")]
+    cases = [(m, f"draft:{STORIES}", "vocabulary"), (m, f"draft:{truncated}", truncated),
+             (m, f"draft:{garbage}", garbage), (m, "draft:/nonexistent/draft.gguf", "/nonexistent"),
+             (m, "self:0", "self:0"), (m, "self:30", "from 1 to 29"),
+             (cluster, "self:4", "one process only")]  # worker nodes: not yet
 
     def check():
         bad = []
-        for spec, want in cases:
-            p = subprocess.run([su.shoal_binary(), "serve", "--port", "0", "-m", su.MODEL,
-                                "--spec", spec], cwd=su.ROOT, capture_output=True, text=True,
+        for where, spec, want in cases:
+            p = subprocess.run([su.shoal_binary(), "serve", "--port", "0"] + where +
+                               ["--spec", spec], cwd=su.ROOT, capture_output=True, text=True,
                                timeout=su.scaled(60))
             errs = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
             if p.returncode != 2 or len(errs) != 1 or want not in errs[0]:
