@@ -28,6 +28,11 @@
     `shoal serve -c` (the startup line says so, drafts are accepted, output equals --spec off);
     --spec off on the command line wins over it.
 
+(i) stories260K (F32 weights, 512-token vocabulary): 32 prompts (short story openings, some
+    made of random words as `shoal chaos` sends, one of them a near tie that a batch-dependent
+    F32 tile once flipped) alone with --spec off, then with --spec ngram, self:2 and
+    draft:stories260K.gguf, alone and all 32 at once: equal, and drafts accepted.
+
 (a), (b) and (d) need a stage that verifies drafts (actors/stage.c): one that ignores them
 samples the row after the drafts and (a) fails.
 """
@@ -335,12 +340,47 @@ def pipeline(r, ref):
             r.fail("(h) workers stop cleanly", "\n".join(problems))
 
 
+STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
+WORDS = ("bird letter doctor some point father tree happy water river sun moon cat dog ball "
+         "girl boy friend house garden flower apple toy car road sky").split()
+STORY_REQS = [(p, 48, {"model": "stories260K"}) for p in (
+    ["Once upon a time bird letter doctor some point father", "Once upon a time",
+     "Lily and Tom went to the park.", "One day, a big dog", "The sun was"]
+    + [f"Once upon a time {' '.join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(2 + i % 6))}"
+       for i in range(27)])]
+assert len(STORY_REQS) == 32
+
+
+def stories(r, ref):
+    with su.server("-m", STORIES, "-t", 1, "--spec", "off", runner=r) as srv:
+        def run():
+            ref["stories"] = run_all(srv.url, STORY_REQS)
+
+        r.case("(i) stories260K --spec off: 32 reference outputs", run)
+    if "stories" not in ref:
+        return
+    for spec in ("ngram", "self:2", "draft:" + STORIES):
+        name = spec.split(":")[0]
+        with su.server("-m", STORIES, "-t", 1, "--spec", spec, runner=r) as srv:
+            def check():
+                compare(ref["stories"], run_all(srv.url, STORY_REQS), STORY_REQS,
+                        f"stories260K --spec {name} alone")
+                compare(ref["stories"], run_concurrently(srv.url, STORY_REQS), STORY_REQS,
+                        f"stories260K --spec {name} at once")
+                spec_n, _ = spec_counts(srv.url)
+                su.log(f"     stories260K --spec {name}: {spec_n}")
+                assert spec_n["accepted_tokens"] > 0, f"no draft accepted: {spec_n}"
+                clean_answers(srv)
+
+            r.case(f"(i) stories260K --spec {name}: 32 alone and at once == --spec off", check)
+
+
 def main():
     su.require_model()
     r = su.Runner("serve_spec")
     ref = {}
     t0 = time.monotonic()
-    for part in (bad_flags, reference, spec_server, preemption, script_server, pipeline):
+    for part in (bad_flags, reference, spec_server, preemption, script_server, pipeline, stories):
         if part is not bad_flags and part is not reference and "a" not in ref:
             r.fail(part.__name__, "no reference outputs")
             continue
