@@ -6,10 +6,10 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels_test_util.h"
 
-static const sh_dtype types[] = {
-    SH_DTYPE_F32,  SH_DTYPE_F16,  SH_DTYPE_BF16, SH_DTYPE_Q4_0,   SH_DTYPE_Q4_1,
-    SH_DTYPE_Q5_0, SH_DTYPE_Q5_1, SH_DTYPE_Q8_0, SH_DTYPE_IQ4_NL, SH_DTYPE_IQ4_XS,
-    SH_DTYPE_Q2_K, SH_DTYPE_Q3_K, SH_DTYPE_Q4_K, SH_DTYPE_Q5_K,   SH_DTYPE_Q6_K};
+static const sh_dtype types[] = {SH_DTYPE_F32,    SH_DTYPE_F16,    SH_DTYPE_BF16, SH_DTYPE_Q4_0,
+                                 SH_DTYPE_Q4_1,   SH_DTYPE_Q5_0,   SH_DTYPE_Q5_1, SH_DTYPE_Q8_0,
+                                 SH_DTYPE_IQ4_NL, SH_DTYPE_IQ4_XS, SH_DTYPE_Q2_K, SH_DTYPE_Q3_K,
+                                 SH_DTYPE_Q4_K,   SH_DTYPE_Q5_K,   SH_DTYPE_Q6_K};
 
 /* Checks w (n_out x n_in) on one backend: x holds 17 tokens; batches of each size in n_toks
  * against every token alone. Returns the number of batches checked. */
