@@ -109,9 +109,16 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
             "                   [--kv f32|f16] [--ctx N] [--tp N [--procs]] [--no-bw]\n"
+            "                   [--kcost K [--kseqs S]]\n"
             "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, 2 threads,\n"
             "  F32 KV; --ctx N: the tg runs decode after an N-token context (filled once), so\n"
             "  attention over the cache counts; --no-bw skips the read-bandwidth probe.\n"
+            "  --kcost K (1..63): the k-row forward cost table of speculative decoding, alone\n"
+            "  unless pp or tg is given: after a --ctx context (default 256), the median time\n"
+            "  of one forward pass of n rows of one sequence with logits for every row (a\n"
+            "  verify step of n-1 drafts), n = 1..K+1, 32, 64, and its ratio to n = 1; then S\n"
+            "  sequences (--kseqs S, default 8, 0 or 1: none) of 1+k rows each, k = 0, 1, 2,\n"
+            "  4, .., K, against S x 1 row; --reps defaults to 15 with --kcost.\n"
             "  --tp N: N tensor-parallel ranks as threads of this process (not processes), each\n"
             "  with its own backend of -t THREADS threads, over the in-process shared-memory\n"
             "  collective; the figures are the group's (rank 0 times every step).\n"
@@ -122,12 +129,16 @@ static void usage(void)
             "  SHOAL_ISA=scalar|avx2|avx512 caps the kernels (the first line names them).\n");
 }
 
+#define KC_POINTS 96 /* kcost points: rows 1..K+1, 32 and 64, and the batch points */
+
 /* What every rank runs: the same forward calls in the same order. */
 typedef struct bench_cfg {
     const char *path;
     int threads, reps, n_pp, n_tg, ctx_len, tp;
     int pp[8], tg[8];
     int chunk;
+    int kcost, kseqs, kreps; /* --kcost K, --kseqs S and their reps */
+    int32_t nb; /* KV blocks of one sequence; sequence s has blocks [s nb, s nb + nb) */
     int32_t kv;
     bool kv_f16;
     int32_t *tokens, *blocks;
@@ -145,6 +156,9 @@ typedef struct bench_rank {
     sh_coll *coll;
     double pp_best[8], tg_best[8];
     double pp_coll[8], tg_coll[8]; /* share of the best run's time spent inside collectives */
+    int32_t kc_n;                  /* kcost points measured */
+    int32_t kc_seqs[KC_POINTS], kc_rows[KC_POINTS];
+    double kc_us[KC_POINTS]; /* median of the reps, microseconds */
     int rc;
     sh_error e;
 } bench_rank;
@@ -152,7 +166,8 @@ typedef struct bench_rank {
 static size_t group_bytes(const bench_cfg *c, int32_t dim, int32_t n_vocab)
 {
     size_t a = (size_t)c->chunk * (size_t)dim * sizeof(float);
-    size_t g = (size_t)c->tp * (size_t)((n_vocab + c->tp - 1) / c->tp) * sizeof(float);
+    size_t g = (size_t)c->tp * (size_t)((n_vocab + c->tp - 1) / c->tp) * sizeof(float) *
+               (size_t)(c->kcost ? c->chunk : 1); /* --kcost: logits for every row */
     return a > g ? a : g;
 }
 
@@ -162,9 +177,11 @@ static int rank_open(bench_rank *r)
     const bench_cfg *c = r->cfg;
     sh_llama_load_opts lo = {.prefault = true, .tp_rank = r->rank, .tp_size = c->tp};
     sh_backend_cpu_opts bo = {.n_threads = c->threads};
+    const int32_t seqs = c->kseqs > 1 ? c->kseqs : 1;
     sh_llama_ctx_opts co = {.max_tokens = c->chunk,
-                            .max_seqs = 1,
-                            .kv_tokens = c->kv,
+                            .max_seqs = seqs,
+                            .max_logits = c->kcost ? c->chunk : 0,
+                            .kv_tokens = c->nb * SH_KV_BLOCK_TOKENS * seqs,
                             .kv_type = c->kv_f16 ? SH_DTYPE_F16 : SH_DTYPE_F32};
     if (!r->m && sh_llama_load(c->path, &lo, &r->m, &r->e))
         return 2;
@@ -205,7 +222,89 @@ static void keep_best(double tps, double secs, uint64_t ns, double *best, double
     }
 }
 
-/* The measured calls: every pp run, the decode context, every tg run. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Fills positions [0, ctx_len) of the sequence with block table `blocks`, in chunks. */
+static int fill_ctx(bench_rank *r, const int32_t *blocks)
+{
+    const bench_cfg *c = r->cfg;
+    sh_llama_out o;
+    int rc = 0;
+    for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
+        const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
+        sh_llama_seq seq = {c->tokens + p, n, p, blocks, true, 0};
+        sh_llama_batch b = {1, &seq, false, NULL, false};
+        rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+    }
+    return rc;
+}
+
+static void kc_point(bench_rank *r, int32_t seqs, int32_t rows)
+{
+    if (r->kc_n < KC_POINTS) {
+        r->kc_seqs[r->kc_n] = seqs;
+        r->kc_rows[r->kc_n++] = rows;
+    }
+}
+
+/* The k-row forward cost table (--kcost K): after a ctx_len-token context, the time of one
+ * forward pass of n rows of one sequence with logits for all n (a verify step of n - 1 drafts),
+ * n = 1..K+1, then 32 and 64 rows, then kseqs sequences of 1 + k rows each (k = 0, 1, 2, 4, ..,
+ * K). Every rep times every point once, ascending and descending in turn, so that a change of
+ * the machine's load during the run falls on all points alike; the median of the reps is kept. */
+static int kcost_run(bench_rank *r)
+{
+    const bench_cfg *c = r->cfg;
+    const int K = c->kcost;
+    r->kc_n = 0;
+    for (int n = 1; n <= K + 1; n++)
+        kc_point(r, 1, n);
+    for (int n = 32; n <= 64; n *= 2)
+        if (n > K + 1)
+            kc_point(r, 1, n);
+    if (c->kseqs > 1) {
+        kc_point(r, c->kseqs, 1);
+        int k = 1;
+        for (; k < K; k *= 2)
+            kc_point(r, c->kseqs, k + 1);
+        kc_point(r, c->kseqs, K + 1);
+    }
+    const int seqs = c->kseqs > 1 ? c->kseqs : 1;
+    int rc = 0;
+    for (int s = 0; s < seqs && !rc; s++)
+        rc = fill_ctx(r, c->blocks + (size_t)s * (size_t)c->nb);
+    double *t = malloc((size_t)r->kc_n * (size_t)c->kreps * sizeof *t);
+    sh_llama_seq q[64];
+    if (!t)
+        return 2;
+    for (int rep = -1; rep < c->kreps && !rc; rep++) /* rep -1: a warm-up pass, not kept */
+        for (int i = 0; i < r->kc_n && !rc; i++) {
+            const int p = rep % 2 ? r->kc_n - 1 - i : i;
+            const int32_t ns = r->kc_seqs[p], nr = r->kc_rows[p];
+            for (int s = 0; s < ns; s++)
+                q[s] = (sh_llama_seq){
+                    c->tokens, nr, c->ctx_len, c->blocks + (size_t)s * (size_t)c->nb, true, nr};
+            sh_llama_batch b = {ns, q, false, NULL, false};
+            sh_llama_out o;
+            double t0 = now_s();
+            rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+            if (rep >= 0)
+                t[(size_t)p * (size_t)c->kreps + (size_t)rep] = (now_s() - t0) * 1e6;
+        }
+    for (int p = 0; p < r->kc_n && !rc; p++) {
+        double *v = t + (size_t)p * (size_t)c->kreps;
+        qsort(v, (size_t)c->kreps, sizeof *v, cmp_double);
+        r->kc_us[p] = c->kreps % 2 ? v[c->kreps / 2] : (v[c->kreps / 2 - 1] + v[c->kreps / 2]) / 2;
+    }
+    free(t);
+    return rc;
+}
+
+/* The measured calls: every pp run, the decode context, every tg run, the kcost table. */
 static int rank_run(bench_rank *r)
 {
     const bench_cfg *c = r->cfg;
@@ -222,12 +321,8 @@ static int rank_run(bench_rank *r)
             keep_best(c->pp[k] / dt, dt, coll_ns(r) - w0, &r->pp_best[k], &r->pp_coll[k]);
         }
     /* the decode context: filled once; each tg run overwrites the positions after it */
-    for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
-        const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
-        sh_llama_seq seq = {c->tokens + p, n, p, c->blocks, true, 0};
-        sh_llama_batch b = {1, &seq, false, NULL, false};
-        rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
-    }
+    if (c->n_tg && !rc)
+        rc = fill_ctx(r, c->blocks);
     for (int k = 0; k < c->n_tg && !rc; k++)
         for (int i = 0; i < c->reps && !rc; i++) {
             int32_t tok = c->tokens[0];
@@ -243,6 +338,8 @@ static int rank_run(bench_rank *r)
             double dt = now_s() - t0;
             keep_best(c->tg[k] / dt, dt, coll_ns(r) - w0, &r->tg_best[k], &r->tg_coll[k]);
         }
+    if (c->kcost && !rc)
+        rc = kcost_run(r);
     return rc;
 }
 
@@ -305,7 +402,8 @@ int main(int argc, char **argv)
 {
     static bench_cfg cfg = {.threads = 2, .reps = 3, .tp = 1};
     bench_cfg *c = &cfg;
-    bool probe = true;
+    bool probe = true, reps_set = false;
+    c->kseqs = 8;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-bw")) {
@@ -324,8 +422,13 @@ int main(int argc, char **argv)
             c->path = v;
         else if (!strcmp(a, "-t"))
             c->threads = atoi(v);
-        else if (!strcmp(a, "--reps"))
+        else if (!strcmp(a, "--reps")) {
             c->reps = atoi(v);
+            reps_set = true;
+        } else if (!strcmp(a, "--kcost") && atoi(v) >= 1 && atoi(v) <= 63)
+            c->kcost = atoi(v);
+        else if (!strcmp(a, "--kseqs") && atoi(v) >= 0 && atoi(v) <= 64)
+            c->kseqs = atoi(v);
         else if (!strcmp(a, "--pp") && c->n_pp < 8 && atoi(v) >= 1)
             c->pp[c->n_pp++] = atoi(v);
         else if (!strcmp(a, "--tg") && c->n_tg < 8 && atoi(v) >= 1)
@@ -346,7 +449,15 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
-    if (!c->n_pp && !c->n_tg) {
+    bool ctx_set = false;
+    for (int i = 1; i < argc; i++)
+        ctx_set |= !strcmp(argv[i], "--ctx");
+    if (c->kcost && !ctx_set)
+        c->ctx_len = 256;
+    c->kreps = c->kcost && !reps_set ? 15 : c->reps;
+    if (c->kseqs > 1 && (c->kseqs * (c->kcost + 1) > 1024))
+        c->kseqs = 1024 / (c->kcost + 1);
+    if (!c->n_pp && !c->n_tg && !c->kcost) {
         c->pp[c->n_pp++] = 128;
         c->pp[c->n_pp++] = 512;
         c->tg[c->n_tg++] = 128;
@@ -358,7 +469,13 @@ int main(int argc, char **argv)
         max_tg = c->tg[i] > max_tg ? c->tg[i] : max_tg;
     /* the context for --ctx is filled in chunks of at most 512 tokens */
     c->chunk = max_pp > 512 ? max_pp : 512;
-    c->kv = (max_pp > c->ctx_len ? max_pp : c->ctx_len) + max_tg + 16;
+    /* the kcost table's largest pass: 64 rows of one sequence, or kseqs x (K+1) rows */
+    int kc_rows = c->kcost ? 64 : 0;
+    if (c->kcost && c->kseqs > 1 && c->kseqs * (c->kcost + 1) > kc_rows)
+        kc_rows = c->kseqs * (c->kcost + 1);
+    c->chunk = kc_rows > c->chunk ? kc_rows : c->chunk;
+    int after = max_tg > (c->kcost ? 64 : 0) ? max_tg : (c->kcost ? 64 : 0);
+    c->kv = (max_pp > c->ctx_len ? max_pp : c->ctx_len) + after + 16;
 
     /* The probe first, before any rank exists (its 1 GiB is then not in any rank's peak RSS). */
     double bw_one = 0, bw_eight = 0;
@@ -395,9 +512,11 @@ int main(int argc, char **argv)
         return 2;
     }
     const sh_llama *m = r0->m;
-    int32_t n_blocks = (c->kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    c->nb = (c->kv + SH_KV_BLOCK_TOKENS - 1) / SH_KV_BLOCK_TOKENS;
+    int32_t n_blocks = c->nb * (c->kseqs > 1 ? c->kseqs : 1);
     c->blocks = malloc((size_t)n_blocks * sizeof *c->blocks);
-    const int n_tokens = max_pp > c->ctx_len ? max_pp : c->ctx_len;
+    int n_tokens = max_pp > c->ctx_len ? max_pp : c->ctx_len;
+    n_tokens = n_tokens > 64 ? n_tokens : 64;
     c->tokens = malloc((size_t)n_tokens * sizeof *c->tokens);
     for (int32_t i = 0; i < n_blocks; i++)
         c->blocks[i] = i;
@@ -485,6 +604,20 @@ int main(int argc, char **argv)
                "%.4f,\"decode_gbs\":%.2f,\"read_fraction\":%.3f,\"coll_fraction\":%.3f}\n",
                c->tg[k], name, r0->tg_best[k], c->ctx_len, c->threads, c->tp, c->reps, weight_gb,
                step_gb, gbs, read_gbs > 0 ? gbs / read_gbs : 0, r0->tg_coll[k]);
+    }
+    for (int p = 0; p < r0->kc_n && !rc; p++) {
+        /* the ratio is to the same number of sequences with one row each */
+        double base = 0;
+        for (int q = 0; q < r0->kc_n; q++)
+            if (r0->kc_seqs[q] == r0->kc_seqs[p] && r0->kc_rows[q] == 1)
+                base = r0->kc_us[q];
+        printf("{\"name\":\"kcost\",\"model\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+               "\"tp\":%d,\"kv\":\"%s\",\"ctx\":%d,\"seqs\":%d,\"rows_per_seq\":%d,"
+               "\"rows\":%d,\"us\":%.1f,\"ratio\":%.3f,\"reps\":%d}\n",
+               name, sh_backend_cpu_isa_name(sh_backend_cpu_isa(r0->be)), c->threads, c->tp,
+               c->kv_f16 ? "f16" : "f32", c->ctx_len, r0->kc_seqs[p], r0->kc_rows[p],
+               r0->kc_seqs[p] * r0->kc_rows[p], r0->kc_us[p], base > 0 ? r0->kc_us[p] / base : 0,
+               c->kreps);
     }
     for (int32_t k = 0; k < (c->procs ? 1 : c->tp); k++)
         rank_close(&ranks[k]);
