@@ -109,7 +109,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_model -m MODEL.gguf [-t THREADS] [--pp N] [--tg N] [--reps R]\n"
             "                   [--kv f32|f16] [--ctx N] [--tp N [--procs]] [--no-bw]\n"
-            "                   [--kcost K [--kseqs S]]\n"
+            "                   [--kcost K [--kseqs S] [--kwarm N]]\n"
             "  pp and tg may repeat; defaults: --pp 128 --pp 512 --tg 128, 3 reps, 2 threads,\n"
             "  F32 KV; --ctx N: the tg runs decode after an N-token context (filled once), so\n"
             "  attention over the cache counts; --no-bw skips the read-bandwidth probe.\n"
@@ -118,7 +118,8 @@ static void usage(void)
             "  of one forward pass of n rows of one sequence with logits for every row (a\n"
             "  verify step of n-1 drafts), n = 1..K+1, 32, 64, and its ratio to n = 1; then S\n"
             "  sequences (--kseqs S, default 8, 0 or 1: none) of 1+k rows each, k = 0, 1, 2,\n"
-            "  4, .., K, against S x 1 row; --reps defaults to 15 with --kcost.\n"
+            "  4, .., K, against S x 1 row; --reps defaults to 15 with --kcost; each timed\n"
+            "  pass follows --kwarm N (default 0, at most 8) untimed passes of its size.\n"
             "  --tp N: N tensor-parallel ranks as threads of this process (not processes), each\n"
             "  with its own backend of -t THREADS threads, over the in-process shared-memory\n"
             "  collective; the figures are the group's (rank 0 times every step).\n"
@@ -138,6 +139,7 @@ typedef struct bench_cfg {
     int pp[8], tg[8];
     int chunk;
     int kcost, kseqs, kreps; /* --kcost K, --kseqs S and their reps */
+    int kwarm;               /* untimed passes of a point's size before each timed one */
     int32_t nb; /* KV blocks of one sequence; sequence s has blocks [s nb, s nb + nb) */
     int32_t kv;
     bool kv_f16;
@@ -290,8 +292,11 @@ static int kcost_run(bench_rank *r)
                     c->tokens, nr, c->ctx_len, c->blocks + (size_t)s * (size_t)c->nb, true, nr};
             sh_llama_batch b = {ns, q, false, NULL, false};
             sh_llama_out o;
+            for (int w = 0; w < c->kwarm && !rc; w++) /* as in a run of steps of one size */
+                rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
             double t0 = now_s();
-            rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
+            if (!rc)
+                rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
             if (rep >= 0)
                 t[(size_t)p * (size_t)c->kreps + (size_t)rep] = (now_s() - t0) * 1e6;
         }
@@ -404,6 +409,7 @@ int main(int argc, char **argv)
     bench_cfg *c = &cfg;
     bool probe = true, reps_set = false;
     c->kseqs = 8;
+    c->kwarm = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-bw")) {
@@ -429,6 +435,8 @@ int main(int argc, char **argv)
             c->kcost = atoi(v);
         else if (!strcmp(a, "--kseqs") && atoi(v) >= 0 && atoi(v) <= 64)
             c->kseqs = atoi(v);
+        else if (!strcmp(a, "--kwarm") && atoi(v) >= 0 && atoi(v) <= 8)
+            c->kwarm = atoi(v);
         else if (!strcmp(a, "--pp") && c->n_pp < 8 && atoi(v) >= 1)
             c->pp[c->n_pp++] = atoi(v);
         else if (!strcmp(a, "--tg") && c->n_tg < 8 && atoi(v) >= 1)
