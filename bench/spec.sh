@@ -10,7 +10,9 @@
 #           with --spec off and with --spec draft:MODEL (the Q4_1 file drafting for its F16 copy);
 #   gemma:  Gemma 3 270M (models/gemma3-270m*.gguf, .cache/, tests/data/gemma3/, or $GEMMA) off
 #           vs ngram on the edit workloads; skipped with a note when no file is found;
-#   serve:  `shoal serve --spec ngram` vs `--spec off` under `shoal bench` at 1 and 32 clients.
+#   serve:  `shoal serve --spec ngram` vs `--spec off` under `shoal bench` at 1 and 32 clients
+#           (random-word prompts, 64 tokens each, EOS ignored), a fresh server per run, ROUNDS
+#           rounds with the order swapped every round.
 # Every `run` line has the timings line's gen_tps (and drafts / accepted when it prints them),
 # the wall time of the process and whether the text equals the --spec off run's (greedy output
 # must not change); each round's on/off ratio, then the median ratio per workload.
@@ -172,23 +174,28 @@ if want serve; then
     die "server did not start"
   }
   stop() { kill "$SERVER"; wait "$SERVER" || true; SERVER=; }
-  for spec in off ngram; do
-    start "$spec"
-    for c in 1 "$CLIENTS"; do
-      n=$((c == 1 ? 8 : 2 * c))
-      l0=$(load)
-      "$SHOAL" bench --url "http://127.0.0.1:$PORT" --quiet --json "$OUT/serve-$spec-$c.json" \
-        -c "$c" -n "$n" --prompt-tokens 36 --output-tokens 64 --ignore-eos --warmup 1 >/dev/null
-      python3 - "$OUT/serve-$spec-$c.json" "$spec" "$c" "$l0" <<'EOF'
+  # ROUNDS rounds, off then ngram, the order swapped every round; a fresh server each time
+  for i in $(seq 1 "$ROUNDS"); do
+    order="off ngram"
+    [ $((i % 2)) = 0 ] && order="ngram off"
+    for spec in $order; do
+      start "$spec"
+      for c in 1 "$CLIENTS"; do
+        n=$((c == 1 ? 8 : 2 * c))
+        l0=$(load)
+        "$SHOAL" bench --url "http://127.0.0.1:$PORT" --quiet --json "$OUT/serve-$spec-$c-$i.json" \
+          -c "$c" -n "$n" --prompt-tokens 36 --output-tokens 64 --ignore-eos --warmup 1 >/dev/null
+        python3 - "$OUT/serve-$spec-$c-$i.json" "$spec" "$c" "$i" "$l0" <<'EOF2'
 import json, sys
 j = json.load(open(sys.argv[1]))
 print(json.dumps({"name": "spec_serve", "spec": sys.argv[2], "clients": int(sys.argv[3]),
-                  "load": float(sys.argv[4]),
-                  "output_tok_s": j["throughput"]["output_tokens_per_s"],
+                  "round": int(sys.argv[4]), "load": float(sys.argv[5]),
+                  "output_tok_s": round(j["throughput"]["output_tokens_per_s"], 1),
                   "failed": j["requests"]["failed"]}))
-EOF
+EOF2
+      done
+      stop
     done
-    stop
   done
 fi
 
@@ -225,11 +232,19 @@ for wl in sorted(runs):
 serve = {}
 for f in os.listdir(out):
     if f.startswith("serve-") and f.endswith(".json"):
-        _, spec, c = f[:-5].split("-")
-        serve.setdefault(int(c), {})[spec] = json.load(open(os.path.join(out, f)))["throughput"]["output_tokens_per_s"]
+        _, spec, c, rnd = f[:-5].split("-")
+        tps = json.load(open(os.path.join(out, f)))["throughput"]["output_tokens_per_s"]
+        serve.setdefault(int(c), {}).setdefault(int(rnd), {})[spec] = tps
 for c in sorted(serve):
-    s = serve[c]
-    if s.get("off") and s.get("ngram"):
-        print(json.dumps({"name": "spec_serve_ratio", "clients": c, "ratio": round(s["ngram"] / s["off"], 3)}))
+    ratios = []
+    for rnd in sorted(serve[c]):
+        s = serve[c][rnd]
+        if s.get("off") and s.get("ngram"):
+            ratios.append(s["ngram"] / s["off"])
+            print(json.dumps({"name": "spec_serve_ratio", "clients": c, "round": rnd,
+                              "ratio": round(ratios[-1], 3)}))
+    if ratios:
+        print(json.dumps({"name": "spec_serve_ratio_median", "clients": c, "rounds": len(ratios),
+                          "ratio": round(statistics.median(ratios), 3)}))
 EOF
 exit $STATUS
