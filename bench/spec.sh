@@ -8,18 +8,22 @@
 #           small change: the answer restates the prompt) and a free-form one (a short story);
 #   draft:  the F16 copy of the model (made once with `shoal quantize`, cached in .cache/spec/)
 #           with --spec off and with --spec draft:MODEL (the Q4_1 file drafting for its F16 copy);
+#   self:   --spec self:SELF_LAYERS (the model's first layers and its head draft) vs off on the
+#           edit-prose and story workloads;
 #   gemma:  Gemma 3 270M (models/gemma3-270m*.gguf, .cache/, tests/data/gemma3/, or $GEMMA) off
-#           vs ngram on the edit workloads; skipped with a note when no file is found;
+#           vs ngram on the edit-prose and story workloads; a note when no file is found;
 #   serve:  `shoal serve --spec ngram` vs `--spec off` under `shoal bench` at 1 and 32 clients
 #           (random-word prompts, 64 tokens each, EOS ignored), a fresh server per run, ROUNDS
 #           rounds with the order swapped every round.
-# Every `run` line has the timings line's gen_tps (and drafts / accepted when it prints them),
-# the wall time of the process and whether the text equals the --spec off run's (greedy output
-# must not change); each round's on/off ratio, then the median ratio per workload.
+# Every `spec_run` line has the timings line's fields (gen_tps; with --spec drafts, drafted,
+# accepted, accept_rate, calib_ms) and the process's wall time; every `spec_ratio` line a round's
+# on/off ratio of gen_tps and whether the greedy text equalled the --spec off run's (it must);
+# `spec_ratio_median` the median over the rounds.
 # Usage: bench/spec.sh [BUILD] [MODEL]
 #   env: THREADS (2), ROUNDS (3), NGEN (tokens per answer, 160), SPEC_K (--spec-k, default:
-#        shoal's), KCOST (16), PARTS ("kcost run draft gemma serve"), GEMMA (a file), PORT
-#        (18090), CLIENTS (32), COMMIT (the commit to name; default git's HEAD)
+#        shoal's), KCOST (16), PARTS ("kcost run draft self gemma serve"), SELF_LAYERS (15, half
+#        the default model's 30), GEMMA (a file), PORT (18090), CLIENTS (32), COMMIT (the
+#        commit to name; default git's HEAD)
 # Exits 2 with a clear error when the build's `shoal run` has no --spec flag (before running
 # anything); when `shoal serve` has none, the serve part is skipped with an error and the script
 # exits 2 after the other parts.
@@ -32,7 +36,8 @@ ROUNDS=${ROUNDS:-3}
 NGEN=${NGEN:-160}
 SPEC_K=${SPEC_K:-}
 KCOST=${KCOST:-16}
-PARTS=${PARTS:-"kcost run draft gemma serve"}
+PARTS=${PARTS:-"kcost run draft self gemma serve"}
+SELF_LAYERS=${SELF_LAYERS:-15}
 PORT=${PORT:-18090}
 CLIENTS=${CLIENTS:-32}
 COMMIT=${COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -51,7 +56,7 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 [ -x "$SHOAL" ] || die "$SHOAL not built (cmake --build $BUILD --target shoal)"
 [ -f "$MODEL" ] || die "$MODEL missing (scripts/get-model.sh fetches the default model)"
 name=$(basename "$MODEL" .gguf)
-if want run || want draft || want gemma; then
+if want run || want draft || want self || want gemma; then
   grep -q -- '--spec' <<<"$("$SHOAL" run --help 2>&1)" ||
     die "this build's \`shoal run\` has no --spec flag (speculative decoding in shoal run is not in this build); PARTS=kcost runs the cost table alone"
 fi
@@ -143,6 +148,11 @@ if want draft; then
   fi
   pair "$name-f16:draft-edit-prose" "$f16" "draft:$MODEL" "$EDIT_PROSE"
   pair "$name-f16:draft-chat-story" "$f16" "draft:$MODEL" "$CHAT_STORY"
+fi
+
+if want self; then
+  pair "$name:self$SELF_LAYERS-edit-prose" "$MODEL" "self:$SELF_LAYERS" "$EDIT_PROSE"
+  pair "$name:self$SELF_LAYERS-chat-story" "$MODEL" "self:$SELF_LAYERS" "$CHAT_STORY"
 fi
 
 if want gemma; then
