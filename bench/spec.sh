@@ -184,6 +184,13 @@ if want serve; then
     die "server did not start"
   }
   stop() { kill "$SERVER"; wait "$SERVER" || true; SERVER=; }
+  spec_counts() { # the server's drafts, drafted and accepted tokens so far (/metrics counters)
+    curl -s "http://127.0.0.1:$PORT/metrics" | awk '
+      $1 ~ /^shoal_spec_drafts_total([{]|$)/ { d += $2 }
+      $1 ~ /^shoal_spec_draft_tokens_total([{]|$)/ { t += $2 }
+      $1 ~ /^shoal_spec_accepted_tokens_total([{]|$)/ { a += $2 }
+      END { printf "%d %d %d\n", d, t, a }'
+  }
   # ROUNDS rounds, off then ngram, the order swapped every round; a fresh server each time
   for i in $(seq 1 "$ROUNDS"); do
     order="off ngram"
@@ -193,15 +200,18 @@ if want serve; then
       for c in 1 "$CLIENTS"; do
         n=$((c == 1 ? 8 : 2 * c))
         l0=$(load)
+        m0=$(spec_counts)
         "$SHOAL" bench --url "http://127.0.0.1:$PORT" --quiet --json "$OUT/serve-$spec-$c-$i.json" \
           -c "$c" -n "$n" --prompt-tokens 36 --output-tokens 64 --ignore-eos --warmup 1 >/dev/null
-        python3 - "$OUT/serve-$spec-$c-$i.json" "$spec" "$c" "$i" "$l0" <<'EOF2'
+        python3 - "$OUT/serve-$spec-$c-$i.json" "$spec" "$c" "$i" "$l0" "$m0" "$(spec_counts)" <<'EOF2'
 import json, sys
 j = json.load(open(sys.argv[1]))
+d = [b - a for a, b in zip(map(int, sys.argv[6].split()), map(int, sys.argv[7].split()))]
 print(json.dumps({"name": "spec_serve", "spec": sys.argv[2], "clients": int(sys.argv[3]),
                   "round": int(sys.argv[4]), "load": float(sys.argv[5]),
                   "output_tok_s": round(j["throughput"]["output_tokens_per_s"], 1),
-                  "failed": j["requests"]["failed"]}))
+                  "failed": j["requests"]["failed"], "drafts": d[0], "drafted": d[1],
+                  "accepted": d[2]}))
 EOF2
       done
       stop
