@@ -267,6 +267,8 @@ double sh_spec_cost_ratio(const sh_spec_cost *c, int32_t rows)
 void sh_spec_seq_init(sh_spec_seq *q)
 {
     memset(q, 0, sizeof *q);
+    q->succ = 1.2; /* the prior: acceptance 0.6, worth two observed tokens */
+    q->fail = 0.8;
     q->accept = 0.6;
 }
 
@@ -277,13 +279,14 @@ void sh_spec_seq_update(sh_spec_seq *q, int32_t n_draft, int32_t n_accepted)
     q->drafts++;
     q->drafted += (uint64_t)n_draft;
     q->accepted += (uint64_t)n_accepted;
-    /* Per-token acceptance a from the accepted run of a drafted run: a run of n_accepted
-     * followed by a rejection says a ~ n_accepted / (n_accepted + 1); a full run says at least
-     * n_draft / (n_draft + 1). */
-    double obs = (double)n_accepted / (double)(n_accepted + 1);
-    if (n_accepted == n_draft)
-        obs = (double)(n_draft + 1) / (double)(n_draft + 2);
-    q->accept += 0.3 * (obs - q->accept);
+    /* Each drafted token is kept with probability a until the first rejection, after which the
+     * rest are not seen: a draft run says n_accepted successes and one failure (none when every
+     * draft was kept), so a = successes / (successes + failures) over the recent runs (counts
+     * decayed by 0.8 a run). An estimate from the run lengths alone would never pass
+     * k / (k + 1) for runs of k, and 1-token probes would never justify longer drafts. */
+    q->succ = 0.8 * q->succ + (double)n_accepted;
+    q->fail = 0.8 * q->fail + (n_accepted < n_draft ? 1.0 : 0.0);
+    q->accept = q->succ / (q->succ + q->fail);
 }
 
 int32_t sh_spec_choose_k(const sh_spec_cost *c, double accept, int32_t kmax, int32_t batch_rows)

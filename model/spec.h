@@ -106,7 +106,8 @@ double sh_spec_cost_ratio(const sh_spec_cost *c, int32_t rows);
 /* A sequence's speculation state: how often its drafts were accepted lately and the draft
  * length to use next. Embedded, init/fini-free. */
 typedef struct sh_spec_seq {
-    double accept;     /* moving average of the per-token acceptance, 0..1 */
+    double accept;     /* per-token acceptance, 0..1: succ / (succ + fail) */
+    double succ, fail; /* recent drafted tokens kept, and rejections, decayed by 0.8 a run */
     int32_t k;         /* the draft length chosen for the next step (0: do not draft) */
     int32_t idle;      /* steps since the last draft, for a retry after backing off */
     uint64_t drafts;   /* steps that verified drafts */

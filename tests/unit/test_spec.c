@@ -240,6 +240,17 @@ static void test_cost_and_k(void)
     CHECK_INT_EQ(probes, 2);
     CHECK_UINT_EQ(q.drafts, 12);
     CHECK_UINT_EQ(q.accepted, 0);
+    /* One-token probes that are always kept raise the acceptance towards 1, so that they lead to
+     * longer drafts (an estimate from run lengths would stay at 2/3). */
+    for (int i = 0; i < 15; i++)
+        sh_spec_seq_update(&q, 1, 1);
+    CHECK(q.accept > 0.9);
+    CHECK(sh_spec_choose_k(&c, q.accept, 8, 1) >= 4);
+    /* A first rejection counts one failure, whatever the draft's length. */
+    sh_spec_seq r;
+    sh_spec_seq_init(&r);
+    sh_spec_seq_update(&r, 8, 3);
+    CHECK_NEAR(r.accept, (0.96 + 3.0) / (0.96 + 3.0 + 0.64 + 1.0), 1e-9);
 }
 
 static const sh_test_case tests[] = {
