@@ -7,6 +7,12 @@
 #include "actors/replica.h"
 #include "base/error.h"
 
+/* lua/config.h spells batcher.spec's values and spec_k's bounds without model/spec.h. */
+_Static_assert(SH_CONFIG_SPEC_OFF == SH_SPEC_OFF && SH_CONFIG_SPEC_NGRAM == SH_SPEC_NGRAM &&
+                   SH_CONFIG_SPEC_DEFAULT_K == SH_SPEC_DEFAULT_K &&
+                   SH_CONFIG_SPEC_MAX_K == SH_SPEC_MAX_K,
+               "lua/config.h's speculation constants differ from model/spec.h's");
+
 /* Groups the replicas by the model they serve, in the order each model's first replica comes. */
 static void group_models(sh_replica_set *r, const sh_cluster_plan *plan)
 {

@@ -9,7 +9,6 @@
 #include <strings.h>
 
 #include "lua/sandbox.h"
-#include "model/spec.h"
 
 #define DEF_MEMORY ((size_t)64 << 20)
 #define DEF_TIME_MS 2000
@@ -920,14 +919,14 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
         (int32_t)sh__lua_get_int_range(L, idx, "max_wait_ms", 50, 0, 60000, w, where);
     // Speculative decoding: "off" or "ngram" (what `shoal serve --spec` serves), spec_k 1..16.
     const char *spec = lua_isnil(L, idx) ? NULL : sh__lua_get_str(L, idx, "spec");
-    c->batcher.spec_k = (int32_t)sh__lua_get_int_range(L, idx, "spec_k", SH_SPEC_DEFAULT_K, 1,
-                                                       SH_SPEC_MAX_K, w, where);
+    c->batcher.spec_k = (int32_t)sh__lua_get_int_range(L, idx, "spec_k", SH_CONFIG_SPEC_DEFAULT_K,
+                                                       1, SH_CONFIG_SPEC_MAX_K, w, where);
     if (spec && strcmp(spec, "off") != 0 && strcmp(spec, "ngram") != 0)
         sh__lua_fail(L, SH_EINVAL, where,
                      "%s: field 'spec' must be \"off\" or \"ngram\" (a draft model is "
                      "served by `shoal serve --spec` in one process only), got \"%.40s\"",
                      w, spec);
-    c->batcher.spec = spec && !strcmp(spec, "ngram") ? SH_SPEC_NGRAM : SH_SPEC_OFF;
+    c->batcher.spec = spec && !strcmp(spec, "ngram") ? SH_CONFIG_SPEC_NGRAM : SH_CONFIG_SPEC_OFF;
     lua_pop(L, 1);
 
     idx = field(L, "kv");

@@ -111,11 +111,19 @@ typedef struct sh_config_gateway {
     char **api_keys; /* (n_api_keys); none means the API is open */
 } sh_config_gateway;
 
+/* batcher.spec's values and spec_k's bounds, as model/spec.h has them (sh_spec_kind's
+ * SH_SPEC_OFF / SH_SPEC_NGRAM, SH_SPEC_DEFAULT_K, SH_SPEC_MAX_K): lua/ includes no model/ header,
+ * so actors/replica.c checks that the two agree. */
+#define SH_CONFIG_SPEC_OFF 0
+#define SH_CONFIG_SPEC_NGRAM 1
+#define SH_CONFIG_SPEC_DEFAULT_K 8
+#define SH_CONFIG_SPEC_MAX_K 16
+
 typedef struct sh_config_batcher {
     int32_t max_step_tokens; /* default 4096 */
     int32_t max_seqs;        /* default 64 */
     int32_t max_wait_ms;     /* default 50 */
-    int32_t spec;            /* sh_spec_kind: "off" (default, 0) or "ngram" (model/spec.h) */
+    int32_t spec;            /* SH_CONFIG_SPEC_OFF ("off", default) or SH_CONFIG_SPEC_NGRAM */
     int32_t spec_k;          /* 1..16 drafted tokens at most per step; 0 (absent): the default */
 } sh_config_batcher;
 

@@ -407,15 +407,10 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         if (sh_llama_ctx_create(s->m, s->be, &co, &s->ctx, &e))
             return (sh__cmd_fail("%s", e.msg), 1);
         n_blocks = sh_llama_ctx_n_blocks(s->ctx);
-        // A draft model (or the model's first layers): checked here, before anything serves; a
-        // file that is missing, broken or of another vocabulary is bad input (exit 2).
-        if (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF) {
-            sh_err derr = sh__serve_drafts_create(s->m, s->tok, s->be, &o->spec, n_ctx, max_seqs,
-                                                  step_tokens, n_blocks, o->kv_f32, &s->drafts, &e);
-            if (derr)
-                return derr == SH_ENOMEM ? (sh__cmd_fail("%s", e.msg), 1)
-                                         : sh__cmd_fail("%s", e.msg); /* it names the draft */
-        }
+        int drc = sh__serve_opts_drafts(o, s->m, s->tok, s->be, n_ctx, max_seqs, step_tokens,
+                                        n_blocks, &s->drafts);
+        if (drc)
+            return drc;
         if (sh_runtime_create(&ro, &s->rt, &e) || sh__serve_register(s->rt, &e))
             return (sh__cmd_fail("runtime: %s", e.msg), 1);
     }
@@ -564,9 +559,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
             : o->kv_f32 ? "f32"
                         : "f16",
             o->no_prefix_cache ? "off" : "on", (int)max_seqs, (int)step_tokens);
-    if (o->spec.kind != SH_SPEC_OFF)
-        fprintf(stderr, "shoal: speculative decoding %s, up to %d drafted tokens per step\n",
-                sh_spec_kind_name(o->spec.kind), (int)o->spec.k);
+    sh__serve_opts_log_spec(o);
     for (int32_t j = 1; j < n_slots; j++) {
         const sh_cluster_replica_plan *rp = &plan->rep[rs->ids[j][0]];
         fprintf(stderr, "shoal: model %s (%d layers, context %d), %d replica%s\n",

@@ -598,3 +598,25 @@ void sh__serve_opts_free(sh_serve_opts *o)
         free(o->key_mem[i]);
     o->n_keys = 0;
 }
+
+int sh__serve_opts_drafts(const sh_serve_opts *o, const sh_llama *m, const sh_tokenizer *tok,
+                          sh_backend *be, int32_t n_ctx, int32_t max_seqs, int32_t step_tokens,
+                          int64_t n_blocks, struct sh_spec_drafts **out)
+{
+    *out = NULL;
+    if (o->spec.kind != SH_SPEC_DRAFT && o->spec.kind != SH_SPEC_SELF)
+        return 0;
+    sh_error e = {0};
+    sh_err err = sh__serve_drafts_create(m, tok, be, &o->spec, n_ctx, max_seqs, step_tokens,
+                                         n_blocks, o->kv_f32, out, &e);
+    if (!err)
+        return 0;
+    return err == SH_ENOMEM ? (sh__cmd_fail("%s", e.msg), 1) : sh__cmd_fail("%s", e.msg);
+}
+
+void sh__serve_opts_log_spec(const sh_serve_opts *o)
+{
+    if (o->spec.kind != SH_SPEC_OFF)
+        fprintf(stderr, "shoal: speculative decoding %s, up to %d drafted tokens per step\n",
+                sh_spec_kind_name(o->spec.kind), (int)o->spec.k);
+}

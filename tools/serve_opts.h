@@ -70,6 +70,17 @@ int sh__serve_opts_finish(sh_serve_opts *o, sh_cluster_config **cfg);
 int sh__serve_opts_load_key_file(sh_serve_opts *o);
 
 /* Frees the keys' strings. */
+/* --spec draft:PATH|self:LAYERS: the drafter's model over the target m (one process), checked
+ * before anything serves; *out NULL for the other kinds. A missing or broken file, another
+ * vocabulary or bad LAYERS is bad input. Returns 0, or the exit status (2 for bad input, 1 when
+ * out of memory) after printing the error, which names the draft. */
+int sh__serve_opts_drafts(const sh_serve_opts *o, const sh_llama *m, const sh_tokenizer *tok,
+                          sh_backend *be, int32_t n_ctx, int32_t max_seqs, int32_t step_tokens,
+                          int64_t n_blocks, struct sh_spec_drafts **out);
+
+/* The startup line saying what speculative decoding does (nothing with --spec off). */
+void sh__serve_opts_log_spec(const sh_serve_opts *o);
+
 void sh__serve_opts_free(sh_serve_opts *o);
 
 #endif
