@@ -227,7 +227,19 @@ int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *
                         "%s: node '%s' listens on %s: inproc:// only reaches inside one "
                         "process; give worker nodes ipc:// or tcp:// URLs",
                         script, n->name, n->listen);
-        if (i != c->gateway.node && !n->standby && !hosts_stage(c, i))
+        int32_t drafters = 0;
+        for (int32_t k = 0; k < c->n_replicas; k++)
+            drafters += c->replicas[k].drafter_node == i;
+        if (drafters && (i == c->gateway.node || n->standby || hosts_stage(c, i) || drafters > 1))
+            return fail(e,
+                        "%s: node '%s' runs a replica's drafter and %s: a drafter's node holds "
+                        "only the drafter",
+                        script, n->name,
+                        drafters > 1           ? "another drafter"
+                        : i == c->gateway.node ? "the gateway"
+                        : n->standby           ? "is a standby"
+                                               : "a stage");
+        if (i != c->gateway.node && !n->standby && !hosts_stage(c, i) && !drafters)
             return fail(e,
                         "%s: node '%s' hosts nothing (no stage and not the gateway's "
                         "node); remove it or give it a stage",
@@ -272,6 +284,10 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
     rp->n_stages = r->n_stages;
     rp->link_dtype = r->link_dtype; /* the script's GGUF type ids are the wire's dtype ids */
     rp->model = r->model;
+    rp->drafter_node = r->drafter_node;
+    rp->drafter = r->drafter_node >= 0
+                      ? sh_addr_make((uint32_t)r->drafter_node + 1, SH_CLUSTER_DRAFTER_ACTOR)
+                      : SH_ADDR_NONE;
     if (!hp) { /* only placed: the addresses follow from the script alone */
         for (int32_t i = 0; i < r->n_stages; i++) {
             p->stage_replica[rp->stage0 + i] = k;
@@ -471,6 +487,9 @@ void sh__cluster_ident_settings(const sh_cluster_plan *p, int32_t node, sh_hello
             rp = &p->rep[p->stage_replica[i]];
             break;
         }
+    for (int32_t k = 0; k < p->n_replicas; k++)
+        if (p->rep[k].drafter_node == node)
+            rp = &p->rep[k];
     id->n_blocks = rp->n_blocks;
     id->max_seqs = p->max_seqs;
     id->max_tokens = p->step_tokens;
@@ -744,8 +763,12 @@ sh_addr sh__cluster_metrics_reporter(const sh_cluster_plan *p, int32_t node)
     uint32_t n = 0;
     for (int32_t i = 0; i < p->n_stages; i++)
         n += sh__cluster_rank_on(p, i, node) >= 0;
-    // A standby spawns its reporter before any stage (they come with a promotion).
-    return n || p->c->nodes[node].standby
+    // A standby spawns its reporter before any stage (they come with a promotion), a drafter's
+    // node before its drafter.
+    bool drafter = false;
+    for (int32_t k = 0; k < p->n_replicas; k++)
+        drafter |= p->rep[k].drafter_node == node;
+    return n || p->c->nodes[node].standby || drafter
                ? sh_addr_make((uint32_t)node + 1, SH_CLUSTER_FIRST_STAGE_ACTOR + n)
                : SH_ADDR_NONE;
 }
@@ -1061,13 +1084,21 @@ int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, 
     return 0;
 }
 
+bool sh__cluster_spec_rows(const sh_cluster_config *c)
+{
+    bool any = c->batcher.spec != SH_CONFIG_SPEC_OFF;
+    for (int32_t k = 0; k < c->n_replicas; k++)
+        any |= c->replicas[k].drafter_node >= 0;
+    return any;
+}
+
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node)
 {
     const sh_cluster_replica_plan *rp = &p->rep[k];
     for (int32_t i = rp->stage0; i < rp->stage0 + rp->n_stages; i++)
         if (sh__cluster_rank_on(p, i, node) >= 0)
             return true;
-    return false;
+    return rp->drafter_node >= 0 && rp->drafter_node == node;
 }
 
 void sh__cluster_front_close(sh_cluster_front *f)

@@ -29,6 +29,9 @@
  * id) and the hello actor. On a worker, the reporter follows the node's stages (actor 2 + its
  * stage count, sh__cluster_metrics_reporter()), before the transport. */
 #define SH_CLUSTER_METRICS_ACTOR 1u
+/* A replica's drafter (replica{ drafter = ... }) runs on a worker node that holds nothing else:
+ * its hello actor is actor 1, its metrics reporter actor 2 and the drafter actor 3. */
+#define SH_CLUSTER_DRAFTER_ACTOR 3u
 
 /* One replica of the plan: its stages are plan.stage_*[stage0, stage0 + n_stages). */
 typedef struct sh_cluster_replica_plan {
@@ -41,6 +44,10 @@ typedef struct sh_cluster_replica_plan {
     int32_t n_blocks, seq_blocks; /* KV blocks of every stage's pool; block-table length */
     uint64_t block_bytes;         /* KV bytes of one block of the replica's largest stage */
     uint32_t link_dtype;          /* replica link_dtype: the SH_PROTO_DTYPE_* stages send ACT in */
+    /* The replica's drafter (replica{ drafter = ... }): its node and address, where the batcher
+     * sends its STEPs; -1 and SH_ADDR_NONE when it has none. */
+    int32_t drafter_node;
+    sh_addr drafter;
 } sh_cluster_replica_plan;
 
 typedef struct sh_cluster_plan {
@@ -79,7 +86,8 @@ typedef void (*sh_cluster_note_fn)(void *ud, const char *line);
  * that could not take a tensor-parallel rank's place (another URL scheme than the group's ranks,
  * or off this host while they exchange through shared memory), a stage on the gateway's node beside
  * worker stages, inproc:// URLs, tls+tcp:// on some nodes only or without tls_ca, tls_cert and
- * tls_key, a node that hosts nothing, more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when
+ * tls_key, a node that hosts nothing, a drafter on a node that holds anything else (a stage, the
+ * gateway, a standby or another drafter), more than SH_CLUSTER_MAX_STAGES stages. Returns 0 when
  * supported. `script` names the file in messages. */
 int sh__cluster_check(const sh_cluster_config *c, const char *script, sh_error *e);
 
@@ -237,7 +245,11 @@ typedef struct sh_cluster_group {
 /* Fills g for stage i (stage_tp[i] > 1). Returns 0, or 2 with an error line (a port past 65535). */
 int sh__cluster_group(const sh_cluster_plan *p, int32_t i, sh_cluster_group *g, sh_error *e);
 
-/* Whether replica k has a stage, or a rank of a stage's group, on node. */
+/* Whether the stages verify drafts (their contexts' rows of logits, sh__serve_max_logits): the
+ * script's batcher.spec is "ngram" or a replica has a drafter. */
+bool sh__cluster_spec_rows(const sh_cluster_config *c);
+
+/* Whether replica k has a stage, or a rank of a stage's group, or its drafter on node. */
 bool sh__cluster_replica_on(const sh_cluster_plan *p, int32_t k, int32_t node);
 
 /* Stops the front's transport; call before sh_runtime_destroy(). Accepts a zeroed front. */

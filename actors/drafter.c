@@ -1,6 +1,7 @@
 /* The drafter actor: sits between a batcher and its first stage, appends greedy drafts of a draft
  * model (model/spec_draft_batch.h) to the sequences of each STEP that ask for them, and passes the
- * STEP on under its sender's address, so that STEP_DONE goes straight back to the batcher. */
+ * STEP on so that STEP_DONE goes straight back to the batcher: under the batcher's address on its
+ * node, under its own with the batcher's as the STEP's reply_to from another node. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include <uv.h>
 
 #include "actors/actor_util.h"
+#include "actors/hello.h"
 #include "actors/serve.h"
 #include "base/error.h"
 #include "model/spec.h"
@@ -23,6 +25,7 @@ typedef struct drafter_state {
     sh_addr self, stage;
     sh_spec_drafts *drafts;
     int32_t max_seqs, block_tokens;
+    sh_hello_auth *auth;
     sh_counter *m_steps, *m_drafted, *m_us; /* shoal_drafter_* */
 
     /* The kept STEPs, a ring guarded by mu; the worker waits on cv. */
@@ -75,10 +78,26 @@ static bool tok_room(drafter_state *st, size_t n)
     return true;
 }
 
-/* Passes m on to the stage unchanged (a STEP the drafter could not read: the stage answers it). */
+/* Whether m came from another node than the drafter's (a cluster's front): the STEP then goes on
+ * under the drafter's address, since the stage's node takes frames from a node only under that
+ * node's addresses (runtime/peers.h), and carries the batcher's as its reply_to. */
+static bool remote(const drafter_state *st, const sh_msg *m)
+{
+    return sh_addr_node(sh_msg_header(m)->src) != sh_addr_node(st->self);
+}
+
+/* Passes m on to the stage unchanged (a STEP the drafter could not read: the stage answers it).
+ * From another node it cannot go on unread (its reply_to is not set): it is dropped, and the
+ * batcher's step retry or timeout takes care of it. */
 static void pass_raw(drafter_state *st, const sh_msg *m)
 {
     sh_msg_hdr h = *sh_msg_header(m);
+    if (remote(st, m)) {
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "drafter_step_dropped",
+                       "session=%" PRIu64 " from_node=%u", h.session,
+                       (unsigned)sh_addr_node(h.src));
+        return;
+    }
     h.dst = st->stage;
     size_t len = 0;
     const void *body = sh_msg_body(m, &len);
@@ -168,7 +187,12 @@ static void step_draft(drafter_state *st, const sh_msg *m)
         sh_counter_add(st->m_drafted, drafted);
         sh_counter_add(st->m_us, us);
     }
-    if (sh__act_send(st->rt, h->src, st->stage, SH_MSG_STEP, h->trace_id, s, &e))
+    sh_addr from = h->src;
+    if (remote(st, m)) {
+        s->reply_to = h->src;
+        from = st->self;
+    }
+    if (sh__act_send(st->rt, from, st->stage, SH_MSG_STEP, h->trace_id, s, &e))
         sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "drafter_send_failed",
                        "step=%" PRIu64 " error=\"%s\"", s->step, e.msg);
 }
@@ -240,6 +264,7 @@ static sh_err drafter_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->stage = a->stage;
     st->drafts = a->drafts;
     st->max_seqs = a->max_seqs;
+    st->auth = a->auth;
     st->block_tokens = a->block_tokens > 0 ? a->block_tokens : SH_KV_DEFAULT_BLOCK_TOKENS;
     sh_err err = sh__act_decoder_init(&st->dec, DRAFTER_ARENA_BYTES);
     st->req = calloc((size_t)a->max_seqs, sizeof *st->req);
@@ -287,6 +312,9 @@ static sh_msg_fate drafter_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
                          sh__msg_type_name(type));
         return SH_MSG_FATE_DONE;
     }
+    // With a cluster key, only nodes that proved it are served, as at a stage.
+    if (!sh__hello_auth_allows(st->auth, st->rt, sh_msg_header(m)->src, "STEP"))
+        return SH_MSG_FATE_DONE;
     uv_mutex_lock(&st->mu);
     sh_err err = queue_push(st, m);
     if (!err)

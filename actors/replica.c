@@ -103,8 +103,13 @@ static void replica_args(const sh_replica_opts *o, sh_replica_set *r, int32_t k,
                                        .window = window,
                                        .max_blocks_per_seq = seq_blocks},
                                .prefix_cache = !o->no_prefix_cache};
+    // A replica's drafter on its own node (replica{ drafter = ... }) takes the batcher's STEPs
+    // in front of the first stage, and the replica drafts with it whatever batcher.spec says.
+    sh_addr drafter = plan ? plan->rep[k].drafter : SH_ADDR_NONE;
+    sh_addr first = plan ? plan->stage_addr[plan->rep[k].stage0] : SH_ADDR_NONE;
+    bool spec_rows = plan && sh__cluster_spec_rows(plan->c);
     r->ba[k] = (sh_batcher_args){
-        .stage = plan ? plan->stage_addr[plan->rep[k].stage0] : SH_ADDR_NONE, /* the first */
+        .stage = drafter ? drafter : first,
         .tok = tok,
         .n_vocab = hp->n_vocab,
         .n_ctx = n_ctx,
@@ -117,11 +122,12 @@ static void replica_args(const sh_replica_opts *o, sh_replica_set *r, int32_t k,
         .seq_blocks = window > 0 ? 0 : seq_blocks,
         .step_timeout_ms = step_timeout,
         .max_inflight = n_stages, /* one step in flight per stage */
-        .spec = o->spec,
+        .spec = drafter ? SH_SPEC_DRAFT : o->spec,
         .spec_k = o->spec_k,
-        // Worker nodes size their contexts' rows of logits by the script's batcher.spec.
-        .max_logits = plan ? sh__serve_max_logits(max_seqs, step_tokens, plan->c->batcher.spec)
-                           : o->max_logits};
+        // Worker nodes size their contexts' rows of logits by the script's batcher.spec and
+        // drafters.
+        .max_logits =
+            plan ? sh__serve_max_logits(max_seqs, step_tokens, spec_rows) : o->max_logits};
     if (r->n_replicas > 1) {
         snprintf(r->labels[k], sizeof r->labels[k], "replica=\"%d\"", (int)k);
         r->ka[k].metric_labels = r->labels[k];

@@ -153,6 +153,10 @@ typedef struct sh_stage_args {
     /* The node (id) whose CONTROL op REROUTE with one target moves `next` there (the front, when
      * a standby took over the next stage; actors/watchdog.h); 0: CONTROL is dropped. */
     uint32_t control_node;
+    /* The node (id) of a drafter in front of this first stage on another node than the front
+     * (a cluster replica's drafter, docs/cluster.md): its STEPs are taken like the front's (they
+     * may raise the epoch), and answered at their reply_to. 0: none. */
+    uint32_t drafter_node;
     /* Tensor parallelism (docs/cluster.md): this actor is rank tp_rank of a group of tp_size
      * ranks (0 or 1: no group), tp_ranks[r] (tp_size entries, copied) being rank r's stage actor.
      * Rank 0, the leader, takes STEP or ACT as a stage does and sends every one it runs, as it
@@ -203,11 +207,14 @@ int32_t sh_stage_max_logits(int32_t max_seqs, int32_t max_tokens);
  * best-effort), clears want_draft and prior, adds its time to the STEP's compute_us (less the
  * catch-up over a sequence's history beyond one row each, sh_spec_drafts_extra_us), and sends
  * the STEP on to `stage` under the STEP's own sender and trace id, so that the stage answers
- * STEP_DONE to the batcher directly. A STEP it cannot decode goes on unchanged (the stage
- * answers it). Greedy drafts depend only on a sequence's history, so a retried STEP gets the
- * same drafts. STEPs are drafted on the drafter's worker thread, one at a time, in arrival
- * order; other messages are dropped. Metrics (runtime registry, labelled with metric_labels):
- * shoal_drafter_steps_total, shoal_drafter_tokens_total (drafts appended),
+ * STEP_DONE to the batcher directly. A STEP from another node (a cluster replica's drafter on a
+ * node of its own, docs/cluster.md) goes on under the drafter's own address with the sender's in
+ * its reply_to, where the stages answer (the stage's sh_stage_args.drafter_node names this node).
+ * A STEP it cannot decode goes on unchanged (the stage answers it); from another node it is
+ * dropped and logged (the batcher retries it). Greedy drafts depend only on a sequence's history,
+ * so a retried STEP gets the same drafts. STEPs are drafted on the drafter's worker thread, one at
+ * a time, in arrival order; other messages are dropped. Metrics (runtime registry, labelled with
+ * metric_labels): shoal_drafter_steps_total, shoal_drafter_tokens_total (drafts appended),
  * shoal_drafter_compute_us_total. */
 typedef struct sh_drafter_args {
     struct sh_spec_drafts *drafts; /* borrowed; used by the worker thread only */
@@ -215,6 +222,9 @@ typedef struct sh_drafter_args {
     int32_t max_seqs;              /* sequences of one STEP it records (the batcher's max_seqs) */
     int32_t block_tokens;          /* KV block size (0: SH_KV_DEFAULT_BLOCK_TOKENS) */
     const char *metric_labels;
+    /* Optional (a cluster node with a key): STEPs from a node that has not proved the cluster key
+     * in HELLO are dropped and logged (sh__hello_auth_allows, actors/hello.h). */
+    struct sh_hello_auth *auth;
 } sh_drafter_args;
 
 /* The drafter of a replica in one process (`shoal serve` with spec->kind SH_SPEC_DRAFT or

@@ -86,6 +86,7 @@ typedef struct stage_state {
     sh_llama_ctx *ctx;
     sh_hello_auth *auth;   /* NULL: serve every node (no cluster key) */
     uint32_t control_node; /* sh_stage_args.control_node */
+    uint32_t drafter_node; /* sh_stage_args.drafter_node */
     sh_act_decoder ctl;    /* CONTROL, decoded on the loop thread (dec is the worker's) */
     int32_t max_seqs, n_vocab, n_blocks, dim;
     int32_t tab_len; /* block-table entries per sequence (released ones included) */
@@ -1114,13 +1115,15 @@ static bool retry_answered(const stage_state *st, const sh_proto_step *s, uint64
 /* Whether STEP or ACT s (from h->src) may raise the stage's epoch: the epoch is the id of the
  * first step after its batcher's pause or start, so a legitimate one never exceeds the step's own
  * id, and step ids count from the batcher's clock (Unix ms << 16), so none lies more than a day
- * ahead of this node's. A STEP comes from the front's batcher (control_node) when one is known;
+ * ahead of this node's. A STEP comes from the front's batcher (control_node) when one is known,
+ * or from the replica's drafter on its own node (drafter_node);
  * an ACT's sender is the previous stage, which checked the STEP. Anything else would let one
  * frame make the stage drop every real step as stale (issue 25). */
 static bool epoch_allowed(const stage_state *st, const sh_msg_hdr *h, const sh_proto_step *s,
                           bool is_act)
 {
-    if (!is_act && st->control_node && sh_addr_node(h->src) != st->control_node)
+    if (!is_act && st->control_node && sh_addr_node(h->src) != st->control_node &&
+        (!st->drafter_node || sh_addr_node(h->src) != st->drafter_node))
         return false;
     const uint64_t day_ms = 86400000ull;
     uint64_t horizon = (sh__act_unix_ms() + day_ms) << 16;
@@ -1155,7 +1158,9 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         err = SH_EPROTO;
     } else if (!is_act) {
         s = &b.step;
-        prior_us = b.step.compute_us; /* a drafter's time before this stage */
+        prior_us = b.step.compute_us;        /* a drafter's time before this stage */
+        if (b.step.reply_to != SH_ADDR_NONE) /* a drafter on another node than the batcher */
+            reply = b.step.reply_to;
     } else {
         view = (sh_proto_step){.step = b.act.step,
                                .deadline_ms = b.act.deadline_ms,
@@ -1434,6 +1439,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     }
     st->next = a->next;
     st->control_node = a->control_node;
+    st->drafter_node = a->drafter_node;
     st->batcher = a->batcher;
     st->first = a->model->first == 0;
     st->last = last;

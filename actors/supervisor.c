@@ -240,6 +240,10 @@ static bool promote(sh_supervisor *s, int32_t dead)
 {
     const sh_cluster_config *c = s->a.front->plan.c;
     int32_t sb = -1;
+    // A drafter's node holds no stage a standby could take: it is awaited.
+    for (int32_t k = 0; k < c->n_replicas; k++)
+        if (c->replicas[k].drafter_node == dead)
+            return false;
     for (int32_t i = 0; i < c->n_nodes; i++) {
         if (!c->nodes[i].standby || s->spent[i] || i == dead ||
             atomic_load(&s->watch.node[i].health) != SH_WATCHDOG_ALIVE)

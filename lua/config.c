@@ -41,13 +41,13 @@ static const sh__lua_field model_fields[] = {{"name", SH__LUA_STR, true},
                                              {"path", SH__LUA_STR, true},
                                              {"layers", SH__LUA_INT, false},
                                              {NULL, 0, false}};
-static const sh__lua_field replica_fields[] = {{"model", SH__LUA_ANY, true},
-                                               {"stages", SH__LUA_TABLE, true},
-                                               {"tp", SH__LUA_INT, false},
-                                               {"link_dtype", SH__LUA_STR, false},
-                                               {"tp_link", SH__LUA_STR, false},
-                                               {"tp_compress", SH__LUA_STR, false},
-                                               {NULL, 0, false}};
+static const sh__lua_field replica_fields[] = {
+    {"model", SH__LUA_ANY, true},      {"stages", SH__LUA_TABLE, true},
+    {"tp", SH__LUA_INT, false},        {"link_dtype", SH__LUA_STR, false},
+    {"tp_link", SH__LUA_STR, false},   {"tp_compress", SH__LUA_STR, false},
+    {"drafter", SH__LUA_TABLE, false}, {NULL, 0, false}};
+static const sh__lua_field drafter_fields[] = {
+    {"node", SH__LUA_STR, true}, {"model", SH__LUA_STR, true}, {NULL, 0, false}};
 static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
                                              {"nodes", SH__LUA_TABLE, false},
                                              {"first_layer", SH__LUA_INT, false},
@@ -242,6 +242,13 @@ static void validate_replica(lua_State *L, int idx, const char *where)
     if (link_dtype_of(ld) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
                      "replica: link_dtype '%.40s' must be \"f32\", \"f16\" or \"int8\"", ld);
+    if (raw_field(L, idx, "drafter") != LUA_TNIL) {
+        sh__lua_check_fields(L, lua_gettop(L), drafter_fields, "replica.drafter", where);
+        if (lua_rawlen(L, -1) > 0 || !*sh__lua_get_str(L, lua_gettop(L), "model"))
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "replica.drafter: model must name the draft model's GGUF file");
+    }
+    lua_pop(L, 1);
 }
 
 /* Pushes the data table of an object of `kind` at idx, or validates a plain table in its place
@@ -810,6 +817,15 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
         r->tp_net = tl && !strcmp(tl, "net");
         r->tp_compress = tp_compress_of(sh__lua_get_str(L, -1, "tp_compress"));
         r->tp_hier = tl && !strcmp(tl, "hier");
+        r->drafter_node = -1;
+        if (raw_field(L, -1, "drafter") != LUA_TNIL) {
+            int d = lua_gettop(L);
+            char what[48];
+            snprintf(what, sizeof what, "replica %d: drafter", (int)i + 1);
+            r->drafter_node = node_index(L, c, sh__lua_get_str(L, d, "node"), what, rwhere);
+            r->drafter_path = dup(L, sh__lua_get_str(L, d, "model"), rwhere);
+        }
+        lua_pop(L, 1);
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
             const char *name = lua_tostring(L, -1);
             r->model = -1;
@@ -923,8 +939,8 @@ static void fill_tunables(lua_State *L, sh_cluster_config *c, const char *where)
                                                        1, SH_CONFIG_SPEC_MAX_K, w, where);
     if (spec && strcmp(spec, "off") != 0 && strcmp(spec, "ngram") != 0)
         sh__lua_fail(L, SH_EINVAL, where,
-                     "%s: field 'spec' must be \"off\" or \"ngram\" (a draft model is "
-                     "served by `shoal serve --spec` in one process only), got \"%.40s\"",
+                     "%s: field 'spec' must be \"off\" or \"ngram\" (a draft model drafts "
+                     "for a replica with replica{ drafter = {...} }), got \"%.40s\"",
                      w, spec);
     c->batcher.spec = spec && !strcmp(spec, "ngram") ? SH_CONFIG_SPEC_NGRAM : SH_CONFIG_SPEC_OFF;
     lua_pop(L, 1);
@@ -1096,6 +1112,11 @@ static sh_err resolve_model_paths(sh_cluster_config *c, const char *script, sh_e
         if (err)
             return err;
     }
+    for (int32_t i = 0; i < c->n_replicas; i++) {
+        sh_err err = resolve_path(&c->replicas[i].drafter_path, script, dir, e);
+        if (err)
+            return err;
+    }
     for (int32_t i = 0; i < c->n_nodes; i++) {
         sh_err err = resolve_path(&c->nodes[i].tls_cert, script, dir, e);
         if (!err)
@@ -1207,8 +1228,10 @@ void sh_config_destroy(sh_cluster_config *c)
         free(c->models[i].path);
     }
     free(c->models);
-    for (int32_t i = 0; i < c->n_replicas; i++)
+    for (int32_t i = 0; i < c->n_replicas; i++) {
         free(c->replicas[i].stages);
+        free(c->replicas[i].drafter_path);
+    }
     free(c->replicas);
     free(c->gateway.http);
     for (int32_t i = 0; i < c->gateway.n_api_keys; i++)

@@ -100,6 +100,13 @@ typedef struct sh_config_replica {
      * values of sh_coll_compress). Anything but "none" needs tp_link = "net". */
     int32_t tp_compress;
     bool tp_hier;
+    /* replica{ drafter = { node = "NAME", model = "PATH" } } (docs/cluster.md, "Speculative
+     * decoding"): the replica drafts with the draft model at PATH (a GGUF with the target's
+     * vocabulary; relative to the script's directory like model paths) on node drafter_node, a
+     * worker node that holds nothing else, between the front's batcher and the first stage.
+     * drafter_node is -1 and drafter_path NULL when the replica has none. */
+    int32_t drafter_node;
+    char *drafter_path;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;
@@ -123,7 +130,8 @@ typedef struct sh_config_batcher {
     int32_t max_step_tokens; /* default 4096 */
     int32_t max_seqs;        /* default 64 */
     int32_t max_wait_ms;     /* default 50 */
-    int32_t spec;            /* SH_CONFIG_SPEC_OFF ("off", default) or SH_CONFIG_SPEC_NGRAM */
+    int32_t spec;            /* SH_CONFIG_SPEC_OFF ("off", default) or SH_CONFIG_SPEC_NGRAM; a
+                              * replica with a drafter drafts with it whatever this says */
     int32_t spec_k;          /* 1..16 drafted tokens at most per step; 0 (absent): the default */
 } sh_config_batcher;
 

@@ -254,14 +254,17 @@
  * stage drops a STEP or ACT of an epoch older than one it has seen, so a step abandoned at a
  * pause never runs after the resume. retry_of: set on a retry (a try sent again because its
  * answer was late), the step id of the first try; a first stage that answered (or forwarded) an
- * earlier try after this one arrived drops it unanswered, since that answer is on its way. */
+ * earlier try after this one arrived drops it unanswered, since that answer is on its way.
+ * reply_to: set by a drafter on another node than its batcher (actors/drafter.c), which sends
+ * the STEP under its own address: the batcher's, where the stages answer instead of the sender. */
 #define SH_PROTO_FIELDS_step(F, S)                                                                 \
     F(S, step, "step", U64, _, REQ, 0, 0)                                                          \
     F(S, deadline_ms, "dl", U64, _, OPT, 0, 0)                                                     \
     F(S, seqs, "seqs", LIST, step_seq, REQ, 0, SH_PROTO_MAX_SEQS)                                  \
     F(S, epoch, "ep", U64, _, OPT, 0, 0)                                                           \
     F(S, retry_of, "rof", U64, _, OPT, 0, 0) /* a retry: the step id of its first try (0: none) */ \
-    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time spent before the first stage (a drafter) */
+    F(S, compute_us, "us", U64, _, OPT, 0, 0) /* time spent before the first stage (a drafter) */  \
+    F(S, reply_to, "to", ADDR, _, OPT, 0, 0)  /* where STEP_DONE goes (0: the STEP's sender) */
 
 /* ACT: hidden is (n_tokens, d_model) with n_tokens the sum of the sequences' token counts, rows
  * in sequence order, as F32, F16 or I8 (the script's link_dtype, docs/cluster.md). I8 rows are

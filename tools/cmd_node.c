@@ -1,5 +1,5 @@
-/* `shoal node`: one worker node of a cluster script, serving the pipeline stages the script
- * places on it until SIGINT/SIGTERM (docs/cluster.md). */
+/* `shoal node`: one worker node of a cluster script, serving the pipeline stages (or the replica's
+ * drafter) the script places on it until SIGINT/SIGTERM (docs/cluster.md). */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -18,6 +18,9 @@
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
+#include "model/spec.h"
+#include "model/spec_draft_batch.h"
+#include "model/tokenizer.h"
 #include "runtime/coll.h"
 #include "runtime/peers.h"
 #include "shoal/transport.h"
@@ -33,8 +36,9 @@ static void usage(FILE *f)
             "                  [--cluster-key-file FILE] [--control-nice N]\n\n"
             "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
             "pipeline stages the script places on it (only their layers are loaded, with\n"
-            "the embedding on the first stage and the output head on the last) until\n"
-            "SIGINT or SIGTERM. Start every worker node, then `shoal serve -c CLUSTER.lua`\n"
+            "the embedding on the first stage and the output head on the last), or a\n"
+            "replica's drafter, until SIGINT or SIGTERM. Start every worker node, then `shoal "
+            "serve -c CLUSTER.lua`\n"
             "on the gateway's node; see docs/cluster.md.\n\n"
             "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
             "  --name NAME         which node of the script this process is\n"
@@ -89,6 +93,12 @@ typedef struct node_state {
     int32_t control_nice; /* --control-nice */
     sh_cmd_prio prio;     /* what it set (tools/cmd_util.h) */
     sh_transport_tls tls; /* this node's certificates for its groups' tls+tcp:// links */
+    /* A drafter's node (replica{ drafter = ... }): its replica (-1: none), the target loaded
+     * whole (the draft's vocabulary is checked against it), its tokenizer and the drafts. */
+    int32_t drafter_of;
+    sh_llama *target;
+    sh_tokenizer *tok;
+    sh_spec_drafts *drafts;
 } node_state;
 
 /* The hello actor's on_shutdown: the front's watchdog found this node over its memory budget.
@@ -113,6 +123,9 @@ static void close_all(node_state *s)
     sh_runtime_destroy(s->rt);
     sh_transport_destroy(s->tp);
     sh__standby_free(&s->sb);
+    sh_spec_drafts_destroy(s->drafts); /* its drafter actor is gone; the target is not yet */
+    sh_tokenizer_destroy(s->tok);
+    sh_llama_destroy(s->target);
     for (int32_t i = 0; i < s->n; i++) {
         sh_llama_ctx_destroy(s->st[i].ctx);
         sh_llama_destroy(s->st[i].m);
@@ -120,6 +133,32 @@ static void close_all(node_state *s)
     }
     sh_backend_destroy(s->be);
     sh_config_destroy(s->cfg);
+}
+
+/* A drafter's node: loads the target whole and the replica's draft model, sized like its stages
+ * (model/spec_draft_batch.h). Returns 0, or 2 (a missing or broken file, a draft with another
+ * vocabulary: printed) or 1. */
+static int drafter_load(node_state *s, const sh_cluster_plan *plan, const char *target_path)
+{
+    const sh_config_replica *r = &s->cfg->replicas[s->drafter_of];
+    const sh_cluster_replica_plan *rp = &plan->rep[s->drafter_of];
+    sh_error e = {0};
+    sh_llama_load_opts lo = {.prefault = true};
+    if (sh_llama_load(target_path, &lo, &s->target, &e) ||
+        sh_tokenizer_create_gguf(s->target->gguf, &s->tok, &e))
+        return sh__cmd_fail("%s", e.msg);
+    sh_spec_opts so = {.kind = SH_SPEC_DRAFT, .k = s->cfg->batcher.spec_k};
+    if (strlen(r->drafter_path) >= sizeof so.path)
+        return sh__cmd_fail("replica %d's drafter: the draft's path is too long",
+                            (int)s->drafter_of + 1);
+    snprintf(so.path, sizeof so.path, "%s", r->drafter_path);
+    sh_err err =
+        sh__serve_drafts_create(s->target, s->tok, s->be, &so, rp->n_ctx, plan->max_seqs,
+                                plan->step_tokens, rp->n_blocks, s->cfg->kv.f32, &s->drafts, &e);
+    if (err)
+        return (sh__cmd_fail("replica %d's drafter: %s", (int)s->drafter_of + 1, e.msg),
+                err == SH_ENOMEM ? 1 : 2);
+    return 0;
 }
 
 static int run(node_state *s, const char *script, const char *name, int32_t threads,
@@ -166,6 +205,11 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
             for (int32_t j = 0; j < c->replicas[k].stages[i].tp && !r; j++)
                 if (of < 0 || c->replicas[k].stages[i].ranks[j] == of)
                     r = &c->replicas[k];
+    for (int32_t k = 0; k < c->n_replicas && !r; k++)
+        if (c->replicas[k].drafter_node == self) {
+            r = &c->replicas[k];
+            s->drafter_of = k;
+        }
     if (!r)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
     const sh_config_model *cm = &c->models[r->model];
@@ -234,7 +278,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .max_seqs = plan.max_seqs,
                                 // Rows for drafts when the script's batcher speculates.
                                 .max_logits = sh__serve_max_logits(plan.max_seqs, plan.step_tokens,
-                                                                   c->batcher.spec != 0),
+                                                                   sh__cluster_spec_rows(c)),
                                 .kv_tokens = rp->n_blocks * SH_KV_DEFAULT_BLOCK_TOKENS,
                                 .kv_type = c->kv.f32 ? SH_DTYPE_F32 : SH_DTYPE_F16};
         if (plan.stage_tp[i] > 1) {
@@ -266,8 +310,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                  (int)sh_llama_ctx_n_blocks(st->ctx), (int)rp->n_blocks),
                     1);
     }
-    if (n_mine == 0 && !standby)
+    if (n_mine == 0 && !standby && s->drafter_of < 0)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
+    if (s->drafter_of >= 0 && (rc = drafter_load(s, &plan, cm->path)) != 0)
+        return rc;
     if (standby) {
         s->sb.plan = plan;
         s->sb.self = self;
@@ -310,9 +356,11 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     int32_t from[SH_CLUSTER_MAX_STAGES];
     for (int32_t k = 0; k < n_mine; k++) {
         int32_t i = mine[k];
-        from[k] = rank_of[k] > 0                               ? plan.rank_node[i][0]
-                  : i > plan.rep[plan.stage_replica[i]].stage0 ? plan.stage_node[i - 1]
-                                                               : -1;
+        const sh_cluster_replica_plan *rp = &plan.rep[plan.stage_replica[i]];
+        // A first stage takes its STEPs from the replica's drafter's node when it has one.
+        from[k] = rank_of[k] > 0   ? plan.rank_node[i][0]
+                  : i > rp->stage0 ? plan.stage_node[i - 1]
+                                   : rp->drafter_node;
     }
     for (int32_t k = 0; k < n_mine; k++) {
         int32_t prev = from[k];
@@ -362,7 +410,10 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                                 .link_dtype = rp->link_dtype,
                                 .next = sh__cluster_next_stage(&plan, i),
                                 .auth = keyed ? &s->auth : NULL,
-                                .control_node = (uint32_t)plan.front + 1};
+                                .control_node = (uint32_t)plan.front + 1,
+                                .drafter_node = i == rp->stage0 && rp->drafter_node >= 0
+                                                    ? (uint32_t)rp->drafter_node + 1
+                                                    : 0};
         if (st->group) {
             sa[k].tp_rank = rank_of[k];
             sa[k].tp_size = plan.stage_tp[i];
@@ -389,6 +440,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     if (addr != sh__cluster_metrics_reporter(&plan, self))
         return (sh__cmd_fail("internal: the metrics reporter got address %" PRIu64, (uint64_t)addr),
                 1);
+    const sh_cluster_replica_plan *drp = s->drafter_of >= 0 ? &plan.rep[s->drafter_of] : NULL;
+    sh_drafter_args da = {.drafts = s->drafts,
+                          .stage = drp ? plan.stage_addr[drp->stage0] : SH_ADDR_NONE,
+                          .max_seqs = plan.max_seqs,
+                          .auth = keyed ? &s->auth : NULL};
+    if (drp && sh_actor_spawn(s->rt, "drafter", &da, 1, &addr, &e))
+        return (sh__cmd_fail("spawn: %s", e.msg), 1);
+    if (drp && addr != drp->drafter)
+        return (sh__cmd_fail("internal: the drafter got address %" PRIu64, (uint64_t)addr), 1);
     sh_transport_tls tls;
     sh_transport_opts to = {.listen_url = c->nodes[self].listen,
                             .reconnect_max_ms = 250,
@@ -426,7 +486,13 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                  rep, (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i],
                  rank);
     }
-    if (standby)
+    if (drp)
+        fprintf(stderr,
+                "shoal: node %s serving replica %d's drafter of %s (draft %s, up to %d tokens a "
+                "step) on %s\n",
+                name, (int)s->drafter_of + 1, cm->name, c->replicas[s->drafter_of].drafter_path,
+                (int)c->batcher.spec_k, c->nodes[self].listen);
+    else if (standby)
         fprintf(stderr,
                 "shoal: node %s serving nothing yet: a standby for %s's stages on %s (the front's "
                 "watchdog promotes it when a stage node dies)\n",
@@ -502,6 +568,7 @@ int sh__cmd_node(int argc, char **argv)
     sh__cmd_block_signals(&sigs, 0);
     node_state s;
     memset(&s, 0, sizeof s);
+    s.drafter_of = -1;
     s.key_file = key_file;
     if (sh__cmd_fault_epoch_check(fault_epoch))
         return 2;

@@ -35,6 +35,9 @@ sh_serve_test(test_serve_truncate ${_d}/run_py.sh ${_d}/test_serve_truncate.py)
 sh_serve_test(test_serve_prompt ${_d}/run_py.sh ${_d}/test_serve_prompt.py)
 sh_serve_test(test_serve_kvpressure ${_d}/run_py.sh ${_d}/test_serve_kvpressure.py)
 sh_serve_test(test_cluster_pipeline ${_d}/run_py.sh ${_d}/test_cluster_pipeline.py)
+# A replica's drafter on a worker node of its own against one process without speculation.
+sh_serve_test(test_cluster_drafter ${_d}/run_py.sh ${_d}/test_cluster_drafter.py)
+set_tests_properties(test_cluster_drafter PROPERTIES TIMEOUT 600)
 sh_serve_test(test_cluster_failure ${_d}/run_py.sh ${_d}/test_cluster_failure.py)
 sh_serve_test(test_cluster_status ${_d}/run_py.sh ${_d}/test_cluster_status.py)
 # The real Gemma 3 270M through serve (skips without models/gemma3-270m-q4_k_m.gguf).

@@ -51,6 +51,8 @@ static void test_demo(void)
     CHECK_INT_EQ(r->stages[1].node, 2);
     CHECK_INT_EQ(r->stages[0].first_layer, -1); /* layer count unknown: resolved at load */
     CHECK_INT_EQ(r->stages[1].last_layer, -1);
+    CHECK_INT_EQ(r->drafter_node, -1); /* no drafter */
+    CHECK(r->drafter_path == NULL);
     CHECK_INT_EQ(c->batcher.max_step_tokens, 4096);
     CHECK_INT_EQ(c->batcher.max_seqs, 64);
     CHECK_INT_EQ(c->batcher.max_wait_ms, 50);
@@ -371,6 +373,27 @@ static const struct bad_case {
      "  gateway = { node = 'a', http = 'h:80' }, batcher = { spec = 'draft:x.gguf' },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
      SH_EINVAL, "bad.lua:4", "field 'spec' must be \"off\" or \"ngram\""},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'zz', model = 'd.gguf' } } } }\n",
+     SH_ENOTFOUND, "bad.lua:5", "replica 1: drafter: unknown node 'zz'"},
+    {"return cluster { nodes = nodes(node { name = 's', listen = 'ipc:///s', standby = true }),\n"
+     "  gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 's', model = 'd.gguf' } } } }\n",
+     SH_EINVAL, "bad.lua:6", "replica 1: drafter: node 's' is a standby"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b' } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica.drafter: missing required field 'model'"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', model = '' } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica.drafter: model must name the draft model's GGUF file"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', model = 'd.gguf', k = 4 } } } }\n",
+     SH_EINVAL, "bad.lua:5", "unknown key 'k'"},
     {"return cluster { nodes = nodes(),\n"
      "  gateway = { node = 'a', http = 'h:80' }, batcher = { spec = 'ngram', spec_k = 0 },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } } }\n",
@@ -731,7 +754,8 @@ static void test_script_relative_paths(void)
                       "  models = { model { name = 'up', path = '../w/up.gguf' },\n"
                       "             model { name = 'abs', path = '/srv/models/abs.gguf' } },\n"
                       "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
-                      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }) } },\n"
+                      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+                      "               drafter = { node = 'a', model = 'd/draft.gguf' } } },\n"
                       "  key_file = 'keys/cluster.key', tls_ca = 'certs/ca.pem',\n"
                       "  watchdog = { policy = 'pol/p.lua', hold_s = 2.5, degrade_max_tokens = 8,\n"
                       "               fallback = 'up', shed_priority = 3 },\n"
@@ -748,6 +772,9 @@ static void test_script_relative_paths(void)
         CHECK_STR_EQ(c->models[1].path, "/srv/models/abs.gguf");
         snprintf(want, sizeof want, "%s/m.gguf", sub);
         CHECK_STR_EQ(c->models[2].path, want);
+        CHECK_INT_EQ(c->replicas[0].drafter_node, 0);
+        snprintf(want, sizeof want, "%s/d/draft.gguf", sub);
+        CHECK_STR_EQ(c->replicas[0].drafter_path, want);
         snprintf(want, sizeof want, "%s/keys/cluster.key", sub);
         CHECK_STR_EQ(c->key_file, want);
         snprintf(want, sizeof want, "%s/certs/ca.pem", sub);
