@@ -2,12 +2,108 @@
 #include "actors/actor_util.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
+
+/* ---- worker thread ---- */
+
+static void worker_main(void *arg)
+{
+    sh_act_worker *w = arg;
+    pthread_setname_np(pthread_self(), w->name);
+    uv_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stopping && w->len == 0)
+            uv_cond_wait(&w->cv, &w->mu);
+        if (w->stopping)
+            break;
+        struct sh_act_queued qe = w->q[w->head];
+        w->head = (w->head + 1) % w->cap;
+        w->len--;
+        uv_mutex_unlock(&w->mu);
+        w->run(w->user, qe.m, qe.us);
+        sh_msg_free(qe.m);
+        uv_mutex_lock(&w->mu);
+    }
+    uv_mutex_unlock(&w->mu);
+}
+
+sh_err sh__act_worker_start(sh_act_worker *w, const char *name, uint32_t cap,
+                            void (*run)(void *user, const sh_msg *m, uint64_t arrived_us),
+                            void *user, sh_error *e)
+{
+    memset(w, 0, sizeof *w);
+    w->cap = cap > 0 ? cap : 16;
+    w->q = malloc((size_t)w->cap * sizeof *w->q);
+    if (!w->q)
+        return sh__error_set(e, SH_ENOMEM, "out of memory");
+    w->run = run;
+    w->user = user;
+    w->name = name;
+    const char *what = NULL;
+    int rv = 0;
+    if ((rv = uv_mutex_init(&w->mu)) != 0) {
+        what = "mutex";
+    } else if ((rv = uv_cond_init(&w->cv)) != 0) {
+        uv_mutex_destroy(&w->mu);
+        what = "condition";
+    } else if ((rv = uv_thread_create(&w->thread, worker_main, w)) != 0) {
+        uv_cond_destroy(&w->cv);
+        uv_mutex_destroy(&w->mu);
+        what = "thread";
+    }
+    if (!what)
+        return SH_OK;
+    free(w->q);
+    memset(w, 0, sizeof *w);
+    return sh__error_set(e, SH_EIO, "%s: %s", what, uv_strerror(rv));
+}
+
+sh_err sh__act_worker_push(sh_act_worker *w, sh_msg *m)
+{
+    uv_mutex_lock(&w->mu);
+    if (w->len == w->cap) {
+        uint32_t cap = w->cap * 2;
+        struct sh_act_queued *q = malloc((size_t)cap * sizeof *q);
+        if (!q) {
+            uv_mutex_unlock(&w->mu);
+            return SH_ENOMEM;
+        }
+        for (uint32_t i = 0; i < w->len; i++)
+            q[i] = w->q[(w->head + i) % w->cap];
+        free(w->q);
+        w->q = q;
+        w->cap = cap;
+        w->head = 0;
+    }
+    w->q[(w->head + w->len) % w->cap] = (struct sh_act_queued){m, sh__act_mono_us()};
+    w->len++;
+    uv_cond_signal(&w->cv);
+    uv_mutex_unlock(&w->mu);
+    return SH_OK;
+}
+
+void sh__act_worker_stop(sh_act_worker *w)
+{
+    uv_mutex_lock(&w->mu);
+    w->stopping = true;
+    uv_cond_broadcast(&w->cv);
+    uv_mutex_unlock(&w->mu);
+    uv_thread_join(&w->thread);
+    for (; w->len > 0; w->len--) {
+        sh_msg_free(w->q[w->head].m);
+        w->head = (w->head + 1) % w->cap;
+    }
+    uv_cond_destroy(&w->cv);
+    uv_mutex_destroy(&w->mu);
+    free(w->q);
+    w->q = NULL;
+}
 
 sh_err sh__act_decoder_init(sh_act_decoder *d, size_t arena_bytes)
 {

@@ -3,10 +3,8 @@
  * STEP on so that STEP_DONE goes straight back to the batcher: under the batcher's address on its
  * node, under its own with the batcher's as the STEP's reply_to from another node. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uv.h>
 
 #include "actors/actor_util.h"
 #include "actors/hello.h"
@@ -28,13 +26,7 @@ typedef struct drafter_state {
     sh_hello_auth *auth;
     sh_counter *m_steps, *m_drafted, *m_us; /* shoal_drafter_* */
 
-    /* The kept STEPs, a ring guarded by mu; the worker waits on cv. */
-    uv_mutex_t mu;
-    uv_cond_t cv;
-    sh_msg **q; // (q_cap)
-    uint32_t q_cap, q_head, q_len;
-    bool stopping;
-    uv_thread_t thread;
+    sh_act_worker worker; /* drafts the kept STEPs one at a time, in arrival order */
 
     /* The worker's own. */
     sh_act_decoder dec;
@@ -197,45 +189,11 @@ static void step_draft(drafter_state *st, const sh_msg *m)
                        "step=%" PRIu64 " error=\"%s\"", s->step, e.msg);
 }
 
-static void worker_main(void *arg)
+/* The worker's run: drafts one kept STEP (the worker frees it). */
+static void worker_run(void *user, const sh_msg *m, uint64_t arrived_us)
 {
-    drafter_state *st = arg;
-    pthread_setname_np(pthread_self(), "shoal-drafter");
-    uv_mutex_lock(&st->mu);
-    for (;;) {
-        while (!st->stopping && st->q_len == 0)
-            uv_cond_wait(&st->cv, &st->mu);
-        if (st->stopping)
-            break;
-        sh_msg *m = st->q[st->q_head];
-        st->q_head = (st->q_head + 1) % st->q_cap;
-        st->q_len--;
-        uv_mutex_unlock(&st->mu);
-        step_draft(st, m);
-        sh_msg_free(m);
-        uv_mutex_lock(&st->mu);
-    }
-    uv_mutex_unlock(&st->mu);
-}
-
-/* Appends m to the queue, doubling the ring when it is full. Caller holds mu. */
-static sh_err queue_push(drafter_state *st, sh_msg *m)
-{
-    if (st->q_len == st->q_cap) {
-        uint32_t cap = st->q_cap ? st->q_cap * 2 : 16;
-        sh_msg **q = malloc((size_t)cap * sizeof *q);
-        if (!q)
-            return SH_ENOMEM;
-        for (uint32_t i = 0; i < st->q_len; i++)
-            q[i] = st->q[(st->q_head + i) % st->q_cap];
-        free(st->q);
-        st->q = q;
-        st->q_cap = cap;
-        st->q_head = 0;
-    }
-    st->q[(st->q_head + st->q_len) % st->q_cap] = m;
-    st->q_len++;
-    return SH_OK;
+    (void)arrived_us;
+    step_draft(user, m);
 }
 
 /* ---- vtable ---- */
@@ -246,7 +204,6 @@ static void free_buffers(drafter_state *st)
     free(st->req);
     free(st->idx);
     free(st->tok);
-    free(st->q);
 }
 
 /* Loop thread: checks the arguments, sizes the buffers and starts the worker. */
@@ -286,17 +243,13 @@ static sh_err drafter_init(sh_actor_ctx *ctx, void *state, void *arg)
                        a->metric_labels, &st->m_us);
     if (!st->m_steps || !st->m_drafted || !st->m_us)
         st->m_steps = NULL;
-    uv_mutex_init(&st->mu);
-    uv_cond_init(&st->cv);
-    int rv = uv_thread_create(&st->thread, worker_main, st);
-    if (rv) {
-        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "drafter_init_failed", "error=\"thread: %s\"",
-                     uv_strerror(rv));
-        uv_cond_destroy(&st->cv);
-        uv_mutex_destroy(&st->mu);
+    sh_error e = {0};
+    err = sh__act_worker_start(&st->worker, "shoal-drafter", 16, worker_run, st, &e);
+    if (err) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "drafter_init_failed", "error=\"%s\"", e.msg);
         free_buffers(st);
         memset(st, 0, sizeof *st);
-        return SH_ENOMEM;
+        return err;
     }
     return SH_OK;
 }
@@ -315,12 +268,7 @@ static sh_msg_fate drafter_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     // With a cluster key, only nodes that proved it are served, as at a stage.
     if (!sh__hello_auth_allows(st->auth, st->rt, sh_msg_header(m)->src, "STEP"))
         return SH_MSG_FATE_DONE;
-    uv_mutex_lock(&st->mu);
-    sh_err err = queue_push(st, m);
-    if (!err)
-        uv_cond_signal(&st->cv);
-    uv_mutex_unlock(&st->mu);
-    if (err) {
+    if (sh__act_worker_push(&st->worker, m)) {
         /* The step goes on without drafts rather than not at all. */
         pass_raw(st, m);
         return SH_MSG_FATE_DONE;
@@ -332,17 +280,7 @@ static sh_msg_fate drafter_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 static void drafter_stop(sh_actor_ctx *ctx, void *state)
 {
     drafter_state *st = state;
-    uv_mutex_lock(&st->mu);
-    st->stopping = true;
-    uv_cond_broadcast(&st->cv);
-    uv_mutex_unlock(&st->mu);
-    uv_thread_join(&st->thread);
-    for (; st->q_len > 0; st->q_len--) {
-        sh_msg_free(st->q[st->q_head]);
-        st->q_head = (st->q_head + 1) % st->q_cap;
-    }
-    uv_cond_destroy(&st->cv);
-    uv_mutex_destroy(&st->mu);
+    sh__act_worker_stop(&st->worker);
     free_buffers(st);
 }
 

@@ -56,12 +56,6 @@ typedef struct smp_slot {
     float lp[SH_SPEC_MAX_K + 1], lr[SH_SPEC_MAX_K + 1];
 } smp_slot;
 
-/* A kept STEP or ACT and when it reached the stage (monotonic microseconds). */
-typedef struct queued {
-    sh_msg *m;
-    uint64_t us;
-} queued;
-
 /* A step this stage answered or forwarded (its first try's id) and when: a retry of it that had
  * arrived before then is dropped (its answer is on its way). */
 typedef struct done_step {
@@ -98,13 +92,7 @@ typedef struct stage_state {
     sh_counter **m_expert; // ((last - first) * n_expert)
     uint64_t *expert_seen; // ((last - first) * n_expert)
 
-    /* The queue of kept STEPs, a ring guarded by mu; the worker waits on cv. */
-    uv_mutex_t mu;
-    uv_cond_t cv;
-    queued *q; // (q_cap)
-    uint32_t q_cap, q_head, q_len;
-    bool stopping;
-    uv_thread_t thread;
+    sh_act_worker worker; /* runs the kept STEPs, ACTs and CONTROLs in arrival order */
 
     /* The worker's own; sized at init so that a step allocates nothing. */
     uint64_t epoch; /* the newest STEP/ACT epoch seen: older ones are dropped (proto STEP) */
@@ -1255,47 +1243,10 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
     done_send(st, reply, h->trace_id, &d, err, &e);
 }
 
-/* The worker: takes kept messages in arrival order until stop asks it to end. */
-static void worker_main(void *arg)
+/* The worker's run: one kept message, in arrival order (the worker frees it). */
+static void worker_run(void *user, const sh_msg *m, uint64_t arrived_us)
 {
-    stage_state *st = arg;
-    pthread_setname_np(pthread_self(), "shoal-stage");
-    uv_mutex_lock(&st->mu);
-    for (;;) {
-        while (!st->stopping && st->q_len == 0)
-            uv_cond_wait(&st->cv, &st->mu);
-        if (st->stopping)
-            break;
-        queued qe = st->q[st->q_head];
-        st->q_head = (st->q_head + 1) % st->q_cap;
-        st->q_len--;
-        uv_mutex_unlock(&st->mu);
-        step_answer(st, qe.m, qe.us);
-        sh_msg_free(qe.m);
-        uv_mutex_lock(&st->mu);
-    }
-    uv_mutex_unlock(&st->mu);
-}
-
-/* Appends m to the queue, doubling the ring when it is full. Caller holds mu. Returns SH_ENOMEM
- * (nothing queued) when the ring cannot grow. */
-static sh_err queue_push(stage_state *st, sh_msg *m, uint64_t us)
-{
-    if (st->q_len == st->q_cap) {
-        uint32_t cap = st->q_cap * 2;
-        queued *q = malloc((size_t)cap * sizeof *q);
-        if (!q)
-            return SH_ENOMEM;
-        for (uint32_t i = 0; i < st->q_len; i++)
-            q[i] = st->q[(st->q_head + i) % st->q_cap];
-        free(st->q);
-        st->q = q;
-        st->q_cap = cap;
-        st->q_head = 0;
-    }
-    st->q[(st->q_head + st->q_len) % st->q_cap] = (queued){m, us};
-    st->q_len++;
-    return SH_OK;
+    step_answer(user, m, arrived_us);
 }
 
 /* Stops and joins the sampling helper, if it runs. */
@@ -1323,7 +1274,6 @@ static void free_buffers(stage_state *st)
         sh_sampler_destroy(st->slots[i].s);
     sh__act_decoder_fini(&st->dec);
     sh__act_decoder_fini(&st->ctl);
-    free(st->q);
     free(st->tok);
     free(st->blk);
     free(st->seqs);
@@ -1495,8 +1445,6 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->tab_len = a->max_blocks_per_seq > 0 ? a->max_blocks_per_seq : st->n_blocks;
     st->n_slots = 2 * a->max_seqs;
     size_t S = (size_t)a->max_seqs, L = SH_SAMPLER_MAX_LOGPROBS;
-    st->q_cap = STAGE_QUEUE_INIT;
-    st->q = malloc(st->q_cap * sizeof *st->q);
     st->tok = malloc((size_t)st->max_tok * sizeof *st->tok);
     st->blk = malloc(S * (size_t)st->tab_len * sizeof *st->blk);
     st->seqs = calloc(S, sizeof *st->seqs);
@@ -1515,21 +1463,14 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->row = calloc(S, sizeof *st->row);
     sh_err err = SH_ENOMEM;
-    if (!st->q || !st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again ||
-        !st->acc || !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples ||
-        !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+    if (!st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again || !st->acc ||
+        !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples || !st->out ||
+        !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;
     if (a->model->hp.n_expert > 0 && (err = expert_metrics(st)))
         goto fail;
-    err = SH_EIO;
-    if (uv_mutex_init(&st->mu))
-        goto fail;
-    if (uv_cond_init(&st->cv)) {
-        uv_mutex_destroy(&st->mu);
-        goto fail;
-    }
     // The sampling helper is an optimisation: without it the worker samples everything.
     if (last && a->max_seqs >= PARALLEL_SAMPLES && !uv_mutex_init(&st->hmu)) {
         if (uv_cond_init(&st->hcv)) {
@@ -1545,13 +1486,11 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
             st->helper_ok = true;
         }
     }
-    int rv = uv_thread_create(&st->thread, worker_main, st);
-    if (rv) {
-        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed", "error=\"thread: %s\"",
-                     uv_strerror(rv));
+    sh_error we = {0};
+    err = sh__act_worker_start(&st->worker, "shoal-stage", STAGE_QUEUE_INIT, worker_run, st, &we);
+    if (err) {
+        sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_init_failed", "error=\"%s\"", we.msg);
         helper_stop(st);
-        uv_cond_destroy(&st->cv);
-        uv_mutex_destroy(&st->mu);
         goto fail;
     }
     return SH_OK;
@@ -1581,12 +1520,7 @@ static sh_msg_fate control(sh_actor_ctx *ctx, stage_state *st, sh_msg *m)
     }
     if (ok && b.control.op == SH_PROTO_CONTROL_OP_REGROUP && regroup_fits(st, &b.control, NULL)) {
         __atomic_store_n(&st->leader, sh_u64s_at(b.control.targets, 0), __ATOMIC_RELEASE);
-        uv_mutex_lock(&st->mu);
-        sh_err err = queue_push(st, m, sh__act_mono_us());
-        if (!err)
-            uv_cond_signal(&st->cv);
-        uv_mutex_unlock(&st->mu);
-        if (!err)
+        if (!sh__act_worker_push(&st->worker, m))
             return SH_MSG_FATE_KEPT;
     }
     sh_actor_log(ctx, SH_LOG_LEVEL_WARN, "stage_control_dropped", "from_node=%u op=%u",
@@ -1626,12 +1560,7 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     if (type != SH_MSG_ERROR &&
         !sh__hello_auth_allows(st->auth, st->rt, h->src, sh__msg_type_name(type)))
         return SH_MSG_FATE_DONE;
-    uv_mutex_lock(&st->mu);
-    sh_err err = queue_push(st, m, sh__act_mono_us());
-    if (!err)
-        uv_cond_signal(&st->cv);
-    uv_mutex_unlock(&st->mu);
-    if (err) {
+    if (sh__act_worker_push(&st->worker, m)) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_queue_full", "error=\"out of memory\"");
         return SH_MSG_FATE_DONE;
     }
@@ -1643,18 +1572,8 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
 static void stage_stop(sh_actor_ctx *ctx, void *state)
 {
     stage_state *st = state;
-    uv_mutex_lock(&st->mu);
-    st->stopping = true;
-    uv_cond_broadcast(&st->cv);
-    uv_mutex_unlock(&st->mu);
-    uv_thread_join(&st->thread);
+    sh__act_worker_stop(&st->worker);
     helper_stop(st);
-    for (; st->q_len > 0; st->q_len--) {
-        sh_msg_free(st->q[st->q_head].m);
-        st->q_head = (st->q_head + 1) % st->q_cap;
-    }
-    uv_cond_destroy(&st->cv);
-    uv_mutex_destroy(&st->mu);
     if (st->tp_size > 1) { /* the group's context is the actor's own */
         sh_llama_ctx_destroy(st->ctx);
         sh_coll_destroy(st->coll);
