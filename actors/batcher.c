@@ -74,7 +74,9 @@
  * a block only by the ids of the tokens its KV was computed for. No drafts for a request that asks
  * for top logprobs or opted out (sampling.no_spec). With a draft model (args.spec draft or self)
  * the drafter actor at args.stage drafts: the batcher asks for k (step_seq.want_draft), reserves
- * k positions without ids, and takes the accepted tokens of the answer as they come.
+ * k positions without ids, and takes the accepted tokens of the answer as they come; its metrics
+ * and acceptance estimate count the drafts the drafter appended, which the last stage reports
+ * (step_out.drafted), not the k asked for.
  *
  * Memory: a request's buffers (tokens, block tables, detokenizer, stop strings) are allocated at
  * SUBMIT; planning and token handling reuse state-owned arrays, so the steady state allocates

@@ -63,6 +63,26 @@ static bool emit_token(batcher *b, bseq *s, int32_t id, float lp_log, float lp_r
     return true;
 }
 
+/* How many drafts sequence s's step carried, of the `asked` the batcher planned: its own n-gram
+ * drafts are all sent; a drafter actor (remote) appends up to `asked` (fewer where the block table
+ * or its model says so, none when it fails), and the last stage reports how many in
+ * step_out.drafted. A stage older than that field answers 0 there: an answer with accepted drafts
+ * and drafted 0 counts as `asked`; one with none counts as no drafts. */
+static int32_t answer_drafted(batcher *b, const bseq *s, const sh_proto_step_out *o, int32_t asked)
+{
+    if (!b->remote)
+        return asked;
+    if (o->drafted == 0 && o->more.n > 0)
+        return asked;
+    if ((int64_t)o->drafted > asked) {
+        sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "step_answer_bad",
+                     "req=%" PRIu64 " drafted=%u of %d asked for", s->r->id, (unsigned)o->drafted,
+                     (int)asked);
+        return asked;
+    }
+    return (int32_t)o->drafted;
+}
+
 /* The tokens of one sequence's answer: `token`, then `more` (a step with `drafted` drafts: the
  * accepted drafts, then the stage's own token). Each goes through emit_token in order, and the
  * first that finishes the sequence ends it: the tokens after a stop are dropped. The KV of an
@@ -259,11 +279,8 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
                      "step=%" PRIu64 " in_flight=%d", m->step, (int)b->n_inflight);
         return;
     }
-    if (m->compute_us) {
+    if (m->compute_us)
         sh_histogram_observe(b->m_step_time, (double)m->compute_us * 1e-6);
-        if (!m->status && b->spec_on)
-            sh_spec_cost_observe(&b->cost, f->n_tok, (double)m->compute_us);
-    }
     if (m->status && b->retries_max > 0 && status_transient(m->status) &&
         retries_of(f) < b->retries_max) {
         // A failed try for a link's reasons: the next try goes out at once.
@@ -303,22 +320,27 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
         s->step_k = 0;
     }
     flight_end(b, f);
+    int32_t n_rows = f->n_tok; /* the step's rows: less the drafts a drafter did not append */
     for (uint32_t j = 0; j < m->seqs.n; j++) {
         const sh_proto_step_out *o = &m->seqs.v[j];
         bseq *s = sh__batcher_plan_find_running(b, o->seq);
         if (!s || s->state != SEQ_RUNNING || s->in_step)
             continue;
+        int32_t asked = s->step_draft;
+        s->step_draft = 0;
+        int32_t drafted = asked > 0 && o->token >= 0 ? answer_drafted(b, s, o, asked) : asked;
+        n_rows -= asked - drafted;
         if (s->r->cancelled) {
             sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
             continue;
         }
-        int32_t drafted = s->step_draft;
-        s->step_draft = 0;
         if (o->token < 0)
             continue;
         s->sampled = true;
         emit_answer(b, s, o, drafted);
     }
+    if (m->compute_us && b->spec_on)
+        sh_spec_cost_observe(&b->cost, n_rows, (double)m->compute_us);
     plan_after_step(b);
 }
 

@@ -797,7 +797,7 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     int32_t k = 0, n_sampled = 0;
     for (uint32_t i = 0; i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
-        st->out[i] = (sh_proto_step_out){.seq = q->seq, .token = -1};
+        st->out[i] = (sh_proto_step_out){.seq = q->seq, .token = -1, .drafted = q->draft};
         st->acc[i] = 0;
         st->moved[i] = false;
         st->row[i] = q->sample ? k : -1;

@@ -153,7 +153,10 @@
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
  * token/logprob/logprob_raw and the rest, in order, in more/more_lp/more_lp_raw (equal lengths,
  * at most draft): every token but the last of token, more... is an accepted draft, the last is the
- * target's own (the token replacing the first rejected draft, or the one after the last draft). */
+ * target's own (the token replacing the first rejected draft, or the one after the last draft).
+ * drafted is the sequence's step_seq.draft as the last stage saw it: how many drafts a drafter
+ * actually appended, which the batcher does not otherwise learn (a stage older than the field
+ * omits it, and it decodes as 0). */
 #define SH_PROTO_FIELDS_step_out(F, S)                                                             \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, token, "tok", I32, _, REQ, -1, INT32_MAX) /* -1: not sampled (prefill chunk) */           \
@@ -163,7 +166,8 @@
     F(S, top_logprobs, "top_lp", F32S, _, OPT, 0, SH_PROTO_MAX_LOGPROBS)                           \
     F(S, more, "more", I32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                        \
     F(S, more_lp, "more_lp", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                  \
-    F(S, more_lp_raw, "more_lr", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)
+    F(S, more_lp_raw, "more_lr", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                              \
+    F(S, drafted, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT)
 
 /* A counter (kind 0) or gauge (kind 1). A node's runtime series travel with their labels in
  * the name, as Prometheus writes them (`shoal_act_bytes_total{layer="15",dtype="int8"}`), and

@@ -33,6 +33,7 @@ typedef struct rec {
     uint64_t seq[4];
     int32_t tok[4][SH_PROTO_MAX_DRAFT + 1]; /* token, then more */
     uint32_t n_tok[4];
+    uint32_t drafted[4]; /* step_out.drafted: the drafts the drafter appended */
 } rec;
 
 typedef struct shared {
@@ -81,6 +82,7 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         for (uint32_t j = 0; j < o->more.n && j < SH_PROTO_MAX_DRAFT; j++)
             r->tok[i][1 + j] = sh_i32s_at(o->more, j);
         r->n_tok[i] = 1 + (o->more.n < SH_PROTO_MAX_DRAFT ? o->more.n : SH_PROTO_MAX_DRAFT);
+        r->drafted[i] = o->drafted;
     }
     atomic_fetch_add(&sh->n, 1);
     return SH_MSG_FATE_DONE;
@@ -186,7 +188,8 @@ typedef struct seq {
     int32_t n, fed; /* tokens known; positions the stage computed */
     int32_t blocks[SEQ_BLOCKS];
     int32_t want, logprobs;
-    int32_t drafted, steps;
+    int32_t drafted, steps; /* drafts accepted; steps run */
+    int32_t sent;           /* drafts the stage saw (STEP_DONE's drafted), accepted or not */
 } seq;
 
 /* Runs both sequences to N_TOK tokens through the drafter, checking every token against the
@@ -238,6 +241,10 @@ static void run(fixture *f, seq *s, int32_t ns, bool prior)
                 x->hist[x->n++] = r->tok[j][t];
             }
             x->drafted += (int32_t)r->n_tok[j] - 1;
+            /* The stage reports the drafts it verified: at least those accepted, at most those
+             * asked for. */
+            CHECK(r->drafted[j] + 1 >= r->n_tok[j] && r->drafted[j] <= (uint32_t)x->want);
+            x->sent += (int32_t)r->drafted[j];
             x->steps++;
         }
     }
@@ -288,11 +295,19 @@ static void check_draft(int32_t self_layers)
     run(&f, s, 4, true);
     for (int i = 0; i < 2; i++) {
         CHECK(s[i].drafted > 0);
-        if (!self_layers) /* drafting for itself: every draft accepted, every step full */
+        /* Drafting for itself: every draft accepted, every step full; the first 2 layers: some
+         * rejected. */
+        if (!self_layers) {
             CHECK(s[i].steps <= (N_TOK - 8) / (s[i].want + 1) + 2);
+            CHECK_INT_EQ(s[i].sent, s[i].drafted);
+        } else {
+            CHECK(s[i].sent > s[i].drafted);
+        }
     }
     CHECK_INT_EQ(s[2].drafted, 0);
     CHECK_INT_EQ(s[3].drafted, 0);
+    CHECK_INT_EQ(s[2].sent, 0);
+    CHECK_INT_EQ(s[3].sent, 0);
 out:
     fx_finish(&f);
 }
@@ -313,6 +328,7 @@ static void test_join_without_prior(void)
     prefill_direct(&f, &s[0]);
     run(&f, s, 1, false);
     CHECK_INT_EQ(s[0].drafted, 0);
+    CHECK_INT_EQ(s[0].sent, 0); /* asked for 4 every step, drafted none */
 out:
     fx_finish(&f);
 }

@@ -102,7 +102,8 @@ typedef struct rec {
     uint32_t n_top[8];
     int32_t top_tok[8][SH_PROTO_MAX_LOGPROBS];
     float top_lp[8][SH_PROTO_MAX_LOGPROBS];
-    uint32_t n_more[8]; /* a speculative step's tokens after tok, with their logprobs */
+    uint32_t drafted[8]; /* step_out.drafted: the drafts the stage saw (step_seq.draft) */
+    uint32_t n_more[8];  /* a speculative step's tokens after tok, with their logprobs */
     int32_t more[8][SH_PROTO_MAX_DRAFT];
     float more_lp[8][SH_PROTO_MAX_DRAFT], more_lr[8][SH_PROTO_MAX_DRAFT];
 } rec;
@@ -165,6 +166,7 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
             r->top_tok[i][j] = sh_i32s_at(o->top_tokens, j);
             r->top_lp[i][j] = sh_f32s_at(o->top_logprobs, j);
         }
+        r->drafted[i] = o->drafted;
         r->n_more[i] = o->more.n;
         if (o->more.n != o->more_lp.n || o->more.n != o->more_lp_raw.n)
             atomic_fetch_add(&sh->bad, 1);
@@ -669,6 +671,12 @@ static const rec *step_rec(fixture *f, uint64_t step, const sh_proto_step_seq *q
     if (r && ok && (r->status || r->n != n)) {
         SH_FAIL_("step %llu: status %d: %s", (unsigned long long)step, (int)r->status, r->msg);
         return NULL;
+    }
+    /* Each answer says how many drafts its sequence carried (the batcher's count of what a
+     * drafter appended). */
+    for (uint32_t i = 0; r && ok && i < n && i < 8; i++) {
+        CHECK_UINT_EQ(r->seq[i], q[i].seq);
+        CHECK_UINT_EQ(r->drafted[i], q[i].draft);
     }
     return r;
 }

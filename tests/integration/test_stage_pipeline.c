@@ -130,7 +130,8 @@ typedef struct rec {
     uint64_t seq[N_SEQ];
     int32_t tok[N_SEQ];
     float lp[N_SEQ];
-    uint32_t n_more[N_SEQ]; /* a speculative step's tokens after tok, with logprob_raw */
+    uint32_t drafted[N_SEQ]; /* step_out.drafted: the drafts the last stage saw */
+    uint32_t n_more[N_SEQ];  /* a speculative step's tokens after tok, with logprob_raw */
     int32_t more[N_SEQ][SH_PROTO_MAX_DRAFT];
     float more_lr[N_SEQ][SH_PROTO_MAX_DRAFT];
 } rec;
@@ -185,6 +186,7 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         r->tok[i] = d->seqs.v[i].token;
         r->lp[i] = d->seqs.v[i].logprob_raw;
         const sh_proto_step_out *o = &d->seqs.v[i];
+        r->drafted[i] = o->drafted;
         r->n_more[i] = o->more.n;
         if (o->more.n != o->more_lp.n || o->more.n != o->more_lp_raw.n)
             atomic_fetch_add(&sh->bad, 1);
@@ -1035,6 +1037,8 @@ static void test_spec(void)
             break;
         }
         int from[2] = {steps[i].from0, steps[i].from1}, cnt[2] = {steps[i].n0, steps[i].n1};
+        CHECK_UINT_EQ(r->drafted[0], steps[i].d0);
+        CHECK_UINT_EQ(r->drafted[1], steps[i].d1);
         for (int s = 0; s < 2; s++) {
             CHECK_INT_EQ(r->tok[s], me->ref[s][from[s]]);
             CHECK_NEAR(r->lp[s], me->ref_lp[s][from[s]], 1e-3);

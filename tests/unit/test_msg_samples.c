@@ -217,7 +217,7 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
                                        -rf(s, 0, 10),   -rf(s, 0, 10),
                                        tokens(s, top),  floats(s, top),
                                        tokens(s, more), floats(s, more),
-                                       floats(s, more)};
+                                       floats(s, more), more};
         }
         b->step_done.step = nz64(s);
         b->step_done.seqs = (sh_proto_step_out_list){v, n};
