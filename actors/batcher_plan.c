@@ -397,9 +397,9 @@ static bool may_draft(const batcher *b, const bseq *s)
 /* Step 1b: drafts for the planned decode steps, after admission (drafts never keep a sequence
  * out of a step). Each sequence's k comes from its acceptance and the measured cost of the
  * step's rows (sh_spec_seq_plan: none once the step is large enough that extra rows cost what
- * they bring), capped by the tokens it may still generate, its context, the step's token budget
- * and the KV blocks the estimate says are free beyond `reserve`; the n-gram proposer writes
- * them after its last token. */
+ * they bring), capped by its request's spec_max, the tokens it may still generate, its context,
+ * the step's token budget and the KV blocks the estimate says are free beyond `reserve`; the
+ * n-gram proposer writes them after its last token. */
 static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reserve)
 {
     if (!b->spec_on)
@@ -425,6 +425,8 @@ static void plan_drafts(batcher *b, int32_t budget, int32_t avail, int32_t reser
             s->n_pooled = s->n_toks;
         }
         int32_t kmax = b->a.spec_k;
+        if (s->r->samp.spec_max > 0 && s->r->samp.spec_max < kmax)
+            kmax = s->r->samp.spec_max; /* the request's own cap (speculative.n_max) */
         int32_t left = s->r->max_tokens - s->n_gen - 1; /* the step's own token is one */
         int32_t room = b->a.n_ctx - s->n_toks - 1;
         kmax = left < kmax ? left : kmax;

@@ -163,6 +163,9 @@ static sh_err check_request(const sh_request_opts *r, sh_error *e)
     if (r->top_logprobs < 0 || r->top_logprobs > 20)
         return sh__error_set(e, SH_EINVAL, "sh_submit: top_logprobs = %d: must be 0 to 20",
                              (int)r->top_logprobs);
+    if (r->spec_n_max < 0 || r->spec_n_max > SH_PROTO_MAX_DRAFT)
+        return sh__error_set(e, SH_EINVAL, "sh_submit: spec_n_max = %d: must be 0 to %d",
+                             (int)r->spec_n_max, SH_PROTO_MAX_DRAFT);
     if (r->prompt && !utf8_str(r->prompt))
         return sh__error_set(e, SH_EINVAL, "sh_submit: the prompt is not valid UTF-8");
     return SH_OK;
@@ -296,7 +299,8 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
                      .n_logprobs = r.logprobs ? r.top_logprobs : 0,
                      .logprobs_mode = SH_LOGPROBS_RAW,
                      .stop = {stops, (uint32_t)r.n_stop},
-                     .no_spec = r.no_spec},
+                     .no_spec = r.no_spec,
+                     .spec_max = (uint8_t)r.spec_n_max},
         .priority = (uint8_t)r.priority,
         .deadline_ms = r.timeout_ms ? sh__act_unix_ms() + r.timeout_ms : 0,
         .reply_to = eng->self,

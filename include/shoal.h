@@ -178,6 +178,9 @@ typedef struct sh_request_opts {
     uint32_t timeout_ms;  /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
     bool no_spec;         /* never draft tokens for it (sh_engine_opts.spec); top_logprobs > 0
                            * implies it */
+    int32_t spec_n_max;   /* at most this many drafted tokens a step for it (1..16, under
+                           * sh_engine_opts.spec_k; llama.cpp's speculative.n_max); 0: no cap of
+                           * its own. Outside 0..16 sh_submit fails with SH_EINVAL. */
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the

@@ -14,6 +14,7 @@
 #define SH_OPENAI_MAX_BIAS 300        /* logit_bias entries (OpenAI's limit) */
 #define SH_OPENAI_MAX_LOGPROBS_CMPL 5 /* /v1/completions logprobs */
 #define SH_OPENAI_MAX_TOP_LOGPROBS 20 /* /v1/chat/completions top_logprobs */
+#define SH_OPENAI_MAX_SPEC_N 16       /* speculative.n_max (SH_SPEC_MAX_K) */
 
 /* --- errors --- */
 
@@ -104,7 +105,9 @@ typedef struct sh_openai_request {
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;    /* (extension, as vLLM) end-of-sequence tokens do not stop generation */
     int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is ignored before this many */
-    bool no_spec;       /* (extension) "speculative": false: never draft tokens for it */
+    bool no_spec;       /* (extension) "speculative": false or n_max 0: never draft for it */
+    int32_t spec_n_max; /* (extension) "speculative": {"n_max": N} or "speculative.n_max": N:
+                         * at most N (1..SH_OPENAI_MAX_SPEC_N) drafted tokens a step; 0: no cap */
     bool parse_special; /* (extension) completions with a text prompt: special-token texts in it
                          * (<|im_end|>, <s>, ...) become special tokens; by default they are
                          * plain text. Refused (400) on chat and with token-id prompts. */

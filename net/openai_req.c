@@ -399,6 +399,65 @@ static void model_required(const sh_openai_limits *lim, sh_openai_error *err)
                         names);
 }
 
+/* Extension: "speculative" is true (the default), false (no speculative decoding for this
+ * request) or {"n_max": N} (at most N drafted tokens per step, as llama.cpp's
+ * speculative.n_max; 0: none); llama.cpp's flat "speculative.n_max": N says the same. An object
+ * with another key, n_max given both ways, or false with an n_max above 0 is a 400. */
+static bool parse_spec(json_t *o, sh_openai_request *r, sh_openai_error *err)
+{
+    static const char *const flat = "speculative.n_max";
+    const long long hi = SH_OPENAI_MAX_SPEC_N;
+    long long v = 0;
+    int has_flat = get_int(o, flat, 0, hi, &v, err);
+    if (has_flat < 0)
+        return false;
+    long long n_max = has_flat == 0 ? v : -1; /* -1: not given */
+    json_t *j = json_object_get(o, "speculative");
+    bool spec = true;
+    if (j && json_is_object(j)) {
+        const char *key;
+        json_t *val;
+        json_object_foreach(j, key, val)
+        {
+            if (strcmp(key, "n_max") != 0)
+                return sh_openai_error_set(err, 400, NULL, "speculative",
+                                           "'speculative' has an unknown key '%.64s' (it takes "
+                                           "n_max)",
+                                           key),
+                       false;
+        }
+        json_t *n = json_object_get(j, "n_max");
+        if (n && !json_is_null(n)) {
+            if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > hi)
+                return sh_openai_error_set(err, 400, NULL, flat,
+                                           "'speculative.n_max' must be an integer between 0 "
+                                           "and %lld",
+                                           hi),
+                       false;
+            if (n_max >= 0)
+                return sh_openai_error_set(err, 400, NULL, flat,
+                                           "'speculative.n_max' is given twice (in "
+                                           "'speculative' and as a key of its own)"),
+                       false;
+            n_max = json_integer_value(n);
+        }
+    } else if (j && !json_is_null(j) && !json_is_boolean(j)) {
+        return sh_openai_error_set(err, 400, NULL, "speculative",
+                                   "'speculative' must be a boolean or an object {\"n_max\": N}"),
+               false;
+    } else if (j && json_is_boolean(j)) {
+        spec = json_is_true(j);
+    }
+    if (!spec && n_max > 0)
+        return sh_openai_error_set(err, 400, NULL, flat,
+                                   "'speculative.n_max' = %lld contradicts 'speculative': false",
+                                   n_max),
+               false;
+    r->no_spec = !spec || n_max == 0;
+    r->spec_n_max = n_max > 0 ? (int32_t)n_max : 0;
+    return true;
+}
+
 /* Every field after the type-specific ones. Returns false with err filled. */
 static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
                          sh_openai_error *err)
@@ -472,11 +531,8 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
     if ((rc = get_int(o, "min_tokens", 0, 1 << 20, &v, err)) < 0)
         return false;
     r->min_tokens = rc == 0 ? (int32_t)v : 0;
-    // Extension: "speculative": false opts out of the server's speculative decoding.
-    bool spec = true;
-    if (get_bool(o, "speculative", &spec, err) < 0)
+    if (!parse_spec(o, r, err))
         return false;
-    r->no_spec = !spec;
     if (r->kind == SH_OPENAI_COMPLETION) {
         if ((rc = get_int(o, "logprobs", 0, SH_OPENAI_MAX_LOGPROBS_CMPL, &v, err)) < 0)
             return false;

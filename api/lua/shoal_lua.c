@@ -160,6 +160,31 @@ static void opt_bool(lua_State *L, int idx, const char *key, bool *out)
     lua_pop(L, 1);
 }
 
+/* The request option speculative = true | false | {n_max = N}: false, or N = 0, never drafts for
+ * the request; N (1..16) caps its drafted tokens a step (sh_request_opts.no_spec, spec_n_max); a
+ * wrong type or another key raises, N out of range is sh_submit's SH_EINVAL. */
+static void opt_spec(lua_State *L, int idx, sh_request_opts *r)
+{
+    static const char *const keys[] = {"n_max", NULL};
+    int t = lua_getfield(L, idx, "speculative");
+    if (t == LUA_TBOOLEAN) {
+        r->no_spec = !lua_toboolean(L, -1);
+    } else if (t == LUA_TTABLE) {
+        int at = lua_gettop(L);
+        check_keys(L, at, "option 'speculative'", keys);
+        lua_Integer n;
+        if (opt_integer(L, at, "n_max", INT32_MIN, INT32_MAX, &n)) {
+            r->no_spec = n == 0;
+            r->spec_n_max = (int32_t)n; /* outside 0..16: sh_submit's SH_EINVAL */
+        }
+    } else if (t != LUA_TNIL) {
+        luaL_error(L,
+                   "shoal: option 'speculative' must be a boolean or a table {n_max = N}, not %s",
+                   lua_typename(L, t));
+    }
+    lua_pop(L, 1);
+}
+
 /* A string option; the pointer stays valid while the table at idx holds the string. */
 static void opt_string(lua_State *L, int idx, const char *key, const char **out)
 {
@@ -391,7 +416,8 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
 /* eng:submit(request, callbacks) -> id | nil, msg, code. request: {prompt= | prompt_tokens= |
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
- * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=}; callbacks:
+ * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N}};
+ * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
  * id)}, each optional. */
 static int l_submit(lua_State *L)
@@ -429,9 +455,7 @@ static int l_submit(lua_State *L)
     opt_i32(L, 2, "top_logprobs", &r.top_logprobs);
     opt_bool(L, 2, "logprobs", &r.logprobs);
     opt_bool(L, 2, "ignore_eos", &r.ignore_eos);
-    bool speculative = true;
-    opt_bool(L, 2, "speculative", &speculative);
-    r.no_spec = !speculative;
+    opt_spec(L, 2, &r);
     lua_Integer tmo;
     if (opt_integer(L, 2, "timeout_ms", 0, UINT32_MAX, &tmo))
         r.timeout_ms = (uint32_t)tmo;

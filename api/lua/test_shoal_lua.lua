@@ -270,7 +270,11 @@ end
 os.remove(bad_script)
 
 -- 9. Speculative decoding: a bad kind raises, a bad spec_k is the library's SH_EINVAL; with
--- spec = "ngram" the greedy ids from BOS are still llama2.c's, with speculative = false too.
+-- spec = "ngram" the greedy ids from BOS are still llama2.c's, with speculative = false and
+-- {n_max = 1} too; on a prompt that repeats itself {n_max = 1} gives the uncapped ids with one
+-- draft in every drafting step (shoal_spec_* counters: drafted tokens == drafting steps, where
+-- uncapped steps carry more); a bad speculative raises, an n_max out of range is the library's
+-- SH_EINVAL.
 local oks, smsg = pcall(shoal.open, { model = model, threads = 1, spec = "draft" })
 check(not oks and smsg:find("off or ngram"), "open: bad spec named", tostring(smsg))
 local ek, kmsg, ck = shoal.open { model = model, threads = 1, spec = "ngram", spec_k = 17 }
@@ -278,21 +282,56 @@ check(ek == nil and ck == "EINVAL" and tostring(kmsg):find("spec_k", 1, true),
   "open: spec_k 17 refused", tostring(kmsg))
 do
   local es <close> = assert(shoal.open { model = model, threads = 1, spec = "ngram", spec_k = 4 })
-  for _, speculative in ipairs({ true, false }) do
+  local function spec_counts()
+    local m = assert(es:metrics())
+    return tonumber(m:match("\nshoal_spec_drafts_total (%S+)")),
+      tonumber(m:match("\nshoal_spec_draft_tokens_total (%S+)"))
+  end
+  local function run_spec(req)
     local sgot, sdone = {}, false
-    assert(es:submit({ prompt_tokens = { 1 }, max_tokens = 32, ignore_eos = true,
-      speculative = speculative }, {
+    assert(es:submit(req, {
       token = function(_, tids) for _, v in ipairs(tids) do sgot[#sgot + 1] = v end end,
       done = function() sdone = true end,
       error = function(code, m) sdone = true; check(false, "spec run error", code, m) end,
     }))
     local deadline = os.time() + 60
     while not sdone and os.time() <= deadline do assert(es:poll(50)) end
+    return sgot
+  end
+  for _, speculative in ipairs({ true, false, { n_max = 1 } }) do
+    local d0, t0 = spec_counts()
+    local sgot = run_spec({ prompt_tokens = { 1 }, max_tokens = 32, ignore_eos = true,
+      speculative = speculative })
     local ssame = #sgot == 32
     for i = 1, 32 do if sgot[i] ~= expected[i] then ssame = false end end
-    check(ssame, "spec ngram: greedy ids equal llama2.c's (speculative = " ..
-      tostring(speculative) .. ")", table.concat(sgot, " "))
+    local label = type(speculative) == "table" and "{n_max = 1}" or tostring(speculative)
+    check(ssame, "spec ngram: greedy ids equal llama2.c's (speculative = " .. label .. ")",
+      table.concat(sgot, " "))
   end
+  local rep = "Once upon a time, there was a little girl named Lily. Once upon a time, there was " ..
+    "a little girl named Lily. Once upon a time, there was"
+  local ids, steps = {}, {}
+  for i, speculative in ipairs({ true, { n_max = 1 } }) do
+    local d0, t0 = spec_counts()
+    ids[i] = run_spec({ prompt = rep, max_tokens = 48, speculative = speculative })
+    local d1, t1 = spec_counts()
+    steps[i] = { d1 - d0, t1 - t0 }
+  end
+  check(table.concat(ids[1], " ") == table.concat(ids[2], " "), "n_max = 1: the uncapped ids",
+    table.concat(ids[2], " "))
+  check(steps[1][2] > steps[1][1], "uncapped: some step carries more than one draft",
+    steps[1][1], steps[1][2])
+  check(steps[2][1] > 0 and steps[2][2] == steps[2][1], "n_max = 1: one draft a drafting step",
+    steps[2][1], steps[2][2])
+  for _, bad in ipairs({ "yes", 1, { n_min = 1 }, { n_max = 1.5 } }) do
+    local okb, bmsg = pcall(es.submit, es, { prompt = "Hi", speculative = bad }, {})
+    check(not okb and tostring(bmsg):find("speculative", 1, true) ~= nil or
+      (not okb and tostring(bmsg):find("n_max", 1, true) ~= nil), "a bad speculative raises",
+      tostring(bmsg))
+  end
+  local nid, nmsg, ncode = es:submit({ prompt = "Hi", speculative = { n_max = 17 } }, {})
+  check(nid == nil and ncode == "EINVAL" and tostring(nmsg):find("spec_n_max", 1, true),
+    "n_max 17 is the library's SH_EINVAL", tostring(nmsg))
 end
 
 -- 8. <close> variables and __gc close the engine too.

@@ -1146,10 +1146,12 @@ static double metric_value(const char *text, const char *name)
     return -1;
 }
 
-/* Speculative decoding through the C API (opts.spec, spec_k, request no_spec): bad values fail
- * the open; greedy ids with n-gram drafts equal an engine without them, drafts are accepted on a
- * prompt that repeats itself, and a request with no_spec drafts nothing. Needs a stage that
- * verifies drafts (actors/stage.c). */
+/* Speculative decoding through the C API (opts.spec, spec_k, request no_spec, spec_n_max): bad
+ * values fail the open; greedy ids with n-gram drafts equal an engine without them, drafts are
+ * accepted on a prompt that repeats itself (some steps carry several), a request with no_spec
+ * drafts nothing, one with spec_n_max 1 the same ids with one draft in every drafting step, and
+ * a spec_n_max outside 0..16 fails sh_submit. Needs a stage that verifies drafts
+ * (actors/stage.c). */
 static void test_spec(void)
 {
     sh_engine_opts o = sh_engine_opts_default();
@@ -1197,7 +1199,9 @@ static void test_spec(void)
     size_t len = 0;
     CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
     double drafted = metric_value(m, "shoal_spec_draft_tokens_total");
+    double steps = metric_value(m, "shoal_spec_drafts_total");
     CHECK(drafted > 0);
+    CHECK(drafted > steps); /* uncapped, some steps carry more than one draft */
     CHECK(metric_value(m, "shoal_spec_accepted_tokens_total") > 0);
     sh_request_opts r = sh_request_opts_default();
     r.prompt = prompts[0];
@@ -1211,6 +1215,24 @@ static void test_spec(void)
     CHECK(memcmp(opt_out.ids, off[0].ids, (size_t)off[0].n_ids * 4) == 0);
     CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
     CHECK(metric_value(m, "shoal_spec_draft_tokens_total") == drafted);
+    static seen capped;
+    r.no_spec = false;
+    r.spec_n_max = 1;
+    init_seen(&capped, eng);
+    CHECK_OK(sh_submit(eng, &r, &CB, &capped, &id, &e));
+    run_all(eng);
+    CHECK_INT_EQ(capped.n_ids, off[0].n_ids);
+    CHECK(memcmp(capped.ids, off[0].ids, (size_t)off[0].n_ids * 4) == 0);
+    CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
+    double d_steps = metric_value(m, "shoal_spec_drafts_total") - steps;
+    double d_toks = metric_value(m, "shoal_spec_draft_tokens_total") - drafted;
+    if (!(d_steps > 0 && d_toks == d_steps))
+        SH_FAIL_("spec_n_max 1: %g drafted tokens in %g drafting steps", d_toks, d_steps);
+    for (int bad = 0; bad < 2; bad++) {
+        r.spec_n_max = bad ? -1 : 17;
+        CHECK_INT_EQ(sh_submit(eng, &r, &CB, &capped, &id, &e), SH_EINVAL);
+        CHECK(strstr(e.msg, "spec_n_max") != NULL);
+    }
     CHECK_OK(sh_engine_close(eng));
 }
 

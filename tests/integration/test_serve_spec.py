@@ -13,7 +13,13 @@
     no more are accepted than drafted.
 (c) Opt-out: a request with "speculative": false, and one asking for top logprobs, leave
     shoal_spec_draft_tokens_total unchanged and still equal --spec off; "speculative" that is
-    not a boolean is a 400 naming the field.
+    not a boolean is a 400 naming the field. Per-request draft length: an edit prompt whose
+    uncapped steps carry several drafts (some accepted at position 2), sent alone with
+    "speculative": {"n_max": 1} and with the flat "speculative.n_max": 1, gives the same output
+    with exactly one draft per drafting step (drafted tokens == drafting steps, nothing accepted
+    at position 2); {"n_max": 0} drafts nothing; an n_max out of range or of the wrong type, an
+    unknown key in the object, n_max given twice or with "speculative": false are 400s naming
+    the field.
 (d) Preemption: with --kv-blocks 40 --max-seqs 16, 16 concurrent requests (6 of them edit-style)
     preempt one another and still equal --spec off's outputs.
 (e) Bad flags (--spec draft:PATH of a missing file, self:30 (the model has 30 layers), an unknown kind, --spec-k 0, 17, abc, --spec-k
@@ -206,6 +212,45 @@ def spec_server(r, ref):
             err = su.check_error(status, parsed, raw, 400, what="speculative \"no\"")
             assert err["param"] == "speculative", f"param {err['param']!r}"
 
+        def n_max():
+            # Uncapped, the edit prompt has steps of several drafts (and accepts at position 2);
+            # with n_max 1, alone on the server, every drafting step carries exactly one draft
+            # and nothing is accepted at position 2, and the output is the same.
+            def delta(extra):
+                t0 = su.metrics(srv.url)
+                got = complete(srv.url, REQS[0][0], REQS[0][1], extra)[:3]
+                t1 = su.metrics(srv.url)
+                d = {k: (su.metric(t1, f"shoal_spec_{k}_total") or 0) -
+                     (su.metric(t0, f"shoal_spec_{k}_total") or 0)
+                     for k in ("drafts", "draft_tokens", "accepted_tokens")}
+                d["pos2"] = (su.metric(t1, "shoal_spec_accepted_position_total", pos="2") or 0) - \
+                    (su.metric(t0, "shoal_spec_accepted_position_total", pos="2") or 0)
+                assert got == ref["a"][0], f"{extra}: {got!r} vs {ref['a'][0]!r}"
+                return d
+            free = delta({})
+            assert free["draft_tokens"] > free["drafts"] and free["pos2"] > 0, \
+                f"uncapped: no step of several drafts: {free}"
+            for extra in ({"speculative": {"n_max": 1}}, {"speculative.n_max": 1}):
+                d = delta(extra)
+                su.log(f"     uncapped {free}, {extra}: {d}")
+                assert d["drafts"] > 0 and d["draft_tokens"] == d["drafts"] and d["pos2"] == 0, \
+                    f"{extra}: {d}"
+            d = delta({"speculative": {"n_max": 0}})
+            assert d["drafts"] == 0, f"n_max 0 drafted: {d}"
+            bad = [({"speculative": {"n_max": 17}}, "speculative.n_max"),
+                   ({"speculative": {"n_max": "1"}}, "speculative.n_max"),
+                   ({"speculative": {"n_max": 1, "p_min": 0.5}}, "speculative"),
+                   ({"speculative": [1]}, "speculative"),
+                   ({"speculative.n_max": -1}, "speculative.n_max"),
+                   ({"speculative.n_max": 2, "speculative": {"n_max": 2}}, "speculative.n_max"),
+                   ({"speculative.n_max": 2, "speculative": False}, "speculative.n_max")]
+            for extra, param in bad:
+                body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+                body.update(extra)
+                status, parsed, raw = su.post_json(srv.url, "/v1/completions", body)
+                err = su.check_error(status, parsed, raw, 400, what=str(extra))
+                assert err["param"] == param, f"{extra}: param {err['param']!r}, want {param!r}"
+
         r.case("(a) 12 requests alone == --spec off", alone)
         r.case("(b) /metrics: drafts and accepted tokens > 0", metrics)
         r.case("(a) 12 requests at once == --spec off", at_once)
@@ -233,6 +278,7 @@ def spec_server(r, ref):
 
         r.case("(a) 6 seeded sampled requests == --spec off", sampled)
         r.case("(c) opt-out and top logprobs: no drafts, same output; bad value 400", opt_out)
+        r.case("(c) n_max 1: one draft a drafting step, same output; bad n_max 400", n_max)
         r.case("(g) a drafting request's output blocks enter the prefix cache", cached_output)
         r.case("idle afterwards", su.wait_idle, srv.url)
 

@@ -187,7 +187,7 @@ static void pk_envelope(msgpack_packer *pk, uint64_t type)
 
 static void pk_sampling(msgpack_packer *pk, bool reverse)
 {
-    msgpack_pack_map(pk, reverse ? 14 : 15); /* reverse leaves the OPT "nspec" out */
+    msgpack_pack_map(pk, reverse ? 14 : 16); /* reverse leaves the OPT "nspec", "nsmax" out */
     /* Keys in an order of our choosing: decoders must not depend on it. */
     if (reverse) {
         pk_str(pk, "bias");
@@ -242,6 +242,8 @@ static void pk_sampling(msgpack_packer *pk, bool reverse)
         }
         pk_str(pk, "nspec");
         msgpack_pack_false(pk);
+        pk_str(pk, "nsmax");
+        msgpack_pack_uint8(pk, 0);
     }
 }
 

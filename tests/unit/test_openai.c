@@ -383,6 +383,52 @@ static void test_prompt_rules(void)
         CHECK(!r->no_spec);
     sh_openai_request_free(r);
     BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"speculative\":0}", 400, "speculative", NULL);
+    // {"n_max": N} and llama.cpp's flat "speculative.n_max": N cap the draft length; 0 opts out.
+    static const struct {
+        const char *fields;
+        bool no_spec;
+        int32_t n_max;
+    } good[] = {
+        {"\"speculative\":{\"n_max\":1}", false, 1},
+        {"\"speculative\":{\"n_max\":16}", false, 16},
+        {"\"speculative\":{\"n_max\":0}", true, 0},
+        {"\"speculative\":{}", false, 0},
+        {"\"speculative\":{\"n_max\":null}", false, 0},
+        {"\"speculative.n_max\":3", false, 3},
+        {"\"speculative.n_max\":0", true, 0},
+        {"\"speculative\":true,\"speculative.n_max\":2", false, 2},
+        {"\"speculative\":false,\"speculative.n_max\":0", true, 0},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char sb[256];
+        snprintf(sb, sizeof sb, "{\"model\":\"tiny\",\"prompt\":\"x\",%s}", good[i].fields);
+        r = parse_ok(CMPL, sb);
+        if (r) {
+            CHECK_INT_EQ(r->no_spec, good[i].no_spec);
+            CHECK_INT_EQ(r->spec_n_max, good[i].n_max);
+        }
+        sh_openai_request_free(r);
+    }
+    static const struct {
+        const char *fields, *param;
+    } bad_spec[] = {
+        {"\"speculative\":{\"n_max\":17}", "speculative.n_max"},
+        {"\"speculative\":{\"n_max\":-1}", "speculative.n_max"},
+        {"\"speculative\":{\"n_max\":\"2\"}", "speculative.n_max"},
+        {"\"speculative\":{\"n_max\":1.5}", "speculative.n_max"},
+        {"\"speculative\":{\"n_min\":1}", "speculative"},
+        {"\"speculative\":{\"n_max\":1,\"p_min\":0.5}", "speculative"},
+        {"\"speculative\":[1]", "speculative"},
+        {"\"speculative.n_max\":17", "speculative.n_max"},
+        {"\"speculative.n_max\":true", "speculative.n_max"},
+        {"\"speculative\":{\"n_max\":2},\"speculative.n_max\":2", "speculative.n_max"},
+        {"\"speculative\":false,\"speculative.n_max\":2", "speculative.n_max"},
+    };
+    for (size_t i = 0; i < sizeof bad_spec / sizeof bad_spec[0]; i++) {
+        char sb[256];
+        snprintf(sb, sizeof sb, "{\"model\":\"tiny\",\"prompt\":\"x\",%s}", bad_spec[i].fields);
+        BAD(CMPL, sb, 400, bad_spec[i].param, NULL);
+    }
 }
 
 static void test_error_json(void)
