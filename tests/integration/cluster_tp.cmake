@@ -9,7 +9,8 @@ add_test(NAME test_cluster_tp
 set_tests_properties(test_cluster_tp PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77
                      ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
 # test_cluster_tp_eq.py: equality on the shapes test_cluster_tp.py does not cover (3 ranks, the
-# network collective over tcp://, an MoE file, Gemma 3 270M when present).
+# network collective over tcp://, an MoE file, Gemma 3 270M when present, n-gram speculative
+# decoding in a group).
 add_test(NAME test_cluster_tp_eq
          COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_cluster_tp_eq.py
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})

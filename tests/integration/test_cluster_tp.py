@@ -42,9 +42,10 @@ STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.ggu
 SMOLLM2 = os.path.join(su.ROOT, "models", "smollm2-135m-instruct-q4_1.gguf")
 
 
-def group_script(path, model, stages, workers, extra="", kv="memory = '32MiB'"):
+def group_script(path, model, stages, workers, extra="", kv="memory = '32MiB'",
+                 batcher="max_seqs = 16, max_step_tokens = 512"):
     """'front' plus `workers` over ipc:// in the script's directory; `stages`: the replica's
-    stages (Lua); `kv`: the kv table's fields."""
+    stages (Lua); `kv`, `batcher`: those tables' fields."""
     d = os.path.dirname(path)
     ns = ", ".join(f"node {{ name = '{n}', listen = 'ipc://{d}/{n}.sock' }}"
                    for n in ["front"] + list(workers))
@@ -54,7 +55,7 @@ def group_script(path, model, stages, workers, extra="", kv="memory = '32MiB'"):
                 f"  nodes = {{ {ns} }},\n"
                 "  gateway = { node = 'front', http = '127.0.0.1:8080' },\n"
                 f"  replicas = {{ replica {{ model = m, stages = {stages} }} }},\n"
-                "  batcher = { max_seqs = 16, max_step_tokens = 512 },\n"
+                f"  batcher = {{ {batcher} }},\n"
                 f"  kv = {{ {kv} }},\n{extra}"
                 "}\n")
     return path

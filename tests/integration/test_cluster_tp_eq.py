@@ -35,6 +35,14 @@ Cases:
   every tp the heads allow), 4 prompts x 16 tokens: quantized, so each must follow one process up
   to near-ties as test_cluster_tp.py's smollm2 case does (a split only where the group's token is
   among the single process's 5 best, within 0.5 of its best; logprobs within 0.5 before it).
+- speculative decoding in a group (issue 27): stories260K, one stage of 2 ranks whose script
+  says batcher = { spec = "ngram", spec_k = 4 }, 16 prompts (8 that repeat themselves, so that
+  n-gram drafts are accepted; 4 of them, and 2 others, with a logit_bias entry of 0, which turns
+  the greedy head off, so their drafts are verified on the gathered logits instead of the rows'
+  top-1) x 48 greedy tokens, each alone and then all at once, against `shoal serve -m --spec off`:
+  equal tokens and text, logprobs within test_cluster_tp.py's bound; the front's
+  shoal_spec_accepted_tokens_total > 0 after each of the two paths, and no answer that does not
+  fit its drafts (step_answer_bad).
 Each case logs how many prompts were equal throughout and, for the others, the token of the
 split and the gap there.
 """
@@ -51,7 +59,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_util as su  # noqa: E402
 from test_cluster_pipeline import PROMPTS, Node  # noqa: E402
-from test_cluster_tp import STORIES, Cluster, at_once, complete_top, group_script  # noqa: E402
+from test_cluster_tp import (SAME_LP_TOL, STORIES, Cluster, at_once, complete_top,  # noqa: E402
+                             group_script, same)
 
 GEMMA3 = os.path.join(su.ROOT, "models", "gemma3-270m-q4_k_m.gguf")
 MOE_PROMPTS = [list(range(1, 21)), [100], [7, 8, 9, 250, 3], list(range(40, 80)), [299, 1, 299],
@@ -252,12 +261,90 @@ def kquant_split(d, model):
         f"cluster up exit {p.returncode}:\n{out[-2000:]}"
 
 
+# Speculative decoding in a group: prompts that repeat themselves (drafts accepted) and others;
+# True: with a logit_bias entry of 0 (no change to the logits, but the greedy head is off).
+SPEC_PROMPTS = [(p, False) for p in [
+    "Once upon a time, there was a little girl named Lily. Once upon a time, there was a little "
+    "girl named Lily. Once upon a time, there was",
+    "Tim and Sue went to the park. Tim and Sue went to the park. Tim and Sue went to the",
+    "The cat sat on the mat. The cat sat on the mat. The cat sat on the mat. The cat",
+    "One, two, three, four. One, two, three, four. One, two, three,"] + PROMPTS[:4]] + \
+    [(p, True) for p in [
+        "The dog ran to the tree. The dog ran to the tree. The dog ran to the",
+        "Mom said yes. Mom said yes. Mom said yes. Mom said",
+        "Lily had a red ball. Lily had a red ball. Lily had a",
+        "The sun was hot and the sky was blue. The sun was hot and the sky was blue. The sun",
+        "Ben wanted to fly", "The fish swam"]] + [(p, False) for p in PROMPTS[8:10]]
+SPEC_TOKENS = 48
+
+
+def complete_spec(url, item, n):
+    """A greedy completion with each token's logprob and no top list (so it may draft)."""
+    prompt, biased = item
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+            "logprobs": 0}
+    if biased:
+        body["logit_bias"] = {"0": 0}
+    status, parsed, raw = su.post_json(url, "/v1/completions", body, timeout=300)
+    assert status == 200, f"status {status}: {raw[:300]!r}"
+    ch = parsed["choices"][0]
+    lp = ch["logprobs"]
+    return (ch["text"], ch["finish_reason"], parsed["usage"]["completion_tokens"], lp["tokens"],
+            lp["token_logprobs"])
+
+
+def spec_group(d, want):
+    """One stage of 2 ranks with n-gram speculation: each prompt alone (the greedy-head ones
+    first, then the biased ones, with the accepted drafts counted after each part), then all at
+    once, equal the single process without speculation."""
+    ranks = ["w0", "w1"]
+    path = group_script(os.path.join(d, "spec.lua"), STORIES, "pipeline(m, { { 'w0', 'w1' } })",
+                        ranks, batcher="max_seqs = 16, max_step_tokens = 512, spec = 'ngram', "
+                        "spec_k = 4")
+    c = Cluster(path, ranks)
+    accepted = []
+    try:
+        c.start()
+        assert "speculative decoding ngram, up to 4 drafted tokens" in c.srv.log_text(), \
+            c.srv.log_text()[-1500:]
+        alone = [None] * len(SPEC_PROMPTS)
+        for part in (False, True):
+            for i, item in enumerate(SPEC_PROMPTS):
+                if item[1] == part:
+                    alone[i] = complete_spec(c.srv.url, item, SPEC_TOKENS)
+            accepted.append(su.metric(su.metrics(c.srv.url), "shoal_spec_accepted_tokens_total")
+                            or 0)
+        together = at_once(c.srv.url, SPEC_PROMPTS, SPEC_TOKENS, complete_spec)
+        text = su.metrics(c.srv.url)
+        counts = {k: su.metric(text, f"shoal_spec_{k}_total") or 0
+                  for k in ("drafts", "draft_tokens", "accepted_tokens")}
+        bad = [ln for ln in c.srv.log_text().splitlines() if "step_answer_bad" in ln]
+        for w, nd in c.nodes.items():
+            assert "event=tp_group" in nd.text() and "kind=shm" in nd.text(), \
+                f"{w} formed no shm group:\n{nd.text()[-1500:]}"
+    finally:
+        c.stop()
+    su.log(f"note: spec in a group: accepted {accepted[0]:.0f} through the greedy head, "
+           f"{accepted[1] - accepted[0]:.0f} through the gathered logits; in all {counts}")
+    assert not bad, f"{len(bad)} answers did not fit their drafts:\n  " + "\n  ".join(bad[:5])
+    assert accepted[0] > 0, f"no draft accepted through the greedy head: {accepted}"
+    assert accepted[1] > accepted[0], f"no draft accepted on the gathered logits: {accepted}"
+    same(want, alone, "s1x2 spec ngram, alone", SAME_LP_TOL)
+    same(want, together, "s1x2 spec ngram, at once", SAME_LP_TOL)
+
+
 def main():
     if not os.path.exists(STORIES):
         su.skip(f"{STORIES} missing")
     r = su.Runner("test_cluster_tp_eq")
     d = tempfile.mkdtemp(prefix="shtpe-", dir="/tmp")  # ipc:// paths stay short
     try:
+        with su.server("-m", STORIES, "-t", "1", "--kv-mem", "32M", "--max-seqs", "16",
+                       "--step-tokens", "512", "--spec", "off", model=None) as srv:
+            want_spec = at_once(srv.url, SPEC_PROMPTS, SPEC_TOKENS, complete_spec)
+        r.case("stories260K: one stage of 2 ranks with batcher.spec = 'ngram' (drafts verified "
+               "through the greedy head and the gathered logits) equals one process without it",
+               spec_group, d, want_spec)
         want = reference(STORIES, PROMPTS, 64)
         r.case("stories260K: one stage of 3 ranks (8 heads over 4 KV heads: an uneven split) "
                "equals one process", group_agrees, d, STORIES, ["w0", "w1", "w2"], PROMPTS, 64,
