@@ -2,9 +2,10 @@
 
 (a) Greedy exactness: 12 requests (edit-style prompts that restate text of the prompt, so that
     n-gram drafts are accepted, code, a count, free text; one with a stop string and one with a
-    small max_tokens, which end inside runs of accepted drafts) give, alone and all at once, the
-    same text, finish_reason and token counts as the same server with --spec off; an edit prompt
-    with "logprobs": 0 also gives the same per-token logprobs (those of accepted drafts included).
+    small max_tokens, which end inside runs of accepted drafts) give, alone and then all at once
+    with 20 short ones more (16 tokens each: 32 concurrent requests, drafts accepted among
+    them), the same text, finish_reason and token counts as the same server with --spec off; an
+    edit prompt with "logprobs": 0 also gives the same per-token logprobs (those of accepted drafts included).
     Seeded sampling (temperature 0.8, top_p 0.95) gives --spec off's text too: the stage draws
     one number per token from the sequence's generator, drafted or not, so the same seed draws
     the same tokens (this relies on a row's logits not depending on the rows beside it, as (a)).
@@ -22,8 +23,8 @@
     the field.
 (d) Preemption: with --kv-blocks 40 --max-seqs 16, 16 concurrent requests (6 of them edit-style)
     preempt one another and still equal --spec off's outputs.
-(e) Bad flags (--spec draft:PATH of a missing file, self:30 (the model has 30 layers), an unknown kind, --spec-k 0, 17, abc, --spec-k
-    without --spec ngram) exit 2 with a message.
+(e) Bad flags (--spec draft:PATH of a missing file, self:30 (the model has 30 layers), an
+    unknown kind, --spec-k 0, 17, abc, --spec-k without --spec ngram) exit 2 with a message.
 (g) Prefix cache: a drafting request's computed blocks, output included, enter the prefix cache
     (shoal_kv_blocks_cached grows by its whole blocks; rejected drafts' positions are given back
     before they could be hashed), and the same prompt again gives the same output.
@@ -77,6 +78,12 @@ REQS = [(p, 48, {}) for p in EDIT] + [(p, 32, {}) for p in FREE] + [
     (EDIT[0], 5, {}),                       # max_tokens inside one
 ]
 assert len(REQS) == 12
+# 20 short ones more (16 tokens each: edit-style prompts, numbered so that they differ, and free
+# text), to run 32 at once with REQS.
+MORE = [(f"Request {i}: {EDIT[i % len(EDIT)]}", 16, {}) for i in range(10)] + \
+    [(f"Part {i}. {FREE[i % len(FREE)]}", 16, {}) for i in range(10)]
+REQS32 = REQS + MORE
+assert len(REQS32) == 32
 
 
 def complete(url, prompt, max_tokens, extra=None, timeout=TIMEOUT):
@@ -158,6 +165,7 @@ def reference(r, ref):
     with su.server("--spec", "off", runner=r) as srv:
         def run():
             ref["a"] = run_all(srv.url, REQS)
+            ref["more"] = run_all(srv.url, MORE)
             ref["kv"] = run_all(srv.url, kv_reqs())
             ref["lp"] = complete(srv.url, *LP_REQ)
             ref["samp"] = run_all(srv.url, SAMP_REQS)
@@ -181,7 +189,14 @@ def spec_server(r, ref):
             clean_answers(srv)
 
         def at_once():
-            compare(ref["a"], run_concurrently(srv.url, REQS), REQS, "--spec ngram at once")
+            before, _ = spec_counts(srv.url)
+            compare(ref["a"] + ref["more"], run_concurrently(srv.url, REQS32), REQS32,
+                    "--spec ngram, 32 at once")
+            after, _ = spec_counts(srv.url)
+            su.log(f"     32 at once: {before} -> {after}")
+            assert after["accepted_tokens"] > before["accepted_tokens"], \
+                f"no draft accepted with 32 at once: {before} -> {after}"
+            clean_answers(srv)
 
         def logprobs():
             text, fin, n, lp = complete(srv.url, *LP_REQ)
@@ -253,7 +268,7 @@ def spec_server(r, ref):
 
         r.case("(a) 12 requests alone == --spec off", alone)
         r.case("(b) /metrics: drafts and accepted tokens > 0", metrics)
-        r.case("(a) 12 requests at once == --spec off", at_once)
+        r.case("(a) 32 requests at once (the 12 and 20 short ones) == --spec off", at_once)
         r.case("(a) logprobs of an edit prompt == --spec off", logprobs)
         def cached_output():
             prompt = f"Request 77, a fresh one. {EDIT[0]}"
