@@ -107,7 +107,7 @@ typedef struct sh_engine_opts {
      * and verifies them in the same step (greedy output unchanged); SH_ENGINE_SPEC_OFF (0): none,
      * unless the cluster script's batcher.spec is "ngram". spec_k: 1..16; 0: the script's
      * batcher.spec_k, else 8. Anything else fails the open with SH_EINVAL. A request opts out
-     * with sh_request_opts.no_spec. */
+     * with sh_request_opts.no_spec, or caps its drafts a step with spec_n_max. */
     int32_t spec;
     int32_t spec_k;
 } sh_engine_opts;
