@@ -31,7 +31,10 @@
  *     outputs with two steps in flight, with a STEP lost and retried (late: both tries answer)
  *     and every third STEP duplicated, and across a PAUSE / RESUME, equal the reference without
  *     drafts; seeded sampling with drafts equals seeded sampling without, duplicates and the
- *     late retry included (each try carries the same drafts); drafts are accepted in each.
+ *     late retry included (each try carries the same drafts); drafts are accepted in each;
+ *     with sh_batcher_args.spec draft and a drafter (the link standing in for one) that appends
+ *     one draft fewer than asked (of two or more), the streams are the reference's and the
+ * batcher's shoal_spec_* counters count the drafts appended (STEP_DONE's drafted), not those asked.
  * Every TOKEN's index is checked to be the next one of its choice.
  * Skips (77) without the model. */
 #include <pthread.h>
@@ -59,6 +62,9 @@
 
 static sh_llama *full; /* the whole model: the tokenizer and the layer count */
 static sh_tokenizer *tok;
+static int32_t prompt_ids[N_STREAMS][MAX_PROMPT]; /* the prompts, encoded */
+static int32_t n_prompt_ids[N_STREAMS];
+static int32_t ref[N_STREAMS][2][N_GEN]; /* the streams' tokens with max_inflight 1 */
 
 /* ---- the client: stands where the gateway (and the router) would ---------------------------- */
 
@@ -275,6 +281,74 @@ typedef struct link_state {
     sh_act_decoder dec;
 } link_state;
 
+/* With `on`, the link drafts as a drafter actor does for a batcher with sh_batcher_args.spec
+ * SH_SPEC_DRAFT (the batcher asks with step_seq.want_draft): for a sequence whose prompt it
+ * recognised it appends one draft fewer than asked (one when asked for one, so that acceptance
+ * builds up), the reference's next tokens (so they are right), and sets `draft`; the stage
+ * reports how many (step_out.drafted). Link thread. */
+#define DS_SEQS (2 * N_STREAMS)
+static struct {
+    bool on;
+    int32_t n;
+    uint64_t seq[DS_SEQS];
+    int stream[DS_SEQS];
+    int32_t tok[MAX_SEQS][STEP_TOKENS + SH_PROTO_MAX_DRAFT]; /* one STEP's rewritten tokens */
+    _Atomic long asked, appended, drafting; /* drafts asked for, appended; sequence steps with */
+} ds;
+
+/* The stream whose prompt holds q's tokens at q's position (the first step of a sequence, or of
+ * a fork's second choice), remembered by sequence id; -1 when none or several. */
+static int ds_stream(const sh_proto_step_seq *q)
+{
+    for (int32_t i = 0; i < ds.n; i++)
+        if (ds.seq[i] == q->seq)
+            return ds.stream[i];
+    int found = -1;
+    for (int p = 0; p < N_STREAMS; p++)
+        if ((int64_t)q->pos + q->tokens.n <= n_prompt_ids[p] &&
+            memcmp(prompt_ids[p] + q->pos, q->tokens.ptr, q->tokens.n * sizeof(int32_t)) == 0)
+            found = found < 0 ? p : N_STREAMS;
+    if (found < 0 || found == N_STREAMS || ds.n == DS_SEQS)
+        return -1;
+    ds.seq[ds.n] = q->seq;
+    ds.stream[ds.n++] = found;
+    return found;
+}
+
+/* Drafts for STEP s as said above and sends it on under its sender's address. */
+static void ds_step(sh_actor_ctx *ctx, const link_state *st, const sh_msg_hdr *h, sh_proto_step *s)
+{
+    sh_proto_step_seq *v = (sh_proto_step_seq *)s->seqs.v; /* the decoder's arena: ours */
+    for (uint32_t i = 0; i < s->seqs.n && i < MAX_SEQS; i++) {
+        sh_proto_step_seq *q = &v[i];
+        int p = ds_stream(q);
+        int32_t want = (int32_t)q->want_draft;
+        q->want_draft = 0;
+        q->prior = (sh_i32s){NULL, 0};
+        if (want == 0 || p < 0 || q->tokens.n > STEP_TOKENS)
+            continue;
+        atomic_fetch_add(&ds.asked, want);
+        int32_t g = (int32_t)(q->pos + q->tokens.n) - 1 - n_prompt_ids[p]; /* the last token's */
+        int32_t k = want > 1 ? want - 1 : want;
+        if (g < 0)
+            k = 0;
+        if (g + k >= N_GEN)
+            k = N_GEN - 1 - g;
+        if (k <= 0)
+            continue;
+        memcpy(ds.tok[i], q->tokens.ptr, q->tokens.n * sizeof(int32_t));
+        memcpy(ds.tok[i] + q->tokens.n, &ref[p][0][g + 1], (size_t)k * sizeof(int32_t));
+        q->tokens = (sh_i32s){ds.tok[i], q->tokens.n + (uint32_t)k};
+        q->draft = (uint32_t)k;
+        atomic_fetch_add(&ds.appended, k);
+        atomic_fetch_add(&ds.drafting, 1);
+    }
+    sh_error e = {0};
+    CHECK_OK(
+        sh__act_send(sh_actor_runtime(ctx), h->src, st->next, SH_MSG_STEP, h->trace_id, s, &e));
+    atomic_fetch_add(&lk.forwarded, 1);
+}
+
 /* Forwards a STEP as sent, the batcher's address as the source: the stage answers it directly. */
 static void link_forward(sh_actor_ctx *ctx, const link_state *st, const sh_msg *msg)
 {
@@ -315,6 +389,10 @@ static sh_msg_fate link_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
         CHECK_OK(sh__act_send(sh_actor_runtime(ctx), sh_actor_self(ctx), lk.batcher, SH_MSG_CONTROL,
                               0, &c, &e));
         atomic_fetch_add(&lk.paused, 1);
+    }
+    if (h.type == SH_MSG_STEP && ds.on && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK) {
+        ds_step(ctx, st, &h, &b.step);
+        return SH_MSG_FATE_DONE;
     }
     if (h.type == SH_MSG_STEP && sh__act_decode(&st->dec, msg, &b, &e) == SH_OK) {
         for (uint32_t i = 0; i < b.step.seqs.n; i++)
@@ -476,7 +554,9 @@ static bool rig_start(rig *g, const rig_opts *o)
                               .router = o->router ? g->client : SH_ADDR_NONE,
                               .report_ms = o->report_ms,
                               .metric_labels = o->labels,
-                              .spec = rig_spec ? SH_SPEC_NGRAM : SH_SPEC_OFF,
+                              .spec = ds.on      ? SH_SPEC_DRAFT
+                                      : rig_spec ? SH_SPEC_NGRAM
+                                                 : SH_SPEC_OFF,
                               .max_logits = sh__serve_max_logits(MAX_SEQS, STEP_TOKENS, rig_spec)};
     sh_err err = sh_actor_spawn(g->t.rt, "batcher", &g->ba, 1, &g->batcher, &e);
     CHECK_OK(err);
@@ -532,9 +612,6 @@ static const char *const prompts[N_STREAMS] = {
     "A small fish swam in the big blue sea.",
     "The princess looked out of the window and saw",
 };
-
-static int32_t prompt_ids[N_STREAMS][MAX_PROMPT];
-static int32_t n_prompt_ids[N_STREAMS];
 
 static bool encode_prompts(void)
 {
@@ -720,7 +797,6 @@ out:
 /* Stream i is request i + 1; stream 5 asks for n = 2 choices; stream 8 has the long prompt. */
 #define FORK_STREAM 5
 
-static int32_t ref[N_STREAMS][2][N_GEN];
 static bool have_ref;
 
 static void submit_streams(rig *g)
@@ -1285,6 +1361,41 @@ static void test_spec_seeded(void)
             spec_accepted, ign1);
 }
 
+/* A drafter that appends fewer drafts than the batcher asks for (the link standing in for one,
+ * above), two steps in flight: the streams are the reference's, every appended draft is
+ * accepted, and the batcher's shoal_spec_* counters are what was appended (step_out.drafted),
+ * not what it asked for. */
+static void test_spec_drafter_short(void)
+{
+    if (!make_ref())
+        return;
+    memset(&ds, 0, sizeof ds);
+    ds.on = true;
+    rig_spec = true;
+    rig g;
+    if (!rig_start(&g, &(rig_opts){.max_inflight = 2, .link = true}))
+        goto out;
+    submit_streams(&g);
+    CHECK(wait_ge(&cl.n_ended, N_STREAMS, 120000));
+    check_all_equal();
+    double drafts = metric(&g, "shoal_spec_drafts_total");
+    double toks = metric(&g, "shoal_spec_draft_tokens_total");
+    double acc = metric(&g, "shoal_spec_accepted_tokens_total");
+    long asked = atomic_load(&ds.asked), appended = atomic_load(&ds.appended);
+    fprintf(stderr,
+            "drafter short: asked %ld, appended %ld in %ld steps; counted %.0f in %.0f, "
+            "%.0f accepted\n",
+            asked, appended, atomic_load(&ds.drafting), toks, drafts, acc);
+    CHECK(appended > 0 && asked > appended);
+    CHECK_NEAR(toks, (double)appended, 0);
+    CHECK_NEAR(drafts, (double)atomic_load(&ds.drafting), 0);
+    CHECK_NEAR(acc, (double)appended, 0); /* the reference's tokens: every one accepted */
+out:
+    rig_stop(&g);
+    ds.on = false;
+    rig_spec = false;
+}
+
 int main(int argc, char **argv)
 {
     FILE *f = fopen(sh_test_path(MODEL), "rb");
@@ -1316,6 +1427,7 @@ int main(int argc, char **argv)
                                          {"spec_retry_duplicate", test_spec_retry_duplicate},
                                          {"spec_pause_resume", test_spec_pause_resume},
                                          {"spec_seeded", test_spec_seeded},
+                                         {"spec_drafter_short", test_spec_drafter_short},
                                          {NULL, NULL}};
     int rc = sh_test_main(argc, argv, tests);
     sh_tokenizer_destroy(tok);
