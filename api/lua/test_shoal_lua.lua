@@ -299,7 +299,6 @@ do
     return sgot
   end
   for _, speculative in ipairs({ true, false, { n_max = 1 } }) do
-    local d0, t0 = spec_counts()
     local sgot = run_spec({ prompt_tokens = { 1 }, max_tokens = 32, ignore_eos = true,
       speculative = speculative })
     local ssame = #sgot == 32
