@@ -159,6 +159,70 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
     SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1, kind);
 }
 
+/* A few tokens (2 .. FEW_MAX: a speculative verify step of up to 16 drafts, a small decode
+ * batch): the matvec's walk (MV_STREAMS streams side by side, software prefetch) with each
+ * unpacked half-block applied to every token, so the weights stream once at the matvec's pace
+ * (the tiles read one group at a time without prefetch). Each (row, token) sees tile_half's
+ * operations in its order; the accumulators that do not fit the registers live in L1
+ * (test_kernels_packed: few_tokens). */
+#define FEW_MAX 17
+
+INL void few_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                    int64_t r1, const int nt, const int kind)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    __m256 acc[MV_STREAMS][2][FEW_MAX], acco[MV_STREAMS][2][FEW_MAX];
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int i = 0; i < nt; i++)
+            acc[k][0][i] = acc[k][1][i] = acco[k][0][i] = acco[k][1][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *w = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+            const uint8_t *wd = w + (size_t)nb * 256;
+            const uint8_t *wv = kind == K_Q4_1 ? wd + (size_t)nb * 32 : wd;
+            for (size_t o = 0; o < 256; o += 64)
+                _mm_prefetch((const char *)(w + (size_t)b * 256) + MV_PF_DIST + o, _MM_HINT_T0);
+            if (b % 2 == 0) {
+                _mm_prefetch((const char *)(wd + b * 32) + MV_PF_DIST / 8, _MM_HINT_T0);
+                if (kind == K_Q4_1)
+                    _mm_prefetch((const char *)(wv + b * 32) + MV_PF_DIST / 8, _MM_HINT_T0);
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i q[8];
+                unpack_half(w, b, h, q);
+                const __m256 dw = half_f16(wd, b, h), v = half_f16(wv, b, h);
+                for (int i = 0; i < nt; i++) {
+                    const __m256 f = dot_half(a->qs + i * a->n_in + b * SH_CPU_QK, q);
+                    acc[k][h][i] = _mm256_fmadd_ps(
+                        f, _mm256_mul_ps(dw, _mm256_set1_ps(a->d[i * nb + b])), acc[k][h][i]);
+                    acco[k][h][i] =
+                        _mm256_fmadd_ps(v, _mm256_set1_ps(a->s[i * nb + b]), acco[k][h][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < nt; i++)
+                store_half(m, g0 + k * step, h, r0, r1, i, kind, acc[k][h][i], acco[k][h][i]);
+}
+
+/* With n_tok in 2 .. FEW_MAX: mv (few_groups or few8_groups) over all the tokens (nt a
+ * run-time count: one instance per kind, so that builds with sanitizers compile it in
+ * reasonable time), then returns from the caller; otherwise does nothing. */
+#define FEW_TOK(mv, m, r0, r1, kind)                                                               \
+    do {                                                                                           \
+        const int nt_ = (int)(m)->a->n_tok;                                                        \
+        if (nt_ >= 2 && nt_ <= FEW_MAX) {                                                          \
+            SH_AVX2_MATVEC(mv, MV_STREAMS, m, r0, r1, nt_, kind);                                  \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
 /* Token blocks outermost (their codes stay in L2), then row groups and halves, then token tiles
  * (a half's packed blocks stay in L1/L2 while the block's tiles pass over them). */
 INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
@@ -168,6 +232,7 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
         matvec(m, r0, r1, kind);
         return;
     }
+    FEW_TOK(few_groups, m, r0, r1, kind);
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT * NT;
     tb = tb < NT ? NT : tb;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
@@ -322,6 +387,55 @@ INL void mv8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns,
             sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
+/* A few tokens through Q8_0 or IQ4_NL (see few_groups): each step's codes applied to every
+ * token, the exact int32 block sums then tile8_half's float steps in its order. */
+INL void few8_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                     int64_t r1, const int nt, const int kind)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_CPU_QK;
+    __m256 acc[MV_STREAMS][2][FEW_MAX];
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int i = 0; i < nt; i++)
+            acc[k][0][i] = acc[k][1][i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < ns; k++) {
+            const uint8_t *w = m->w + (size_t)(g0 + k * step) * m->row_bytes;
+            const size_t cb = CODE_BYTES(kind);
+            const uint8_t *wd = w + (size_t)nb * cb;
+            for (size_t o = 0; o < cb; o += 64)
+                _mm_prefetch((const char *)(w + (size_t)b * cb) + cb / 256 * MV_PF_DIST + o,
+                             _MM_HINT_T0);
+            if (b % 2 == 0)
+                _mm_prefetch((const char *)(wd + b * 32) + MV_PF_DIST / 8, _MM_HINT_T0);
+            for (int h = 0; h < 2; h++) {
+                __m256i s[FEW_MAX], q, aq;
+                q8_codes(w, b, h, 0, kind, &q, &aq);
+                for (int i = 0; i < nt; i++)
+                    s[i] = q8_step(a->qs + i * a->n_in + b * SH_CPU_QK, 0, q, aq);
+#pragma GCC unroll 8
+                for (int j = 1; j < 8; j++) {
+                    q8_codes(w, b, h, j, kind, &q, &aq);
+                    for (int i = 0; i < nt; i++)
+                        SH_AVX2_ADD32(s[i], q8_step(a->qs + i * a->n_in + b * SH_CPU_QK, j, q, aq));
+                }
+                const __m256 dw = half_f16(wd, b, h);
+                for (int i = 0; i < nt; i++)
+                    acc[k][h][i] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(s[i]),
+                        _mm256_mul_ps(dw, _mm256_set1_ps(a->d[i * nb + b])), acc[k][h][i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < nt; i++)
+                sh__avx2_store_half(m, g0 + k * step, h, r0, r1, i, acc[k][h][i]);
+}
+
 INL void sweep8(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
 {
     const int64_t n_tok = m->a->n_tok;
@@ -329,6 +443,7 @@ INL void sweep8(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
         SH_AVX2_MATVEC(mv8_groups, MV_STREAMS, m, r0, r1, kind);
         return;
     }
+    FEW_TOK(few8_groups, m, r0, r1, kind);
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / NT8 * NT8;
     tb = tb < NT8 ? NT8 : tb;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {

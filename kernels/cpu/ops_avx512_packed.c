@@ -206,6 +206,71 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
         mv_groups(m, g, 0, 1, r0, r1, kind);
 }
 
+/* A few tokens (2 .. FEW_MAX: a speculative verify step of up to 16 drafts, a small decode
+ * batch): the matvec's walk (FEW_STREAMS row-group ranges side by side, software prefetch) with
+ * each group's unpacked block applied to every token, so the weights stream once at the
+ * matvec's pace, where the prefill tiles (one group at a time, no prefetch) read them at one
+ * stream's. Each (row, token) sees dot's operations in block order, as in tile and mv_groups, so
+ * its result does not depend on the path or the batch (test_kernels_packed: few_tokens). The
+ * accumulators that do not fit the registers live in L1. Default model (Q4_1, 2 threads) on the
+ * 2-vCPU Sapphire Rapids VM, forward passes of n rows against one (bench/README.md, "Few-row
+ * passes"): 4 streams for every n measured better than fewer streams for more tokens (2 streams
+ * for 3-4 tokens, 1 from 5, with the accumulators in registers). */
+#define FEW_MAX 17
+#define FEW_STREAMS 4
+
+INL void few_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                    int64_t r1, const int nt, const int kind)
+{
+    const int64_t nb = m->a->n_in / SH_CPU_QK;
+    const uint8_t *w0 = m->w + (size_t)g0 * m->row_bytes;
+    const size_t sb = (size_t)step * m->row_bytes;
+    __m512 acc[FEW_STREAMS][FEW_MAX], acco[FEW_STREAMS][FEW_MAX];
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int i = 0; i < nt; i++)
+            acc[k][i] = acco[k][i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 4
+        for (int k = 0; k < ns; k++) {
+            __m512i q[8];
+            __m512 dw, vw;
+            prefetch(w0 + k * sb, nb, b, kind, MV_PF_DIST);
+            unpack(w0 + k * sb, nb, b, kind, q, &dw, &vw);
+            for (int i = 0; i < nt; i++)
+                dot(m->a, i, b, q, dw, vw, &acc[k][i], &acco[k][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < ns; k++)
+        for (int i = 0; i < nt; i++)
+            store(m, g0 + k * step, r0, r1, i, kind, acc[k][i], acco[k][i]);
+}
+
+/* Tokens 0 .. nt - 1 (all of them): the groups of [r0, r1) in FEW_STREAMS equal ranges walked
+ * side by side, the groups left over one at a time. */
+INL void few(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int nt, const int kind)
+{
+    const int ns = FEW_STREAMS;
+    const int64_t g0 = r0 / 16, g1 = (r1 + 15) / 16, part = (g1 - g0) / ns;
+    for (int64_t i = 0; i < part; i++)
+        few_groups(m, g0 + i, part, ns, r0, r1, nt, kind);
+    for (int64_t g = g0 + ns * part; g < g1; g++)
+        few_groups(m, g, 0, 1, r0, r1, nt, kind);
+}
+
+/* few over all the tokens when there are 2 .. FEW_MAX of them (nt a run-time count: one
+ * instance per kind, so that builds with sanitizers compile it in reasonable time); false
+ * (nothing done) otherwise. */
+INL bool few_tok(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
+{
+    const int64_t n = m->a->n_tok;
+    if (n < 2 || n > FEW_MAX)
+        return false;
+    few(m, r0, r1, (int)n, kind);
+    return true;
+}
+
 /* AMX (Sapphire Rapids and later): the integer sums of 16 tokens x 16 rows x one 32-element
  * block in one tile instruction. The packed codes are already the layout of AMX's second operand
  * (vector j, lane r: the 4 codes of row r that pair with activation bytes 4j .. 4j + 3, i.e. an
@@ -711,6 +776,8 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind, cons
         matvec(m, r0, r1, kind);
         return;
     }
+    if (!amx && few_tok(m, r0, r1, kind))
+        return;
     int64_t tb = TOK_BLOCK_BYTES / m->a->n_in / 48 * 48; /* a multiple of NT and of 16 */
     tb = tb < 48 ? 48 : tb;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
@@ -876,23 +943,23 @@ TGT void sh__cpu_avx512_mmp_q5_1(const sh__cpu_mm *m, int64_t r0, int64_t r1)
  * through amx_tile (INT8) and the tokens left over (and decode) through the VNNI tiles. Tile
  * state is configured per call and released after it, so a pool thread holds none between
  * ops. */
-#define AMX_ENTRY(name, kind)                                                                      \
+#define AMX_ENTRY(name, kind, vnni)                                                                \
     AMX_TGT void name(const sh__cpu_mm *m, int64_t r0, int64_t r1)                                 \
     {                                                                                              \
         if (m->a->xb && amxb_sweep(m, r0, r1, kind))                                               \
             return;                                                                                \
         if (m->a->n_tok < 16) {                                                                    \
-            sweep(m, r0, r1, kind, 0);                                                             \
+            vnni(m, r0, r1);                                                                       \
             return;                                                                                \
         }                                                                                          \
         amx_config();                                                                              \
         sweep(m, r0, r1, kind, 1);                                                                 \
         _tile_release();                                                                           \
     }
-AMX_ENTRY(sh__cpu_amx_mmp_q4_0, K_Q4_0)
-AMX_ENTRY(sh__cpu_amx_mmp_q4_1, K_Q4_1)
-AMX_ENTRY(sh__cpu_amx_mmp_q8_0, K_Q8_0)
-AMX_ENTRY(sh__cpu_amx_mmp_q5_0, K_Q5_0)
-AMX_ENTRY(sh__cpu_amx_mmp_q5_1, K_Q5_1)
+AMX_ENTRY(sh__cpu_amx_mmp_q4_0, K_Q4_0, sh__cpu_avx512_mmp_q4_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q4_1, K_Q4_1, sh__cpu_avx512_mmp_q4_1)
+AMX_ENTRY(sh__cpu_amx_mmp_q8_0, K_Q8_0, sh__cpu_avx512_mmp_q8_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q5_0, K_Q5_0, sh__cpu_avx512_mmp_q5_0)
+AMX_ENTRY(sh__cpu_amx_mmp_q5_1, K_Q5_1, sh__cpu_avx512_mmp_q5_1)
 
 #endif

@@ -204,6 +204,77 @@ static void test_matvec_streams(void)
         }
 }
 
+/* A few tokens (2 .. 17: a speculative verify step of 1 .. 16 drafts, a small decode batch) in
+ * one product give each token's row bit for bit as the token alone does (the one-token matvec),
+ * for every packed type and every ISA this CPU has: batched greedy serving and speculative
+ * verification rely on it. Ragged row counts, 1 and 2 threads (other row ranges per thread), and
+ * the residual add. */
+static void test_few_tokens(void)
+{
+    static const sh_dtype types[] = {SH_DTYPE_Q4_0, SH_DTYPE_Q4_1, SH_DTYPE_Q8_0,
+                                     SH_DTYPE_Q5_0, SH_DTYPE_Q5_1, SH_DTYPE_IQ4_NL,
+                                     SH_DTYPE_Q6_K, SH_DTYPE_Q4_K, SH_DTYPE_F16};
+    static const int isas[] = {SH_BACKEND_CPU_ISA_AVX2, SH_BACKEND_CPU_ISA_AVX512};
+    const int64_t max_tok = 17, n_outs[] = {261, 1000};
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (sh__cpu_isa_detect() < isas[ii]) {
+            printf("  few_tokens: %s not on this CPU, not checked\n",
+                   sh_backend_cpu_isa_name(isas[ii]));
+            continue;
+        }
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t oi = 0; oi < sizeof n_outs / sizeof n_outs[0]; oi++) {
+                const int64_t n_out = n_outs[oi], n_in = sh__cpu_type_k(types[ti]) ? 256 : 192;
+                wmat w = make_w(types[ti], n_out, n_in);
+                float *x = malloc((size_t)(max_tok * n_in) * sizeof(float));
+                float *y0 = malloc((size_t)(max_tok * n_out) * sizeof(float));
+                float *yb = malloc((size_t)(max_tok * n_out) * sizeof(float));
+                float *y1 = malloc((size_t)(max_tok * n_out) * sizeof(float));
+                fill(x, max_tok * n_in, 1.0f);
+                fill(y0, max_tok * n_out, 1.0f);
+                for (int n = 1; n <= 2; n++) {
+                    sh_backend *be = make(isas[ii], n);
+                    sh_backend_stream *s;
+                    CHECK_OK(sh_backend_stream_create(be, &s, NULL));
+                    CHECK_OK(sh_backend_weight_prepare(be, &w.t));
+                    for (int add = 0; add < 2; add++) {
+                        const size_t ybytes = (size_t)(max_tok * n_out) * sizeof(float);
+                        memcpy(y1, y0, ybytes);
+                        for (int64_t t = 0; t < max_tok; t++)
+                            if (add)
+                                CHECK_OK(sh_backend_matmul_add(be, s, &w.t, x + t * n_in, 1,
+                                                               y1 + t * n_out));
+                            else
+                                CHECK_OK(sh_backend_matmul(be, s, &w.t, x + t * n_in, 1,
+                                                           y1 + t * n_out));
+                        CHECK_OK(sh_backend_sync(be, s));
+                        for (int64_t nt = 2; nt <= max_tok; nt++) {
+                            memcpy(yb, y0, ybytes);
+                            if (add)
+                                CHECK_OK(sh_backend_matmul_add(be, s, &w.t, x, nt, yb));
+                            else
+                                CHECK_OK(sh_backend_matmul(be, s, &w.t, x, nt, yb));
+                            CHECK_OK(sh_backend_sync(be, s));
+                            if (memcmp(yb, y1, (size_t)(nt * n_out) * sizeof(float)) != 0)
+                                SH_FAIL_("%s %s n_out %lld, %d threads, %lld tokens%s: a row "
+                                         "differs from the token alone",
+                                         sh_backend_cpu_isa_name(isas[ii]),
+                                         sh__dtype_name(types[ti]), (long long)n_out, n,
+                                         (long long)nt, add ? ", residual add" : "");
+                        }
+                    }
+                    sh_backend_stream_destroy(be, s);
+                    sh_backend_destroy(be);
+                }
+                free(x);
+                free(y0);
+                free(yb);
+                free(y1);
+                free_w(&w);
+            }
+    }
+}
+
 /* Bookkeeping: many weights (the table grows), re-preparing, releasing some, a view of the same
  * data with another shape (must not use the copy), types without a packed form, bad tensors. */
 static void test_prepare_release(void)
@@ -837,21 +908,14 @@ static void test_pack_tail_pages(void)
 int main(int argc, char **argv)
 {
     static const sh_test_case tests[] = {
-        {"pack_layout", test_pack_layout},
-        {"packed_vs_ref", test_packed_vs_ref},
-        {"packed_fused", test_packed_fused},
-        {"matvec_streams", test_matvec_streams},
-        {"prepare_release", test_prepare_release},
-        {"swiglu_range", test_swiglu_range},
-        {"packed_embed", test_packed_embed},
-        {"q6k_layout", test_q6k_layout},
-        {"q6k_kernel", test_q6k_kernel},
-        {"q6k_backend", test_q6k_backend},
-        {"q4k_pack_roundtrip", test_q4k_pack_roundtrip},
-        {"q4k_kernel", test_q4k_kernel},
-        {"q4k_backend", test_q4k_backend},
-        {"pack_tail_pages", test_pack_tail_pages},
-        {NULL, NULL},
+        {"pack_layout", test_pack_layout},         {"packed_vs_ref", test_packed_vs_ref},
+        {"packed_fused", test_packed_fused},       {"matvec_streams", test_matvec_streams},
+        {"few_tokens", test_few_tokens},           {"prepare_release", test_prepare_release},
+        {"swiglu_range", test_swiglu_range},       {"packed_embed", test_packed_embed},
+        {"q6k_layout", test_q6k_layout},           {"q6k_kernel", test_q6k_kernel},
+        {"q6k_backend", test_q6k_backend},         {"q4k_pack_roundtrip", test_q4k_pack_roundtrip},
+        {"q4k_kernel", test_q4k_kernel},           {"q4k_backend", test_q4k_backend},
+        {"pack_tail_pages", test_pack_tail_pages}, {NULL, NULL},
     };
     return sh_test_main(argc, argv, tests);
 }
