@@ -1,0 +1,264 @@
+/* JSON schema → GBNF: exact text for small schemas, every case of json_schema_cases.h through an
+ * independent reference matcher (gbnf_ref.h), and the refusals (unsupported keywords with their
+ * JSON pointer, malformed and unsatisfiable schemas, hostile sizes). */
+#include <jansson.h>
+
+#include "gbnf_ref.h"
+#include "json_schema_cases.h"
+#include "net/json_schema.h"
+#include "sh_test.h"
+#include "shoal/err.h"
+
+/* Converts a schema given as JSON text; NULL (and *e filled) when it is refused. */
+static char *convert(const char *schema, bool loose, sh_error *e)
+{
+    json_error_t je;
+    json_t *j = json_loads(schema, JSON_DECODE_ANY, &je);
+    if (!j) {
+        SH_FAIL_("test schema is not JSON: %s: %s", schema, je.text);
+        return NULL;
+    }
+    sh_json_schema_opts o = {.strict = !loose};
+    char *g = NULL;
+    sh_error err = {0};
+    sh_err rc = sh_json_schema_to_gbnf(j, &o, &g, &err);
+    json_decref(j);
+    if (e)
+        *e = err;
+    if (rc != SH_OK)
+        CHECK(g == NULL);
+    return g;
+}
+
+static void expect_gbnf(const char *schema, const char *want)
+{
+    sh_error e;
+    char *g = convert(schema, false, &e);
+    if (!g) {
+        SH_FAIL_("%s refused: %s", schema, e.msg);
+        return;
+    }
+    CHECK_STR_EQ(g, want);
+    free(g);
+}
+
+#define WS "ws ::= [ \\t\\n]{0,20}\n"
+#define CHAR                                                                                       \
+    "char ::= [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CeEfF] "      \
+    "[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))\n"
+
+static void test_exact(void)
+{
+    expect_gbnf("{\"type\":\"boolean\"}", "root ::= (\"true\" | \"false\")\n");
+    expect_gbnf("{\"enum\":[\"a\",2,null]}", "root ::= (\"\\\"a\\\"\" | \"2\" | \"null\")\n");
+    expect_gbnf("{\"type\":\"string\",\"maxLength\":3}",
+                "root ::= \"\\\"\" char{0,3} \"\\\"\"\n" CHAR);
+    expect_gbnf("{\"type\":\"integer\",\"minimum\":3,\"maximum\":120}",
+                "root ::= (([3-9]) | [1-9] [0-9]{1,1} | \"1\" ([0-1] [0-9] | \"2\" \"0\"))\n");
+    expect_gbnf("{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"null\"},\"a\":{\"type\":"
+                "\"integer\"}},\"required\":[\"a\"]}",
+                "root ::= \"{\" ws \"\\\"a\\\"\" ws \":\" ws integer (ws \",\" ws \"\\\"b\\\"\" ws "
+                "\":\" ws \"null\")? ws \"}\"\n" WS
+                "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n");
+    expect_gbnf("{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"maxItems\":2}",
+                "root ::= \"[\" ws ((\"true\" | \"false\") (ws \",\" ws (\"true\" | \"false\"))? "
+                "ws)? \"]\"\n" WS);
+    expect_gbnf("{\"$defs\":{\"l\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/l\"}}},"
+                "\"$ref\":\"#/$defs/l\"}",
+                "root ::= ref-l-1\n"
+                "ref-l-1 ::= \"[\" ws (ref-l-1 (ws \",\" ws ref-l-1)* ws)? \"]\"\n" WS);
+    expect_gbnf("{\"type\":\"string\",\"pattern\":\"^a[0-9]?$\"}",
+                "root ::= \"\\\"\" ((\"a\" [0-9]?)) \"\\\"\"\n");
+}
+
+/* Every case: the grammar parses in the reference parser, accepts the valid instances and
+ * rejects the invalid ones. */
+static void test_cases_reference(void)
+{
+    CHECK(JS_N_CASES >= 30);
+    for (size_t i = 0; i < JS_N_CASES; i++) {
+        const js_case *c = &JS_CASES[i];
+        sh_error e;
+        char *text = convert(c->schema, c->loose, &e);
+        if (!text) {
+            SH_FAIL_("%s: refused: %s", c->name, e.msg);
+            continue;
+        }
+        gr_grammar g;
+        if (!gr_parse(&g, text)) {
+            SH_FAIL_("%s: reference parser: %s\n%s", c->name, g.err, text);
+            gr_free(&g);
+            free(text);
+            continue;
+        }
+        for (int k = 0; c->valid[k]; k++)
+            if (!gr_accepts(&g, c->valid[k]))
+                SH_FAIL_("%s: rejects valid %s\n%s", c->name, c->valid[k], text);
+        for (int k = 0; c->invalid[k]; k++)
+            if (gr_accepts(&g, c->invalid[k]))
+                SH_FAIL_("%s: accepts invalid %s\n%s", c->name, c->invalid[k], text);
+        gr_free(&g);
+        free(text);
+    }
+}
+
+static void expect_refused(const char *schema, const char *msg)
+{
+    sh_error e = {0};
+    char *g = convert(schema, false, &e);
+    if (g) {
+        SH_FAIL_("accepted %s:\n%s", schema, g);
+        free(g);
+        return;
+    }
+    if (e.code != SH_EINVAL || !strstr(e.msg, msg))
+        SH_FAIL_("%s: error %d \"%s\", want SH_EINVAL with \"%s\"", schema, e.code, e.msg, msg);
+}
+
+static void test_refused(void)
+{
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"if\":{}}}}",
+                   "unsupported keyword 'if' at /properties/a");
+    expect_refused("{\"not\":{}}", "unsupported keyword 'not' at /");
+    expect_refused("{\"type\":\"array\",\"items\":{\"uniqueItems\":true}}",
+                   "unsupported keyword 'uniqueItems' at /items");
+    expect_refused("{\"type\":\"number\",\"multipleOf\":2}", "unsupported keyword 'multipleOf'");
+    expect_refused("{\"properties\":{\"a/b\":{\"patternProperties\":{}}}}",
+                   "unsupported keyword 'patternProperties' at /properties/a~1b");
+    expect_refused("{\"anyOf\":[{\"type\":\"string\"},{\"minProperties\":1}]}",
+                   "unsupported keyword 'minProperties' at /anyOf/1");
+    expect_refused("{\"$defs\":{\"x\":{\"dependentRequired\":{}}},\"$ref\":\"#/$defs/x\"}",
+                   "unsupported keyword 'dependentRequired' at /$defs/x");
+    expect_refused("{\"type\":\"string\",\"format\":\"email\"}", "unsupported format 'email'");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"a(?=b)\"}", "lookaround");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreference");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"\\\\bword\"}", "word boundary");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"a^b\"}", "anchor inside the pattern");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"(ab\"}", "unbalanced parenthesis");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"\\\\p{L}\"}", "Unicode property");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"*a\"}", "nothing to repeat");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"a{2000}\"}", "repetition count");
+    expect_refused("{\"$ref\":\"http://example.com/s.json\"}", "only local references");
+    expect_refused("{\"$ref\":\"#/$defs/missing\"}", "unresolvable $ref '#/$defs/missing'");
+    expect_refused("{\"type\":\"string\",\"maxLength\":5000}", "'maxLength' above 1000");
+    expect_refused("{\"type\":\"array\",\"minItems\":1001}", "'minItems' above 1000");
+    expect_refused("{\"type\":\"string\",\"minLength\":-1}", "not a nonnegative integer");
+    expect_refused("{\"type\":\"strin\"}", "unknown type 'strin'");
+    expect_refused("{\"type\":[]}", "'type' is not a type name");
+    expect_refused("{\"enum\":[]}", "unsatisfiable");
+    expect_refused("{\"type\":\"integer\",\"enum\":[\"a\"]}", "unsatisfiable");
+    expect_refused("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "unsatisfiable");
+    expect_refused("{\"type\":\"integer\",\"exclusiveMinimum\":4,\"exclusiveMaximum\":5}",
+                   "unsatisfiable");
+    expect_refused("{\"type\":\"number\",\"minimum\":0.5}", "non-integer bound");
+    expect_refused("{\"type\":\"number\",\"exclusiveMinimum\":true}", "boolean");
+    expect_refused("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "unsatisfiable");
+    expect_refused("{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "unsatisfiable");
+    expect_refused("{\"type\":\"array\",\"prefixItems\":[{}],\"items\":false,\"minItems\":2}",
+                   "unsatisfiable");
+    expect_refused("{\"type\":\"object\",\"required\":[\"x\"]}",
+                   "required property 'x' is not in properties");
+    expect_refused("{\"properties\":{\"a\":false},\"required\":[\"a\"]}",
+                   "unsatisfiable: schema false at /properties/a");
+    expect_refused("{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}",
+                   "keyword 'type' beside 'anyOf'");
+    expect_refused("{\"allOf\":[{\"type\":\"string\"}]}", "merge of object schemas");
+    expect_refused("{\"allOf\":[{\"properties\":{\"a\":{}}},{\"properties\":{\"a\":{}}}]}",
+                   "property 'a' defined twice");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "combining");
+    expect_refused("{\"enum\":[1],\"minimum\":0}", "keyword 'minimum' beside 'enum'");
+    expect_refused("[1]", "not an object or a boolean");
+    expect_refused("false", "unsatisfiable: schema false");
+    expect_refused("{\"type\":\"array\",\"items\":[{}]}", "use prefixItems");
+}
+
+/* Hostile sizes end in an error, not in unbounded time or memory. */
+static void test_bounds(void)
+{
+    /* Deep nesting. */
+    char deep[8192] = "";
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "{\"type\":\"array\",\"items\":");
+    strcat(deep, "{}");
+    for (int i = 0; i < 100; i++)
+        strcat(deep, "}");
+    expect_refused(deep, "nested deeper than 64");
+    /* A long enum. */
+    json_t *en = json_array();
+    for (int i = 0; i < 2000; i++)
+        json_array_append_new(en, json_integer(i));
+    json_t *s = json_pack("{s:o}", "enum", en);
+    char *g = NULL;
+    sh_error e = {0};
+    CHECK_INT_EQ(sh_json_schema_to_gbnf(s, NULL, &g, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "more than 1024 values") != NULL);
+    json_decref(s);
+    /* Doubling at every level (an array of arrays, each with two properties referring to the
+     * next level) stays linear through shared rules and the byte bound. */
+    json_t *defs = json_object();
+    for (int i = 0; i < 30; i++) {
+        char ref[32], name[16];
+        snprintf(name, sizeof name, "d%d", i);
+        snprintf(ref, sizeof ref, "#/$defs/d%d", i + 1);
+        json_t *next =
+            i == 29 ? json_pack("{s:s}", "type", "integer") : json_pack("{s:s}", "$ref", ref);
+        json_object_set_new(
+            defs, name,
+            json_pack("{s:s, s:{s:O, s:O}}", "type", "object", "properties", "a", next, "b", next));
+        json_decref(next);
+    }
+    s = json_pack("{s:o, s:s}", "$defs", defs, "$ref", "#/$defs/d0");
+    if (sh_json_schema_to_gbnf(s, NULL, &g, &e))
+        SH_FAIL_("doubling schema refused: %s", e.msg);
+    CHECK(g && strlen(g) < 64 * 1024);
+    free(g);
+    json_decref(s);
+    /* Many properties without a required one: quadratic text, refused past the byte bound. */
+    json_t *props = json_object();
+    for (int i = 0; i < 3000; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "p%d", i);
+        json_object_set_new(props, name, json_pack("{s:s}", "type", "integer"));
+    }
+    s = json_pack("{s:s, s:o}", "type", "object", "properties", props);
+    CHECK_INT_EQ(sh_json_schema_to_gbnf(s, NULL, &g, &e), SH_EINVAL);
+    CHECK(g == NULL);
+    CHECK(strstr(e.msg, "exceeds") != NULL);
+    json_decref(s);
+}
+
+/* Annotations are ignored; key order follows the schema with required ones first. */
+static void test_annotations_and_order(void)
+{
+    sh_error e;
+    char *g = convert("{\"$schema\":\"https://json-schema.org/draft/2020-12/schema\",\"$id\":\"x\","
+                      "\"title\":\"t\",\"description\":\"d\",\"examples\":[1],\"default\":1,"
+                      "\"$comment\":\"c\",\"deprecated\":false,\"readOnly\":true,\"writeOnly\":"
+                      "false,\"type\":\"integer\"}",
+                      false, &e);
+    CHECK(g != NULL);
+    if (g)
+        CHECK(strncmp(g, "root ::= integer\n", 17) == 0);
+    free(g);
+    g = convert("{\"type\":\"object\",\"properties\":{\"z\":{},\"y\":{},\"x\":{}},\"required\":["
+                "\"x\",\"z\"]}",
+                false, &e);
+    CHECK(g != NULL);
+    if (g) {
+        const char *z = strstr(g, "\\\"z\\\""), *x = strstr(g, "\\\"x\\\""),
+                   *y = strstr(g, "\\\"y\\\"");
+        CHECK(z && x && y && z < x && x < y);
+    }
+    free(g);
+}
+
+static const sh_test_case tests[] = {
+    {"exact", test_exact},
+    {"cases_reference", test_cases_reference},
+    {"refused", test_refused},
+    {"bounds", test_bounds},
+    {"annotations_and_order", test_annotations_and_order},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }

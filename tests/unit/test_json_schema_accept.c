@@ -1,0 +1,103 @@
+/* JSON schema → GBNF through the grammar engine (model/grammar.h): every case of
+ * json_schema_cases.h parses with sh_grammar_parse, its valid instances are accepted byte by
+ * byte (and in one piece) and can end, its invalid ones are rejected at some byte or cannot end.
+ * Built only when model/grammar.h is in the tree (tests/unit/json_schema.cmake). */
+#include <jansson.h>
+
+#include "json_schema_cases.h"
+#include "model/grammar.h"
+#include "net/json_schema.h"
+#include "sh_test.h"
+#include "shoal/err.h"
+
+/* Whether the grammar takes the whole text as a sentence, fed one byte at a time (UTF-8 code
+ * points split across calls) or in one call. */
+static bool accepts(const sh_grammar *g, const char *text, bool bytewise)
+{
+    sh_gmatch *m = NULL;
+    if (sh_gmatch_create(g, &m, NULL) != SH_OK) {
+        SH_FAIL_("sh_gmatch_create failed");
+        return false;
+    }
+    size_t n = strlen(text);
+    bool ok = true;
+    if (bytewise) {
+        for (size_t i = 0; i < n && ok; i++)
+            ok = sh_gmatch_accept_bytes(m, text + i, 1);
+    } else {
+        ok = sh_gmatch_accept_bytes(m, text, n);
+    }
+    ok = ok && sh_gmatch_can_end(m);
+    sh_gmatch_free(m);
+    return ok;
+}
+
+static void test_cases_engine(void)
+{
+    CHECK(JS_N_CASES >= 30);
+    for (size_t i = 0; i < JS_N_CASES; i++) {
+        const js_case *c = &JS_CASES[i];
+        json_error_t je;
+        json_t *j = json_loads(c->schema, JSON_DECODE_ANY, &je);
+        if (!j) {
+            SH_FAIL_("%s: schema is not JSON: %s", c->name, je.text);
+            continue;
+        }
+        sh_json_schema_opts o = {.strict = !c->loose};
+        char *text = NULL;
+        sh_error e = {0};
+        sh_err rc = sh_json_schema_to_gbnf(j, &o, &text, &e);
+        json_decref(j);
+        if (rc != SH_OK) {
+            SH_FAIL_("%s: refused: %s", c->name, e.msg);
+            continue;
+        }
+        sh_grammar *g = NULL;
+        if (sh_grammar_parse(text, strlen(text), &g, &e) != SH_OK) {
+            SH_FAIL_("%s: sh_grammar_parse: %s\n%s", c->name, e.msg, text);
+            free(text);
+            continue;
+        }
+        for (int k = 0; c->valid[k]; k++) {
+            if (!accepts(g, c->valid[k], true))
+                SH_FAIL_("%s: rejects valid %s (bytewise)\n%s", c->name, c->valid[k], text);
+            if (!accepts(g, c->valid[k], false))
+                SH_FAIL_("%s: rejects valid %s (whole)\n%s", c->name, c->valid[k], text);
+        }
+        for (int k = 0; c->invalid[k]; k++)
+            if (accepts(g, c->invalid[k], true))
+                SH_FAIL_("%s: accepts invalid %s\n%s", c->name, c->invalid[k], text);
+        sh_grammar_free(g);
+        free(text);
+    }
+}
+
+/* Whitespace between tokens is bounded: SH_JSON_SCHEMA_MAX_WS characters pass, one more not. */
+static void test_whitespace_bound(void)
+{
+    json_t *j = json_loads("{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}", 0, NULL);
+    char *text = NULL;
+    CHECK_OK(sh_json_schema_to_gbnf(j, NULL, &text, NULL));
+    json_decref(j);
+    sh_grammar *g = NULL;
+    if (!text || sh_grammar_parse(text, strlen(text), &g, NULL) != SH_OK) {
+        SH_FAIL_("grammar did not parse");
+        free(text);
+        return;
+    }
+    char in[64];
+    snprintf(in, sizeof in, "[1,%*s2]", SH_JSON_SCHEMA_MAX_WS, "");
+    CHECK(accepts(g, in, true));
+    snprintf(in, sizeof in, "[1,%*s2]", SH_JSON_SCHEMA_MAX_WS + 1, "");
+    CHECK(!accepts(g, in, true));
+    sh_grammar_free(g);
+    free(text);
+}
+
+static const sh_test_case tests[] = {
+    {"cases_engine", test_cases_engine},
+    {"whitespace_bound", test_whitespace_bound},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return sh_test_main(argc, argv, tests); }
