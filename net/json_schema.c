@@ -29,7 +29,7 @@ static const char PRIM_CHAR[] =
 static const char PRIM_RAWCHAR[] = "rawchar ::= [^\"\\\\\\x7F\\x00-\\x1F]\n";
 static const char PRIM_STRING[] = "string ::= \"\\\"\" char* \"\\\"\"\n";
 static const char PRIM_NUMBER[] = "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" "
-                                  "[0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n";
+                                  "[0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?\n";
 static const char PRIM_INTEGER[] = "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n";
 static const char PRIM_VALUE[] =
     "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n"

@@ -356,4 +356,126 @@ static bool gr_accepts(const gr_grammar *g, const char *text)
     return ok;
 }
 
+/* --- random sentences --- */
+
+typedef struct gr_out {
+    char buf[4096];
+    size_t n;
+    bool over;
+} gr_out;
+
+static void gr_put_cp(gr_out *o, uint32_t c)
+{
+    char t[4];
+    size_t n;
+    if (c < 0x80) {
+        t[0] = (char)c;
+        n = 1;
+    } else if (c < 0x800) {
+        t[0] = (char)(0xC0 | c >> 6);
+        t[1] = (char)(0x80 | (c & 0x3F));
+        n = 2;
+    } else if (c < 0x10000) {
+        t[0] = (char)(0xE0 | c >> 12);
+        t[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+        t[2] = (char)(0x80 | (c & 0x3F));
+        n = 3;
+    } else {
+        t[0] = (char)(0xF0 | c >> 18);
+        t[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+        t[2] = (char)(0x80 | ((c >> 6) & 0x3F));
+        t[3] = (char)(0x80 | (c & 0x3F));
+        n = 4;
+    }
+    if (o->n + n + 1 >= sizeof o->buf) {
+        o->over = true;
+        return;
+    }
+    memcpy(o->buf + o->n, t, n);
+    o->n += n;
+    o->buf[o->n] = 0;
+}
+
+static uint32_t gr_rand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(*s >> 33);
+}
+
+static bool gr_in_class(const gr_node *x, uint32_t c)
+{
+    bool hit = false;
+    for (int i = 0; i < x->n_cp; i += 2)
+        hit |= c >= x->cp[i] && c <= x->cp[i + 1];
+    return hit != x->neg;
+}
+
+/* Appends a random sentence of node x; false when it ran too deep or too long (try again). */
+static bool gr_gen(const gr_grammar *g, const gr_node *x, gr_out *o, uint64_t *seed, int depth)
+{
+    if (depth > 60 || o->over)
+        return false;
+    switch (x->k) {
+    case GR_LIT:
+        for (int i = 0; i < x->n_cp; i++)
+            gr_put_cp(o, x->cp[i]);
+        return !o->over;
+    case GR_CLASS: {
+        static const uint32_t pool[] = {'a',  'Z',    '0',    '7',     '9',  ' ',  '-',
+                                        '_',  '.',    '"',    '\\',    '\n', 0x01, 0x7F,
+                                        0xE9, 0x20AC, 0x2028, 0x1F600, '{',  'x'};
+        for (int t = 0; t < 64; t++) {
+            uint32_t c;
+            if (!x->neg && t % 2 == 0) {
+                int r = (int)(gr_rand(seed) % (uint32_t)(x->n_cp / 2)) * 2;
+                uint32_t span = x->cp[r + 1] - x->cp[r];
+                c = x->cp[r] + (span > 0 ? gr_rand(seed) % (span + 1 < 300 ? span + 1 : 300) : 0);
+            } else {
+                c = pool[gr_rand(seed) % (sizeof pool / sizeof pool[0])];
+            }
+            if (gr_in_class(x, c) && !(c >= 0xD800 && c <= 0xDFFF)) {
+                gr_put_cp(o, c);
+                return !o->over;
+            }
+        }
+        return false;
+    }
+    case GR_REF:
+        return gr_gen(g, g->body[x->rule], o, seed, depth + 1);
+    case GR_SEQ:
+        for (int i = 0; i < x->n_kid; i++)
+            if (!gr_gen(g, x->kid[i], o, seed, depth + 1))
+                return false;
+        return true;
+    case GR_ALT:
+        return gr_gen(g, x->kid[gr_rand(seed) % (uint32_t)x->n_kid], o, seed, depth + 1);
+    case GR_REP: {
+        int span = x->max < 0 ? 3 : x->max - x->min;
+        if (span > 3)
+            span = 3;
+        int n = x->min + (int)(gr_rand(seed) % (uint32_t)(span + 1));
+        for (int i = 0; i < n; i++)
+            if (!gr_gen(g, x->kid[0], o, seed, depth + 1))
+                return false;
+        return true;
+    }
+    case GR_PROGRESS:
+        return true;
+    }
+    return false;
+}
+
+/* A random sentence of the grammar in o (NUL-terminated); false after 100 failed tries. */
+static bool gr_sentence(const gr_grammar *g, gr_out *o, uint64_t *seed)
+{
+    for (int t = 0; t < 100; t++) {
+        o->n = 0;
+        o->over = false;
+        o->buf[0] = 0;
+        if (gr_gen(g, g->body[0], o, seed, 0))
+            return true;
+    }
+    return false;
+}
+
 #endif

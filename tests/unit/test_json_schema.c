@@ -252,12 +252,121 @@ static void test_annotations_and_order(void)
     free(g);
 }
 
+/* Integer and number bounds are exact: for random bounds (inclusive, exclusive, one-sided, across
+ * zero and powers of ten), every integer in a window and fractions around each bound are accepted
+ * exactly when they are within them. */
+static void test_ranges_exact(void)
+{
+    uint64_t seed = 99;
+    static const long long edges[] = {0, 1, 9, 10, 99, 100, 999, 1000, 1001, 12345, 99999};
+    for (int t = 0; t < 48; t++) {
+        bool frac = t % 3 == 2;
+        long long lo = (long long)(gr_rand(&seed) % 2400) - 1200;
+        long long hi = lo + (long long)(gr_rand(&seed) % 1300);
+        if (t % 7 == 3) {
+            lo = edges[gr_rand(&seed) % 11] * (t % 2 ? -1 : 1);
+            hi = edges[gr_rand(&seed) % 11];
+            if (hi < lo)
+                hi = lo;
+        }
+        bool has_lo = t % 5 != 1, has_hi = t % 5 != 2 || !has_lo;
+        bool lo_x = t % 4 == 1, hi_x = t % 4 == 2;
+        if (hi == lo && (lo_x || hi_x))
+            hi++;
+        char schema[256], part[96];
+        snprintf(schema, sizeof schema, "{\"type\":\"%s\"", frac ? "number" : "integer");
+        if (has_lo) {
+            snprintf(part, sizeof part, ",\"%s\":%lld", lo_x ? "exclusiveMinimum" : "minimum", lo);
+            strcat(schema, part);
+        }
+        if (has_hi) {
+            snprintf(part, sizeof part, ",\"%s\":%lld", hi_x ? "exclusiveMaximum" : "maximum", hi);
+            strcat(schema, part);
+        }
+        strcat(schema, "}");
+        sh_error e;
+        char *text = convert(schema, false, &e);
+        gr_grammar g;
+        if (!text || !gr_parse(&g, text)) {
+            SH_FAIL_("%s: %s", schema, text ? g.err : e.msg);
+            free(text);
+            continue;
+        }
+        for (long long v = -1300; v <= 1300; v++) {
+            static const char *const fr[] = {"", ".0", ".5", ".000", ".001"};
+            for (int f = 0; f < (frac ? 5 : 1); f++) {
+                double x = (double)v + (f == 2 ? 0.5 : f == 4 ? 0.001 : 0) * (v < 0 ? -1 : 1);
+                if (v == 0 && f != 0 && !frac)
+                    continue;
+                bool in = (!has_lo || (lo_x ? x > (double)lo : x >= (double)lo)) &&
+                          (!has_hi || (hi_x ? x < (double)hi : x <= (double)hi));
+                char num[48];
+                snprintf(num, sizeof num, "%lld%s", v, fr[f]);
+                if (gr_accepts(&g, num) != in)
+                    SH_FAIL_("%s: %s %s", schema, num, in ? "rejected" : "accepted");
+            }
+        }
+        /* Far values: only inside when the side is open. */
+        if (gr_accepts(&g, "123456789012345") != !has_hi)
+            SH_FAIL_("%s: 123456789012345", schema);
+        if (gr_accepts(&g, "-123456789012345") != !has_lo)
+            SH_FAIL_("%s: -123456789012345", schema);
+        if (!frac)
+            CHECK(!gr_accepts(&g, "-0")); /* never produced: "0" stands for zero */
+        for (int f = 0; frac && f < 3; f++) {
+            static const char *const small[] = {"-0.5", "-0.001", "0.25"};
+            static const double sv[] = {-0.5, -0.001, 0.25};
+            bool in = (!has_lo || (lo_x ? sv[f] > (double)lo : sv[f] >= (double)lo)) &&
+                      (!has_hi || (hi_x ? sv[f] < (double)hi : sv[f] <= (double)hi));
+            if (gr_accepts(&g, small[f]) != in)
+                SH_FAIL_("%s: %s %s", schema, small[f], in ? "rejected" : "accepted");
+        }
+        gr_free(&g);
+        free(text);
+    }
+}
+
+/* Random sentences of every case's grammar (the reference generator) are JSON that jansson reads
+ * (numbers within a double's range) and that the reference matcher accepts. */
+static void test_generated_sentences(void)
+{
+    uint64_t seed = 7;
+    for (size_t i = 0; i < JS_N_CASES; i++) {
+        const js_case *c = &JS_CASES[i];
+        char *text = convert(c->schema, c->loose, NULL);
+        gr_grammar g;
+        if (!text || !gr_parse(&g, text)) {
+            SH_FAIL_("%s: no grammar", c->name);
+            free(text);
+            continue;
+        }
+        for (int k = 0; k < 100; k++) {
+            gr_out out;
+            if (!gr_sentence(&g, &out, &seed)) {
+                SH_FAIL_("%s: the generator found no sentence", c->name);
+                break;
+            }
+            json_error_t je;
+            json_t *j = json_loads(out.buf, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+            if (!j)
+                SH_FAIL_("%s: sentence is not JSON (%s): %s", c->name, je.text, out.buf);
+            json_decref(j);
+            if (!gr_accepts(&g, out.buf))
+                SH_FAIL_("%s: the matcher rejects a generated sentence: %s", c->name, out.buf);
+        }
+        gr_free(&g);
+        free(text);
+    }
+}
+
 static const sh_test_case tests[] = {
     {"exact", test_exact},
     {"cases_reference", test_cases_reference},
     {"refused", test_refused},
     {"bounds", test_bounds},
     {"annotations_and_order", test_annotations_and_order},
+    {"generated_sentences", test_generated_sentences},
+    {"ranges_exact", test_ranges_exact},
     {NULL, NULL},
 };
 
