@@ -637,23 +637,29 @@ static void gen_array(cv *c, const json_t *s, sh__jsb *out)
         fail(c, "'prefixItems' is not an array");
         return;
     }
-    if (items && json_is_array(items)) {
-        fail(c, "'items' as an array (draft 2019 and before) is not supported: use "
-                "prefixItems");
-        return;
-    }
-    if (items && !json_is_boolean(items) && !json_is_object(items)) {
+    const char *pre_kw = "prefixItems";
+    bool tuple = items && json_is_array(items);
+    if (tuple) {
+        /* Draft 2019 and before: "items" as an array is prefixItems; items past them (allowed
+         * there unless additionalItems, which is refused, says otherwise) are not generated. */
+        if (pre) {
+            fail(c, "'items' as an array beside 'prefixItems' is not supported");
+            return;
+        }
+        pre = items;
+        pre_kw = "items";
+    } else if (items && !json_is_boolean(items) && !json_is_object(items)) {
         fail(c, "'items' is not a schema");
         return;
     }
     long k = pre ? (long)json_array_size(pre) : 0;
     if (k > SH_JSON_SCHEMA_MAX_REPEAT) {
-        fail(c, "'prefixItems' longer than %s is not supported", "1000");
+        fail(c, "'%s' longer than 1000 is not supported", pre_kw);
         return;
     }
     if (m < 0)
         m = 0;
-    bool more = !(items && json_is_false(items));
+    bool more = !tuple && !(items && json_is_false(items));
     if (!more && (M < 0 || M > k))
         M = k;
     if (M >= 0 && m > M) {
@@ -705,7 +711,7 @@ static void gen_array(cv *c, const json_t *s, sh__jsb *out)
                 }
                 sh__jsb_puts(out, "ws \",\" ws ");
             }
-            size_t old = path_push(c, "prefixItems");
+            size_t old = path_push(c, pre_kw);
             path_push_i(c, (size_t)i);
             gen(c, json_array_get(pre, (size_t)i), out);
             path_pop(c, old);

@@ -73,11 +73,12 @@ static void test_exact(void)
 
 /* Every case: the grammar parses in the reference parser, accepts the valid instances and
  * rejects the invalid ones. */
-static void test_cases_reference(void)
+static void expect_refused(const char *schema, const char *msg);
+
+static void check_cases(const js_case *cases, size_t n)
 {
-    CHECK(JS_N_CASES >= 30);
-    for (size_t i = 0; i < JS_N_CASES; i++) {
-        const js_case *c = &JS_CASES[i];
+    for (size_t i = 0; i < n; i++) {
+        const js_case *c = &cases[i];
         sh_error e;
         char *text = convert(c->schema, c->loose, &e);
         if (!text) {
@@ -100,6 +101,38 @@ static void test_cases_reference(void)
         gr_free(&g);
         free(text);
     }
+}
+
+static void test_cases_reference(void)
+{
+    CHECK(JS_N_CASES >= 30);
+    check_cases(JS_CASES, JS_N_CASES);
+}
+
+/* llama.cpp's test-grammar-integration cases (json_schema_cases.h). */
+static void test_llama_cases_reference(void) { check_cases(JS_LLAMA_CASES, JS_N_LLAMA_CASES); }
+
+/* Where JSON Schema and llama.cpp's converter disagree, the converter follows JSON Schema: {} is
+ * any value (llama.cpp: an object), and uniqueItems is refused (llama.cpp: ignored). */
+static void test_llama_divergences(void)
+{
+    sh_error e;
+    char *text = convert("{}", false, &e);
+    gr_grammar g;
+    if (text && gr_parse(&g, text)) {
+        CHECK(gr_accepts(&g, "{}"));
+        CHECK(gr_accepts(&g, "{\"foo\": \"bar\"}"));
+        CHECK(gr_accepts(&g, "null"));
+        CHECK(gr_accepts(&g, "[]"));
+        CHECK(!gr_accepts(&g, ""));
+        gr_free(&g);
+    } else {
+        SH_FAIL_("{} did not convert");
+    }
+    free(text);
+    expect_refused("{\"type\":\"object\",\"properties\":{\"tags\":{\"type\":\"array\","
+                   "\"items\":{\"type\":\"string\"},\"uniqueItems\":true}}}",
+                   "unsupported keyword 'uniqueItems' at /properties/tags");
 }
 
 static void expect_refused(const char *schema, const char *msg)
@@ -169,7 +202,13 @@ static void test_refused(void)
     expect_refused("{\"enum\":[1],\"minimum\":0}", "keyword 'minimum' beside 'enum'");
     expect_refused("[1]", "not an object or a boolean");
     expect_refused("false", "unsatisfiable: schema false");
-    expect_refused("{\"type\":\"array\",\"items\":[{}]}", "use prefixItems");
+    expect_refused("{\"type\":\"array\",\"items\":[{}],\"prefixItems\":[{}]}",
+                   "'items' as an array beside 'prefixItems'");
+    expect_refused("{\"type\":\"array\",\"items\":[{}],\"additionalItems\":false}",
+                   "unsupported keyword 'additionalItems'");
+    expect_refused(
+        "{\"items\":[{\"type\":\"string\"},{\"format\":\"x\"}]}",
+        "unsupported format 'x' (supported: date, time, date-time, uuid, ipv4) at /items/1");
 }
 
 /* Hostile sizes end in an error, not in unbounded time or memory. */
@@ -331,8 +370,8 @@ static void test_ranges_exact(void)
 static void test_generated_sentences(void)
 {
     uint64_t seed = 7;
-    for (size_t i = 0; i < JS_N_CASES; i++) {
-        const js_case *c = &JS_CASES[i];
+    for (size_t i = 0; i < JS_N_CASES + JS_N_LLAMA_CASES; i++) {
+        const js_case *c = i < JS_N_CASES ? &JS_CASES[i] : &JS_LLAMA_CASES[i - JS_N_CASES];
         char *text = convert(c->schema, c->loose, NULL);
         gr_grammar g;
         if (!text || !gr_parse(&g, text)) {
@@ -362,6 +401,8 @@ static void test_generated_sentences(void)
 static const sh_test_case tests[] = {
     {"exact", test_exact},
     {"cases_reference", test_cases_reference},
+    {"llama_cases_reference", test_llama_cases_reference},
+    {"llama_divergences", test_llama_divergences},
     {"refused", test_refused},
     {"bounds", test_bounds},
     {"annotations_and_order", test_annotations_and_order},

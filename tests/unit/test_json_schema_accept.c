@@ -32,11 +32,10 @@ static bool accepts(const sh_grammar *g, const char *text, bool bytewise)
     return ok;
 }
 
-static void test_cases_engine(void)
+static void check_cases(const js_case *cases, size_t n)
 {
-    CHECK(JS_N_CASES >= 30);
-    for (size_t i = 0; i < JS_N_CASES; i++) {
-        const js_case *c = &JS_CASES[i];
+    for (size_t i = 0; i < n; i++) {
+        const js_case *c = &cases[i];
         json_error_t je;
         json_t *j = json_loads(c->schema, JSON_DECODE_ANY, &je);
         if (!j) {
@@ -72,6 +71,15 @@ static void test_cases_engine(void)
     }
 }
 
+static void test_cases_engine(void)
+{
+    CHECK(JS_N_CASES >= 30);
+    check_cases(JS_CASES, JS_N_CASES);
+}
+
+/* llama.cpp's test-grammar-integration cases (json_schema_cases.h). */
+static void test_llama_cases_engine(void) { check_cases(JS_LLAMA_CASES, JS_N_LLAMA_CASES); }
+
 /* Whitespace between tokens is bounded: SH_JSON_SCHEMA_MAX_WS characters pass, one more not. */
 static void test_whitespace_bound(void)
 {
@@ -96,6 +104,7 @@ static void test_whitespace_bound(void)
 
 static const sh_test_case tests[] = {
     {"cases_engine", test_cases_engine},
+    {"llama_cases_engine", test_llama_cases_engine},
     {"whitespace_bound", test_whitespace_bound},
     {NULL, NULL},
 };
