@@ -588,20 +588,48 @@ static void gen_object(cv *c, const json_t *s, sh__jsb *out)
         }
         if (total + extra > 1) {
             sh__jsb_puts(out, "((");
-            for (size_t i = 0; i < total + extra; i++) {
-                if (i)
-                    sh__jsb_puts(out, " | ");
-                sh__jsb_puts(out, kv[i]);
-                for (size_t j = i + 1; j < total; j++) {
-                    sh__jsb_puts(out, " (ws \",\" ws ");
-                    sh__jsb_puts(out, kv[j]);
-                    sh__jsb_puts(out, ")?");
-                }
+            /* Tail rules keep this linear: tl[i] is what may follow property i-1, namely
+             * (ws "," ws kv_i)? then tl[i+1] (after the last property, the extras). */
+            char(*tl)[64] = calloc(total + 1, sizeof *tl);
+            if (!tl) {
+                c->err = sh__error_set(c->e, SH_ENOMEM, "out of memory converting a schema");
+            } else {
+                sh__jsb rest = {0};
                 if (extra) {
-                    sh__jsb_puts(out, " (ws \",\" ws ");
-                    sh__jsb_puts(out, kv[total]);
-                    sh__jsb_puts(out, ")*");
+                    sh__jsb_puts(&rest, "(ws \",\" ws ");
+                    sh__jsb_puts(&rest, kv[total]);
+                    sh__jsb_puts(&rest, ")*");
                 }
+                for (size_t i = total; i-- > 1 && !c->err;) {
+                    sh__jsb t = {0};
+                    sh__jsb_puts(&t, "(ws \",\" ws ");
+                    sh__jsb_puts(&t, kv[i]);
+                    sh__jsb_puts(&t, ")?");
+                    if (rest.n) {
+                        sh__jsb_puts(&t, " ");
+                        sh__jsb_put(&t, rest.p, rest.n);
+                    }
+                    snprintf(tl[i], sizeof tl[i], "tail-%d", c->n_rules + 1);
+                    add_rule(c, tl[i], &t);
+                    sh__jsb_fini(&t);
+                    sh__jsb_fini(&rest);
+                    sh__jsb_puts(&rest, tl[i]);
+                }
+                for (size_t i = 0; i < total + extra && !c->err; i++) {
+                    if (i)
+                        sh__jsb_puts(out, " | ");
+                    sh__jsb_puts(out, kv[i]);
+                    if (i + 1 < total) {
+                        sh__jsb_puts(out, " ");
+                        sh__jsb_puts(out, tl[i + 1]);
+                    } else if (extra) {
+                        sh__jsb_puts(out, " (ws \",\" ws ");
+                        sh__jsb_puts(out, kv[total]);
+                        sh__jsb_puts(out, ")*");
+                    }
+                }
+                sh__jsb_fini(&rest);
+                free(tl);
             }
             sh__jsb_puts(out, ") ws)? \"}\"");
         } else if (extra) {

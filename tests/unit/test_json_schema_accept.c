@@ -102,10 +102,74 @@ static void test_whitespace_bound(void)
     free(text);
 }
 
+/* Schemas at the converter's bounds give grammars within the engine's: 300 optional properties,
+ * maxLength 1000, 1000 items, 1024 enum values, 60 nested arrays, a 16-digit integer range. */
+static void test_large_schemas(void)
+{
+    static const struct {
+        const char *schema, *instance;
+    } L[] = {
+        {"{\"type\":\"string\",\"maxLength\":1000}", "\"abc\""},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":"
+         "5000},\"maxItems\":1000}",
+         "[4999,-5,0]"},
+        {"{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":9007199254740991}",
+         "-9007199254740991"},
+    };
+    for (size_t i = 0; i < sizeof L / sizeof L[0] + 3; i++) {
+        json_t *j;
+        const char *in;
+        if (i < sizeof L / sizeof L[0]) {
+            j = json_loads(L[i].schema, 0, NULL);
+            in = L[i].instance;
+        } else if (i == sizeof L / sizeof L[0]) {
+            json_t *props = json_object();
+            for (int k = 0; k < 300; k++) {
+                char name[16];
+                snprintf(name, sizeof name, "p%d", k);
+                json_object_set_new(props, name, json_pack("{s:s}", "type", "integer"));
+            }
+            j = json_pack("{s:s, s:o}", "type", "object", "properties", props);
+            in = "{\"p3\":1,\"p299\":2}";
+        } else if (i == sizeof L / sizeof L[0] + 1) {
+            json_t *en = json_array();
+            for (int k = 0; k < SH_JSON_SCHEMA_MAX_ENUM; k++)
+                json_array_append_new(en, json_integer(k));
+            j = json_pack("{s:o}", "enum", en);
+            in = "1023";
+        } else {
+            j = json_pack("{s:s}", "type", "integer");
+            for (int k = 0; k < 60; k++)
+                j = json_pack("{s:s, s:o}", "type", "array", "items", j);
+            in = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]"
+                 "]]]]]]]]"
+                 "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]";
+        }
+        char *text = NULL;
+        sh_error e = {0};
+        if (sh_json_schema_to_gbnf(j, NULL, &text, &e) != SH_OK) {
+            SH_FAIL_("large schema %zu refused: %s", i, e.msg);
+            json_decref(j);
+            continue;
+        }
+        json_decref(j);
+        sh_grammar *g = NULL;
+        if (sh_grammar_parse(text, strlen(text), &g, &e) != SH_OK) {
+            SH_FAIL_("large schema %zu: sh_grammar_parse: %s", i, e.msg);
+        } else {
+            if (!accepts(g, in, true))
+                SH_FAIL_("large schema %zu rejects %s", i, in);
+            sh_grammar_free(g);
+        }
+        free(text);
+    }
+}
+
 static const sh_test_case tests[] = {
     {"cases_engine", test_cases_engine},
     {"llama_cases_engine", test_llama_cases_engine},
     {"whitespace_bound", test_whitespace_bound},
+    {"large_schemas", test_large_schemas},
     {NULL, NULL},
 };
 
