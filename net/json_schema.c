@@ -40,6 +40,7 @@ static const char PRIM_VALUE[] =
 typedef struct ref_rule {
     char *ptr; /* the $ref text */
     char name[64];
+    bool open; /* its body is being generated */
 } ref_rule;
 
 typedef struct cv {
@@ -248,6 +249,10 @@ static void gen_string(cv *c, const json_t *s, sh__jsb *out)
             return;
         }
         size_t old = path_push(c, "pattern"), start = out->n;
+        if (strlen(json_string_value(pat)) != json_string_length(pat)) {
+            fail(c, "'pattern' holds a NUL character");
+            return;
+        }
         c->err = sh__json_schema_pattern(out, json_string_value(pat), "char", at(c), c->e);
         path_pop(c, old);
         if (out->p && strstr(out->p + start, "char*")) /* an unanchored end */
@@ -931,7 +936,8 @@ static void gen_ref(cv *c, const char *ref, sh__jsb *out)
                                : '-');
     base[n] = 0;
     snprintf(r->name, sizeof r->name, "ref-%s-%d", n ? base : "x", c->n_refs + 1);
-    c->n_refs++;
+    r->open = true;
+    int self = c->n_refs++;
     char name[64];
     memcpy(name, r->name, sizeof name);
     sh__jsb_puts(out, name);
@@ -945,6 +951,12 @@ static void gen_ref(cv *c, const char *ref, sh__jsb *out)
     gen(c, target, &body);
     memcpy(c->path, saved, sizeof saved);
     c->path_n = saved_n;
+    /* A target that is only a reference back to itself ({"$ref": "#"} at the root, or a cycle
+     * of such) matches nothing a grammar can produce. */
+    for (int i = 0; i < c->n_refs && !c->err; i++)
+        if (c->refs[i].open && body.p && strcmp(body.p, c->refs[i].name) == 0)
+            fail(c, "$ref '%s' refers only to itself", ref);
+    c->refs[self].open = false;
     if (!c->err)
         add_rule(c, name, &body);
     if (body.full || body.oom)
@@ -1159,8 +1171,8 @@ static void gen(cv *c, const json_t *s, sh__jsb *out)
         }
         if (strcmp(group, "$ref") == 0) {
             const json_t *r = json_object_get(s, "$ref");
-            if (!json_is_string(r))
-                fail(c, "'$ref' is not a string");
+            if (!json_is_string(r) || strlen(json_string_value(r)) != json_string_length(r))
+                fail(c, "'$ref' is not a string without NUL characters");
             else
                 gen_ref(c, json_string_value(r), out);
         } else {
@@ -1255,4 +1267,71 @@ sh_err sh_json_schema_to_gbnf(const json_t *schema, const sh_json_schema_opts *o
     }
     *gbnf = all.p;
     return SH_OK;
+}
+
+static sh_err rf_fail(char *param, const char *field, sh_err rc)
+{
+    if (param)
+        snprintf(param, 64, "%s", field);
+    return rc;
+}
+
+sh_err sh_json_schema_response_format(const json_t *rf, char **gbnf, char *param, sh_error *e)
+{
+    *gbnf = NULL;
+    if (param)
+        param[0] = 0;
+    if (!rf || json_is_null(rf))
+        return SH_OK;
+    if (!json_is_object(rf))
+        return rf_fail(param, "response_format",
+                       sh__error_set(e, SH_EINVAL, "response_format is not an object"));
+    const json_t *type = json_object_get(rf, "type");
+    if (!json_is_string(type))
+        return rf_fail(param, "response_format.type",
+                       sh__error_set(e, SH_EINVAL, "response_format.type is not a string"));
+    const char *t = json_string_value(type);
+    sh_json_schema_opts o = {.strict = true};
+    const json_t *schema;
+    const char *field = "response_format.json_schema.schema";
+    if (strcmp(t, "text") == 0)
+        return SH_OK;
+    if (strcmp(t, "json_object") == 0) {
+        schema = json_object_get(rf, "schema");
+        field = "response_format.schema";
+        if (!schema) {
+            json_t *obj = json_pack("{s:s}", "type", "object");
+            if (!obj)
+                return sh__error_set(e, SH_ENOMEM, "out of memory");
+            o.strict = false;
+            sh_err rc = sh_json_schema_to_gbnf(obj, &o, gbnf, e);
+            json_decref(obj);
+            return rc;
+        }
+    } else if (strcmp(t, "json_schema") == 0) {
+        const json_t *js = json_object_get(rf, "json_schema");
+        if (!json_is_object(js))
+            return rf_fail(
+                param, "response_format.json_schema",
+                sh__error_set(e, SH_EINVAL, "response_format.json_schema is not an object"));
+        const json_t *strict = json_object_get(js, "strict");
+        if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+            return rf_fail(
+                param, "response_format.json_schema.strict",
+                sh__error_set(e, SH_EINVAL, "response_format.json_schema.strict is not a boolean"));
+        o.strict = !json_is_false(strict);
+        schema = json_object_get(js, "schema");
+        if (!schema)
+            schema = json_true();
+    } else {
+        return rf_fail(param, "response_format.type",
+                       sh__error_set(e, SH_EINVAL,
+                                     "unknown response_format.type '%.64s' (text, json_object, "
+                                     "json_schema)",
+                                     t));
+    }
+    sh_err rc = sh_json_schema_to_gbnf(schema, &o, gbnf, e);
+    if (rc == SH_EINVAL)
+        rf_fail(param, field, rc);
+    return rc;
 }

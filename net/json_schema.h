@@ -45,4 +45,16 @@ typedef struct sh_json_schema_opts {
 sh_err sh_json_schema_to_gbnf(const json_t *schema, const sh_json_schema_opts *o, char **gbnf,
                               sh_error *e);
 
+/* OpenAI's `response_format` value → grammar text for it:
+ * - NULL, JSON null or {"type": "text"}: SH_OK with *gbnf NULL (no constraint);
+ * - {"type": "json_object"}: any JSON object (llama.cpp's extension: with a "schema" member, that
+ *   schema instead, strict);
+ * - {"type": "json_schema", "json_schema": {"name", "description", "schema", "strict"}}: the
+ *   schema's grammar, strict unless "strict" is false; no "schema" means any JSON value.
+ * *gbnf is malloc'd (the caller frees it). Errors: SH_EINVAL with e naming the problem (a
+ * schema's refusal as sh_json_schema_to_gbnf words it) and `param` (64 bytes, may be NULL) the
+ * request field at fault ("response_format", "response_format.type",
+ * "response_format.json_schema", "response_format.json_schema.schema"); SH_ENOMEM. */
+sh_err sh_json_schema_response_format(const json_t *rf, char **gbnf, char *param, sh_error *e);
+
 #endif

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     json_error_t je;
-    json_t *j = json_loadb((const char *)data + 1, size - 1, JSON_DECODE_ANY, &je);
+    json_t *j = json_loadb((const char *)data + 1, size - 1, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!j)
         return 0;
     sh_json_schema_opts o = {.strict = !(data[0] & 1)};

@@ -13,7 +13,7 @@
 static char *convert(const char *schema, bool loose, sh_error *e)
 {
     json_error_t je;
-    json_t *j = json_loads(schema, JSON_DECODE_ANY, &je);
+    json_t *j = json_loads(schema, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!j) {
         SH_FAIL_("test schema is not JSON: %s: %s", schema, je.text);
         return NULL;
@@ -173,6 +173,11 @@ static void test_refused(void)
     expect_refused("{\"type\":\"string\",\"pattern\":\"a{2000}\"}", "repetition count");
     expect_refused("{\"$ref\":\"http://example.com/s.json\"}", "only local references");
     expect_refused("{\"$ref\":\"#/$defs/missing\"}", "unresolvable $ref '#/$defs/missing'");
+    expect_refused("{\"$ref\":\"#\"}", "$ref '#' refers only to itself");
+    expect_refused("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},"
+                   "\"$ref\":\"#/$defs/a\"}",
+                   "refers only to itself");
+    expect_refused("{\"type\":\"string\",\"pattern\":\"a\\u0000b\"}", "NUL");
     expect_refused("{\"type\":\"string\",\"maxLength\":5000}", "'maxLength' above 1000");
     expect_refused("{\"type\":\"array\",\"minItems\":1001}", "'minItems' above 1000");
     expect_refused("{\"type\":\"string\",\"minLength\":-1}", "not a nonnegative integer");
@@ -408,6 +413,83 @@ static void test_generated_sentences(void)
     }
 }
 
+/* OpenAI's response_format: text, json_object (with llama.cpp's schema member), json_schema with
+ * strict on and off, and each bad form with the field it names. */
+static void rf_case(const char *rf, const char *accept, const char *reject, const char *param,
+                    const char *msg)
+{
+    json_t *j = rf ? json_loads(rf, JSON_DECODE_ANY, NULL) : NULL;
+    if (rf && !j) {
+        SH_FAIL_("test response_format is not JSON: %s", rf);
+        return;
+    }
+    char *g = (char *)"unset", pm[64] = "unset";
+    sh_error e = {0};
+    sh_err rc = sh_json_schema_response_format(j, &g, pm, &e);
+    json_decref(j);
+    if (param) {
+        CHECK_INT_EQ(rc, SH_EINVAL);
+        CHECK(g == NULL);
+        CHECK_STR_EQ(pm, param);
+        if (!strstr(e.msg, msg))
+            SH_FAIL_("%s: message \"%s\", want \"%s\"", rf, e.msg, msg);
+        return;
+    }
+    CHECK_INT_EQ(rc, SH_OK);
+    CHECK_STR_EQ(pm, "");
+    if (!accept) {
+        CHECK(g == NULL);
+        return;
+    }
+    gr_grammar gg;
+    if (!g || !gr_parse(&gg, g)) {
+        SH_FAIL_("%s: no grammar", rf);
+        free(g);
+        return;
+    }
+    CHECK(gr_accepts(&gg, accept));
+    CHECK(!gr_accepts(&gg, reject));
+    gr_free(&gg);
+    free(g);
+}
+
+static void test_response_format(void)
+{
+    rf_case(NULL, NULL, NULL, NULL, NULL);
+    rf_case("null", NULL, NULL, NULL, NULL);
+    rf_case("{\"type\":\"text\"}", NULL, NULL, NULL, NULL);
+    rf_case("{\"type\":\"json_object\"}", "{\"a\": [1, {}]}", "[]", NULL, NULL);
+    rf_case("{\"type\":\"json_object\",\"schema\":{\"type\":\"object\",\"properties\":{\"n\":"
+            "{\"type\":\"integer\"}},\"required\":[\"n\"]}}",
+            "{\"n\":1}", "{\"n\":1,\"m\":2}", NULL, NULL);
+#define JS_RF                                                                                      \
+    "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"r\",\"schema\":{\"type\":\"object\","   \
+    "\"properties\":{\"n\":{\"type\":\"integer\"}},\"required\":[\"n\"]}%s}}"
+    char buf[512];
+    snprintf(buf, sizeof buf, JS_RF, ",\"strict\":true");
+    rf_case(buf, "{\"n\":1}", "{\"n\":1,\"m\":2}", NULL, NULL);
+    snprintf(buf, sizeof buf, JS_RF, "");
+    rf_case(buf, "{\"n\":1}", "{\"n\":1,\"m\":2}", NULL, NULL);
+    snprintf(buf, sizeof buf, JS_RF, ",\"strict\":false");
+    rf_case(buf, "{\"n\":1,\"m\":2}", "{\"m\":2}", NULL, NULL);
+    rf_case("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"any\"}}", "[1]", "[1", NULL,
+            NULL);
+    rf_case("\"json_object\"", NULL, NULL, "response_format", "not an object");
+    rf_case("{}", NULL, NULL, "response_format.type", "not a string");
+    rf_case("{\"type\":\"xml\"}", NULL, NULL, "response_format.type",
+            "unknown response_format.type 'xml'");
+    rf_case("{\"type\":\"json_schema\"}", NULL, NULL, "response_format.json_schema",
+            "not an object");
+    rf_case("{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"strict\":1}}", NULL, NULL,
+            "response_format.json_schema.strict", "not a boolean");
+    rf_case("{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"properties\":{\"a\":{"
+            "\"if\":{}}}}}}",
+            NULL, NULL, "response_format.json_schema.schema",
+            "unsupported keyword 'if' at /properties/a");
+    rf_case("{\"type\":\"json_object\",\"schema\":{\"not\":{}}}", NULL, NULL,
+            "response_format.schema", "unsupported keyword 'not' at /");
+}
+
 static const sh_test_case tests[] = {
     {"exact", test_exact},
     {"cases_reference", test_cases_reference},
@@ -418,6 +500,7 @@ static const sh_test_case tests[] = {
     {"annotations_and_order", test_annotations_and_order},
     {"generated_sentences", test_generated_sentences},
     {"ranges_exact", test_ranges_exact},
+    {"response_format", test_response_format},
     {NULL, NULL},
 };
 
