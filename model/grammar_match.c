@@ -338,7 +338,7 @@ static uint32_t state_intern(sh_gmatch *m, uint32_t set, uint32_t pend)
         m->cap_states = c;
     }
     uint32_t id = m->n_states++;
-    m->states[id] = (sh_gstate){set, pend};
+    m->states[id] = (sh_gstate){set, pend, 0, 0, {0, 0}};
     for (int b = 0; b < 256; b++)
         m->trans[(size_t)id * 256 + (size_t)b] = SH_GTRANS_UNKNOWN;
     if (!tab_grow(&m->state_tab, &m->state_tab_cap, m->n_states, state_key, m)) {
@@ -527,6 +527,68 @@ void sh_gmatch_free(sh_gmatch *m)
     for (int k = 0; k < SH_GMATCH_MASKS; k++)
         free(m->masks[k].bits);
     free(m);
+}
+
+/* How a character element treats the non-ASCII code points: 1 matches all, 0 none, -1 some. */
+static int el_wide(const sh_grammar *g, uint32_t pos)
+{
+    const sh_gel *e = &g->el[pos];
+    if (e->type == SH_GEL_ANY)
+        return 1;
+    if (e->type == SH_GEL_LIT)
+        return e->v < 0x80 ? 0 : -1;
+    const uint32_t *r = g->ranges + 2 * g->cls_off[e->v];
+    uint32_t n = g->cls_off[e->v + 1] - g->cls_off[e->v];
+    int meets = 0, covers = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        meets |= r[2 * k + 1] >= 0x80;
+        covers |= r[2 * k] <= 0x80 && r[2 * k + 1] >= 0x10FFFF;
+    }
+    int all = covers, none = !meets;
+    if (g->cls_neg[e->v]) {
+        all = !meets;
+        none = covers;
+    }
+    return all ? 1 : none ? 0 : -1;
+}
+
+const sh_gstate *sh__gmatch_loop(sh_gmatch *m, uint32_t s)
+{
+    if (!m->states[s].loop_known && PEND_N(m->states[s].pend)) {
+        /* Inside a character: what holds for the state it started from holds for the rest of a
+         * clean subtree (the character completes and leads back there when wide_loop). */
+        uint32_t base = state_intern(m, m->states[s].set, 0);
+        const sh_gstate *b = base == UINT32_MAX ? NULL : sh__gmatch_loop(m, base);
+        sh_gstate *st = &m->states[s];
+        st->loop[0] = b ? b->loop[0] : 0;
+        st->loop[1] = b ? b->loop[1] : 0;
+        st->wide_loop = b ? b->wide_loop : 0;
+        st->loop_known = 1;
+    }
+    if (!m->states[s].loop_known) {
+        uint64_t loop[2] = {0, 0};
+        for (uint32_t b = 0; b < 128; b++)
+            if (sh__gmatch_trans(m, s, (uint8_t)b) == (int32_t)s)
+                loop[b >> 6] |= 1ull << (b & 63);
+        /* When every stack treats all non-ASCII code points alike, one of them stands for all:
+         * if U+00E9 leads back here, every non-ASCII character does. */
+        int uniform = 1, any = 0;
+        sh_gset set = m->sets[m->states[s].set];
+        for (uint32_t k = 0; k < set.n && uniform; k++) {
+            uint32_t x = m->pool[set.off + k];
+            int w = x == 0 ? 0 : el_wide(m->g, m->nodes[x].pos);
+            uniform = w >= 0;
+            any |= w == 1;
+        }
+        uint32_t wide = uniform && any && sh__gmatch_walk(m, s, "\xc3\xa9", 2) == (int32_t)s;
+        /* The transitions may have grown the state array: index it again. */
+        sh_gstate *st = &m->states[s];
+        st->loop[0] = loop[0];
+        st->loop[1] = loop[1];
+        st->wide_loop = wide;
+        st->loop_known = 1;
+    }
+    return &m->states[s];
 }
 
 /* The state after bytes[0, n) from state s, or SH_GTRANS_DEAD. */

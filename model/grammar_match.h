@@ -25,7 +25,10 @@ typedef struct sh_gset {
 } sh_gset;
 
 typedef struct sh_gstate {
-    uint32_t set, pend; /* a set of stacks; the pending partial code point (grammar_match.c) */
+    uint32_t set, pend;  /* a set of stacks; the pending partial code point (grammar_match.c) */
+    uint32_t loop_known; /* loop and wide_loop are computed */
+    uint32_t wide_loop;  /* every non-ASCII code point leads back to this state */
+    uint64_t loop[2];    /* the ASCII bytes whose transition leads back to this state */
 } sh_gstate;
 
 typedef struct sh_gmask {
@@ -67,6 +70,8 @@ static inline int32_t sh__gmatch_trans(sh_gmatch *m, uint32_t s, uint8_t b)
     return t != SH_GTRANS_UNKNOWN ? t : sh__gmatch_trans_slow(m, s, b);
 }
 
+/* The state with its self-loops computed (on first use: 128 transitions and one character). */
+const sh_gstate *sh__gmatch_loop(sh_gmatch *m, uint32_t s);
 int32_t sh__gmatch_walk(sh_gmatch *m, uint32_t s, const char *bytes, size_t n);
 bool sh__gmatch_state_can_end(const sh_gmatch *m, uint32_t s);
 /* Drops the cached states when past SH_GMATCH_STATES_SOFT (between operations only). */
