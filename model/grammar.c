@@ -320,10 +320,10 @@ static uint32_t parse_class(parser *p)
     p->i++; /* ']' */
     /* Sort and merge so that a class is disjoint, non-adjacent ranges: the matcher's test for a
      * partial UTF-8 prefix (can any code point in [lo, hi] match?) is then exact. */
-    size_t n = p->n_ranges - first;
-    uint32_t *r = p->ranges + 2 * first;
-    qsort(r, n, 2 * sizeof *r, cmp_range);
-    size_t m = 0;
+    size_t n = p->n_ranges - first, m = 0;
+    uint32_t *r = n ? p->ranges + 2 * first : NULL;
+    if (n)
+        qsort(r, n, 2 * sizeof *r, cmp_range);
     for (size_t k = 0; k < n; k++) {
         if (m > 0 && r[2 * k] <= r[2 * (m - 1) + 1] + 1) {
             if (r[2 * k + 1] > r[2 * (m - 1) + 1])
@@ -513,7 +513,8 @@ static void parse_alternates(parser *p, uint32_t rule, int nested)
         /* Moving the sequence in is not new work: its elements were counted already. */
         if (!grow(p, (void **)&b->v, &b->cap, b->n + seq.n + 1, sizeof *b->v))
             break;
-        memcpy(b->v + b->n, seq.v, seq.n * sizeof *seq.v);
+        if (seq.n)
+            memcpy(b->v + b->n, seq.v, seq.n * sizeof *seq.v);
         b->n += seq.n;
         int more = peek(p) == '|';
         b->v[b->n++] = (sh_gel){more ? SH_GEL_ALT : SH_GEL_END, 0};

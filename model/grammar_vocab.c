@@ -214,9 +214,9 @@ sh_err sh_gvocab_create(const char *const *bytes, const size_t *lens, int32_t n,
     }
     free(parent);
     v->order = order;
-    order = NULL;
     free(open);
     free(path);
+    free(valid);
     *out = v;
     return SH_OK;
 nomem:
