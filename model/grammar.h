@@ -12,7 +12,7 @@
  * SH_GRAMMAR_MAX_TEXT bytes, SH_GRAMMAR_MAX_RULES rules (the ones generated for groups and
  * repetitions included), SH_GRAMMAR_MAX_ELEMENTS elements after repetitions are expanded,
  * parentheses nested SH_GRAMMAR_MAX_DEPTH deep, repetition counts up to SH_GRAMMAR_MAX_REPEAT.
- * A matcher keeps at most SH_GRAMMAR_MAX_STACKS parse stacks at once and a bounded cache; past
+ * A matcher keeps at most SH_GRAMMAR_MAX_STACKS parse stacks at once and bounded caches; past
  * that it fails (sh_gmatch_error says why) rather than growing. */
 #ifndef SH_MODEL_GRAMMAR_H
 #define SH_MODEL_GRAMMAR_H
@@ -28,7 +28,7 @@
 #define SH_GRAMMAR_MAX_ELEMENTS (1u << 20)
 #define SH_GRAMMAR_MAX_DEPTH 100
 #define SH_GRAMMAR_MAX_REPEAT 10000
-#define SH_GRAMMAR_MAX_STACKS 4096
+#define SH_GRAMMAR_MAX_STACKS 16384
 
 typedef struct sh_grammar sh_grammar; /* immutable after parse; shareable across threads */
 

@@ -14,7 +14,7 @@
 #include "model/grammar_match.h"
 
 #define NODES_MAX (1u << 20)
-#define SETS_POOL_MAX (1u << 24) /* stack ids over all interned sets */
+#define SETS_POOL_MAX (1u << 23) /* stack ids over all interned sets (32 MiB) */
 
 /* ---- hash tables: open addressing, ids + 1 (0 empty), keyed by a 64-bit hash ---- */
 

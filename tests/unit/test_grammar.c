@@ -318,6 +318,43 @@ static void test_bounds(void)
     }
 }
 
+/* Long sentences: more automaton states than the cache keeps (it is dropped between calls and the
+ * position kept), and an enumeration of many alternatives (as a schema's enum becomes). */
+static void test_long_and_wide(void)
+{
+    sh_grammar *g = parse("root ::= [a-z]{0,9000} \"!\"");
+    CHECK(g != NULL);
+    if (g) {
+        sh_gmatch *m = NULL;
+        CHECK_OK(sh_gmatch_create(g, &m, NULL));
+        int ok = 1;
+        for (int k = 0; k < 9000 && ok; k++)
+            ok = sh_gmatch_accept_bytes(m, "q", 1);
+        CHECK(ok);
+        CHECK(!sh_gmatch_accept_bytes(m, "q", 1));
+        CHECK(!sh_gmatch_can_end(m));
+        CHECK(sh_gmatch_accept_bytes(m, "!", 1));
+        CHECK(sh_gmatch_can_end(m));
+        CHECK_INT_EQ(sh_gmatch_error(m, NULL), SH_OK);
+        sh_gmatch_free(m);
+        sh_grammar_free(g);
+    }
+    size_t cap = 200000, n = 0;
+    char *text = malloc(cap);
+    n += (size_t)snprintf(text, cap, "root ::= \"v0\"");
+    for (int k = 1; k < 10000; k++)
+        n += (size_t)snprintf(text + n, cap - n, " | \"v%d\"", k);
+    g = parse(text);
+    CHECK(g != NULL);
+    if (g) {
+        CHECK_SENTENCE(g, "v9999", 1);
+        CHECK_SENTENCE(g, "v1234", 1);
+        CHECK_SENTENCE(g, "v10000", 0);
+        sh_grammar_free(g);
+    }
+    free(text);
+}
+
 /* A small vocabulary: the mask equals token-by-token checks at every step of a JSON text. */
 static void test_mask_small(void)
 {
@@ -429,6 +466,7 @@ static const sh_test_case tests[] = {
     {"partial_utf8", test_partial_utf8},
     {"errors", test_errors},
     {"bounds", test_bounds},
+    {"long_and_wide", test_long_and_wide},
     {"mask_small", test_mask_small},
     {"mask_model", test_mask_model},
     {NULL, NULL},
