@@ -93,7 +93,10 @@ int32_t sh_gvocab_n_vocab(const sh_gvocab *v);
 bool sh_gmatch_token_ok(sh_gmatch *m, const sh_gvocab *v, int32_t tok);
 /* Writes the allowed tokens as bits (bit i of bits[i / 64] for token i; n_vocab bits rounded up
  * to whole words, all written). SH_OK; the matcher's error when it has failed or fails now (a
- * cache past its bound). m is const to the caller's eyes but its caches grow. */
+ * bound passed). Takes m non-const because its caches grow, though its position does not move.
+ * The mask can be all zeros only where the grammar has ended and the vocabulary has no end
+ * token, or no token continues a pending partial code point. Cost: one walk over the
+ * vocabulary's trie (most of it skipped inside strings), cached per automaton state. */
 sh_err sh_gmatch_mask(sh_gmatch *m, const sh_gvocab *v, uint64_t *bits);
 /* Advances over token tok: true when it was allowed (an end token: true exactly when m can end,
  * and m stays where it is: generation stops there), false with m unchanged otherwise. */

@@ -400,6 +400,8 @@ int32_t sh__gmatch_trans_slow(sh_gmatch *m, uint32_t s, uint8_t b)
             lo = min_cp[len];
         if (hi > 0x10FFFF)
             hi = 0x10FFFF;
+        if (lo >= 0xD800 && hi <= 0xDFFF)
+            hi = 0; /* surrogates only: never valid */
         int ok = 0;
         sh_gset set = m->sets[st.set];
         for (uint32_t k = 0; k < set.n && !ok && lo <= hi; k++) {

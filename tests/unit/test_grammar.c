@@ -225,6 +225,11 @@ static void test_partial_utf8(void)
         CHECK_SENTENCE(g, "\xc0\x80", 0);
         CHECK_SENTENCE(g, "\x80", 0);
         CHECK_SENTENCE(g, "any \xe6\x97\xa5\xe6\x9c\xac", 1);
+        /* A surrogate's first two bytes are refused at once (no code point can follow). */
+        CHECK_OK(sh_gmatch_create(g, &m, NULL));
+        CHECK(!sh_gmatch_accept_bytes(m, "\xed\xa0", 2));
+        CHECK(sh_gmatch_accept_bytes(m, "\xed\x9f", 2));
+        sh_gmatch_free(m);
         sh_grammar_free(g);
     }
 }
