@@ -6,11 +6,13 @@
  * server-sent events or a single JSON response. It keeps each request until it is finished, and
  * tells the batcher (CANCEL) when a client goes away.
  *
- * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (each also
+ * without /v1, as llama-server answers them), POST /tokenize, POST /detokenize, GET /health,
  * GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/ (when the
  * process gave providers). Errors are OpenAI-shaped JSON (net/openai.h).
  *
- * Tokenization off the loop is in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
+ * CORS, fingerprints, /v1/models and /tokenize are in gateway_api.c, tokenization off the loop
+ * in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
  * the three files share is in gateway_int.h.
  *
  * Thread: every member and every HTTP callback runs on the gateway's loop thread. */
@@ -155,8 +157,11 @@ static gw_req *find_req(gateway *g, uint64_t id)
 
 static sh_openai_meta meta_of(const gw_req *r)
 {
-    return (sh_openai_meta){
-        .kind = r->kind, .id = r->id_str, .created = r->created, .model = r->m->name};
+    return (sh_openai_meta){.kind = r->kind,
+                            .id = r->id_str,
+                            .created = r->created,
+                            .model = r->m->name,
+                            .fingerprint = r->g->fp[r->m - r->g->m]};
 }
 
 const sh_gateway_model *sh__gateway_model(const gateway *g, const char *name)
@@ -654,7 +659,7 @@ static void complete(gateway *g, gw_req *r)
             sh_histogram_observe(g->m_tpot, (double)(now - r->t_first_us) * 1e-6 / (per - 1));
     }
     sh_openai_meta meta = meta_of(r);
-    sh_openai_usage usage = {r->n_prompt, n_gen};
+    sh_openai_usage usage = {r->n_prompt, n_gen, r->n_cached};
     if (r->stream) {
         if (ensure_stream(r)) {
             if (r->include_usage)
@@ -676,6 +681,8 @@ static void on_done(gateway *g, const sh_proto_done *d)
     if (!r || d->choice >= (uint32_t)r->n_choices || r->choices[d->choice].done)
         return;
     gw_choice *c = &r->choices[d->choice];
+    if (d->choice == 0) // the other choices fork the first's prompt: no cache lookup of their own
+        r->n_cached = d->n_cached < (uint32_t)r->n_prompt ? (int32_t)d->n_cached : r->n_prompt;
     c->done = true;
     c->finish = finish_of(d->finish);
     r->n_done++;
@@ -815,10 +822,15 @@ static void on_http(sh_http_req *req, void *user)
         respond_json(req, damaged || g->draining ? 503 : 200, body);
         return;
     }
+    // The OpenAI paths also without /v1, as llama-server answers them (llama.cpp's clients).
+    const char *api = !strncmp(path, "/v1/", 4) ? path + 3 : path;
     bool is_metrics = !strcmp(path, "/metrics");
-    bool is_models = !strcmp(path, "/v1/models");
-    bool is_cmpl = !strcmp(path, "/v1/completions");
-    bool is_chat = !strcmp(path, "/v1/chat/completions");
+    bool is_models = !strcmp(api, "/models");
+    bool is_cmpl = !strcmp(api, "/completions");
+    bool is_chat = !strcmp(api, "/chat/completions");
+    bool is_tok = !strcmp(path, "/tokenize"), is_detok = !strcmp(path, "/detokenize");
+    if ((is_models || is_cmpl || is_chat || is_tok || is_detok) && sh__gateway_cors(g, req))
+        return; /* a CORS preflight: answered before the keys, a browser sends none with it */
     if (!strcmp(path, "/admin/policy/reload")) { /* answered while draining too */
         if (!post)
             goto bad_method;
@@ -833,7 +845,8 @@ static void on_http(sh_http_req *req, void *user)
         serve_admin_page(g, req); /* answered while draining too, with its own key check */
         return;
     }
-    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_cluster && !is_status) {
+    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_tok && !is_detok && !is_cluster &&
+        !is_status) {
         sh__gateway_respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s",
                                    method, path);
         return;
@@ -872,11 +885,15 @@ static void on_http(sh_http_req *req, void *user)
     if (is_models) {
         if (!get)
             goto bad_method;
-        respond_json(req, 200, sh_openai_models_json(g->models, g->n_m, 0, "shoal"));
+        sh__gateway_models(g, req);
         return;
     }
     if (!post)
         goto bad_method;
+    if (is_tok || is_detok) {
+        sh__gateway_tokenize(g, req, is_detok);
+        return;
+    }
     handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, prio);
     return;
 bad_method:
@@ -911,13 +928,15 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
                                      .chat = a->chat,
                                      .default_system = a->default_system,
                                      .n_vocab = a->n_vocab,
-                                     .n_ctx = a->n_ctx};
+                                     .n_ctx = a->n_ctx,
+                                     .n_ctx_train = a->n_ctx_train};
     int32_t max_ctx = 0;
     for (int32_t i = 0; i < g->n_m; i++) {
         g->models[i] = g->m[i].name;
         if (g->m[i].n_ctx > max_ctx)
             max_ctx = g->m[i].n_ctx;
     }
+    sh__gateway_fingerprints(g);
     if (g->a.max_n <= 0)
         g->a.max_n = 8;
     if (g->a.max_tokens <= 0)

@@ -26,6 +26,7 @@ typedef struct gw_req {
     int32_t top_n;
     int32_t n_choices, n_done;
     int32_t n_prompt;
+    int32_t n_cached; /* prompt tokens the prefix cache served (choice 0's DONE) */
     char id_str[48];
     int64_t created;
     uint64_t t0_us, t_first_us;
@@ -44,6 +45,7 @@ struct gateway {
     uint64_t next_id;
     sh_gateway_model m[SH_GATEWAY_MAX_MODELS]; /* the models served (args.models, or the one) */
     const char *models[SH_GATEWAY_MAX_MODELS]; /* their names */
+    char fp[SH_GATEWAY_MAX_MODELS][64];        /* their system_fingerprint (gateway_api.c) */
     int32_t n_m;
     char *metrics_buf;
     size_t metrics_cap;
@@ -74,6 +76,18 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
 /* Answers r's client with an error (drain deadline, stop); r stays for the caller to free. */
 void sh__gateway_end_with_error(gateway *g, gw_req *r, int status, const char *code,
                                 const char *msg);
+
+/* ---- gateway_api.c: CORS, fingerprints, /v1/models, /tokenize ---------------------------- */
+
+/* Fills g->fp for every model. */
+void sh__gateway_fingerprints(gateway *g);
+/* With --cors-origin: adds Vary and, for an allowed Origin, Access-Control-Allow-Origin to req's
+ * response; answers a preflight (OPTIONS) with 204 and returns true. False: go on routing. */
+bool sh__gateway_cors(gateway *g, sh_http_req *req);
+/* GET /v1/models. */
+void sh__gateway_models(gateway *g, sh_http_req *req);
+/* POST /tokenize (detok false) or POST /detokenize. */
+void sh__gateway_tokenize(gateway *g, sh_http_req *req, bool detok);
 
 /* ---- gateway_tok.c: tokenization, off the loop -------------------------------------------- */
 

@@ -343,6 +343,7 @@ typedef struct sh_gateway_model {
     sh_chat_template chat;
     const char *default_system; /* NULL: none */
     int32_t n_vocab, n_ctx;
+    int32_t n_ctx_train; /* the model's training context (/v1/models); 0: unknown */
 } sh_gateway_model;
 
 #define SH_GATEWAY_MAX_MODELS 16
@@ -355,6 +356,7 @@ typedef struct sh_gateway_args {
     const char *default_system; /* the template's default system prompt, or NULL */
     const char *model_name;     /* the id /v1/models lists and requests must name */
     int32_t n_vocab, n_ctx;
+    int32_t n_ctx_train; /* 0: unknown */
     /* Optional: n_models (1 to SH_GATEWAY_MAX_MODELS) models, copied at init. /v1/models lists
      * them in this order; a request's "model" picks one (an unknown name is a 404 naming them;
      * without "model" a request is a 400 when there are several). */
@@ -375,9 +377,13 @@ typedef struct sh_gateway_args {
     uint32_t idle_timeout_ms;    /* keep-alive wait for the next request (default 60000) */
     uint32_t max_conns_per_ip;   /* open connections per client address (0: no limit) */
     bool metrics_public;         /* /metrics answers without a key even when keys are set */
-    uint32_t drain_timeout_ms;   /* after sh__gateway_ctl_drain: how long in-flight requests may
-                                  * still finish before they are ended with an error (0: none) */
-    struct sh_gateway_ctl *ctl;  /* optional: drain and key reloads from another thread */
+    /* CORS (--cors-origin): origins ("https://host[:port]", or "*" for any) whose pages may call
+     * the API, NULL-terminated; preflights are answered before the keys. Borrowed; NULL or an
+     * empty list: off. */
+    const char *const *cors_origins;
+    uint32_t drain_timeout_ms;  /* after sh__gateway_ctl_drain: how long in-flight requests may
+                                 * still finish before they are ended with an error (0: none) */
+    struct sh_gateway_ctl *ctl; /* optional: drain and key reloads from another thread */
     /* Optional: GET /admin/cluster answers 200 with the JSON document this returns (the
      * topology and load of the cluster this process fronts; tools/cluster_status.h), or 500 when
      * it returns NULL. Called on the gateway's loop thread with cluster_user: it must not block.

@@ -126,7 +126,9 @@ static bool build_head(sh_http_req *r, sh__http_buf *b, int status, const char *
         n = snprintf(line, sizeof line, "Content-Type: %.200s\r\n", ctype);
         ok = ok && sh__http_buf_add(b, line, (size_t)n);
     }
-    if (length >= 0) {
+    if (status == 204) {
+        n = 0; /* no body, and RFC 9110 forbids Content-Length on a 204 */
+    } else if (length >= 0) {
         n = snprintf(line, sizeof line, "Content-Length: %lld\r\n", length);
     } else if (r->http10) {
         /* HTTP/1.0 has no chunked coding: the end of the body is the end of the connection. */

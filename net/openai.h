@@ -112,6 +112,9 @@ typedef struct sh_openai_request {
                          * (<|im_end|>, <s>, ...) become special tokens; by default they are
                          * plain text. Refused (400) on chat and with token-id prompts. */
     const char *user;   /* NULL when absent */
+    char *grammar;      /* the grammar response_format asks for (net/json_schema.h), malloc'd;
+                         * NULL for none or "text". Only validated so far: an unknown type or a
+                         * bad schema is a 400; sampling does not apply it yet. */
     int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
     void *root_;        /* the parsed JSON, which owns the borrowed strings */
     char *text_;        /* concatenated chat contents */
@@ -145,6 +148,7 @@ typedef struct sh_openai_meta {
     const char *id;  /* "cmpl-..." or "chatcmpl-..." */
     int64_t created; /* Unix seconds */
     const char *model;
+    const char *fingerprint; /* "system_fingerprint"; NULL: left out */
 } sh_openai_meta;
 
 typedef struct sh_openai_top {
@@ -169,8 +173,11 @@ typedef struct sh_openai_choice {
     int32_t n_logprobs;
 } sh_openai_choice;
 
+/* Written as {"prompt_tokens","completion_tokens","total_tokens",
+ * "prompt_tokens_details":{"cached_tokens"}}. */
 typedef struct sh_openai_usage {
     int32_t prompt_tokens, completion_tokens;
+    int32_t cached_tokens; /* prompt tokens served from the prefix cache */
 } sh_openai_usage;
 
 /* A complete "text_completion" or "chat.completion" object (by meta->kind). */
@@ -191,6 +198,19 @@ char *sh_openai_usage_sse(const sh_openai_meta *meta, const sh_openai_usage *usa
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]}. */
 char *sh_openai_models_json(const char *const *models, int32_t n, int64_t created,
                             const char *owned_by);
+
+/* What /v1/models says of one model beside its name. */
+typedef struct sh_openai_model_info {
+    const char *id;
+    int32_t max_model_len; /* the context a request may use (vLLM's "max_model_len") */
+    int32_t n_ctx_train;   /* the context the model was trained for; 0: left out */
+    int32_t n_vocab;       /* 0: left out */
+} sh_openai_model_info;
+
+/* The same list with each model's "max_model_len", "capabilities" (["completion","chat"]) and
+ * llama-server's "meta" object ({"n_ctx_train","n_vocab"}). */
+char *sh_openai_models_info_json(const sh_openai_model_info *models, int32_t n, int64_t created,
+                                 const char *owned_by);
 
 /* GET /health: {"status": status} plus the extra JSON members in extra_json (e.g.
  * "\"replicas\":2"; NULL for none; must be valid JSON members, it is parsed). */

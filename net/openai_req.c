@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "net/json_schema.h"
 #include "net/openai.h"
 
 sh_err sh_openai_error_set(sh_openai_error *e, int status, const char *code, const char *param,
@@ -458,6 +459,26 @@ static bool parse_spec(json_t *o, sh_openai_request *r, sh_openai_error *err)
     return true;
 }
 
+/* response_format, validated through net/json_schema.h: an unknown type or a schema outside its
+ * coverage is a 400 naming the field. The grammar is kept in r->grammar; wiring it to sampling
+ * comes next. Returns false with err filled. */
+static bool parse_response_format(json_t *o, sh_openai_request *r, sh_openai_error *err)
+{
+    json_t *rf = json_object_get(o, "response_format");
+    if (!rf)
+        return true;
+    char param[64] = "response_format";
+    sh_error e = {0};
+    sh_err rc = sh_json_schema_response_format(rf, &r->grammar, param, &e);
+    if (rc == SH_ENOMEM)
+        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+    if (rc)
+        return sh_openai_error_set(err, 400, NULL, param[0] ? param : "response_format", "%s",
+                                   e.msg),
+               false;
+    return true;
+}
+
 /* Every field after the type-specific ones. Returns false with err filled. */
 static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
                          sh_openai_error *err)
@@ -555,6 +576,8 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
                                        "'top_logprobs' requires 'logprobs' to be true"),
                    false;
     }
+    if (!parse_response_format(o, r, err))
+        return false;
     return check_model(r->model, lim, err);
 }
 
@@ -617,6 +640,7 @@ void sh_openai_request_free(sh_openai_request *r)
     free(r->messages);
     free(r->text_);
     free(r->bias);
+    free(r->grammar);
     json_decref(r->root_);
     free(r);
 }

@@ -138,14 +138,19 @@ static json_t *logprobs_json(sh_openai_kind kind, const sh_openai_choice *c)
 
 static json_t *usage_json(const sh_openai_usage *u)
 {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", u->prompt_tokens, "completion_tokens",
-                     u->completion_tokens, "total_tokens", u->prompt_tokens + u->completion_tokens);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", u->prompt_tokens,
+                     "completion_tokens", u->completion_tokens, "total_tokens",
+                     u->prompt_tokens + u->completion_tokens, "prompt_tokens_details",
+                     "cached_tokens", u->cached_tokens);
 }
 
 static json_t *head_json(const sh_openai_meta *m, const char *object)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", m->id ? m->id : "", "object", object, "created",
-                     (json_int_t)m->created, "model", m->model ? m->model : "");
+    json_t *h = json_pack("{s:s, s:s, s:I, s:s}", "id", m->id ? m->id : "", "object", object,
+                          "created", (json_int_t)m->created, "model", m->model ? m->model : "");
+    if (h && m->fingerprint)
+        json_object_set_new(h, "system_fingerprint", json_string(m->fingerprint));
+    return h;
 }
 
 /* Dumps and frees; NULL when root is NULL (an allocation failed while building). */
@@ -252,6 +257,31 @@ char *sh_openai_models_json(const char *const *models, int32_t n, int64_t create
         json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", models[i], "object",
                                               "model", "created", (json_int_t)created, "owned_by",
                                               owned_by ? owned_by : "shoal"));
+    if (!data)
+        return NULL;
+    return dump(json_pack("{s:s, s:o}", "object", "list", "data", data), NULL);
+}
+
+char *sh_openai_models_info_json(const sh_openai_model_info *models, int32_t n, int64_t created,
+                                 const char *owned_by)
+{
+    json_t *data = json_array();
+    for (int32_t i = 0; data && i < n; i++) {
+        const sh_openai_model_info *m = &models[i];
+        json_t *meta = json_object();
+        if (meta && m->n_ctx_train > 0)
+            json_object_set_new(meta, "n_ctx_train", json_integer(m->n_ctx_train));
+        if (meta && m->n_vocab > 0)
+            json_object_set_new(meta, "n_vocab", json_integer(m->n_vocab));
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:i, s:[s,s], s:o}", "id", m->id, "object",
+                              "model", "created", (json_int_t)created, "owned_by",
+                              owned_by ? owned_by : "shoal", "max_model_len", m->max_model_len,
+                              "capabilities", "completion", "chat", "meta", meta);
+        if (!o || json_array_append_new(data, o)) {
+            json_decref(data);
+            return NULL;
+        }
+    }
     if (!data)
         return NULL;
     return dump(json_pack("{s:s, s:o}", "object", "list", "data", data), NULL);

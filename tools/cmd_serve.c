@@ -423,8 +423,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     else
         sh__serve_base_name(o->model, s->name, sizeof s->name);
 
-    // One kvmgr and one batcher per replica (in one process, with its stage), a router before
-    // the replicas of each model that has several (actors/replica.h).
+    // A kvmgr and a batcher per replica (with its stage), a router per replicated model.
     sh_replica_opts rep = {.front = s->front,
                            .models = models,
                            .toks = toks,
@@ -476,6 +475,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .model_name = s->name,
                           .n_vocab = hp->n_vocab,
                           .n_ctx = n_ctx,
+                          .n_ctx_train = (int32_t)hp->n_ctx_train,
+                          .cors_origins = o->cors,
                           .host = o->host,
                           .port = o->port,
                           .max_body_bytes = o->max_body,
@@ -506,7 +507,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                                         .chat = ch,
                                         .default_system = sys ? buf : NULL,
                                         .n_vocab = mm->hp.n_vocab,
-                                        .n_ctx = plan->rep[rs->ids[j][0]].n_ctx};
+                                        .n_ctx = plan->rep[rs->ids[j][0]].n_ctx,
+                                        .n_ctx_train = (int32_t)mm->hp.n_ctx_train};
         }
         ga.models = gms;
         ga.n_models = n_slots;
@@ -535,8 +537,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     ga.degrade = s->deg;
     if (sh_actor_spawn(s->rt, "gateway", &ga, 0, &gw_addr, &e))
         return (sh__cmd_fail("spawn: %s", e.msg), 1);
-    // The gateway's init reports the bound port (or -1); the args stay on this stack until run
-    // returns, after the runtime is gone.
+    // Init reports the bound port (or -1); ga stays on this stack until the runtime is gone.
     for (int i = 0; i < 30000 && __atomic_load_n(&bound, __ATOMIC_ACQUIRE) == 0; i++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);

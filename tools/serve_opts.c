@@ -83,6 +83,9 @@ static void usage(FILE *f)
             "                      lines skipped); re-read on SIGHUP\n"
             "  env " KEY_ENV "   keys, KEY[:P][:admin] separated by commas\n"
             "  --metrics-public    serve /metrics without a key even when keys are required\n"
+            "  --cors-origin O     let web pages of origin O (https://host[:port]; repeatable;\n"
+            "                      * for any) call the API: preflights answered before the\n"
+            "                      keys, Access-Control-Allow-Origin on responses (default: off)\n"
             "  --fault-scenario F  with -c: apply fault scenario F to the links leaving the\n"
             "                      front, times counted from the end of the join (testing)\n"
             "  --fault-epoch E     with --fault-scenario: its times from E (UNIX_MS, or @FILE\n"
@@ -309,7 +312,8 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
-    "--fault-epoch --control-nice --spec --spec-k "
+    "--fault-epoch --control-nice --spec --spec-k "                                                \
+    "--cors-origin "
 
 /* --spec and --spec-k. --spec-k alone waits for the script's batcher.spec (checked in
  * sh__serve_opts_finish); a draft model or layers are checked against the model at load
@@ -324,6 +328,26 @@ static int parse_spec(sh_serve_opts *o)
         return sh__cmd_fail("%s", e.msg);
     if (o->spec.kind == SH_SPEC_OFF && o->spec_k_text && !o->config)
         return sh__cmd_fail("--spec-k needs --spec ngram, draft:PATH or self:LAYERS");
+    return 0;
+}
+
+/* --cors-origin: "*" or scheme://host[:port] with nothing after it (a browser's Origin header).
+ * Returns 0 or 2 (printed). */
+static int add_cors(sh_serve_opts *o, const char *v)
+{
+    const char *host = !strncmp(v, "http://", 7)    ? v + 7
+                       : !strncmp(v, "https://", 8) ? v + 8
+                                                    : NULL;
+    bool ok = !strcmp(v, "*") || (host && *host && strlen(v) < 256);
+    for (const char *p = host; ok && p && *p; p++)
+        ok = *p > ' ' && *p < 127 && *p != '/' && *p != ',' && *p != '"';
+    if (!ok)
+        return sh__cmd_fail("--cors-origin %.200s: want an origin such as https://example.com or "
+                            "http://localhost:3000 (scheme, host and port only), or *",
+                            v);
+    if (o->n_cors == SH_SERVE_MAX_CORS)
+        return sh__cmd_fail("--cors-origin: at most %d", SH_SERVE_MAX_CORS);
+    o->cors[o->n_cors++] = v;
     return 0;
 }
 
@@ -470,6 +494,9 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
             double d = 0;
             snprintf(want, sizeof want, "load units from 1 to 1e9");
             ok = sh__cmd_parse_f64(v, 1, 1e9, &d) && ((o->affinity_slack = d), true);
+        } else if (!strcmp(a, "--cors-origin")) {
+            if (add_cors(o, v))
+                return 2;
         } else if (!strcmp(a, "--api-key")) {
             if (add_key(o, v, "--api-key"))
                 return 2;

@@ -12,6 +12,7 @@
 #include "tools/serve_degrade.h"
 
 #define SH_SERVE_MAX_KEYS 1024
+#define SH_SERVE_MAX_CORS 64 /* --cors-origin flags */
 /* -m when neither -m nor -c is given (scripts/get-model.sh fetches it). */
 #define SH_SERVE_DEFAULT_MODEL "models/smollm2-135m-instruct-q4_1.gguf"
 
@@ -26,6 +27,8 @@ typedef struct sh_serve_opts {
     uint32_t max_conns, header_timeout_ms, request_timeout_ms;
     uint32_t idle_timeout_ms, max_conns_per_ip, drain_timeout_ms;
     bool metrics_public;
+    const char *cors[SH_SERVE_MAX_CORS + 1]; /* --cors-origin (origins or "*"), NULL-ended */
+    int32_t n_cors;
     const char *key_file; /* --api-key-file: read at start and on SIGHUP */
     int32_t n_fixed_keys; /* keys[0, n_fixed_keys) come from flags, script and environment; the
                              key file's follow and are replaced on reload */

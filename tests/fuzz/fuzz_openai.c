@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            .finish = SH_OPENAI_FINISH_STOP,
                            .logprobs = r->logprobs ? &lp : NULL,
                            .n_logprobs = r->logprobs ? 1 : 0};
-    sh_openai_usage usage = {3, 4};
+    sh_openai_usage usage = {3, 4, 1};
     must_be_json(sh_openai_response_json(&meta, &ch, 1, &usage));
     char *sse = sh_openai_chunk_sse(&meta, &ch, data[0] & 8, r->include_usage);
     if (sse && (strncmp(sse, "data: ", 6) != 0 || strlen(sse) < 8))

@@ -17,6 +17,9 @@ endfunction()
 set(_d ${CMAKE_CURRENT_LIST_DIR})
 sh_serve_test(test_serve_openai ${_d}/run_py.sh ${_d}/test_serve_openai.py)
 sh_serve_test(test_serve_curl ${_d}/test_serve_curl.sh)
+# What OpenAI and llama.cpp clients send beside the core endpoints: path aliases, CORS,
+# system_fingerprint, cached_tokens, /tokenize and /detokenize, /v1/models, response_format.
+sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # About 100 s on an AVX-512 VM; 280-300 s on an AVX2-only one under the suite's -j2 load.

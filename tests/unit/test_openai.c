@@ -479,8 +479,8 @@ static void test_response_builders(void)
     sh_openai_top top[2] = {{"a", -0.1f}, {"b", -2.5f}};
     sh_openai_logprob lps[2] = {{"He", -0.5f, 0, top, 2}, {"\xe2\x82", -INFINITY, 2, NULL, 0}};
     sh_openai_choice ch = {0, "He\xe2\x82", SH_OPENAI_FINISH_LENGTH, lps, 2};
-    sh_openai_usage u = {5, 2};
-    sh_openai_meta m = {SH_OPENAI_COMPLETION, "cmpl-1", 1700000000, "tiny"};
+    sh_openai_usage u = {5, 2, 3};
+    sh_openai_meta m = {SH_OPENAI_COMPLETION, "cmpl-1", 1700000000, "tiny", "shoal-fp"};
     json_t *j = load(sh_openai_response_json(&m, &ch, 1, &u), NULL);
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "text_completion");
@@ -502,13 +502,16 @@ static void test_response_builders(void)
         CHECK_INT_EQ(JI(us, "prompt_tokens"), 5);
         CHECK_INT_EQ(JI(us, "completion_tokens"), 2);
         CHECK_INT_EQ(JI(us, "total_tokens"), 7);
+        CHECK_INT_EQ(JI(json_object_get(us, "prompt_tokens_details"), "cached_tokens"), 3);
+        CHECK_STR_EQ(JS(j, "system_fingerprint"), "shoal-fp");
         json_decref(j);
     }
-    m = (sh_openai_meta){SH_OPENAI_CHAT, "chatcmpl-1", 1, "tiny"};
+    m = (sh_openai_meta){SH_OPENAI_CHAT, "chatcmpl-1", 1, "tiny", NULL};
     ch = (sh_openai_choice){0, "Hi \"there\"", SH_OPENAI_FINISH_STOP, lps, 1};
     j = load(sh_openai_response_json(&m, &ch, 1, &u), NULL);
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "chat.completion");
+        CHECK(json_object_get(j, "system_fingerprint") == NULL);
         json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
         json_t *msg = json_object_get(c0, "message");
         CHECK_STR_EQ(JS(msg, "role"), "assistant");
@@ -535,11 +538,12 @@ static void test_response_builders(void)
 
 static void test_chunks(void)
 {
-    sh_openai_meta m = {SH_OPENAI_CHAT, "chatcmpl-2", 2, "tiny"};
+    sh_openai_meta m = {SH_OPENAI_CHAT, "chatcmpl-2", 2, "tiny", "shoal-fp"};
     sh_openai_choice ch = {0, NULL, SH_OPENAI_FINISH_NONE, NULL, 0};
     json_t *j = load(sh_openai_chunk_sse(&m, &ch, true, true), "data: ");
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "chat.completion.chunk");
+        CHECK_STR_EQ(JS(j, "system_fingerprint"), "shoal-fp");
         json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
         CHECK_STR_EQ(JS(json_object_get(c0, "delta"), "role"), "assistant");
         CHECK_STR_EQ(JS(json_object_get(c0, "delta"), "content"), "");
@@ -565,11 +569,13 @@ static void test_chunks(void)
         CHECK_STR_EQ(JS(c0, "finish_reason"), "stop");
         json_decref(j);
     }
-    sh_openai_usage u = {3, 4};
+    sh_openai_usage u = {3, 4, 0};
     j = load(sh_openai_usage_sse(&m, &u), "data: ");
     if (j) {
         CHECK_INT_EQ(json_array_size(json_object_get(j, "choices")), 0);
         CHECK_INT_EQ(JI(json_object_get(j, "usage"), "total_tokens"), 7);
+        json_t *pd = json_object_get(json_object_get(j, "usage"), "prompt_tokens_details");
+        CHECK_INT_EQ(JI(pd, "cached_tokens"), 0);
         json_decref(j);
     }
     m.kind = SH_OPENAI_COMPLETION;
@@ -595,6 +601,18 @@ static void test_models_health(void)
         CHECK_STR_EQ(JS(d1, "object"), "model");
         CHECK_INT_EQ(JI(d1, "created"), 42);
         CHECK_STR_EQ(JS(d1, "owned_by"), "shoal");
+        json_decref(j);
+    }
+    sh_openai_model_info mi[1] = {{"tiny", 2048, 8192, 1000}};
+    j = load(sh_openai_models_info_json(mi, 1, 42, NULL), NULL);
+    if (j) {
+        json_t *d0 = json_array_get(json_object_get(j, "data"), 0);
+        CHECK_STR_EQ(JS(d0, "id"), "tiny");
+        CHECK_INT_EQ(JI(d0, "max_model_len"), 2048);
+        CHECK_INT_EQ(JI(json_object_get(d0, "meta"), "n_ctx_train"), 8192);
+        CHECK_INT_EQ(JI(json_object_get(d0, "meta"), "n_vocab"), 1000);
+        CHECK_STR_EQ(json_string_value(json_array_get(json_object_get(d0, "capabilities"), 1)),
+                     "chat");
         json_decref(j);
     }
     j = load(sh_openai_health_json("ok", "\"replicas\":2"), NULL);
