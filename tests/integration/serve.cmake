@@ -20,6 +20,8 @@ sh_serve_test(test_serve_curl ${_d}/test_serve_curl.sh)
 # What OpenAI and llama.cpp clients send beside the core endpoints: path aliases, CORS,
 # system_fingerprint, cached_tokens, /tokenize and /detokenize, /v1/models, response_format.
 sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
+# CORS from a real browser: a page on another origin in headless Chromium (skips without it).
+sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # About 100 s on an AVX-512 VM; 280-300 s on an AVX2-only one under the suite's -j2 load.
