@@ -110,8 +110,8 @@ void sh__gateway_models(gateway *g, sh_http_req *req)
 
 /* ---- /tokenize and /detokenize ------------------------------------------------------------ */
 
-/* Tokenized on the loop: the text is bounded so that one request cannot hold it up for long. */
-#define TOKENIZE_MAX_BYTES (256u << 10)
+/* Tokenized on the worker pool (gateway_tok.c), never on the loop; bounded all the same. */
+#define TOKENIZE_MAX_BYTES (1u << 20)
 #define DETOKENIZE_MAX_IDS (64u << 10)
 
 /* Length of the valid UTF-8 sequence at p (1..4), or 0. */
@@ -226,17 +226,24 @@ static void tokenize(gateway *g, sh_http_req *req, json_t *root, const sh_gatewa
         !opt_bool(g, req, root, "parse_special", &parse_special) ||
         !opt_bool(g, req, root, "with_pieces", &with_pieces))
         return;
-    sh_tokenize_opts to = {.flags = (parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0u) |
-                                    (add_special && sh_tokenizer_wants_bos(m->tok)
-                                         ? SH_TOKENIZE_ADD_BOS
-                                         : 0u)};
-    int32_t *ids = NULL;
-    size_t n = 0;
-    sh_error e = {0};
-    sh_err rc = sh_tokenizer_encode_opts(m->tok, json_string_value(c), len, &to, &ids, &n, &e);
+    uint32_t flags = (parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0u) |
+                     (add_special && sh_tokenizer_wants_bos(m->tok) ? SH_TOKENIZE_ADD_BOS : 0u);
+    char *text = malloc(len + 1);
+    if (!text) {
+        sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    memcpy(text, json_string_value(c), len + 1);
+    sh__gateway_tok_queue_text(g, req, m->tok, text, len, flags, with_pieces);
+}
+
+void sh__gateway_tokenize_done(gateway *g, sh_http_req *req, const sh_tokenizer *tok,
+                               const int32_t *ids, size_t n, bool with_pieces, sh_err rc,
+                               const char *msg)
+{
     if (rc) {
         sh__gateway_respond_errorf(g, req, rc == SH_ENOMEM ? 500 : 400, NULL, "content",
-                                   "cannot tokenize 'content': %s", e.msg);
+                                   "cannot tokenize 'content': %s", msg);
         return;
     }
     json_t *arr = json_array();
@@ -244,7 +251,7 @@ static void tokenize(gateway *g, sh_http_req *req, json_t *root, const sh_gatewa
         json_t *t;
         if (with_pieces) {
             const char *p = NULL;
-            size_t k = sh_tokenizer_piece(m->tok, ids[i], SH_DECODE_SPECIAL, &p);
+            size_t k = sh_tokenizer_piece(tok, ids[i], SH_DECODE_SPECIAL, &p);
             t = json_pack("{s:i, s:o}", "id", (int)ids[i], "piece", piece_json(p, k));
         } else {
             t = json_integer(ids[i]);
@@ -254,7 +261,6 @@ static void tokenize(gateway *g, sh_http_req *req, json_t *root, const sh_gatewa
             arr = NULL;
         }
     }
-    free(ids);
     respond_dump(g, req, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
 }
 
@@ -287,8 +293,7 @@ static void detokenize(gateway *g, sh_http_req *req, json_t *root, const sh_gate
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
             free(ids);
             sh__gateway_respond_errorf(g, req, 400, NULL, param,
-                                       "'%s' must be a token id from 0 to %d", param,
-                                       (int)nv - 1);
+                                       "'%s' must be a token id from 0 to %d", param, (int)nv - 1);
             return;
         }
         ids[i] = (int32_t)json_integer_value(v);

@@ -88,11 +88,19 @@ bool sh__gateway_cors(gateway *g, sh_http_req *req);
 void sh__gateway_models(gateway *g, sh_http_req *req);
 /* POST /tokenize (detok false) or POST /detokenize. */
 void sh__gateway_tokenize(gateway *g, sh_http_req *req, bool detok);
+/* POST /tokenize's answer once the worker pool encoded it (rc, msg: its result). */
+void sh__gateway_tokenize_done(gateway *g, sh_http_req *req, const sh_tokenizer *tok,
+                               const int32_t *ids, size_t n, bool with_pieces, sh_err rc,
+                               const char *msg);
 
 /* ---- gateway_tok.c: tokenization, off the loop -------------------------------------------- */
 
 /* Tokenizes q's prompt on the worker pool, then submits it or answers http. Takes q. */
 void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio);
+/* POST /tokenize: text[0, len) (malloc'd; taken) encoded with flags (SH_TOKENIZE_*) on the
+ * worker pool, then answered by sh__gateway_tokenize_done. */
+void sh__gateway_tok_queue_text(gateway *g, sh_http_req *http, const sh_tokenizer *tok, char *text,
+                                size_t len, uint32_t flags, bool with_pieces);
 /* Answers every prompt still being tokenized with 503 (stop). */
 void sh__gateway_tok_orphan_all(gateway *g);
 

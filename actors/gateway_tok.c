@@ -17,10 +17,14 @@
 
 typedef struct gw_tok {
     uv_work_t work;
-    gateway *g;        /* NULL once the gateway stopped */
-    sh_http_req *http; /* NULL once answered (client gone, gateway stopped) */
-    sh_openai_request *q;
+    gateway *g;           /* NULL once the gateway stopped */
+    sh_http_req *http;    /* NULL once answered (client gone, gateway stopped) */
+    sh_openai_request *q; /* NULL for a POST /tokenize job (text below) */
     int32_t prio;
+    char *text; /* POST /tokenize: the content (owned), its encode flags, with_pieces */
+    size_t text_len;
+    uint32_t flags;
+    bool with_pieces;
     /* what the worker reads: copied, so it never touches the gateway */
     const sh_tokenizer *tok;
     sh_chat_template chat;
@@ -41,6 +45,12 @@ static void tok_run(uv_work_t *w)
 {
     gw_tok *t = w->data;
     const sh_openai_request *q = t->q;
+    if (!q) {
+        sh_tokenize_opts o = {.flags = t->flags};
+        t->rc =
+            sh_tokenizer_encode_opts(t->tok, t->text, t->text_len, &o, &t->ids, &t->n_ids, &t->e);
+        return;
+    }
     if (q->kind == SH_OPENAI_COMPLETION) {
         sh_tokenize_opts o = {.flags = q->parse_special ? SH_TOKENIZE_PARSE_SPECIAL : 0,
                               .max_ids = t->max_ids};
@@ -66,6 +76,7 @@ static void tok_run(uv_work_t *w)
 static void tok_free(gw_tok *t)
 {
     free(t->ids);
+    free(t->text);
     sh_openai_request_free(t->q);
     free(t);
 }
@@ -120,7 +131,13 @@ static void tok_done(uv_work_t *w, int status)
     }
     sh_http_req *http = t->http;
     sh_http_req_on_abort(http, NULL, NULL);
-    const char *param = t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
+    if (!t->q && status != UV_ECANCELED) { /* POST /tokenize */
+        sh__gateway_tokenize_done(g, http, t->tok, t->ids, t->n_ids, t->with_pieces, t->rc,
+                                  t->e.msg);
+        tok_free(t);
+        return;
+    }
+    const char *param = !t->q || t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
     if (status == UV_ECANCELED) {
         sh__gateway_respond_errorf(g, http, 503, NULL, NULL, "the server is shutting down");
     } else if (t->rc == SH_ERANGE && t->n_ids > t->max_ids) {
@@ -142,6 +159,8 @@ static void tok_done(uv_work_t *w, int status)
     tok_free(t);
 }
 
+static void queue(gateway *g, sh_http_req *http, gw_tok *t);
+
 /* A parsed request whose prompt must be tokenized first: the work item takes q. */
 void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio)
 {
@@ -161,12 +180,37 @@ void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, 
                   .default_system = m->default_system,
                   // The prompt must leave room for one generated token.
                   .max_ids = m->n_ctx > 1 ? (size_t)m->n_ctx - 1 : 1};
+    queue(g, http, t);
+}
+
+void sh__gateway_tok_queue_text(gateway *g, sh_http_req *http, const sh_tokenizer *tok, char *text,
+                                size_t len, uint32_t flags, bool with_pieces)
+{
+    gw_tok *t = calloc(1, sizeof *t);
+    if (!t) {
+        free(text);
+        sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        return;
+    }
+    *t = (gw_tok){.g = g,
+                  .http = http,
+                  .tok = tok,
+                  .text = text,
+                  .text_len = len,
+                  .flags = flags,
+                  .with_pieces = with_pieces};
+    queue(g, http, t);
+}
+
+/* Queues t on the worker pool, or answers http (t freed). */
+static void queue(gateway *g, sh_http_req *http, gw_tok *t)
+{
     t->work.data = t;
     int rc = uv_queue_work(sh__actor_uv_loop(g->ctx), &t->work, tok_run, tok_done);
     if (rc) {
         tok_free(t);
-        sh__gateway_respond_errorf(g, http, 503, NULL, NULL,
-                                   "cannot queue the prompt for tokenization: %s", uv_strerror(rc));
+        sh__gateway_respond_errorf(g, http, 503, NULL, NULL, "cannot queue for tokenization: %s",
+                                   uv_strerror(rc));
         return;
     }
     t->next = g->toks;

@@ -246,7 +246,7 @@ def tokenize_bad(url):
     cases = [("/tokenize", {}, "content"), ("/tokenize", {"content": 5}, "content"),
              ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
              ("/tokenize", {"content": "x", "add_special": 1}, "add_special"),
-             ("/tokenize", {"content": "x" * (300 << 10)}, "content"),
+             ("/tokenize", {"content": "x" * ((1 << 20) + 1)}, "content"),
              ("/detokenize", {}, "tokens"), ("/detokenize", {"tokens": "1 2"}, "tokens"),
              ("/detokenize", {"tokens": [1, "2"]}, "tokens[1]"),
              ("/detokenize", {"tokens": [1, 2.5]}, "tokens[1]"),
@@ -265,6 +265,12 @@ def tokenize_bad(url):
     check(st == 405, f"GET /tokenize: {st}")
     st, a, _ = su.post_json(url, "/tokenize", {"content": ""})
     check(st == 200 and a["tokens"] == [], f"empty content: {st} {a}")
+    # Large content (under the 1 MiB bound) is tokenized on the worker pool and answered whole.
+    big = "lorem ipsum dolor " * 50000
+    st, a, raw = su.post_json(url, "/tokenize", {"content": big})
+    check(st == 200 and len(a["tokens"]) > 50000, f"900 KB content: {st} {raw[:200]!r}")
+    st, d, _ = su.post_json(url, "/detokenize", {"tokens": a["tokens"][:60000]})
+    check(st == 200 and big.startswith(d["content"]), f"detokenize of 60000 ids: {st}")
 
 
 def tokenize_keyed(url):
