@@ -34,7 +34,6 @@
 #include "net/admin_page.h"
 #include "runtime/actor_uv.h"
 
-#define PENALTY_WINDOW 64
 #define MAX_PIECE 256
 
 typedef struct gw_top {
@@ -325,7 +324,8 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
                             .max_tokens = g->a.max_tokens,
                             .max_n = g->a.max_n,
                             .n_vocab = m->n_vocab,
-                            .max_prompt_tokens = m->n_ctx};
+                            .max_prompt_tokens = m->n_ctx,
+                            .defaults = m->sampling};
     sh_openai_request *q = NULL;
     sh_openai_error err;
     if (sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
@@ -420,10 +420,11 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                      .top_k = q->top_k > 0 ? q->top_k : 0,
                      .top_p = q->top_p,
                      .min_p = q->min_p,
-                     .repeat_penalty = 1.0f,
+                     .repeat_penalty = q->repeat_penalty,
                      .frequency_penalty = q->frequency_penalty,
                      .presence_penalty = q->presence_penalty,
-                     .penalty_last_n = PENALTY_WINDOW,
+                     .penalty_last_n = q->repeat_last_n < 0 ? m->n_ctx : q->repeat_last_n,
+                     .typical_p = q->typical_p < 1.0f ? q->typical_p : 0.0f,
                      .seed = seed,
                      .max_tokens = (uint32_t)max_tokens,
                      .n_logprobs = q->logprobs ? q->top_logprobs : 0,
@@ -929,7 +930,8 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
                                      .default_system = a->default_system,
                                      .n_vocab = a->n_vocab,
                                      .n_ctx = a->n_ctx,
-                                     .n_ctx_train = a->n_ctx_train};
+                                     .n_ctx_train = a->n_ctx_train,
+                                     .sampling = a->sampling};
     int32_t max_ctx = 0;
     for (int32_t i = 0; i < g->n_m; i++) {
         g->models[i] = g->m[i].name;

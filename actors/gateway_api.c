@@ -91,6 +91,29 @@ bool sh__gateway_cors(gateway *g, sh_http_req *req)
 
 /* ---- /v1/models --------------------------------------------------------------------------- */
 
+/* Adds to each model of a /v1/models body (taken, freed) its "sampling_defaults": what a request
+ * that leaves a sampling field out gets. NULL when out of memory. */
+static char *models_with_sampling(const gateway *g, char *body)
+{
+    json_t *root = body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    json_t *data = root ? json_object_get(root, "data") : NULL;
+    for (size_t i = 0; i < json_array_size(data); i++) {
+        json_t *e = json_array_get(data, i);
+        const char *id = json_string_value(json_object_get(e, "id"));
+        const sh_gateway_model *m = sh__gateway_model(g, id);
+        sh_openai_sampling d = m->sampling ? *m->sampling : sh_openai_sampling_neutral();
+        char buf[512];
+        sh_openai_sampling_json(&d, buf, sizeof buf);
+        json_t *o = json_loads(buf, 0, NULL);
+        if (o)
+            json_object_set_new(e, "sampling_defaults", o);
+    }
+    char *out = root ? json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+    json_decref(root);
+    return out;
+}
+
 void sh__gateway_models(gateway *g, sh_http_req *req)
 {
     sh_openai_model_info mi[SH_GATEWAY_MAX_MODELS];
@@ -99,7 +122,7 @@ void sh__gateway_models(gateway *g, sh_http_req *req)
                                        .max_model_len = g->m[i].n_ctx,
                                        .n_ctx_train = g->m[i].n_ctx_train,
                                        .n_vocab = g->m[i].n_vocab};
-    char *body = sh_openai_models_info_json(mi, g->n_m, 0, "shoal");
+    char *body = models_with_sampling(g, sh_openai_models_info_json(mi, g->n_m, 0, "shoal"));
     if (!body) {
         sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "out of memory");
         return;

@@ -344,12 +344,13 @@ typedef struct sh_gateway_model {
     const char *default_system; /* NULL: none */
     int32_t n_vocab, n_ctx;
     int32_t n_ctx_train; /* the model's training context (/v1/models); 0: unknown */
+    const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's */
 } sh_gateway_model;
 
 #define SH_GATEWAY_MAX_MODELS 16
 
 typedef struct sh_gateway_args {
-    /* The one model served, unless `models` is given (then these six are ignored). */
+    /* The one model served, unless `models` is given (then these are ignored). */
     sh_addr batcher;
     const sh_tokenizer *tok;
     sh_chat_template chat;
@@ -357,6 +358,8 @@ typedef struct sh_gateway_args {
     const char *model_name;     /* the id /v1/models lists and requests must name */
     int32_t n_vocab, n_ctx;
     int32_t n_ctx_train; /* 0: unknown */
+    const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's
+                                         * (sh_openai_sampling_neutral). /v1/models lists it. */
     /* Optional: n_models (1 to SH_GATEWAY_MAX_MODELS) models, copied at init. /v1/models lists
      * them in this order; a request's "model" picks one (an unknown name is a 404 naming them;
      * without "model" a request is a 400 when there are several). */

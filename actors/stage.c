@@ -216,6 +216,7 @@ static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sample
     p.frequency_penalty = sp->frequency_penalty;
     p.presence_penalty = sp->presence_penalty;
     p.penalty_last_n = sp->penalty_last_n;
+    p.typical_p = sp->typical_p > 0.0f && sp->typical_p < 1.0f ? sp->typical_p : 1.0f;
     p.seed = sp->seed;
     p.n_logprobs = sp->n_logprobs;
     p.logprobs_mode = sp->logprobs_mode ? SH_LOGPROBS_FINAL : SH_LOGPROBS_RAW;

@@ -17,6 +17,8 @@ struct sh_sampler {
     float *prob;    // (n_vocab) candidate probabilities, parallel to idx
     int32_t *idx2;  // (n_vocab) scratch ids for the raw top-n
     int32_t *count; // (n_vocab) occurrences of each id in the penalty window
+    float *score;   // (n_vocab, typical_p only) typicality of each candidate, negated
+    int32_t *tid;   // (n_vocab, typical_p only) scratch ids
     int32_t *ring;  // (penalty_last_n) the window, oldest at ring_head when full
     int32_t ring_len, ring_head;
     sh_logit_bias *bias; // (n_bias)
@@ -28,6 +30,7 @@ sh_sampler_params sh_sampler_params_default(void)
     memset(&p, 0, sizeof p);
     p.temperature = 1.0f;
     p.top_p = 1.0f;
+    p.typical_p = 1.0f;
     p.repeat_penalty = 1.0f;
     p.penalty_last_n = 64;
     return p;
@@ -64,6 +67,9 @@ sh_err sh_sampler_create(int32_t n_vocab, const sh_sampler_params *params, sh_sa
         return sh__error_set(e, SH_EINVAL, "sampler: top_p %g not in [0, 1]", (double)p.top_p);
     if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
         return sh__error_set(e, SH_EINVAL, "sampler: min_p %g not in [0, 1]", (double)p.min_p);
+    if (!(p.typical_p > 0.0f && p.typical_p <= 1.0f))
+        return sh__error_set(e, SH_EINVAL, "sampler: typical_p %g not in (0, 1]",
+                             (double)p.typical_p);
     if (!(p.repeat_penalty > 0.0f))
         return sh__error_set(e, SH_EINVAL, "sampler: repeat_penalty %g", (double)p.repeat_penalty);
     if (!isfinite(p.frequency_penalty) || !isfinite(p.presence_penalty))
@@ -90,7 +96,12 @@ sh_err sh_sampler_create(int32_t n_vocab, const sh_sampler_params *params, sh_sa
     s->count = calloc(v, sizeof *s->count);
     s->ring = malloc(((size_t)p.penalty_last_n + 1) * sizeof *s->ring);
     s->bias = malloc(((size_t)p.n_bias + 1) * sizeof *s->bias);
-    if (!s->x || !s->idx || !s->prob || !s->idx2 || !s->count || !s->ring || !s->bias) {
+    if (p.typical_p < 1.0f) {
+        s->score = malloc(v * sizeof *s->score);
+        s->tid = malloc(v * sizeof *s->tid);
+    }
+    if (!s->x || !s->idx || !s->prob || !s->idx2 || !s->count || !s->ring || !s->bias ||
+        (p.typical_p < 1.0f && (!s->score || !s->tid))) {
         sh_sampler_destroy(s);
         return sh__error_set(e, SH_ENOMEM, "sampler: out of memory for vocabulary %d",
                              (int)n_vocab);
@@ -114,6 +125,8 @@ void sh_sampler_destroy(sh_sampler *s)
     free(s->prob);
     free(s->idx2);
     free(s->count);
+    free(s->score);
+    free(s->tid);
     free(s->ring);
     free(s->bias);
     free(s);
@@ -389,6 +402,42 @@ static int32_t cut_top_p(sh_sampler *s, int32_t n, double sum, bool sorted)
     }
 }
 
+/* Locally typical sampling over the candidates idx/prob[0..n) (prob relative, summing to sum):
+ * with H the entropy of the candidate distribution, ranks candidates by |-log p - H| (nearest
+ * first) and keeps the shortest prefix of that order whose mass exceeds typical_p, as llama.cpp
+ * does. Returns the new count; the kept candidates are in that order (not by probability). */
+static int32_t cut_typical(sh_sampler *s, int32_t n, double sum)
+{
+    double h = 0.0;
+    for (int32_t j = 0; j < n; j++) {
+        double q = s->prob[j] / sum;
+        if (q > 0.0)
+            h -= q * log(q);
+    }
+    for (int32_t j = 0; j < n; j++) {
+        double q = s->prob[j] / sum;
+        s->score[j] = q > 0.0 ? (float)-fabs(-log(q) - h) : -INFINITY; // nearest ranks first
+        s->idx2[j] = j;
+    }
+    select_top(s->idx2, n, n, s->score);
+    double target = (double)s->p.typical_p, cum = 0.0;
+    int32_t keep = n;
+    for (int32_t t = 0; t < n; t++) {
+        cum += s->prob[s->idx2[t]] / sum;
+        if (cum > target) {
+            keep = t + 1;
+            break;
+        }
+    }
+    for (int32_t t = 0; t < keep; t++) {
+        s->tid[t] = s->idx[s->idx2[t]];
+        s->score[t] = s->prob[s->idx2[t]];
+    }
+    memcpy(s->idx, s->tid, (size_t)keep * sizeof *s->idx);
+    memcpy(s->prob, s->score, (size_t)keep * sizeof *s->prob);
+    return keep;
+}
+
 static float candidate_logprob(sh_sampler *s, int32_t n, double sum, int32_t id)
 {
     for (int32_t j = 0; j < n; j++)
@@ -490,6 +539,12 @@ sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out)
     if (!(sum > 0.0))
         return SH_ERANGE;
     if (p->temperature > 0.0f) {
+        if (p->typical_p < 1.0f) {
+            n = cut_typical(s, n, sum);
+            sorted = false;
+            // Relative to the largest kept candidate again (typicality may drop the most likely).
+            sum = exp_candidates(s, n, false);
+        }
         if (p->top_p < 1.0f) {
             n = cut_top_p(s, n, sum, sorted);
             sorted = true;

@@ -25,7 +25,7 @@ typedef enum sh_logprobs_mode {
 /* Sampling parameters. The neutral value of each field disables it; start from
  * sh_sampler_params_default(). The transforms apply in this order:
  *   logit bias -> repetition/frequency/presence penalties -> (temperature 0: argmax) ->
- *   top-k -> temperature -> softmax -> top-p -> min-p -> draw.
+ *   top-k -> temperature -> softmax -> typical-p -> top-p -> min-p -> draw.
  * Temperature comes before top-p and min-p (as in vLLM and OpenAI), so they cut the tempered
  * distribution. */
 typedef struct sh_sampler_params {
@@ -33,6 +33,9 @@ typedef struct sh_sampler_params {
     int32_t top_k;           /* keep the k most likely; <= 0 or >= vocab: off */
     float top_p;             /* keep the smallest prefix whose mass reaches p; >= 1: off */
     float min_p;             /* keep tokens with p >= min_p * p_max; <= 0: off */
+    float typical_p;         /* locally typical sampling (Meister et al., llama.cpp's): keep the
+                              * tokens whose surprisal is nearest the entropy until their mass
+                              * exceeds typical_p; >= 1: off; default 1 */
     float repeat_penalty;    /* llama.cpp's: positive logits / r, negative * r; 1: off */
     float frequency_penalty; /* OpenAI's: logit -= f * count in window; 0: off */
     float presence_penalty;  /* OpenAI's: logit -= p if present in window; 0: off */
@@ -67,7 +70,8 @@ sh_sampler_params sh_sampler_params_default(void);
 
 /* Creates a sampler for a vocabulary of n_vocab tokens, allocating all scratch now so sampling
  * never allocates. Copies params (bias included). Returns SH_EINVAL (naming the field) for a
- * non-positive vocabulary, a NaN or negative temperature, top_p/min_p outside [0, 1], a
+ * non-positive vocabulary, a NaN or negative temperature, top_p/min_p outside [0, 1], typical_p
+ * outside (0, 1], a
  * non-positive repeat penalty, a negative window, n_logprobs out of range, or a bias id outside
  * the vocabulary; SH_ENOMEM. *out is NULL on failure. The sampler belongs to one request and one
  * thread at a time. */

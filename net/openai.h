@@ -59,6 +59,27 @@ typedef struct sh_openai_bias {
     float bias; /* -100..100 */
 } sh_openai_bias;
 
+/* The sampling values a request's absent fields take. Neutral values: temperature and top_p 1,
+ * top_k 0, min_p 0, typical_p 1, repeat_penalty 1, penalties 0. */
+typedef struct sh_openai_sampling {
+    float temperature, top_p, min_p, typical_p;
+    int32_t top_k;
+    float repeat_penalty;  /* llama.cpp's / vLLM's multiplicative penalty */
+    int32_t repeat_last_n; /* its window of recent tokens; -1: the whole context */
+    float presence_penalty, frequency_penalty;
+} sh_openai_sampling;
+
+/* OpenAI's defaults: temperature 1, no truncation, no penalty (repeat_last_n 64). */
+sh_openai_sampling sh_openai_sampling_neutral(void);
+
+/* Shoal serve's built-in defaults (llama-server's): temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, no penalty (repeat_last_n 64). */
+sh_openai_sampling sh_openai_sampling_builtin(void);
+
+/* The defaults as a JSON object text ({"temperature":0.8,...}) into buf; "" when it does not
+ * fit. */
+void sh_openai_sampling_json(const sh_openai_sampling *d, char *buf, size_t cap);
+
 /* What the server accepts; zero fields take the defaults in brackets. */
 typedef struct sh_openai_limits {
     const char *const *models; /* names served; NULL or n_models 0: any model name is accepted;
@@ -71,9 +92,10 @@ typedef struct sh_openai_limits {
     int32_t n_vocab;            /* token ids (prompt, logit_bias) must be below it; 0: unchecked */
     int32_t max_prompt_tokens;  /* length of a token-id prompt [32768] */
     int32_t max_messages;       /* [1024] */
+    const sh_openai_sampling *defaults; /* absent sampling fields [sh_openai_sampling_neutral] */
 } sh_openai_limits;
 
-/* A validated request. Sampling fields hold OpenAI's defaults when absent; the fields marked
+/* A validated request. Sampling fields hold limits->defaults when absent; the fields marked
  * (extension) are not OpenAI's. Every pointer is owned by the request. */
 typedef struct sh_openai_request {
     sh_openai_kind kind;
@@ -85,17 +107,22 @@ typedef struct sh_openai_request {
     /* chat */
     sh_openai_message *messages;
     int32_t n_messages;
-    int32_t max_tokens; /* limits->default_max_tokens when absent */
-    float temperature;  /* 0..2 [1] */
-    float top_p;        /* 0..1 [1] */
-    int32_t top_k;      /* (extension) <= 0: off [0]; -1 accepted as off */
-    float min_p;        /* (extension) 0..1 [0] */
+    int32_t max_tokens;    /* limits->default_max_tokens when absent */
+    float temperature;     /* 0..2 */
+    float top_p;           /* 0..1 */
+    int32_t top_k;         /* (extension) <= 0: off; -1 accepted as off */
+    float min_p;           /* (extension) 0..1 */
+    float typical_p;       /* (extension, llama.cpp's) (0, 1]; 1: off */
+    float repeat_penalty;  /* (extension) "repeat_penalty" (llama.cpp) or "repetition_penalty"
+                            * (vLLM): (0, 100]; 1: off */
+    int32_t repeat_last_n; /* (extension) its window: "repeat_last_n" (-1: the context, 0: no
+                            * penalty); "repetition_penalty" alone means -1 (prompt + output) */
     const char *stop[SH_OPENAI_MAX_STOP];
     int32_t n_stop;
     bool has_seed;
     uint64_t seed;                             /* a negative JSON seed is taken modulo 2^64 */
     int32_t n;                                 /* 1..limits->max_n [1] */
-    float presence_penalty, frequency_penalty; /* -2..2 [0] */
+    float presence_penalty, frequency_penalty; /* -2..2 */
     sh_openai_bias *bias;
     int32_t n_bias;
     bool logprobs;        /* completions: logprobs given (even 0); chat: logprobs true */
@@ -122,10 +149,13 @@ typedef struct sh_openai_request {
 
 /* Parses and validates the body of POST /v1/completions (SH_OPENAI_COMPLETION) or
  * /v1/chat/completions (SH_OPENAI_CHAT). limits may be NULL (defaults). Unknown fields are
- * ignored. Returns SH_OK with *out set (free with sh_openai_request_free), or SH_EINVAL with
- * *out NULL and err filled: 400 (malformed JSON, invalid UTF-8, a wrong type, a value out of
- * range, a missing field, an empty prompt or messages list, an unsupported feature), 404 (a model
- * not in limits->models, code "model_not_found"); SH_ENOMEM with a 500 error. */
+ * ignored, except the sampling fields of other servers that Shoal does not implement (mirostat,
+ * xtc_*, dry_*, top_n_sigma, dynatemp_range, tfs_z, n_probs, best_of > 1, use_beam_search, ...):
+ * those are a 400 naming the field unless they hold their neutral value. Returns SH_OK with *out
+ * set (free with sh_openai_request_free), or SH_EINVAL with *out NULL and err filled: 400
+ * (malformed JSON, invalid UTF-8, a wrong type, a value out of range, a missing field, an empty
+ * prompt or messages list, an unsupported feature), 404 (a model not in limits->models, code
+ * "model_not_found"); SH_ENOMEM with a 500 error. */
 sh_err sh_openai_request_parse(sh_openai_kind kind, const char *body, size_t len,
                                const sh_openai_limits *limits, sh_openai_request **out,
                                sh_openai_error *err);

@@ -42,6 +42,38 @@ char *sh_openai_error_json(const sh_openai_error *e)
     return s;
 }
 
+sh_openai_sampling sh_openai_sampling_neutral(void)
+{
+    return (sh_openai_sampling){.temperature = 1.0f,
+                                .top_p = 1.0f,
+                                .typical_p = 1.0f,
+                                .repeat_penalty = 1.0f,
+                                .repeat_last_n = 64};
+}
+
+sh_openai_sampling sh_openai_sampling_builtin(void)
+{
+    sh_openai_sampling d = sh_openai_sampling_neutral();
+    d.temperature = 0.8f;
+    d.top_k = 40;
+    d.top_p = 0.95f;
+    d.min_p = 0.05f;
+    return d;
+}
+
+void sh_openai_sampling_json(const sh_openai_sampling *d, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap,
+                     "{\"temperature\":%g,\"top_k\":%d,\"top_p\":%g,\"min_p\":%g,"
+                     "\"typical_p\":%g,\"repeat_penalty\":%g,\"repeat_last_n\":%d,"
+                     "\"presence_penalty\":%g,\"frequency_penalty\":%g}",
+                     (double)d->temperature, (int)d->top_k, (double)d->top_p, (double)d->min_p,
+                     (double)d->typical_p, (double)d->repeat_penalty, (int)d->repeat_last_n,
+                     (double)d->presence_penalty, (double)d->frequency_penalty);
+    if (n < 0 || (size_t)n >= cap)
+        buf[0] = '\0';
+}
+
 /* Field getters: each returns 1 when absent or null (value untouched), 0 when set, -1 on a
  * validation error (err filled). */
 
@@ -479,6 +511,118 @@ static bool parse_response_format(json_t *o, sh_openai_request *r, sh_openai_err
     return true;
 }
 
+/* Sampling fields of other servers (llama.cpp, vLLM, OpenAI) that Shoal does not implement, with
+ * the JSON value that leaves sampling as it is: a request may send that value (clients that fill
+ * every field do), any other is a 400 naming the field. */
+typedef enum {
+    NEUTRAL_ZERO,
+    NEUTRAL_ONE,
+    NEUTRAL_NONPOS,
+    NEUTRAL_LE1,
+    NEUTRAL_FALSE,
+    NEUTRAL_EMPTY
+} neutral_kind;
+static const struct {
+    const char *name;
+    neutral_kind neutral;
+    const char *why;
+} k_refused[] = {
+    {"mirostat", NEUTRAL_ZERO, "mirostat sampling is not implemented"},
+    {"xtc_probability", NEUTRAL_ZERO, "XTC sampling is not implemented"},
+    {"dry_multiplier", NEUTRAL_ZERO, "DRY sampling is not implemented"},
+    {"dynatemp_range", NEUTRAL_ZERO, "dynamic temperature is not implemented"},
+    {"top_n_sigma", NEUTRAL_NONPOS, "top-n-sigma sampling is not implemented"},
+    {"tfs_z", NEUTRAL_ONE, "tail-free sampling is not implemented"},
+    {"n_probs", NEUTRAL_ZERO, "use 'logprobs' and 'top_logprobs'"},
+    {"min_keep", NEUTRAL_LE1, "truncation always keeps at least one token"},
+    {"best_of", NEUTRAL_ONE, "only best_of 1 is served; use 'n' for several choices"},
+    {"use_beam_search", NEUTRAL_FALSE, "beam search is not implemented"},
+    {"penalize_nl", NEUTRAL_FALSE, "newline is penalised like any token"},
+    {"samplers", NEUTRAL_EMPTY, "the sampler order is fixed (see docs/serving.md)"},
+    {"stop_token_ids", NEUTRAL_EMPTY, "use 'stop' strings or 'logit_bias'"},
+    {"bad_words", NEUTRAL_EMPTY, "use 'logit_bias' to ban tokens"},
+    {"allowed_token_ids", NEUTRAL_EMPTY, "use 'logit_bias'"},
+    {"logits_processors", NEUTRAL_EMPTY, "logits processors are not supported"},
+};
+
+static bool is_neutral(json_t *j, neutral_kind k)
+{
+    if (json_is_null(j))
+        return true;
+    switch (k) {
+    case NEUTRAL_ZERO:
+        return json_is_number(j) && json_number_value(j) == 0.0;
+    case NEUTRAL_ONE:
+        return json_is_number(j) && json_number_value(j) == 1.0;
+    case NEUTRAL_NONPOS:
+        return json_is_number(j) && json_number_value(j) <= 0.0;
+    case NEUTRAL_LE1:
+        return json_is_number(j) && json_number_value(j) <= 1.0;
+    case NEUTRAL_FALSE:
+        return json_is_false(j);
+    case NEUTRAL_EMPTY:
+        return (json_is_array(j) && json_array_size(j) == 0) ||
+               (json_is_string(j) && json_string_length(j) == 0);
+    }
+    return false;
+}
+
+/* The sampling fields beyond OpenAI's: typical_p, the multiplicative repetition penalty under
+ * llama.cpp's and vLLM's names, and the refused ones. */
+static bool parse_sampling_ext(json_t *o, sh_openai_request *r, sh_openai_error *err)
+{
+    for (size_t i = 0; i < sizeof k_refused / sizeof k_refused[0]; i++) {
+        json_t *j = json_object_get(o, k_refused[i].name);
+        if (j && !is_neutral(j, k_refused[i].neutral))
+            return sh_openai_error_set(err, 400, "unsupported_parameter", k_refused[i].name,
+                                       "'%s' is not supported: %s", k_refused[i].name,
+                                       k_refused[i].why),
+                   false;
+    }
+    float typ = -1.0f;
+    int rc = get_number(o, "typical_p", 0, 1, &typ, err);
+    if (rc < 0)
+        return false;
+    if (rc == 0 && !(typ > 0.0f))
+        return sh_openai_error_set(err, 400, NULL, "typical_p",
+                                   "'typical_p' must be above 0 and at most 1 (1: off)"),
+               false;
+    if (rc == 0)
+        r->typical_p = typ;
+    float rp = 0.0f, vp = 0.0f;
+    int rc_rp = get_number(o, "repeat_penalty", 0, 100, &rp, err);
+    if (rc_rp < 0)
+        return false;
+    int rc_vp = get_number(o, "repetition_penalty", 0, 100, &vp, err);
+    if (rc_vp < 0)
+        return false;
+    if ((rc_rp == 0 && !(rp > 0.0f)) || (rc_vp == 0 && !(vp > 0.0f)))
+        return sh_openai_error_set(
+                   err, 400, NULL,
+                   rc_rp == 0 && !(rp > 0.0f) ? "repeat_penalty" : "repetition_penalty",
+                   "'%s' must be above 0 and at most 100 (1: off)",
+                   rc_rp == 0 && !(rp > 0.0f) ? "repeat_penalty" : "repetition_penalty"),
+               false;
+    if (rc_rp == 0 && rc_vp == 0 && rp != vp)
+        return sh_openai_error_set(err, 400, NULL, "repetition_penalty",
+                                   "'repetition_penalty' (vLLM's name) and 'repeat_penalty' "
+                                   "(llama.cpp's) are the same penalty; give one"),
+               false;
+    long long n = 0;
+    int rc_n = get_int(o, "repeat_last_n", -1, 1 << 20, &n, err);
+    if (rc_n < 0)
+        return false;
+    if (rc_rp == 0)
+        r->repeat_penalty = rp;
+    if (rc_vp == 0) { // vLLM's: over the prompt and the output
+        r->repeat_penalty = vp;
+        r->repeat_last_n = -1;
+    }
+    if (rc_n == 0)
+        r->repeat_last_n = (int32_t)n;
+    return true;
+}
+
 /* Every field after the type-specific ones. Returns false with err filled. */
 static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits *lim,
                          sh_openai_error *err)
@@ -506,7 +650,10 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
         return false;
     if ((rc = get_int(o, "top_k", -1, INT32_MAX, &v, err)) < 0)
         return false;
-    r->top_k = rc == 0 && v > 0 ? (int32_t)v : 0;
+    if (rc == 0)
+        r->top_k = v > 0 ? (int32_t)v : 0;
+    if (!parse_sampling_ext(o, r, err))
+        return false;
     if ((rc = get_int(o, "n", 1, lim->max_n, &v, err)) < 0)
         return false;
     r->n = rc == 0 ? (int32_t)v : 1;
@@ -619,8 +766,16 @@ sh_err sh_openai_request_parse(sh_openai_kind kind, const char *body, size_t len
     }
     r->root_ = root;
     r->kind = kind;
-    r->temperature = 1.0f;
-    r->top_p = 1.0f;
+    sh_openai_sampling d = lim.defaults ? *lim.defaults : sh_openai_sampling_neutral();
+    r->temperature = d.temperature;
+    r->top_p = d.top_p;
+    r->top_k = d.top_k;
+    r->min_p = d.min_p;
+    r->typical_p = d.typical_p;
+    r->repeat_penalty = d.repeat_penalty;
+    r->repeat_last_n = d.repeat_last_n;
+    r->presence_penalty = d.presence_penalty;
+    r->frequency_penalty = d.frequency_penalty;
     bool ok = kind == SH_OPENAI_CHAT ? parse_messages(root, r, &lim, err)
                                      : parse_prompt(root, r, &lim, err);
     ok = ok && parse_common(root, r, &lim, err);

@@ -33,6 +33,7 @@ typedef struct opts {
     sh_spec_opts so;
     int32_t n_gen, threads, top_k;
     float temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    uint32_t samp_set; /* SH_CMD_SAMP_* of the sampling flags given (the model file's otherwise) */
     uint64_t seed;
     bool chat, ids, kv_f16;
 } opts;
@@ -87,6 +88,9 @@ static void usage(FILE *f)
             "  --seed S          random seed (default 0)\n"
             "  --repeat-penalty R, --presence-penalty P, --frequency-penalty F\n"
             "                    penalties over the last 64 tokens (default off)\n"
+            "                    (--temp, --top-k, --top-p, --min-p and --repeat-penalty not\n"
+            "                    given take the model file's general.sampling.* values, and\n"
+            "                    its penalty_last_n the window, when it has them)\n"
             "  -t THREADS        compute threads (default: all CPUs)\n"
             "  --chat            interactive chat with the model's chat template\n"
             "  --ids             print generated token ids instead of text\n"
@@ -153,17 +157,19 @@ static int parse(int argc, char **argv, opts *o)
         else if (!strcmp(a, "-t"))
             ok = sh__cmd_parse_i64(v, 1, 1024, &n) && ((o->threads = (int32_t)n), true);
         else if (!strcmp(a, "--top-k"))
-            ok = sh__cmd_parse_i64(v, 0, INT32_MAX, &n) && ((o->top_k = (int32_t)n), true);
+            ok = sh__cmd_parse_i64(v, 0, INT32_MAX, &n) &&
+                 ((o->top_k = (int32_t)n), (o->samp_set |= SH_CMD_SAMP_TOP_K));
         else if (!strcmp(a, "--seed"))
             ok = sh__cmd_parse_i64(v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
         else if (!strcmp(a, "--temp"))
-            ok = sh__cmd_parse_f32(v, 0.0f, 100.0f, &o->temp);
+            ok = sh__cmd_parse_f32(v, 0.0f, 100.0f, &o->temp) && (o->samp_set |= SH_CMD_SAMP_TEMP);
         else if (!strcmp(a, "--top-p"))
-            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->top_p);
+            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->top_p) && (o->samp_set |= SH_CMD_SAMP_TOP_P);
         else if (!strcmp(a, "--min-p"))
-            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->min_p);
+            ok = sh__cmd_parse_f32(v, 0.0f, 1.0f, &o->min_p) && (o->samp_set |= SH_CMD_SAMP_MIN_P);
         else if (!strcmp(a, "--repeat-penalty"))
-            ok = sh__cmd_parse_f32(v, 0.01f, 100.0f, &o->repeat_penalty);
+            ok = sh__cmd_parse_f32(v, 0.01f, 100.0f, &o->repeat_penalty) &&
+                 (o->samp_set |= SH_CMD_SAMP_REPEAT);
         else if (!strcmp(a, "--presence-penalty"))
             ok = sh__cmd_parse_f32(v, -100.0f, 100.0f, &o->presence_penalty);
         else if (!strcmp(a, "--frequency-penalty"))
@@ -277,6 +283,21 @@ static int load(run *r)
     sp.repeat_penalty = o->repeat_penalty;
     sp.presence_penalty = o->presence_penalty;
     sp.frequency_penalty = o->frequency_penalty;
+    // The model file's recommended sampling (general.sampling.*) for what no flag set.
+    uint32_t f = o->samp_set;
+    int32_t last_n = sp.penalty_last_n;
+    uint32_t file = sh__cmd_model_sampling(
+        r->m, f & SH_CMD_SAMP_TEMP ? NULL : &sp.temperature,
+        f & SH_CMD_SAMP_TOP_K ? NULL : &sp.top_k, f & SH_CMD_SAMP_TOP_P ? NULL : &sp.top_p,
+        f & SH_CMD_SAMP_MIN_P ? NULL : &sp.min_p,
+        f & SH_CMD_SAMP_REPEAT ? NULL : &sp.repeat_penalty, &last_n);
+    sp.penalty_last_n = last_n < 0 ? r->kv_tokens : last_n;
+    if (file & ~f)
+        fprintf(stderr,
+                "sampling from the model file (flags override): temperature %g, top_k %d, top_p "
+                "%g, min_p %g, repeat_penalty %g, penalty window %d\n",
+                (double)sp.temperature, (int)sp.top_k, (double)sp.top_p, (double)sp.min_p,
+                (double)sp.repeat_penalty, (int)sp.penalty_last_n);
     if (sh_sampler_create(r->m->hp.n_vocab, &sp, &r->smp, &e))
         return sh__cmd_fail("%s", e.msg);
     uint32_t flags = sh_tokenizer_get_kind(r->tok) == SH_TOKENIZER_SPM ? SH_DECODE_STRIP_SPACE : 0;

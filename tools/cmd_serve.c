@@ -65,6 +65,7 @@ typedef struct server {
     sh_supervisor *sup;
     sh_cluster_events events; /* faults and recoveries, for /admin/status */
     sh_spec_drafts *drafts;   /* --spec draft:PATH|self:LAYERS: the drafter actor's model */
+    sh_openai_sampling samp[SH_CLUSTER_MAX_REPLICAS]; /* absent sampling fields, per model */
 } server;
 
 /* Before the transport closes: the supervisor's recovery step in flight (it uses the transport
@@ -139,24 +140,6 @@ static int load_models(const sh_cluster_config *c, server *s, const sh_llama **m
     return 0;
 }
 
-/* SIGHUP: re-reads --api-key-file and hands the whole key set to the gateway. Without a key
- * file there is nothing to reload and the signal is ignored. A bad file keeps the old keys. */
-static void reload_keys(sh_serve_opts *o, sh_gateway_ctl *ctl)
-{
-    if (!o->key_file) {
-        fprintf(stderr, "shoal: SIGHUP: nothing to reload (no --api-key-file); ignored\n");
-        return;
-    }
-    if (sh__serve_opts_load_key_file(o)) {
-        fprintf(stderr, "shoal: SIGHUP: --api-key-file %s not reloaded; the old keys stay\n",
-                o->key_file);
-        return;
-    }
-    sh_err rc = sh__gateway_ctl_set_keys(ctl, o->keys, o->n_keys);
-    fprintf(stderr, "shoal: SIGHUP: %d API keys from %s%s\n", (int)(o->n_keys - o->n_fixed_keys),
-            o->key_file, rc ? " NOT applied (out of memory)" : " applied");
-}
-
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
@@ -202,7 +185,7 @@ static int drain(sh_serve_opts *o, server *s, const sigset_t *sigs, int sig)
         int got = sigtimedwait(sigs, NULL, &ts);
         if (got == SIGHUP) {
             if (o->key_file || !s->deg)
-                reload_keys(o, ctl);
+                sh__serve_opts_reload_keys(o, ctl);
             sh__serve_degrade_reload(s->deg);
         } else if (got == SIGINT || got == SIGTERM) {
             fprintf(stderr, "shoal: second signal, stopping now\n");
@@ -230,7 +213,7 @@ static int serve_until_stopped(sh_serve_opts *o, server *s, const sigset_t *sigs
         int got = sigtimedwait(sigs, NULL, s->front ? &ts : NULL);
         if (got == SIGHUP) {
             if (o->key_file || !s->deg)
-                reload_keys(o, s->ctl);
+                sh__serve_opts_reload_keys(o, s->ctl);
             sh__serve_degrade_reload(s->deg);
         } else if (got == SIGINT || got == SIGTERM)
             return drain(o, s, sigs, got);
@@ -468,6 +451,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
         return (sh__cmd_fail("watchdog: %s", e.msg), 1);
     sh_addr batcher_addr = target[0], gw_addr;
     int bound = 0;
+    sh__serve_opts_sampling(o, s->m, &s->samp[0], true);
     sh_gateway_args ga = {.batcher = batcher_addr,
                           .tok = s->tok,
                           .chat = chat,
@@ -477,6 +461,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .n_ctx = n_ctx,
                           .n_ctx_train = (int32_t)hp->n_ctx_train,
                           .cors_origins = o->cors,
+                          .sampling = &s->samp[0],
                           .host = o->host,
                           .port = o->port,
                           .max_body_bytes = o->max_body,
@@ -501,6 +486,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
             bool sys = false;
             char *buf = j == 0 ? s->system : s->xsystem[mi];
             sh_chat_template ch = sh__serve_model_chat(mm, buf, sizeof s->system, &sys);
+            if (j > 0)
+                sh__serve_opts_sampling(o, mm, &s->samp[j], false);
             gms[j] = (sh_gateway_model){.name = j == 0 ? s->name : o->cfg->models[mi].name,
                                         .batcher = target[j],
                                         .tok = toks[mi],
@@ -508,7 +495,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                                         .default_system = sys ? buf : NULL,
                                         .n_vocab = mm->hp.n_vocab,
                                         .n_ctx = plan->rep[rs->ids[j][0]].n_ctx,
-                                        .n_ctx_train = (int32_t)mm->hp.n_ctx_train};
+                                        .n_ctx_train = (int32_t)mm->hp.n_ctx_train,
+                                        .sampling = &s->samp[j]};
         }
         ga.models = gms;
         ga.n_models = n_slots;

@@ -9,6 +9,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "model/gguf.h"
+#include "model/llama.h"
+
 int sh__cmd_fail(const char *fmt, ...)
 {
     va_list ap;
@@ -188,4 +191,81 @@ void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio 
                 "needs root, CAP_SYS_NICE or RLIMIT_NICE); every thread at nice %d "
                 "(--control-nice %d%s)\n",
                 who, orig, why, orig, (int)gap, what);
+}
+
+/* A numeric GGUF value as a double; false for any other type. */
+static bool gguf_number(const sh_gguf *g, const char *key, double *out)
+{
+    const sh_gguf_value *v = sh_gguf_find(g, key);
+    if (!v)
+        return false;
+    switch (v->type) {
+    case SH_GGUF_UINT8:
+    case SH_GGUF_UINT16:
+    case SH_GGUF_UINT32:
+    case SH_GGUF_UINT64:
+        *out = (double)v->v.u;
+        return true;
+    case SH_GGUF_INT8:
+    case SH_GGUF_INT16:
+    case SH_GGUF_INT32:
+    case SH_GGUF_INT64:
+        *out = (double)v->v.i;
+        return true;
+    case SH_GGUF_FLOAT32:
+    case SH_GGUF_FLOAT64:
+        *out = v->v.f;
+        return true;
+    default:
+        fprintf(stderr, "shoal: warning: model file: %s is a %s, not a number; ignored\n", key,
+                sh_gguf_type_name(v->type));
+        return false;
+    }
+}
+
+uint32_t sh__cmd_model_sampling(const struct sh_llama *m, float *temp, int32_t *top_k, float *top_p,
+                                float *min_p, float *repeat_penalty, int32_t *repeat_last_n)
+{
+    static const struct {
+        const char *key;
+        double lo, hi;
+        uint32_t bit;
+    } keys[] = {
+        {"general.sampling.temp", 0, 2, SH_CMD_SAMP_TEMP},
+        {"general.sampling.top_k", 0, INT32_MAX, SH_CMD_SAMP_TOP_K},
+        {"general.sampling.top_p", 0, 1, SH_CMD_SAMP_TOP_P},
+        {"general.sampling.min_p", 0, 1, SH_CMD_SAMP_MIN_P},
+        {"general.sampling.penalty_repeat", 0.01, 100, SH_CMD_SAMP_REPEAT},
+        {"general.sampling.penalty_last_n", -1, 1 << 20, SH_CMD_SAMP_LAST_N},
+    };
+    uint32_t got = 0;
+    if (!m || !m->gguf)
+        return 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        double d;
+        if (!gguf_number(m->gguf, keys[i].key, &d))
+            continue;
+        if (!(d >= keys[i].lo && d <= keys[i].hi)) {
+            fprintf(stderr, "shoal: warning: model file: %s = %g is not in [%g, %g]; ignored\n",
+                    keys[i].key, d, keys[i].lo, keys[i].hi);
+            continue;
+        }
+        uint32_t b = keys[i].bit;
+        if (b == SH_CMD_SAMP_TEMP && temp)
+            *temp = (float)d;
+        else if (b == SH_CMD_SAMP_TOP_K && top_k)
+            *top_k = (int32_t)d;
+        else if (b == SH_CMD_SAMP_TOP_P && top_p)
+            *top_p = (float)d;
+        else if (b == SH_CMD_SAMP_MIN_P && min_p)
+            *min_p = (float)d;
+        else if (b == SH_CMD_SAMP_REPEAT && repeat_penalty)
+            *repeat_penalty = (float)d;
+        else if (b == SH_CMD_SAMP_LAST_N && repeat_last_n)
+            *repeat_last_n = (int32_t)d;
+        else
+            continue;
+        got |= b;
+    }
+    return got;
 }

@@ -73,6 +73,20 @@ typedef struct sh_cmd_prio {
  * process has compute threads). Call on the main thread before any thread starts. Never fails. */
 void sh__cmd_prio_apply(int32_t gap, const char *who, bool compute, sh_cmd_prio *out);
 
+/* The sampling a model file recommends: llama.cpp's general.sampling.* keys (temp, top_k, top_p,
+ * min_p, penalty_repeat, penalty_last_n), any numeric type. Each key present and in range is
+ * written to its out-pointer (any may be NULL) and its SH_CMD_SAMP_* bit set in the result; a key
+ * out of range is left out with a warning on stderr. m may have no GGUF (none then). */
+#define SH_CMD_SAMP_TEMP 1u
+#define SH_CMD_SAMP_TOP_K 2u
+#define SH_CMD_SAMP_TOP_P 4u
+#define SH_CMD_SAMP_MIN_P 8u
+#define SH_CMD_SAMP_REPEAT 16u
+#define SH_CMD_SAMP_LAST_N 32u
+struct sh_llama;
+uint32_t sh__cmd_model_sampling(const struct sh_llama *m, float *temp, int32_t *top_k, float *top_p,
+                                float *min_p, float *repeat_penalty, int32_t *repeat_last_n);
+
 /* Whether flag is one of `flags`, a space-separated list that starts and ends with a space. */
 bool sh__cmd_is_flag(const char *flags, const char *flag);
 

@@ -61,6 +61,13 @@ static void usage(FILE *f)
             "                      (per replica; default 1024)\n"
             "  --max-tokens N      largest max_tokens a request may ask for (default: --ctx)\n"
             "  --max-n N           largest n (choices per request; default 8)\n"
+            "  --temp T, --top-k K, --top-p P, --min-p P, --typical P, --repeat-penalty R,\n"
+            "  --repeat-last-n N, --presence-penalty P, --frequency-penalty F\n"
+            "                      what a request that leaves the field out gets (a request's\n"
+            "                      own value wins); without a flag the model file's\n"
+            "                      general.sampling.* value, else temperature 0.8, top_k 40,\n"
+            "                      top_p 0.95, min_p 0.05 (llama-server's), the rest off\n"
+            "                      (repeat_last_n 64; -1: the whole context)\n"
             "  --max-body BYTES    largest request body (default 2M; a full 8k-token prompt\n"
             "                      as JSON is under 100K)\n"
             "  --max-conns N       open connections (default 1024); at the limit the\n"
@@ -305,6 +312,57 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     return sh__cmd_parse_i64(v, lo, hi, n);
 }
 
+/* Parses a number for a sampling flag in [lo, hi]; on failure *want says what was expected. */
+static bool samp_f32(const char *v, double lo, double hi, float *out, char *want, size_t cap)
+{
+    snprintf(want, cap, "a number from %g to %g", lo, hi);
+    return sh__cmd_parse_f32(v, (float)lo, (float)hi, out);
+}
+
+void sh__serve_opts_sampling(const sh_serve_opts *o, const sh_llama *m, sh_openai_sampling *out,
+                             bool log)
+{
+    sh_openai_sampling d = sh_openai_sampling_builtin();
+    uint32_t file = sh__cmd_model_sampling(m, &d.temperature, &d.top_k, &d.top_p, &d.min_p,
+                                           &d.repeat_penalty, &d.repeat_last_n);
+    uint32_t f = o->samp_set;
+    const sh_openai_sampling *g = &o->samp;
+    if (f & SH_SERVE_SAMP_TEMP)
+        d.temperature = g->temperature;
+    if (f & SH_SERVE_SAMP_TOP_K)
+        d.top_k = g->top_k;
+    if (f & SH_SERVE_SAMP_TOP_P)
+        d.top_p = g->top_p;
+    if (f & SH_SERVE_SAMP_MIN_P)
+        d.min_p = g->min_p;
+    if (f & SH_SERVE_SAMP_TYPICAL)
+        d.typical_p = g->typical_p;
+    if (f & SH_SERVE_SAMP_REPEAT)
+        d.repeat_penalty = g->repeat_penalty;
+    if (f & SH_SERVE_SAMP_LAST_N)
+        d.repeat_last_n = g->repeat_last_n;
+    if (f & SH_SERVE_SAMP_PRESENCE)
+        d.presence_penalty = g->presence_penalty;
+    if (f & SH_SERVE_SAMP_FREQUENCY)
+        d.frequency_penalty = g->frequency_penalty;
+    *out = d;
+    if (!log)
+        return;
+#define SRC(bit) ((f & (bit)) ? "flag" : (file & (bit)) ? "model file" : "built-in")
+    fprintf(stderr,
+            "shoal: sampling defaults (for fields a request leaves out): temperature %g (%s), "
+            "top_k %d (%s), top_p %g (%s), min_p %g (%s), typical_p %g "
+            "(%s), repeat_penalty %g (%s), repeat_last_n %d (%s), presence_penalty %g (%s), "
+            "frequency_penalty %g (%s)\n",
+            (double)d.temperature, SRC(SH_SERVE_SAMP_TEMP), (int)d.top_k, SRC(SH_SERVE_SAMP_TOP_K),
+            (double)d.top_p, SRC(SH_SERVE_SAMP_TOP_P), (double)d.min_p, SRC(SH_SERVE_SAMP_MIN_P),
+            (double)d.typical_p, SRC(SH_SERVE_SAMP_TYPICAL), (double)d.repeat_penalty,
+            SRC(SH_SERVE_SAMP_REPEAT), (int)d.repeat_last_n, SRC(SH_SERVE_SAMP_LAST_N),
+            (double)d.presence_penalty, SRC(SH_SERVE_SAMP_PRESENCE), (double)d.frequency_penalty,
+            SRC(SH_SERVE_SAMP_FREQUENCY));
+#undef SRC
+}
+
 /* The options that take a value, each between spaces. */
 #define VALUE_FLAGS                                                                                \
     " -m -c --host --port -t --model-name --ctx --kv-mem --kv-blocks --max-seqs --step-tokens "    \
@@ -312,8 +370,8 @@ static bool num(const char *v, int64_t lo, int64_t hi, int64_t *n, char *want, s
     "--request-timeout --api-key --log-level --idle-timeout-ms --max-conns-per-ip "                \
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
-    "--fault-epoch --control-nice --spec --spec-k "                                                \
-    "--cors-origin "
+    "--fault-epoch --control-nice --spec --spec-k --temp --top-k --top-p --min-p --typical "       \
+    "--repeat-penalty --repeat-last-n --presence-penalty --frequency-penalty --cors-origin "
 
 /* --spec and --spec-k. --spec-k alone waits for the script's batcher.spec (checked in
  * sh__serve_opts_finish); a draft model or layers are checked against the model at load
@@ -427,6 +485,33 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
             ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_queue = (int32_t)n), true);
         else if (!strcmp(a, "--max-tokens"))
             ok = num(v, 1, 1 << 20, &n, want, sizeof want) && ((o->max_tokens = (int32_t)n), true);
+        else if (!strcmp(a, "--temp"))
+            ok = samp_f32(v, 0, 2, &o->samp.temperature, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_TEMP);
+        else if (!strcmp(a, "--top-k"))
+            ok = num(v, 0, INT32_MAX, &n, want, sizeof want) &&
+                 ((o->samp.top_k = (int32_t)n), (o->samp_set |= SH_SERVE_SAMP_TOP_K));
+        else if (!strcmp(a, "--top-p"))
+            ok = samp_f32(v, 0, 1, &o->samp.top_p, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_TOP_P);
+        else if (!strcmp(a, "--min-p"))
+            ok = samp_f32(v, 0, 1, &o->samp.min_p, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_MIN_P);
+        else if (!strcmp(a, "--typical"))
+            ok = samp_f32(v, 0.001, 1, &o->samp.typical_p, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_TYPICAL);
+        else if (!strcmp(a, "--repeat-penalty"))
+            ok = samp_f32(v, 0.01, 100, &o->samp.repeat_penalty, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_REPEAT);
+        else if (!strcmp(a, "--repeat-last-n"))
+            ok = num(v, -1, 1 << 20, &n, want, sizeof want) &&
+                 ((o->samp.repeat_last_n = (int32_t)n), (o->samp_set |= SH_SERVE_SAMP_LAST_N));
+        else if (!strcmp(a, "--presence-penalty"))
+            ok = samp_f32(v, -2, 2, &o->samp.presence_penalty, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_PRESENCE);
+        else if (!strcmp(a, "--frequency-penalty"))
+            ok = samp_f32(v, -2, 2, &o->samp.frequency_penalty, want, sizeof want) &&
+                 (o->samp_set |= SH_SERVE_SAMP_FREQUENCY);
         else if (!strcmp(a, "--max-n"))
             ok = num(v, 1, 128, &n, want, sizeof want) && ((o->max_n = (int32_t)n), true);
         else if (!strcmp(a, "--max-body")) {
@@ -646,4 +731,22 @@ void sh__serve_opts_log_spec(const sh_serve_opts *o)
     if (o->spec.kind != SH_SPEC_OFF)
         fprintf(stderr, "shoal: speculative decoding %s, up to %d drafted tokens per step\n",
                 sh_spec_kind_name(o->spec.kind), (int)o->spec.k);
+}
+
+/* SIGHUP: re-reads --api-key-file and hands the whole key set to the gateway. Without a key
+ * file there is nothing to reload and the signal is ignored. A bad file keeps the old keys. */
+void sh__serve_opts_reload_keys(sh_serve_opts *o, sh_gateway_ctl *ctl)
+{
+    if (!o->key_file) {
+        fprintf(stderr, "shoal: SIGHUP: nothing to reload (no --api-key-file); ignored\n");
+        return;
+    }
+    if (sh__serve_opts_load_key_file(o)) {
+        fprintf(stderr, "shoal: SIGHUP: --api-key-file %s not reloaded; the old keys stay\n",
+                o->key_file);
+        return;
+    }
+    sh_err rc = sh__gateway_ctl_set_keys(ctl, o->keys, o->n_keys);
+    fprintf(stderr, "shoal: SIGHUP: %d API keys from %s%s\n", (int)(o->n_keys - o->n_fixed_keys),
+            o->key_file, rc ? " NOT applied (out of memory)" : " applied");
 }

@@ -52,10 +52,36 @@ typedef struct sh_serve_opts {
     int32_t control_nice;         /* --control-nice (tools/cmd_util.h); -1: not given */
     const char *spec_text, *spec_k_text; /* --spec, --spec-k as given */
     sh_spec_opts spec;                   /* what they say (off when not given) */
+    sh_openai_sampling samp; /* --temp, --top-k, ...: the flags given (bits in samp_set) */
+    uint32_t samp_set;       /* SH_SERVE_SAMP_* */
     sh_openai_key keys[SH_SERVE_MAX_KEYS];
     int32_t n_keys;
     char *key_mem[SH_SERVE_MAX_KEYS];
 } sh_serve_opts;
+
+/* Which sampling-default flags were given (sh_serve_opts.samp_set); the first six are the
+ * model-file keys' bits (SH_CMD_SAMP_*, tools/cmd_util.h). */
+#define SH_SERVE_SAMP_TEMP 1u
+#define SH_SERVE_SAMP_TOP_K 2u
+#define SH_SERVE_SAMP_TOP_P 4u
+#define SH_SERVE_SAMP_MIN_P 8u
+#define SH_SERVE_SAMP_REPEAT 16u
+#define SH_SERVE_SAMP_LAST_N 32u
+#define SH_SERVE_SAMP_TYPICAL 64u
+#define SH_SERVE_SAMP_PRESENCE 128u
+#define SH_SERVE_SAMP_FREQUENCY 256u
+
+/* The defaults a request's absent sampling fields take for model m: the flags given, else the
+ * model file's general.sampling.* keys, else sh_openai_sampling_builtin(). With log, prints the
+ * start-up line "shoal: sampling defaults (...): temperature 0.8 (built-in), top_k 20 (model
+ * file), ..." saying where each came from. */
+void sh__serve_opts_sampling(const sh_serve_opts *o, const sh_llama *m, sh_openai_sampling *out,
+                             bool log);
+
+/* SIGHUP: re-reads --api-key-file and hands the whole key set to the gateway through ctl. Without
+ * a key file there is nothing to reload and the signal is ignored. A bad file keeps the old keys.
+ * Prints one line saying which. */
+void sh__serve_opts_reload_keys(sh_serve_opts *o, sh_gateway_ctl *ctl);
 
 /* Parses argv into o (zeroed by the caller). Returns 0 to go on, 1 after --help (printed), 2 on
  * bad usage (an error line printed). */

@@ -24,6 +24,9 @@ sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
 sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
+# Sampling defaults (built-in, --temp and the like, the model file's general.sampling.*) and
+# the sampling fields (typical_p, repetition penalties, the refused ones).
+sh_serve_test(test_serve_sampling ${_d}/run_py.sh ${_d}/test_serve_sampling.py)
 # About 100 s on an AVX-512 VM; 280-300 s on an AVX2-only one under the suite's -j2 load.
 set_tests_properties(test_serve_batch PROPERTIES TIMEOUT 600)
 # Speculative decoding (--spec ngram) against --spec off: exactness, metrics, opt-out, preemption.

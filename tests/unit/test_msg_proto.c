@@ -187,7 +187,8 @@ static void pk_envelope(msgpack_packer *pk, uint64_t type)
 
 static void pk_sampling(msgpack_packer *pk, bool reverse)
 {
-    msgpack_pack_map(pk, reverse ? 14 : 16); /* reverse leaves the OPT "nspec", "nsmax" out */
+    msgpack_pack_map(pk,
+                     reverse ? 14 : 17); /* reverse leaves the OPT "nspec", "nsmax", "typ" out */
     /* Keys in an order of our choosing: decoders must not depend on it. */
     if (reverse) {
         pk_str(pk, "bias");
@@ -244,6 +245,8 @@ static void pk_sampling(msgpack_packer *pk, bool reverse)
         msgpack_pack_false(pk);
         pk_str(pk, "nsmax");
         msgpack_pack_uint8(pk, 0);
+        pk_str(pk, "typ");
+        msgpack_pack_float(pk, 0.0f);
     }
 }
 

@@ -142,6 +142,144 @@ static void test_completion_defaults_and_prompts(void)
     sh_openai_request_free(r);
 }
 
+static sh_openai_request *parse_lim(sh_openai_kind kind, const char *body,
+                                    const sh_openai_limits *lim, sh_openai_error *e)
+{
+    sh_openai_request *r = NULL;
+    sh_openai_error dummy;
+    sh_openai_request_parse(kind, body, strlen(body), lim, &r, e ? e : &dummy);
+    return r;
+}
+
+/* Absent sampling fields take the limits' defaults (OpenAI's without them), present ones win;
+ * llama.cpp's and vLLM's sampling extensions parse; the ones not implemented are 400s naming the
+ * field unless they hold their neutral value. */
+static void test_sampling_fields(void)
+{
+    sh_openai_sampling d = sh_openai_sampling_builtin();
+    CHECK_NEAR(d.temperature, 0.8, 1e-6);
+    CHECK_INT_EQ(d.top_k, 40);
+    CHECK_NEAR(d.top_p, 0.95, 1e-6);
+    CHECK_NEAR(d.min_p, 0.05, 1e-6);
+    CHECK_NEAR(d.typical_p, 1, 0);
+    CHECK_NEAR(d.repeat_penalty, 1, 0);
+    CHECK_INT_EQ(d.repeat_last_n, 64);
+    d.presence_penalty = 0.5f;
+    sh_openai_limits lim = LIM;
+    lim.defaults = &d;
+    sh_openai_request *r = parse_lim(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\"}", &lim, NULL);
+    CHECK(r != NULL);
+    if (r) {
+        CHECK_NEAR(r->temperature, 0.8, 1e-6);
+        CHECK_INT_EQ(r->top_k, 40);
+        CHECK_NEAR(r->top_p, 0.95, 1e-6);
+        CHECK_NEAR(r->min_p, 0.05, 1e-6);
+        CHECK_NEAR(r->presence_penalty, 0.5, 1e-6);
+        CHECK_NEAR(r->frequency_penalty, 0, 0);
+        CHECK_NEAR(r->typical_p, 1, 0);
+        CHECK_NEAR(r->repeat_penalty, 1, 0);
+        CHECK_INT_EQ(r->repeat_last_n, 64);
+    }
+    sh_openai_request_free(r);
+    // The request's own values win, null included as "absent", top_k -1 as "off".
+    r = parse_lim(CHAT,
+                  "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                  "\"temperature\":0,\"top_k\":-1,\"top_p\":null,\"min_p\":0,"
+                  "\"presence_penalty\":0,\"typical_p\":0.5,\"repeat_penalty\":1.1,"
+                  "\"repeat_last_n\":-1}",
+                  &lim, NULL);
+    CHECK(r != NULL);
+    if (r) {
+        CHECK_NEAR(r->temperature, 0, 0);
+        CHECK_INT_EQ(r->top_k, 0);
+        CHECK_NEAR(r->top_p, 0.95, 1e-6);
+        CHECK_NEAR(r->min_p, 0, 0);
+        CHECK_NEAR(r->presence_penalty, 0, 0);
+        CHECK_NEAR(r->typical_p, 0.5, 1e-6);
+        CHECK_NEAR(r->repeat_penalty, 1.1, 1e-6);
+        CHECK_INT_EQ(r->repeat_last_n, -1);
+    }
+    sh_openai_request_free(r);
+    // vLLM's repetition_penalty: over the prompt and output (window -1) unless repeat_last_n.
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repetition_penalty\":1.2}");
+    if (r) {
+        CHECK_NEAR(r->repeat_penalty, 1.2, 1e-6);
+        CHECK_INT_EQ(r->repeat_last_n, -1);
+        CHECK_NEAR(r->temperature, 1, 0); // no defaults given: OpenAI's
+        CHECK_NEAR(r->top_p, 1, 0);
+    }
+    sh_openai_request_free(r);
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repetition_penalty\":1.2,"
+                       "\"repeat_penalty\":1.2,\"repeat_last_n\":0}");
+    if (r) {
+        CHECK_NEAR(r->repeat_penalty, 1.2, 1e-6);
+        CHECK_INT_EQ(r->repeat_last_n, 0);
+    }
+    sh_openai_request_free(r);
+    // Neutral values of fields not implemented are accepted (clients that send every field).
+    r = parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"mirostat\":0,\"mirostat_tau\":5,"
+                       "\"xtc_probability\":0,\"xtc_threshold\":0.1,\"dry_multiplier\":0,"
+                       "\"dry_base\":1.75,\"dynatemp_range\":0,\"top_n_sigma\":-1,\"tfs_z\":1,"
+                       "\"n_probs\":0,\"min_keep\":0,\"best_of\":1,\"use_beam_search\":false,"
+                       "\"penalize_nl\":false,\"samplers\":[],\"stop_token_ids\":[],"
+                       "\"bad_words\":[],\"allowed_token_ids\":null,\"logits_processors\":null}");
+    sh_openai_request_free(r);
+    static const char *const refused[] = {
+        "\"mirostat\":2",
+        "\"xtc_probability\":0.5",
+        "\"dry_multiplier\":0.8",
+        "\"dynatemp_range\":0.5",
+        "\"top_n_sigma\":1.0",
+        "\"tfs_z\":0.9",
+        "\"n_probs\":5",
+        "\"min_keep\":5",
+        "\"best_of\":2",
+        "\"use_beam_search\":true",
+        "\"penalize_nl\":true",
+        "\"samplers\":\"kpt\"",
+        "\"stop_token_ids\":[2]",
+        "\"bad_words\":[\"x\"]",
+        "\"allowed_token_ids\":[1]",
+        "\"logits_processors\":[\"a\"]",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char body[256], param[64];
+        snprintf(body, sizeof body, "{\"model\":\"tiny\",\"prompt\":\"x\",%s}", refused[i]);
+        const char *q = strchr(refused[i] + 1, '"');
+        snprintf(param, sizeof param, "%.*s", (int)(q - refused[i] - 1), refused[i] + 1);
+        BAD(CMPL, body, 400, param, "unsupported_parameter");
+        sh_openai_error e = {0};
+        CHECK(parse_lim(CMPL, body, &lim, &e) == NULL);
+        CHECK(strstr(e.message, param) != NULL);
+    }
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"typical_p\":0}", 400, "typical_p", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"typical_p\":1.5}", 400, "typical_p", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repeat_penalty\":0}", 400, "repeat_penalty",
+        NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repetition_penalty\":-1}", 400,
+        "repetition_penalty", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repetition_penalty\":101}", 400,
+        "repetition_penalty", NULL);
+    BAD(CMPL,
+        "{\"model\":\"tiny\",\"prompt\":\"x\",\"repetition_penalty\":1.1,\"repeat_penalty\":1.2}",
+        400, "repetition_penalty", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repeat_last_n\":-2}", 400, "repeat_last_n",
+        NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"repeat_last_n\":1.5}", 400, "repeat_last_n",
+        NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"typical_p\":\"0.5\"}", 400, "typical_p",
+        NULL);
+    char js[512];
+    sh_openai_sampling_json(&d, js, sizeof js);
+    json_t *j = json_loads(js, 0, NULL);
+    CHECK(j != NULL);
+    CHECK_NEAR(json_number_value(json_object_get(j, "temperature")), 0.8, 1e-6);
+    CHECK_INT_EQ(json_integer_value(json_object_get(j, "top_k")), 40);
+    CHECK_INT_EQ(json_integer_value(json_object_get(j, "repeat_last_n")), 64);
+    CHECK_NEAR(json_number_value(json_object_get(j, "presence_penalty")), 0.5, 1e-6);
+    json_decref(j);
+}
+
 static void test_chat_fields(void)
 {
     sh_openai_request *r = parse_ok(
@@ -678,6 +816,7 @@ static const sh_test_case tests[] = {
     {"completion_every_field", test_completion_every_field},
     {"completion_defaults_and_prompts", test_completion_defaults_and_prompts},
     {"chat_fields", test_chat_fields},
+    {"sampling_fields", test_sampling_fields},
     {"bad_requests", test_bad_requests},
     {"error_json", test_error_json},
     {"response_builders", test_response_builders},

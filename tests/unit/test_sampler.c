@@ -350,6 +350,136 @@ static void test_plain_greedy(void)
     CHECK(sum == 0.0);
 }
 
+/* The multiplicative penalty (llama.cpp's repeat_penalty, vLLM's repetition_penalty) with
+ * frequency and presence penalties, at temperature 1 over a window long enough to hold every
+ * token (vLLM's prompt + output): the final distribution equals a reference computed here. */
+static void test_penalty_distribution(void)
+{
+    const float lg[6] = {1.5f, -0.5f, 0.7f, 2.0f, -2.0f, 0.0f};
+    const int32_t seen[] = {3, 1, 3, 4, 0, 3, 1};
+    sh_sampler_params p = sh_sampler_params_default();
+    p.repeat_penalty = 1.3f;
+    p.frequency_penalty = 0.2f;
+    p.presence_penalty = 0.1f;
+    p.penalty_last_n = 1000;
+    p.n_logprobs = 6;
+    p.logprobs_mode = SH_LOGPROBS_FINAL;
+    sh_sampler *s = make(6, &p);
+    for (size_t i = 0; i < sizeof seen / sizeof seen[0]; i++)
+        sh_sampler_accept(s, seen[i]);
+    double ref[6], z = 0.0;
+    for (int t = 0; t < 6; t++) {
+        int c = 0;
+        for (size_t i = 0; i < sizeof seen / sizeof seen[0]; i++)
+            c += seen[i] == t;
+        double v = lg[t];
+        if (c) {
+            v = v > 0 ? v / 1.3 : v * 1.3;
+            v -= 0.2 * c + 0.1;
+        }
+        ref[t] = v;
+        z += exp(v);
+    }
+    sh_sample r;
+    CHECK_OK(sh_sampler_sample(s, lg, &r));
+    CHECK_INT_EQ(r.n_top, 6);
+    for (int k = 0; k < r.n_top; k++) {
+        int32_t t = r.top[k].id;
+        CHECK_NEAR(r.top[k].logprob, ref[t] - log(z), 1e-5);
+        CHECK_NEAR(r.top[k].logprob_raw,
+                   lg[t] - log(exp(1.5) + exp(-0.5) + exp(0.7) + exp(2.0) + exp(-2.0) + 1.0), 1e-5);
+    }
+    sh_sampler_destroy(s);
+    // A window of 2 sees only the last two tokens (3, 1): token 4 is no longer penalised.
+    p.penalty_last_n = 2;
+    s = make(6, &p);
+    for (size_t i = 0; i < sizeof seen / sizeof seen[0]; i++)
+        sh_sampler_accept(s, seen[i]);
+    CHECK_OK(sh_sampler_sample(s, lg, &r));
+    double z2 = 0.0, v4 = lg[4];
+    for (int t = 0; t < 6; t++) {
+        double v = lg[t];
+        if (t == 3 || t == 1)
+            v = (v > 0 ? v / 1.3 : v * 1.3) - 0.2 - 0.1;
+        z2 += exp(v);
+    }
+    for (int k = 0; k < r.n_top; k++)
+        if (r.top[k].id == 4)
+            CHECK_NEAR(r.top[k].logprob, v4 - log(z2), 1e-5);
+    sh_sampler_destroy(s);
+}
+
+/* Locally typical sampling keeps, in order of |surprisal - entropy|, the shortest set whose mass
+ * exceeds typical_p (llama.cpp's rule), computed here by a direct reference. */
+static void test_typical_p(void)
+{
+    const float lg[8] = {3.0f, 2.2f, 2.0f, 1.0f, 0.5f, 0.0f, -1.0f, -3.0f};
+    const float ps[3] = {0.3f, 0.6f, 0.9f};
+    for (int c = 0; c < 3; c++) {
+        // Reference.
+        double q[8], z = 0.0, h = 0.0, d[8];
+        int order[8];
+        for (int t = 0; t < 8; t++)
+            z += exp(lg[t]);
+        for (int t = 0; t < 8; t++) {
+            q[t] = exp(lg[t]) / z;
+            h -= q[t] * log(q[t]);
+        }
+        for (int t = 0; t < 8; t++) {
+            d[t] = fabs(-log(q[t]) - h);
+            order[t] = t;
+        }
+        for (int a = 0; a < 8; a++) // insertion sort by distance, ties by id
+            for (int b = a; b > 0 && (d[order[b]] < d[order[b - 1]] ||
+                                      (d[order[b]] == d[order[b - 1]] && order[b] < order[b - 1]));
+                 b--) {
+                int x = order[b];
+                order[b] = order[b - 1];
+                order[b - 1] = x;
+            }
+        bool keep[8] = {false};
+        double cum = 0.0, kept = 0.0;
+        for (int k = 0; k < 8; k++) {
+            keep[order[k]] = true;
+            kept += q[order[k]];
+            cum += q[order[k]];
+            if (cum > ps[c])
+                break;
+        }
+        sh_sampler_params p = sh_sampler_params_default();
+        p.typical_p = ps[c];
+        p.n_logprobs = 8;
+        p.logprobs_mode = SH_LOGPROBS_RAW;
+        p.seed = 11;
+        sh_sampler *s = make(8, &p);
+        sh_sample r;
+        CHECK_OK(sh_sampler_sample(s, lg, &r));
+        CHECK_INT_EQ(r.n_top, 8);
+        for (int k = 0; k < 8; k++) {
+            int32_t t = r.top[k].id;
+            if (keep[t])
+                CHECK_NEAR(r.top[k].logprob, log(q[t] / kept), 1e-4);
+            else
+                CHECK(r.top[k].logprob == -INFINITY);
+        }
+        // Draws stay inside the kept set.
+        int hist[8];
+        histogram(s, lg, 500, hist, 8);
+        for (int t = 0; t < 8; t++)
+            if (!keep[t])
+                CHECK_INT_EQ(hist[t], 0);
+        sh_sampler_destroy(s);
+    }
+    // The most likely token is not typical of a flat-tailed distribution: p = 0.3 drops it.
+    sh_sampler_params p = sh_sampler_params_default();
+    p.typical_p = 0.3f;
+    sh_sampler *s = make(8, &p);
+    int hist[8];
+    histogram(s, lg, 300, hist, 8);
+    CHECK_INT_EQ(hist[0], 0);
+    sh_sampler_destroy(s);
+}
+
 static void test_bad_params(void)
 {
     sh_sampler *s = (sh_sampler *)1;
@@ -371,6 +501,10 @@ static void test_bad_params(void)
     p = sh_sampler_params_default();
     p.n_logprobs = SH_SAMPLER_MAX_LOGPROBS + 1;
     CHECK_INT_EQ(sh_sampler_create(10, &p, &s, &e), SH_EINVAL);
+    p = sh_sampler_params_default();
+    p.typical_p = 0.0f;
+    CHECK_INT_EQ(sh_sampler_create(10, &p, &s, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "typical_p") != NULL);
     sh_sampler_destroy(NULL);
 }
 
@@ -386,6 +520,8 @@ static const sh_test_case tests[] = {
     {"logprobs_lists", test_logprobs_lists},
     {"large_vocab_selection", test_large_vocab_selection},
     {"plain_greedy", test_plain_greedy},
+    {"penalty_distribution", test_penalty_distribution},
+    {"typical_p", test_typical_p},
     {"bad_params", test_bad_params},
     {NULL, NULL},
 };
