@@ -425,6 +425,9 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     r->n_prompt = n_prompt;
     r->max_tokens = (int32_t)m->sampling.max_tokens;
     r->min_tokens = (int32_t)m->min_tokens;
+    r->min_mask = (int32_t)m->min_mask;
+    if (r->min_mask > r->min_tokens)
+        r->min_tokens = r->min_mask;
     r->n_choices = (int32_t)n;
     r->seqs = calloc(n, sizeof *r->seqs);
     sh_err err = r->seqs ? copy_sampling(r, &m->sampling) : SH_ENOMEM;
@@ -762,6 +765,9 @@ static sh_err batcher_init(sh_actor_ctx *ctx, void *state, void *arg)
     if (!b->a.tok || b->a.n_ctx < 2 || b->a.n_vocab < 1 || !b->a.kvmgr || !b->a.stage)
         return SH_EINVAL;
     b->max_blocks = blocks_for(b, b->a.n_ctx) + 1;
+    for (int32_t id = 0; id < b->a.n_vocab && b->n_eog < SH_PROTO_MAX_BAN; id++)
+        if (sh_tokenizer_is_eog(b->a.tok, id) || (b->a.llama2c && id == sh_tokenizer_bos(b->a.tok)))
+            b->eog[b->n_eog++] = id;
     // Sequence and step ids count from the clock (Unix ms << 16), not from 1: stage nodes keep a
     // sampler per sequence id and the reply address of recent step ids, so a front restarted in
     // front of running workers must never reuse an id its predecessor used (that would take 65536

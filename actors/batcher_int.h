@@ -79,6 +79,7 @@ struct breq {
     int32_t n_prompt;
     int32_t max_tokens;
     int32_t min_tokens; /* end-of-sequence tokens are ordinary tokens before this many */
+    int32_t min_mask;   /* and are masked (never sampled) before this many */
     int32_t n_choices, n_finished;
     int32_t shared; /* prompt positions choices > 0 fork from choice 0 */
     bool cancelled;
@@ -119,7 +120,10 @@ typedef struct batcher {
     int32_t n_running;
     int32_t max_blocks;
     uint64_t next_kv_id, arrivals, step_no;
-    uint64_t epoch;    /* STEP's epoch: the first step id of the latest pause (or of init) */
+    uint64_t epoch; /* STEP's epoch: the first step id of the latest pause (or of init) */
+    int32_t eog[SH_PROTO_MAX_BAN]; /* the vocabulary's end-of-sequence ids (masked before
+                                    * min_tokens) */
+    int32_t n_eog;
     int32_t avail_est; /* free + evictable KV blocks, from the kvmgr's last reply */
     int32_t allocs_out;
     /* CONTROL PAUSE/RESUME: while paused nothing is planned and no step or KV request is sent;

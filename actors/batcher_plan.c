@@ -582,6 +582,8 @@ void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_se
     // sent again draws with the seed its lost try had.
     q->sampling.seed = s->r->samp.seed + (uint64_t)s->choice * 0x9E3779B97F4A7C15ull +
                        (uint64_t)s->n_gen * 0xBF58476D1CE4E5B9ull;
+    if (q->sample && s->n_gen < s->r->min_mask)
+        q->ban = (sh_i32s){b->eog, (uint32_t)b->n_eog};
     if (q->sample && !s->sampled) {
         int32_t w = s->r->samp.penalty_last_n;
         if (w > s->n_computed + s->step_k)

@@ -438,6 +438,7 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
         .reply_to = sh_actor_self(g->ctx),
         .n = (uint32_t)q->n,
         .min_tokens = q->ignore_eos ? (uint32_t)max_tokens : (uint32_t)q->min_tokens,
+        .min_mask = q->ignore_eos ? 0 : (uint32_t)q->min_tokens,
     };
     sh_error e = {0};
     sh_err rc = sh__act_send(sh_actor_runtime(g->ctx), sh_actor_self(g->ctx), m->batcher,

@@ -103,6 +103,7 @@ typedef struct stage_state {
     sh_sampler **smp;   // (max_seqs) the sampler of each sampled sequence of the step
     smp_slot **sl;      // (max_seqs) and its slot
     bool *again;        // (max_seqs) the step asks again for the slot's last draws
+    int32_t *ban;       // (max_seqs * SH_PROTO_MAX_BAN) each sequence's banned ids this step
     uint8_t *acc;  // (max_seqs) the last acc tokens of the answer are new and not in the window yet
     bool *moved;   // (max_seqs) the sampler took new tokens into its window while verifying
     int32_t *more; // (max_seqs, SH_SPEC_MAX_K) the answers' more lists
@@ -318,7 +319,7 @@ static bool step_greedy_head(const stage_state *st, const sh_proto_step *s)
         if (!q->sample)
             continue;
         const sh_proto_sampling *p = &q->sampling;
-        if (!(p->temperature <= 0.0f) || p->n_logprobs != 0 || p->bias.n != 0 ||
+        if (!(p->temperature <= 0.0f) || p->n_logprobs != 0 || p->bias.n != 0 || q->ban.n != 0 ||
             p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
             p->presence_penalty != 0.0f)
             return false;
@@ -749,6 +750,12 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         st->again[i] = false;
         if (q->sample && (err = sampler_get(st, q, &st->smp[i], &st->sl[i], e)))
             break;
+        if (q->sample) { /* end-of-sequence tokens banned before min_tokens, this step only */
+            int32_t *ban = st->ban + (size_t)i * SH_PROTO_MAX_BAN;
+            for (uint32_t k = 0; k < q->ban.n; k++)
+                ban[k] = sh_i32s_at(q->ban, k);
+            sh_sampler_set_ban(st->smp[i], ban, (int32_t)q->ban.n);
+        }
         /* The index of the step's first new token: the one after its last accepted token. */
         int64_t at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
         st->again[i] = q->sample && st->sl[i]->at >= 0 && at >= st->sl[i]->at &&
@@ -1281,6 +1288,7 @@ static void free_buffers(stage_state *st)
     free(st->smp);
     free(st->sl);
     free(st->again);
+    free(st->ban);
     free(st->acc);
     free(st->moved);
     free(st->more);
@@ -1452,6 +1460,7 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->smp = calloc(S, sizeof *st->smp);
     st->sl = calloc(S, sizeof *st->sl);
     st->again = calloc(S, sizeof *st->again);
+    st->ban = calloc(S * SH_PROTO_MAX_BAN, sizeof *st->ban);
     st->acc = calloc(S, sizeof *st->acc);
     st->moved = calloc(S, sizeof *st->moved);
     st->more = calloc(S * SH_SPEC_MAX_K, sizeof *st->more);
@@ -1464,9 +1473,9 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->row = calloc(S, sizeof *st->row);
     sh_err err = SH_ENOMEM;
-    if (!st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again || !st->acc ||
-        !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples || !st->out ||
-        !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+    if (!st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again || !st->ban ||
+        !st->acc || !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples ||
+        !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;

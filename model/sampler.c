@@ -22,6 +22,8 @@ struct sh_sampler {
     int32_t *ring;  // (penalty_last_n) the window, oldest at ring_head when full
     int32_t ring_len, ring_head;
     sh_logit_bias *bias; // (n_bias)
+    const int32_t *ban;  // (n_ban) banned ids (sh_sampler_set_ban), borrowed
+    int32_t n_ban;
 };
 
 sh_sampler_params sh_sampler_params_default(void)
@@ -138,6 +140,12 @@ void sh_sampler_reset(sh_sampler *s, uint64_t seed)
         s->count[s->ring[i]] = 0;
     s->ring_len = s->ring_head = 0;
     s->rng = seed;
+}
+
+void sh_sampler_set_ban(sh_sampler *s, const int32_t *ids, int32_t n)
+{
+    s->ban = n > 0 ? ids : NULL;
+    s->n_ban = n > 0 ? n : 0;
 }
 
 void sh_sampler_accept(sh_sampler *s, int32_t id)
@@ -338,6 +346,9 @@ static void apply_bias_and_penalties(sh_sampler *s)
     float *x = s->x;
     for (int32_t i = 0; i < s->p.n_bias; i++)
         x[s->bias[i].id] += s->bias[i].bias;
+    for (int32_t i = 0; i < s->n_ban; i++)
+        if (s->ban[i] >= 0 && s->ban[i] < s->n_vocab)
+            x[s->ban[i]] = -INFINITY;
     const sh_sampler_params *p = &s->p;
     if (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)
         return;
@@ -480,7 +491,7 @@ static sh_err sample_greedy(sh_sampler *s, const float *logits, const float *x, 
 static bool plain_of(const sh_sampler *s)
 {
     const sh_sampler_params *p = &s->p;
-    return p->n_bias == 0 &&
+    return p->n_bias == 0 && s->n_ban == 0 &&
            (s->ring_len == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
                                  p->presence_penalty == 0.0f));
 }

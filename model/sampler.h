@@ -84,6 +84,11 @@ void sh_sampler_destroy(sh_sampler *s);
 /* Forgets the penalty window and reseeds the RNG with `seed`. */
 void sh_sampler_reset(sh_sampler *s, uint64_t seed);
 
+/* Bans ids[0..n) (borrowed until the next call; ids outside the vocabulary are skipped) from the
+ * next samples, as a logit bias of -inf would: for end-of-sequence tokens before a request's
+ * min_tokens. n 0 lifts the ban. */
+void sh_sampler_set_ban(sh_sampler *s, const int32_t *ids, int32_t n);
+
 /* Appends a token (prompt or generated) to the penalty window; ids outside the vocabulary are
  * ignored. */
 void sh_sampler_accept(sh_sampler *s, int32_t id);
@@ -95,9 +100,9 @@ sh_err sh_sampler_sample(sh_sampler *s, const float *logits, sh_sample *out);
 
 /* Whether sh_sampler_sample would now pick the row's first largest logit and report
  * logprob = logprob_raw = logit - log(sum(exp(logits))) and no top-n list: greedy (temperature
- * <= 0), no logprobs, no logit bias, no penalty in effect. Such a sample needs only the row's
- * top-1 and log-sum-exp (sh_llama_batch.top1_only), which tensor-parallel ranks combine without
- * gathering the rows. */
+ * <= 0), no logprobs, no logit bias or ban, no penalty in effect. Such a sample needs only the
+ * row's top-1 and log-sum-exp (sh_llama_batch.top1_only), which tensor-parallel ranks combine
+ * without gathering the rows. */
 bool sh_sampler_plain_greedy(const sh_sampler *s);
 
 /* Over v[0..n): *id the first index of the largest value (-1 when all are -INFINITY or NaN),

@@ -52,6 +52,7 @@
 #define SH_PROTO_MAX_NAME 256         /* bytes of a metric name */
 #define SH_PROTO_MAX_STOP 16          /* stop strings per request */
 #define SH_PROTO_MAX_STR_ITEM 1024    /* bytes of one STRS entry (a stop string) */
+#define SH_PROTO_MAX_BAN 64           /* ids banned in one step_seq (end-of-sequence tokens) */
 #define SH_PROTO_MAX_BIAS 300         /* logit-bias entries (OpenAI's limit, as the sampler) */
 #define SH_PROTO_MAX_LOGPROBS 20      /* top logprobs per token (OpenAI's limit) */
 #define SH_PROTO_MAX_DRAFT 16         /* drafted tokens of one sequence in a step (SH_SPEC_MAX_K) */
@@ -150,7 +151,8 @@
     F(S, draft, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* the last `draft` tokens are drafted  \
                                                             */                                     \
     F(S, want_draft, "wdr", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a drafter may append */  \
-    F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS)    /* tokens [0, pos), for a drafter */
+    F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* tokens [0, pos), for a drafter */  \
+    F(S, ban, "ban", I32S, _, OPT, 0, SH_PROTO_MAX_BAN) /* ids masked (EOS before min_tokens) */
 
 /* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
@@ -215,7 +217,8 @@
     F(S, deadline_ms, "dl", U64, _, REQ, 0, 0)                                                     \
     F(S, reply_to, "to", ADDR, _, REQ, 0, 0)                                                       \
     F(S, n, "n", U32, _, OPT, 0, 128) /* choices sharing the prompt (0 means 1) */                 \
-    F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */
+    F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */    \
+    F(S, min_mask, "minm", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS)  /* EOS masked before these */
 
 /* CANCEL with withdraw (a router moving a request to another replica): only a request none of
  * whose sequences was ever admitted is removed, silently, and answered with FAIL code SH_EBUSY

@@ -8,7 +8,8 @@ still wins; a copy of the model with general.sampling.temp = 0 and general.sampl
 repeat_penalty/repeat_last_n and repetition_penalty are served (a penalty changes the greedy
 text, repeat_last_n 0 turns it off); the sampling fields not implemented (mirostat, xtc, ...) are
 400s naming the field while their neutral values are accepted, and the server keeps serving;
-`shoal run` takes the model file's keys where no flag is given.
+`shoal run` takes the model file's keys where no flag is given; min_tokens masks the
+end-of-sequence token (greedy continues with the next best) where ignore_eos generates it.
 """
 
 import json
@@ -159,7 +160,33 @@ def run_builtin(r):
             assert text(srv, temperature=0.9, seed=5, typical_p=1, max_tokens=12) == \
                 text(srv, temperature=0.9, seed=5, max_tokens=12)
 
+        def min_tokens_masks_eos():
+            msgs = [{"role": "user", "content": "Say hello."}]
+
+            def chat(**kw):
+                st, parsed, raw = su.post_json(srv.url, "/v1/chat/completions",
+                                               dict(messages=msgs, temperature=0, logprobs=True,
+                                                    **kw))
+                assert st == 200, f"{st}: {raw[:300]!r}"
+                ch = parsed["choices"][0]
+                return [t["token"] for t in ch["logprobs"]["content"]], ch["finish_reason"]
+
+            greedy, fin = chat(max_tokens=64)
+            assert fin == "stop", f"greedy did not end by itself within 64 tokens: {greedy}"
+            k = len(greedy)
+            # ignore_eos generates the end-of-sequence token as an ordinary one...
+            ign, _ = chat(max_tokens=k + 5, ignore_eos=True)
+            assert ign[:k] == greedy and len(ign) == k + 5, ign
+            # ...min_tokens masks it: another token comes in its place, and the text goes on.
+            got, fin = chat(max_tokens=64, min_tokens=k + 5)
+            assert got[:k] == greedy, f"{got} vs {greedy}"
+            assert len(got) >= k + 5, f"{len(got)} tokens < min_tokens {k + 5}: {got}"
+            assert got[k] != ign[k], f"end-of-sequence {ign[k]!r} was sampled before min_tokens"
+            assert ign[k] not in got[:k + 5], got
+
         r.case("built-in defaults in /v1/models and the start-up line", builtin_reported)
+        r.case("min_tokens masks end-of-sequence (ignore_eos generates it)",
+               min_tokens_masks_eos)
         r.case("sampling fields not implemented: 400 naming them; neutral values pass",
                refused_fields)
         r.case("repetition_penalty, repeat_penalty/repeat_last_n, typical_p served",

@@ -480,6 +480,41 @@ static void test_typical_p(void)
     sh_sampler_destroy(s);
 }
 
+/* A ban (end-of-sequence before min_tokens) masks its ids like a -inf bias, for greedy and
+ * sampled draws, and is lifted by an empty one; a banned sampler is not plain greedy. */
+static void test_ban(void)
+{
+    const float lg[4] = {3.0f, 1.0f, 2.5f, 0.0f};
+    const int32_t eos[2] = {0, 99}; // 99 is outside the vocabulary: skipped
+    sh_sampler_params p = greedy();
+    sh_sampler *s = make(4, &p);
+    sh_sample r;
+    CHECK(sh_sampler_plain_greedy(s));
+    sh_sampler_set_ban(s, eos, 2);
+    CHECK(!sh_sampler_plain_greedy(s));
+    CHECK_OK(sh_sampler_sample(s, lg, &r));
+    CHECK_INT_EQ(r.id, 2);
+    double z = exp(1.0) + exp(2.5) + exp(0.0);
+    CHECK_NEAR(r.logprob, 2.5 - log(z), 1e-5); // the final distribution without token 0
+    sh_sampler_set_ban(s, NULL, 0);
+    CHECK(sh_sampler_plain_greedy(s));
+    CHECK_OK(sh_sampler_sample(s, lg, &r));
+    CHECK_INT_EQ(r.id, 0);
+    sh_sampler_destroy(s);
+    p = sh_sampler_params_default();
+    p.seed = 5;
+    s = make(4, &p);
+    sh_sampler_set_ban(s, eos, 1);
+    int hist[4];
+    histogram(s, lg, 2000, hist, 4);
+    CHECK_INT_EQ(hist[0], 0);
+    CHECK(hist[2] > hist[1]);
+    const int32_t all[4] = {0, 1, 2, 3};
+    sh_sampler_set_ban(s, all, 4);
+    CHECK_INT_EQ(sh_sampler_sample(s, lg, &r), SH_ERANGE);
+    sh_sampler_destroy(s);
+}
+
 static void test_bad_params(void)
 {
     sh_sampler *s = (sh_sampler *)1;
@@ -522,6 +557,7 @@ static const sh_test_case tests[] = {
     {"plain_greedy", test_plain_greedy},
     {"penalty_distribution", test_penalty_distribution},
     {"typical_p", test_typical_p},
+    {"ban", test_ban},
     {"bad_params", test_bad_params},
     {NULL, NULL},
 };
