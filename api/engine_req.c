@@ -145,6 +145,15 @@ static sh_err check_request(const sh_request_opts *r, sh_error *e)
     if (!in_range(r->repeat_penalty, 0, 100))
         return sh__error_set(e, SH_EINVAL, "sh_submit: repeat_penalty = %g: must be 0 to 100",
                              (double)r->repeat_penalty);
+    if (!in_range(r->typical_p, 0, 1))
+        return sh__error_set(e, SH_EINVAL, "sh_submit: typical_p = %g: must be 0 to 1",
+                             (double)r->typical_p);
+    if (r->repeat_last_n < -1)
+        return sh__error_set(e, SH_EINVAL, "sh_submit: repeat_last_n = %d: must be -1 or more",
+                             (int)r->repeat_last_n);
+    if (r->min_tokens < 0 || r->min_tokens > (1 << 20))
+        return sh__error_set(e, SH_EINVAL, "sh_submit: min_tokens = %d: must be 0 to %d",
+                             (int)r->min_tokens, 1 << 20);
     if (r->n_stop < 0 || r->n_stop > MAX_STOP || (r->n_stop > 0 && !r->stop))
         return sh__error_set(e, SH_EINVAL, "sh_submit: n_stop = %d: must be 0 to %d, with stop set",
                              (int)r->n_stop, MAX_STOP);
@@ -293,7 +302,10 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
                      .repeat_penalty = r.repeat_penalty > 0 ? r.repeat_penalty : 1.0f,
                      .frequency_penalty = r.frequency_penalty,
                      .presence_penalty = r.presence_penalty,
-                     .penalty_last_n = PENALTY_WINDOW,
+                     .penalty_last_n = r.repeat_last_n < 0   ? eng->n_ctx
+                                       : r.repeat_last_n > 0 ? r.repeat_last_n
+                                                             : PENALTY_WINDOW,
+                     .typical_p = r.typical_p > 0 && r.typical_p < 1 ? r.typical_p : 0.0f,
                      .seed = r.seed,
                      .max_tokens = (uint32_t)max_tokens,
                      .n_logprobs = r.logprobs ? r.top_logprobs : 0,
@@ -304,7 +316,8 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
         .priority = (uint8_t)r.priority,
         .deadline_ms = r.timeout_ms ? sh__act_unix_ms() + r.timeout_ms : 0,
         .reply_to = eng->self,
-        .min_tokens = r.ignore_eos ? (uint32_t)max_tokens : 0,
+        .min_tokens = r.ignore_eos ? (uint32_t)max_tokens : (uint32_t)r.min_tokens,
+        .min_mask = r.ignore_eos ? 0 : (uint32_t)r.min_tokens,
     };
     // The send happens under the lock: close cannot take the runtime away meanwhile, and a
     // CANCEL of this id (after it is in the table) always follows its SUBMIT.

@@ -170,17 +170,21 @@ typedef struct sh_request_opts {
     float repeat_penalty;                      /* 0: 1 (off) */
     const char *const *stop;                   /* stop strings, at most 4 */
     int32_t n_stop;
-    uint64_t seed;        /* the sampler's seed: the same seed and request give the same text */
-    int32_t priority;     /* 0..255, lower runs first; 0 is the default class */
-    int32_t top_logprobs; /* 0..20 alternatives per token in on_token; 0: none */
-    bool logprobs;        /* on_token carries each token's log-probability */
-    bool ignore_eos;      /* generate max_tokens whatever the model says */
-    uint32_t timeout_ms;  /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
-    bool no_spec;         /* never draft tokens for it (sh_engine_opts.spec); top_logprobs > 0
-                           * implies it */
-    int32_t spec_n_max;   /* at most this many drafted tokens a step for it (1..16, under
-                           * sh_engine_opts.spec_k; llama.cpp's speculative.n_max); 0: no cap of
-                           * its own. Outside 0..16 sh_submit fails with SH_EINVAL. */
+    uint64_t seed;         /* the sampler's seed: the same seed and request give the same text */
+    int32_t priority;      /* 0..255, lower runs first; 0 is the default class */
+    int32_t top_logprobs;  /* 0..20 alternatives per token in on_token; 0: none */
+    bool logprobs;         /* on_token carries each token's log-probability */
+    bool ignore_eos;       /* generate max_tokens whatever the model says */
+    uint32_t timeout_ms;   /* the request ends (finish SH_FINISH_DEADLINE) after this; 0: none */
+    bool no_spec;          /* never draft tokens for it (sh_engine_opts.spec); top_logprobs > 0
+                            * implies it */
+    int32_t spec_n_max;    /* at most this many drafted tokens a step for it (1..16, under
+                            * sh_engine_opts.spec_k; llama.cpp's speculative.n_max); 0: no cap of
+                            * its own. Outside 0..16 sh_submit fails with SH_EINVAL. */
+    float typical_p;       /* locally typical sampling (llama.cpp's), 0..1; 0: 1 (off) */
+    int32_t repeat_last_n; /* the penalties' window of recent tokens: 0: 64; -1: the context */
+    int32_t min_tokens;    /* end-of-sequence tokens are masked before this many (as vLLM's
+                            * min_tokens); 0: none */
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the

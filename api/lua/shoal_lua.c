@@ -407,7 +407,8 @@ static const char *const req_keys[] = {
     "prompt",         "prompt_tokens", "messages",   "max_tokens",       "temperature",
     "top_p",          "top_k",         "min_p",      "presence_penalty", "frequency_penalty",
     "repeat_penalty", "stop",          "seed",       "priority",         "top_logprobs",
-    "logprobs",       "ignore_eos",    "timeout_ms", "speculative",      NULL};
+    "logprobs",       "ignore_eos",    "timeout_ms", "speculative",      "typical_p",
+    "repeat_last_n",  "min_tokens",    NULL};
 
 static const char *const cb_keys[] = {"token", "done", "error", NULL};
 
@@ -416,7 +417,8 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
 /* eng:submit(request, callbacks) -> id | nil, msg, code. request: {prompt= | prompt_tokens= |
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
- * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N}};
+ * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N},
+ * typical_p=, repeat_last_n=, min_tokens=};
  * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
  * id)}, each optional. */
@@ -450,6 +452,9 @@ static int l_submit(lua_State *L)
     opt_float(L, 2, "presence_penalty", &r.presence_penalty);
     opt_float(L, 2, "frequency_penalty", &r.frequency_penalty);
     opt_float(L, 2, "repeat_penalty", &r.repeat_penalty);
+    opt_float(L, 2, "typical_p", &r.typical_p);
+    opt_i32(L, 2, "repeat_last_n", &r.repeat_last_n);
+    opt_i32(L, 2, "min_tokens", &r.min_tokens);
     opt_u64(L, 2, "seed", &r.seed);
     opt_i32(L, 2, "priority", &r.priority);
     opt_i32(L, 2, "top_logprobs", &r.top_logprobs);

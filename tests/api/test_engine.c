@@ -1104,6 +1104,33 @@ static void test_request_options(void)
     run_all(eng);
     CHECK_INT_EQ(a.n_ids, b.n_ids);
     CHECK(memcmp(a.ids, b.ids, (size_t)a.n_ids * 4) == 0);
+
+    // typical_p and a whole-context penalty window sample (and reproduce); bad values refused.
+    rr.typical_p = 0.5f;
+    rr.repeat_penalty = 1.3f;
+    rr.repeat_last_n = -1;
+    init_seen(&a, eng);
+    init_seen(&b, eng);
+    CHECK_OK(sh_submit(eng, &rr, &CB, &a, &id, NULL));
+    CHECK_OK(sh_submit(eng, &rr, &CB, &b, &id, NULL));
+    run_all(eng);
+    CHECK_INT_EQ(a.n_done + b.n_done, 2);
+    CHECK(a.n_ids > 0 && a.n_ids == b.n_ids && memcmp(a.ids, b.ids, (size_t)a.n_ids * 4) == 0);
+    sh_error e = {0};
+    rr.typical_p = 1.5f;
+    CHECK_INT_EQ(sh_submit(eng, &rr, &CB, &a, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "typical_p") != NULL);
+    rr.typical_p = 0;
+    rr.repeat_last_n = -2;
+    CHECK_INT_EQ(sh_submit(eng, &rr, &CB, &a, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "repeat_last_n") != NULL);
+    rr.repeat_last_n = 0;
+    rr.min_tokens = -1;
+    CHECK_INT_EQ(sh_submit(eng, &rr, &CB, &a, &id, &e), SH_EINVAL);
+    CHECK(strstr(e.msg, "min_tokens") != NULL);
+
+    // (min_tokens masking is checked in test_serve_sampling: this model's stories end with BOS,
+    // which its GGUF does not call end-of-sequence, so there is nothing here to mask.)
     CHECK_OK(sh_engine_close(eng));
 }
 
