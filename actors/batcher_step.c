@@ -33,8 +33,14 @@ static bool emit_token(batcher *b, bseq *s, int32_t id, float lp_log, float lp_r
     const char *text = NULL, *out = NULL;
     size_t len = 0, out_len = 0;
     bool stopped = false;
+    // Before min_tokens no stop string ends the text (as vLLM): the stopper looks for none then,
+    // so a stop string counts only when it completes in text after that.
+    int n_stop = s->stop.n_stop;
+    if (s->n_gen < r->min_mask)
+        s->stop.n_stop = 0;
     if (sh_tokenizer_stream_feed(s->detok, id, &text, &len) == SH_OK && len)
         sh_openai_stopper_feed(&s->stop, text, len, &out, &out_len, &stopped);
+    s->stop.n_stop = n_stop;
     if (!r->cancelled) {
         sh_proto_token t = {.req = r->id,
                             .index = (uint32_t)(s->n_gen - 1),

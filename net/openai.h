@@ -131,7 +131,8 @@ typedef struct sh_openai_request {
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     bool ignore_eos;    /* (extension, as vLLM) end-of-sequence tokens do not stop generation */
-    int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is ignored before this many */
+    int32_t min_tokens; /* (extension, as vLLM) end-of-sequence is masked, and stop strings do
+                         * not end the text, before this many */
     bool no_spec;       /* (extension) "speculative": false or n_max 0: never draft for it */
     int32_t spec_n_max; /* (extension) "speculative": {"n_max": N} or "speculative.n_max": N:
                          * at most N (1..SH_OPENAI_MAX_SPEC_N) drafted tokens a step; 0: no cap */

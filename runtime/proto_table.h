@@ -218,7 +218,8 @@
     F(S, reply_to, "to", ADDR, _, REQ, 0, 0)                                                       \
     F(S, n, "n", U32, _, OPT, 0, 128) /* choices sharing the prompt (0 means 1) */                 \
     F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */    \
-    F(S, min_mask, "minm", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS)  /* EOS masked before these */
+    F(S, min_mask, "minm", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS)  /* EOS masked, stops off, before  \
+                                                                  */
 
 /* CANCEL with withdraw (a router moving a request to another replica): only a request none of
  * whose sequences was ever admitted is removed, silently, and answered with FAIL code SH_EBUSY

@@ -183,9 +183,22 @@ def run_builtin(r):
             assert len(got) >= k + 5, f"{len(got)} tokens < min_tokens {k + 5}: {got}"
             assert got[k] != ign[k], f"end-of-sequence {ign[k]!r} was sampled before min_tokens"
             assert ign[k] not in got[:k + 5], got
+            # Nor do stop strings end the text before min_tokens: "," comes early in the greedy
+            # text and stops it there, but not with min_tokens past it.
+            comma = next(i for i, t in enumerate(greedy) if "," in t)
+            st, parsed, raw = su.post_json(srv.url, "/v1/chat/completions",
+                                           dict(messages=msgs, temperature=0, max_tokens=64,
+                                                stop=[","]))
+            assert parsed["choices"][0]["message"]["content"] == "".join(greedy[:comma]), raw
+            st, parsed, raw = su.post_json(srv.url, "/v1/chat/completions",
+                                           dict(messages=msgs, temperature=0, max_tokens=64,
+                                                stop=[","], min_tokens=comma + 4))
+            text_ = parsed["choices"][0]["message"]["content"]
+            assert text_.startswith("".join(greedy[:comma + 4])), f"{text_!r} vs {greedy}"
+            assert parsed["usage"]["completion_tokens"] >= comma + 4, raw
 
         r.case("built-in defaults in /v1/models and the start-up line", builtin_reported)
-        r.case("min_tokens masks end-of-sequence (ignore_eos generates it)",
+        r.case("min_tokens masks end-of-sequence (ignore_eos generates it) and holds off stops",
                min_tokens_masks_eos)
         r.case("sampling fields not implemented: 400 naming them; neutral values pass",
                refused_fields)
