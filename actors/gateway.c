@@ -423,7 +423,9 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                      .repeat_penalty = q->repeat_penalty,
                      .frequency_penalty = q->frequency_penalty,
                      .presence_penalty = q->presence_penalty,
-                     .penalty_last_n = q->repeat_last_n < 0 ? m->n_ctx : q->repeat_last_n,
+                     .penalty_last_n = q->repeat_last_n < 0 || q->repeat_last_n > m->n_ctx
+                                           ? m->n_ctx
+                                           : q->repeat_last_n,
                      .typical_p = q->typical_p < 1.0f ? q->typical_p : 0.0f,
                      .seed = seed,
                      .max_tokens = (uint32_t)max_tokens,

@@ -302,7 +302,8 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
                      .repeat_penalty = r.repeat_penalty > 0 ? r.repeat_penalty : 1.0f,
                      .frequency_penalty = r.frequency_penalty,
                      .presence_penalty = r.presence_penalty,
-                     .penalty_last_n = r.repeat_last_n < 0   ? eng->n_ctx
+                     .penalty_last_n = r.repeat_last_n < 0 || r.repeat_last_n > eng->n_ctx
+                                           ? eng->n_ctx
                                        : r.repeat_last_n > 0 ? r.repeat_last_n
                                                              : PENALTY_WINDOW,
                      .typical_p = r.typical_p > 0 && r.typical_p < 1 ? r.typical_p : 0.0f,

@@ -543,6 +543,8 @@ static const struct {
     {"bad_words", NEUTRAL_EMPTY, "use 'logit_bias' to ban tokens"},
     {"allowed_token_ids", NEUTRAL_EMPTY, "use 'logit_bias'"},
     {"logits_processors", NEUTRAL_EMPTY, "logits processors are not supported"},
+    {"prompt_logprobs", NEUTRAL_ZERO, "log-probabilities of prompt tokens are not reported"},
+    {"post_sampling_probs", NEUTRAL_FALSE, "logprobs are the raw model's"},
 };
 
 static bool is_neutral(json_t *j, neutral_kind k)

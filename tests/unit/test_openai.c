@@ -222,7 +222,8 @@ static void test_sampling_fields(void)
                        "\"dry_base\":1.75,\"dynatemp_range\":0,\"top_n_sigma\":-1,\"tfs_z\":1,"
                        "\"n_probs\":0,\"min_keep\":0,\"best_of\":1,\"use_beam_search\":false,"
                        "\"penalize_nl\":false,\"samplers\":[],\"stop_token_ids\":[],"
-                       "\"bad_words\":[],\"allowed_token_ids\":null,\"logits_processors\":null}");
+                       "\"bad_words\":[],\"allowed_token_ids\":null,\"logits_processors\":null,"
+                       "\"prompt_logprobs\":0,\"post_sampling_probs\":false}");
     sh_openai_request_free(r);
     static const char *const refused[] = {
         "\"mirostat\":2",
@@ -241,6 +242,8 @@ static void test_sampling_fields(void)
         "\"bad_words\":[\"x\"]",
         "\"allowed_token_ids\":[1]",
         "\"logits_processors\":[\"a\"]",
+        "\"prompt_logprobs\":1",
+        "\"post_sampling_probs\":true",
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char body[256], param[64];
