@@ -184,7 +184,20 @@ r, rmsg, rcode = eng:submit({ max_tokens = 3 }, {})
 eq(r, nil, "no prompt refused")
 eq(rcode, "EINVAL", "no prompt code")
 check(type(rmsg) == "string" and #rmsg > 0, "no prompt message")
+r, rmsg, rcode = eng:submit({ prompt = "x", typical_p = 1.5 }, {})
+eq(rcode, "EINVAL", "typical_p 1.5 refused")
+check(tostring(rmsg):find("typical_p", 1, true), "typical_p named", tostring(rmsg))
+r, rmsg, rcode = eng:submit({ prompt = "x", min_tokens = -1 }, {})
+eq(rcode, "EINVAL", "min_tokens -1 refused")
+r, rmsg, rcode = eng:submit({ prompt = "x", repeat_last_n = -2 }, {})
+eq(rcode, "EINVAL", "repeat_last_n -2 refused")
 eq(eng:pending(), 0, "refused requests are not pending")
+local samp_done = 0
+assert(eng:submit({ prompt = "Once upon a time", max_tokens = 8, temperature = 1, seed = 3,
+                    typical_p = 0.5, repeat_last_n = -1, repeat_penalty = 1.2, min_tokens = 8 }, {
+  done = function(info) samp_done = samp_done + 1; eq(info.completion_tokens, 8, "min_tokens 8") end,
+  error = function(code, m) check(false, "sampling fields run error", code, m) end }))
+check(poll_until(function() return samp_done > 0 end, 60), "sampling fields run finished")
 
 -- 5b. logprobs, a stop list, stats, metrics; chat_apply on a model without a template.
 local nlp, lp_ok = 0, true
