@@ -195,7 +195,10 @@ eq(eng:pending(), 0, "refused requests are not pending")
 local samp_done = 0
 assert(eng:submit({ prompt = "Once upon a time", max_tokens = 8, temperature = 1, seed = 3,
                     typical_p = 0.5, repeat_last_n = -1, repeat_penalty = 1.2, min_tokens = 8 }, {
-  done = function(info) samp_done = samp_done + 1; eq(info.completion_tokens, 8, "min_tokens 8") end,
+  done = function(info)
+    samp_done = samp_done + 1
+    eq(info.completion_tokens, 8, "min_tokens 8")
+  end,
   error = function(code, m) check(false, "sampling fields run error", code, m) end }))
 check(poll_until(function() return samp_done > 0 end, 60), "sampling fields run finished")
 
