@@ -343,7 +343,7 @@ typedef struct sh_gateway_model {
     sh_chat_template chat;
     const char *default_system; /* NULL: none */
     int32_t n_vocab, n_ctx;
-    int32_t n_ctx_train; /* the model's training context (/v1/models); 0: unknown */
+    int32_t n_ctx_train;                /* the model's training context (/v1/models); 0: unknown */
     const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's */
 } sh_gateway_model;
 
@@ -357,7 +357,7 @@ typedef struct sh_gateway_args {
     const char *default_system; /* the template's default system prompt, or NULL */
     const char *model_name;     /* the id /v1/models lists and requests must name */
     int32_t n_vocab, n_ctx;
-    int32_t n_ctx_train; /* 0: unknown */
+    int32_t n_ctx_train;                /* 0: unknown */
     const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's
                                          * (sh_openai_sampling_neutral). /v1/models lists it. */
     /* Optional: n_models (1 to SH_GATEWAY_MAX_MODELS) models, copied at init. /v1/models lists
