@@ -118,6 +118,8 @@ static void req_free(breq *r)
         free(r->seqs[i].blocks);
         sh_tokenizer_stream_destroy(r->seqs[i].detok);
         sh_openai_stopper_fini(&r->seqs[i].stop);
+        free(r->seqs[i].emb_sum);
+        free(r->seqs[i].emb_vec);
     }
     free(r->seqs);
     free(r->bias);
@@ -247,7 +249,8 @@ void sh__batcher_seq_finish(batcher *b, bseq *s, int fin)
                            .n_generated = (uint32_t)s->n_gen,
                            .n_cached = (uint32_t)s->n_cached,
                            .text = {tail, (uint32_t)tail_len},
-                           .choice = (uint32_t)s->choice};
+                           .choice = (uint32_t)s->choice,
+                           .embedding = {s->emb_vec, s->emb_vec ? (uint32_t)s->emb_dim : 0}};
         sh_error e = {0};
         if (!r->cancelled && sh__act_send(sh_actor_runtime(b->ctx), sh_actor_self(b->ctx),
                                           r->reply_to, SH_MSG_DONE, r->trace, &d, &e))
@@ -428,6 +431,7 @@ static void on_submit(batcher *b, const sh_msg *msg, const sh_proto_submit *m)
     r->min_mask = (int32_t)m->min_mask;
     if (r->min_mask > r->min_tokens)
         r->min_tokens = r->min_mask;
+    r->embed = m->embed;
     r->n_choices = (int32_t)n;
     r->seqs = calloc(n, sizeof *r->seqs);
     sh_err err = r->seqs ? copy_sampling(r, &m->sampling) : SH_ENOMEM;

@@ -66,6 +66,12 @@ typedef struct bseq {
     bool admitted_once; /* its queue wait is in shoal_queue_wait_seconds */
     sh_tokenizer_stream *detok;
     sh_openai_stopper stop;
+    /* An embedding (breq.embed): the pooled parts of the chunks answered since its admission
+     * (emb_has), summed in emb_sum (emb_dim), and the final unit vector DONE carries. */
+    double *emb_sum;
+    float *emb_vec;
+    int32_t emb_dim;
+    bool emb_has;
     struct bseq *next; /* queue link */
 } bseq;
 
@@ -83,6 +89,7 @@ struct breq {
     int32_t n_choices, n_finished;
     int32_t shared; /* prompt positions choices > 0 fork from choice 0 */
     bool cancelled;
+    uint8_t embed; /* SUBMIT's embed: a prefill whose pooled hidden states are the answer */
     sh_proto_sampling samp; /* stop and bias point into owned memory below */
     sh_strv stop_v[SH_PROTO_MAX_STOP];
     sh_proto_logit_bias *bias;
@@ -202,6 +209,10 @@ void sh__batcher_plan_expire(batcher *b);
 /* A KV_ALLOC or KV_FORK reply (decoded false: undecodable, or an ERROR); the last one of a plan
  * dispatches the step (step 3). */
 void sh__batcher_plan_kv_reply(batcher *b, uint32_t type, const sh_proto_body *pb, bool decoded);
+
+/* batcher_embed.c: an embedding sequence's answer (o.embd) of a step; the last one finishes it
+ * with the vector in DONE. */
+void sh__batcher_embed_answer(batcher *b, bseq *s, const sh_proto_step_out *o);
 
 /* batcher_step.c: answers of the steps in flight (step 4). */
 /* CONTROL PAUSE: abandons every step in flight (its slot freed, so its STEP_DONE is ignored)

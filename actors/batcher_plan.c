@@ -120,6 +120,8 @@ static void send_alloc(batcher *b, bseq *s, int32_t k)
         a.tokens = (sh_i32s){s->toks + s->n_reserved, (uint32_t)(end - s->n_reserved)};
         a.n_tokens = a.tokens.n;
     }
+    if (s->r->embed)
+        a.tokens = (sh_i32s){NULL, 0}; /* no prefix cache: mean pooling reads every position */
     s->n_marked = s->n_computed;
     s->kv_wait = 0;
     s->draft_alloc = false;
@@ -300,6 +302,7 @@ static void admit(batcher *b, bseq *s, int32_t k, uint64_t now_us)
     s->step_k = k;
     s->kv_id = s->fork_pending ? 0 : ++b->next_kv_id;
     s->n_computed = s->n_reserved = s->n_marked = 0;
+    s->emb_has = false; /* an embedding pools anew from position 0 */
     s->admitted_us = now_us;
     s->admitted_step = b->step_no;
     s->relieved = false;
@@ -589,6 +592,11 @@ void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_se
         if (w > s->n_computed + s->step_k)
             w = s->n_computed + s->step_k;
         q->history = (sh_i32s){s->toks + s->n_computed + s->step_k - w, (uint32_t)w};
+    }
+    if (s->r->embed) { /* a prefill only: the last stage pools instead of sampling */
+        q->sample = false;
+        q->history = (sh_i32s){0};
+        q->embed = s->r->embed;
     }
 }
 

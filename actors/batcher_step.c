@@ -340,6 +340,10 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
             sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
             continue;
         }
+        if (s->r->embed) {
+            sh__batcher_embed_answer(b, s, o);
+            continue;
+        }
         if (o->token < 0)
             continue;
         s->sampled = true;

@@ -6,10 +6,10 @@
  * server-sent events or a single JSON response. It keeps each request until it is finished, and
  * tells the batcher (CANCEL) when a client goes away.
  *
- * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (each also
- * without /v1, as llama-server answers them), POST /tokenize, POST /detokenize, GET /health,
- * GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/ (when the
- * process gave providers). Errors are OpenAI-shaped JSON (net/openai.h).
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models
+ * (each also without /v1, as llama-server answers them), POST /tokenize, POST /detokenize, GET
+ * /health, GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/
+ * (when the process gave providers). Errors are OpenAI-shaped JSON (net/openai.h).
  *
  * CORS, fingerprints, /v1/models and /tokenize are in gateway_api.c, tokenization off the loop
  * in gateway_tok.c, drain and key reloads in gateway_ctl.c; what
@@ -681,6 +681,8 @@ static void complete(gateway *g, gw_req *r)
 
 static void on_done(gateway *g, const sh_proto_done *d)
 {
+    if (sh__gateway_embed_done(g, d))
+        return;
     gw_req *r = find_req(g, d->req);
     if (!r || d->choice >= (uint32_t)r->n_choices || r->choices[d->choice].done)
         return;
@@ -740,6 +742,8 @@ static void respond_err(gw_req *r, const sh_openai_error *err)
 
 static void on_fail(gateway *g, const sh_proto_fail *f)
 {
+    if (sh__gateway_embed_fail(g, f))
+        return;
     gw_req *r = find_req(g, f->req);
     if (!r)
         return;
@@ -833,7 +837,9 @@ static void on_http(sh_http_req *req, void *user)
     bool is_cmpl = !strcmp(api, "/completions");
     bool is_chat = !strcmp(api, "/chat/completions");
     bool is_tok = !strcmp(path, "/tokenize"), is_detok = !strcmp(path, "/detokenize");
-    if ((is_models || is_cmpl || is_chat || is_tok || is_detok) && sh__gateway_cors(g, req))
+    bool is_emb = !strcmp(api, "/embeddings");
+    if ((is_models || is_cmpl || is_chat || is_tok || is_detok || is_emb) &&
+        sh__gateway_cors(g, req))
         return; /* a CORS preflight: answered before the keys, a browser sends none with it */
     if (!strcmp(path, "/admin/policy/reload")) { /* answered while draining too */
         if (!post)
@@ -849,8 +855,8 @@ static void on_http(sh_http_req *req, void *user)
         serve_admin_page(g, req); /* answered while draining too, with its own key check */
         return;
     }
-    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_tok && !is_detok && !is_cluster &&
-        !is_status) {
+    if (!is_metrics && !is_models && !is_cmpl && !is_chat && !is_tok && !is_detok && !is_emb &&
+        !is_cluster && !is_status) {
         sh__gateway_respond_errorf(g, req, 404, "not_found", NULL, "no such endpoint: %s %s",
                                    method, path);
         return;
@@ -898,6 +904,10 @@ static void on_http(sh_http_req *req, void *user)
         sh__gateway_tokenize(g, req, is_detok);
         return;
     }
+    if (is_emb) {
+        sh__gateway_embed(g, req, prio);
+        return;
+    }
     handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, prio);
     return;
 bad_method:
@@ -934,7 +944,9 @@ static sh_err gateway_init(sh_actor_ctx *ctx, void *state, void *arg)
                                      .n_vocab = a->n_vocab,
                                      .n_ctx = a->n_ctx,
                                      .n_ctx_train = a->n_ctx_train,
-                                     .sampling = a->sampling};
+                                     .sampling = a->sampling,
+                                     .embd_dim = a->embd_dim,
+                                     .pooling = a->pooling};
     int32_t max_ctx = 0;
     for (int32_t i = 0; i < g->n_m; i++) {
         g->models[i] = g->m[i].name;
@@ -1049,6 +1061,7 @@ static void gateway_stop(sh_actor_ctx *ctx, void *state)
     // stream ends with an error event and [DONE] (the client knows it was cut short), anything
     // else gets 503. Prompts still being tokenized are answered first.
     sh__gateway_tok_orphan_all(g);
+    sh__gateway_embed_end_all(g, "the server is shutting down");
     while (g->reqs) {
         gw_req *r = g->reqs;
         g->reqs = r->next;

@@ -144,6 +144,9 @@ static void on_drain_tick(uv_timer_t *t)
     memcpy(fail_msg, g->a.ctl->fail_msg, sizeof fail_msg);
     pthread_mutex_unlock(&g->a.ctl->mu);
     int n = 0;
+    sh__gateway_embed_end_all(g, fail ? fail_msg
+                                      : "the server is shutting down and this request "
+                                        "did not finish within the drain timeout");
     while (g->reqs) {
         gw_req *r = g->reqs;
         g->reqs = r->next;

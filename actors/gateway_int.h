@@ -42,6 +42,7 @@ struct gateway {
     sh_act_decoder dec;
     gw_req *reqs;
     struct gw_tok *toks; /* prompts being tokenized on the worker pool (gateway_tok.c) */
+    struct gw_emb *embs; /* embedding requests (gateway_embed.c) */
     uint64_t next_id;
     sh_gateway_model m[SH_GATEWAY_MAX_MODELS]; /* the models served (args.models, or the one) */
     const char *models[SH_GATEWAY_MAX_MODELS]; /* their names */
@@ -103,6 +104,16 @@ void sh__gateway_tok_queue_text(gateway *g, sh_http_req *http, const sh_tokenize
                                 size_t len, uint32_t flags, bool with_pieces);
 /* Answers every prompt still being tokenized with 503 (stop). */
 void sh__gateway_tok_orphan_all(gateway *g);
+
+/* ---- gateway_embed.c: POST /v1/embeddings ------------------------------------------------ */
+
+/* POST /v1/embeddings (and /embeddings). */
+void sh__gateway_embed(gateway *g, sh_http_req *req, int32_t key_prio);
+/* A DONE or FAIL for one of an embedding request's inputs: taken (true) or not one of them. */
+bool sh__gateway_embed_done(gateway *g, const sh_proto_done *d);
+bool sh__gateway_embed_fail(gateway *g, const sh_proto_fail *f);
+/* Ends every embedding request (stop, drain deadline) with 503 and msg; CANCELs their inputs. */
+void sh__gateway_embed_end_all(gateway *g, const char *msg);
 
 /* ---- gateway_ctl.c: drain and keys -------------------------------------------------------- */
 

@@ -345,6 +345,10 @@ typedef struct sh_gateway_model {
     int32_t n_vocab, n_ctx;
     int32_t n_ctx_train;                /* the model's training context (/v1/models); 0: unknown */
     const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's */
+    /* POST /v1/embeddings: the model's width and pooling (sh_llama_pooling); embd_dim 0: not
+     * served (501), as with worker nodes, whose stages are not checked for it yet */
+    int32_t embd_dim;
+    uint8_t pooling;
 } sh_gateway_model;
 
 #define SH_GATEWAY_MAX_MODELS 16
@@ -360,6 +364,8 @@ typedef struct sh_gateway_args {
     int32_t n_ctx_train;                /* 0: unknown */
     const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's
                                          * (sh_openai_sampling_neutral). /v1/models lists it. */
+    int32_t embd_dim;                   /* as sh_gateway_model's */
+    uint8_t pooling;
     /* Optional: n_models (1 to SH_GATEWAY_MAX_MODELS) models, copied at init. /v1/models lists
      * them in this order; a request's "model" picks one (an unknown name is a 404 naming them;
      * without "model" a request is a 400 when there are several). */

@@ -126,6 +126,8 @@ typedef struct stage_state {
     size_t lnk_cap;
     float *scl; // (scl_cap) = (rows) I8 row scales
     size_t scl_cap;
+    float *emb; // (emb_cap bytes) = (max_seqs, dim) the embedding sequences' pooled parts
+    size_t emb_cap;
     sh_buf enc;
     sent_step sent[STAGE_SENT_RING];
     uint32_t n_sent;
@@ -726,6 +728,17 @@ static sh_err group_agree(stage_state *st, const sh_proto_step *s, sh_err mine, 
     return SH_OK;
 }
 
+/* Whether step s has an embedding sequence (step_seq.embed): the last stage then pools. */
+static bool step_embeds(const sh_proto_step *s)
+{
+    for (uint32_t i = 0; i < s->seqs.n; i++)
+        if (s->seqs.v[i].embed)
+            return true;
+    return false;
+}
+
+static sh_err embed_pool(stage_state *st, const sh_proto_step *s, const float *hidden, sh_error *e);
+
 /* Runs this stage's part of a decoded step: the forward pass over its layers (from the tokens on
  * the first stage, from hidden_in (rows, dim) on the others), then, on the last stage, sampling.
  * On SH_OK the last stage's d->seqs points into st->out and another stage's *hidden holds the
@@ -773,8 +786,11 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         err = group_agree(st, s, err, e);
     if (err)
         return err;
-    sh_llama_batch b = {
-        .n_seqs = (int32_t)n, .seqs = st->seqs, .hidden_in = hidden_in, .top1_only = top1};
+    sh_llama_batch b = {.n_seqs = (int32_t)n,
+                        .seqs = st->seqs,
+                        .hidden_in = hidden_in,
+                        .top1_only = top1,
+                        .want_hidden = st->last && step_embeds(s)};
     sh_llama_out out;
     sh_coll_stats before = {0}, after = {0};
     if (st->coll)
@@ -812,6 +828,8 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         k += q->sample ? (int32_t)q->draft + 1 : 0;
         n_sampled += q->sample;
     }
+    if (b.want_hidden && (err = embed_pool(st, s, out.hidden, e)))
+        return err;
     // Sample: on two threads when the step is big enough to pay for the hand-off.
     int64_t failed = -1;
     uint32_t mid = n;
@@ -895,6 +913,45 @@ static bool grow(void **buf, size_t *cap, size_t n)
     *buf = p;
     *cap = n;
     return true;
+}
+
+/* The pooled part of each embedding sequence of step s (step_seq.embed), from the last stage's
+ * normed hidden rows (rows, dim) into st->out[i].embd: mean, the sum of the chunk's rows (the
+ * batcher adds the chunks and divides); cls, the row of position 0 (empty for a later chunk);
+ * last, the chunk's last row (the batcher keeps the final chunk's). Each row's part depends on
+ * that row alone, so a sequence pools the same in any batch. Worker thread. */
+static sh_err embed_pool(stage_state *st, const sh_proto_step *s, const float *hidden, sh_error *e)
+{
+    uint32_t n = s->seqs.n;
+    size_t dim = (size_t)st->dim;
+    if (!grow((void **)&st->emb, &st->emb_cap, (size_t)n * dim * sizeof(float)))
+        return sh__error_set(e, SH_ENOMEM, "stage: out of memory for embeddings");
+    size_t row = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        size_t nt = q->tokens.n;
+        float *v = st->emb + (size_t)i * dim;
+        const float *h = hidden + row * dim;
+        row += nt;
+        if (!q->embed)
+            continue;
+        if (q->embed == 1) {
+            for (size_t j = 0; j < dim; j++) {
+                double acc = 0;
+                for (size_t t = 0; t < nt; t++)
+                    acc += h[t * dim + j];
+                v[j] = (float)acc;
+            }
+        } else if (q->embed == 2) {
+            if (q->pos != 0)
+                continue;
+            memcpy(v, h, dim * sizeof(float));
+        } else {
+            memcpy(v, h + (nt - 1) * dim, dim * sizeof(float));
+        }
+        st->out[i].embd = (sh_f32s){v, (uint32_t)dim};
+    }
+    return SH_OK;
 }
 
 /* Checks an ACT's hidden states against the step and this stage's width and points *out at
@@ -1301,6 +1358,7 @@ static void free_buffers(stage_state *st)
     free(st->slots);
     free(st->row);
     free(st->hid);
+    free(st->emb);
     free(st->lnk);
     free(st->scl);
     free(st->urls);

@@ -770,6 +770,13 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
             goto fail;
         }
     }
+    /* Embeddings: the rows after the output norm, in place (the head has read what it needs). */
+    if (m->last == hp->n_layers && b->want_hidden) {
+        what = "output norm";
+        if ((err =
+                 sh_backend_rmsnorm(be, st, c->x, m->out_norm, hp->norm_eps, n_tok, hp->dim, c->x)))
+            goto fail;
+    }
     if ((err = sh_backend_sync(be, st)))
         return sh__error_set(e, err, "llama: backend failed during the forward pass");
     c->cfailed = false;
@@ -785,6 +792,8 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
             out->top1 = c->top1;
         else
             out->logits = c->logits;
+        if (b->want_hidden)
+            out->hidden = c->x;
     } else {
         out->hidden = c->x;
     }

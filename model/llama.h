@@ -197,6 +197,14 @@ typedef struct sh_llama_load_opts {
  * see tp_size), SH_ENOMEM. Any thread. The caller owns *out. */
 sh_err sh_llama_load(const char *path, const sh_llama_load_opts *opts, sh_llama **out, sh_error *e);
 
+/* Embedding pooling, llama.cpp's values of <arch>.pooling_type: the mean of a sequence's final
+ * hidden states (after the output norm), the first token's (CLS) or the last token's. */
+enum { SH_LLAMA_POOL_MEAN = 1, SH_LLAMA_POOL_CLS = 2, SH_LLAMA_POOL_LAST = 3 };
+
+/* The model's pooling: <arch>.pooling_type when it is 1, 2 or 3; mean otherwise (absent, 0
+ * "none" (per-token vectors, which are not served), unknown, or a llama2.c checkpoint). */
+uint8_t sh_llama_pooling(const sh_llama *m);
+
 /* Frees the model and unmaps its file; accepts NULL. No context may still use it. */
 void sh_llama_destroy(sh_llama *m);
 
@@ -291,6 +299,10 @@ typedef struct sh_llama_batch {
      * rank then exchanges 16 bytes a row with its peers instead of gathering its share of the
      * vocabulary; every rank returns the same top1. Off (full rows of logits) by default. */
     bool top1_only;
+    /* The last stage also returns every row's final hidden state after the output norm
+     * (rmsnorm(x) * out_norm, what the head reads) in sh_llama_out.hidden: embeddings pool them.
+     * Ignored by the other stages (their hidden rows are returned anyway). */
+    bool want_hidden;
 } sh_llama_batch;
 
 /* A row's greedy pick: its first largest logit (after the final soft-cap) and the row's
@@ -304,7 +316,7 @@ typedef struct sh_llama_top1 {
 
 typedef struct sh_llama_out {
     int32_t n_tok;       /* rows in the step */
-    const float *hidden; // (n_tok, dim) when this stage is not the last; else NULL
+    const float *hidden; // (n_tok, dim) when this stage is not the last, or want_hidden; else NULL
     int32_t n_logits;    /* rows of logits: wanted sequences in batch order, or every row */
     const float *logits; // (n_logits, n_vocab) when this stage is the last; else NULL
     /* (n_logits) instead of logits (NULL then) when the batch asked for top1_only */

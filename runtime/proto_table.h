@@ -152,7 +152,8 @@
                                                             */                                     \
     F(S, want_draft, "wdr", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a drafter may append */  \
     F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* tokens [0, pos), for a drafter */  \
-    F(S, ban, "ban", I32S, _, OPT, 0, SH_PROTO_MAX_BAN) /* ids masked (EOS before min_tokens) */
+    F(S, ban, "ban", I32S, _, OPT, 0, SH_PROTO_MAX_BAN) /* ids masked (EOS before min_tokens) */   \
+    F(S, embed, "emb", U8, _, OPT, 0, 3) /* embedding pooling (SUBMIT's embed); never samples */
 
 /* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
@@ -172,7 +173,8 @@
     F(S, more, "more", I32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                        \
     F(S, more_lp, "more_lp", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                  \
     F(S, more_lp_raw, "more_lr", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                              \
-    F(S, drafted, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT)
+    F(S, drafted, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                       \
+    F(S, embd, "emb", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* embed: the chunk's pooled part */
 
 /* A counter (kind 0) or gauge (kind 1). A node's runtime series travel with their labels in
  * the name, as Prometheus writes them (`shoal_act_bytes_total{layer="15",dtype="int8"}`), and
@@ -218,8 +220,8 @@
     F(S, reply_to, "to", ADDR, _, REQ, 0, 0)                                                       \
     F(S, n, "n", U32, _, OPT, 0, 128) /* choices sharing the prompt (0 means 1) */                 \
     F(S, min_tokens, "min", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS ignored before these */    \
-    F(S, min_mask, "minm", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS)  /* EOS masked, stops off, before  \
-                                                                  */
+    F(S, min_mask, "minm", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* EOS masked, stops off before */ \
+    F(S, embed, "emb", U8, _, OPT, 0, 3) /* an embedding: pooling 1 mean, 2 cls, 3 last; 0 none */
 
 /* CANCEL with withdraw (a router moving a request to another replica): only a request none of
  * whose sequences was ever admitted is removed, silently, and answered with FAIL code SH_EBUSY
@@ -250,7 +252,8 @@
     F(S, n_generated, "ng", U32, _, REQ, 0, 0)                                                     \
     F(S, n_cached, "nc", U32, _, OPT, 0, 0) /* prompt tokens served from the prefix cache */       \
     F(S, text, "text", STR, _, OPT, 0, SH_PROTO_MAX_TEXT)                                          \
-    F(S, choice, "ix", U32, _, OPT, 0, 128)
+    F(S, choice, "ix", U32, _, OPT, 0, 128)                                                        \
+    F(S, embedding, "emb", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* embed: the pooled vector */
 
 /* FAIL: code is an sh_err; retryable says whether resubmitting may succeed. */
 #define SH_PROTO_FIELDS_fail(F, S)                                                                 \

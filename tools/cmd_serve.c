@@ -460,6 +460,8 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .n_vocab = hp->n_vocab,
                           .n_ctx = n_ctx,
                           .n_ctx_train = (int32_t)hp->n_ctx_train,
+                          .embd_dim = plan ? 0 : hp->dim, /* worker nodes: not yet (501) */
+                          .pooling = sh_llama_pooling(s->m),
                           .cors_origins = o->cors,
                           .sampling = &s->samp[0],
                           .host = o->host,
@@ -496,7 +498,9 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                                         .n_vocab = mm->hp.n_vocab,
                                         .n_ctx = plan->rep[rs->ids[j][0]].n_ctx,
                                         .n_ctx_train = (int32_t)mm->hp.n_ctx_train,
-                                        .sampling = &s->samp[j]};
+                                        .sampling = &s->samp[j],
+                                        .embd_dim = plan ? 0 : mm->hp.dim,
+                                        .pooling = sh_llama_pooling(mm)};
         }
         ga.models = gms;
         ga.n_models = n_slots;

@@ -20,6 +20,8 @@ sh_serve_test(test_serve_curl ${_d}/test_serve_curl.sh)
 # What OpenAI and llama.cpp clients send beside the core endpoints: path aliases, CORS,
 # system_fingerprint, cached_tokens, /tokenize and /detokenize, /v1/models, response_format.
 sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
+# POST /v1/embeddings: the openai client, float/base64, alone vs batch of 32, a NumPy reference.
+sh_serve_test(test_serve_embed ${_d}/run_py.sh ${_d}/test_serve_embed.py)
 # CORS from a real browser: a page on another origin in headless Chromium (skips without it).
 sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)

@@ -489,7 +489,7 @@ def run(r):
             r.case(name, run_json_case, srv, path, body, want, code, param, name)
 
         def unknown_paths():
-            for method, path in (("GET", "/v1/nope"), ("POST", "/v1/embeddings"),
+            for method, path in (("GET", "/v1/nope"), ("POST", "/v1/images/generations"),
                                  ("GET", "/"), ("GET", "/v1/models/../../etc/passwd")):
                 body = enc(C()) if method == "POST" else None
                 status, hdrs, raw = su.request(srv.url, method, path, body, timeout=30)
