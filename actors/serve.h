@@ -492,6 +492,10 @@ int32_t sh__serve_max_logits(int32_t max_seqs, int32_t step_tokens, bool spec);
  * is one. Any thread. */
 sh_chat_template sh__serve_model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys);
 
+/* The gateway's embeddings (POST /v1/embeddings) of model m: its width and pooling; none (501)
+ * when the stages run on worker nodes (`workers`), which are not checked for it yet. */
+void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m, bool workers);
+
 /* The model's name as served when none is given: path's file name without directories and
  * without .gguf, written into buf (cap bytes). */
 void sh__serve_base_name(const char *path, char *buf, size_t cap);

@@ -323,8 +323,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     sh_serve_size sz;
     if (sh__serve_size(hp, &so, &sz, &e))
         return sh__cmd_fail("%s", e.msg);
-    // No thread has started yet: every one (the runtime's loops, NNG's, the backend's) inherits
-    // the priority set here, and the backend's compute threads lower themselves by compute_add.
+    // No thread has started yet: all inherit this priority (compute threads lower theirs).
     char who[96] = "serve";
     if (o->cluster)
         snprintf(who, sizeof who, "front %s", o->cfg->nodes[o->cfg->gateway.node].name);
@@ -460,8 +459,6 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .n_vocab = hp->n_vocab,
                           .n_ctx = n_ctx,
                           .n_ctx_train = (int32_t)hp->n_ctx_train,
-                          .embd_dim = plan ? 0 : hp->dim, /* worker nodes: not yet (501) */
-                          .pooling = sh_llama_pooling(s->m),
                           .cors_origins = o->cors,
                           .sampling = &s->samp[0],
                           .host = o->host,
@@ -479,6 +476,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .max_conns_per_ip = o->max_conns_per_ip,
                           .metrics_public = o->metrics_public,
                           .drain_timeout_ms = o->drain_timeout_ms};
+    sh__serve_gateway_embed(&ga, s->m, plan != NULL);
     // Several models: the gateway picks one by each request's "model".
     sh_gateway_model gms[SH_CLUSTER_MAX_REPLICAS];
     if (n_slots > 1) {
@@ -498,9 +496,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                                         .n_vocab = mm->hp.n_vocab,
                                         .n_ctx = plan->rep[rs->ids[j][0]].n_ctx,
                                         .n_ctx_train = (int32_t)mm->hp.n_ctx_train,
-                                        .sampling = &s->samp[j],
-                                        .embd_dim = plan ? 0 : mm->hp.dim,
-                                        .pooling = sh_llama_pooling(mm)};
+                                        .sampling = &s->samp[j]};
         }
         ga.models = gms;
         ga.n_models = n_slots;
