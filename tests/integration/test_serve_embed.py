@@ -5,16 +5,21 @@ vectors of the model's width; float and base64 answers are the same numbers; the
 the same alone and in a batch of 32 (within 1e-5), also a long text whose prefill is split into
 chunks differently (--step-tokens 64 on a second server); token-id inputs; usage; the /embeddings
 alias; bad inputs (empty, wrong types, too long, dimensions, encoding_format, unknown model) are
-400/404 naming the problem and the server goes on serving; and the mean-pooled vector of the tiny
-stories260K model (F32 KV cache) equals, within 1e-5, the NumPy reference forward pass's
-(tests/reference) final normed hidden states, averaged and normalised.
+400/404 naming the problem and the server goes on serving; and the vectors of the tiny
+stories260K model (F32 KV cache, a 100-token input prefilled in two chunks, and a 9-token one)
+equal, within 1e-5, the NumPy reference forward pass's (tests/reference) final normed hidden
+states pooled and normalised: mean (the file as it is), and CLS and last token (copies whose
+metadata says llama.pooling_type 2 and 3, written with the gguf package).
 """
 
 import base64
+import json
 import math
 import os
 import struct
 import sys
+import tempfile
+import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -175,9 +180,30 @@ def bad_inputs(url):
     check(st == 200, f"a completion after the bad inputs: {st} {raw[:200]!r}")
 
 
-def reference(url):
-    """stories260K: the mean of the final normed hidden states, L2-normalised, against the NumPy
-    reference forward pass (tests/reference)."""
+def client_leaves(url):
+    """A client that goes away with 300 long inputs (120k tokens) queued on the --step-tokens 64
+    server: its inputs are cancelled (the server is idle within 10 s, where embedding them all
+    takes minutes at 64 tokens a step) and the server goes on serving."""
+    import socket
+    def cancels():
+        return su.metric(su.metrics(url), "shoal_requests_finished_total", reason="cancel") or 0
+
+    before = cancels()
+    host, port = su._hostport(url)
+    body = json.dumps({"input": [LONG] * 300}).encode()
+    sk = socket.create_connection((host, port), timeout=10)
+    sk.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(0.5)
+    sk.close()
+    su.wait_idle(url, timeout=10)
+    check(cancels() - before >= 32, f"{cancels() - before} inputs cancelled, not the window's 64")
+    shape(url)
+
+
+def ref_rows(path, ids):
+    """The NumPy reference forward pass's final normed hidden states of ids (what the head
+    reads), one row per position; None without numpy and gguf."""
     try:
         import numpy as np
         sys.path.insert(0, os.path.join(su.ROOT, "tests", "reference"))
@@ -185,10 +211,8 @@ def reference(url):
         import ref_model
     except ImportError as e:
         su.log(f"     skipped: {e} (run scripts/test-venv.sh)")
-        return
-    ids = [1, 403, 289, 30, 61, 109, 7, 250, 33]
-    (v,) = vecs(embed(url, {"input": ids}))
-    m = ref_model.Model(STORIES)
+        return None
+    m = ref_model.Model(path)
     rows = []
     mm = m.mm
 
@@ -202,13 +226,49 @@ def reference(url):
     for pos, t in enumerate(ids):
         r.step(t, pos)
     check(len(rows) == len(ids), f"{len(rows)} rows captured")
-    ref = np.mean(rows, axis=0)
-    ref /= np.linalg.norm(ref)
-    d = float(np.max(np.abs(ref - np.asarray(v))))
-    su.log(f"     stories260K: max |engine - reference| {d:.3g}")
-    check(d < 1e-5, f"the engine's embedding differs from the reference by {d}")
-    (c,) = vecs(embed(url, {"input": [ids] * 3}))[:1]
-    check(maxdiff(c, v) <= 1e-5, "stories260K: batch differs")
+    return np.array(rows)
+
+
+# Prefilled in two chunks under --step-tokens 64.
+REF_IDS = [1] + [(37 * i + 11) % 500 + 2 for i in range(99)]
+
+
+def reference(url, pooling, path):
+    """stories260K (F32 KV cache, --step-tokens 64: the 100 ids run in two chunks): the pooled
+    final normed hidden states, L2-normalised, against the NumPy reference: mean, CLS (first
+    row) or last row as the file's pooling_type says."""
+    import numpy as np
+    (v,) = vecs(embed(url, {"input": REF_IDS}))
+    (short,) = vecs(embed(url, {"input": REF_IDS[:9]}))
+    for ids, got in ((REF_IDS, v), (REF_IDS[:9], short)):
+        rows = ref_rows(path, ids)
+        if rows is None:
+            return
+        ref = {1: rows.mean(axis=0), 2: rows[0], 3: rows[-1]}[pooling]
+        ref = ref / np.linalg.norm(ref)
+        d = float(np.max(np.abs(ref - np.asarray(got))))
+        su.log(f"     stories260K pooling {pooling}, {len(ids)} ids: max |engine - reference| "
+               f"{d:.3g}")
+        check(d < 1e-5, f"the engine's embedding differs from the reference by {d}")
+    many = vecs(embed(url, {"input": [REF_IDS[:9], REF_IDS, REF_IDS[:40]]}))
+    check(maxdiff(many[1], v) <= 1e-5 and maxdiff(many[0], short) <= 1e-5,
+          "stories260K: batch differs")
+
+
+def with_pooling(pooling, tmp):
+    """A copy of stories260K whose metadata says llama.pooling_type = pooling."""
+    import contextlib
+    import io
+
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+    out = os.path.join(tmp, f"stories260K-pool{pooling}.gguf")
+    r = gguf.GGUFReader(STORIES)
+    w = gguf.GGUFWriter(out, arch="llama", endianess=r.endianess)
+    with contextlib.redirect_stderr(io.StringIO()):
+        copy_with_new_metadata(
+            r, w, {"llama.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, pooling)}, [])
+    return out
 
 
 def main():
@@ -223,9 +283,21 @@ def main():
                        small.url)
                 r.case("token ids and the /embeddings alias", ids_and_alias, srv.url)
                 r.case("bad input", bad_inputs, srv.url)
-        if os.path.exists(STORIES):
-            with su.server("--ctx", "256", "--kv-f32", model=STORIES, runner=r) as st:
-                r.case("reference: stories260K mean pooling", reference, st.url)
+                r.case("a client that leaves is cancelled", client_leaves, small.url)
+        if not os.path.exists(STORIES):
+            su.log(f"     skipped the reference checks: no {STORIES}")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                for pooling in (1, 2, 3):
+                    try:
+                        path = STORIES if pooling == 1 else with_pooling(pooling, tmp)
+                    except ImportError as e:
+                        su.log(f"     skipped pooling {pooling}: {e} (run scripts/test-venv.sh)")
+                        continue
+                    with su.server("--ctx", "256", "--kv-f32", "--step-tokens", "64", model=path,
+                                   runner=r) as st:
+                        r.case(f"reference: stories260K pooling {pooling}", reference, st.url,
+                               pooling, path)
     except AssertionError as e:
         r.fail("server", str(e))
     r.finish()
