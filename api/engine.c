@@ -254,6 +254,7 @@ static sh_err open_model(sh_engine *eng, const sh_engine_opts *o, const script_s
     eng->n_blocks = sz->n_blocks;
     eng->n_ctx = sz->n_ctx;
     eng->max_seqs = sz->max_seqs;
+    eng->pooling = sh_llama_pooling(eng->m);
     return SH_OK;
 }
 

@@ -46,6 +46,8 @@ typedef struct sh_api_ev {
     sh_finish finish;
     int32_t n_prompt, n_gen, n_cached;
     sh_err code;
+    float *emb; /* DONE of an embedding: n_emb floats, owned (freed with the event) */
+    int32_t n_emb;
 } sh_api_ev;
 
 struct sh_engine {
@@ -61,7 +63,8 @@ struct sh_engine {
     char system[1024];
     char name[128];
     int32_t n_ctx, max_seqs;
-    int32_t limit; /* requests pending before SH_EBUSY: max_queue waiting plus those running */
+    uint8_t pooling; /* sh_llama_pooling of the model run here; 0: no embeddings (a front) */
+    int32_t limit;   /* requests pending before SH_EBUSY: max_queue waiting plus those running */
     int64_t n_blocks;
     uint64_t kv_bytes, weight_bytes;
     int efd; /* eventfd: readable while events are queued */

@@ -271,6 +271,10 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     sh_err rc = copy_request(req, &r, e);
     if (!rc)
         rc = check_request(&r, e);
+    if (!rc && r.embed && !eng->pooling)
+        rc = sh__error_set(e, SH_EUNSUPPORTED,
+                           "sh_submit: embeddings are not computed by an engine fronting worker "
+                           "nodes yet");
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!rc)
@@ -320,6 +324,12 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
         .min_tokens = r.ignore_eos ? (uint32_t)max_tokens : (uint32_t)r.min_tokens,
         .min_mask = r.ignore_eos ? 0 : (uint32_t)r.min_tokens,
     };
+    if (r.embed) { /* a prefill with no decode (actors/batcher_embed.c) */
+        sub.sampling = (sh_proto_sampling){
+            .top_p = 1.0f, .repeat_penalty = 1.0f, .max_tokens = 1, .no_spec = true};
+        sub.min_tokens = 0;
+        sub.embed = eng->pooling;
+    }
     // The send happens under the lock: close cannot take the runtime away meanwhile, and a
     // CANCEL of this id (after it is in the table) always follows its SUBMIT.
     pthread_mutex_lock(&eng->mu);
@@ -386,7 +396,7 @@ sh_err sh_cancel(sh_engine *eng, uint64_t id, sh_error *err)
         else if (!(rc = sh__act_send(eng->rt, eng->self, eng->batcher, SH_MSG_CANCEL, id, &c, e)))
             q->cancelling = true;
         if (rc) {
-            free(ev);
+            free(ev); /* a cancel's end: no embedding */
         } else {
             ev->finish = SH_FINISH_CANCEL;
             ev_queue(eng, ev);
@@ -550,6 +560,10 @@ static sh_msg_fate api_handle(sh_actor_ctx *ctx, void *state, sh_msg *msg)
             ev->n_prompt = (int32_t)pb.done.n_prompt;
             ev->n_gen = (int32_t)pb.done.n_generated;
             ev->n_cached = (int32_t)pb.done.n_cached;
+            if (pb.done.embedding.n && (ev->emb = malloc(pb.done.embedding.n * sizeof(float)))) {
+                memcpy(ev->emb, pb.done.embedding.ptr, pb.done.embedding.n * sizeof(float));
+                ev->n_emb = (int32_t)pb.done.embedding.n;
+            }
         }
     } else {
         ev =
@@ -614,7 +628,9 @@ static uint32_t dispatch(sh_engine *eng, sh_api_ev *ev)
         sh_done_info di = {.finish = ev->finish,
                            .prompt_tokens = ev->n_prompt,
                            .completion_tokens = ev->n_gen,
-                           .cached_tokens = ev->n_cached};
+                           .cached_tokens = ev->n_cached,
+                           .embedding = ev->emb,
+                           .n_embedding = ev->n_emb};
         cb.on_done(user, ev->id, &di);
         ran++;
     } else if (ev->type == SH_MSG_FAIL && cb.on_error) {
@@ -640,6 +656,7 @@ static uint32_t drain(sh_engine *eng)
     while (ev) {
         sh_api_ev *next = ev->next;
         ran += dispatch(eng, ev);
+        free(ev->emb);
         free(ev);
         ev = next;
     }
@@ -721,6 +738,7 @@ void sh__engine_events_free(sh_engine *eng)
     pthread_mutex_unlock(&eng->mu);
     while (ev) {
         sh_api_ev *next = ev->next;
+        free(ev->emb);
         free(ev);
         ev = next;
     }

@@ -185,6 +185,12 @@ typedef struct sh_request_opts {
     int32_t repeat_last_n; /* the penalties' window of recent tokens: 0: 64; -1: the context */
     int32_t min_tokens;    /* end-of-sequence tokens are masked before this many (as vLLM's
                             * min_tokens); 0: none */
+    /* An embedding instead of a completion: the prompt is prefilled and nothing is generated
+     * (on_token never runs); on_done's info carries the model's final hidden states, pooled as
+     * its <arch>.pooling_type says (mean by default; CLS or last token) and L2-normalised, as
+     * POST /v1/embeddings computes them (docs/serving.md). The sampling fields are ignored. An
+     * engine fronting worker nodes answers SH_EUNSUPPORTED. */
+    bool embed;
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the
@@ -223,6 +229,10 @@ typedef struct sh_done_info {
     int32_t prompt_tokens;     /* usage, as OpenAI counts it */
     int32_t completion_tokens; /* tokens generated */
     int32_t cached_tokens;     /* prompt tokens served from the prefix cache */
+    /* sh_request_opts.embed: the unit vector (n_embedding floats, the model's width), valid
+     * during the callback only; NULL and 0 otherwise. */
+    const float *embedding;
+    int32_t n_embedding;
 } sh_done_info;
 
 /* A request's callbacks. They run inside sh_poll() on its thread. on_token may run any number of

@@ -7,3 +7,6 @@ sh_test(test_engine SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine.c LABELS unit 
 # promotes a standby or waits for the restarted node (every output equals the undisturbed run's),
 # or fails stop after its 30 s wait (about 35 s in all).
 sh_test(test_engine_failover SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_failover.c LABELS integration TIMEOUT 300)
+# Embeddings through the C API (sh_request_opts.embed): unit vectors in on_done, the same alone
+# and among 15 other requests, text and token-id prompts.
+sh_test(test_engine_embed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_embed.c LABELS unit TIMEOUT 120)
