@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "actors/gateway_int.h"
 #include "net/openai_embed.h"
 #include "runtime/actor_uv.h"
@@ -215,14 +217,18 @@ void sh__gateway_embed(gateway *g, sh_http_req *req, int32_t key_prio)
     size_t blen = 0;
     const char *body = sh_http_req_body(req, &blen);
     const sh_gateway_model *m = &g->m[0];
-    if (g->n_m > 1) { /* the model asked for, so that ids are checked against its vocabulary */
-        sh_openai_embed_limits any = {0};
-        sh_openai_embed_req *pre = NULL;
-        sh_openai_error ignored;
-        any.dim = -1; /* "dimensions" is checked below */
-        if (!sh_openai_embed_parse(body, blen, &any, &pre, &ignored) && pre->model)
-            m = sh__gateway_model(g, pre->model);
-        sh_openai_embed_free(pre);
+    if (g->n_m > 1) { /* the model asked for: its vocabulary, context and width check the rest */
+        json_t *root = json_loadb(body, blen, 0, NULL);
+        json_t *name = json_is_object(root) ? json_object_get(root, "model") : NULL;
+        if (json_is_string(name))
+            m = sh__gateway_model(g, json_string_value(name));
+        json_decref(root);
+    }
+    if (m->embd_dim <= 0) {
+        sh__gateway_respond_errorf(g, req, 501, "not_implemented", NULL,
+                                   "embeddings are not served here: a server with worker nodes "
+                                   "(shoal serve -c) does not compute them yet");
+        return;
     }
     sh_openai_embed_limits lim = {.models = g->models,
                                   .n_models = g->n_m,
@@ -234,13 +240,6 @@ void sh__gateway_embed(gateway *g, sh_http_req *req, int32_t key_prio)
     if (sh_openai_embed_parse(body, blen, &lim, &q, &err)) {
         sh__gateway_respond_errorf(g, req, err.status, err.code, err.param[0] ? err.param : NULL,
                                    "%s", err.message);
-        return;
-    }
-    if (m->embd_dim <= 0) {
-        sh_openai_embed_free(q);
-        sh__gateway_respond_errorf(g, req, 501, "not_implemented", NULL,
-                                   "embeddings are not served here: a server with worker nodes "
-                                   "(shoal serve -c) does not compute them yet");
         return;
     }
     gw_emb *t = calloc(1, sizeof *t);
