@@ -11,7 +11,8 @@
  * tokens' agreement with the single stage is measured, printed and held to a floor, and the ACT
  * bytes per link are half (F16) and a quarter plus the row scales (INT8) of F32's. Speculative
  * steps through 3 stages verify drafts into the single stage's greedy tokens (the middle stage
- * carries the draft counts on). Skips (77) when neither model is present. */
+ * carries the draft counts on). Embedding sequences (step_seq.embed) pool the same through 3
+ * stages as through one. Skips (77) when neither model is present. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,6 +36,7 @@
 #define SEQ_BLOCKS 8 /* blocks per sequence: 128 positions */
 #define MAX_STAGES 3
 #define MAX_RECS 256
+#define EMB_KEEP 16
 
 static const char *const prompts[N_SEQ] = {
     "Once upon a time, there was a little girl named",
@@ -134,6 +136,9 @@ typedef struct rec {
     uint32_t n_more[N_SEQ];  /* a speculative step's tokens after tok, with logprob_raw */
     int32_t more[N_SEQ][SH_PROTO_MAX_DRAFT];
     float more_lr[N_SEQ][SH_PROTO_MAX_DRAFT];
+    uint32_t n_emb[N_SEQ]; /* step_out.embd: its length, sum and first EMB_KEEP numbers */
+    double emb_sum[N_SEQ];
+    float emb[N_SEQ][EMB_KEEP];
 } rec;
 
 typedef struct shared {
@@ -193,6 +198,12 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
         for (uint32_t j = 0; j < o->more.n && j < SH_PROTO_MAX_DRAFT; j++) {
             r->more[i][j] = sh_i32s_at(o->more, j);
             r->more_lr[i][j] = sh_f32s_at(o->more_lp_raw, j);
+        }
+        r->n_emb[i] = o->embd.n;
+        for (uint32_t j = 0; j < o->embd.n; j++) {
+            r->emb_sum[i] += sh_f32s_at(o->embd, j);
+            if (j < EMB_KEEP)
+                r->emb[i][j] = sh_f32s_at(o->embd, j);
         }
     }
     atomic_store(&sh->n, k + 1);
@@ -1072,12 +1083,106 @@ static void test_spec(void)
     free(p);
 }
 
+/* Embedding sequences (step_seq.embed: 1 mean, 2 CLS, 3 last) beside a sampled one, through one
+ * stage and through three: the last stage answers each one's pooled part (step_out.embd, the
+ * model's width; none for the sampled one, no token for the others), the same through the
+ * pipeline as through the single stage; a mean sequence prefilled in two chunks answers the two
+ * chunks' sums, which add up to the whole prompt's. */
+static void test_embed(void)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        model_env *me = &models[mi];
+        if (!have(me) || !model_ref(me))
+            continue;
+        rec got[2][2];
+        for (int k = 0; k < 2; k++) {
+            int n = k == 0 ? 1 : 3;
+            int32_t cuts[4] = {0, me->n_layers, 0, 0};
+            if (n == 3) {
+                cuts[1] = me->n_layers / 3;
+                cuts[2] = 2 * me->n_layers / 3;
+                cuts[3] = me->n_layers;
+            }
+            pline *p = calloc(1, sizeof *p);
+            if (!p || !pipe_start(p, me, n, cuts, NULL)) {
+                if (p)
+                    pipe_finish(p);
+                free(p);
+                return;
+            }
+            sh_proto_step_seq q[N_SEQ];
+            for (int i = 0; i < N_SEQ; i++)
+                q[i] = (sh_proto_step_seq){.seq = 800 + (uint64_t)i,
+                                           .tokens = {me->prompt[i], (uint32_t)me->n_prompt[i]},
+                                           .blocks = {blocks[i], SEQ_BLOCKS},
+                                           .sample = i == 3,
+                                           .sampling = greedy(),
+                                           .embed = (uint8_t)(i < 3 ? i + 1 : 0)};
+            send_step(p, 0, 1, q, N_SEQ);
+            const rec *r = next_rec(p);
+            if (r)
+                got[k][0] = *r;
+            /* sequence 0 again as 4 more, in two chunks */
+            uint32_t half = (uint32_t)me->n_prompt[0] / 2;
+            q[0].seq = 900;
+            q[0].blocks = (sh_i32s){blocks[1], SEQ_BLOCKS};
+            q[0].tokens = (sh_i32s){me->prompt[0], half};
+            send_step(p, 0, 2, q, 1);
+            r = next_rec(p);
+            if (r)
+                got[k][1] = *r;
+            q[0].tokens = (sh_i32s){me->prompt[0] + half, (uint32_t)me->n_prompt[0] - half};
+            q[0].pos = half;
+            send_step(p, 0, 3, q, 1);
+            r = next_rec(p);
+            if (r) {
+                CHECK_INT_EQ(r->status, 0);
+                CHECK_UINT_EQ(r->n_emb[0], (uint32_t)me->dim);
+                got[k][1].emb_sum[0] += r->emb_sum[0];
+                for (int j = 0; j < EMB_KEEP; j++)
+                    got[k][1].emb[0][j] += r->emb[0][j];
+            }
+            pipe_finish(p);
+            free(p);
+        }
+        for (int k = 0; k < 2; k++) {
+            const rec *r = &got[k][0];
+            CHECK_INT_EQ(r->status, 0);
+            CHECK_UINT_EQ(r->n, N_SEQ);
+            for (int i = 0; i < 3; i++) {
+                CHECK_UINT_EQ(r->n_emb[i], (uint32_t)me->dim);
+                CHECK_INT_EQ(r->tok[i], -1);
+            }
+            CHECK_UINT_EQ(r->n_emb[3], 0);
+            CHECK_INT_EQ(r->tok[3], me->ref[3][0]);
+        }
+        fprintf(stderr, "embed: %s: mean part's sum %.6g (1 stage) %.6g (3 stages)\n", me->path,
+                got[0][0].emb_sum[0], got[1][0].emb_sum[0]);
+        for (int i = 0; i < 3; i++) {
+            double scale = i == 0 ? me->n_prompt[0] : 1.0;
+            CHECK_NEAR(got[0][0].emb_sum[i], got[1][0].emb_sum[i], 1e-4 * scale);
+            for (int j = 0; j < EMB_KEEP; j++)
+                CHECK_NEAR(got[0][0].emb[i][j], got[1][0].emb[i][j], 1e-5 * scale);
+        }
+        /* two chunks' sums: the whole prompt's */
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < EMB_KEEP; j++)
+                CHECK_NEAR(got[k][1].emb[0][j], got[k][0].emb[0][j], 1e-5 * me->n_prompt[0]);
+    }
+}
+
 static const sh_test_case tests[] = {
-    {"stories_2", test_stories_2}, {"stories_3", test_stories_3},
-    {"smollm2_2", test_smollm2_2}, {"smollm2_3", test_smollm2_3},
-    {"procs", test_procs},         {"links", test_links},
-    {"failures", test_failures},   {"next_unreachable", test_next_unreachable},
-    {"spec", test_spec},           {NULL, NULL},
+    {"stories_2", test_stories_2},
+    {"stories_3", test_stories_3},
+    {"smollm2_2", test_smollm2_2},
+    {"smollm2_3", test_smollm2_3},
+    {"procs", test_procs},
+    {"links", test_links},
+    {"failures", test_failures},
+    {"next_unreachable", test_next_unreachable},
+    {"spec", test_spec},
+    {"embed", test_embed},
+    {NULL, NULL},
 };
 
 int main(int argc, char **argv)
