@@ -309,6 +309,11 @@ bool sh__gateway_embed_done(gateway *g, const sh_proto_done *d)
         return false;
     if (t->done[i])
         return true;
+    if (d->embedding.n == 0 && d->finish == SH_PROTO_FINISH_DEADLINE) {
+        emb_end(g, t, 504, "timeout", "input[%d] was not embedded within the request timeout",
+                (int)i);
+        return true;
+    }
     if ((int32_t)d->embedding.n != t->m->embd_dim) {
         emb_end(g, t, 500, NULL,
                 "input[%d]: the model answered a vector of %u numbers, not %d (a replica that "

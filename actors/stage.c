@@ -128,6 +128,8 @@ typedef struct stage_state {
     size_t scl_cap;
     float *emb; // (emb_cap bytes) = (max_seqs, dim) the embedding sequences' pooled parts
     size_t emb_cap;
+    double *emb_acc; // (emb_acc_cap bytes) = (dim) a mean's sum
+    size_t emb_acc_cap;
     sh_buf enc;
     sent_step sent[STAGE_SENT_RING];
     uint32_t n_sent;
@@ -924,7 +926,8 @@ static sh_err embed_pool(stage_state *st, const sh_proto_step *s, const float *h
 {
     uint32_t n = s->seqs.n;
     size_t dim = (size_t)st->dim;
-    if (!grow((void **)&st->emb, &st->emb_cap, (size_t)n * dim * sizeof(float)))
+    if (!grow((void **)&st->emb, &st->emb_cap, (size_t)n * dim * sizeof(float)) ||
+        !grow((void **)&st->emb_acc, &st->emb_acc_cap, dim * sizeof(double)))
         return sh__error_set(e, SH_ENOMEM, "stage: out of memory for embeddings");
     size_t row = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -935,13 +938,14 @@ static sh_err embed_pool(stage_state *st, const sh_proto_step *s, const float *h
         row += nt;
         if (!q->embed)
             continue;
-        if (q->embed == 1) {
-            for (size_t j = 0; j < dim; j++) {
-                double acc = 0;
-                for (size_t t = 0; t < nt; t++)
-                    acc += h[t * dim + j];
-                v[j] = (float)acc;
-            }
+        if (q->embed == 1) { /* row by row into doubles, in position order */
+            double *acc = st->emb_acc;
+            memset(acc, 0, dim * sizeof *acc);
+            for (size_t t = 0; t < nt; t++)
+                for (size_t j = 0; j < dim; j++)
+                    acc[j] += h[t * dim + j];
+            for (size_t j = 0; j < dim; j++)
+                v[j] = (float)acc[j];
         } else if (q->embed == 2) {
             if (q->pos != 0)
                 continue;
@@ -1359,6 +1363,7 @@ static void free_buffers(stage_state *st)
     free(st->row);
     free(st->hid);
     free(st->emb);
+    free(st->emb_acc);
     free(st->lnk);
     free(st->scl);
     free(st->urls);

@@ -5,7 +5,8 @@ vectors of the model's width; float and base64 answers are the same numbers; the
 the same alone and in a batch of 32 (within 1e-5), also a long text whose prefill is split into
 chunks differently (--step-tokens 64 on a second server); token-id inputs; usage; the /embeddings
 alias; bad inputs (empty, wrong types, too long, dimensions, encoding_format, unknown model) are
-400/404 naming the problem and the server goes on serving; and the vectors of the tiny
+400/404 naming the problem and the server goes on serving; a client that leaves is cancelled; a
+request past --request-timeout is a 504; and the vectors of the tiny
 stories260K model (F32 KV cache, a 100-token input prefilled in two chunks, and a 9-token one)
 equal, within 1e-5, the NumPy reference forward pass's (tests/reference) final normed hidden
 states pooled and normalised: mean (the file as it is), and CLS and last token (copies whose
@@ -201,6 +202,17 @@ def client_leaves(url):
     shape(url)
 
 
+def deadline(url):
+    """--request-timeout 1 with 16-token steps: 200 long inputs (80k tokens) cannot all be
+    embedded in a second: 504 naming an input and the timeout; then a short one still works."""
+    st, a, raw = su.post_json(url, "/v1/embeddings", {"input": [LONG] * 200})
+    check(st == 504, f"{st}, not 504: {raw[:300]!r}")
+    check("within the request timeout" in a["error"]["message"], str(a)[:300])
+    su.wait_idle(url, timeout=10)
+    st, a, raw = su.post_json(url, "/v1/embeddings", {"input": "short"})
+    check(st == 200, f"after the timeout: {st} {raw[:200]!r}")
+
+
 def ref_rows(path, ids):
     """The NumPy reference forward pass's final normed hidden states of ids (what the head
     reads), one row per position; None without numpy and gguf."""
@@ -284,6 +296,9 @@ def main():
                 r.case("token ids and the /embeddings alias", ids_and_alias, srv.url)
                 r.case("bad input", bad_inputs, srv.url)
                 r.case("a client that leaves is cancelled", client_leaves, small.url)
+        with su.server("--ctx", "512", "--step-tokens", "16", "--request-timeout", "1",
+                       runner=r) as slow:
+            r.case("request timeout: 504", deadline, slow.url)
         if not os.path.exists(STORIES):
             su.log(f"     skipped the reference checks: no {STORIES}")
         else:
