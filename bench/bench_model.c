@@ -239,7 +239,7 @@ static int fill_ctx(bench_rank *r, const int32_t *blocks)
     for (int p = 0; p < c->ctx_len && !rc; p += c->chunk) {
         const int n = c->ctx_len - p < c->chunk ? c->ctx_len - p : c->chunk;
         sh_llama_seq seq = {c->tokens + p, n, p, blocks, true, 0};
-        sh_llama_batch b = {1, &seq, false, NULL, false};
+        sh_llama_batch b = {1, &seq, false, NULL, false, false};
         rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
     }
     return rc;
@@ -290,7 +290,7 @@ static int kcost_run(bench_rank *r)
             for (int s = 0; s < ns; s++)
                 q[s] = (sh_llama_seq){
                     c->tokens, nr, c->ctx_len, c->blocks + (size_t)s * (size_t)c->nb, true, nr};
-            sh_llama_batch b = {ns, q, false, NULL, false};
+            sh_llama_batch b = {ns, q, false, NULL, false, false};
             sh_llama_out o;
             for (int w = 0; w < c->kwarm && !rc; w++) /* as in a run of steps of one size */
                 rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
@@ -318,7 +318,7 @@ static int rank_run(bench_rank *r)
     for (int k = 0; k < c->n_pp && !rc; k++)
         for (int i = 0; i < c->reps && !rc; i++) {
             sh_llama_seq seq = {c->tokens, c->pp[k], 0, c->blocks, true, 0};
-            sh_llama_batch b = {1, &seq, false, NULL, false};
+            sh_llama_batch b = {1, &seq, false, NULL, false, false};
             uint64_t w0 = coll_ns(r);
             double t0 = now_s();
             rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
@@ -335,7 +335,7 @@ static int rank_run(bench_rank *r)
             double t0 = now_s();
             for (int j = 0; j < c->tg[k] && !rc; j++) {
                 sh_llama_seq seq = {&tok, 1, c->ctx_len + j, c->blocks, true, 0};
-                sh_llama_batch b = {1, &seq, false, NULL, false};
+                sh_llama_batch b = {1, &seq, false, NULL, false, false};
                 rc = sh_llama_forward(r->ctx, &b, &o, &r->e);
                 tok =
                     (tok * 31 + 7) % r->m->hp.n_vocab; /* any token: speed does not depend on it */

@@ -160,7 +160,7 @@ static void test_gemma3_batched(void)
     sh_llama_out o;
     for (int s = 0; s < 2; s++) {
         sh_llama_seq q = {seqs_ids[s], lens[s], 0, seqs_blocks[s], true, 0};
-        sh_llama_batch bt = {1, &q, false, NULL, false};
+        sh_llama_batch bt = {1, &q, false, NULL, false, false};
         CHECK_OK(sh_llama_forward(d.c, &bt, &o, &e));
         memcpy(alone[s][0], o.logits, sizeof(float) * V);
         q = (sh_llama_seq){&next[s], 1, lens[s], seqs_blocks[s], true, 0};
@@ -169,7 +169,7 @@ static void test_gemma3_batched(void)
     }
     // Together (fresh positions overwrite the same blocks).
     sh_llama_seq two[2] = {{a, na, 0, ba, true, 0}, {b, nb, 0, bb, true, 0}};
-    sh_llama_batch bt = {2, two, false, NULL, false};
+    sh_llama_batch bt = {2, two, false, NULL, false, false};
     double worst = 0.0;
     for (int step = 0; step < 2; step++) {
         if (step == 1) {

@@ -54,7 +54,7 @@ static void test_decode_allocates_nothing(void)
     int32_t prompt[] = {1, 9690, 198, 2683, 359, 253, 5356, 5646};
     int32_t n_prompt = (int32_t)(sizeof prompt / sizeof prompt[0]);
     sh_llama_seq seq = {prompt, n_prompt, 0, blocks, true, 0};
-    sh_llama_batch b = {1, &seq, false, NULL, false};
+    sh_llama_batch b = {.n_seqs = 1, .seqs = &seq};
     sh_llama_out o;
     CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
 

@@ -72,7 +72,7 @@ static void prefill(runner *r, const int32_t *toks, int n, float *out)
     for (int i = 0; i < 16; i++)
         blocks[i] = 15 - i;
     sh_llama_seq s = {toks, n, 0, blocks, true, 0};
-    sh_llama_batch b = {1, &s, false, NULL, false};
+    sh_llama_batch b = {1, &s, false, NULL, false, false};
     sh_llama_out o;
     sh_error e = {0};
     CHECK_OK(sh_llama_forward(r->ctx, &b, &o, &e));
@@ -108,7 +108,7 @@ static void decode_tail(const int32_t *a, bool release, float *out)
     sh_error e = {0};
     sh_llama_out o;
     sh_llama_seq s = {a, N - 10, 0, blocks, false, 0};
-    sh_llama_batch bt = {1, &s, false, NULL, false};
+    sh_llama_batch bt = {1, &s, false, NULL, false, false};
     CHECK_OK(sh_llama_forward(d.ctx, &bt, &o, &e));
     for (int p = N - 10; p < N; p++) {
         for (int j = 0; release && j < (p - WINDOW + 1) / 16; j++)

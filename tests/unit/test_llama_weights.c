@@ -83,7 +83,7 @@ static void logits_of(const sh_llama *m, sh_backend *be, bool prepare, float *ou
         return;
     int32_t toks[N_TOK] = {1, 17, 400, 999, 3, 3, 250}, blocks[4] = {0, 1, 2, 3};
     sh_llama_seq s = {toks, N_TOK, 0, blocks, true, 0};
-    sh_llama_batch b = {1, &s, false, NULL, false};
+    sh_llama_batch b = {1, &s, false, NULL, false, false};
     sh_llama_out o = {0};
     CHECK_OK(sh_llama_forward(ctx, &b, &o, &e));
     if (o.logits)
@@ -248,7 +248,7 @@ static void test_huge_folios(void)
     int32_t toks[N_TOK] = {1, 17, 400, 999, 3, 3, 250}, blocks[4] = {0, 1, 2, 3};
     for (int32_t step = 0; step < 2; step++) {
         sh_llama_seq sq = {toks, N_TOK, step * N_TOK, blocks, true, 0};
-        sh_llama_batch b = {1, &sq, false, NULL, false};
+        sh_llama_batch b = {1, &sq, false, NULL, false, false};
         sh_llama_out out = {0};
         CHECK_OK(sh_llama_forward(ctx, &b, &out, &e));
     }

@@ -325,7 +325,7 @@ static void test_msgpack_c_interop(void)
     /* The same body in table order with canonical types is byte-identical to ours. */
     msgpack_sbuffer_clear(&sb);
     pk_envelope(&pk, SH_MSG_SUBMIT);
-    msgpack_pack_map(&pk, 10);
+    msgpack_pack_map(&pk, 11);
     pk_str(&pk, "req");
     msgpack_pack_uint64(&pk, 77);
     pk_str(&pk, "tok");
@@ -346,6 +346,8 @@ static void test_msgpack_c_interop(void)
     pk_str(&pk, "min");
     msgpack_pack_uint64(&pk, 0);
     pk_str(&pk, "minm");
+    msgpack_pack_uint64(&pk, 0);
+    pk_str(&pk, "emb");
     msgpack_pack_uint64(&pk, 0);
     /* Our encoder writes temperature as float32; msgpack-c wrote a float64 above, so patch it to
      * compare: decode it, then encode the decoded body. */

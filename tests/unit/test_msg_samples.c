@@ -213,11 +213,12 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         for (uint32_t i = 0; i < n; i++) {
             uint32_t top = (uint32_t)range(s, 1, SH_PROTO_MAX_LOGPROBS);
             uint32_t more = (uint32_t)range(s, 0, SH_PROTO_MAX_DRAFT);
-            v[i] = (sh_proto_step_out){nz64(s),         (int32_t)range(s, -1, 150000),
-                                       -rf(s, 0, 10),   -rf(s, 0, 10),
-                                       tokens(s, top),  floats(s, top),
-                                       tokens(s, more), floats(s, more),
-                                       floats(s, more), more};
+            v[i] = (sh_proto_step_out){nz64(s),           (int32_t)range(s, -1, 150000),
+                                       -rf(s, 0, 10),     -rf(s, 0, 10),
+                                       tokens(s, top),    floats(s, top),
+                                       tokens(s, more),   floats(s, more),
+                                       floats(s, more),   more,
+                                       (sh_f32s){NULL, 0}};
         }
         b->step_done.step = nz64(s);
         b->step_done.seqs = (sh_proto_step_out_list){v, n};
