@@ -123,6 +123,7 @@ static void req_free(breq *r)
     }
     free(r->seqs);
     free(r->bias);
+    free(r->grammar);
     free(r->stop_mem);
     free(r);
 }
@@ -315,6 +316,13 @@ static sh_err copy_sampling(breq *r, const sh_proto_sampling *in)
         memcpy(r->bias, in->bias.v, in->bias.n * sizeof *r->bias);
     }
     r->samp.bias = (sh_proto_logit_bias_list){r->bias, in->bias.n};
+    r->samp.grammar = (sh_strv){0};
+    if (in->grammar.len) {
+        if (!(r->grammar = malloc(in->grammar.len)))
+            return SH_ENOMEM;
+        memcpy(r->grammar, in->grammar.ptr, in->grammar.len);
+        r->samp.grammar = (sh_strv){r->grammar, in->grammar.len};
+    }
     return SH_OK;
 }
 

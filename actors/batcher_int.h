@@ -90,9 +90,10 @@ struct breq {
     int32_t shared; /* prompt positions choices > 0 fork from choice 0 */
     bool cancelled;
     uint8_t embed; /* SUBMIT's embed: a prefill whose pooled hidden states are the answer */
-    sh_proto_sampling samp; /* stop and bias point into owned memory below */
+    sh_proto_sampling samp; /* stop, bias and grammar point into owned memory below */
     sh_strv stop_v[SH_PROTO_MAX_STOP];
     sh_proto_logit_bias *bias;
+    char *grammar;
     char *stop_mem;
     bseq *seqs; // (n_choices)
     breq *next_live;

@@ -433,8 +433,11 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                      .logprobs_mode = SH_LOGPROBS_RAW,
                      .stop = {stops, (uint32_t)q->n_stop},
                      .bias = {bias, (uint32_t)q->n_bias},
-                     .no_spec = q->no_spec,
-                     .spec_max = (uint8_t)q->spec_n_max},
+                     // A sequence with a grammar takes no drafts (its matcher checks one
+                     // sampled token a step).
+                     .no_spec = q->no_spec || q->grammar,
+                     .spec_max = (uint8_t)q->spec_n_max,
+                     .grammar = {q->grammar, q->grammar ? (uint32_t)strlen(q->grammar) : 0}},
         .priority = (uint8_t)prio,
         .deadline_ms = g->a.request_timeout_ms ? sh__act_unix_ms() + g->a.request_timeout_ms : 0,
         .reply_to = sh_actor_self(g->ctx),

@@ -12,6 +12,7 @@
 #include "actors/actor_util.h"
 #include "actors/hello.h"
 #include "actors/serve.h"
+#include "actors/stage_grammar.h"
 #include "base/error.h"
 #include "base/file.h"
 #include "kernels/cpu/quant.h"
@@ -54,6 +55,7 @@ typedef struct smp_slot {
     float top_lp[SH_SAMPLER_MAX_LOGPROBS];
     int32_t tok[SH_SPEC_MAX_K + 1]; /* every draw, the first included, with its logprobs */
     float lp[SH_SPEC_MAX_K + 1], lr[SH_SPEC_MAX_K + 1];
+    sh_sgram_seq gram; /* the sequence's grammar matcher, when it has a grammar */
 } smp_slot;
 
 /* A step this stage answered or forwarded (its first try's id) and when: a retry of it that had
@@ -113,6 +115,7 @@ typedef struct stage_state {
     int32_t *top_tok;         // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
     float *top_lp;            // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
     smp_slot *slots;          // (n_slots) = 2 * max_seqs
+    sh_sgram *gram;           // grammars of the slots' sequences (actors/stage_grammar.h)
     int32_t n_slots;
     int32_t *row; // (max_seqs) each sampled sequence's (first) row of logits
     /* Verification's samples, the worker's [0] and the sampling helper's [1]. */
@@ -234,6 +237,7 @@ static sh_err sampler_get(stage_state *st, const sh_proto_step_seq *q, sh_sample
     for (uint32_t i = 0; i < q->history.n; i++)
         sh_sampler_accept(s, sh_i32s_at(q->history, i));
     sh_sampler_destroy(victim->s);
+    sh__sgram_seq_clear(st->gram, &victim->gram);
     *victim = (smp_slot){.seq = q->seq, .used = st->tick, .s = s, .at = -1};
     *out = s;
     *slot = victim;
@@ -325,7 +329,7 @@ static bool step_greedy_head(const stage_state *st, const sh_proto_step *s)
         const sh_proto_sampling *p = &q->sampling;
         if (!(p->temperature <= 0.0f) || p->n_logprobs != 0 || p->bias.n != 0 || q->ban.n != 0 ||
             p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
-            p->presence_penalty != 0.0f)
+            p->presence_penalty != 0.0f || p->grammar.len)
             return false;
         any = true;
     }
@@ -367,6 +371,7 @@ static void answer_add(stage_state *st, uint32_t i, sh_proto_step_out *o, int32_
 static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
                             const sh_llama_top1 *top1, uint32_t lo, uint32_t hi, sh_sample *vs)
 {
+    int th = vs == st->vs[1]; /* the sampling helper's scratch */
     for (uint32_t i = lo; i < hi; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         sh_proto_step_out *o = &st->out[i];
@@ -421,7 +426,10 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
             continue;
         }
         sh_sample *smp = &st->samples[i];
-        if (sh_sampler_sample(st->smp[i], rows, smp))
+        sh_sgram_seq *gs = &st->sl[i]->gram;
+        if (q->sampling.grammar.len && gs->gm ? sh__sgram_sample(st->gram, gs, st->smp[i], rows, th,
+                                                                 q->sampling.n_logprobs > 0, smp)
+                                              : sh_sampler_sample(st->smp[i], rows, smp))
             return (int64_t)i;
         answer_add(st, i, o, smp->id, smp->logprob, smp->logprob_raw);
         st->acc[i] = 1;
@@ -775,6 +783,12 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         int64_t at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
         st->again[i] = q->sample && st->sl[i]->at >= 0 && at >= st->sl[i]->at &&
                        at < st->sl[i]->at + st->sl[i]->n_drawn;
+        /* A grammar's matcher must stand after the tokens generated so far (a step given again
+         * has its draws, and its matcher past them). */
+        if (q->sample && q->sampling.grammar.len && !st->again[i] &&
+            (err = sh__sgram_seq_sync(st->gram, &st->sl[i]->gram, q->sampling.grammar, q->gen,
+                                      q->seq, e)))
+            break;
         /* The parameters say plain greedy; so must the sampler the leader keeps for the sequence
          * (made from the same parameters), or the top-1 would not be its pick. */
         if (top1 && q->sample && !st->again[i] && !sh_sampler_plain_greedy(st->smp[i]))
@@ -863,6 +877,7 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         for (uint32_t i = 0; i < n; i++)
             if (s->seqs.v[i].sample && st->moved[i]) {
                 sh_sampler_destroy(st->sl[i]->s);
+                sh__sgram_seq_clear(st->gram, &st->sl[i]->gram);
                 *st->sl[i] = (smp_slot){.at = -1};
             }
         return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
@@ -886,8 +901,11 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
             sl->lp[1 + j] = sh_f32s_at(o->more_lp, j);
             sl->lr[1 + j] = sh_f32s_at(o->more_lp_raw, j);
         }
-        for (int32_t j = sl->n_drawn - st->acc[i]; j < sl->n_drawn; j++)
+        for (int32_t j = sl->n_drawn - st->acc[i]; j < sl->n_drawn; j++) {
             sh_sampler_accept(st->smp[i], sl->tok[j]);
+            if (q->sampling.grammar.len)
+                sh__sgram_seq_accept(st->gram, &sl->gram, sl->tok[j]);
+        }
         sl->at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
         sl->out = *o;
         sl->out.more = (sh_i32s){0};
@@ -1339,8 +1357,12 @@ static void helper_stop(stage_state *st)
 /* Frees what init allocated (every pointer may be NULL). */
 static void free_buffers(stage_state *st)
 {
-    for (int32_t i = 0; st->slots && i < st->n_slots; i++)
+    for (int32_t i = 0; st->slots && i < st->n_slots; i++) {
         sh_sampler_destroy(st->slots[i].s);
+        if (st->gram)
+            sh__sgram_seq_clear(st->gram, &st->slots[i].gram);
+    }
+    sh__sgram_free(st->gram);
     sh__act_decoder_fini(&st->dec);
     sh__act_decoder_fini(&st->ctl);
     free(st->tok);
@@ -1535,10 +1557,13 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->top_lp = malloc(S * L * sizeof *st->top_lp);
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
     st->row = calloc(S, sizeof *st->row);
+    sh_error gre = {0};
+    if (sh__sgram_create(a->model, st->n_vocab, st->n_slots, &st->gram, &gre))
+        st->gram = NULL;
     sh_err err = SH_ENOMEM;
     if (!st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again || !st->ban ||
         !st->acc || !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples ||
-        !st->out || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+        !st->out || !st->gram || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
         (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;

@@ -9,12 +9,13 @@
 
 #include "shoal/err.h"
 
-#define SH_OPENAI_MAX_STOP 4          /* stop strings per request (OpenAI's limit) */
-#define SH_OPENAI_MAX_STOP_BYTES 1024 /* bytes of one stop string (SH_PROTO_MAX_STR_ITEM) */
-#define SH_OPENAI_MAX_BIAS 300        /* logit_bias entries (OpenAI's limit) */
-#define SH_OPENAI_MAX_LOGPROBS_CMPL 5 /* /v1/completions logprobs */
-#define SH_OPENAI_MAX_TOP_LOGPROBS 20 /* /v1/chat/completions top_logprobs */
-#define SH_OPENAI_MAX_SPEC_N 16       /* speculative.n_max (SH_SPEC_MAX_K) */
+#define SH_OPENAI_MAX_STOP 4            /* stop strings per request (OpenAI's limit) */
+#define SH_OPENAI_MAX_STOP_BYTES 1024   /* bytes of one stop string (SH_PROTO_MAX_STR_ITEM) */
+#define SH_OPENAI_MAX_BIAS 300          /* logit_bias entries (OpenAI's limit) */
+#define SH_OPENAI_MAX_LOGPROBS_CMPL 5   /* /v1/completions logprobs */
+#define SH_OPENAI_MAX_TOP_LOGPROBS 20   /* /v1/chat/completions top_logprobs */
+#define SH_OPENAI_MAX_SPEC_N 16         /* speculative.n_max (SH_SPEC_MAX_K) */
+#define SH_OPENAI_MAX_GRAMMAR (1 << 18) /* bytes of a grammar (SH_PROTO_MAX_GRAMMAR) */
 
 /* --- errors --- */
 
@@ -140,9 +141,9 @@ typedef struct sh_openai_request {
                          * (<|im_end|>, <s>, ...) become special tokens; by default they are
                          * plain text. Refused (400) on chat and with token-id prompts. */
     const char *user;   /* NULL when absent */
-    char *grammar;      /* the grammar response_format asks for (net/json_schema.h), malloc'd;
-                         * NULL for none or "text". Only validated so far: an unknown type or a
-                         * bad schema is a 400; sampling does not apply it yet. */
+    char *grammar;      /* GBNF the output must follow, malloc'd: the `grammar` field (llama.cpp's)
+                         * or what response_format asks for (net/json_schema.h); NULL for none
+                         * or "text". Parsed once here: a bad one is a 400. */
     int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
     void *root_;        /* the parsed JSON, which owns the borrowed strings */
     char *text_;        /* concatenated chat contents */

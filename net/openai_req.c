@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/grammar.h"
 #include "net/json_schema.h"
 #include "net/openai.h"
 
@@ -491,23 +492,61 @@ static bool parse_spec(json_t *o, sh_openai_request *r, sh_openai_error *err)
     return true;
 }
 
-/* response_format, validated through net/json_schema.h: an unknown type or a schema outside its
- * coverage is a 400 naming the field. The grammar is kept in r->grammar; wiring it to sampling
- * comes next. Returns false with err filled. */
-static bool parse_response_format(json_t *o, sh_openai_request *r, sh_openai_error *err)
+/* The output's grammar: `grammar` (GBNF text, llama.cpp's field) or `response_format` (through
+ * net/json_schema.h), not both. Either is parsed here (sh_grammar_parse: bounded work), so that a
+ * syntax error is a 400 with its line and column before anything is queued. The text is kept in
+ * r->grammar. Returns false with err filled. */
+static bool parse_grammar(json_t *o, sh_openai_request *r, sh_openai_error *err)
 {
     json_t *rf = json_object_get(o, "response_format");
-    if (!rf)
+    json_t *gj = json_object_get(o, "grammar");
+    if (gj && json_is_null(gj))
+        gj = NULL;
+    const char *param = "grammar";
+    if (gj) {
+        if (!json_is_string(gj))
+            return sh_openai_error_set(err, 400, NULL, "grammar", "'grammar' must be a string"),
+                   false;
+        if (rf && !json_is_null(rf))
+            return sh_openai_error_set(err, 400, NULL, "grammar",
+                                       "'grammar' and 'response_format' cannot be given together"),
+                   false;
+        size_t len = json_string_length(gj);
+        if (len > SH_OPENAI_MAX_GRAMMAR)
+            return sh_openai_error_set(err, 400, NULL, "grammar",
+                                       "'grammar' is %zu bytes; at most %d are allowed", len,
+                                       SH_OPENAI_MAX_GRAMMAR),
+                   false;
+        if (!(r->grammar = malloc(len + 1)))
+            return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+        memcpy(r->grammar, json_string_value(gj), len + 1);
+    } else if (rf) {
+        char pbuf[64] = "response_format";
+        sh_error e = {0};
+        sh_err rc = sh_json_schema_response_format(rf, &r->grammar, pbuf, &e);
+        if (rc == SH_ENOMEM)
+            return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
+        if (rc)
+            return sh_openai_error_set(err, 400, NULL, pbuf[0] ? pbuf : "response_format", "%s",
+                                       e.msg),
+                   false;
+        param = "response_format";
+        if (r->grammar && strlen(r->grammar) > SH_OPENAI_MAX_GRAMMAR)
+            return sh_openai_error_set(err, 400, NULL, param,
+                                       "the schema's grammar is %zu bytes; at most %d are allowed",
+                                       strlen(r->grammar), SH_OPENAI_MAX_GRAMMAR),
+                   false;
+    }
+    if (!r->grammar)
         return true;
-    char param[64] = "response_format";
+    sh_grammar *g = NULL;
     sh_error e = {0};
-    sh_err rc = sh_json_schema_response_format(rf, &r->grammar, param, &e);
+    sh_err rc = sh_grammar_parse(r->grammar, strlen(r->grammar), &g, &e);
+    sh_grammar_free(g);
     if (rc == SH_ENOMEM)
         return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
     if (rc)
-        return sh_openai_error_set(err, 400, NULL, param[0] ? param : "response_format", "%s",
-                                   e.msg),
-               false;
+        return sh_openai_error_set(err, 400, NULL, param, "%s", e.msg), false;
     return true;
 }
 
@@ -725,7 +764,7 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
                                        "'top_logprobs' requires 'logprobs' to be true"),
                    false;
     }
-    if (!parse_response_format(o, r, err))
+    if (!parse_grammar(o, r, err))
         return false;
     return check_model(r->model, lim, err);
 }

@@ -57,6 +57,7 @@
 #define SH_PROTO_MAX_LOGPROBS 20      /* top logprobs per token (OpenAI's limit) */
 #define SH_PROTO_MAX_DRAFT 16         /* drafted tokens of one sequence in a step (SH_SPEC_MAX_K) */
 #define SH_PROTO_MAX_POS (1 << 30)    /* token positions */
+#define SH_PROTO_MAX_GRAMMAR (1 << 18) /* bytes of a request's GBNF grammar text */
 
 #define SH_PROTO_MESSAGES(X)                                                                       \
     X(SUBMIT, 1, submit)        /* gateway/router -> batcher: a new (or resumed) request */        \
@@ -131,8 +132,9 @@
     F(S, bias, "bias", LIST, logit_bias, OPT, 0, SH_PROTO_MAX_BIAS)                                \
     F(S, no_spec, "nspec", BOOL, _, OPT, 0, 0) /* never draft for this request (opt-out) */        \
     F(S, spec_max, "nsmax", U8, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a step at most; 0: any */ \
-    F(S, typical_p, "typ", F32, _, OPT, 0, 0) /* locally typical sampling; 0 (absent), >= 1: off   \
-                                               */
+    F(S, typical_p, "typ", F32, _, OPT, 0,                                                         \
+      0) /* locally typical sampling; 0 (absent), >= 1: off */                                     \
+    F(S, grammar, "gram", STR, _, OPT, 0, SH_PROTO_MAX_GRAMMAR) /* GBNF the output must follow */
 
 /* One sequence of a STEP (and of the ACT messages that continue it). Its tokens sit at positions
  * pos .. pos + tokens.n - 1: a prefill chunk or a decode step is always contiguous, so a start
@@ -153,7 +155,8 @@
     F(S, want_draft, "wdr", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a drafter may append */  \
     F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* tokens [0, pos), for a drafter */  \
     F(S, ban, "ban", I32S, _, OPT, 0, SH_PROTO_MAX_BAN) /* ids masked (EOS before min_tokens) */   \
-    F(S, embed, "emb", U8, _, OPT, 0, 3) /* embedding pooling (SUBMIT's embed); never samples */
+    F(S, embed, "emb", U8, _, OPT, 0, 3) /* embedding pooling (SUBMIT's embed); never samples */   \
+    F(S, gen, "gen", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* with a grammar: tokens generated */
 
 /* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in

@@ -1,0 +1,202 @@
+/* Constrained decoding at the sampling stage: see actors/stage_grammar.h. */
+#include "actors/stage_grammar.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+typedef struct sgram_entry {
+    sh_grammar *g; /* NULL: free */
+    uint64_t hash;
+    uint32_t len;
+    int32_t refs; /* sequences whose matcher uses it */
+} sgram_entry;
+
+struct sh_sgram {
+    const sh_llama *model;
+    int32_t n_vocab;
+    sh_gvocab *vocab;   /* built at the first grammar */
+    sgram_entry *cache; /* (n_cache) one more than sequences, so one is always free */
+    int32_t n_cache;
+    uint64_t *bits[2]; /* (words) the mask, per thread */
+    float *row[2];     /* (n_vocab) the masked row, per thread */
+    int32_t words;
+};
+
+sh_err sh__sgram_create(const sh_llama *model, int32_t n_vocab, int32_t n_seqs, sh_sgram **out,
+                        sh_error *e)
+{
+    *out = NULL;
+    sh_sgram *g = calloc(1, sizeof *g);
+    if (!g)
+        return sh__error_set(e, SH_ENOMEM, "stage: out of memory for grammars");
+    g->model = model;
+    g->n_vocab = n_vocab;
+    g->n_cache = n_seqs + 1;
+    g->cache = calloc((size_t)g->n_cache, sizeof *g->cache);
+    if (!g->cache) {
+        free(g);
+        return sh__error_set(e, SH_ENOMEM, "stage: out of memory for grammars");
+    }
+    *out = g;
+    return SH_OK;
+}
+
+void sh__sgram_free(sh_sgram *g)
+{
+    if (!g)
+        return;
+    for (int32_t i = 0; i < g->n_cache; i++)
+        sh_grammar_free(g->cache[i].g);
+    free(g->cache);
+    sh_gvocab_free(g->vocab);
+    for (int i = 0; i < 2; i++) {
+        free(g->bits[i]);
+        free(g->row[i]);
+    }
+    free(g);
+}
+
+static uint64_t text_hash(sh_strv t)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint32_t i = 0; i < t.len; i++)
+        h = (h ^ (uint8_t)t.ptr[i]) * 0x100000001b3ull;
+    return h ^ t.len;
+}
+
+/* The vocabulary's index, from the model file's tokenizer, and the mask scratch. */
+static sh_err vocab_build(sh_sgram *g, sh_error *e)
+{
+    if (g->vocab)
+        return SH_OK;
+    if (!g->model->gguf)
+        return sh__error_set(e, SH_EINVAL,
+                             "stage: grammars need a model with its tokenizer in a GGUF file");
+    sh_tokenizer *t = NULL;
+    sh_error te = {0};
+    sh_err err = sh_tokenizer_create_gguf(g->model->gguf, &t, &te);
+    if (!err)
+        err = sh_gvocab_create_tokenizer(t, &g->vocab, &te);
+    sh_tokenizer_destroy(t);
+    if (err)
+        return sh__error_set(e, err, "stage: the grammar's vocabulary index: %s", te.msg);
+    int32_t nv = sh_gvocab_n_vocab(g->vocab);
+    g->words = (nv + 63) / 64;
+    for (int i = 0; i < 2; i++) {
+        g->bits[i] = malloc((size_t)g->words * sizeof *g->bits[i]);
+        g->row[i] = malloc((size_t)g->n_vocab * sizeof *g->row[i]);
+        if (!g->bits[i] || !g->row[i])
+            return sh__error_set(e, SH_ENOMEM, "stage: out of memory for a grammar mask");
+    }
+    return SH_OK;
+}
+
+/* The cache entry of `text`, parsed when new (into an entry no sequence uses). */
+static sh_err entry_get(sh_sgram *g, sh_strv text, uint64_t h, int32_t *out, sh_error *e)
+{
+    int32_t spare = -1;
+    for (int32_t i = 0; i < g->n_cache; i++) {
+        sgram_entry *c = &g->cache[i];
+        if (c->g && c->hash == h && c->len == text.len) {
+            *out = i;
+            return SH_OK;
+        }
+        if (c->refs == 0 && (spare < 0 || !c->g))
+            spare = i;
+    }
+    if (spare < 0)
+        return sh__error_set(e, SH_EBUSY, "stage: too many grammars at once");
+    sgram_entry *c = &g->cache[spare];
+    sh_grammar_free(c->g);
+    *c = (sgram_entry){0};
+    sh_err err = sh_grammar_parse(text.ptr, text.len, &c->g, e);
+    if (err)
+        return err;
+    c->hash = h;
+    c->len = text.len;
+    *out = spare;
+    return SH_OK;
+}
+
+void sh__sgram_seq_clear(sh_sgram *g, sh_sgram_seq *s)
+{
+    if (s->gm) {
+        sh_gmatch_free(s->gm);
+        g->cache[s->entry].refs--;
+    }
+    *s = (sh_sgram_seq){0};
+}
+
+sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s gen, uint64_t seq,
+                          sh_error *e)
+{
+    uint64_t h = text_hash(text);
+    if (s->gm && s->hash == h && s->n == (int64_t)gen.n)
+        return SH_OK;
+    sh__sgram_seq_clear(g, s);
+    sh_error ge = {0};
+    sh_err err = vocab_build(g, &ge);
+    int32_t at = -1;
+    if (!err)
+        err = entry_get(g, text, h, &at, &ge);
+    if (!err)
+        err = sh_gmatch_create(g->cache[at].g, &s->gm, &ge);
+    if (err)
+        return sh__error_set(e, err, "stage: sequence %" PRIu64 ": grammar: %s", seq, ge.msg);
+    s->entry = at;
+    s->hash = h;
+    g->cache[at].refs++;
+    int32_t nv = sh_gvocab_n_vocab(g->vocab);
+    for (uint32_t i = 0; i < gen.n; i++) {
+        int32_t tok = sh_i32s_at(gen, i);
+        if (tok < 0 || tok >= nv || !sh_gmatch_accept_token(s->gm, g->vocab, tok)) {
+            sh__sgram_seq_clear(g, s);
+            return sh__error_set(e, SH_EINVAL,
+                                 "stage: sequence %" PRIu64
+                                 ": generated token %d (the %u-th) is outside its grammar",
+                                 seq, (int)tok, (unsigned)i);
+        }
+    }
+    s->n = gen.n;
+    return SH_OK;
+}
+
+static bool token_ok(sh_sgram *g, sh_sgram_seq *s, int32_t tok)
+{
+    return tok >= 0 && tok < sh_gvocab_n_vocab(g->vocab) &&
+           sh_gmatch_token_ok(s->gm, g->vocab, tok);
+}
+
+sh_err sh__sgram_sample(sh_sgram *g, sh_sgram_seq *s, sh_sampler *smp, const float *row, int th,
+                        bool mask_first, sh_sample *out)
+{
+    if (!mask_first) {
+        sh_err err = sh_sampler_sample(smp, row, out);
+        if (err || token_ok(g, s, out->id))
+            return err;
+    }
+    sh_err err = sh_gmatch_mask(s->gm, g->vocab, g->bits[th]);
+    if (err)
+        return err;
+    float *r = g->row[th];
+    int32_t nv = sh_gvocab_n_vocab(g->vocab);
+    for (int32_t i = 0; i < g->n_vocab; i++)
+        r[i] = i < nv && (g->bits[th][i >> 6] >> (i & 63)) & 1 ? row[i] : -INFINITY;
+    return sh_sampler_sample(smp, r, out);
+}
+
+void sh__sgram_seq_accept(sh_sgram *g, sh_sgram_seq *s, int32_t tok)
+{
+    if (!s->gm)
+        return;
+    if (token_ok(g, s, tok) && sh_gmatch_accept_token(s->gm, g->vocab, tok))
+        s->n++;
+    else
+        sh__sgram_seq_clear(g, s); /* the next step replays and names the problem */
+}
