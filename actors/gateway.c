@@ -437,7 +437,9 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                      // sampled token a step).
                      .no_spec = q->no_spec || q->grammar,
                      .spec_max = (uint8_t)q->spec_n_max,
-                     .grammar = {q->grammar, q->grammar ? (uint32_t)strlen(q->grammar) : 0}},
+                     .grammar = {q->grammar, q->grammar ? (uint32_t)strlen(q->grammar) : 0},
+                     // Logprobs are those of the masked row: each sample masks first.
+                     .gram_lp = q->grammar && q->logprobs},
         .priority = (uint8_t)prio,
         .deadline_ms = g->a.request_timeout_ms ? sh__act_unix_ms() + g->a.request_timeout_ms : 0,
         .reply_to = sh_actor_self(g->ctx),

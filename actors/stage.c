@@ -427,9 +427,10 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
         }
         sh_sample *smp = &st->samples[i];
         sh_sgram_seq *gs = &st->sl[i]->gram;
-        if (q->sampling.grammar.len && gs->gm ? sh__sgram_sample(st->gram, gs, st->smp[i], rows, th,
-                                                                 q->sampling.n_logprobs > 0, smp)
-                                              : sh_sampler_sample(st->smp[i], rows, smp))
+        bool mask_first = q->sampling.n_logprobs > 0 || q->sampling.gram_lp;
+        if (q->sampling.grammar.len && gs->gm
+                ? sh__sgram_sample(st->gram, gs, st->smp[i], rows, th, mask_first, smp)
+                : sh_sampler_sample(st->smp[i], rows, smp))
             return (int64_t)i;
         answer_add(st, i, o, smp->id, smp->logprob, smp->logprob_raw);
         st->acc[i] = 1;

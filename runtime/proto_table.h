@@ -132,9 +132,9 @@
     F(S, bias, "bias", LIST, logit_bias, OPT, 0, SH_PROTO_MAX_BIAS)                                \
     F(S, no_spec, "nspec", BOOL, _, OPT, 0, 0) /* never draft for this request (opt-out) */        \
     F(S, spec_max, "nsmax", U8, _, OPT, 0, SH_PROTO_MAX_DRAFT) /* drafts a step at most; 0: any */ \
-    F(S, typical_p, "typ", F32, _, OPT, 0,                                                         \
-      0) /* locally typical sampling; 0 (absent), >= 1: off */                                     \
-    F(S, grammar, "gram", STR, _, OPT, 0, SH_PROTO_MAX_GRAMMAR) /* GBNF the output must follow */
+    F(S, typical_p, "typ", F32, _, OPT, 0, 0) /* typical sampling; 0 (absent), >= 1: off */        \
+    F(S, grammar, "gram", STR, _, OPT, 0, SH_PROTO_MAX_GRAMMAR) /* GBNF the output must follow */  \
+    F(S, gram_lp, "gram_lp", BOOL, _, OPT, 0, 0) /* logprobs asked: mask before every sample */
 
 /* One sequence of a STEP (and of the ACT messages that continue it). Its tokens sit at positions
  * pos .. pos + tokens.n - 1: a prefill chunk or a decode step is always contiguous, so a start

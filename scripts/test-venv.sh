@@ -3,7 +3,8 @@
 # at .cache/venv under the repository root, with the official `openai` client in it
 # (tests/integration/test_serve_openai.py; the other serve tests are stdlib-only) and the pinned
 # packages of tests/reference/requirements.txt (gguf, numpy), which the K-quant test
-# tests/unit/test_quant_k_gguf.py and the NumPy reference forward pass use.
+# tests/unit/test_quant_k_gguf.py and the NumPy reference forward pass use, and jsonschema, with
+# which tests/integration/test_serve_grammar.py validates structured output.
 # Needs python3 with the venv module (Debian: python3-venv, installed by scripts/bootstrap.sh) and
 # PyPI reachable by pip. Usage: scripts/test-venv.sh [--quiet]
 set -euo pipefail

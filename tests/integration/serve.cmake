@@ -24,6 +24,9 @@ sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
 sh_serve_test(test_serve_embed ${_d}/run_py.sh ${_d}/test_serve_embed.py)
 # CORS from a real browser: a page on another origin in headless Chromium (skips without it).
 sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
+# Structured output: JSON schemas validated with jsonschema, GBNF grammars checked by parsers of
+# its own, streaming, n, bad grammars, a 2-stage pipeline (skips without jsonschema).
+sh_serve_test(test_serve_grammar ${_d}/run_py.sh ${_d}/test_serve_grammar.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # Sampling defaults (built-in, --temp and the like, the model file's general.sampling.*) and
