@@ -148,7 +148,7 @@ sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s ge
     if (!err)
         err = sh_gmatch_create(g->cache[at].g, &s->gm, &ge);
     if (err)
-        return sh__error_set(e, err, "stage: sequence %" PRIu64 ": grammar: %s", seq, ge.msg);
+        return sh__error_set(e, err, "stage: sequence %" PRIu64 ": %s", seq, ge.msg);
     s->entry = at;
     s->hash = h;
     g->cache[at].refs++;
@@ -159,7 +159,7 @@ sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s ge
             sh__sgram_seq_clear(g, s);
             return sh__error_set(e, SH_EINVAL,
                                  "stage: sequence %" PRIu64
-                                 ": generated token %d (the %u-th) is outside its grammar",
+                                 ": generated token %d at index %u is outside its grammar",
                                  seq, (int)tok, (unsigned)i);
         }
     }

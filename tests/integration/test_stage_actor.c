@@ -983,6 +983,118 @@ out:
     }
 }
 
+/* Constrained decoding at the sampling stage (actors/stage_grammar.h): a greedy sequence whose
+ * grammar refuses the model's first choice (" Paris" after "The capital of France is") is steered
+ * token by token into " Berlin", then an end token; a fresh sequence whose step carries the
+ * generated tokens (a stage without its matcher: a restart, a failover) replays them and answers
+ * what the first did; a bad grammar or a generated token outside the grammar fails its step and
+ * the stage goes on. */
+static void test_grammar(void)
+{
+    static const char gram[] = "root ::= \" Berlin\"";
+    static const char want[] = " Berlin";
+    sh_tokenizer *tok = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_tokenizer_create_gguf(E.m->gguf, &tok, &e));
+    if (!tok)
+        return;
+    fixture f;
+    fx_start(&f);
+    int32_t toks[MAX_PROMPT + 16];
+    int32_t n = E.n_prompt[0];
+    memcpy(toks, E.prompt[0], (size_t)n * sizeof *toks);
+    int32_t gen[16], n_gen = 0;
+    char text[64] = "";
+    long k = 0;
+    bool ended = false;
+    for (int step = 0; step < 12 && !ended; step++) {
+        sh_proto_step_seq q = {.seq = 300,
+                               .tokens = {n_gen ? &toks[n - 1] : toks, n_gen ? 1u : (uint32_t)n},
+                               .pos = n_gen ? (uint32_t)(n - 1) : 0,
+                               .blocks = {E.blocks[0], SEQ_BLOCKS},
+                               .sample = true,
+                               .sampling = greedy(),
+                               .gen = {gen, (uint32_t)n_gen}};
+        q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
+        send_step(&f, 100 + (uint64_t)step, &q, 1);
+        const rec *r = wait_rec(&f, k++);
+        if (!r || r->status != 0) {
+            SH_FAIL_("grammar step %d: %s", step, r ? r->msg : "none");
+            break;
+        }
+        int32_t t = r->tok[0];
+        if (step == 0)
+            CHECK(t != E.ref[0][0]); /* the unconstrained greedy pick is refused */
+        if (sh_tokenizer_is_eog(tok, t)) {
+            ended = true;
+            break;
+        }
+        char piece[64];
+        size_t len = 0;
+        CHECK_OK(sh_tokenizer_decode(tok, &t, 1, 0, piece, sizeof piece, &len, &e));
+        CHECK(strlen(text) + len < sizeof text);
+        strncat(text, piece, len);
+        CHECK(strncmp(text, want, strlen(text)) == 0);
+        gen[n_gen++] = t;
+        toks[n++] = t;
+    }
+    CHECK(ended);
+    CHECK_STR_EQ(text, want);
+    /* A fresh sequence given prompt + the first generated token at once, with gen: the stage
+     * replays gen into a new matcher and answers the second token as the first sequence did. */
+    if (n_gen >= 2) {
+        sh_proto_step_seq q = {.seq = 301,
+                               .tokens = {toks, (uint32_t)(E.n_prompt[0] + 1)},
+                               .blocks = {E.blocks[1], SEQ_BLOCKS},
+                               .sample = true,
+                               .sampling = greedy(),
+                               .gen = {gen, 1}};
+        q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
+        send_step(&f, 200, &q, 1);
+        const rec *r = wait_rec(&f, k++);
+        if (r) {
+            CHECK_INT_EQ(r->status, 0);
+            CHECK_INT_EQ(r->tok[0], gen[1]);
+        }
+    }
+    /* A grammar that does not parse, then a generated token the grammar refuses: each step fails
+     * naming the problem, and a good step runs after them. */
+    static const char bad[] = "root ::= [a-";
+    int32_t wrong = E.ref[0][0];
+    sh_proto_step_seq q = {.seq = 302,
+                           .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+                           .blocks = {E.blocks[2], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    q.sampling.grammar = (sh_strv){bad, sizeof bad - 1};
+    send_step(&f, 300, &q, 1);
+    const rec *r = wait_rec(&f, k++);
+    if (r) {
+        CHECK(r->status != 0);
+        CHECK(strstr(r->msg, "column") != NULL);
+    }
+    q.seq = 303;
+    q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
+    q.gen = (sh_i32s){&wrong, 1};
+    send_step(&f, 301, &q, 1);
+    r = wait_rec(&f, k++);
+    if (r) {
+        CHECK(r->status != 0);
+        CHECK(strstr(r->msg, "outside its grammar") != NULL);
+    }
+    q.seq = 304;
+    q.gen = (sh_i32s){0};
+    send_step(&f, 302, &q, 1);
+    r = wait_rec(&f, k++);
+    if (r) {
+        CHECK_INT_EQ(r->status, 0);
+        CHECK(r->tok[0] != E.ref[0][0]);
+    }
+    rt_finish(&f.t);
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    sh_tokenizer_destroy(tok);
+}
+
 static const sh_test_case tests[] = {
     {"stale_epoch", test_stale_epoch},
     {"forged_epoch", test_forged_epoch},
@@ -992,6 +1104,7 @@ static const sh_test_case tests[] = {
     {"spec_greedy", test_spec_greedy},
     {"spec_sampled", test_spec_sampled},
     {"spec_tp", test_spec_tp},
+    {"grammar", test_grammar},
     {NULL, NULL},
 };
 
