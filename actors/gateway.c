@@ -30,6 +30,7 @@
 #include "actors/gateway_int.h"
 #include "base/error.h"
 #include "base/file.h"
+#include "model/grammar.h"
 #include "model/sampler.h"
 #include "net/admin_page.h"
 #include "runtime/actor_uv.h"
@@ -331,6 +332,23 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
     if (sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
         respond_error(g, http, &err);
         return;
+    }
+    // The grammar is parsed here (bounded work: model/grammar.h) so that a bad one is a 400 with
+    // its line and column before anything is queued; the sampling stage parses it again.
+    if (q->grammar) {
+        sh_grammar *gr = NULL;
+        sh_error ge = {0};
+        sh_err rc = sh_grammar_parse(q->grammar, strlen(q->grammar), &gr, &ge);
+        sh_grammar_free(gr);
+        if (rc) {
+            const char *param = q->grammar_param;
+            sh_openai_request_free(q);
+            if (rc == SH_ENOMEM)
+                sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+            else
+                sh__gateway_respond_errorf(g, http, 400, NULL, param, "%s", ge.msg);
+            return;
+        }
     }
     if (g->a.degrade && !degrade(g, http, q, key_prio))
         return;

@@ -143,10 +143,12 @@ typedef struct sh_openai_request {
     const char *user;   /* NULL when absent */
     char *grammar;      /* GBNF the output must follow, malloc'd: the `grammar` field (llama.cpp's)
                          * or what response_format asks for (net/json_schema.h); NULL for none
-                         * or "text". Parsed once here: a bad one is a 400. */
-    int32_t priority;   /* (extension) 0..255, lower runs first; -1 when absent */
-    void *root_;        /* the parsed JSON, which owns the borrowed strings */
-    char *text_;        /* concatenated chat contents */
+                         * or "text". The caller parses it (model/grammar.h) and answers a
+                         * bad one with a 400 naming grammar_param. */
+    const char *grammar_param; /* "grammar" or "response_format" (static); NULL without one */
+    int32_t priority;          /* (extension) 0..255, lower runs first; -1 when absent */
+    void *root_;               /* the parsed JSON, which owns the borrowed strings */
+    char *text_;               /* concatenated chat contents */
 } sh_openai_request;
 
 /* Parses and validates the body of POST /v1/completions (SH_OPENAI_COMPLETION) or

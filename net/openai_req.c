@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
 #include "net/json_schema.h"
 #include "net/openai.h"
 
@@ -493,9 +492,8 @@ static bool parse_spec(json_t *o, sh_openai_request *r, sh_openai_error *err)
 }
 
 /* The output's grammar: `grammar` (GBNF text, llama.cpp's field) or `response_format` (through
- * net/json_schema.h), not both. Either is parsed here (sh_grammar_parse: bounded work), so that a
- * syntax error is a 400 with its line and column before anything is queued. The text is kept in
- * r->grammar. Returns false with err filled. */
+ * net/json_schema.h), not both. The text is kept in r->grammar (the gateway parses it before
+ * anything is queued: net/ does not link the grammar engine). Returns false with err filled. */
 static bool parse_grammar(json_t *o, sh_openai_request *r, sh_openai_error *err)
 {
     json_t *rf = json_object_get(o, "response_format");
@@ -537,16 +535,7 @@ static bool parse_grammar(json_t *o, sh_openai_request *r, sh_openai_error *err)
                                        strlen(r->grammar), SH_OPENAI_MAX_GRAMMAR),
                    false;
     }
-    if (!r->grammar)
-        return true;
-    sh_grammar *g = NULL;
-    sh_error e = {0};
-    sh_err rc = sh_grammar_parse(r->grammar, strlen(r->grammar), &g, &e);
-    sh_grammar_free(g);
-    if (rc == SH_ENOMEM)
-        return sh_openai_error_set(err, 500, NULL, NULL, "out of memory"), false;
-    if (rc)
-        return sh_openai_error_set(err, 400, NULL, param, "%s", e.msg), false;
+    r->grammar_param = r->grammar ? param : NULL;
     return true;
 }
 
