@@ -814,6 +814,48 @@ static void test_auth_admin(void)
     }
 }
 
+/* The output's grammar: `grammar` kept as given, response_format's converted, which field it came
+ * from, and the refusals (both fields, a non-string, past the size bound). */
+static void test_grammar_fields(void)
+{
+    sh_openai_request *r =
+        parse_ok(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\"}");
+    if (r) {
+        CHECK_STR_EQ(r->grammar, "root ::= \"a\"");
+        CHECK_STR_EQ(r->grammar_param, "grammar");
+        sh_openai_request_free(r);
+    }
+    r = parse_ok(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"response_format\":{\"type\":\"json_object\"},\"grammar\":null}");
+    if (r) {
+        CHECK(r->grammar != NULL && strstr(r->grammar, "root ::=") != NULL);
+        CHECK_STR_EQ(r->grammar_param, "response_format");
+        sh_openai_request_free(r);
+    }
+    r = parse_ok(CMPL,
+                 "{\"model\":\"tiny\",\"prompt\":\"x\",\"response_format\":{\"type\":\"text\"}}");
+    if (r) {
+        CHECK(r->grammar == NULL && r->grammar_param == NULL);
+        sh_openai_request_free(r);
+    }
+    BAD(CMPL,
+        "{\"model\":\"tiny\",\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\","
+        "\"response_format\":{\"type\":\"json_object\"}}",
+        400, "grammar", NULL);
+    BAD(CMPL, "{\"model\":\"tiny\",\"prompt\":\"x\",\"grammar\":5}", 400, "grammar", NULL);
+    size_t n = SH_OPENAI_MAX_GRAMMAR + 64;
+    char *big = malloc(n + 128);
+    if (!big)
+        return;
+    int k = snprintf(big, n + 128, "{\"model\":\"tiny\",\"prompt\":\"x\",\"grammar\":\"root ::= ");
+    memset(big + k, 'a', n - (size_t)k);
+    snprintf(big + n, 128, "\"}");
+    sh_openai_error e;
+    CHECK_INT_EQ(parse_err(CMPL, big, NULL, &e), 400);
+    CHECK_STR_EQ(e.param, "grammar");
+    free(big);
+}
+
 static const sh_test_case tests[] = {
     {"prompt_rules", test_prompt_rules},
     {"completion_every_field", test_completion_every_field},
@@ -821,6 +863,7 @@ static const sh_test_case tests[] = {
     {"chat_fields", test_chat_fields},
     {"sampling_fields", test_sampling_fields},
     {"bad_requests", test_bad_requests},
+    {"grammar_fields", test_grammar_fields},
     {"error_json", test_error_json},
     {"response_builders", test_response_builders},
     {"chunks", test_chunks},
