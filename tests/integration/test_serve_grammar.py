@@ -10,6 +10,7 @@ Cases (default model, temperature 1.0 unless said):
   here (not the server's grammar engine);
 - streaming with a schema: the deltas put together validate;
 - n = 2: each choice validates; logprobs are those of the masked row;
+- preemption: a KV pool too small for the answers at once; outputs still validate;
 - greedy sanity: a grammar that allows exactly the unconstrained greedy output gives that output;
 - bad grammars: a syntax error is a 400 naming line and column, an undefined rule a 400,
   `grammar` with `response_format` a 400, a non-string grammar a 400; the server then serves;
@@ -329,6 +330,29 @@ def bad(url):
     check(st == 200 and p["choices"][0]["text"] in ("yes", "no"), f"{st} {raw[:300]!r}")
 
 
+# ---- preemption and recompute --------------------------------------------------------------
+
+def preemption(url):
+    """A KV pool too small for 8 long answers at once: sequences are preempted and recomputed
+    (their matchers replayed from the generated tokens), and every output still validates."""
+    schema = {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 10,
+              "maxItems": 14}
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+
+    def one(url, _j, _n):
+        st, p, raw = chat(url, "List fruit names as JSON.", response_format=rf, max_tokens=300)
+        check(st == 200, f"{st} {raw[:300]!r}")
+        return p["choices"][0]
+
+    got = su.at_once(url, list(range(8)), 0, one)
+    for ch in got:
+        if ch["finish_reason"] != "length":
+            validate(ch["message"]["content"], schema, "preempted")
+    pre = su.metric(su.metrics(url), "shoal_preemptions_total")
+    check(pre and pre > 0, f"no preemption happened ({pre}): the case tests nothing")
+    su.log(f"note: {pre:g} preemptions")
+
+
 # ---- a 2-stage pipeline -------------------------------------------------------------------
 
 def pipeline(d):
@@ -376,6 +400,8 @@ def main():
         r.case("arith", gbnf, srv.url, ARITH, "Write an arithmetic expression: ", parse_arith,
                "arith")
         r.case("csv", gbnf, srv.url, CSV, "name,city,age\n", parse_csv, "csv")
+    with su.server("--kv-blocks", "40", "--no-prefix-cache", runner=r) as srv:
+        r.case("preemption", preemption, srv.url)
     d = tempfile.mkdtemp(prefix="shgr-", dir="/tmp")  # ipc:// paths stay short
     try:
         r.case("pipeline", pipeline, d)
