@@ -136,9 +136,11 @@ void sh__sgram_seq_clear(sh_sgram *g, sh_sgram_seq *s)
 sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s gen, uint64_t seq,
                           sh_error *e)
 {
-    uint64_t h = text_hash(text);
-    if (s->gm && s->hash == h && s->n == (int64_t)gen.n)
+    // A sequence's grammar never changes (the slot is keyed by the sequence, as its sampler is):
+    // a matcher of a text of this length at this point is the one, with no hash over the text.
+    if (s->gm && s->len == text.len && s->n == (int64_t)gen.n)
         return SH_OK;
+    uint64_t h = text_hash(text);
     sh__sgram_seq_clear(g, s);
     sh_error ge = {0};
     sh_err err = vocab_build(g, &ge);
@@ -151,6 +153,7 @@ sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s ge
         return sh__error_set(e, err, "stage: sequence %" PRIu64 ": %s", seq, ge.msg);
     s->entry = at;
     s->hash = h;
+    s->len = text.len;
     g->cache[at].refs++;
     int32_t nv = sh_gvocab_n_vocab(g->vocab);
     for (uint32_t i = 0; i < gen.n; i++) {

@@ -27,6 +27,7 @@ typedef struct sh_sgram_seq {
     sh_gmatch *gm; /* NULL: none yet */
     int32_t entry; /* its grammar's cache entry */
     uint64_t hash; /* of the grammar text */
+    uint32_t len;  /* and its length */
     int64_t n;     /* generated tokens the matcher took */
 } sh_sgram_seq;
 
