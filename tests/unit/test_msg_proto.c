@@ -187,8 +187,7 @@ static void pk_envelope(msgpack_packer *pk, uint64_t type)
 
 static void pk_sampling(msgpack_packer *pk, bool reverse)
 {
-    msgpack_pack_map(pk,
-                     reverse ? 14 : 17); /* reverse leaves the OPT "nspec", "nsmax", "typ" out */
+    msgpack_pack_map(pk, reverse ? 14 : 20); /* reverse leaves the OPT "nspec" .. "gram_lp" out */
     /* Keys in an order of our choosing: decoders must not depend on it. */
     if (reverse) {
         pk_str(pk, "bias");
@@ -247,6 +246,10 @@ static void pk_sampling(msgpack_packer *pk, bool reverse)
         msgpack_pack_uint8(pk, 0);
         pk_str(pk, "typ");
         msgpack_pack_float(pk, 0.0f);
+        pk_str(pk, "gram");
+        pk_str(pk, "");
+        pk_str(pk, "gram_lp");
+        msgpack_pack_false(pk);
     }
 }
 
