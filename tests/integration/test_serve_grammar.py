@@ -14,7 +14,8 @@ Cases (default model, temperature 1.0 unless said):
 - greedy sanity: a grammar that allows exactly the unconstrained greedy output gives that output;
 - bad grammars: a syntax error is a 400 naming line and column, an undefined rule a 400,
   `grammar` with `response_format` a 400, a non-string grammar a 400; the server then serves;
-- a 2-stage pipeline (`shoal node` workers, as test_cluster_pipeline) gives valid output.
+- a 2-stage pipeline and one stage on a tensor-parallel group of 2 ranks (`shoal node` workers,
+  as test_cluster_pipeline) give valid output, greedy with a grammar too.
 Needs jsonschema (scripts/test-venv.sh installs it): skips (77) without it.
 """
 
@@ -353,11 +354,13 @@ def preemption(url):
     su.log(f"note: {pre:g} preemptions")
 
 
-# ---- a 2-stage pipeline -------------------------------------------------------------------
+# ---- a 2-stage pipeline and a tensor-parallel group ---------------------------------------
 
-def pipeline(d):
+def cluster(d, name, stages):
+    """`shoal node` workers w0, w1 and a `shoal serve -c` front (as test_cluster_pipeline):
+    schema answers at temperature 1.0 validate, and a greedy one follows a GBNF grammar."""
     import test_cluster_pipeline as cp
-    path = cp.script(os.path.join(d, "g2.lua"), su.MODEL, ["w0", "w1"])
+    path = cp.script(os.path.join(d, f"{name}.lua"), su.MODEL, ["w0", "w1"], stages=stages)
     nodes = [cp.Node(path, w) for w in ("w0", "w1")]
     problems = []
     try:
@@ -375,7 +378,13 @@ def pipeline(d):
 
             for ch in su.at_once(srv.url, list(range(4)), 0, one):
                 if ch["finish_reason"] != "length":
-                    validate(ch["message"]["content"], schema, "pipeline")
+                    validate(ch["message"]["content"], schema, name)
+            st, p, raw = su.post_json(srv.url, "/v1/completions", {
+                "prompt": "Is the sky blue? Answer:", "grammar": 'root ::= " yes" | " no"',
+                "temperature": 0, "max_tokens": 8}, timeout=300)
+            check(st == 200, f"{st} {raw[:300]!r}")
+            ch = p["choices"][0]
+            check(ch["text"] in (" yes", " no") and ch["finish_reason"] == "stop", repr(ch))
         finally:
             problems += su.stop(srv)
     finally:
@@ -404,7 +413,10 @@ def main():
         r.case("preemption", preemption, srv.url)
     d = tempfile.mkdtemp(prefix="shgr-", dir="/tmp")  # ipc:// paths stay short
     try:
-        r.case("pipeline", pipeline, d)
+        r.case("pipeline", cluster, d, "p2", None)
+        # One stage on a tensor-parallel group of 2 ranks: the leader samples with the grammar
+        # (a grammar step never takes the group's greedy head).
+        r.case("tp2", cluster, d, "tp2", "pipeline(m, { 'w0', 'w1' }), tp = 2")
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()
