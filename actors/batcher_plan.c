@@ -388,13 +388,14 @@ static int32_t step_share(const batcher *b)
 
 /* Whether planned sequence s may carry drafts this step: speculation on for the replica and
  * the request (no opt-out, no top logprobs, which only the first token of a step would get), a
- * one-token decode step (its prompt computed) whose request is not being cancelled. */
+ * one-token decode step (its prompt computed) whose request is not being cancelled. A sequence
+ * with a grammar never drafts (the sampling stage checks one sampled token a step against it). */
 static bool may_draft(const batcher *b, const bseq *s)
 {
     const breq *r = s->r;
     return b->spec_on && s->planned && !s->fork_pending && s->kv_id && s->step_k == 1 &&
            s->n_computed > 0 && s->n_computed == s->n_toks - 1 && !r->samp.no_spec &&
-           r->samp.n_logprobs == 0 && !r->cancelled;
+           !r->samp.grammar.len && r->samp.n_logprobs == 0 && !r->cancelled;
 }
 
 /* Step 1b: drafts for the planned decode steps, after admission (drafts never keep a sequence
