@@ -187,7 +187,7 @@ static void pk_envelope(msgpack_packer *pk, uint64_t type)
 
 static void pk_sampling(msgpack_packer *pk, bool reverse)
 {
-    msgpack_pack_map(pk, reverse ? 14 : 20); /* reverse leaves the OPT "nspec" .. "gram_lp" out */
+    msgpack_pack_map(pk, reverse ? 14 : 19); /* reverse leaves the OPT "nspec" .. "gram_lp" out */
     /* Keys in an order of our choosing: decoders must not depend on it. */
     if (reverse) {
         pk_str(pk, "bias");
