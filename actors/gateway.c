@@ -59,6 +59,7 @@ struct gw_choice {
     int32_t n_gen;
     bool started, done;
     sh_openai_finish finish;
+    sh_openai_toolstream ts; /* a streamed tools request: its calls so far */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -141,6 +142,7 @@ void sh__gateway_req_free(gw_req *r)
     for (int32_t i = 0; r->choices && i < r->n_choices; i++) {
         free(r->choices[i].text);
         free(r->choices[i].lps);
+        sh_openai_toolstream_fini(&r->choices[i].ts);
     }
     free(r->choices);
     free(r->echo_text);
@@ -416,6 +418,12 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
     if (q->echo && q->prompt)
         r->echo_text = strdup(q->prompt);
     r->echo = r->echo_text != NULL;
+    r->tools = kind == SH_OPENAI_CHAT && sh_openai_tools_active(q);
+    r->tool_style = sh__gateway_tool_style(m->chat);
+    for (int32_t i = 0; r->tools && i < r->n_choices; i++)
+        sh_openai_toolstream_init(&r->choices[i].ts, r->tool_style,
+                                  r->id * 0x9E3779B97F4A7C15ull ^ (uint64_t)r->created ^
+                                      ((uint64_t)i << 48));
 
     // Generation never runs past the context window: max_tokens is clamped to what is left.
     int32_t max_tokens = q->max_tokens;
@@ -536,6 +544,27 @@ static void fill_lp(const gw_req *r, const gw_lp *src, sh_openai_logprob *dst, s
     }
 }
 
+/* A streamed tools request's next text (last: the generation ended): the content that is
+ * safe to send and each call completed, as OpenAI's deltas. */
+static void stream_tools(gw_req *r, const sh_openai_meta *meta, int32_t index, gw_choice *c,
+                         const char *text, bool last, const sh_openai_logprob *lp)
+{
+    const char *content = NULL, *deltas = NULL;
+    if (sh_openai_toolstream_feed(&c->ts, text, strlen(text), last, &content, &deltas))
+        content = deltas = NULL; // out of memory: this piece is lost, the stream goes on
+    if (content || lp) {
+        sh_openai_choice ch = {.index = index,
+                               .text = content ? content : "",
+                               .logprobs = lp,
+                               .n_logprobs = lp ? 1 : 0};
+        sse_write(r, sh_openai_chunk_sse(meta, &ch, false, r->include_usage));
+    }
+    if (deltas) {
+        sh_openai_choice ch = {.index = index, .tool_calls = deltas};
+        sse_write(r, sh_openai_chunk_sse(meta, &ch, false, r->include_usage));
+    }
+}
+
 static void on_token(gateway *g, const sh_proto_token *t)
 {
     gw_req *r = find_req(g, t->req);
@@ -579,6 +608,12 @@ static void on_token(gateway *g, const sh_proto_token *t)
         int32_t nt = 0;
         if (has_lp)
             fill_lp(r, &lp, &l, tops, texts, &nt);
+        if (r->tools) {
+            stream_tools(r, &meta, (int32_t)t->choice, c, text ? text : "", false,
+                         has_lp ? &l : NULL);
+            free(text);
+            return;
+        }
         sh_openai_choice ch = {.index = (int32_t)t->choice,
                                .text = text ? text : "",
                                .logprobs = has_lp ? &l : NULL,
@@ -621,7 +656,8 @@ static void respond_final(gw_req *r, const sh_openai_meta *meta, const sh_openai
     sh_openai_top **tops = calloc((size_t)n, sizeof *tops);
     char(**pieces)[MAX_PIECE] = calloc((size_t)n, sizeof *pieces);
     char **texts = calloc((size_t)n, sizeof *texts);
-    bool ok = ch && lps && tops && pieces && texts;
+    char **calls = calloc((size_t)n, sizeof *calls);
+    bool ok = ch && lps && tops && pieces && texts && calls;
     for (int32_t i = 0; ok && i < n; i++) {
         gw_choice *c = &r->choices[i];
         ch[i] = (sh_openai_choice){.index = i, .finish = c->finish, .text = c->text ? c->text : ""};
@@ -636,6 +672,22 @@ static void respond_final(gw_req *r, const sh_openai_meta *meta, const sh_openai
             memcpy(texts[i] + el, c->text ? c->text : "", c->len);
             texts[i][el + c->len] = '\0';
             ch[i].text = texts[i];
+        }
+        if (r->tools) {
+            // The calls come out of the text; what is left is the content (null when none).
+            uint64_t seed =
+                r->id * 0x9E3779B97F4A7C15ull ^ (uint64_t)r->created ^ ((uint64_t)i << 48);
+            if (sh_openai_tools_parse(r->tool_style, c->text ? c->text : "", c->len, seed,
+                                      &texts[i], &calls[i])) {
+                ok = false;
+                break;
+            }
+            ch[i].text = texts[i];
+            ch[i].tool_calls = calls[i];
+            if (calls[i] && ch[i].finish == SH_OPENAI_FINISH_STOP)
+                ch[i].finish = SH_OPENAI_FINISH_TOOL_CALLS;
+            if (!calls[i] && !texts[i])
+                ch[i].text = "";
         }
         if (r->logprobs) {
             lps[i] = calloc((size_t)c->n_lps + 1, sizeof **lps);
@@ -663,7 +715,10 @@ static void respond_final(gw_req *r, const sh_openai_meta *meta, const sh_openai
             free(pieces[i]);
         if (texts)
             free(texts[i]);
+        if (calls)
+            free(calls[i]);
     }
+    free(calls);
     free(ch);
     free(lps);
     free(tops);
@@ -723,7 +778,13 @@ static void on_done(gateway *g, const sh_proto_done *d)
                 sse_write(r, sh_openai_chunk_sse(&meta, &ch, true, r->include_usage));
             }
             c->started = true;
-            if (d->text.len) {
+            if (r->tools) {
+                char *text = strndup(d->text.ptr ? d->text.ptr : "", d->text.len);
+                stream_tools(r, &meta, (int32_t)d->choice, c, text ? text : "", true, NULL);
+                free(text);
+                if (c->ts.n_calls > 0 && c->finish == SH_OPENAI_FINISH_STOP)
+                    c->finish = SH_OPENAI_FINISH_TOOL_CALLS;
+            } else if (d->text.len) {
                 char *text = strndup(d->text.ptr, d->text.len);
                 sh_openai_choice ch = {.index = (int32_t)d->choice, .text = text ? text : ""};
                 sse_write(r, sh_openai_chunk_sse(&meta, &ch, false, r->include_usage));

@@ -10,6 +10,7 @@
 #include "actors/serve.h"
 #include "base/error.h"
 #include "net/http.h"
+#include "net/openai_tools.h"
 
 typedef struct gw_choice gw_choice; /* one choice's progress (gateway.c) */
 
@@ -31,6 +32,8 @@ typedef struct gw_req {
     int64_t created;
     uint64_t t0_us, t_first_us;
     char *echo_text;
+    bool tools;                      /* the output is parsed for tool calls */
+    sh_openai_tool_style tool_style; /* the model's tool syntax */
     gw_choice *choices;
     struct gw_req *next;
 } gw_req;
@@ -96,6 +99,8 @@ void sh__gateway_tokenize_done(gateway *g, sh_http_req *req, const sh_tokenizer 
 
 /* ---- gateway_tok.c: tokenization, off the loop -------------------------------------------- */
 
+/* The tool syntax of a chat template (net/openai_tools.h). */
+sh_openai_tool_style sh__gateway_tool_style(sh_chat_template t);
 /* Tokenizes q's prompt on the worker pool, then submits it or answers http. Takes q. */
 void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio);
 /* POST /tokenize: text[0, len) (malloc'd; taken) encoded with flags (SH_TOKENIZE_*) on the

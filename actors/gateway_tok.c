@@ -4,6 +4,7 @@
 
 #include "actors/gateway_int.h"
 #include "base/error.h"
+#include "model/grammar.h"
 #include "runtime/actor_uv.h"
 
 /* ---- tokenization, off the loop ------------------------------------------------------------
@@ -35,8 +36,23 @@ typedef struct gw_tok {
     size_t n_ids;
     sh_err rc;
     sh_error e;
+    bool tool_grammar; /* rc is the forcing grammar's failure, not the tokenizer's */
     struct gw_tok *next;
 } gw_tok;
+
+sh_openai_tool_style sh__gateway_tool_style(sh_chat_template t)
+{
+    switch (t) {
+    case SH_CHAT_CHATML:
+        return SH_OPENAI_TOOLS_HERMES;
+    case SH_CHAT_LLAMA3:
+        return SH_OPENAI_TOOLS_LLAMA3;
+    case SH_CHAT_LLAMA2:
+        return SH_OPENAI_TOOLS_MISTRAL;
+    default:
+        return SH_OPENAI_TOOLS_GENERIC;
+    }
+}
 
 /* Worker thread: the prompt's ids, stopping as soon as they cannot fit max_ids. Message contents
  * are plain text (only the template's markers are special); a completion prompt's special-token
@@ -60,17 +76,37 @@ static void tok_run(uv_work_t *w)
                                          &t->n_ids, &t->e);
         return;
     }
-    sh_chat_msg *msgs = calloc((size_t)q->n_messages, sizeof *msgs);
-    if (!msgs) {
+    // Tools, tool calls and tool results are written in the model family's syntax first.
+    sh_openai_tool_style style = sh__gateway_tool_style(t->chat);
+    sh_openai_chat_text ct;
+    sh_chat_msg *msgs = NULL;
+    if (sh_openai_tools_render(q, style, t->default_system, &ct) ||
+        !(msgs = calloc((size_t)ct.n + 1, sizeof *msgs))) {
+        if (!msgs)
+            sh_openai_chat_text_fini(&ct);
         t->rc = sh__error_set(&t->e, SH_ENOMEM, "out of memory");
         return;
     }
-    static const char *const roles[] = {"system", "user", "assistant"};
-    for (int32_t i = 0; i < q->n_messages; i++)
-        msgs[i] = (sh_chat_msg){roles[q->messages[i].role], q->messages[i].content};
-    t->rc = sh_chat_tokenize(t->tok, t->chat, msgs, (size_t)q->n_messages, t->default_system, true,
+    for (int32_t i = 0; i < ct.n; i++)
+        msgs[i] = (sh_chat_msg){ct.msgs[i].role, ct.msgs[i].content};
+    t->rc = sh_chat_tokenize(t->tok, t->chat, msgs, (size_t)ct.n, t->default_system, true,
                              t->max_ids, &t->ids, &t->n_ids, &t->e);
     free(msgs);
+    sh_openai_chat_text_fini(&ct);
+    // tool_choice "required" or a named function: the grammar that forces the call.
+    if (!t->rc && !t->q->grammar) {
+        t->rc = sh_openai_tools_grammar(t->q, style, &t->q->grammar, &t->e);
+        if (!t->rc && t->q->grammar && strlen(t->q->grammar) > SH_OPENAI_MAX_GRAMMAR)
+            t->rc =
+                sh__error_set(&t->e, SH_EINVAL, "the grammar is %zu bytes; at most %d are allowed",
+                              strlen(t->q->grammar), SH_OPENAI_MAX_GRAMMAR);
+        if (!t->rc && t->q->grammar) { // parsed as a grammar field is (bounded work)
+            sh_grammar *gr = NULL;
+            t->rc = sh_grammar_parse(t->q->grammar, strlen(t->q->grammar), &gr, &t->e);
+            sh_grammar_free(gr);
+        }
+        t->tool_grammar = t->rc != SH_OK && t->rc != SH_ENOMEM;
+    }
 }
 
 static void tok_free(gw_tok *t)
@@ -149,6 +185,10 @@ static void tok_done(uv_work_t *w, int status)
             (int)t->max_ids + 1, t->max_ids);
     } else if (t->rc == SH_ENOMEM) {
         sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+    } else if (t->rc && t->tool_grammar) {
+        sh__gateway_respond_errorf(g, http, 400, NULL, "tools",
+                                   "cannot build the grammar that forces a tool call: %s",
+                                   t->e.msg);
     } else if (t->rc) {
         sh__gateway_respond_errorf(g, http, 400, NULL, param, "cannot tokenize: %s", t->e.msg);
     } else {

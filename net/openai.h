@@ -48,12 +48,24 @@ typedef enum sh_openai_role {
     SH_OPENAI_SYSTEM = 0, /* "system" and "developer" */
     SH_OPENAI_USER,
     SH_OPENAI_ASSISTANT,
+    SH_OPENAI_TOOL, /* a tool's result (tool_call_id) */
 } sh_openai_role;
 
 typedef struct sh_openai_message {
     sh_openai_role role;
-    const char *content; /* text parts concatenated; owned by the request */
+    const char *content;      /* text parts concatenated ("" for an assistant's null content);
+                               * owned by the request */
+    const void *tool_calls;   /* assistant: the validated "tool_calls" array (a jansson json_t),
+                               * NULL when absent; owned by the request */
+    const char *tool_call_id; /* tool: the call it answers; NULL otherwise */
 } sh_openai_message;
+
+typedef enum sh_openai_tool_choice {
+    SH_OPENAI_TOOL_CHOICE_NONE = 0, /* no tools, or "none": the model is not offered them */
+    SH_OPENAI_TOOL_CHOICE_AUTO,     /* the default with tools: the model may call some */
+    SH_OPENAI_TOOL_CHOICE_REQUIRED, /* at least one call, forced by a grammar */
+    SH_OPENAI_TOOL_CHOICE_NAMED,    /* one call of tool_named, forced by a grammar */
+} sh_openai_tool_choice;
 
 typedef struct sh_openai_bias {
     int32_t token;
@@ -147,8 +159,14 @@ typedef struct sh_openai_request {
                          * bad one with a 400 naming grammar_param. */
     const char *grammar_param; /* "grammar" or "response_format" (static); NULL without one */
     int32_t priority;          /* (extension) 0..255, lower runs first; -1 when absent */
-    void *root_;               /* the parsed JSON, which owns the borrowed strings */
-    char *text_;               /* concatenated chat contents */
+    /* chat tools (net/openai_tools.h renders, parses and forces them) */
+    const void *tools; /* the validated "tools" array (json_t); NULL: none */
+    int32_t n_tools;
+    sh_openai_tool_choice tool_choice; /* NONE without tools */
+    int32_t tool_named;                /* NAMED: the index in tools; -1 otherwise */
+    bool parallel_tool_calls;          /* [true] */
+    void *root_;                       /* the parsed JSON, which owns the borrowed strings */
+    char *text_;                       /* concatenated chat contents */
 } sh_openai_request;
 
 /* Parses and validates the body of POST /v1/completions (SH_OPENAI_COMPLETION) or
@@ -170,10 +188,11 @@ void sh_openai_request_free(sh_openai_request *r);
 /* --- responses (each returns malloc'd text the caller frees, or NULL when out of memory) --- */
 
 typedef enum sh_openai_finish {
-    SH_OPENAI_FINISH_NONE = 0, /* still running (streaming chunks): JSON null */
-    SH_OPENAI_FINISH_STOP,     /* "stop": EOS or a stop string */
-    SH_OPENAI_FINISH_LENGTH,   /* "length": max_tokens or the context */
-    SH_OPENAI_FINISH_TIMEOUT,  /* "timeout" (extension): the server's request deadline passed */
+    SH_OPENAI_FINISH_NONE = 0,   /* still running (streaming chunks): JSON null */
+    SH_OPENAI_FINISH_STOP,       /* "stop": EOS or a stop string */
+    SH_OPENAI_FINISH_LENGTH,     /* "length": max_tokens or the context */
+    SH_OPENAI_FINISH_TIMEOUT,    /* "timeout" (extension): the server's request deadline passed */
+    SH_OPENAI_FINISH_TOOL_CALLS, /* "tool_calls": the model called tools */
 } sh_openai_finish;
 
 /* The fields every response object shares. */
@@ -205,6 +224,9 @@ typedef struct sh_openai_choice {
     sh_openai_finish finish;
     const sh_openai_logprob *logprobs; /* NULL: "logprobs": null */
     int32_t n_logprobs;
+    /* chat: a JSON array text (net/openai_tools.h) written as message.tool_calls (responses;
+     * "content" is then null when text is NULL) or delta.tool_calls (chunks); NULL: none */
+    const char *tool_calls;
 } sh_openai_choice;
 
 /* Written as {"prompt_tokens","completion_tokens","total_tokens",

@@ -9,6 +9,7 @@
 
 #include "net/json_schema.h"
 #include "net/openai.h"
+#include "net/openai_tools.h"
 
 sh_err sh_openai_error_set(sh_openai_error *e, int status, const char *code, const char *param,
                            const char *fmt, ...)
@@ -320,13 +321,16 @@ static bool parse_messages(json_t *o, sh_openai_request *r, const sh_openai_limi
                    false;
         const char *role = json_string_value(json_object_get(msg, "role"));
         if (!role || (strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "user") &&
-                      strcmp(role, "assistant"))) {
+                      strcmp(role, "assistant") && strcmp(role, "tool"))) {
             snprintf(param, sizeof param, "messages[%zu].role", i);
             return sh_openai_error_set(err, 400, NULL, param,
-                                       "'%s' must be one of system, developer, user, assistant",
+                                       "'%s' must be one of system, developer, user, assistant, "
+                                       "tool",
                                        param),
                    false;
         }
+        if (!sh__openai_tools_check_message(msg, i, role, err))
+            return false;
         snprintf(param, sizeof param, "messages[%zu].content", i);
         json_t *c = json_object_get(msg, "content");
         if (json_is_string(c)) {
@@ -366,7 +370,13 @@ static bool parse_messages(json_t *o, sh_openai_request *r, const sh_openai_limi
         const char *role = json_string_value(json_object_get(msg, "role"));
         r->messages[i].role = role[0] == 'u'   ? SH_OPENAI_USER
                               : role[0] == 'a' ? SH_OPENAI_ASSISTANT
+                              : role[0] == 't' ? SH_OPENAI_TOOL
                                                : SH_OPENAI_SYSTEM;
+        json_t *calls = json_object_get(msg, "tool_calls");
+        if (role[0] == 'a' && json_is_array(calls) && json_array_size(calls) > 0)
+            r->messages[i].tool_calls = calls;
+        if (role[0] == 't')
+            r->messages[i].tool_call_id = json_string_value(json_object_get(msg, "tool_call_id"));
         r->messages[i].content = w;
         json_t *c = json_object_get(msg, "content");
         if (json_is_string(c)) {
@@ -754,6 +764,8 @@ static bool parse_common(json_t *o, sh_openai_request *r, const sh_openai_limits
                    false;
     }
     if (!parse_grammar(o, r, err))
+        return false;
+    if (!sh__openai_tools_parse_request(o, r, err))
         return false;
     return check_model(r->model, lim, err);
 }

@@ -75,10 +75,11 @@ static json_t *bytes_of(const char *s)
 
 static const char *finish_text(sh_openai_finish f)
 {
-    return f == SH_OPENAI_FINISH_STOP      ? "stop"
-           : f == SH_OPENAI_FINISH_LENGTH  ? "length"
-           : f == SH_OPENAI_FINISH_TIMEOUT ? "timeout"
-                                           : NULL;
+    return f == SH_OPENAI_FINISH_STOP         ? "stop"
+           : f == SH_OPENAI_FINISH_LENGTH     ? "length"
+           : f == SH_OPENAI_FINISH_TIMEOUT    ? "timeout"
+           : f == SH_OPENAI_FINISH_TOOL_CALLS ? "tool_calls"
+                                              : NULL;
 }
 
 static json_t *finish_json(sh_openai_finish f)
@@ -183,7 +184,13 @@ char *sh_openai_response_json(const sh_openai_meta *meta, const sh_openai_choice
         const sh_openai_choice *c = &choices[i];
         const char *text = c->text ? c->text : "";
         json_t *ch;
-        if (chat)
+        if (chat && c->tool_calls)
+            ch = json_pack("{s:i, s:{s:s, s:o, s:o}, s:o, s:o}", "index", c->index, "message",
+                           "role", "assistant", "content",
+                           c->text ? text_json(c->text) : json_null(), "tool_calls",
+                           json_loads(c->tool_calls, 0, NULL), "logprobs",
+                           logprobs_json(meta->kind, c), "finish_reason", finish_json(c->finish));
+        else if (chat)
             ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", c->index, "message", "role",
                            "assistant", "content", text_json(text), "logprobs",
                            logprobs_json(meta->kind, c), "finish_reason", finish_json(c->finish));
@@ -220,6 +227,8 @@ char *sh_openai_chunk_sse(const sh_openai_meta *meta, const sh_openai_choice *c,
         } else if (c->text) {
             json_object_set_new(delta, "content", text_json(c->text));
         }
+        if (c->tool_calls)
+            json_object_set_new(delta, "tool_calls", json_loads(c->tool_calls, 0, NULL));
         ch = json_pack("{s:i, s:o, s:o, s:o}", "index", c->index, "delta", delta, "logprobs",
                        logprobs_json(meta->kind, c), "finish_reason", finish_json(c->finish));
     } else {

@@ -22,6 +22,9 @@ sh_serve_test(test_serve_curl ${_d}/test_serve_curl.sh)
 sh_serve_test(test_serve_compat ${_d}/run_py.sh ${_d}/test_serve_compat.py)
 # POST /v1/embeddings: the openai client, float/base64, alone vs batch of 32, a NumPy reference.
 sh_serve_test(test_serve_embed ${_d}/run_py.sh ${_d}/test_serve_embed.py)
+# Tool calls through the official openai client: auto, none, required, named (arguments validated
+# with jsonschema; needs the grammar wired into sampling), streaming, a tool-message round trip.
+sh_serve_test(test_serve_tools ${_d}/run_py.sh ${_d}/test_serve_tools.py)
 # CORS from a real browser: a page on another origin in headless Chromium (skips without it).
 sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
 # Structured output: JSON schemas validated with jsonschema, GBNF grammars checked by parsers of

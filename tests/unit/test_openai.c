@@ -396,8 +396,10 @@ static void test_bad_requests(void)
     BAD(CHAT, "{\"model\":\"tiny\"}", 400, "messages", NULL);
     BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[]}", 400, "messages", NULL);
     BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[1]}", 400, "messages[0]", NULL);
-    BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400,
+    BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", 400,
         "messages[0].role", NULL);
+    BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", 400,
+        "messages[0].tool_call_id", NULL);
     BAD(CHAT, "{\"model\":\"tiny\",\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role",
         NULL);
     BAD(CHAT,
@@ -619,7 +621,7 @@ static void test_response_builders(void)
 {
     sh_openai_top top[2] = {{"a", -0.1f}, {"b", -2.5f}};
     sh_openai_logprob lps[2] = {{"He", -0.5f, 0, top, 2}, {"\xe2\x82", -INFINITY, 2, NULL, 0}};
-    sh_openai_choice ch = {0, "He\xe2\x82", SH_OPENAI_FINISH_LENGTH, lps, 2};
+    sh_openai_choice ch = {0, "He\xe2\x82", SH_OPENAI_FINISH_LENGTH, lps, 2, NULL};
     sh_openai_usage u = {5, 2, 3};
     sh_openai_meta m = {SH_OPENAI_COMPLETION, "cmpl-1", 1700000000, "tiny", "shoal-fp"};
     json_t *j = load(sh_openai_response_json(&m, &ch, 1, &u), NULL);
@@ -648,7 +650,7 @@ static void test_response_builders(void)
         json_decref(j);
     }
     m = (sh_openai_meta){SH_OPENAI_CHAT, "chatcmpl-1", 1, "tiny", NULL};
-    ch = (sh_openai_choice){0, "Hi \"there\"", SH_OPENAI_FINISH_STOP, lps, 1};
+    ch = (sh_openai_choice){0, "Hi \"there\"", SH_OPENAI_FINISH_STOP, lps, 1, NULL};
     j = load(sh_openai_response_json(&m, &ch, 1, &u), NULL);
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "chat.completion");
@@ -680,7 +682,7 @@ static void test_response_builders(void)
 static void test_chunks(void)
 {
     sh_openai_meta m = {SH_OPENAI_CHAT, "chatcmpl-2", 2, "tiny", "shoal-fp"};
-    sh_openai_choice ch = {0, NULL, SH_OPENAI_FINISH_NONE, NULL, 0};
+    sh_openai_choice ch = {0, NULL, SH_OPENAI_FINISH_NONE, NULL, 0, NULL};
     json_t *j = load(sh_openai_chunk_sse(&m, &ch, true, true), "data: ");
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "chat.completion.chunk");
@@ -720,7 +722,7 @@ static void test_chunks(void)
         json_decref(j);
     }
     m.kind = SH_OPENAI_COMPLETION;
-    ch = (sh_openai_choice){0, " world", SH_OPENAI_FINISH_NONE, NULL, 0};
+    ch = (sh_openai_choice){0, " world", SH_OPENAI_FINISH_NONE, NULL, 0, NULL};
     j = load(sh_openai_chunk_sse(&m, &ch, true, false), "data: ");
     if (j) {
         CHECK_STR_EQ(JS(j, "object"), "text_completion");
