@@ -137,30 +137,10 @@ void sh__gateway_models(gateway *g, sh_http_req *req)
 #define TOKENIZE_MAX_BYTES (1u << 20)
 #define DETOKENIZE_MAX_IDS (64u << 10)
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0. */
-static size_t utf8_seq(const unsigned char *p, size_t left)
-{
-    size_t n = p[0] < 0x80             ? 1
-               : (p[0] & 0xe0) == 0xc0 ? 2
-               : (p[0] & 0xf0) == 0xe0 ? 3
-               : (p[0] & 0xf8) == 0xf0 ? 4
-                                       : 0;
-    if (n == 0 || n > left || (n == 2 && p[0] < 0xc2))
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-    if ((n == 3 && p[0] == 0xe0 && p[1] < 0xa0) || (n == 3 && p[0] == 0xed && p[1] >= 0xa0) ||
-        (n == 4 && p[0] == 0xf0 && p[1] < 0x90) || (n == 4 && p[0] > 0xf4) ||
-        (n == 4 && p[0] == 0xf4 && p[1] >= 0x90))
-        return 0;
-    return n;
-}
-
 static bool utf8_valid(const char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = sh_openai_utf8_seq((const unsigned char *)s + i, n - i);
         if (!k || (k == 1 && s[i] == '\0'))
             return false;
         i += k;
@@ -175,7 +155,7 @@ static json_t *text_json(const char *s, size_t n)
     if (!w)
         return NULL;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = sh_openai_utf8_seq((const unsigned char *)s + i, n - i);
         if (k && !(k == 1 && s[i] == '\0')) {
             memcpy(o, s + i, k);
             o += k;

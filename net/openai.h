@@ -323,4 +323,8 @@ sh_err sh_openai_auth_check(const sh_openai_key *keys, int32_t n_keys, const cha
 sh_err sh_openai_auth_admin(const sh_openai_key *keys, int32_t n_keys, const char *authorization,
                             sh_openai_error *err);
 
+/* Length of the valid UTF-8 sequence at p (1..4 of the left bytes: no overlong forms, no
+ * surrogates, nothing past U+10FFFF), or 0 when p does not start one. */
+size_t sh_openai_utf8_seq(const unsigned char *p, size_t left);
+
 #endif

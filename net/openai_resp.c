@@ -6,8 +6,7 @@
 
 #include "net/openai.h"
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 when p does not start one. */
-static size_t utf8_seq(const unsigned char *p, size_t left)
+size_t sh_openai_utf8_seq(const unsigned char *p, size_t left)
 {
     size_t n = p[0] < 0x80             ? 1
                : (p[0] & 0xe0) == 0xc0 ? 2
@@ -40,7 +39,7 @@ static json_t *text_json(const char *s)
     if (!w)
         return NULL;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = sh_openai_utf8_seq((const unsigned char *)s + i, n - i);
         if (k) {
             memcpy(o, s + i, k);
             o += k;
