@@ -1234,8 +1234,11 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         err = SH_EPROTO;
     } else if (!is_act) {
         s = &b.step;
-        prior_us = b.step.compute_us;        /* a drafter's time before this stage */
-        if (b.step.reply_to != SH_ADDR_NONE) /* a drafter on another node than the batcher */
+        prior_us = b.step.compute_us; /* a drafter's time before this stage */
+        /* A drafter on another node than the batcher names it; with a known front, only an
+         * address on the front's node is taken, so a STEP cannot send answers elsewhere. */
+        if (b.step.reply_to != SH_ADDR_NONE &&
+            (!st->control_node || sh_addr_node(b.step.reply_to) == st->control_node))
             reply = b.step.reply_to;
     } else {
         view = (sh_proto_step){.step = b.act.step,
