@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "net/openai_embed.h"
+#include "net/strbuf.h"
 
 void sh_openai_embed_free(sh_openai_embed_req *r)
 {
@@ -176,36 +177,7 @@ sh_err sh_openai_embed_parse(const char *body, size_t len, const sh_openai_embed
 
 /* ---- the response ---- */
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
-
-static void put_b64(sbuf *b, const float *v, int32_t dim)
+static void put_b64(sh_strbuf *b, const float *v, int32_t dim)
 {
     static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     const unsigned char *s = (const unsigned char *)v; /* little-endian hosts only (x86-64) */
@@ -221,37 +193,37 @@ static void put_b64(sbuf *b, const float *v, int32_t dim)
         q[1] = tab[(w >> 12) & 63];
         q[2] = i + 1 < n ? tab[(w >> 6) & 63] : '=';
         q[3] = i + 2 < n ? tab[w & 63] : '=';
-        put(b, q, 4);
+        sh_strbuf_addn(b, q, 4);
     }
 }
 
 char *sh_openai_embed_json(const char *model, const float *vecs, int32_t n, int32_t dim,
                            bool base64, int64_t n_tokens)
 {
-    sbuf b = {0};
+    sh_strbuf b = {0};
     char tmp[64];
-    puts_(&b, "{\"object\":\"list\",\"data\":[");
+    sh_strbuf_add(&b, "{\"object\":\"list\",\"data\":[");
     for (int32_t i = 0; i < n; i++) {
         snprintf(tmp, sizeof tmp,
                  "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", (int)i);
-        puts_(&b, tmp);
+        sh_strbuf_add(&b, tmp);
         const float *v = vecs + (size_t)i * dim;
         if (base64) {
-            puts_(&b, "\"");
+            sh_strbuf_add(&b, "\"");
             put_b64(&b, v, dim);
-            puts_(&b, "\"");
+            sh_strbuf_add(&b, "\"");
         } else {
-            puts_(&b, "[");
+            sh_strbuf_add(&b, "[");
             for (int32_t j = 0; j < dim; j++) {
                 int k = snprintf(tmp, sizeof tmp, "%s%.9g", j ? "," : "",
                                  isfinite(v[j]) ? (double)v[j] : 0.0);
-                put(&b, tmp, (size_t)k);
+                sh_strbuf_addn(&b, tmp, (size_t)k);
             }
-            puts_(&b, "]");
+            sh_strbuf_add(&b, "]");
         }
-        puts_(&b, "}");
+        sh_strbuf_add(&b, "}");
     }
-    puts_(&b, "],\"model\":");
+    sh_strbuf_add(&b, "],\"model\":");
     json_t *m = json_string(model ? model : "");
     char *ms = m ? json_dumps(m, JSON_ENCODE_ANY) : NULL;
     json_decref(m);
@@ -259,11 +231,11 @@ char *sh_openai_embed_json(const char *model, const float *vecs, int32_t n, int3
         free(b.p);
         return NULL;
     }
-    puts_(&b, ms);
+    sh_strbuf_add(&b, ms);
     free(ms);
     snprintf(tmp, sizeof tmp, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}",
              (long long)n_tokens, (long long)n_tokens);
-    puts_(&b, tmp);
+    sh_strbuf_add(&b, tmp);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "net/json_schema.h"
+#include "net/strbuf.h"
 
 #define MAX_TOOLS 128 /* tools in one request (OpenAI's limit) */
 
@@ -236,51 +237,20 @@ bool sh__openai_tools_parse_request(const void *root, sh_openai_request *r, sh_o
     return true;
 }
 
-/* ---- a growing string ---------------------------------------------------------------------- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} sbuf;
-
-static void sb_addn(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
-
 /* Appends a JSON value in Python's json.dumps layout (", " and ": "), as the templates' tojson. */
-static void sb_json(sbuf *b, const json_t *v, size_t flags)
+static void sb_json(sh_strbuf *b, const json_t *v, size_t flags)
 {
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_PRESERVE_ORDER | flags);
     if (!s) {
         b->oom = true;
         return;
     }
-    sb_add(b, s);
+    sh_strbuf_add(b, s);
     free(s);
 }
 
 /* Takes b's text (or "" when empty); NULL when out of memory. */
-static char *sb_take(sbuf *b)
+static char *sb_take(sh_strbuf *b)
 {
     if (b->oom) {
         free(b->p);
@@ -316,21 +286,21 @@ static json_t *args_value(json_t *fn)
 }
 
 /* The tools block for the system message (hermes, generic). */
-static void tools_hermes(sbuf *b, const sh_openai_request *r)
+static void tools_hermes(sh_strbuf *b, const sh_openai_request *r)
 {
-    sb_add(b, HERMES_HEAD);
+    sh_strbuf_add(b, HERMES_HEAD);
     for (int32_t i = 0; i < r->n_tools; i++) {
-        sb_add(b, "\n");
+        sh_strbuf_add(b, "\n");
         sb_json(b, json_array_get((json_t *)r->tools, (size_t)i), JSON_INDENT(0));
     }
-    sb_add(b, HERMES_TAIL);
+    sh_strbuf_add(b, HERMES_TAIL);
 }
 
 /* An assistant message's content with its tool calls in style's syntax. */
-static void assistant_calls(sbuf *b, const sh_openai_message *m, sh_openai_tool_style style)
+static void assistant_calls(sh_strbuf *b, const sh_openai_message *m, sh_openai_tool_style style)
 {
     json_t *calls = (json_t *)m->tool_calls;
-    sb_add(b, m->content);
+    sh_strbuf_add(b, m->content);
     if (style == SH_OPENAI_TOOLS_MISTRAL) {
         json_t *arr = json_array();
         size_t k;
@@ -342,7 +312,7 @@ static void assistant_calls(sbuf *b, const sh_openai_message *m, sh_openai_tool_
                                                  json_object_get(fn, "name"), "arguments",
                                                  args_value(fn), "id", json_object_get(c, "id")));
         }
-        sb_add(b, "[TOOL_CALLS] ");
+        sh_strbuf_add(b, "[TOOL_CALLS] ");
         sb_json(b, arr, JSON_INDENT(0));
         json_decref(arr);
         return;
@@ -361,14 +331,14 @@ static void assistant_calls(sbuf *b, const sh_openai_message *m, sh_openai_tool_
         }
         if (style == SH_OPENAI_TOOLS_LLAMA3) {
             if (k > 0 || m->content[0])
-                sb_add(b, "\n");
+                sh_strbuf_add(b, "\n");
             sb_json(b, one, JSON_INDENT(0));
         } else {
             if (k > 0 || m->content[0])
-                sb_add(b, "\n");
-            sb_add(b, "<tool_call>\n");
+                sh_strbuf_add(b, "\n");
+            sh_strbuf_add(b, "<tool_call>\n");
             sb_json(b, one, JSON_INDENT(0));
-            sb_add(b, "\n</tool_call>");
+            sh_strbuf_add(b, "\n</tool_call>");
         }
         json_decref(one);
     }
@@ -413,12 +383,12 @@ sh_err sh_openai_tools_render(const sh_openai_request *r, sh_openai_tool_style s
     int32_t i = 0;
     /* hermes and generic: the tools go in the system message (made when there is none). */
     if (tools && hermes) {
-        sbuf b = {0};
+        sh_strbuf b = {0};
         bool has_sys = n > 0 && r->messages[0].role == SH_OPENAI_SYSTEM;
         const char *sys = has_sys ? r->messages[0].content : default_system;
         if (sys && sys[0]) {
-            sb_add(&b, sys);
-            sb_add(&b, "\n\n");
+            sh_strbuf_add(&b, sys);
+            sh_strbuf_add(&b, "\n\n");
         }
         tools_hermes(&b, r);
         char *s = sb_take(&b);
@@ -429,24 +399,24 @@ sh_err sh_openai_tools_render(const sh_openai_request *r, sh_openai_tool_style s
     }
     for (; i < n; i++) {
         const sh_openai_message *m = &r->messages[i];
-        sbuf b = {0};
+        sh_strbuf b = {0};
         switch (m->role) {
         case SH_OPENAI_SYSTEM:
             add_msg(&rd, "system", m->content, NULL);
             break;
         case SH_OPENAI_USER:
             if (tools && style == SH_OPENAI_TOOLS_LLAMA3 && i == first_user) {
-                sb_add(&b, LLAMA3_HEAD);
+                sh_strbuf_add(&b, LLAMA3_HEAD);
                 for (int32_t k = 0; k < r->n_tools; k++) {
                     sb_json(&b, json_array_get((json_t *)r->tools, (size_t)k), JSON_INDENT(4));
-                    sb_add(&b, "\n\n");
+                    sh_strbuf_add(&b, "\n\n");
                 }
-                sb_add(&b, m->content);
+                sh_strbuf_add(&b, m->content);
             } else if (tools && style == SH_OPENAI_TOOLS_MISTRAL && i == last_user) {
-                sb_add(&b, "[AVAILABLE_TOOLS] ");
+                sh_strbuf_add(&b, "[AVAILABLE_TOOLS] ");
                 sb_json(&b, (json_t *)r->tools, JSON_INDENT(0));
-                sb_add(&b, "[/AVAILABLE_TOOLS]");
-                sb_add(&b, m->content);
+                sh_strbuf_add(&b, "[/AVAILABLE_TOOLS]");
+                sh_strbuf_add(&b, m->content);
             } else {
                 add_msg(&rd, "user", m->content, NULL);
                 break;
@@ -480,22 +450,22 @@ sh_err sh_openai_tools_render(const sh_openai_request *r, sh_openai_tool_style s
                 json_t *o =
                     json_pack("{s:s, s:s}", "call_id", m->tool_call_id ? m->tool_call_id : "",
                               "content", m->content);
-                sb_add(&b, "[TOOL_RESULTS] ");
+                sh_strbuf_add(&b, "[TOOL_RESULTS] ");
                 if (o)
                     sb_json(&b, o, JSON_INDENT(0));
                 else
                     b.oom = true;
                 json_decref(o);
-                sb_add(&b, "[/TOOL_RESULTS]");
+                sh_strbuf_add(&b, "[/TOOL_RESULTS]");
             } else {
                 // Consecutive tool results share one user turn, as Qwen 2.5's template does.
                 for (;;) {
-                    sb_add(&b, "<tool_response>\n");
-                    sb_add(&b, r->messages[i].content);
-                    sb_add(&b, "\n</tool_response>");
+                    sh_strbuf_add(&b, "<tool_response>\n");
+                    sh_strbuf_add(&b, r->messages[i].content);
+                    sh_strbuf_add(&b, "\n</tool_response>");
                     if (i + 1 >= n || r->messages[i + 1].role != SH_OPENAI_TOOL)
                         break;
-                    sb_add(&b, "\n");
+                    sh_strbuf_add(&b, "\n");
                     i++;
                 }
             }
@@ -646,17 +616,18 @@ static void skip_prefix(const char **p, size_t *n, const char *prefix)
 
 /* Hermes: every <tool_call>...</tool_call> (the last may lack its end) is a call; the rest is
  * content. */
-static void parse_hermes(const char *text, size_t len, json_t *calls, sbuf *content, uint64_t seed)
+static void parse_hermes(const char *text, size_t len, json_t *calls, sh_strbuf *content,
+                         uint64_t seed)
 {
     static const char open[] = "<tool_call>", close[] = "</tool_call>";
     size_t k = 0;
     while (k < len) {
         const char *a = find(text + k, len - k, open);
         if (!a) {
-            sb_addn(content, text + k, len - k);
+            sh_strbuf_addn(content, text + k, len - k);
             return;
         }
-        sb_addn(content, text + k, (size_t)(a - (text + k)));
+        sh_strbuf_addn(content, text + k, (size_t)(a - (text + k)));
         const char *in = a + strlen(open);
         const char *b = find(in, len - (size_t)(in - text), close);
         size_t in_len = b ? (size_t)(b - in) : len - (size_t)(in - text);
@@ -667,13 +638,13 @@ static void parse_hermes(const char *text, size_t len, json_t *calls, sbuf *cont
         if (c)
             json_array_append_new(calls, c);
         else
-            sb_addn(content, a, end - (size_t)(a - text)); // not a call: stays text
+            sh_strbuf_addn(content, a, end - (size_t)(a - text)); // not a call: stays text
         k = end;
     }
 }
 
 /* Trimmed copy of b's text, NULL when empty; *oom set on failure. */
-static char *trimmed(const sbuf *b, bool *oom)
+static char *trimmed(const sh_strbuf *b, bool *oom)
 {
     const char *p = b->p ? b->p : "";
     size_t n = b->len;
@@ -691,7 +662,7 @@ static char *trimmed(const sbuf *b, bool *oom)
 
 /* The calls of a whole text into calls, the rest into content. */
 static void parse_all(sh_openai_tool_style style, const char *text, size_t len, uint64_t seed,
-                      json_t *calls, sbuf *content)
+                      json_t *calls, sh_strbuf *content)
 {
     if (style == SH_OPENAI_TOOLS_HERMES || style == SH_OPENAI_TOOLS_GENERIC) {
         parse_hermes(text, len, calls, content, seed);
@@ -701,7 +672,7 @@ static void parse_all(sh_openai_tool_style style, const char *text, size_t len, 
     size_t n = len;
     skip_prefix(&p, &n, style == SH_OPENAI_TOOLS_LLAMA3 ? "<|python_tag|>" : "[TOOL_CALLS]");
     if (!parse_json_calls(p, n, style == SH_OPENAI_TOOLS_MISTRAL, calls, seed))
-        sb_addn(content, text, len);
+        sh_strbuf_addn(content, text, len);
 }
 
 sh_err sh_openai_tools_parse(sh_openai_tool_style style, const char *text, size_t len,
@@ -709,7 +680,7 @@ sh_err sh_openai_tools_parse(sh_openai_tool_style style, const char *text, size_
 {
     *content = *calls_json = NULL;
     json_t *calls = json_array();
-    sbuf b = {0};
+    sh_strbuf b = {0};
     if (!calls)
         return SH_ENOMEM;
     parse_all(style, text, len, seed, calls, &b);
@@ -760,7 +731,7 @@ static void consume(sh_openai_toolstream *s, size_t n)
 
 /* Calls found in one piece of text → delta items with their stream index. */
 static void add_calls(sh_openai_toolstream *s, const char *p, size_t n, json_t *deltas,
-                      sbuf *content, bool whole)
+                      sh_strbuf *content, bool whole)
 {
     json_t *calls = json_array();
     if (!calls) {
@@ -791,14 +762,14 @@ sh_err sh_openai_toolstream_feed(sh_openai_toolstream *s, const char *piece, siz
     free(s->content);
     free(s->deltas);
     s->content = s->deltas = NULL;
-    sbuf in = {s->buf, s->len, s->cap, false};
-    sb_addn(&in, piece ? piece : "", len);
+    sh_strbuf in = {s->buf, s->len, s->cap, false};
+    sh_strbuf_addn(&in, piece ? piece : "", len);
     if (in.oom)
         return SH_ENOMEM;
     s->buf = in.p;
     s->len = in.len;
     s->cap = in.cap;
-    sbuf out = {0};
+    sh_strbuf out = {0};
     json_t *ds = json_array();
     if (!ds)
         return SH_ENOMEM;
@@ -844,7 +815,7 @@ sh_err sh_openai_toolstream_feed(sh_openai_toolstream *s, const char *piece, siz
             const char *a = hermes ? find(s->buf, s->len, open) : NULL;
             if (a) {
                 size_t k = (size_t)(a - s->buf);
-                sb_addn(&out, s->buf, k);
+                sh_strbuf_addn(&out, s->buf, k);
                 consume(s, k);
                 s->mode = M_CALL;
                 more = true;
@@ -854,7 +825,7 @@ sh_err sh_openai_toolstream_feed(sh_openai_toolstream *s, const char *piece, siz
                 for (size_t m = strlen(open) - 1; hermes && !last && m > 0 && !keep; m--)
                     if (s->len >= m && memcmp(s->buf + s->len - m, open, m) == 0)
                         keep = m;
-                sb_addn(&out, s->buf, s->len - keep);
+                sh_strbuf_addn(&out, s->buf, s->len - keep);
                 consume(s, s->len - keep);
             }
         }
@@ -879,7 +850,7 @@ sh_err sh_openai_toolstream_feed(sh_openai_toolstream *s, const char *piece, siz
 
 /* Appends g with every rule name prefixed by pre: names are runs of [a-zA-Z0-9_-] outside
  * literals ("..."), character classes ([...]), repetition bounds ({m,n}) and comments. */
-static void add_renamed(sbuf *b, const char *g, const char *pre)
+static void add_renamed(sh_strbuf *b, const char *g, const char *pre)
 {
     for (const char *p = g; *p;) {
         char c = *p;
@@ -890,12 +861,12 @@ static void add_renamed(sbuf *b, const char *g, const char *pre)
                 q += (*q == '\\' && q[1]) ? 2 : 1;
             if (*q)
                 q++;
-            sb_addn(b, p, (size_t)(q - p));
+            sh_strbuf_addn(b, p, (size_t)(q - p));
             p = q;
         } else if (c == '{' || c == '#') {
             const char *q = strchr(p, c == '{' ? '}' : '\n');
             q = q ? q + 1 : p + strlen(p);
-            sb_addn(b, p, (size_t)(q - p));
+            sh_strbuf_addn(b, p, (size_t)(q - p));
             p = q;
         } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                    c == '_' || c == '-') {
@@ -903,15 +874,15 @@ static void add_renamed(sbuf *b, const char *g, const char *pre)
             while ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
                    (*q >= '0' && *q <= '9') || *q == '_' || *q == '-')
                 q++;
-            sb_add(b, pre);
-            sb_addn(b, p, (size_t)(q - p));
+            sh_strbuf_add(b, pre);
+            sh_strbuf_addn(b, p, (size_t)(q - p));
             p = q;
         } else {
-            sb_addn(b, p, 1);
+            sh_strbuf_addn(b, p, 1);
             p++;
         }
     }
-    sb_add(b, "\n");
+    sh_strbuf_add(b, "\n");
 }
 
 sh_err sh_openai_tools_grammar(const sh_openai_request *r, sh_openai_tool_style style, char **gbnf,
@@ -921,10 +892,10 @@ sh_err sh_openai_tools_grammar(const sh_openai_request *r, sh_openai_tool_style 
     bool required = r->tool_choice == SH_OPENAI_TOOL_CHOICE_REQUIRED;
     if (!r->n_tools || (!required && r->tool_choice != SH_OPENAI_TOOL_CHOICE_NAMED))
         return SH_OK;
-    sbuf b = {0}, rules = {0};
+    sh_strbuf b = {0}, rules = {0};
     const char *argkey = style == SH_OPENAI_TOOLS_LLAMA3 ? "parameters" : "arguments";
     // The calls the grammar allows: each tool (required) or the named one.
-    sb_add(&b, "call ::= ");
+    sh_strbuf_add(&b, "call ::= ");
     bool firstalt = true;
     for (int32_t i = 0; i < r->n_tools; i++) {
         if (!required && i != r->tool_named)
@@ -951,10 +922,10 @@ sh_err sh_openai_tools_grammar(const sh_openai_request *r, sh_openai_tool_style 
         snprintf(alt, sizeof alt, "%s\"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" t%d-root \"}\"",
                  firstalt ? "" : " | ", json_string_value(json_object_get(fn, "name")), argkey,
                  (int)i);
-        sb_add(&b, alt);
+        sh_strbuf_add(&b, alt);
         firstalt = false;
     }
-    sb_add(&b, "\n");
+    sh_strbuf_add(&b, "\n");
     bool many = required && r->parallel_tool_calls;
     char root[256];
     switch (style) {
@@ -971,10 +942,10 @@ sh_err sh_openai_tools_grammar(const sh_openai_request *r, sh_openai_tool_style 
                  many ? " (\"\\n\" tc)*" : "");
         break;
     }
-    sbuf all = {0};
-    sb_add(&all, root);
-    sb_addn(&all, b.p ? b.p : "", b.len);
-    sb_addn(&all, rules.p ? rules.p : "", rules.len);
+    sh_strbuf all = {0};
+    sh_strbuf_add(&all, root);
+    sh_strbuf_addn(&all, b.p ? b.p : "", b.len);
+    sh_strbuf_addn(&all, rules.p ? rules.p : "", rules.len);
     free(b.p);
     free(rules.p);
     if (b.oom || rules.oom || all.oom) {
