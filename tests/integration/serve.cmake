@@ -30,6 +30,10 @@ sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_brow
 # Structured output: JSON schemas validated with jsonschema, GBNF grammars checked by parsers of
 # its own, streaming, n, bad grammars, a 2-stage pipeline (skips without jsonschema).
 sh_serve_test(test_serve_grammar ${_d}/run_py.sh ${_d}/test_serve_grammar.py)
+# Issue 28's validity acceptance: 30 JSON schemas and 10 GBNF grammars with parsers of its own,
+# SH_GRAMMAR_ACCEPT_N requests each (2 here; the acceptance run sets 20).
+sh_serve_test(test_serve_grammar_accept ${_d}/run_py.sh ${_d}/test_serve_grammar_accept.py)
+set_tests_properties(test_serve_grammar_accept PROPERTIES TIMEOUT 600)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # Sampling defaults (built-in, --temp and the like, the model file's general.sampling.*) and
