@@ -93,6 +93,7 @@
 
 #include "actors/batcher_int.h"
 #include "actors/router.h"
+#include "actors/stage_grammar.h"
 #include "base/error.h"
 
 /* Slots of the replica's n-gram pool (model/spec.h: about 80 bytes each). */
@@ -150,7 +151,7 @@ static void send_fail(batcher *b, const breq *r, sh_err code, uint32_t http, con
     SH_PRINTF(5, 6);
 static void send_fail(batcher *b, const breq *r, sh_err code, uint32_t http, const char *fmt, ...)
 {
-    char msg[256];
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -322,6 +323,7 @@ static sh_err copy_sampling(breq *r, const sh_proto_sampling *in)
             return SH_ENOMEM;
         memcpy(r->grammar, in->grammar.ptr, in->grammar.len);
         r->samp.grammar = (sh_strv){r->grammar, in->grammar.len};
+        r->gram_hash = sh__sgram_text_hash(r->samp.grammar);
     }
     return SH_OK;
 }

@@ -94,6 +94,7 @@ struct breq {
     sh_strv stop_v[SH_PROTO_MAX_STOP];
     sh_proto_logit_bias *bias;
     char *grammar;
+    uint64_t gram_hash; /* sh__sgram_text_hash of grammar: how steps after the first name it */
     char *stop_mem;
     bseq *seqs; // (n_choices)
     breq *next_live;

@@ -588,11 +588,20 @@ void sh__batcher_plan_seq_fill(const batcher *b, const bseq *s, sh_proto_step_se
                        (uint64_t)s->n_gen * 0xBF58476D1CE4E5B9ull;
     if (q->sample && s->n_gen < s->r->min_mask)
         q->ban = (sh_i32s){b->eog, (uint32_t)b->n_eog};
-    // With a grammar, the last stage's matcher must be where the generated tokens left it: they
-    // go with every sampling step, so that a stage that lacks it (a sequence's first sample, a
-    // recompute, a stage restarted or failed over, a slot evicted) replays them.
-    if (q->sample && s->r->samp.grammar.len)
-        q->gen = (sh_i32s){s->toks + s->n_toks - s->n_gen, (uint32_t)s->n_gen};
+    // With a grammar, the last stage's matcher must be where the generated tokens left it. Its
+    // text and those tokens go with the first sampling step after each admission (a recompute
+    // after a preemption or a stage's failure is one), so that the stage builds the matcher and
+    // replays them; later steps name the grammar by its hash and the stage keeps the matcher.
+    // A stage that lacks it then (a slot reused) answers SH_ENOTFOUND and gets them again.
+    if (q->sample && s->r->samp.grammar.len) {
+        q->n_gen = (uint32_t)s->n_gen;
+        if (s->sampled) {
+            q->sampling.grammar = (sh_strv){0};
+            q->gram_hash = s->r->gram_hash;
+        } else {
+            q->gen = (sh_i32s){s->toks + s->n_toks - s->n_gen, (uint32_t)s->n_gen};
+        }
+    }
     if (q->sample && !s->sampled) {
         int32_t w = s->r->samp.penalty_last_n;
         if (w > s->n_computed + s->step_k)

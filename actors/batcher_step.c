@@ -340,6 +340,32 @@ void sh__batcher_step_done(batcher *b, const sh_proto_step_done *m)
             sh__batcher_seq_finish(b, s, SH_PROTO_FINISH_CANCEL);
             continue;
         }
+        if (o->status == SH_ENOTFOUND && s->sampled && s->r->samp.grammar.len &&
+            s->n_computed == s->n_toks && s->n_computed > 0) {
+            // The stage lacks the sequence's matcher and had only the grammar's hash: the next
+            // step feeds the last token again (its KV is there already; this writes the same
+            // values) with the grammar's text and the generated tokens, as after an admission.
+            sh_actor_log(b->ctx, SH_LOG_LEVEL_INFO, "grammar_resend",
+                         "req=%" PRIu64 " seq=%" PRIu64 " n_gen=%d", s->r->id, o->seq,
+                         (int)s->n_gen);
+            s->sampled = false;
+            s->n_computed--;
+            continue;
+        }
+        if (o->status) {
+            // This sequence alone failed at the stage (its grammar's matcher passed its bounds,
+            // every token was banned): its request ends with the stage's reason; the step's
+            // other sequences go on.
+            char msg[SH_PROTO_MAX_MSG / 4];
+            snprintf(msg, sizeof msg, "%.*s", (int)o->message.len,
+                     o->message.ptr ? o->message.ptr : "");
+            sh_actor_log(b->ctx, SH_LOG_LEVEL_WARN, "seq_failed",
+                         "req=%" PRIu64 " seq=%" PRIu64 " status=%d msg=\"%s\"", s->r->id, o->seq,
+                         (int)o->status, msg);
+            sh__batcher_req_fail(b, s->r, (sh_err)o->status, 500,
+                                 msg[0] ? msg : "the stage failed this sequence");
+            continue;
+        }
         if (s->r->embed) {
             sh__batcher_embed_answer(b, s, o);
             continue;

@@ -30,6 +30,7 @@
 #define PARALLEL_SAMPLES 8 /* sampled sequences from which a step samples on two threads */
 #define STAGE_SENT_RING 16 /* forwarded steps remembered to answer an ACT that bounces */
 #define STAGE_URL_CAP 280  /* bytes of a rank's network-collective URL, with its NUL */
+#define STAGE_FAIL_CAP 320 /* bytes of a sequence's failure message (step_out.message) */
 
 _Static_assert(SH_STAGE_SPEC_ROWS == 4 * SH_SPEC_MAX_K, "actors/serve.h says 4 * SH_SPEC_MAX_K");
 _Static_assert(SH_PROTO_MAX_DRAFT == SH_SPEC_MAX_K, "a STEP's drafts are what one step verifies");
@@ -112,10 +113,15 @@ typedef struct stage_state {
     float *more_lp, *more_lr; // (max_seqs, SH_SPEC_MAX_K)
     sh_sample *samples;       // (max_seqs)
     sh_proto_step_out *out;   // (max_seqs) the reply's entries
-    int32_t *top_tok;         // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
-    float *top_lp;            // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
-    smp_slot *slots;          // (n_slots) = 2 * max_seqs
-    sh_sgram *gram;           // grammars of the slots' sequences (actors/stage_grammar.h)
+    /* A sequence that failed alone this step (its grammar's matcher passed its bounds, every
+     * token banned, ...): its sh_err (0: none) and why; its answer carries them (step_out.status)
+     * and the step's other sequences go on. */
+    int32_t *fail;                    // (max_seqs)
+    char (*fail_msg)[STAGE_FAIL_CAP]; // (max_seqs)
+    int32_t *top_tok;                 // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    float *top_lp;                    // (max_seqs, SH_SAMPLER_MAX_LOGPROBS)
+    smp_slot *slots;                  // (n_slots) = 2 * max_seqs
+    sh_sgram *gram;                   // grammars of the slots' sequences (actors/stage_grammar.h)
     int32_t n_slots;
     int32_t *row; // (max_seqs) each sampled sequence's (first) row of logits
     /* Verification's samples, the worker's [0] and the sampling helper's [1]. */
@@ -152,7 +158,6 @@ typedef struct stage_state {
     const float *h_logits;
     const sh_llama_top1 *h_top1;
     uint32_t h_lo, h_hi;
-    int64_t h_failed; /* index of a sequence whose sampling failed, or -1 */
     uint64_t tick;
     sh_logit_bias bias[SH_SAMPLER_MAX_BIAS];
 
@@ -310,6 +315,12 @@ static sh_err step_prepare(stage_state *st, const sh_proto_step *s, sh_error *e)
     return SH_OK;
 }
 
+/* Whether step sequence q samples under a grammar: its text or, on its later steps, its hash. */
+static bool seq_grammar(const sh_proto_step_seq *q)
+{
+    return q->sampling.grammar.len || q->gram_hash;
+}
+
 /* Whether every sequence step s samples is sampled plain greedy (sh_sampler_plain_greedy), read
  * from the step's sampling parameters only, which every rank of a group has alike: greedy, no
  * top-n list, no logit bias, neutral penalties (a penalty window in effect would change the pick,
@@ -329,11 +340,19 @@ static bool step_greedy_head(const stage_state *st, const sh_proto_step *s)
         const sh_proto_sampling *p = &q->sampling;
         if (!(p->temperature <= 0.0f) || p->n_logprobs != 0 || p->bias.n != 0 || q->ban.n != 0 ||
             p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
-            p->presence_penalty != 0.0f || p->grammar.len)
+            p->presence_penalty != 0.0f || seq_grammar(q))
             return false;
         any = true;
     }
     return any;
+}
+
+/* Fails sequence i of the step alone with err and msg (st->fail, st->fail_msg): its answer says
+ * so and the step's other sequences go on. Worker or sampling helper thread (sequence i's own). */
+static void seq_fail(stage_state *st, uint32_t i, sh_err err, const char *msg)
+{
+    st->fail[i] = (int32_t)err;
+    snprintf(st->fail_msg[i], STAGE_FAIL_CAP, "%s", msg);
 }
 
 /* Appends a token to sequence i's answer o: the first to token/logprob/logprob_raw, the others to
@@ -365,17 +384,18 @@ static void answer_add(stage_state *st, uint32_t i, sh_proto_step_out *o, int32_
  * with the greedy head by comparing each row's top-1 with the draft. A sequence asking again for
  * remembered draws (st->again, smp_slot) gets them, verified against its drafts, and draws anew
  * only past them. st->acc counts the new tokens at the answer's end that the window has yet to
- * take. Returns the index of the first sequence whose sampling failed (every token banned), or -1.
+ * take. A sequence whose sampling fails (its grammar's matcher passed its bounds, every token
+ * banned) fails alone (seq_fail); a sequence that failed before the forward pass is skipped.
  * Worker or sampling helper thread (vs its verification scratch): each touches only its own
- * sequences' samplers and output slots. */
-static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
-                            const sh_llama_top1 *top1, uint32_t lo, uint32_t hi, sh_sample *vs)
+ * sequences' samplers, output slots and failure entries. */
+static void sample_range(stage_state *st, const sh_proto_step *s, const float *logits,
+                         const sh_llama_top1 *top1, uint32_t lo, uint32_t hi, sh_sample *vs)
 {
     int th = vs == st->vs[1]; /* the sampling helper's scratch */
     for (uint32_t i = lo; i < hi; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         sh_proto_step_out *o = &st->out[i];
-        if (!q->sample)
+        if (!q->sample || st->fail[i])
             continue;
         int32_t d = (int32_t)q->draft, j = 0;
         const int32_t *drafts = st->seqs[i].tokens + st->seqs[i].n_tokens - d;
@@ -404,8 +424,10 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
         if (top1) {
             for (; j <= d; j++) {
                 const sh_llama_top1 *t = &top1[st->row[i] + j];
-                if (t->id < 0)
-                    return (int64_t)i;
+                if (t->id < 0) {
+                    seq_fail(st, i, SH_ERANGE, "every token is banned: no token to sample");
+                    break;
+                }
                 float lp = (float)((double)t->logit - t->lse);
                 answer_add(st, i, o, t->id, lp, lp);
                 st->acc[i]++;
@@ -422,16 +444,26 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
             for (int32_t k = 0; k < nv; k++)
                 answer_add(st, i, o, vs[k].id, vs[k].logprob, vs[k].logprob_raw);
             if (err)
-                return (int64_t)i;
+                seq_fail(st, i, err,
+                         "every token is banned while verifying drafts: no token to sample");
             continue;
         }
         sh_sample *smp = &st->samples[i];
         sh_sgram_seq *gs = &st->sl[i]->gram;
         bool mask_first = q->sampling.n_logprobs > 0 || q->sampling.gram_lp;
-        if (q->sampling.grammar.len && gs->gm
-                ? sh__sgram_sample(st->gram, gs, st->smp[i], rows, th, mask_first, smp)
-                : sh_sampler_sample(st->smp[i], rows, smp))
-            return (int64_t)i;
+        sh_error ge = {0};
+        sh_err err;
+        if (seq_grammar(q) && gs->gm) {
+            if ((err =
+                     sh__sgram_sample(st->gram, gs, st->smp[i], rows, th, mask_first, smp, &ge))) {
+                seq_fail(st, i, err, ge.msg);
+                continue;
+            }
+        } else if ((err = sh_sampler_sample(st->smp[i], rows, smp))) {
+            seq_fail(st, i, err,
+                     "every token is banned (logit_bias and min_tokens leave no token to sample)");
+            continue;
+        }
         answer_add(st, i, o, smp->id, smp->logprob, smp->logprob_raw);
         st->acc[i] = 1;
         if (smp->n_top > 0) {
@@ -446,7 +478,6 @@ static int64_t sample_range(stage_state *st, const sh_proto_step *s, const float
             o->top_logprobs = (sh_f32s){tl, (uint32_t)smp->n_top};
         }
     }
-    return -1;
 }
 
 /* The sampling helper's loop: waits for a range, samples it, reports. */
@@ -467,9 +498,8 @@ static void helper_main(void *arg)
         const sh_llama_top1 *top1 = st->h_top1;
         uint32_t lo = st->h_lo, hi = st->h_hi;
         uv_mutex_unlock(&st->hmu);
-        int64_t failed = sample_range(st, s, logits, top1, lo, hi, st->vs[1]);
+        sample_range(st, s, logits, top1, lo, hi, st->vs[1]);
         uv_mutex_lock(&st->hmu);
-        st->h_failed = failed;
         st->hdone_gen = seen;
         uv_cond_signal(&st->hdone);
     }
@@ -753,8 +783,9 @@ static sh_err embed_pool(stage_state *st, const sh_proto_step *s, const float *h
 /* Runs this stage's part of a decoded step: the forward pass over its layers (from the tokens on
  * the first stage, from hidden_in (rows, dim) on the others), then, on the last stage, sampling.
  * On SH_OK the last stage's d->seqs points into st->out and another stage's *hidden holds the
- * step's rows (in the context, valid until the next forward); on an error e says why and nothing
- * was accepted by any sampler. Worker thread. */
+ * step's rows (in the context, valid until the next forward); a sequence that failed alone (its
+ * grammar, every token banned) has its error in its answer (step_out.status). On an error e says
+ * why and nothing was accepted by any sampler. Worker thread. */
 static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hidden_in,
                        sh_proto_step_done *d, const float **hidden, sh_error *e)
 {
@@ -769,6 +800,8 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
      * Only a group's leader samples. */
     bool samples = st->last && st->tp_rank == 0;
     bool top1 = step_greedy_head(st, s);
+    if (samples && !err)
+        memset(st->fail, 0, n * sizeof *st->fail);
     for (uint32_t i = 0; !err && samples && i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
         st->again[i] = false;
@@ -785,11 +818,14 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         st->again[i] = q->sample && st->sl[i]->at >= 0 && at >= st->sl[i]->at &&
                        at < st->sl[i]->at + st->sl[i]->n_drawn;
         /* A grammar's matcher must stand after the tokens generated so far (a step given again
-         * has its draws, and its matcher past them). */
-        if (q->sample && q->sampling.grammar.len && !st->again[i] &&
-            (err = sh__sgram_seq_sync(st->gram, &st->sl[i]->gram, q->sampling.grammar, q->gen,
-                                      q->seq, e)))
-            break;
+         * has its draws, and its matcher past them). One that cannot fails its sequence alone
+         * (SH_ENOTFOUND: the batcher sends the text again). */
+        sh_error ge = {0};
+        sh_err gerr;
+        if (q->sample && seq_grammar(q) && !st->again[i] &&
+            (gerr = sh__sgram_seq_sync(st->gram, &st->sl[i]->gram, q->sampling.grammar,
+                                       q->gram_hash, q->gen, q->n_gen, q->seq, &ge)))
+            seq_fail(st, i, gerr, ge.msg);
         /* The parameters say plain greedy; so must the sampler the leader keeps for the sequence
          * (made from the same parameters), or the top-1 would not be its pick. */
         if (top1 && q->sample && !st->again[i] && !sh_sampler_plain_greedy(st->smp[i]))
@@ -848,7 +884,6 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
     if (b.want_hidden && (err = embed_pool(st, s, out.hidden, e)))
         return err;
     // Sample: on two threads when the step is big enough to pay for the hand-off.
-    int64_t failed = -1;
     uint32_t mid = n;
     if (st->helper_ok && n_sampled >= PARALLEL_SAMPLES) {
         mid = n / 2;
@@ -862,34 +897,38 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         uv_cond_signal(&st->hcv);
         uv_mutex_unlock(&st->hmu);
     }
-    failed = sample_range(st, s, out.logits, out.top1, 0, mid, st->vs[0]);
+    sample_range(st, s, out.logits, out.top1, 0, mid, st->vs[0]);
     if (mid < n) {
         uv_mutex_lock(&st->hmu);
         while (st->hdone_gen != st->hgen)
             uv_cond_wait(&st->hdone, &st->hmu);
-        if (failed < 0)
-            failed = st->h_failed;
         uv_mutex_unlock(&st->hmu);
     }
-    if (failed >= 0) {
-        /* Verification took tokens into windows as it went: those samplers go (the sequence's
-         * next step makes its sampler anew, from its history), so that no later try of the step
-         * meets a window that moved. */
-        for (uint32_t i = 0; i < n; i++)
-            if (s->seqs.v[i].sample && st->moved[i]) {
-                sh_sampler_destroy(st->sl[i]->s);
-                sh__sgram_seq_clear(st->gram, &st->sl[i]->gram);
-                *st->sl[i] = (smp_slot){.at = -1};
-            }
-        return sh__error_set(e, SH_ERANGE, "stage: sequence %" PRIu64 ": every token is banned",
-                             s->seqs.v[failed].seq);
-    }
-    /* Every sequence sampled: only now do the penalty windows take the new tokens (those that
-     * verification did not take already), and the slots remember the draws (draws given again
-     * were taken the first time). */
+    /* A sequence that failed alone answers its error and loses its slot (sampler, matcher and
+     * remembered draws: its window may have moved while verifying): its request ends, and a
+     * sequence the batcher goes on with (SH_ENOTFOUND) starts anew from its history. */
     for (uint32_t i = 0; i < n; i++) {
         const sh_proto_step_seq *q = &s->seqs.v[i];
-        if (!q->sample || (!st->acc[i] && !st->moved[i]))
+        if (!q->sample || !st->fail[i])
+            continue;
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_WARN, "stage_seq_failed",
+                       "step=%" PRIu64 " seq=%" PRIu64 " code=%d error=\"%s\"", s->step, q->seq,
+                       (int)st->fail[i], st->fail_msg[i]);
+        st->out[i] = (sh_proto_step_out){
+            .seq = q->seq,
+            .token = -1,
+            .drafted = q->draft,
+            .status = st->fail[i],
+            .message = {st->fail_msg[i], (uint32_t)strnlen(st->fail_msg[i], STAGE_FAIL_CAP)}};
+        sh_sampler_destroy(st->sl[i]->s);
+        sh__sgram_seq_clear(st->gram, &st->sl[i]->gram);
+        *st->sl[i] = (smp_slot){.at = -1};
+    }
+    /* Only now do the penalty windows take the new tokens (those that verification did not take
+     * already), and the slots remember the draws (draws given again were taken the first time). */
+    for (uint32_t i = 0; i < n; i++) {
+        const sh_proto_step_seq *q = &s->seqs.v[i];
+        if (!q->sample || st->fail[i] || (!st->acc[i] && !st->moved[i]))
             continue;
         const sh_proto_step_out *o = &st->out[i];
         smp_slot *sl = st->sl[i];
@@ -904,7 +943,7 @@ static sh_err step_run(stage_state *st, const sh_proto_step *s, const float *hid
         }
         for (int32_t j = sl->n_drawn - st->acc[i]; j < sl->n_drawn; j++) {
             sh_sampler_accept(st->smp[i], sl->tok[j]);
-            if (q->sampling.grammar.len)
+            if (seq_grammar(q))
                 sh__sgram_seq_accept(st->gram, &sl->gram, sl->tok[j]);
         }
         sl->at = (int64_t)q->pos + (int64_t)q->tokens.n - (int64_t)q->draft;
@@ -1383,6 +1422,8 @@ static void free_buffers(stage_state *st)
     free(st->more_lr);
     free(st->samples);
     free(st->out);
+    free(st->fail);
+    free(st->fail_msg);
     free(st->top_tok);
     free(st->top_lp);
     free(st->slots);
@@ -1557,6 +1598,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     st->more_lr = calloc(S * SH_SPEC_MAX_K, sizeof *st->more_lr);
     st->samples = calloc(S, sizeof *st->samples);
     st->out = calloc(S, sizeof *st->out);
+    st->fail = calloc(S, sizeof *st->fail);
+    st->fail_msg = calloc(S, sizeof *st->fail_msg);
     st->top_tok = malloc(S * L * sizeof *st->top_tok);
     st->top_lp = malloc(S * L * sizeof *st->top_lp);
     st->slots = calloc((size_t)st->n_slots, sizeof *st->slots);
@@ -1567,7 +1610,8 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
     sh_err err = SH_ENOMEM;
     if (!st->tok || !st->blk || !st->seqs || !st->smp || !st->sl || !st->again || !st->ban ||
         !st->acc || !st->moved || !st->more || !st->more_lp || !st->more_lr || !st->samples ||
-        !st->out || !st->gram || !st->top_tok || !st->top_lp || !st->slots || !st->row ||
+        !st->out || !st->fail || !st->fail_msg || !st->gram || !st->top_tok || !st->top_lp ||
+        !st->slots || !st->row ||
         (group && a->coll->urls && st->coll_kind == SH_COLL_NET && !st->urls) ||
         sh__act_decoder_init(&st->dec, STAGE_ARENA_BYTES) || sh__act_decoder_init(&st->ctl, 4096))
         goto fail;

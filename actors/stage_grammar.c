@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/auth.h"
 #include "base/error.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -62,9 +63,16 @@ void sh__sgram_free(sh_sgram *g)
     free(g);
 }
 
-static uint64_t text_hash(sh_strv t)
+uint64_t sh__sgram_text_hash(sh_strv t)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    static const char key[] = "shoal grammar v1";
+    uint8_t mac[SH_AUTH_MAC_LEN];
+    uint64_t h = 0;
+    if (sh__auth_hmac(key, sizeof key - 1, t.ptr ? t.ptr : "", t.len, mac) == SH_OK) {
+        memcpy(&h, mac, sizeof h);
+        return h;
+    }
+    h = 0xcbf29ce484222325ull; /* mbedTLS does not fail here; FNV-1a all the same if it did */
     for (uint32_t i = 0; i < t.len; i++)
         h = (h ^ (uint8_t)t.ptr[i]) * 0x100000001b3ull;
     return h ^ t.len;
@@ -97,19 +105,22 @@ static sh_err vocab_build(sh_sgram *g, sh_error *e)
     return SH_OK;
 }
 
-/* The cache entry of `text`, parsed when new (into an entry no sequence uses). */
+/* The cache entry of the grammar whose hash is h, parsed from `text` when new (into an entry no
+ * sequence uses); SH_ENOTFOUND when it is not there and text is empty (only the hash came). */
 static sh_err entry_get(sh_sgram *g, sh_strv text, uint64_t h, int32_t *out, sh_error *e)
 {
     int32_t spare = -1;
     for (int32_t i = 0; i < g->n_cache; i++) {
         sgram_entry *c = &g->cache[i];
-        if (c->g && c->hash == h && c->len == text.len) {
+        if (c->g && c->hash == h && (!text.len || c->len == text.len)) {
             *out = i;
             return SH_OK;
         }
         if (c->refs == 0 && (spare < 0 || !c->g))
             spare = i;
     }
+    if (!text.len)
+        return sh__error_set(e, SH_ENOTFOUND, "its grammar is not in this stage's cache");
     if (spare < 0)
         return sh__error_set(e, SH_EBUSY, "stage: too many grammars at once");
     sgram_entry *c = &g->cache[spare];
@@ -133,14 +144,22 @@ void sh__sgram_seq_clear(sh_sgram *g, sh_sgram_seq *s)
     *s = (sh_sgram_seq){0};
 }
 
-sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s gen, uint64_t seq,
-                          sh_error *e)
+sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, uint64_t hash, sh_i32s gen,
+                          uint32_t n_gen, uint64_t seq, sh_error *e)
 {
     // A sequence's grammar never changes (the slot is keyed by the sequence, as its sampler is):
-    // a matcher of a text of this length at this point is the one, with no hash over the text.
-    if (s->gm && s->len == text.len && s->n == (int64_t)gen.n)
+    // a matcher of that grammar at this point is the one. With the text, the length stands for
+    // the hash (no hash over the text at every step).
+    if (text.len ? s->gm && s->len == text.len && s->n == (int64_t)gen.n
+                 : s->gm && s->hash == hash && s->n == (int64_t)n_gen)
         return SH_OK;
-    uint64_t h = text_hash(text);
+    if (!text.len && n_gen > 0)
+        return sh__error_set(e, SH_ENOTFOUND,
+                             "stage: sequence %" PRIu64 ": its grammar's matcher is not here after "
+                             "%u generated tokens (a slot reused, or a stage restarted) and the "
+                             "step names the grammar by its hash only",
+                             seq, (unsigned)n_gen);
+    uint64_t h = text.len ? sh__sgram_text_hash(text) : hash;
     sh__sgram_seq_clear(g, s);
     sh_error ge = {0};
     sh_err err = vocab_build(g, &ge);
@@ -153,13 +172,20 @@ sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s ge
         return sh__error_set(e, err, "stage: sequence %" PRIu64 ": %s", seq, ge.msg);
     s->entry = at;
     s->hash = h;
-    s->len = text.len;
+    s->len = g->cache[at].len;
     g->cache[at].refs++;
     int32_t nv = sh_gvocab_n_vocab(g->vocab);
     for (uint32_t i = 0; i < gen.n; i++) {
         int32_t tok = sh_i32s_at(gen, i);
         if (tok < 0 || tok >= nv || !sh_gmatch_accept_token(s->gm, g->vocab, tok)) {
+            sh_error me = {0};
+            err = sh_gmatch_error(s->gm, &me);
             sh__sgram_seq_clear(g, s);
+            if (err)
+                return sh__error_set(e, err,
+                                     "stage: sequence %" PRIu64
+                                     ": grammar limit hit replaying generated token %u: %s",
+                                     seq, (unsigned)i, me.msg);
             return sh__error_set(e, SH_EINVAL,
                                  "stage: sequence %" PRIu64
                                  ": generated token %d at index %u is outside its grammar",
@@ -176,22 +202,44 @@ static bool token_ok(sh_sgram *g, sh_sgram_seq *s, int32_t tok)
            sh_gmatch_token_ok(s->gm, g->vocab, tok);
 }
 
+/* Fills e for a failed sample of s: the matcher's bound when it passed one, else no token left. */
+static sh_err sample_error(const sh_sgram_seq *s, sh_err err, sh_error *e)
+{
+    sh_error me = {0};
+    sh_err merr = sh_gmatch_error(s->gm, &me);
+    if (merr)
+        return sh__error_set(e, merr,
+                             "grammar limit hit after %lld generated tokens (%s): the grammar is "
+                             "too ambiguous or deeply nested for this output",
+                             (long long)s->n, me.msg);
+    if (err == SH_ERANGE)
+        return sh__error_set(e, err,
+                             "every token is banned after %lld generated tokens: the grammar "
+                             "(with logit_bias and min_tokens) leaves no token to sample",
+                             (long long)s->n);
+    return sh__error_set(e, err, "sampling with the grammar failed after %lld generated tokens: %s",
+                         (long long)s->n, sh_strerror(err));
+}
+
 sh_err sh__sgram_sample(sh_sgram *g, sh_sgram_seq *s, sh_sampler *smp, const float *row, int th,
-                        bool mask_first, sh_sample *out)
+                        bool mask_first, sh_sample *out, sh_error *e)
 {
     if (!mask_first) {
         sh_err err = sh_sampler_sample(smp, row, out);
-        if (err || token_ok(g, s, out->id))
-            return err;
+        if (err)
+            return sample_error(s, err, e);
+        if (token_ok(g, s, out->id))
+            return SH_OK;
     }
     sh_err err = sh_gmatch_mask(s->gm, g->vocab, g->bits[th]);
     if (err)
-        return err;
+        return sample_error(s, err, e);
     float *r = g->row[th];
     int32_t nv = sh_gvocab_n_vocab(g->vocab);
     for (int32_t i = 0; i < g->n_vocab; i++)
         r[i] = i < nv && (g->bits[th][i >> 6] >> (i & 63)) & 1 ? row[i] : -INFINITY;
-    return sh_sampler_sample(smp, r, out);
+    err = sh_sampler_sample(smp, r, out);
+    return err ? sample_error(s, err, e) : SH_OK;
 }
 
 void sh__sgram_seq_accept(sh_sgram *g, sh_sgram_seq *s, int32_t tok)

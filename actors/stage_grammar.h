@@ -37,21 +37,32 @@ sh_err sh__sgram_create(const sh_llama *model, int32_t n_vocab, int32_t n_seqs, 
                         sh_error *e);
 void sh__sgram_free(sh_sgram *g); /* NULL is fine; every sequence cleared first */
 
-/* Brings s to the grammar `text` after the generated tokens `gen`: kept when it is there already,
- * otherwise made anew (the grammar parsed or found in the cache) and the tokens replayed. SH_OK;
- * SH_EINVAL (a bad grammar, a generated token outside it, a model without a tokenizer index),
- * SH_ERANGE, SH_ENOMEM, with e naming the sequence `seq`. */
-sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, sh_i32s gen, uint64_t seq,
-                          sh_error *e);
+/* The hash by which a step names a grammar it does not carry (step_seq.gram_hash): the first 8
+ * bytes of HMAC-SHA256 over the text under a fixed key, so that two grammars with one hash cannot
+ * be made cheaply. Any thread. */
+uint64_t sh__sgram_text_hash(sh_strv text);
+
+/* Brings s to its sequence's grammar after n_gen generated tokens. With the text (a sequence's
+ * first sampling step after an admission), gen holds those tokens: s is kept when it stands there
+ * already, otherwise made anew (the grammar parsed or found in the cache) and the tokens
+ * replayed. With only the grammar's hash (text empty, gen empty), s must stand there already, or
+ * n_gen be 0 and the grammar be in the cache. SH_OK; SH_ENOTFOUND (only the hash came and the
+ * matcher is not here: the batcher sends the text again); SH_EINVAL (a bad grammar, a generated
+ * token outside it, a model without a tokenizer index); SH_ERANGE (the matcher passed its bounds
+ * while replaying); SH_EBUSY, SH_ENOMEM; e names the sequence `seq` and the cause. */
+sh_err sh__sgram_seq_sync(sh_sgram *g, sh_sgram_seq *s, sh_strv text, uint64_t hash, sh_i32s gen,
+                          uint32_t n_gen, uint64_t seq, sh_error *e);
 /* Drops s's matcher. */
 void sh__sgram_seq_clear(sh_sgram *g, sh_sgram_seq *s);
 
 /* Samples `row` (n_vocab logits) with smp under s's grammar into *out, as sh_sampler_sample does;
  * mask_first: build the mask before sampling (the top logprobs must be those of the masked row).
- * th: 0 on the worker thread, 1 on the sampling helper. Returns sh_sampler_sample's error, or the
- * matcher's (its bounds passed). */
+ * th: 0 on the worker thread, 1 on the sampling helper. Returns SH_OK; SH_ERANGE with e saying
+ * which: the matcher passed its bounds (its parse stacks or states: the grammar is too ambiguous
+ * for the output so far), or every token is banned (the grammar, with the logit biases and the
+ * step's bans, leaves none); SH_ENOMEM. */
 sh_err sh__sgram_sample(sh_sgram *g, sh_sgram_seq *s, sh_sampler *smp, const float *row, int th,
-                        bool mask_first, sh_sample *out);
+                        bool mask_first, sh_sample *out, sh_error *e);
 /* Takes the sampled token tok into s (one more generated token). */
 void sh__sgram_seq_accept(sh_sgram *g, sh_sgram_seq *s, int32_t tok);
 

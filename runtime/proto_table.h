@@ -141,7 +141,12 @@
  * position replaces a positions array. want_draft and prior are for a drafter in front of the
  * first stage (actors/drafter.c): it appends up to want_draft greedy drafts to tokens (their
  * positions reserved by the batcher), sets draft to how many, and clears both; prior, sent with a
- * sequence's first step when that starts past position 0, holds its tokens [0, pos). */
+ * sequence's first step when that starts past position 0, holds its tokens [0, pos).
+ * A sequence with a grammar carries its text (sampling.grammar) and its generated tokens (gen)
+ * only on its first sampling step after each admission; its later steps carry the text's hash
+ * (gram_hash, sh__sgram_text_hash) instead, and always the count of generated tokens (n_gen),
+ * which is where the last stage's matcher must stand. A stage that does not hold the matcher
+ * answers the sequence with status SH_ENOTFOUND, and the batcher sends the text again. */
 #define SH_PROTO_FIELDS_step_seq(F, S)                                                             \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, tokens, "tok", I32S, _, REQ, 0, SH_PROTO_MAX_TOKENS)                                      \
@@ -156,7 +161,9 @@
     F(S, prior, "pri", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* tokens [0, pos), for a drafter */  \
     F(S, ban, "ban", I32S, _, OPT, 0, SH_PROTO_MAX_BAN) /* ids masked (EOS before min_tokens) */   \
     F(S, embed, "emb", U8, _, OPT, 0, 3) /* embedding pooling (SUBMIT's embed); never samples */   \
-    F(S, gen, "gen", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* with a grammar: tokens generated */
+    F(S, gen, "gen", I32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* with a grammar: tokens generated */  \
+    F(S, gram_hash, "gram_h", U64, _, OPT, 0, 0) /* grammar sent as its hash (see below) */        \
+    F(S, n_gen, "ngen", U32, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* with a grammar: generated count */
 
 /* One sequence's result in STEP_DONE; top_tokens and top_logprobs have equal lengths. A
  * speculative step (its sequence had `draft` drafted tokens) answers the first verified token in
@@ -165,7 +172,9 @@
  * target's own (the token replacing the first rejected draft, or the one after the last draft).
  * drafted is the sequence's step_seq.draft as the last stage saw it: how many drafts a drafter
  * actually appended, which the batcher does not otherwise learn (a stage older than the field
- * omits it, and it decodes as 0). */
+ * omits it, and it decodes as 0). A non-zero status fails this sequence alone (its grammar's
+ * matcher passed its bounds, every token was banned, ...) with message saying why; the step's
+ * other sequences are answered as usual. */
 #define SH_PROTO_FIELDS_step_out(F, S)                                                             \
     F(S, seq, "id", U64, _, REQ, 0, 0)                                                             \
     F(S, token, "tok", I32, _, REQ, -1, INT32_MAX) /* -1: not sampled (prefill chunk) */           \
@@ -177,7 +186,9 @@
     F(S, more_lp, "more_lp", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                  \
     F(S, more_lp_raw, "more_lr", F32S, _, OPT, 0, SH_PROTO_MAX_DRAFT)                              \
     F(S, drafted, "drf", U32, _, OPT, 0, SH_PROTO_MAX_DRAFT)                                       \
-    F(S, embd, "emb", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* embed: the chunk's pooled part */
+    F(S, embd, "emb", F32S, _, OPT, 0, SH_PROTO_MAX_TOKENS) /* embed: the chunk's pooled part */   \
+    F(S, status, "st", I32, _, OPT, 0, 255) /* 0, or the sh_err that failed this sequence alone */ \
+    F(S, message, "msg", STR, _, OPT, 0, SH_PROTO_MAX_MSG) /* with status: why */
 
 /* A counter (kind 0) or gauge (kind 1). A node's runtime series travel with their labels in
  * the name, as Prometheus writes them (`shoal_act_bytes_total{layer="15",dtype="int8"}`), and

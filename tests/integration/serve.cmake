@@ -34,6 +34,9 @@ sh_serve_test(test_serve_grammar ${_d}/run_py.sh ${_d}/test_serve_grammar.py)
 # SH_GRAMMAR_ACCEPT_N requests each (2 here; the acceptance run sets 20).
 sh_serve_test(test_serve_grammar_accept ${_d}/run_py.sh ${_d}/test_serve_grammar_accept.py)
 set_tests_properties(test_serve_grammar_accept PROPERTIES TIMEOUT 600)
+# A grammar whose matcher passes its bounds mid-generation fails its own request only (500, or an
+# error event and [DONE] when streamed), in a batch with others, on one process and a pipeline.
+sh_serve_test(test_serve_grammar_err ${_d}/run_py.sh ${_d}/test_serve_grammar_err.py)
 sh_serve_test(test_serve_bad ${_d}/run_py.sh ${_d}/test_serve_bad.py)
 sh_serve_test(test_serve_batch ${_d}/run_py.sh ${_d}/test_serve_batch.py)
 # Sampling defaults (built-in, --temp and the like, the model file's general.sampling.*) and

@@ -15,6 +15,7 @@
 
 #include "actors/actor_util.h"
 #include "actors/serve.h"
+#include "actors/stage_grammar.h"
 #include "kernels/backend.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -103,7 +104,9 @@ typedef struct rec {
     int32_t top_tok[8][SH_PROTO_MAX_LOGPROBS];
     float top_lp[8][SH_PROTO_MAX_LOGPROBS];
     uint32_t drafted[8]; /* step_out.drafted: the drafts the stage saw (step_seq.draft) */
-    uint32_t n_more[8];  /* a speculative step's tokens after tok, with their logprobs */
+    int32_t sst[8];      /* step_out.status: a sequence's own failure, and why */
+    char smsg[8][256];
+    uint32_t n_more[8]; /* a speculative step's tokens after tok, with their logprobs */
     int32_t more[8][SH_PROTO_MAX_DRAFT];
     float more_lp[8][SH_PROTO_MAX_DRAFT], more_lr[8][SH_PROTO_MAX_DRAFT];
 } rec;
@@ -167,6 +170,9 @@ static sh_msg_fate coll_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
             r->top_lp[i][j] = sh_f32s_at(o->top_logprobs, j);
         }
         r->drafted[i] = o->drafted;
+        r->sst[i] = o->status;
+        snprintf(r->smsg[i], sizeof r->smsg[i], "%.*s", (int)o->message.len,
+                 o->message.ptr ? o->message.ptr : "");
         r->n_more[i] = o->more.n;
         if (o->more.n != o->more_lp.n || o->more.n != o->more_lp_raw.n)
             atomic_fetch_add(&sh->bad, 1);
@@ -1014,12 +1020,16 @@ static void test_grammar(void)
                                .blocks = {E.blocks[0], SEQ_BLOCKS},
                                .sample = true,
                                .sampling = greedy(),
-                               .gen = {gen, (uint32_t)n_gen}};
-        q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
+                               .n_gen = (uint32_t)n_gen};
+        // As the batcher sends it: the text on the first step, its hash on the later ones.
+        if (step == 0)
+            q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
+        else
+            q.gram_hash = sh__sgram_text_hash((sh_strv){gram, sizeof gram - 1});
         send_step(&f, 100 + (uint64_t)step, &q, 1);
         const rec *r = wait_rec(&f, k++);
-        if (!r || r->status != 0) {
-            SH_FAIL_("grammar step %d: %s", step, r ? r->msg : "none");
+        if (!r || r->status != 0 || r->sst[0] != 0) {
+            SH_FAIL_("grammar step %d: %s%s", step, r ? r->msg : "none", r ? r->smsg[0] : "");
             break;
         }
         int32_t t = r->tok[0];
@@ -1070,8 +1080,9 @@ static void test_grammar(void)
     send_step(&f, 300, &q, 1);
     const rec *r = wait_rec(&f, k++);
     if (r) {
-        CHECK(r->status != 0);
-        CHECK(strstr(r->msg, "column") != NULL);
+        CHECK_INT_EQ(r->status, 0); /* the sequence fails, not the step */
+        CHECK(r->sst[0] != 0);
+        CHECK(strstr(r->smsg[0], "column") != NULL);
     }
     q.seq = 303;
     q.sampling.grammar = (sh_strv){gram, sizeof gram - 1};
@@ -1079,8 +1090,9 @@ static void test_grammar(void)
     send_step(&f, 301, &q, 1);
     r = wait_rec(&f, k++);
     if (r) {
-        CHECK(r->status != 0);
-        CHECK(strstr(r->msg, "outside its grammar") != NULL);
+        CHECK_INT_EQ(r->status, 0);
+        CHECK(r->sst[0] != 0);
+        CHECK(strstr(r->smsg[0], "outside its grammar") != NULL);
     }
     q.seq = 304;
     q.gen = (sh_i32s){0};
@@ -1088,7 +1100,71 @@ static void test_grammar(void)
     r = wait_rec(&f, k++);
     if (r) {
         CHECK_INT_EQ(r->status, 0);
+        CHECK_INT_EQ(r->sst[0], 0);
         CHECK(r->tok[0] != E.ref[0][0]);
+    }
+    /* One step, three sequences: a grammar whose parse stacks double at every word, replaying
+     * 20 generated words (its matcher passes its bounds: that sequence fails alone, naming the
+     * limit), one that names its grammar by hash after generated tokens the stage never saw
+     * (SH_ENOTFOUND: the batcher would send the text again), and a plain greedy one, which
+     * answers the token it gives alone. */
+    static const char blow[] = "root ::= w a\n"
+                               "a ::= \" \" w a \"b\" | \" \" w a \"c\" | \"\\x01\"\n"
+                               "w ::= [a-zA-Z]+";
+    static const char words[] = "Once upon a time there was a little dragon who lived in a big "
+                                "cave far away from the town and";
+    int32_t wt[64];
+    size_t nw = 0;
+    CHECK_OK(sh_tokenizer_encode(tok, words, strlen(words), 0, wt, 64, &nw, &e));
+    sh_proto_step_seq three[3] = {
+        {.seq = 305,
+         .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+         .blocks = {E.blocks[0], SEQ_BLOCKS},
+         .sample = true,
+         .sampling = greedy(),
+         .gen = {wt, (uint32_t)nw},
+         .n_gen = (uint32_t)nw},
+        {.seq = 306,
+         .tokens = {E.prompt[1], (uint32_t)E.n_prompt[1]},
+         .blocks = {E.blocks[1], SEQ_BLOCKS},
+         .sample = true,
+         .sampling = greedy(),
+         .gram_hash = sh__sgram_text_hash((sh_strv){gram, sizeof gram - 1}),
+         .n_gen = 3},
+        {.seq = 307,
+         .tokens = {E.prompt[2], (uint32_t)E.n_prompt[2]},
+         .blocks = {E.blocks[2], SEQ_BLOCKS},
+         .sample = true,
+         .sampling = greedy()},
+    };
+    three[0].sampling.grammar = (sh_strv){blow, sizeof blow - 1};
+    send_step(&f, 303, three, 3);
+    r = wait_rec(&f, k++);
+    if (r) {
+        CHECK_INT_EQ(r->status, 0);
+        CHECK_UINT_EQ(r->n, 3);
+        CHECK_INT_EQ(r->sst[0], SH_ERANGE);
+        if (!strstr(r->smsg[0], "grammar limit hit"))
+            SH_FAIL_("sequence 305: %s", r->smsg[0]);
+        CHECK_INT_EQ(r->tok[0], -1);
+        CHECK_INT_EQ(r->sst[1], SH_ENOTFOUND);
+        CHECK_INT_EQ(r->sst[2], 0);
+        CHECK_INT_EQ(r->tok[2], E.ref[2][0]);
+    }
+    /* The grammar is in the stage's cache: a new sequence before its first token may name it
+     * by hash alone. */
+    sh_proto_step_seq h0 = {.seq = 308,
+                            .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+                            .blocks = {E.blocks[1], SEQ_BLOCKS},
+                            .sample = true,
+                            .sampling = greedy(),
+                            .gram_hash = sh__sgram_text_hash((sh_strv){gram, sizeof gram - 1})};
+    send_step(&f, 304, &h0, 1);
+    r = wait_rec(&f, k++);
+    if (r) {
+        CHECK_INT_EQ(r->status, 0);
+        CHECK_INT_EQ(r->sst[0], 0);
+        CHECK_INT_EQ(r->tok[0], gen[0]);
     }
     rt_finish(&f.t);
     CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);

@@ -989,6 +989,123 @@ static void test_write_corpus(void)
     sh__buf_fini(&b);
 }
 
+/* A sequence's own failure in STEP_DONE (step_out.status and message) and a grammar named by its
+ * hash in STEP (step_seq.gram_hash, n_gen): our round trip, an older peer's frame without them
+ * (msgpack-c, keys absent: they decode as 0 and empty), and the status's bound. */
+static void test_step_out_status(void)
+{
+    sh_msg_codec c;
+    sh__msg_codec_init(&c);
+    sh_buf b;
+    sh__buf_init(&b);
+    sh_proto_arena a;
+    sh__proto_arena_init(&a, arena_mem, sizeof arena_mem);
+    sh_error e = {0};
+    sh_msg_env env;
+    sh_proto_body body;
+    static const char why[] = "grammar limit hit after 12 generated tokens (grammar: the "
+                              "grammar's parse stacks passed their bound)";
+    sh_proto_step_out outs[3] = {
+        {.seq = 11, .token = 42, .logprob = -0.5f, .logprob_raw = -0.25f},
+        {.seq = 12, .token = -1, .status = SH_ERANGE, .message = {why, sizeof why - 1}},
+        {.seq = 13, .token = -1, .status = SH_ENOTFOUND, .message = {"no matcher", 10}},
+    };
+    sh_proto_step_done d = {.step = 99, .seqs = {outs, 3}};
+    sh_msg_hdr h = {.type = SH_MSG_STEP_DONE,
+                    .session = 99,
+                    .src = sh_addr_make(2, 1),
+                    .dst = sh_addr_make(1, 3)};
+    CHECK_OK(sh__proto_encode_step_done(&b, &h, &d, &e));
+    CHECK_OK(sh__proto_decode(&c, b.data, b.len, &env, &body, &a, &e));
+    const sh_proto_step_done *g = &body.step_done;
+    CHECK_UINT_EQ(g->seqs.n, 3);
+    CHECK_INT_EQ(g->status, 0); /* the step itself did not fail */
+    CHECK_INT_EQ(g->seqs.v[0].status, 0);
+    CHECK_UINT_EQ(g->seqs.v[0].message.len, 0);
+    CHECK_INT_EQ(g->seqs.v[0].token, 42);
+    CHECK_INT_EQ(g->seqs.v[1].status, SH_ERANGE);
+    CHECK_INT_EQ(g->seqs.v[1].token, -1);
+    CHECK_UINT_EQ(g->seqs.v[1].message.len, sizeof why - 1);
+    CHECK(memcmp(g->seqs.v[1].message.ptr, why, sizeof why - 1) == 0);
+    CHECK_INT_EQ(g->seqs.v[2].status, SH_ENOTFOUND);
+    CHECK_UINT_EQ(g->seqs.v[2].seq, 13);
+
+    /* An older stage's STEP_DONE: step_out without "st" and "msg". */
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pk_envelope(&pk, SH_MSG_STEP_DONE);
+    msgpack_pack_map(&pk, 2);
+    pk_str(&pk, "step");
+    msgpack_pack_uint64(&pk, 1234567);
+    pk_str(&pk, "seqs");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 4);
+    pk_str(&pk, "id");
+    msgpack_pack_uint64(&pk, 5);
+    pk_str(&pk, "tok");
+    msgpack_pack_int32(&pk, 17);
+    pk_str(&pk, "lp");
+    msgpack_pack_float(&pk, -1.0f);
+    pk_str(&pk, "lp_raw");
+    msgpack_pack_float(&pk, -1.0f);
+    sh__proto_arena_reset(&a);
+    CHECK_OK(sh__proto_decode(&c, sb.data, sb.size, &env, &body, &a, &e));
+    CHECK_UINT_EQ(body.step_done.seqs.n, 1);
+    CHECK_INT_EQ(body.step_done.seqs.v[0].token, 17);
+    CHECK_INT_EQ(body.step_done.seqs.v[0].status, 0);
+    CHECK_UINT_EQ(body.step_done.seqs.v[0].message.len, 0);
+
+    /* A status past 255 is refused, in either direction. */
+    outs[1].status = 300;
+    sh__buf_reset(&b);
+    CHECK(sh__proto_encode_step_done(&b, &h, &d, &e) == SH_EINVAL);
+    msgpack_sbuffer_clear(&sb);
+    pk_envelope(&pk, SH_MSG_STEP_DONE);
+    msgpack_pack_map(&pk, 2);
+    pk_str(&pk, "step");
+    msgpack_pack_uint64(&pk, 1234567);
+    pk_str(&pk, "seqs");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_map(&pk, 5);
+    pk_str(&pk, "id");
+    msgpack_pack_uint64(&pk, 5);
+    pk_str(&pk, "tok");
+    msgpack_pack_int32(&pk, -1);
+    pk_str(&pk, "lp");
+    msgpack_pack_float(&pk, 0.0f);
+    pk_str(&pk, "lp_raw");
+    msgpack_pack_float(&pk, 0.0f);
+    pk_str(&pk, "st");
+    msgpack_pack_int32(&pk, 300);
+    expect(&c, sb.data, sb.size, SH_EPROTO, SH_MSG_REJECT_RANGE, "status 300");
+
+    /* A STEP naming its grammar by hash: the text absent, the hash and count kept. */
+    static const int32_t tok[] = {7}, blk[] = {0};
+    sh_proto_step_seq q = {
+        .seq = 21,
+        .tokens = {tok, 1},
+        .pos = 30,
+        .blocks = {blk, 1},
+        .sample = true,
+        .sampling = {.temperature = 1.0f, .repeat_penalty = 1.0f, .max_tokens = 8},
+        .gram_hash = 0x0123456789abcdefull,
+        .n_gen = 12};
+    sh_proto_step st = {.step = 5, .seqs = {&q, 1}};
+    h.type = SH_MSG_STEP;
+    sh__buf_reset(&b);
+    CHECK_OK(sh__proto_encode_step(&b, &h, &st, &e));
+    sh__proto_arena_reset(&a);
+    CHECK_OK(sh__proto_decode(&c, b.data, b.len, &env, &body, &a, &e));
+    CHECK_UINT_EQ(body.step.seqs.v[0].gram_hash, 0x0123456789abcdefull);
+    CHECK_UINT_EQ(body.step.seqs.v[0].n_gen, 12);
+    CHECK_UINT_EQ(body.step.seqs.v[0].sampling.grammar.len, 0);
+    CHECK_UINT_EQ(body.step.seqs.v[0].gen.n, 0);
+    msgpack_sbuffer_destroy(&sb);
+    sh__buf_fini(&b);
+}
+
 static const sh_test_case tests[] = {
     {"round_trip", test_round_trip},
     {"values_and_zero_copy", test_values_and_zero_copy},
@@ -1002,6 +1119,7 @@ static const sh_test_case tests[] = {
     {"arena", test_arena},
     {"encoder_validation", test_encoder_validation},
     {"error_reply", test_error_reply},
+    {"step_out_status", test_step_out_status},
     {"write_corpus", test_write_corpus},
     {NULL, NULL},
 };

@@ -118,6 +118,8 @@ static sh_proto_step_seq_list seqs(test_sample *s, uint32_t n, uint32_t max_tok)
          * samples and tests depend on) stays as it was. */
         v[i].want_draft = (v[i].draft * 7u + 3u) % (SH_PROTO_MAX_DRAFT + 1u);
         v[i].prior = (i & 2) ? v[i].history : (sh_i32s){NULL, 0};
+        v[i].gram_hash = (i & 1) ? v[i].seq * 0x9e3779b97f4a7c15ull : 0;
+        v[i].n_gen = v[i].history.n;
     }
     return (sh_proto_step_seq_list){v, n};
 }
@@ -213,12 +215,23 @@ void test_sample_make(test_sample *s, sh_msg_type type, uint64_t seed, size_t ac
         for (uint32_t i = 0; i < n; i++) {
             uint32_t top = (uint32_t)range(s, 1, SH_PROTO_MAX_LOGPROBS);
             uint32_t more = (uint32_t)range(s, 0, SH_PROTO_MAX_DRAFT);
-            v[i] = (sh_proto_step_out){nz64(s),           (int32_t)range(s, -1, 150000),
-                                       -rf(s, 0, 10),     -rf(s, 0, 10),
-                                       tokens(s, top),    floats(s, top),
-                                       tokens(s, more),   floats(s, more),
-                                       floats(s, more),   more,
-                                       (sh_f32s){NULL, 0}};
+            v[i] = (sh_proto_step_out){nz64(s),
+                                       (int32_t)range(s, -1, 150000),
+                                       -rf(s, 0, 10),
+                                       -rf(s, 0, 10),
+                                       tokens(s, top),
+                                       floats(s, top),
+                                       tokens(s, more),
+                                       floats(s, more),
+                                       floats(s, more),
+                                       more,
+                                       (sh_f32s){NULL, 0},
+                                       0,
+                                       (sh_strv){NULL, 0}};
+            if (i % 3 == 2) { /* derived: the generator's sequence stays as it was */
+                v[i].status = SH_ERANGE;
+                v[i].message = (sh_strv){"grammar limit hit", 17};
+            }
         }
         b->step_done.step = nz64(s);
         b->step_done.seqs = (sh_proto_step_out_list){v, n};
