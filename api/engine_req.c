@@ -14,7 +14,9 @@
 #include "actors/actor_util.h"
 #include "api/engine_int.h"
 #include "base/error.h"
+#include "model/grammar.h"
 #include "model/sampler.h"
+#include "net/json_schema.h"
 
 #define PENALTY_WINDOW 64 /* tokens the penalties look back over, as the gateway */
 #define MAX_STOP 4
@@ -239,6 +241,53 @@ static sh_err prompt_ids(sh_engine *eng, const sh_request_opts *r, int32_t **ids
     return SH_OK;
 }
 
+/* The request's grammar text (malloc'd into *out, NULL for none): `grammar` as it is, or the
+ * grammar of `response_format` (JSON text, net/json_schema.h); parsed here, so that a bad one
+ * fails sh_submit with its line and column before anything is queued. */
+static sh_err request_grammar(const sh_request_opts *r, char **out, sh_error *e)
+{
+    *out = NULL;
+    if (r->grammar && r->response_format)
+        return sh__error_set(e, SH_EINVAL,
+                             "sh_submit: grammar and response_format cannot be given together");
+    if (r->grammar) {
+        if (!(*out = strdup(r->grammar)))
+            return sh__error_set(e, SH_ENOMEM, "out of memory");
+    } else if (r->response_format) {
+        json_error_t je;
+        json_t *rf = json_loads(r->response_format, JSON_REJECT_DUPLICATES, &je);
+        if (!rf)
+            return sh__error_set(e, SH_EINVAL,
+                                 "sh_submit: response_format is not JSON (line %d, column %d: %s)",
+                                 je.line, je.column, je.text);
+        char param[64] = "";
+        sh_error ce = {0};
+        sh_err rc = sh_json_schema_response_format(rf, out, param, &ce);
+        json_decref(rf);
+        if (rc)
+            return sh__error_set(e, rc, "sh_submit: %s: %s", param[0] ? param : "response_format",
+                                 ce.msg);
+        if (!*out)
+            return SH_OK; /* {"type": "text"}: no constraint */
+    } else {
+        return SH_OK;
+    }
+    size_t len = strlen(*out);
+    sh_grammar *g = NULL;
+    sh_error ge = {0};
+    sh_err rc = len > SH_PROTO_MAX_GRAMMAR ? sh__error_set(&ge, SH_EINVAL, "%zu bytes, at most %d",
+                                                           len, SH_PROTO_MAX_GRAMMAR)
+                                           : sh_grammar_parse(*out, len, &g, &ge);
+    sh_grammar_free(g);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        return sh__error_set(e, rc == SH_ENOMEM ? rc : SH_EINVAL, "sh_submit: %s: %s",
+                             r->grammar ? "grammar" : "response_format's grammar", ge.msg);
+    }
+    return SH_OK;
+}
+
 /* A request older than this header's fields reads as the defaults for what it lacks. */
 static sh_err copy_request(const sh_request_opts *in, sh_request_opts *r, sh_error *e)
 {
@@ -277,13 +326,19 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
                            "nodes yet");
     int32_t *ids = NULL;
     size_t n_ids = 0;
+    char *gram = NULL;
+    if (!rc && !r.embed)
+        rc = request_grammar(&r, &gram, e);
     if (!rc)
         rc = prompt_ids(eng, &r, &ids, &n_ids, e);
-    if (rc)
+    if (rc) {
+        free(gram);
         return rc;
+    }
     sh_api_req *q = calloc(1, sizeof *q);
     if (!q) {
         free(ids);
+        free(gram);
         return sh__error_set(e, SH_ENOMEM, "out of memory");
     }
     q->cb = *cb;
@@ -316,8 +371,11 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
                      .n_logprobs = r.logprobs ? r.top_logprobs : 0,
                      .logprobs_mode = SH_LOGPROBS_RAW,
                      .stop = {stops, (uint32_t)r.n_stop},
-                     .no_spec = r.no_spec,
-                     .spec_max = (uint8_t)r.spec_n_max},
+                     // A sequence with a grammar takes no drafts (as the gateway's).
+                     .no_spec = r.no_spec || gram,
+                     .spec_max = (uint8_t)r.spec_n_max,
+                     .grammar = {gram, gram ? (uint32_t)strlen(gram) : 0},
+                     .gram_lp = gram && r.logprobs},
         .priority = (uint8_t)r.priority,
         .deadline_ms = r.timeout_ms ? sh__act_unix_ms() + r.timeout_ms : 0,
         .reply_to = eng->self,
@@ -359,6 +417,7 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     }
     pthread_mutex_unlock(&eng->mu);
     free(ids);
+    free(gram); /* SUBMIT's copy is the batcher's */
     if (rc)
         free(q);
     return rc;

@@ -191,6 +191,17 @@ typedef struct sh_request_opts {
      * POST /v1/embeddings computes them (docs/serving.md). The sampling fields are ignored. An
      * engine fronting worker nodes answers SH_EUNSUPPORTED. */
     bool embed;
+    /* Structured output (docs/serving.md, "Structured output"): the generated text follows
+     * `grammar`, GBNF text as llama.cpp writes it (start rule `root`), or `response_format`,
+     * OpenAI's response_format object as JSON text: {"type": "json_object"} (any JSON object) or
+     * {"type": "json_schema", "json_schema": {"schema": {...}, "strict": true}}. At most one of
+     * the two; NULL: none. Generation ends where the grammar does (finish SH_FINISH_STOP), or at
+     * max_tokens. A grammar that does not parse fails sh_submit with SH_EINVAL and a message
+     * naming its line and column; a schema outside the converter's coverage with SH_EINVAL naming
+     * the keyword; a grammar whose matcher passes its bounds while generating ends the request
+     * with on_error (SH_ERANGE, "grammar limit hit ..."). Copied by sh_submit. */
+    const char *grammar;
+    const char *response_format;
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the

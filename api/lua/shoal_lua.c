@@ -408,7 +408,7 @@ static const char *const req_keys[] = {
     "top_p",          "top_k",         "min_p",      "presence_penalty", "frequency_penalty",
     "repeat_penalty", "stop",          "seed",       "priority",         "top_logprobs",
     "logprobs",       "ignore_eos",    "timeout_ms", "speculative",      "typical_p",
-    "repeat_last_n",  "min_tokens",    NULL};
+    "repeat_last_n",  "min_tokens",    "grammar",    "response_format",  NULL};
 
 static const char *const cb_keys[] = {"token", "done", "error", NULL};
 
@@ -418,7 +418,7 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
  * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N},
- * typical_p=, repeat_last_n=, min_tokens=};
+ * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text};
  * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
  * id)}, each optional. */
@@ -461,6 +461,8 @@ static int l_submit(lua_State *L)
     opt_bool(L, 2, "logprobs", &r.logprobs);
     opt_bool(L, 2, "ignore_eos", &r.ignore_eos);
     opt_spec(L, 2, &r);
+    opt_string(L, 2, "grammar", &r.grammar);
+    opt_string(L, 2, "response_format", &r.response_format);
     lua_Integer tmo;
     if (opt_integer(L, 2, "timeout_ms", 0, UINT32_MAX, &tmo))
         r.timeout_ms = (uint32_t)tmo;

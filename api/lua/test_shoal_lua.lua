@@ -228,6 +228,48 @@ end
 eq(shoal.strerror("EBUSY"), "busy", "shoal.strerror")
 check(not pcall(shoal.strerror, "NOPE"), "strerror of an unknown name raises")
 
+-- 5c. Structured output: a grammar-constrained greedy request gives text the grammar accepts
+-- (three to six lowercase words of 1 to 10 letters, each after a space, then a full stop), checked
+-- here with Lua patterns; response_format's JSON schema gives {"n": digit}; a grammar with a
+-- syntax error is the library's SH_EINVAL naming its line and column; a schema keyword outside
+-- the coverage is named.
+do
+  local gtext, gfin = "", nil
+  assert(eng:submit({ prompt = "Once upon a time", max_tokens = 96,
+                      grammar = 'root ::= (" " [a-z]{1,10}){3,6} "."' }, {
+    token = function(t) gtext = gtext .. t end,
+    done = function(i) gfin = i.finish end,
+    error = function(code, m) check(false, "grammar request error", code, m) end }))
+  check(poll_until(function() return gfin ~= nil end, 60), "grammar request finished")
+  eq(gfin, "stop", "the grammar ends the text")
+  local words = 0
+  local rest = gtext:gsub(" [a-z]+", function() words = words + 1; return "" end)
+  check(rest == "." and words >= 3 and words <= 6 and gtext:match("^[ a-z]+%.$") and
+    not gtext:match("[a-z][a-z][a-z][a-z][a-z][a-z][a-z][a-z][a-z][a-z][a-z]"),
+    "the text follows the grammar", gtext)
+  local jtext, jfin = "", nil
+  -- at most 20 white-space characters between tokens: it ends before 160
+  assert(eng:submit({ prompt = "Once upon a time", max_tokens = 160, response_format =
+      '{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":' ..
+      '{"n":{"type":"integer","minimum":0,"maximum":9}},"required":["n"]}}}' }, {
+    token = function(t) jtext = jtext .. t end,
+    done = function(i) jfin = i.finish end,
+    error = function(code, m) check(false, "response_format request error", code, m) end }))
+  check(poll_until(function() return jfin ~= nil end, 60), "response_format request finished")
+  eq(jfin, "stop", "the schema's grammar ends the text")
+  check(jtext:match('^{%s*"n"%s*:%s*%d%s*}$'), "the text follows the schema", jtext)
+  local br, bmsg, bcode = eng:submit({ prompt = "x", grammar = 'root ::= "a"\nb ::= [a-' }, {})
+  check(br == nil and bcode == "EINVAL" and tostring(bmsg):find("line 2", 1, true) and
+    tostring(bmsg):find("column", 1, true), "a bad grammar names its line and column",
+    tostring(bmsg))
+  br, bmsg, bcode = eng:submit({ prompt = "x", response_format =
+      '{"type":"json_schema","json_schema":{"schema":{"type":"string","if":{}}}}' }, {})
+  check(br == nil and bcode == "EINVAL" and tostring(bmsg):find("if", 1, true),
+    "an unsupported keyword is named", tostring(bmsg))
+  check(not pcall(eng.submit, eng, { prompt = "x", grammar = 5 }, {}), "a grammar not a string raises")
+  eq(eng:pending(), 0, "refused grammar requests are not pending")
+end
+
 -- 6. Close with requests in flight: each gets its error callback (ECLOSED) once, during close.
 local closed_codes = {}
 for i = 1, 3 do
