@@ -121,7 +121,9 @@ void sh__gateway_models(gateway *g, sh_http_req *req)
         mi[i] = (sh_openai_model_info){.id = g->m[i].name,
                                        .max_model_len = g->m[i].n_ctx,
                                        .n_ctx_train = g->m[i].n_ctx_train,
-                                       .n_vocab = g->m[i].n_vocab};
+                                       .n_vocab = g->m[i].n_vocab,
+                                       // As sh__gateway_embed decides (a 501 without it).
+                                       .embeddings = g->m[i].embd_dim > 0};
     char *body = models_with_sampling(g, sh_openai_models_info_json(mi, g->n_m, 0, "shoal"));
     if (!body) {
         sh__gateway_respond_errorf(g, req, 500, NULL, NULL, "out of memory");

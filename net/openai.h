@@ -261,10 +261,11 @@ typedef struct sh_openai_model_info {
     int32_t max_model_len; /* the context a request may use (vLLM's "max_model_len") */
     int32_t n_ctx_train;   /* the context the model was trained for; 0: left out */
     int32_t n_vocab;       /* 0: left out */
+    bool embeddings;       /* POST /v1/embeddings is served for it */
 } sh_openai_model_info;
 
-/* The same list with each model's "max_model_len", "capabilities" (["completion","chat"]) and
- * llama-server's "meta" object ({"n_ctx_train","n_vocab"}). */
+/* The same list with each model's "max_model_len", "capabilities" (["completion","chat"], then
+ * "embeddings" where it is served) and llama-server's "meta" object ({"n_ctx_train","n_vocab"}). */
 char *sh_openai_models_info_json(const sh_openai_model_info *models, int32_t n, int64_t created,
                                  const char *owned_by);
 

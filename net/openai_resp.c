@@ -281,10 +281,13 @@ char *sh_openai_models_info_json(const sh_openai_model_info *models, int32_t n, 
             json_object_set_new(meta, "n_ctx_train", json_integer(m->n_ctx_train));
         if (meta && m->n_vocab > 0)
             json_object_set_new(meta, "n_vocab", json_integer(m->n_vocab));
-        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:i, s:[s,s], s:o}", "id", m->id, "object",
-                              "model", "created", (json_int_t)created, "owned_by",
-                              owned_by ? owned_by : "shoal", "max_model_len", m->max_model_len,
-                              "capabilities", "completion", "chat", "meta", meta);
+        json_t *caps = json_pack("[s,s]", "completion", "chat");
+        if (caps && m->embeddings)
+            json_array_append_new(caps, json_string("embeddings"));
+        json_t *o =
+            json_pack("{s:s, s:s, s:I, s:s, s:i, s:o, s:o}", "id", m->id, "object", "model",
+                      "created", (json_int_t)created, "owned_by", owned_by ? owned_by : "shoal",
+                      "max_model_len", m->max_model_len, "capabilities", caps, "meta", meta);
         if (!o || json_array_append_new(data, o)) {
             json_decref(data);
             return NULL;

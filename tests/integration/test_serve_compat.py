@@ -289,7 +289,11 @@ def models(url):
     check(m["max_model_len"] == 512, f"max_model_len {m.get('max_model_len')} (served --ctx 512)")
     check(m["meta"]["n_ctx_train"] >= 2048, f"meta {m.get('meta')}")
     check(m["meta"]["n_vocab"] == 49152, f"meta {m.get('meta')}")
-    check(m["capabilities"] == ["completion", "chat"], f"capabilities {m.get('capabilities')}")
+    check(m["capabilities"] == ["completion", "chat", "embeddings"],
+          f"capabilities {m.get('capabilities')}")
+    # What capabilities says is served: an embedding works here.
+    st, p, raw = su.post_json(url, "/v1/embeddings", {"model": MODEL, "input": "hello"})
+    check(st == 200 and p["data"][0]["embedding"], f"/v1/embeddings: {st} {raw[:200]!r}")
 
 
 # ---- response_format ------------------------------------------------------------------------

@@ -13,9 +13,11 @@ may close with "b" or "c" later), so after about 13 words it holds more than the
 - the server serves afterwards;
 - a 2-stage pipeline (`shoal node` workers, as test_cluster_pipeline): the last stage, on another
   process, samples, and the per-sequence error crosses the link: the limit request fails with the
-  same message while a plain one sent with it finishes.
+  same message while a plain one sent with it finishes; there /v1/models lists no "embeddings"
+  capability, as /v1/embeddings answers 501.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -139,6 +141,13 @@ def pipeline(d):
                 else:
                     check(st == 200 and p["choices"][0]["text"], f"plain: {st} {raw[:300]!r}")
             still_serves(srv.url)
+            # A front with worker nodes does not compute embeddings (501): /v1/models does not
+            # list them among its capabilities.
+            st, _, data = su.get(srv.url, "/v1/models")
+            caps = json.loads(data)["data"][0]["capabilities"]
+            check(caps == ["completion", "chat"], f"cluster capabilities {caps}")
+            st, p, raw = su.post_json(srv.url, "/v1/embeddings", {"input": "hello"})
+            check(st == 501, f"cluster /v1/embeddings: {st} {raw[:200]!r}")
         finally:
             problems += su.stop(srv)
     finally:

@@ -746,7 +746,7 @@ static void test_models_health(void)
         CHECK_STR_EQ(JS(d1, "owned_by"), "shoal");
         json_decref(j);
     }
-    sh_openai_model_info mi[1] = {{"tiny", 2048, 8192, 1000}};
+    sh_openai_model_info mi[1] = {{"tiny", 2048, 8192, 1000, false}};
     j = load(sh_openai_models_info_json(mi, 1, 42, NULL), NULL);
     if (j) {
         json_t *d0 = json_array_get(json_object_get(j, "data"), 0);
@@ -756,6 +756,16 @@ static void test_models_health(void)
         CHECK_INT_EQ(JI(json_object_get(d0, "meta"), "n_vocab"), 1000);
         CHECK_STR_EQ(json_string_value(json_array_get(json_object_get(d0, "capabilities"), 1)),
                      "chat");
+        CHECK_UINT_EQ(json_array_size(json_object_get(d0, "capabilities")), 2);
+        json_decref(j);
+    }
+    mi[0].embeddings = true; /* a model whose embeddings are served says so */
+    j = load(sh_openai_models_info_json(mi, 1, 42, NULL), NULL);
+    if (j) {
+        json_t *caps =
+            json_object_get(json_array_get(json_object_get(j, "data"), 0), "capabilities");
+        CHECK_UINT_EQ(json_array_size(caps), 3);
+        CHECK_STR_EQ(json_string_value(json_array_get(caps, 2)), "embeddings");
         json_decref(j);
     }
     j = load(sh_openai_health_json("ok", "\"replicas\":2"), NULL);
