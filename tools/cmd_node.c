@@ -27,12 +27,14 @@
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
+#include "tools/node_identity.h"
 #include "tools/standby.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: shoal node -c CLUSTER.lua --name NAME [-t THREADS] [--log-level L]\n"
+            "usage: shoal node -c CLUSTER.lua (--name NAME | --name-from VAR) [-t THREADS]\n"
+            "                  [--log-level L]\n"
             "                  [--cluster-key-file FILE] [--control-nice N]\n\n"
             "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
             "pipeline stages the script places on it (only their layers are loaded, with\n"
@@ -41,7 +43,7 @@ static void usage(FILE *f)
             "serve -c CLUSTER.lua`\n"
             "on the gateway's node; see docs/cluster.md.\n\n"
             "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
-            "  --name NAME         which node of the script this process is\n"
+            "  --name NAME         which node of the script this process is\n" SH_NODE_IDENTITY_HELP
             "  -t THREADS          compute threads per stage (default: all CPUs)\n"
             "  --cluster-key-file FILE  the cluster key (else " SH_CLUSTER_KEY_ENV ", else\n"
             "                      the script's cluster.key_file): only nodes that prove\n"
@@ -75,6 +77,7 @@ typedef struct node_state {
     int32_t n;
     node_stage st[SH_CLUSTER_MAX_STAGES];
     const char *key_file;                       /* --cluster-key-file */
+    sh_node_identity id;                        /* --name, --name-from */
     sh_auth_key key;                            /* none: the node serves anyone */
     sh_hello_auth auth;                         /* which nodes proved the key */
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
@@ -168,6 +171,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     if (sh_config_load_file(script, NULL, &s->cfg, &e))
         return sh__cmd_fail("%s", e.msg);
     const sh_cluster_config *c = s->cfg;
+    if (sh__node_identity_resolve(c, script, name, s->id.from, false, &name))
+        return 2;
     int32_t self = sh_config_find_node(c, name);
     if (self < 0)
         return sh__cmd_fail("%s: no node named '%s' in the script", script, name);
@@ -520,8 +525,9 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
 
 int sh__cmd_node(int argc, char **argv)
 {
-    const char *script = NULL, *name = NULL, *log_level = NULL, *fault_path = NULL;
+    const char *script = NULL, *log_level = NULL, *fault_path = NULL;
     const char *fault_epoch = NULL;
+    sh_node_identity id = {0};
     int64_t threads = 0, control_nice = -1; /* not given */
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {
@@ -530,23 +536,23 @@ int sh__cmd_node(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--cluster-key-file")) {
-            if (i + 1 >= argc)
-                return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
-            key_file = argv[++i];
+        int ir = sh__node_identity_flag(&id, argc, argv, &i);
+        if (ir != 1) {
+            if (ir)
+                return 2;
             continue;
         }
-        if (strcmp(a, "-c") && strcmp(a, "--name") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
+        if (strcmp(a, "-c") && strcmp(a, "-t") && strcmp(a, "--log-level") &&
             strcmp(a, "--fault-scenario") && strcmp(a, "--fault-epoch") &&
-            strcmp(a, "--control-nice"))
+            strcmp(a, "--control-nice") && strcmp(a, "--cluster-key-file"))
             return sh__cmd_fail("unknown option '%s' (see shoal node --help)", a);
         if (i + 1 >= argc)
             return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "-c"))
             script = v;
-        else if (!strcmp(a, "--name"))
-            name = v;
+        else if (!strcmp(a, "--cluster-key-file"))
+            key_file = v;
         else if (!strcmp(a, "--log-level"))
             log_level = v;
         else if (!strcmp(a, "--fault-scenario"))
@@ -561,21 +567,23 @@ int sh__cmd_node(int argc, char **argv)
         } else if (!sh__cmd_parse_i64(v, 1, 1024, &threads))
             return sh__cmd_fail("bad value '%s' for -t: want a whole number from 1 to 1024", v);
     }
-    if (!script || !name)
-        return sh__cmd_fail("shoal node needs -c CLUSTER.lua and --name NAME (see shoal node "
-                            "--help)");
+    if (!script)
+        return sh__cmd_fail("shoal node needs -c CLUSTER.lua (see shoal node --help)");
+    if (sh__node_identity_check(id.name, id.from, true, "shoal node"))
+        return 2;
     sigset_t sigs;
     sh__cmd_block_signals(&sigs, 0);
     node_state s;
     memset(&s, 0, sizeof s);
     s.drafter_of = -1;
     s.key_file = key_file;
+    s.id = id;
     if (sh__cmd_fault_epoch_check(fault_epoch))
         return 2;
     s.control_nice = (int32_t)control_nice;
     s.fault_path = fault_path;
     s.fault_epoch = fault_epoch;
-    int rc = run(&s, script, name, (int32_t)threads, log_level, &sigs);
+    int rc = run(&s, script, id.name, (int32_t)threads, log_level, &sigs);
     close_all(&s);
     return rc;
 }

@@ -17,6 +17,7 @@
 #include "base/file.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
+#include "tools/node_identity.h"
 
 #define MAX_KEY_FILE (1 << 20)
 #define KEY_ENV "SHOAL_API_KEY"
@@ -99,6 +100,9 @@ static void usage(FILE *f)
             "                      holding it; waits for the file; docs/chaos.md)\n"
             "  --join-timeout S    with -c and worker nodes: how long to wait for every\n"
             "                      worker to join (default 60; see docs/cluster.md)\n"
+            "  --name-from VAR     with -c: check that environment variable VAR (else\n"
+            "                      SHOAL_NODE, when set) names the gateway's node, as for\n"
+            "                      `shoal node --name-from` (docs/deploy.md)\n"
             "  --cluster-key-file FILE  with -c and worker nodes: the cluster key the\n"
             "                      workers must prove in HELLO (else " SH_CLUSTER_KEY_ENV ",\n"
             "                      else the script's cluster.key_file; none: open)\n"
@@ -371,7 +375,8 @@ void sh__serve_opts_sampling(const sh_serve_opts *o, const sh_llama *m, sh_opena
     "--drain-timeout --api-key-file --join-timeout --step-timeout --router-refresh "               \
     "--redispatch-after --affinity-slack --cluster-key-file --recover-timeout --fault-scenario "   \
     "--fault-epoch --control-nice --spec --spec-k --temp --top-k --top-p --min-p --typical "       \
-    "--repeat-penalty --repeat-last-n --presence-penalty --frequency-penalty --cors-origin "
+    "--repeat-penalty --repeat-last-n --presence-penalty --frequency-penalty --cors-origin "       \
+    "--name-from "
 
 /* --spec and --spec-k. --spec-k alone waits for the script's batcher.spec (checked in
  * sh__serve_opts_finish); a draft model or layers are checked against the model at load
@@ -540,6 +545,8 @@ int sh__serve_opts_parse(int argc, char **argv, sh_serve_opts *o)
                  ((o->drain_timeout_ms = (uint32_t)(d * 1000.0 + 0.5)), true);
         } else if (!strcmp(a, "--cluster-key-file")) {
             o->cluster_key_file = v;
+        } else if (!strcmp(a, "--name-from")) {
+            o->name_from = v;
         } else if (!strcmp(a, "--fault-scenario")) {
             o->fault_path = v;
         } else if (!strcmp(a, "--fault-epoch")) {
@@ -613,6 +620,10 @@ static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
         return sh__cmd_fail("%s", e.msg);
     *cfg_out = c;
     o->cfg = c;
+    const char *self = NULL; /* --name-from or SHOAL_NODE must name the gateway's node */
+    if (sh__node_identity_check(NULL, o->name_from, false, "shoal serve") ||
+        sh__node_identity_resolve(c, o->config, NULL, o->name_from, true, &self))
+        return 2;
     // A script whose stages sit on worker nodes: this process is the front (gateway, batcher,
     // kvmgr) and what is not built yet is refused by name (actors/cluster.h).
     if (sh_config_has_workers(c)) {
@@ -689,6 +700,8 @@ static int apply_config(sh_serve_opts *o, sh_cluster_config **cfg_out)
 
 int sh__serve_opts_finish(sh_serve_opts *o, sh_cluster_config **cfg)
 {
+    if (o->name_from && !o->config)
+        return sh__cmd_fail("--name-from needs -c CLUSTER.lua: it names a node of the script");
     int rc = o->config ? apply_config(o, cfg) : 0;
     if (rc == 0 && o->cluster && (o->spec.kind == SH_SPEC_DRAFT || o->spec.kind == SH_SPEC_SELF))
         rc = sh__cmd_fail("--spec %s: a draft model is served in one process only so far (not "

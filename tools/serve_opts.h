@@ -40,6 +40,7 @@ typedef struct sh_serve_opts {
     const char *fault_path;       /* --fault-scenario: a scenario against the front's links */
     const char *fault_epoch;      /* --fault-epoch: its times from this instant (UNIX_MS, @FILE) */
     const char *cluster_key_file; /* --cluster-key-file */
+    const char *name_from;        /* --name-from: the variable naming this node (with -c) */
     uint32_t step_timeout_ms;     /* --step-timeout; 0: none */
     bool step_timeout_set;        /* --step-timeout given (else: 30 s with worker nodes only) */
     uint32_t router_refresh_ms;   /* --router-refresh (default 5 s) */

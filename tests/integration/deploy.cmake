@@ -1,0 +1,10 @@
+# Deployment (issue 29, docs/deploy.md): node identity from the environment (--name-from,
+# SHOAL_NODE), against real processes of a 2-stage pipeline of the default model.
+if(SH_FUZZ)
+  return() # a fuzzing build builds only the fuzz targets' dependencies
+endif()
+add_test(NAME test_deploy_identity
+         COMMAND ${CMAKE_CURRENT_LIST_DIR}/run_py.sh ${CMAKE_CURRENT_LIST_DIR}/test_deploy_identity.py
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_deploy_identity PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "SH_SOURCE_DIR=${CMAKE_SOURCE_DIR};SH_BINARY_DIR=${CMAKE_BINARY_DIR};SH_SHOAL=$<TARGET_FILE:shoal>")
