@@ -18,6 +18,7 @@
 #include "runtime/coll.h"
 #include "runtime/peers.h"
 #include "runtime/proto.h"
+#include "runtime/transport_resolve.h"
 #include "shoal/version.h"
 
 #define DEFAULT_STAGE_KV_MEM ((uint64_t)1 << 30)
@@ -738,6 +739,10 @@ int sh__cluster_join(const sh_cluster_plan *p, sh_runtime *rt, const sh_hello_id
                 sh_transport_link l;
                 bool found = tp && sh_transport_link_get(tp, (uint32_t)node_of[k] + 1, &l) == SH_OK;
                 const char *why = found && l.last_error[0] ? l.last_error : NULL;
+                // A host that does not resolve (now) is named, whatever the link saw last.
+                sh_error re = {0};
+                if (sh__transport_resolve(url, &re) == SH_ENOTFOUND)
+                    why = re.msg;
                 if (!why && found && l.state == SH_LINK_STATE_CONNECTING &&
                     !strncmp(url, "tls+tcp://", 10))
                     why = "never connected: is it running, with a certificate signed by "
@@ -834,13 +839,14 @@ int sh__cluster_front_start(sh_cluster_front *f, const sh_cluster_config *c, con
     sh_transport_tls tls;
     sh_transport_opts to = {.listen_url = me->listen,
                             .reconnect_max_ms = 250,
-                            .tls = sh__cluster_tls(c, c->gateway.node, &tls)};
+                            .tls = sh__cluster_tls(c, c->gateway.node, &tls),
+                            .listen_resolve_ms = timeout_ms};
     // A worker's frames act only as the node their connection proved in HELLO (runtime/peers.h):
     // the answers to the join's greetings bind each worker's connection.
     sh__peers_enforce(rt);
     if (sh_transport_create(rt, &to, &f->tp, &le))
         return (fail(e, "node '%s': cannot listen on %s: %s", me->name, me->listen, le.msg),
-                le.code == SH_EBUSY ? 2 : 1);
+                le.code == SH_EBUSY || le.code == SH_ENOTFOUND ? 2 : 1);
     rc = sh__cluster_add_peers(&f->plan, c->gateway.node, f->tp, e);
     if (!rc)
         rc = sh__cluster_join(&f->plan, rt, &f->self, f->peers, timeout_ms, &f->key, f->tp, f->note,

@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "runtime/msg.h"
 #include "runtime/transport_driver.h"
+#include "runtime/transport_resolve.h"
 
 #define URL_MAX 256 /* a peer's URL, with its NUL */
 #define MAX_DRIVERS 2
@@ -169,6 +170,11 @@ sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_tra
 {
     if (!rt || !opts || !out)
         return sh__error_set(e, SH_EINVAL, "transport: NULL argument");
+    sh_err rerr = opts->listen_url
+                      ? sh__transport_resolve_wait(opts->listen_url, opts->listen_resolve_ms, e)
+                      : SH_OK;
+    if (rerr)
+        return rerr;
     sh_transport *tp = calloc(1, sizeof *tp);
     if (!tp)
         return sh__error_set(e, SH_ENOMEM, "transport: out of memory");

@@ -54,8 +54,9 @@ static sh_err parse_unix(const char *url, const char *path, sh__endpoint *ep, sh
     return SH_OK;
 }
 
-/* host:port, [v6]:port; an empty host or "*" means any address (listening only). */
-static sh_err parse_inet(const char *url, const char *rest, int family, bool listen,
+/* host:port, [v6]:port; an empty host or "*" means any address (listening only). `lazy`: a host
+ * name is kept for the dial to resolve (ep->named) rather than resolved here. */
+static sh_err parse_inet(const char *url, const char *rest, int family, bool listen, bool lazy,
                          sh__endpoint *ep, sh_error *e)
 {
     char host[256];
@@ -82,11 +83,21 @@ static sh_err parse_inet(const char *url, const char *rest, int family, bool lis
         return sh__error_set(e, SH_EINVAL, "transport: %s: a host to dial is needed", url);
     struct addrinfo hints = {.ai_family = family,
                              .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (any ? AI_PASSIVE : 0)};
+                             .ai_flags = AI_NUMERICSERV | (any ? AI_PASSIVE : 0) |
+                                         (lazy ? AI_NUMERICHOST : 0)};
     char ps[8];
     snprintf(ps, sizeof ps, "%lu", port);
     struct addrinfo *res = NULL;
     int rc = getaddrinfo(any ? NULL : host, ps, &hints, &res);
+    if (lazy && rc == EAI_NONAME) { /* a name: resolved before each dial */
+        ep->named = true;
+        ep->family = family;
+        memcpy(ep->host, host, hn + 1);
+        memcpy(ep->port, ps, sizeof ps);
+        ep->head_len = 8;
+        ep->unix_path = false;
+        return SH_OK;
+    }
     if (rc != 0 || !res) {
         if (res)
             freeaddrinfo(res);
@@ -101,7 +112,7 @@ static sh_err parse_inet(const char *url, const char *rest, int family, bool lis
     return SH_OK;
 }
 
-sh_err sh__endpoint_parse(const char *url, bool listen, sh__endpoint *ep, sh_error *e)
+static sh_err parse(const char *url, bool listen, bool lazy, sh__endpoint *ep, sh_error *e)
 {
     memset(ep, 0, sizeof *ep);
     const scheme *s = scheme_of(url);
@@ -111,7 +122,17 @@ sh_err sh__endpoint_parse(const char *url, bool listen, sh__endpoint *ep, sh_err
     const char *rest = url + strlen(s->prefix);
     if (s->family == AF_UNIX)
         return parse_unix(url, rest, ep, e);
-    return parse_inet(url, rest, s->family, listen, ep, e);
+    return parse_inet(url, rest, s->family, listen, lazy, ep, e);
+}
+
+sh_err sh__endpoint_parse(const char *url, bool listen, sh__endpoint *ep, sh_error *e)
+{
+    return parse(url, listen, false, ep, e);
+}
+
+sh_err sh__endpoint_parse_dial(const char *url, sh__endpoint *ep, sh_error *e)
+{
+    return parse(url, false, true, ep, e);
 }
 
 int sh__endpoint_socket(const sh__endpoint *ep)

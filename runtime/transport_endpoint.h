@@ -18,6 +18,12 @@ typedef struct sh__endpoint {
     socklen_t sa_len;
     uint8_t head_len; /* 9 (ipc) or 8 (tcp) */
     bool unix_path;   /* AF_UNIX: sa holds a filesystem path */
+    /* A dialled tcp:// URL whose host is a name, not a numeric address: it is resolved before
+     * each dial (sh__stream_conn_dial), into sa; host, port and family are what to resolve. */
+    bool named;
+    int family;
+    char host[256];
+    char port[8];
 } sh__endpoint;
 
 #define SH__ENDPOINT_HEAD_MAX 9
@@ -30,6 +36,11 @@ bool sh__endpoint_handles(const char *url);
  * (malformed, or an ipc:// path longer than a Unix socket allows), SH_ENOTFOUND (the host does
  * not resolve); e names the URL. */
 sh_err sh__endpoint_parse(const char *url, bool listen, sh__endpoint *ep, sh_error *e);
+
+/* Parses a URL to dial as sh__endpoint_parse does, except that a host name is not resolved: ep
+ * is `named` and its sa is empty until the dial resolves it. A numeric address is filled in at
+ * once. Returns SH_EINVAL (malformed). */
+sh_err sh__endpoint_parse_dial(const char *url, sh__endpoint *ep, sh_error *e);
 
 /* A non-blocking socket of ep's family: TCP_NODELAY for tcp. -1 with errno on failure. */
 int sh__endpoint_socket(const sh__endpoint *ep);

@@ -167,11 +167,11 @@ void sh__stream_service(sh__stream *x)
                 sh__stream_conn_close(l->c, SH_OK, NULL, 0);
             continue;
         }
-        if (!l->c && now >= l->redial_at)
+        if (!l->c && !l->resolving && now >= l->redial_at)
             sh__stream_conn_dial(l);
         if (l->c && want)
             sh__stream_conn_events(l->c, UV_READABLE | UV_WRITABLE);
-        if (!l->c && l->redial_at < next)
+        if (!l->c && !l->resolving && l->redial_at < next)
             next = l->redial_at;
         if (n > 0 && now + EXPIRE_TICK_MS < next)
             next = now + EXPIRE_TICK_MS;
@@ -253,9 +253,12 @@ static void io_stop(sh_actor_ctx *ctx, void *state)
     uv_mutex_lock(&x->mu);
     sh__stream_link *first = x->links;
     uv_mutex_unlock(&x->mu);
-    for (sh__stream_link *l = first; l; l = l->next)
+    for (sh__stream_link *l = first; l; l = l->next) {
         if (l->c)
             sh__stream_conn_close(l->c, SH_ECLOSED, "transport closed", 0);
+        if (l->resolving) /* its callback comes (cancelled or not) and counts it closed */
+            uv_cancel((uv_req_t *)&l->gai);
+    }
     if (x->kick_ok)
         uv_close((uv_handle_t *)&x->kick, on_handle_closed);
     if (x->tick_ok)
@@ -328,7 +331,7 @@ sh_err sh__stream_link_add(sh__stream *x, uint32_t node, const char *url, sh__st
                            sh_error *e)
 {
     sh__endpoint ep;
-    sh_err err = sh__endpoint_parse(url, false, &ep, e);
+    sh_err err = sh__endpoint_parse_dial(url, &ep, e);
     if (err)
         return err;
     sh__stream_link *l = calloc(1, sizeof *l);

@@ -1,8 +1,10 @@
 /* The stream engine's connections: dialling, accepting, handshakes, reading and delivering
  * frames, finishing queued writes. Everything here runs on the engine's loop thread. */
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -473,8 +475,8 @@ static void conn_io(uv_poll_t *h, int status, int events)
     accepted_read(c);
 }
 
-/* Starts a connection attempt for link l (loop thread, l->c == NULL). */
-void sh__stream_conn_dial(sh__stream_link *l)
+/* Connects link l to the address in l->ep (loop thread, l->c == NULL). */
+static void dial_connect(sh__stream_link *l)
 {
     sh__stream *x = l->x;
     int fd = sh__endpoint_socket(&l->ep);
@@ -505,6 +507,67 @@ void sh__stream_conn_dial(sh__stream_link *l)
     }
     c->state = C_CONNECTING;
     sh__stream_conn_events(c, UV_WRITABLE);
+}
+
+/* A named host's lookup finished (loop thread): connect to its first address, or note the
+ * failure and redial after the backoff. After io_stop (cancelled, or finished meanwhile) it
+ * only counts the lookup closed. */
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    sh__stream_link *l = req->data;
+    sh__stream *x = l->x;
+    l->resolving = false;
+    bool stopping = !atomic_load_explicit(&x->ready, memory_order_acquire);
+    if (!stopping && status == 0 && res && res->ai_addrlen <= sizeof l->ep.sa) {
+        memcpy(&l->ep.sa, res->ai_addr, res->ai_addrlen);
+        l->ep.sa_len = res->ai_addrlen;
+    } else if (!stopping && status == 0) {
+        status = UV_EAI_NONAME;
+    }
+    uv_freeaddrinfo(res);
+    sh__stream_conn_handle_closed(x); /* the lookup was one of the open handles */
+    if (stopping)
+        return;
+    uv_mutex_lock(&l->mu);
+    bool closed = l->closed;
+    if (status != 0) {
+        l->info.last_err = SH_ENOTFOUND;
+        snprintf(l->info.last_error, sizeof l->info.last_error, "host %.100s did not resolve (%s)",
+                 l->ep.host, uv_strerror(status));
+    }
+    uv_mutex_unlock(&l->mu);
+    if (status != 0) {
+        l->redial_at = mono_ms() + l->backoff;
+        l->backoff = l->backoff * 2 > x->o.rc_max ? x->o.rc_max : l->backoff * 2;
+    } else if (!closed) {
+        dial_connect(l);
+    }
+    sh__stream_service(x); /* re-arms the tick for the redial */
+}
+
+void sh__stream_conn_dial(sh__stream_link *l)
+{
+    if (!l->ep.named) {
+        dial_connect(l);
+        return;
+    }
+    sh__stream *x = l->x;
+    struct addrinfo hints = {
+        .ai_family = l->ep.family, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    l->gai.data = l;
+    int rc = uv_getaddrinfo(x->loop, &l->gai, on_resolved, l->ep.host, l->ep.port, &hints);
+    if (rc == 0) {
+        l->resolving = true;
+        x->open_handles++;
+        return;
+    }
+    uv_mutex_lock(&l->mu);
+    l->info.last_err = SH_ENOTFOUND;
+    snprintf(l->info.last_error, sizeof l->info.last_error, "host %.100s: lookup not started (%s)",
+             l->ep.host, uv_strerror(rc));
+    uv_mutex_unlock(&l->mu);
+    l->redial_at = mono_ms() + l->backoff;
+    l->backoff = l->backoff * 2 > x->o.rc_max ? x->o.rc_max : l->backoff * 2;
 }
 
 /* Makes room for one more connection that has not proved a node: at the cap, the oldest such

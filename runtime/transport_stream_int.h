@@ -101,6 +101,10 @@ struct sh__stream_link {
     conn *c;
     uint64_t redial_at;
     uint32_t backoff;
+    /* A named host (ep.named) being resolved before a dial: gai is in flight on libuv's thread
+     * pool and counts as one of the engine's open handles until its callback. */
+    bool resolving;
+    uv_getaddrinfo_t gai;
 };
 
 /* A raw recycled buffer: its capacity, then the frame. */
@@ -195,7 +199,8 @@ void sh__stream_conn_events(conn *c, int events);
  * NULL: leave it). An accepted one leaves the engine's list. Idempotent. */
 void sh__stream_conn_close(conn *c, sh_err code, const char *what, int err);
 
-/* Starts a connection attempt for link l (l->c == NULL). */
+/* Starts a connection attempt for link l (l->c == NULL, not resolving): a named host is resolved
+ * first (l->resolving until then). */
 void sh__stream_conn_dial(sh__stream_link *l);
 
 /* The listener's poll callback: accepts every pending connection. */

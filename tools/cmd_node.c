@@ -15,6 +15,7 @@
 #include "actors/cluster_key.h"
 #include "actors/hello.h"
 #include "actors/node_metrics.h"
+#include "actors/replica.h"
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
@@ -44,6 +45,7 @@ static void usage(FILE *f)
             "on the gateway's node; see docs/cluster.md.\n\n"
             "  -c CLUSTER.lua      the cluster script (the same file on every node)\n"
             "  --name NAME         which node of the script this process is\n" SH_NODE_IDENTITY_HELP
+                SH_NODE_IDENTITY_JOIN_HELP
             "  -t THREADS          compute threads per stage (default: all CPUs)\n"
             "  --cluster-key-file FILE  the cluster key (else " SH_CLUSTER_KEY_ENV ", else\n"
             "                      the script's cluster.key_file): only nodes that prove\n"
@@ -77,7 +79,7 @@ typedef struct node_state {
     int32_t n;
     node_stage st[SH_CLUSTER_MAX_STAGES];
     const char *key_file;                       /* --cluster-key-file */
-    sh_node_identity id;                        /* --name, --name-from */
+    sh_node_identity id;                        /* --name, --name-from, --join-timeout */
     sh_auth_key key;                            /* none: the node serves anyone */
     sh_hello_auth auth;                         /* which nodes proved the key */
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
@@ -457,7 +459,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     sh_transport_tls tls;
     sh_transport_opts to = {.listen_url = c->nodes[self].listen,
                             .reconnect_max_ms = 250,
-                            .tls = sh__cluster_tls(c, self, &tls)};
+                            .tls = sh__cluster_tls(c, self, &tls),
+                            .listen_resolve_ms = s->id.join_ms};
     // Every frame from another node acts only as the node its connection proved in HELLO
     // (runtime/peers.h): the front's greeting binds its connection, and each worker greets this
     // one over its own (greet_links).
@@ -465,7 +468,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     if (sh_transport_create(s->rt, &to, &s->tp, &e))
         return (
             sh__cmd_fail("node '%s': cannot listen on %s: %s", name, c->nodes[self].listen, e.msg),
-            e.code == SH_EBUSY ? 2 : 1);
+            e.code == SH_EBUSY || e.code == SH_ENOTFOUND ? 2 : 1);
     rc = sh__cmd_report(sh__cluster_add_peers(&plan, self, s->tp, &e), &e);
     if (!rc && s->fault_path)
         rc = sh__cmd_fault_start_epoch(&s->fault, s->fault_path, s->fault_epoch, c, s->rt, s->tp);
@@ -527,7 +530,7 @@ int sh__cmd_node(int argc, char **argv)
 {
     const char *script = NULL, *log_level = NULL, *fault_path = NULL;
     const char *fault_epoch = NULL;
-    sh_node_identity id = {0};
+    sh_node_identity id = {.join_ms = SH_REPLICA_JOIN_TIMEOUT_MS};
     int64_t threads = 0, control_nice = -1; /* not given */
     const char *key_file = NULL;
     for (int i = 1; i < argc; i++) {

@@ -11,15 +11,22 @@
 int sh__node_identity_flag(sh_node_identity *id, int argc, char **argv, int *i)
 {
     const char *a = argv[*i];
-    if (strcmp(a, "--name") && strcmp(a, "--name-from"))
+    if (strcmp(a, "--name") && strcmp(a, "--name-from") && strcmp(a, "--join-timeout"))
         return 1;
     if (*i + 1 >= argc)
         return sh__cmd_fail("option '%s' needs a value (see shoal node --help)", a);
     const char *v = argv[++*i];
+    double d = 0;
     if (!strcmp(a, "--name"))
         id->name = v;
-    else
+    else if (!strcmp(a, "--name-from"))
         id->from = v;
+    else if (sh__cmd_parse_f64(v, 0.1, 3600, &d))
+        id->join_ms = (uint32_t)(d * 1000.0 + 0.5);
+    else
+        return sh__cmd_fail("bad value '%s' for --join-timeout: want seconds from 0.1 to 3600 "
+                            "(decimals allowed)",
+                            v);
     return 0;
 }
 

@@ -20,13 +20,22 @@
     "                      0-based, the gateway's node left out (docs/deploy.md);\n"               \
     "                      without --name and --name-from, " SH_NODE_IDENTITY_ENV " if set\n"
 
-/* `shoal node`'s flags that say which node it is: --name and --name-from as given. */
+/* `shoal node`'s flags that say which node it is and how long it waits for its own address:
+ * --name, --name-from and --join-timeout as given (join_ms: SH_REPLICA_JOIN_TIMEOUT_MS when not
+ * given, set by the caller). */
 typedef struct sh_node_identity {
     const char *name, *from;
+    uint32_t join_ms;
 } sh_node_identity;
 
-/* Takes argv[*i] when it is --name or --name-from (with its value: *i moves past it). Returns 0
- * when taken, 1 when argv[*i] is another flag, 2 after an error line (no value). */
+/* The help text of --join-timeout for `shoal node`. */
+#define SH_NODE_IDENTITY_JOIN_HELP                                                                 \
+    "  --join-timeout S    how long to wait for the host name of this node's own\n"                \
+    "                      address to resolve (DNS not ready yet; default 60)\n"
+
+/* Takes argv[*i] when it is --name, --name-from or --join-timeout (with its value: *i moves past
+ * it). Returns 0 when taken, 1 when argv[*i] is another flag, 2 after an error line (no value, a
+ * bad --join-timeout). */
 int sh__node_identity_flag(sh_node_identity *id, int argc, char **argv, int *i);
 
 /* Checks the flags before the script is read: --name and --name-from together, or neither and

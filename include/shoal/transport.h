@@ -49,10 +49,13 @@ extern "C" {
  * is handed to an actor on that loop without a thread hop, and a sender writes its frame into
  * the socket from its own thread when the link is idle; only what the kernel does not take at
  * once is queued. Connect failures show in the link's last_error ("connect: Connection
- * refused"). Host names are resolved when the peer is added or the listener created. A socket
- * file left at an ipc:// listening path by a dead process is replaced; a live listener's path is
- * SH_EBUSY; the file is removed when the transport closes. use_nng selects NNG's transports.
- * inproc:// and tls+tcp:// always use NNG.
+ * refused"). A peer's host name is resolved again before each dial (on libuv's thread pool, not
+ * the loop), so a peer restarted at another address is found; while it does not resolve the
+ * link redials with backoff and its last_error says "host H did not resolve (...)". NNG's
+ * tls+tcp:// dialer resolves before each dial too. A listener's host name is resolved when the
+ * transport is created (listen_resolve_ms). A socket file left at an ipc:// listening path by a
+ * dead process is replaced; a live listener's path is SH_EBUSY; the file is removed when the
+ * transport closes. use_nng selects NNG's transports. inproc:// and tls+tcp:// always use NNG.
  *
  * Threads. Every function may be called from any thread unless it says otherwise; the link
  * table and the counters are protected internally. NNG runs the receive and send completions
@@ -106,6 +109,10 @@ typedef struct sh_transport_opts {
      * replies from other nodes would stop reading those replies, so raise the limit there. */
     uint64_t recv_pause_msgs;
     uint64_t recv_pause_bytes;
+    /* listen_url's host is a name that does not resolve yet (DNS not ready: a Kubernetes pod's
+     * name appears in its Service's records after the pod starts): sh_transport_create tries
+     * again every 250 ms for up to this long before it fails with SH_ENOTFOUND. 0: one try. */
+    uint32_t listen_resolve_ms;
 } sh_transport_opts;
 
 #define SH_TRANSPORT_RECYCLE_OFF UINT64_MAX
@@ -144,7 +151,8 @@ typedef struct sh_transport_stats {
 /* Creates the transport for rt, starts listening on opts->listen_url and installs itself as rt's
  * send_frame hook (sh_transport_set(); no filter). *out is set on success only. Returns
  * SH_EINVAL (bad options or URL, the NNG text in e), SH_EUNSUPPORTED (tls+tcp:// without tls
- * options, or an NNG built without TLS), SH_EBUSY (the address is in use), SH_ENOMEM, SH_EIO
+ * options, or an NNG built without TLS), SH_EBUSY (the address is in use), SH_ENOTFOUND (the
+ * listening host did not resolve within listen_resolve_ms), SH_ENOMEM, SH_EIO
  * (other NNG failures); on failure nothing is left open. Not concurrently with another
  * sh_transport_set() on rt. */
 sh_err sh_transport_create(sh_runtime *rt, const sh_transport_opts *opts, sh_transport **out,

@@ -367,7 +367,8 @@ static void test_accept_without_descriptors(void)
 }
 
 /* tcp:// URLs: the bound port of port 0, a port in use, malformed and unresolvable addresses,
- * IPv6 loopback where the machine has it. */
+ * IPv6 loopback where the machine has it; host names resolved before each dial and, for a
+ * listener, waited for. */
 static void test_tcp_urls(void)
 {
     node a;
@@ -383,13 +384,9 @@ static void test_tcp_urls(void)
         const char *url;
         sh_err code;
     } bad[] = {
-        {"tcp://127.0.0.1", SH_EINVAL},
-        {"tcp://127.0.0.1:", SH_EINVAL},
-        {"tcp://127.0.0.1:99999", SH_EINVAL},
-        {"tcp://127.0.0.1:12x", SH_EINVAL},
-        {"tcp://:7000", SH_EINVAL},
-        {"tcp://127.0.0.1:0", SH_EINVAL},
-        {"tcp://no-such-host.invalid:7000", SH_ENOTFOUND},
+        {"tcp://127.0.0.1", SH_EINVAL},       {"tcp://127.0.0.1:", SH_EINVAL},
+        {"tcp://127.0.0.1:99999", SH_EINVAL}, {"tcp://127.0.0.1:12x", SH_EINVAL},
+        {"tcp://:7000", SH_EINVAL},           {"tcp://127.0.0.1:0", SH_EINVAL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         sh_err err = sh_transport_peer_add(a.tp, (uint32_t)(10 + i), bad[i].url, &e);
@@ -398,6 +395,26 @@ static void test_tcp_urls(void)
         CHECK_INT_EQ(err, bad[i].code);
         CHECK(strstr(e.msg, bad[i].url) != NULL);
     }
+    /* A peer's host name is resolved before each dial, not when it is added: one that does not
+     * resolve leaves the link connecting, its last error naming the host. */
+    CHECK_OK(sh_transport_peer_add(a.tp, 30, "tcp://no-such-host.invalid:7000", &e));
+    sh_transport_link l = {0};
+    for (uint64_t end = now_ms() + 10000; now_ms() < end; sleep_ms(5)) {
+        CHECK_OK(sh_transport_link_get(a.tp, 30, &l));
+        if (l.last_err == SH_ENOTFOUND)
+            break;
+    }
+    fprintf(stderr, "unresolved peer: state=%d '%s'\n", (int)l.state, l.last_error);
+    CHECK_INT_EQ(l.last_err, SH_ENOTFOUND);
+    CHECK_INT_EQ(l.state, SH_LINK_STATE_CONNECTING);
+    CHECK(strstr(l.last_error, "host no-such-host.invalid did not resolve") != NULL);
+    /* A listener's host name that does not resolve: tried again for listen_resolve_ms. */
+    sh_transport_opts on = {.listen_url = "tcp://no-such-host.invalid:7000",
+                            .listen_resolve_ms = 300};
+    uint64_t t0 = now_ms();
+    CHECK_INT_EQ(sh_transport_create(r.rt, &on, &tp, &e), SH_ENOTFOUND);
+    CHECK(now_ms() - t0 >= 250);
+    CHECK(strstr(e.msg, "host no-such-host.invalid did not resolve within 0.3 s") != NULL);
     rt_finish(&r);
     /* Any address, and IPv6 loopback when the kernel has it. */
     node b;
@@ -407,6 +424,10 @@ static void test_tcp_urls(void)
     snprintf(dial, sizeof dial, "tcp://127.0.0.1%s", port);
     CHECK_OK(sh_transport_peer_add(a.tp, 2, dial, NULL));
     CHECK(wait_link_up(a.tp, 2, 1, 5000));
+    /* A host name (resolved on the thread pool before the dial) reaches it too. */
+    snprintf(dial, sizeof dial, "tcp4://localhost%s", port);
+    CHECK_OK(sh_transport_peer_add(a.tp, 4, dial, NULL));
+    CHECK(wait_link_up(a.tp, 4, 1, 5000));
     int s6 = socket(AF_INET6, SOCK_STREAM, 0);
     struct sockaddr_in6 lo6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
     bool have6 = s6 >= 0 && bind(s6, (struct sockaddr *)&lo6, sizeof lo6) == 0;
