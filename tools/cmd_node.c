@@ -29,6 +29,7 @@
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
 #include "tools/node_identity.h"
+#include "tools/sdnotify.h"
 #include "tools/standby.h"
 
 static void usage(FILE *f)
@@ -80,6 +81,7 @@ typedef struct node_state {
     node_stage st[SH_CLUSTER_MAX_STAGES];
     const char *key_file;                       /* --cluster-key-file */
     sh_node_identity id;                        /* --name, --name-from, --join-timeout */
+    sh_sdnotify sd;                             /* systemd's notifications (NOTIFY_SOCKET) */
     sh_auth_key key;                            /* none: the node serves anyone */
     sh_hello_auth auth;                         /* which nodes proved the key */
     const char *names[SH_HELLO_MAX_NODES];      /* node id -> the script's name, for logs */
@@ -126,6 +128,7 @@ static void close_all(node_state *s)
     if (s->tp)
         sh_transport_close(s->tp);
     sh_runtime_destroy(s->rt);
+    sh__sdnotify_close(&s->sd);
     sh_transport_destroy(s->tp);
     sh__standby_free(&s->sb);
     sh_spec_drafts_destroy(s->drafts); /* its drafter actor is gone; the target is not yet */
@@ -472,7 +475,8 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     rc = sh__cmd_report(sh__cluster_add_peers(&plan, self, s->tp, &e), &e);
     if (!rc && s->fault_path)
         rc = sh__cmd_fault_start_epoch(&s->fault, s->fault_path, s->fault_epoch, c, s->rt, s->tp);
-    if (rc)
+    snprintf(who, sizeof who, "node %s joined its front", name); /* READY=1 once it did */
+    if (rc || (rc = sh__sdnotify_start(&s->sd, s->rt, (uint32_t)plan.front + 1, who)) != 0)
         return rc;
     char layers[512] = "";
     for (int32_t k = 0; k < n_mine; k++) {
@@ -516,6 +520,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     int sig = 0;
     while (sigwait(sigs, &sig) == 0 && sig == SIGHUP) {
     }
+    sh__sdnotify_send(&s->sd, "STOPPING=1\nSTATUS=node %s stopping", name);
     if (atomic_load_explicit(&s->restart, memory_order_acquire) == 1) {
         fprintf(stderr, "shoal: node %s: the front asked for a restart: %s; exiting %d\n", name,
                 s->restart_why, SH_NODE_EXIT_RESTART);
@@ -581,6 +586,7 @@ int sh__cmd_node(int argc, char **argv)
     s.drafter_of = -1;
     s.key_file = key_file;
     s.id = id;
+    sh__sdnotify_open(&s.sd); /* NOTIFY_SOCKET: before any thread starts */
     if (sh__cmd_fault_epoch_check(fault_epoch))
         return 2;
     s.control_nice = (int32_t)control_nice;

@@ -26,6 +26,7 @@
 #include "tools/cmd.h"
 #include "tools/cmd_fault.h"
 #include "tools/cmd_util.h"
+#include "tools/sdnotify.h"
 #include "tools/serve_degrade.h"
 #include "tools/serve_opts.h"
 
@@ -66,6 +67,7 @@ typedef struct server {
     sh_cluster_events events; /* faults and recoveries, for /admin/status */
     sh_spec_drafts *drafts;   /* --spec draft:PATH|self:LAYERS: the drafter actor's model */
     sh_openai_sampling samp[SH_CLUSTER_MAX_REPLICAS]; /* absent sampling fields, per model */
+    sh_sdnotify sd; /* systemd's notifications (NOTIFY_SOCKET; tools/sdnotify.h) */
 } server;
 
 /* Before the transport closes: the supervisor's recovery step in flight (it uses the transport
@@ -153,6 +155,7 @@ static uint64_t mono_ms(void)
  * node's place, and it did not come back within --recover-timeout or none was given. */
 static int stop_lost(server *s, const char *what)
 {
+    sh__sdnotify_send(&s->sd, "STOPPING=1\nSTATUS=a worker node was lost; stopping");
     sh__cmd_fail("%s: this replica cannot continue; stopping", what);
     fflush(stderr);
     sh__gateway_ctl_fail(s->ctl, "a stage node of this replica was lost and the server is "
@@ -177,6 +180,7 @@ static int drain(sh_serve_opts *o, server *s, const sigset_t *sigs, int sig)
             "to stop now)\n",
             sig == SIGINT ? "interrupted" : "terminated", o->drain_timeout_ms / 1000.0);
     fflush(stderr);
+    sh__sdnotify_send(&s->sd, "STOPPING=1\nSTATUS=draining");
     sh__gateway_ctl_drain(ctl);
     // The gateway enforces the deadline; this is the backstop should it not report.
     uint64_t backstop = mono_ms() + o->drain_timeout_ms + 10000;
@@ -558,6 +562,9 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
     fprintf(stderr, "shoal: listening on http://%s%s%s:%d%s\n", v6 ? "[" : "", host, v6 ? "]" : "",
             port, o->n_keys ? " (API keys required)" : "");
     fflush(stderr);
+    if (sh__sdnotify_start(&s->sd, s->rt, 0, NULL)) /* WATCHDOG=1 from loop 0 */
+        return 1;
+    sh__sdnotify_send(&s->sd, "READY=1\nSTATUS=serving on http://%s:%d", host, port);
     return serve_until_stopped(o, s, sigs);
 }
 
@@ -576,9 +583,11 @@ int sh__cmd_serve(int argc, char **argv)
         sh__cmd_block_signals(&sigs, 0);
         server s;
         memset(&s, 0, sizeof s);
+        sh__sdnotify_open(&s.sd); /* before any thread starts */
         sh__cluster_events_init(&s.events);
         rc = run(&o, &s, &sigs);
         close_all(&s);
+        sh__sdnotify_close(&s.sd);
         sh__cluster_events_fini(&s.events);
     }
     sh__serve_opts_free(&o);
