@@ -775,6 +775,9 @@ static int cluster_up(int argc, char **argv)
         oom |= !k->argv;
     }
     if (!oom) {
+        // Every node is named by --name; SHOAL_NODE in this environment would make the front
+        // check it against the gateway's node (docs/deploy.md).
+        unsetenv("SHOAL_NODE");
         sigset_t sigs;
         sh__cmd_block_signals(&sigs, SIGCHLD);
         s.sfd = signalfd(-1, &sigs, SFD_NONBLOCK | SFD_CLOEXEC);

@@ -6,7 +6,10 @@
   for the workers, the abstract namespace for the front) with WATCHDOG_USEC set, starts the two
   workers and the front of a 2-stage pipeline of the default model, and checks that each worker
   sends READY=1 only once the front greeted it (none before the front started), the front once it
-  listens, WATCHDOG=1 from each about every WATCHDOG_USEC/2, and STOPPING=1 from each on SIGTERM.
+  listens, WATCHDOG=1 from each about every WATCHDOG_USEC/2, and STOPPING=1 from each on SIGTERM;
+  after the front stops, each worker says so in STATUS= and sends READY=1 again once a new front
+  greeted it; a one-process `shoal serve` with WATCHDOG_PID naming another process sends READY=1
+  and STOPPING=1 but no WATCHDOG=1.
 """
 
 import os
@@ -160,6 +163,27 @@ def notify(d):
         front.stop()
         front = None
         lf.wait("STOPPING=1", 5, since=t_stop)
+        # The front restarts (as its unit would): each worker says it lost it, then is ready again
+        # once the new front greeted it.
+        for w in workers:
+            gone = None
+            for _ in range(100):
+                gone = [m for _, m in lw[w].lines(t_stop) if "connection is gone" in m]
+                if gone:
+                    break
+                time.sleep(0.05)
+            assert gone, f"{w}: no STATUS after the front stopped: {lw[w].lines(t_stop)}"
+        t_again = time.monotonic()
+        front = du.Proc(["serve", "-c", s, "--port", "0", "--join-timeout", f"{su.scaled(60):g}"],
+                        "front2", dict(env, NOTIFY_SOCKET="@" + abstract))
+        front.wait_for("listening on")
+        lf.wait("READY=1", 10, since=t_again)
+        for w in workers:
+            lw[w].wait("READY=1", 10, since=t_again)
+        t_stop = time.monotonic()
+        front.stop()
+        front = None
+        lf.wait("STOPPING=1", 5, since=t_stop)
         for w, p in workers.items():
             t = time.monotonic()
             p.stop()
@@ -175,6 +199,28 @@ def notify(d):
             lst.close()
 
 
+def not_mine(d):
+    """WATCHDOG_PID naming another process: READY=1 (a one-process `shoal serve`) but no pings."""
+    lst = Listener(os.path.join(d, "notify-one.sock"))
+    p = du.Proc(["serve", "--port", "0", "-m", su.MODEL, "-t", "1"], "one",
+                {"NOTIFY_SOCKET": os.path.join(d, "notify-one.sock"),
+                 "WATCHDOG_USEC": str(WATCHDOG_USEC), "WATCHDOG_PID": "1"})
+    try:
+        p.wait_for("listening on")
+        lst.wait("READY=1", 10)
+        time.sleep(1.0)
+        ts, _ = pings(lst, 0.0, time.monotonic())
+        assert not ts, f"{len(ts)} WATCHDOG=1 with WATCHDOG_PID=1"
+        t = time.monotonic()
+        p.stop()
+        lst.wait("STOPPING=1", 5, since=t)
+    finally:
+        if p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait()
+        lst.close()
+
+
 def main():
     """`units`: systemd-analyze verify (77 without it); `notify`: the sd_notify case."""
     what = sys.argv[1] if len(sys.argv) > 1 else "notify"
@@ -188,8 +234,10 @@ def main():
         if what == "units":
             r.case("the units pass systemd-analyze verify", verify_units, d)
         else:
-            r.case("sd_notify: READY=1 after the join / when serving, WATCHDOG=1, STOPPING=1",
-                   notify, d)
+            r.case("sd_notify: READY=1 after the join / when serving, WATCHDOG=1, STOPPING=1, "
+                   "READY=1 again for a restarted front", notify, d)
+            r.case("sd_notify: WATCHDOG_PID of another process: READY=1, no pings",
+                   not_mine, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()
