@@ -71,9 +71,20 @@ int sh__node_identity_resolve(const sh_cluster_config *c, const char *script, co
     if (!v || !*v)
         return sh__cmd_fail("--name-from %s: the environment variable %s is %s", from, from,
                             v ? "empty" : "not set");
+    // A fully qualified host name (shoal-2.shoal.default.svc.cluster.local) counts by its first
+    // label when the whole value is no node's name; a label of digits alone is not a host's.
+    char label[64] = "";
+    const char *dot = strchr(v, '.');
+    if (dot && dot > v && (size_t)(dot - v) < sizeof label &&
+        strspn(v, "0123456789") < (size_t)(dot - v)) {
+        memcpy(label, v, (size_t)(dot - v));
+        label[dot - v] = '\0';
+    }
     int32_t node = sh_config_find_node(c, v);
+    if (node < 0 && label[0])
+        node = sh_config_find_node(c, label);
     int32_t n_workers = c->n_nodes - (c->gateway.node >= 0 && c->gateway.node < c->n_nodes);
-    int64_t k = node < 0 ? rank_of(v) : -1;
+    int64_t k = node < 0 ? rank_of(label[0] ? label : v) : -1;
     if (node < 0 && k < 0)
         return sh__cmd_fail("--name-from %s: '%.100s' is neither a node of %s nor a rank (a "
                             "number, or a name ending in -NUMBER such as shoal-2)",

@@ -47,12 +47,13 @@ int sh__node_identity_check(const char *name, const char *from, bool required, c
  * that the script has it), else the value of variable `from` (or SHOAL_NODE when from is NULL
  * and it is set) as a node's name, else as a rank: a decimal number k, or a value ending in "-k"
  * (a StatefulSet pod's host name): the k-th worker node in the script's order, the gateway's
- * node skipped. `front` (`shoal serve -c`): the node found must be the gateway's. *out points
- * into c (or is `name`); NULL with 0 when nothing names a node (name and from NULL, no
- * SHOAL_NODE). Returns 0, or 2 after one error line: the variable not set or empty, a value that
- * is neither a node nor a rank, a rank past the script's worker nodes (the line gives their
- * count), or a front that is not the gateway's node. Prints "shoal: node NAME (from VAR=VALUE)"
- * when the name came from a variable. */
+ * node skipped. A fully qualified host name that is no node's name is read by its first label
+ * (shoal-2.shoal.default.svc: shoal-2). `front` (`shoal serve -c`): the node found must be the
+ * gateway's. *out points into c (or is `name`); NULL with 0 when nothing names a node (name and
+ * from NULL, no SHOAL_NODE). Returns 0, or 2 after one error line: the variable not set or empty, a
+ * value that is neither a node nor a rank, a rank past the script's worker nodes (the line gives
+ * their count), or a front that is not the gateway's node. Prints "shoal: node NAME (from
+ * VAR=VALUE)" when the name came from a variable. */
 int sh__node_identity_resolve(const sh_cluster_config *c, const char *script, const char *name,
                               const char *from, bool front, const char **out);
 

@@ -5,8 +5,9 @@ Cases: a 2-stage pipeline of the default model whose worker w0 takes its name fr
 HOSTNAME=shoal-0 (a StatefulSet pod's ordinal), w1 from SHOAL_NODE=1 (a bare rank, as Slurm's
 SLURM_PROCID gives) and the front from a variable naming it; its greedy completions equal one
 process's. Bad input exits 2 with one error line each: a rank with no node (the line gives the
-worker count), a variable that is not set, an empty one, a value that is neither a node nor a
-rank, --name with --name-from, no name at all, a front whose variable names a worker.
+worker count; also a fully qualified host name's, read by its first label), a variable that is
+not set, an empty one, a value that is neither a node nor a rank (1.5, banana), --name with
+--name-from, no name at all, a front whose variable names a worker.
 """
 
 import os
@@ -56,6 +57,11 @@ def bad_input(d):
     su.log(f"  {line}")
     du.fails_with(node + ["--name-from", "SLURM_PROCID"], ["rank 7", "2 worker nodes"],
                   {"SLURM_PROCID": "7"})
+    du.fails_with(node + ["--name-from", "SLURM_PROCID"], ["'1.5'", "neither a node"],
+                  {"SLURM_PROCID": "1.5"})
+    # A fully qualified host name counts by its first label.
+    du.fails_with(node + ["--name-from", "HOSTNAME"], ["rank 5", "shoal-5.shoal.default.svc"],
+                  {"HOSTNAME": "shoal-5.shoal.default.svc"})
     line = du.fails_with(node + ["--name-from", "SH_NO_SUCH_VAR"], ["SH_NO_SUCH_VAR", "not set"])
     su.log(f"  {line}")
     du.fails_with(node + ["--name-from", "EMPTY"], ["EMPTY", "empty"], {"EMPTY": ""})
