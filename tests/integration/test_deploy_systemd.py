@@ -9,7 +9,8 @@
   listens, WATCHDOG=1 from each about every WATCHDOG_USEC/2, and STOPPING=1 from each on SIGTERM;
   after the front stops, each worker says so in STATUS= and sends READY=1 again once a new front
   greeted it; a one-process `shoal serve` with WATCHDOG_PID naming another process sends READY=1
-  and STOPPING=1 but no WATCHDOG=1.
+  and STOPPING=1 but no WATCHDOG=1; a NOTIFY_SOCKET that is no socket address and a
+  WATCHDOG_USEC that is no number are one line each, and the server serves.
 """
 
 import os
@@ -221,6 +222,18 @@ def not_mine(d):
         lst.close()
 
 
+def bad_env(d):
+    """A NOTIFY_SOCKET that is no socket address and a WATCHDOG_USEC that is no number: one line
+    each, and the server serves without notifications."""
+    p = du.Proc(["serve", "--port", "0", "-m", su.MODEL, "-t", "1"], "bad-env",
+                {"NOTIFY_SOCKET": "relative/notify.sock", "WATCHDOG_USEC": "soon"})
+    p.wait_for("listening on")
+    text = p.text()
+    assert "NOTIFY_SOCKET=relative/notify.sock is not a Unix socket path" in text, text[-800:]
+    assert "WATCHDOG_USEC=soon is not a whole number" in text, text[-800:]
+    p.stop()
+
+
 def main():
     """`units`: systemd-analyze verify (77 without it); `notify`: the sd_notify case."""
     what = sys.argv[1] if len(sys.argv) > 1 else "notify"
@@ -238,6 +251,8 @@ def main():
                    "READY=1 again for a restarted front", notify, d)
             r.case("sd_notify: WATCHDOG_PID of another process: READY=1, no pings",
                    not_mine, d)
+            r.case("sd_notify: a bad NOTIFY_SOCKET and WATCHDOG_USEC: one line each, serving",
+                   bad_env, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     r.finish()
