@@ -36,8 +36,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: shoal node -c CLUSTER.lua (--name NAME | --name-from VAR) [-t THREADS]\n"
-            "                  [--log-level L]\n"
-            "                  [--cluster-key-file FILE] [--control-nice N]\n\n"
+            "                  [--log-level L] [--cluster-key-file FILE] [--control-nice N]\n\n"
             "Runs node NAME of a cluster script: listens on the node's URL and serves the\n"
             "pipeline stages the script places on it (only their layers are loaded, with\n"
             "the embedding on the first stage and the output head on the last), or a\n"
@@ -58,7 +57,8 @@ static void usage(FILE *f)
             "                      drop, duplicate, corrupt, partition, heal, leak\n"
             "  --fault-epoch E     count the scenario's times from E: UNIX_MS, or @FILE\n"
             "                      holding it (waits for the file; see docs/chaos.md)\n\n"
-            "Prints `node NAME serving ...` on stderr when ready.\n",
+            "Prints `node NAME serving ...` on stderr when ready; with NOTIFY_SOCKET set\n"
+            "(systemd), notifies READY=1 once its front greeted it (docs/deploy.md).\n",
             SH_CMD_CONTROL_NICE_HELP);
 }
 

@@ -126,7 +126,8 @@ static void usage(FILE *f)
     fprintf(f, "  --log-level L       error, warn, info, debug (default info)\n\n"
                "Prints `listening on http://HOST:PORT` on stderr when ready. SIGINT or SIGTERM\n"
                "drains and stops it (see --drain-timeout); SIGHUP re-reads --api-key-file and\n"
-               "the --policy script.\n"
+               "the --policy script. With NOTIFY_SOCKET set (systemd), notifies READY=1 when\n"
+               "listening, WATCHDOG=1 and STOPPING=1 (docs/deploy.md).\n"
                "Exit status: 0 after a signal, 2 on bad usage or a bad script, 1 on other start\n"
                "failures, 3 when a worker node of -c's cluster was lost (every open request was\n"
                "ended with an error; restart the cluster).\n");
