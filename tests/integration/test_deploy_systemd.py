@@ -157,8 +157,9 @@ def notify(d):
         t1 = time.monotonic()
         for who, lst in list(lw.items()) + [("front", lf)]:
             ts, gap = pings(lst, t0, t1)
+            # Every 200 ms; the bounds leave room for a loaded machine's scheduling.
             assert len(ts) >= 6, f"{who}: {len(ts)} WATCHDOG=1 in 2 s, want about 10"
-            assert gap < 0.6, f"{who}: {gap:.2f} s between two WATCHDOG=1"
+            assert gap < 0.8, f"{who}: {gap:.2f} s between two WATCHDOG=1"
             su.log(f"  {who}: {len(ts)} WATCHDOG=1 in {t1 - t0:.1f} s, largest gap {gap:.2f} s")
         t_stop = time.monotonic()
         front.stop()
