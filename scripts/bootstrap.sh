@@ -5,7 +5,9 @@ set -euo pipefail
 
 # Build and runtime libraries, the toolchain, Python for the model fetch, clang for the fuzzers,
 # headless Chromium for the status page's browser test (tests/integration/test_status_page.py),
-# the lua5.4 interpreter for the Lua module's test (api/lua/) and examples/lua-host/.
+# the lua5.4 interpreter for the Lua module's test (api/lua/) and examples/lua-host/, Slurm's
+# daemons and clients for examples/deploy/slurm/'s test (tests/integration/test_deploy_slurm.py,
+# which configures its own one-machine cluster; nothing is started at install).
 packages=(
     build-essential cmake pkg-config git ca-certificates openssl
     libuv1-dev libnng-dev libmbedtls-dev libmsgpack-dev liblua5.4-dev lua5.4 libpcre2-dev
@@ -13,6 +15,7 @@ packages=(
     python3 python3-pip python3-venv
     clang libclang-rt-14-dev clang-format
     chromium
+    slurm-wlm
 )
 
 missing=()

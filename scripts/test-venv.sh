@@ -4,7 +4,8 @@
 # (tests/integration/test_serve_openai.py; the other serve tests are stdlib-only) and the pinned
 # packages of tests/reference/requirements.txt (gguf, numpy), which the K-quant test
 # tests/unit/test_quant_k_gguf.py and the NumPy reference forward pass use, and jsonschema, with
-# which tests/integration/test_serve_grammar.py validates structured output.
+# which tests/integration/test_serve_grammar.py validates structured output, and kubernetes, whose
+# API model classes tests/integration/test_deploy_k8s.py checks generated manifests against.
 # Needs python3 with the venv module (Debian: python3-venv, installed by scripts/bootstrap.sh) and
 # PyPI reachable by pip. Usage: scripts/test-venv.sh [--quiet]
 set -euo pipefail
@@ -71,3 +72,5 @@ if ! "$py" -m pip install "${pipq[@]}" --disable-pip-version-check --timeout 60 
 fi
 "$py" -c "import gguf, numpy; print('test-venv: gguf and numpy', numpy.__version__, 'ready')" ||
     die "gguf and numpy installed but do not import"
+"$py" -c "import kubernetes, yaml; print('test-venv: kubernetes', kubernetes.__version__, 'ready')" ||
+    die "kubernetes installed but does not import"

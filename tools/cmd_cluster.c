@@ -21,6 +21,7 @@
 #include "lua/config.h"
 #include "tools/cluster_status.h"
 #include "tools/cmd.h"
+#include "tools/cmd_cluster_manifest.h"
 #include "tools/cmd_cluster_policy.h"
 #include "tools/cmd_util.h"
 
@@ -42,7 +43,8 @@ static void usage(FILE *f)
            "                        [--cluster-key-file FILE] [--pid-dir DIR] [--control-nice N]\n"
            "                        [--fault-scenario FILE [--fault-epoch E]] [-- SERVE FLAGS]\n"
            "       shoal cluster status [URL] [--api-key KEY] [--json] [--timeout S]\n"
-           "       shoal cluster policy reload [URL] [--api-key KEY] [--timeout S]\n\n"
+           "       shoal cluster policy reload [URL] [--api-key KEY] [--timeout S]\n"
+           "       shoal cluster manifest k8s|slurm CLUSTER.lua [options]\n\n"
            "Runs every node of a cluster script on this machine: each worker node as a child\n"
            "`shoal node -c CLUSTER.lua --name NAME`, and the gateway's node as a child\n"
            "`shoal serve -c CLUSTER.lua --recover-timeout " RECOVER_TIMEOUT " SERVE FLAGS`. Every\n"
@@ -77,7 +79,9 @@ static void usage(FILE *f)
            "Prints `cluster: up ...` when the front listens. Exit status: 0 after a clean stop,\n"
            "2 for a bad script or a node that is not local, 1 when a node kept failing.\n\n"
            "`shoal cluster status [URL]` prints a running cluster's nodes, links, stages and\n"
-           "load (URL defaults to http://127.0.0.1:8080; see shoal cluster status --help).\n");
+           "load (URL defaults to http://127.0.0.1:8080; see shoal cluster status --help).\n"
+           "`shoal cluster manifest k8s|slurm CLUSTER.lua` writes Kubernetes manifests or a\n"
+           "Slurm job's copy of the script (see shoal cluster manifest --help).\n");
 }
 
 /* One line of the supervisor's own log, prefixed `cluster: `, written in one write(). */
@@ -813,6 +817,8 @@ int sh__cmd_cluster(int argc, char **argv)
         return sh__cmd_cluster_status(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "policy"))
         return sh__cmd_cluster_policy(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "manifest"))
+        return sh__cmd_cluster_manifest(argc - 1, argv + 1);
     return sh__cmd_fail("usage: shoal cluster up CLUSTER.lua [--bin PATH] [-t THREADS] "
                         "[-- SERVE FLAGS], or shoal cluster status [URL] (see shoal cluster "
                         "--help)");
