@@ -16,7 +16,8 @@
 #include "tools/cmd_util.h"
 
 #define MIB (1024.0 * 1024.0)
-#define NODE_OVERHEAD_MIB 256 /* a node's code, runtime, buffers and activations, beyond weights */
+#define NODE_OVERHEAD_MIB 256 /* a node's code, runtime, buffers and activations, beyond weights   \
+                               */
 #define KV_GUESS_MIB 512      /* a stage's KV pool when the script leaves kv.memory unset */
 #define FRONT_MIB 512         /* the front: tokenizer, gateway, batcher and KV bookkeeping */
 
@@ -143,8 +144,8 @@ static const char *scheme_of(const char *url)
  * every node gets addr[i], the gateway http and every model model_dir/FILE, then the script's
  * text. Returns a malloc'd string (NULL out of memory). */
 static char *job_script(const sh_cluster_config *c, char **addr, const char *http,
-                        const char *model_dir, const char *who, const char *script,
-                        const char *src, size_t len)
+                        const char *model_dir, const char *who, const char *script, const char *src,
+                        size_t len)
 {
     char *out = NULL;
     size_t n = 0;
@@ -160,17 +161,18 @@ static char *job_script(const sh_cluster_config *c, char **addr, const char *htt
     for (int32_t i = 0; i < c->n_nodes; i++)
         fprintf(f, "  [\"%s\"] = \"%s\",\n", c->nodes[i].name, addr[i]);
     fprintf(f, "}\n");
-    fprintf(f, "local shoal_node, shoal_cluster = node, cluster\n"
-               "node = function(t)\n"
-               "  if type(t) == \"table\" and shoal_addr[t.name] then t.listen = shoal_addr[t.name] "
-               "end\n"
-               "  return shoal_node(t)\n"
-               "end\n"
-               "cluster = function(t)\n"
-               "  if type(t) == \"table\" and type(t.gateway) == \"table\" then t.gateway.http = "
-               "\"%s\" end\n"
-               "  return shoal_cluster(t)\n"
-               "end\n",
+    fprintf(f,
+            "local shoal_node, shoal_cluster = node, cluster\n"
+            "node = function(t)\n"
+            "  if type(t) == \"table\" and shoal_addr[t.name] then t.listen = shoal_addr[t.name] "
+            "end\n"
+            "  return shoal_node(t)\n"
+            "end\n"
+            "cluster = function(t)\n"
+            "  if type(t) == \"table\" and type(t.gateway) == \"table\" then t.gateway.http = "
+            "\"%s\" end\n"
+            "  return shoal_cluster(t)\n"
+            "end\n",
             http);
     if (model_dir)
         fprintf(f,
@@ -389,15 +391,17 @@ static void statefulset(FILE *f, const opts *o, bool worker, int32_t replicas, i
                 (int)o->http_port);
     if (worker) {
         /* A worker has no HTTP endpoint: it is up when its node's port accepts connections. */
-        fprintf(f, "          readinessProbe:\n            tcpSocket:\n              port: cluster\n"
-                   "            periodSeconds: 5\n"
-                   "          livenessProbe:\n            tcpSocket:\n              port: cluster\n"
-                   "            initialDelaySeconds: 30\n            periodSeconds: 10\n"
-                   "            failureThreshold: 3\n");
+        fprintf(f,
+                "          readinessProbe:\n            tcpSocket:\n              port: cluster\n"
+                "            periodSeconds: 5\n"
+                "          livenessProbe:\n            tcpSocket:\n              port: cluster\n"
+                "            initialDelaySeconds: 30\n            periodSeconds: 10\n"
+                "            failureThreshold: 3\n");
         /* Every pod of a deleted cluster gets SIGTERM at once: a worker waits while the front
          * drains, so that the requests in flight can finish. */
-        fprintf(f, "          lifecycle:\n            preStop:\n              sleep:\n"
-                   "                seconds: %d\n",
+        fprintf(f,
+                "          lifecycle:\n            preStop:\n              sleep:\n"
+                "                seconds: %d\n",
                 (int)(o->drain_s + 0.999));
     } else {
         /* The front listens only once every worker has joined (--join-timeout), then answers
@@ -421,13 +425,14 @@ static void statefulset(FILE *f, const opts *o, bool worker, int32_t replicas, i
             "          resources:\n            requests:\n              cpu: \"%d\"\n"
             "              memory: %dMi\n            limits:\n              memory: %dMi\n",
             worker ? (int)o->threads : 1, (int)mem_mib, (int)(mem_mib * 3 / 2));
-    fprintf(f, "          volumeMounts:\n"
-               "            - name: script\n              mountPath: /etc/shoal\n"
-               "              readOnly: true\n"
-               "            - name: cluster-key\n              mountPath: /etc/shoal-key\n"
-               "              readOnly: true\n"
-               "            - name: models\n              mountPath: %s\n"
-               "              readOnly: true\n",
+    fprintf(f,
+            "          volumeMounts:\n"
+            "            - name: script\n              mountPath: /etc/shoal\n"
+            "              readOnly: true\n"
+            "            - name: cluster-key\n              mountPath: /etc/shoal-key\n"
+            "              readOnly: true\n"
+            "            - name: models\n              mountPath: %s\n"
+            "              readOnly: true\n",
             o->model_dir);
     fprintf(f,
             "      volumes:\n"
@@ -507,7 +512,8 @@ static int gen_k8s(const opts *o, const sh_cluster_config *c, const char *src, s
         rc = check_job(text, o->script, addr);
     if (!rc) {
         FILE *f = stdout;
-        fprintf(f, "# Written by `shoal cluster manifest k8s %s` (docs/deploy.md, \"Kubernetes\").\n",
+        fprintf(f,
+                "# Written by `shoal cluster manifest k8s %s` (docs/deploy.md, \"Kubernetes\").\n",
                 base_name(o->script));
         fprintf(f, "apiVersion: v1\nkind: Service\n");
         meta(f, o, o->name, NULL);
@@ -580,18 +586,26 @@ static int parse(int argc, char **argv, opts *o)
             o->script = a;
             continue;
         }
-        static const char *const takes[] = {
-            "--image",     "--namespace",     "--name", "--port",  "--http-port",
-            "--model-dir", "--models-claim",  "--drain-timeout",   "--recover-timeout",
-            "-t",          "--cluster-key-file", "--hosts", NULL};
+        static const char *const takes[] = {"--image",
+                                            "--namespace",
+                                            "--name",
+                                            "--port",
+                                            "--http-port",
+                                            "--model-dir",
+                                            "--models-claim",
+                                            "--drain-timeout",
+                                            "--recover-timeout",
+                                            "-t",
+                                            "--cluster-key-file",
+                                            "--hosts",
+                                            NULL};
         bool known = false;
         for (int k = 0; takes[k]; k++)
             known |= !strcmp(a, takes[k]);
         if (!known)
             return sh__cmd_fail("unknown option '%s' (see shoal cluster manifest --help)", a);
         if (i + 1 >= argc)
-            return sh__cmd_fail("option '%s' needs a value (see shoal cluster manifest --help)",
-                                a);
+            return sh__cmd_fail("option '%s' needs a value (see shoal cluster manifest --help)", a);
         const char *v = argv[++i];
         bool ok = true;
         if (!strcmp(a, "--image"))
@@ -641,8 +655,13 @@ int sh__cmd_cluster_manifest(int argc, char **argv)
             return 0;
         }
     char claim[64];
-    opts o = {.image = NULL, .name = "shoal", .port = 7000, .http_port = 8080, .threads = 2,
-              .drain_s = 30, .recover_s = 60};
+    opts o = {.image = NULL,
+              .name = "shoal",
+              .port = 7000,
+              .http_port = 8080,
+              .threads = 2,
+              .drain_s = 30,
+              .recover_s = 60};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;

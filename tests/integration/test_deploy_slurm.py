@@ -38,7 +38,7 @@ STREAM_PROMPTS = ["Once upon a time, in a small village by the sea,",
                   "Here is a list of the planets in our solar system:",
                   "In the early twentieth century, the city of London"]
 MAX_TOKENS = 24
-STREAM_TOKENS = 256
+STREAM_TOKENS = 160
 DRAIN_S = 25      # the front's --drain-timeout in the job (KillWait is 45 s below)
 BINARIES = ["slurmctld", "slurmd", "sbatch", "srun", "scancel", "squeue", "sinfo", "scontrol"]
 LISTEN_RE = re.compile(r"listening on (http://127\.0\.0\.1:(\d+))")
