@@ -6,6 +6,8 @@ default model (examples/cluster/pipeline-2stage.lua) as one job step of 3 tasks.
 Cases:
 - the job's output names the front's HTTP address, and the front listens there;
 - greedy completions through the front equal a one-process `shoal serve -m` run;
+- kill -9 of worker w1's process: shoal-task.sh starts it again, the front's watchdog takes it
+  back (--recover-timeout) and greedy completions still equal the one-process run;
 - streams in flight when the job is cancelled (`scancel JOBID`: SIGTERM to every task, the
   workers included) each end with a complete response (the text of the one-process run) or an
   error event, then `data: [DONE]`; the job ends by itself after the drain, with no crash in its
@@ -225,6 +227,18 @@ class Stream(threading.Thread):
                        if isinstance(e, dict) and e.get("choices"))
 
 
+def proc_is(pid, arg, env):
+    """Process pid has `arg` on its command line and `env` in its environment."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return False
+    return arg in cmd and env in environ and os.path.basename(cmd[0]) == b"shoal"
+
+
 def completion(url, prompt, max_tokens):
     status, body, raw = su.post_json(url, "/v1/completions", {
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, timeout=120)
@@ -298,6 +312,23 @@ def main():
                 if got != ref[p]:
                     raise AssertionError(f"{p!r}: cluster {got!r} != one process {ref[p]!r}")
         r.case("greedy completions through the front equal one process", greedy)
+
+        def worker_killed():
+            pids = [pid for pid in slurm.ours() if proc_is(pid, b"--name-from", b"SHOAL_RANK=1")]
+            if len(pids) != 1:
+                raise AssertionError(f"want one process of worker rank 1, found {pids}")
+            before = text().count("came back")
+            os.kill(pids[0], signal.SIGKILL)
+            for p in PROMPTS[:2]:
+                got = completion(url, p, MAX_TOKENS)
+                if got != ref[p]:
+                    raise AssertionError(f"{p!r} after the kill: {got!r} != {ref[p]!r}")
+            t = text()
+            if "shoal-task 2: the node exited" not in t or t.count("came back") <= before:
+                raise AssertionError("no restart by the wrapper and return to the front:\n"
+                                     + t[-2000:])
+        r.case("kill -9 of a worker: its task's wrapper starts it again, the front resumes and "
+               "greedy completions still equal one process", worker_killed)
 
         streams = [Stream(url, p) for p in STREAM_PROMPTS]
         for s in streams:
