@@ -71,8 +71,8 @@ const char *sh__manifest_scheme(const char *url)
  * every node gets addr[i], the gateway http and every model model_dir/FILE, then the script's
  * text. Returns a malloc'd string (NULL out of memory). */
 char *sh__manifest_job_script(const sh_cluster_config *c, char **addr, const char *http,
-                        const char *model_dir, const char *who, const char *script, const char *src,
-                        size_t len)
+                              const char *model_dir, const char *who, const char *script,
+                              const char *src, size_t len)
 {
     char *out = NULL;
     size_t n = 0;
@@ -218,8 +218,8 @@ static void meta(FILE *f, const sh__manifest_opts *o, const char *name, const ch
 }
 
 /* One StatefulSet: the front (worker == false) or the workers. */
-static void statefulset(FILE *f, const sh__manifest_opts *o, bool worker, int32_t replicas, int64_t mem_mib,
-                        bool api_keys)
+static void statefulset(FILE *f, const sh__manifest_opts *o, bool worker, int32_t replicas,
+                        int64_t mem_mib, bool api_keys)
 {
     char name[80];
     snprintf(name, sizeof name, worker ? "%s" : "%s-front", o->name);
@@ -262,13 +262,16 @@ static void statefulset(FILE *f, const sh__manifest_opts *o, bool worker, int32_
         fprintf(f, "            - name: http\n              containerPort: %d\n",
                 (int)o->http_port);
     if (worker) {
-        /* A worker has no HTTP endpoint: it is up when its node's port accepts connections. */
+        /* A worker has no HTTP endpoint: it is up when its node's port accepts connections,
+         * which it opens once its layers are loaded (the startup probe's span). */
         fprintf(f,
+                "          startupProbe:\n            tcpSocket:\n              port: cluster\n"
+                "            periodSeconds: 5\n            failureThreshold: %d\n"
                 "          readinessProbe:\n            tcpSocket:\n              port: cluster\n"
                 "            periodSeconds: 5\n"
                 "          livenessProbe:\n            tcpSocket:\n              port: cluster\n"
-                "            initialDelaySeconds: 30\n            periodSeconds: 10\n"
-                "            failureThreshold: 3\n");
+                "            periodSeconds: 10\n            failureThreshold: 3\n",
+                STARTUP_S / 5);
         /* Every pod of a deleted cluster gets SIGTERM at once: a worker waits while the front
          * drains, so that the requests in flight can finish. */
         fprintf(f,
@@ -331,7 +334,8 @@ static void b64(FILE *f, const unsigned char *s, size_t n)
     }
 }
 
-int sh__manifest_k8s(const sh__manifest_opts *o, const sh_cluster_config *c, const char *src, size_t len)
+int sh__manifest_k8s(const sh__manifest_opts *o, const sh_cluster_config *c, const char *src,
+                     size_t len)
 {
     int32_t g = c->gateway.node;
     if (c->n_nodes < 2)
@@ -379,7 +383,9 @@ int sh__manifest_k8s(const sh__manifest_opts *o, const sh_cluster_config *c, con
     }
     char http[64];
     snprintf(http, sizeof http, "0.0.0.0:%d", (int)o->http_port);
-    char *text = rc ? NULL : sh__manifest_job_script(c, addr, http, o->model_dir, "k8s", o->script, src, len);
+    char *text =
+        rc ? NULL
+           : sh__manifest_job_script(c, addr, http, o->model_dir, "k8s", o->script, src, len);
     if (!rc && !text)
         rc = sh__cmd_fail("out of memory");
     if (!rc)
@@ -443,4 +449,3 @@ int sh__manifest_k8s(const sh__manifest_opts *o, const sh_cluster_config *c, con
     free(key);
     return rc;
 }
-

@@ -104,6 +104,20 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
 """
 
 
+def _die_with_parent():
+    """In a daemon's child before exec: SIGTERM it when this test dies (even by SIGKILL)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Stop(BaseException):  # not caught by Runner.case: it ends the test
+    pass
+
+
+def _stop(signum, _frame):
+    raise Stop(f"stopped by {signal.Signals(signum).name}: cleaning up")
+
+
 class Slurm:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="shoal-slurm-")
@@ -121,7 +135,8 @@ class Slurm:
             out = open(os.path.join(self.dir, name + ".out"), "wb")
             self.daemons.append(subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL,
                                                  stdout=out, stderr=out,
-                                                 start_new_session=True))
+                                                 start_new_session=True,
+                                                 preexec_fn=_die_with_parent))
             out.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -267,6 +282,12 @@ def main():
     slurm = Slurm()
     out = os.path.join(slurm.dir, "job.out")
     job = None
+    # Whatever stops this test (ctest's timeout sends SIGTERM first where it can, a person
+    # Ctrl-C), the cleanup below runs: the daemons and the job's processes are ended. Our own
+    # bound comes before ctest's (300 s).
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+        signal.signal(sig, _stop)
+    signal.alarm(250)
     try:
         slurm.start()
         base = free_base(3)
@@ -400,9 +421,10 @@ def main():
             if leftovers:
                 raise AssertionError(f"the job's script was left behind: {leftovers}")
         r.case("the job ends by itself after the drain, without crash output", ended)
-    except AssertionError as exc:
+    except (AssertionError, Stop) as exc:
         r.fail("slurm job", str(exc))
     finally:
+        signal.alarm(0)
         left = slurm.stop()
         stale = [p for p in os.listdir(os.path.join(su.ROOT, "examples/cluster"))
                  if job and p.startswith(f".shoal-slurm-{job}")]
