@@ -15,6 +15,11 @@ Cases:
   requests from the model file's size, the Secret holding the key file's bytes;
 - examples/deploy/kubernetes/pipeline-2stage.yaml is exactly what the generator writes for
   examples/cluster/pipeline-2stage.lua (they cannot drift apart);
+- the manifests run: in a network namespace of its own (unshare -n -m, root; else that case
+  logs a skip) whose /etc/hosts maps the pod names of the headless Service to 127.x addresses,
+  each StatefulSet pod's command runs with its environment (HOSTNAME from the pod's name), the
+  ConfigMap's script and the Secret's key; greedy completions through the front equal one
+  process, and what the probes ask answers (/health, /admin/status, the workers' node port);
 - bad input: a script that does not load, a missing model file, a bad option value, `slurm`
   with the wrong number of hosts: one line on stderr, exit 2, nothing on stdout.
 Skips (77) without the kubernetes package (scripts/test-venv.sh) or the model file.
@@ -24,6 +29,7 @@ import base64
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -198,7 +204,106 @@ def check_layout(docs, name, workers, stages_per_worker_share, kv_mib, drain, ns
     return script
 
 
+HOSTS = {"shoal-front-0.shoal": "127.0.1.1", "shoal-0.shoal": "127.0.2.1",
+         "shoal-1.shoal": "127.0.2.2"}
+PROMPTS = ["Once upon a time", "The capital of France is", "def add(a, b):"]
+
+
+def greedy(url, prompt):
+    status, parsed, raw = su.post_json(url, "/v1/completions", {
+        "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+    if status != 200:
+        raise AssertionError(f"status {status}: {raw[:300]!r}")
+    return parsed["choices"][0]["text"]
+
+
+def pods(d):
+    """Runs the manifests in d/k8s.yaml as the kubelet would, as far as a process goes: each
+    StatefulSet pod's command with its environment (HOSTNAME from its name), the ConfigMap's
+    script and the Secret's key as files in d instead of their mounts. Inside the network
+    namespace, where /etc/hosts maps the pods' names to 127.x addresses."""
+    import deploy_util as du
+    with open(os.path.join(d, "k8s.yaml")) as f:
+        docs = [x for x in yaml.safe_load_all(f) if x]
+    with open(os.path.join(d, "cluster.lua"), "w") as f:
+        f.write(by(docs, "ConfigMap", "shoal-script")["data"]["cluster.lua"])
+    with open(os.path.join(d, "cluster.key"), "wb") as f:
+        f.write(base64.b64decode(by(docs, "Secret", "shoal-cluster-key")["data"]["cluster.key"]))
+    with su.server("-t", "2") as srv:
+        want = [greedy(srv.url, p) for p in PROMPTS]
+    procs = []
+    try:
+        for sts in ("shoal", "shoal-front"):
+            spec = by(docs, "StatefulSet", sts)
+            c = container(spec)
+            for i in range(spec["spec"]["replicas"]):
+                env = {}
+                for e in c["env"]:
+                    if "value" in e:
+                        env[e["name"]] = e["value"].replace("/etc/shoal-key", d)
+                    elif e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name":
+                        env[e["name"]] = f"{sts}-{i}"
+                argv = [a.replace("/etc/shoal/", d + "/") for a in c["command"][1:]]
+                procs.append(du.Proc(argv, f"{sts}-{i}", env=env))
+        front = procs[-1]
+        front.wait_for("listening on http://0.0.0.0:8080")
+        url = "http://127.0.0.1:8080"
+        got = [greedy(url, p) for p in PROMPTS]
+        if got != want:
+            raise AssertionError(f"through the pods' front {got!r} != one process {want!r}")
+        for path in ("/health", "/admin/status"):  # what the front's probes ask
+            status, _, _ = su.get(url, path)
+            if status != 200:
+                raise AssertionError(f"GET {path}: {status}")
+        for name in ("shoal-0.shoal", "shoal-1.shoal"):  # the workers' TCP probes
+            import socket
+            socket.create_connection((name, 7000), timeout=5).close()
+        for p in reversed(procs):
+            p.stop()
+        procs = []
+        su.log("     the pods' commands ran the pipeline; greedy completions equal one process")
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
+
+
+def run_pods():
+    """The manifests' commands, run in a network namespace of their own (unshare -n -m, root)
+    whose /etc/hosts gives every pod name of the headless Service an address on lo."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip") or \
+            subprocess.run(["unshare", "-n", "-m", "true"], capture_output=True).returncode:
+        su.log("     skipped: needs root and unshare -n -m")
+        return
+    d = tempfile.mkdtemp(prefix="shoal-k8s-")
+    try:
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in HOSTS.items()))
+        with open(os.path.join(d, "key"), "w") as f:
+            f.write("a-key-for-the-pods-of-this-test\n")
+        out = manifest("k8s", "examples/cluster/pipeline-2stage.lua", "--model-dir",
+                       os.path.join(su.ROOT, "models"), "--cluster-key-file",
+                       os.path.join(d, "key"), "-t", "1")
+        if out.returncode != 0:
+            raise AssertionError(out.stderr)
+        with open(os.path.join(d, "k8s.yaml"), "w") as f:
+            f.write(out.stdout)
+        cmd = (f"mount --bind {d}/hosts /etc/hosts && ip link set lo up && "
+               f"exec {sys.executable} {os.path.abspath(__file__)} --pods {d}")
+        p = subprocess.run(["unshare", "-n", "-m", "sh", "-c", cmd], capture_output=True,
+                           text=True, timeout=su.scaled(240))
+        sys.stdout.write(p.stdout)
+        if p.returncode != 0:
+            raise AssertionError(f"exit {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--pods":
+        pods(sys.argv[2])
+        return
     su.require_model()
     r = su.Runner("deploy_k8s")
 
@@ -278,6 +383,8 @@ def main():
         if problems:
             raise AssertionError("\n".join(problems))
     r.case("bad input: one line, exit 2, nothing written", bad)
+    r.case("the pods' commands, environment, script and key run the pipeline (network "
+           "namespace, pod names in /etc/hosts): greedy output equals one process", run_pods)
     r.finish()
 
 
