@@ -391,6 +391,17 @@ int sh__manifest_k8s(const sh__manifest_opts *o, const sh_cluster_config *c, con
     if (!rc)
         rc = sh__manifest_check_job(text, o->script, addr);
     if (!rc) {
+        /* Written, but worth knowing: neither stops the manifests. */
+        if (c->gateway.n_api_keys > 0)
+            fprintf(stderr,
+                    "warning: %s names API keys: they will be readable by anyone who "
+                    "can read ConfigMap %s-script\n",
+                    o->script, o->name);
+        if (!c->kv.memory_bytes)
+            fprintf(stderr,
+                    "warning: %s leaves kv.memory unset: each worker requests %d MiB "
+                    "of KV per stage, but sizes its pool from the machine's free memory\n",
+                    o->script, KV_GUESS_MIB);
         FILE *f = stdout;
         fprintf(f,
                 "# Written by `shoal cluster manifest k8s %s` (docs/deploy.md, \"Kubernetes\").\n",

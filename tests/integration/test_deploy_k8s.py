@@ -182,11 +182,14 @@ def check_layout(docs, name, workers, stages_per_worker_share, kv_mib, drain, ns
         raise AssertionError(f"front command {fcmd}")
     if wc["lifecycle"]["preStop"]["sleep"]["seconds"] < drain:
         raise AssertionError("workers do not wait for the front's drain")
-    if fc["readinessProbe"]["httpGet"]["path"] != "/health" or \
-            fc["livenessProbe"]["httpGet"]["path"] != "/admin/status" or \
-            wc["readinessProbe"]["tcpSocket"]["port"] != "cluster":
-        raise AssertionError("probes: front readiness /health, liveness /admin/status; "
-                             "workers the node port")
+    live = fc["livenessProbe"]
+    live_ok = live.get("httpGet", {}).get("path") == "/admin/status" or \
+        live.get("tcpSocket", {}).get("port") == "http"
+    if fc["readinessProbe"]["httpGet"]["path"] != "/health" or not live_ok or \
+            wc["readinessProbe"]["tcpSocket"]["port"] != "cluster" or \
+            wc["startupProbe"]["tcpSocket"]["port"] != "cluster":
+        raise AssertionError("probes: front readiness /health, liveness /admin/status (a TCP "
+                             "probe with API keys); workers the node port")
     size = os.path.getsize(su.MODEL) / MIB
     want = math.ceil((size * stages_per_worker_share + kv_mib + 256) / 64) * 64
     got = wc["resources"]["requests"]["memory"]
@@ -199,6 +202,8 @@ def check_layout(docs, name, workers, stages_per_worker_share, kv_mib, drain, ns
     want_addr = {"front": f"tcp://{name}-front-0.{name}:7000"}
     for k in range(workers):
         want_addr[f"w{k}"] = f"tcp://{name}-{k}.{name}:7000"
+    if workers == 1 and "w" in addr:  # a script whose nodes are "f" and "w"
+        want_addr = {"f": want_addr["front"], "w": want_addr["w0"]}
     if addr != want_addr:
         raise AssertionError(f"addresses {addr}, want {want_addr}")
     return script
@@ -347,6 +352,34 @@ def main():
         if wc["image"] != "registry.example/shoal:0.1" or wc["resources"]["requests"]["cpu"] != "4":
             raise AssertionError(f"image {wc['image']}, cpu {wc['resources']['requests']['cpu']}")
     r.case("replicas-2x2stage.lua with options: valid manifests, a Secret", replicas)
+
+    def keyed():
+        d = tempfile.mkdtemp(prefix="shoal-manifest-")
+        path = os.path.join(d, "keyed.lua")
+        with open(path, "w") as f:
+            f.write(f'local m = model {{ path = "{su.MODEL}", name = "m" }}\n'
+                    'return cluster { nodes = { node { name = "w", listen = "ipc:///tmp/w" },'
+                    ' node { name = "f", listen = "ipc:///tmp/f" } },'
+                    ' gateway = { node = "f", http = "127.0.0.1:8080", api_keys = { "sk-1" } },'
+                    ' replicas = { replica { model = m, stages = { { node = "w" } } } } }\n')
+        try:
+            out = manifest("k8s", path)
+        finally:
+            os.unlink(path)
+            os.rmdir(d)
+        if out.returncode != 0:
+            raise AssertionError(out.stderr)
+        docs = documents(out.stdout)
+        # One worker holding the whole file, KV left to the node (512 MiB assumed); the gateway's
+        # node listed second is still the front, and the worker rank 0.
+        check_layout(docs, "shoal", 1, 1.0, 512, 30)
+        live = container(by(docs, "StatefulSet", "shoal-front"))["livenessProbe"]
+        if live.get("tcpSocket", {}).get("port") != "http" or "httpGet" in live:
+            raise AssertionError(f"with API keys the front's liveness is {live}, want a TCP "
+                                 "probe of the HTTP port (/admin/status needs a key)")
+        if "sk-1" in out.stdout.split("kind: ConfigMap")[0]:
+            raise AssertionError("an API key outside the ConfigMap")
+    r.case("a script with API keys, one worker, KV unset: TCP liveness, sizes", keyed)
 
     def bad():
         d = tempfile.mkdtemp(prefix="shoal-manifest-")
