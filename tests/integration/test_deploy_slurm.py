@@ -4,6 +4,8 @@
 default model (examples/cluster/pipeline-2stage.lua) as one job step of 3 tasks.
 
 Cases:
+- a job with 2 tasks for a script of 3 nodes ends with status 2 and one line asking for
+  --ntasks=3;
 - the job's output names the front's HTTP address, and the front listens there;
 - greedy completions through the front equal a one-process `shoal serve -m` run;
 - kill -9 of worker w1's process: shoal-task.sh starts it again, the front's watchdog takes it
@@ -294,6 +296,29 @@ def main():
         env_add = {"SHOAL_BIN": su.shoal_binary(), "SHOAL_PORT_BASE": str(base),
                    "SHOAL_DRAIN_TIMEOUT": str(DRAIN_S)}
         slurm.env.update(env_add)
+        def wrong_count():
+            bad_out = os.path.join(slurm.dir, "bad.out")
+            bad = slurm.run(["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", "-o",
+                             bad_out, "--chdir", su.ROOT, SBATCH, SCRIPT]).stdout.strip()
+            bad = bad.split(";")[0]
+            deadline = time.monotonic() + 60
+            while slurm.run(["squeue", "-h", "-j", bad], check=False).stdout.strip():
+                if time.monotonic() > deadline:
+                    raise AssertionError("the job with 2 tasks did not end")
+                time.sleep(0.3)
+            info = slurm.run(["scontrol", "show", "job", "-o", bad]).stdout
+            with open(bad_out, errors="replace") as f:
+                errs = [ln for ln in f.read().splitlines() if ln.startswith("error: ")]
+            if "ExitCode=2:0" not in info or len(errs) != 1 or "--ntasks=3" not in errs[0]:
+                raise AssertionError(f"want exit 2 and one line asking for --ntasks=3: {errs}, "
+                                     + re.search(r"ExitCode=\S+", info).group(0))
+            left = [p for p in os.listdir(os.path.join(su.ROOT, "examples/cluster"))
+                    if p.startswith(f".shoal-slurm-{bad}")]
+            if left:
+                raise AssertionError(f"left behind: {left}")
+        r.case("a job with the wrong number of tasks: one line naming the count, exit 2",
+               wrong_count)
+
         job = slurm.run(["sbatch", "--parsable", "--ntasks=3", "--cpus-per-task=1", "-o", out,
                          "--chdir", su.ROOT, SBATCH, SCRIPT]).stdout.strip().split(";")[0]
         su.log(f"submitted job {job} (ports from {base})")
