@@ -289,7 +289,7 @@ def main():
     # bound comes before ctest's (300 s).
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
         signal.signal(sig, _stop)
-    signal.alarm(250)
+    signal.alarm(int(su.scaled(250)))
     try:
         slurm.start()
         base = free_base(3)
