@@ -37,8 +37,8 @@ else
     cmd=("$bin" node -c "$job" --name-from SHOAL_RANK -t "${SLURM_CPUS_PER_TASK:-1}")
 fi
 
-stopping=0 deadline=0
-trap 'stopping=1; deadline=$((SECONDS + ${drain%.*} + 5))' TERM INT
+stopping=0 deadline=0 signals=0
+trap 'stopping=1; signals=$((signals + 1)); deadline=$((SECONDS + ${drain%.*} + 5))' TERM INT
 
 front_up() { # the front's HTTP port accepts connections (it does while it drains)
     local hp=${SHOAL_FRONT_HTTP:-}
@@ -50,18 +50,31 @@ front_up() { # the front's HTTP port accepts connections (it does while it drain
 run_once() {
     "${cmd[@]}" &
     local pid=$! rc=0 signalled=0
-    while kill -0 "$pid" 2>/dev/null; do
+    while :; do
         if [ "$rank" != 0 ] && [ "$stopping" = 1 ]; then
+            if ! kill -0 "$pid" 2>/dev/null; then
+                rc=0
+                wait "$pid" 2>/dev/null || rc=$?
+                break
+            fi
             if [ "$signalled" = 0 ] && { ! front_up || [ "$SECONDS" -ge "$deadline" ]; }; then
                 kill -TERM "$pid" 2>/dev/null
                 signalled=1
             fi
             sleep 0.2
         else
-            wait "$pid" 2>/dev/null # returns early when the trap runs
+            rc=0
+            local seen=$signals
+            wait "$pid" 2>/dev/null || rc=$? # returns early when the trap runs
+            kill -0 "$pid" 2>/dev/null && continue
+            if [ "$seen" != "$signals" ]; then # rc may be the trap's: ask again
+                local again=0
+                wait "$pid" 2>/dev/null || again=$?
+                [ "$again" = 127 ] || rc=$again # 127: the first wait had its status
+            fi
+            break
         fi
     done
-    wait "$pid" 2>/dev/null || rc=$?
     return "$rc"
 }
 
