@@ -6,7 +6,8 @@
  * server-sent events or a single JSON response. It keeps each request until it is finished, and
  * tells the batcher (CANCEL) when a client goes away.
  *
- * Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/embeddings, GET /v1/models
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses (as chat, answered
+ * by gateway_resp.c), POST /v1/embeddings, GET /v1/models
  * (each also without /v1, as llama-server answers them), POST /tokenize, POST /detokenize, GET
  * /health, GET /metrics, GET /admin/cluster, GET /admin/status and the status page GET /admin/
  * (when the process gave providers). Errors are OpenAI-shaped JSON (net/openai.h).
@@ -33,6 +34,7 @@
 #include "model/grammar.h"
 #include "model/sampler.h"
 #include "net/admin_page.h"
+#include "net/openai_responses.h"
 #include "runtime/actor_uv.h"
 
 #define MAX_PIECE 256
@@ -146,6 +148,7 @@ void sh__gateway_req_free(gw_req *r)
     }
     free(r->choices);
     free(r->echo_text);
+    sh__gateway_resp_free(r->resp);
     free(r);
 }
 
@@ -308,7 +311,10 @@ static void policy_reload(gateway *g, sh_http_req *req)
     respond_json(req, 200, body);
 }
 
-static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, int32_t key_prio)
+/* POST /v1/completions, /v1/chat/completions, and /v1/responses (responses: parsed as the chat
+ * request it amounts to, answered in its own shape by gateway_resp.c). */
+static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, bool responses,
+                            int32_t key_prio)
 {
     size_t blen = 0;
     const char *body = sh_http_req_body(http, &blen);
@@ -331,7 +337,8 @@ static void handle_generate(gateway *g, sh_http_req *http, sh_openai_kind kind, 
                             .defaults = m->sampling};
     sh_openai_request *q = NULL;
     sh_openai_error err;
-    if (sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
+    if (responses ? sh_openai_responses_parse(body, blen, &lim, &q, &err)
+                  : sh_openai_request_parse(kind, body, blen, &lim, &q, &err)) {
         respond_error(g, http, &err);
         return;
     }
@@ -373,6 +380,9 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
                         size_t n_ids, int32_t key_prio)
 {
     sh_openai_kind kind = q->kind;
+    const char *prompt_param = q->resp_echo             ? "input"
+                               : kind == SH_OPENAI_CHAT ? "messages"
+                                                        : "prompt";
     const sh_gateway_model *m = sh__gateway_model(g, q->model);
     if (n_ids == 0) {
         free(ids);
@@ -384,7 +394,7 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
         free(ids);
         sh_openai_request_free(q);
         sh__gateway_respond_errorf(
-            g, http, 400, "context_length_exceeded", kind == SH_OPENAI_CHAT ? "messages" : "prompt",
+            g, http, 400, "context_length_exceeded", prompt_param,
             "This model's maximum context length is %d tokens. However, your prompt "
             "has %zu tokens; it must leave room for at least one generated token.",
             (int)m->n_ctx, n_ids);
@@ -413,8 +423,18 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
     r->n_prompt = (int32_t)n_ids;
     r->created = (int64_t)time(NULL);
     r->t0_us = sh__act_mono_us();
-    snprintf(r->id_str, sizeof r->id_str, "%s-%" PRIx64 "%06" PRIx64,
-             kind == SH_OPENAI_CHAT ? "chatcmpl" : "cmpl", (uint64_t)r->created, r->id);
+    snprintf(r->id_str, sizeof r->id_str, "%s%" PRIx64 "%06" PRIx64,
+             q->resp_echo             ? "resp_"
+             : kind == SH_OPENAI_CHAT ? "chatcmpl-"
+                                      : "cmpl-",
+             (uint64_t)r->created, r->id);
+    if (q->resp_echo && sh__gateway_resp_create(r, q->resp_echo)) {
+        sh__gateway_req_free(r);
+        free(ids);
+        sh_openai_request_free(q);
+        sh__gateway_respond_errorf(g, http, 500, NULL, NULL, "out of memory");
+        return;
+    }
     if (q->echo && q->prompt)
         r->echo_text = strdup(q->prompt);
     r->echo = r->echo_text != NULL;
@@ -593,6 +613,11 @@ static void on_token(gateway *g, const sh_proto_token *t)
     if (r->stream) {
         if (!ensure_stream(r))
             return;
+        if (r->resp) {
+            c->started = true;
+            sh__gateway_resp_piece(r, &c->ts, t->text.ptr ? t->text.ptr : "", t->text.len, false);
+            return;
+        }
         sh_openai_meta meta = meta_of(r);
         if (!c->started && r->kind == SH_OPENAI_CHAT) {
             sh_openai_choice ch = {.index = (int32_t)t->choice, .text = ""};
@@ -742,7 +767,11 @@ static void complete(gateway *g, gw_req *r)
     }
     sh_openai_meta meta = meta_of(r);
     sh_openai_usage usage = {r->n_prompt, n_gen, r->n_cached};
-    if (r->stream) {
+    if (r->resp) {
+        gw_choice *c = &r->choices[0];
+        if (r->http && (!r->stream || ensure_stream(r)))
+            sh__gateway_resp_finish(r, c->text, c->len, c->finish, &usage);
+    } else if (r->stream) {
         if (ensure_stream(r)) {
             if (r->include_usage)
                 sse_write(r, sh_openai_usage_sse(&meta, &usage));
@@ -770,7 +799,12 @@ static void on_done(gateway *g, const sh_proto_done *d)
     c->done = true;
     c->finish = finish_of(d->finish);
     r->n_done++;
-    if (r->stream) {
+    if (r->stream && r->resp) {
+        if (ensure_stream(r)) {
+            c->started = true;
+            sh__gateway_resp_piece(r, &c->ts, d->text.ptr ? d->text.ptr : "", d->text.len, true);
+        }
+    } else if (r->stream) {
         if (ensure_stream(r)) {
             sh_openai_meta meta = meta_of(r);
             if (!c->started && r->kind == SH_OPENAI_CHAT) {
@@ -808,6 +842,10 @@ static void respond_err(gw_req *r, const sh_openai_error *err)
 {
     if (!r->http)
         return;
+    if (sh__gateway_resp_fail(r, err)) {
+        r->http = NULL;
+        return;
+    }
     if (r->stream && r->stream_started) {
         char *json = sh_openai_error_json(err);
         if (json) {
@@ -922,6 +960,8 @@ static void on_http(sh_http_req *req, void *user)
     bool is_chat = !strcmp(api, "/chat/completions");
     bool is_tok = !strcmp(path, "/tokenize"), is_detok = !strcmp(path, "/detokenize");
     bool is_emb = !strcmp(api, "/embeddings");
+    bool is_resp = !strcmp(api, "/responses");
+    is_chat = is_chat || is_resp;
     if ((is_models || is_cmpl || is_chat || is_tok || is_detok || is_emb) &&
         sh__gateway_cors(g, req))
         return; /* a CORS preflight: answered before the keys, a browser sends none with it */
@@ -992,7 +1032,7 @@ static void on_http(sh_http_req *req, void *user)
         sh__gateway_embed(g, req, prio);
         return;
     }
-    handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, prio);
+    handle_generate(g, req, is_chat ? SH_OPENAI_CHAT : SH_OPENAI_COMPLETION, is_resp, prio);
     return;
 bad_method:
     sh__gateway_respond_errorf(g, req, 405, "method_not_allowed", NULL, "%s is not allowed on %s",

@@ -13,6 +13,7 @@
 #include "net/openai_tools.h"
 
 typedef struct gw_choice gw_choice; /* one choice's progress (gateway.c) */
+typedef struct gw_resp gw_resp;     /* a /v1/responses answer being built (gateway_resp.c) */
 
 typedef struct gateway gateway;
 
@@ -35,6 +36,7 @@ typedef struct gw_req {
     bool tools;                      /* the output is parsed for tool calls */
     sh_openai_tool_style tool_style; /* the model's tool syntax */
     gw_choice *choices;
+    gw_resp *resp; /* POST /v1/responses: its answer; NULL for chat and completions */
     struct gw_req *next;
 } gw_req;
 
@@ -119,6 +121,26 @@ bool sh__gateway_embed_done(gateway *g, const sh_proto_done *d);
 bool sh__gateway_embed_fail(gateway *g, const sh_proto_fail *f);
 /* Ends every embedding request (stop, drain deadline) with 503 and msg; CANCELs their inputs. */
 void sh__gateway_embed_end_all(gateway *g, const char *msg);
+
+/* ---- gateway_resp.c: POST /v1/responses ------------------------------------------------- */
+
+/* r (set up from a request with resp_echo, r->id_str "resp_...") answers in the Responses shape:
+ * r->resp is made from echo. SH_OK or SH_ENOMEM (r->resp NULL). */
+sh_err sh__gateway_resp_create(gw_req *r, const char *echo);
+/* Frees r->resp; NULL is fine. */
+void sh__gateway_resp_free(gw_resp *p);
+/* A streamed request's next generated text (last: its end), through ts when r->tools: the
+ * events it makes are written (response.created first). */
+void sh__gateway_resp_piece(gw_req *r, sh_openai_toolstream *ts, const char *text, size_t len,
+                            bool last);
+/* The end: a stream gets its last events and ends; otherwise the whole response object from
+ * text (the generated text, parsed for tool calls when r->tools) is the 200 answer. The handle
+ * is completed either way; the caller sets r->http NULL. */
+void sh__gateway_resp_finish(gw_req *r, const char *text, size_t len, sh_openai_finish finish,
+                             const sh_openai_usage *usage);
+/* A started Responses stream that fails: an error event and response.failed, then its end; true
+ * when it was one (the handle is completed), false for the caller to answer otherwise. */
+bool sh__gateway_resp_fail(gw_req *r, const sh_openai_error *err);
 
 /* ---- gateway_ctl.c: drain and keys -------------------------------------------------------- */
 

@@ -173,7 +173,9 @@ static void tok_done(uv_work_t *w, int status)
         tok_free(t);
         return;
     }
-    const char *param = !t->q || t->q->kind == SH_OPENAI_CHAT ? "messages" : "prompt";
+    const char *param = t->q && t->q->resp_echo                 ? "input"
+                        : !t->q || t->q->kind == SH_OPENAI_CHAT ? "messages"
+                                                                : "prompt";
     if (status == UV_ECANCELED) {
         sh__gateway_respond_errorf(g, http, 503, NULL, NULL, "the server is shutting down");
     } else if (t->rc == SH_ERANGE && t->n_ids > t->max_ids) {

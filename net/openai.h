@@ -167,6 +167,8 @@ typedef struct sh_openai_request {
     bool parallel_tool_calls;          /* [true] */
     void *root_;                       /* the parsed JSON, which owns the borrowed strings */
     char *text_;                       /* concatenated chat contents */
+    char *resp_echo; /* POST /v1/responses (net/openai_responses.h): the request fields its
+                      * response object repeats, a JSON object text (malloc'd); NULL otherwise */
 } sh_openai_request;
 
 /* Parses and validates the body of POST /v1/completions (SH_OPENAI_COMPLETION) or
@@ -327,5 +329,9 @@ sh_err sh_openai_auth_admin(const sh_openai_key *keys, int32_t n_keys, const cha
 /* Length of the valid UTF-8 sequence at p (1..4 of the left bytes: no overlong forms, no
  * surrogates, nothing past U+10FFFF), or 0 when p does not start one. */
 size_t sh_openai_utf8_seq(const unsigned char *p, size_t left);
+
+/* For net/ files: generated text as a JSON string (a jansson json_t, new reference; NULL when out
+ * of memory), invalid UTF-8 bytes replaced by U+FFFD as OpenAI does. NULL s is "". */
+void *sh__openai_text_json(const char *s);
 
 #endif

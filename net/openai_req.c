@@ -838,6 +838,7 @@ void sh_openai_request_free(sh_openai_request *r)
     free(r->text_);
     free(r->bias);
     free(r->grammar);
+    free(r->resp_echo);
     json_decref(r->root_);
     free(r);
 }

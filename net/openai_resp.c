@@ -60,6 +60,8 @@ static json_t *text_json(const char *s)
     return j;
 }
 
+void *sh__openai_text_json(const char *s) { return text_json(s); }
+
 /* JSON has no infinities: OpenAI reports a token outside the candidates as -9999. */
 static json_t *lp_value(float lp) { return json_real(isfinite(lp) ? (double)lp : -9999.0); }
 

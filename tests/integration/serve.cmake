@@ -25,6 +25,10 @@ sh_serve_test(test_serve_embed ${_d}/run_py.sh ${_d}/test_serve_embed.py)
 # Tool calls through the official openai client: auto, none, required, named (arguments validated
 # with jsonschema; needs the grammar wired into sampling), streaming, a tool-message round trip.
 sh_serve_test(test_serve_tools ${_d}/run_py.sh ${_d}/test_serve_tools.py)
+# The Responses API (POST /v1/responses) through the official openai client: plain against chat,
+# streaming events, forced tool calls validated with jsonschema, a function_call_output round
+# trip, text.format json_schema, the refused fields.
+sh_serve_test(test_serve_responses ${_d}/run_py.sh ${_d}/test_serve_responses.py)
 # CORS from a real browser: a page on another origin in headless Chromium (skips without it).
 sh_serve_test(test_serve_cors_browser ${_d}/run_py.sh ${_d}/test_serve_cors_browser.py)
 # Structured output: JSON schemas validated with jsonschema, GBNF grammars checked by parsers of

@@ -7,3 +7,7 @@ sh_test(test_openai_embed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_embed.c 
 # the forcing grammars against the grammar engine.
 sh_test(test_openai_tools SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_tools.c LABELS unit
         TIMEOUT 20)
+# POST /v1/responses' codec: input items into the chat request, 400s naming Responses fields, the
+# response object and the stream's typed events.
+sh_test(test_openai_responses SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_responses.c
+        LABELS unit TIMEOUT 20)
