@@ -27,7 +27,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: shoal serve [-m MODEL | -c CLUSTER.lua] [--host H] [--port P] [options]\n\n"
             "Serves a model over an OpenAI-compatible HTTP API (POST /v1/completions,\n"
-            "POST /v1/chat/completions, GET /v1/models, /health, /metrics) with continuous\n"
+            "POST /v1/chat/completions, POST /v1/responses, POST /v1/embeddings, GET\n"
+            "/v1/models, /health, /metrics) with continuous\n"
             "batching and a paged KV cache, on the CPU. GET /admin/cluster describes its\n"
             "nodes, stages and load (`shoal cluster status` prints it).\n\n"
             "  -m MODEL            GGUF model (default " SH_SERVE_DEFAULT_MODEL ")\n"
