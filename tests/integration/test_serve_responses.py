@@ -15,14 +15,20 @@ Needs the venv from scripts/test-venv.sh (openai and jsonschema; run through run
   by max_output_tokens excepted); a round trip with the previous output and a
   function_call_output item continues the conversation;
 - text.format json_schema at temperature 1.0: every completed output parses and validates;
+- a stream cut by the drain deadline (--drain-timeout 2, SIGTERM mid-answer) ends with an
+  `error` event and response.failed, in sequence, and the server exits 0;
 - bad input: an unknown input item type, previous_response_id, store true, a built-in tool,
   malformed input: each a 400 naming the field, and the server keeps serving; /responses
   (without /v1) answers too.
 """
 
+import http.client
 import json
 import os
+import signal
 import sys
+import threading
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -318,6 +324,62 @@ def bad_input(c, url):
     check(r.status in ("completed", "incomplete"), f"not serving: {r.status}")
 
 
+def read_sse(srv, body, out, started):
+    """Reads a raw Responses stream into out as (event name, data dict); sets started at the
+    first text delta (or at the end)."""
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=su.scaled(120))
+    try:
+        conn.request("POST", "/v1/responses", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        name = None
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.decode().rstrip("\r\n")
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                out.append((name, json.loads(line[6:])))
+                if name == "response.output_text.delta":
+                    started.set()
+    finally:
+        started.set()
+        conn.close()
+
+
+def drain_cut():
+    srv = su.start("--drain-timeout", 2)
+    try:
+        events, started = [], threading.Event()
+        body = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 4000,
+                "ignore_eos": True, "stream": True}
+        t = threading.Thread(target=read_sse, args=(srv, body, events, started), daemon=True)
+        t.start()
+        check(started.wait(60), "no text within 60 s")
+        time.sleep(0.2)
+        srv.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        check(not t.is_alive(), "the stream did not end after the drain deadline")
+        problems = su.stop(srv, already_sent=True)
+        check(not problems, "\n".join(problems))
+        names = [n for n, _ in events]
+        check([d["sequence_number"] for _, d in events] == list(range(len(events))),
+              "sequence numbers")
+        check(all(n == d["type"] for n, d in events), "event names")
+        check(names[-2:] == ["error", "response.failed"], f"last events {names[-3:]}")
+        err, failed = events[-2][1], events[-1][1]["response"]
+        check(err["message"] and failed["status"] == "failed", f"{err} {failed['status']}")
+        check(failed["error"]["code"] == "server_error" and failed["error"]["message"],
+              f"response.failed error {failed['error']}")
+        check("response.completed" not in names, "completed and failed")
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+
+
 def main():
     r = su.Runner("serve_responses")
     try:
@@ -336,6 +398,7 @@ def main():
             r.case("bad input: 400s naming the field", bad_input, c, srv.url)
     except AssertionError as e:
         r.fail("server start", str(e))
+    r.case("a stream cut by the drain deadline: error, response.failed", drain_cut)
     r.finish()
 
 
