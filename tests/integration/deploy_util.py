@@ -16,18 +16,19 @@ TOKENS = 16
 START = su.scaled(120.0)
 
 
-def script(path, urls, http="127.0.0.1:8080"):
-    """A cluster script at path: nodes front, w0, w1 listening on urls (a dict by name; the
-    front's node is listed first, as the gateway's), a 2-stage pipeline of the default model
-    over w0 and w1."""
+def script(path, urls, http="127.0.0.1:8080", workers=("w0", "w1")):
+    """A cluster script at path: nodes front and the workers (w0, w1 unless said) listening on
+    urls (a dict by name; the front's node is listed first, as the gateway's), a pipeline of the
+    default model with one stage per worker."""
     nodes = ", ".join(f"node {{ name = '{n}', listen = '{urls[n]}' }}"
-                      for n in ("front", "w0", "w1"))
+                      for n in ("front",) + tuple(workers))
+    stages = ", ".join(f"'{w}'" for w in workers)
     with open(path, "w") as f:
         f.write(f"local m = model {{ path = '{su.MODEL}', name = 'm' }}\n"
                 "return cluster {\n"
                 f"  nodes = {{ {nodes} }},\n"
                 f"  gateway = {{ node = 'front', http = '{http}' }},\n"
-                "  replicas = { replica { model = m, stages = pipeline(m, { 'w0', 'w1' }) } },\n"
+                f"  replicas = {{ replica {{ model = m, stages = pipeline(m, {{ {stages} }}) }} }},\n"
                 "  batcher = { max_seqs = 8, max_step_tokens = 256 },\n"
                 "  kv = { memory = '32MiB' },\n"
                 "}\n")

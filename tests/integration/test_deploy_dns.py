@@ -12,6 +12,9 @@ by HOSTNAME=shoal-0 and shoal-1 (--name-from HOSTNAME):
 - a restart at another address (a pod rescheduled): w1 is killed and started again with its
   name moved to another address; the front resolves it again, rejoins it and resumes, and the
   completions still equal one process's;
+- three workers named by their ordinals alone (HOSTNAME=shoal-0, shoal-1, shoal-2, as a
+  StatefulSet's pods), a 3-stage pipeline over shoal-0.shoal ... shoal-2.shoal: greedy
+  completions through the front equal one process's;
 - a name that never resolves: the front's join timeout (2 s) names the host, exit 2, one line;
   `shoal node` for that node gives up after its --join-timeout (1 s) naming it, exit 2, one line.
 """
@@ -105,6 +108,30 @@ def not_ready_then_moved(d, hosts, want):
         w0.stop()
 
 
+def three_ordinals(d, hosts, want):
+    names = dict(ADDR, **{"shoal-2.shoal": "127.0.2.4"})
+    write_hosts(hosts, names)
+    urls = dict(URLS, w2="tcp://shoal-2.shoal:7001")
+    s = du.script(os.path.join(d, "three.lua"), urls, workers=("w0", "w1", "w2"))
+    node = ["node", "-c", s, "--name-from", "HOSTNAME", "-t", "1"]
+    ws = [du.Proc(node, f"w{k}", {"HOSTNAME": f"shoal-{k}"}) for k in range(3)]
+    front = None
+    try:
+        for k, w in enumerate(ws):
+            w.wait_for("serving")
+            assert f"node w{k} (from HOSTNAME=shoal-{k}, a rank)" in w.text(), w.text()[-800:]
+        front = du.Proc(["serve", "-c", s, "--port", "0", "--host", "127.0.0.1",
+                         "--join-timeout", f"{su.scaled(90):g}"], "front")
+        front.wait_for("listening on")
+        got = du.completions(front.url())
+        assert got == want, f"3 stages {got} != one process {want}"
+    finally:
+        if front:
+            front.stop()
+        for w in ws:
+            w.stop()
+
+
 def never_resolves(d, hosts):
     write_hosts(hosts, ADDR)
     urls = dict(URLS, w1="tcp://shoal-9.shoal:7001")
@@ -133,6 +160,9 @@ def inner(hosts):
                never_resolves, d, hosts)
         write_hosts(hosts, ADDR)
         want = du.reference()
+        r.case("three workers named by ordinal (shoal-0 ... shoal-2), names from the hosts "
+               "file: completions equal one process", three_ordinals, d, hosts, want)
+        write_hosts(hosts, ADDR)
         r.case("DNS not ready at start, then a restart at another address: completions equal "
                "one process", not_ready_then_moved, d, hosts, want)
     finally:
