@@ -13,7 +13,7 @@ extern "C" {
 
 /* Every frame between nodes carries this magic and protocol version (DESIGN.md section 3). */
 #define SH_PROTO_MAGIC 0x5348u /* "SH" */
-#define SH_PROTO_VERSION 2u
+#define SH_PROTO_VERSION 3u
 
 /* The library's version string at run time ("MAJOR.MINOR.PATCH"); may differ from the header
  * a program was compiled against. Any thread. */

@@ -17,6 +17,7 @@ tested in test_cluster_pipeline.py.
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,15 @@ from test_cluster_pipeline import Node  # noqa: E402
 
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")  # 5 layers
 EXIT_BOUND = 30.0  # every refusal must come well within this
+
+
+def _proto_version():
+    """This build's SH_PROTO_VERSION, read from its header (frames forged here must speak it)."""
+    with open(os.path.join(su.ROOT, "include", "shoal", "version.h")) as f:
+        return int(re.search(r"#define SH_PROTO_VERSION (\d+)u", f.read()).group(1))
+
+
+PROTO = _proto_version()
 
 
 def write_script(path, workers, stages=None, extra="", urls=None):
@@ -180,7 +190,7 @@ def other_protocol(d):
                          "--join-timeout", "3")
         assert dt < 15, f"took {dt:.1f} s"
         # The worker saw the front's frames as another protocol's too, and said so in its log.
-        w.wait_log("protocol version 2 not supported (this node speaks 7)")
+        w.wait_log(f"protocol version {PROTO} not supported (this node speaks 7)")
     finally:
         w.stop()
 
@@ -314,7 +324,7 @@ def rogue_step(sock_path, src, dst):
             assert got, "the node closed the connection during the handshake"
             hs += got
         frame = bytes([0x98]) + b"".join(mp_uint(v) for v in (
-            0x5348, 2, 6, 0, src, dst, 0)) + bytes([0x80])  # [magic, v2, STEP, ...], {}
+            0x5348, PROTO, 6, 0, src, dst, 0)) + bytes([0x80])  # [magic, version, STEP, ...], {}
         # Sealed with its CRC-32C as a node does (runtime/msg.h): the seal catches changed
         # bytes, it proves nothing about the sender (the key does).
         frame += crc32c(frame).to_bytes(4, "little")
