@@ -145,11 +145,28 @@ F32_KV_LP_TOL = 1e-3
 
 
 def same(want, got, what, tol=SAME_LP_TOL):
-    bad = [f"prompt {i}: single {a[:4]} vs {what} {b[:4]}"
-           for i, (a, b) in enumerate(zip(want, got)) if a[:4] != b[:4]]
+    """Equal tokens with logprobs within tol, except that a prompt may split at an exact near-tie:
+    the first differing token of each side has a logprob within tol of the other's (each chose
+    its best, so the two were within tol of each other on both sides; the logprob tolerance
+    itself allows that much). On the AVX2-only EPYC VM stories260K's prompt 12 splits so at
+    token 52 (' I' -1.21654 vs ' The' -1.21727 in one process); at most 1 prompt in 8 may."""
+    bad, splits = [], []
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a[:4] == b[:4]:
+            continue
+        k = next((j for j, (x, y) in enumerate(zip(a[3], b[3])) if x != y), None)
+        if (a[1:3] == b[1:3] and k is not None and a[3][:k] == b[3][:k]
+                and abs(a[4][k] - b[4][k]) < tol):
+            splits.append((i, k, a[3][k], b[3][k], a[4][k], b[4][k]))
+            continue
+        bad.append(f"prompt {i}: single {a[:4]} vs {what} {b[:4]}")
     assert not bad, "\n".join(bad)
-    worst = max(abs(x - y) for a, b in zip(want, got) for x, y in zip(a[4], b[4]))
-    su.log(f"note: {what}: largest logprob difference {worst:.2e}")
+    assert len(splits) <= max(1, len(want) // 8), f"{what}: too many near-tie splits: {splits}"
+    upto = {i: k + 1 for i, k, *_ in splits}  # the split token's logprobs are compared too
+    worst = max(abs(x - y) for i, (a, b) in enumerate(zip(want, got))
+                for x, y in zip(a[4][:upto.get(i, len(a[4]))], b[4]))
+    su.log(f"note: {what}: largest logprob difference {worst:.2e}"
+           + (f"; near-tie splits (prompt, token, single, group): {splits}" if splits else ""))
     assert worst < tol, f"logprobs differ by up to {worst} (at most {tol})"
 
 
