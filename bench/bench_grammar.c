@@ -3,7 +3,15 @@
  * Prints one JSON line per model: p50/p99/max of the mask as a fresh matcher serves it (its
  * automaton and mask caches filling as it goes), of the trie walk alone (mask cache bypassed)
  * and of the sampled-token check. Run from the source tree or with SH_SOURCE_DIR set; optional
- * arguments are GGUF files to use instead of the two default models. */
+ * arguments are GGUF files to use instead of the two default models.
+ *
+ * Options (for bench/llama-grammar.py, which runs llama.cpp's grammar on the same input):
+ *   --schema FILE   the grammar is net/json_schema.c's conversion of this JSON schema (strict)
+ *                   instead of the generic JSON grammar; the document's trailing newline is
+ *                   dropped (a schema's root value has no whitespace after it)
+ *   --print-ids     add the document's token ids ("ids") to each JSON line
+ *   --print WHAT    print the grammar text ("grammar") or the document ("doc") in use, then exit */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +20,7 @@
 #include "model/gguf.h"
 #include "model/grammar.h"
 #include "model/tokenizer.h"
+#include "net/json_schema.h"
 
 static const char *JSON_GBNF =
     "root    ::= ws value ws\n"
@@ -68,6 +77,10 @@ static double pct(double *v, size_t n, double p)
     return v[k < n ? k : n - 1];
 }
 
+static const char *gbnf = NULL; /* the grammar in use: JSON_GBNF or the schema's */
+static size_t doc_len = 0;      /* of DOC in use */
+static int print_ids = 0;
+
 static int run(const char *path)
 {
     sh_gguf *f = NULL;
@@ -91,8 +104,8 @@ static int run(const char *path)
     if (sh_gvocab_create_tokenizer(t, &v, &e))
         goto out;
     double t_vocab = now() - t0;
-    if (sh_grammar_parse(JSON_GBNF, strlen(JSON_GBNF), &g, &e) || sh_gmatch_create(g, &m, &e) ||
-        sh_tokenizer_encode_opts(t, DOC, strlen(DOC), NULL, &ids, &n_ids, &e))
+    if (sh_grammar_parse(gbnf, strlen(gbnf), &g, &e) || sh_gmatch_create(g, &m, &e) ||
+        sh_tokenizer_encode_opts(t, DOC, doc_len, NULL, &ids, &n_ids, &e))
         goto out;
     int32_t n = sh_gvocab_n_vocab(v);
     size_t words = ((size_t)n + 63) / 64;
@@ -141,14 +154,17 @@ static int run(const char *path)
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     printf("{\"model\": \"%s\", \"n_vocab\": %d, \"steps\": %zu, \"vocab_build_ms\": %.1f, "
            "\"mean_allowed\": %.0f, "
-           "\"mask_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
-           "\"walk_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
-           "\"check_accept_us\": {\"p50\": %.2f, \"p99\": %.2f}}\n",
+           "\"mask_ms\": {\"p50\": %.4f, \"p99\": %.4f, \"max\": %.3f}, "
+           "\"walk_ms\": {\"p50\": %.4f, \"p99\": %.4f, \"max\": %.3f}, "
+           "\"check_accept_us\": {\"p50\": %.2f, \"p99\": %.2f}",
            name, (int)n, n_ids, 1e3 * t_vocab, (double)allowed_sum / (double)n_ids,
            1e3 * pct(served, n_ids, 0.5), 1e3 * pct(served, n_ids, 0.99),
            1e3 * pct(served, n_ids, 1.0), 1e3 * pct(walk, n_ids, 0.5), 1e3 * pct(walk, n_ids, 0.99),
            1e3 * pct(walk, n_ids, 1.0), 1e6 * pct(check, n_ids, 0.5),
            1e6 * pct(check, n_ids, 0.99));
+    for (size_t k = 0; print_ids && k < n_ids; k++)
+        printf("%s%d", k ? ", " : ", \"ids\": [", (int)ids[k]);
+    printf("%s}\n", print_ids && n_ids ? "]" : "");
     rc = 0;
 out:
     free(bits);
@@ -165,17 +181,67 @@ out:
     return rc;
 }
 
+/* The grammar for the schema in `file` (malloc'd), or NULL after a message. */
+static char *schema_gbnf(const char *file)
+{
+    json_error_t je;
+    json_t *s = json_load_file(file, 0, &je);
+    if (!s) {
+        fprintf(stderr, "bench_grammar: %s:%d: %s\n", file, je.line, je.text);
+        return NULL;
+    }
+    char *out = NULL;
+    sh_error e = {0};
+    if (sh_json_schema_to_gbnf(s, NULL, &out, &e))
+        fprintf(stderr, "bench_grammar: %s: %s\n", file, e.msg);
+    json_decref(s);
+    return out;
+}
+
 int main(int argc, char **argv)
 {
     const char *root = getenv("SH_SOURCE_DIR");
     char p[2][1024];
     snprintf(p[0], sizeof p[0], "%s/models/smollm2-135m-instruct-q4_1.gguf", root ? root : ".");
     snprintf(p[1], sizeof p[1], "%s/models/gemma3-270m-q4_k_m.gguf", root ? root : ".");
+    const char *schema = NULL, *print = NULL;
+    char **models = argv + 1;
+    int n_models = 0;
+    for (int k = 1; k < argc; k++) {
+        if (!strcmp(argv[k], "--schema") && k + 1 < argc)
+            schema = argv[++k];
+        else if (!strcmp(argv[k], "--print") && k + 1 < argc)
+            print = argv[++k];
+        else if (!strcmp(argv[k], "--print-ids"))
+            print_ids = 1;
+        else if (argv[k][0] == '-') {
+            fprintf(stderr, "usage: bench_grammar [--schema FILE] [--print-ids] "
+                            "[--print grammar|doc] [GGUF...]\n");
+            return 2;
+        } else
+            models[n_models++] = argv[k];
+    }
+    char *from_schema = schema ? schema_gbnf(schema) : NULL;
+    if (schema && !from_schema)
+        return 1;
+    gbnf = from_schema ? from_schema : JSON_GBNF;
+    doc_len = strlen(DOC);
+    while (schema && doc_len && DOC[doc_len - 1] == '\n')
+        doc_len--;
     int rc = 0;
-    if (argc > 1)
-        for (int k = 1; k < argc; k++)
-            rc |= run(argv[k]);
+    if (print) {
+        if (strcmp(print, "grammar") && strcmp(print, "doc")) {
+            fprintf(stderr, "bench_grammar: --print takes grammar or doc\n");
+            rc = 2;
+        } else if (!strcmp(print, "grammar"))
+            fputs(gbnf, stdout);
+        else
+            fwrite(DOC, 1, doc_len, stdout);
+    } else if (n_models)
+        for (int k = 0; k < n_models; k++)
+            rc |= run(models[k]);
     else
         rc = run(p[0]) | run(p[1]);
+    free(from_schema);
     return rc;
 }
