@@ -138,6 +138,11 @@ def main():
     ap.add_argument("--table", action="store_true")
     a = ap.parse_args()
 
+    models = [m for m in a.models.split(",") if m]
+    for m in models:
+        if not os.path.exists(m):
+            log(f"skip: {m} missing")
+            sys.exit(77)
     cache = os.path.join(ROOT, ".cache", "llamacpp")
     os.makedirs(cache, exist_ok=True)
     src, commit = llama_source(a.llama_version, cache)
@@ -145,11 +150,6 @@ def main():
     bench = os.path.join(a.build, "bench", "bench_grammar")
     if not os.access(bench, os.X_OK):
         sys.exit(f"error: {bench} not built")
-    models = [m for m in a.models.split(",") if m]
-    for m in models:
-        if not os.path.exists(m):
-            log(f"skip: {m} missing")
-            sys.exit(77)
     schema = os.path.join(ROOT, "bench", "grammar_order.schema.json")
     tmp = os.path.join(cache, "run")
     os.makedirs(tmp, exist_ok=True)
