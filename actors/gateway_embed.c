@@ -2,9 +2,10 @@
  * set (the batcher runs it as a prefill with no decode, the last stage pools the final hidden
  * states: actors/batcher_embed.c), at most EMB_WINDOW of a request in flight at a time; the DONEs
  * carry the unit vectors, which are put in input order and answered in OpenAI's shape
- * (net/openai_embed.h). Text inputs are tokenized on libuv's worker pool first, as completion
- * prompts are (a BOS where the model wants one). The inputs' request ids are consecutive, from
- * `base`. Thread: the gateway's loop. */
+ * (net/openai_embed.h). With worker nodes (shoal serve -c) the same: the last stage's node pools
+ * each chunk and the front's batcher combines them. Text inputs are tokenized on libuv's worker
+ * pool first, as completion prompts are (a BOS where the model wants one). The inputs' request ids
+ * are consecutive, from `base`. Thread: the gateway's loop. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -226,8 +227,9 @@ void sh__gateway_embed(gateway *g, sh_http_req *req, int32_t key_prio)
     }
     if (m->embd_dim <= 0) {
         sh__gateway_respond_errorf(g, req, 501, "not_implemented", NULL,
-                                   "embeddings are not served here: a server with worker nodes "
-                                   "(shoal serve -c) does not compute them yet");
+                                   "model '%s' does not serve embeddings (its width is unknown "
+                                   "here)",
+                                   m->name);
         return;
     }
     sh_openai_embed_limits lim = {.models = g->models,

@@ -130,8 +130,8 @@ sh_err sh__serve_drafts_create(const sh_llama *target, const sh_tokenizer *tok, 
     return sh_spec_drafts_create(target, tok, be, &o, out, e);
 }
 
-void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m, bool workers)
+void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m)
 {
-    ga->embd_dim = workers ? 0 : m->hp.dim;
+    ga->embd_dim = m->hp.dim;
     ga->pooling = sh_llama_pooling(m);
 }

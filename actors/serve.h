@@ -346,7 +346,7 @@ typedef struct sh_gateway_model {
     int32_t n_ctx_train;                /* the model's training context (/v1/models); 0: unknown */
     const sh_openai_sampling *sampling; /* what absent sampling fields take; NULL: OpenAI's */
     /* POST /v1/embeddings: the model's width and pooling (sh_llama_pooling); embd_dim 0: not
-     * served (501), as with worker nodes, whose stages are not checked for it yet */
+     * served (501) */
     int32_t embd_dim;
     uint8_t pooling;
 } sh_gateway_model;
@@ -492,9 +492,10 @@ int32_t sh__serve_max_logits(int32_t max_seqs, int32_t step_tokens, bool spec);
  * is one. Any thread. */
 sh_chat_template sh__serve_model_chat(const sh_llama *m, char *sys, size_t cap, bool *has_sys);
 
-/* The gateway's embeddings (POST /v1/embeddings) of model m: its width and pooling; none (501)
- * when the stages run on worker nodes (`workers`), which are not checked for it yet. */
-void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m, bool workers);
+/* The gateway's embeddings (POST /v1/embeddings) of model m: its width and pooling. With worker
+ * nodes too: their last stage pools (step_out.embd) and the front's batcher combines the parts;
+ * a worker older than that field answers none, which fails the input with a 500 naming it. */
+void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m);
 
 /* The model's name as served when none is given: path's file name without directories and
  * without .gguf, written into buf (cap bytes). */

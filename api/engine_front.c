@@ -75,6 +75,8 @@ sh_err sh__engine_front_open(sh_engine *eng, const sh_engine_opts *o, const char
         return sh__error_set(e, SH_EUNSUPPORTED, "%s: a cluster needs a GGUF model", path);
     if ((rc = sh_tokenizer_create_gguf(eng->m->gguf, &eng->tok, e)))
         return rc;
+    eng->pooling =
+        sh_llama_pooling(eng->m); /* the last stage's node pools, the batcher here sums */
     if (!(eng->front = calloc(1, sizeof *eng->front)))
         return sh__error_set(e, SH_ENOMEM, "out of memory");
     sh_cluster_front *f = eng->front;

@@ -63,7 +63,7 @@ struct sh_engine {
     char system[1024];
     char name[128];
     int32_t n_ctx, max_seqs;
-    uint8_t pooling; /* sh_llama_pooling of the model run here; 0: no embeddings (a front) */
+    uint8_t pooling; /* sh_llama_pooling of the model (here or on the workers); 0: none */
     int32_t limit;   /* requests pending before SH_EBUSY: max_queue waiting plus those running */
     int64_t n_blocks;
     uint64_t kv_bytes, weight_bytes;

@@ -322,8 +322,7 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
         rc = check_request(&r, e);
     if (!rc && r.embed && !eng->pooling)
         rc = sh__error_set(e, SH_EUNSUPPORTED,
-                           "sh_submit: embeddings are not computed by an engine fronting worker "
-                           "nodes yet");
+                           "sh_submit: this engine's model has no pooling for embeddings");
     int32_t *ids = NULL;
     size_t n_ids = 0;
     char *gram = NULL;

@@ -189,7 +189,7 @@ typedef struct sh_request_opts {
      * (on_token never runs); on_done's info carries the model's final hidden states, pooled as
      * its <arch>.pooling_type says (mean by default; CLS or last token) and L2-normalised, as
      * POST /v1/embeddings computes them (docs/serving.md). The sampling fields are ignored. An
-     * engine fronting worker nodes answers SH_EUNSUPPORTED. */
+     * engine fronting worker nodes computes them too (the last stage's node pools). */
     bool embed;
     /* Structured output (docs/serving.md, "Structured output"): the generated text follows
      * `grammar`, GBNF text as llama.cpp writes it (start rule `root`), or `response_format`,

@@ -480,7 +480,7 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                           .max_conns_per_ip = o->max_conns_per_ip,
                           .metrics_public = o->metrics_public,
                           .drain_timeout_ms = o->drain_timeout_ms};
-    sh__serve_gateway_embed(&ga, s->m, plan != NULL);
+    sh__serve_gateway_embed(&ga, s->m);
     // Several models: the gateway picks one by each request's "model".
     sh_gateway_model gms[SH_CLUSTER_MAX_REPLICAS];
     if (n_slots > 1) {
@@ -500,7 +500,9 @@ static int run(sh_serve_opts *o, server *s, const sigset_t *sigs)
                                         .n_vocab = mm->hp.n_vocab,
                                         .n_ctx = plan->rep[rs->ids[j][0]].n_ctx,
                                         .n_ctx_train = (int32_t)mm->hp.n_ctx_train,
-                                        .sampling = &s->samp[j]};
+                                        .sampling = &s->samp[j],
+                                        .embd_dim = mm->hp.dim,
+                                        .pooling = sh_llama_pooling(mm)};
         }
         ga.models = gms;
         ga.n_models = n_slots;

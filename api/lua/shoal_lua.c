@@ -371,6 +371,14 @@ static void on_done(void *user, uint64_t id, const sh_done_info *info)
     lua_setfield(L, -2, "completion_tokens");
     lua_pushinteger(L, info->cached_tokens);
     lua_setfield(L, -2, "cached_tokens");
+    if (info->embedding && info->n_embedding > 0) { /* submit{embed=true}: the unit vector */
+        lua_createtable(L, info->n_embedding, 0);
+        for (int32_t j = 0; j < info->n_embedding; j++) {
+            lua_pushnumber(L, (lua_Number)info->embedding[j]);
+            lua_rawseti(L, -2, (lua_Integer)j + 1);
+        }
+        lua_setfield(L, -2, "embedding");
+    }
     lua_pushinteger(L, (lua_Integer)id);
     call_field(e, "done", 2);
     lua_pop(L, 1);
@@ -403,12 +411,32 @@ static void raise_cb_error(lua_State *L, lengine *e)
 
 /* ---- eng:submit ------------------------------------------------------------------------- */
 
-static const char *const req_keys[] = {
-    "prompt",         "prompt_tokens", "messages",   "max_tokens",       "temperature",
-    "top_p",          "top_k",         "min_p",      "presence_penalty", "frequency_penalty",
-    "repeat_penalty", "stop",          "seed",       "priority",         "top_logprobs",
-    "logprobs",       "ignore_eos",    "timeout_ms", "speculative",      "typical_p",
-    "repeat_last_n",  "min_tokens",    "grammar",    "response_format",  NULL};
+static const char *const req_keys[] = {"prompt",
+                                       "prompt_tokens",
+                                       "messages",
+                                       "max_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "top_k",
+                                       "min_p",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "repeat_penalty",
+                                       "stop",
+                                       "seed",
+                                       "priority",
+                                       "top_logprobs",
+                                       "logprobs",
+                                       "ignore_eos",
+                                       "timeout_ms",
+                                       "speculative",
+                                       "typical_p",
+                                       "repeat_last_n",
+                                       "min_tokens",
+                                       "grammar",
+                                       "response_format",
+                                       "embed",
+                                       NULL};
 
 static const char *const cb_keys[] = {"token", "done", "error", NULL};
 
@@ -418,10 +446,11 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
  * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N},
- * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text};
+ * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text, embed=true};
  * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
- * id)}, each optional. */
+ * id)}, each optional. With embed=true nothing is generated and done's info carries `embedding`,
+ * the pooled unit vector as a table of the model's width of numbers. */
 static int l_submit(lua_State *L)
 {
     lengine *e = check_open(L, 1);
@@ -460,6 +489,7 @@ static int l_submit(lua_State *L)
     opt_i32(L, 2, "top_logprobs", &r.top_logprobs);
     opt_bool(L, 2, "logprobs", &r.logprobs);
     opt_bool(L, 2, "ignore_eos", &r.ignore_eos);
+    opt_bool(L, 2, "embed", &r.embed);
     opt_spec(L, 2, &r);
     opt_string(L, 2, "grammar", &r.grammar);
     opt_string(L, 2, "response_format", &r.response_format);
@@ -552,6 +582,101 @@ static int l_submit(lua_State *L)
     lua_rawseti(L, -2, (lua_Integer)id);
     lua_pushinteger(L, (lua_Integer)id);
     return 1;
+}
+
+/* eng:embed's callbacks: each keeps what it is given in the result table, upvalue 1. */
+static int embed_on_done(lua_State *L)
+{
+    lua_settop(L, 1);
+    lua_setfield(L, lua_upvalueindex(1), "info");
+    return 0;
+}
+
+static int embed_on_error(lua_State *L)
+{
+    lua_settop(L, 2);
+    lua_setfield(L, lua_upvalueindex(1), "message");
+    lua_setfield(L, lua_upvalueindex(1), "code");
+    return 0;
+}
+
+static int l_poll(lua_State *L);
+
+/* eng:embed(text | {token ids}[, {priority=, timeout_ms=}]) -> {numbers}, prompt_tokens |
+ * nil, msg, code. A blocking eng:submit{embed=true} that polls the engine until its end: the
+ * callbacks of other requests in flight run meanwhile (an error one of them raises is raised
+ * here, the embedding cancelled). From inside a callback it answers nil, msg, "EBUSY". */
+static int l_embed(lua_State *L)
+{
+    static const char *const keys[] = {"priority", "timeout_ms", NULL};
+    check_open(L, 1);
+    int t = lua_type(L, 2);
+    luaL_argexpected(L, t == LUA_TSTRING || t == LUA_TTABLE, 2, "string or table of token ids");
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        check_keys(L, 3, "embed options", keys);
+    }
+    lua_settop(L, 3);
+    lua_createtable(L, 0, 4); /* 4: the request */
+    lua_pushvalue(L, 2);
+    lua_setfield(L, 4, t == LUA_TSTRING ? "prompt" : "prompt_tokens");
+    lua_pushboolean(L, 1);
+    lua_setfield(L, 4, "embed");
+    for (const char *const *k = keys; *k && lua_istable(L, 3); k++) {
+        lua_getfield(L, 3, *k);
+        lua_setfield(L, 4, *k);
+    }
+    lua_newtable(L);          /* 5: the result */
+    lua_createtable(L, 0, 2); /* 6: the callbacks */
+    lua_pushvalue(L, 5);
+    lua_pushcclosure(L, embed_on_done, 1);
+    lua_setfield(L, 6, "done");
+    lua_pushvalue(L, 5);
+    lua_pushcclosure(L, embed_on_error, 1);
+    lua_setfield(L, 6, "error");
+    lua_pushcfunction(L, l_submit);
+    lua_pushvalue(L, 1);
+    lua_pushvalue(L, 4);
+    lua_pushvalue(L, 6);
+    lua_call(L, 3, 3);
+    if (lua_isnil(L, -3))
+        return 3;
+    lua_Integer id = lua_tointeger(L, -3);
+    lua_settop(L, 6);
+    for (;;) {
+        lua_getfield(L, 5, "info");
+        lua_getfield(L, 5, "code");
+        bool over = !lua_isnil(L, -1) || !lua_isnil(L, -2);
+        lua_pop(L, 2);
+        if (over)
+            break;
+        lua_pushcfunction(L, l_poll);
+        lua_pushvalue(L, 1);
+        lua_pushinteger(L, -1);
+        int st = lua_pcall(L, 2, 3, 0);
+        if (st != LUA_OK || lua_isnil(L, -3)) { /* the request must not outlive the call */
+            lengine *e = check_engine(L, 1);
+            sh_error err;
+            memset(&err, 0, sizeof err);
+            if (e->eng)
+                sh_cancel(e->eng, (uint64_t)id, &err);
+            if (st != LUA_OK)
+                return lua_error(L);
+            return 3;
+        }
+        lua_pop(L, 3);
+    }
+    if (lua_getfield(L, 5, "code") != LUA_TNIL) {
+        lua_pushnil(L);
+        lua_getfield(L, 5, "message");
+        lua_getfield(L, 5, "code");
+        return 3;
+    }
+    lua_getfield(L, 5, "info");
+    if (lua_getfield(L, -1, "embedding") == LUA_TNIL)
+        return push_fail(L, SH_EPROTO, "eng:embed: the engine answered no embedding");
+    lua_getfield(L, -2, "prompt_tokens");
+    return 2;
 }
 
 /* eng:cancel(id) -> true | nil, msg, code ("ENOTFOUND", "ECANCELED"). */
@@ -890,6 +1015,7 @@ static int l_strerror(lua_State *L)
 
 static const luaL_Reg engine_methods[] = {{"submit", l_submit},
                                           {"cancel", l_cancel},
+                                          {"embed", l_embed},
                                           {"poll", l_poll},
                                           {"fd", l_fd},
                                           {"pending", l_pending},

@@ -284,6 +284,75 @@ assert(eng:close()) -- closing twice is fine
 check(not pcall(eng.submit, eng, { prompt = "x" }, {}), "submit after close raises")
 check(not pcall(eng.poll, eng, 0), "poll after close raises")
 
+-- 6b. Embeddings: eng:embed returns the C API's unit vector (sh_done_info.embedding, as
+-- submit{embed=true} hands it to done) of the model's width, the same for the text and its ids,
+-- alone and among 8 requests in flight (within 1e-5); bad input fails clearly. Section 7 compares
+-- an engine on a cluster script with it.
+local EMBED_WORDS = "The little dog ran to the park and found a red ball under a tree"
+local embed_ref
+do
+  local eng <close> = assert(shoal.open { model = model, threads = 1 })
+  local function poll_until(fn, seconds)
+    local deadline = os.time() + seconds
+    while not fn() do
+      assert(eng:poll(50))
+      if os.time() > deadline then return false end
+    end
+    return true
+  end
+  local function norm(v)
+    local s = 0
+    for _, x in ipairs(v) do s = s + x * x end
+    return math.sqrt(s)
+  end
+  local function maxdiff(a, b)
+    local d = #a == #b and 0 or math.huge
+    for i = 1, math.min(#a, #b) do d = math.max(d, math.abs(a[i] - b[i])) end
+    return d
+  end
+  local words = EMBED_WORDS
+  local v, ntok = eng:embed(words)
+  check(type(v) == "table", "embed returns a table", tostring(ntok))
+  v = v or {}
+  eq(#v, info.dim, "embedding width")
+  check(math.abs(norm(v) - 1) < 1e-5, "embedding is a unit vector", norm(v))
+  local wids = assert(eng:tokenize(words, true))
+  eq(ntok, #wids, "embed's token count is the prompt's")
+  local vi, ni = eng:embed(wids)
+  eq(ni, #wids, "token-id input: count")
+  eq(maxdiff(v, vi or {}), 0, "text and its token ids embed the same")
+  -- submit{embed=true}: done's info.embedding, while 7 other embeddings run in the same steps
+  local infos, errs = {}, 0
+  for k = 1, 8 do
+    local p = k == 1 and words or string.rep("Once upon a time there was a cat. ", k)
+    assert(eng:submit({ prompt = p, embed = true }, {
+      done = function(inf) infos[k] = inf end,
+      error = function(code, m) errs = errs + 1; check(false, "embed submit error", code, m) end }))
+  end
+  check(poll_until(function()
+    local n = errs
+    for k = 1, 8 do if infos[k] then n = n + 1 end end
+    return n == 8
+  end, 60), "8 embeddings ended in 60 s")
+  local b = infos[1] or {}
+  eq(b.completion_tokens, 0, "an embedding generates nothing")
+  eq(b.prompt_tokens, ntok, "submit{embed}: prompt_tokens")
+  local d = maxdiff(v, b.embedding or {})
+  check(d <= 1e-5, "alone (eng:embed) vs in a batch of 8 (submit)", d)
+  check(maxdiff(v, (infos[2] or {}).embedding or {}) > 1e-3, "different texts embed differently")
+  local okx, xmsg = pcall(eng.embed, eng, 42)
+  check(not okx and tostring(xmsg):find("string or table", 1, true), "embed(42) raises",
+    tostring(xmsg))
+  local oko, omsg = pcall(eng.embed, eng, "hi", { max_tokens = 3 })
+  check(not oko and tostring(omsg):find("unknown option 'max_tokens'", 1, true),
+    "embed: an unknown option raises", tostring(omsg))
+  local ve, emsg, ecode = eng:embed({})
+  check(ve == nil and ecode == "EINVAL" and type(emsg) == "string",
+    "embed of no tokens: nil, msg, EINVAL", tostring(emsg), tostring(ecode))
+  eq(eng:pending(), 0, "nothing pending after the embeddings")
+  embed_ref = v
+end
+
 -- 7. An engine on a cluster script whose one replica runs in this process gives the same
 -- greedy ids as the model path; a script that does not load returns nil, message, "ELUA".
 local script = os.tmpname()
@@ -310,6 +379,12 @@ if ce then
   local csame = #cgot == 16
   for i = 1, 16 do if cgot[i] ~= expected[i] then csame = false end end
   check(csame, "cluster-script engine: greedy ids equal llama2.c's", table.concat(cgot, " "))
+  -- its embedding is the in-process engine's (section 6b)
+  local cv, cn = ce:embed(EMBED_WORDS)
+  check(type(cv) == "table" and #cv == #embed_ref, "cluster-script engine: an embedding", tostring(cn))
+  local cd = 0
+  for i = 1, #embed_ref do cd = math.max(cd, math.abs((cv or {})[i] - embed_ref[i])) end
+  check(cd <= 1e-5, "cluster-script engine: embedding equals the in-process engine's", cd)
   assert(ce:close())
 end
 os.remove(script)

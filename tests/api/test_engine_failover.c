@@ -3,8 +3,11 @@
  * generate, and the engine's supervisor recovers as `shoal serve -c` does: a standby takes the
  * dead node's place, or the node restarted rejoins: no request is lost and every greedy output
  * equals the undisturbed run's. When nothing replaces it, every request ends with on_error
- * (SH_EIO) after the wait (opts.recover_timeout_ms) and new ones are refused. */
+ * (SH_EIO) after the wait (opts.recover_timeout_ms) and new ones are refused. After a recovery
+ * the front computes an embedding (sh_request_opts.embed: the last stage's node pools) equal to
+ * the one the model in this process gives, within 1e-5. */
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +24,8 @@
 #define N_REQ 4
 #define MAX_TOKENS 96
 #define MAX_IDS 512
+#define EMB_TEXT "Once upon a time there was a little dog who liked the park"
+#define EMB_MAX 256
 #define RUN_ALL_POLLS 12000 /* 10 ms each: 120 s, past the front's 30 s wait for a lost node */
 
 typedef struct seen {
@@ -29,7 +34,11 @@ typedef struct seen {
     int n_done, n_error;
     sh_err code;
     char msg[256];
+    float emb[EMB_MAX];
+    int32_t n_emb;
 } seen;
+
+static seen emb_want; /* the embedding of EMB_TEXT by the model in this process */
 
 static void on_token(void *user, uint64_t id, const sh_token_event *ev)
 {
@@ -42,8 +51,12 @@ static void on_token(void *user, uint64_t id, const sh_token_event *ev)
 static void on_done(void *user, uint64_t id, const sh_done_info *info)
 {
     (void)id;
-    (void)info;
-    ((seen *)user)->n_done++;
+    seen *s = user;
+    s->n_done++;
+    if (info->embedding && info->n_embedding <= EMB_MAX) {
+        memcpy(s->emb, info->embedding, (size_t)info->n_embedding * sizeof(float));
+        s->n_emb = info->n_embedding;
+    }
 }
 
 static void on_error(void *user, uint64_t id, sh_err code, const char *msg)
@@ -102,7 +115,20 @@ static void run_all(sh_engine *eng)
     CHECK_INT_EQ(sh_pending(eng), 0);
 }
 
-/* The undisturbed run: the model in this process. */
+static void submit_embed(sh_engine *eng, seen *s)
+{
+    sh_request_opts r = sh_request_opts_default();
+    r.prompt = EMB_TEXT;
+    r.embed = true;
+    uint64_t id = 0;
+    sh_error e = {0};
+    sh_err rc = sh_submit(eng, &r, &CB, s, &id, &e);
+    if (rc)
+        fprintf(stderr, "submit (embed): %s\n", e.msg);
+    CHECK_OK(rc);
+}
+
+/* The undisturbed run: the model in this process (and its embedding of EMB_TEXT). */
 static bool reference(seen *want)
 {
     sh_engine_opts o = sh_engine_opts_default();
@@ -114,7 +140,11 @@ static bool reference(seen *want)
         return false;
     memset(want, 0, sizeof *want);
     submit(eng, want);
+    memset(&emb_want, 0, sizeof emb_want);
+    submit_embed(eng, &emb_want);
     run_all(eng);
+    CHECK_INT_EQ(emb_want.n_done, 1);
+    CHECK_INT_EQ(emb_want.n_emb, 64);
     CHECK_OK(sh_engine_close(eng));
     CHECK_INT_EQ(want->n_done, 1);
     CHECK(want->n_ids > 8);
@@ -258,6 +288,19 @@ static double failover(const seen *want, bool standby, bool restart, int32_t rec
             CHECK_INT_EQ(s[j].n_done, 1);
             CHECK_INT_EQ(s[j].n_ids, want->n_ids);
             CHECK(memcmp(s[j].ids, want->ids, (size_t)want->n_ids * 4) == 0);
+        }
+        if (want) { /* the recovered front embeds as the model in this process */
+            static seen es;
+            memset(&es, 0, sizeof es);
+            submit_embed(eng, &es);
+            run_all(eng);
+            CHECK_INT_EQ(es.n_done, 1);
+            CHECK_INT_EQ(es.n_emb, emb_want.n_emb);
+            double worst = 0;
+            for (int32_t j = 0; j < es.n_emb && j < emb_want.n_emb; j++)
+                worst = fmax(worst, fabs((double)es.emb[j] - (double)emb_want.emb[j]));
+            fprintf(stderr, "embedding through the front: largest |diff| %.3g\n", worst);
+            CHECK(worst <= 1e-5);
         }
         if (!log_has(expect)) {
             pthread_mutex_lock(&log_mu);

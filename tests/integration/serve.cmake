@@ -62,6 +62,9 @@ sh_serve_test(test_serve_truncate ${_d}/run_py.sh ${_d}/test_serve_truncate.py)
 sh_serve_test(test_serve_prompt ${_d}/run_py.sh ${_d}/test_serve_prompt.py)
 sh_serve_test(test_serve_kvpressure ${_d}/run_py.sh ${_d}/test_serve_kvpressure.py)
 sh_serve_test(test_cluster_pipeline ${_d}/run_py.sh ${_d}/test_cluster_pipeline.py)
+# POST /v1/embeddings through a 2-stage pipeline of worker nodes: equal to one process; a worker
+# killed mid-request and restarted (the request resumes).
+sh_serve_test(test_cluster_embed ${_d}/run_py.sh ${_d}/test_cluster_embed.py)
 # A replica's drafter on a worker node of its own against one process without speculation.
 sh_serve_test(test_cluster_drafter ${_d}/run_py.sh ${_d}/test_cluster_drafter.py)
 set_tests_properties(test_cluster_drafter PROPERTIES TIMEOUT 600)

@@ -13,8 +13,8 @@ may close with "b" or "c" later), so after about 13 words it holds more than the
 - the server serves afterwards;
 - a 2-stage pipeline (`shoal node` workers, as test_cluster_pipeline): the last stage, on another
   process, samples, and the per-sequence error crosses the link: the limit request fails with the
-  same message while a plain one sent with it finishes; there /v1/models lists no "embeddings"
-  capability, as /v1/embeddings answers 501.
+  same message while a plain one sent with it finishes; there /v1/models lists the "embeddings"
+  capability, and /v1/embeddings answers (test_cluster_embed checks its numbers).
 """
 
 import json
@@ -141,13 +141,14 @@ def pipeline(d):
                 else:
                     check(st == 200 and p["choices"][0]["text"], f"plain: {st} {raw[:300]!r}")
             still_serves(srv.url)
-            # A front with worker nodes does not compute embeddings (501): /v1/models does not
-            # list them among its capabilities.
+            # A front with worker nodes computes embeddings (the last stage pools), and
+            # /v1/models says so.
             st, _, data = su.get(srv.url, "/v1/models")
             caps = json.loads(data)["data"][0]["capabilities"]
-            check(caps == ["completion", "chat"], f"cluster capabilities {caps}")
+            check(caps == ["completion", "chat", "embeddings"], f"cluster capabilities {caps}")
             st, p, raw = su.post_json(srv.url, "/v1/embeddings", {"input": "hello"})
-            check(st == 501, f"cluster /v1/embeddings: {st} {raw[:200]!r}")
+            check(st == 200 and len(p["data"][0]["embedding"]) == 576,
+                  f"cluster /v1/embeddings: {st} {raw[:200]!r}")
         finally:
             problems += su.stop(srv)
     finally:

@@ -989,6 +989,44 @@ static void test_write_corpus(void)
     sh__buf_fini(&b);
 }
 
+/* An embedding sequence's pooled part in STEP_DONE (step_out.embd, what a worker's last stage
+ * sends the front's batcher): the numbers come back bit for bit beside a sampled sequence
+ * without one. */
+static void test_step_out_embd(void)
+{
+    sh_msg_codec c;
+    sh__msg_codec_init(&c);
+    sh_buf b;
+    sh__buf_init(&b);
+    sh_proto_arena a;
+    sh__proto_arena_init(&a, arena_mem, sizeof arena_mem);
+    sh_error e = {0};
+    sh_msg_env env;
+    sh_proto_body body;
+    float part[576];
+    for (int i = 0; i < 576; i++)
+        part[i] = (float)(i - 288) * 0.37f + 1e-7f * (float)i;
+    sh_proto_step_out outs[2] = {
+        {.seq = 21, .token = -1, .embd = {part, 576}},
+        {.seq = 22, .token = 7, .logprob = -0.5f},
+    };
+    sh_proto_step_done d = {.step = 5, .seqs = {outs, 2}};
+    sh_msg_hdr h = {.type = SH_MSG_STEP_DONE,
+                    .session = 5,
+                    .src = sh_addr_make(3, 2),
+                    .dst = sh_addr_make(1, 3)};
+    CHECK_OK(sh__proto_encode_step_done(&b, &h, &d, &e));
+    CHECK_OK(sh__proto_decode(&c, b.data, b.len, &env, &body, &a, &e));
+    const sh_proto_step_done *g = &body.step_done;
+    CHECK_UINT_EQ(g->seqs.n, 2);
+    CHECK_UINT_EQ(g->seqs.v[0].embd.n, 576);
+    for (uint32_t i = 0; i < 576; i++)
+        CHECK(sh_f32s_at(g->seqs.v[0].embd, i) == part[i]);
+    CHECK_UINT_EQ(g->seqs.v[1].embd.n, 0);
+    CHECK_INT_EQ(g->seqs.v[1].token, 7);
+    sh__buf_fini(&b);
+}
+
 /* A sequence's own failure in STEP_DONE (step_out.status and message) and a grammar named by its
  * hash in STEP (step_seq.gram_hash, n_gen): our round trip, an older peer's frame without them
  * (msgpack-c, keys absent: they decode as 0 and empty), and the status's bound. */
@@ -1056,6 +1094,7 @@ static void test_step_out_status(void)
     CHECK_INT_EQ(body.step_done.seqs.v[0].token, 17);
     CHECK_INT_EQ(body.step_done.seqs.v[0].status, 0);
     CHECK_UINT_EQ(body.step_done.seqs.v[0].message.len, 0);
+    CHECK_UINT_EQ(body.step_done.seqs.v[0].embd.n, 0); /* no "emb": no embedding part */
 
     /* A status past 255 is refused, in either direction. */
     outs[1].status = 300;
@@ -1120,6 +1159,7 @@ static const sh_test_case tests[] = {
     {"encoder_validation", test_encoder_validation},
     {"error_reply", test_error_reply},
     {"step_out_status", test_step_out_status},
+    {"step_out_embd", test_step_out_embd},
     {"write_corpus", test_write_corpus},
     {NULL, NULL},
 };
