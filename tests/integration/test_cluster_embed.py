@@ -11,6 +11,11 @@ Cases:
   started again by hand: the front (--recover-timeout 30) pauses the replica, greets the new
   process and resumes; the request ends with 200 and vectors equal to the reference, and the
   front goes on serving;
+- the last stage's worker killed mid-request and not started again (--recover-timeout 1): the
+  request ends with a 503 saying a stage node was lost (the front's log names it), and the
+  front exits 3 (fail-stop, as for completions);
+- 2 replicas of one stage each behind the router: the batch of 32 equals one process's, and
+  both replicas took inputs;
 - a tensor-parallel group (one stage of 2 ranks, stories260K): the group's leader pools the
   all-reduced final hidden states; alone and in a batch of 8 agree within 1e-5, and a single
   process's vectors within TP_TOL (the split matrices sum in another order, and the F16 KV
@@ -183,6 +188,75 @@ def killed_mid_request(d, ref):
     check(not problems, "\n".join(problems))
 
 
+def not_back(d):
+    path = script(os.path.join(d, "notback.lua"), su.MODEL, ["w0", "w1"])
+    nodes = {w: Node(path, w) for w in ("w0", "w1")}
+    problems = []
+    srv = None
+    res = {}
+
+    def run():
+        res["r"] = su.post_json(srv.url, "/v1/embeddings", {"input": [LONG] * N_LONG},
+                                timeout=su.scaled(120))
+
+    try:
+        for nd in nodes.values():
+            nd.wait_ready()
+        srv = su.start("-c", path, "--join-timeout", f"{su.scaled(60):g}", "--recover-timeout",
+                       "1", model=None)
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        time.sleep(1.0)
+        check(th.is_alive(), "the request ended before the kill: nothing was tested")
+        nodes["w1"].proc.kill()
+        nodes["w1"].proc.wait()
+        th.join(su.scaled(60))
+        check(not th.is_alive(), "the request still open 60 s after the kill: it hangs")
+        st, a, raw = res["r"]
+        msg = ((a or {}).get("error") or {}).get("message", "")
+        check(st == 503 and "was lost" in msg, f"after the kill: {st} {raw[:300]!r}")
+        check("node w1" in srv.log_text(), "the front's log does not name w1:\n"
+              + srv.log_tail(20))
+        su.log(f"note: w1 killed, not back: {st} {msg!r}")
+        rc = srv.proc.wait(timeout=su.scaled(30))
+        check(rc == 3, f"the front exited {rc}, want 3:\n{srv.log_tail(20)}")
+    finally:
+        if srv and srv.proc.poll() is None:
+            problems += su.stop(srv)
+        problems += nodes["w0"].stop()
+        if nodes["w1"].proc.poll() is None:
+            problems += nodes["w1"].stop()
+        else:
+            os.unlink(nodes["w1"].logpath)
+    check(not problems, "\n".join(problems))
+
+
+def replicas(d, ref):
+    path = script(os.path.join(d, "rep.lua"), su.MODEL, ["w0", "w1"],
+                  replicas=[["w0"], ["w1"]])
+    nodes = {w: Node(path, w) for w in ("w0", "w1")}
+    problems = []
+    srv = None
+    try:
+        for nd in nodes.values():
+            nd.wait_ready()
+        srv = su.start("-c", path, "--join-timeout", f"{su.scaled(60):g}", model=None)
+        many = vecs(post(srv.url, {"input": batch()}))
+        worst = max(maxdiff(a, b) for a, b in zip(ref["many"], many))
+        check(len(many) == 32 and worst <= TOL, f"2 replicas: {len(many)} vectors, |diff| {worst}")
+        text = su.metrics(srv.url)
+        routed = [su.metric(text, "shoal_router_routed_total", replica=str(k)) for k in (0, 1)]
+        check(all(x and x > 0 for x in routed), f"inputs per replica: {routed}")
+        su.log(f"note: 2 replicas: largest |diff| {worst:.3g}, inputs per replica {routed}")
+    finally:
+        if srv:
+            problems += stop_all(srv, nodes)
+        else:
+            for nd in nodes.values():
+                problems += nd.stop()
+    check(not problems, "\n".join(problems))
+
+
 def tp_group(d):
     texts = batch()[:8]
     with su.server("-m", STORIES, "-t", "1", "--kv-mem", "32M", "--max-seqs", "16",
@@ -226,6 +300,9 @@ def main():
                "capabilities, openai client)", equal_to_one_process, d, ref)
         r.case("the last stage's worker killed mid-request and restarted: the request resumes "
                "with the same vectors, the front serves on", killed_mid_request, d, ref)
+        r.case("the last stage's worker killed, not back within --recover-timeout 1: 503, the "
+               "front exits 3", not_back, d)
+        r.case("2 replicas behind the router embed as one process", replicas, d, ref)
         r.case("a tensor-parallel group of 2 ranks embeds as one process", tp_group, d)
     finally:
         shutil.rmtree(d, ignore_errors=True)
