@@ -3,7 +3,9 @@ and the router"), against real processes: worker 'a' serves stories260K as "stor
 the default SmolLM2 as "smollm2", both behind one `shoal serve -c` front over ipc://.
 
 Cases:
-- GET /v1/models lists both names;
+- GET /v1/models lists both names, each with the "embeddings" capability;
+- POST /v1/embeddings naming each model gives that model's vector (its width), equal within 1e-5
+  to the single process's;
 - greedy completions to each name equal a single-process `shoal serve -m` of that model (text),
   and chat completions use each model's own chat template (equal to the single process's too);
 - a request naming neither gets 404 model_not_found naming both; one without "model" a 400;
@@ -25,6 +27,14 @@ from test_cluster_pipeline import Node  # noqa: E402
 STORIES = os.path.join(su.ROOT, "tests", "data", "stories260K", "stories260K.gguf")
 PROMPTS = ["Once upon a time", "The little dog"]
 CHAT = [{"role": "user", "content": "Say hello."}]
+EMB_TEXT = "The little dog ran to the park."
+
+
+def embed(url, model):
+    status, parsed, raw = su.post_json(url, "/v1/embeddings", {"model": model,
+                                                                "input": EMB_TEXT})
+    assert status == 200, f"{model}: /v1/embeddings {status}: {raw[:300]!r}"
+    return parsed["data"][0]["embedding"]
 
 
 def write(path, text):
@@ -70,7 +80,7 @@ def reference(model_path, name):
     srv = su.start("-m", model_path, "--model-name", name, model=None)
     try:
         texts = [complete(srv.url, name, p) for p in PROMPTS]
-        return texts, chat(srv.url, name)
+        return texts, chat(srv.url, name), embed(srv.url, name)
     finally:
         problems = su.stop(srv)
         assert not problems, "\n".join(problems)
@@ -88,8 +98,14 @@ def served(d, refs):
         assert st == 200, body
         ids = [m["id"] for m in json.loads(body)["data"]]
         assert ids == ["stories", "smollm2"], ids
+        caps = [m["capabilities"] for m in json.loads(body)["data"]]
+        assert all("embeddings" in c for c in caps), caps
         for name in ("stories", "smollm2"):
-            texts, (ctext, cprompt) = refs[name]
+            texts, (ctext, cprompt), want = refs[name]
+            v = embed(srv.url, name)
+            worst = max(abs(x - y) for x, y in zip(v, want))
+            assert len(v) == len(want) and worst <= 1e-5, \
+                f"{name}: embedding of {len(v)} numbers differs by {worst} (want {len(want)})"
             got = [complete(srv.url, name, p) for p in PROMPTS]
             assert got == texts, f"{name}: {got!r} != single process {texts!r}"
             gtext, gprompt = chat(srv.url, name)
