@@ -605,11 +605,14 @@ static int l_poll(lua_State *L);
 /* eng:embed(text | {token ids}[, {priority=, timeout_ms=}]) -> {numbers}, prompt_tokens |
  * nil, msg, code. A blocking eng:submit{embed=true} that polls the engine until its end: the
  * callbacks of other requests in flight run meanwhile (an error one of them raises is raised
- * here, the embedding cancelled). From inside a callback it answers nil, msg, "EBUSY". */
+ * here, the embedding cancelled). From inside a callback it submits nothing and answers nil,
+ * msg, "EBUSY". */
 static int l_embed(lua_State *L)
 {
     static const char *const keys[] = {"priority", "timeout_ms", NULL};
-    check_open(L, 1);
+    lengine *e = check_open(L, 1);
+    if (e->L) /* inside poll or close: it could not poll, so it submits nothing */
+        return push_fail(L, SH_EBUSY, "eng:embed: called from a callback (it polls the engine)");
     int t = lua_type(L, 2);
     luaL_argexpected(L, t == LUA_TSTRING || t == LUA_TTABLE, 2, "string or table of token ids");
     if (!lua_isnoneornil(L, 3)) {
@@ -655,7 +658,6 @@ static int l_embed(lua_State *L)
         lua_pushinteger(L, -1);
         int st = lua_pcall(L, 2, 3, 0);
         if (st != LUA_OK || lua_isnil(L, -3)) { /* the request must not outlive the call */
-            lengine *e = check_engine(L, 1);
             sh_error err;
             memset(&err, 0, sizeof err);
             if (e->eng)

@@ -340,6 +340,14 @@ do
   local d = maxdiff(v, b.embedding or {})
   check(d <= 1e-5, "alone (eng:embed) vs in a batch of 8 (submit)", d)
   check(maxdiff(v, (infos[2] or {}).embedding or {}) > 1e-3, "different texts embed differently")
+  local vo = eng:embed(words, { priority = 1, timeout_ms = 60000 })
+  eq(maxdiff(v, vo or {}), 0, "embed with priority and timeout_ms: the same vector")
+  -- from a callback: EBUSY (it cannot poll), and nothing is left in flight
+  local inner_code
+  assert(eng:submit({ prompt = "Hi", max_tokens = 2 }, {
+    done = function() inner_code = select(3, eng:embed("inner")) end }))
+  check(poll_until(function() return inner_code ~= nil end, 60), "callback ran")
+  eq(inner_code, "EBUSY", "embed from a callback")
   local okx, xmsg = pcall(eng.embed, eng, 42)
   check(not okx and tostring(xmsg):find("string or table", 1, true), "embed(42) raises",
     tostring(xmsg))
