@@ -10,7 +10,7 @@ Cases:
 - the last stage's worker killed (SIGKILL) while a request of 24 long inputs is in flight and
   started again by hand: the front (--recover-timeout 30) pauses the replica, greets the new
   process and resumes; the request ends with 200 and vectors equal to the reference (or, seen
-  once in 7 runs on a loaded machine, with a 503 from the batcher's step timeout when a step
+  once in 12 runs on a loaded machine, with a 503 from the batcher's step timeout when a step
   after the resume goes unanswered: the front's log is printed), and the front goes on serving;
 - the last stage's worker killed mid-request and not started again (--recover-timeout 1): the
   request ends with a 503 saying a stage node was lost (the front's log names it), and the
@@ -171,7 +171,7 @@ def killed_mid_request(d, ref):
         check(not isinstance(r, Exception), f"request: {r!r}")
         st, a, raw = r
         if st == 503:
-            # Seen once in 7 runs on a loaded machine: a step after the resume went unanswered
+            # Seen once in 12 runs on a loaded machine: a step after the resume went unanswered
             # and the batcher's step timeout (30 s, 4 tries) failed it. A clear error, not a
             # hang; the front must still serve afterwards (checked below).
             msg = ((a or {}).get("error") or {}).get("message", "")
