@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "net/json_schema.h"
 #include "net/json_schema_internal.h"
+#include "net/strbuf.h"
 
 /* --- text buffer --- */
 
@@ -19,21 +20,13 @@ void sh__jsb_put(sh__jsb *b, const char *s, size_t n)
         b->full = true;
         return;
     }
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+    /* The growth is net/strbuf's; this buffer adds the size bound. */
+    sh_strbuf g = {.p = b->p, .len = b->n, .cap = b->cap};
+    sh_strbuf_addn(&g, s, n);
+    b->p = g.p;
+    b->n = g.len;
+    b->cap = g.cap;
+    b->oom = g.oom;
 }
 
 void sh__jsb_puts(sh__jsb *b, const char *s) { sh__jsb_put(b, s, strlen(s)); }
