@@ -219,8 +219,14 @@ sh_err sh__coll_net_join(net *im, uint64_t deadline, sh_error *e)
             sh__coll_net_drop(im, m, DROP_BAD, -1);
             continue;
         }
-        if (h.epoch != c->epoch)
+        if (h.epoch != c->epoch) {
             im->other_epoch++;
+            /* The peer is there, in another epoch: its link works, so no redial toward it (a
+             * redial just before the create gives up can leave NNG 1.5.2's nng_close of that
+             * link hanging: test_coll_net wrong_epoch, 5 runs in 50 under load). */
+            if (h.src < c->size && h.src != c->rank)
+                heard[h.src] = sh__coll_net_now_ns();
+        }
         if (h.type == SH__COLL_NET_HELLO && h.epoch == c->epoch && h.src < c->size &&
             h.src != c->rank && payload_len(m) == NONCE) {
             uint64_t now = sh__coll_net_now_ns();
