@@ -439,7 +439,7 @@ void sh__gateway_submit(gateway *g, sh_http_req *http, sh_openai_request *q, int
         r->echo_text = strdup(q->prompt);
     r->echo = r->echo_text != NULL;
     r->tools = kind == SH_OPENAI_CHAT && sh_openai_tools_active(q);
-    r->tool_style = sh__gateway_tool_style(m->chat);
+    r->tool_style = sh__serve_tool_style(m->chat);
     for (int32_t i = 0; r->tools && i < r->n_choices; i++)
         sh_openai_toolstream_init(&r->choices[i].ts, r->tool_style,
                                   r->id * 0x9E3779B97F4A7C15ull ^ (uint64_t)r->created ^

@@ -101,8 +101,6 @@ void sh__gateway_tokenize_done(gateway *g, sh_http_req *req, const sh_tokenizer 
 
 /* ---- gateway_tok.c: tokenization, off the loop -------------------------------------------- */
 
-/* The tool syntax of a chat template (net/openai_tools.h). */
-sh_openai_tool_style sh__gateway_tool_style(sh_chat_template t);
 /* Tokenizes q's prompt on the worker pool, then submits it or answers http. Takes q. */
 void sh__gateway_tok_queue(gateway *g, sh_http_req *http, sh_openai_request *q, int32_t key_prio);
 /* POST /tokenize: text[0, len) (malloc'd; taken) encoded with flags (SH_TOKENIZE_*) on the

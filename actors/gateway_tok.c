@@ -40,7 +40,7 @@ typedef struct gw_tok {
     struct gw_tok *next;
 } gw_tok;
 
-sh_openai_tool_style sh__gateway_tool_style(sh_chat_template t)
+sh_openai_tool_style sh__serve_tool_style(sh_chat_template t)
 {
     switch (t) {
     case SH_CHAT_CHATML:
@@ -77,7 +77,7 @@ static void tok_run(uv_work_t *w)
         return;
     }
     // Tools, tool calls and tool results are written in the model family's syntax first.
-    sh_openai_tool_style style = sh__gateway_tool_style(t->chat);
+    sh_openai_tool_style style = sh__serve_tool_style(t->chat);
     sh_openai_chat_text ct;
     sh_chat_msg *msgs = NULL;
     if (sh_openai_tools_render(q, style, t->default_system, &ct) ||

@@ -21,6 +21,7 @@
 #include "model/spec.h"
 #include "model/tokenizer.h"
 #include "net/openai.h"
+#include "net/openai_tools.h"
 #include "shoal/runtime.h"
 
 /* ---- kvmgr ------------------------------------------------------------------------------ */
@@ -512,5 +513,9 @@ extern const sh_actor_vtable sh__drafter_vtable;
  * metrics collector and reporter (actors/node_metrics.h). Returns as sh_runtime_register(). Defined
  * in actors/serve.c. */
 sh_err sh__serve_register(sh_runtime *rt, sh_error *e);
+
+/* The tool syntax of a chat template (net/openai_tools.h): the gateway's and the embedding
+ * API's (actors/gateway_tok.c). */
+sh_openai_tool_style sh__serve_tool_style(sh_chat_template t);
 
 #endif

@@ -19,6 +19,9 @@
 
 #define SH_API_BUCKETS 1024 /* request table buckets (chained; requests are few hundred) */
 
+/* A chat request's tool calls as they stream (api/engine_tools.c). */
+typedef struct sh_api_tools sh_api_tools;
+
 /* One request submitted and not yet over. Owned by the table until its final callback. */
 typedef struct sh_api_req {
     uint64_t id;
@@ -27,6 +30,7 @@ typedef struct sh_api_req {
     bool cancelling;
     bool logprobs;           /* on_token carries log-probabilities */
     int32_t n_prompt, n_gen; /* prompt tokens; tokens passed to on_token so far */
+    sh_api_tools *tools;     /* a chat with tools: its calls are taken out (NULL: none) */
     struct sh_api_req *next; /* bucket chain */
 } sh_api_req;
 
@@ -128,6 +132,24 @@ void sh__engine_fail_all(sh_engine *eng);
  * prefixes the message). */
 sh_err sh__engine_chat_msgs(const sh_chat_message *in, int32_t n, sh_chat_msg *msgs, const char *fn,
                             sh_error *e);
+/* api/engine_tools.c */
+/* Whether r is a chat that goes through the tools path (messages_json, tools or tool_choice). */
+bool sh__engine_tools_wanted(const sh_request_opts *r);
+/* r's chat checked as POST /v1/chat/completions checks it, its tools rendered in the model's
+ * tool syntax and tokenized into *ids (at most max_ids; SH_ERANGE with *n past it); *gram, when
+ * NULL, gets the grammar forcing a call (tool_choice "required" or named); *out the state that
+ * takes the calls out of the text when tools are active (NULL otherwise). SH_EINVAL naming the
+ * field, SH_ENOMEM. */
+sh_err sh__engine_tools_prompt(sh_engine *eng, const sh_request_opts *r, size_t max_ids,
+                               int32_t **ids, size_t *n, char **gram, sh_api_tools **out,
+                               sh_error *e);
+/* The next generated text (last: the request ended): *content is what to pass on (NULL: none),
+ * valid until the next call; calls go to sh__engine_tools_calls. SH_OK or SH_ENOMEM. */
+sh_err sh__engine_tools_feed(sh_api_tools *t, const char *piece, size_t len, bool last,
+                             const char **content);
+/* The calls so far as a JSON array text (owned by t), NULL when none. */
+const char *sh__engine_tools_calls(sh_api_tools *t);
+void sh__engine_tools_free(sh_api_tools *t);
 /* Whether text[0, len) is valid UTF-8 (no overlong forms, surrogates or code points past
  * U+10FFFF). */
 bool sh__engine_utf8_valid(const char *text, size_t len);

@@ -31,6 +31,12 @@ static sh_api_req **slot(sh_engine *eng, uint64_t id)
     return pp;
 }
 
+static void req_free(sh_api_req *q)
+{
+    sh__engine_tools_free(q->tools);
+    free(q);
+}
+
 static sh_api_req *unlink_req(sh_engine *eng, uint64_t id)
 {
     sh_api_req **pp = slot(eng, id), *r = *pp;
@@ -113,12 +119,13 @@ static bool in_range(float v, float lo, float hi) { return !isnan(v) && v >= lo 
 static sh_err check_request(const sh_request_opts *r, sh_error *e)
 {
     int forms = (r->prompt != NULL) + (r->prompt_tokens != NULL || r->n_prompt_tokens != 0) +
-                (r->messages != NULL || r->n_messages != 0);
+                (r->messages != NULL || r->n_messages != 0) + (r->messages_json != NULL);
     if (forms != 1)
         return sh__error_set(e, SH_EINVAL,
-                             forms ? "sh_submit: give exactly one of prompt, prompt_tokens and "
-                                     "messages"
-                                   : "sh_submit: no prompt (prompt, prompt_tokens or messages)");
+                             forms ? "sh_submit: give exactly one of prompt, prompt_tokens, "
+                                     "messages and messages_json"
+                                   : "sh_submit: no prompt (prompt, prompt_tokens, messages or "
+                                     "messages_json)");
     if ((r->prompt_tokens != NULL) != (r->n_prompt_tokens > 0))
         return sh__error_set(e, SH_EINVAL, "sh_submit: prompt_tokens %s with n_prompt_tokens %d",
                              r->prompt_tokens ? "given" : "NULL", (int)r->n_prompt_tokens);
@@ -182,9 +189,10 @@ static sh_err check_request(const sh_request_opts *r, sh_error *e)
     return SH_OK;
 }
 
-/* The prompt's token ids (malloc'd into *ids), at most n_ctx - 1 of them. */
+/* The prompt's token ids (malloc'd into *ids), at most n_ctx - 1 of them. A chat with tools
+ * (api/engine_tools.c) may set *gram (when NULL: the grammar forcing a call) and *tools. */
 static sh_err prompt_ids(sh_engine *eng, const sh_request_opts *r, int32_t **ids, size_t *n,
-                         sh_error *e)
+                         char **gram, sh_api_tools **tools, sh_error *e)
 {
     size_t max_ids = eng->n_ctx > 1 ? (size_t)eng->n_ctx - 1 : 1;
     sh_err rc;
@@ -206,7 +214,9 @@ static sh_err prompt_ids(sh_engine *eng, const sh_request_opts *r, int32_t **ids
         *n = (size_t)r->n_prompt_tokens;
         return SH_OK;
     }
-    if (r->prompt) {
+    if (sh__engine_tools_wanted(r)) {
+        rc = sh__engine_tools_prompt(eng, r, max_ids, ids, n, gram, tools, e);
+    } else if (r->prompt) {
         sh_tokenize_opts o = {.max_ids = max_ids};
         if (sh_tokenizer_wants_bos(eng->tok) && sh_tokenizer_bos(eng->tok) >= 0)
             o.flags |= SH_TOKENIZE_ADD_BOS;
@@ -236,6 +246,8 @@ static sh_err prompt_ids(sh_engine *eng, const sh_request_opts *r, int32_t **ids
     if (*n == 0) {
         free(*ids);
         *ids = NULL;
+        sh__engine_tools_free(*tools);
+        *tools = NULL;
         return sh__error_set(e, SH_EINVAL, "sh_submit: the prompt is empty");
     }
     return SH_OK;
@@ -328,8 +340,9 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     char *gram = NULL;
     if (!rc && !r.embed)
         rc = request_grammar(&r, &gram, e);
+    sh_api_tools *tools = NULL;
     if (!rc)
-        rc = prompt_ids(eng, &r, &ids, &n_ids, e);
+        rc = prompt_ids(eng, &r, &ids, &n_ids, &gram, &tools, e);
     if (rc) {
         free(gram);
         return rc;
@@ -338,8 +351,10 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     if (!q) {
         free(ids);
         free(gram);
+        sh__engine_tools_free(tools);
         return sh__error_set(e, SH_ENOMEM, "out of memory");
     }
+    q->tools = tools;
     q->cb = *cb;
     q->user = user;
     q->logprobs = r.logprobs;
@@ -418,7 +433,7 @@ sh_err sh_submit(sh_engine *eng, const sh_request_opts *req, const sh_callbacks 
     free(ids);
     free(gram); /* SUBMIT's copy is the batcher's */
     if (rc)
-        free(q);
+        req_free(q);
     return rc;
 }
 
@@ -665,8 +680,31 @@ static uint32_t dispatch(sh_engine *eng, sh_api_ev *ev)
     if (!q)
         return 0; /* over already: a cancel's end after its DONE, or the reverse */
     uint32_t ran = 0;
-    if (ev->type == SH_MSG_TOKEN || (ev->type == SH_MSG_DONE && ev->text_len)) {
-        sh_token_event te = {.text = ev->text, .text_len = ev->text_len, .index = ev->index};
+    const char *text = ev->text;
+    size_t text_len = ev->text_len;
+    if (q->tools && (ev->type == SH_MSG_TOKEN || ev->type == SH_MSG_DONE)) {
+        // Tool calls are taken out of the text (held until they are whole); the rest passes.
+        const char *content = NULL;
+        if (sh__engine_tools_feed(q->tools, text, text_len, ev->type == SH_MSG_DONE, &content)) {
+            if (cb.on_error)
+                cb.on_error(user, ev->id, SH_ENOMEM, "out of memory taking tool calls out");
+            if (!final) { /* it is over for the host: cancel it and drop what follows */
+                pthread_mutex_lock(&eng->mu);
+                unlink_req(eng, ev->id);
+                pthread_mutex_unlock(&eng->mu);
+                sh_proto_cancel c = {.req = ev->id, .reason = {"out of memory", 13}};
+                sh_error ce = {0};
+                (void)sh__act_send(eng->rt, eng->self, eng->batcher, SH_MSG_CANCEL, ev->id, &c,
+                                   &ce);
+            }
+            req_free(q);
+            return cb.on_error ? 1 : 0;
+        }
+        text = content ? content : "";
+        text_len = strlen(text);
+    }
+    if (ev->type == SH_MSG_TOKEN || (ev->type == SH_MSG_DONE && text_len)) {
+        sh_token_event te = {.text = text, .text_len = text_len, .index = ev->index};
         if (ev->type == SH_MSG_TOKEN) {
             te.ids = ev->ids;
             te.n_ids = ev->n_ids;
@@ -688,7 +726,10 @@ static uint32_t dispatch(sh_engine *eng, sh_api_ev *ev)
                            .completion_tokens = ev->n_gen,
                            .cached_tokens = ev->n_cached,
                            .embedding = ev->emb,
-                           .n_embedding = ev->n_emb};
+                           .n_embedding = ev->n_emb,
+                           .tool_calls = q->tools ? sh__engine_tools_calls(q->tools) : NULL};
+        if (di.tool_calls && di.finish == SH_FINISH_STOP)
+            di.finish = SH_FINISH_TOOL_CALLS;
         cb.on_done(user, ev->id, &di);
         ran++;
     } else if (ev->type == SH_MSG_FAIL && cb.on_error) {
@@ -696,7 +737,7 @@ static uint32_t dispatch(sh_engine *eng, sh_api_ev *ev)
         ran++;
     }
     if (final)
-        free(q);
+        req_free(q);
     return ran;
 }
 
@@ -815,6 +856,6 @@ void sh__engine_fail_all(sh_engine *eng)
             return;
         if (q->cb.on_error)
             q->cb.on_error(q->user, q->id, SH_ECLOSED, "the engine was closed");
-        free(q);
+        req_free(q);
     }
 }

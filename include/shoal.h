@@ -48,7 +48,7 @@ extern "C" {
 /* Bumped whenever a struct below grows or a function changes meaning. Structs of options carry
  * their own size (struct_size, set by the *_default() functions), so a program built against an
  * older header keeps working with a newer library. */
-#define SH_API_VERSION 1
+#define SH_API_VERSION 2
 
 typedef struct sh_engine sh_engine;
 
@@ -202,6 +202,23 @@ typedef struct sh_request_opts {
      * with on_error (SH_ERANGE, "grammar limit hit ..."). Copied by sh_submit. */
     const char *grammar;
     const char *response_format;
+    /* Tool calls (docs/embedding.md, "Tool calls"), as POST /v1/chat/completions takes them
+     * (docs/serving.md, "Tool calls"); each field is JSON text in OpenAI's form and is checked
+     * as the server checks it (a bad one fails sh_submit with SH_EINVAL naming the field).
+     * messages_json: the chat as OpenAI's "messages" array, instead of messages: the form that
+     * carries an assistant's "tool_calls" and "tool" messages with their "tool_call_id".
+     * tools: OpenAI's "tools" array ({"type": "function", "function": {"name", "description",
+     * "parameters": a JSON schema}}); needs messages or messages_json. tool_choice: "auto" (the
+     * default with tools), "none", "required" (a call is forced by a grammar), or the object
+     * {"type": "function", "function": {"name": ...}} (a call of that one, forced). A request
+     * with tools (and tool_choice not "none") has its calls taken out of the text: on_token
+     * carries only the text outside them (a call's text is never passed on, so some events
+     * carry ids and no text), and on_done's info carries the calls (tool_calls). Not with
+     * embed; grammar or response_format win over a forcing tool_choice. */
+    const char *messages_json;
+    const char *tools;
+    const char *tool_choice;
+    bool no_parallel_tool_calls; /* parallel_tool_calls false: one call at most */
 } sh_request_opts;
 
 /* The defaults (greedy, 256 tokens, struct_size set). Any thread; never fails. Inline for the
@@ -216,10 +233,11 @@ static inline sh_request_opts sh_request_opts_default(void)
 }
 
 typedef enum sh_finish {
-    SH_FINISH_STOP = 0,     /* end of sequence or a stop string */
-    SH_FINISH_LENGTH = 1,   /* max_tokens or the context length */
-    SH_FINISH_CANCEL = 2,   /* sh_cancel() */
-    SH_FINISH_DEADLINE = 3, /* timeout_ms passed */
+    SH_FINISH_STOP = 0,       /* end of sequence or a stop string */
+    SH_FINISH_LENGTH = 1,     /* max_tokens or the context length */
+    SH_FINISH_CANCEL = 2,     /* sh_cancel() */
+    SH_FINISH_DEADLINE = 3,   /* timeout_ms passed */
+    SH_FINISH_TOOL_CALLS = 4, /* the model called tools (sh_done_info.tool_calls) */
 } sh_finish;
 
 /* Newly generated tokens of one request. Every pointer is valid during the callback only. */
@@ -244,6 +262,10 @@ typedef struct sh_done_info {
      * during the callback only; NULL and 0 otherwise. */
     const float *embedding;
     int32_t n_embedding;
+    /* sh_request_opts.tools: the calls the model made, as a JSON array text in the form of
+     * OpenAI's message.tool_calls ([{"id": "call_...", "type": "function", "function": {"name",
+     * "arguments": JSON text}}]), valid during the callback only; NULL when it made none. */
+    const char *tool_calls;
 } sh_done_info;
 
 /* A request's callbacks. They run inside sh_poll() on its thread. on_token may run any number of

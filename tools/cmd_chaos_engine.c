@@ -87,7 +87,7 @@ static void on_token(void *user, uint64_t id, const sh_token_event *ev)
 
 static const char *finish_name(sh_finish f)
 {
-    static const char *const names[] = {"stop", "length", "cancel", "deadline"};
+    static const char *const names[] = {"stop", "length", "cancel", "deadline", "tool_calls"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
 }
 

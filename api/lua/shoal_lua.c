@@ -20,6 +20,7 @@
 #include <lua.h>
 
 #include "shoal.h"
+#include "shoal_lua_int.h"
 
 #define ENGINE_MT "shoal.engine"
 
@@ -42,7 +43,7 @@ static const char *err_name(sh_err e)
     return (e >= 0 && e < SH_ERR_COUNT_) ? err_names[e] : "EUNKNOWN";
 }
 
-static const char *const finish_names[] = {"stop", "length", "cancel", "deadline"};
+static const char *const finish_names[] = {"stop", "length", "cancel", "deadline", "tool_calls"};
 
 /* Pushes nil, message, code-name and returns 3 (the module's failure return). */
 static int push_fail(lua_State *L, sh_err code, const char *msg)
@@ -363,7 +364,7 @@ static void on_done(void *user, uint64_t id, const sh_done_info *info)
     forget_request(e, id); /* the request is over whatever its callback does */
     lua_createtable(L, 0, 4);
     int f = (int)info->finish;
-    lua_pushstring(L, (f >= 0 && f < 4) ? finish_names[f] : "unknown");
+    lua_pushstring(L, (f >= 0 && f < 5) ? finish_names[f] : "unknown");
     lua_setfield(L, -2, "finish");
     lua_pushinteger(L, info->prompt_tokens);
     lua_setfield(L, -2, "prompt_tokens");
@@ -378,6 +379,10 @@ static void on_done(void *user, uint64_t id, const sh_done_info *info)
             lua_rawseti(L, -2, (lua_Integer)j + 1);
         }
         lua_setfield(L, -2, "embedding");
+    }
+    if (info->tool_calls) { /* a chat with tools: the calls, as JSON text */
+        lua_pushstring(L, info->tool_calls);
+        lua_setfield(L, -2, "tool_calls");
     }
     lua_pushinteger(L, (lua_Integer)id);
     call_field(e, "done", 2);
@@ -436,6 +441,10 @@ static const char *const req_keys[] = {"prompt",
                                        "grammar",
                                        "response_format",
                                        "embed",
+                                       "messages_json",
+                                       "tools",
+                                       "tool_choice",
+                                       "parallel_tool_calls",
                                        NULL};
 
 static const char *const cb_keys[] = {"token", "done", "error", NULL};
@@ -446,11 +455,14 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
  * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N},
- * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text, embed=true};
+ * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text, embed=true,
+ * messages_json=JSON text, tools=JSON text, tool_choice=STRING, parallel_tool_calls=false};
  * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
  * id)}, each optional. With embed=true nothing is generated and done's info carries `embedding`,
- * the pooled unit vector as a table of the model's width of numbers. */
+ * the pooled unit vector as a table of the model's width of numbers. With tools, done's info
+ * carries `tool_calls` (JSON text) when the model called any, and finish "tool_calls"; a message
+ * may carry tool_calls (that JSON text) and tool_call_id (role "tool"). */
 static int l_submit(lua_State *L)
 {
     lengine *e = check_open(L, 1);
@@ -493,6 +505,12 @@ static int l_submit(lua_State *L)
     opt_spec(L, 2, &r);
     opt_string(L, 2, "grammar", &r.grammar);
     opt_string(L, 2, "response_format", &r.response_format);
+    opt_string(L, 2, "messages_json", &r.messages_json);
+    opt_string(L, 2, "tools", &r.tools);
+    opt_string(L, 2, "tool_choice", &r.tool_choice);
+    bool parallel = true;
+    opt_bool(L, 2, "parallel_tool_calls", &parallel);
+    r.no_parallel_tool_calls = !parallel;
     lua_Integer tmo;
     if (opt_integer(L, 2, "timeout_ms", 0, UINT32_MAX, &tmo))
         r.timeout_ms = (uint32_t)tmo;
@@ -520,31 +538,7 @@ static int l_submit(lua_State *L)
     }
     /* The prompt_tokens table (or nil) and its userdata stay on the stack. */
 
-    t = lua_getfield(L, 2, "messages");
-    if (t != LUA_TNIL) {
-        if (t != LUA_TTABLE)
-            luaL_error(L, "shoal: option 'messages' must be a table of {role=, content=}");
-        int mt = lua_gettop(L);
-        lua_Integer n = luaL_len(L, mt);
-        if (n > 4096)
-            luaL_error(L, "shoal: option 'messages' has more than 4096 messages");
-        sh_chat_message *msgs =
-            (sh_chat_message *)lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *msgs, 0);
-        for (lua_Integer i = 1; i <= n; i++) {
-            if (lua_rawgeti(L, mt, i) != LUA_TTABLE)
-                luaL_error(L, "shoal: messages[%I] must be a table {role=, content=}", i);
-            int m = lua_gettop(L);
-            msgs[i - 1].role = NULL;
-            msgs[i - 1].content = NULL;
-            opt_string(L, m, "role", &msgs[i - 1].role);
-            opt_string(L, m, "content", &msgs[i - 1].content);
-            if (!msgs[i - 1].role || !msgs[i - 1].content)
-                luaL_error(L, "shoal: messages[%I] needs string role and content", i);
-            lua_pop(L, 1); /* the message table stays alive in `messages`, which is on the stack */
-        }
-        r.messages = msgs;
-        r.n_messages = (int32_t)n;
-    }
+    sh_lua_messages(L, 2, &r); /* the messages (or their JSON) stay on the stack */
 
     const char *stops[MAX_STOP];
     t = lua_getfield(L, 2, "stop");
@@ -903,20 +897,7 @@ static int l_chat_apply(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Integer n = luaL_len(L, 2);
     luaL_argcheck(L, n >= 0 && n <= 4096, 2, "at most 4096 messages");
-    sh_chat_message *m =
-        (sh_chat_message *)lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *m, 0);
-    for (lua_Integer i = 1; i <= n; i++) {
-        if (lua_rawgeti(L, 2, i) != LUA_TTABLE)
-            luaL_error(L, "shoal: chat_apply: messages[%I] must be a table", i);
-        int mi = lua_gettop(L);
-        m[i - 1].role = NULL;
-        m[i - 1].content = NULL;
-        opt_string(L, mi, "role", &m[i - 1].role);
-        opt_string(L, mi, "content", &m[i - 1].content);
-        if (!m[i - 1].role || !m[i - 1].content)
-            luaL_error(L, "shoal: chat_apply: messages[%I] needs string role and content", i);
-        lua_pop(L, 1);
-    }
+    sh_chat_message *m = sh_lua_chat_messages(L, 2, n, "chat_apply: ");
     msg_list l = {m, (int32_t)n};
     return push_text(L, e, chat_fn, &l);
 }

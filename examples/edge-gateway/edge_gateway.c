@@ -61,7 +61,7 @@ static void print_answer(answer *a, const char *finish)
 
 static void on_done(void *user, uint64_t id, const sh_done_info *info)
 {
-    static const char *const why[] = {"stop", "length", "cancel", "deadline"};
+    static const char *const why[] = {"stop", "length", "cancel", "deadline", "tool_calls"};
     (void)id;
     G.answered++;
     print_answer((answer *)user, why[info->finish]);

@@ -65,7 +65,7 @@ static void on_done(void *user, uint64_t id, const sh_done_info *info)
 {
     host *h = (host *)user;
     completion *c = find(h, id);
-    static const char *const why[] = {"stop", "length", "cancel", "deadline"};
+    static const char *const why[] = {"stop", "length", "cancel", "deadline", "tool_calls"};
     for (size_t i = 0; c && i < c->len; i++)
         if (c->text[i] == '\n')
             c->text[i] = ' '; /* one line per completion */

@@ -10,3 +10,7 @@ sh_test(test_engine_failover SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_failo
 # Embeddings through the C API (sh_request_opts.embed): unit vectors in on_done, the same alone
 # and among 15 other requests, text and token-id prompts.
 sh_test(test_engine_embed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_embed.c LABELS unit TIMEOUT 120)
+# Tool calls through the C API (sh_request_opts.messages_json, tools, tool_choice) on the default
+# model: forced and named calls following their schemas, a round trip with a tool message, the
+# chat as JSON equal to the chat as structs, and each bad field refused naming it.
+sh_test(test_engine_tools SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_tools.c LABELS unit TIMEOUT 300)

@@ -29,9 +29,18 @@ if(SH_LUA_INTERP)
            WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_lua_module PROPERTIES ENVIRONMENT "${_sh_lua_env}"
                        REQUIRED_FILES $<TARGET_FILE:shoal_lua>)
+  # Tool calls from Lua on the default model (skipped, 77, without it).
+  add_test(NAME test_lua_module_tools
+           COMMAND ${SH_LUA_INTERP} ${CMAKE_SOURCE_DIR}/api/lua/test_shoal_lua_tools.lua
+                   ${CMAKE_SOURCE_DIR}/models/smollm2-135m-instruct-q4_1.gguf
+           WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_lua_module_tools PROPERTIES ENVIRONMENT "${_sh_lua_env}"
+                       REQUIRED_FILES $<TARGET_FILE:shoal_lua> SKIP_RETURN_CODE 77)
 else()
-  add_test(NAME test_lua_module
-           COMMAND sh -c "echo 'skipped: lua5.4 is not installed (scripts/bootstrap.sh)'; exit 77")
-  set_tests_properties(test_lua_module PROPERTIES SKIP_RETURN_CODE 77)
+  foreach(_t test_lua_module test_lua_module_tools)
+    add_test(NAME ${_t}
+             COMMAND sh -c "echo 'skipped: lua5.4 is not installed (scripts/bootstrap.sh)'; exit 77")
+    set_tests_properties(${_t} PROPERTIES SKIP_RETURN_CODE 77)
+  endforeach()
 endif()
-set_tests_properties(test_lua_module PROPERTIES LABELS unit TIMEOUT 120)
+set_tests_properties(test_lua_module test_lua_module_tools PROPERTIES LABELS unit TIMEOUT 120)

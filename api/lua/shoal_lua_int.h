@@ -1,0 +1,20 @@
+/* What the `shoal` Lua module's files share (api/lua/shoal_lua.c, shoal_lua_chat.c). */
+#ifndef SH_API_LUA_SHOAL_LUA_INT_H
+#define SH_API_LUA_SHOAL_LUA_INT_H
+
+#include <lua.h>
+
+#include "shoal.h"
+
+/* Reads the "messages" field of the request table at req into r: {role=, content=} tables as
+ * r->messages, or, when a message carries tool_calls (JSON text, as done's info gives it) or
+ * tool_call_id, or has the role "tool", the whole chat as OpenAI's messages JSON in
+ * r->messages_json. What r points into is left on the stack (one or two values). Raises a Lua
+ * error naming the message on a wrong shape. */
+void sh_lua_messages(lua_State *L, int req, sh_request_opts *r);
+
+/* The n {role=, content=} tables of the table at mt as sh_chat_message, in a userdata left on the
+ * stack; what prefixes the error naming a bad message ("" or "chat_apply: "). */
+sh_chat_message *sh_lua_chat_messages(lua_State *L, int mt, lua_Integer n, const char *what);
+
+#endif
