@@ -54,9 +54,9 @@ static sh_err chat_body(const sh_request_opts *r, char **out, sh_error *e)
     if (!rc && r->tools) {
         json_t *t = json_loads(r->tools, JSON_REJECT_DUPLICATES, &je);
         if (!t)
-            rc = sh__error_set(e, SH_EINVAL,
-                               "sh_submit: tools is not JSON (line %d, column %d: %s)", je.line,
-                               je.column, je.text);
+            rc =
+                sh__error_set(e, SH_EINVAL, "sh_submit: tools is not JSON (line %d, column %d: %s)",
+                              je.line, je.column, je.text);
         else if (json_object_set_new(body, "tools", t))
             rc = sh__error_set(e, SH_ENOMEM, "out of memory");
     }
@@ -108,8 +108,8 @@ static sh_err chat_parse(sh_engine *eng, const sh_request_opts *r, sh_openai_req
     if (rc == SH_ENOMEM)
         return sh__error_set(e, SH_ENOMEM, "out of memory");
     if (rc)
-        return sh__error_set(e, SH_EINVAL, "sh_submit: %s%s%s", oe.param,
-                             oe.param[0] ? ": " : "", oe.message);
+        return sh__error_set(e, SH_EINVAL, "sh_submit: %s%s%s", oe.param, oe.param[0] ? ": " : "",
+                             oe.message);
     return SH_OK;
 }
 
@@ -181,8 +181,8 @@ sh_err sh__engine_tools_prompt(sh_engine *eng, const sh_request_opts *r, size_t 
         } else {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^
-                            (uint64_t)(uintptr_t)t;
+            uint64_t seed =
+                (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)t;
             sh_openai_toolstream_init(&t->ts, style, seed);
             *out = t;
         }

@@ -455,8 +455,9 @@ static const char *const cb_keys[] = {"token", "done", "error", NULL};
  * messages={{role=,content=},...}, max_tokens=, temperature=, top_p=, top_k=, min_p=,
  * presence_penalty=, frequency_penalty=, repeat_penalty=, stop=STRING|{...}, seed=, priority=,
  * logprobs=, top_logprobs=, ignore_eos=, timeout_ms=, speculative=true|false|{n_max=N},
- * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON text, embed=true,
- * messages_json=JSON text, tools=JSON text, tool_choice=STRING, parallel_tool_calls=false};
+ * typical_p=, repeat_last_n=, min_tokens=, grammar=GBNF, response_format=JSON, embed=true,
+ * messages_json=JSON text, tools=JSON, tool_choice=STRING|JSON, parallel_tool_calls=false}
+ * (JSON: JSON text, or a table written as JSON);
  * callbacks:
  * {token=function(text, ids, id, logprobs), done=function(info, id), error=function(code, message,
  * id)}, each optional. With embed=true nothing is generated and done's info carries `embedding`,
@@ -504,10 +505,10 @@ static int l_submit(lua_State *L)
     opt_bool(L, 2, "embed", &r.embed);
     opt_spec(L, 2, &r);
     opt_string(L, 2, "grammar", &r.grammar);
-    opt_string(L, 2, "response_format", &r.response_format);
+    sh_lua_json_opt(L, 2, "response_format", &r.response_format);
     opt_string(L, 2, "messages_json", &r.messages_json);
-    opt_string(L, 2, "tools", &r.tools);
-    opt_string(L, 2, "tool_choice", &r.tool_choice);
+    sh_lua_json_opt(L, 2, "tools", &r.tools);
+    sh_lua_json_opt(L, 2, "tool_choice", &r.tool_choice);
     bool parallel = true;
     opt_bool(L, 2, "parallel_tool_calls", &parallel);
     r.no_parallel_tool_calls = !parallel;

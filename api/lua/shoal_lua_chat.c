@@ -34,24 +34,174 @@ static const char *field_str(lua_State *L, int idx, const char *key, const char 
     return s;
 }
 
-/* s[0, n) as a JSON string (quotes and escapes; UTF-8 passes as it is, checked by sh_submit). */
-static void add_json_string(luaL_Buffer *b, const char *s, size_t n)
+/* JSON text built in a userdata that stays at stack slot `slot` (a Lua error frees it with the
+ * rest of the stack; growing replaces it there). */
+typedef struct jbuf {
+    int slot;
+    char *p;
+    size_t len, cap;
+} jbuf;
+
+static void jb_init(lua_State *L, jbuf *b)
 {
-    luaL_addchar(b, '"');
+    b->cap = 256;
+    b->len = 0;
+    b->p = (char *)lua_newuserdatauv(L, b->cap, 0);
+    b->slot = lua_gettop(L);
+}
+
+static void jb_add(lua_State *L, jbuf *b, const char *s, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap;
+        while (cap < b->len + n) {
+            if (cap > ((size_t)64 << 20))
+                luaL_error(L, "shoal: JSON text over 64 MiB");
+            cap *= 2;
+        }
+        char *p = (char *)lua_newuserdatauv(L, cap, 0);
+        memcpy(p, b->p, b->len);
+        lua_replace(L, b->slot);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+static void jb_str(lua_State *L, jbuf *b, const char *s) { jb_add(L, b, s, strlen(s)); }
+
+/* s[0, n) as a JSON string (quotes and escapes; UTF-8 passes as it is, checked by sh_submit). */
+static void jb_json_string(lua_State *L, jbuf *b, const char *s, size_t n)
+{
+    jb_add(L, b, "\"", 1);
     for (size_t k = 0; k < n; k++) {
         unsigned char c = (unsigned char)s[k];
+        char esc[8];
         if (c == '"' || c == '\\') {
-            luaL_addchar(b, '\\');
-            luaL_addchar(b, (char)c);
+            esc[0] = '\\', esc[1] = (char)c;
+            jb_add(L, b, esc, 2);
         } else if (c < 0x20) {
-            char esc[8];
             snprintf(esc, sizeof esc, "\\u%04x", c);
-            luaL_addstring(b, esc);
+            jb_add(L, b, esc, 6);
         } else {
-            luaL_addchar(b, (char)c);
+            jb_add(L, b, (const char *)&s[k], 1);
         }
     }
-    luaL_addchar(b, '"');
+    jb_add(L, b, "\"", 1);
+}
+
+/* The Lua value at idx as JSON (what: the option's name, for errors): a string, number, boolean,
+ * or a table: a sequence 1..n (n > 0) is an array, anything else an object with string keys (an
+ * empty table is {}). */
+static void jb_value(lua_State *L, jbuf *b, int idx, const char *what, int depth)
+{
+    if (depth > 64)
+        luaL_error(L, "shoal: option '%s' nests deeper than 64 tables (a cycle?)", what);
+    luaL_checkstack(L, 4, "shoal: JSON nesting"); /* a key, a value, a grown buffer */
+    idx = lua_absindex(L, idx);
+    char num[64];
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        jb_json_string(L, b, s, n);
+        return;
+    }
+    case LUA_TBOOLEAN:
+        jb_str(L, b, lua_toboolean(L, idx) ? "true" : "false");
+        return;
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+            snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
+        } else {
+            lua_Number v = lua_tonumber(L, idx);
+            if (v != v || v - v != 0)
+                luaL_error(L, "shoal: option '%s' holds a number JSON cannot hold", what);
+            snprintf(num, sizeof num, "%.17g", (double)v);
+        }
+        jb_str(L, b, num);
+        return;
+    case LUA_TTABLE:
+        break;
+    default:
+        luaL_error(L, "shoal: option '%s' holds a %s, which JSON cannot hold", what,
+                   luaL_typename(L, idx));
+        return;
+    }
+    lua_Integer n = (lua_Integer)lua_rawlen(L, idx), count = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        count++;
+        lua_pop(L, 1);
+    }
+    if (n > 0 && count == n) {
+        jb_add(L, b, "[", 1);
+        for (lua_Integer i = 1; i <= n; i++) {
+            if (i > 1)
+                jb_add(L, b, ",", 1);
+            lua_rawgeti(L, idx, i);
+            jb_value(L, b, -1, what, depth + 1);
+            lua_pop(L, 1);
+        }
+        jb_add(L, b, "]", 1);
+        return;
+    }
+    jb_add(L, b, "{", 1);
+    bool first = true;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING)
+            luaL_error(L,
+                       "shoal: option '%s' has a table with both list items and keys, or a "
+                       "key that is not a string",
+                       what);
+        if (!first)
+            jb_add(L, b, ",", 1);
+        first = false;
+        size_t kn;
+        const char *k = lua_tolstring(L, -2, &kn);
+        jb_json_string(L, b, k, kn);
+        jb_add(L, b, ":", 1);
+        jb_value(L, b, -1, what, depth + 1);
+        lua_pop(L, 1);
+    }
+    jb_add(L, b, "}", 1);
+}
+
+/* Pushes b's text as a string in place of its userdata and returns it. */
+static const char *jb_finish(lua_State *L, jbuf *b)
+{
+    lua_pushlstring(L, b->p, b->len);
+    lua_replace(L, b->slot);
+    lua_settop(L, b->slot);
+    return lua_tostring(L, b->slot);
+}
+
+void sh_lua_json_opt(lua_State *L, int req, const char *key, const char **out)
+{
+    luaL_checkstack(L, 4, "shoal: request options");
+    int t = lua_getfield(L, req, key);
+    if (t == LUA_TNIL) {
+        lua_pop(L, 1);
+        return;
+    }
+    if (t == LUA_TSTRING) {
+        size_t n;
+        const char *s = lua_tolstring(L, -1, &n);
+        if (strlen(s) != n)
+            luaL_error(L, "shoal: option '%s' holds a NUL byte", key);
+        *out = s; /* stays on the stack */
+        return;
+    }
+    if (t != LUA_TTABLE)
+        luaL_error(L, "shoal: option '%s' must be a string (JSON text) or a table, not %s", key,
+                   lua_typename(L, t));
+    int v = lua_gettop(L);
+    jbuf b;
+    jb_init(L, &b);
+    jb_value(L, &b, v, key, 0);
+    *out = jb_finish(L, &b); /* the table and the text stay on the stack */
 }
 
 /* Whether message table mt carries a tool field, or is a tool's result. */
@@ -68,45 +218,51 @@ static bool has_tool_fields(lua_State *L, int mt)
 /* The messages table at mt (n of them) as OpenAI's messages JSON, pushed as a string. */
 static void push_messages_json(lua_State *L, int mt, lua_Integer n)
 {
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    luaL_addchar(&b, '[');
+    jbuf b;
+    jb_init(L, &b);
+    jb_add(L, &b, "[", 1);
     for (lua_Integer i = 1; i <= n; i++) {
-        // The stack is balanced between buffer calls: each field is read and popped first.
         lua_rawgeti(L, mt, i);
         int m = lua_gettop(L);
-        size_t rl = 0, cl = 0, tl = 0, il = 0;
+        size_t rl = 0, cl = 0, il = 0;
         const char *role = field_str(L, m, "role", "", i, &rl);
         const char *content = field_str(L, m, "content", "", i, &cl);
-        const char *calls = field_str(L, m, "tool_calls", "", i, &tl);
         const char *call_id = field_str(L, m, "tool_call_id", "", i, &il);
-        lua_pop(L, 1); /* the message stays alive in the messages table */
-        if (!role || (!content && !calls))
-            luaL_error(L, "shoal: messages[%I] needs a string role and content (or tool_calls)",
-                       i);
-        luaL_addstring(&b, i > 1 ? ",{\"role\":" : "{\"role\":");
-        add_json_string(&b, role, rl);
-        luaL_addstring(&b, ",\"content\":");
+        int tc = lua_getfield(L, m, "tool_calls");
+        if (tc != LUA_TNIL && tc != LUA_TSTRING && tc != LUA_TTABLE)
+            luaL_error(L, "shoal: messages[%I].tool_calls must be JSON text or a table", i);
+        if (!role || (!content && tc == LUA_TNIL))
+            luaL_error(L, "shoal: messages[%I] needs a string role and content (or tool_calls)", i);
+        jb_str(L, &b, i > 1 ? ",{\"role\":" : "{\"role\":");
+        jb_json_string(L, &b, role, rl);
+        jb_str(L, &b, ",\"content\":");
         if (content)
-            add_json_string(&b, content, cl);
+            jb_json_string(L, &b, content, cl);
         else
-            luaL_addstring(&b, "null");
-        if (calls) { /* JSON text, as done's info gave it: sh_submit parses it */
-            luaL_addstring(&b, ",\"tool_calls\":");
-            luaL_addlstring(&b, calls, tl);
+            jb_str(L, &b, "null");
+        if (tc == LUA_TSTRING) { /* JSON text, as done's info gave it: sh_submit parses it */
+            size_t tl;
+            const char *calls = lua_tolstring(L, -1, &tl);
+            jb_str(L, &b, ",\"tool_calls\":");
+            jb_add(L, &b, calls, tl);
+        } else if (tc == LUA_TTABLE) {
+            jb_str(L, &b, ",\"tool_calls\":");
+            jb_value(L, &b, -1, "tool_calls", 0);
         }
         if (call_id) {
-            luaL_addstring(&b, ",\"tool_call_id\":");
-            add_json_string(&b, call_id, il);
+            jb_str(L, &b, ",\"tool_call_id\":");
+            jb_json_string(L, &b, call_id, il);
         }
-        luaL_addchar(&b, '}');
+        jb_add(L, &b, "}", 1);
+        lua_pop(L, 2); /* tool_calls and the message (alive in the messages table) */
     }
-    luaL_addchar(&b, ']');
-    luaL_pushresult(&b);
+    jb_add(L, &b, "]", 1);
+    jb_finish(L, &b);
 }
 
 void sh_lua_messages(lua_State *L, int req, sh_request_opts *r)
 {
+    luaL_checkstack(L, 6, "shoal: request messages");
     int t = lua_getfield(L, req, "messages");
     if (t == LUA_TNIL)
         return;

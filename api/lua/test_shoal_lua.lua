@@ -258,6 +258,16 @@ do
   check(poll_until(function() return jfin ~= nil end, 60), "response_format request finished")
   eq(jfin, "stop", "the schema's grammar ends the text")
   check(jtext:match('^{%s*"n"%s*:%s*%d%s*}$'), "the text follows the schema", jtext)
+  -- response_format as a table (written as JSON by the module): the same text
+  local ttext, tfin = "", nil
+  assert(eng:submit({ prompt = "Once upon a time", max_tokens = 160, response_format =
+      { type = "json_schema", json_schema = { schema = { type = "object", properties =
+        { n = { type = "integer", minimum = 0, maximum = 9 } }, required = { "n" } } } } }, {
+    token = function(t) ttext = ttext .. t end,
+    done = function(i) tfin = i.finish end,
+    error = function(code, m) check(false, "response_format table request error", code, m) end }))
+  check(poll_until(function() return tfin ~= nil end, 60), "response_format table finished")
+  eq(ttext, jtext, "response_format as a table gives the same text")
   local br, bmsg, bcode = eng:submit({ prompt = "x", grammar = 'root ::= "a"\nb ::= [a-' }, {})
   check(br == nil and bcode == "EINVAL" and tostring(bmsg):find("line 2", 1, true) and
     tostring(bmsg):find("column", 1, true), "a bad grammar names its line and column",

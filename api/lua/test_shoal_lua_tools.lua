@@ -96,6 +96,30 @@ local text3, info3 = run({ messages_json = mj, tools = tools, max_tokens = 32 })
 eq((info3 or {}).prompt_tokens, info2.prompt_tokens, "messages_json: the same prompt")
 eq(text3, text2, "messages_json: the same greedy text")
 
+-- The same request with tools, tool_choice and tool_calls as Lua tables (written as JSON by the
+-- module): the same prompt, the same call.
+local tools_t = { { type = "function", ["function"] = { name = "get_weather",
+  description = "The current weather in a city",
+  parameters = { type = "object", properties = {
+    city = { type = "string", maxLength = 24 },
+    unit = { type = "string", enum = { "celsius", "fahrenheit" } } },
+    required = { "city", "unit" } } } } }
+local text4, info4 = run({ messages = { question }, tools = tools_t,
+                           tool_choice = { type = "function", ["function"] = { name = "get_weather" } },
+                           max_tokens = 160 })
+info4 = info4 or {}
+eq(info4.prompt_tokens, info.prompt_tokens, "tools as a table: the same prompt")
+eq(info4.finish, "tool_calls", "tools as a table: finish")
+eq((info4.tool_calls or ""):gsub('"id":"call_[0-9a-f]+"', ""), calls:gsub('"id":"call_[0-9a-f]+"', ""),
+  "tools as a table: the same call")
+local t5, info5 = run({ messages = { question,
+    { role = "assistant", tool_calls = { { id = call_id, type = "function",
+      ["function"] = { name = "get_weather", arguments = '{"city":"Paris","unit":"celsius"}' } } } },
+    { role = "tool", tool_call_id = call_id, content = '{"temperature": 21}' } },
+  tools = tools_t, max_tokens = 32 })
+check(info5 and info5.prompt_tokens > info.prompt_tokens + 10, "tool_calls as a table: round trip",
+  tostring(info5 and info5.prompt_tokens))
+
 -- 3. Bad fields: the library's SH_EINVAL naming them; nothing pending.
 local bad = {
   { { messages = { question }, tools = "[{" }, "tools is not JSON" },
@@ -111,7 +135,17 @@ for i, b in ipairs(bad) do
     "bad case " .. i, tostring(msg))
 end
 check(not pcall(eng.submit, eng, { messages = { question }, tools = 5 }, {}),
-  "tools not a string raises")
+  "tools not a string or table raises")
+local okm, mmsg = pcall(eng.submit, eng, { messages = { question }, tools = { 1, x = 2 } }, {})
+check(not okm and tostring(mmsg):find("tools", 1, true), "a table mixing items and keys raises",
+  tostring(mmsg))
+local okf, fmsg = pcall(eng.submit, eng, { messages = { question }, tools = { { f = print } } }, {})
+check(not okf and tostring(fmsg):find("function", 1, true), "a function in tools raises",
+  tostring(fmsg))
+local cyc = {}
+cyc.self = cyc
+local okc, cmsg = pcall(eng.submit, eng, { messages = { question }, tools = cyc }, {})
+check(not okc and tostring(cmsg):find("deeper", 1, true), "a cycle raises", tostring(cmsg))
 check(not pcall(eng.submit, eng, { messages = { { role = "tool", tool_call_id = 7,
   content = "x" } } }, {}), "tool_call_id not a string raises")
 eq(eng:pending(), 0, "refused requests are not pending")

@@ -361,10 +361,13 @@ static void test_close(void)
     eng = NULL;
 }
 
-static const sh_test_case tests[] = {
-    {"required", test_required},   {"named", test_named}, {"round_trip", test_round_trip},
-    {"messages_json", test_messages_json}, {"bad", test_bad}, {"close", test_close},
-    {NULL, NULL}};
+static const sh_test_case tests[] = {{"required", test_required},
+                                     {"named", test_named},
+                                     {"round_trip", test_round_trip},
+                                     {"messages_json", test_messages_json},
+                                     {"bad", test_bad},
+                                     {"close", test_close},
+                                     {NULL, NULL}};
 
 int main(int argc, char **argv)
 {
