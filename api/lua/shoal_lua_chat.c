@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <lauxlib.h>
@@ -91,9 +92,21 @@ static void jb_json_string(lua_State *L, jbuf *b, const char *s, size_t n)
     jb_add(L, b, "\"", 1);
 }
 
+typedef struct jkey {
+    const char *s;
+    size_t n;
+} jkey;
+
+static int jkey_cmp(const void *a, const void *b)
+{
+    const jkey *x = a, *y = b;
+    int c = memcmp(x->s, y->s, x->n < y->n ? x->n : y->n);
+    return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
 /* The Lua value at idx as JSON (what: the option's name, for errors): a string, number, boolean,
- * or a table: a sequence 1..n (n > 0) is an array, anything else an object with string keys (an
- * empty table is {}). */
+ * or a table: a sequence 1..n (n > 0) is an array, anything else an object with string keys in
+ * byte order (an empty table is {}). */
 static void jb_value(lua_State *L, jbuf *b, int idx, const char *what, int depth)
 {
     if (depth > 64)
@@ -147,25 +160,34 @@ static void jb_value(lua_State *L, jbuf *b, int idx, const char *what, int depth
         jb_add(L, b, "]", 1);
         return;
     }
-    jb_add(L, b, "{", 1);
-    bool first = true;
+    // An object, its keys in byte order (Lua's own order changes from run to run, and the key
+    // order is the rendered prompt's and a schema's property order).
+    jkey *keys = (jkey *)lua_newuserdatauv(L, (size_t)(count ? count : 1) * sizeof *keys, 0);
+    lua_Integer nk = 0;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
-        if (lua_type(L, -2) != LUA_TSTRING)
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING)
             luaL_error(L,
                        "shoal: option '%s' has a table with both list items and keys, or a "
                        "key that is not a string",
                        what);
-        if (!first)
+        keys[nk].s = lua_tolstring(L, -1, &keys[nk].n); /* the table holds the key */
+        nk++;
+    }
+    qsort(keys, (size_t)nk, sizeof *keys, jkey_cmp);
+    jb_add(L, b, "{", 1);
+    for (lua_Integer i = 0; i < nk; i++) {
+        if (i)
             jb_add(L, b, ",", 1);
-        first = false;
-        size_t kn;
-        const char *k = lua_tolstring(L, -2, &kn);
-        jb_json_string(L, b, k, kn);
+        jb_json_string(L, b, keys[i].s, keys[i].n);
         jb_add(L, b, ":", 1);
+        lua_pushlstring(L, keys[i].s, keys[i].n);
+        lua_rawget(L, idx);
         jb_value(L, b, -1, what, depth + 1);
         lua_pop(L, 1);
     }
+    lua_pop(L, 1); /* the keys */
     jb_add(L, b, "}", 1);
 }
 
