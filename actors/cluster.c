@@ -298,6 +298,13 @@ static int plan_replica(const sh_cluster_config *c, const char *script, const sh
         return 0;
     }
     rp->n_layers = hp->n_layers;
+    // A self-drafter's layers against the file's count (the script checked it when it gave one).
+    if (r->drafter_self >= hp->n_layers)
+        return fail(e,
+                    "%s: replica %d: drafter self = %d: the draft's layers must be from 1 to %d "
+                    "(the model has %d)",
+                    r->drafter_where ? r->drafter_where : script, (int)k + 1, (int)r->drafter_self,
+                    (int)hp->n_layers - 1, (int)hp->n_layers);
     rp->n_ctx = hp->n_ctx_train < 8192 ? hp->n_ctx_train : 8192;
     if (rp->n_ctx < 16)
         rp->n_ctx = 16;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "actors/cluster.h"
 #include "actors/node_metrics.h"
 #include "actors/serve.h"
 #include "base/error.h"
@@ -128,6 +129,48 @@ sh_err sh__serve_drafts_create(const sh_llama *target, const sh_tokenizer *tok, 
                              .max_slots = 2 * max_seqs,
                              .seq_tokens = n_ctx};
     return sh_spec_drafts_create(target, tok, be, &o, out, e);
+}
+
+sh_err sh__serve_node_drafts_create(const sh_cluster_plan *plan, int32_t k, sh_backend *be,
+                                    sh_llama **target, sh_tokenizer **tok, sh_spec_drafts **out,
+                                    sh_error *e)
+{
+    *target = NULL;
+    *tok = NULL;
+    *out = NULL;
+    const sh_cluster_config *c = plan->c;
+    const sh_config_replica *r = &c->replicas[k];
+    const sh_cluster_replica_plan *rp = &plan->rep[k];
+    sh_spec_opts so = {.kind = r->drafter_self ? SH_SPEC_SELF : SH_SPEC_DRAFT,
+                       .k = c->batcher.spec_k,
+                       .layers = r->drafter_self};
+    if (r->drafter_path && strlen(r->drafter_path) >= sizeof so.path)
+        return sh__error_set(e, SH_EINVAL, "replica %d's drafter: the draft's path is too long",
+                             (int)k + 1);
+    if (r->drafter_path)
+        snprintf(so.path, sizeof so.path, "%s", r->drafter_path);
+    // A self-drafter runs the target's first layers and head only: only those are read.
+    sh_llama_load_opts lo = {.prefault = true, .prefault_layers = r->drafter_self};
+    sh_err err = sh_llama_load(c->models[r->model].path, &lo, target, e);
+    if (!err && !(*target)->gguf)
+        err = sh__error_set(e, SH_EUNSUPPORTED, "%s: a cluster needs a GGUF model",
+                            c->models[r->model].path);
+    if (!err)
+        err = sh_tokenizer_create_gguf((*target)->gguf, tok, e);
+    if (!err &&
+        (err = sh__serve_drafts_create(*target, *tok, be, &so, rp->n_ctx, plan->max_seqs,
+                                       plan->step_tokens, rp->n_blocks, c->kv.f32, out, e))) {
+        char who[48];
+        snprintf(who, sizeof who, "replica %d's drafter", (int)k + 1);
+        sh__error_prefix(e, who);
+    }
+    if (err) {
+        sh_tokenizer_destroy(*tok);
+        sh_llama_destroy(*target);
+        *tok = NULL;
+        *target = NULL;
+    }
+    return err;
 }
 
 void sh__serve_gateway_embed(sh_gateway_args *ga, const sh_llama *m)

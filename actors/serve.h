@@ -240,6 +240,23 @@ sh_err sh__serve_drafts_create(const sh_llama *target, const sh_tokenizer *tok, 
                                int32_t step_tokens, int64_t n_blocks, bool kv_f32,
                                struct sh_spec_drafts **out, sh_error *e);
 
+/* A cluster replica's drafter on a node of its own (replica{ drafter = ... }, docs/cluster.md):
+ * replica k of plan (its config, plan->c) drafts with a draft model file or with the first
+ * drafter_self layers of its own model; loads that model's file into *target (with *tok) and
+ * makes the drafts as sh__serve_drafts_create does, sized like the replica's stages. With a draft
+ * file the target is loaded whole and prefaulted (the draft's vocabulary is checked against it);
+ * with self-speculation the file is mapped whole but only what the draft runs is read: the
+ * embedding, layers [0, drafter_self) and the output head (prefaulted here,
+ * sh_llama_load_opts.prefault_layers; prepared by the drafting context). On success the caller
+ * owns *target, *tok and *out and destroys *out first. Returns, with e saying which replica and
+ * why and every out-parameter NULL: the loader's errors (SH_EIO, SH_EFORMAT, SH_EUNSUPPORTED),
+ * SH_EINVAL (a draft of another vocabulary, bad layers, a path too long), SH_ENOMEM or a backend
+ * error. Any thread. */
+struct sh_cluster_plan;
+sh_err sh__serve_node_drafts_create(const struct sh_cluster_plan *plan, int32_t k, sh_backend *be,
+                                    sh_llama **target, sh_tokenizer **tok,
+                                    struct sh_spec_drafts **out, sh_error *e);
+
 /* ---- batcher ---------------------------------------------------------------------------- */
 
 /* Kind "batcher" (actors/batcher.c): continuous batching for one replica. Takes SUBMIT and

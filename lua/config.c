@@ -46,8 +46,10 @@ static const sh__lua_field replica_fields[] = {
     {"tp", SH__LUA_INT, false},        {"link_dtype", SH__LUA_STR, false},
     {"tp_link", SH__LUA_STR, false},   {"tp_compress", SH__LUA_STR, false},
     {"drafter", SH__LUA_TABLE, false}, {NULL, 0, false}};
-static const sh__lua_field drafter_fields[] = {
-    {"node", SH__LUA_STR, true}, {"model", SH__LUA_STR, true}, {NULL, 0, false}};
+static const sh__lua_field drafter_fields[] = {{"node", SH__LUA_STR, true},
+                                               {"model", SH__LUA_STR, false},
+                                               {"self", SH__LUA_ANY, false},
+                                               {NULL, 0, false}};
 static const sh__lua_field stage_fields[] = {{"node", SH__LUA_STR, false},
                                              {"nodes", SH__LUA_TABLE, false},
                                              {"first_layer", SH__LUA_INT, false},
@@ -204,6 +206,36 @@ static int32_t tp_compress_of(const char *s)
     return -1;
 }
 
+/* replica{ drafter = {...} } at idx: a node and exactly one of a draft model's file (model) and
+ * the replica's own first layers (self, a whole number; its upper bound is the model's layer
+ * count, checked where that is known). */
+static void validate_drafter(lua_State *L, int idx, const char *where)
+{
+    sh__lua_check_fields(L, idx, drafter_fields, "replica.drafter", where);
+    const char *model = sh__lua_get_str(L, idx, "model");
+    int t = raw_field(L, idx, "self");
+    if (lua_rawlen(L, idx) > 0 || (model && t != LUA_TNIL) || (!model && t == LUA_TNIL))
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica.drafter: give exactly one of model = \"draft.gguf\" (a draft "
+                     "model's file) and self = LAYERS (the model's own first layers and its "
+                     "output head)%s",
+                     model && t != LUA_TNIL ? ", not both" : "");
+    if (model && !*model)
+        sh__lua_fail(L, SH_EINVAL, where,
+                     "replica.drafter: model must name the draft model's GGUF file");
+    if (t != LUA_TNIL) {
+        int isint = 0;
+        lua_Integer v = lua_tointegerx(L, -1, &isint);
+        const char *q = t == LUA_TSTRING ? "\"" : "";
+        if (t != LUA_TNUMBER || !isint || v < 1 || v >= MAX_LAYERS)
+            sh__lua_fail(L, SH_EINVAL, where,
+                         "replica.drafter: self = %s%.40s%s must be a whole number of layers, "
+                         "from 1 to one less than the model's",
+                         q, luaL_tolstring(L, -1, NULL), q);
+    }
+    lua_pop(L, 1);
+}
+
 static void validate_replica(lua_State *L, int idx, const char *where)
 {
     sh__lua_check_fields(L, idx, replica_fields, "replica", where);
@@ -242,12 +274,8 @@ static void validate_replica(lua_State *L, int idx, const char *where)
     if (link_dtype_of(ld) < 0)
         sh__lua_fail(L, SH_EINVAL, where,
                      "replica: link_dtype '%.40s' must be \"f32\", \"f16\" or \"int8\"", ld);
-    if (raw_field(L, idx, "drafter") != LUA_TNIL) {
-        sh__lua_check_fields(L, lua_gettop(L), drafter_fields, "replica.drafter", where);
-        if (lua_rawlen(L, -1) > 0 || !*sh__lua_get_str(L, lua_gettop(L), "model"))
-            sh__lua_fail(L, SH_EINVAL, where,
-                         "replica.drafter: model must name the draft model's GGUF file");
-    }
+    if (raw_field(L, idx, "drafter") != LUA_TNIL)
+        validate_drafter(L, lua_gettop(L), where);
     lua_pop(L, 1);
 }
 
@@ -823,7 +851,10 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
             char what[48];
             snprintf(what, sizeof what, "replica %d: drafter", (int)i + 1);
             r->drafter_node = node_index(L, c, sh__lua_get_str(L, d, "node"), what, rwhere);
-            r->drafter_path = dup(L, sh__lua_get_str(L, d, "model"), rwhere);
+            const char *dm = sh__lua_get_str(L, d, "model");
+            r->drafter_path = dm ? dup(L, dm, rwhere) : NULL;
+            r->drafter_self = (int32_t)sh__lua_get_int(L, d, "self", 0);
+            r->drafter_where = dup(L, rwhere, rwhere);
         }
         lua_pop(L, 1);
         if (raw_field(L, -1, "model") == LUA_TSTRING) {
@@ -841,6 +872,13 @@ static void fill_models_replicas(lua_State *L, sh_cluster_config *c, const char 
             lua_pop(L, 1);
         }
         lua_pop(L, 1);
+        int32_t nl = c->models[r->model].n_layers; /* 0: the file will say */
+        if (r->drafter_self && nl && r->drafter_self >= nl)
+            sh__lua_fail(L, SH_EINVAL, rwhere,
+                         "replica %d: drafter self = %d: the draft's layers must be from 1 to %d "
+                         "(model '%s' has %d)",
+                         (int)i + 1, (int)r->drafter_self, (int)nl - 1, c->models[r->model].name,
+                         (int)nl);
         raw_field(L, -1, "stages");
         fill_stages(L, c, r, (int)i + 1, tp_given, rwhere);
         lua_pop(L, 3);
@@ -1231,6 +1269,7 @@ void sh_config_destroy(sh_cluster_config *c)
     for (int32_t i = 0; i < c->n_replicas; i++) {
         free(c->replicas[i].stages);
         free(c->replicas[i].drafter_path);
+        free(c->replicas[i].drafter_where);
     }
     free(c->replicas);
     free(c->gateway.http);

@@ -100,13 +100,20 @@ typedef struct sh_config_replica {
      * values of sh_coll_compress). Anything but "none" needs tp_link = "net". */
     int32_t tp_compress;
     bool tp_hier;
-    /* replica{ drafter = { node = "NAME", model = "PATH" } } (docs/cluster.md, "Speculative
-     * decoding"): the replica drafts with the draft model at PATH (a GGUF with the target's
-     * vocabulary; relative to the script's directory like model paths) on node drafter_node, a
-     * worker node that holds nothing else, between the front's batcher and the first stage.
-     * drafter_node is -1 and drafter_path NULL when the replica has none. */
+    /* replica{ drafter = { node = "NAME", model = "PATH" | self = LAYERS } } (docs/cluster.md,
+     * "Speculative decoding"): the replica drafts on node drafter_node, a worker node that holds
+     * nothing else, between the front's batcher and the first stage, with the draft model at
+     * PATH (drafter_path: a GGUF with the target's vocabulary; relative to the script's
+     * directory like model paths) or with the replica's own model's first drafter_self layers
+     * and its output head (self-speculation; drafter_path NULL). Exactly one is given;
+     * drafter_self is 1..n_layers - 1, checked here against model{ layers = n } when the script
+     * gives the count, else by the cluster plan against the file (actors/cluster.c), whose error
+     * names drafter_where ("file:line" of the replica). drafter_node is -1, drafter_path and
+     * drafter_where NULL and drafter_self 0 when the replica has no drafter. */
     int32_t drafter_node;
     char *drafter_path;
+    int32_t drafter_self;
+    char *drafter_where;
     int32_t n_stages;
     sh_config_stage *stages; /* (n_stages), in pipeline order */
 } sh_config_replica;

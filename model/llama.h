@@ -182,6 +182,11 @@ typedef struct sh_llama_load_opts {
      * attn_output's type (named with its width, slice and block), n_expert % tp_size != 0; with
      * SH_EUNSUPPORTED: olmoe's QK-norm over all heads. */
     int32_t tp_rank, tp_size;
+    /* With prefault, only layers [first, first + prefault_layers) are touched (besides the
+     * embedding and the head): what a context with that exit_layer runs (a self-speculation
+     * drafter's, model/spec_draft.h), so the other layers' pages are never read. 0: every layer
+     * of the stage. */
+    int32_t prefault_layers;
 } sh_llama_load_opts;
 
 /* Loads a model from `path`: a GGUF (architectures llama (mixtral-style MoE too), mistral, qwen2,

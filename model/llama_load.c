@@ -481,7 +481,10 @@ static void prefault(const sh_llama *m, const sh_llama_load_opts *o)
     touch(&m->tok_embd, &done, total, o);
     if (!head_in_embd(m))
         touch(&m->output, &done, total, o);
-    for (int32_t l = m->first; l < m->last; l++) {
+    int32_t last = m->last;
+    if (o->prefault_layers > 0 && o->prefault_layers < last - m->first)
+        last = m->first + o->prefault_layers;
+    for (int32_t l = m->first; l < last; l++) {
         const sh_llama_layer *L = &m->layers[l];
         const sh_tensor *ts[] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,
                                  &L->w_gate,    &L->w_up,      &L->w_down,    &L->ffn_gate_inp,

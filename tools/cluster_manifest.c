@@ -154,8 +154,9 @@ static int64_t file_bytes(const char *path)
 
 /* The memory (MiB) the busiest worker needs: its share of each replica's weights (the file split
  * evenly over the replica's stages, a stage's share split over its tensor-parallel ranks), the
- * KV pool of each stage it holds, a drafter's whole file, plus the node's overhead. Every worker
- * pod gets the same request (one pod template), so the largest. */
+ * KV pool of each stage it holds, a drafter's whole file (a self-drafter's: the model's), plus
+ * the node's overhead. Every worker pod gets the same request (one pod template), so the
+ * largest. */
 static int worker_mib(const sh__manifest_opts *o, const sh_cluster_config *c, int64_t *out)
 {
     double *need = calloc((size_t)c->n_nodes, sizeof *need);
@@ -180,7 +181,7 @@ static int worker_mib(const sh__manifest_opts *o, const sh_cluster_config *c, in
                 need[nd] += (double)size / MIB / rep->n_stages / tp + kv;
             }
         }
-        if (rep->drafter_node >= 0) {
+        if (rep->drafter_node >= 0 && rep->drafter_path) {
             int64_t d = file_bytes(rep->drafter_path);
             if (d < 0) {
                 rc = sh__cmd_fail("%s: drafter file %s: %s", o->script, rep->drafter_path,
@@ -188,6 +189,8 @@ static int worker_mib(const sh__manifest_opts *o, const sh_cluster_config *c, in
                 break;
             }
             need[rep->drafter_node] += (double)d / MIB;
+        } else if (rep->drafter_node >= 0) { /* self: at most the model's whole file is read */
+            need[rep->drafter_node] += (double)size / MIB;
         }
     }
     double most = 0;

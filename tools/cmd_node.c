@@ -19,7 +19,6 @@
 #include "actors/serve.h"
 #include "kernels/backend.h"
 #include "lua/config.h"
-#include "model/spec.h"
 #include "model/spec_draft_batch.h"
 #include "model/tokenizer.h"
 #include "runtime/coll.h"
@@ -143,30 +142,16 @@ static void close_all(node_state *s)
     sh_config_destroy(s->cfg);
 }
 
-/* A drafter's node: loads the target whole and the replica's draft model, sized like its stages
- * (model/spec_draft_batch.h). Returns 0, or 2 (a missing or broken file, a draft with another
- * vocabulary: printed) or 1. */
-static int drafter_load(node_state *s, const sh_cluster_plan *plan, const char *target_path)
+/* A drafter's node: loads the replica's model (whole for a draft file, only the drafting layers
+ * and head for self-speculation) and the drafts, sized like its stages (sh__serve_node_drafts_
+ * create). Returns 0, or 2 (a missing or broken file, a draft with another vocabulary: printed)
+ * or 1. */
+static int drafter_load(node_state *s, const sh_cluster_plan *plan)
 {
-    const sh_config_replica *r = &s->cfg->replicas[s->drafter_of];
-    const sh_cluster_replica_plan *rp = &plan->rep[s->drafter_of];
     sh_error e = {0};
-    sh_llama_load_opts lo = {.prefault = true};
-    if (sh_llama_load(target_path, &lo, &s->target, &e) ||
-        sh_tokenizer_create_gguf(s->target->gguf, &s->tok, &e))
-        return sh__cmd_fail("%s", e.msg);
-    sh_spec_opts so = {.kind = SH_SPEC_DRAFT, .k = s->cfg->batcher.spec_k};
-    if (strlen(r->drafter_path) >= sizeof so.path)
-        return sh__cmd_fail("replica %d's drafter: the draft's path is too long",
-                            (int)s->drafter_of + 1);
-    snprintf(so.path, sizeof so.path, "%s", r->drafter_path);
-    sh_err err =
-        sh__serve_drafts_create(s->target, s->tok, s->be, &so, rp->n_ctx, plan->max_seqs,
-                                plan->step_tokens, rp->n_blocks, s->cfg->kv.f32, &s->drafts, &e);
-    if (err)
-        return (sh__cmd_fail("replica %d's drafter: %s", (int)s->drafter_of + 1, e.msg),
-                err == SH_ENOMEM ? 1 : 2);
-    return 0;
+    sh_err err = sh__serve_node_drafts_create(plan, s->drafter_of, s->be, &s->target, &s->tok,
+                                              &s->drafts, &e);
+    return err ? (sh__cmd_fail("%s", e.msg), err == SH_ENOMEM ? 1 : 2) : 0;
 }
 
 static int run(node_state *s, const char *script, const char *name, int32_t threads,
@@ -322,7 +307,7 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
     }
     if (n_mine == 0 && !standby && s->drafter_of < 0)
         return sh__cmd_fail("%s: node '%s' hosts no stage", script, name);
-    if (s->drafter_of >= 0 && (rc = drafter_load(s, &plan, cm->path)) != 0)
+    if (s->drafter_of >= 0 && (rc = drafter_load(s, &plan)) != 0)
         return rc;
     if (standby) {
         s->sb.plan = plan;
@@ -498,11 +483,15 @@ static int run(node_state *s, const char *script, const char *name, int32_t thre
                  rep, (int)(i - plan.rep[rk].stage0) + 1, (int)plan.first[i], (int)plan.last[i],
                  rank);
     }
+    const char *dpath = drp ? c->replicas[s->drafter_of].drafter_path : NULL;
+    if (drp && !dpath) // self-speculation: a drafter node holds no stage, layers is free
+        snprintf(layers, sizeof layers, "its layers [0, %d) and head",
+                 (int)c->replicas[s->drafter_of].drafter_self);
     if (drp)
         fprintf(stderr,
                 "shoal: node %s serving replica %d's drafter of %s (draft %s, up to %d tokens a "
                 "step) on %s\n",
-                name, (int)s->drafter_of + 1, cm->name, c->replicas[s->drafter_of].drafter_path,
+                name, (int)s->drafter_of + 1, cm->name, dpath ? dpath : layers,
                 (int)c->batcher.spec_k, c->nodes[self].listen);
     else if (standby)
         fprintf(stderr,

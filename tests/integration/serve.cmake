@@ -68,6 +68,10 @@ sh_serve_test(test_cluster_embed ${_d}/run_py.sh ${_d}/test_cluster_embed.py)
 # A replica's drafter on a worker node of its own against one process without speculation.
 sh_serve_test(test_cluster_drafter ${_d}/run_py.sh ${_d}/test_cluster_drafter.py)
 set_tests_properties(test_cluster_drafter PROPERTIES TIMEOUT 600)
+# The same with a self-drafter (replica{ drafter = { self = LAYERS } }) before a 2-stage pipeline
+# against the same cluster without a drafter, and the drafter fields' bad values.
+sh_serve_test(test_cluster_drafter_self ${_d}/run_py.sh ${_d}/test_cluster_drafter_self.py)
+set_tests_properties(test_cluster_drafter_self PROPERTIES TIMEOUT 600)
 sh_serve_test(test_cluster_failure ${_d}/run_py.sh ${_d}/test_cluster_failure.py)
 sh_serve_test(test_cluster_status ${_d}/run_py.sh ${_d}/test_cluster_status.py)
 # The real Gemma 3 270M through serve (skips without models/gemma3-270m-q4_k_m.gguf).

@@ -385,7 +385,28 @@ static const struct bad_case {
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
      "    drafter = { node = 'b' } } } }\n",
-     SH_EINVAL, "bad.lua:5", "replica.drafter: missing required field 'model'"},
+     SH_EINVAL, "bad.lua:5", "replica.drafter: give exactly one of model"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', model = 'd.gguf', self = 2 } } } }\n",
+     SH_EINVAL, "bad.lua:5", "(the model's own first layers and its output head), not both"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', self = 0 } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica.drafter: self = 0 must be a whole number of layers"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', self = 2.5 } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica.drafter: self = 2.5 must be a whole number"},
+    {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+     "    drafter = { node = 'b', self = '3' } } } }\n",
+     SH_EINVAL, "bad.lua:5", "replica.drafter: self = \"3\" must be a whole number"},
+    {"local q = model { name = 'q', path = 'q.gguf', layers = 4 }\n"
+     "return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
+     "  replicas = { replica { model = q, stages = pipeline(q, { 'a' }),\n"
+     "    drafter = { node = 'b', self = 4 } } } }\n",
+     SH_EINVAL, "bad.lua:6", "replica 1: drafter self = 4: the draft's layers must be from 1 to 3"},
     {"return cluster { nodes = nodes(), gateway = { node = 'a', http = 'h:80' },\n"
      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
      "    drafter = { node = 'b', model = '' } } } }\n",
@@ -641,6 +662,28 @@ static const struct escape {
 };
 
 /* node{ memory_budget, standby, preload }: parsed and checked (issue 12). */
+/* replica{ drafter = { self = LAYERS } }: no file, the layers and the replica's line kept. */
+static void test_drafter_self(void)
+{
+    const char *src = "local m = model { name = 'm', path = '/m.gguf' }\n"
+                      "return cluster {\n"
+                      "  nodes = { node { name = 'a', listen = 'ipc:///a' },\n"
+                      "            node { name = 'd', listen = 'ipc:///d' } },\n"
+                      "  gateway = { node = 'a', http = '127.0.0.1:8080' },\n"
+                      "  replicas = { replica { model = m, stages = pipeline(m, { 'a' }),\n"
+                      "               drafter = { node = 'd', self = 12 } } } }\n";
+    sh_cluster_config *c = NULL;
+    sh_error e = {0};
+    CHECK_OK(sh_config_load_string(src, strlen(src), "ok.lua", NULL, &c, &e));
+    if (c) {
+        CHECK_INT_EQ(c->replicas[0].drafter_node, 1);
+        CHECK(c->replicas[0].drafter_path == NULL);
+        CHECK_INT_EQ(c->replicas[0].drafter_self, 12);
+        CHECK_STR_EQ(c->replicas[0].drafter_where, "ok.lua:6");
+    }
+    sh_config_destroy(c);
+}
+
 static void test_node_budget_standby(void)
 {
     const char *src =
@@ -999,6 +1042,7 @@ static const sh_test_case tests[] = {
     {"tp_groups", test_tp_groups},
     {"errors", test_errors},
     {"node_budget_standby", test_node_budget_standby},
+    {"drafter_self", test_drafter_self},
     {"sandbox_escapes", test_sandbox_escapes},
     {"script_relative_paths", test_script_relative_paths},
     {"limits", test_limits},
