@@ -14,3 +14,7 @@ sh_test(test_engine_embed SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_embed.c 
 # model: forced and named calls following their schemas, a round trip with a tool message, the
 # chat as JSON equal to the chat as structs, and each bad field refused naming it.
 sh_test(test_engine_tools SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_tools.c LABELS unit TIMEOUT 300)
+# The engine fronting a replica whose drafter runs on a `shoal node` of its own (a draft file, the
+# model itself; self = 3): greedy outputs, one by one and all at once, equal the same cluster's
+# without a drafter.
+sh_test(test_engine_drafter SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_engine_drafter.c LABELS integration TIMEOUT 300)
