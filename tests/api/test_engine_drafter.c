@@ -20,9 +20,9 @@
 #define MAX_TOKENS 48
 #define MAX_IDS 256
 
-static const char *const PROMPTS[N_PROMPTS] = {
-    "Once upon a time", "The little dog ran to the park and", "Lily and Tom were friends.",
-    "One day, a big bird"};
+static const char *const PROMPTS[N_PROMPTS] = {"Once upon a time",
+                                               "The little dog ran to the park and",
+                                               "Lily and Tom were friends.", "One day, a big bird"};
 
 typedef struct seen {
     int32_t ids[MAX_IDS];
@@ -233,8 +233,9 @@ static void check_same(const seen *want, const seen *got, const char *what)
         bool same = got[i].n_ids == want[i].n_ids &&
                     memcmp(got[i].ids, want[i].ids, (size_t)want[i].n_ids * 4) == 0;
         if (!same) {
-            fprintf(stderr, "  %s, prompt %d (%s): the tokens differ from the cluster's without "
-                            "a drafter\n",
+            fprintf(stderr,
+                    "  %s, prompt %d (%s): the tokens differ from the cluster's without "
+                    "a drafter\n",
                     what, i, PROMPTS[i]);
             for (int32_t j = 0; j < want[i].n_ids && j < got[i].n_ids; j++)
                 if (want[i].ids[j] != got[i].ids[j]) {
