@@ -7,8 +7,11 @@
 #
 # Usage: LLAMA_BIN=/path/to/llama.cpp/build/bin bench/compare-llamacpp.sh [BUILD]
 # Env: PARTS ("engine serve"), SHAPES, TYPES, THREADS (2), REPS (2), CLIENTS ("1 8 32"),
-#      MODEL (the served model), PORT.
-# Prints one JSON line per measurement: {"engine": "shoal"|"llama.cpp", ...}.
+#      MODEL (the served model), PORT, ROUNDS (1: each round runs both engines, alternated, for
+#      every shape and type, then both servers), PP (512), TG (128; 0 for prefill only), NP (8:
+#      llama-server's -np), CTX (8192: its -c).
+# Prints one JSON line per measurement: {"engine": "shoal"|"llama.cpp", ...}; a server's line
+# "serve_rss" gives its peak RSS (VmHWM) after its client counts.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -19,6 +22,11 @@ types=${TYPES:-"Q4_0 Q4_1 Q8_0 F16"}
 threads=${THREADS:-2}
 reps=${REPS:-2}
 clients=${CLIENTS:-"1 8 32"}
+rounds=${ROUNDS:-1}
+pp=${PP:-512}
+tg=${TG:-128}
+np=${NP:-8}
+ctx=${CTX:-8192}
 model=${MODEL:-$root/models/smollm2-135m-instruct-q4_1.gguf}
 port=${PORT:-18181}
 cache="$root/.cache/bench-models"
@@ -28,12 +36,12 @@ trap 'kill $server 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"'
 
 echo "{\"name\":\"compare_info\",\"commit\":\"$(git -C "$root" rev-parse --short HEAD)\",\"cpu\":\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')\",\"load\":\"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
 
-if [[ " $parts " == *" engine "* ]]; then
+engine_round() { # engine_round ROUND
     for shape in $shapes; do
         for type in $types; do
             m="$cache/$shape-$type.gguf"
             [ -f "$m" ] || "$build/shoal" mkmodel --shape "$shape" --type "$type" --seed 1 -o "$m" >&2
-            "$LLAMA_BIN/llama-bench" -m "$m" -t "$threads" -p 512 -n 128 -r "$reps" -o jsonl 2>/dev/null |
+            "$LLAMA_BIN/llama-bench" -m "$m" -t "$threads" -p "$pp" -n "$tg" -r "$reps" -o jsonl 2>/dev/null |
                 python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -41,19 +49,21 @@ for line in sys.stdin:
     test = "pp%d" % j["n_prompt"] if j["n_prompt"] else "tg%d" % j["n_gen"]
     print(json.dumps({"engine": "llama.cpp", "shape": sys.argv[1], "type": sys.argv[2],
                       "name": test, "value": round(j["avg_ts"], 1), "unit": "tok/s",
-                      "threads": j["n_threads"]}))' "$shape" "$type"
-            "$build/bench/bench_model" -m "$m" -t "$threads" --pp 512 --tg 128 --reps "$reps" |
+                      "threads": j["n_threads"], "round": int(sys.argv[3])}))' "$shape" "$type" "$1"
+            "$build/bench/bench_model" -m "$m" -t "$threads" --pp "$pp" --tg "$((tg > 0 ? tg : 1))" \
+                --reps "$reps" --no-bw |
                 python3 -c '
 import json, sys
 for line in sys.stdin:
     j = json.loads(line)
-    if j.get("name", "").startswith(("pp", "tg")):
+    name = j.get("name", "")
+    if name.startswith("pp") or (name.startswith("tg") and sys.argv[4] != "0"):
         print(json.dumps({"engine": "shoal", "shape": sys.argv[1], "type": sys.argv[2],
-                          "name": j["name"], "value": j["value"], "unit": "tok/s",
-                          "threads": j["threads"]}))' "$shape" "$type"
+                          "name": name, "value": j["value"], "unit": "tok/s",
+                          "threads": j["threads"], "round": int(sys.argv[3])}))' "$shape" "$type" "$1" "$tg"
         done
     done
-fi
+}
 
 wait_listen() { # wait_listen LOG PATTERN
     for _ in $(seq 1 1200); do
@@ -80,12 +90,23 @@ print(json.dumps({"engine": sys.argv[2], "name": "serve", "clients": int(sys.arg
     done
 }
 
-if [[ " $parts " == *" serve "* ]]; then
-    "$LLAMA_BIN/llama-server" -m "$model" -np 8 -c 8192 -t "$threads" --port "$port" \
+peak_rss() { # peak_rss ENGINE: the server's VmHWM
+    python3 -c '
+import json, sys
+kb = 0
+for line in open("/proc/%s/status" % sys.argv[1]):
+    if line.startswith("VmHWM:"):
+        kb = int(line.split()[1])
+print(json.dumps({"engine": sys.argv[2], "name": "serve_rss", "peak_rss_mb": round(kb / 1024, 1)}))' "$server" "$1"
+}
+
+serve_round() {
+    "$LLAMA_BIN/llama-server" -m "$model" -np "$np" -c "$ctx" -t "$threads" --port "$port" \
         >"$tmp/llama.log" 2>&1 &
     server=$!
     wait_listen "$tmp/llama.log" "listening on"
     load llama.cpp
+    peak_rss llama.cpp
     kill "$server"
     wait "$server" 2>/dev/null || true
     "$build/shoal" serve -m "$model" -t "$threads" --port "$port" --log-level warn \
@@ -93,7 +114,14 @@ if [[ " $parts " == *" serve "* ]]; then
     server=$!
     wait_listen "$tmp/shoal.log" "listening on"
     load shoal
+    peak_rss shoal
     kill "$server"
     wait "$server" 2>/dev/null || true
     server=
-fi
+}
+
+for round in $(seq 1 "$rounds"); do
+    [[ " $parts " == *" engine "* ]] && engine_round "$round"
+    [[ " $parts " == *" serve "* ]] && serve_round
+done
+exit 0
