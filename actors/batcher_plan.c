@@ -728,6 +728,9 @@ static void dispatch_step(batcher *b)
         return;
     }
     f->step = b->step_no;
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "step_sent",
+                 "step=%" PRIu64 " epoch=%" PRIu64 " seqs=%d tokens=%d", f->step, b->epoch,
+                 (int)f->n, (int)n_tok);
     f->sent_us = f->first_us = sh__act_mono_us();
     f->n_tok = n_tok;
     f->n_tries = 1;

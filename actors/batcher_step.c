@@ -229,6 +229,9 @@ static bool step_resend(batcher *b, flight *f, uint64_t now_us)
                      e.msg);
         return false;
     }
+    sh_actor_log(b->ctx, SH_LOG_LEVEL_DEBUG, "step_sent",
+                 "step=%" PRIu64 " epoch=%" PRIu64 " seqs=%d retry_of=%" PRIu64, id, b->epoch,
+                 (int)n, f->tries[0]);
     f->tries[f->n_tries] = id; /* room: retries_max < STEP_TRIES_MAX */
     f->tries_us[f->n_tries] = now_us;
     f->n_tries++;

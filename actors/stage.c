@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,12 @@ typedef struct stage_state {
     uint64_t *expert_seen; // ((last - first) * n_expert)
 
     sh_act_worker worker; /* runs the kept STEPs, ACTs and CONTROLs in arrival order */
+    /* The newest allowed epoch among the STEPs and ACTs that arrived: the loop thread raises it
+     * as it queues each (note_epoch), the worker reads it. A step of an older epoch was
+     * abandoned at its batcher's pause: the worker drops it, still queued or just run, so the
+     * steps sent after the resume do not wait behind the abandoned ones (each a whole step of
+     * compute, which could take the resumed steps past the batcher's step timeout). */
+    _Atomic uint64_t epoch_in;
 
     /* The worker's own; sized at init so that a step allocates nothing. */
     uint64_t epoch; /* the newest STEP/ACT epoch seen: older ones are dropped (proto STEP) */
@@ -145,6 +152,7 @@ typedef struct stage_state {
     done_step done[STAGE_DONE_RING];
     uint32_t n_done;
     sh_counter *m_retry_dropped; /* shoal_stage_retries_dropped_total */
+    sh_counter *m_stale;         /* shoal_stage_stale_steps_dropped_total */
 
     /* The sampling helper: samples the upper part of a big step's sequences while the worker
      * samples the lower part (samplers are per sequence, so the two never share one). hmu guards
@@ -1245,6 +1253,44 @@ static bool epoch_allowed(const stage_state *st, const sh_msg_hdr *h, const sh_p
     return s->epoch <= s->step && s->step <= horizon;
 }
 
+/* Whether step s (not a follower's) belongs to an epoch older than the newest one seen (run
+ * or arrived): it was abandoned at its batcher's pause, the sequences it holds run again from
+ * the resume (with a newer epoch) and its blocks may belong to others by now. It is dropped
+ * unanswered: the batcher forgot it. `when` says whether it was dropped queued or after it ran
+ * (for the log). Worker thread. */
+static bool stale(stage_state *st, const sh_proto_step *s, const char *when)
+{
+    uint64_t in = atomic_load_explicit(&st->epoch_in, memory_order_acquire);
+    uint64_t newest = in > st->epoch ? in : st->epoch;
+    if (s->epoch >= newest)
+        return false;
+    if (st->m_stale)
+        sh_counter_add(st->m_stale, 1);
+    sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stale_epoch",
+                   "step=%" PRIu64 " epoch=%" PRIu64 " seen=%" PRIu64 " when=%s", s->step, s->epoch,
+                   newest, when);
+    return true;
+}
+
+/* Loop thread, as STEP or ACT m is queued for the worker: raises epoch_in to its epoch when that
+ * is newer and allowed (epoch_allowed, as the worker judges it). Reads only the body's step id and
+ * epoch; a body that does not show them leaves epoch_in as it is (the worker's decode judges the
+ * frame). */
+static void note_epoch(stage_state *st, const sh_msg *m)
+{
+    static const char *const keys[2] = {"step", "ep"};
+    const sh_msg_hdr *h = sh_msg_header(m);
+    size_t len = 0;
+    const void *body = sh_msg_body(m, &len);
+    uint64_t v[2] = {0, 0};
+    if (sh__proto_peek_u64s(body, len, keys, 2, v) != 3)
+        return;
+    sh_proto_step view = {.step = v[0], .epoch = v[1]};
+    uint64_t in = atomic_load_explicit(&st->epoch_in, memory_order_relaxed);
+    if (view.epoch > in && epoch_allowed(st, h, &view, h->type == SH_MSG_ACT))
+        atomic_store_explicit(&st->epoch_in, view.epoch, memory_order_release);
+}
+
 /* Decodes and runs one kept STEP or ACT: a middle stage forwards ACT, the last (or any stage
  * failing) answers STEP_DONE to the STEP's sender or the ACT's reply_to. Worker thread. */
 static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
@@ -1292,19 +1338,17 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
     /* A rank other than its group's leader takes what the leader ran, unchecked: the leader made
      * these checks, and the ranks must run the same steps in the same order. */
     bool follower = st->tp_rank > 0;
+    if (s)
+        sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stage_step",
+                       "type=%s step=%" PRIu64 " epoch=%" PRIu64 " retry_of=%" PRIu64 " seqs=%u",
+                       sh__msg_type_name(h->type), s->step, s->epoch, s->retry_of,
+                       (unsigned)s->seqs.n);
     if (s && !follower && s->epoch > st->epoch && !epoch_allowed(st, h, s, is_act)) {
         sh__peers_refuse(st->rt, SH__PEERS_EPOCH, sh_addr_node(h->src), sh__msg_type_name(h->type));
         return;
     }
-    if (s && !follower && s->epoch < st->epoch) {
-        // Abandoned at its batcher's pause: the sequences it holds run again from the resume
-        // (with a newer epoch), and its blocks may belong to others by now. Unanswered: the
-        // batcher forgot it.
-        sh_runtime_log(st->rt, SH_LOG_LEVEL_DEBUG, "stale_epoch",
-                       "step=%" PRIu64 " epoch=%" PRIu64 " seen=%" PRIu64, s->step, s->epoch,
-                       st->epoch);
+    if (s && !follower && stale(st, s, "queued"))
         return;
-    }
     if (s && !follower && !is_act && retry_answered(st, s, arrived_us)) {
         if (st->m_retry_dropped)
             sh_counter_add(st->m_retry_dropped, 1);
@@ -1362,6 +1406,10 @@ static void step_answer(stage_state *st, const sh_msg *m, uint64_t arrived_us)
         return;
     }
     d.compute_us = prior_us + (sh__act_mono_us() - t0);
+    /* A step whose epoch ended while it ran is not forwarded: the next stage would spend a
+     * step's compute on it before the steps of the resume. */
+    if (!err && !st->last && s->seqs.n > 0 && stale(st, s, "run"))
+        return;
     /* An empty step has no rows to forward: any stage answers it at once. */
     if (!err && !st->last && s->seqs.n > 0)
         err = act_forward(st, h, s, hidden, reply, d.compute_us, &e);
@@ -1510,6 +1558,10 @@ static sh_err stage_init(sh_actor_ctx *ctx, void *state, void *arg)
                            "Retried steps a first stage dropped because it had answered an "
                            "earlier try after the retry arrived.",
                            NULL, &st->m_retry_dropped);
+    sh_metrics_counter(sh_runtime_metrics(st->rt), "shoal_stage_stale_steps_dropped_total",
+                       "Steps and activations a stage dropped because their batcher had paused "
+                       "since it sent them (an older epoch than one that reached the stage).",
+                       NULL, &st->m_stale);
     if (!last) {
         /* One series per link, named by the receiving stage's first layer. */
         static const char *const names[] = {"f32", "f16", "int8"};
@@ -1706,6 +1758,8 @@ static sh_msg_fate stage_handle(sh_actor_ctx *ctx, void *state, sh_msg *m)
     if (type != SH_MSG_ERROR &&
         !sh__hello_auth_allows(st->auth, st->rt, h->src, sh__msg_type_name(type)))
         return SH_MSG_FATE_DONE;
+    if (st->tp_rank == 0 && type != SH_MSG_ERROR)
+        note_epoch(st, m);
     if (sh__act_worker_push(&st->worker, m)) {
         sh_actor_log(ctx, SH_LOG_LEVEL_ERROR, "stage_queue_full", "error=\"out of memory\"");
         return SH_MSG_FATE_DONE;

@@ -234,6 +234,15 @@ SH_PROTO_MESSAGES(SH__PROTO_ENCODE_DECL_)
 sh_err sh__proto_decode_body(sh_msg_codec *c, sh_msg_type type, const void *body, size_t len,
                              sh_proto_body *out, sh_proto_arena *arena, sh_error *e);
 
+/* Reads only the unsigned integers of a body (len bytes of one msgpack map, as
+ * sh__msg_decode() delimits it) whose top-level keys are keys[0..n-1] (n <= 32), skipping every
+ * other value, without decoding or allocating: vals[i] gets key i's value. For a receiver's
+ * loop thread, which must sort a frame before its worker decodes it whole. Returns the mask of
+ * the keys found with an unsigned value (bit i: keys[i]); 0 also when the body is not a map or
+ * is malformed before them (the full decode reports why). */
+uint32_t sh__proto_peek_u64s(const void *body, size_t len, const char *const *keys, uint32_t n,
+                             uint64_t *vals);
+
 /* sh__msg_decode() then sh__proto_decode_body(): one frame to header and typed body. */
 sh_err sh__proto_decode(sh_msg_codec *c, const void *frame, size_t len, sh_msg_env *env,
                         sh_proto_body *out, sh_proto_arena *arena, sh_error *e);

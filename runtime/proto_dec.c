@@ -445,6 +445,41 @@ static sh_err decode_struct(dec *d, const sh_proto_desc *s, uint8_t *out, uint32
     return SH_OK;
 }
 
+uint32_t sh__proto_peek_u64s(const void *body, size_t len, const char *const *keys, uint32_t n,
+                             uint64_t *vals)
+{
+    sh_mpack_reader r;
+    sh_mpack_item it;
+    sh_error e = {0};
+    uint32_t found = 0, want = n >= 32 ? UINT32_MAX : ((uint32_t)1 << n) - 1;
+    sh__mpack_reader_init(&r, body, len, SH_MPACK_DEPTH_MAX);
+    if (sh__mpack_next(&r, &it, &e) || it.kind != SH_MPACK_MAP)
+        return 0;
+    /* The body map sits inside the envelope array (depth 2): its values are at depth 3. */
+    for (uint32_t i = 0, pairs = it.len; i < pairs && found != want; i++) {
+        sh_mpack_item k;
+        if (sh__mpack_next(&r, &k, &e) || k.kind != SH_MPACK_STR)
+            return found;
+        uint32_t j = 0;
+        while (j < n && (strlen(keys[j]) != k.len || memcmp(keys[j], k.ptr, k.len)))
+            j++;
+        if (j == n) {
+            if (sh__mpack_skip(&r, 3, &e))
+                return found;
+            continue;
+        }
+        if (sh__mpack_next(&r, &it, &e))
+            return found;
+        if (it.kind == SH_MPACK_UINT) {
+            vals[j] = it.v.u;
+            found |= (uint32_t)1 << j;
+        } else if ((it.kind == SH_MPACK_ARRAY || it.kind == SH_MPACK_MAP) && it.len > 0) {
+            return found; /* a container under a scalar's key: the full decode refuses it */
+        }
+    }
+    return found;
+}
+
 sh_err sh__proto_decode_body(sh_msg_codec *c, sh_msg_type type, const void *body, size_t len,
                              sh_proto_body *out, sh_proto_arena *arena, sh_error *e)
 {

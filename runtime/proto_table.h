@@ -279,10 +279,12 @@
 
 /* STEP: deadline_ms as in SUBMIT; a stage drops a step past it. epoch: the batcher's epoch,
  * raised at every PAUSE (never lower than any earlier one, also across a restarted front); a
- * stage drops a STEP or ACT of an epoch older than one it has seen, so a step abandoned at a
- * pause never runs after the resume. retry_of: set on a retry (a try sent again because its
- * answer was late), the step id of the first try; a first stage that answered (or forwarded) an
- * earlier try after this one arrived drops it unanswered, since that answer is on its way.
+ * stage drops a STEP or ACT of an epoch older than one that has reached it (run, or only
+ * queued), so a step abandoned at a pause does not run once a step of the resume arrived, and
+ * one that was running then is not passed on. retry_of: set on a retry (a try sent again
+ * because its answer was late), the step id of the first try; a first stage that answered (or
+ * forwarded) an earlier try after this one arrived drops it unanswered, since that answer is on
+ * its way.
  * reply_to: set by a drafter on another node than its batcher (actors/drafter.c), which sends
  * the STEP under its own address: the batcher's, where the stages answer instead of the sender. */
 #define SH_PROTO_FIELDS_step(F, S)                                                                 \

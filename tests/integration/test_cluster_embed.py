@@ -7,11 +7,13 @@ Cases:
   in one request and alone, the same as a single-process `shoal serve -m` (within 1e-5), with the
   same usage; /v1/models lists the "embeddings" capability; the official `openai` client's
   embeddings.create works (skipped without the package unless SH_REQUIRE_OPENAI);
-- the last stage's worker killed (SIGKILL) while a request of 24 long inputs is in flight and
+- the last stage's worker killed (SIGKILL) while a request of 12 long inputs is in flight and
   started again by hand: the front (--recover-timeout 30) pauses the replica, greets the new
-  process and resumes; the request ends with 200 and vectors equal to the reference (or, seen
-  once in 12 runs on a loaded machine, with a 503 from the batcher's step timeout when a step
-  after the resume goes unanswered: the front's log is printed), and the front goes on serving;
+  process and resumes; the request ends with 200 and vectors equal to the reference, and the
+  front goes on serving. No 503 is accepted: the steps abandoned at the pause that still waited
+  in the stages' queues used to run ahead of the resumed ones, which on a loaded machine took the
+  first resumed step past the batcher's 30 s step timeout (1 run in 12; 3 in 4 under heavier
+  load); the stages now drop them once a step of the new epoch arrives;
 - the last stage's worker killed mid-request and not started again (--recover-timeout 1): the
   request ends with a 503 saying a stage node was lost (the front's log names it), and the
   front exits 3 (fail-stop, as for completions);
@@ -170,28 +172,18 @@ def killed_mid_request(d, ref):
         r = res["r"]
         check(not isinstance(r, Exception), f"request: {r!r}")
         st, a, raw = r
-        if st == 503:
-            # Seen once in 12 runs on a loaded machine: a step after the resume went unanswered
-            # and the batcher's step timeout (30 s, 4 tries) failed it. A clear error, not a
-            # hang; the front must still serve afterwards (checked below).
-            msg = ((a or {}).get("error") or {}).get("message", "")
-            check("did not answer step" in msg or "was lost" in msg, f"503: {raw[:300]!r}")
-            su.log(f"note: after the kill and restart the request ended with 503 {msg!r}; "
-                   "the front's log:\n" + srv.log_tail(40))
-        else:
-            check(st == 200, f"after the kill and restart: {st} {raw[:300]!r}\n"
-                  + srv.log_tail(40))
-            got = vecs(a)
-            check(len(got) == N_LONG, f"{len(got)} vectors")
-            worst = max(maxdiff(ref[20], v) for v in got)
-            check(worst <= TOL, f"vectors after the recovery differ from one process by {worst}")
-            log = srv.log_text()
-            check("was lost" in log and "resumed" in log, "no loss/resume in the log:\n"
-                  + srv.log_tail(30))
-            su.log(f"note: w1 killed mid-request, restarted: the request of {N_LONG} inputs "
-                   f"ended {time.monotonic() - t0:.1f} s after the kill (w1 up after {t_up:.1f} "
-                   f"s, the replica resumed after {t_res:.1f} s), 200, largest |diff| "
-                   f"{worst:.3g}")
+        check(st == 200, f"after the kill and restart: {st} {raw[:300]!r}\n" + srv.log_tail(40))
+        got = vecs(a)
+        check(len(got) == N_LONG, f"{len(got)} vectors")
+        worst = max(maxdiff(ref[20], v) for v in got)
+        check(worst <= TOL, f"vectors after the recovery differ from one process by {worst}")
+        log = srv.log_text()
+        check("was lost" in log and "resumed" in log, "no loss/resume in the log:\n"
+              + srv.log_tail(30))
+        su.log(f"note: w1 killed mid-request, restarted: the request of {N_LONG} inputs "
+               f"ended {time.monotonic() - t0:.1f} s after the kill (w1 up after {t_up:.1f} "
+               f"s, the replica resumed after {t_res:.1f} s), 200, largest |diff| "
+               f"{worst:.3g}")
         # still serving
         v = vecs(post(srv.url, {"input": batch()[7]}))[0]
         check(maxdiff(ref[7], v) <= TOL, "after the recovery: a new request differs")

@@ -598,6 +598,52 @@ static void test_stale_epoch(void)
     rt_finish(&f.t);
 }
 
+/* The steps a batcher abandoned at a pause that still wait in the stage's queue when the first
+ * step after the resume (a newer epoch) arrives are dropped unanswered, not run ahead of it: only
+ * the one the worker had started (and, if the loop thread was slow to queue the new step, the next)
+ * is answered. Each abandoned step prefills the three prompts, so seven of them take a while. */
+static void test_queued_stale(void)
+{
+    fixture f;
+    fx_start(&f);
+    sh_proto_step_seq q[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++)
+        q[s] = (sh_proto_step_seq){.seq = 40 + (uint64_t)s,
+                                   .tokens = {E.prompt[s], (uint32_t)E.n_prompt[s]},
+                                   .blocks = {E.blocks[s], SEQ_BLOCKS}};
+    for (uint64_t step = 41; step <= 47; step++)
+        send_step_epoch(&f, step, q, N_SEQ, 41);
+    sh_proto_step_seq n = {.seq = 50,
+                           .tokens = {E.prompt[0], (uint32_t)E.n_prompt[0]},
+                           .blocks = {E.blocks[0], SEQ_BLOCKS},
+                           .sample = true,
+                           .sampling = greedy()};
+    send_step_epoch(&f, 50, &n, 1, 50);
+    long got = -1;
+    for (long k = 0; got < 0 && k < 8; k++) {
+        const rec *r = wait_rec(&f, k);
+        if (!r)
+            break;
+        CHECK_INT_EQ(r->status, 0);
+        if (r->step == 50)
+            got = k;
+    }
+    if (got < 0)
+        SH_FAIL_("step 50 (epoch 50) not answered among the first %ld answers",
+                 atomic_load(&f.sh.n));
+    else {
+        CHECK_INT_EQ(f.sh.r[got].tok[0], E.ref[0][0]);
+        /* Answered before it: the abandoned step the worker was running, perhaps one more. */
+        if (got > 2)
+            SH_FAIL_("%ld abandoned steps of epoch 41 answered before step 50 (want <= 2)", got);
+    }
+    struct timespec ts = {0, 300 * 1000000};
+    nanosleep(&ts, NULL);
+    CHECK_INT_EQ(atomic_load(&f.sh.n), got + 1); /* none of epoch 41 after it */
+    CHECK_INT_EQ(atomic_load(&f.sh.bad), 0);
+    rt_finish(&f.t);
+}
+
 /* Issue 25: a STEP whose epoch no batcher could have sent (2^64-1, over its own step id, or with a
  * step id beyond the batcher's clock) is refused and does not raise the stage's epoch: the steps
  * after it still run. */
@@ -1174,6 +1220,7 @@ static void test_grammar(void)
 static const sh_test_case tests[] = {
     {"stale_epoch", test_stale_epoch},
     {"forged_epoch", test_forged_epoch},
+    {"queued_stale", test_queued_stale},
     {"batched_equals_alone", test_batched_equals_alone},
     {"decode_no_alloc", test_decode_no_alloc},
     {"stop_with_queue", test_stop_with_queue},

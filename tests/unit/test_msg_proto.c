@@ -1027,6 +1027,62 @@ static void test_step_out_embd(void)
     sh__buf_fini(&b);
 }
 
+/* sh__proto_peek_u64s, which a stage's loop thread uses to note a STEP's or ACT's epoch before
+ * its worker decodes it: the step id and epoch of a STEP and of an ACT (keys after a list and a
+ * tensor), a STEP without an epoch (only "step" found), a key whose value is no unsigned integer,
+ * and a cut or non-map body (nothing found, nothing read past the end). */
+static void test_peek_u64s(void)
+{
+    static const char *const keys[2] = {"step", "ep"};
+    sh_msg_codec c;
+    sh__msg_codec_init(&c);
+    sh_buf b;
+    sh__buf_init(&b);
+    sh_error e = {0};
+    sh_msg_env env;
+    int32_t toks[3] = {5, 6, 7}, blocks[1] = {2};
+    sh_proto_step_seq q = {.seq = 4, .tokens = {toks, 3}, .blocks = {blocks, 1}};
+    sh_proto_step st = {.step = 70, .seqs = {&q, 1}, .epoch = 69, .retry_of = 68};
+    sh_msg_hdr h = {.type = SH_MSG_STEP, .src = sh_addr_make(1, 5), .dst = sh_addr_make(2, 2)};
+    CHECK_OK(sh__proto_encode_step(&b, &h, &st, &e));
+    CHECK_OK(sh__msg_decode(&c, b.data, b.len, &env, &e));
+    uint64_t v[2] = {0, 0};
+    CHECK_UINT_EQ(sh__proto_peek_u64s(env.body, env.body_len, keys, 2, v), 3);
+    CHECK_UINT_EQ(v[0], 70);
+    CHECK_UINT_EQ(v[1], 69);
+    /* Cut inside "seqs": the step id before it is found, the epoch after it is not. */
+    CHECK_UINT_EQ(sh__proto_peek_u64s(env.body, 20, keys, 2, v), 1);
+    CHECK_UINT_EQ(sh__proto_peek_u64s(env.body, 0, keys, 2, v), 0);
+    static const uint8_t not_map[] = {0x93, 0x01, 0x02, 0x03},
+                         str_ep[] = {0x81, 0xa2, 'e', 'p', 0xa1, 'x'};
+    CHECK_UINT_EQ(sh__proto_peek_u64s(not_map, sizeof not_map, keys, 2, v), 0);
+    CHECK_UINT_EQ(sh__proto_peek_u64s(str_ep, sizeof str_ep, keys, 2, v), 0);
+    /* {"step": 5, "seqs": []}: an older batcher's STEP, without an epoch. */
+    static const uint8_t old_step[] = {0x82, 0xa4, 's', 't', 'e', 'p', 0x05,
+                                       0xa4, 's',  'e', 'q', 's', 0x90};
+    CHECK_UINT_EQ(sh__proto_peek_u64s(old_step, sizeof old_step, keys, 2, v), 1);
+    CHECK_UINT_EQ(v[0], 5);
+    float hid[3 * 4] = {0};
+    sh_proto_act a = {.step = 71,
+                      .seqs = {&q, 1},
+                      .hidden = {.dtype = SH_PROTO_DTYPE_F32,
+                                 .ndim = 2,
+                                 .shape = {3, 4},
+                                 .data = hid,
+                                 .nbytes = sizeof hid},
+                      .reply_to = sh_addr_make(1, 5),
+                      .epoch = 71};
+    h.type = SH_MSG_ACT;
+    sh__buf_reset(&b);
+    CHECK_OK(sh__proto_encode_act(&b, &h, &a, &e));
+    CHECK_OK(sh__msg_decode(&c, b.data, b.len, &env, &e));
+    v[0] = v[1] = 0;
+    CHECK_UINT_EQ(sh__proto_peek_u64s(env.body, env.body_len, keys, 2, v), 3);
+    CHECK_UINT_EQ(v[0], 71);
+    CHECK_UINT_EQ(v[1], 71);
+    sh__buf_fini(&b);
+}
+
 /* A sequence's own failure in STEP_DONE (step_out.status and message) and a grammar named by its
  * hash in STEP (step_seq.gram_hash, n_gen): our round trip, an older peer's frame without them
  * (msgpack-c, keys absent: they decode as 0 and empty), and the status's bound. */
@@ -1160,6 +1216,7 @@ static const sh_test_case tests[] = {
     {"error_reply", test_error_reply},
     {"step_out_status", test_step_out_status},
     {"step_out_embd", test_step_out_embd},
+    {"peek_u64s", test_peek_u64s},
     {"write_corpus", test_write_corpus},
     {NULL, NULL},
 };
