@@ -12,8 +12,8 @@ Cases:
   process and resumes; the request ends with 200 and vectors equal to the reference, and the
   front goes on serving. No 503 is accepted: the steps abandoned at the pause that still waited
   in the stages' queues used to run ahead of the resumed ones, which on a loaded machine took the
-  first resumed step past the batcher's 30 s step timeout (1 run in 12; 3 in 4 under heavier
-  load); the stages now drop them once a step of the new epoch arrives;
+  first resumed step past the batcher's 30 s step timeout (about 1 run in 12); the stages now
+  drop them once a step of the new epoch arrives;
 - the last stage's worker killed mid-request and not started again (--recover-timeout 1): the
   request ends with a 503 saying a stage node was lost (the front's log names it), and the
   front exits 3 (fail-stop, as for completions);
