@@ -564,11 +564,106 @@ INL void mv_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int 
             sh__avx2_store_half(m, g0 + j * step, h, r0, r1, 0, acc[j][h]);
 }
 
+/* Steps k of a chunk in few_f16_groups: the ns groups' weights widened to f32 (at most
+ * F16_KC * MV_STREAMS * 2 * 32 bytes = 16 KiB) stay in L1 while every token passes over them. */
+#define F16_KC 64
+
+/* A few tokens (2 .. FEW_MAX: a speculative verify step, a small decode batch) through the
+ * matvec's walk (groups g0 + j step, j < ns, side by side, with its prefetch), so the weights
+ * stream once at the matvec's pace: per chunk of F16_KC steps the groups' halves are widened
+ * once into L1, then each token runs its 2 ns chains over the chunk in registers (the tiles of
+ * fewer than 8 tokens have too few chains to cover the FMA latency, and read one group at a
+ * time without prefetch). Each (row, token) is still one FMA chain over k in order, so a row's
+ * result is bit for bit the matvec's (test_kernels_packed: few_tokens). */
+INL void few_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
+                        int64_t r1, const int nt)
+{
+    const int64_t n_in = m->a->n_in;
+    const float *x = m->a->x;
+    __m256 acc[FEW_MAX][MV_STREAMS][2];
+    __attribute__((aligned(32))) float wf[F16_KC][MV_STREAMS][2][8];
+    for (int i = 0; i < nt; i++)
+        for (int j = 0; j < ns; j++)
+            acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < n_in; k0 += F16_KC) {
+        const int64_t kc = n_in - k0 < F16_KC ? n_in - k0 : F16_KC;
+        for (int64_t k = 0; k < kc; k++)
+            for (int j = 0; j < ns; j++) {
+                const uint16_t *w =
+                    (const uint16_t *)(m->w + (size_t)(g0 + j * step) * m->row_bytes);
+                if (k % 2 == 0)
+                    _mm_prefetch((const char *)(w + 16 * (k0 + k)) + F16_PF_DIST, _MM_HINT_T0);
+                _mm256_store_ps(wf[k][j][0], f16_half(w, k0 + k, 0));
+                _mm256_store_ps(wf[k][j][1], f16_half(w, k0 + k, 1));
+            }
+        int i = 0;
+        if (ns < MV_STREAMS) /* the groups left over: 4 tokens at a time make the 8 chains */
+            for (; i + 4 <= nt; i += 4)
+                for (int j = 0; j < ns; j++) {
+                    __m256 a[4][2];
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++)
+                        a[u][0] = acc[i + u][j][0], a[u][1] = acc[i + u][j][1];
+                    for (int64_t k = 0; k < kc; k++) {
+                        const __m256 w0 = _mm256_load_ps(wf[k][j][0]);
+                        const __m256 w1 = _mm256_load_ps(wf[k][j][1]);
+#pragma GCC unroll 4
+                        for (int u = 0; u < 4; u++) {
+                            const __m256 xv = _mm256_broadcast_ss(x + (i + u) * n_in + k0 + k);
+                            a[u][0] = _mm256_fmadd_ps(w0, xv, a[u][0]);
+                            a[u][1] = _mm256_fmadd_ps(w1, xv, a[u][1]);
+                        }
+                    }
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++)
+                        acc[i + u][j][0] = a[u][0], acc[i + u][j][1] = a[u][1];
+                }
+        for (; i < nt; i++) {
+            const float *xi = x + i * n_in + k0;
+            if (ns == MV_STREAMS) {
+                __m256 a[MV_STREAMS][2];
+#pragma GCC unroll 4
+                for (int j = 0; j < MV_STREAMS; j++)
+                    a[j][0] = acc[i][j][0], a[j][1] = acc[i][j][1];
+                for (int64_t k = 0; k < kc; k++) {
+                    const __m256 xv = _mm256_broadcast_ss(xi + k);
+#pragma GCC unroll 4
+                    for (int j = 0; j < MV_STREAMS; j++) {
+                        a[j][0] = _mm256_fmadd_ps(_mm256_load_ps(wf[k][j][0]), xv, a[j][0]);
+                        a[j][1] = _mm256_fmadd_ps(_mm256_load_ps(wf[k][j][1]), xv, a[j][1]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int j = 0; j < MV_STREAMS; j++)
+                    acc[i][j][0] = a[j][0], acc[i][j][1] = a[j][1];
+            } else {
+                for (int j = 0; j < ns; j++) {
+                    __m256 a0 = acc[i][j][0], a1 = acc[i][j][1];
+                    for (int64_t k = 0; k < kc; k++) {
+                        const __m256 xv = _mm256_broadcast_ss(xi + k);
+                        a0 = _mm256_fmadd_ps(_mm256_load_ps(wf[k][j][0]), xv, a0);
+                        a1 = _mm256_fmadd_ps(_mm256_load_ps(wf[k][j][1]), xv, a1);
+                    }
+                    acc[i][j][0] = a0, acc[i][j][1] = a1;
+                }
+            }
+        }
+    }
+    for (int j = 0; j < ns; j++)
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < nt; i++)
+                sh__avx2_store_half(m, g0 + j * step, h, r0, r1, i, acc[i][j][h]);
+}
+
 TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
         SH_AVX2_MATVEC(mv_f16_groups, MV_STREAMS, m, r0, r1);
+        return;
+    }
+    if (n_tok <= FEW_MAX) {
+        SH_AVX2_MATVEC(few_f16_groups, MV_STREAMS, m, r0, r1, (int)n_tok);
         return;
     }
     /* Token blocks of F16_TOK_BLOCK_BYTES of xt outermost (they stay in L2 while the groups
