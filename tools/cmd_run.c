@@ -61,6 +61,11 @@ typedef struct run {
     sh_spec_seq sq;       /* acceptance, the next draft length, the counters */
     double calib_s;       /* the calibration's time at start */
     double draft_us;      /* a model drafter's time per drafted token, from the calibration */
+    /* Where a speculative run's decode steps spent their time (wall seconds, the timings line):
+     * proposing (a model drafter's catch-up and drafting passes), verification passes of 2 or
+     * more rows, and one-row steps without a draft. */
+    double draft_s, verify_s, plain_s;
+    int64_t verify_steps, plain_steps;
     /* The tokens sampled but not yet printed: after a verification, the accepted drafts and the
      * target's own token; all but the last are in the cache already. */
     sh_sample pend[SH_SPEC_MAX_K + 1];
@@ -102,7 +107,9 @@ static void usage(FILE *f)
             "  --spec-k N        most drafted tokens per step, 1..16 (default 8); the draft\n"
             "                    length adapts to the measured step cost and acceptance\n\n"
             "Prints one line `timings: ...` on stderr at the end (with --spec: drafts,\n"
-            "drafted and accepted tokens and the acceptance rate).\n");
+            "drafted and accepted tokens, the acceptance rate, and the decode steps' time\n"
+            "in proposing (draft_ms), verification passes (verify_ms, verify_steps) and\n"
+            "one-row steps (plain_ms, plain_steps)).\n");
 }
 
 /* Returns 0 to go on, 1 after --help (exit 0), 2 on bad usage (message printed). */
@@ -473,7 +480,8 @@ static int sample_one(run *r, const float *logits)
 
 /* Drafts up to k tokens to follow hist[0, n) into out; returns how many, or -1 on a failure
  * (message printed). *catch_up_s: the time a model drafter spent bringing its cache up to hist
- * (the tokens of steps without drafts), which is no cost of this step's draft length. */
+ * (the tokens of steps without drafts, and a fully accepted draft's last token), which a step
+ * that ends up with no draft does not count. */
 static int32_t propose(run *r, int32_t n, int32_t k, int32_t *out, double *catch_up_s)
 {
     *catch_up_s = 0.0;
@@ -514,12 +522,16 @@ static int step(run *r, int32_t id, int32_t remaining)
             r->hist[r->n_hist] = id; /* (its position's token once fed, whatever is accepted) */
             if ((nd = propose(r, r->n_hist + 1, k, drafts, &catch_up_s)) < 0)
                 return 1;
+            r->draft_s += now_s() - t0;
         }
     }
     if (nd == 0) {
         const float *logits = NULL;
+        double tf = now_s();
         if (feed(r, &id, 1, &logits, false))
             return 1;
+        r->plain_s += now_s() - tf;
+        r->plain_steps++;
         if (spec)
             sh_spec_cost_observe(&r->cost, 1, (now_s() - t0 - catch_up_s) * 1e6);
         return sample_one(r, logits);
@@ -535,10 +547,13 @@ static int step(run *r, int32_t id, int32_t remaining)
     sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
     sh_llama_out out;
     sh_error e = {0};
+    double tv = now_s();
     if (sh_llama_forward(r->ctx, &b, &out, &e)) {
         fprintf(stderr, "\nerror: %s\n", e.msg);
         return 1;
     }
+    r->verify_s += now_s() - tv;
+    r->verify_steps++;
     int32_t m = 0;
     if (sh_spec_verify(r->smp, out.logits, r->m->hp.n_vocab, drafts, nd, r->pend, &m)) {
         fprintf(stderr, "\nerror: every token is banned; cannot sample\n");
@@ -550,8 +565,13 @@ static int step(run *r, int32_t id, int32_t remaining)
     r->gen_evals += m;
     r->n_pend = m;
     sh_spec_seq_update(&r->sq, nd, m - 1);
-    /* A drafter's catch-up pass also computes the first draft: counted at its calibrated time. */
-    double us = (now_s() - t0 - catch_up_s) * 1e6 + (catch_up_s > 0.0 ? r->draft_us : 0.0);
+    /* The whole step, a model drafter's catch-up included: the tokens of the steps without
+     * drafts before it have to pass through the drafter now, a cost that drafting brings and
+     * not drafting avoids. Counting only one drafter pass for it (as the calibration does) made
+     * steps of 1 or 2 drafts between one-row steps look cheaper than they were: on the AVX2
+     * machine of bench/README.md (Q4_1 drafting for its F16 copy) a catch-up averaged 3.4 rows
+     * and 1.6 drafter passes' time, and those steps cost more per token than one-row steps. */
+    double us = (now_s() - t0) * 1e6;
     sh_spec_cost_observe(&r->cost, nd + 1, us);
     return 0;
 }
@@ -794,15 +814,17 @@ int sh__cmd_run(int argc, char **argv)
         rc = calibrate(&r);
     if (rc == 0)
         rc = r.o.chat ? chat(&r) : one_shot(&r);
-    char spec[256] = "";
+    char spec[384] = "";
     const sh_spec_seq *q = &r.sq;
     if (r.o.so.kind != SH_SPEC_OFF)
         snprintf(spec, sizeof spec,
                  " spec=%s spec_k=%d calib_ms=%.0f drafts=%" PRIu64 " drafted=%" PRIu64
-                 " accepted=%" PRIu64 " accept_rate=%.3f",
+                 " accepted=%" PRIu64 " accept_rate=%.3f draft_ms=%.0f verify_ms=%.0f"
+                 " verify_steps=%" PRId64 " plain_ms=%.0f plain_steps=%" PRId64,
                  sh_spec_kind_name(r.o.so.kind), (int)r.o.so.k, r.calib_s * 1e3, q->drafts,
                  q->drafted, q->accepted,
-                 q->drafted ? (double)q->accepted / (double)q->drafted : 0.0);
+                 q->drafted ? (double)q->accepted / (double)q->drafted : 0.0, r.draft_s * 1e3,
+                 r.verify_s * 1e3, r.verify_steps, r.plain_s * 1e3, r.plain_steps);
     if (rc == 0)
         fprintf(stderr,
                 "timings: load_ms=%.0f prompt_tokens=%" PRId64
