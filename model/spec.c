@@ -267,6 +267,7 @@ double sh_spec_cost_ratio(const sh_spec_cost *c, int32_t rows)
 void sh_spec_seq_init(sh_spec_seq *q)
 {
     memset(q, 0, sizeof *q);
+    q->probe = 16;
     q->succ = 1.2; /* the prior: acceptance 0.6, worth two observed tokens */
     q->fail = 0.8;
     q->accept = 0.6;
@@ -319,11 +320,16 @@ int32_t sh_spec_choose_k(const sh_spec_cost *c, double accept, int32_t kmax, int
 int32_t sh_spec_seq_plan(sh_spec_seq *q, const sh_spec_cost *c, int32_t kmax, int32_t batch_rows)
 {
     q->k = sh_spec_choose_k(c, q->accept, kmax, batch_rows);
+    if (q->probe < 16)
+        q->probe = 16; /* a state zeroed rather than initialized */
     if (q->k > 0) {
         q->idle = 0;
-    } else if (++q->idle >= 16) {
+        q->probe = 16;
+    } else if (++q->idle >= q->probe) {
         q->idle = 0;
         q->k = 1;
+        if (q->accept >= 0.9 && q->probe < 256)
+            q->probe *= 2;
     }
     return q->k;
 }

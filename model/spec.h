@@ -110,6 +110,8 @@ typedef struct sh_spec_seq {
     double succ, fail; /* recent drafted tokens kept, and rejections, decayed by 0.8 a run */
     int32_t k;         /* the draft length chosen for the next step (0: do not draft) */
     int32_t idle;      /* steps since the last draft, for a retry after backing off */
+    int32_t probe;     /* idle steps before that retry: 16, doubled (to 256) per probe made at
+                          high acceptance, back to 16 once a draft is chosen */
     uint64_t drafts;   /* steps that verified drafts */
     uint64_t drafted;  /* tokens drafted */
     uint64_t accepted; /* drafted tokens accepted */
@@ -129,8 +131,11 @@ void sh_spec_seq_update(sh_spec_seq *q, int32_t n_draft, int32_t n_accepted);
 int32_t sh_spec_choose_k(const sh_spec_cost *c, double accept, int32_t kmax, int32_t batch_rows);
 
 /* Updates q->k for the next step with sh_spec_choose_k, and, when it says 0 while q->idle has
- * reached 16 steps, allows a single 1-token draft so that a sequence whose text turned repetitive
- * is noticed. Returns q->k. */
+ * reached q->probe steps (16), allows a single 1-token draft so that a sequence whose text turned
+ * repetitive is noticed. A probe made while the acceptance is already 0.9 or more cannot show a
+ * better one, since the cost is what keeps drafts off: the next waits twice as long (up to 256
+ * steps; a model drafter's probe pays for passing the idle steps' tokens through it). Returns
+ * q->k. */
 int32_t sh_spec_seq_plan(sh_spec_seq *q, const sh_spec_cost *c, int32_t kmax, int32_t batch_rows);
 
 #endif

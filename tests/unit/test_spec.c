@@ -251,6 +251,27 @@ static void test_cost_and_k(void)
     sh_spec_seq_init(&r);
     sh_spec_seq_update(&r, 8, 3);
     CHECK_NEAR(r.accept, (0.96 + 3.0) / (0.96 + 3.0 + 0.64 + 1.0), 1e-9);
+    /* Kept probes where rows cost what they bring (a model drafter as dear as the target): the
+     * acceptance is high and drafts still do not pay. Probes every 16 steps raise the
+     * acceptance from the prior's 0.6 past 0.9 (at the fifth); from then on each probe waits
+     * twice as long as the one before, up to 256 steps. */
+    sh_spec_seq h;
+    sh_spec_seq_init(&h);
+    int32_t at[16], n_at = 0;
+    for (int32_t i = 1; i <= 1000; i++)
+        if (sh_spec_seq_plan(&h, &lin, 8, 1) > 0) {
+            if (n_at < 16)
+                at[n_at++] = i;
+            sh_spec_seq_update(&h, 1, 1);
+        }
+    CHECK(h.accept > 0.9);
+    static const int32_t want[] = {16, 32, 48, 64, 80, 112, 176, 304, 560, 816};
+    CHECK_INT_EQ(n_at, 10);
+    for (int32_t i = 0; i < n_at && i < 10; i++)
+        CHECK_INT_EQ(at[i], want[i]);
+    /* A draft chosen again starts the probes over at 16 steps. */
+    CHECK(sh_spec_seq_plan(&h, &c, 8, 1) > 0);
+    CHECK_INT_EQ(h.probe, 16);
 }
 
 static const sh_test_case tests[] = {
