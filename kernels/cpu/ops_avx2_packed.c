@@ -568,13 +568,13 @@ INL void mv_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int 
  * F16_KC * MV_STREAMS * 2 * 32 bytes = 16 KiB) stay in L1 while every token passes over them. */
 #define F16_KC 64
 
-/* A few tokens (2 .. FEW_MAX: a speculative verify step, a small decode batch) through the
- * matvec's walk (groups g0 + j step, j < ns, side by side, with its prefetch), so the weights
- * stream once at the matvec's pace: per chunk of F16_KC steps the groups' halves are widened
- * once into L1, then each token runs its 2 ns chains over the chunk in registers (the tiles of
- * fewer than 8 tokens have too few chains to cover the FMA latency, and read one group at a
- * time without prefetch). Each (row, token) is still one FMA chain over k in order, so a row's
- * result is bit for bit the matvec's (test_kernels_packed: few_tokens). */
+/* A few tokens (some counts in 2 .. FEW_MAX: a speculative verify step, a small decode batch)
+ * through the matvec's walk (groups g0 + j step, j < ns, side by side, with its prefetch), so the
+ * weights stream once at the matvec's pace: per chunk of F16_KC steps the groups' halves are
+ * widened once into L1, then each token runs its 2 ns chains over the chunk in registers (the tiles
+ * of fewer than 8 tokens have too few chains to cover the FMA latency, and read one group at a time
+ * without prefetch). Each (row, token) is still one FMA chain over k in order, so a row's result is
+ * bit for bit the matvec's (test_kernels_packed: few_tokens). */
 INL void few_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                         int64_t r1, const int nt)
 {
@@ -662,7 +662,11 @@ TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
         SH_AVX2_MATVEC(mv_f16_groups, MV_STREAMS, m, r0, r1);
         return;
     }
-    if (n_tok <= FEW_MAX) {
+    /* Where the tiles would end in a tile of 1..4 tokens (as few FMA chains: 2..4 tokens, 9..12
+     * and 17) the few-token walk; measured on a 2-vCPU Zen 3 for 2..9 tokens, it was faster at
+     * 2 and 9 and even at 3..4, while with 5..8 tokens one tile's chains and their broadcasts
+     * from xt were faster (bench/README.md, issue 27); 10..12 and 17 follow the rule unmeasured. */
+    if (n_tok <= FEW_MAX && n_tok % 8 >= 1 && n_tok % 8 <= 4) {
         SH_AVX2_MATVEC(few_f16_groups, MV_STREAMS, m, r0, r1, (int)n_tok);
         return;
     }
