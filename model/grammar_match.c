@@ -163,6 +163,10 @@ static void advance(sh_gmatch *m, uint32_t id)
             set_error(m, SH_ERANGE, "the grammar's parse stacks passed their bound");
             return;
         }
+        if (++m->spent > m->spent_cap) {
+            set_error(m, SH_ERANGE, "the grammar's work for one token's mask passed its bound");
+            return;
+        }
         if (x == 0) {
             scratch_push(m, &m->out, &m->n_out, &m->cap_out, 0);
             continue;
@@ -294,6 +298,11 @@ static uint32_t set_step(sh_gmatch *m, uint32_t s, uint32_t cp)
         m->gen = 1;
     }
     sh_gset set = m->sets[s];
+    m->spent += set.n;
+    if (m->spent > m->spent_cap) {
+        set_error(m, SH_ERANGE, "the grammar's work for one token's mask passed its bound");
+        return UINT32_MAX;
+    }
     for (uint32_t k = 0; k < set.n && !m->err; k++) {
         uint32_t x = m->pool[set.off + k];
         if (x == 0 || !el_match(g, m->nodes[x].pos, cp, cp))
@@ -455,6 +464,7 @@ sh_err sh_gmatch_create(const sh_grammar *g, sh_gmatch **out, sh_error *e)
     /* Not in node_tab: nothing pushes (UINT32_MAX, UINT32_MAX). */
     m->gen = 1;
     m->expanded = 0;
+    m->spent_cap = UINT64_MAX; /* bounded only inside sh_gmatch_mask */
     for (uint32_t a = g->alt_off[g->root]; a < g->alt_off[g->root + 1] && !m->err; a++) {
         uint32_t s = g->alts[a];
         uint32_t y = sh__gel_is_end(&g->el[s]) ? 0 : push(m, s, 0);

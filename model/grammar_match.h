@@ -38,12 +38,20 @@ typedef struct sh_gmask {
     uint64_t *bits;
 } sh_gmask;
 
+/* The most stacks one mask may match and expand (over all its transitions): a grammar whose
+ * sets of parse stacks are huge and ambiguous (nested repetitions of "any character") could
+ * otherwise spend seconds on one token's mask while each transition stays within its own bound.
+ * About 0.1-0.5 s of work; the mask then fails with SH_ERANGE. */
+#define SH_GMATCH_MASK_WORK ((uint64_t)1 << 22)
+
 struct sh_gmatch {
     const sh_grammar *g;
     sh_gnode *nodes;
     uint32_t *mark; /* (cap_nodes) generation in which advance() last expanded the node */
     uint32_t *node_tab;
     uint32_t n_nodes, cap_nodes, node_tab_cap, gen, expanded;
+    /* Stacks matched and expanded so far, and the bound (SH_GMATCH_MASK_WORK) inside a mask. */
+    uint64_t spent, spent_cap;
     sh_gset *sets;
     uint32_t *pool, *set_tab;
     size_t n_pool, cap_pool;

