@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/avx2_exp.h"
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -10,29 +11,6 @@
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
-
-/* exp(x) for x <= 0: x = n ln2 + f (ln2 in two parts, so f is exact to float rounding), e^f by
- * its degree-6 Taylor polynomial (|f| <= ln2 / 2), times 2^n built in the exponent field.
- * Arguments below -87 (-inf included) give 0, so 2^n is always a normal float. */
-INL __m256 exp_neg(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-100.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), f);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const __m256 r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
-}
 
 INL __m256 mask_keys(__m256 s, __m256i lo, __m256i hi, int64_t t)
 {
@@ -70,7 +48,7 @@ INL void widen(float *dst, const uint16_t *src, int32_t n)
 #define VMUL(a, b) _mm256_mul_ps((a), (b))
 #define VMAX(a, b) _mm256_max_ps((a), (b))
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define VEXPN(x) exp_neg(x)
+#define VEXPN(x) sh__avx2_exp(x)
 #define VNINF0(x) ninf_to_zero(x)
 #define ivec __m256i
 #define VILOAD(p) _mm256_loadu_si256((const __m256i *)(p))

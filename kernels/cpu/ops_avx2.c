@@ -1,7 +1,9 @@
 /* AVX2 + FMA + F16C kernels of the CPU backend (for CPUs without AVX-512 VNNI): activation
  * quantization, the matmul row kernels and the float helpers, per-function target attributes. */
+#include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/avx2_exp.h"
 #include "kernels/cpu/cpu.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -259,6 +261,34 @@ TGT static void axpy(float s, const float *x, float *y, int64_t n)
 
 TGT static float sumsq(const float *x, int64_t n) { return dot(x, x, n); }
 
+/* silu(g) u = g u / (1 + e^-g), as the AVX-512 path computes it: e^-g with -g clamped to [-100,
+ * 100] first and taken as +inf past 88 (so g < -88 gives g / inf = -0, as the float formula does
+ * when expf overflows); a NaN g stays NaN through the quotient. The tail goes through 8-lane
+ * copies, so every element sees the same operations. */
+INL __m256 swiglu8(__m256 gv, __m256 uv)
+{
+    const __m256 x = _mm256_min_ps(
+        _mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(-100.0f)),
+        _mm256_set1_ps(100.0f));
+    const __m256 e = _mm256_blendv_ps(sh__avx2_exp(x), _mm256_set1_ps(INFINITY),
+                                      _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+    return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), uv);
+}
+
+TGT static void swiglu(const float *g, const float *u, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float gt[8] = {0}, ut[8] = {0}, yt[8];
+        memcpy(gt, g + i, (size_t)(n - i) * sizeof *gt);
+        memcpy(ut, u + i, (size_t)(n - i) * sizeof *ut);
+        _mm256_storeu_ps(yt, swiglu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+        memcpy(y + i, yt, (size_t)(n - i) * sizeof *yt);
+    }
+}
+
 const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .isa = SH_BACKEND_CPU_ISA_AVX2,
     .quant_act = quant_act,
@@ -280,7 +310,7 @@ const sh__cpu_kernels sh__cpu_kernels_avx2 = {
     .dot = dot,
     .axpy = axpy,
     .sumsq = sumsq,
-    .swiglu = sh__cpu_swiglu_ref,
+    .swiglu = swiglu,
     .attn_group = sh__cpu_avx2_attn_range,
     .mmp_q4_0 = sh__cpu_avx2_mmp_q4_0,
     .mmp_q4_1 = sh__cpu_avx2_mmp_q4_1,
