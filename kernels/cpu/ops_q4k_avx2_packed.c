@@ -18,11 +18,6 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* Tokens sb_half takes at once: the matvec passes one (the multi-token path is k4_sweep in
- * avx2_k4.h, whose tiles read codes unpacked once per half super-block). */
-#ifndef NT
-#define NT 1
-#endif
 /* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
  * prefetches each line it will read MV_PF_DIST bytes ahead into L2. Measured on the kernel alone
  * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
@@ -51,70 +46,6 @@ INL __m256i bcast4(const void *p)
     return _mm256_set1_epi32(v);
 }
 
-/* One super-block (at pb) of half h against tokens ab[0 .. nt - 1] (their Q8_K blocks), added to
- * acc[i]. Per row and token (q the 4-bit codes, a the Q8_K codes with scale da and 16-element
- * sums bsums):
- *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact)
- *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
- *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
- * A sub-block's 16-bit sums add 8 vpmaddubsw pairs, each at most 2 * 15 * 128 in magnitude, so at
- * most 30720: no saturation. isum < 8 * 63 * 32 * 15 * 128 < 2^25 and |msum| < 2^21. The float
- * steps are the same for a token alone and in any tile, and the integers are exact in any order,
- * so a token's output does not depend on its tile, the row split or the matvec.
- * With pf set (the matvec, half 0), the line MV_PF_DIST bytes past each code line and past the
- * header line of a sub-block pair is prefetched as the pair's low sub-block reads it (each line
- * of the super-block once). */
-INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
-                 __m256 *acc, const int pf)
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    q4k_half s;
-    decode_half(pb, h, &s);
-    __m256i ia[NT];
-    for (int i = 0; i < nt; i++) {
-        ia[i] = _mm256_setzero_si256();
-    }
-    /* unrolled so that j's parity and the scale index are constants */
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        const uint8_t *pv = pb + SH_CPU_PACK_Q4K_CODES + 512 * (j / 2) + 32 * h;
-        if (pf && j % 2 == 0)
-            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, MV_PF_HINT);
-        __m256i s16[NT];
-#pragma GCC unroll 8
-        for (int v = 0; v < 8; v++) {
-            if (pf && j % 2 == 0)
-                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, MV_PF_HINT);
-            const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * v));
-            const __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
-            for (int i = 0; i < nt; i++) {
-                const __m256i p = _mm256_maddubs_epi16(q, bcast4(ab[i]->qs + 32 * j + 4 * v));
-                if (v)
-                    ADD16(s16[i], p);
-                else
-                    s16[i] = p;
-            }
-        }
-        for (int i = 0; i < nt; i++) {
-            ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(s16[i], s.sc[j]));
-            PIN(ia[i]);
-        }
-    }
-    for (int i = 0; i < nt; i++) {
-        const int16_t *bs = ab[i]->bsums;
-        __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
-        __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
-        for (int k = 2; k < 8; k += 2) {
-            ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
-            ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
-        }
-        const __m256 da = _mm256_set1_ps(ab[i]->d);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]), _mm256_mul_ps(s.d, da), acc[i]);
-        acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
-                                  _mm256_mul_ps(s.dmin, da), acc[i]);
-    }
-}
-
 /* Half h of the super-block at pb as k4_tile's code vectors: sub-block 2k in the low nibbles of
  * code vectors 8k .. 8k + 7, 2k + 1 in their high nibbles. */
 INL void unpack_half(const uint8_t *pb, int h, __m256i *q)
@@ -129,23 +60,90 @@ INL void unpack_half(const uint8_t *pb, int h, __m256i *q)
         }
 }
 
-/* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
- * each (row, token) sees k4_tile's operations in k4_tile's order. */
+/* The float steps of one half super-block for one token (ab, its Q8_K block, with scale da and
+ * 16-element sums bsums), k4_tile's: per row, with q the 4-bit codes and a the Q8_K codes,
+ *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact: ia)
+ *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
+ *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
+ * isum < 8 * 63 * 32 * 15 * 128 < 2^25 and |msum| < 2^21. */
+INL __m256 mv_finish(const q4k_half *s, __m256i ia, const sh_block_q8_k *ab, __m256 acc)
+{
+    const int16_t *bs = ab->bsums;
+    __m256i ms0 = _mm256_madd_epi16(s->mp[0], bcast4(bs));
+    __m256i ms1 = _mm256_madd_epi16(s->mp[1], bcast4(bs + 2));
+    for (int k = 2; k < 8; k += 2) {
+        ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s->mp[k], bcast4(bs + 2 * k)));
+        ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s->mp[k + 1], bcast4(bs + 2 * k + 2)));
+    }
+    const __m256 da = _mm256_set1_ps(ab->d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s->d, da), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
+                            _mm256_mul_ps(s->dmin, da), acc);
+}
+
+/* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves of
+ * each. Per sub-block j and 4-byte activation slice v, the broadcast slice is loaded once and
+ * used by all 2 ns (group, half) code vectors, each with its own 16-bit and 32-bit sums (walking
+ * the halves one after another instead kept 64 broadcasts per super-block for the next half,
+ * spilled to the stack: 19% more instructions in callgrind). A sub-block's 16-bit sums add 8
+ * vpmaddubsw pairs, each at most 2 * 15 * 128 in magnitude, so at most 30720: no saturation. The
+ * integer sums are exact in any order and the float steps are k4_tile's (mv_finish), so each
+ * (row, token) gets the tiles' result, bit for bit. The line MV_PF_DIST bytes past each code
+ * line and header line is prefetched as the super-block's even sub-blocks read it (each line
+ * once). */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
     const int64_t nb = m->a->n_in / SH_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[MV_STREAMS][2];
     for (int k = 0; k < ns; k++)
         acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const sh_block_q8_k *ab = m->a->qk + b;
+        const uint8_t *pb[MV_STREAMS];
+        q4k_half s[MV_STREAMS][2];
+        __m256i ia[MV_STREAMS][2];
         for (int k = 0; k < ns; k++) {
-            const uint8_t *pb =
+            pb[k] =
                 m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-            sb_half(pb, 0, &ab, 1, &acc[k][0], 1);
-            sb_half(pb, 1, &ab, 1, &acc[k][1], 0);
+            for (int l = 0; l < 4; l++) /* the header's 4 lines */
+                _mm_prefetch((const char *)pb[k] + 64 * l + MV_PF_DIST, MV_PF_HINT);
+            decode_half(pb[k], 0, &s[k][0]);
+            decode_half(pb[k], 1, &s[k][1]);
+            ia[k][0] = ia[k][1] = _mm256_setzero_si256();
         }
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i s16[MV_STREAMS][2];
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                const __m256i a = bcast4(ab->qs + 32 * j + 4 * v);
+                for (int k = 0; k < ns; k++) {
+                    const uint8_t *pv = pb[k] + SH_CPU_PACK_Q4K_CODES + 512 * (j / 2) + 64 * v;
+                    if (j % 2 == 0)
+                        _mm_prefetch((const char *)pv + MV_PF_DIST, MV_PF_HINT);
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i x = _mm256_loadu_si256((const void *)(pv + 32 * h));
+                        const __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
+                        const __m256i p = _mm256_maddubs_epi16(q, a);
+                        if (v)
+                            ADD16(s16[k][h], p);
+                        else
+                            s16[k][h] = p;
+                    }
+                }
+            }
+            for (int k = 0; k < ns; k++)
+                for (int h = 0; h < 2; h++) {
+                    ia[k][h] =
+                        _mm256_add_epi32(ia[k][h], _mm256_madd_epi16(s16[k][h], s[k][h].sc[j]));
+                    PIN(ia[k][h]);
+                }
+        }
+        for (int k = 0; k < ns; k++)
+            for (int h = 0; h < 2; h++)
+                acc[k][h] = mv_finish(&s[k][h], ia[k][h], ab, acc[k][h]);
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)
