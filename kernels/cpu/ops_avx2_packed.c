@@ -497,46 +497,68 @@ TGT void sh__cpu_avx2_mmp_iq4_nl(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 
 /* ---- F16 ---- */
 
-/* F16 (packed block b: 32 steps e of the 16 rows' fp16 element 32b + e, cpu.h): half h of step k
- * is 8 fp16 that widen to one register, so acc[t] (8 rows) += w[k] * x[t][k] with x[t][k]
- * broadcast from the transposed activations (sh__cpu_act.xt): one conversion per NTF tokens and
- * no horizontal sums. Each (row, token) is one FMA chain over k in order, in a tile and in the
- * matvec alike, so a token's result does not depend on the batch. Tokens per tile: NTF
- * accumulators, the weights and the broadcast fit the 16 registers; two tiles per 16-token tile
- * of xt. */
-#define NTF 8
+/* F16 (packed block b: 32 steps e of the 16 rows' fp16 element 32b + e, cpu.h): step k of a group
+ * is 16 fp16 that widen to two registers (halves h = 0, 1), so acc[t][h] (8 rows) += w[k][h] *
+ * x[t][k] with x[t][k] broadcast from the transposed activations (sh__cpu_act.xt): no horizontal
+ * sums. Each (row, token) is one FMA chain over k in order, in a tile and in the matvec alike (a
+ * partial sum parked in memory between k chunks is exact), so a token's result does not depend on
+ * the batch. A prefill tile is the group's 16 rows x NTF tokens: 2 NTF accumulators, the two
+ * widened weights and one broadcast fit the 16 registers (15 of them), so per step 2 conversions
+ * and NTF broadcasts feed 2 NTF FMAs (12 chains cover Zen 3's 4-cycle FMA latency at 2 per cycle
+ * with room; 8-row tiles of 8 tokens needed 9 loads per 8 FMAs and every chain). */
+#define NTF 6
 /* The F16 matvec walks MV_STREAMS groups side by side (8 independent chains cover the FMA
  * latency) with software prefetch F16_PF_DIST bytes ahead in each. */
 #define F16_PF_DIST 4096
-/* Bytes of xt per token block (see sh__cpu_avx2_mmp_f16). */
+/* Bytes of xt per token block (see sh__cpu_avx2_mmp_f16), and the most tokens per block (the
+ * partial sums of a group's block, F16_TB_MAX x 16 floats, live on the stack). */
 #define F16_TOK_BLOCK_BYTES (1 << 20)
+#define F16_TB_MAX 192
+/* Steps per k chunk of the prefill tiles: a group's chunk of weights (F16_PP_KC x 32 bytes) stays
+ * in L1 while every tile of the token block passes over it, and so does one 16-token tile of xt's
+ * chunk (F16_PP_KC x 64 bytes) while the tiles inside it pass. */
+#define F16_PP_KC 128
 
 INL __m256 f16_half(const uint16_t *w, int64_t k, int h)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const void *)(w + 16 * k + 8 * h)));
 }
 
-/* Rows of group g, half h, against tokens t0 .. t0 + nt - 1, which lie in one 16-token tile of
- * xt. */
-INL void tile_f16_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
-                       const int nt)
+/* The 16 rows of group g against tokens t0 .. t0 + nt - 1 (anywhere: each token's xt column has
+ * its own pointer), steps k0 .. k0 + kc - 1. part holds the tokens' partial sums (16 floats per
+ * token, rows in order) between chunks: read unless this is the first chunk, written unless it is
+ * the last, when the sums go to y. */
+INL void tile_f16(const sh__cpu_mm *m, int64_t g, int64_t r0, int64_t r1, int64_t t0, const int nt,
+                  int64_t k0, int64_t kc, float *part, int first, int last)
 {
     const int64_t n_in = m->a->n_in;
-    const uint16_t *w = (const uint16_t *)(m->w + (size_t)g * m->row_bytes);
-    const float *xt = m->a->xt + (t0 / 16) * n_in * 16 + t0 % 16;
-    __m256 acc[NTF];
+    const uint16_t *w = (const uint16_t *)(m->w + (size_t)g * m->row_bytes) + 16 * k0;
+    const float *xp[NTF];
+    __m256 acc[NTF][2];
 #pragma GCC unroll 16
-    for (int i = 0; i < nt; i++)
-        acc[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n_in; k++) {
-        const __m256 wv = f16_half(w, k, h);
+    for (int i = 0; i < nt; i++) {
+        xp[i] = m->a->xt + (t0 + i) / 16 * n_in * 16 + (t0 + i) % 16 + 16 * k0;
+        acc[i][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + 16 * i);
+        acc[i][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + 16 * i + 8);
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 w0 = f16_half(w, k, 0), w1 = f16_half(w, k, 1);
 #pragma GCC unroll 16
-        for (int i = 0; i < nt; i++)
-            acc[i] = _mm256_fmadd_ps(wv, _mm256_broadcast_ss(xt + k * 16 + i), acc[i]);
+        for (int i = 0; i < nt; i++) {
+            const __m256 xv = _mm256_broadcast_ss(xp[i] + 16 * k);
+            acc[i][0] = _mm256_fmadd_ps(w0, xv, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(w1, xv, acc[i][1]);
+        }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < nt; i++)
-        sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+        if (last) {
+            sh__avx2_store_half(m, g, 0, r0, r1, t0 + i, acc[i][0]);
+            sh__avx2_store_half(m, g, 1, r0, r1, t0 + i, acc[i][1]);
+        } else {
+            _mm256_storeu_ps(part + 16 * i, acc[i][0]);
+            _mm256_storeu_ps(part + 16 * i + 8, acc[i][1]);
+        }
 }
 
 /* One token (from x: a matvec has no xt), groups g0 + j step (j < ns) side by side, both
@@ -657,60 +679,71 @@ INL void few_f16_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int
 
 TGT void sh__cpu_avx2_mmp_f16(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
-    const int64_t n_tok = m->a->n_tok;
+    const int64_t n_tok = m->a->n_tok, n_in = m->a->n_in;
     if (n_tok == 1) {
         SH_AVX2_MATVEC(mv_f16_groups, MV_STREAMS, m, r0, r1);
         return;
     }
-    /* Where the tiles would end in a tile of 1..4 tokens (as few FMA chains: 2..4 tokens, 9..12
-     * and 17) the few-token walk; measured on a 2-vCPU Zen 3 for 2..9 tokens, it was faster at
-     * 2 and 9 and even at 3..4, while with 5..8 tokens one tile's chains and their broadcasts
-     * from xt were faster (bench/README.md, issue 27); 10..12 and 17 follow the rule unmeasured. */
+    /* Where the earlier 8-row x 8-token tiles ended in a tile of 1..4 tokens (2..4 tokens, 9..12
+     * and 17) the few-token walk; measured against those tiles on a 2-vCPU Zen 3 for 2..9 tokens,
+     * it was faster at 2 and 9 and even at 3..4, while with 5..8 tokens the tiles were faster
+     * (bench/README.md, issue 27); 10..12 and 17 follow the rule unmeasured, and the split has
+     * not been measured again against the 16 x NTF tiles below. */
     if (n_tok <= FEW_MAX && n_tok % 8 >= 1 && n_tok % 8 <= 4) {
         SH_AVX2_MATVEC(few_f16_groups, MV_STREAMS, m, r0, r1, (int)n_tok);
         return;
     }
-    /* Token blocks of F16_TOK_BLOCK_BYTES of xt outermost (they stay in L2 while the groups
-     * pass; each group's weights are read once per block), then groups, halves and tiles. */
-    int64_t tb = F16_TOK_BLOCK_BYTES / (m->a->n_in * 4) / 16 * 16;
-    tb = tb < 16 ? 16 : tb;
-    for (int64_t tb0 = 0; tb0 < n_tok; tb0 += tb)
+    /* Token blocks of about F16_TOK_BLOCK_BYTES of xt outermost (each group's weights stream
+     * once per block), then groups, k chunks (a chunk of the group's weights stays in L1 while the
+     * block's tiles pass) and tiles of NTF tokens. A block's tokens end in a tile of 3..5 or none:
+     * a remainder of 1 or 2 takes one full tile along as 4 + 3 or 4 + 4 tokens, so every tile has
+     * at least 6 chains. */
+    int64_t tb = F16_TOK_BLOCK_BYTES / (n_in * 4) / NTF * NTF;
+    tb = tb < NTF ? NTF : tb > F16_TB_MAX ? F16_TB_MAX : tb;
+    float part[F16_TB_MAX * 16];
+    for (int64_t tb0 = 0; tb0 < n_tok; tb0 += tb) {
+        const int64_t tb1 = tb0 + tb < n_tok ? tb0 + tb : n_tok, n = tb1 - tb0;
+        int64_t full = n / NTF;
+        int rest = (int)(n % NTF);
+        if (full > 0 && rest > 0 && rest < 3)
+            full--, rest += NTF;
         for (int64_t g = r0 / 16; g * 16 < r1; g++)
-            for (int h = 0; h < 2; h++) {
-                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
-                    continue;
-                for (int64_t t16 = tb0; t16 < n_tok && t16 < tb0 + tb; t16 += 16) {
-                    const int64_t t1 = t16 + 16 < n_tok ? t16 + 16 : n_tok;
-                    int64_t t = t16;
-                    for (; t + NTF <= t1; t += NTF)
-                        tile_f16_half(m, g, h, r0, r1, t, NTF);
-                    switch (t1 - t) { /* the tail: one tile of a compile-time size */
-                    case 1:
-                        tile_f16_half(m, g, h, r0, r1, t, 1);
-                        break;
-                    case 2:
-                        tile_f16_half(m, g, h, r0, r1, t, 2);
-                        break;
-                    case 3:
-                        tile_f16_half(m, g, h, r0, r1, t, 3);
-                        break;
-                    case 4:
-                        tile_f16_half(m, g, h, r0, r1, t, 4);
-                        break;
-                    case 5:
-                        tile_f16_half(m, g, h, r0, r1, t, 5);
-                        break;
-                    case 6:
-                        tile_f16_half(m, g, h, r0, r1, t, 6);
-                        break;
-                    case 7:
-                        tile_f16_half(m, g, h, r0, r1, t, 7);
-                        break;
-                    default:
-                        break;
-                    }
+            for (int64_t k0 = 0; k0 < n_in; k0 += F16_PP_KC) {
+                const int64_t kc = n_in - k0 < F16_PP_KC ? n_in - k0 : F16_PP_KC;
+                const int first = k0 == 0, last = k0 + kc == n_in;
+                int64_t t = tb0;
+                for (int64_t j = 0; j < full; j++, t += NTF)
+                    tile_f16(m, g, r0, r1, t, NTF, k0, kc, part + 16 * (t - tb0), first, last);
+                float *pt = part + 16 * (t - tb0);
+                switch (rest) { /* the tail: tiles of compile-time sizes */
+                case 1:
+                    tile_f16(m, g, r0, r1, t, 1, k0, kc, pt, first, last);
+                    break;
+                case 2:
+                    tile_f16(m, g, r0, r1, t, 2, k0, kc, pt, first, last);
+                    break;
+                case 3:
+                    tile_f16(m, g, r0, r1, t, 3, k0, kc, pt, first, last);
+                    break;
+                case 4:
+                    tile_f16(m, g, r0, r1, t, 4, k0, kc, pt, first, last);
+                    break;
+                case 5:
+                    tile_f16(m, g, r0, r1, t, 5, k0, kc, pt, first, last);
+                    break;
+                case 7:
+                    tile_f16(m, g, r0, r1, t, 4, k0, kc, pt, first, last);
+                    tile_f16(m, g, r0, r1, t + 4, 3, k0, kc, pt + 64, first, last);
+                    break;
+                case 8:
+                    tile_f16(m, g, r0, r1, t, 4, k0, kc, pt, first, last);
+                    tile_f16(m, g, r0, r1, t + 4, 4, k0, kc, pt + 64, first, last);
+                    break;
+                default:
+                    break;
                 }
             }
+    }
 }
 
 TGT void sh__cpu_avx2_mmp_q4_0(const sh__cpu_mm *m, int64_t r0, int64_t r1)

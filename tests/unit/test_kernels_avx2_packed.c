@@ -109,23 +109,24 @@ static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, in
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
  * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/Q5_K: 5, Q8_0/IQ4_NL: 6, IQ4_XS: 7, Q6_K: 8 with
- * tails of 4, 2 and 1, F16: 8 inside 16-token xt tiles: 1, 2, 3, 4, 7, 8, 12, 13, 17; IQ4_XS
- * meets every tail, 1 to 6), one past the 1 MiB token block (n_in 16384, 70 tokens) and past
- * the 256-token block of Q4_K, Q5_K and Q6_K (n_in 256, 300 tokens),
+ * tails of 4, 2 and 1, F16: 16 rows x 6 with tails 5 (5 tokens), 3 (13), 4 + 3 (7) and 4 + 4 (8),
+ * its 12-token blocks at n_in 16384 and 192-token blocks at n_in 256, whose last one holds a
+ * single token at 193; IQ4_XS meets every tail, 1 to 6), one past the 1 MiB token block (n_in
+ * 16384, 70 tokens) and past the 256-token block of Q4_K, Q5_K and Q6_K (n_in 256, 300 tokens),
  * accumulate on and off; the K-quants only where n_in is whole super-blocks, Q6_K also at its
  * integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
 {
     const int64_t n_ins[] = {32, 256, 576, 2048, 16384};
     const int64_t n_outs[] = {1, 7, 16, 33, 70};
-    const int64_t n_toks[] = {1, 2, 3, 4, 7, 8, 12, 13, 17, 70, 300};
+    const int64_t n_toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17, 70, 193, 300};
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ai = 0; ai < 5; ai++)
             for (size_t bi = 0; bi < 5; bi++)
                 for (size_t ci = 0; ci < sizeof n_toks / sizeof n_toks[0]; ci++) {
                     const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
                     if ((n_tok == 70) != (n_in == 16384 && n_out == 33) ||
-                        (n_tok == 300) != (n_in == 256 && n_out == 33))
+                        (n_tok == 300 || n_tok == 193) != (n_in == 256 && n_out == 33))
                         continue;
                     const int kq = types[ti] == SH_DTYPE_Q6_K;
                     if (sh__cpu_type_k(types[ti]) && n_in % SH_QK_K)
