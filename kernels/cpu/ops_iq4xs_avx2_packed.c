@@ -3,8 +3,9 @@
  * vector of the super-block). The 4-bit codes are looked up in the grid (vpshufb) once per tile;
  * per token, Q8_0's sign trick (vpmaddubsw of |g| against a * sign(g), a pair sum at most
  * 2 * 127 * 127, so two would not fit int16) and a vpmaddwd with the sub-block's scale that widens
- * every step. Prefill tiles of NT tokens and a decode matvec that walks several row groups side by
- * side with software prefetch, as ops_q4k_avx2_packed.c. */
+ * every step. A decode matvec that walks several row groups side by side with software prefetch, as
+ * ops_q4k_avx2_packed.c; tiles of NT tokens for a few tokens; for more, a sweep that looks each
+ * half super-block up once per block of tokens (xs_sweep). */
 #include <string.h>
 
 #include "kernels/cpu/avx2_store.h"
@@ -31,8 +32,13 @@ _Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arr
  * each line prefetched MV_PF_DIST bytes ahead into L2. */
 #define MV_STREAMS 2
 #define MV_PF_DIST 8192
-/* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
+/* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes
+ * (TOK_BLOCK_BYTES for the tiles, XS_BLOCK_BYTES for the sweep: half the 512 KiB L2 of Zen 3, where
+ * 1 MiB ran 1.07-1.18x slower at 512 tokens). */
 #define TOK_BLOCK_BYTES (1 << 20)
+#ifndef XS_BLOCK_BYTES
+#define XS_BLOCK_BYTES (1 << 18)
+#endif
 
 INL __m256i bcast4(const void *p)
 {
@@ -159,14 +165,178 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
             sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
-/* A matvec as above; otherwise token blocks outermost (their Q8_K rows stay in L2), then row
- * groups and halves, then token tiles (a group's packed super-blocks, nb * 2176 bytes, stay in
- * L1/L2 while the block's tiles pass over them). */
+/* ---- the sweep of many tokens: each half super-block looked up once per token block ---------- */
+
+/* Tokens per tile of the sweep. The tile reads the grid values and their absolute values from the
+ * unpacked copy in L1, so it holds per token only its 32-bit sum, beside the absolute values, the
+ * sub-block's scales and two temporaries. */
+#ifndef XS_NT
+#define XS_NT 10
+#endif
+_Static_assert(XS_NT >= 8 && XS_NT <= 12, "the tail cases go up to 7, the tile's sums fit 16 YMM");
+/* At most this many tokens per block: their float sums (32 bytes each) wait on the stack. */
+#define XS_TOK_MAX 256
+/* Fewer tokens than this go through the tiles above: the lookup and its stores cost about as much
+ * per step as one token's own work (2048 x 2048, the sweep against the tiles: 0.70x at 2 tokens,
+ * 0.83x at 4, 1.1x at 8). */
+#ifndef XS_SWEEP_MIN
+#define XS_SWEEP_MIN 8
+#endif
+
+/* One half super-block looked up: step 8j + 2k + n (n the nibble) holds the grid values g of the
+ * 8 rows' codes 32j + 16n + 4k .. + 3 (the tiles' order above), sign[] g and abs[] |g|; sc[j]
+ * sub-block j's scales as sub_scale makes them, d the rows' fp16 d. */
+typedef struct xs_half {
+    __m256i sign[64], abs[64], sc[8];
+    __m256 d;
+} xs_half;
+
+INL void xs_unpack(const uint8_t *pb, const int h, xs_half *u)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i grid = iq4_grid();
+    const __m256i sl = _mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_IQ4XS_SL + 32 * h));
+    const __m256i sh =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_SH + 16 * h)));
+    for (int j = 0; j < 8; j++) {
+        u->sc[j] = sub_scale(sl, sh, j);
+        const uint8_t *pv = pb + SH_CPU_PACK_IQ4XS_CODES + 256 * j + 32 * h;
+        for (int k = 0; k < 4; k++) {
+            const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * k));
+            const __m256i q0 = _mm256_shuffle_epi8(grid, _mm256_and_si256(x, m4));
+            const __m256i q1 =
+                _mm256_shuffle_epi8(grid, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+            u->sign[8 * j + 2 * k] = q0;
+            u->sign[8 * j + 2 * k + 1] = q1;
+            u->abs[8 * j + 2 * k] = _mm256_abs_epi8(q0);
+            u->abs[8 * j + 2 * k + 1] = _mm256_abs_epi8(q1);
+        }
+    }
+    u->d = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_D + 16 * h)));
+}
+
+/* The unpacked half super-block u against tokens ab[0 .. nt - 1] (their Q8_K blocks), added to
+ * acc[i] (on the stack): per token and step a broadcast, vpsignb (g from L1), vpmaddubsw, vpmaddwd
+ * and vpaddd, the same integers as sb_half and its float step. */
+INL void xs_tile(const xs_half *u, const sh_block_q8_k *const *ab, const int nt, __m256 *acc)
+{
+    __m256i ia[XS_NT];
+    for (int i = 0; i < nt; i++)
+        ia[i] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; j++) {
+        const __m256i sc = u->sc[j];
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; v++) {
+            const __m256i aq = _mm256_load_si256(u->abs + 8 * j + v);
+            const int off = 32 * j + 16 * (v % 2) + 4 * (v / 2);
+            for (int i = 0; i < nt; i++) {
+                const __m256i s = _mm256_sign_epi8(bcast4(ab[i]->qs + off),
+                                                   _mm256_load_si256(u->sign + 8 * j + v));
+                SH_AVX2_ADD32(ia[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, s), sc));
+            }
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        const __m256 r = _mm256_loadu_ps((const float *)(acc + i));
+        _mm256_storeu_ps((float *)(acc + i),
+                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]),
+                                         _mm256_mul_ps(u->d, _mm256_set1_ps(ab[i]->d)), r));
+    }
+}
+
+/* Super-block b of tokens t .. t1 - 1 (block-relative acc) in tiles of XS_NT and one tail tile. */
+INL void xs_tiles(const xs_half *u, const sh__cpu_act *a, int64_t nb, int64_t b, int64_t t,
+                  int64_t t1, __m256 *acc)
+{
+    const sh_block_q8_k *ab[XS_NT];
+    for (; t + XS_NT <= t1; t += XS_NT, acc += XS_NT) {
+        for (int i = 0; i < XS_NT; i++)
+            ab[i] = a->qk + (t + i) * nb + b;
+        xs_tile(u, ab, XS_NT, acc);
+    }
+    const int n = (int)(t1 - t);
+    for (int i = 0; i < n; i++)
+        ab[i] = a->qk + (t + i) * nb + b;
+    switch (n) {
+    case 11:
+        xs_tile(u, ab, 11 < XS_NT ? 11 : 1, acc);
+        break;
+    case 10:
+        xs_tile(u, ab, 10 < XS_NT ? 10 : 1, acc);
+        break;
+    case 9:
+        xs_tile(u, ab, 9 < XS_NT ? 9 : 1, acc);
+        break;
+    case 8:
+        xs_tile(u, ab, 8 < XS_NT ? 8 : 1, acc);
+        break;
+    case 7:
+        xs_tile(u, ab, 7, acc);
+        break;
+    case 6:
+        xs_tile(u, ab, 6, acc);
+        break;
+    case 5:
+        xs_tile(u, ab, 5, acc);
+        break;
+    case 4:
+        xs_tile(u, ab, 4, acc);
+        break;
+    case 3:
+        xs_tile(u, ab, 3, acc);
+        break;
+    case 2:
+        xs_tile(u, ab, 2, acc);
+        break;
+    case 1:
+        xs_tile(u, ab, 1, acc);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Token blocks of about XS_BLOCK_BYTES of activations (at most XS_TOK_MAX tokens) outermost, then
+ * row groups and halves, then super-blocks: each half super-block is looked up once (4 KiB, in
+ * L1) for all the block's tokens, whose float sums wait on the stack. */
+INL void xs_sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1)
+{
+    const sh__cpu_act *a = m->a;
+    const int64_t nb = a->n_in / SH_QK_K, n_tok = a->n_tok;
+    int64_t tb = (int64_t)(XS_BLOCK_BYTES / ((size_t)nb * sizeof(sh_block_q8_k)));
+    tb = tb < 1 ? 1 : tb > XS_TOK_MAX ? XS_TOK_MAX : tb;
+    __m256 acc[XS_TOK_MAX];
+    xs_half u;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++)
+            for (int h = 0; h < 2; h++) {
+                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
+                    continue;
+                for (int64_t t = t0; t < t1; t++)
+                    acc[t - t0] = _mm256_setzero_ps();
+                const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+                for (int64_t b = 0; b < nb; b++) {
+                    xs_unpack(w + (size_t)b * SH_CPU_PACK_IQ4XS_BYTES, h, &u);
+                    xs_tiles(&u, a, nb, b, t0, t1, acc);
+                }
+                for (int64_t t = t0; t < t1; t++)
+                    sh__avx2_store_half(m, g, h, r0, r1, t, acc[t - t0]);
+            }
+    }
+}
+
+/* A matvec as above; a few tokens in the tiles above; more in the sweep. */
 TGT void sh__cpu_avx2_mmp_iq4_xs(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
     if (n_tok == 1) {
         SH_AVX2_MATVEC(mv_groups, MV_STREAMS, m, r0, r1);
+        return;
+    }
+    if (n_tok >= XS_SWEEP_MIN) {
+        xs_sweep(m, r0, r1);
         return;
     }
     SH_AVX2_TILE_SWEEP(tile_half, NT, TOK_BLOCK_BYTES,

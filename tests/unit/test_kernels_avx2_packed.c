@@ -108,11 +108,13 @@ static void check_unpack(sh_dtype type, const uint8_t *src, const uint8_t *p, in
 }
 
 /* Ragged rows (padding rows, masked stores, a range starting inside a half), token counts
- * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/Q5_K: 5, Q8_0/IQ4_NL: 6, IQ4_XS: 7, Q6_K: 8 with
- * tails of 4, 2 and 1, F16: 16 rows x 6 with tails 5 (5 tokens), 3 (13), 4 + 3 (7) and 4 + 4 (8),
- * its 12-token blocks at n_in 16384 and 192-token blocks at n_in 256, whose last one holds a
- * single token at 193; IQ4_XS meets every tail, 1 to 6), one past the 1 MiB token block (n_in
- * 16384, 70 tokens) and past the 256-token block of Q4_K, Q5_K and Q6_K (n_in 256, 300 tokens),
+ * around the tiles (Q4_0/Q4_1: 3 tokens, Q4_K/Q5_K: 5, Q8_0/IQ4_NL: 6, IQ4_XS: 7 below 8 tokens,
+ * 10 from 8 on, Q6_K: 8 with tails of 4, 2 and 1, F16: 16 rows x 6 with tails 5 (5 tokens), 3
+ * (13), 4 + 3 (7) and 4 + 4 (8), its 12-token blocks at n_in 16384 and 192-token blocks at n_in
+ * 256, whose last one holds a single token at 193; IQ4_XS meets the tails 1 to 6 below 8 tokens,
+ * 8, 2, 3, 7, 4 and 6 above), one past the 1 MiB token block (n_in 16384, 70 tokens: IQ4_XS's
+ * 256 KiB block holds 14) and past the 256-token block of Q4_K, Q5_K, Q6_K and IQ4_XS (n_in 256,
+ * 300 tokens),
  * accumulate on and off; the K-quants only where n_in is whole super-blocks, Q6_K also at its
  * integer extreme (n_in 2048, 70 rows). */
 static void test_vs_ref(void)
@@ -352,8 +354,8 @@ static void test_iq4nl_extremes(void)
     uint8_t *p =
         aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_IQ4_NL, n_out, n_in) + 63) & ~63ull);
     sh__cpu_pack(SH_DTYPE_IQ4_NL, w.t.data, n_out, n_in, p);
-    const int64_t n_toks[] = {1, 2, 7};
-    for (int ci = 0; ci < 3; ci++) {
+    const int64_t n_toks[] = {1, 2, 7, 8, 9, 11, 15, 19};
+    for (size_t ci = 0; ci < sizeof n_toks / sizeof n_toks[0]; ci++) {
         const int64_t n_tok = n_toks[ci];
         float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
         for (int64_t t = 0; t < n_tok; t++)
@@ -371,7 +373,7 @@ static void test_iq4nl_extremes(void)
  * rows of code 15 (113) with every ls 63 (scale 31), against constant activations (Q8_K codes all
  * -127): every vpmaddubsw pair sum of the code-0 rows is 2 * 127 * 127 (two would not fit int16)
  * and the integer sum per super-block 2^27 in magnitude; random rows beside them, 1, 2 and 7
- * tokens. */
+ * tokens (the tiles), 8, 9, 11, 15 and 19 (the sweep's tiles of 10 and its tails 8, 9, 1, 5, 9). */
 static void test_iq4xs_extremes(void)
 {
     const int64_t n_in = 512, n_out = 35, nb = n_in / SH_QK_K;
@@ -392,8 +394,8 @@ static void test_iq4xs_extremes(void)
     uint8_t *p =
         aligned_alloc(64, (sh__cpu_pack_bytes(SH_DTYPE_IQ4_XS, n_out, n_in) + 63) & ~63ull);
     sh__cpu_pack(SH_DTYPE_IQ4_XS, w.t.data, n_out, n_in, p);
-    const int64_t n_toks[] = {1, 2, 7};
-    for (int ci = 0; ci < 3; ci++) {
+    const int64_t n_toks[] = {1, 2, 7, 8, 9, 11, 15, 19};
+    for (size_t ci = 0; ci < sizeof n_toks / sizeof n_toks[0]; ci++) {
         const int64_t n_tok = n_toks[ci];
         float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
         for (int64_t t = 0; t < n_tok; t++)
