@@ -6,8 +6,7 @@
  * vpmaddwd applies the 6-bit scale every four code vectors (the 5-bit codes' pair sums reach
  * 2 * 31 * 128, so eight of them would not fit int16), the minimums from the Q8_K block sums;
  * prefill through k4_sweep (avx2_k4.h: each half super-block unpacked once into L1 for a block
- * of tokens, tiles of K4_NT), and a decode matvec that walks several row groups side by side with
- * software prefetch. */
+ * of tokens, tiles of K4_NT), and a decode matvec that walks several row groups side by side. */
 #include <string.h>
 
 #include "kernels/cpu/avx2_k4.h"
@@ -20,29 +19,15 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* Tokens sb_half takes at once: the matvec passes one (the multi-token path is k4_sweep in
- * avx2_k4.h, whose tiles read codes unpacked once per half super-block). */
-#ifndef NT
-#define NT 1
-#endif
-/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
- * prefetches each line it will read MV_PF_DIST bytes ahead into L2: Q4_K's settings, measured
- * there on the kernel alone
- * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
- * alternated in one process, best of 6-8 sweeps, shared 2-vCPU Sapphire Rapids VM whose load
- * varied 2x between runs), as a fraction of the file layout's rate in the same run: 4 streams
- * with T0 prefetches 1 KiB ahead (the Q4_0 kernel's) 0.75-0.88, 4 KiB ahead 0.86-0.90; T1 (to L2)
- * 8 KiB ahead 0.88-1.07; at T1 8 KiB, 8 streams 0.91-0.98, 1 stream 1.0-1.2, 2 streams 0.93-1.44
- * (4 runs: 1.29, 1.44, 0.97, 1.02, where 1 stream had 1.01, 1.10, 1.04, 1.02). In cache (one
- * 2048 x 2048 copy) the packed matvec is 1.35-1.45x the file layout's. */
+/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c), without
+ * software prefetch: on the 2-vCPU AVX2-only AMD EPYC (Zen 3), the kernel alone (1 thread, 16
+ * copies of a 5632 x 2048 or 2048 x 5632 weight, 46 MB, variants alternated in one process,
+ * thread CPU time, best of 8; load 4-6), the settings tuned on Sapphire Rapids (2 streams, T1
+ * prefetches 8 KiB ahead) read 5.1-6.1 GB/s, 1-2 KiB ahead 5.9-6.9, 16 KiB ahead 6.8-6.9, T0
+ * 5.9-6.1, and with no prefetch 1 stream 6.7-7.8, 2 streams 7.0-9.3, 3 streams 7.6-10.0, 4
+ * 7.5-9.5, 6 6.5-7.8: the hardware prefetchers follow the streams better alone. */
 #ifndef MV_STREAMS
-#define MV_STREAMS 2
-#endif
-#ifndef MV_PF_DIST
-#define MV_PF_DIST 8192
-#endif
-#ifndef MV_PF_HINT
-#define MV_PF_HINT _MM_HINT_T1
+#define MV_STREAMS 3
 #endif
 /* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
 #define TOK_BLOCK_BYTES (1 << 20)
@@ -66,75 +51,65 @@ INL __m256i high_bit(__m256i hb, const int j)
     return _mm256_and_si256(_mm256_srli_epi16(hb, j - 4), b4);
 }
 
-/* One super-block (at pb) of half h against tokens ab[0 .. nt - 1] (their Q8_K blocks), added to
- * acc[i]. Per row and token (q the 5-bit codes, a the Q8_K codes with scale da and 16-element
- * sums bsums):
+/* One super-block (at pb) of half h against the token's Q8_K block a, added to acc. Per row (q
+ * the 5-bit codes, a the Q8_K codes with scale da and 16-element sums bsums):
  *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact)
  *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
  *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
  * A vpmaddubsw pair sum is at most 2 * 31 * 128 = 7936 in magnitude, so the 16-bit sums add 4 of
  * them (31744) before vpmaddwd applies the scale and widens: no saturation. isum < 8 * 63 * 32 *
- * 31 * 128 < 2^26 and |msum| < 2^21. The float steps are the same for a token alone and in any
- * tile, and the integers are exact in any order, so a token's output does not depend on its
- * tile, the row split or the matvec.
- * With pf set (the matvec, half 0), the line MV_PF_DIST bytes past each code line and past the
- * header line of a sub-block pair is prefetched as the pair's low sub-block reads it, and the qh
- * lines as sub-block 0 reads them (each line of the super-block once). */
-INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
-                 __m256 *acc, const int pf)
+ * 31 * 128 < 2^26 and |msum| < 2^21. The float steps are k4_tile's, and the integers are exact in
+ * any order, so a token's output does not depend on the path, its tile or the row split.
+ * Sub-blocks go in pairs (2k, 2k + 1): each code vector is loaded once for both nibbles and each
+ * qh vector once per pair, both fifth bits shifted out of it in registers. The activation pointer
+ * is opaque to the compiler at each call (GCC 12 otherwise hoisted the 64 broadcasts out of the
+ * streams' loop into stack copies, reloaded for every use). */
+INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *ab, __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const uint8_t *ph = pb + SH_CPU_PACK_Q5K_QH + 32 * h;
+    const int8_t *qa = ab->qs;
+    __asm__ volatile("" : "+r"(qa));
     q4k_half s;
     decode_half(pb, h, &s);
-    __m256i ia[NT];
-    for (int i = 0; i < nt; i++) {
-        ia[i] = _mm256_setzero_si256();
-    }
-    /* unrolled so that j's parity and the scale index are constants */
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-        const uint8_t *pv = pb + SH_CPU_PACK_Q5K_CODES + 512 * (j / 2) + 32 * h;
-        if (pf && j % 2 == 0)
-            _mm_prefetch((const char *)pb + 64 * (j / 2) + MV_PF_DIST, MV_PF_HINT);
-        __m256i s16[NT];
+    __m256i ia = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *pv = pb + SH_CPU_PACK_Q5K_CODES + 512 * k + 32 * h;
+        __m256i lo16 = _mm256_setzero_si256(), hi16 = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int v = 0; v < 8; v++) {
-            if (pf && j % 2 == 0)
-                _mm_prefetch((const char *)pv + 64 * v + MV_PF_DIST, MV_PF_HINT);
-            if (pf && j == 0)
-                _mm_prefetch((const char *)ph + 64 * v + MV_PF_DIST, MV_PF_HINT);
             const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * v));
             const __m256i hb = _mm256_loadu_si256((const void *)(ph + 64 * v));
-            const __m256i q = _mm256_or_si256(
-                _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4), high_bit(hb, j));
-            for (int i = 0; i < nt; i++) {
-                const __m256i p = _mm256_maddubs_epi16(q, bcast4(ab[i]->qs + 32 * j + 4 * v));
-                if (v % 4)
-                    ADD16(s16[i], p);
-                else
-                    s16[i] = p;
+            const __m256i ql = _mm256_or_si256(_mm256_and_si256(x, m4), high_bit(hb, 2 * k));
+            const __m256i qu = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4),
+                                               high_bit(hb, 2 * k + 1));
+            const __m256i pl = _mm256_maddubs_epi16(ql, bcast4(qa + 64 * k + 4 * v));
+            const __m256i pu = _mm256_maddubs_epi16(qu, bcast4(qa + 64 * k + 32 + 4 * v));
+            if (v % 4) {
+                ADD16(lo16, pl);
+                ADD16(hi16, pu);
+            } else {
+                lo16 = pl;
+                hi16 = pu;
             }
-            if (v % 4 == 3)
-                for (int i = 0; i < nt; i++) {
-                    ia[i] = _mm256_add_epi32(ia[i], _mm256_madd_epi16(s16[i], s.sc[j]));
-                    PIN(ia[i]);
-                }
+            if (v % 4 == 3) {
+                SH_AVX2_ADD32(ia, _mm256_madd_epi16(lo16, s.sc[2 * k]));
+                SH_AVX2_ADD32(ia, _mm256_madd_epi16(hi16, s.sc[2 * k + 1]));
+            }
         }
     }
-    for (int i = 0; i < nt; i++) {
-        const int16_t *bs = ab[i]->bsums;
-        __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
-        __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
-        for (int k = 2; k < 8; k += 2) {
-            ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
-            ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
-        }
-        const __m256 da = _mm256_set1_ps(ab[i]->d);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]), _mm256_mul_ps(s.d, da), acc[i]);
-        acc[i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
-                                  _mm256_mul_ps(s.dmin, da), acc[i]);
+    const int16_t *bs = ab->bsums;
+    __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
+    __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
+    for (int k = 2; k < 8; k += 2) {
+        ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
+        ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
     }
+    const __m256 da = _mm256_set1_ps(ab->d);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s.d, da), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
+                            _mm256_mul_ps(s.dmin, da), *acc);
 }
 
 /* Half h of the super-block at pb as k4_tile's code vectors: the low four bits of sub-block 2k
@@ -173,8 +148,8 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         for (int k = 0; k < ns; k++) {
             const uint8_t *pb =
                 m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_Q5K_BYTES;
-            sb_half(pb, 0, &ab, 1, &acc[k][0], 1);
-            sb_half(pb, 1, &ab, 1, &acc[k][1], 0);
+            sb_half(pb, 0, ab, &acc[k][0]);
+            sb_half(pb, 1, ab, &acc[k][1]);
         }
     }
     for (int k = 0; k < ns; k++)
