@@ -21,11 +21,12 @@
 
 /* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c), without
  * software prefetch: on the 2-vCPU AVX2-only AMD EPYC (Zen 3), the kernel alone (1 thread, 16
- * copies of a 5632 x 2048 or 2048 x 5632 weight, 46 MB, variants alternated in one process,
- * thread CPU time, best of 8; load 4-6), the settings tuned on Sapphire Rapids (2 streams, T1
- * prefetches 8 KiB ahead) read 5.1-6.1 GB/s, 1-2 KiB ahead 5.9-6.9, 16 KiB ahead 6.8-6.9, T0
- * 5.9-6.1, and with no prefetch 1 stream 6.7-7.8, 2 streams 7.0-9.3, 3 streams 7.6-10.0, 4
- * 7.5-9.5, 6 6.5-7.8: the hardware prefetchers follow the streams better alone. */
+ * copies of a 5632 x 2048 or 2048 x 5632 weight, 127 MB, variants alternated in one process,
+ * thread CPU time, best of 8; 3 runs, load 4-6), the settings tuned on Sapphire Rapids (2 streams,
+ * T1 prefetches 8 KiB ahead) read 5.1-6.1 GB/s, 1-2 KiB ahead 5.2-6.9, 4 KiB 6.5-6.7, 16 KiB
+ * 6.8-6.9, T0 5.9-6.1, and with no prefetch 1 stream 6.7-7.8, 2 streams 7.0-9.3, 3 streams
+ * 6.9-10.0 (above 2 streams in 5 of 6), 4 7.3-9.5, 6 6.5-7.8: the hardware prefetchers follow
+ * the streams better alone. */
 #ifndef MV_STREAMS
 #define MV_STREAMS 3
 #endif
