@@ -4,8 +4,7 @@
  * broadcast 4-byte slice of the token's Q8_K codes, one vpmaddwd per sub-block that widens them
  * and applies the 6-bit scale, the minimums from the Q8_K block sums; prefill through k4_sweep
  * (avx2_k4.h: each half super-block unpacked once into L1 for a block of tokens, tiles of K4_NT),
- * and a decode matvec that walks several row groups side by side with software prefetch (as
- * ops_avx2_packed.c does for Q4_0 / Q4_1). */
+ * and a decode matvec that walks several row groups side by side. */
 #include <string.h>
 
 #include "kernels/cpu/avx2_k4.h"
@@ -18,23 +17,15 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c) and
- * prefetches each line it will read MV_PF_DIST bytes ahead into L2. Measured on the kernel alone
- * (1 thread, 80 copies of a 5632 x 2048 weight, 520 MB, variants and the file-layout matvec
- * alternated in one process, best of 6-8 sweeps, shared 2-vCPU Sapphire Rapids VM whose load
- * varied 2x between runs), as a fraction of the file layout's rate in the same run: 4 streams
- * with T0 prefetches 1 KiB ahead (the Q4_0 kernel's) 0.75-0.88, 4 KiB ahead 0.86-0.90; T1 (to L2)
- * 8 KiB ahead 0.88-1.07; at T1 8 KiB, 8 streams 0.91-0.98, 1 stream 1.0-1.2, 2 streams 0.93-1.44
- * (4 runs: 1.29, 1.44, 0.97, 1.02, where 1 stream had 1.01, 1.10, 1.04, 1.02). In cache (one
- * 2048 x 2048 copy) the packed matvec is 1.35-1.45x the file layout's. */
+/* The decode matvec walks MV_STREAMS row groups side by side (as ops_avx2_packed.c), without
+ * software prefetch, as the Q5_K kernel: on the 2-vCPU AVX2-only AMD EPYC (Zen 3), `bench_kernels
+ * --only mv --layout packed --isa 2 --threads 1 --types Q4_K` (tinyllama's three shapes, weights
+ * cycled from DRAM, GB/s; 2 rounds alternated, load 1.1) read 5.7-8.8 with the settings tuned on
+ * Sapphire Rapids (2 streams, T1 prefetches 8 KiB ahead; there they had measured 0.88-1.44 of
+ * the file layout's rate), 7.2-8.7 with those settings and each broadcast shared by both halves
+ * (mv_groups), and 8.7-11.0 with 3 streams and no prefetch. */
 #ifndef MV_STREAMS
-#define MV_STREAMS 2
-#endif
-#ifndef MV_PF_DIST
-#define MV_PF_DIST 8192
-#endif
-#ifndef MV_PF_HINT
-#define MV_PF_HINT _MM_HINT_T1
+#define MV_STREAMS 3
 #endif
 /* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes. */
 #define TOK_BLOCK_BYTES (1 << 20)
@@ -88,9 +79,7 @@ INL __m256 mv_finish(const q4k_half *s, __m256i ia, const sh_block_q8_k *ab, __m
  * spilled to the stack: 19% more instructions in callgrind). A sub-block's 16-bit sums add 8
  * vpmaddubsw pairs, each at most 2 * 15 * 128 in magnitude, so at most 30720: no saturation. The
  * integer sums are exact in any order and the float steps are k4_tile's (mv_finish), so each
- * (row, token) gets the tiles' result, bit for bit. The line MV_PF_DIST bytes past each code
- * line and header line is prefetched as the super-block's even sub-blocks read it (each line
- * once). */
+ * (row, token) gets the tiles' result, bit for bit. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -107,8 +96,6 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         for (int k = 0; k < ns; k++) {
             pb[k] =
                 m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_Q4K_BYTES;
-            for (int l = 0; l < 4; l++) /* the header's 4 lines */
-                _mm_prefetch((const char *)pb[k] + 64 * l + MV_PF_DIST, MV_PF_HINT);
             decode_half(pb[k], 0, &s[k][0]);
             decode_half(pb[k], 1, &s[k][1]);
             ia[k][0] = ia[k][1] = _mm256_setzero_si256();
@@ -121,8 +108,6 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
                 const __m256i a = bcast4(ab->qs + 32 * j + 4 * v);
                 for (int k = 0; k < ns; k++) {
                     const uint8_t *pv = pb[k] + SH_CPU_PACK_Q4K_CODES + 512 * (j / 2) + 64 * v;
-                    if (j % 2 == 0)
-                        _mm_prefetch((const char *)pv + MV_PF_DIST, MV_PF_HINT);
                     for (int h = 0; h < 2; h++) {
                         const __m256i x = _mm256_loadu_si256((const void *)(pv + 32 * h));
                         const __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, m4);
