@@ -463,8 +463,9 @@ do
   local ids, steps = {}, {}
   for i, speculative in ipairs({ true, { n_max = 1 } }) do
     -- How many drafts an uncapped step takes follows the measured step costs (under ASan once
-    -- one a step): its run is tried up to 3 times for a step that carries more.
-    for _ = 1, i == 1 and 3 or 1 do
+    -- one a step; with another ASan test beside it, the clean-clone CI at 74f86ff saw one draft a
+    -- step in 3 runs): its run is tried up to 10 times for a step that carries more.
+    for _ = 1, i == 1 and 10 or 1 do
       local d0, t0 = spec_counts()
       ids[i] = run_spec({ prompt = rep, max_tokens = 48, speculative = speculative })
       local d1, t1 = spec_counts()
