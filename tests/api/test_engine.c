@@ -1229,7 +1229,23 @@ static void test_spec(void)
     double drafted = metric_value(m, "shoal_spec_draft_tokens_total");
     double steps = metric_value(m, "shoal_spec_drafts_total");
     CHECK(drafted > 0);
-    CHECK(drafted > steps); /* uncapped, some steps carry more than one draft */
+    /* Uncapped, some steps carry more than one draft. The batcher's k follows the measured step
+     * costs, so on a loaded machine (ASan beside other tests) a run may draft one token a step
+     * throughout: the repetitive prompt is run again, up to 10 times in all, each run checked
+     * against the plain output. */
+    for (int run = 1; run < 10 && !(drafted > steps); run++) {
+        static seen again;
+        init_seen(&again, eng);
+        submit_prompt(eng, prompts[0], 48, &again);
+        run_all(eng);
+        CHECK_INT_EQ(again.n_ids, off[0].n_ids);
+        CHECK(memcmp(again.ids, off[0].ids, (size_t)off[0].n_ids * 4) == 0);
+        CHECK_OK(sh_metrics_snapshot(eng, m, sizeof m, &len));
+        drafted = metric_value(m, "shoal_spec_draft_tokens_total");
+        steps = metric_value(m, "shoal_spec_drafts_total");
+    }
+    if (!(drafted > steps))
+        SH_FAIL_("uncapped speculation: %g drafted tokens in %g drafting steps", drafted, steps);
     CHECK(metric_value(m, "shoal_spec_accepted_tokens_total") > 0);
     sh_request_opts r = sh_request_opts_default();
     r.prompt = prompts[0];
