@@ -13,6 +13,14 @@
 #include "base/error.h"
 #include "base/file.h"
 
+/* One all-reduce enqueued on the stream. */
+struct llama_ar {
+    sh_llama_ctx *c;
+    float *buf;
+    size_t n;
+    int32_t layer;
+};
+
 struct sh_llama_ctx {
     const sh_llama *m;
     sh_backend *be;
@@ -46,6 +54,13 @@ struct sh_llama_ctx {
     size_t qoff[SH_LLAMA_TP_PARTS], kvoff[SH_LLAMA_TP_PARTS]; /* each part's block */
     sh_error cerr;                                            /* a failed collective's message */
     bool cfailed;
+    /* The all-reduces of a forward pass, each run by the backend's thread when its stream
+     * reaches it (host_fn): the host enqueues a whole pass without waiting for the backend at
+     * every collective, and the backend's thread is never left idle between a collective and
+     * the next op. ar_fail: the layer whose all-reduce failed (-1: none this pass). */
+    struct llama_ar *ar;
+    int32_t n_ar, max_ar, ar_layer, ar_fail;
+    sh_err ar_rc;
     int32_t *ids; // (max_tokens) token ids
     int32_t *pos; // (max_tokens) positions
     // MoE layers only (hp.n_expert > 0; else NULL):
@@ -181,8 +196,15 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->be = be;
     c->o = o;
     c->last = o.exit_layer ? o.exit_layer : m->last;
-    if (tp->size > 1)
+    c->ar_fail = -1;
+    if (tp->size > 1) {
         c->comm = o.comm;
+        c->max_ar = 2 * (c->last - m->first) + 2; /* attention and FFN (or MoE) per layer */
+        if (!(c->ar = calloc((size_t)c->max_ar, sizeof *c->ar))) {
+            free(c);
+            return sh__error_set(e, SH_ENOMEM, "llama: out of memory");
+        }
+    }
     const sh_llama_hparams *hp = &m->hp;
     size_t T = (size_t)o.max_tokens, f = sizeof(float);
     size_t qd = (size_t)tp->n_heads * hp->head_dim, kvd = (size_t)tp->n_kv_heads * hp->head_dim;
@@ -326,6 +348,7 @@ void sh_llama_ctx_destroy(sh_llama_ctx *c)
     free(c->top1);
     free(c->top1_part);
     free(c->top1_all);
+    free(c->ar);
     free(c);
 }
 
@@ -456,15 +479,46 @@ static sh_err project_add(sh_llama_ctx *c, const sh_tensor *w, const float *in,
     return sh_backend_add(c->be, c->st, c->x, c->y, n, c->x);
 }
 
+/* Runs on the backend's thread in stream order; after a failure the pass's later all-reduces are
+ * skipped (the group is broken) and the host reports the first at its sync. */
+static void allreduce_fn(void *arg)
+{
+    const struct llama_ar *a = arg;
+    sh_llama_ctx *c = a->c;
+    if (c->ar_fail >= 0)
+        return;
+    sh_err rc = c->comm.allreduce(c->comm.ud, a->buf, a->n, &c->cerr);
+    if (rc) {
+        c->ar_rc = rc;
+        c->ar_fail = a->layer;
+    }
+}
+
 /* Sums buf (n floats) over the ranks of a tensor-parallel group, in place, once the ops enqueued
- * so far have run; a failure keeps the collective's message for the forward call's error. */
+ * so far have run: in stream order on the backend's thread (allreduce_fn), or, where the backend
+ * has no host functions, on this thread after a sync. A failure keeps the collective's message
+ * for the forward call's error. */
 static sh_err allreduce(sh_llama_ctx *c, float *buf, size_t n)
 {
+    if (c->n_ar < c->max_ar) {
+        struct llama_ar *a = &c->ar[c->n_ar];
+        *a = (struct llama_ar){c, buf, n, c->ar_layer};
+        sh_err err = sh_backend_host_fn(c->be, c->st, allreduce_fn, a);
+        if (err != SH_EUNSUPPORTED) {
+            c->n_ar += err == SH_OK;
+            return err;
+        }
+    }
     sh_err err = sh_backend_sync(c->be, c->st);
-    if (!err && (err = c->comm.allreduce(c->comm.ud, buf, n, &c->cerr)))
+    if (!err && c->ar_fail >= 0)
+        err = c->ar_rc; /* an enqueued one failed: the group is broken */
+    else if (!err && (err = c->comm.allreduce(c->comm.ud, buf, n, &c->cerr)))
         c->cfailed = true;
     return err;
 }
+
+/* After a sync: the error of an enqueued all-reduce that failed (SH_OK: none did). */
+static sh_err ar_failed(const sh_llama_ctx *c) { return c->ar_fail >= 0 ? c->ar_rc : SH_OK; }
 
 /* A tensor-parallel rank's row-parallel projection: y = sum over its parts in[p] w[p]^T, the
  * partial sums added over the ranks, then x += y, or x += rmsnorm(y) * post_norm (gemma3: the
@@ -628,6 +682,8 @@ static sh_err gather_logits(sh_llama_ctx *c, int32_t n_out)
     const sh_llama_tp *tp = &c->m->tp;
     const size_t pad = (size_t)n_out * (size_t)tp->vocab_pad, V = (size_t)c->m->hp.n_vocab;
     sh_err err = sh_backend_sync(c->be, c->st);
+    if (!err)
+        err = ar_failed(c);
     if (!err && (err = c->comm.allgather(c->comm.ud, c->lg_local, pad * sizeof(float), c->gather,
                                          &c->cerr)))
         c->cfailed = true;
@@ -651,6 +707,8 @@ static sh_err top1_of(sh_llama_ctx *c, const float *lg, int32_t n_out)
 {
     const sh_llama_tp *tp = &c->m->tp;
     sh_err err = sh_backend_sync(c->be, c->st);
+    if (!err)
+        err = ar_failed(c);
     if (err)
         return err;
     for (int32_t i = 0; i < n_out; i++) {
@@ -703,6 +761,8 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     if (err)
         return err;
     sh_attn_batch ab = {b->n_seqs, c->seqs};
+    c->n_ar = 0;
+    c->ar_fail = -1;
     const char *what = "copy";
     int32_t at = -1; // layer of the failing op, -1 outside the blocks
     size_t row = (size_t)hp->dim * sizeof(float);
@@ -721,7 +781,7 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
         goto fail;
     }
     for (int32_t l = m->first; l < c->last; l++)
-        if ((err = layer(c, l, &ab, n_tok, &what))) {
+        if ((c->ar_layer = l), (err = layer(c, l, &ab, n_tok, &what))) {
             at = l;
             goto fail;
         }
@@ -779,6 +839,8 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     }
     if ((err = sh_backend_sync(be, st)))
         return sh__error_set(e, err, "llama: backend failed during the forward pass");
+    if ((err = ar_failed(c)))
+        goto fail;
     c->cfailed = false;
     for (int32_t l = m->first; l < c->last && hp->n_expert > 0; l++)
         for (int32_t x = 0; x < hp->n_expert; x++) {
@@ -800,6 +862,12 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     return SH_OK;
 fail:
     sh_backend_sync(be, st); // drain what was enqueued before the failing op
+    if (c->ar_fail >= 0) {   /* an enqueued all-reduce failed first */
+        c->cfailed = true;
+        at = c->ar_fail;
+        what = "all-reduce";
+        err = c->ar_rc;
+    }
     if (c->cfailed) {
         c->cfailed = false;
         return sh__error_set(e, err, "llama: layer %d: %s failed: %s", (int)at, what, c->cerr.msg);
