@@ -25,13 +25,16 @@
 #define NT 8
 #endif
 /* The decode matvec walks MV_STREAMS row groups side by side with software prefetch MV_PF_DIST
- * bytes ahead (several independent runs keep more reads in flight than one; see
- * ops_avx512_packed.c). One super-block ahead: at 1024 bytes (the Q4 kernels' distance) the
- * matvec from DRAM ran 0.76-0.85x the file-layout kernel's speed on the VM, at 2048 0.89-0.97x, at
- * one super-block 0.89-1.14x (alternated runs, ~400 MB of copies of a 2048 x 5632 weight; the
- * machine was shared, so only the ordering is trustworthy). */
+ * bytes ahead (0: none), the group's d lines prefetched when its walk starts. Sapphire Rapids
+ * (4 streams): one super-block ahead ran 0.89-1.14x the file-layout kernel from DRAM, 1024 bytes
+ * 0.76-0.85x, 2048 0.89-0.97x. On the 2-vCPU AVX2-only AMD EPYC (Zen 3), the kernel alone (1
+ * thread, tinyllama's 2048 x 2048, 5632 x 2048, 2048 x 5632 in 16-40 copies, variants alternated
+ * in one process, thread CPU time, best of 8-10, 3 runs at load 5-7, against the kernel of
+ * before with 4 streams; this walk in each): 2 streams read 1.00-1.13x, 3 streams 0.96-1.25x, 4
+ * 0.76-0.99x, 1 stream 0.76-1.15x, 2 streams two super-blocks ahead 0.97-1.15x, 2 streams without
+ * prefetch 0.83-1.04x: unlike Q4_K and Q5_K (3 streams, no prefetch), Q6_K keeps its prefetch. */
 #ifndef MV_STREAMS
-#define MV_STREAMS 4
+#define MV_STREAMS 2
 #endif
 #ifndef MV_PF_DIST
 #define MV_PF_DIST SH_CPU_PACK_Q6K_BLOCK
@@ -82,16 +85,6 @@ INL void unpack_half(const uint8_t *wb, int s, int h, __m256i c[4], __m256i *sc)
     *sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b));
 }
 
-/* sc_s sum_{i in s} q_i a_i of the 8 rows for one token (aq: its codes of sub-block s). */
-INL __m256i dot_unit(const __m256i c[4], __m256i sc, const int8_t *aq)
-{
-    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], bcast4(aq)),
-                                         _mm256_maddubs_epi16(c[1], bcast4(aq + 4)));
-    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], bcast4(aq + 8)),
-                                         _mm256_maddubs_epi16(c[3], bcast4(aq + 12)));
-    return _mm256_add_epi32(_mm256_madd_epi16(s01, sc), _mm256_madd_epi16(s23, sc));
-}
-
 /* The scales of sub-blocks 2j and 2j + 1 of rows 8h .. 8h + 7 as int16 pairs, lane r holding row
  * 8h + r's (sc_2j, sc_2j+1): one vpmaddwd with a token's (bsum_2j, bsum_2j+1) gives both terms of
  * its offset. */
@@ -118,6 +111,23 @@ INL void offsets_half(const uint8_t *wb, int h, const sh_block_q8_k *ab, int64_t
     }
     for (int i = 0; i < nt; i++)
         iacc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o[i], 5));
+}
+
+/* offsets_half of both halves for one token (o[h]): the scales of sub-blocks 2j and 2j + 1 of
+ * the 16 rows are two 16-byte loads, interleaved once for each half. */
+INL void offsets_both(const uint8_t *wb, const sh_block_q8_k *ab, __m256i *i0, __m256i *i1)
+{
+    __m256i o0 = _mm256_setzero_si256(), o1 = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *p = wb + SH_CPU_PACK_Q6K_SC + 32 * j;
+        const __m128i lo = _mm_loadu_si128((const void *)p),
+                      hi = _mm_loadu_si128((const void *)(p + 16));
+        const __m256i bs = bcast4(ab->bsums + 2 * j);
+        SH_AVX2_ADD32(o0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi)), bs));
+        SH_AVX2_ADD32(o1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpackhi_epi8(lo, hi)), bs));
+    }
+    *i0 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o0, 5));
+    *i1 = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o1, 5));
 }
 
 /* acc + (d_r da) I for super-block b of half h (wd: the group's d). */
@@ -152,9 +162,51 @@ INL void tile_sb(const uint8_t *wb, const uint8_t *wd, int64_t b, int h, const _
         acc[i] = scale_add(wd, b, h, ab[i * nb].d, iacc[i], acc[i]);
 }
 
+/* One half of a unit (u: its first code vector) for one token (aq: its codes of the sub-block),
+ * sc_s sum q_i a_i of the 8 rows added to ia: each code vector is made right before its
+ * vpmaddubsw and the pair sums are scaled as soon as they are complete, so few values are live at
+ * once (the two halves' sums, their scales and the masks stay in registers). */
+INL void mv_half(const uint8_t *u, __m256i sc, const int8_t *aq, __m256i *ia)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i hb = _mm256_loadu_si256((const void *)(u + 128));
+    const __m256i z0 = _mm256_loadu_si256((const void *)u);
+    __m256i p = _mm256_maddubs_epi16(
+        _mm256_or_si256(_mm256_and_si256(z0, m0f), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+        bcast4(aq));
+    SH_AVX2_ADD16(
+        p, _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z0, 4), m0f),
+                                                _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                                bcast4(aq + 4)));
+    SH_AVX2_ADD32(*ia, _mm256_madd_epi16(p, sc));
+    const __m256i z1 = _mm256_loadu_si256((const void *)(u + 64));
+    p = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(z1, m0f), _mm256_and_si256(hb, m30)),
+                             bcast4(aq + 8));
+    SH_AVX2_ADD16(
+        p, _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z1, 4), m0f),
+                                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                                bcast4(aq + 12)));
+    SH_AVX2_ADD32(*ia, _mm256_madd_epi16(p, sc));
+}
+
+/* Unit s of both halves for one token (aq: its codes of sub-block s), added to the sums i0 (rows
+ * 0 .. 7) and i1 (rows 8 .. 15). */
+INL void mv_unit(const uint8_t *wb, int s, const int8_t *aq, __m256i *i0, __m256i *i1)
+{
+    const __m256i w = _mm256_permute4x64_epi64(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(wb + SH_CPU_PACK_Q6K_SC + 16 * s))),
+        0xd8);
+    const uint8_t *u = wb + SH_CPU_PACK_Q6K_UNITS + s * SH_CPU_PACK_Q6K_UNIT;
+    mv_half(u, _mm256_unpacklo_epi16(w, w), aq, i0);
+    mv_half(u + 32, _mm256_unpackhi_epi16(w, w), aq, i1);
+}
+
 /* One token, groups g0 + k step (k < ns) side by side, a super-block of each in turn, both halves
- * unit by unit (one ascending walk of the super-block); each (row, token) gets tile_sb's float
- * steps in tile_sb's order. */
+ * unit by unit (one ascending walk of the super-block); each (row, token) gets tile_sb's integers
+ * and its float steps in its order. The offsets of both halves share their scale loads
+ * (offsets_both), a unit's 16 scales are one load for both halves (mv_unit) and its code vectors
+ * are made one at a time (mv_half): callgrind on `bench_kernels --quick --only mv --isa 2 -t 1
+ * --types Q6_K`, 1.996G -> 1.782G instructions in the kernel. */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -170,25 +222,22 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         for (int k = 0; k < ns; k++) {
             const uint8_t *wb = w[k] + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
             const uint8_t *wd = w[k] + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
-            if (b % 2 == 0) /* the d: 64 bytes per two super-blocks */
-                _mm_prefetch((const char *)(wd + b * 32) + 128, MV_PF_HINT);
-            __m256i iacc[2];
-            offsets_half(wb, 0, ab, 0, 1, iacc);
-            offsets_half(wb, 1, ab, 0, 1, iacc + 1);
+            if (b == 0) /* the group's d, read one 32-byte row of it per super-block */
+                for (int64_t l = 0; l < nb * 32; l += 64)
+                    _mm_prefetch((const char *)wd + l, MV_PF_HINT);
+            __m256i i0, i1;
+            offsets_both(wb, ab, &i0, &i1);
             for (int qq = 0; qq < 4; qq++) {
                 /* a quarter of the super-block's 52 lines, MV_PF_DIST ahead */
-                const char *pf = (const char *)wb + 13 * 64 * qq + MV_PF_DIST;
-                for (int l = 0; l < 13; l++)
-                    _mm_prefetch(pf + 64 * l, MV_PF_HINT);
-                for (int s = 4 * qq; s < 4 * qq + 4; s++)
-                    for (int h = 0; h < 2; h++) {
-                        __m256i c[4], sc;
-                        unpack_half(wb, s, h, c, &sc);
-                        iacc[h] = _mm256_add_epi32(iacc[h], dot_unit(c, sc, ab->qs + 16 * s));
-                    }
+                for (int l = 0; MV_PF_DIST > 0 && l < 13; l++)
+                    _mm_prefetch((const char *)wb + 13 * 64 * qq + MV_PF_DIST + 64 * l, MV_PF_HINT);
+                mv_unit(wb, 4 * qq, ab->qs + 64 * qq, &i0, &i1);
+                mv_unit(wb, 4 * qq + 1, ab->qs + 64 * qq + 16, &i0, &i1);
+                mv_unit(wb, 4 * qq + 2, ab->qs + 64 * qq + 32, &i0, &i1);
+                mv_unit(wb, 4 * qq + 3, ab->qs + 64 * qq + 48, &i0, &i1);
             }
-            for (int h = 0; h < 2; h++)
-                acc[k][h] = scale_add(wd, b, h, ab->d, iacc[h], acc[k][h]);
+            acc[k][0] = scale_add(wd, b, 0, ab->d, i0, acc[k][0]);
+            acc[k][1] = scale_add(wd, b, 1, ab->d, i1, acc[k][1]);
         }
     }
     for (int k = 0; k < ns; k++)
