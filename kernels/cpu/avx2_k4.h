@@ -82,10 +82,30 @@ SH_AVX2_K4_INL __m256i k4_bcast4(const void *p)
  * beside them only the code vector and the broadcast. callgrind, one 210-token call on a 2048 x
  * 2048 weight: Q4_K 112.0M instructions for 5 tokens, 115.9M for 6, 117.5M for 7 (Q5_K 126.4M,
  * 132.2M, 130.8M); timed (best of 10, 2 alternated rounds) 5 and 6 alike, 7 up to 8% slower. */
+#ifndef K4_NT
 #define K4_NT 5
+#endif
 /* At most this many tokens per block of the sweep: their float sums (32 bytes each) live on the
  * stack while a row group's half passes over its super-blocks. */
 #define K4_TOK_MAX 256
+
+/* A token's minimum term and float steps for one half super-block (see k4_tile). */
+SH_AVX2_K4_INL void k4_finish(const q4k_half *s, const sh_block_q8_k *ab, __m256i ia, __m256 *acc)
+{
+    const int16_t *bs = ab->bsums;
+    __m256i ms0 = _mm256_madd_epi16(s->mp[0], k4_bcast4(bs));
+    __m256i ms1 = _mm256_madd_epi16(s->mp[1], k4_bcast4(bs + 2));
+    for (int k = 2; k < 8; k += 2) {
+        ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s->mp[k], k4_bcast4(bs + 2 * k)));
+        ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s->mp[k + 1], k4_bcast4(bs + 2 * k + 2)));
+    }
+    const __m256 da = _mm256_set1_ps(ab->d);
+    __m256 r = _mm256_loadu_ps((const float *)acc);
+    r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s->d, da), r);
+    r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)), _mm256_mul_ps(s->dmin, da),
+                         r);
+    _mm256_storeu_ps((float *)acc, r);
+}
 
 /* One unpacked half super-block (q: vector 8j + v holds sub-block j's codes 4v .. 4v + 3 of the
  * 8 rows, one byte each, s its scales) against tokens ab[0 .. nt - 1] (their Q8_K blocks), added
@@ -121,64 +141,100 @@ SH_AVX2_K4_INL void k4_tile(const __m256i *q, const q4k_half *s, const sh_block_
                     SH_AVX2_ADD32(ia[i], _mm256_madd_epi16(s16[i], s->sc[j]));
         }
     }
-    for (int i = 0; i < nt; i++) {
-        const int16_t *bs = ab[i]->bsums;
-        __m256i ms0 = _mm256_madd_epi16(s->mp[0], k4_bcast4(bs));
-        __m256i ms1 = _mm256_madd_epi16(s->mp[1], k4_bcast4(bs + 2));
-        for (int k = 2; k < 8; k += 2) {
-            ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s->mp[k], k4_bcast4(bs + 2 * k)));
-            ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s->mp[k + 1], k4_bcast4(bs + 2 * k + 2)));
-        }
-        const __m256 da = _mm256_set1_ps(ab[i]->d);
-        __m256 r = _mm256_loadu_ps((const float *)(acc + i));
-        r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[i]), _mm256_mul_ps(s->d, da), r);
-        r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
-                             _mm256_mul_ps(s->dmin, da), r);
-        _mm256_storeu_ps((float *)(acc + i), r);
-    }
+    for (int i = 0; i < nt; i++)
+        k4_finish(s, ab[i], ia[i], acc + i);
 }
 
-/* Super-block b of tokens t .. t1 - 1 (block-relative acc) in tiles of K4_NT and one tail tile
- * (each tail size its own compile-time case). */
+/* Tokens per tile of runs of 4 (Q5_K, k4_rtile). With the token loop inside the runs the tile
+ * holds 4 code vectors, the scale and one int32 sum per token (k4_tile held a 16-bit and a 32-bit
+ * sum per token and spilled). GCC 12, per 32-byte step of the unrolled tile: 4.42 instructions at
+ * 33ac572's k4_tile (5 tokens, 39 vector stores to the stack per tile), 4.10 for 5 tokens (13
+ * stores), 4.24 for 6 (26), 4.50 for 7 (28); on the 2-vCPU EPYC, 2048 x 2048 and 2048 x 5632 at 512
+ * tokens, 5 ran fastest of 5 to 7. */
+#ifndef K4_RNT
+#define K4_RNT 5
+#endif
+/* The tile for runs of 4 (Q5_K's 5-bit codes): run r (code vectors 4r .. 4r + 3, sub-block r / 2)
+ * is the outer loop and its four code vectors stay in registers while each token in turn adds its
+ * four vpmaddubsw pair sums in 16 bits and applies the sub-block's scale, so a token holds only its
+ * int32 sum. The integer sums are k4_tile's (exact in any order) and the float steps the same. */
+SH_AVX2_K4_INL void k4_rtile(const __m256i *q, const q4k_half *s, const sh_block_q8_k *const *ab,
+                             const int nt, __m256 *acc)
+{
+    __m256i ia[K4_RNT];
+    for (int i = 0; i < nt; i++)
+        ia[i] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        const __m256i x0 = _mm256_load_si256(q + 4 * r), x1 = _mm256_load_si256(q + 4 * r + 1);
+        const __m256i x2 = _mm256_load_si256(q + 4 * r + 2), x3 = _mm256_load_si256(q + 4 * r + 3);
+        for (int i = 0; i < nt; i++) {
+            const int8_t *pa = ab[i]->qs + 16 * r;
+            __m256i p = _mm256_maddubs_epi16(x0, k4_bcast4(pa));
+            ADD16(p, _mm256_maddubs_epi16(x1, k4_bcast4(pa + 4)));
+            ADD16(p, _mm256_maddubs_epi16(x2, k4_bcast4(pa + 8)));
+            ADD16(p, _mm256_maddubs_epi16(x3, k4_bcast4(pa + 12)));
+            SH_AVX2_ADD32(ia[i], _mm256_madd_epi16(p, s->sc[r / 2]));
+        }
+    }
+    for (int i = 0; i < nt; i++)
+        k4_finish(s, ab[i], ia[i], acc + i);
+}
+
+/* The tail tile of n tokens (n < 8), each size its own compile-time case. */
+#define K4_TAIL(n, tile, ntmax, ...)                                                               \
+    switch (n) {                                                                                   \
+    case 7:                                                                                        \
+        tile(q, s, ab, 7 < (ntmax) ? 7 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        tile(q, s, ab, 6 < (ntmax) ? 6 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        tile(q, s, ab, 5 < (ntmax) ? 5 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        tile(q, s, ab, 4 < (ntmax) ? 4 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        tile(q, s, ab, 3 < (ntmax) ? 3 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        tile(q, s, ab, 2 < (ntmax) ? 2 : 1, __VA_ARGS__);                                          \
+        break;                                                                                     \
+    case 1:                                                                                        \
+        tile(q, s, ab, 1, __VA_ARGS__);                                                            \
+        break;                                                                                     \
+    default:                                                                                       \
+        break;                                                                                     \
+    }
+
+/* Super-block b of tokens t .. t1 - 1 (block-relative acc) in tiles of K4_NT (K4_RNT for runs of
+ * 4) and one tail tile (each tail size its own compile-time case). */
 SH_AVX2_K4_INL void k4_tiles(const __m256i *q, const q4k_half *s, const sh__cpu_act *a, int64_t nb,
                              int64_t b, int64_t t, int64_t t1, const int run, __m256 *acc)
 {
-    const sh_block_q8_k *ab[K4_NT];
-    for (; t + K4_NT <= t1; t += K4_NT, acc += K4_NT) {
-        for (int i = 0; i < K4_NT; i++)
+    _Static_assert(K4_NT <= 8 && K4_RNT <= 8, "the tail cases go up to 7");
+    const sh_block_q8_k *ab[8];
+    const int ntile = run == 4 ? K4_RNT : K4_NT;
+    for (; t + ntile <= t1; t += ntile, acc += ntile) {
+        for (int i = 0; i < ntile; i++)
             ab[i] = a->qk + (t + i) * nb + b;
-        k4_tile(q, s, ab, K4_NT, run, acc);
+        if (run == 4)
+            k4_rtile(q, s, ab, K4_RNT, acc);
+        else
+            k4_tile(q, s, ab, K4_NT, run, acc);
     }
     const int n = (int)(t1 - t);
     for (int i = 0; i < n; i++)
         ab[i] = a->qk + (t + i) * nb + b;
-    _Static_assert(K4_NT <= 8, "the tail cases go up to 7");
-    switch (n) {
-    case 7:
-        k4_tile(q, s, ab, 7 < K4_NT ? 7 : 1, run, acc);
-        break;
-    case 6:
-        k4_tile(q, s, ab, 6 < K4_NT ? 6 : 1, run, acc);
-        break;
-    case 5:
-        k4_tile(q, s, ab, 5 < K4_NT ? 5 : 1, run, acc);
-        break;
-    case 4:
-        k4_tile(q, s, ab, 4 < K4_NT ? 4 : 1, run, acc);
-        break;
-    case 3:
-        k4_tile(q, s, ab, 3 < K4_NT ? 3 : 1, run, acc);
-        break;
-    case 2:
-        k4_tile(q, s, ab, 2 < K4_NT ? 2 : 1, run, acc);
-        break;
-    case 1:
-        k4_tile(q, s, ab, 1, run, acc);
-        break;
-    default:
-        break;
+    if (run == 4) {
+        K4_TAIL(n, k4_rtile, K4_RNT, acc)
+    } else {
+        K4_TAIL(n, k4_tile, K4_NT, run, acc)
     }
 }
+#undef K4_TAIL
 
 /* The multi-token product of a packed Q4_K or Q5_K weight (super-blocks of sb_bytes; unpack(pb,
  * h, q) writes half h of the super-block at pb as k4_tile's 64 code vectors): token blocks of

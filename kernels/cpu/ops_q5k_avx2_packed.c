@@ -6,7 +6,8 @@
  * vpmaddwd applies the 6-bit scale every four code vectors (the 5-bit codes' pair sums reach
  * 2 * 31 * 128, so eight of them would not fit int16), the minimums from the Q8_K block sums;
  * prefill through k4_sweep (avx2_k4.h: each half super-block unpacked once into L1 for a block
- * of tokens, tiles of K4_NT), and a decode matvec that walks several row groups side by side. */
+ * of tokens, tiles of K4_RNT that hold each run of four code vectors for all their tokens), and a
+ * decode matvec that walks several row groups side by side. */
 #include <string.h>
 
 #include "kernels/cpu/avx2_k4.h"
@@ -165,7 +166,7 @@ INL void matvec(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 
 /* A matvec as above; otherwise k4_sweep: token blocks of up to 256 tokens outermost, then row
  * groups and halves, then super-blocks, each half super-block unpacked once for the block's
- * tokens, in tiles of K4_NT. */
+ * tokens, in tiles of K4_RNT. */
 TGT void sh__cpu_avx2_mmp_q5_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const int64_t n_tok = m->a->n_tok;
