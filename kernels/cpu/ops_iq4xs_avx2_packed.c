@@ -3,9 +3,10 @@
  * vector of the super-block). The 4-bit codes are looked up in the grid (vpshufb) once per tile;
  * per token, Q8_0's sign trick (vpmaddubsw of |g| against a * sign(g), a pair sum at most
  * 2 * 127 * 127, so two would not fit int16) and a vpmaddwd with the sub-block's scale that widens
- * every step. A decode matvec that walks several row groups side by side with software prefetch, as
- * ops_q4k_avx2_packed.c; tiles of NT tokens for a few tokens; for more, a sweep that looks each
- * half super-block up once per block of tokens (xs_sweep). */
+ * every step. A decode matvec that walks several row groups side by side without software
+ * prefetch, both halves of a super-block sharing each activation broadcast (mv_sb); tiles of NT
+ * tokens for a few tokens; for more, a sweep that looks each half super-block up once per block of
+ * tokens (xs_sweep). */
 #include <string.h>
 
 #include "kernels/cpu/avx2_store.h"
@@ -28,10 +29,11 @@
 #define NT 7
 #endif
 _Static_assert(NT >= 1 && NT <= 8, "tiles of up to 8 tokens (the accumulator arrays, the tail)");
-/* The decode matvec: Q4_K's settings (ops_q4k_avx2_packed.c), MV_STREAMS groups side by side,
- * each line prefetched MV_PF_DIST bytes ahead into L2. */
-#define MV_STREAMS 2
-#define MV_PF_DIST 8192
+/* The decode matvec walks MV_STREAMS row groups side by side without software prefetch, the
+ * Q4_K and Q5_K kernels' finding on the 2-vCPU Zen 3 EPYC (ops_q4k_avx2_packed.c). */
+#ifndef MV_STREAMS
+#define MV_STREAMS 3
+#endif
 /* Activation bytes of a token block: its Q8_K rows stay in L2 while every row group passes
  * (TOK_BLOCK_BYTES for the tiles, XS_BLOCK_BYTES for the sweep: half the 512 KiB L2 of Zen 3, where
  * 1 MiB ran 1.07-1.18x slower at 512 tokens). */
@@ -74,20 +76,15 @@ INL __m256i sub_scale(__m256i sl, __m256i sh, const int j)
  * A step's vpmaddwd lane is at most 2 * 2 * 127 * 127 * 32 in magnitude, |isum| <= 256 * 127 *
  * 127 * 32 < 2^28. The float step is the same for a token alone and in any tile, and the integers
  * are exact in any order, so a token's output does not depend on its tile, the row split or the
- * matvec. With pf set (the matvec, half 0) each line of the super-block is prefetched MV_PF_DIST
- * bytes ahead as it is read. */
+ * matvec. */
 INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab, const int nt,
-                 __m256 *acc, const int pf)
+                 __m256 *acc)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i grid = iq4_grid();
     const __m256i sl = _mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_IQ4XS_SL + 32 * h));
     const __m256i sh =
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_SH + 16 * h)));
-    if (pf) {
-        _mm_prefetch((const char *)pb + MV_PF_DIST, _MM_HINT_T1);
-        _mm_prefetch((const char *)pb + 64 + MV_PF_DIST, _MM_HINT_T1);
-    }
     __m256i ia[NT];
     for (int i = 0; i < nt; i++)
         ia[i] = _mm256_setzero_si256();
@@ -97,8 +94,6 @@ INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *const *ab,
         const uint8_t *pv = pb + SH_CPU_PACK_IQ4XS_CODES + 256 * j + 32 * h;
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            if (pf)
-                _mm_prefetch((const char *)pv + 64 * k + MV_PF_DIST, _MM_HINT_T1);
             const __m256i x = _mm256_loadu_si256((const void *)(pv + 64 * k));
 #pragma GCC unroll 2
             for (int half = 0; half < 2; half++) {
@@ -134,12 +129,63 @@ INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1
         ab[i] = a->qk + (t0 + i) * nb;
     }
     for (int64_t b = 0; b < nb; b++) {
-        sb_half(w + (size_t)b * SH_CPU_PACK_IQ4XS_BYTES, h, ab, nt, acc, 0);
+        sb_half(w + (size_t)b * SH_CPU_PACK_IQ4XS_BYTES, h, ab, nt, acc);
         for (int i = 0; i < nt; i++)
             ab[i]++;
     }
     for (int i = 0; i < nt; i++)
         sh__avx2_store_half(m, g, h, r0, r1, t0 + i, acc[i]);
+}
+
+/* One super-block (at pb) of both halves against one token's Q8_K block ab, added to acc[h]:
+ * sb_half's integers and float step for each half, the two halves side by side so that each
+ * activation broadcast serves both (their code vectors are the two halves of one cache line). The
+ * activation pointer is opaque to the compiler at each call (as in ops_q5k_avx2_packed.c: GCC
+ * otherwise hoists broadcasts out of the streams' loop into stack copies). */
+INL void mv_sb(const uint8_t *pb, const sh_block_q8_k *ab, __m256 *acc)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i grid = iq4_grid();
+    const int8_t *qa = ab->qs;
+    __asm__ volatile("" : "+r"(qa));
+    __m256i ia0 = _mm256_setzero_si256(), ia1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m256i sh0 =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_SH)));
+        const __m256i sh1 =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_SH + 16)));
+        const __m256i sc0 =
+            sub_scale(_mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_IQ4XS_SL)), sh0, j);
+        const __m256i sc1 =
+            sub_scale(_mm256_loadu_si256((const void *)(pb + SH_CPU_PACK_IQ4XS_SL + 32)), sh1, j);
+        const uint8_t *pv = pb + SH_CPU_PACK_IQ4XS_CODES + 256 * j;
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i x0 = _mm256_loadu_si256((const void *)(pv + 64 * k));
+            const __m256i x1 = _mm256_loadu_si256((const void *)(pv + 64 * k + 32));
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; half++) {
+                const __m256i a = bcast4(qa + 32 * j + 16 * half + 4 * k);
+                const __m256i q0 = _mm256_shuffle_epi8(
+                    grid, _mm256_and_si256(half ? _mm256_srli_epi16(x0, 4) : x0, m4));
+                const __m256i q1 = _mm256_shuffle_epi8(
+                    grid, _mm256_and_si256(half ? _mm256_srli_epi16(x1, 4) : x1, m4));
+                SH_AVX2_ADD32(ia0, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q0),
+                                                                          _mm256_sign_epi8(a, q0)),
+                                                     sc0));
+                SH_AVX2_ADD32(ia1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q1),
+                                                                          _mm256_sign_epi8(a, q1)),
+                                                     sc1));
+            }
+        }
+    }
+    const __m256 da = _mm256_set1_ps(ab->d);
+    const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_D)));
+    const __m256 d1 =
+        _mm256_cvtph_ps(_mm_loadu_si128((const void *)(pb + SH_CPU_PACK_IQ4XS_D + 16)));
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia0), _mm256_mul_ps(d0, da), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia1), _mm256_mul_ps(d1, da), acc[1]);
 }
 
 /* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves;
@@ -153,12 +199,10 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const sh_block_q8_k *ab = m->a->qk + b;
-        for (int k = 0; k < ns; k++) {
-            const uint8_t *pb =
-                m->w + (size_t)(g0 + k * step) * m->row_bytes + (size_t)b * SH_CPU_PACK_IQ4XS_BYTES;
-            sb_half(pb, 0, &ab, 1, &acc[k][0], 1);
-            sb_half(pb, 1, &ab, 1, &acc[k][1], 0);
-        }
+        for (int k = 0; k < ns; k++)
+            mv_sb(m->w + (size_t)(g0 + k * step) * m->row_bytes +
+                      (size_t)b * SH_CPU_PACK_IQ4XS_BYTES,
+                  ab, acc[k]);
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)
