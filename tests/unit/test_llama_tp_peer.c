@@ -21,7 +21,7 @@
 
 typedef struct rank_run {
     int32_t rank;
-    int32_t passes;   /* forward passes this rank runs before it leaves (or fails) */
+    int32_t passes; /* forward passes this rank runs before it leaves (or fails) */
     sh_coll_inproc *g;
     int32_t ok;       /* passes that succeeded */
     float first[512]; /* the first logits of each pass's last row, pass by pass (up to 8) */
@@ -54,8 +54,8 @@ static void *rank_main(void *arg)
                       .timeout_ms = TIMEOUT_MS,
                       .max_bytes = GROUP_BYTES,
                       .inproc = r->g};
-    if (sh_llama_load(sh_test_path(STORIES), &lo, &m, &e) ||
-        sh_backend_cpu_create(&bo, &be, &e) || sh_coll_create(SH_COLL_SHM, &o, &coll, &e)) {
+    if (sh_llama_load(sh_test_path(STORIES), &lo, &m, &e) || sh_backend_cpu_create(&bo, &be, &e) ||
+        sh_coll_create(SH_COLL_SHM, &o, &coll, &e)) {
         snprintf(r->msg[0], sizeof r->msg[0], "setup: %s", e.msg);
         goto out;
     }
@@ -72,7 +72,10 @@ static void *rank_main(void *arg)
         blocks[i] = i;
     }
     for (int32_t p = 0; p < r->passes && fails < 2; p++) {
-        sh_llama_seq s = {.tokens = tokens, .n_tokens = 16, .pos0 = 16 * p, .blocks = blocks,
+        sh_llama_seq s = {.tokens = tokens,
+                          .n_tokens = 16,
+                          .pos0 = 16 * p,
+                          .blocks = blocks,
                           .want_logits = true};
         sh_llama_batch b = {.n_seqs = 1, .seqs = &s};
         sh_llama_out out;
