@@ -125,27 +125,31 @@ static void test_vs_ref(void)
     const int64_t n_toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 17, 23, 70, 193, 300};
     for (size_t ti = 0; ti < N_TYPES; ti++)
         for (size_t ai = 0; ai < 5; ai++)
-            for (size_t bi = 0; bi < 5; bi++)
+            for (size_t bi = 0; bi < 5; bi++) {
+                const int64_t n_in = n_ins[ai], n_out = n_outs[bi];
+                if (sh__cpu_type_k(types[ti]) && n_in % SH_QK_K)
+                    continue;
+                /* one weight for every token count (quantizing weights was most of this test's
+                 * time) */
+                const int extreme = types[ti] == SH_DTYPE_Q6_K && n_in == 2048 && n_out == 70;
+                wmat w = make_w(types[ti], n_out, n_in);
+                if (extreme)
+                    make_extreme_q6k(&w, n_out, n_in, NULL, 0);
+                const size_t gb = sh__cpu_pack_group_bytes(types[ti], n_in);
+                const size_t pbytes = sh__cpu_pack_bytes(types[ti], n_out, n_in);
+                uint8_t *p = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
+                sh__cpu_pack(types[ti], w.t.data, n_out, n_in, p);
+                check_unpack(types[ti], w.t.data, p, n_out, n_in);
                 for (size_t ci = 0; ci < sizeof n_toks / sizeof n_toks[0]; ci++) {
-                    const int64_t n_in = n_ins[ai], n_out = n_outs[bi], n_tok = n_toks[ci];
+                    const int64_t n_tok = n_toks[ci];
                     if ((n_tok == 70) != (n_in == 16384 && n_out == 33) ||
                         (n_tok == 300 || n_tok == 193) != (n_in == 256 && n_out == 33) ||
                         (n_tok == 23 && n_out != 33))
                         continue;
-                    const int kq = types[ti] == SH_DTYPE_Q6_K;
-                    if (sh__cpu_type_k(types[ti]) && n_in % SH_QK_K)
-                        continue;
-                    wmat w = make_w(types[ti], n_out, n_in);
                     float *x = malloc((size_t)(n_tok * n_in) * sizeof(float));
                     fill(x, n_tok * n_in, 1.0f);
-                    if (kq && n_in == 2048 && n_out == 70)
+                    if (extreme)
                         make_extreme_q6k(&w, n_out, n_in, x, n_tok);
-                    const size_t gb = sh__cpu_pack_group_bytes(types[ti], n_in);
-                    const size_t pbytes = sh__cpu_pack_bytes(types[ti], n_out, n_in);
-                    uint8_t *p = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
-                    sh__cpu_pack(types[ti], w.t.data, n_out, n_in, p);
-                    if (ci == 0)
-                        check_unpack(types[ti], w.t.data, p, n_out, n_in);
                     acts A = make_acts(n_tok, n_in, x);
                     const size_t ny = (size_t)(n_tok * n_out);
                     float *y0 = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
@@ -154,6 +158,15 @@ static void test_vs_ref(void)
                     sh__cpu_mm mr = {&A.a, w.t.data, sh__dtype_row_bytes(types[ti], (uint64_t)n_in),
                                      yr,   n_out,    0};
                     sh__cpu_mm_for(&sh__cpu_kernels_ref, types[ti])(&mr, 0, n_out);
+                    /* sum_k |w||x| of every (token, row), once for the six checks below */
+                    double *sabs = malloc(ny * sizeof(double));
+                    for (int64_t t = 0; t < n_tok; t++)
+                        for (int64_t r = 0; r < n_out; r++) {
+                            double sa = 0;
+                            for (int64_t k = 0; k < n_in; k++)
+                                sa += fabs((double)w.deq[r * n_in + k] * A.x[t * n_in + k]);
+                            sabs[t * n_out + r] = sa;
+                        }
                     const int64_t ranges[3][2] = {
                         {0, n_out}, {16, n_out}, {3, n_out < 20 ? n_out : 20}};
                     for (int ri = 0; ri < 3; ri++)
@@ -174,12 +187,10 @@ static void test_vs_ref(void)
                                                      (long long)r, (long long)r0, (long long)r1);
                                         continue;
                                     }
-                                    double sa = 0;
-                                    for (int64_t k = 0; k < n_in; k++)
-                                        sa += fabs((double)w.deq[r * n_in + k] * A.x[t * n_in + k]);
                                     const double want =
                                         yr[t * n_out + r] + (accum ? y0[t * n_out + r] : 0.0f);
-                                    const double e = fabs(got - want) / (sa + 1e-30);
+                                    const double e =
+                                        fabs(got - want) / (sabs[t * n_out + r] + 1e-30);
                                     if (!(e <= worst))
                                         worst = e;
                                 }
@@ -190,29 +201,43 @@ static void test_vs_ref(void)
                                          (long long)n_out, (long long)n_tok, (long long)r0,
                                          (long long)r1, accum, worst);
                         }
-                    /* each token alone (the matvec path) gives the tile's bits */
+                    /* each token alone (the matvec path) gives the tile's bits: its rows of the
+                     * codes (quantized row by row, so the same as a batch of one would have), its
+                     * own transposed tile */
                     memcpy(y, y0, ny * sizeof(float));
                     sh__cpu_mm mp = {&A.a, p, gb, y, n_out, 0};
                     packed_fn[ti](&mp, 0, n_out);
+                    float *xt1 = malloc((size_t)(16 * n_in) * sizeof(float));
                     for (int64_t t = 0; t < n_tok; t++) {
-                        acts one = make_acts(1, n_in, A.x + t * n_in);
-                        sh__cpu_mm m1 = {&one.a, p, gb, y1, n_out, 0};
+                        const int64_t nb = n_in / 32;
+                        sh__cpu_act one = {.x = A.x + t * n_in,
+                                           .qs = A.qs + t * n_in,
+                                           .d = A.d + t * nb,
+                                           .s = A.s + t * nb,
+                                           .qk = A.qk ? A.qk + t * (n_in / SH_QK_K) : NULL,
+                                           .xt = xt1,
+                                           .n_in = n_in,
+                                           .n_tok = 1};
+                        sh__cpu_act_transpose(&one, 0, 1);
+                        sh__cpu_mm m1 = {&one, p, gb, y1, n_out, 0};
                         packed_fn[ti](&m1, 0, n_out);
                         if (memcmp(y1, y + t * n_out, (size_t)n_out * sizeof(float)))
                             SH_FAIL_("%s n_in %lld n_out %lld: token %lld alone differs",
                                      sh__dtype_name(types[ti]), (long long)n_in, (long long)n_out,
                                      (long long)t);
-                        free_acts(&one);
                     }
-                    free(p);
+                    free(xt1);
+                    free(sabs);
                     free(y0);
                     free(y);
                     free(yr);
                     free(y1);
                     free(x);
                     free_acts(&A);
-                    free_w(&w);
                 }
+                free(p);
+                free_w(&w);
+            }
 }
 
 /* Q4_K at the edge of the kernel's 16-bit sums: every code 15, every scale and minimum 63, and
