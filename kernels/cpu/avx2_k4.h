@@ -89,8 +89,14 @@ SH_AVX2_K4_INL __m256i k4_bcast4(const void *p)
  * stack while a row group's half passes over its super-blocks. */
 #define K4_TOK_MAX 256
 
-/* A token's minimum term and float steps for one half super-block (see k4_tile). */
-SH_AVX2_K4_INL void k4_finish(const q4k_half *s, const sh_block_q8_k *ab, __m256i ia, __m256 *acc)
+/* The float steps of one half super-block for one token (ab, its Q8_K block, with scale da and
+ * 16-element sums bsums), shared by the tiles and the Q4_K / Q5_K matvecs so that a token's result
+ * does not depend on the path: per row, with q the codes and a the Q8_K codes,
+ *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact: ia)
+ *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
+ *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
+ * Returns the new acc. */
+SH_AVX2_K4_INL __m256 k4_finish(const q4k_half *s, const sh_block_q8_k *ab, __m256i ia, __m256 acc)
 {
     const int16_t *bs = ab->bsums;
     __m256i ms0 = _mm256_madd_epi16(s->mp[0], k4_bcast4(bs));
@@ -100,11 +106,9 @@ SH_AVX2_K4_INL void k4_finish(const q4k_half *s, const sh_block_q8_k *ab, __m256
         ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s->mp[k + 1], k4_bcast4(bs + 2 * k + 2)));
     }
     const __m256 da = _mm256_set1_ps(ab->d);
-    __m256 r = _mm256_loadu_ps((const float *)acc);
-    r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s->d, da), r);
-    r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)), _mm256_mul_ps(s->dmin, da),
-                         r);
-    _mm256_storeu_ps((float *)acc, r);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s->d, da), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
+                            _mm256_mul_ps(s->dmin, da), acc);
 }
 
 /* One unpacked half super-block (q: vector 8j + v holds sub-block j's codes 4v .. 4v + 3 of the
@@ -142,7 +146,7 @@ SH_AVX2_K4_INL void k4_tile(const __m256i *q, const q4k_half *s, const sh_block_
         }
     }
     for (int i = 0; i < nt; i++)
-        k4_finish(s, ab[i], ia[i], acc + i);
+        acc[i] = k4_finish(s, ab[i], ia[i], acc[i]);
 }
 
 /* Tokens per tile of runs of 4 (Q5_K, k4_rtile). With the token loop inside the runs the tile
@@ -178,7 +182,7 @@ SH_AVX2_K4_INL void k4_rtile(const __m256i *q, const q4k_half *s, const sh_block
         }
     }
     for (int i = 0; i < nt; i++)
-        k4_finish(s, ab[i], ia[i], acc + i);
+        acc[i] = k4_finish(s, ab[i], ia[i], acc[i]);
 }
 
 /* The tail tile of n tokens (n < 8), each size its own compile-time case. */

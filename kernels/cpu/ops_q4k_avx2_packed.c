@@ -51,35 +51,15 @@ INL void unpack_half(const uint8_t *pb, int h, __m256i *q)
         }
 }
 
-/* The float steps of one half super-block for one token (ab, its Q8_K block, with scale da and
- * 16-element sums bsums), k4_tile's: per row, with q the 4-bit codes and a the Q8_K codes,
- *   isum = sum_j sc_j sum_{i in j} q_i a_i        (int32, exact: ia)
- *   msum = sum_j m_j (bsums_2j + bsums_2j+1)      (int32, exact)
- *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
- * isum < 8 * 63 * 32 * 15 * 128 < 2^25 and |msum| < 2^21. */
-INL __m256 mv_finish(const q4k_half *s, __m256i ia, const sh_block_q8_k *ab, __m256 acc)
-{
-    const int16_t *bs = ab->bsums;
-    __m256i ms0 = _mm256_madd_epi16(s->mp[0], bcast4(bs));
-    __m256i ms1 = _mm256_madd_epi16(s->mp[1], bcast4(bs + 2));
-    for (int k = 2; k < 8; k += 2) {
-        ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s->mp[k], bcast4(bs + 2 * k)));
-        ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s->mp[k + 1], bcast4(bs + 2 * k + 2)));
-    }
-    const __m256 da = _mm256_set1_ps(ab->d);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s->d, da), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
-                            _mm256_mul_ps(s->dmin, da), acc);
-}
-
 /* One token, groups g0 + k step (k < ns) side by side, super-block by super-block, both halves of
  * each. Per sub-block j and 4-byte activation slice v, the broadcast slice is loaded once and
  * used by all 2 ns (group, half) code vectors, each with its own 16-bit and 32-bit sums (walking
  * the halves one after another instead kept 64 broadcasts per super-block for the next half,
  * spilled to the stack: 19% more instructions in callgrind). A sub-block's 16-bit sums add 8
  * vpmaddubsw pairs, each at most 2 * 15 * 128 in magnitude, so at most 30720: no saturation. The
- * integer sums are exact in any order and the float steps are k4_tile's (mv_finish), so each
- * (row, token) gets the tiles' result, bit for bit. */
+ * integer sums are exact in any order and the float steps are the tiles' (k4_finish), so each
+ * (row, token) gets the tiles' result, bit for bit (isum < 8 * 63 * 32 * 15 * 128 < 2^25 and
+ * |msum| < 2^21). */
 INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, int64_t r0,
                    int64_t r1)
 {
@@ -128,7 +108,7 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
         }
         for (int k = 0; k < ns; k++)
             for (int h = 0; h < 2; h++)
-                acc[k][h] = mv_finish(&s[k][h], ia[k][h], ab, acc[k][h]);
+                acc[k][h] = k4_finish(&s[k][h], ab, ia[k][h], acc[k][h]);
     }
     for (int k = 0; k < ns; k++)
         for (int h = 0; h < 2; h++)

@@ -60,7 +60,7 @@ INL __m256i high_bit(__m256i hb, const int j)
  *   acc += float(isum) * (d da);  acc -= float(msum) * (dmin da).
  * A vpmaddubsw pair sum is at most 2 * 31 * 128 = 7936 in magnitude, so the 16-bit sums add 4 of
  * them (31744) before vpmaddwd applies the scale and widens: no saturation. isum < 8 * 63 * 32 *
- * 31 * 128 < 2^26 and |msum| < 2^21. The float steps are k4_tile's, and the integers are exact in
+ * 31 * 128 < 2^26 and |msum| < 2^21. The float steps are k4_finish, and the integers are exact in
  * any order, so a token's output does not depend on the path, its tile or the row split.
  * Sub-blocks go in pairs (2k, 2k + 1): each code vector is loaded once for both nibbles and each
  * qh vector once per pair, both fifth bits shifted out of it in registers. The activation pointer
@@ -101,17 +101,7 @@ INL void sb_half(const uint8_t *pb, const int h, const sh_block_q8_k *ab, __m256
             }
         }
     }
-    const int16_t *bs = ab->bsums;
-    __m256i ms0 = _mm256_madd_epi16(s.mp[0], bcast4(bs));
-    __m256i ms1 = _mm256_madd_epi16(s.mp[1], bcast4(bs + 2));
-    for (int k = 2; k < 8; k += 2) {
-        ms0 = _mm256_add_epi32(ms0, _mm256_madd_epi16(s.mp[k], bcast4(bs + 2 * k)));
-        ms1 = _mm256_add_epi32(ms1, _mm256_madd_epi16(s.mp[k + 1], bcast4(bs + 2 * k + 2)));
-    }
-    const __m256 da = _mm256_set1_ps(ab->d);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(s.d, da), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(ms0, ms1)),
-                            _mm256_mul_ps(s.dmin, da), *acc);
+    *acc = k4_finish(&s, ab, ia, *acc);
 }
 
 /* Half h of the super-block at pb as k4_tile's code vectors: the low four bits of sub-block 2k
