@@ -200,10 +200,6 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     if (tp->size > 1) {
         c->comm = o.comm;
         c->max_ar = 2 * (c->last - m->first) + 2; /* attention and FFN (or MoE) per layer */
-        if (!(c->ar = calloc((size_t)c->max_ar, sizeof *c->ar))) {
-            free(c);
-            return sh__error_set(e, SH_ENOMEM, "llama: out of memory");
-        }
     }
     const sh_llama_hparams *hp = &m->hp;
     size_t T = (size_t)o.max_tokens, f = sizeof(float);
@@ -233,7 +229,8 @@ sh_err sh_llama_ctx_create(const sh_llama *m, sh_backend *be, const sh_llama_ctx
     c->h_ids = malloc(T * sizeof *c->h_ids);
     c->h_pos = malloc(T * sizeof *c->h_pos);
     c->seqs = malloc((size_t)o.max_seqs * sizeof *c->seqs);
-    if (!c->kv || !c->h_ids || !c->h_pos || !c->seqs) {
+    c->ar = c->max_ar ? calloc((size_t)c->max_ar, sizeof *c->ar) : NULL;
+    if (!c->kv || !c->h_ids || !c->h_pos || !c->seqs || (c->max_ar && !c->ar)) {
         err = sh__error_set(e, SH_ENOMEM, "llama: out of memory");
         goto fail;
     }
@@ -495,26 +492,16 @@ static void allreduce_fn(void *arg)
 }
 
 /* Sums buf (n floats) over the ranks of a tensor-parallel group, in place, once the ops enqueued
- * so far have run: in stream order on the backend's thread (allreduce_fn), or, where the backend
- * has no host functions, on this thread after a sync. A failure keeps the collective's message
- * for the forward call's error. */
+ * so far have run: enqueued for the backend's thread (allreduce_fn; tensor parallelism runs on
+ * the cpu backend, which has host functions). A failure keeps the collective's message for the
+ * forward call's error. */
 static sh_err allreduce(sh_llama_ctx *c, float *buf, size_t n)
 {
-    if (c->n_ar < c->max_ar) {
-        struct llama_ar *a = &c->ar[c->n_ar];
-        *a = (struct llama_ar){c, buf, n, c->ar_layer};
-        sh_err err = sh_backend_host_fn(c->be, c->st, allreduce_fn, a);
-        if (err != SH_EUNSUPPORTED) {
-            c->n_ar += err == SH_OK;
-            return err;
-        }
-    }
-    sh_err err = sh_backend_sync(c->be, c->st);
-    if (!err && c->ar_fail >= 0)
-        err = c->ar_rc; /* an enqueued one failed: the group is broken */
-    else if (!err && (err = c->comm.allreduce(c->comm.ud, buf, n, &c->cerr)))
-        c->cfailed = true;
-    return err;
+    if (c->n_ar == c->max_ar)
+        return SH_EINVAL; /* more than the two a layer has */
+    struct llama_ar *a = &c->ar[c->n_ar++];
+    *a = (struct llama_ar){c, buf, n, c->ar_layer};
+    return sh_backend_host_fn(c->be, c->st, allreduce_fn, a);
 }
 
 /* After a sync: the error of an enqueued all-reduce that failed (SH_OK: none did). */
@@ -780,11 +767,13 @@ sh_err sh_llama_forward(sh_llama_ctx *c, const sh_llama_batch *b, sh_llama_out *
     } else if ((err = sh_backend_copy(be, st, c->x, b->hidden_in, (size_t)n_tok * row))) {
         goto fail;
     }
-    for (int32_t l = m->first; l < c->last; l++)
-        if ((c->ar_layer = l), (err = layer(c, l, &ab, n_tok, &what))) {
+    for (int32_t l = m->first; l < c->last; l++) {
+        c->ar_layer = l; /* for an all-reduce of this layer that fails on the backend's thread */
+        if ((err = layer(c, l, &ab, n_tok, &what))) {
             at = l;
             goto fail;
         }
+    }
     if (m->last == hp->n_layers && n_out > 0) {
         // Gather the rows whose logits are wanted, then logits = (rmsnorm(xo) * out_norm) W^T.
         const float *src = c->x;
