@@ -335,7 +335,11 @@ def bad(url):
 
 def preemption(url):
     """A KV pool too small for 8 long answers at once: sequences are preempted and recomputed
-    (their matchers replayed from the generated tokens), and every output still validates."""
+    (their matchers replayed from the generated tokens), and every output still validates.
+    The pool is 24 blocks (384 tokens): one answer at its longest (a ~35-token prompt and 300
+    out) fits alone, while 8 of the shortest the schema allows (10 strings, ~30 tokens, so ~5
+    blocks each) need 40. A 40-block pool let 8 short answers at temperature 1 all fit (CI saw
+    no preemption once)."""
     schema = {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 10,
               "maxItems": 14}
     rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
@@ -409,7 +413,7 @@ def main():
         r.case("arith", gbnf, srv.url, ARITH, "Write an arithmetic expression: ", parse_arith,
                "arith")
         r.case("csv", gbnf, srv.url, CSV, "name,city,age\n", parse_csv, "csv")
-    with su.server("--kv-blocks", "40", "--no-prefix-cache", runner=r) as srv:
+    with su.server("--kv-blocks", "24", "--no-prefix-cache", runner=r) as srv:
         r.case("preemption", preemption, srv.url)
     d = tempfile.mkdtemp(prefix="shgr-", dir="/tmp")  # ipc:// paths stay short
     try:
