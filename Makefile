@@ -50,7 +50,8 @@ generate: model build
 
 # The whole suite: format check, the Release build's tests (the serving tests drive the server
 # with the official openai client from .cache/venv, required here), the unit tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for its own time (FUZZ_SECONDS=N: N s each).
+# AddressSanitizer and UndefinedBehaviorSanitizer, then each fuzzer for its own time (FUZZ_SECONDS=N: N s each),
+# JOBS of them at once (each fuzzer is one process on one core).
 # It fetches the Gemma 3 270M file too, whose tests skip without it (test-fast does not fetch it).
 test: model model-gemma3 format-check build venv
 	cd $(BUILD) && SH_REQUIRE_OPENAI=1 ctest --output-on-failure -j $(JOBS) -LE fuzz
@@ -96,7 +97,7 @@ test-tsan: bootstrap model
 test-fuzz: bootstrap
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DSH_FUZZ=ON -DSH_CUDA=OFF -DSH_WERROR=ON -DSH_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS)
-	cd $(FUZZ_BUILD) && ctest --output-on-failure -L fuzz
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
