@@ -1196,8 +1196,8 @@ static void test_spec(void)
     CHECK_INT_EQ(sh_engine_open(&o, &eng, &e), SH_EINVAL);
     CHECK(strstr(e.msg, "opts.spec_k") != NULL);
     static const char *const prompts[] = {
-        "Once upon a time, there was a little girl named Lily. Once upon a time, there was a "
-        "little girl named Lily. Once upon a time, there was",
+        ("Once upon a time, there was a little girl named Lily. Once upon a time, there was a "
+         "little girl named Lily. Once upon a time, there was"),
         "The little cat", "Tim and Sue went to the park. Tim and Sue went to the"};
     enum { NP = 3 };
     static seen off[NP], on[NP], opt_out;

@@ -13,14 +13,23 @@ set(_sh_lua_args ${CMAKE_SOURCE_DIR}/api/lua/test_shoal_lua.lua
 if(SH_LUA_INTERP)
   set(_sh_lua_env "LUA_CPATH=$<TARGET_FILE_DIR:shoal_lua>/?.so" "LUA_PATH=")
   set(_sh_lua_preload "")
-  foreach(_rt asan ubsan tsan)
-    if((_rt STREQUAL "asan" AND SH_ASAN) OR (_rt STREQUAL "ubsan" AND SH_UBSAN)
-       OR (_rt STREQUAL "tsan" AND SH_TSAN))
-      execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=lib${_rt}.so
-                      OUTPUT_VARIABLE _sh_rt_path OUTPUT_STRIP_TRAILING_WHITESPACE)
-      list(APPEND _sh_lua_preload ${_sh_rt_path})
-    endif()
-  endforeach()
+  if(CMAKE_C_COMPILER_ID MATCHES "Clang" AND (SH_ASAN OR SH_FUZZ))
+    # clang links its sanitizer runtime into executables only: the module's host needs the
+    # shared one, which carries UBSan's and the coverage callbacks (SH_FUZZ) too.
+    execute_process(COMMAND ${CMAKE_C_COMPILER} --print-runtime-dir
+                    OUTPUT_VARIABLE _sh_rt_dir OUTPUT_STRIP_TRAILING_WHITESPACE)
+    list(APPEND _sh_lua_preload
+         ${_sh_rt_dir}/libclang_rt.asan-${CMAKE_SYSTEM_PROCESSOR}.so)
+  else()
+    foreach(_rt asan ubsan tsan)
+      if((_rt STREQUAL "asan" AND SH_ASAN) OR (_rt STREQUAL "ubsan" AND SH_UBSAN)
+         OR (_rt STREQUAL "tsan" AND SH_TSAN))
+        execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=lib${_rt}.so
+                        OUTPUT_VARIABLE _sh_rt_path OUTPUT_STRIP_TRAILING_WHITESPACE)
+        list(APPEND _sh_lua_preload ${_sh_rt_path})
+      endif()
+    endforeach()
+  endif()
   if(_sh_lua_preload)
     list(JOIN _sh_lua_preload " " _sh_lua_preload)
     list(APPEND _sh_lua_env "LD_PRELOAD=${_sh_lua_preload}")

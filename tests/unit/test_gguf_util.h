@@ -156,7 +156,12 @@ static inline int gw_value(const sh_gguf_value *v, const uint8_t *buf, size_t si
             bad += v->v.arr.vals[i].type != SH_GGUF_ARRAY;
             bad += gw_value(&v->v.arr.vals[i], buf, size, sum);
         } else {
-            *sum += (unsigned)sh_gguf_arr_u64(v, i) + (unsigned)sh_gguf_arr_f64(v, i);
+            /* the double's bits: converting a negative or huge value to unsigned is undefined
+             * (clang's UBSan reports it) */
+            const double f = sh_gguf_arr_f64(v, i);
+            uint64_t fb;
+            memcpy(&fb, &f, sizeof fb);
+            *sum += (unsigned)sh_gguf_arr_u64(v, i) + (unsigned)fb;
         }
     }
     if (t != SH_GGUF_STRING && t != SH_GGUF_ARRAY)

@@ -882,8 +882,8 @@ static void test_limits(void)
     static const char *const loops[] = {
         "while true do end",
         "while true do pcall(function() while true do end end) end",
-        "while true do xpcall(function() while true do end end, function(e) while true do end end) "
-        "end",
+        ("while true do xpcall(function() while true do end end, function(e) while true do end "
+         "end) end"),
         "local function f() return f() end f()",
     };
     for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
