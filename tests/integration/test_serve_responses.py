@@ -22,6 +22,7 @@ Needs the venv from scripts/test-venv.sh (openai and jsonschema; run through run
   (without /v1) answers too.
 """
 
+import concurrent.futures
 import http.client
 import json
 import os
@@ -207,17 +208,26 @@ def read_calls(events):
     return final
 
 
+def each_at_once(one):
+    """one(i) for i < N, the N requests sent at once (the server batches them; each is checked
+    alone): one returns None (valid), "cut" (stopped by max_output_tokens) or a problem. Fails
+    unless some answer was whole and every whole one was valid."""
+    with concurrent.futures.ThreadPoolExecutor(N) as pool:
+        got = list(pool.map(one, range(N)))
+    bad = [g for g in got if g not in (None, "cut")]
+    check(got.count("cut") < N, "every answer was cut by max_output_tokens")
+    check(not bad, f"{len(bad)} of {N} invalid:\n" + "\n".join(bad[:5]))
+
+
 def forced(c, seed, choice, stream, want_name=None):
-    bad, cut = [], 0
-    for i in range(N):
+    def one(i):
         kw = dict(model=MODEL, input=ASK, tools=TOOLS, tool_choice=choice, temperature=1.0,
                   max_output_tokens=120, parallel_tool_calls=False, extra_body={"seed": seed + i})
         try:
             r = read_calls(c.responses.create(stream=True, **kw)) if stream \
                 else c.responses.create(**kw)
             if r.status == "incomplete":
-                cut += 1
-                continue
+                return "cut"
             check(r.status == "completed", f"status {r.status}")
             calls = calls_of(r)
             check(len(calls) == 1, f"{len(calls)} calls: {r.output}")
@@ -228,10 +238,10 @@ def forced(c, seed, choice, stream, want_name=None):
             if want_name:
                 check(f.name == want_name, f"called {f.name}, want {want_name}")
             jsonschema.validate(json.loads(f.arguments), SCHEMAS[f.name])
+            return None
         except (AssertionError, ValueError, jsonschema.ValidationError) as e:
-            bad.append(f"request {i}: {str(e)[:300]}")
-    check(cut < N, "every answer was cut by max_output_tokens")
-    check(not bad, f"{len(bad)} of {N} invalid:\n" + "\n".join(bad[:5]))
+            return f"request {i}: {str(e)[:300]}"
+    each_at_once(one)
 
 
 def round_trip(c):
@@ -258,28 +268,29 @@ def round_trip(c):
 
 def schema(c, stream):
     fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
-    bad, cut = [], 0
-    for i in range(N):
+
+    def one(i):
         kw = dict(model=MODEL, input="Describe a fictional person as JSON.",
                   text={"format": fmt}, temperature=1.0, max_output_tokens=120,
                   extra_body={"seed": 500 + i})
-        if stream:
-            events = list(c.responses.create(stream=True, **kw))
-            r = events[-1].response
-            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-            check(text == r.output_text, "streamed text differs from the final")
-        else:
-            r = c.responses.create(**kw)
-        if r.status == "incomplete":
-            cut += 1
-            continue
+        r = None
         try:
+            if stream:
+                events = list(c.responses.create(stream=True, **kw))
+                r = events[-1].response
+                text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+                check(text == r.output_text, "streamed text differs from the final")
+            else:
+                r = c.responses.create(**kw)
+            if r.status == "incomplete":
+                return "cut"
             check(r.text.format.type == "json_schema", f"text echo {r.text}")
             jsonschema.validate(json.loads(r.output_text), PERSON)
+            return None
         except (AssertionError, ValueError, jsonschema.ValidationError) as e:
-            bad.append(f"request {i}: {str(e)[:200]} in {r.output_text[:200]!r}")
-    check(cut < N, "every answer was cut by max_output_tokens")
-    check(not bad, f"{len(bad)} of {N} invalid:\n" + "\n".join(bad[:5]))
+            out = r.output_text[:200] if r is not None else ""
+            return f"request {i}: {str(e)[:200]} in {out!r}"
+    each_at_once(one)
     # json_object: a JSON object
     r = c.responses.create(model=MODEL, input="A JSON object about a cat.", temperature=0,
                            text={"format": {"type": "json_object"}}, max_output_tokens=60)
