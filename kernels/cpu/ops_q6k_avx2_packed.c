@@ -43,7 +43,9 @@
 #define MV_PF_HINT _MM_HINT_T0
 #endif
 /* Activation bytes (Q8_K) of a token block: its codes stay in L2 while every row group passes. */
+#ifndef TOK_BLOCK_BYTES
 #define TOK_BLOCK_BYTES (1 << 20)
+#endif
 
 INL __m256i bcast4(const void *p)
 {
@@ -96,21 +98,26 @@ INL __m256i scale_pair(const uint8_t *wb, int j, int h)
     return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi));
 }
 
-/* -32 sum_s sc_s bsum_s of rows 8h .. 8h + 7 for nt tokens' blocks ab[0], ab[stride], ...: the
- * starting values of their sums I. */
-INL void offsets_half(const uint8_t *wb, int h, const sh_block_q8_k *ab, int64_t stride,
-                      const int nt, __m256i *iacc)
+/* scale_pair times -32 (|-32 sc| <= 4096 fits int16): one vpmaddwd with a token's bsums pair
+ * then gives -32 (sc_2j bsum_2j + sc_2j+1 bsum_2j+1) directly (|.| <= 2 * 4096 * 2048 = 2^24). */
+INL __m256i scale_pair_m32(const uint8_t *wb, int j, int h)
 {
-    __m256i o[NT];
+    return _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scale_pair(wb, j, h), 5));
+}
+
+/* -32 sum_s sc_s bsum_s of rows 8h .. 8h + 7 for nt tokens' blocks ab[0], ab[stride], ...: the
+ * starting values of their sums I (sp: scale_pair_m32 of j = 0 .. 7, made once per half
+ * super-block for all tiles). */
+INL void offsets_half(const __m256i *sp, const sh_block_q8_k *ab, int64_t stride, const int nt,
+                      __m256i *iacc)
+{
     for (int i = 0; i < nt; i++)
-        o[i] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i p = scale_pair(wb, j, h);
+        iacc[i] = _mm256_madd_epi16(sp[0], bcast4(ab[i * stride].bsums));
+    for (int j = 1; j < 8; j++) {
+        const __m256i p = _mm256_load_si256(sp + j);
         for (int i = 0; i < nt; i++)
-            SH_AVX2_ADD32(o[i], _mm256_madd_epi16(p, bcast4(ab[i * stride].bsums + 2 * j)));
+            SH_AVX2_ADD32(iacc[i], _mm256_madd_epi16(p, bcast4(ab[i * stride].bsums + 2 * j)));
     }
-    for (int i = 0; i < nt; i++)
-        iacc[i] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o[i], 5));
 }
 
 /* offsets_half of both halves for one token (o[h]): the scales of sub-blocks 2j and 2j + 1 of
@@ -144,7 +151,7 @@ INL void tile_sb(const uint8_t *wb, const uint8_t *wd, int64_t b, int h, const _
                  const __m256i *sc, const sh_block_q8_k *ab, int64_t nb, const int nt, __m256 *acc)
 {
     __m256i iacc[NT];
-    offsets_half(wb, h, ab, nb, nt, iacc);
+    offsets_half(sc + 16, ab, nb, nt, iacc);
     for (int s = 0; s < 16; s++) {
 #pragma GCC unroll 2
         for (int pr = 0; pr < 2; pr++) {
@@ -245,40 +252,53 @@ INL void mv_groups(const sh__cpu_mm *m, int64_t g0, int64_t step, const int ns, 
             sh__avx2_store_half(m, g0 + k * step, h, r0, r1, 0, acc[k][h]);
 }
 
-/* Super-block b of the tokens [t, t1) of a token block (block-relative acc) in tiles of NT, the
- * tail in power-of-two tiles so that each tile size is a compile-time constant. */
-INL void tiles(const uint8_t *wb, const uint8_t *wd, int64_t b, int h, const __m256i *c,
-               const __m256i *sc, const sh_block_q8_k *at, int64_t nb, int64_t t, int64_t t1,
+/* At most this many tokens per block: their float sums (32 bytes per half) wait on the stack while
+ * a row group passes over its super-blocks. */
+#define TOK_MAX 256
+
+/* One tile of n tokens (at: its first token's block of super-block b) against halves h0 .. h1 of
+ * super-block b (unpacked: c + 64h, sc + 24h), added to acc[h * TOK_MAX + i]: the second half
+ * reads the tile's activations from L1, where the first one brought them. */
+#define TILE_HALVES(n)                                                                             \
+    do {                                                                                           \
+        for (int h = h0; h <= h1; h++)                                                             \
+            tile_sb(wb, wd, b, h, c + 64 * h, sc + 24 * h, at + t * nb + b, nb, n,                 \
+                    acc + h * TOK_MAX + t - t0);                                                   \
+    } while (0)
+
+/* Super-block b of the tokens [t0, t1) of a token block (block-relative acc) in tiles of NT, the
+ * tail in tiles of 4, 2 and 1 so that each tile size is a compile-time constant. */
+INL void tiles(const uint8_t *wb, const uint8_t *wd, int64_t b, int h0, int h1, const __m256i *c,
+               const __m256i *sc, const sh_block_q8_k *at, int64_t nb, int64_t t0, int64_t t1,
                __m256 *acc)
 {
-    for (; t + NT <= t1; t += NT, acc += NT)
-        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, NT, acc);
+    int64_t t = t0;
+    for (; t + NT <= t1; t += NT)
+        TILE_HALVES(NT);
 #if NT > 4
-    if (t1 - t >= 4) {
-        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 4, acc);
-        t += 4;
-        acc += 4;
-    }
+    for (; t + 4 <= t1; t += 4)
+        TILE_HALVES(4);
 #endif
 #if NT > 2
-    if (t1 - t >= 2) {
-        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 2, acc);
-        t += 2;
-        acc += 2;
-    }
+    for (; t + 2 <= t1; t += 2)
+        TILE_HALVES(2);
 #endif
-    if (t1 - t >= 1)
-        tile_sb(wb, wd, b, h, c, sc, at + t * nb + b, nb, 1, acc);
+    if (t < t1)
+        TILE_HALVES(1);
 }
-
-/* At most this many tokens per block: their float sums (32 bytes each) wait on the stack while a
- * row group's half passes over its super-blocks. */
-#define TOK_MAX 256
+#undef TILE_HALVES
 
 /* A matvec as in the other packed kernels (MV_STREAMS equal ranges of groups, then the rest one at
  * a time); otherwise token blocks of up to TOK_MAX tokens outermost (their codes stay in L2), then
- * row groups and halves, then super-blocks: each half super-block is unpacked once (2.5 KiB, in
- * L1) for all the block's tokens, which pass over it in tiles of NT. */
+ * row groups, then super-blocks: each half super-block inside [r0, r1) is unpacked once (2.5 KiB,
+ * in L1) for all the block's tokens, which pass over both halves in tiles of NT. Against the
+ * kernel of 832627d (one half per pass, the offsets' scale pairs made per tile, the masked store),
+ * on the 2-vCPU EPYC at load 6 (1 thread, 512 tokens, thread CPU time, best of 8, alternated in
+ * one process, 3 rounds): 2048 x 2048 1.09-1.35x, 5632 x 2048 1.30-1.36x, 2048 x 5632
+ * 1.08-1.26x, about half of it the store's unmasked path (avx2_store.h); callgrind on
+ * `bench_kernels --quick --only pp --isa 2 --types Q6_K`: 2070.5M -> 1982.3M instructions. Both
+ * halves per pass, a 256 KiB or 512 KiB token block and a software prefetch of the next
+ * super-block measured within the noise (+-15% at that load). */
 TGT void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
 {
     const sh__cpu_act *a = m->a;
@@ -289,27 +309,32 @@ TGT void sh__cpu_avx2_mmp_q6_k(const sh__cpu_mm *m, int64_t r0, int64_t r1)
     }
     int64_t tb = TOK_BLOCK_BYTES / (nb * (int64_t)sizeof(sh_block_q8_k));
     tb = tb < 1 ? 1 : tb > TOK_MAX ? TOK_MAX : tb;
-    __m256 acc[TOK_MAX];
-    __m256i c[64], sc[16];
+    __m256 acc[2 * TOK_MAX];
+    __m256i c[2 * 64], sc[2 * 24];
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
         const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
-        for (int64_t g = r0 / 16; g * 16 < r1; g++)
-            for (int h = 0; h < 2; h++) {
-                if (16 * g + 8 * h >= r1 || 16 * g + 8 * h + 8 <= r0)
-                    continue;
-                const uint8_t *w = m->w + (size_t)g * m->row_bytes;
-                const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+        for (int64_t g = r0 / 16; g * 16 < r1; g++) {
+            /* the halves with rows in [r0, r1) */
+            const int h0 = 16 * g + 8 <= r0, h1 = 16 * g + 8 < r1;
+            const uint8_t *w = m->w + (size_t)g * m->row_bytes;
+            const uint8_t *wd = w + (size_t)nb * SH_CPU_PACK_Q6K_BLOCK;
+            for (int h = h0; h <= h1; h++)
                 for (int64_t t = t0; t < t1; t++)
-                    acc[t - t0] = _mm256_setzero_ps();
-                for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+                    acc[h * TOK_MAX + t - t0] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *wb = w + (size_t)b * SH_CPU_PACK_Q6K_BLOCK;
+                for (int h = h0; h <= h1; h++) {
                     for (int s = 0; s < 16; s++)
-                        unpack_half(wb, s, h, c + 4 * s, sc + s);
-                    tiles(wb, wd, b, h, c, sc, a->qk, nb, t0, t1, acc);
+                        unpack_half(wb, s, h, c + 64 * h + 4 * s, sc + 24 * h + s);
+                    for (int j = 0; j < 8; j++)
+                        sc[24 * h + 16 + j] = scale_pair_m32(wb, j, h);
                 }
-                for (int64_t t = t0; t < t1; t++)
-                    sh__avx2_store_half(m, g, h, r0, r1, t, acc[t - t0]);
+                tiles(wb, wd, b, h0, h1, c, sc, a->qk, nb, t0, t1, acc);
             }
+            for (int h = h0; h <= h1; h++)
+                for (int64_t t = t0; t < t1; t++)
+                    sh__avx2_store_half(m, g, h, r0, r1, t, acc[h * TOK_MAX + t - t0]);
+        }
     }
 }
 
