@@ -17,9 +17,11 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
-/* Tokens per tile: the 8 unpacked code registers, one accumulator per token and the temporaries
- * fit the 16 YMM registers. */
-#define NT 3
+/* Tokens per tile: per token an int16 block sum and a float accumulator, beside one code vector's
+ * two nibble registers, the constants and the temporaries, fit the 16 YMM registers. */
+#ifndef NT
+#define NT 4
+#endif
 /* The decode matvec walks MV_STREAMS row groups side by side with software prefetch MV_PF_DIST
  * bytes ahead (several independent runs keep more reads in flight than one; see
  * ops_avx512_packed.c). */
@@ -84,8 +86,12 @@ INL void store_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r
  * activation block's scale and scaled sum, sh__cpu_act):
  *   Q4_0: dw (da sum_i q_i a_i - 8 s)      Q4_1: dw da sum_i q_i a_i + m s,
  * i.e. acc = sum_b (dw da) dot_b and acco = sum_b v s_b with v = dw or m, out = acc + c acco.
- * acco is summed in its own pass (the registers hold the codes and one accumulator per token),
- * in block order, as the matvec sums it. */
+ * Inside a block the code vectors are outermost: vector j (its low nibbles pair with activation
+ * bytes 4j .. 4j + 3, its high ones with 16 + 4j ..) is unpacked once and applied to every token,
+ * each token keeping one int16 sum of its 8 pair-sum vectors (at most 8 * 2 * 15 * 127 = 30480 in
+ * magnitude, so exact in any order: dot_half's value). Only two code registers are live, so the
+ * tile holds NT tokens. The float steps are dot_half's callers': f = cvt(madd(s, 1)), then acc
+ * in block order; acco is summed in its own pass, in block order, as the matvec sums it. */
 INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1, int64_t t0,
                    const int nt, const int kind)
 {
@@ -93,25 +99,47 @@ INL void tile_half(const sh__cpu_mm *m, int64_t g, int h, int64_t r0, int64_t r1
     const int64_t nb = a->n_in / SH_CPU_QK;
     const uint8_t *w = m->w + (size_t)g * m->row_bytes;
     const uint8_t *wd = w + (size_t)nb * 256, *wv = kind == K_Q4_1 ? wd + (size_t)nb * 32 : wd;
+    const int8_t *qa = a->qs + t0 * a->n_in;
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256 acc[NT], acco[NT];
+#pragma GCC unroll 16
     for (int i = 0; i < nt; i++)
         acc[i] = acco[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i q[8];
-        unpack_half(w, b, h, q);
+        const uint8_t *wb = w + (size_t)b * 256 + 32 * h;
+        const int8_t *ab = qa + b * SH_CPU_QK;
+        __m256i s[NT];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256i z = _mm256_loadu_si256((const void *)(wb + 64 * j));
+            const __m256i lo = _mm256_and_si256(z, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z, 4), low4);
+#pragma GCC unroll 16
+            for (int i = 0; i < nt; i++) {
+                const int8_t *ai = ab + i * a->n_in;
+                __m256i p = _mm256_maddubs_epi16(lo, bcast4(ai + 4 * j));
+                SH_AVX2_ADD16(p, _mm256_maddubs_epi16(hi, bcast4(ai + 16 + 4 * j)));
+                if (j == 0)
+                    s[i] = p;
+                else
+                    SH_AVX2_ADD16(s[i], p);
+            }
+        }
         const __m256 dw = half_f16(wd, b, h);
+#pragma GCC unroll 16
         for (int i = 0; i < nt; i++) {
-            const int64_t t = t0 + i;
-            const __m256 f = dot_half(a->qs + t * a->n_in + b * SH_CPU_QK, q);
-            acc[i] =
-                _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(a->d[t * nb + b])), acc[i]);
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i], ones));
+            acc[i] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw, _mm256_set1_ps(a->d[(t0 + i) * nb + b])),
+                                     acc[i]);
         }
     }
     for (int64_t b = 0; b < nb; b++) {
         const __m256 v = half_f16(wv, b, h);
+#pragma GCC unroll 16
         for (int i = 0; i < nt; i++)
             acco[i] = _mm256_fmadd_ps(v, _mm256_set1_ps(a->s[(t0 + i) * nb + b]), acco[i]);
     }
+#pragma GCC unroll 16
     for (int i = 0; i < nt; i++)
         store_half(m, g, h, r0, r1, t0 + i, kind, acc[i], acco[i]);
 }
@@ -244,10 +272,26 @@ INL void sweep(const sh__cpu_mm *m, int64_t r0, int64_t r1, const int kind)
                 int64_t t = t0;
                 for (; t + NT <= t1; t += NT)
                     tile_half(m, g, h, r0, r1, t, NT, kind);
-                if (t1 - t == 2)
-                    tile_half(m, g, h, r0, r1, t, 2, kind);
-                else if (t1 - t == 1)
+                /* the tail: one tile of a compile-time size below NT */
+                switch (t1 - t) {
+                case 1:
                     tile_half(m, g, h, r0, r1, t, 1, kind);
+                    break;
+                case 2:
+                    tile_half(m, g, h, r0, r1, t, 2 < NT ? 2 : 1, kind);
+                    break;
+                case 3:
+                    tile_half(m, g, h, r0, r1, t, 3 < NT ? 3 : 1, kind);
+                    break;
+                case 4:
+                    tile_half(m, g, h, r0, r1, t, 4 < NT ? 4 : 1, kind);
+                    break;
+                case 5:
+                    tile_half(m, g, h, r0, r1, t, 5 < NT ? 5 : 1, kind);
+                    break;
+                default:
+                    break;
+                }
             }
     }
 }
