@@ -167,9 +167,13 @@ static void test_vs_ref(void)
                                 sa += fabs((double)w.deq[r * n_in + k] * A.x[t * n_in + k]);
                             sabs[t * n_out + r] = sa;
                         }
-                    const int64_t ranges[3][2] = {
-                        {0, n_out}, {16, n_out}, {3, n_out < 20 ? n_out : 20}};
-                    for (int ri = 0; ri < 3; ri++)
+                    /* whole groups, and ranges starting inside a group's first half and inside
+                     * its second half (the Q4 tiles take a group's one half or both) */
+                    const int64_t ranges[4][2] = {{0, n_out},
+                                                  {16, n_out},
+                                                  {3, n_out < 20 ? n_out : 20},
+                                                  {11, n_out < 30 ? n_out : 30}};
+                    for (int ri = 0; ri < 4; ri++)
                         for (int accum = 0; accum < 2; accum++) {
                             const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
                             if (r0 >= r1)
