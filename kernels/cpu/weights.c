@@ -97,8 +97,15 @@ sh_err sh__cpu_weights_prepare(sh__cpu_ctx *c, const sh_tensor *w)
         return SH_OK;
     /* AVX2's packed kernels are for 2-D weights only for now: with Mixture-of-Experts stacks
      * packed, test_llama_weights' synthetic MoE model gave logits 1% away from the file layout's
-     * on 3 seeds of 4, while test_moe's op-level comparison of the same kernels passes; until that
-     * is understood, expert stacks stay in the file layout on AVX2. */
+     * on 3 seeds of 4, while test_moe's op-level comparison of the same kernels passes. The cause
+     * (found 2026-12-07): the AVX2 file-layout row kernels (ops_avx2.c) sum a block in 8 float
+     * lanes where the packed ones fold each block's exact integer sum into one accumulator, so
+     * the two differ in the last bits; in that random 3-layer model a hidden value sits within
+     * that of an int8 rounding boundary, its code flips, and the flip grows to 1% of the logits
+     * (the same test fails that way with clang even with the stacks unpacked, through the packed
+     * attention weights). Branch `moe` (de978ed) makes the row kernels compute in the packed
+     * order, bit for bit, and packs the stacks again, at 15-30% of the file layout's speed
+     * (Q5_0 and Q5_1, which have no AVX2 packed kernel, pay it): not landed for that cost. */
     if (w->ne[2] > 1 && c->kern->isa == SH_BACKEND_CPU_ISA_AVX2)
         return SH_OK;
     const int64_t n_in = w->ne[0], n_out = w->ne[1], n_mat = w->ne[2];
