@@ -1,10 +1,11 @@
-/* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0, IQ4_NL and F16 (ops_avx2_packed.c), Q4_K
- * (ops_q4k_avx2_packed.c), Q5_K (ops_q5k_avx2_packed.c), Q6_K (ops_q6k_avx2_packed.c) and IQ4_XS
- * (ops_iq4xs_avx2_packed.c) weights, called directly on a packed copy, against the scalar reference
- * on the file layout (within 2e-5 of sum_k |w||x|; only the float order differs), every token
- * bitwise equal to the same token alone (the matvec), rows outside the range untouched, every block
- * unpacked back to the file's bytes; Q8_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS and Q6_K at the extremes of
- * their integer sums; and through an AVX2 backend with prepared weights. Exit 77 without AVX2. */
+/* The AVX2 kernels on packed Q4_0, Q4_1, Q8_0, IQ4_NL (ops_avx2_packed.c) and F16
+ * (ops_f16_avx2_packed.c), Q4_K (ops_q4k_avx2_packed.c), Q5_K (ops_q5k_avx2_packed.c), Q6_K
+ * (ops_q6k_avx2_packed.c) and IQ4_XS (ops_iq4xs_avx2_packed.c) weights, called directly on a packed
+ * copy, against the scalar reference on the file layout (within 2e-5 of sum_k |w||x|; only the
+ * float order differs), every token bitwise equal to the same token alone (the matvec), rows
+ * outside the range untouched, every block unpacked back to the file's bytes; Q8_0, Q4_K, Q5_K,
+ * IQ4_NL, IQ4_XS and Q6_K at the extremes of their integer sums; and through an AVX2 backend with
+ * prepared weights. Exit 77 without AVX2. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
